@@ -1,0 +1,80 @@
+// Command meshnode is the one binary of a meshnode mesh: it runs a node, and its client verbs
+// talk to a running node. main only parses, builds, runs and maps an error to an exit code.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes (DESIGN §11): 0 success, 1 a refused or failed operation, 2 a usage error.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// usageError marks an error as the caller's mistake in flags, arguments or configuration:
+// it exits 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usagef returns a usageError with a formatted message.
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// errReported is returned by a command that has already written its failure to stderr (for
+// example every refusal of `module check`); main exits 1 without printing anything more.
+var errReported = errors.New("failure already reported")
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the CLI with args and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	return exitCode(err, stderr)
+}
+
+// exitCode maps err to an exit code, printing it to stderr unless it was already reported.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, errReported) {
+		return exitFailed
+	}
+	fmt.Fprintf(stderr, "meshnode: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitFailed
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "meshnode",
+		Short:         "One binary per machine: a NATS mesh whose permissions are derived from module manifests",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	// Flag parsing errors are usage errors (exit 2).
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(
+		newVersionCmd(),
+	)
+	return root
+}
