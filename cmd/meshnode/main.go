@@ -74,6 +74,9 @@ func newRootCmd() *cobra.Command {
 	// Flag parsing errors are usage errors (exit 2).
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
+		newUpCmd(),
+		newRunCmd(),
+		newStatusCmd(),
 		newVersionCmd(),
 	)
 	return root

@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"runtime"
+
+	"github.com/meshnode/meshnode/node"
 
 	"github.com/spf13/cobra"
 )
@@ -12,7 +15,7 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the meshnode version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintln(cmd.OutOrStdout(), "meshnode", "dev")
+			fmt.Fprintln(cmd.OutOrStdout(), "meshnode", node.Version(), runtime.Version())
 			return nil
 		},
 	}

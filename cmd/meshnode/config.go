@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/spf13/cobra"
+)
+
+// addConfigFlags adds the flags every verb takes: --config and --data-dir.
+func addConfigFlags(cmd *cobra.Command) {
+	cmd.Flags().String("config", "", "configuration file (default: meshnode.yaml in the data dir, if present; env MESHNODE_CONFIG)")
+	cmd.Flags().String("data-dir", "", "the node's data directory")
+}
+
+// addNodeFlags adds the flags of the verbs that run a node: one per configuration key, with
+// the defaults shown in help.
+func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
+	addConfigFlags(cmd)
+	f := cmd.Flags()
+	f.Lookup("data-dir").DefValue = defaults.DataDir
+	f.Lookup("data-dir").Usage = "the node's data directory (store, keys, JetStream)"
+	f.String("name", "", "node name, stable across restarts (default: the host name)")
+	f.String("client-addr", defaults.ClientAddr, "host:port for NATS clients (port 0: any free port)")
+	f.String("cluster-addr", defaults.ClusterAddr, "host:port for routes between nodes")
+	f.String("gossip-addr", defaults.GossipAddr, "host:port for membership gossip")
+	f.String("http-addr", defaults.HTTPAddr, "host:port for /healthz, /readyz, /metrics and the status API (port 0: any free port)")
+	f.String("log-level", defaults.LogLevel, "debug, info, warn or error")
+	f.String("log-format", defaults.LogFormat, "text or json")
+	f.String("shutdown-timeout", defaults.ShutdownTimeout.String(), "how long a graceful stop may take")
+	f.String("events-max-age", defaults.EventsMaxAge.String(), "how long the EVENTS stream keeps an event (e.g. 7d)")
+}
+
+// loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
+// problem is a usage error (exit 2) naming the key.
+func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, error) {
+	cfg := defaults
+	f := cmd.Flags()
+
+	// The data dir decides where meshnode.yaml is looked for, so find it first.
+	dataDir := defaults.DataDir
+	if v, ok := os.LookupEnv(config.EnvName("data-dir")); ok {
+		dataDir = v
+	}
+	if f.Changed("data-dir") {
+		dataDir, _ = f.GetString("data-dir")
+	}
+	path, _ := f.GetString("config")
+	if path == "" {
+		path = os.Getenv(config.EnvPrefix + "CONFIG")
+	}
+	explicit := path != ""
+	if !explicit {
+		path = filepath.Join(dataDir, config.FileName)
+	}
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := cfg.LoadFile(path, data); err != nil {
+			return cfg, usageError{err}
+		}
+	case errors.Is(err, fs.ErrNotExist) && !explicit:
+	case err != nil:
+		return cfg, usagef("read configuration: %v", err)
+	}
+
+	if err := cfg.LoadEnv(os.Environ()); err != nil {
+		return cfg, usageError{err}
+	}
+	keys := config.Keys()
+	slices.Sort(keys)
+	for _, key := range keys {
+		fl := f.Lookup(key)
+		if fl == nil || !fl.Changed {
+			continue
+		}
+		if err := cfg.Set(key, fl.Value.String()); err != nil {
+			return cfg, usageError{fmt.Errorf("--%s: %w", key, err)}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+// newLogger builds the process's logger from the configuration.
+func newLogger(cfg config.Config, w *os.File) *slog.Logger {
+	var level slog.Level
+	level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/node"
+	"github.com/spf13/cobra"
+)
+
+func newStatusCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the running node's state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dataDir, err := clientDataDir(cmd)
+			if err != nil {
+				return err
+			}
+			st, err := fetchStatus(cmd.Context(), dataDir)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			if !st.Ready {
+				return fmt.Errorf("node %s is not ready: %s", st.Name, st.Reason)
+			}
+			return nil
+		},
+	}
+	addConfigFlags(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+// clientDataDir finds the data dir of the node a client verb talks to: --data-dir, the
+// configuration, else the `up` default if a node runs there, else the `run` default.
+func clientDataDir(cmd *cobra.Command) (string, error) {
+	explicit := cmd.Flags().Changed("data-dir") || cmd.Flags().Changed("config") ||
+		os.Getenv(config.EnvName("data-dir")) != "" || os.Getenv(config.EnvPrefix+"CONFIG") != ""
+	if explicit {
+		cfg, err := loadConfig(cmd, config.Up())
+		return cfg.DataDir, err
+	}
+	for _, dir := range []string{config.DefaultUpDataDir, config.DefaultRunDataDir} {
+		if _, err := os.Stat(filepath.Join(dir, node.InfoFile)); err == nil {
+			return dir, nil
+		}
+	}
+	return config.DefaultUpDataDir, nil
+}
+
+// fetchStatus asks the node running on dataDir for its status over its HTTP API.
+func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
+	info, err := node.ReadInfo(dataDir)
+	if err != nil {
+		return node.Status{}, err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		if !processAlive(info.PID) {
+			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited; start it with `meshnode up --data-dir %s` (or `meshnode run`)",
+				node.ErrNotRunning, dataDir, node.InfoFile, info.PID, dataDir)
+		}
+		return node.Status{}, fmt.Errorf("node %s (pid %d) does not answer on %s: %v", info.Name, info.PID, info.HTTPURL, err)
+	}
+	defer resp.Body.Close()
+	var st node.Status
+	body, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(body, &st); err != nil {
+		return node.Status{}, fmt.Errorf("node %s answered %s with %q, not a status", info.Name, resp.Status, body)
+	}
+	return st, nil
+}
+
+func processAlive(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return false
+	}
+	return p.Signal(syscall.Signal(0)) == nil
+}
+
+func printStatus(w io.Writer, st node.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	ready := "yes"
+	if !st.Ready {
+		ready = "no: " + st.Reason
+	}
+	rows := [][2]string{
+		{"node", st.Name},
+		{"mesh", st.MeshID},
+		{"version", st.Version},
+		{"ready", ready},
+		{"uptime", (time.Duration(st.UptimeSeconds) * time.Second).String()},
+		{"client", st.ClientURL},
+		{"http", st.HTTPURL},
+		{"cluster", st.ClusterAddr},
+		{"gossip", st.GossipAddr},
+		{"connections", fmt.Sprint(st.Connections)},
+		{"jetstream", fmt.Sprintf("%s, %d streams, %d consumers, %d messages, %d bytes",
+			st.JetStream.Mode, st.JetStream.Streams, st.JetStream.Consumers, st.JetStream.Messages, st.JetStream.Bytes)},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+	}
+	tw.Flush()
+}

@@ -1,0 +1,285 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Defaults. `meshnode up` is the homelab path: everything on loopback and the data dir in the
+// current directory. `meshnode run` is the service path.
+const (
+	DefaultUpDataDir  = "./meshnode-data"
+	DefaultRunDataDir = "/var/lib/meshnode"
+
+	DefaultClientPort  = 4222
+	DefaultClusterPort = 6222
+	DefaultGossipPort  = 7946
+	DefaultHTTPPort    = 8422
+
+	DefaultLogLevel        = "info"
+	DefaultLogFormat       = "text"
+	DefaultShutdownTimeout = 5 * time.Second
+	DefaultEventsMaxAge    = 7 * 24 * time.Hour
+
+	// FileName is the configuration file looked for in the data dir when --config is not given.
+	FileName = "meshnode.yaml"
+	// EnvPrefix starts every environment variable that configures a node.
+	EnvPrefix = "MESHNODE_"
+)
+
+// ErrInvalid is wrapped by every error that Validate and the loaders return for a bad value;
+// the CLI maps it to exit code 2.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Config is a node's configuration. Every field has a yaml key, an environment variable
+// (MESHNODE_ + the key upper-cased with '-' as '_') and a flag of the same name.
+type Config struct {
+	// DataDir holds the node's bbolt file, its nkey seed, JetStream's store and node.json.
+	DataDir string `yaml:"data-dir"`
+	// Name is the node's name: stable, it is the NATS server name and the raft identity.
+	Name string `yaml:"name"`
+	// ClientAddr is host:port for NATS clients (modules, the CLI). Port 0 picks a free port.
+	ClientAddr string `yaml:"client-addr"`
+	// ClusterAddr is host:port for NATS routes between nodes.
+	ClusterAddr string `yaml:"cluster-addr"`
+	// GossipAddr is host:port for membership gossip.
+	GossipAddr string `yaml:"gossip-addr"`
+	// HTTPAddr is host:port for /healthz, /readyz, /metrics and the status API. Port 0 picks
+	// a free port.
+	HTTPAddr string `yaml:"http-addr"`
+	// LogLevel is one of debug, info, warn, error.
+	LogLevel string `yaml:"log-level"`
+	// LogFormat is text or json.
+	LogFormat string `yaml:"log-format"`
+	// ShutdownTimeout bounds a graceful stop.
+	ShutdownTimeout Duration `yaml:"shutdown-timeout"`
+	// EventsMaxAge is how long the EVENTS stream keeps an event.
+	EventsMaxAge Duration `yaml:"events-max-age"`
+}
+
+// Up returns the defaults of `meshnode up`: a single node on loopback.
+func Up() Config {
+	return Config{
+		DataDir:         DefaultUpDataDir,
+		Name:            DefaultName(),
+		ClientAddr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClientPort)),
+		ClusterAddr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClusterPort)),
+		GossipAddr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultGossipPort)),
+		HTTPAddr:        net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultHTTPPort)),
+		LogLevel:        DefaultLogLevel,
+		LogFormat:       DefaultLogFormat,
+		ShutdownTimeout: Duration(DefaultShutdownTimeout),
+		EventsMaxAge:    Duration(DefaultEventsMaxAge),
+	}
+}
+
+// Run returns the defaults of `meshnode run`: a service listening on every interface, with
+// its data in /var/lib/meshnode. The HTTP API stays on loopback: it carries no auth.
+func Run() Config {
+	c := Up()
+	c.DataDir = DefaultRunDataDir
+	c.ClientAddr = net.JoinHostPort("0.0.0.0", strconv.Itoa(DefaultClientPort))
+	c.ClusterAddr = net.JoinHostPort("0.0.0.0", strconv.Itoa(DefaultClusterPort))
+	c.GossipAddr = net.JoinHostPort("0.0.0.0", strconv.Itoa(DefaultGossipPort))
+	return c
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidName reports whether s is a valid node name: lower-case [a-z0-9][a-z0-9-]*, at most
+// 63 characters.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// DefaultName derives a node name from the host name, or "node" if it yields nothing valid.
+func DefaultName() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "node"
+	}
+	h, _, _ = strings.Cut(strings.ToLower(h), ".")
+	var b strings.Builder
+	for _, r := range h {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	name := strings.Trim(b.String(), "-")
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	if !ValidName(name) {
+		return "node"
+	}
+	return name
+}
+
+// LoadFile decodes the YAML configuration in data over c. Unknown keys are refused with
+// the key and its line.
+func (c *Config) LoadFile(path string, data []byte) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // an empty file sets nothing
+		}
+		return fmt.Errorf("%w: %s: %v", ErrInvalid, path, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	return nil
+}
+
+// keys maps each configuration key to its field, for the environment and for error messages.
+func (c *Config) keys() map[string]any {
+	return map[string]any{
+		"data-dir":         &c.DataDir,
+		"name":             &c.Name,
+		"client-addr":      &c.ClientAddr,
+		"cluster-addr":     &c.ClusterAddr,
+		"gossip-addr":      &c.GossipAddr,
+		"http-addr":        &c.HTTPAddr,
+		"log-level":        &c.LogLevel,
+		"log-format":       &c.LogFormat,
+		"shutdown-timeout": &c.ShutdownTimeout,
+		"events-max-age":   &c.EventsMaxAge,
+	}
+}
+
+// Keys lists every configuration key.
+func Keys() []string {
+	var c Config
+	out := make([]string, 0, 10)
+	for k := range c.keys() {
+		out = append(out, k)
+	}
+	return out
+}
+
+// EnvName returns the environment variable for a configuration key.
+func EnvName(key string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
+}
+
+// envIgnored are MESHNODE_ variables that are not configuration keys but are read elsewhere.
+var envIgnored = map[string]bool{EnvPrefix + "CONFIG": true}
+
+// LoadEnv applies MESHNODE_* variables from environ (os.Environ's form). A MESHNODE_ variable
+// that names no key is refused, so a typo does not silently do nothing.
+func (c *Config) LoadEnv(environ []string) error {
+	byEnv := make(map[string]string)
+	for k := range c.keys() {
+		byEnv[EnvName(k)] = k
+	}
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || envIgnored[name] {
+			continue
+		}
+		key, ok := byEnv[name]
+		if !ok {
+			return fmt.Errorf("%w: environment variable %s names no configuration key (known: %s)",
+				ErrInvalid, name, strings.Join(envNames(), ", "))
+		}
+		if err := c.Set(key, value); err != nil {
+			return fmt.Errorf("%w (from %s)", err, name)
+		}
+	}
+	return nil
+}
+
+func envNames() []string {
+	keys := Keys()
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = EnvName(k)
+	}
+	sortStrings(out)
+	return out
+}
+
+// Set assigns a value given as text to the configuration key.
+func (c *Config) Set(key, value string) error {
+	p, ok := c.keys()[key]
+	if !ok {
+		return fmt.Errorf("%w: unknown key %q", ErrInvalid, key)
+	}
+	switch p := p.(type) {
+	case *string:
+		*p = value
+	case *Duration:
+		d, err := ParseDuration(value)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, key, err)
+		}
+		*p = Duration(d)
+	}
+	return nil
+}
+
+// Validate checks every value and returns the first problem, naming the key and what to
+// write instead.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return fmt.Errorf("%w: data-dir is empty: set --data-dir to a directory meshnode may write", ErrInvalid)
+	}
+	if !ValidName(c.Name) {
+		return fmt.Errorf("%w: name %q: a node name is lower-case letters, digits and '-', starting with a letter or digit, at most 63 characters", ErrInvalid, c.Name)
+	}
+	for _, a := range []struct{ key, value string }{
+		{"client-addr", c.ClientAddr},
+		{"cluster-addr", c.ClusterAddr},
+		{"gossip-addr", c.GossipAddr},
+		{"http-addr", c.HTTPAddr},
+	} {
+		if err := validAddr(a.value); err != nil {
+			return fmt.Errorf("%w: %s %q: %v; write host:port, e.g. 127.0.0.1:4222", ErrInvalid, a.key, a.value, err)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("%w: log-level %q: write debug, info, warn or error", ErrInvalid, c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("%w: log-format %q: write text or json", ErrInvalid, c.LogFormat)
+	}
+	if c.ShutdownTimeout <= 0 {
+		return fmt.Errorf("%w: shutdown-timeout %s: must be positive, e.g. 5s", ErrInvalid, c.ShutdownTimeout)
+	}
+	if c.EventsMaxAge <= 0 {
+		return fmt.Errorf("%w: events-max-age %s: must be positive, e.g. 7d", ErrInvalid, c.EventsMaxAge)
+	}
+	return nil
+}
+
+func validAddr(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("not host:port")
+	}
+	if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
+		return fmt.Errorf("host %q is neither an IP address nor a host name", host)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$`)
+
+func validHostname(s string) bool { return hostnameRE.MatchString(s) }

@@ -1,0 +1,191 @@
+package embedbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultReadyTimeout bounds how long Open waits for the server to accept connections and
+// JetStream to answer.
+const DefaultReadyTimeout = 10 * time.Second
+
+// ErrAddrInUse is returned by Open when the client address is taken by another process.
+var ErrAddrInUse = errors.New("address already in use")
+
+// Config is what the node decides about its bus.
+type Config struct {
+	// Name is the server name; stable across restarts (it is the raft identity).
+	Name string
+	// StoreDir is JetStream's storage directory.
+	StoreDir string
+	// ClientAddr is host:port for clients; port 0 picks a free port.
+	ClientAddr string
+	// ReadyTimeout bounds start-up; zero means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// Logger receives the server's log; nil discards it.
+	Logger *slog.Logger
+}
+
+// Bus is a running embedded nats-server with JetStream and the node's in-process connection.
+type Bus struct {
+	srv  *server.Server
+	conn *nats.Conn
+	js   jetstream.JetStream
+}
+
+// Open starts the server, waits until it accepts connections and JetStream answers, and
+// connects in-process. On any failure nothing is left running.
+func Open(cfg Config) (*Bus, error) {
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	host, portStr, err := net.SplitHostPort(cfg.ClientAddr)
+	if err != nil {
+		return nil, fmt.Errorf("client address %q: %w", cfg.ClientAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("client address %q: bad port", cfg.ClientAddr)
+	}
+	// nats-server reports a taken port only through Fatalf from its accept loop; probing
+	// first gives the user an error that names the address.
+	if port != 0 {
+		if err := probeListen(cfg.ClientAddr); err != nil {
+			return nil, err
+		}
+	} else {
+		port = server.RANDOM_PORT
+	}
+
+	opts := &server.Options{
+		ServerName: cfg.Name,
+		Host:       host,
+		Port:       port,
+		NoSigs:     true,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		// The HTTP API is the node's own; nats-server's monitoring stays off.
+		HTTPPort: 0,
+	}
+	srv, err := server.NewServer(opts.Clone())
+	if err != nil {
+		return nil, fmt.Errorf("configure nats-server: %w", err)
+	}
+	lg := &logger{log: cfg.Logger}
+	srv.SetLoggerV2(lg, false, false, false)
+	srv.Start()
+
+	fail := func(err error) (*Bus, error) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, err
+	}
+	if !srv.ReadyForConnections(cfg.ReadyTimeout) {
+		if msg := lg.fatalMessage(); msg != "" {
+			return fail(fmt.Errorf("start nats-server: %s", msg))
+		}
+		return fail(fmt.Errorf("start nats-server: not ready for connections after %s", cfg.ReadyTimeout))
+	}
+	if msg := lg.fatalMessage(); msg != "" {
+		return fail(fmt.Errorf("start nats-server: %s", msg))
+	}
+	if !srv.JetStreamEnabled() {
+		return fail(errors.New("start nats-server: JetStream did not start (see the log above)"))
+	}
+
+	conn, err := nats.Connect("", nats.InProcessServer(srv), nats.Name(cfg.Name+"-node"),
+		nats.MaxReconnects(-1))
+	if err != nil {
+		return fail(fmt.Errorf("connect in-process: %w", err))
+	}
+	js, err := jetstream.New(conn)
+	if err != nil {
+		conn.Close()
+		return fail(fmt.Errorf("jetstream: %w", err))
+	}
+	b := &Bus{srv: srv, conn: conn, js: js}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.ReadyTimeout)
+	defer cancel()
+	if err := b.Ready(ctx); err != nil {
+		conn.Close()
+		return fail(err)
+	}
+	return b, nil
+}
+
+// probeListen binds addr and releases it, so a taken port is reported before the server
+// starts.
+func probeListen(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		if isAddrInUse(err) {
+			return fmt.Errorf("listen on %s: %w", addr, ErrAddrInUse)
+		}
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return l.Close()
+}
+
+// ClientURL is the URL clients connect to, with the port actually bound.
+func (b *Bus) ClientURL() string { return b.srv.ClientURL() }
+
+// Conn is the node's in-process connection.
+func (b *Bus) Conn() *nats.Conn { return b.conn }
+
+// JetStream is the node's JetStream handle on the in-process connection.
+func (b *Bus) JetStream() jetstream.JetStream { return b.js }
+
+// Ready returns nil when the server accepts connections and JetStream answers a request.
+func (b *Bus) Ready(ctx context.Context) error {
+	if !b.srv.Running() || b.srv.Addr() == nil {
+		return errors.New("bus is not accepting connections")
+	}
+	if _, err := b.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("jetstream does not answer: %w", err)
+	}
+	return nil
+}
+
+// Stats is a snapshot of the bus for metrics and status.
+type Stats struct {
+	Connections int    // client connections, the node's own included
+	Streams     int    // JetStream streams
+	Consumers   int    // JetStream consumers
+	Messages    uint64 // messages stored in JetStream
+	Bytes       uint64 // bytes stored in JetStream
+}
+
+// Stats reads the server's counters without a network round trip.
+func (b *Bus) Stats() Stats {
+	st := Stats{Connections: b.srv.NumClients()}
+	if jsz, err := b.srv.Jsz(&server.JSzOptions{}); err == nil {
+		st.Streams = jsz.Streams
+		st.Consumers = jsz.Consumers
+		st.Messages = jsz.Messages
+		st.Bytes = jsz.Bytes
+	}
+	return st
+}
+
+// Close drains the in-process connection and shuts the server down, waiting until it has.
+func (b *Bus) Close() error {
+	b.conn.Close()
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+	return nil
+}
+
+func isAddrInUse(err error) bool { return errors.Is(err, syscall.EADDRINUSE) }

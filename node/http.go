@@ -1,0 +1,105 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// readyTimeout bounds the JetStream round trip behind /readyz.
+const readyTimeout = 2 * time.Second
+
+// Status is what /v1/status and `meshnode status --json` report.
+type Status struct {
+	Name          string          `json:"name"`
+	MeshID        string          `json:"mesh_id"`
+	Version       string          `json:"version"`
+	ClientURL     string          `json:"client_url"`
+	HTTPURL       string          `json:"http_url"`
+	ClusterAddr   string          `json:"cluster_addr"`
+	GossipAddr    string          `json:"gossip_addr"`
+	Ready         bool            `json:"ready"`
+	Reason        string          `json:"reason,omitempty"` // why not ready
+	Started       time.Time       `json:"started"`
+	UptimeSeconds float64         `json:"uptime_seconds"`
+	Connections   int             `json:"connections"`
+	JetStream     JetStreamStatus `json:"jetstream"`
+}
+
+// JetStreamStatus is the JetStream part of Status.
+type JetStreamStatus struct {
+	Enabled   bool   `json:"enabled"`
+	Mode      string `json:"mode"` // "standalone" or "clustered"
+	Streams   int    `json:"streams"`
+	Consumers int    `json:"consumers"`
+	Messages  uint64 `json:"messages"`
+	Bytes     uint64 `json:"bytes"`
+}
+
+func (n *Node) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := n.ready(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, n.Status(r.Context()))
+	})
+	return mux
+}
+
+// ready reports whether the bus accepts connections and JetStream answers.
+func (n *Node) ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	return n.bus.Ready(ctx)
+}
+
+// Status reports the node's state.
+func (n *Node) Status(ctx context.Context) Status {
+	st := n.bus.Stats()
+	s := Status{
+		Name:          n.id.Name,
+		MeshID:        n.id.MeshID,
+		Version:       Version(),
+		ClientURL:     n.bus.ClientURL(),
+		HTTPURL:       n.HTTPURL(),
+		ClusterAddr:   n.cfg.ClusterAddr,
+		GossipAddr:    n.cfg.GossipAddr,
+		Started:       n.started,
+		UptimeSeconds: time.Since(n.started).Seconds(),
+		Connections:   st.Connections,
+		JetStream: JetStreamStatus{
+			Enabled:   true,
+			Mode:      "standalone",
+			Streams:   st.Streams,
+			Consumers: st.Consumers,
+			Messages:  st.Messages,
+			Bytes:     st.Bytes,
+		},
+	}
+	if err := n.ready(ctx); err != nil {
+		s.Reason = err.Error()
+	} else {
+		s.Ready = true
+	}
+	return s
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

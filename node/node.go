@@ -1,0 +1,190 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/nats-io/nkeys"
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+)
+
+// ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
+var ErrHTTPAddrInUse = errors.New("http address already in use")
+
+// Node is one meshnode: its store, its bus and its HTTP API.
+type Node struct {
+	// CreateIdentity makes a new node identity (and mesh id) when the data dir has none;
+	// without it Open refuses an empty data dir. Set before Open.
+	CreateIdentity bool
+	// HandleSignals adds a SIGINT/SIGTERM actor to Run; a signal ends Run with nil.
+	HandleSignals bool
+
+	cfg config.Config
+	log *slog.Logger
+
+	started time.Time
+	db      *bolt.DB
+	id      Identity
+	key     nkeys.KeyPair
+	bus     *embedbus.Bus
+	httpLn  net.Listener
+	httpSrv *http.Server
+	metrics *prometheus.Registry
+}
+
+// New returns a node for cfg; it opens nothing. A nil logger discards the log.
+func New(cfg config.Config, log *slog.Logger) *Node {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name)}
+}
+
+// Open validates the configuration and opens the node's parts in order — store and identity,
+// bus, HTTP listener — then writes node.json. On error everything opened is closed again.
+func (n *Node) Open() (err error) {
+	if err := n.cfg.Validate(); err != nil {
+		return err
+	}
+	n.started = time.Now()
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+
+	if n.db, err = openStore(n.cfg.DataDir); err != nil {
+		return err
+	}
+	if n.id, n.key, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity); err != nil {
+		return err
+	}
+
+	// Bind the HTTP listener before starting the bus, so a taken port costs no server start.
+	if n.httpLn, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("listen on %s: %w; another process has it: stop it or set --http-addr", n.cfg.HTTPAddr, ErrHTTPAddrInUse)
+		}
+		return fmt.Errorf("listen on %s: %w; set --http-addr to an address this machine has", n.cfg.HTTPAddr, err)
+	}
+
+	n.bus, err = embedbus.Open(embedbus.Config{
+		Name:       n.cfg.Name,
+		StoreDir:   filepath.Join(n.cfg.DataDir, jsDir),
+		ClientAddr: n.cfg.ClientAddr,
+		Logger:     n.log.With("component", "nats"),
+	})
+	if errors.Is(err, embedbus.ErrAddrInUse) {
+		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)
+	}
+	if err != nil {
+		return fmt.Errorf("open bus: %w", err)
+	}
+
+	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus })
+	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
+
+	if err := writeInfo(n.cfg.DataDir, Info{
+		Name:        n.id.Name,
+		MeshID:      n.id.MeshID,
+		PID:         os.Getpid(),
+		Version:     Version(),
+		ClientURL:   n.bus.ClientURL(),
+		HTTPURL:     n.HTTPURL(),
+		ClusterAddr: n.cfg.ClusterAddr,
+		GossipAddr:  n.cfg.GossipAddr,
+		Started:     n.started.UTC(),
+	}); err != nil {
+		return fmt.Errorf("write %s: %w", InfoFile, err)
+	}
+	return nil
+}
+
+// Run runs the node's actors until ctx ends, a signal arrives (with HandleSignals) or an
+// actor fails. A requested stop returns nil. Run does not close the node: call Close.
+func (n *Node) Run(ctx context.Context) error {
+	var g run.Group
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			<-ctx.Done()
+			return nil
+		}, func(error) { cancel() })
+	}
+	if n.HandleSignals {
+		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+	}
+	g.Add(func() error {
+		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	}, func(error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n.cfg.ShutdownTimeout)/2)
+		defer cancel()
+		n.httpSrv.Shutdown(ctx)
+	})
+
+	n.log.Info("node running", "client_url", n.bus.ClientURL(), "http", n.HTTPURL(), "mesh_id", n.id.MeshID)
+	err := g.Run()
+	if errors.Is(err, run.ErrSignal) {
+		n.log.Info("stopping", "reason", err.Error())
+		return nil
+	}
+	return err
+}
+
+// Close closes the node's parts in reverse order and removes node.json. It keeps the first
+// error and is safe to call on a partly opened node.
+func (n *Node) Close() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if n.httpSrv != nil {
+		keep(n.httpSrv.Close())
+	} else if n.httpLn != nil {
+		keep(n.httpLn.Close())
+	}
+	if n.bus != nil {
+		keep(n.bus.Close())
+		n.bus = nil
+	}
+	if n.db != nil {
+		removeInfo(n.cfg.DataDir)
+		keep(n.db.Close())
+		n.db = nil
+	}
+	return first
+}
+
+// Identity returns the node's identity.
+func (n *Node) Identity() Identity { return n.id }
+
+// ClientURL is the NATS URL of the node's bus.
+func (n *Node) ClientURL() string { return n.bus.ClientURL() }
+
+// HTTPURL is the base URL of the node's HTTP API.
+func (n *Node) HTTPURL() string {
+	if n.httpLn == nil {
+		return ""
+	}
+	return "http://" + n.httpLn.Addr().String()
+}
+
+// Bus is the node's embedded bus.
+func (n *Node) Bus() *embedbus.Bus { return n.bus }
