@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/spf13/cobra"
@@ -65,7 +66,8 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 		if err := cfg.LoadFile(path, data); err != nil {
 			return cfg, usageError{err}
 		}
-	case errors.Is(err, fs.ErrNotExist) && !explicit:
+	case !explicit && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)):
+		// No file beside the data dir: defaults, env and flags decide.
 	case err != nil:
 		return cfg, usagef("read configuration: %v", err)
 	}

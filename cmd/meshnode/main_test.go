@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binary is the meshnode binary built once for the tests that run it as a process.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "meshnode-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "meshnode")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build meshnode: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is what a finished meshnode command did.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// meshnode runs the binary to completion with args and extra environment.
+func meshnode(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run meshnode %v: %v", args, err)
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// cleanEnv is the test's environment without MESHNODE_ variables.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MESHNODE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// process is a meshnode node running as a child process.
+type process struct {
+	cmd       *exec.Cmd
+	clientURL string
+	httpURL   string
+	meshID    string
+	stderr    *syncBuffer
+	done      chan error
+}
+
+var readyRE = regexp.MustCompile(`^meshnode ready: node (\S+), mesh (\S+), client (\S+), http (\S+)$`)
+
+// startNode starts `meshnode <verb> args...` and waits for its ready line.
+func startNode(t *testing.T, verb string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{verb}, args...)...)
+	cmd.Env = cleanEnv()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &process{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
+				ready <- m
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	select {
+	case m := <-ready:
+		p.meshID, p.clientURL, p.httpURL = m[2], m[3], m[4]
+	case err := <-p.done:
+		t.Fatalf("meshnode %s exited before ready: %v\n%s", verb, err, p.stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("meshnode %s not ready after 30s\n%s", verb, p.stderr)
+	}
+	return p
+}
+
+// stop sends sig and returns the exit code and how long the process took to exit.
+func (p *process) stop(t *testing.T, sig syscall.Signal) (int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("meshnode did not exit 20s after %v\n%s", sig, p.stderr)
+	}
+	return p.cmd.ProcessState.ExitCode(), time.Since(start)
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// retryUntil polls f until it returns nil or the timeout passes.
+func retryUntil(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// loopback are the flags that put a node on free loopback ports.
+var loopback = []string{"--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+
+func upArgs(dir, name string) []string {
+	return append([]string{"--data-dir", dir, "--name", name}, loopback...)
+}
+
+// TestBinary_UpStatusStopRestart runs the real binary: up, status --json, a JetStream
+// publish, SIGTERM, and a restart that keeps the identity and the stream's messages.
+func TestBinary_UpStatusStopRestart(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+
+	resp, err := http.Get(p.httpURL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz=%d", resp.StatusCode)
+	}
+
+	r := meshnode(t, nil, "status", "--json", "--data-dir", dir)
+	if r.code != 0 {
+		t.Fatalf("status exit %d: %s", r.code, r.stderr)
+	}
+	var st map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r.stdout)
+	}
+	for k, want := range map[string]any{"name": "alpha", "mesh_id": p.meshID, "client_url": p.clientURL, "ready": true} {
+		if st[k] != want {
+			t.Errorf("status %s=%v, want %v", k, st[k], want)
+		}
+	}
+	for _, k := range []string{"version", "jetstream"} {
+		if _, ok := st[k]; !ok {
+			t.Errorf("status --json lacks %q", k)
+		}
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", dir); r.code != 0 || !strings.Contains(r.stdout, "alpha") {
+		t.Fatalf("status exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+
+	publish(t, p.clientURL, 5)
+
+	code, took := p.stop(t, syscall.SIGTERM)
+	if code != 0 {
+		t.Fatalf("SIGTERM: exit %d, want 0\n%s", code, p.stderr)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("SIGTERM: took %s to exit, want under 5s", took)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node.json")); !os.IsNotExist(err) {
+		t.Fatalf("node.json still there after a clean stop (err=%v)", err)
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", dir); r.code != 1 || !strings.Contains(r.stderr, "meshnode up --data-dir") {
+		t.Fatalf("status of a stopped node: exit %d %q, want 1 saying how to start it", r.code, r.stderr)
+	}
+
+	// Restart with run: the same identity and the stream's messages.
+	p = startNode(t, "run", upArgs(dir, "alpha")...)
+	if p.meshID != st["mesh_id"] {
+		t.Fatalf("mesh id after restart %s, want %s", p.meshID, st["mesh_id"])
+	}
+	if got := streamMsgs(t, p.clientURL); got != 5 {
+		t.Fatalf("stream messages after restart=%d, want 5", got)
+	}
+
+	// kill -9 leaves a stale node.json; status says the node is gone, and it restarts.
+	if code, _ := p.stop(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("SIGKILL exit code %d", code)
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", dir); r.code != 1 || !strings.Contains(r.stderr, "has exited") {
+		t.Fatalf("status after kill -9: exit %d %q, want 1 saying the process exited", r.code, r.stderr)
+	}
+	p = startNode(t, "up", upArgs(dir, "alpha")...)
+	if got := streamMsgs(t, p.clientURL); got != 5 {
+		t.Fatalf("stream messages after kill -9 and restart=%d, want 5", got)
+	}
+	if code, _ := p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("SIGINT: exit %d, want 0", code)
+	}
+}
+
+func publish(t *testing.T, url string, n int) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if _, err := js.Publish(ctx, "keep.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func streamMsgs(t *testing.T, url string) uint64 {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "KEEP")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// TestBinary_BadInput checks each bad input exits with the right code and a message naming
+// what to change.
+func TestBinary_BadInput(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o600)
+
+	corrupt := t.TempDir()
+	os.WriteFile(filepath.Join(corrupt, "meshnode.db"), []byte(strings.Repeat("garbage ", 2000)), 0o600)
+
+	unknownKey := t.TempDir()
+	os.WriteFile(filepath.Join(unknownKey, "meshnode.yaml"), []byte("name: alpha\nclient-adr: 127.0.0.1:1\n"), 0o600)
+
+	for _, tc := range []struct {
+		name  string
+		env   []string
+		args  []string
+		code  int
+		wants []string
+	}{
+		{"ClientAddrInUse", nil, []string{"up", "--data-dir", t.TempDir(), "--client-addr", taken.Addr().String(), "--http-addr", "127.0.0.1:0"},
+			1, []string{taken.Addr().String(), "--client-addr"}},
+		{"HTTPAddrInUse", nil, []string{"up", "--data-dir", t.TempDir(), "--client-addr", "127.0.0.1:0", "--http-addr", taken.Addr().String()},
+			1, []string{taken.Addr().String(), "--http-addr"}},
+		{"UnknownConfigKey", nil, []string{"up", "--data-dir", unknownKey},
+			2, []string{"client-adr", "line 2"}},
+		{"UnknownConfigFile", nil, []string{"up", "--config", filepath.Join(t.TempDir(), "nope.yaml")},
+			2, []string{"nope.yaml"}},
+		{"BadDurationFlag", nil, []string{"up", "--data-dir", t.TempDir(), "--shutdown-timeout", "soon"},
+			2, []string{"shutdown-timeout", `"soon"`}},
+		{"BadDurationEnv", []string{"MESHNODE_EVENTS_MAX_AGE=forever"}, []string{"up", "--data-dir", t.TempDir()},
+			2, []string{"MESHNODE_EVENTS_MAX_AGE", `"forever"`}},
+		{"UnknownEnv", []string{"MESHNODE_NAEM=x"}, []string{"up", "--data-dir", t.TempDir()},
+			2, []string{"MESHNODE_NAEM"}},
+		{"BadAddress", nil, []string{"up", "--data-dir", t.TempDir(), "--client-addr", "localhost"},
+			2, []string{"client-addr", `"localhost"`, "host:port"}},
+		{"BadName", nil, []string{"up", "--data-dir", t.TempDir(), "--name", "Alpha_1"},
+			2, []string{`"Alpha_1"`}},
+		{"UnknownFlag", nil, []string{"up", "--client-adr", "x"},
+			2, []string{"--client-adr"}},
+		{"DataDirNotWritable", nil, append([]string{"up"}, upArgs(filepath.Join(file, "data"), "alpha")...),
+			1, []string{"--data-dir"}},
+		{"CorruptStore", nil, append([]string{"up"}, upArgs(corrupt, "alpha")...),
+			1, []string{"corrupt", "move it aside"}},
+		{"RunWithoutNode", nil, append([]string{"run"}, upArgs(t.TempDir(), "alpha")...),
+			1, []string{"meshnode up --data-dir"}},
+		{"StatusWithoutNode", nil, []string{"status", "--data-dir", t.TempDir()},
+			1, []string{"no meshnode is running"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := meshnode(t, tc.env, tc.args...)
+			if r.code != tc.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", r.code, tc.code, r.stdout, r.stderr)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr %q does not contain %q", r.stderr, w)
+				}
+			}
+			if strings.Contains(r.stderr, "panic") {
+				t.Errorf("stderr has a panic: %s", r.stderr)
+			}
+		})
+	}
+}
+
+// TestBinary_NameMismatch: a data dir that holds another node is refused with the fix.
+func TestBinary_NameMismatch(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	p.stop(t, syscall.SIGTERM)
+	r := meshnode(t, nil, append([]string{"up"}, upArgs(dir, "beta")...)...)
+	if r.code != 1 || !strings.Contains(r.stderr, "--name alpha") {
+		t.Fatalf("exit %d %q, want 1 suggesting --name alpha", r.code, r.stderr)
+	}
+}
+
+// TestBinary_DataDirInUse: a second node on a running node's data dir is refused.
+func TestBinary_DataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	startNode(t, "up", upArgs(dir, "alpha")...)
+	r := meshnode(t, nil, append([]string{"up"}, upArgs(dir, "alpha")...)...)
+	if r.code != 1 || !strings.Contains(r.stderr, "in use by a running meshnode") {
+		t.Fatalf("exit %d %q, want 1 saying the data dir is in use", r.code, r.stderr)
+	}
+}
+
+func TestBinary_Version(t *testing.T) {
+	r := meshnode(t, nil, "version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "meshnode ") {
+		t.Fatalf("version: exit %d %q", r.code, r.stdout)
+	}
+}

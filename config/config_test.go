@@ -1,0 +1,140 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+)
+
+func TestConfig_LoadFile(t *testing.T) {
+	t.Run("Overrides", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadFile("meshnode.yaml", []byte("name: beta\nclient-addr: 127.0.0.1:5000\nevents-max-age: 2d12h\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := c.Name, "beta"; got != want {
+			t.Fatalf("Name=%q, want %q", got, want)
+		}
+		if got, want := time.Duration(c.EventsMaxAge), 60*time.Hour; got != want {
+			t.Fatalf("EventsMaxAge=%v, want %v", got, want)
+		}
+		if got, want := c.HTTPAddr, config.Up().HTTPAddr; got != want {
+			t.Fatalf("HTTPAddr=%q, want default %q", got, want)
+		}
+	})
+	t.Run("UnknownKey", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadFile("meshnode.yaml", []byte("name: beta\nclient-adr: 127.0.0.1:5000\n"))
+		if !errors.Is(err, config.ErrInvalid) {
+			t.Fatalf("err=%v, want ErrInvalid", err)
+		}
+		if !strings.Contains(err.Error(), "client-adr") || !strings.Contains(err.Error(), "line 2") {
+			t.Fatalf("err=%q, want it to name the key and its line", err)
+		}
+	})
+	t.Run("BadDuration", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadFile("meshnode.yaml", []byte("shutdown-timeout: soon\n"))
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), `"soon"`) {
+			t.Fatalf("err=%v, want ErrInvalid naming the value", err)
+		}
+	})
+	t.Run("Empty", func(t *testing.T) {
+		c := config.Up()
+		if err := c.LoadFile("meshnode.yaml", nil); err != nil {
+			t.Fatalf("empty file: %v", err)
+		}
+		if c != config.Up() {
+			t.Fatal("empty file changed the configuration")
+		}
+	})
+}
+
+func TestConfig_LoadEnv(t *testing.T) {
+	t.Run("Overrides", func(t *testing.T) {
+		c := config.Up()
+		if err := c.LoadEnv([]string{"PATH=/bin", "MESHNODE_NAME=gamma", "MESHNODE_SHUTDOWN_TIMEOUT=9s", "MESHNODE_CONFIG=x.yaml"}); err != nil {
+			t.Fatal(err)
+		}
+		if c.Name != "gamma" || time.Duration(c.ShutdownTimeout) != 9*time.Second {
+			t.Fatalf("got name %q timeout %v", c.Name, c.ShutdownTimeout)
+		}
+	})
+	t.Run("UnknownVariable", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadEnv([]string{"MESHNODE_NAEM=gamma"})
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "MESHNODE_NAEM") {
+			t.Fatalf("err=%v, want ErrInvalid naming the variable", err)
+		}
+	})
+	t.Run("BadDuration", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadEnv([]string{"MESHNODE_EVENTS_MAX_AGE=forever"})
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "MESHNODE_EVENTS_MAX_AGE") {
+			t.Fatalf("err=%v, want ErrInvalid naming the variable", err)
+		}
+	})
+}
+
+func TestConfig_Validate(t *testing.T) {
+	if err := config.Up().Validate(); err != nil {
+		t.Fatalf("Up defaults: %v", err)
+	}
+	if err := config.Run().Validate(); err != nil {
+		t.Fatalf("Run defaults: %v", err)
+	}
+	for _, tc := range []struct {
+		key, value string
+	}{
+		{"name", "Alpha"},
+		{"name", "-a"},
+		{"name", ""},
+		{"client-addr", "localhost"},
+		{"client-addr", "127.0.0.1:99999"},
+		{"http-addr", "127.0.0.1:http"},
+		{"gossip-addr", "bad host:1"},
+		{"log-level", "verbose"},
+		{"log-format", "xml"},
+		{"data-dir", ""},
+	} {
+		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
+			c := config.Up()
+			if err := c.Set(tc.key, tc.value); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Validate()
+			if !errors.Is(err, config.ErrInvalid) {
+				t.Fatalf("Validate()=%v, want ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err=%q does not name %s", err, tc.key)
+			}
+		})
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, "90s": 90 * time.Second, "2m": 2 * time.Minute,
+	} {
+		got, err := config.ParseDuration(in)
+		if err != nil || got != want {
+			t.Errorf("ParseDuration(%q)=%v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "xd", "7days", "soon", "-1d"} {
+		if _, err := config.ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q) succeeded, want an error", in)
+		}
+	}
+}
+
+func TestDefaultName(t *testing.T) {
+	if n := config.DefaultName(); !config.ValidName(n) {
+		t.Fatalf("DefaultName()=%q is not a valid name", n)
+	}
+}

@@ -1,0 +1,351 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/node"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testConfig returns a single-node configuration on free loopback ports in dir.
+func testConfig(dir, name string) config.Config {
+	c := config.Up()
+	c.DataDir = dir
+	c.Name = name
+	c.ClientAddr = "127.0.0.1:0"
+	c.HTTPAddr = "127.0.0.1:0"
+	return c
+}
+
+// runningNode is a node whose Run loop is going; stop ends it and closes the node.
+type runningNode struct {
+	*node.Node
+	stop func()
+}
+
+// MustOpenNode opens and runs a node for cfg, stopping it at cleanup.
+func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
+	tb.Helper()
+	n := node.New(cfg, nil)
+	n.CreateIdentity = true
+	if err := n.Open(); err != nil {
+		tb.Fatalf("open node: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	var stopped bool
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("run: %v", err)
+		}
+		if err := n.Close(); err != nil {
+			tb.Errorf("close: %v", err)
+		}
+	}
+	tb.Cleanup(stop)
+	return &runningNode{Node: n, stop: stop}
+}
+
+// retryUntil polls f until it returns nil or the timeout passes.
+func retryUntil(tb testing.TB, timeout time.Duration, f func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func httpGet(tb testing.TB, url string) (int, string) {
+	tb.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		tb.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestNode_OpenRunClose(t *testing.T) {
+	dir := t.TempDir()
+	n := MustOpenNode(t, testConfig(dir, "alpha"))
+
+	if code, body := httpGet(t, n.HTTPURL()+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz=%d %s", code, body)
+	}
+	if code, body := httpGet(t, n.HTTPURL()+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz=%d %s", code, body)
+	}
+
+	// A plain nats.go client publishes to JetStream on the node.
+	nc, err := nats.Connect(n.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(ctx, "t.one", []byte("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ack.Sequence, uint64(1); got != want {
+		t.Fatalf("ack sequence=%d, want %d", got, want)
+	}
+
+	_, metrics := httpGet(t, n.HTTPURL()+"/metrics")
+	for _, want := range []string{
+		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 2",
+		"meshnode_jetstream_messages 1", "meshnode_jetstream_bytes", "meshnode_jetstream_streams 1",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	st := n.Status(ctx)
+	if !st.Ready || st.Name != "alpha" || st.MeshID == "" || st.ClientURL != n.ClientURL() || st.JetStream.Messages != 1 {
+		t.Fatalf("status=%+v", st)
+	}
+
+	// node.json lets client verbs find the node; it goes when the node stops.
+	info, err := node.ReadInfo(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ClientURL != n.ClientURL() || info.HTTPURL != n.HTTPURL() || info.PID != os.Getpid() {
+		t.Fatalf("node.json=%+v", info)
+	}
+	n.stop()
+	if _, err := node.ReadInfo(dir); !errors.Is(err, node.ErrNotRunning) {
+		t.Fatalf("after stop ReadInfo err=%v, want ErrNotRunning", err)
+	}
+}
+
+func TestNode_SeveralInOneProcess(t *testing.T) {
+	a := MustOpenNode(t, testConfig(t.TempDir(), "a"))
+	b := MustOpenNode(t, testConfig(t.TempDir(), "b"))
+	if a.ClientURL() == b.ClientURL() || a.HTTPURL() == b.HTTPURL() {
+		t.Fatalf("nodes share addresses: %s %s", a.ClientURL(), b.ClientURL())
+	}
+	if a.Identity().MeshID == b.Identity().MeshID {
+		t.Fatal("two fresh nodes got the same mesh id")
+	}
+	for _, n := range []*runningNode{a, b} {
+		if code, body := httpGet(t, n.HTTPURL()+"/readyz"); code != http.StatusOK {
+			t.Fatalf("%s /readyz=%d %s", n.Identity().Name, code, body)
+		}
+	}
+}
+
+func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	n := MustOpenNode(t, cfg)
+	first := n.Identity()
+	nc, err := nats.Connect(n.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := js.Publish(ctx, "keep.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Close()
+	n.stop()
+
+	n = MustOpenNode(t, cfg)
+	if got := n.Identity(); got != first {
+		t.Fatalf("identity after restart=%+v, want %+v", got, first)
+	}
+	nc, err = nats.Connect(n.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ = jetstream.New(nc)
+	s, err := js.Stream(ctx, "KEEP")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info.State.Msgs, uint64(10); got != want {
+		t.Fatalf("messages after restart=%d, want %d", got, want)
+	}
+}
+
+func TestNode_Open(t *testing.T) {
+	t.Run("NameMismatch", func(t *testing.T) {
+		dir := t.TempDir()
+		MustOpenNode(t, testConfig(dir, "alpha")).stop()
+		err := node.New(testConfig(dir, "beta"), nil).Open()
+		if !errors.Is(err, node.ErrNameMismatch) || !strings.Contains(err.Error(), "--name alpha") {
+			t.Fatalf("err=%v, want ErrNameMismatch suggesting --name alpha", err)
+		}
+	})
+	t.Run("NoIdentity", func(t *testing.T) {
+		err := node.New(testConfig(t.TempDir(), "alpha"), nil).Open()
+		if !errors.Is(err, node.ErrNoIdentity) {
+			t.Fatalf("err=%v, want ErrNoIdentity", err)
+		}
+	})
+	t.Run("CorruptStore", func(t *testing.T) {
+		dir := t.TempDir()
+		garbage := []byte(strings.Repeat("not a bbolt file ", 1000))
+		if err := os.WriteFile(filepath.Join(dir, "meshnode.db"), garbage, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		n := node.New(testConfig(dir, "alpha"), nil)
+		n.CreateIdentity = true
+		err := n.Open()
+		if !errors.Is(err, node.ErrCorruptStore) || !strings.Contains(err.Error(), "move it aside") {
+			t.Fatalf("err=%v, want ErrCorruptStore saying what to do", err)
+		}
+	})
+	t.Run("DataDirNotWritable", func(t *testing.T) {
+		// Tests run as root, which ignores permission bits: a data dir beneath a regular file
+		// cannot be created by anyone.
+		file := filepath.Join(t.TempDir(), "file")
+		os.WriteFile(file, nil, 0o600)
+		n := node.New(testConfig(filepath.Join(file, "data"), "alpha"), nil)
+		n.CreateIdentity = true
+		err := n.Open()
+		if err == nil || !strings.Contains(err.Error(), "--data-dir") {
+			t.Fatalf("err=%v, want an error naming --data-dir", err)
+		}
+	})
+	t.Run("DataDirInUse", func(t *testing.T) {
+		cfg := testConfig(t.TempDir(), "alpha")
+		MustOpenNode(t, cfg)
+		n := node.New(cfg, nil)
+		err := n.Open()
+		if !errors.Is(err, node.ErrDataDirInUse) {
+			t.Fatalf("err=%v, want ErrDataDirInUse", err)
+		}
+	})
+	t.Run("ClientAddrInUse", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		cfg := testConfig(t.TempDir(), "alpha")
+		cfg.ClientAddr = l.Addr().String()
+		cfg.HTTPAddr = freeAddr(t)
+		n := node.New(cfg, nil)
+		n.CreateIdentity = true
+		err = n.Open()
+		if err == nil || !strings.Contains(err.Error(), l.Addr().String()) || !strings.Contains(err.Error(), "--client-addr") {
+			t.Fatalf("err=%v, want it to name %s and --client-addr", err, l.Addr())
+		}
+		assertReleased(t, cfg, cfg.HTTPAddr)
+	})
+	t.Run("HTTPAddrInUse", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		cfg := testConfig(t.TempDir(), "alpha")
+		cfg.HTTPAddr = l.Addr().String()
+		cfg.ClientAddr = freeAddr(t)
+		n := node.New(cfg, nil)
+		n.CreateIdentity = true
+		err = n.Open()
+		if !errors.Is(err, node.ErrHTTPAddrInUse) || !strings.Contains(err.Error(), "--http-addr") {
+			t.Fatalf("err=%v, want ErrHTTPAddrInUse naming --http-addr", err)
+		}
+		assertReleased(t, cfg, cfg.ClientAddr)
+	})
+}
+
+// assertReleased proves a failed Open left nothing behind: the addresses the node had bound
+// are free, there is no node.json, and the store can be opened again (its lock is released).
+func assertReleased(t *testing.T, cfg config.Config, bound ...string) {
+	t.Helper()
+	for _, addr := range bound {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("%s still taken after a failed open: %v", addr, err)
+		}
+		l.Close()
+	}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, node.InfoFile)); err == nil {
+		t.Fatal("node.json left behind by a failed open")
+	}
+	cfg.ClientAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	n := node.New(cfg, nil)
+	n.CreateIdentity = true
+	if err := n.Open(); err != nil {
+		t.Fatalf("reopen after failed open: %v", err)
+	}
+	n.Close()
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestNode_Status_JSONKeys(t *testing.T) {
+	n := MustOpenNode(t, testConfig(t.TempDir(), "alpha"))
+	_, body := httpGet(t, n.HTTPURL()+"/v1/status")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"name", "mesh_id", "version", "client_url", "jetstream", "ready"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("status lacks %q: %s", k, body)
+		}
+	}
+}
