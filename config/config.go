@@ -229,7 +229,7 @@ func (c *Config) Set(key, value string) error {
 
 // Validate checks every value and returns the first problem, naming the key and what to
 // write instead.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	if c.DataDir == "" {
 		return fmt.Errorf("%w: data-dir is empty: set --data-dir to a directory meshnode may write", ErrInvalid)
 	}
