@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // DefaultReadyTimeout bounds how long Open waits for the server to accept connections and
@@ -34,10 +35,16 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Logger receives the server's log; nil discards it.
 	Logger *slog.Logger
+	// Directory says who may connect and with what permissions. Required.
+	Directory Directory
+	// Key is the node's own nkey: the in-process connection authenticates with it, so the
+	// Directory must give it full permissions.
+	Key nkeys.KeyPair
 }
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
 type Bus struct {
+	auth *authenticator
 	srv  *server.Server
 	conn *nats.Conn
 	js   jetstream.JetStream
@@ -70,6 +77,10 @@ func Open(cfg Config) (*Bus, error) {
 		port = server.RANDOM_PORT
 	}
 
+	if cfg.Directory == nil || cfg.Key == nil {
+		return nil, errors.New("embedbus: a Directory and the node's Key are required")
+	}
+	auth := newAuthenticator(cfg.Directory)
 	opts := &server.Options{
 		ServerName: cfg.Name,
 		Host:       host,
@@ -79,6 +90,9 @@ func Open(cfg Config) (*Bus, error) {
 		StoreDir:   cfg.StoreDir,
 		// The HTTP API is the node's own; nats-server's monitoring stays off.
 		HTTPPort: 0,
+		// Every client proves an nkey by signing the nonce; Check maps it to permissions.
+		AlwaysEnableNonce:          true,
+		CustomClientAuthentication: auth,
 	}
 	srv, err := server.NewServer(opts.Clone())
 	if err != nil {
@@ -106,8 +120,12 @@ func Open(cfg Config) (*Bus, error) {
 		return fail(errors.New("start nats-server: JetStream did not start (see the log above)"))
 	}
 
+	pub, err := cfg.Key.PublicKey()
+	if err != nil {
+		return fail(fmt.Errorf("node key: %w", err))
+	}
 	conn, err := nats.Connect("", nats.InProcessServer(srv), nats.Name(cfg.Name+"-node"),
-		nats.MaxReconnects(-1))
+		nats.MaxReconnects(-1), nats.Nkey(pub, cfg.Key.Sign))
 	if err != nil {
 		return fail(fmt.Errorf("connect in-process: %w", err))
 	}
@@ -116,7 +134,7 @@ func Open(cfg Config) (*Bus, error) {
 		conn.Close()
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	b := &Bus{srv: srv, conn: conn, js: js}
+	b := &Bus{auth: auth, srv: srv, conn: conn, js: js}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.ReadyTimeout)
 	defer cancel()
 	if err := b.Ready(ctx); err != nil {
@@ -157,6 +175,19 @@ func (b *Bus) Ready(ctx context.Context) error {
 		return fmt.Errorf("jetstream does not answer: %w", err)
 	}
 	return nil
+}
+
+// Kick disconnects every connection of a key, so it reconnects and is checked again against
+// the Directory: how a change of authority takes effect without ReloadOptions (which would
+// disconnect every nkey client).
+func (b *Bus) Kick(publicKey string) int {
+	n := 0
+	for _, id := range b.auth.take(publicKey) {
+		if b.srv.DisconnectClientByID(id) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Stats is a snapshot of the bus for metrics and status.

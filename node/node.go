@@ -14,11 +14,18 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 )
+
+// openTimeout bounds the JetStream work of Open: the registry's bucket and the topology.
+const openTimeout = 30 * time.Second
+
+// replicas is the replication of the mesh's streams and buckets: 1 on a single node.
+const replicas = 1
 
 // ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
 var ErrHTTPAddrInUse = errors.New("http address already in use")
@@ -39,6 +46,8 @@ type Node struct {
 	id      Identity
 	key     nkeys.KeyPair
 	bus     *embedbus.Bus
+	reg     *registry.Registry
+	ctrl    *controller
 	httpLn  net.Listener
 	httpSrv *http.Server
 	metrics *prometheus.Registry
@@ -80,17 +89,55 @@ func (n *Node) Open() (err error) {
 		return fmt.Errorf("listen on %s: %w; set --http-addr to an address this machine has", n.cfg.HTTPAddr, err)
 	}
 
+	n.reg = registry.New(n.log.With("component", "registry"), func(old, new *registry.Entry) {
+		if authorityChanged(old, new) {
+			kicked := n.bus.Kick(old.PublicKey)
+			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
+		}
+	})
 	n.bus, err = embedbus.Open(embedbus.Config{
 		Name:       n.cfg.Name,
 		StoreDir:   filepath.Join(n.cfg.DataDir, jsDir),
 		ClientAddr: n.cfg.ClientAddr,
 		Logger:     n.log.With("component", "nats"),
+		Key:        n.key,
+		Directory: &directory{
+			static: map[string]embedbus.Identity{
+				n.id.PublicKey:   {Name: "node:" + n.id.Name},
+				n.id.OperatorKey: {Name: "operator"},
+			},
+			reg: n.reg,
+		},
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)
 	}
 	if err != nil {
 		return fmt.Errorf("open bus: %w", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	if err := n.reg.Open(ctx, n.bus.JetStream(), replicas); err != nil {
+		return err
+	}
+	n.ctrl = &controller{
+		log: n.log.With("component", "controller"),
+		nc:  n.bus.Conn(),
+		reg: n.reg,
+		topo: &topology{
+			js:           n.bus.JetStream(),
+			node:         n.id.Name,
+			replicas:     replicas,
+			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
+		},
+		node: n.id.Name,
+	}
+	if err := n.ctrl.reconcileAll(ctx); err != nil {
+		return fmt.Errorf("reconcile topology: %w", err)
+	}
+	if err := n.ctrl.start(); err != nil {
+		return err
 	}
 
 	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus })
@@ -126,6 +173,10 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.HandleSignals {
 		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	}
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.reg.Run(ctx) }, func(error) { cancel() })
+	}
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -159,6 +210,10 @@ func (n *Node) Close() error {
 		keep(n.httpSrv.Close())
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
+	}
+	if n.ctrl != nil {
+		n.ctrl.stop()
+		n.ctrl = nil
 	}
 	if n.bus != nil {
 		keep(n.bus.Close())

@@ -85,6 +85,20 @@ func retryUntil(tb testing.TB, timeout time.Duration, f func() error) {
 	}
 }
 
+// connect opens a client connection authenticated with the nkey seed in seedFile.
+func connect(tb testing.TB, url, seedFile string, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	opt, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nc, err := nats.Connect(url, append([]nats.Option{opt}, opts...)...)
+	if err != nil {
+		tb.Fatalf("connect with %s: %v", filepath.Base(seedFile), err)
+	}
+	return nc
+}
+
 func httpGet(tb testing.TB, url string) (int, string) {
 	tb.Helper()
 	resp, err := http.Get(url)
@@ -107,11 +121,13 @@ func TestNode_OpenRunClose(t *testing.T) {
 		t.Fatalf("/readyz=%d %s", code, body)
 	}
 
-	// A plain nats.go client publishes to JetStream on the node.
-	nc, err := nats.Connect(n.ClientURL())
-	if err != nil {
-		t.Fatal(err)
+	// Without an nkey the bus refuses the connection.
+	if nc, err := nats.Connect(n.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("an unauthenticated client connected")
 	}
+	// A plain nats.go client with the operator's seed publishes to JetStream on the node.
+	nc := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile))
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -130,7 +146,8 @@ func TestNode_OpenRunClose(t *testing.T) {
 	_, metrics := httpGet(t, n.HTTPURL()+"/metrics")
 	for _, want := range []string{
 		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 2",
-		"meshnode_jetstream_messages 1", "meshnode_jetstream_bytes", "meshnode_jetstream_streams 1",
+		"meshnode_jetstream_messages 1", "meshnode_jetstream_bytes",
+		"meshnode_jetstream_streams 5", // EVENTS, STATE, DEAD, KV_mesh-registry and T
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -176,10 +193,7 @@ func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
 	n := MustOpenNode(t, cfg)
 	first := n.Identity()
-	nc, err := nats.Connect(n.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, node.OperatorSeedFile))
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -198,10 +212,7 @@ func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
 	if got := n.Identity(); got != first {
 		t.Fatalf("identity after restart=%+v, want %+v", got, first)
 	}
-	nc, err = nats.Connect(n.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc = connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, node.OperatorSeedFile))
 	defer nc.Close()
 	js, _ = jetstream.New(nc)
 	s, err := js.Stream(ctx, "KEEP")

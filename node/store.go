@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 	bolt "go.etcd.io/bbolt"
 )
@@ -17,7 +18,9 @@ import (
 const (
 	storeFile = "meshnode.db"
 	seedFile  = "node.nk"
-	jsDir     = "jetstream"
+	// OperatorSeedFile is the operator's nkey seed (0600): the CLI's default credential.
+	OperatorSeedFile = "operator.nk"
+	jsDir            = "jetstream"
 )
 
 // storeOpenTimeout bounds the wait for bbolt's file lock: a running node holds it.
@@ -43,6 +46,8 @@ type Identity struct {
 	MeshID    string    // the mesh this node belongs to
 	Created   time.Time // when the identity was made
 	PublicKey string    // the node's nkey public key (the seed is in node.nk, 0600)
+	// OperatorKey is the operator's nkey public key; its seed is operator.nk, 0600.
+	OperatorKey string
 }
 
 // openStore opens (creating if needed) the bbolt file in dir, turning bbolt's failures into
@@ -98,6 +103,7 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool) (Identity, nkeys.K
 		id.Name = string(b.Get([]byte("name")))
 		id.MeshID = string(b.Get([]byte("mesh-id")))
 		id.PublicKey = string(b.Get([]byte("public-key")))
+		id.OperatorKey = string(b.Get([]byte("operator-key")))
 		return id.Created.UnmarshalText(b.Get([]byte("created")))
 	})
 	if err != nil {
@@ -110,7 +116,16 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool) (Identity, nkeys.K
 				ErrNameMismatch, dir, id.Name, name, id.Name, name)
 		}
 		kp, err := readSeed(seedPath, id.PublicKey)
-		return id, kp, err
+		if err != nil {
+			return Identity{}, nil, err
+		}
+		if id.OperatorKey == "" {
+			// A node made before the operator credential existed gets one now.
+			if id.OperatorKey, err = mintOperator(db, dir); err != nil {
+				return Identity{}, nil, err
+			}
+		}
+		return id, kp, nil
 	}
 	if !create {
 		return Identity{}, nil, fmt.Errorf("%w: %s", ErrNoIdentity, dir)
@@ -149,7 +164,31 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool) (Identity, nkeys.K
 	if err != nil {
 		return Identity{}, nil, fmt.Errorf("write identity: %w", err)
 	}
+	if id.OperatorKey, err = mintOperator(db, dir); err != nil {
+		return Identity{}, nil, err
+	}
 	return id, kp, nil
+}
+
+// mintOperator mints the operator's identity, writes its seed to operator.nk (0600) and its
+// public key to the store.
+func mintOperator(db *bolt.DB, dir string) (string, error) {
+	kp, err := vault.MintUser()
+	if err != nil {
+		return "", err
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	if err := writeFileAtomic(filepath.Join(dir, OperatorSeedFile), append(seed, '\n'), 0o600); err != nil {
+		return "", fmt.Errorf("write operator seed: %w", err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketNode).Put([]byte("operator-key"), []byte(pub))
+	})
+	if err != nil {
+		return "", fmt.Errorf("write operator key: %w", err)
+	}
+	return pub, nil
 }
 
 // readSeed loads the node's nkey seed and checks it matches the identity's public key.

@@ -60,7 +60,7 @@ func TestBinary_UpStatusStopRestart(t *testing.T) {
 		t.Fatalf("status exit %d: %s%s", r.code, r.stdout, r.stderr)
 	}
 
-	publish(t, p.clientURL, 5)
+	publish(t, p.clientURL, dir, 5)
 
 	code, took := p.stop(t, syscall.SIGTERM)
 	if code != 0 {
@@ -81,7 +81,7 @@ func TestBinary_UpStatusStopRestart(t *testing.T) {
 	if p.meshID != st["mesh_id"] {
 		t.Fatalf("mesh id after restart %s, want %s", p.meshID, st["mesh_id"])
 	}
-	if got := streamMsgs(t, p.clientURL); got != 5 {
+	if got := streamMsgs(t, p.clientURL, dir); got != 5 {
 		t.Fatalf("stream messages after restart=%d, want 5", got)
 	}
 
@@ -93,7 +93,7 @@ func TestBinary_UpStatusStopRestart(t *testing.T) {
 		t.Fatalf("status after kill -9: exit %d %q, want 1 saying the process exited", r.code, r.stderr)
 	}
 	p = startNode(t, "up", upArgs(dir, "alpha")...)
-	if got := streamMsgs(t, p.clientURL); got != 5 {
+	if got := streamMsgs(t, p.clientURL, dir); got != 5 {
 		t.Fatalf("stream messages after kill -9 and restart=%d, want 5", got)
 	}
 	if code, _ := p.stop(t, syscall.SIGINT); code != 0 {
@@ -101,9 +101,9 @@ func TestBinary_UpStatusStopRestart(t *testing.T) {
 	}
 }
 
-func publish(t *testing.T, url string, n int) {
+func publish(t *testing.T, url, dir string, n int) {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := operatorConn(url, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,9 +121,9 @@ func publish(t *testing.T, url string, n int) {
 	}
 }
 
-func streamMsgs(t *testing.T, url string) uint64 {
+func streamMsgs(t *testing.T, url, dir string) uint64 {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := operatorConn(url, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +136,15 @@ func streamMsgs(t *testing.T, url string) uint64 {
 		t.Fatal(err)
 	}
 	return s.CachedInfo().State.Msgs
+}
+
+// operatorConn connects to url as the operator of the node in dir.
+func operatorConn(url, dir string) (*nats.Conn, error) {
+	opt, err := nats.NkeyOptionFromSeed(filepath.Join(dir, "operator.nk"))
+	if err != nil {
+		return nil, err
+	}
+	return nats.Connect(url, opt)
 }
 
 // TestBinary_BadInput checks each bad input exits with the right code and a message naming

@@ -1,0 +1,127 @@
+package embedbus
+
+import (
+	"encoding/base64"
+	"sync"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+)
+
+// Identity is what the bus knows of a key allowed to connect.
+type Identity struct {
+	// Name is how the connection appears in server events and logs, e.g. "module:billing".
+	Name string
+	// Permissions is what the connection may publish and subscribe to. Nil means everything:
+	// only the node itself and the operator hold such keys.
+	Permissions *manifest.Permissions
+}
+
+// Directory answers who a public key is. The bus asks it under nats-server's locks, for every
+// connection: it must answer from memory and never make a NATS call.
+type Directory interface {
+	Identity(publicKey string) (Identity, bool)
+}
+
+// authenticator is the bus's CustomClientAuthentication: a client proves it holds an nkey
+// by signing the server's nonce, and gets exactly the permissions its Directory entry names.
+// It remembers which connections each key has, so a change of authority can kick them.
+type authenticator struct {
+	dir Directory
+
+	mu      sync.Mutex
+	clients map[string]map[uint64]struct{} // public key → client ids
+}
+
+var _ server.Authentication = (*authenticator)(nil)
+
+func newAuthenticator(dir Directory) *authenticator {
+	return &authenticator{dir: dir, clients: make(map[string]map[uint64]struct{})}
+}
+
+// Check is called by nats-server for each new client connection.
+func (a *authenticator) Check(c server.ClientAuthentication) bool {
+	if c.Kind() != server.CLIENT {
+		return false
+	}
+	opts := c.GetOpts()
+	if opts == nil || opts.Nkey == "" || opts.Sig == "" {
+		return false
+	}
+	kp, err := nkeys.FromPublicKey(opts.Nkey)
+	if err != nil {
+		return false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(opts.Sig)
+	if err != nil {
+		if sig, err = base64.StdEncoding.DecodeString(opts.Sig); err != nil {
+			return false
+		}
+	}
+	nonce := c.GetNonce()
+	if len(nonce) == 0 || kp.Verify(nonce, sig) != nil {
+		return false
+	}
+	id, ok := a.dir.Identity(opts.Nkey)
+	if !ok {
+		return false
+	}
+	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions)})
+
+	a.mu.Lock()
+	set := a.clients[opts.Nkey]
+	if set == nil {
+		set = make(map[uint64]struct{})
+		a.clients[opts.Nkey] = set
+	}
+	set[c.GetID()] = struct{}{}
+	a.mu.Unlock()
+	return true
+}
+
+// take returns and forgets the client ids seen for a key.
+func (a *authenticator) take(publicKey string) []uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	set := a.clients[publicKey]
+	delete(a.clients, publicKey)
+	ids := make([]uint64, 0, len(set))
+	for id := range set {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// serverPermissions turns derived permissions into nats-server's. Allow lists only: anything
+// not listed is denied, the JetStream API included.
+func serverPermissions(p *manifest.Permissions) *server.Permissions {
+	if p == nil {
+		return nil
+	}
+	sp := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: append([]string{}, p.Publish...)},
+		Subscribe: &server.SubjectPermission{Allow: make([]string, 0, len(p.Subscribe))},
+	}
+	for _, s := range p.Subscribe {
+		entry := s.Subject
+		if s.Queue != "" {
+			entry += " " + s.Queue
+		}
+		sp.Subscribe.Allow = append(sp.Subscribe.Allow, entry)
+	}
+	if len(sp.Publish.Allow) == 0 {
+		// An empty allow list means "no restriction" to nats-server; deny everything instead.
+		sp.Publish = &server.SubjectPermission{Deny: []string{">"}}
+	}
+	if len(sp.Subscribe.Allow) == 0 {
+		sp.Subscribe = &server.SubjectPermission{Deny: []string{">"}}
+	}
+	if p.AllowResponses {
+		sp.Response = &server.ResponsePermission{
+			MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS,
+			Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION,
+		}
+	}
+	return sp
+}

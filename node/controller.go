@@ -1,0 +1,317 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+)
+
+// ControllerSeat is the mesh's own seat that answers registration.
+const ControllerSeat = "mesh-controller"
+
+// The controller's tools, core request/reply on mesh.seat.mesh-controller.tool.<verb>.
+var (
+	RegisterSubject = manifest.SeatToolSubject(ControllerSeat, "register")
+	RemoveSubject   = manifest.SeatToolSubject(ControllerSeat, "remove")
+	ListSubject     = manifest.SeatToolSubject(ControllerSeat, "list")
+)
+
+// controllerTimeout bounds one controller request's work.
+const controllerTimeout = 30 * time.Second
+
+// RegisterRequest registers or re-registers a module.
+type RegisterRequest struct {
+	// Manifest is the manifest's YAML.
+	Manifest string `json:"manifest"`
+	// XKey is the caller's xkey public key: a new module's seed is sealed to it.
+	XKey string `json:"xkey"`
+}
+
+// RegisterReply answers RegisterRequest.
+type RegisterReply struct {
+	Module    string `json:"module,omitempty"`
+	PublicKey string `json:"public_key,omitempty"`
+	// Created is true for a new module: SealedSeed then holds its seed, sealed to the
+	// request's XKey with the one-time sender key SenderXKey. A re-registration keeps the
+	// module's key and sends no seed.
+	Created    bool   `json:"created"`
+	SealedSeed []byte `json:"sealed_seed,omitempty"`
+	SenderXKey string `json:"sender_xkey,omitempty"`
+	// Kept lists seat streams left in place for their queued work.
+	Kept []string `json:"kept,omitempty"`
+	// Error is set when the registration was refused; Refusals then lists every reason.
+	Error    string               `json:"error,omitempty"`
+	Refusals []manifest.Refusal   `json:"refusals,omitempty"`
+	Derived  *manifest.Derivation `json:"derived,omitempty"`
+}
+
+// RemoveRequest removes a module.
+type RemoveRequest struct {
+	Module string `json:"module"`
+}
+
+// RemoveReply answers RemoveRequest.
+type RemoveReply struct {
+	Module string   `json:"module,omitempty"`
+	Kept   []string `json:"kept,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+// ModuleInfo is one registered module, as list reports it.
+type ModuleInfo struct {
+	Module       string            `json:"module"`
+	PublicKey    string            `json:"public_key"`
+	Emits        []string          `json:"emits"`
+	Consumes     []string          `json:"consumes"`
+	Tools        []string          `json:"tools"`
+	Uses         []string          `json:"uses"`
+	Seats        []string          `json:"seats"`
+	Fingerprints map[string]string `json:"fingerprints,omitempty"`
+	Registered   time.Time         `json:"registered"`
+	Updated      time.Time         `json:"updated"`
+	Revision     uint64            `json:"revision"`
+	Manifest     string            `json:"manifest"`
+}
+
+// ListReply answers a list request.
+type ListReply struct {
+	Modules []ModuleInfo `json:"modules"`
+	Error   string       `json:"error,omitempty"`
+}
+
+// WhoamiRequest asks which module a key is.
+type WhoamiRequest struct {
+	PublicKey string `json:"public_key"`
+}
+
+// WhoamiReply answers WhoamiRequest.
+type WhoamiReply struct {
+	Module string `json:"module,omitempty"`
+	Node   string `json:"node,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// controller answers the mesh-controller's tools on this node and reconciles topology. It
+// serialises registrations: the catalogue checks hold only if no other write interleaves.
+type controller struct {
+	log  *slog.Logger
+	nc   *nats.Conn
+	reg  *registry.Registry
+	topo *topology
+	node string
+
+	mu   sync.Mutex
+	subs []*nats.Subscription
+}
+
+// start subscribes to the controller's tools (queue group mesh-controller).
+func (c *controller) start() error {
+	for subject, h := range map[string]func(context.Context, []byte) any{
+		RegisterSubject: c.handleRegister,
+		RemoveSubject:   c.handleRemove,
+		ListSubject:     c.handleList,
+		WhoamiSubject:   c.handleWhoami,
+	} {
+		sub, err := c.nc.QueueSubscribe(subject, ControllerSeat, func(m *nats.Msg) {
+			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
+			defer cancel()
+			b, _ := json.Marshal(h(ctx, m.Data))
+			if err := m.Respond(b); err != nil {
+				c.log.Warn("controller reply failed", "subject", m.Subject, "err", err)
+			}
+		})
+		if err != nil {
+			c.stop()
+			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+		c.subs = append(c.subs, sub)
+	}
+	return c.nc.Flush()
+}
+
+func (c *controller) stop() {
+	for _, s := range c.subs {
+		s.Unsubscribe()
+	}
+	c.subs = nil
+}
+
+// reconcileAll brings the topology of every registered module up to date (at start).
+func (c *controller) reconcileAll(ctx context.Context) error {
+	if err := c.topo.ensureMesh(ctx); err != nil {
+		return err
+	}
+	for _, e := range c.reg.List() {
+		if err := c.topo.ensureModule(ctx, e.Derivation); err != nil {
+			return fmt.Errorf("module %s: %w", e.Module, err)
+		}
+	}
+	return nil
+}
+
+func (c *controller) handleRegister(ctx context.Context, data []byte) any {
+	var req RegisterRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
+	}
+	reply, err := c.register(ctx, req)
+	if err != nil {
+		reply.Error = err.Error()
+		var rs manifest.Refusals
+		if errors.As(err, &rs) {
+			reply.Refusals = rs
+			reply.Error = fmt.Sprintf("manifest refused (%d %s)", len(rs), plural(len(rs), "reason", "reasons"))
+		}
+	}
+	return reply
+}
+
+// register validates a manifest against the registry, reconciles its topology, stores it and
+// mints the module's identity if it is new.
+func (c *controller) register(ctx context.Context, req RegisterRequest) (RegisterReply, error) {
+	m, err := manifest.Parse([]byte(req.Manifest))
+	if err != nil {
+		return RegisterReply{}, err
+	}
+	d, err := m.Derive()
+	if err != nil {
+		return RegisterReply{}, err
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, exists := c.reg.Get(m.Module)
+	var prevManifest *manifest.Manifest
+	if exists {
+		prevManifest = prev.Manifest
+	}
+	if err := manifest.CheckCatalogue(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
+		return RegisterReply{}, err
+	}
+
+	now := time.Now().UTC()
+	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{}}
+	for _, s := range d.Seats {
+		rec.Fingerprints[s.Name] = s.Fingerprint
+	}
+	reply := RegisterReply{Module: m.Module, Derived: d}
+	var revision uint64
+	if exists {
+		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
+	} else {
+		if req.XKey == "" {
+			return RegisterReply{}, errors.New("register: the request carries no xkey to seal the new module's seed to; use `meshnode module register`, which sends one")
+		}
+		kp, err := vault.MintUser()
+		if err != nil {
+			return RegisterReply{}, err
+		}
+		seed, _ := kp.Seed()
+		rec.PublicKey, _ = kp.PublicKey()
+		if reply.SealedSeed, reply.SenderXKey, err = vault.Seal(req.XKey, seed); err != nil {
+			return RegisterReply{}, fmt.Errorf("register: %w", err)
+		}
+		reply.Created = true
+	}
+	reply.PublicKey = rec.PublicKey
+
+	// Topology first: once the record is stored the module may connect, and its consumers
+	// must then exist.
+	if err := c.topo.ensureModule(ctx, d); err != nil {
+		return RegisterReply{}, err
+	}
+	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
+		return RegisterReply{}, err
+	}
+	if exists {
+		if reply.Kept, err = c.topo.retire(ctx, prev.Derivation, d); err != nil {
+			c.log.Error("retire topology of previous registration", "module", m.Module, "err", err)
+		}
+	}
+	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "key", rec.PublicKey)
+	return reply, nil
+}
+
+func (c *controller) handleRemove(ctx context.Context, data []byte) any {
+	var req RemoveRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.reg.Get(req.Module)
+	if !ok {
+		return RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
+	}
+	var users []string
+	for _, o := range c.reg.List() {
+		for _, s := range e.Manifest.Seats {
+			if o.Module != e.Module && contains(o.Manifest.Uses, s.Name) {
+				users = append(users, fmt.Sprintf("%s uses seat %s", o.Module, s.Name))
+			}
+		}
+	}
+	if err := c.reg.Delete(ctx, e.Module, e.Revision); err != nil {
+		return RemoveReply{Error: err.Error()}
+	}
+	kept, err := c.topo.retire(ctx, e.Derivation, nil)
+	if err != nil {
+		c.log.Error("retire topology of removed module", "module", e.Module, "err", err)
+	}
+	c.log.Info("module removed", "module", e.Module, "seat_users", users)
+	return RemoveReply{Module: e.Module, Kept: kept}
+}
+
+func (c *controller) handleList(context.Context, []byte) any {
+	reply := ListReply{Modules: []ModuleInfo{}}
+	for _, e := range c.reg.List() {
+		info := ModuleInfo{
+			Module: e.Module, PublicKey: e.PublicKey,
+			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
+			Fingerprints: e.Fingerprints, Registered: e.Registered, Updated: e.Updated,
+			Revision: e.Revision, Manifest: e.Record.Manifest,
+		}
+		for _, s := range e.Manifest.Seats {
+			info.Seats = append(info.Seats, s.Name)
+		}
+		reply.Modules = append(reply.Modules, info)
+	}
+	return reply
+}
+
+func (c *controller) handleWhoami(_ context.Context, data []byte) any {
+	var req WhoamiRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return WhoamiReply{Error: "whoami: the request is not JSON"}
+	}
+	e, ok := c.reg.ByKey(req.PublicKey)
+	if !ok {
+		return WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
+	}
+	return WhoamiReply{Module: e.Module, Node: c.node}
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

@@ -1,0 +1,143 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The controller is the only writer of stream and consumer definitions (DESIGN §3): every
+// definition comes from manifest, and each function here is idempotent, so reconciling twice
+// changes nothing.
+
+// streamConfig turns a derived stream into JetStream's configuration.
+func streamConfig(s manifest.Stream, replicas int) jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{
+		Name:              s.Name,
+		Subjects:          s.Subjects,
+		Retention:         jetstream.LimitsPolicy,
+		MaxAge:            s.MaxAge,
+		MaxMsgsPerSubject: s.MaxMsgsPerSubject,
+		Duplicates:        s.Duplicates,
+		Storage:           jetstream.FileStorage,
+		Replicas:          replicas,
+	}
+	if s.Retention == manifest.RetentionWorkQueue {
+		cfg.Retention = jetstream.WorkQueuePolicy
+	}
+	if cfg.MaxMsgsPerSubject == 0 {
+		cfg.MaxMsgsPerSubject = -1
+	}
+	return cfg
+}
+
+// consumerConfig turns a derived consumer into JetStream's configuration.
+func consumerConfig(c manifest.Consumer) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       c.Name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		MaxAckPending: c.MaxAckPending,
+		MaxDeliver:    c.MaxDeliver,
+		BackOff:       c.BackOff,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if c.DeliverPolicy == manifest.DeliverNew {
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	if len(c.FilterSubjects) == 1 {
+		cfg.FilterSubject = c.FilterSubjects[0]
+	} else {
+		cfg.FilterSubjects = c.FilterSubjects
+	}
+	return cfg
+}
+
+// topology reconciles the mesh's streams and the consumers of registered modules.
+type topology struct {
+	js           jetstream.JetStream
+	node         string
+	replicas     int
+	eventsMaxAge time.Duration
+}
+
+// ensureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD.
+func (t *topology) ensureMesh(ctx context.Context) error {
+	events := manifest.EventsStream()
+	events.MaxAge = t.eventsMaxAge
+	for _, s := range []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()} {
+		if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(s, t.replicas)); err != nil {
+			return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// ensureModule creates or updates everything d needs: its EVENTS consumer, and each seat's
+// work queue and the seat consumer for this node.
+func (t *topology) ensureModule(ctx context.Context, d *manifest.Derivation) error {
+	if c := d.EventsConsumer; c != nil {
+		if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(*c)); err != nil {
+			return fmt.Errorf("reconcile consumer %s on %s: %w", c.Name, c.Stream, err)
+		}
+	}
+	for _, s := range d.Seats {
+		if s.Stream == nil {
+			continue
+		}
+		if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(*s.Stream, t.replicas)); err != nil {
+			return fmt.Errorf("reconcile seat stream %s: %w", s.Stream.Name, err)
+		}
+		c, ok, err := d.SeatConsumer(s.Name, t.node)
+		if err != nil || !ok {
+			return err
+		}
+		if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(c)); err != nil {
+			return fmt.Errorf("reconcile seat consumer %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// retire removes what old had and new (nil when the module is removed) no longer has. A
+// seat's stream is deleted only when empty: queued work is never dropped, it waits for a
+// module that declares the seat again. kept names the streams that stay for their backlog.
+func (t *topology) retire(ctx context.Context, old, new *manifest.Derivation) (kept []string, err error) {
+	if c := old.EventsConsumer; c != nil && (new == nil || new.EventsConsumer == nil) {
+		if err := t.js.DeleteConsumer(ctx, c.Stream, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("delete consumer %s: %w", c.Name, err)
+		}
+	}
+	for _, s := range old.Seats {
+		if s.Stream == nil || (new != nil && hasSeatStream(new, s.Name)) {
+			continue
+		}
+		stream, err := t.js.Stream(ctx, s.Stream.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return kept, fmt.Errorf("look up %s: %w", s.Stream.Name, err)
+		}
+		if n := stream.CachedInfo().State.Msgs; n > 0 {
+			kept = append(kept, fmt.Sprintf("%s keeps %d queued jobs for seat %s", s.Stream.Name, n, s.Name))
+			continue
+		}
+		if err := t.js.DeleteStream(ctx, s.Stream.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return kept, fmt.Errorf("delete %s: %w", s.Stream.Name, err)
+		}
+	}
+	return kept, nil
+}
+
+func hasSeatStream(d *manifest.Derivation, seat string) bool {
+	for _, s := range d.Seats {
+		if s.Name == seat && s.Stream != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,310 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the KV bucket of registered modules.
+const Bucket = "mesh-registry"
+
+// historyDepth is how many revisions of each record the bucket keeps (DESIGN §3: ≥ 5).
+const historyDepth = 5
+
+const modulePrefix = "module."
+
+// Errors of writing the registry.
+var (
+	// ErrNotFound means no module of that name is registered.
+	ErrNotFound = errors.New("module not registered")
+	// ErrConflict means the record changed since it was read; read again and retry.
+	ErrConflict = errors.New("registration changed concurrently")
+)
+
+// Record is one registered module as stored in the bucket.
+type Record struct {
+	// Module is the module's name; the key is "module.<name>".
+	Module string `json:"module"`
+	// Manifest is the manifest's YAML as registered.
+	Manifest string `json:"manifest"`
+	// PublicKey is the module's nkey public key: its identity on the bus.
+	PublicKey string `json:"public_key"`
+	// Fingerprints are the protocol fingerprints of the module's seats, by seat.
+	Fingerprints map[string]string `json:"fingerprints,omitempty"`
+	// Registered is when the module was first registered; Updated when last changed.
+	Registered time.Time `json:"registered"`
+	Updated    time.Time `json:"updated"`
+}
+
+// Entry is a registered module as the mirror holds it: the record, its bucket revision, and
+// the manifest parsed and derived once.
+type Entry struct {
+	Record
+	Revision   uint64
+	Manifest   *manifest.Manifest
+	Derivation *manifest.Derivation
+}
+
+// ChangeFunc is told about each change the watch sees: old is nil for a new module, new is
+// nil for a removed one. It runs on the watch goroutine and must not block for long.
+type ChangeFunc func(old, new *Entry)
+
+// Registry is the mirror of mesh-registry and the way to write it.
+type Registry struct {
+	log      *slog.Logger
+	onChange ChangeFunc
+
+	kv jetstream.KeyValue
+	w  jetstream.KeyWatcher
+
+	mu       sync.RWMutex
+	cond     *sync.Cond // broadcast when rev advances
+	byModule map[string]*Entry
+	byKey    map[string]*Entry
+	rev      uint64 // the highest bucket revision the mirror has applied
+}
+
+// New returns an empty registry; Open connects it to the bucket.
+func New(log *slog.Logger, onChange ChangeFunc) *Registry {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if onChange == nil {
+		onChange = func(_, _ *Entry) {}
+	}
+	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+// Open creates or updates the bucket, starts watching it and returns once the mirror holds
+// every record the bucket had. Run must then be running for the mirror to follow changes.
+func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "meshnode: registered modules, their manifests and identities",
+		History:     historyDepth,
+		Replicas:    replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	// The watch outlives ctx, which only bounds the start: Run stops it.
+	w, err := kv.WatchAll(context.Background())
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", Bucket, err)
+	}
+	r.kv, r.w = kv, w
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("watch %s: closed during start", Bucket)
+			}
+			if e == nil {
+				return nil // the initial values are all in
+			}
+			r.apply(e)
+		case <-ctx.Done():
+			w.Stop()
+			return fmt.Errorf("load %s: %w", Bucket, ctx.Err())
+		}
+	}
+}
+
+// Run follows the bucket until ctx ends.
+func (r *Registry) Run(ctx context.Context) error {
+	defer r.w.Stop()
+	for {
+		select {
+		case e, ok := <-r.w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				r.apply(e)
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// apply folds one bucket entry into the mirror.
+func (r *Registry) apply(kve jetstream.KeyValueEntry) {
+	name, ok := strings.CutPrefix(kve.Key(), modulePrefix)
+	if !ok {
+		r.advance(kve.Revision())
+		return
+	}
+	var next *Entry
+	if kve.Operation() == jetstream.KeyValuePut {
+		e, err := decode(kve)
+		if err != nil {
+			// A record this version cannot read must not lock the module out silently.
+			r.log.Error("registry record unreadable; the module cannot connect until it is re-registered",
+				"module", name, "revision", kve.Revision(), "err", err)
+		} else {
+			next = e
+		}
+	}
+	r.mu.Lock()
+	prev := r.byModule[name]
+	if prev != nil {
+		delete(r.byKey, prev.PublicKey)
+		delete(r.byModule, name)
+	}
+	if next != nil {
+		r.byModule[name] = next
+		r.byKey[next.PublicKey] = next
+	}
+	if kve.Revision() > r.rev {
+		r.rev = kve.Revision()
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	if prev != nil || next != nil {
+		r.onChange(prev, next)
+	}
+}
+
+func (r *Registry) advance(rev uint64) {
+	r.mu.Lock()
+	if rev > r.rev {
+		r.rev = rev
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+}
+
+func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
+	var rec Record
+	if err := json.Unmarshal(kve.Value(), &rec); err != nil {
+		return nil, err
+	}
+	m, err := manifest.Parse([]byte(rec.Manifest))
+	if err != nil {
+		return nil, err
+	}
+	d, err := m.Derive()
+	if err != nil {
+		return nil, err
+	}
+	return &Entry{Record: rec, Revision: kve.Revision(), Manifest: m, Derivation: d}, nil
+}
+
+// ByKey returns the module whose identity is publicKey. It reads memory only.
+func (r *Registry) ByKey(publicKey string) (*Entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.byKey[publicKey]
+	return e, ok
+}
+
+// Get returns the registered module name.
+func (r *Registry) Get(name string) (*Entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.byModule[name]
+	return e, ok
+}
+
+// List returns every registered module, by name.
+func (r *Registry) List() []*Entry {
+	r.mu.RLock()
+	out := make([]*Entry, 0, len(r.byModule))
+	for _, e := range r.byModule {
+		out = append(out, e)
+	}
+	r.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *Entry) int { return strings.Compare(a.Module, b.Module) })
+	return out
+}
+
+// Catalogue returns the manifests of every registered module except skip.
+func (r *Registry) Catalogue(skip string) []*manifest.Manifest {
+	var out []*manifest.Manifest
+	for _, e := range r.List() {
+		if e.Module != skip {
+			out = append(out, e.Manifest)
+		}
+	}
+	return out
+}
+
+// Put writes rec. revision is the revision it replaces, 0 for a new module; if the record
+// changed meanwhile Put returns ErrConflict. It returns once the mirror holds the write.
+func (r *Registry) Put(ctx context.Context, rec Record, revision uint64) (*Entry, error) {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	key := modulePrefix + rec.Module
+	var rev uint64
+	if revision == 0 {
+		rev, err = r.kv.Create(ctx, key, b)
+	} else {
+		rev, err = r.kv.Update(ctx, key, b, revision)
+	}
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+			return nil, fmt.Errorf("%w: module %s; retry", ErrConflict, rec.Module)
+		}
+		return nil, fmt.Errorf("write %s: %w", key, err)
+	}
+	if err := r.waitRevision(ctx, rev); err != nil {
+		return nil, err
+	}
+	e, _ := r.Get(rec.Module)
+	return e, nil
+}
+
+// Delete removes module name at revision (0: whatever it is) and returns once the mirror
+// has seen it.
+func (r *Registry) Delete(ctx context.Context, name string, revision uint64) error {
+	var opts []jetstream.KVDeleteOpt
+	if revision != 0 {
+		opts = append(opts, jetstream.LastRevision(revision))
+	}
+	if err := r.kv.Delete(ctx, modulePrefix+name, opts...); err != nil {
+		return fmt.Errorf("delete module %s: %w", name, err)
+	}
+	// A delete's revision is not returned; the module's absence from the mirror is the signal.
+	return r.waitFor(ctx, func() bool { _, ok := r.byModule[name]; return !ok })
+}
+
+// waitRevision blocks until the mirror has applied revision rev.
+func (r *Registry) waitRevision(ctx context.Context, rev uint64) error {
+	return r.waitFor(ctx, func() bool { return r.rev >= rev })
+}
+
+// waitFor blocks until cond (called with r.mu held) is true or ctx ends.
+func (r *Registry) waitFor(ctx context.Context, cond func() bool) error {
+	stop := context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	})
+	defer stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for !cond() {
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for the registry mirror: %w", ctx.Err())
+		}
+		r.cond.Wait()
+	}
+	return nil
+}
