@@ -215,6 +215,10 @@ func (n *Node) Close() error {
 		n.ctrl.stop()
 		n.ctrl = nil
 	}
+	if n.reg != nil {
+		keep(n.reg.Close())
+		n.reg = nil
+	}
 	if n.bus != nil {
 		keep(n.bus.Close())
 		n.bus = nil

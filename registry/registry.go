@@ -125,7 +125,6 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 
 // Run follows the bucket until ctx ends.
 func (r *Registry) Run(ctx context.Context) error {
-	defer r.w.Stop()
 	for {
 		select {
 		case e, ok := <-r.w.Updates():
@@ -139,6 +138,14 @@ func (r *Registry) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// Close stops the watch. The mirror keeps its last state.
+func (r *Registry) Close() error {
+	if r.w == nil {
+		return nil
+	}
+	return r.w.Stop()
 }
 
 // apply folds one bucket entry into the mirror.
