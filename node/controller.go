@@ -15,90 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ControllerSeat is the mesh's own seat that answers registration.
-const ControllerSeat = "mesh-controller"
-
-// The controller's tools, core request/reply on mesh.seat.mesh-controller.tool.<verb>.
-var (
-	RegisterSubject = manifest.SeatToolSubject(ControllerSeat, "register")
-	RemoveSubject   = manifest.SeatToolSubject(ControllerSeat, "remove")
-	ListSubject     = manifest.SeatToolSubject(ControllerSeat, "list")
-)
-
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
-
-// RegisterRequest registers or re-registers a module.
-type RegisterRequest struct {
-	// Manifest is the manifest's YAML.
-	Manifest string `json:"manifest"`
-	// XKey is the caller's xkey public key: a new module's seed is sealed to it.
-	XKey string `json:"xkey"`
-}
-
-// RegisterReply answers RegisterRequest.
-type RegisterReply struct {
-	Module    string `json:"module,omitempty"`
-	PublicKey string `json:"public_key,omitempty"`
-	// Created is true for a new module: SealedSeed then holds its seed, sealed to the
-	// request's XKey with the one-time sender key SenderXKey. A re-registration keeps the
-	// module's key and sends no seed.
-	Created    bool   `json:"created"`
-	SealedSeed []byte `json:"sealed_seed,omitempty"`
-	SenderXKey string `json:"sender_xkey,omitempty"`
-	// Kept lists seat streams left in place for their queued work.
-	Kept []string `json:"kept,omitempty"`
-	// Error is set when the registration was refused; Refusals then lists every reason.
-	Error    string               `json:"error,omitempty"`
-	Refusals []manifest.Refusal   `json:"refusals,omitempty"`
-	Derived  *manifest.Derivation `json:"derived,omitempty"`
-}
-
-// RemoveRequest removes a module.
-type RemoveRequest struct {
-	Module string `json:"module"`
-}
-
-// RemoveReply answers RemoveRequest.
-type RemoveReply struct {
-	Module string   `json:"module,omitempty"`
-	Kept   []string `json:"kept,omitempty"`
-	Error  string   `json:"error,omitempty"`
-}
-
-// ModuleInfo is one registered module, as list reports it.
-type ModuleInfo struct {
-	Module       string            `json:"module"`
-	PublicKey    string            `json:"public_key"`
-	Emits        []string          `json:"emits"`
-	Consumes     []string          `json:"consumes"`
-	Tools        []string          `json:"tools"`
-	Uses         []string          `json:"uses"`
-	Seats        []string          `json:"seats"`
-	Fingerprints map[string]string `json:"fingerprints,omitempty"`
-	Registered   time.Time         `json:"registered"`
-	Updated      time.Time         `json:"updated"`
-	Revision     uint64            `json:"revision"`
-	Manifest     string            `json:"manifest"`
-}
-
-// ListReply answers a list request.
-type ListReply struct {
-	Modules []ModuleInfo `json:"modules"`
-	Error   string       `json:"error,omitempty"`
-}
-
-// WhoamiRequest asks which module a key is.
-type WhoamiRequest struct {
-	PublicKey string `json:"public_key"`
-}
-
-// WhoamiReply answers WhoamiRequest.
-type WhoamiReply struct {
-	Module string `json:"module,omitempty"`
-	Node   string `json:"node,omitempty"`
-	Error  string `json:"error,omitempty"`
-}
 
 // controller answers the mesh-controller's tools on this node and reconciles topology. It
 // serialises registrations: the catalogue checks hold only if no other write interleaves.
@@ -116,12 +34,12 @@ type controller struct {
 // start subscribes to the controller's tools (queue group mesh-controller).
 func (c *controller) start() error {
 	for subject, h := range map[string]func(context.Context, []byte) any{
-		RegisterSubject: c.handleRegister,
-		RemoveSubject:   c.handleRemove,
-		ListSubject:     c.handleList,
-		WhoamiSubject:   c.handleWhoami,
+		registry.RegisterSubject: c.handleRegister,
+		registry.RemoveSubject:   c.handleRemove,
+		registry.ListSubject:     c.handleList,
+		registry.WhoamiSubject:   c.handleWhoami,
 	} {
-		sub, err := c.nc.QueueSubscribe(subject, ControllerSeat, func(m *nats.Msg) {
+		sub, err := c.nc.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
 			defer cancel()
 			b, _ := json.Marshal(h(ctx, m.Data))
@@ -159,9 +77,9 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 }
 
 func (c *controller) handleRegister(ctx context.Context, data []byte) any {
-	var req RegisterRequest
+	var req registry.RegisterRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
+		return registry.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
 	}
 	reply, err := c.register(ctx, req)
 	if err != nil {
@@ -177,14 +95,14 @@ func (c *controller) handleRegister(ctx context.Context, data []byte) any {
 
 // register validates a manifest against the registry, reconciles its topology, stores it and
 // mints the module's identity if it is new.
-func (c *controller) register(ctx context.Context, req RegisterRequest) (RegisterReply, error) {
+func (c *controller) register(ctx context.Context, req registry.RegisterRequest) (registry.RegisterReply, error) {
 	m, err := manifest.Parse([]byte(req.Manifest))
 	if err != nil {
-		return RegisterReply{}, err
+		return registry.RegisterReply{}, err
 	}
 	d, err := m.Derive()
 	if err != nil {
-		return RegisterReply{}, err
+		return registry.RegisterReply{}, err
 	}
 
 	c.mu.Lock()
@@ -195,7 +113,7 @@ func (c *controller) register(ctx context.Context, req RegisterRequest) (Registe
 		prevManifest = prev.Manifest
 	}
 	if err := manifest.CheckCatalogue(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
-		return RegisterReply{}, err
+		return registry.RegisterReply{}, err
 	}
 
 	now := time.Now().UTC()
@@ -203,22 +121,22 @@ func (c *controller) register(ctx context.Context, req RegisterRequest) (Registe
 	for _, s := range d.Seats {
 		rec.Fingerprints[s.Name] = s.Fingerprint
 	}
-	reply := RegisterReply{Module: m.Module, Derived: d}
+	reply := registry.RegisterReply{Module: m.Module, Derived: d}
 	var revision uint64
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
 	} else {
 		if req.XKey == "" {
-			return RegisterReply{}, errors.New("register: the request carries no xkey to seal the new module's seed to; use `meshnode module register`, which sends one")
+			return registry.RegisterReply{}, errors.New("register: the request carries no xkey to seal the new module's seed to; use `meshnode module register`, which sends one")
 		}
 		kp, err := vault.MintUser()
 		if err != nil {
-			return RegisterReply{}, err
+			return registry.RegisterReply{}, err
 		}
 		seed, _ := kp.Seed()
 		rec.PublicKey, _ = kp.PublicKey()
 		if reply.SealedSeed, reply.SenderXKey, err = vault.Seal(req.XKey, seed); err != nil {
-			return RegisterReply{}, fmt.Errorf("register: %w", err)
+			return registry.RegisterReply{}, fmt.Errorf("register: %w", err)
 		}
 		reply.Created = true
 	}
@@ -227,10 +145,10 @@ func (c *controller) register(ctx context.Context, req RegisterRequest) (Registe
 	// Topology first: once the record is stored the module may connect, and its consumers
 	// must then exist.
 	if err := c.topo.ensureModule(ctx, d); err != nil {
-		return RegisterReply{}, err
+		return registry.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
-		return RegisterReply{}, err
+		return registry.RegisterReply{}, err
 	}
 	if exists {
 		if reply.Kept, err = c.topo.retire(ctx, prev.Derivation, d); err != nil {
@@ -242,15 +160,15 @@ func (c *controller) register(ctx context.Context, req RegisterRequest) (Registe
 }
 
 func (c *controller) handleRemove(ctx context.Context, data []byte) any {
-	var req RemoveRequest
+	var req registry.RemoveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
+		return registry.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
+		return registry.RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
 	}
 	var users []string
 	for _, o := range c.reg.List() {
@@ -261,20 +179,20 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 		}
 	}
 	if err := c.reg.Delete(ctx, e.Module, e.Revision); err != nil {
-		return RemoveReply{Error: err.Error()}
+		return registry.RemoveReply{Error: err.Error()}
 	}
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
 	if err != nil {
 		c.log.Error("retire topology of removed module", "module", e.Module, "err", err)
 	}
 	c.log.Info("module removed", "module", e.Module, "seat_users", users)
-	return RemoveReply{Module: e.Module, Kept: kept}
+	return registry.RemoveReply{Module: e.Module, Kept: kept}
 }
 
 func (c *controller) handleList(context.Context, []byte) any {
-	reply := ListReply{Modules: []ModuleInfo{}}
+	reply := registry.ListReply{Modules: []registry.ModuleInfo{}}
 	for _, e := range c.reg.List() {
-		info := ModuleInfo{
+		info := registry.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey,
 			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
 			Fingerprints: e.Fingerprints, Registered: e.Registered, Updated: e.Updated,
@@ -289,15 +207,25 @@ func (c *controller) handleList(context.Context, []byte) any {
 }
 
 func (c *controller) handleWhoami(_ context.Context, data []byte) any {
-	var req WhoamiRequest
+	var req registry.WhoamiRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return WhoamiReply{Error: "whoami: the request is not JSON"}
+		return registry.WhoamiReply{Error: "whoami: the request is not JSON"}
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
 	if !ok {
-		return WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
+		return registry.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
 	}
-	return WhoamiReply{Module: e.Module, Node: c.node}
+	reply := registry.WhoamiReply{
+		Module: e.Module, Node: c.node,
+		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools,
+	}
+	for _, s := range e.Manifest.Uses {
+		reply.Uses = append(reply.Uses, c.reg.Seat(s))
+	}
+	for _, s := range e.Manifest.Seats {
+		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))
+	}
+	return reply
 }
 
 func contains(xs []string, x string) bool {

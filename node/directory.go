@@ -31,25 +31,9 @@ func (d *directory) Identity(publicKey string) (embedbus.Identity, bool) {
 
 // ModulePermissions is the whole permission set the bus grants a module's connection: what
 // its manifest derives, plus the bootstrap that lets a client holding only its seed learn
-// which module it is (manifest.BootstrapPermissions).
+// which module it is (registry.BootstrapPermissions).
 func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permissions {
-	return d.Permissions.Merge(bootstrapPermissions(publicKey))
-}
-
-// WhoamiSubject is the controller's tool that tells a key which module it is.
-var WhoamiSubject = manifest.SeatToolSubject(ControllerSeat, "whoami")
-
-// BootstrapInbox is the inbox on which the holder of publicKey receives whoami's answer:
-// keyed by the public key, because before the answer the client does not know its name.
-func BootstrapInbox(publicKey string) string { return "_INBOX." + publicKey }
-
-// bootstrapPermissions lets any module key ask whoami and hear the answer on its own
-// key-named inbox; it grants nothing that reaches another identity's traffic.
-func bootstrapPermissions(publicKey string) manifest.Permissions {
-	return manifest.Permissions{
-		Publish:   []string{WhoamiSubject},
-		Subscribe: []manifest.Subscription{{Subject: BootstrapInbox(publicKey) + ".>"}},
-	}
+	return d.Permissions.Merge(registry.BootstrapPermissions(publicKey))
 }
 
 // authorityChanged reports whether a registration change alters what a module's

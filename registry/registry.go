@@ -239,6 +239,17 @@ func (r *Registry) List() []*Entry {
 	return out
 }
 
+// Seat describes seat as declared by the registered module that declares it; only the name
+// when none does (yet).
+func (r *Registry) Seat(seat string) SeatInfo {
+	for _, e := range r.List() {
+		if s, ok := e.Manifest.Seat(seat); ok {
+			return SeatInfo{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
+		}
+	}
+	return SeatInfo{Seat: seat}
+}
+
 // Catalogue returns the manifests of every registered module except skip.
 func (r *Registry) Catalogue(skip string) []*manifest.Manifest {
 	var out []*manifest.Manifest

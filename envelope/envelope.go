@@ -1,0 +1,139 @@
+package envelope
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Header names (DESIGN §4).
+const (
+	EventID     = "x-event-id"     // UUIDv7, also the broker's Nats-Msg-Id
+	Source      = "x-source"       // the emitting module, seat or node
+	Node        = "x-node"         // the node the emitter was connected to
+	Time        = "x-time"         // RFC 3339, UTC
+	Causation   = "x-causation-id" // optional: the event that caused this one
+	Schema      = "x-schema"       // optional: the payload's schema
+	Signature   = "x-signature"    // base64url Ed25519 over SigningInput
+	ContentType = "content-type"
+	JSON        = "application/json"
+
+	// Dead letters keep every original header and add these.
+	DeadReason     = "x-dead-reason"
+	DeadDeliveries = "x-dead-deliveries"
+	DeadSubject    = "x-dead-subject"
+	DeadConsumer   = "x-dead-consumer"
+)
+
+// timeLayout is x-time's format: RFC 3339 with nanoseconds, UTC.
+const timeLayout = time.RFC3339Nano
+
+// Errors of reading an envelope.
+var (
+	// ErrMissingHeader means a required header is absent.
+	ErrMissingHeader = errors.New("missing envelope header")
+	// ErrBadSignature means x-signature does not verify against the emitter's key.
+	ErrBadSignature = errors.New("signature does not verify")
+)
+
+// Options are the optional parts of an envelope.
+type Options struct {
+	Causation string // x-causation-id
+	Schema    string // x-schema
+}
+
+// Stamp returns the headers of a new envelope for body published on subject by source,
+// signed with key. The event id is a fresh UUIDv7.
+func Stamp(key nkeys.KeyPair, source, node, subject string, body []byte, opts Options) (nats.Header, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("event id: %w", err)
+	}
+	now := time.Now().UTC().Format(timeLayout)
+	sig, err := key.Sign(SigningInput(id.String(), now, subject, source, body))
+	if err != nil {
+		return nil, fmt.Errorf("sign event: %w", err)
+	}
+	h := nats.Header{}
+	h.Set(EventID, id.String())
+	h.Set(Source, source)
+	h.Set(Node, node)
+	h.Set(Time, now)
+	h.Set(ContentType, JSON)
+	h.Set(Signature, base64.RawURLEncoding.EncodeToString(sig))
+	h.Set(nats.MsgIdHdr, id.String())
+	if opts.Causation != "" {
+		h.Set(Causation, opts.Causation)
+	}
+	if opts.Schema != "" {
+		h.Set(Schema, opts.Schema)
+	}
+	return h, nil
+}
+
+// SigningInput is what x-signature signs:
+// x-event-id "\n" x-time "\n" subject "\n" x-source "\n" hex(sha256(body)).
+func SigningInput(id, t, subject, source string, body []byte) []byte {
+	sum := sha256.Sum256(body)
+	return []byte(id + "\n" + t + "\n" + subject + "\n" + source + "\n" + hex.EncodeToString(sum[:]))
+}
+
+// Verify checks that h's signature over subject and body was made by publicKey.
+func Verify(h nats.Header, subject string, body []byte, publicKey string) error {
+	kp, err := nkeys.FromPublicKey(publicKey)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(h.Get(Signature))
+	if err != nil || len(sig) == 0 {
+		return fmt.Errorf("%w: x-signature is missing or not base64url", ErrBadSignature)
+	}
+	if kp.Verify(SigningInput(h.Get(EventID), h.Get(Time), subject, h.Get(Source), body), sig) != nil {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+// Event is an envelope read back: the typed headers, the subject and the payload.
+type Event struct {
+	// Key is the event's name as a manifest writes it: "<emitter>.<event>".
+	Key       string
+	Subject   string
+	ID        string
+	Source    string
+	Node      string
+	Time      time.Time
+	Causation string
+	Schema    string
+	Data      []byte
+	// Header holds every header, unknown x- headers included.
+	Header nats.Header
+}
+
+// Read parses the envelope of a message. A missing required header is an error naming it;
+// unknown headers are kept in Header.
+func Read(subject string, h nats.Header, data []byte) (Event, error) {
+	e := Event{
+		Key: Key(subject), Subject: subject, Data: data, Header: h,
+		ID: h.Get(EventID), Source: h.Get(Source), Node: h.Get(Node),
+		Causation: h.Get(Causation), Schema: h.Get(Schema),
+	}
+	for _, name := range []string{EventID, Source, Time} {
+		if h.Get(name) == "" {
+			return e, fmt.Errorf("%w %s on %s", ErrMissingHeader, name, subject)
+		}
+	}
+	t, err := time.Parse(time.RFC3339Nano, h.Get(Time))
+	if err != nil {
+		return e, fmt.Errorf("x-time %q on %s: %w", h.Get(Time), subject, err)
+	}
+	e.Time = t
+	return e, nil
+}

@@ -1,0 +1,66 @@
+package envelope_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+func TestStampVerifyRead(t *testing.T) {
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	subject, body := "mesh.mod.billing.event.order.placed", []byte(`{"id":1}`)
+	h, err := envelope.Stamp(kp, "billing", "alpha", subject, body, envelope.Options{Causation: "c1", Schema: "order/v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Get(nats.MsgIdHdr) != h.Get(envelope.EventID) || len(h.Get(envelope.EventID)) != 36 {
+		t.Fatalf("Nats-Msg-Id %q vs x-event-id %q", h.Get(nats.MsgIdHdr), h.Get(envelope.EventID))
+	}
+	if err := envelope.Verify(h, subject, body, pub); err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if err := envelope.Verify(h, subject, []byte(`{"id":2}`), pub); !errors.Is(err, envelope.ErrBadSignature) {
+		t.Fatalf("Verify of a changed body: %v, want ErrBadSignature", err)
+	}
+	if err := envelope.Verify(h, "mesh.mod.shop.event.order.placed", body, pub); !errors.Is(err, envelope.ErrBadSignature) {
+		t.Fatalf("Verify on another subject: %v, want ErrBadSignature", err)
+	}
+	other, _ := nkeys.CreateUser()
+	otherPub, _ := other.PublicKey()
+	if err := envelope.Verify(h, subject, body, otherPub); !errors.Is(err, envelope.ErrBadSignature) {
+		t.Fatalf("Verify with another key: %v, want ErrBadSignature", err)
+	}
+
+	h.Set("x-foo", "kept")
+	e, err := envelope.Read(subject, h, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Key != "billing.order.placed" || e.Source != "billing" || e.Node != "alpha" || e.Causation != "c1" || e.Schema != "order/v1" || e.Time.IsZero() {
+		t.Fatalf("Read=%+v", e)
+	}
+	if e.Header.Get("x-foo") != "kept" {
+		t.Fatal("unknown header dropped")
+	}
+	h.Del(envelope.Source)
+	if _, err := envelope.Read(subject, h, body); !errors.Is(err, envelope.ErrMissingHeader) {
+		t.Fatalf("Read without x-source: %v", err)
+	}
+}
+
+func TestKey(t *testing.T) {
+	for subject, want := range map[string]string{
+		"mesh.mod.billing.event.order.placed": "billing.order.placed",
+		"mesh.seat.mailer.event.delivered":    "mailer.delivered",
+		"mesh.node.alpha.event.joined":        "alpha.joined",
+		"mesh.mod.billing.tool.status":        "mesh.mod.billing.tool.status",
+	} {
+		if got := envelope.Key(subject); got != want {
+			t.Errorf("Key(%q)=%q, want %q", subject, got, want)
+		}
+	}
+}

@@ -1,0 +1,126 @@
+package registry
+
+import (
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+)
+
+// The registry's tools: core request/reply on the mesh-controller seat, answered by the
+// controller of the node holding that seat. Operators (the CLI) register and remove; any
+// registered module may ask whoami, the one question a client holding only its seed must ask
+// before it knows its own name.
+
+// ControllerSeat is the mesh's own seat that answers registration.
+const ControllerSeat = "mesh-controller"
+
+// The controller's tools, core request/reply on mesh.seat.mesh-controller.tool.<verb>.
+var (
+	RegisterSubject = manifest.SeatToolSubject(ControllerSeat, "register")
+	RemoveSubject   = manifest.SeatToolSubject(ControllerSeat, "remove")
+	ListSubject     = manifest.SeatToolSubject(ControllerSeat, "list")
+)
+
+// RegisterRequest registers or re-registers a module.
+type RegisterRequest struct {
+	// Manifest is the manifest's YAML.
+	Manifest string `json:"manifest"`
+	// XKey is the caller's xkey public key: a new module's seed is sealed to it.
+	XKey string `json:"xkey"`
+}
+
+// RegisterReply answers RegisterRequest.
+type RegisterReply struct {
+	Module    string `json:"module,omitempty"`
+	PublicKey string `json:"public_key,omitempty"`
+	// Created is true for a new module: SealedSeed then holds its seed, sealed to the
+	// request's XKey with the one-time sender key SenderXKey. A re-registration keeps the
+	// module's key and sends no seed.
+	Created    bool   `json:"created"`
+	SealedSeed []byte `json:"sealed_seed,omitempty"`
+	SenderXKey string `json:"sender_xkey,omitempty"`
+	// Kept lists seat streams left in place for their queued work.
+	Kept []string `json:"kept,omitempty"`
+	// Error is set when the registration was refused; Refusals then lists every reason.
+	Error    string               `json:"error,omitempty"`
+	Refusals []manifest.Refusal   `json:"refusals,omitempty"`
+	Derived  *manifest.Derivation `json:"derived,omitempty"`
+}
+
+// RemoveRequest removes a module.
+type RemoveRequest struct {
+	Module string `json:"module"`
+}
+
+// RemoveReply answers RemoveRequest.
+type RemoveReply struct {
+	Module string   `json:"module,omitempty"`
+	Kept   []string `json:"kept,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+// ModuleInfo is one registered module, as list reports it.
+type ModuleInfo struct {
+	Module       string            `json:"module"`
+	PublicKey    string            `json:"public_key"`
+	Emits        []string          `json:"emits"`
+	Consumes     []string          `json:"consumes"`
+	Tools        []string          `json:"tools"`
+	Uses         []string          `json:"uses"`
+	Seats        []string          `json:"seats"`
+	Fingerprints map[string]string `json:"fingerprints,omitempty"`
+	Registered   time.Time         `json:"registered"`
+	Updated      time.Time         `json:"updated"`
+	Revision     uint64            `json:"revision"`
+	Manifest     string            `json:"manifest"`
+}
+
+// ListReply answers a list request.
+type ListReply struct {
+	Modules []ModuleInfo `json:"modules"`
+	Error   string       `json:"error,omitempty"`
+}
+
+// WhoamiSubject is the controller's tool that tells a key which module it is.
+var WhoamiSubject = manifest.SeatToolSubject(ControllerSeat, "whoami")
+
+// BootstrapInbox is the inbox on which the holder of publicKey receives whoami's answer:
+// keyed by the public key, because before the answer the client does not know its name.
+func BootstrapInbox(publicKey string) string { return "_INBOX." + publicKey }
+
+// BootstrapPermissions lets a module key ask whoami and hear the answer on its own key-named
+// inbox. The bus grants it to every module besides what its manifest derives; it reaches no
+// other identity's traffic.
+func BootstrapPermissions(publicKey string) manifest.Permissions {
+	return manifest.Permissions{
+		Publish:   []string{WhoamiSubject},
+		Subscribe: []manifest.Subscription{{Subject: BootstrapInbox(publicKey) + ".>"}},
+	}
+}
+
+// WhoamiRequest asks which module a key is.
+type WhoamiRequest struct {
+	PublicKey string `json:"public_key"`
+}
+
+// WhoamiReply answers WhoamiRequest: the module and what it declared, so a client can refuse
+// an undeclared call itself, with a clear error, before the bus does.
+type WhoamiReply struct {
+	Module   string     `json:"module,omitempty"`
+	Node     string     `json:"node,omitempty"`
+	Emits    []string   `json:"emits,omitempty"`
+	Consumes []string   `json:"consumes,omitempty"`
+	Tools    []string   `json:"tools,omitempty"`
+	Uses     []SeatInfo `json:"uses,omitempty"`
+	Seats    []SeatInfo `json:"seats,omitempty"`
+	Error    string     `json:"error,omitempty"`
+}
+
+// SeatInfo names a seat and, when a registered module declares it, its scope and protocol.
+type SeatInfo struct {
+	Seat    string         `json:"seat"`
+	Scope   manifest.Scope `json:"scope,omitempty"` // "" when no registered module declares it
+	Accepts []string       `json:"accepts,omitempty"`
+	Serves  []string       `json:"serves,omitempty"`
+	Emits   []string       `json:"emits,omitempty"`
+}
