@@ -1,0 +1,202 @@
+package manifest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// CheckCatalogue checks m against the catalogue, the other registered manifests, and returns
+// every refusal as Refusals, or nil (rule 6):
+//
+//   - a seat of m that another module already declares;
+//   - a consumed event whose emitter is in the catalogue but does not emit it (a pattern
+//     with a wildcard event must match at least one of its emits); an absent emitter is
+//     fine, it may be installed later;
+//   - an event of m that a module in the catalogue consumes but m does not emit, so the
+//     catalogue keeps the rule above from both sides;
+//   - with previous, the version of m's module registered now (nil for a new module): a
+//     seat protocol change that removes or renames an accept or serve, removes the seat or
+//     changes its scope while any other module uses the seat. Additive changes are always
+//     accepted.
+//
+// Catalogue entries for m's own module are ignored; pass the registered one as previous.
+// CheckCatalogue assumes m and the catalogue passed Validate.
+func CheckCatalogue(m *Manifest, catalogue []*Manifest, previous *Manifest) error {
+	v := &validator{m: m}
+	v.catalogue(catalogue, previous)
+	return v.result()
+}
+
+// Check runs every check on one manifest's YAML at once — Parse, Validate and CheckCatalogue —
+// and returns all refusals as Refusals, in file order, so a user fixes a manifest in one
+// pass. The catalogue holds the registered manifests; an entry for the same module is its
+// previous version. The manifest is returned even when refused, unless its YAML could not be
+// read as a manifest; derive from it only when the error is nil.
+func Check(data []byte, catalogue []*Manifest) (*Manifest, error) {
+	m, rs := parse(data)
+	if m == nil {
+		return nil, rs
+	}
+	var previous *Manifest
+	for _, o := range catalogue {
+		if o != nil && o.Module == m.Module {
+			previous = o
+		}
+	}
+	v := &validator{m: m, rs: rs}
+	v.validate()
+	v.catalogue(catalogue, previous)
+	return m, v.result()
+}
+
+func (v *validator) catalogue(catalogue []*Manifest, previous *Manifest) {
+	c := indexCatalogue(v.m.Module, catalogue)
+	c.seats(v)
+	c.consumes(v)
+	c.consumers(v)
+	if previous != nil {
+		c.protocols(v, previous)
+	}
+}
+
+// catalogueIndex is the catalogue seen from one module.
+type catalogueIndex struct {
+	m         string               // the module being checked
+	modules   map[string]*Manifest // by module name
+	seatOwner map[string]string    // seat → the module declaring it
+	users     map[string][]string  // seat → the modules using it, sorted
+	names     []string             // module names, sorted
+}
+
+func indexCatalogue(module string, catalogue []*Manifest) *catalogueIndex {
+	c := &catalogueIndex{
+		m:         module,
+		modules:   map[string]*Manifest{},
+		seatOwner: map[string]string{},
+		users:     map[string][]string{},
+	}
+	for _, o := range catalogue {
+		if o == nil || o.Module == module {
+			continue
+		}
+		if _, dup := c.modules[o.Module]; dup {
+			continue
+		}
+		c.modules[o.Module] = o
+		c.names = append(c.names, o.Module)
+	}
+	slices.Sort(c.names)
+	for _, name := range c.names {
+		o := c.modules[name]
+		for _, s := range o.Seats {
+			if _, ok := c.seatOwner[s.Name]; !ok {
+				c.seatOwner[s.Name] = name
+			}
+		}
+		for _, s := range o.Uses {
+			c.users[s] = append(c.users[s], name)
+		}
+	}
+	return c
+}
+
+func (c *catalogueIndex) seats(v *validator) {
+	for _, s := range v.m.Seats {
+		if owner, ok := c.seatOwner[s.Name]; ok {
+			v.refuse(Refusal{Code: CodeSeatTaken, Field: "seats." + s.Name, Value: s.Name,
+				Reason:  "is already declared by module " + owner + "; a seat has one declaring module",
+				Instead: "choose another seat name, or write uses: [" + s.Name + "] to send it work"})
+		}
+	}
+}
+
+// consumes refuses patterns naming a present emitter that emits nothing they match.
+func (c *catalogueIndex) consumes(v *validator) {
+	for i, pattern := range v.m.Consumes {
+		emitter, _, _ := strings.Cut(pattern, ".")
+		o, ok := c.modules[emitter]
+		if !ok {
+			continue // a wildcard emitter, the module itself (Validate's), or absent
+		}
+		subject, err := ConsumeSubject(pattern)
+		if err != nil {
+			continue
+		}
+		if len(emitted(subject, emitter, o.Emits)) == 0 {
+			v.refuse(notEmitted(fmt.Sprintf("consumes[%d]", i), pattern, emitter, o.Emits))
+		}
+	}
+}
+
+// consumers refuses m when a module of the catalogue consumes, by m's name, an event m does
+// not emit: registering m would make the catalogue's consumer wrong.
+func (c *catalogueIndex) consumers(v *validator) {
+	m := v.m
+	for _, name := range c.names {
+		for _, pattern := range c.modules[name].Consumes {
+			emitter, _, _ := strings.Cut(pattern, ".")
+			if emitter != m.Module {
+				continue
+			}
+			subject, err := ConsumeSubject(pattern)
+			if err != nil || len(emitted(subject, m.Module, m.Emits)) > 0 {
+				continue
+			}
+			_, event, _ := strings.Cut(pattern, ".")
+			v.refuse(Refusal{Code: CodeNotEmitted, Field: "emits", Value: strings.Join(m.Emits, ", "),
+				Reason:  "module " + name + " consumes " + pattern + ", which " + m.Module + " does not emit",
+				Instead: "emit " + event + " as well, or correct " + name + "'s consumes first"})
+		}
+	}
+}
+
+// protocols refuses changes to a seat's protocol that break the modules using it.
+func (c *catalogueIndex) protocols(v *validator, previous *Manifest) {
+	m := v.m
+	for _, old := range previous.Seats {
+		users := c.users[old.Name]
+		if len(users) == 0 {
+			continue
+		}
+		who := plural(users, "module ", "modules ") + strings.Join(users, ", ")
+		cur, ok := m.Seat(old.Name)
+		if !ok {
+			v.refuse(Refusal{Code: CodeBreaking, Field: "seats", Value: old.Name,
+				Reason:  "removes seat " + old.Name + ", which " + who + " " + plural(users, "uses", "use"),
+				Instead: "keep declaring " + old.Name + " until no module uses it"})
+			continue
+		}
+		field := "seats." + old.Name
+		if cur.Scope != old.Scope {
+			v.refuse(Refusal{Code: CodeBreaking, Field: field + ".scope", Value: string(cur.Scope),
+				Reason: fmt.Sprintf("moves seat %s from %s to %s scope, which moves the work queue of %s",
+					old.Name, old.Scope, cur.Scope, who),
+				Instead: "keep scope: " + string(old.Scope)})
+		}
+		for _, f := range []struct {
+			key, noun string
+			old, cur  []string
+		}{
+			{"accepts", "accept", old.Accepts, cur.Accepts},
+			{"serves", "serve", old.Serves, cur.Serves},
+		} {
+			for _, name := range f.old {
+				if slices.Contains(f.cur, name) {
+					continue
+				}
+				v.refuse(Refusal{Code: CodeBreaking, Field: field + "." + f.key, Value: name,
+					Reason: fmt.Sprintf("removes or renames %s %s of seat %s, which %s %s",
+						f.noun, name, old.Name, who, plural(users, "uses", "use")),
+					Instead: fmt.Sprintf("keep %s %s alongside any new one (additive changes are always accepted)", f.noun, name)})
+			}
+		}
+	}
+}
+
+func plural(xs []string, one, many string) string {
+	if len(xs) == 1 {
+		return one
+	}
+	return many
+}

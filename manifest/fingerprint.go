@@ -1,0 +1,44 @@
+package manifest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// fingerprintVersion names the canonical form Fingerprint hashes; change it with the form.
+const fingerprintVersion = "meshnode seat protocol v1"
+
+// Fingerprint returns seat s's protocol fingerprint: the hex SHA-256 of a canonical form of
+// its scope and its sorted accepts, serves and emits. It is stable across the order of
+// declaration and changes with any change to the protocol, additive ones included, so it
+// records which protocol a caller was bound to; whether a change breaks callers is
+// CheckCatalogue's question, not the hash's. Scope is part of the protocol because it
+// decides the accept subjects: a seat moving from mesh to node scope moves its work queue.
+// Retain is not: it is the seat's own business.
+func Fingerprint(s Seat) string {
+	var b strings.Builder
+	b.WriteString(fingerprintVersion)
+	b.WriteByte('\n')
+	field := func(kind string, names ...string) {
+		names = slices.Clone(names)
+		slices.Sort(names)
+		for _, n := range slices.Compact(names) {
+			// Length-prefixed, so no name can forge another entry.
+			b.WriteString(kind)
+			b.WriteByte(' ')
+			b.WriteString(strconv.Itoa(len(n)))
+			b.WriteByte(':')
+			b.WriteString(n)
+			b.WriteByte('\n')
+		}
+	}
+	field("scope", string(s.Scope))
+	field("accept", s.Accepts...)
+	field("serve", s.Serves...)
+	field("emit", s.Emits...)
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,188 @@
+package manifest
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// RequireBus is the requirement that gives a module a bus account: a module that does not
+// require it may not speak on the mesh, and has no account at all.
+const RequireBus = "mesh-bus"
+
+// Scope says how many holders a seat has.
+type Scope string
+
+// The scopes of a seat.
+const (
+	// ScopeMesh seats have one holder in the whole mesh.
+	ScopeMesh Scope = "mesh"
+	// ScopeNode seats have one holder per node, each with its own work queue.
+	ScopeNode Scope = "node"
+)
+
+// Manifest is a module's declaration: its name, what it requires, and the relationships
+// from which the mesh derives every subject, stream, consumer and permission. A manifest
+// never holds a subject. The zero value is not valid; build one with Parse or by hand and
+// check it with Validate.
+type Manifest struct {
+	// Module is the module's name: one name part, unique in the mesh.
+	Module string `json:"module"`
+	// Requires lists the interfaces the module needs delivered: RequireBus to speak on the
+	// mesh, and provisions such as postgres.
+	Requires []string `json:"requires,omitempty"`
+	// Emits lists the events the module publishes under its own name, e.g. order.placed.
+	Emits []string `json:"emits,omitempty"`
+	// Consumes lists the events the module reacts to, as <emitter>.<event> patterns: * is
+	// one name, ** the rest, and ** alone every event in the mesh.
+	Consumes []string `json:"consumes,omitempty"`
+	// Tools lists the request/reply calls the module answers.
+	Tools []string `json:"tools,omitempty"`
+	// Uses lists the seats the module sends work to.
+	Uses []string `json:"uses,omitempty"`
+	// Secrets lists the names of the secrets the module may fetch; never their values.
+	Secrets []string `json:"secrets,omitempty"`
+	// BuildOn lists the modules whose artifact this module's is built on (YAML build.on).
+	BuildOn []string `json:"build_on,omitempty"`
+	// Seats lists the seats the module declares, in name order when parsed.
+	Seats []Seat `json:"seats,omitempty"`
+
+	// src is the YAML the manifest was parsed from, nil when built by hand. Validate reads
+	// it only to put line numbers on refusals.
+	src []byte
+}
+
+// Seat is a role a module declares, with the protocol the role carries. Exactly one
+// instance holds it per scope.
+type Seat struct {
+	// Name is the seat's name: one name part; the mesh- prefix is the mesh's own.
+	Name string `json:"name"`
+	// Scope is ScopeMesh or ScopeNode.
+	Scope Scope `json:"scope"`
+	// Retain is how long the seat's inbound backlog survives, as written: 7d, 12h, 30m.
+	// Required when the seat accepts anything; see ParseRetain.
+	Retain string `json:"retain,omitempty"`
+	// Accepts lists the verbs of work the seat takes from its work queue.
+	Accepts []string `json:"accepts,omitempty"`
+	// Emits lists the events the seat's holder publishes under the seat's name.
+	Emits []string `json:"emits,omitempty"`
+	// Serves lists the request/reply calls the seat's holder answers.
+	Serves []string `json:"serves,omitempty"`
+}
+
+// Seat returns the seat m declares under name.
+func (m *Manifest) Seat(name string) (Seat, bool) {
+	for _, s := range m.Seats {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Seat{}, false
+}
+
+// requiresBus reports whether m requires the mesh's bus.
+func (m *Manifest) requiresBus() bool { return slices.Contains(m.Requires, RequireBus) }
+
+// rawManifest is the YAML shape of a manifest, decoded strictly (unknown keys refused).
+// Seats are a mapping keyed by name in YAML and a list in Manifest; hence the two types.
+type rawManifest struct {
+	Module   string             `yaml:"module"`
+	Requires []string           `yaml:"requires"`
+	Emits    []string           `yaml:"emits"`
+	Consumes []string           `yaml:"consumes"`
+	Tools    []string           `yaml:"tools"`
+	Uses     []string           `yaml:"uses"`
+	Secrets  []string           `yaml:"secrets"`
+	Build    *rawBuild          `yaml:"build"`
+	Seats    map[string]rawSeat `yaml:"seats"`
+}
+
+type rawBuild struct {
+	On []string `yaml:"on"`
+}
+
+type rawSeat struct {
+	Scope   string   `yaml:"scope"`
+	Retain  string   `yaml:"retain"`
+	Accepts []string `yaml:"accepts"`
+	Emits   []string `yaml:"emits"`
+	Serves  []string `yaml:"serves"`
+}
+
+// The keys each level of a manifest knows, in the order a manifest writes them; an
+// unknown-key refusal lists them.
+var (
+	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
+	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves"}
+	buildKeys    = []string{"on"}
+)
+
+// Parse decodes one manifest from YAML, strictly: an unknown key, a duplicate key, a value
+// of the wrong shape or a second document is refused. The error is a Refusals naming every
+// problem with its line. Parse does not validate names; call Validate, or Check for every
+// check at once.
+func Parse(data []byte) (*Manifest, error) {
+	m, rs := parse(data)
+	if len(rs) > 0 {
+		return nil, rs
+	}
+	return m, nil
+}
+
+// parse is Parse that keeps going where it can: when the only problems are unknown keys it
+// also returns the manifest decoded from the keys it knows, so Check can report the rest of
+// the manifest's refusals in the same pass. On any other problem the manifest is nil.
+func parse(data []byte) (*Manifest, Refusals) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var raw rawManifest
+	var rs Refusals
+	if err := dec.Decode(&raw); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, Refusals{{Code: CodeYAML, Reason: "the manifest is empty", Instead: "write at least module: <name>"}}
+		}
+		rs = decodeRefusals(err, data)
+		if slices.ContainsFunc(rs, func(r Refusal) bool { return r.Code != CodeUnknownKey }) {
+			return nil, rs
+		}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, append(rs, Refusal{
+			Code:    CodeYAML,
+			Line:    extra.Line,
+			Reason:  "the file holds more than one YAML document",
+			Instead: "write one manifest per file",
+		})
+	}
+
+	m := &Manifest{
+		Module:   raw.Module,
+		Requires: raw.Requires,
+		Emits:    raw.Emits,
+		Consumes: raw.Consumes,
+		Tools:    raw.Tools,
+		Uses:     raw.Uses,
+		Secrets:  raw.Secrets,
+		src:      data,
+	}
+	if raw.Build != nil {
+		m.BuildOn = raw.Build.On
+	}
+	for name, s := range raw.Seats {
+		m.Seats = append(m.Seats, Seat{
+			Name:    name,
+			Scope:   Scope(s.Scope),
+			Retain:  s.Retain,
+			Accepts: s.Accepts,
+			Emits:   s.Emits,
+			Serves:  s.Serves,
+		})
+	}
+	slices.SortFunc(m.Seats, func(a, b Seat) int { return strings.Compare(a.Name, b.Name) })
+	return m, rs
+}

@@ -1,0 +1,208 @@
+package manifest
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxNameLen is the longest name a manifest may hold, in bytes, dots included.
+const MaxNameLen = 64
+
+// ValidName reports whether s is a single name part: lower-case [a-z0-9][a-z0-9-]*, at most
+// MaxNameLen bytes. Module, seat, node, tool and verb names are single parts.
+func ValidName(s string) bool {
+	return len(s) <= MaxNameLen && validPart(s)
+}
+
+// validDotted reports whether s is one or more name parts joined by dots (event and secret
+// names), at most MaxNameLen bytes in all.
+func validDotted(s string) bool {
+	if len(s) > MaxNameLen {
+		return false
+	}
+	for part := range strings.SplitSeq(s, ".") {
+		if !validPart(part) {
+			return false
+		}
+	}
+	return true
+}
+
+func validPart(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+		case c == '-' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// nameProblem says what is wrong with s as a name (dotted if hierarchical), and a corrected
+// spelling when one is obvious.
+func nameProblem(s string, dotted bool) (reason, fixed string) {
+	if len(s) > MaxNameLen {
+		return fmt.Sprintf("is %d characters; a name is at most %d", len(s), MaxNameLen), ""
+	}
+	fixed = strings.ToLower(s)
+	fixed = strings.Map(func(r rune) rune {
+		switch r {
+		case '_', ' ', '/', ':':
+			return '-'
+		}
+		return r
+	}, fixed)
+	if !dotted {
+		fixed = strings.ReplaceAll(fixed, ".", "-")
+	}
+	fixed = strings.Trim(fixed, "-")
+	if (dotted && !validDotted(fixed)) || (!dotted && !ValidName(fixed)) {
+		fixed = ""
+	}
+	if !dotted && strings.Contains(s, ".") {
+		return "holds a dot; this name is one part", fixed
+	}
+	for part := range strings.SplitSeq(s, ".") {
+		if part == "" {
+			return "has an empty part between dots", fixed
+		}
+		if !validPart(part) {
+			return fmt.Sprintf("part %q is not lower-case [a-z0-9][a-z0-9-]*", part), fixed
+		}
+	}
+	return "is not a valid name", fixed
+}
+
+// ParseRetain parses a seat's retain: a positive duration written with the units d (24h),
+// h, m and s, e.g. 7d, 36h, 1d12h, 90m. Zero, negative and unit-less values are refused.
+func ParseRetain(s string) (time.Duration, error) {
+	rest := s
+	var d time.Duration
+	if i := strings.IndexByte(rest, 'd'); i >= 0 {
+		days, err := strconv.ParseUint(rest[:i], 10, 32)
+		if err != nil || i == 0 {
+			return 0, fmt.Errorf("retain %q: days must be a whole number, as in 7d", s)
+		}
+		const maxDays = 100 * 365
+		if days > maxDays {
+			return 0, fmt.Errorf("retain %q: longer than %d days", s, maxDays)
+		}
+		d = time.Duration(days) * 24 * time.Hour
+		rest = rest[i+1:]
+	}
+	if rest != "" {
+		if rest[0] == '-' || rest[0] == '+' {
+			return 0, fmt.Errorf("retain %q: must be positive", s)
+		}
+		more, err := time.ParseDuration(rest)
+		if err != nil {
+			return 0, fmt.Errorf("retain %q: not a duration", s)
+		}
+		d += more
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("retain %q: must be positive", s)
+	}
+	return d, nil
+}
+
+// errPattern is wrapped by every consumes-pattern error.
+var errPattern = errors.New("invalid consumes pattern")
+
+// patternError is a consumes pattern's problem and the spelling to use instead.
+type patternError struct {
+	reason, instead string
+}
+
+func (e *patternError) Error() string { return e.reason + "; " + e.instead }
+func (e *patternError) Unwrap() error { return errPattern }
+
+// ConsumeSubject derives the subject pattern of a consumes entry: billing.order.placed →
+// mesh.mod.billing.event.order.placed, *.download.completed →
+// mesh.mod.*.event.download.completed, billing.** → mesh.mod.billing.event.>, and ** alone →
+// mesh.*.*.event.> (every event of every module, seat and node). It is what `meshnode
+// listen PATTERN` takes as well.
+func ConsumeSubject(pattern string) (string, error) {
+	if pattern == "**" {
+		return AllEvents, nil
+	}
+	if reason, instead, ok := wireSpelling(pattern, kindConsume); ok {
+		return "", &patternError{reason, instead}
+	}
+	parts := strings.Split(pattern, ".")
+	if len(parts) < 2 {
+		switch p := parts[0]; {
+		case p == "*":
+			return "", &patternError{"names no event", "write ** for every event, or *.<event>"}
+		case validPart(p):
+			return "", &patternError{"names a module but no event", "write " + p + ".<event>, or " + p + ".** for every event of " + p}
+		}
+		return "", &patternError{"is not <emitter>.<event>", "write e.g. billing.order.placed"}
+	}
+	if len(pattern) > MaxNameLen {
+		return "", &patternError{fmt.Sprintf("is %d characters; a pattern is at most %d", len(pattern), MaxNameLen), "shorten it, or use * and **"}
+	}
+	for i, p := range parts {
+		switch {
+		case p == "**" && i == len(parts)-1:
+			parts[i] = ">"
+		case p == "**":
+			fix := strings.Join(parts[:i+1], ".")
+			if i == 0 { // **.download.completed: an emitter is one name
+				fix = strings.Join(replaceAt(parts, 0, "*"), ".")
+			}
+			return "", &patternError{"holds ** before the last part; ** stands for the rest", "write " + fix}
+		case p == "*":
+		case strings.Contains(p, "*"):
+			return "", &patternError{fmt.Sprintf("part %q mixes * with a name; a wildcard is a whole part", p), "write " + strings.Join(replaceAt(parts, i, "*"), ".")}
+		case !validPart(p):
+			reason, fixed := nameProblem(pattern, true)
+			instead := "use lower-case letters, digits and '-' in each part"
+			if fixed != "" {
+				instead = "write " + fixed
+			}
+			return "", &patternError{reason, instead}
+		}
+	}
+	return "mesh.mod." + parts[0] + ".event." + strings.Join(parts[1:], "."), nil
+}
+
+func replaceAt(parts []string, i int, v string) []string {
+	out := append([]string(nil), parts...)
+	out[i] = v
+	return out
+}
+
+// Subject patterns are compared token by token, with NATS's wildcards: * is one token, > one
+// or more at the end.
+
+// covers reports whether every subject matched by b is matched by a.
+func covers(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i, x := range at {
+		if x == ">" {
+			return len(bt) > i
+		}
+		if i >= len(bt) {
+			return false
+		}
+		y := bt[i]
+		switch {
+		case y == ">":
+			return false
+		case x == "*":
+		case x != y:
+			return false
+		}
+	}
+	return len(at) == len(bt)
+}

@@ -1,0 +1,117 @@
+package manifest
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+)
+
+// Permissions is what one bus connection may publish and subscribe to: allow lists only, with
+// everything else denied. A later layer turns it into nats-server's server.Permissions: a
+// Subscription with a queue becomes the allow entry "<subject> <queue>", and AllowResponses
+// a ResponsePermission.
+type Permissions struct {
+	// Publish lists the subjects the connection may publish on (wildcards allowed).
+	Publish []string `json:"publish"`
+	// Subscribe lists the subscriptions the connection may make.
+	Subscribe []Subscription `json:"subscribe"`
+	// AllowResponses lets the connection reply to the reply subject of a request it
+	// received, and to nothing else outside Publish: how tool handlers answer.
+	AllowResponses bool `json:"allow_responses"`
+}
+
+// Subscription is one subscribe allow entry.
+type Subscription struct {
+	// Subject is the subject the connection may subscribe on.
+	Subject string `json:"subject"`
+	// Queue, when set, is the only queue group the subscription may join, and a plain
+	// subscription is refused; "" allows a plain subscription (and any queue).
+	Queue string `json:"queue,omitempty"`
+}
+
+// Merge returns the union of p and q, sorted, without duplicates: how a caller adds a
+// seat's holder permissions to a module's own while the instance holds the seat's lease.
+func (p Permissions) Merge(q Permissions) Permissions {
+	return Permissions{
+		Publish:        append(slices.Clone(p.Publish), q.Publish...),
+		Subscribe:      append(slices.Clone(p.Subscribe), q.Subscribe...),
+		AllowResponses: p.AllowResponses || q.AllowResponses,
+	}.normal()
+}
+
+// IsZero reports whether p allows nothing at all.
+func (p Permissions) IsZero() bool {
+	return len(p.Publish) == 0 && len(p.Subscribe) == 0 && !p.AllowResponses
+}
+
+// normal sorts and deduplicates p, so equal permission sets compare and print equal.
+func (p Permissions) normal() Permissions {
+	slices.Sort(p.Publish)
+	p.Publish = slices.Compact(p.Publish)
+	slices.SortFunc(p.Subscribe, func(a, b Subscription) int {
+		return cmp.Or(strings.Compare(a.Subject, b.Subject), strings.Compare(a.Queue, b.Queue))
+	})
+	p.Subscribe = slices.Compact(p.Subscribe)
+	if p.Publish == nil { // empty lists, not null, in JSON
+		p.Publish = []string{}
+	}
+	if p.Subscribe == nil {
+		p.Subscribe = []Subscription{}
+	}
+	return p
+}
+
+// modulePermissions derives what every instance of m may always do (DESIGN §5): publish its
+// events; answer its tools in queue group <module>; reply to requests; subscribe on its
+// inbox; pull, ack and dead-letter its EVENTS consumer; send work to and call the seats it
+// uses — never subscribe on them. A module that does not require the bus gets nothing.
+func modulePermissions(m *Manifest) Permissions {
+	var p Permissions
+	if !m.requiresBus() {
+		return p
+	}
+	for _, e := range m.Emits {
+		p.Publish = append(p.Publish, EventSubject(m.Module, e))
+	}
+	for _, t := range m.Tools {
+		p.Subscribe = append(p.Subscribe, Subscription{Subject: ToolSubject(m.Module, t), Queue: m.Module})
+	}
+	p.AllowResponses = len(m.Tools) > 0
+	p.Subscribe = append(p.Subscribe, Subscription{Subject: InboxPrefix(m.Module) + ".>"})
+	if len(m.Consumes) > 0 {
+		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
+	}
+	for _, s := range m.Uses {
+		p.Publish = append(p.Publish, seatAcceptAll(s), seatNodeAcceptAll(s), seatToolAll(s))
+	}
+	return p.normal()
+}
+
+// pullPermissions are the publish subjects needed to pull, ack and dead-letter one consumer.
+func pullPermissions(stream, consumer string) []string {
+	return []string{
+		consumerInfoSubject(stream, consumer),
+		consumerNextSubject(stream, consumer),
+		consumerAckSubject(stream, consumer),
+		DeadSubject(stream, consumer),
+	}
+}
+
+// holderPermissions derives what the holder of seat s on node adds while it holds the lease:
+// pull, ack and dead-letter the seat's consumer, publish the seat's events, answer the
+// seat's tools in queue group <seat>.
+func holderPermissions(s Seat, node string) Permissions {
+	var p Permissions
+	if len(s.Accepts) > 0 {
+		c := SeatConsumerName(s.Name, s.Scope, node)
+		p.Publish = append(p.Publish, pullPermissions(SeatStreamName(s.Name), c)...)
+	}
+	for _, e := range s.Emits {
+		p.Publish = append(p.Publish, SeatEventSubject(s.Name, e))
+	}
+	for _, v := range s.Serves {
+		p.Subscribe = append(p.Subscribe, Subscription{Subject: SeatToolSubject(s.Name, v), Queue: s.Name})
+	}
+	p.AllowResponses = len(s.Serves) > 0
+	return p.normal()
+}

@@ -1,0 +1,78 @@
+package manifest
+
+// The subject grammar of DESIGN §2. A manifest never holds one of these: the functions below
+// are the only place the grammar is spelled, so reorganising the subject space is a change
+// here and nowhere in the catalogue. They format; they do not validate their arguments.
+
+// AllEvents is the pattern of every event in the mesh, of modules, seats and nodes alike:
+// the EVENTS stream's subjects and what consumes: ["**"] derives. The kind token is what
+// keeps tool calls and work out of it.
+const AllEvents = "mesh.*.*.event.>"
+
+// The mesh's own streams.
+const (
+	// EventsStreamName is the name of the stream every event lands in.
+	EventsStreamName = "EVENTS"
+	// StateStreamName is the name of the stream of node declarations, last value per node.
+	StateStreamName = "STATE"
+	// DeadStreamName is the name of the dead-letter stream.
+	DeadStreamName = "DEAD"
+)
+
+// EventSubject is where module emits event: mesh.mod.<module>.event.<event>.
+func EventSubject(module, event string) string { return "mesh.mod." + module + ".event." + event }
+
+// ToolSubject is where module answers tool: mesh.mod.<module>.tool.<tool>.
+func ToolSubject(module, tool string) string { return "mesh.mod." + module + ".tool." + tool }
+
+// SeatAcceptSubject is the work queue of a mesh-scoped seat's verb:
+// mesh.seat.<seat>.accept.<verb>.
+func SeatAcceptSubject(seat, verb string) string { return "mesh.seat." + seat + ".accept." + verb }
+
+// SeatNodeAcceptSubject is the work queue of a node-scoped seat's verb on node:
+// mesh.seat.<seat>.node.<node>.accept.<verb>.
+func SeatNodeAcceptSubject(seat, node, verb string) string {
+	return "mesh.seat." + seat + ".node." + node + ".accept." + verb
+}
+
+// SeatEventSubject is where a seat's holder emits event: mesh.seat.<seat>.event.<event>.
+func SeatEventSubject(seat, event string) string { return "mesh.seat." + seat + ".event." + event }
+
+// SeatToolSubject is where a seat's holder answers verb: mesh.seat.<seat>.tool.<verb>.
+func SeatToolSubject(seat, verb string) string { return "mesh.seat." + seat + ".tool." + verb }
+
+// NodeEventSubject is where node emits its own events (joined, left, unreachable):
+// mesh.node.<node>.event.<event>.
+func NodeEventSubject(node, event string) string { return "mesh.node." + node + ".event." + event }
+
+// StateSubject is where node's declaration lives, last value per subject:
+// mesh.state.node.<node>.
+func StateSubject(node string) string { return "mesh.state.node." + node }
+
+// DeadSubject is where a consumer's dead letters go: mesh.dead.<stream>.<consumer>.
+func DeadSubject(stream, consumer string) string { return "mesh.dead." + stream + "." + consumer }
+
+// InboxPrefix is module's own inbox prefix, _INBOX.<module>: a module subscribes under it
+// (nats.CustomInboxPrefix) and nowhere else's replies reach it.
+func InboxPrefix(module string) string { return "_INBOX." + module }
+
+// seatAcceptAll and seatNodeAcceptAll are every verb of a seat's work queue, mesh- and
+// node-scoped; seatToolAll every call its holder answers.
+func seatAcceptAll(seat string) string     { return "mesh.seat." + seat + ".accept.>" }
+func seatNodeAcceptAll(seat string) string { return "mesh.seat." + seat + ".node.*.accept.>" }
+func seatNodeAccept(seat, node string) string {
+	return "mesh.seat." + seat + ".node." + node + ".accept.>"
+}
+func seatToolAll(seat string) string { return "mesh.seat." + seat + ".tool.>" }
+
+// The JetStream API subjects a client needs to pull and ack one consumer (DESIGN §5,
+// checked on nats-server 2.15.2): nats.go's js.Consumer() asks for INFO.
+func consumerInfoSubject(stream, consumer string) string {
+	return "$JS.API.CONSUMER.INFO." + stream + "." + consumer
+}
+func consumerNextSubject(stream, consumer string) string {
+	return "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer
+}
+func consumerAckSubject(stream, consumer string) string {
+	return "$JS.ACK." + stream + "." + consumer + ".>"
+}

@@ -1,0 +1,251 @@
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+)
+
+// Retention says when a stream lets go of a message.
+type Retention string
+
+// The retention kinds of derived streams.
+const (
+	// RetentionLimits keeps messages until a limit (age, count, size) evicts them.
+	RetentionLimits Retention = "limits"
+	// RetentionWorkQueue keeps a message until a consumer acks it.
+	RetentionWorkQueue Retention = "workqueue"
+)
+
+// AckPolicy says how a consumer's messages are acknowledged.
+type AckPolicy string
+
+// AckExplicit is the ack policy of every derived consumer: each message is acked on its
+// own, after the handler has done its work.
+const AckExplicit AckPolicy = "explicit"
+
+// DeliverPolicy says where a new consumer starts in its stream.
+type DeliverPolicy string
+
+// The deliver policies of derived consumers.
+const (
+	// DeliverAll starts at the first message the stream holds: a seat's backlog, the
+	// audit log's every event.
+	DeliverAll DeliverPolicy = "all"
+	// DeliverNew starts at the first message after the consumer is created: a module
+	// registered today reacts to what happens from now on, and does not replay a week of
+	// other modules' history as if it were news.
+	DeliverNew DeliverPolicy = "new"
+)
+
+// Defaults of the mesh's streams and consumers (DESIGN §3). The controller may override a
+// stream's limits from its configuration; the consumer defaults are the mesh's contract.
+const (
+	// DefaultEventsMaxAge is how long EVENTS keeps an event.
+	DefaultEventsMaxAge = 7 * 24 * time.Hour
+	// DefaultEventsMaxMsgsPerSubject caps each event subject in EVENTS, so a noisy emitter
+	// cannot evict a quiet one.
+	DefaultEventsMaxMsgsPerSubject = 100_000
+	// DefaultDuplicateWindow is the broker's dedup window on Nats-Msg-Id (x-event-id).
+	DefaultDuplicateWindow = 2 * time.Minute
+	// DefaultDeadMaxAge is how long DEAD keeps a dead letter.
+	DefaultDeadMaxAge = 30 * 24 * time.Hour
+
+	// MaxAckPending is the prefetch of every derived consumer: how many messages may be
+	// delivered and not yet acked.
+	MaxAckPending = 32
+	// MaxDeliver is how many times a message is delivered before it goes to DEAD.
+	MaxDeliver = 5
+	// The redelivery back-off, one step per redelivery (len < MaxDeliver, as JetStream
+	// requires). JetStream takes the first step as the ack wait as well, so it is the
+	// server's default ack wait: a handler has 30s to ack a first delivery.
+	BackOff1 = 30 * time.Second
+	BackOff2 = time.Minute
+	BackOff3 = 5 * time.Minute
+	BackOff4 = 15 * time.Minute
+)
+
+// BackOff returns the redelivery back-off of derived consumers: BackOff1 … BackOff4.
+func BackOff() []time.Duration { return []time.Duration{BackOff1, BackOff2, BackOff3, BackOff4} }
+
+// Stream is a stream definition the controller reconciles; it turns it into a
+// jetstream.StreamConfig. Replicas and storage are the controller's: they depend on the
+// mesh's size, not on a declaration.
+type Stream struct {
+	// Name is the stream's name: EVENTS, STATE, DEAD or SEAT_<seat>.
+	Name string
+	// Subjects are the subjects the stream captures.
+	Subjects []string
+	// Retention is RetentionLimits or RetentionWorkQueue.
+	Retention Retention
+	// MaxAge is how long a message is kept; 0 means no age limit.
+	MaxAge time.Duration
+	// MaxMsgsPerSubject caps the messages kept per subject; 0 means no cap.
+	MaxMsgsPerSubject int64
+	// Duplicates is the Nats-Msg-Id dedup window; 0 means the server's default.
+	Duplicates time.Duration
+}
+
+// Consumer is a durable pull consumer definition the controller reconciles; it turns it into
+// a jetstream.ConsumerConfig.
+type Consumer struct {
+	// Stream is the stream the consumer reads.
+	Stream string
+	// Name is the durable name.
+	Name string
+	// FilterSubjects are the consumer's filters, pairwise disjoint (JetStream refuses
+	// overlapping filters with error 10138).
+	FilterSubjects []string
+	// DeliverPolicy is where a new consumer starts.
+	DeliverPolicy DeliverPolicy
+	// AckPolicy is always AckExplicit.
+	AckPolicy AckPolicy
+	// MaxAckPending is the prefetch: MaxAckPending.
+	MaxAckPending int
+	// MaxDeliver is the deliveries before a message goes to DEAD: MaxDeliver.
+	MaxDeliver int
+	// BackOff is the redelivery back-off; its first step is also the ack wait.
+	BackOff []time.Duration
+	// DeadSubject is where a message goes after MaxDeliver deliveries, before it is acked
+	// or terminated: mesh.dead.<stream>.<consumer>.
+	DeadSubject string
+}
+
+// EventsStream returns the definition of EVENTS: every event of modules, seats and nodes.
+func EventsStream() Stream {
+	return Stream{
+		Name:              EventsStreamName,
+		Subjects:          []string{AllEvents},
+		Retention:         RetentionLimits,
+		MaxAge:            DefaultEventsMaxAge,
+		MaxMsgsPerSubject: DefaultEventsMaxMsgsPerSubject,
+		Duplicates:        DefaultDuplicateWindow,
+	}
+}
+
+// StateStream returns the definition of STATE: each node's declaration, last value per node.
+// Writers set Nats-Expected-Last-Subject-Sequence, so a stale declaration is refused.
+func StateStream() Stream {
+	return Stream{
+		Name:              StateStreamName,
+		Subjects:          []string{"mesh.state.node.*"},
+		Retention:         RetentionLimits,
+		MaxMsgsPerSubject: 1,
+	}
+}
+
+// DeadStream returns the definition of DEAD: every consumer's dead letters.
+func DeadStream() Stream {
+	return Stream{
+		Name:      DeadStreamName,
+		Subjects:  []string{"mesh.dead.*.*"},
+		Retention: RetentionLimits,
+		MaxAge:    DefaultDeadMaxAge,
+	}
+}
+
+// SeatStreamName is the name of seat's work-queue stream: SEAT_<seat>.
+func SeatStreamName(seat string) string { return "SEAT_" + seat }
+
+// SeatConsumerName is the durable name of the consumer the holder of seat pulls: seat-<seat>,
+// or seat-<seat>-<node> for a node-scoped seat's holder on node.
+func SeatConsumerName(seat string, scope Scope, node string) string {
+	if scope == ScopeNode {
+		return "seat-" + seat + "-" + node
+	}
+	return "seat-" + seat
+}
+
+// AuditConsumer returns the definition of node's audit logger's consumer: audit-<node> on
+// EVENTS, every event from the first one kept.
+func AuditConsumer(node string) Consumer {
+	return newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents}, DeliverAll)
+}
+
+func newConsumer(stream, name string, filters []string, deliver DeliverPolicy) Consumer {
+	return Consumer{
+		Stream:         stream,
+		Name:           name,
+		FilterSubjects: filters,
+		DeliverPolicy:  deliver,
+		AckPolicy:      AckExplicit,
+		MaxAckPending:  MaxAckPending,
+		MaxDeliver:     MaxDeliver,
+		BackOff:        BackOff(),
+		DeadSubject:    DeadSubject(stream, name),
+	}
+}
+
+// seatStream derives the work-queue stream of a seat that accepts work.
+func seatStream(s Seat) Stream {
+	subject := seatAcceptAll(s.Name)
+	if s.Scope == ScopeNode {
+		subject = seatNodeAcceptAll(s.Name)
+	}
+	maxAge, _ := ParseRetain(s.Retain)
+	return Stream{
+		Name:      SeatStreamName(s.Name),
+		Subjects:  []string{subject},
+		Retention: RetentionWorkQueue,
+		MaxAge:    maxAge,
+	}
+}
+
+// seatConsumer derives the consumer of a seat's holder on node (ignored for mesh scope).
+func seatConsumer(s Seat, node string) Consumer {
+	filter := seatAcceptAll(s.Name)
+	if s.Scope == ScopeNode {
+		filter = seatNodeAccept(s.Name, node)
+	}
+	return newConsumer(SeatStreamName(s.Name), SeatConsumerName(s.Name, s.Scope, node), []string{filter}, DeliverAll)
+}
+
+// MarshalJSON writes durations as Go duration strings ("168h0m0s"), for people and jq.
+func (s Stream) MarshalJSON() ([]byte, error) {
+	return marshalJSON(struct {
+		Name              string    `json:"name"`
+		Subjects          []string  `json:"subjects"`
+		Retention         Retention `json:"retention"`
+		MaxAge            string    `json:"max_age,omitempty"`
+		MaxMsgsPerSubject int64     `json:"max_msgs_per_subject,omitempty"`
+		Duplicates        string    `json:"duplicates,omitempty"`
+	}{s.Name, s.Subjects, s.Retention, durationString(s.MaxAge), s.MaxMsgsPerSubject, durationString(s.Duplicates)})
+}
+
+// MarshalJSON writes durations as Go duration strings ("30s"), for people and jq.
+func (c Consumer) MarshalJSON() ([]byte, error) {
+	backOff := make([]string, len(c.BackOff))
+	for i, d := range c.BackOff {
+		backOff[i] = d.String()
+	}
+	return marshalJSON(struct {
+		Stream         string        `json:"stream"`
+		Name           string        `json:"name"`
+		FilterSubjects []string      `json:"filter_subjects"`
+		DeliverPolicy  DeliverPolicy `json:"deliver_policy"`
+		AckPolicy      AckPolicy     `json:"ack_policy"`
+		MaxAckPending  int           `json:"max_ack_pending"`
+		MaxDeliver     int           `json:"max_deliver"`
+		BackOff        []string      `json:"backoff"`
+		DeadSubject    string        `json:"dead_subject"`
+	}{c.Stream, c.Name, c.FilterSubjects, c.DeliverPolicy, c.AckPolicy, c.MaxAckPending, c.MaxDeliver, backOff, c.DeadSubject})
+}
+
+// marshalJSON marshals v without escaping <, > and &, which subjects and NodePlaceholder
+// hold and which a reader would otherwise see as \u003e.
+func marshalJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
+
+func durationString(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
+}

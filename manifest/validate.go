@@ -1,0 +1,353 @@
+package manifest
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Code classifies a refusal, for tests and for tools that read refusals as data.
+type Code string
+
+// The refusal codes. The numbers are the rules of issue 3.
+const (
+	CodeSubject      Code = "subject"       // 1: a value in a wire's grammar
+	CodeNoBus        Code = "no-bus"        // 2: relationships declared without requires: [mesh-bus]
+	CodeWildcardEmit Code = "wildcard-emit" // 3: an emitted event with a wildcard
+	CodeReserved     Code = "reserved"      // 4: a mesh-* seat, or a module name the mesh keeps
+	CodeName         Code = "name"          // 5: a name outside the grammar, empty or too long
+	CodeUnknownKey   Code = "unknown-key"   // 5: a key the manifest does not know
+	CodeDuplicate    Code = "duplicate"     // 5: the same entry twice
+	CodeScope        Code = "scope"         // 5: a seat's scope missing or not mesh|node
+	CodeRetain       Code = "retain"        // 5: a seat's retain missing or not a positive duration
+	CodeShape        Code = "shape"         // 5: a value of the wrong YAML shape
+	CodeYAML         Code = "yaml"          // 5: not YAML, or not one document
+	CodeSeatTaken    Code = "seat-taken"    // 6: a seat another module declares
+	CodeNotEmitted   Code = "not-emitted"   // 6: a consumed event its present emitter (itself included) does not emit
+	CodeBreaking     Code = "breaking"      // 6: a seat protocol change that breaks its users
+	CodeModuleTwice  Code = "module-twice"  // 6: two manifests for one module in one check
+)
+
+// Refusal is one reason a manifest cannot be registered, and what to write instead.
+type Refusal struct {
+	// Code classifies the refusal.
+	Code Code `json:"code"`
+	// Field is the path of the refused value: "consumes[1]", "seats.sender.retain",
+	// "build.on[0]"; "" for the file as a whole.
+	Field string `json:"field,omitempty"`
+	// Value is the refused value as written; "" when the value is missing.
+	Value string `json:"value,omitempty"`
+	// Reason says what is wrong, as a clause that follows the value.
+	Reason string `json:"reason"`
+	// Instead says what to write instead, as an imperative: "write billing.order.placed".
+	Instead string `json:"instead"`
+	// Line is the 1-based line of Field in the YAML the manifest was parsed from; 0 when the
+	// manifest was built by hand or the field is missing from the file.
+	Line int `json:"line,omitempty"`
+}
+
+// Error formats r as `field "value": reason; instead`, without the line.
+func (r Refusal) Error() string {
+	var b strings.Builder
+	b.WriteString(r.Field)
+	if r.Value != "" {
+		if r.Field != "" {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.Quote(r.Value))
+	}
+	if b.Len() > 0 {
+		b.WriteString(": ")
+	}
+	b.WriteString(r.Reason)
+	if r.Instead != "" {
+		b.WriteString("; ")
+		b.WriteString(r.Instead)
+	}
+	return b.String()
+}
+
+// Refusals is every refusal of one manifest, in the order of the file. It is the error
+// Parse, Validate and CheckCatalogue return; a nil Refusals is never returned as an error.
+type Refusals []Refusal
+
+// Error formats every refusal, one per line.
+func (rs Refusals) Error() string {
+	lines := make([]string, len(rs))
+	for i, r := range rs {
+		lines[i] = r.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// reservedModules are module names the mesh keeps: the first parts of the old bus's routing
+// keys (a consumer could never name their events) and the mesh's own namespace.
+var reservedModules = []string{"mesh", "module", "node"}
+
+// reservedModulePrefix marks module names that would collide with the mesh's per-node
+// audit-<node> consumers on EVENTS, which share the namespace of module consumer names.
+const reservedModulePrefix = "audit-"
+
+// reservedSeatPrefix marks the mesh's own seats (mesh-controller, mesh-vault, ...).
+const reservedSeatPrefix = "mesh-"
+
+// Validate checks m against every per-manifest rule and returns all refusals as Refusals,
+// or nil. It checks nothing against other manifests; see CheckCatalogue.
+func (m *Manifest) Validate() error {
+	v := &validator{m: m}
+	v.validate()
+	return v.result()
+}
+
+// validator collects the refusals of one manifest.
+type validator struct {
+	m  *Manifest
+	rs Refusals
+}
+
+func (v *validator) refuse(r Refusal) { v.rs = append(v.rs, r) }
+
+// result returns the refusals, with lines when the manifest was parsed, in file order.
+func (v *validator) result() error {
+	if len(v.rs) == 0 {
+		return nil
+	}
+	if v.m.src != nil {
+		idx := indexLines(v.m.src)
+		for i := range v.rs {
+			if v.rs[i].Line == 0 {
+				v.rs[i].Line = idx.line(v.rs[i].Field)
+			}
+		}
+		// File order by top-level key (by seat, within seats), and the order of the checks
+		// within one: a missing key has no line of its own, and a seat's missing scope reads
+		// best before its missing retain.
+		top := func(r Refusal) int {
+			parts := strings.SplitN(r.Field, ".", 3)
+			key, _, _ := strings.Cut(parts[0], "[")
+			if key == "seats" && len(parts) > 1 {
+				name, _, _ := strings.Cut(parts[1], "[")
+				key += "." + name
+			}
+			return idx.line(key)
+		}
+		slices.SortStableFunc(v.rs, func(a, b Refusal) int { return top(a) - top(b) })
+	}
+	return v.rs
+}
+
+func (v *validator) validate() {
+	m := v.m
+	v.module()
+	v.list("requires", m.Requires, kindRequire)
+	v.list("emits", m.Emits, kindEmit)
+	v.list("consumes", m.Consumes, kindConsume)
+	v.list("tools", m.Tools, kindTool)
+	v.list("uses", m.Uses, kindUses)
+	v.list("secrets", m.Secrets, kindSecret)
+	v.list("build.on", m.BuildOn, kindBuildOn)
+	for i, on := range m.BuildOn {
+		if on == m.Module && m.Module != "" {
+			v.refuse(Refusal{Code: CodeName, Field: fmt.Sprintf("build.on[%d]", i), Value: on,
+				Reason: "a module cannot be built on itself", Instead: "remove it"})
+		}
+	}
+	seen := map[string]int{}
+	for i, s := range m.Seats {
+		if j, ok := seen[s.Name]; ok {
+			v.refuse(Refusal{Code: CodeDuplicate, Field: "seats." + s.Name, Value: s.Name,
+				Reason: fmt.Sprintf("is declared twice (seats %d and %d)", j, i), Instead: "merge the two into one seat"})
+			continue
+		}
+		seen[s.Name] = i
+		v.seat(s)
+	}
+	v.consumes()
+	v.bus()
+}
+
+func (v *validator) module() {
+	name := v.m.Module
+	switch {
+	case name == "":
+		v.refuse(Refusal{Code: CodeName, Field: "module", Reason: "is missing", Instead: "write module: <name>, e.g. module: billing"})
+	case !v.value("module", name, kindModule):
+	case slices.Contains(reservedModules, name):
+		v.refuse(Refusal{Code: CodeReserved, Field: "module", Value: name,
+			Reason: "is a name the mesh keeps (the old bus's routing keys began with it)", Instead: "choose another name, e.g. " + name + "-app"})
+	case strings.HasPrefix(name, reservedModulePrefix):
+		v.refuse(Refusal{Code: CodeReserved, Field: "module", Value: name,
+			Reason: "begins with audit-, the prefix of the mesh's per-node audit consumers", Instead: "choose another name, e.g. " + strings.TrimPrefix(name, reservedModulePrefix) + "-audit"})
+	}
+}
+
+// list checks every value of a list field and refuses duplicates.
+func (v *validator) list(field string, vals []string, k fieldKind) {
+	first := map[string]int{}
+	for i, s := range vals {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if j, ok := first[s]; ok {
+			v.refuse(Refusal{Code: CodeDuplicate, Field: f, Value: s,
+				Reason: fmt.Sprintf("duplicates %s[%d]", field, j), Instead: "remove it"})
+			continue
+		}
+		first[s] = i
+		v.value(f, s, k)
+	}
+}
+
+// value checks one value against rules 1, 3 and 5 and reports whether it passed.
+func (v *validator) value(field, s string, k fieldKind) bool {
+	if s == "" {
+		v.refuse(Refusal{Code: CodeName, Field: field, Reason: "is empty", Instead: "write " + k.noun() + " or remove the entry"})
+		return false
+	}
+	if reason, instead, ok := wireSpelling(s, k); ok {
+		v.refuse(Refusal{Code: CodeSubject, Field: field, Value: s, Reason: reason, Instead: instead})
+		return false
+	}
+	if k == kindConsume {
+		if _, err := ConsumeSubject(s); err != nil {
+			pe := err.(*patternError)
+			v.refuse(Refusal{Code: CodeName, Field: field, Value: s, Reason: pe.reason, Instead: pe.instead})
+			return false
+		}
+		return true
+	}
+	if hasWildcard(s) {
+		if k == kindEmit || k == kindSeatEmit {
+			v.refuse(Refusal{Code: CodeWildcardEmit, Field: field, Value: s,
+				Reason: "holds a wildcard; an emit names one event", Instead: "write one event's name, e.g. order.placed; wildcards belong in consumes"})
+		} else {
+			v.refuse(Refusal{Code: CodeName, Field: field, Value: s,
+				Reason: "holds a wildcard; " + k.noun() + " names one thing", Instead: "write one name; wildcards belong in consumes"})
+		}
+		return false
+	}
+	if (k.dotted() && !validDotted(s)) || (!k.dotted() && !ValidName(s)) {
+		reason, fixed := nameProblem(s, k.dotted())
+		instead := "use lower-case letters, digits and '-'"
+		if k.dotted() {
+			instead += " in each dot-separated part"
+		}
+		if fixed != "" && fixed != s {
+			instead = "write " + fixed
+		}
+		v.refuse(Refusal{Code: CodeName, Field: field, Value: s, Reason: reason, Instead: instead})
+		return false
+	}
+	return true
+}
+
+func hasWildcard(s string) bool { return strings.ContainsAny(s, "*#>") }
+
+func (v *validator) seat(s Seat) {
+	field := "seats." + s.Name
+	if v.value(field, s.Name, kindSeat) && strings.HasPrefix(s.Name, reservedSeatPrefix) {
+		v.refuse(Refusal{Code: CodeReserved, Field: field, Value: s.Name,
+			Reason: "mesh-* seats are the mesh's own", Instead: "choose another name, e.g. " + strings.TrimPrefix(s.Name, reservedSeatPrefix)})
+	}
+	switch s.Scope {
+	case ScopeMesh, ScopeNode:
+	case "":
+		v.refuse(Refusal{Code: CodeScope, Field: field + ".scope", Reason: "is missing",
+			Instead: "write scope: mesh (one holder in the mesh) or scope: node (one holder per node)"})
+	default:
+		v.refuse(Refusal{Code: CodeScope, Field: field + ".scope", Value: string(s.Scope),
+			Reason: "is neither mesh nor node", Instead: "write scope: mesh (one holder in the mesh) or scope: node (one holder per node)"})
+	}
+	switch {
+	case s.Retain == "" && len(s.Accepts) > 0:
+		v.refuse(Refusal{Code: CodeRetain, Field: field + ".retain", Reason: "is missing; a seat that accepts work says how long its backlog survives",
+			Instead: "write retain: 7d (units d, h, m, s)"})
+	case s.Retain != "":
+		if _, err := ParseRetain(s.Retain); err != nil {
+			v.refuse(Refusal{Code: CodeRetain, Field: field + ".retain", Value: s.Retain,
+				Reason: "is not a positive duration", Instead: "write e.g. retain: 7d, 12h or 30m (d = 24h)"})
+		}
+	}
+	v.list(field+".accepts", s.Accepts, kindAccept)
+	v.list(field+".emits", s.Emits, kindSeatEmit)
+	v.list(field+".serves", s.Serves, kindServe)
+}
+
+// consumes refuses events of the module's own that it consumes but does not emit. Patterns
+// that overlap are fine: the consumer filters on those no other covers, and JetStream takes
+// partially overlapping filters (it refuses only one filter inside another).
+func (v *validator) consumes() {
+	m := v.m
+	subjects := make([]string, len(m.Consumes))
+	for i, c := range m.Consumes {
+		subjects[i], _ = ConsumeSubject(c)
+	}
+	if m.Module == "" {
+		return
+	}
+	for i, c := range m.Consumes {
+		if subjects[i] == "" || !strings.HasPrefix(c, m.Module+".") {
+			continue
+		}
+		if emitted(subjects[i], m.Module, m.Emits) == nil {
+			v.refuse(notEmitted(fmt.Sprintf("consumes[%d]", i), c, m.Module, m.Emits))
+		}
+	}
+}
+
+// emitted returns the events of emits, emitted by module, that pattern matches.
+func emitted(pattern, module string, emits []string) []string {
+	var out []string
+	for _, e := range emits {
+		if covers(pattern, EventSubject(module, e)) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func notEmitted(field, pattern, emitter string, emits []string) Refusal {
+	r := Refusal{Code: CodeNotEmitted, Field: field, Value: pattern}
+	if len(emits) == 0 {
+		r.Reason = emitter + " emits no events"
+		r.Instead = "remove it, or add the event to " + emitter + "'s emits"
+		return r
+	}
+	r.Reason = emitter + " does not emit it; it emits " + strings.Join(emits, ", ")
+	keys := make([]string, len(emits))
+	for i, e := range emits {
+		keys[i] = emitter + "." + e
+	}
+	if len(keys) == 1 {
+		r.Instead = "write " + keys[0]
+	} else {
+		r.Instead = "write one of " + strings.Join(keys, ", ")
+	}
+	return r
+}
+
+// bus refuses relationships declared without the bus they need (rule 2).
+func (v *validator) bus() {
+	m := v.m
+	if m.requiresBus() {
+		return
+	}
+	var declared []string
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"emits", len(m.Emits)}, {"consumes", len(m.Consumes)}, {"tools", len(m.Tools)}, {"uses", len(m.Uses)}, {"seats", len(m.Seats)}} {
+		if f.n > 0 {
+			declared = append(declared, f.name)
+		}
+	}
+	if len(declared) == 0 {
+		return
+	}
+	instead := "add it: write requires: [" + RequireBus + "]"
+	if len(m.Requires) > 0 {
+		instead = "add it: write requires: [" + strings.Join(append([]string{RequireBus}, m.Requires...), ", ") + "]"
+	}
+	v.refuse(Refusal{Code: CodeNoBus, Field: "requires", Value: strings.Join(m.Requires, ", "),
+		Reason:  "does not hold " + RequireBus + ", yet the module declares " + strings.Join(declared, ", ") + ": speaking on the mesh without its bus is incoherent",
+		Instead: instead})
+}
