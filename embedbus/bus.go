@@ -177,6 +177,17 @@ func (b *Bus) Ready(ctx context.Context) error {
 	return nil
 }
 
+// Grant returns the permissions a connection of publicKey is given when it connects now,
+// exactly as handed to nats-server (nil permissions: everything); ok is false when the key
+// may not connect.
+func (b *Bus) Grant(publicKey string) (p *server.Permissions, ok bool) {
+	id, ok := b.auth.dir.Identity(publicKey)
+	if !ok {
+		return nil, false
+	}
+	return serverPermissions(id.Permissions), true
+}
+
 // Kick disconnects every connection of a key, so it reconnects and is checked again against
 // the Directory: how a change of authority takes effect without ReloadOptions (which would
 // disconnect every nkey client).

@@ -121,7 +121,8 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	for _, s := range d.Seats {
 		rec.Fingerprints[s.Name] = s.Fingerprint
 	}
-	reply := registry.RegisterReply{Module: m.Module, Derived: d}
+	derived, _ := json.Marshal(d)
+	reply := registry.RegisterReply{Module: m.Module, Derived: derived}
 	var revision uint64
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision

@@ -92,7 +92,8 @@ func connect(tb testing.TB, url, seedFile string, opts ...nats.Option) *nats.Con
 	if err != nil {
 		tb.Fatal(err)
 	}
-	nc, err := nats.Connect(url, append([]nats.Option{opt}, opts...)...)
+	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // tests read LastError
+	nc, err := nats.Connect(url, append([]nats.Option{opt, quiet}, opts...)...)
 	if err != nil {
 		tb.Fatalf("connect with %s: %v", filepath.Base(seedFile), err)
 	}

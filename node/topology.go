@@ -36,14 +36,22 @@ func streamConfig(s manifest.Stream, replicas int) jetstream.StreamConfig {
 }
 
 // consumerConfig turns a derived consumer into JetStream's configuration.
+//
+// The back-off is not handed to JetStream as BackOff: with BackOff set, the server measures a
+// NAK's delay from BackOff[deliveries-1] minus the ack wait, so a client's "retry in 10ms"
+// after a second failure waits 30s more (seen on nats-server 2.15.2). The ack wait is the
+// first step, which is what redelivers the work of a crashed handler; the sdk applies the
+// back-off to failed handlers itself, with NAK delays.
 func consumerConfig(c manifest.Consumer) jetstream.ConsumerConfig {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       c.Name,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		MaxAckPending: c.MaxAckPending,
 		MaxDeliver:    c.MaxDeliver,
-		BackOff:       c.BackOff,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if len(c.BackOff) > 0 {
+		cfg.AckWait = c.BackOff[0]
 	}
 	if c.DeliverPolicy == manifest.DeliverNew {
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy

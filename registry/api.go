@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
@@ -42,9 +43,11 @@ type RegisterReply struct {
 	// Kept lists seat streams left in place for their queued work.
 	Kept []string `json:"kept,omitempty"`
 	// Error is set when the registration was refused; Refusals then lists every reason.
-	Error    string               `json:"error,omitempty"`
-	Refusals []manifest.Refusal   `json:"refusals,omitempty"`
-	Derived  *manifest.Derivation `json:"derived,omitempty"`
+	Error    string             `json:"error,omitempty"`
+	Refusals []manifest.Refusal `json:"refusals,omitempty"`
+	// Derived is what the mesh derived from the manifest (manifest.Derivation as JSON), for
+	// the operator to read.
+	Derived json.RawMessage `json:"derived,omitempty"`
 }
 
 // RemoveRequest removes a module.

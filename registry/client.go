@@ -1,0 +1,100 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// The operator's side of the registry's tools: what the CLI and tests call.
+
+// ErrRefused means the controller refused a request; the error says why.
+var ErrRefused = errors.New("refused")
+
+// Registered is the outcome of a registration.
+type Registered struct {
+	RegisterReply
+	// Seed is the new module's nkey seed, opened from the sealed reply; nil on
+	// re-registration (the module keeps its key).
+	Seed []byte
+}
+
+// Register asks the controller to register the manifest in yamlText. A new module's seed
+// comes back sealed to a one-time xkey made here, and is opened before returning.
+func Register(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered, error) {
+	xkp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	defer xkp.Wipe()
+	xpub, _ := xkp.PublicKey()
+	var reply RegisterReply
+	if err := call(ctx, nc, RegisterSubject, RegisterRequest{Manifest: string(yamlText), XKey: xpub}, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error != "" {
+		if len(reply.Refusals) > 0 {
+			return nil, fmt.Errorf("%w: %w", ErrRefused, manifest.Refusals(reply.Refusals))
+		}
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	out := &Registered{RegisterReply: reply}
+	if reply.Created {
+		if out.Seed, err = vault.Open(xkp, reply.SenderXKey, reply.SealedSeed); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Remove asks the controller to remove a module.
+func Remove(ctx context.Context, nc *nats.Conn, module string) (RemoveReply, error) {
+	var reply RemoveReply
+	if err := call(ctx, nc, RemoveSubject, RemoveRequest{Module: module}, &reply); err != nil {
+		return reply, err
+	}
+	if reply.Error != "" {
+		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply, nil
+}
+
+// List asks the controller for every registered module.
+func List(ctx context.Context, nc *nats.Conn) ([]ModuleInfo, error) {
+	var reply ListReply
+	if err := call(ctx, nc, ListSubject, struct{}{}, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply.Modules, nil
+}
+
+func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("no controller answers %s; is the node ready (`meshnode status`)?", subject)
+	}
+	if err != nil {
+		if last := nc.LastError(); last != nil && strings.Contains(last.Error(), subject) {
+			return fmt.Errorf("%s: %w (these credentials may not administer the mesh; use the operator's seed)", subject, last)
+		}
+		return fmt.Errorf("%s: %w", subject, err)
+	}
+	if err := json.Unmarshal(msg.Data, reply); err != nil {
+		return fmt.Errorf("%s answered %q: %w", subject, msg.Data, err)
+	}
+	return nil
+}

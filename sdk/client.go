@@ -1,0 +1,273 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// Errors a module meets. Each returned error wraps one of these and says what to do.
+var (
+	// ErrNotDeclared means the call needs a declaration the module's manifest lacks.
+	ErrNotDeclared = errors.New("not declared in the module's manifest")
+	// ErrPermission means the bus refused the operation (a permissions violation).
+	ErrPermission = errors.New("refused by the bus")
+	// ErrUnknownKey means the bus does not know the seed's key as a module.
+	ErrUnknownKey = errors.New("key is not a registered module")
+	// ErrNoResponders means nobody answers a tool call.
+	ErrNoResponders = errors.New("no responders")
+	// ErrNoQueue means a seat has no work queue: no registered module declares it.
+	ErrNoQueue = errors.New("seat has no work queue")
+)
+
+// DefaultRetryBackoff is the delay before each retry of a failed handler, one step per
+// delivery (the last step repeats).
+var DefaultRetryBackoff = []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second}
+
+// Option configures Connect.
+type Option func(*options)
+
+type options struct {
+	log   *slog.Logger
+	retry []time.Duration
+}
+
+// WithLogger sets the logger for background problems (a handler error, a lost connection).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithRetryBackoff sets the delays before each retry of a failed handler.
+func WithRetryBackoff(d ...time.Duration) Option {
+	return func(o *options) { o.retry = slices.Clone(d) }
+}
+
+// Client is a module's connection to its node's bus.
+type Client struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	key   nkeys.KeyPair
+	pub   string
+	log   *slog.Logger
+	retry []time.Duration
+
+	ctx    context.Context // ended by Close; handlers receive it
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	self     registry.WhoamiReply
+	handlers []handler
+	consume  jetstream.ConsumeContext
+	subs     []*nats.Subscription
+	lastPerm error
+	wg       sync.WaitGroup
+}
+
+// Connect connects to the bus at url as the module whose nkey seed is in seedFile. It asks
+// the bus which module the seed is, then connects as that module with its own inbox.
+func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client, error) {
+	o := options{log: slog.New(slog.DiscardHandler), retry: DefaultRetryBackoff}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(o.retry) == 0 {
+		o.retry = DefaultRetryBackoff
+	}
+	raw, err := os.ReadFile(seedFile)
+	if err != nil {
+		return nil, fmt.Errorf("read seed: %w", err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(raw)
+	if err != nil {
+		return nil, fmt.Errorf("seed file %s: %w; it should hold the seed written by `meshnode module register --creds-out`", seedFile, err)
+	}
+	pub, _ := kp.PublicKey()
+
+	self, err := whoami(ctx, url, kp, pub)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{key: kp, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.nc, err = nats.Connect(url,
+		nats.Nkey(pub, kp.Sign),
+		nats.CustomInboxPrefix(manifest.InboxPrefix(self.Module)),
+		nats.Name(self.Module),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ErrorHandler(c.asyncError),
+		nats.ReconnectHandler(c.reconnected),
+	)
+	if err != nil {
+		c.cancel()
+		return nil, connectError(url, pub, err)
+	}
+	c.js, _ = jetstream.New(c.nc)
+	return c, nil
+}
+
+// whoami asks the bus which module pub is, on a short-lived connection whose inbox is named
+// for the key (the only inbox a client that does not know its name may use).
+func whoami(ctx context.Context, url string, kp nkeys.KeyPair, pub string) (registry.WhoamiReply, error) {
+	nc, err := nats.Connect(url, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
+		nats.Name("whoami"), nats.MaxReconnects(0))
+	if err != nil {
+		return registry.WhoamiReply{}, connectError(url, pub, err)
+	}
+	defer nc.Close()
+	return askWhoami(ctx, nc, pub)
+}
+
+func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (registry.WhoamiReply, error) {
+	var self registry.WhoamiReply
+	req, _ := json.Marshal(registry.WhoamiRequest{PublicKey: pub})
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, registry.WhoamiSubject, req)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, registry.WhoamiSubject)
+	}
+	if err != nil {
+		return self, fmt.Errorf("ask the bus who %s is: %w", pub, err)
+	}
+	if err := json.Unmarshal(msg.Data, &self); err != nil {
+		return self, fmt.Errorf("whoami answered %q: %w", msg.Data, err)
+	}
+	if self.Error != "" {
+		return self, fmt.Errorf("%w: %s", ErrUnknownKey, self.Error)
+	}
+	return self, nil
+}
+
+func connectError(url, pub string, err error) error {
+	if errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		return fmt.Errorf("%w: the bus at %s refused key %s: it is not registered, or was removed; register the module with `meshnode module register`",
+			ErrUnknownKey, url, pub)
+	}
+	return fmt.Errorf("connect to %s: %w", url, err)
+}
+
+// Module is the module's name.
+func (c *Client) Module() string { return c.declared().Module }
+
+// declared returns what the module declared, as the bus last said.
+func (c *Client) declared() registry.WhoamiReply {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.self
+}
+
+// Conn is the underlying NATS connection, for what the sdk does not cover. Its permissions
+// are the module's: the bus refuses anything undeclared.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// node is the node the client is connected to: the server's name is the node's.
+func (c *Client) node() string {
+	if n := c.nc.ConnectedServerName(); n != "" {
+		return n
+	}
+	return c.self.Node
+}
+
+// Close stops handlers and subscriptions, waits for running handlers, and closes the
+// connection after flushing what was published.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.consume != nil {
+		c.consume.Stop()
+	}
+	for _, s := range c.subs {
+		s.Unsubscribe()
+	}
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	err := c.nc.Flush()
+	c.nc.Close()
+	return err
+}
+
+// reconnected refreshes what the module declared: the bus kicks a module's connections when
+// its registration changes, and they come back under the new authority.
+func (c *Client) reconnected(nc *nats.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	self, err := askWhoami(ctx, nc, c.pub)
+	if err != nil {
+		c.log.Warn("refresh declarations after reconnect", "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.self = self
+	c.mu.Unlock()
+}
+
+// asyncError records permission violations, so a failed call can say the bus refused it.
+func (c *Client) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrPermissionViolation) {
+		c.mu.Lock()
+		c.lastPerm = err
+		c.mu.Unlock()
+	}
+	c.log.Warn("bus error", "err", err)
+}
+
+// refusal returns the bus's permission violation for subject, if it reported one.
+func (c *Client) refusal(subject string) error {
+	for _, err := range []error{c.nc.LastError(), c.lastPermission()} {
+		if err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+			return fmt.Errorf("%w: %v", ErrPermission, err)
+		}
+	}
+	return nil
+}
+
+func (c *Client) lastPermission() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastPerm
+}
+
+// withDefaultTimeout bounds ctx by 10s when it has no deadline of its own.
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, 10*time.Second)
+}
+
+// encode turns a payload into the body: []byte and json.RawMessage as they are, nil as an
+// empty body, anything else as JSON.
+func encode(payload any) ([]byte, error) {
+	switch p := payload.(type) {
+	case nil:
+		return nil, nil
+	case []byte:
+		return p, nil
+	case json.RawMessage:
+		return p, nil
+	case string:
+		return []byte(p), nil
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload: %w", err)
+	}
+	return b, nil
+}
+
+// Event is a delivered event: its typed envelope, its payload, and the key
+// "<emitter>.<event>" its manifest name.
+type Event = envelope.Event

@@ -1,0 +1,216 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Handler handles one delivered event. Returning an error retries it with back-off; after
+// the consumer's MaxDeliver attempts the event goes to DEAD with the error as its reason.
+type Handler func(ctx context.Context, e Event) error
+
+type handler struct {
+	pattern string // as the manifest writes it
+	subject string // derived subject pattern
+	h       Handler
+}
+
+// On handles the events matching pattern, written as the manifest writes consumes:
+// "billing.order.placed", "*.download.completed", "billing.**" or "**". The pattern must lie
+// within one the module declares. The first On starts the module's durable consumer: events
+// that arrived while the module was away are delivered now.
+func (c *Client) On(pattern string, h Handler) error {
+	subject, err := manifest.ConsumeSubject(pattern)
+	if err != nil {
+		return fmt.Errorf("On(%q): %w", pattern, err)
+	}
+	self := c.declared()
+	declared := false
+	for _, p := range self.Consumes {
+		if s, err := manifest.ConsumeSubject(p); err == nil && subjectCovers(s, subject) {
+			declared = true
+			break
+		}
+	}
+	if !declared {
+		return fmt.Errorf("%w: module %s does not consume %q (it consumes %v); add it to consumes: in its manifest and re-register",
+			ErrNotDeclared, self.Module, pattern, self.Consumes)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handlers = append(c.handlers, handler{pattern: pattern, subject: subject, h: h})
+	if c.consume != nil {
+		return nil
+	}
+	ctx, cancel := withDefaultTimeout(c.ctx)
+	defer cancel()
+	cons, err := c.js.Consumer(ctx, manifest.EventsStreamName, self.Module)
+	if err != nil {
+		if perr := c.refusal(jsAPIConsumerInfo(manifest.EventsStreamName, self.Module)); perr != nil {
+			return perr
+		}
+		return fmt.Errorf("open consumer %s on %s: %w", self.Module, manifest.EventsStreamName, err)
+	}
+	d := &dispatcher{c: c, stream: manifest.EventsStreamName, consumer: self.Module,
+		maxDeliver: cons.CachedInfo().Config.MaxDeliver, route: c.route}
+	c.consume, err = cons.Consume(d.handle,
+		jetstream.PullMaxMessages(manifest.MaxAckPending),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				c.log.Warn("consume", "err", err)
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", self.Module, err)
+	}
+	return nil
+}
+
+func jsAPIConsumerInfo(stream, consumer string) string {
+	return "$JS.API.CONSUMER.INFO." + stream + "." + consumer
+}
+
+// route returns the handler for a delivered subject: the first registered whose pattern
+// matches.
+func (c *Client) route(subject string) Handler {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range c.handlers {
+		if subjectMatches(h.subject, subject) {
+			return h.h
+		}
+	}
+	return nil
+}
+
+// dispatcher runs handlers for one consumer and applies the delivery contract: ack on
+// success, NAK with back-off on failure, DEAD then ack past MaxDeliver.
+type dispatcher struct {
+	c          *Client
+	stream     string
+	consumer   string
+	maxDeliver int
+	route      func(subject string) Handler
+}
+
+func (d *dispatcher) handle(msg jetstream.Msg) {
+	d.c.wg.Add(1)
+	defer d.c.wg.Done()
+	md, err := msg.Metadata()
+	if err != nil {
+		d.c.log.Error("delivery without metadata", "subject", msg.Subject(), "err", err)
+		return
+	}
+	e, err := envelope.Read(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		// A malformed envelope fails every time: no retry can help.
+		d.dead(msg, md, fmt.Errorf("malformed envelope: %w", err))
+		return
+	}
+	h := d.route(msg.Subject())
+	if h == nil {
+		err = fmt.Errorf("no handler for %s", e.Key)
+	} else {
+		err = call(d.c.ctx, h, e)
+	}
+	if err == nil {
+		if aerr := msg.Ack(); aerr != nil {
+			d.c.log.Warn("ack failed; the event will be redelivered", "event", e.ID, "err", aerr)
+		}
+		return
+	}
+	n := int(md.NumDelivered)
+	if d.maxDeliver > 0 && n >= d.maxDeliver {
+		d.dead(msg, md, err)
+		return
+	}
+	delay := d.c.retry[min(n, len(d.c.retry))-1]
+	d.c.log.Info("handler failed; retrying", "event", e.Key, "id", e.ID, "delivery", n, "in", delay, "err", err)
+	msg.NakWithDelay(delay)
+}
+
+// call runs a handler, turning a panic into an error so one bad event cannot kill the module.
+func call(ctx context.Context, h Handler, e Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, e)
+}
+
+// dead writes msg to DEAD with the reason, then acks it. If DEAD cannot be written the
+// message is left unacked (so JetStream keeps it) and the loss is logged loudly.
+func (d *dispatcher) dead(msg jetstream.Msg, md *jetstream.MsgMetadata, reason error) {
+	h := nats.Header{}
+	for k, v := range msg.Headers() {
+		h[k] = append([]string(nil), v...)
+	}
+	id := h.Get(envelope.EventID)
+	if id == "" {
+		id = "seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	h.Set(envelope.DeadReason, reason.Error())
+	h.Set(envelope.DeadDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+	h.Set(envelope.DeadSubject, msg.Subject())
+	h.Set(envelope.DeadConsumer, d.consumer)
+	// One dead letter per event and consumer: the same event dead for two consumers is two.
+	h.Set(nats.MsgIdHdr, "dead."+d.stream+"."+d.consumer+"."+id)
+	subject := manifest.DeadSubject(d.stream, d.consumer)
+	var err error
+	for attempt := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = d.c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: msg.Data()})
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		d.c.log.Error("could not write dead letter; the event stays unacked", "subject", msg.Subject(), "id", id, "err", err)
+		return
+	}
+	d.c.log.Warn("event dead-lettered", "subject", msg.Subject(), "id", id, "deliveries", md.NumDelivered, "reason", reason)
+	msg.Ack()
+}
+
+// subjectMatches reports whether the NATS subject pattern matches the literal subject.
+func subjectMatches(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(p) == len(s)
+}
+
+// subjectCovers reports whether every subject matching b also matches a.
+func subjectCovers(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i, tok := range pa {
+		if tok == ">" {
+			return len(pb) > i
+		}
+		if i >= len(pb) || pb[i] == ">" {
+			return false
+		}
+		if tok != "*" && (pb[i] == "*" || tok != pb[i]) {
+			return false
+		}
+	}
+	return len(pa) == len(pb)
+}

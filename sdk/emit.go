@@ -1,0 +1,114 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// EmitOption sets an optional envelope header.
+type EmitOption func(*envelope.Options)
+
+// CausedBy sets x-causation-id: the event that caused this one.
+func CausedBy(eventID string) EmitOption { return func(o *envelope.Options) { o.Causation = eventID } }
+
+// WithSchema sets x-schema: the payload's schema.
+func WithSchema(schema string) EmitOption { return func(o *envelope.Options) { o.Schema = schema } }
+
+// Emit publishes one of the module's declared events, persistently, and returns its
+// x-event-id once JetStream has stored it. payload is JSON-encoded unless it is []byte,
+// json.RawMessage or a string.
+func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...EmitOption) (string, error) {
+	self := c.declared()
+	if !slices.Contains(self.Emits, event) {
+		return "", fmt.Errorf("%w: module %s does not emit %q (it emits %v); add it to emits: in its manifest and re-register",
+			ErrNotDeclared, self.Module, event, self.Emits)
+	}
+	return c.publish(ctx, manifest.EventSubject(self.Module, event), payload, opts)
+}
+
+// Submit sends a job to a seat the module uses: it waits in the seat's work queue until the
+// holder takes it. A node-scoped seat's job goes to the holder on the module's own node.
+func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opts ...EmitOption) (string, error) {
+	info, err := c.usedSeat(ctx, seat)
+	if err != nil {
+		return "", err
+	}
+	if info.Scope != "" && !slices.Contains(info.Accepts, verb) {
+		return "", fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, info.Accepts, verb)
+	}
+	subject := manifest.SeatAcceptSubject(seat, verb)
+	if info.Scope == manifest.ScopeNode {
+		subject = manifest.SeatNodeAcceptSubject(seat, c.node(), verb)
+	}
+	id, err := c.publish(ctx, subject, payload, opts)
+	if errors.Is(err, ErrNoQueue) && info.Scope == "" {
+		return "", fmt.Errorf("%w: no registered module declares seat %s yet; jobs queue once the module that holds it is registered", ErrNoQueue, seat)
+	}
+	return id, err
+}
+
+// usedSeat returns what the bus knows of a seat the module uses, asking again if the seat's
+// declarer was not registered when the client connected.
+func (c *Client) usedSeat(ctx context.Context, seat string) (registry.SeatInfo, error) {
+	c.mu.Lock()
+	self := c.self
+	c.mu.Unlock()
+	i := slices.IndexFunc(self.Uses, func(s registry.SeatInfo) bool { return s.Seat == seat })
+	if i < 0 {
+		return registry.SeatInfo{}, fmt.Errorf("%w: module %s does not use seat %q; add it to uses: in its manifest and re-register",
+			ErrNotDeclared, self.Module, seat)
+	}
+	if self.Uses[i].Scope != "" {
+		return self.Uses[i], nil
+	}
+	fresh, err := askWhoami(ctx, c.nc, c.pub)
+	if err != nil {
+		return self.Uses[i], nil // keep what we knew; the publish will say what is wrong
+	}
+	c.mu.Lock()
+	c.self = fresh
+	c.mu.Unlock()
+	for _, s := range fresh.Uses {
+		if s.Seat == seat {
+			return s, nil
+		}
+	}
+	return self.Uses[i], nil
+}
+
+// publish stamps an envelope and publishes it to JetStream, turning the bus's silences into
+// errors that say why.
+func (c *Client) publish(ctx context.Context, subject string, payload any, opts []EmitOption) (string, error) {
+	body, err := encode(payload)
+	if err != nil {
+		return "", err
+	}
+	var o envelope.Options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	h, err := envelope.Stamp(c.key, c.Module(), c.node(), subject, body, o)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		if perr := c.refusal(subject); perr != nil {
+			return "", perr
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			return "", fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)
+		}
+		return "", fmt.Errorf("publish %s: %w", subject, err)
+	}
+	return h.Get(envelope.EventID), nil
+}

@@ -1,0 +1,137 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+)
+
+// Header names of a tool's error reply, as the NATS micro framework writes them.
+const (
+	headerServiceError     = "Nats-Service-Error"
+	headerServiceErrorCode = "Nats-Service-Error-Code"
+)
+
+// Request is one call of a tool.
+type Request struct {
+	Subject string
+	Data    []byte
+	Header  nats.Header
+}
+
+// ToolHandler answers a tool call. An error is sent to the caller as a tool error.
+type ToolHandler func(ctx context.Context, r Request) ([]byte, error)
+
+// ToolError is a tool's error reply.
+type ToolError struct {
+	Code    int
+	Message string
+}
+
+func (e *ToolError) Error() string { return fmt.Sprintf("tool error %d: %s", e.Code, e.Message) }
+
+// Serve answers one of the module's declared tools. Instances share the calls (queue group =
+// the module). Calls are core request/reply: never persisted; a lost call is the caller's
+// timeout.
+func (c *Client) Serve(tool string, h ToolHandler) error {
+	self := c.declared()
+	if !slices.Contains(self.Tools, tool) {
+		return fmt.Errorf("%w: module %s does not declare tool %q (it declares %v); add it to tools: in its manifest and re-register",
+			ErrNotDeclared, self.Module, tool, self.Tools)
+	}
+	subject := manifest.ToolSubject(self.Module, tool)
+	sub, err := c.nc.QueueSubscribe(subject, self.Module, func(m *nats.Msg) {
+		c.wg.Add(1)
+		defer c.wg.Done()
+		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
+		out := &nats.Msg{Data: resp, Header: nats.Header{}}
+		if err != nil {
+			out.Data = nil
+			out.Header.Set(headerServiceError, err.Error())
+			out.Header.Set(headerServiceErrorCode, "500")
+		}
+		if rerr := m.RespondMsg(out); rerr != nil {
+			c.log.Warn("tool reply failed", "tool", tool, "err", rerr)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("serve %s: %w", tool, err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		return fmt.Errorf("serve %s: %w", tool, err)
+	}
+	if perr := c.refusal(subject); perr != nil {
+		sub.Unsubscribe()
+		return perr
+	}
+	c.mu.Lock()
+	c.subs = append(c.subs, sub)
+	c.mu.Unlock()
+	return nil
+}
+
+func serveOne(ctx context.Context, h ToolHandler, r Request) (resp []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("tool handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, r)
+}
+
+// Call calls tool of target and returns the reply. A module may call the tools of the seats
+// it uses (and its own); target names the seat or module.
+func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]byte, error) {
+	self := c.declared()
+	var subject string
+	switch {
+	case target == self.Module:
+		subject = manifest.ToolSubject(target, tool)
+	case slices.ContainsFunc(self.Uses, func(s registry.SeatInfo) bool { return s.Seat == target }):
+		info, _ := c.usedSeat(ctx, target)
+		if info.Scope != "" && !slices.Contains(info.Serves, tool) {
+			return nil, fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, target, info.Serves, tool)
+		}
+		subject = manifest.SeatToolSubject(target, tool)
+	default:
+		return nil, fmt.Errorf("%w: module %s may call the tools of the seats it uses, and %s is not one; add it to uses: in its manifest and re-register",
+			ErrNotDeclared, self.Module, target)
+	}
+	body, err := encode(payload)
+	if err != nil {
+		return nil, err
+	}
+	return request(ctx, c.nc, subject, body, self.Module, c.refusal)
+}
+
+// request sends one tool call and maps the bus's answers to errors.
+func request(ctx context.Context, nc *nats.Conn, subject string, body []byte, source string, refusal func(string) error) ([]byte, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	msg.Header.Set(envelope.Source, source)
+	reply, err := nc.RequestMsgWithContext(ctx, msg)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, fmt.Errorf("%w: nobody serves %s; is the module running, or the seat held?", ErrNoResponders, subject)
+	case err != nil:
+		if refusal != nil {
+			if perr := refusal(subject); perr != nil {
+				return nil, perr
+			}
+		}
+		return nil, fmt.Errorf("call %s: %w", subject, err)
+	}
+	if m := reply.Header.Get(headerServiceError); m != "" {
+		code, _ := strconv.Atoi(reply.Header.Get(headerServiceErrorCode))
+		return nil, &ToolError{Code: code, Message: m}
+	}
+	return reply.Data, nil
+}
