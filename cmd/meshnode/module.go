@@ -1,0 +1,470 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/meshnode/meshnode/manifest"
+)
+
+// newModuleCmd returns `meshnode module`: the offline verbs on module manifests. check and
+// show read files only; they need no running node.
+func newModuleCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "module",
+		Short: "Check and inspect module manifests",
+		Long: `Check and inspect module manifests.
+
+A manifest names things locally (events, tools, seats); the mesh derives every subject,
+stream, consumer and permission from it. check refuses what the mesh would refuse; show
+prints what the bus will make of a manifest before it is registered.`,
+		Args:          cobra.ArbitraryArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown module verb %q; use module check or module show", args[0])
+			}
+			return cmd.Help()
+		},
+	}
+	// Set here as well as on the root, so the command maps flag errors to exit 2 on its own.
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cmd.AddCommand(newModuleCheckCmd(), newModuleShowCmd())
+	return cmd
+}
+
+func newModuleCheckCmd() *cobra.Command {
+	var catalogueDir string
+	cmd := &cobra.Command{
+		Use:   "check FILE... [--catalogue DIR]",
+		Short: "Validate manifests and print every refusal",
+		Long: `Validate manifests and print every refusal, one per line, naming the file, line, field
+and value and what to write instead. Exit 0 when every manifest passes, 1 otherwise.
+
+The FILEs are also checked against each other, as if registered together. With --catalogue,
+every *.yaml and *.yml in DIR is the registered catalogue: seats another module declares,
+consumed events a present emitter does not emit, and, where DIR holds an earlier version of
+a checked module, seat protocol changes that break the modules using the seat.`,
+		Example: `  meshnode module check telegram.yaml
+  meshnode module check manifests/*.yaml --catalogue /srv/mesh/catalogue`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("module check needs at least one FILE")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runModuleCheck(cmd.OutOrStdout(), cmd.ErrOrStderr(), args, catalogueDir)
+		},
+	}
+	cmd.Flags().StringVar(&catalogueDir, "catalogue", "", "check against the registered manifests in `DIR` (*.yaml, *.yml)")
+	return cmd
+}
+
+// moduleFile is one FILE of module check and what became of it.
+type moduleFile struct {
+	path     string
+	data     []byte
+	m        *manifest.Manifest // nil when the file could not be read as a manifest
+	valid    bool               // passed on its own, so it joins the others' catalogue
+	twice    bool               // another FILE before it declares the same module
+	refusals manifest.Refusals
+	err      error // the file could not be read
+}
+
+func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir string) error {
+	var registered map[string]moduleCatalogueEntry
+	if catalogueDir != "" {
+		var err error
+		if registered, err = loadModuleCatalogue(catalogueDir); err != nil {
+			return err
+		}
+	}
+
+	// First each FILE on its own, to learn its module and whether it is valid.
+	files := make([]*moduleFile, len(paths))
+	firstFile := map[string]string{}
+	for i, p := range paths {
+		f := &moduleFile{path: p}
+		files[i] = f
+		if f.data, f.err = os.ReadFile(p); f.err != nil {
+			continue
+		}
+		var err error
+		f.m, err = manifest.Check(f.data, nil)
+		f.refusals = moduleRefusals(err)
+		if f.m == nil || f.m.Module == "" {
+			continue
+		}
+		if _, ok := firstFile[f.m.Module]; ok {
+			f.twice = true
+			continue
+		}
+		firstFile[f.m.Module] = p
+		f.valid = err == nil
+	}
+
+	// Then each against the catalogue: the registered manifests (its own registered version
+	// being its previous one), with the other valid FILEs in place of theirs, as if
+	// registered together.
+	for _, f := range files {
+		if f.m == nil {
+			continue
+		}
+		catalogue := map[string]*manifest.Manifest{}
+		for name, e := range registered {
+			catalogue[name] = e.m
+		}
+		for _, o := range files {
+			if o.valid && o.m.Module != f.m.Module {
+				catalogue[o.m.Module] = o.m
+			}
+		}
+		_, err := manifest.Check(f.data, slices.Collect(maps.Values(catalogue)))
+		f.refusals = moduleRefusals(err)
+		if f.twice {
+			f.refusals = append(f.refusals, manifest.Refusal{
+				Code: manifest.CodeModuleTwice, Field: "module", Value: f.m.Module,
+				Reason:  "is also declared by " + firstFile[f.m.Module],
+				Instead: "check one manifest per module at a time",
+			})
+		}
+	}
+
+	var refused, count int
+	for _, f := range files {
+		switch {
+		case f.err != nil:
+			refused++
+			count++
+			fmt.Fprintf(stderr, "%s: cannot read: %v\n", f.path, moduleReadCause(f.err))
+		case len(f.refusals) > 0:
+			refused++
+			count += len(f.refusals)
+			printModuleRefusals(stderr, f.path, f.refusals)
+		default:
+			fmt.Fprintf(stdout, "%s: ok (module %s)\n", f.path, f.m.Module)
+		}
+	}
+	if refused == 0 {
+		return nil
+	}
+	fmt.Fprintf(stderr, "%d %s in %d of %d %s\n", count, modulePlural(count, "refusal", "refusals"), refused, len(files), modulePlural(len(files), "manifest", "manifests"))
+	return errReported
+}
+
+// moduleCatalogueEntry is one registered manifest of a --catalogue DIR.
+type moduleCatalogueEntry struct {
+	path string
+	m    *manifest.Manifest
+}
+
+// loadModuleCatalogue reads every *.yaml and *.yml in dir. A manifest there that does not pass
+// on its own is an error: the catalogue is what is registered, and must be valid.
+func loadModuleCatalogue(dir string) (map[string]moduleCatalogueEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("catalogue: %w", err)
+	}
+	out := map[string]moduleCatalogueEntry{}
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("catalogue: %w", err)
+		}
+		m, err := manifest.Parse(data)
+		if err == nil {
+			err = m.Validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("catalogue manifest %s is refused (%s); run meshnode module check %s", path, moduleFirstLine(err), path)
+		}
+		if prev, ok := out[m.Module]; ok {
+			return nil, fmt.Errorf("catalogue %s declares module %s twice, in %s and %s; keep one", dir, m.Module, prev.path, path)
+		}
+		out[m.Module] = moduleCatalogueEntry{path: path, m: m}
+	}
+	return out, nil
+}
+
+func newModuleShowCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show FILE [--json]",
+		Short: "Print everything the mesh derives from a manifest",
+		Long: `Print everything the mesh derives from a manifest: subjects, streams, consumers with their
+filter subjects, the permissions of every instance (publish, subscribe with queue groups,
+JetStream API subjects, inbox prefix), the permissions only a seat's holder gets, and each
+seat's protocol fingerprint. Node-scoped parts are shown for the node ` + manifest.NodePlaceholder + `.
+
+A manifest that is refused prints its refusals, as module check does, and exits 1.`,
+		Example: `  meshnode module show telegram.yaml
+  meshnode module show telegram.yaml --json | jq .derivation.permissions`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("module show takes one FILE, got %d", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runModuleShow(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: file, manifest and derivation")
+	return cmd
+}
+
+func runModuleShow(stdout, stderr io.Writer, path string, asJSON bool) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read manifest: %w", err)
+	}
+	m, err := manifest.Check(data, nil)
+	var d *manifest.Derivation
+	if err == nil {
+		d, err = m.Derive()
+	}
+	if err != nil {
+		rs := moduleRefusals(err)
+		printModuleRefusals(stderr, path, rs)
+		fmt.Fprintf(stderr, "%d %s; nothing to show\n", len(rs), modulePlural(len(rs), "refusal", "refusals"))
+		return errReported
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			File       string               `json:"file"`
+			Manifest   *manifest.Manifest   `json:"manifest"`
+			Derivation *manifest.Derivation `json:"derivation"`
+		}{path, m, d})
+	}
+	printModuleDerivation(stdout, path, m, d)
+	return nil
+}
+
+// printModuleDerivation writes d for people: one section per kind of thing, names on the left and
+// what the mesh makes of them on the right.
+func printModuleDerivation(out io.Writer, path string, m *manifest.Manifest, d *manifest.Derivation) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	row := func(cells ...string) { fmt.Fprintln(w, strings.Join(cells, "\t")) }
+
+	row("module", d.Module, "("+path+")")
+	row("requires", moduleOrNone(strings.Join(m.Requires, ", ")))
+	if len(m.Secrets) > 0 {
+		row("secrets", strings.Join(m.Secrets, ", "))
+	}
+	if len(m.BuildOn) > 0 {
+		row("built on", strings.Join(m.BuildOn, ", "))
+	}
+	if !d.Bus {
+		row("bus", "none: the module does not require "+manifest.RequireBus+", so it has no account")
+		return
+	}
+	row("inbox", d.Inbox+".>")
+
+	if len(d.Emits) > 0 {
+		row("")
+		row("emits", "", "(into the shared "+manifest.EventsStreamName+" stream)")
+		for _, e := range d.Emits {
+			row("", e.Name, e.Subject)
+		}
+	}
+	if d.EventsConsumer != nil {
+		row("")
+		row("consumes", "", "(durable consumer "+d.EventsConsumer.Name+" on "+d.EventsConsumer.Stream+")")
+		for _, c := range d.Consumes {
+			if c.CoveredBy != "" {
+				row("", c.Name, c.Subject+"  (covered by "+c.CoveredBy+": not a filter of its own)")
+				continue
+			}
+			row("", c.Name, c.Subject)
+		}
+	}
+	if len(d.Tools) > 0 {
+		row("")
+		row("tools", "", "(core request/reply, queue group "+d.Module+")")
+		for _, t := range d.Tools {
+			row("", t.Name, t.Subject)
+		}
+	}
+	if len(d.Uses) > 0 {
+		row("")
+		row("uses", "", "(send work and call tools; never subscribe)")
+		for _, u := range d.Uses {
+			row("", u.Seat, "publish "+strings.Join(u.Publish, ", "))
+			row("", "", "request "+strings.Join(u.Request, ", "))
+		}
+	}
+
+	for _, s := range d.Seats {
+		row("")
+		retain := ""
+		if s.Retain != "" {
+			retain = ", retain " + s.Retain
+		}
+		row("seat", s.Name, "(scope "+string(s.Scope)+retain+")")
+		row("", "fingerprint", s.Fingerprint)
+		for _, a := range s.Accepts {
+			row("", "accepts "+a.Name, a.Subject)
+		}
+		for _, e := range s.Emits {
+			row("", "emits "+e.Name, e.Subject)
+		}
+		for _, v := range s.Serves {
+			row("", "serves "+v.Name, v.Subject+"  (queue group "+v.Queue+")")
+		}
+		if s.Stream != nil {
+			row("", "stream", moduleStreamLine(*s.Stream))
+		}
+		if s.Consumer != nil {
+			row("", "consumer", s.Consumer.Name+" on "+s.Consumer.Stream)
+		}
+	}
+
+	var consumers []manifest.Consumer
+	if d.EventsConsumer != nil {
+		consumers = append(consumers, *d.EventsConsumer)
+	}
+	for _, s := range d.Seats {
+		if s.Consumer != nil {
+			consumers = append(consumers, *s.Consumer)
+		}
+	}
+	if len(consumers) > 0 {
+		row("")
+		row("consumers")
+	}
+	for _, c := range consumers {
+		row("", c.Stream+"/"+c.Name, "filter "+strings.Join(c.FilterSubjects, ", "))
+		row("", "", fmt.Sprintf("deliver %s, ack %s, max ack pending %d, max deliver %d, back-off %s",
+			c.DeliverPolicy, c.AckPolicy, c.MaxAckPending, c.MaxDeliver, moduleDurations(c.BackOff)))
+		row("", "", "dead letters to "+c.DeadSubject)
+	}
+
+	row("")
+	row("permissions", "", "(every instance)")
+	printModulePermissions(row, d.Permissions)
+	for _, s := range d.Seats {
+		row("")
+		row("holder", "of seat "+s.Name, "(only while an instance holds the seat's lease)")
+		printModulePermissions(row, s.Holder)
+	}
+}
+
+func printModulePermissions(row func(...string), p manifest.Permissions) {
+	if len(p.Publish) == 0 {
+		row("", "publish", "nothing")
+	}
+	for i, s := range p.Publish {
+		row("", moduleLabel(i, "publish"), s)
+	}
+	if len(p.Subscribe) == 0 {
+		row("", "subscribe", "nothing")
+	}
+	for i, s := range p.Subscribe {
+		v := s.Subject
+		if s.Queue != "" {
+			v += "  (queue group " + s.Queue + " only)"
+		}
+		row("", moduleLabel(i, "subscribe"), v)
+	}
+	if p.AllowResponses {
+		row("", "responses", "allowed: may reply to requests it receives")
+	} else {
+		row("", "responses", "not allowed")
+	}
+}
+
+func moduleLabel(i int, s string) string {
+	if i == 0 {
+		return s
+	}
+	return ""
+}
+
+func moduleStreamLine(s manifest.Stream) string {
+	parts := []string{s.Name + ": " + strings.Join(s.Subjects, ", "), string(s.Retention)}
+	if s.MaxAge > 0 {
+		parts = append(parts, "max age "+s.MaxAge.String())
+	}
+	return strings.Join(parts, ", ")
+}
+
+func moduleDurations(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = d.String()
+	}
+	return strings.Join(s, " ")
+}
+
+func moduleOrNone(s string) string {
+	if s == "" {
+		return "nothing"
+	}
+	return s
+}
+
+// moduleRefusals returns err's refusals; any other error becomes one refusal saying so.
+func moduleRefusals(err error) manifest.Refusals {
+	if err == nil {
+		return nil
+	}
+	var rs manifest.Refusals
+	if errors.As(err, &rs) {
+		return rs
+	}
+	return manifest.Refusals{{Reason: err.Error()}}
+}
+
+// printModuleRefusals writes one refusal per line: FILE:LINE: field "value": reason; instead.
+func printModuleRefusals(w io.Writer, path string, rs manifest.Refusals) {
+	for _, r := range rs {
+		if r.Line > 0 {
+			fmt.Fprintf(w, "%s:%d: %s\n", path, r.Line, r.Error())
+		} else {
+			fmt.Fprintf(w, "%s: %s\n", path, r.Error())
+		}
+	}
+}
+
+// moduleReadCause drops the operation and path from a read error, printed after the path.
+func moduleReadCause(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func moduleFirstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
+
+func modulePlural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
