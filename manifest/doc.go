@@ -9,12 +9,14 @@
 //
 // The flow is Parse (strict YAML) → Validate (every per-manifest refusal) → CheckCatalogue
 // (refusals against the other registered manifests and the module's previous version) →
-// Derive. Every refusal is a Refusal naming the field, the value, why, and what to write
-// instead; they come back all at once as Refusals, so a user fixes a manifest in one pass.
+// Derive; Check runs the first three in one pass, and keeps going past unknown keys. Every
+// refusal is a Refusal naming the field, the value, why, and what to write instead, with a
+// line when parsed; they come back all at once as Refusals, so a user fixes a manifest in
+// one pass. Derive validates again: a Derivation exists only for a valid manifest.
 //
 // # Derivation
 //
-// For module M (see the Subject functions for the grammar):
+// For module M (subjects.go spells the grammar):
 //
 //   - emits: e        → publish mesh.mod.M.event.e
 //   - consumes: p     → one durable consumer M on EVENTS, filtered on the derived patterns;
@@ -67,6 +69,9 @@
 //     it is used is a breaking change like removing an accept or serve.
 //   - The fingerprint covers the scope as well as accepts, serves and emits, because scope
 //     decides the accept subjects; retain is not part of the protocol.
+//   - A node-scoped seat's serves stay mesh.seat.S.tool.<verb> (DESIGN §2 has no per-node
+//     tool subject): every node's holder answers in queue group S, so a call reaches one
+//     holder, not a chosen node's.
 //   - A seat's events cannot yet be named in consumes (a module and a seat may share a name,
 //     so <name>.<event> would be ambiguous); ** alone includes them.
 package manifest
