@@ -627,3 +627,72 @@ func permString(p *server.Permissions) string {
 	}
 	return "publish " + strings.Join(p.Publish.Allow, " ") + " | subscribe " + strings.Join(p.Subscribe.Allow, ", ")
 }
+
+// TestBed_ReRegisterAndRemove: re-registration updates the module's consumer filters in place;
+// removal deletes its consumer, refuses its key, and keeps a seat's queued work.
+func TestBed_ReRegisterAndRemove(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	seed, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\nseats:\n  work: {scope: mesh, retain: 1h, accepts: [do]}\n")
+	b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x, a.y]\nseats:\n  work: {scope: mesh, retain: 1h, accepts: [do]}\n")
+	cons, err := b.js.Consumer(ctx, manifest.EventsStreamName, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cons.CachedInfo().Config.FilterSubjects; !slices.Equal(got, []string{"mesh.mod.a.event.x", "mesh.mod.a.event.y"}) {
+		t.Fatalf("filters after re-registration: %v", got)
+	}
+	// A job waits in the seat's queue.
+	if _, err := b.js.Publish(ctx, "mesh.seat.work.accept.do", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+
+	reply, err := registry.Remove(ctx, b.op, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reply.Kept) != 1 || !strings.Contains(reply.Kept[0], "SEAT_work keeps 1") {
+		t.Fatalf("kept=%v, want SEAT_work kept for its job", reply.Kept)
+	}
+	if _, err := b.js.Consumer(ctx, manifest.EventsStreamName, "b"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("b's consumer after removal: %v", err)
+	}
+	if _, err := b.js.Stream(ctx, "SEAT_work"); err != nil {
+		t.Fatalf("SEAT_work with a queued job was deleted: %v", err)
+	}
+	if _, err := sdk.Connect(ctx, b.n.ClientURL(), seed); !errors.Is(err, sdk.ErrUnknownKey) {
+		t.Fatalf("removed module connected: %v", err)
+	}
+	if _, err := registry.Remove(ctx, b.op, "b"); !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
+		t.Fatalf("removing twice: %v", err)
+	}
+	// The seat's work is still there for the next module that declares it.
+	b.register("module: b2\nrequires: [mesh-bus]\nseats:\n  work: {scope: mesh, retain: 1h, accepts: [do]}\n")
+	s, _ := b.js.Stream(ctx, "SEAT_work")
+	if n := s.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("SEAT_work holds %d jobs after a new declarer registered, want 1", n)
+	}
+}
+
+// TestBed_RefusedRegistration: a refused manifest changes nothing and the reply lists every
+// reason.
+func TestBed_RefusedRegistration(t *testing.T) {
+	b := newBed(t)
+	b.register("module: mailer\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := registry.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nemits: [mesh.mod.x.event.y]\nseats:\n  mesh-x: {scope: mesh, retain: 1h, accepts: [send]}\n"))
+	var rs manifest.Refusals
+	if !errors.Is(err, registry.ErrRefused) || !errors.As(err, &rs) || len(rs) < 2 {
+		t.Fatalf("err=%v, want ErrRefused with at least two refusals", err)
+	}
+	_, err = registry.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n"))
+	if !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "mailer") {
+		t.Errorf("a second declarer of seat mailer: %v, want a refusal naming mailer", err)
+	}
+	mods, err := registry.List(ctx, b.op)
+	if err != nil || len(mods) != 1 {
+		t.Fatalf("after a refusal the registry holds %d modules (%v)", len(mods), err)
+	}
+}

@@ -77,6 +77,9 @@ func newRootCmd() *cobra.Command {
 		newUpCmd(),
 		newRunCmd(),
 		newStatusCmd(),
+		newEmitCmd(),
+		newListenCmd(),
+		newCallCmd(),
 		newVersionCmd(),
 	)
 	return root

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+)
+
+func newCallCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "call TARGET TOOL [JSON]",
+		Short: "Call a tool of a module or seat and print the reply",
+		Args:  cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, tool := args[0], args[1]
+			var body []byte
+			if len(args) == 3 {
+				if !json.Valid([]byte(args[2])) {
+					return usagef("the payload %q is not JSON; quote it for the shell, e.g. '{\"id\":1}'", args[2])
+				}
+				body = []byte(args[2])
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			defer cancel()
+			var reply []byte
+			var err error
+			if cmd.Flags().Changed("creds") {
+				reply, err = callAsModule(ctx, cmd, target, tool, body)
+			} else {
+				reply, err = callAsOperator(ctx, cmd, target, tool, body)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", reply)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	return cmd
+}
+
+func callAsModule(ctx context.Context, cmd *cobra.Command, target, tool string, body []byte) ([]byte, error) {
+	url, creds, err := clientTarget(cmd)
+	if err != nil {
+		return nil, err
+	}
+	c, err := sdk.Connect(ctx, url, creds)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.Call(ctx, target, tool, body)
+}
+
+// callAsOperator calls a module's tool if a module of that name is registered, else the
+// seat's.
+func callAsOperator(ctx context.Context, cmd *cobra.Command, target, tool string, body []byte) ([]byte, error) {
+	nc, err := dial(cmd)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	mods, err := registry.List(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	subject := manifest.SeatToolSubject(target, tool)
+	if i := slices.IndexFunc(mods, func(m registry.ModuleInfo) bool { return m.Module == target }); i >= 0 {
+		if !slices.Contains(mods[i].Tools, tool) {
+			return nil, fmt.Errorf("module %s declares no tool %q (it declares %v)", target, tool, mods[i].Tools)
+		}
+		subject = manifest.ToolSubject(target, tool)
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("nobody serves %s: is %s running (or the seat held)?", subject, target)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("call %s: %w", subject, err)
+	}
+	if e := msg.Header.Get("Nats-Service-Error"); e != "" {
+		return nil, fmt.Errorf("%s.%s failed: %s (code %s)", target, tool, e, msg.Header.Get("Nats-Service-Error-Code"))
+	}
+	return msg.Data, nil
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/meshnode/meshnode/node"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+)
+
+// addClientFlags adds the flags of verbs that talk to a running node over its bus.
+func addClientFlags(cmd *cobra.Command) {
+	addConfigFlags(cmd)
+	cmd.Flags().String("server", "", "NATS URL of the node (default: the node running on --data-dir, from its node.json)")
+	cmd.Flags().String("creds", "", "nkey seed file to connect with (default: the operator's, <data-dir>/operator.nk)")
+}
+
+// clientTarget resolves where a client verb connects and with which seed.
+func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
+	url, _ = cmd.Flags().GetString("server")
+	creds, _ = cmd.Flags().GetString("creds")
+	if url != "" && creds != "" {
+		return url, creds, nil
+	}
+	dataDir, err := clientDataDir(cmd)
+	if err != nil {
+		return "", "", err
+	}
+	if url == "" {
+		info, err := node.ReadInfo(dataDir)
+		if err != nil {
+			return "", "", fmt.Errorf("%w; or pass --server URL", err)
+		}
+		url = info.ClientURL
+	}
+	if creds == "" {
+		creds = filepath.Join(dataDir, node.OperatorSeedFile)
+		if _, err := os.Stat(creds); errors.Is(err, fs.ErrNotExist) {
+			return "", "", fmt.Errorf("no operator seed at %s; pass --creds FILE (or --data-dir of the node)", creds)
+		}
+	}
+	return url, creds, nil
+}
+
+// dial connects to the node as the identity in the seed file.
+func dial(cmd *cobra.Command, opts ...nats.Option) (*nats.Conn, error) {
+	url, creds, err := clientTarget(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return dialWith(url, creds, opts...)
+}
+
+func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {
+	nkey, err := nats.NkeyOptionFromSeed(creds)
+	if err != nil {
+		return nil, fmt.Errorf("read seed %s: %w", creds, err)
+	}
+	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // errors are read and reported
+	nc, err := nats.Connect(url, append([]nats.Option{nkey, quiet, nats.Name("meshnode-cli")}, opts...)...)
+	if err != nil {
+		if strings.Contains(strings.ToLower(err.Error()), "authorization") {
+			return nil, fmt.Errorf("the bus at %s refused the key in %s: it is neither the operator's nor a registered module's", url, creds)
+		}
+		return nil, fmt.Errorf("connect to %s: %w; is the node running (`meshnode status`)?", url, err)
+	}
+	return nc, nil
+}

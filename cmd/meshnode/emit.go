@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/spf13/cobra"
+)
+
+func newEmitCmd() *cobra.Command {
+	var causation, schema string
+	cmd := &cobra.Command{
+		Use:   "emit EVENT JSON --creds SEEDFILE",
+		Short: "Emit one event as the module whose seed is --creds (EVENT is local: order.placed)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("creds") {
+				return usagef("emit speaks for a module: pass --creds with the seed written by `meshnode module register`")
+			}
+			if !json.Valid([]byte(args[1])) {
+				return usagef("the payload %q is not JSON; quote it for the shell, e.g. '{\"id\":1}'", args[1])
+			}
+			url, creds, err := clientTarget(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			defer cancel()
+			c, err := sdk.Connect(ctx, url, creds)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var opts []sdk.EmitOption
+			if causation != "" {
+				opts = append(opts, sdk.CausedBy(causation))
+			}
+			if schema != "" {
+				opts = append(opts, sdk.WithSchema(schema))
+			}
+			id, err := c.Emit(ctx, args[0], json.RawMessage(args[1]), opts...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	cmd.Flags().StringVar(&causation, "causation", "", "x-causation-id: the event that caused this one")
+	cmd.Flags().StringVar(&schema, "schema", "", "x-schema: the payload's schema")
+	return cmd
+}
