@@ -50,7 +50,7 @@ func newModuleRegisterCmd() *cobra.Command {
 					for _, r := range rs {
 						fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", args[0], r.Error())
 					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "meshnode: %s refused (%d %s); nothing was registered\n", args[0], len(rs), modulePlural(len(rs), "reason", "reasons"))
+					fmt.Fprintf(cmd.ErrOrStderr(), "meshnode: %s refused, see above (%d); nothing was registered\n", args[0], len(rs))
 					return errReported
 				}
 				return err
