@@ -77,6 +77,7 @@ func newRootCmd() *cobra.Command {
 		newUpCmd(),
 		newRunCmd(),
 		newStatusCmd(),
+		newModuleCmd(),
 		newEmitCmd(),
 		newListenCmd(),
 		newCallCmd(),

@@ -18,30 +18,32 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 )
 
-// newModuleCmd returns `meshnode module`: the offline verbs on module manifests. check and
-// show read files only; they need no running node.
+// newModuleCmd returns `meshnode module`: check and show read manifest files only and need no
+// running node; register, ls and remove talk to the node as the operator.
 func newModuleCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "module",
-		Short: "Check and inspect module manifests",
-		Long: `Check and inspect module manifests.
+		Short: "Check, inspect and register module manifests",
+		Long: `Check, inspect and register module manifests.
 
 A manifest names things locally (events, tools, seats); the mesh derives every subject,
 stream, consumer and permission from it. check refuses what the mesh would refuse; show
-prints what the bus will make of a manifest before it is registered.`,
+prints what the bus will make of a manifest before it is registered; register, ls and
+remove change and read the running mesh's registry.`,
 		Args:          cobra.ArbitraryArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown module verb %q; use module check or module show", args[0])
+				return usagef("unknown module verb %q; use module check, show, register, ls or remove", args[0])
 			}
 			return cmd.Help()
 		},
 	}
 	// Set here as well as on the root, so the command maps flag errors to exit 2 on its own.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	cmd.AddCommand(newModuleCheckCmd(), newModuleShowCmd())
+	cmd.AddCommand(newModuleCheckCmd(), newModuleShowCmd(),
+		newModuleRegisterCmd(), newModuleLsCmd(), newModuleRemoveCmd())
 	return cmd
 }
 

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/sdk"
+)
+
+// TestBinary_ModuleFlow drives the CLI as an operator would: register two modules, list
+// them, listen while one emits, call a tool another serves, and remove one.
+func TestBinary_ModuleFlow(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	work := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(work, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	shop := write("shop.yaml", "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	billing := write("billing.yaml", "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\ntools: [status]\n")
+	bad := write("bad.yaml", "module: bad\nemits: [mesh.mod.x.event.y]\nconsumes: [\"module.x.#\"]\n")
+	dd := []string{"--data-dir", dir}
+
+	shopSeed := filepath.Join(work, "shop.nk")
+	r := meshnode(t, nil, append([]string{"module", "register", shop, "--creds-out", shopSeed}, dd...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "registered shop") {
+		t.Fatalf("register shop: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if st, err := os.Stat(shopSeed); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("seed file: %v %v", st, err)
+	}
+	seed, _ := os.ReadFile(shopSeed)
+	if !strings.HasPrefix(string(seed), "SU") {
+		t.Fatalf("seed file holds %q, want the nkey seed alone", seed)
+	}
+	// The seed is written once: a second registration to the same file is refused.
+	if r := meshnode(t, nil, append([]string{"module", "register", shop, "--creds-out", shopSeed}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "already exists") {
+		t.Fatalf("register over an existing seed file: exit %d %s", r.code, r.stderr)
+	}
+	billingSeed := filepath.Join(work, "billing.nk")
+	if r := meshnode(t, nil, append([]string{"module", "register", billing, "--creds-out", billingSeed}, dd...)...); r.code != 0 {
+		t.Fatalf("register billing: exit %d %s", r.code, r.stderr)
+	}
+	// Every refusal is printed, and nothing is registered.
+	r = meshnode(t, nil, append([]string{"module", "register", bad, "--creds-out", filepath.Join(work, "bad.nk")}, dd...)...)
+	if r.code != 1 || strings.Count(r.stderr, "bad.yaml:") < 3 || !strings.Contains(r.stderr, "nothing was registered") {
+		t.Fatalf("register bad: exit %d\n%s", r.code, r.stderr)
+	}
+
+	r = meshnode(t, nil, append([]string{"module", "ls"}, dd...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "billing") || !strings.Contains(r.stdout, "shop") || strings.Contains(r.stdout, "bad") {
+		t.Fatalf("module ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// listen prints the event emit sends.
+	listen := exec.Command(binary, append([]string{"listen", "shop.**", "--json", "--count", "1"}, dd...)...)
+	listen.Env = cleanEnv()
+	out, err := listen.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen.Stderr = os.Stderr
+	if err := listen.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var id string
+	retryUntil(t, 10*time.Second, func() error {
+		// Until listen has subscribed, an emitted event is not printed: emit again.
+		r := meshnode(t, nil, append([]string{"emit", "order.placed", `{"order":1}`, "--creds", shopSeed}, dd...)...)
+		if r.code != 0 {
+			t.Fatalf("emit: exit %d %s", r.code, r.stderr)
+		}
+		id = strings.TrimSpace(r.stdout)
+		select {
+		case line := <-lines:
+			var ev struct {
+				Subject string            `json:"subject"`
+				Key     string            `json:"key"`
+				Headers map[string]string `json:"headers"`
+				Body    json.RawMessage   `json:"body"`
+			}
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("listen printed %q: %v", line, err)
+			}
+			if ev.Key != "shop.order.placed" || ev.Headers["x-source"] != "shop" || string(ev.Body) != `{"order":1}` {
+				t.Fatalf("listen printed %+v", ev)
+			}
+			return nil
+		case <-time.After(300 * time.Millisecond):
+			return os.ErrDeadlineExceeded
+		}
+	})
+	if err := listen.Wait(); err != nil {
+		t.Fatalf("listen --count 1: %v", err)
+	}
+	if len(id) != 36 {
+		t.Fatalf("emit printed %q, want the event id", id)
+	}
+	// emit refuses an undeclared event, saying what to declare, and a payload that is not JSON.
+	if r := meshnode(t, nil, append([]string{"emit", "order.cancelled", `{}`, "--creds", shopSeed}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "emits:") {
+		t.Fatalf("emit undeclared: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"emit", "order.placed", `{oops`, "--creds", shopSeed}, dd...)...); r.code != 2 {
+		t.Fatalf("emit bad JSON: exit %d %s", r.code, r.stderr)
+	}
+
+	// call: nobody serves yet, then billing serves its status tool.
+	if r := meshnode(t, nil, append([]string{"call", "billing", "status"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "nobody serves") {
+		t.Fatalf("call with no server: exit %d %s", r.code, r.stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sdk.Connect(ctx, p.clientURL, billingSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Serve("status", func(context.Context, sdk.Request) ([]byte, error) { return []byte(`{"ok":true}`), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if r := meshnode(t, nil, append([]string{"call", "billing", "status", "{}"}, dd...)...); r.code != 0 || strings.TrimSpace(r.stdout) != `{"ok":true}` {
+		t.Fatalf("call: exit %d %q %s", r.code, r.stdout, r.stderr)
+	}
+
+	if r := meshnode(t, nil, append([]string{"module", "remove", "shop"}, dd...)...); r.code != 0 {
+		t.Fatalf("remove: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"emit", "order.placed", `{}`, "--creds", shopSeed}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "not registered") {
+		t.Fatalf("emit after remove: exit %d %s", r.code, r.stderr)
+	}
+	p.stop(t, syscall.SIGTERM)
+}
