@@ -19,9 +19,11 @@ type Identity struct {
 }
 
 // Directory answers who a public key is. The bus asks it under nats-server's locks, for every
-// connection: it must answer from memory and never make a NATS call.
+// connection: it must answer from memory and never make a NATS call. name is the connection's
+// name as the client set it: instances of one module share a key, and a seat's holder is one
+// instance, so the name is part of what decides the permissions.
 type Directory interface {
-	Identity(publicKey string) (Identity, bool)
+	Identity(publicKey, name string) (Identity, bool)
 }
 
 // authenticator is the bus's CustomClientAuthentication: a client proves it holds an nkey
@@ -31,13 +33,13 @@ type authenticator struct {
 	dir Directory
 
 	mu      sync.Mutex
-	clients map[string]map[uint64]struct{} // public key → client ids
+	clients map[string]map[uint64]string // public key → client id → connection name
 }
 
 var _ server.Authentication = (*authenticator)(nil)
 
 func newAuthenticator(dir Directory) *authenticator {
-	return &authenticator{dir: dir, clients: make(map[string]map[uint64]struct{})}
+	return &authenticator{dir: dir, clients: make(map[string]map[uint64]string)}
 }
 
 // Check is called by nats-server for each new client connection.
@@ -63,7 +65,7 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	if len(nonce) == 0 || kp.Verify(nonce, sig) != nil {
 		return false
 	}
-	id, ok := a.dir.Identity(opts.Nkey)
+	id, ok := a.dir.Identity(opts.Nkey, opts.Name)
 	if !ok {
 		return false
 	}
@@ -72,23 +74,29 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	a.mu.Lock()
 	set := a.clients[opts.Nkey]
 	if set == nil {
-		set = make(map[uint64]struct{})
+		set = make(map[uint64]string)
 		a.clients[opts.Nkey] = set
 	}
-	set[c.GetID()] = struct{}{}
+	set[c.GetID()] = opts.Name
 	a.mu.Unlock()
 	return true
 }
 
-// take returns and forgets the client ids seen for a key.
-func (a *authenticator) take(publicKey string) []uint64 {
+// take returns and forgets the client ids seen for a key; with a name, only the connections
+// of that name.
+func (a *authenticator) take(publicKey string, name *string) []uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	set := a.clients[publicKey]
-	delete(a.clients, publicKey)
-	ids := make([]uint64, 0, len(set))
-	for id := range set {
-		ids = append(ids, id)
+	var ids []uint64
+	for id, n := range set {
+		if name == nil || *name == n {
+			ids = append(ids, id)
+			delete(set, id)
+		}
+	}
+	if len(set) == 0 {
+		delete(a.clients, publicKey)
 	}
 	return ids
 }

@@ -180,8 +180,8 @@ func (b *Bus) Ready(ctx context.Context) error {
 // Grant returns the permissions a connection of publicKey is given when it connects now,
 // exactly as handed to nats-server (nil permissions: everything); ok is false when the key
 // may not connect.
-func (b *Bus) Grant(publicKey string) (p *server.Permissions, ok bool) {
-	id, ok := b.auth.dir.Identity(publicKey)
+func (b *Bus) Grant(publicKey, name string) (p *server.Permissions, ok bool) {
+	id, ok := b.auth.dir.Identity(publicKey, name)
 	if !ok {
 		return nil, false
 	}
@@ -191,14 +191,37 @@ func (b *Bus) Grant(publicKey string) (p *server.Permissions, ok bool) {
 // Kick disconnects every connection of a key, so it reconnects and is checked again against
 // the Directory: how a change of authority takes effect without ReloadOptions (which would
 // disconnect every nkey client).
-func (b *Bus) Kick(publicKey string) int {
+func (b *Bus) Kick(publicKey string) int { return b.kick(b.auth.take(publicKey, nil)) }
+
+// KickInstance disconnects the connections of a key that carry the given name: one instance
+// of a module, whose seat authority changed.
+func (b *Bus) KickInstance(publicKey, name string) int {
+	return b.kick(b.auth.take(publicKey, &name))
+}
+
+func (b *Bus) kick(ids []uint64) int {
 	n := 0
-	for _, id := range b.auth.take(publicKey) {
+	for _, id := range ids {
 		if b.srv.DisconnectClientByID(id) == nil {
 			n++
 		}
 	}
 	return n
+}
+
+// Connected reports whether a client connection authenticated as user (the Identity's Name)
+// with the given connection name is open on this server.
+func (b *Bus) Connected(user, name string) bool {
+	cz, err := b.srv.Connz(&server.ConnzOptions{User: user, Username: true, Limit: 4096})
+	if err != nil {
+		return false
+	}
+	for _, ci := range cz.Conns {
+		if ci.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Stats is a snapshot of the bus for metrics and status.

@@ -45,6 +45,10 @@ func SeatToolSubject(seat, verb string) string { return "mesh.seat." + seat + ".
 // mesh.node.<node>.event.<event>.
 func NodeEventSubject(node, event string) string { return "mesh.node." + node + ".event." + event }
 
+// NodeToolSubject is a node's own tool: mesh.node.<node>.tool.<tool>, core request/reply
+// answered by that node (such as a module asking its node to hold its seats).
+func NodeToolSubject(node, tool string) string { return "mesh.node." + node + ".tool." + tool }
+
 // StateSubject is where node's declaration lives, last value per subject:
 // mesh.state.node.<node>.
 func StateSubject(node string) string { return "mesh.state.node." + node }

@@ -160,7 +160,7 @@ func TestBed_PermissionsAreTheDerivation(t *testing.T) {
 			mf, _ := manifest.Parse([]byte(cat[module]))
 			d, _ := mf.Derive()
 			want := node.ModulePermissions(d, r.pub)
-			got, ok := b.n.Bus().Grant(r.pub)
+			got, ok := b.n.Bus().Grant(r.pub, "")
 			if !d.Bus {
 				if ok {
 					t.Fatalf("%s does not require mesh-bus, yet the bus accepts its key", module)
@@ -423,8 +423,12 @@ func TestBed_EmitReachesEveryConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info, _ := events.Info(ctx); info.State.Msgs != 2 {
-		t.Fatalf("EVENTS holds %d messages, want 2 (the duplicate stored once)", info.State.Msgs)
+	info, err := events.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects[subject]; n != 2 {
+		t.Fatalf("EVENTS holds %d messages on %s, want 2 (the duplicate stored once)", n, subject)
 	}
 	for name, col := range map[string]*collector{"b": &gotB, "c": &gotC} {
 		evs := col.all()

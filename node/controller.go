@@ -27,17 +27,28 @@ type controller struct {
 	topo *topology
 	node string
 
-	mu   sync.Mutex
-	subs []*nats.Subscription
+	// seats lists every seat for the seats tool.
+	seats func(context.Context) []registry.SeatStatus
+
+	mu     sync.Mutex // serialises registrations
+	subsMu sync.Mutex
+	subs   []*nats.Subscription
 }
 
-// start subscribes to the controller's tools (queue group mesh-controller).
+// start subscribes to the controller's tools (queue group mesh-controller): the node does
+// this while it holds the mesh-controller seat.
 func (c *controller) start() error {
+	c.subsMu.Lock()
+	defer c.subsMu.Unlock()
+	if len(c.subs) > 0 {
+		return nil
+	}
 	for subject, h := range map[string]func(context.Context, []byte) any{
 		registry.RegisterSubject: c.handleRegister,
 		registry.RemoveSubject:   c.handleRemove,
 		registry.ListSubject:     c.handleList,
 		registry.WhoamiSubject:   c.handleWhoami,
+		registry.SeatsSubject:    c.handleSeats,
 	} {
 		sub, err := c.nc.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
@@ -48,7 +59,7 @@ func (c *controller) start() error {
 			}
 		})
 		if err != nil {
-			c.stop()
+			c.unsubscribe()
 			return fmt.Errorf("subscribe %s: %w", subject, err)
 		}
 		c.subs = append(c.subs, sub)
@@ -56,11 +67,22 @@ func (c *controller) start() error {
 	return c.nc.Flush()
 }
 
+// stop unsubscribes: the node no longer holds the mesh-controller seat, or is stopping.
 func (c *controller) stop() {
+	c.subsMu.Lock()
+	defer c.subsMu.Unlock()
+	c.unsubscribe()
+}
+
+func (c *controller) unsubscribe() {
 	for _, s := range c.subs {
 		s.Unsubscribe()
 	}
 	c.subs = nil
+}
+
+func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
+	return registry.SeatsReply{Seats: c.seats(ctx)}
 }
 
 // reconcileAll brings the topology of every registered module up to date (at start).

@@ -1,11 +1,14 @@
 package node
 
 import (
+	"sync/atomic"
+
 	"reflect"
 
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 )
 
 // directory tells the bus who a key is: the node itself and the operator administer; a
@@ -13,11 +16,12 @@ import (
 type directory struct {
 	static map[string]embedbus.Identity
 	reg    *registry.Registry
+	leases atomic.Pointer[seats.Store] // nil until the seats are open: nobody holds anything yet
 }
 
 var _ embedbus.Directory = (*directory)(nil)
 
-func (d *directory) Identity(publicKey string) (embedbus.Identity, bool) {
+func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 	if id, ok := d.static[publicKey]; ok {
 		return id, true
 	}
@@ -26,14 +30,37 @@ func (d *directory) Identity(publicKey string) (embedbus.Identity, bool) {
 		return embedbus.Identity{}, false // a module that does not require the bus has no account
 	}
 	p := ModulePermissions(e.Derivation, publicKey)
-	return embedbus.Identity{Name: "module:" + e.Module, Permissions: &p}, true
+	if leases := d.leases.Load(); leases != nil {
+		for _, l := range leases.HeldBy(e.Module, name) {
+			if hp, err := e.Derivation.HolderPermissions(l.Seat, l.Node); err == nil {
+				p = p.Merge(hp)
+			}
+		}
+	}
+	return embedbus.Identity{Name: moduleUser(e.Module), Permissions: &p}, true
 }
 
-// ModulePermissions is the whole permission set the bus grants a module's connection: what
-// its manifest derives, plus the bootstrap that lets a client holding only its seed learn
-// which module it is (registry.BootstrapPermissions).
+// moduleUser is how a module's connections are named in the server (its "user").
+func moduleUser(module string) string { return "module:" + module }
+
+// ModulePermissions is the whole permission set the bus grants every connection of a module:
+// what its manifest derives, plus the bootstrap that lets a client holding only its seed
+// learn which module it is (registry.BootstrapPermissions), plus — for a module that declares
+// seats — asking its node to hold them (SeatToolSubject). The instance holding a seat's lease
+// gets the seat's holder permissions on top.
 func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permissions {
-	return d.Permissions.Merge(registry.BootstrapPermissions(publicKey))
+	p := d.Permissions.Merge(registry.BootstrapPermissions(publicKey))
+	if len(d.Seats) > 0 {
+		p = p.Merge(manifest.Permissions{Publish: []string{SeatToolSubject("*", d.Module)}})
+	}
+	return p
+}
+
+// SeatToolSubject is where a module's instance asks node to make it a candidate for, or
+// release, its seats: mesh.node.<node>.tool.seat.<module>. The module's name in the subject
+// is the proof of who asks: only that module may publish there.
+func SeatToolSubject(node, module string) string {
+	return manifest.NodeToolSubject(node, "seat."+module)
 }
 
 // authorityChanged reports whether a registration change alters what a module's

@@ -14,7 +14,9 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +49,9 @@ type Node struct {
 	key     nkeys.KeyPair
 	bus     *embedbus.Bus
 	reg     *registry.Registry
+	dir     *directory
 	ctrl    *controller
+	seats   *seatService
 	httpLn  net.Listener
 	httpSrv *http.Server
 	metrics *prometheus.Registry
@@ -95,19 +99,20 @@ func (n *Node) Open() (err error) {
 			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
 		}
 	})
+	n.dir = &directory{
+		static: map[string]embedbus.Identity{
+			n.id.PublicKey:   {Name: "node:" + n.id.Name},
+			n.id.OperatorKey: {Name: "operator"},
+		},
+		reg: n.reg,
+	}
 	n.bus, err = embedbus.Open(embedbus.Config{
 		Name:       n.cfg.Name,
 		StoreDir:   filepath.Join(n.cfg.DataDir, jsDir),
 		ClientAddr: n.cfg.ClientAddr,
 		Logger:     n.log.With("component", "nats"),
 		Key:        n.key,
-		Directory: &directory{
-			static: map[string]embedbus.Identity{
-				n.id.PublicKey:   {Name: "node:" + n.id.Name},
-				n.id.OperatorKey: {Name: "operator"},
-			},
-			reg: n.reg,
-		},
+		Directory:  n.dir,
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)
@@ -136,7 +141,7 @@ func (n *Node) Open() (err error) {
 	if err := n.ctrl.reconcileAll(ctx); err != nil {
 		return fmt.Errorf("reconcile topology: %w", err)
 	}
-	if err := n.ctrl.start(); err != nil {
+	if err := n.openSeats(ctx); err != nil {
 		return err
 	}
 
@@ -177,6 +182,16 @@ func (n *Node) Run(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.reg.Run(ctx) }, func(error) { cancel() })
 	}
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.seats.store.Watch(ctx) }, func(error) { cancel() })
+	}
+	{
+		// The lease runner releases every lease it holds when it stops, so a graceful stop
+		// hands this node's seats on at once.
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.seats.run.Run(ctx) }, func(error) { cancel() })
+	}
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -211,6 +226,11 @@ func (n *Node) Close() error {
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
 	}
+	if n.seats != nil {
+		n.seats.stop()
+		keep(n.seats.store.Close())
+		n.seats = nil
+	}
 	if n.ctrl != nil {
 		n.ctrl.stop()
 		n.ctrl = nil
@@ -229,6 +249,29 @@ func (n *Node) Close() error {
 		n.db = nil
 	}
 	return first
+}
+
+// openSeats opens the lease store, starts the node's seat tool, and takes the mesh's own
+// seats this node is a candidate for before the node reports ready.
+func (n *Node) openSeats(ctx context.Context) error {
+	store, err := seats.OpenStore(ctx, n.bus.JetStream(), replicas, seats.DefaultTTL)
+	if err != nil {
+		return err
+	}
+	n.dir.leases.Store(store)
+	s := &seatService{
+		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
+		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl,
+	}
+	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
+	n.seats = s
+	n.ctrl.seats = s.status
+	if err := s.start(); err != nil {
+		return err
+	}
+	s.run.Add(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	s.run.Acquire(ctx)
+	return nil
 }
 
 // Identity returns the node's identity.

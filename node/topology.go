@@ -149,3 +149,17 @@ func hasSeatStream(d *manifest.Derivation, seat string) bool {
 	}
 	return false
 }
+
+// recreateConsumer deletes and recreates a seat's consumer: on a work queue the stream keeps
+// every unacked job, so the new consumer delivers at once what a previous holder had taken
+// and not acked, instead of after the ack wait. A stale holder's late ack then names a
+// consumer that no longer exists, on a connection that lost the grant.
+func (t *topology) recreateConsumer(ctx context.Context, c manifest.Consumer) error {
+	if err := t.js.DeleteConsumer(ctx, c.Stream, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete consumer %s: %w", c.Name, err)
+	}
+	if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(c)); err != nil {
+		return fmt.Errorf("create consumer %s: %w", c.Name, err)
+	}
+	return nil
+}

@@ -127,3 +127,49 @@ type SeatInfo struct {
 	Serves  []string       `json:"serves,omitempty"`
 	Emits   []string       `json:"emits,omitempty"`
 }
+
+// SeatRequest is what a module's instance asks its node about one of its seats, on
+// mesh.node.<node>.tool.seat.<module>.
+type SeatRequest struct {
+	// Action is "candidate" (hold the seat when it is free; answers the current state) or
+	// "release" (stop holding it now, for a graceful handoff).
+	Action string `json:"action"`
+	Seat   string `json:"seat"`
+	// Instance is the asking connection's name: the holder is one instance.
+	Instance string `json:"instance"`
+}
+
+// SeatReply answers SeatRequest.
+type SeatReply struct {
+	Seat string `json:"seat"`
+	// Holder is true when the instance holds the seat's lease: its connection then has the
+	// holder's permissions, and it may pull Consumer on Stream.
+	Holder   bool   `json:"holder"`
+	Epoch    uint64 `json:"epoch,omitempty"`
+	Stream   string `json:"stream,omitempty"`
+	Consumer string `json:"consumer,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// SeatsSubject lists every seat, its holder and backlog (`meshnode seat ls`).
+var SeatsSubject = manifest.SeatToolSubject(ControllerSeat, "seats")
+
+// SeatStatus is one seat as SeatsSubject reports it.
+type SeatStatus struct {
+	Seat     string         `json:"seat"`
+	Scope    manifest.Scope `json:"scope"`
+	Module   string         `json:"module,omitempty"` // the declaring module; "" for the mesh's own
+	Node     string         `json:"node,omitempty"`   // node scope: one row per node
+	Holder   string         `json:"holder,omitempty"` // the holding instance; "" when unheld
+	HolderAt string         `json:"holder_node,omitempty"`
+	Epoch    uint64         `json:"epoch,omitempty"`
+	Since    *time.Time     `json:"since,omitempty"`
+	Backlog  uint64         `json:"backlog"`
+	Users    []string       `json:"users,omitempty"` // modules that use the seat
+}
+
+// SeatsReply answers a SeatsSubject request.
+type SeatsReply struct {
+	Seats []SeatStatus `json:"seats"`
+	Error string       `json:"error,omitempty"`
+}

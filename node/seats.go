@@ -1,0 +1,234 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// seatService answers a node's seat tool and turns lease changes into bus authority: the
+// holder's connection is kicked so it reconnects with (or without) the holder's permissions,
+// and the seat's consumer is recreated so work a dead holder had in hand is redelivered at
+// once rather than after the ack wait.
+type seatService struct {
+	log   *slog.Logger
+	node  string
+	key   nkeys.KeyPair
+	bus   *embedbus.Bus
+	reg   *registry.Registry
+	topo  *topology
+	store *seats.Store
+	run   *seats.Runner
+	ctrl  *controller
+
+	sub *nats.Subscription
+}
+
+// awaitMirror bounds the wait for the lease mirror to show a change before kicking.
+const awaitMirror = 5 * time.Second
+
+func (s *seatService) hooks() seats.Hooks {
+	return seats.Hooks{
+		Gained: func(l seats.Lease) {
+			if l.Module == "" {
+				s.nodeSeat(l, true)
+			} else {
+				s.moduleGained(l)
+			}
+			s.event("seat.held", l, "")
+		},
+		Released: func(l seats.Lease) {
+			s.lostAuthority(l)
+			s.event("seat.released", l, "")
+		},
+		Lost: func(l seats.Lease, err error) {
+			s.lostAuthority(l)
+			s.event("seat.lost", l, err.Error())
+		},
+	}
+}
+
+// nodeSeat starts or stops what the node does as holder of one of the mesh's own seats.
+func (s *seatService) nodeSeat(l seats.Lease, held bool) {
+	if l.Seat != registry.ControllerSeat {
+		return
+	}
+	if !held {
+		s.ctrl.stop()
+		return
+	}
+	if err := s.ctrl.start(); err != nil {
+		s.log.Error("start controller", "err", err)
+	}
+}
+
+func (s *seatService) moduleGained(l seats.Lease) {
+	e, ok := s.reg.Get(l.Module)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
+	defer cancel()
+	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
+		if err := s.topo.recreateConsumer(ctx, c); err != nil {
+			s.log.Warn("recreate seat consumer", "seat", l.Seat, "err", err)
+		}
+	}
+	key := seats.Key(l.Seat, l.Scope, l.Node)
+	if err := s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return ok && m.Instance == l.Instance }); err != nil {
+		s.log.Warn("lease mirror late; the holder reconnects on its next check", "seat", l.Seat, "err", err)
+	}
+	s.bus.KickInstance(e.PublicKey, l.Instance)
+}
+
+// lostAuthority takes a released or lost seat's authority from its holder.
+func (s *seatService) lostAuthority(l seats.Lease) {
+	if l.Module == "" {
+		s.nodeSeat(l, false)
+		return
+	}
+	e, ok := s.reg.Get(l.Module)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
+	defer cancel()
+	key := seats.Key(l.Seat, l.Scope, l.Node)
+	s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return !ok || m.Instance != l.Instance })
+	s.bus.KickInstance(e.PublicKey, l.Instance)
+}
+
+// event publishes one of the node's own seat events, signed by the node, with metadata only.
+func (s *seatService) event(name string, l seats.Lease, reason string) {
+	body, _ := json.Marshal(map[string]any{
+		"seat": l.Seat, "scope": l.Scope, "module": l.Module, "instance": l.Instance,
+		"node": l.Node, "epoch": l.Epoch, "reason": reason,
+	})
+	subject := manifest.NodeEventSubject(s.node, name)
+	h, err := envelope.Stamp(s.key, s.node, s.node, subject, body, envelope.Options{})
+	if err != nil {
+		return
+	}
+	// Fire and forget: a node event must not hold up the lease loop.
+	if err := s.bus.Conn().PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		s.log.Warn("publish seat event", "event", name, "err", err)
+	}
+}
+
+// start subscribes to this node's seat tool.
+func (s *seatService) start() error {
+	sub, err := s.bus.Conn().Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
+		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		b, _ := json.Marshal(s.handle(module, m.Data))
+		m.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe seat tool: %w", err)
+	}
+	s.sub = sub
+	return nil
+}
+
+func (s *seatService) stop() {
+	if s.sub != nil {
+		s.sub.Unsubscribe()
+	}
+}
+
+func (s *seatService) handle(module string, data []byte) registry.SeatReply {
+	var req registry.SeatRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return registry.SeatReply{Error: "seat: the request is not JSON"}
+	}
+	reply := registry.SeatReply{Seat: req.Seat}
+	e, ok := s.reg.Get(module)
+	if !ok {
+		reply.Error = fmt.Sprintf("module %s is not registered", module)
+		return reply
+	}
+	seat, ok := e.Manifest.Seat(req.Seat)
+	if !ok {
+		reply.Error = fmt.Sprintf("module %s declares no seat %q", module, req.Seat)
+		return reply
+	}
+	c := seats.Candidate{Seat: seat.Name, Scope: seat.Scope, Module: module, Instance: req.Instance}
+	switch req.Action {
+	case "candidate":
+		if !s.bus.Connected(moduleUser(module), req.Instance) {
+			reply.Error = fmt.Sprintf("no connection of %s named %q on node %s: an instance asks for itself", module, req.Instance, s.node)
+			return reply
+		}
+		s.run.Add(c)
+	case "release":
+		ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
+		defer cancel()
+		s.run.Remove(ctx, c)
+	default:
+		reply.Error = fmt.Sprintf("unknown seat action %q: candidate or release", req.Action)
+		return reply
+	}
+	if l, ok := s.run.Holds(c); ok {
+		reply.Holder, reply.Epoch = true, l.Epoch
+		if cons, ok, err := e.Derivation.SeatConsumer(seat.Name, s.node); err == nil && ok {
+			reply.Stream, reply.Consumer = cons.Stream, cons.Name
+		}
+	}
+	return reply
+}
+
+// alive reports whether a candidate's connection is still open on this node; the node is
+// always alive for its own seats.
+func (s *seatService) alive(c seats.Candidate) bool {
+	if c.Module == "" {
+		return true
+	}
+	return s.bus.Connected(moduleUser(c.Module), c.Instance)
+}
+
+// status lists every seat: the mesh's own and every registered module's, with holders and
+// backlogs.
+func (s *seatService) status(ctx context.Context) []registry.SeatStatus {
+	var out []registry.SeatStatus
+	add := func(st registry.SeatStatus, key string) {
+		if l, ok := s.store.Get(key); ok {
+			since := l.Since
+			st.Holder, st.HolderAt, st.Epoch, st.Since = l.Instance, l.Node, l.Epoch, &since
+			if l.Module != "" {
+				st.Holder = l.Module + "/" + l.Instance
+			}
+		}
+		out = append(out, st)
+	}
+	add(registry.SeatStatus{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh}, registry.ControllerSeat)
+	users := map[string][]string{}
+	entries := s.reg.List()
+	for _, e := range entries {
+		for _, u := range e.Manifest.Uses {
+			users[u] = append(users[u], e.Module)
+		}
+	}
+	for _, e := range entries {
+		for _, seat := range e.Manifest.Seats {
+			st := registry.SeatStatus{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name]}
+			if stream, err := s.topo.js.Stream(ctx, manifest.SeatStreamName(seat.Name)); err == nil {
+				st.Backlog = stream.CachedInfo().State.Msgs
+			}
+			if seat.Scope == manifest.ScopeNode {
+				st.Node = s.node
+			}
+			add(st, seats.Key(seat.Name, seat.Scope, s.node))
+		}
+	}
+	return out
+}

@@ -1,0 +1,281 @@
+package seats
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the KV bucket of seat leases.
+const Bucket = "mesh-seats"
+
+// DefaultTTL is how long a lease lives without renewal. Three seconds bounds failover when a
+// node dies (TTL + the time to notice) while tolerating two missed renewals, which are sent
+// every TTL/3: a GC pause or a slow disk write does not cost the seat.
+const DefaultTTL = 3 * time.Second
+
+// Errors of leases.
+var (
+	// ErrHeld means another holder has the lease.
+	ErrHeld = errors.New("seat is held")
+	// ErrLost means a lease changed under its holder: it expired or was taken.
+	ErrLost = errors.New("lease lost")
+)
+
+// Lease is one seat's holder, as stored in mesh-seats.
+type Lease struct {
+	// Seat is the seat's name.
+	Seat string `json:"seat"`
+	// Scope is the seat's scope.
+	Scope manifest.Scope `json:"scope"`
+	// Node is the node that runs the lease: the holder is connected to it.
+	Node string `json:"node"`
+	// Module is the holding module; "" when the node itself holds a mesh seat.
+	Module string `json:"module,omitempty"`
+	// Instance names the holding connection (a module instance, or the node).
+	Instance string `json:"instance"`
+	// Since is when the lease was acquired.
+	Since time.Time `json:"since"`
+	// Epoch is the revision at which the lease was created: the fencing token. Zero in the
+	// value until the first renewal; read it through a mirror, which fills it in.
+	Epoch uint64 `json:"epoch,omitempty"`
+}
+
+// Key is the lease's key: the seat for mesh scope, seat.node for node scope.
+func Key(seat string, scope manifest.Scope, node string) string {
+	if scope == manifest.ScopeNode {
+		return seat + "." + node
+	}
+	return seat
+}
+
+// Store is the bucket of leases and a mirror of it.
+type Store struct {
+	kv  jetstream.KeyValue
+	js  jetstream.JetStream
+	ttl time.Duration
+	w   jetstream.KeyWatcher
+
+	mu     sync.RWMutex
+	cond   *sync.Cond       // broadcast on every change
+	leases map[string]Lease // by key
+	notify []chan<- string  // told the key of every change
+}
+
+// OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
+func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (*Store, error) {
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         Bucket,
+		Description:    "meshnode: seat leases (one holder per scope)",
+		History:        1,
+		Replicas:       replicas,
+		Storage:        jetstream.FileStorage,
+		LimitMarkerTTL: ttl,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}}
+	s.cond = sync.NewCond(&s.mu)
+	w, err := kv.WatchAll(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
+	}
+	s.w = w
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("watch %s closed", Bucket)
+			}
+			if e == nil {
+				return s, nil
+			}
+			s.apply(e)
+		case <-ctx.Done():
+			w.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TTL is the leases' time to live.
+func (s *Store) TTL() time.Duration { return s.ttl }
+
+// Watch follows the bucket until ctx ends.
+func (s *Store) Watch(ctx context.Context) error {
+	for {
+		select {
+		case e, ok := <-s.w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				s.apply(e)
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// Close stops the watch.
+func (s *Store) Close() error { return s.w.Stop() }
+
+// Subscribe registers ch to receive the key of every change the mirror sees. Sends never
+// block: a full channel misses a wake-up, which the receiver's timer makes up for.
+func (s *Store) Subscribe(ch chan<- string) {
+	s.mu.Lock()
+	s.notify = append(s.notify, ch)
+	s.mu.Unlock()
+}
+
+func (s *Store) apply(e jetstream.KeyValueEntry) {
+	s.mu.Lock()
+	if e.Operation() == jetstream.KeyValuePut {
+		var l Lease
+		if json.Unmarshal(e.Value(), &l) == nil {
+			if l.Epoch == 0 {
+				l.Epoch = e.Revision()
+			}
+			s.leases[e.Key()] = l
+		}
+	} else {
+		delete(s.leases, e.Key())
+	}
+	notify := s.notify
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	for _, ch := range notify {
+		select {
+		case ch <- e.Key():
+		default:
+		}
+	}
+}
+
+// Get returns the lease of key from the mirror.
+func (s *Store) Get(key string) (Lease, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	l, ok := s.leases[key]
+	return l, ok
+}
+
+// Await blocks until the mirror's lease of key satisfies cond (given the lease and whether
+// there is one), or ctx ends. The bus grants from the mirror, so a holder's connection is
+// kicked only once the mirror agrees with the change.
+func (s *Store) Await(ctx context.Context, key string, cond func(Lease, bool) bool) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		l, ok := s.leases[key]
+		if cond(l, ok) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.cond.Wait()
+	}
+}
+
+// All returns every lease in the mirror.
+func (s *Store) All() []Lease {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Lease, 0, len(s.leases))
+	for _, l := range s.leases {
+		out = append(out, l)
+	}
+	return out
+}
+
+// HeldBy returns the leases whose holder is module's instance (mesh-wide).
+func (s *Store) HeldBy(module, instance string) []Lease {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Lease
+	for _, l := range s.leases {
+		if l.Module == module && l.Instance == instance {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// acquire creates the lease; ErrHeld if someone holds it.
+func (s *Store) acquire(ctx context.Context, l Lease) (uint64, error) {
+	key := Key(l.Seat, l.Scope, l.Node)
+	b, _ := json.Marshal(l)
+	rev, err := s.kv.Create(ctx, key, b, jetstream.KeyTTL(s.ttl))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, ErrHeld
+	}
+	if err != nil {
+		return 0, fmt.Errorf("acquire %s: %w", key, err)
+	}
+	return rev, nil
+}
+
+// renew republishes the lease at rev with a fresh TTL; ErrLost if it changed meanwhile.
+func (s *Store) renew(ctx context.Context, l Lease, rev uint64) (uint64, error) {
+	key := Key(l.Seat, l.Scope, l.Node)
+	b, _ := json.Marshal(l)
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + Bucket + "." + key, Data: b},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(s.ttl))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return 0, fmt.Errorf("%w: %s", ErrLost, key)
+		}
+		return 0, fmt.Errorf("renew %s: %w", key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// release deletes the lease at rev; a lease already gone or taken is not an error.
+func (s *Store) release(ctx context.Context, l Lease, rev uint64) error {
+	key := Key(l.Seat, l.Scope, l.Node)
+	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	var apiErr *jetstream.APIError
+	if err != nil && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+		return fmt.Errorf("release %s: %w", key, err)
+	}
+	return nil
+}
+
+// takeOver deletes a lease this node left behind when it stopped without releasing (a crash
+// and restart faster than the TTL), so its own candidates need not wait for the expiry.
+func (s *Store) takeOver(ctx context.Context, key string) error {
+	err := s.kv.Delete(ctx, key)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	return nil
+}
+
+func (l Lease) String() string {
+	who := l.Instance
+	if l.Module != "" {
+		who = l.Module + "/" + l.Instance
+	}
+	return l.Seat + " held by " + who + " on " + l.Node + " (epoch " + strconv.FormatUint(l.Epoch, 10) + ")"
+}

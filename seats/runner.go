@@ -1,0 +1,272 @@
+package seats
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+)
+
+// aliveInterval is how often the Runner checks that its holders' connections are still
+// there: the delay between a holder process dying and its seat being free.
+const aliveInterval = 200 * time.Millisecond
+
+// Candidate is one connection that asked to hold a seat on this node.
+type Candidate struct {
+	Seat     string
+	Scope    manifest.Scope
+	Module   string // "" for the node itself
+	Instance string
+}
+
+// Hooks is what the node does when a lease changes hands on it. They run on the Runner's
+// goroutine, one at a time.
+type Hooks struct {
+	// Gained: this node's candidate now holds the lease.
+	Gained func(l Lease)
+	// Released: the holder let go (it stopped, or its connection is gone).
+	Released func(l Lease)
+	// Lost: the lease expired or was taken while this node thought it held it.
+	Lost func(l Lease, err error)
+}
+
+// Runner runs the leases of this node's candidates.
+type Runner struct {
+	store *Store
+	node  string
+	log   *slog.Logger
+	hooks Hooks
+	// Alive reports whether a candidate's connection is still there.
+	alive func(Candidate) bool
+
+	wake chan string
+
+	mu         sync.Mutex
+	candidates []Candidate      // in arrival order: the first eligible one is next
+	held       map[string]*held // by key
+}
+
+type held struct {
+	lease Lease
+	rev   uint64
+}
+
+// NewRunner returns a Runner for node. alive reports whether a candidate is still connected.
+func NewRunner(store *Store, node string, log *slog.Logger, alive func(Candidate) bool, hooks Hooks) *Runner {
+	r := &Runner{store: store, node: node, log: log, hooks: hooks, alive: alive,
+		wake: make(chan string, 64), held: map[string]*held{}}
+	store.Subscribe(r.wake)
+	return r
+}
+
+// Add makes c a candidate (again); it is a no-op for a known candidate.
+func (r *Runner) Add(c Candidate) {
+	r.mu.Lock()
+	if !slices.Contains(r.candidates, c) {
+		r.candidates = append(r.candidates, c)
+	}
+	r.mu.Unlock()
+	r.poke()
+}
+
+// Holds reports the lease c holds through this Runner, if any.
+func (r *Runner) Holds(c Candidate) (Lease, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.held[Key(c.Seat, c.Scope, r.node)]
+	if ok && h.lease.Module == c.Module && h.lease.Instance == c.Instance {
+		return h.lease, true
+	}
+	return Lease{}, false
+}
+
+// Remove withdraws c and releases its lease at once if it holds one, so the next candidate
+// takes over without waiting for the TTL: a graceful handoff.
+func (r *Runner) Remove(ctx context.Context, c Candidate) {
+	r.mu.Lock()
+	r.candidates = slices.DeleteFunc(r.candidates, func(x Candidate) bool { return x == c })
+	key := Key(c.Seat, c.Scope, r.node)
+	h, ok := r.held[key]
+	if ok && (h.lease.Module != c.Module || h.lease.Instance != c.Instance) {
+		ok = false
+	}
+	if ok {
+		delete(r.held, key)
+	}
+	r.mu.Unlock()
+	if ok {
+		r.releaseHeld(ctx, h)
+	}
+	r.poke()
+}
+
+func (r *Runner) poke() {
+	select {
+	case r.wake <- "":
+	default:
+	}
+}
+
+// Run keeps leases until ctx ends, then releases every lease it holds.
+func (r *Runner) Run(ctx context.Context) error {
+	renew := time.NewTicker(r.store.TTL() / 3)
+	defer renew.Stop()
+	alive := time.NewTicker(aliveInterval)
+	defer alive.Stop()
+	r.acquireFree(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			r.releaseAll()
+			return nil
+		case <-renew.C:
+			r.renewAll(ctx)
+			r.acquireFree(ctx)
+		case <-alive.C:
+			r.dropDead(ctx)
+			r.acquireFree(ctx)
+		case <-r.wake:
+			r.acquireFree(ctx)
+		}
+	}
+}
+
+// Acquire tries once, now, to take every free seat that has a live candidate here: a node
+// takes its own seats before it reports ready. Call it before Run.
+func (r *Runner) Acquire(ctx context.Context) { r.acquireFree(ctx) }
+
+// acquireFree tries to take every free seat that has a live candidate here.
+func (r *Runner) acquireFree(ctx context.Context) {
+	r.mu.Lock()
+	cands := slices.Clone(r.candidates)
+	r.mu.Unlock()
+	tried := map[string]bool{}
+	for _, c := range cands {
+		key := Key(c.Seat, c.Scope, r.node)
+		if tried[key] {
+			continue
+		}
+		r.mu.Lock()
+		_, mine := r.held[key]
+		r.mu.Unlock()
+		if mine {
+			continue
+		}
+		if l, ok := r.store.Get(key); ok {
+			if l.Node != r.node || r.isMine(l) {
+				continue // held elsewhere (or by a live candidate here: renewed by us)
+			}
+			// A lease in this node's name that this Runner does not hold is a leftover of a
+			// crash: take it over rather than wait out its TTL.
+			if err := r.store.takeOver(ctx, key); err != nil {
+				r.log.Warn("take over stale lease", "key", key, "err", err)
+				continue
+			}
+		}
+		if !r.alive(c) {
+			continue
+		}
+		tried[key] = true
+		l := Lease{Seat: c.Seat, Scope: c.Scope, Node: r.node, Module: c.Module, Instance: c.Instance, Since: time.Now().UTC()}
+		actx, cancel := context.WithTimeout(ctx, r.store.TTL())
+		rev, err := r.store.acquire(actx, l)
+		cancel()
+		if errors.Is(err, ErrHeld) {
+			continue
+		}
+		if err != nil {
+			r.log.Warn("acquire lease", "seat", c.Seat, "err", err)
+			continue
+		}
+		l.Epoch = rev
+		r.mu.Lock()
+		r.held[key] = &held{lease: l, rev: rev}
+		r.mu.Unlock()
+		r.log.Info("seat held", "seat", c.Seat, "module", c.Module, "instance", c.Instance, "epoch", rev)
+		if r.hooks.Gained != nil {
+			r.hooks.Gained(l)
+		}
+	}
+}
+
+func (r *Runner) isMine(l Lease) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.held[Key(l.Seat, l.Scope, r.node)]
+	return ok && h.lease.Instance == l.Instance
+}
+
+// renewAll renews every held lease; a lease that changed under us is lost.
+func (r *Runner) renewAll(ctx context.Context) {
+	r.mu.Lock()
+	hs := make([]*held, 0, len(r.held))
+	for _, h := range r.held {
+		hs = append(hs, h)
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		rctx, cancel := context.WithTimeout(ctx, r.store.TTL()/3)
+		rev, err := r.store.renew(rctx, h.lease, h.rev)
+		cancel()
+		switch {
+		case err == nil:
+			r.mu.Lock()
+			h.rev = rev
+			r.mu.Unlock()
+		case errors.Is(err, ErrLost):
+			r.mu.Lock()
+			delete(r.held, Key(h.lease.Seat, h.lease.Scope, r.node))
+			r.mu.Unlock()
+			r.log.Warn("seat lost", "seat", h.lease.Seat, "instance", h.lease.Instance, "err", err)
+			if r.hooks.Lost != nil {
+				r.hooks.Lost(h.lease, err)
+			}
+		default:
+			// The bus is slow or away; the next tick tries again before the TTL runs out.
+			r.log.Warn("renew lease", "seat", h.lease.Seat, "err", err)
+		}
+	}
+}
+
+// dropDead releases the leases of holders whose connection is gone, and forgets candidates
+// that are gone.
+func (r *Runner) dropDead(ctx context.Context) {
+	r.mu.Lock()
+	cands := slices.Clone(r.candidates)
+	r.mu.Unlock()
+	for _, c := range cands {
+		if !r.alive(c) {
+			r.Remove(ctx, c)
+		}
+	}
+}
+
+func (r *Runner) releaseHeld(ctx context.Context, h *held) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.store.TTL())
+	defer cancel()
+	if err := r.store.release(rctx, h.lease, h.rev); err != nil {
+		r.log.Warn("release lease; it expires with its TTL", "seat", h.lease.Seat, "err", err)
+	}
+	r.log.Info("seat released", "seat", h.lease.Seat, "instance", h.lease.Instance)
+	if r.hooks.Released != nil {
+		r.hooks.Released(h.lease)
+	}
+}
+
+// releaseAll releases every lease held here: the node is stopping.
+func (r *Runner) releaseAll() {
+	r.mu.Lock()
+	hs := make([]*held, 0, len(r.held))
+	for k, h := range r.held {
+		hs = append(hs, h)
+		delete(r.held, k)
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		r.releaseHeld(context.Background(), h)
+	}
+}
