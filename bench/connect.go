@@ -1,0 +1,211 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+)
+
+// seatEvery is how often a generated module declares a seat the following ones use.
+const seatEvery = 100
+
+// ConnectResult is the connect measurement: how long a module takes to connect (nkey auth,
+// permissions derived from its manifest, and for the sdk the whoami round trip) once the
+// registry holds Modules modules, and the same module with only two registered.
+type ConnectResult struct {
+	// Modules is how many modules were registered.
+	Modules int `json:"modules"`
+	// Register is the time it took to register them all, one after the other; PerRegister
+	// is Register / Modules. In nanoseconds in JSON.
+	Register    time.Duration `json:"register_ns"`
+	PerRegister time.Duration `json:"per_register_ns"`
+	// Connects is how many connects each series made.
+	Connects int `json:"connects"`
+	// SDK is sdk.Connect (a bootstrap connection asking whoami, then the module's
+	// connection); Raw is nats.Connect with the module's nkey. Both with Modules registered.
+	SDK Series `json:"sdk"`
+	Raw Series `json:"raw"`
+	// SDKFew and RawFew are the same with two modules registered.
+	SDKFew Series `json:"sdk_few"`
+	RawFew Series `json:"raw_few"`
+	// Ratio is SDK.P50 / Raw.P50: what the whoami round trip adds.
+	Ratio float64 `json:"ratio"`
+	// Growth is SDK.P50 / SDKFew.P50: what a full registry adds.
+	Growth float64 `json:"growth"`
+}
+
+// Connect registers modules generated modules and measures connects of one of them
+// (connects on each side, alternating sdk and raw), first with two modules registered, then
+// with all of them. The modules stay registered: use a throwaway node.
+func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResult, error) {
+	if modules < 2 {
+		return ConnectResult{}, fmt.Errorf("connect needs at least 2 modules, not %d", modules)
+	}
+	f, err := OpenFleet(ctx, t)
+	if err != nil {
+		return ConnectResult{}, err
+	}
+	defer f.Close()
+	res := ConnectResult{Modules: modules, Connects: connects}
+	if res.SDKFew, res.RawFew, err = f.Connects(ctx, connects); err != nil {
+		return res, err
+	}
+	t.log().Info("registering modules", "modules", modules)
+	if err := f.Grow(ctx, modules); err != nil {
+		return res, err
+	}
+	res.Register = f.Took
+	res.PerRegister = f.Took / time.Duration(f.Len())
+	t.log().Info("connects", "modules", modules, "connects", connects)
+	if res.SDK, res.Raw, err = f.Connects(ctx, connects); err != nil {
+		return res, err
+	}
+	res.Ratio = ratio(float64(res.SDK.P50), float64(res.Raw.P50))
+	res.Growth = ratio(float64(res.SDK.P50), float64(res.SDKFew.P50))
+	return res, nil
+}
+
+// Fleet is a set of generated modules registered on the target, and one of them, the
+// probe, whose connects are measured.
+//
+// Module 0 declares a seat; the probe emits, consumes module 0's event, serves a tool and
+// uses the seat, so whoami has a seat to look up. The others follow the same pattern: each
+// emits two events, consumes one of the module before it (so each has a durable consumer on
+// EVENTS), serves a tool, and every seatEvery-th declares a seat that the next ones use.
+type Fleet struct {
+	t     Target
+	op    *nats.Conn
+	gen   generator
+	probe string // the probe's module name
+	seed  string // the probe's seed file
+	n     int    // modules registered
+
+	// Took is the time spent registering, one module after the other.
+	Took time.Duration
+}
+
+// OpenFleet registers module 0 and the probe.
+func OpenFleet(ctx context.Context, t Target) (f *Fleet, err error) {
+	id := runID()
+	f = &Fleet{t: t, gen: generator{prefix: "bc-" + id + "-", seats: "bs-" + id + "-"}}
+	if f.op, err = t.operator("bench-registrar"); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if _, err := t.register(ctx, f.op, f.gen.manifest(0)); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if f.seed, err = t.register(ctx, f.op, f.gen.probe()); err != nil {
+		f.Close()
+		return nil, err
+	}
+	f.Took, f.n, f.probe = time.Since(start), 2, f.gen.probeName()
+	return f, nil
+}
+
+// Len is the number of modules registered.
+func (f *Fleet) Len() int { return f.n }
+
+// Grow registers generated modules until the fleet has total.
+func (f *Fleet) Grow(ctx context.Context, total int) error {
+	start := time.Now()
+	defer func() { f.Took += time.Since(start) }()
+	for f.n < total {
+		if _, err := f.t.register(ctx, f.op, f.gen.manifest(f.n-1)); err != nil {
+			return fmt.Errorf("module %d of %d: %w", f.n+1, total, err)
+		}
+		f.n++
+		if f.n%250 == 0 {
+			f.t.log().Info("registered", "modules", f.n, "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	return nil
+}
+
+// Connects times n sdk connects and n raw connects of the probe, alternating.
+func (f *Fleet) Connects(ctx context.Context, n int) (sdkS, rawS Series, err error) {
+	if n <= 0 {
+		return sdkS, rawS, errors.New("no connects to make")
+	}
+	return connects2(ctx, f.t, f.probe, f.seed, n)
+}
+
+// Close closes the fleet's operator connection; the modules stay registered.
+func (f *Fleet) Close() error {
+	if f.op != nil {
+		f.op.Close()
+	}
+	return nil
+}
+
+// connects2 times n sdk connects and n raw connects of module, alternating.
+func connects2(ctx context.Context, t Target, module, seedFile string, n int) (sdkS, rawS Series, err error) {
+	opt, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		return sdkS, rawS, err
+	}
+	sl, rl := make([]time.Duration, 0, n), make([]time.Duration, 0, n)
+	for range n {
+		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		start := time.Now()
+		c, err := sdk.Connect(cctx, t.URL, seedFile)
+		d := time.Since(start)
+		cancel()
+		if err != nil {
+			return sdkS, rawS, fmt.Errorf("sdk.Connect: %w", err)
+		}
+		c.Close()
+		sl = append(sl, d)
+
+		start = time.Now()
+		nc, err := nats.Connect(t.URL, opt, nats.CustomInboxPrefix(manifest.InboxPrefix(module)), nats.MaxReconnects(0))
+		d = time.Since(start)
+		if err != nil {
+			return sdkS, rawS, fmt.Errorf("nats.Connect: %w", err)
+		}
+		nc.Close()
+		rl = append(rl, d)
+	}
+	return newSeries(sl, sum(sl)), newSeries(rl, sum(rl)), nil
+}
+
+// generator writes the manifests of the connect measurement.
+type generator struct {
+	prefix string // of module names
+	seats  string // prefix of seat names
+}
+
+func (g generator) name(i int) string { return g.prefix + strconv.Itoa(i) }
+
+func (g generator) seat(i int) string { return g.seats + strconv.Itoa(i/seatEvery) }
+
+func (g generator) probeName() string { return g.prefix + "probe" }
+
+// manifest is module i: module 0 first, then 1 …
+func (g generator) manifest(i int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "module: %s\nrequires: [mesh-bus]\nemits: [thing.created, thing.updated]\ntools: [status]\n", g.name(i))
+	if i > 0 {
+		fmt.Fprintf(&b, "consumes: [%s.thing.created]\n", g.name(i-1))
+	}
+	if i%seatEvery == 0 {
+		fmt.Fprintf(&b, "seats:\n  %s:\n    scope: mesh\n    retain: 1h\n    accepts: [work]\n    serves: [status]\n", g.seat(i))
+	} else {
+		fmt.Fprintf(&b, "uses: [%s]\n", g.seat(i))
+	}
+	return b.String()
+}
+
+// probe is the measured module: it emits, consumes, serves and uses module 0's seat.
+func (g generator) probe() string {
+	return fmt.Sprintf("module: %s\nrequires: [mesh-bus]\nemits: [thing.created]\ntools: [status]\nconsumes: [%s.thing.created]\nuses: [%s]\n",
+		g.probeName(), g.name(0), g.seat(0))
+}

@@ -1,0 +1,250 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// benchEvent is the event the producer module emits.
+const benchEvent = "bench.tick"
+
+// EmitOnResult is the emit→on measurement: the same number of 256-byte persistent events
+// through the mesh (sdk Emit → sdk On) and through raw JetStream, on the same server.
+type EmitOnResult struct {
+	// Events is how many events each side sent.
+	Events int `json:"events"`
+	// PayloadBytes is the size of every event's body.
+	PayloadBytes int `json:"payload_bytes"`
+	// Mesh and Raw are the two sides.
+	Mesh Series `json:"mesh"`
+	Raw  Series `json:"raw"`
+	// Ratio is Mesh.PerSecond / Raw.PerSecond (issue 4's target: ≥ 0.8).
+	Ratio float64 `json:"ratio"`
+}
+
+// EmitOn measures n events on each side: raw JetStream first, then the mesh.
+func EmitOn(ctx context.Context, t Target, n int) (EmitOnResult, error) {
+	s, err := OpenEmitOn(ctx, t)
+	if err != nil {
+		return EmitOnResult{}, err
+	}
+	defer s.Close()
+	raw, err := s.Raw(ctx, n)
+	if err != nil {
+		return EmitOnResult{}, err
+	}
+	mesh, err := s.Mesh(ctx, n)
+	if err != nil {
+		return EmitOnResult{}, err
+	}
+	return EmitOnResult{Events: n, PayloadBytes: PayloadSize, Mesh: mesh, Raw: raw, Ratio: ratio(mesh.PerSecond, raw.PerSecond)}, nil
+}
+
+// EmitOnSession holds both sides of the emit→on measurement ready, so that runs of it
+// (a benchmark's b.N rounds) time only events.
+//
+// The mesh side is two modules connected through the sdk: P emits bench.tick, C consumes
+// P.bench.tick with On, so the event goes through EVENTS and C's derived durable consumer.
+// The raw side is what a plain nats.go program would do on the same server with the
+// operator's key: a stream of its own (BENCH_RAW_<run>, on bench.raw.<run>.>, configured
+// like EVENTS) and a durable pull consumer configured like a module's (explicit ack, the
+// same MaxAckPending and pull batch), with one connection publishing and another consuming,
+// as the two modules have.
+//
+// Both sides publish the same way: one synchronous publish at a time (wait for the stream's
+// ack, then send the next), which is what sdk.Emit does. The handlers are the same on both
+// sides: read the send time from fixed offsets of the payload, then ack.
+type EmitOnSession struct {
+	t     Target
+	id    string
+	epoch time.Time
+
+	op       *nats.Conn
+	producer *sdk.Client
+	consumer *sdk.Client
+	modules  []string
+	meshRec  atomic.Pointer[recorder]
+
+	rawPub     *nats.Conn
+	rawSub     *nats.Conn
+	rawJS      jetstream.JetStream
+	rawStream  string
+	rawSubject string
+	rawConsume jetstream.ConsumeContext
+	rawRec     atomic.Pointer[recorder]
+	runs       int
+}
+
+// OpenEmitOn registers the two modules, connects them, and creates the raw stream and
+// consumer. Close undoes all of it.
+func OpenEmitOn(ctx context.Context, t Target) (s *EmitOnSession, err error) {
+	s = &EmitOnSession{t: t, id: runID(), epoch: time.Now()}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.op, err = t.operator("bench-operator"); err != nil {
+		return nil, err
+	}
+
+	p, c := "bench-p-"+s.id, "bench-c-"+s.id
+	pSeed, err := t.register(ctx, s.op, "module: "+p+"\nrequires: [mesh-bus]\nemits: ["+benchEvent+"]\n")
+	if err != nil {
+		return nil, err
+	}
+	s.modules = append(s.modules, p)
+	cSeed, err := t.register(ctx, s.op, "module: "+c+"\nrequires: [mesh-bus]\nconsumes: ["+p+"."+benchEvent+"]\n")
+	if err != nil {
+		return nil, err
+	}
+	s.modules = append(s.modules, c)
+	if s.producer, err = connectModule(ctx, t, pSeed); err != nil {
+		return nil, err
+	}
+	if s.consumer, err = connectModule(ctx, t, cSeed); err != nil {
+		return nil, err
+	}
+	if err := s.consumer.On(p+"."+benchEvent, func(_ context.Context, e sdk.Event) error {
+		if r := s.meshRec.Load(); r != nil {
+			r.record(e.Data)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+
+	if s.rawPub, err = t.operator("bench-raw-pub"); err != nil {
+		return nil, err
+	}
+	if s.rawSub, err = t.operator("bench-raw-sub"); err != nil {
+		return nil, err
+	}
+	s.rawJS, _ = jetstream.New(s.rawPub)
+	subJS, _ := jetstream.New(s.rawSub)
+	s.rawStream, s.rawSubject = "BENCH_RAW_"+s.id, "bench.raw."+s.id+".tick"
+	ev := manifest.EventsStream()
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if _, err := s.rawJS.CreateStream(cctx, jetstream.StreamConfig{
+		Name:              s.rawStream,
+		Subjects:          []string{"bench.raw." + s.id + ".>"},
+		Retention:         jetstream.LimitsPolicy,
+		MaxAge:            ev.MaxAge,
+		MaxMsgsPerSubject: ev.MaxMsgsPerSubject,
+		Duplicates:        ev.Duplicates,
+		Storage:           jetstream.FileStorage,
+		Replicas:          1,
+	}); err != nil {
+		s.rawStream = ""
+		return nil, fmt.Errorf("create raw stream: %w", err)
+	}
+	cons, err := subJS.CreateOrUpdateConsumer(cctx, s.rawStream, jetstream.ConsumerConfig{
+		Durable:       "bench-raw",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		MaxAckPending: manifest.MaxAckPending,
+		MaxDeliver:    manifest.MaxDeliver,
+		AckWait:       30 * time.Second,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+		FilterSubject: s.rawSubject,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create raw consumer: %w", err)
+	}
+	s.rawConsume, err = cons.Consume(func(m jetstream.Msg) {
+		if r := s.rawRec.Load(); r != nil {
+			r.record(m.Data())
+		}
+		m.Ack()
+	}, jetstream.PullMaxMessages(manifest.MaxAckPending))
+	if err != nil {
+		return nil, fmt.Errorf("consume raw: %w", err)
+	}
+	return s, nil
+}
+
+// connectModule connects the module whose seed is seedFile through the sdk.
+func connectModule(ctx context.Context, t Target, seedFile string) (*sdk.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	return sdk.Connect(ctx, t.URL, seedFile)
+}
+
+// Mesh sends n events with sdk Emit and waits until C's handler has seen each of them.
+func (s *EmitOnSession) Mesh(ctx context.Context, n int) (Series, error) {
+	return s.run(ctx, n, &s.meshRec, func(ctx context.Context, data []byte) error {
+		_, err := s.producer.Emit(ctx, benchEvent, data)
+		return err
+	})
+}
+
+// Raw sends n events with a jetstream publish and waits until the raw consumer has seen
+// each of them.
+func (s *EmitOnSession) Raw(ctx context.Context, n int) (Series, error) {
+	return s.run(ctx, n, &s.rawRec, func(ctx context.Context, data []byte) error {
+		_, err := s.rawJS.Publish(ctx, s.rawSubject, data)
+		return err
+	})
+}
+
+func (s *EmitOnSession) run(ctx context.Context, n int, slot *atomic.Pointer[recorder], publish func(context.Context, []byte) error) (Series, error) {
+	if n <= 0 {
+		return Series{}, errors.New("no events to send")
+	}
+	s.runs++
+	run := fmt.Sprintf("%s%02x", s.id[:6], s.runs%256) // a late redelivery of an earlier run is a stray
+	r := newRecorder(run, s.epoch, n)
+	slot.Store(r)
+	defer slot.Store(nil)
+	start := time.Since(s.epoch)
+	for i := range n {
+		pctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		err := publish(pctx, payload(run, i, time.Since(s.epoch)))
+		cancel()
+		if err != nil {
+			return Series{}, fmt.Errorf("publish event %d of %d: %w", i+1, n, err)
+		}
+	}
+	if err := r.wait(ctx, stall); err != nil {
+		return Series{}, err
+	}
+	return r.series(start), nil
+}
+
+// Close disconnects both sides, deletes the raw stream and removes the two modules.
+func (s *EmitOnSession) Close() error {
+	var errs []error
+	if s.rawConsume != nil {
+		s.rawConsume.Stop()
+	}
+	for _, c := range []*sdk.Client{s.producer, s.consumer} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	if s.rawStream != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		errs = append(errs, s.rawJS.DeleteStream(ctx, s.rawStream))
+		cancel()
+	}
+	for _, nc := range []*nats.Conn{s.rawPub, s.rawSub} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+	if s.op != nil {
+		for _, m := range s.modules {
+			errs = append(errs, s.t.remove(s.op, m))
+		}
+		s.op.Close()
+	}
+	return errors.Join(errs...)
+}

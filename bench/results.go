@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// String returns the figures as the table WriteTo prints.
+func (r Results) String() string {
+	var b strings.Builder
+	r.WriteTo(&b)
+	return b.String()
+}
+
+// WriteTo prints the figures as a table: each measurement, the mesh, raw NATS, their ratio
+// and issue 4's target where it has one.
+func (r Results) WriteTo(w io.Writer) (int64, error) {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "measurement\tmesh\traw NATS\tmesh/raw\ttarget\t")
+	if e := r.EmitOn; e != nil {
+		fmt.Fprintf(tw, "emit→on, %d × %d B persistent\t\t\t\t\t\n", e.Events, e.PayloadBytes)
+		fmt.Fprintf(tw, "  throughput\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Mesh.PerSecond, "ev/s"), perSecond(e.Raw.PerSecond, "ev/s"),
+			e.Ratio, verdict(e.Ratio >= TargetEmitOnRatio, fmt.Sprintf("≥ %.1f×", TargetEmitOnRatio)))
+		fmt.Fprintf(tw, "  latency p50\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P50), dur(e.Raw.P50), ratio(float64(e.Mesh.P50), float64(e.Raw.P50)))
+		fmt.Fprintf(tw, "  latency p99\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P99), dur(e.Raw.P99), ratio(float64(e.Mesh.P99), float64(e.Raw.P99)))
+		if e.Mesh.Duplicates+e.Raw.Duplicates > 0 {
+			fmt.Fprintf(tw, "  redelivered\t%d\t%d\t\t\t\n", e.Mesh.Duplicates, e.Raw.Duplicates)
+		}
+	}
+	if c := r.ToolCall; c != nil {
+		fmt.Fprintf(tw, "tool call round trip, %d × %d B\t\t\t\t\t\n", c.Calls, c.PayloadBytes)
+		fmt.Fprintf(tw, "  latency p50\t%s\t%s\t%.2f×\t%s\t\n", dur(c.Mesh.P50), dur(c.Raw.P50), c.Ratio,
+			verdict(c.Ratio <= TargetToolCallRatio, fmt.Sprintf("≤ %.1f×", TargetToolCallRatio)))
+		fmt.Fprintf(tw, "  latency p99\t%s\t%s\t%.2f×\t\t\n", dur(c.Mesh.P99), dur(c.Raw.P99), c.RatioP99)
+		fmt.Fprintf(tw, "  calls/s, one at a time\t%s\t%s\t%.2f×\t\t\n", perSecond(c.Mesh.PerSecond, "/s"), perSecond(c.Raw.PerSecond, "/s"),
+			ratio(c.Mesh.PerSecond, c.Raw.PerSecond))
+	}
+	if c := r.Connect; c != nil {
+		fmt.Fprintf(tw, "connect, %d modules registered\t\t\t\t\t\n", c.Modules)
+		fmt.Fprintf(tw, "  p50 (sdk.Connect vs nats.Connect)\t%s\t%s\t%.2f×\t\t\n", dur(c.SDK.P50), dur(c.Raw.P50), c.Ratio)
+		fmt.Fprintf(tw, "  p99\t%s\t%s\t%.2f×\t\t\n", dur(c.SDK.P99), dur(c.Raw.P99), ratio(float64(c.SDK.P99), float64(c.Raw.P99)))
+		fmt.Fprintf(tw, "  p50 with 2 modules registered\t%s\t%s\t%.2f×\t\t\n", dur(c.SDKFew.P50), dur(c.RawFew.P50),
+			ratio(float64(c.SDKFew.P50), float64(c.RawFew.P50)))
+		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)))
+		fmt.Fprintf(tw, "  registration\t%s (%s each)\t\t\t\t\n", c.Register.Round(time.Millisecond), dur(c.PerRegister))
+	}
+	if e := r.EmitOn; e != nil {
+		fmt.Fprintln(tw, "emit→on: both sides publish one event at a time and wait for the stream's ack (as sdk.Emit does).")
+	}
+	tw.Flush()
+	var out bytes.Buffer // the table without the padding tabwriter leaves at line ends
+	for line := range strings.Lines(buf.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteByte('\n')
+	}
+	n, err := w.Write(out.Bytes())
+	return int64(n), err
+}
+
+// verdict is the target, marked when the figure misses it.
+func verdict(met bool, target string) string {
+	if met {
+		return target + " ok"
+	}
+	return target + " MISSED"
+}
+
+// dur prints d with three significant figures in a unit that suits it.
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	}
+}
+
+// perSecond prints a rate without decimals, with thousands separated.
+func perSecond(v float64, unit string) string {
+	s := fmt.Sprintf("%.0f", v)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String() + " " + unit
+}
