@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"github.com/meshnode/meshnode/bench"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/node"
+	"github.com/spf13/cobra"
+)
+
+func newBenchCmd() *cobra.Command {
+	var cfg bench.Config
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the mesh against raw NATS on a throwaway node on this machine",
+		Long: `Start a throwaway node in a temporary data dir on free loopback ports, measure what
+the mesh costs over raw NATS on its embedded server, print the figures and the ratios, and
+remove the node and its data. A running node is not touched.
+
+  emit→on    --events persistent 256-byte events, sdk Emit → sdk On, against raw
+             JetStream publish → durable pull consumer (one synchronous publish at a time
+             on both sides): throughput and p50/p99 latency; target mesh ≥ 0.8× raw.
+  tool call  --calls round trips to a module's tool (sdk Serve), against a plain
+             subscriber on a plain subject: p50/p99; target mesh ≤ 1.2× raw.
+  connect    register --modules generated modules, then time sdk.Connect and a raw
+             nkey nats.Connect of one of them, and the registration itself.
+
+A count of 0 skips that measurement. Progress goes to stderr, figures to stdout.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("bench takes no arguments, only flags (see meshnode bench --help)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case cfg.Events < 0 || cfg.Calls < 0 || cfg.Modules < 0:
+				return usagef("--events, --calls and --modules count things: 0 or more")
+			case cfg.Modules == 1:
+				return usagef("--modules 1: the connect measurement needs at least 2 modules (or 0 to skip it)")
+			case cfg.Events == 0 && cfg.Calls == 0 && cfg.Modules == 0:
+				return usagef("nothing to measure: --events, --calls and --modules are all 0")
+			}
+			return runBench(cmd.Context(), cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Events, "events", bench.DefaultEvents, "events sent on each side of emit→on (0: skip)")
+	f.IntVar(&cfg.Calls, "calls", bench.DefaultCalls, "tool calls made on each side (0: skip)")
+	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	return cmd
+}
+
+// runBench runs the measurements on a throwaway node and prints the results.
+func runBench(ctx context.Context, cfg bench.Config, asJSON bool, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg.Connects = bench.DefaultConnects
+
+	dir, err := os.MkdirTemp("", "meshnode-bench-")
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	target, closeNode, err := openBenchNode(dir, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeNode()
+	target.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("bench", "meshnode")
+
+	fmt.Fprintf(stderr, "meshnode bench: a throwaway node at %s (%s/%s, %d CPUs, %s)\n",
+		target.URL, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), node.Version())
+	res, err := bench.Run(ctx, target, cfg)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	_, err = res.WriteTo(stdout)
+	return err
+}
+
+// openBenchNode opens and runs a node in dir on free loopback ports; closeNode stops it.
+func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func(), err error) {
+	cfg := config.Up()
+	cfg.DataDir = dir
+	cfg.Name = "bench"
+	cfg.ClientAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n := node.New(cfg, log)
+	n.CreateIdentity = true
+	if err := n.Open(); err != nil {
+		return t, nil, fmt.Errorf("bench: open a throwaway node in %s: %w", dir, err)
+	}
+	seeds := filepath.Join(dir, "bench-seeds")
+	if err := os.Mkdir(seeds, 0o700); err != nil {
+		n.Close()
+		return t, nil, fmt.Errorf("bench: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	closeNode = func() {
+		cancel()
+		if err := <-done; err != nil {
+			log.Warn("throwaway node stopped with an error", "err", err)
+		}
+		if err := n.Close(); err != nil {
+			log.Warn("close throwaway node", "err", err)
+		}
+	}
+	t = bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, node.OperatorSeedFile), Dir: seeds}
+	return t, closeNode, nil
+}
