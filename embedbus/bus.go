@@ -209,10 +209,10 @@ func (b *Bus) kick(ids []uint64) int {
 	return n
 }
 
-// Connected reports whether a client connection authenticated as user (the Identity's Name)
-// with the given connection name is open on this server.
-func (b *Bus) Connected(user, name string) bool {
-	cz, err := b.srv.Connz(&server.ConnzOptions{User: user, Username: true, Limit: 4096})
+// Connected reports whether a client connection authenticated with publicKey and carrying the
+// given connection name is open on this server.
+func (b *Bus) Connected(publicKey, name string) bool {
+	cz, err := b.srv.Connz(&server.ConnzOptions{User: publicKey, Username: true, Limit: 4096})
 	if err != nil {
 		return false
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -43,7 +44,11 @@ type runningNode struct {
 // MustOpenNode opens and runs a node for cfg, stopping it at cleanup.
 func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 	tb.Helper()
-	n := node.New(cfg, nil)
+	var log *slog.Logger
+	if os.Getenv("MESHNODE_TEST_LOG") != "" { // the node's log, when debugging a test
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	n := node.New(cfg, log)
 	n.CreateIdentity = true
 	if err := n.Open(); err != nil {
 		tb.Fatalf("open node: %v", err)

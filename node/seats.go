@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/embedbus"
@@ -33,6 +34,10 @@ type seatService struct {
 	ctrl  *controller
 
 	sub *nats.Subscription
+	// ctx ends at stop; wg counts the releases running after their reply.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // awaitMirror bounds the wait for the lease mirror to show a change before kicking.
@@ -78,7 +83,7 @@ func (s *seatService) moduleGained(l seats.Lease) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
+	ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
 	defer cancel()
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		if err := s.topo.recreateConsumer(ctx, c); err != nil {
@@ -102,7 +107,7 @@ func (s *seatService) lostAuthority(l seats.Lease) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
+	ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
 	defer cancel()
 	key := seats.Key(l.Seat, l.Scope, l.Node)
 	s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return !ok || m.Instance != l.Instance })
@@ -128,6 +133,7 @@ func (s *seatService) event(name string, l seats.Lease, reason string) {
 
 // start subscribes to this node's seat tool.
 func (s *seatService) start() error {
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	sub, err := s.bus.Conn().Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		b, _ := json.Marshal(s.handle(module, m.Data))
@@ -144,6 +150,10 @@ func (s *seatService) stop() {
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
 }
 
 func (s *seatService) handle(module string, data []byte) registry.SeatReply {
@@ -165,15 +175,21 @@ func (s *seatService) handle(module string, data []byte) registry.SeatReply {
 	c := seats.Candidate{Seat: seat.Name, Scope: seat.Scope, Module: module, Instance: req.Instance}
 	switch req.Action {
 	case "candidate":
-		if !s.bus.Connected(moduleUser(module), req.Instance) {
+		if !s.bus.Connected(e.PublicKey, req.Instance) {
 			reply.Error = fmt.Sprintf("no connection of %s named %q on node %s: an instance asks for itself", module, req.Instance, s.node)
 			return reply
 		}
 		s.run.Add(c)
 	case "release":
-		ctx, cancel := context.WithTimeout(context.Background(), awaitMirror)
-		defer cancel()
-		s.run.Remove(ctx, c)
+		// Released after the reply: releasing kicks the asking connection.
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
+			defer cancel()
+			s.run.Remove(ctx, c)
+		}()
+		return reply
 	default:
 		reply.Error = fmt.Sprintf("unknown seat action %q: candidate or release", req.Action)
 		return reply
@@ -193,7 +209,8 @@ func (s *seatService) alive(c seats.Candidate) bool {
 	if c.Module == "" {
 		return true
 	}
-	return s.bus.Connected(moduleUser(c.Module), c.Instance)
+	e, ok := s.reg.Get(c.Module)
+	return ok && s.bus.Connected(e.PublicKey, c.Instance)
 }
 
 // status lists every seat: the mesh's own and every registered module's, with holders and

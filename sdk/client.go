@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"github.com/nats-io/nuid"
 )
 
 // Errors a module meets. Each returned error wraps one of these and says what to do.
@@ -66,8 +67,11 @@ type Client struct {
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
 
+	instance string // this connection's name: the unit that holds a seat
+
 	mu       sync.Mutex
 	self     registry.WhoamiReply
+	seats    map[string]*seatState
 	handlers []handler
 	consume  jetstream.ConsumeContext
 	subs     []*nats.Subscription
@@ -99,12 +103,13 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{key: kp, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self}
+	c := &Client{key: kp, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
+		instance: self.Module + "-" + nuid.Next()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.nc, err = nats.Connect(url,
 		nats.Nkey(pub, kp.Sign),
 		nats.CustomInboxPrefix(manifest.InboxPrefix(self.Module)),
-		nats.Name(self.Module),
+		nats.Name(c.instance),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ErrorHandler(c.asyncError),
@@ -159,6 +164,9 @@ func connectError(url, pub string, err error) error {
 	return fmt.Errorf("connect to %s: %w", url, err)
 }
 
+// Instance is this connection's name, unique per Connect: the unit that holds a seat.
+func (c *Client) Instance() string { return c.instance }
+
 // Module is the module's name.
 func (c *Client) Module() string { return c.declared().Module }
 
@@ -184,6 +192,7 @@ func (c *Client) node() string {
 // Close stops handlers and subscriptions, waits for running handlers, and closes the
 // connection after flushing what was published.
 func (c *Client) Close() error {
+	c.releaseSeats()
 	c.mu.Lock()
 	if c.consume != nil {
 		c.consume.Stop()
@@ -212,6 +221,7 @@ func (c *Client) reconnected(nc *nats.Conn) {
 	c.mu.Lock()
 	c.self = self
 	c.mu.Unlock()
+	c.reclaim()
 }
 
 // asyncError records permission violations, so a failed call can say the bus refused it.

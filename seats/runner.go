@@ -11,9 +11,15 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 )
 
-// aliveInterval is how often the Runner checks that its holders' connections are still
-// there: the delay between a holder process dying and its seat being free.
+// aliveInterval is how often the Runner checks that its candidates' connections are still
+// there.
 const aliveInterval = 200 * time.Millisecond
+
+// deadAfter is how long a candidate's connection may be missing before the candidate is
+// dropped and its lease released: longer than a reconnect (the node kicks a holder's
+// connection whenever its authority changes, and it comes straight back), short enough that
+// a dead holder's seat is free within about a second.
+const deadAfter = time.Second
 
 // Candidate is one connection that asked to hold a seat on this node.
 type Candidate struct {
@@ -46,8 +52,9 @@ type Runner struct {
 	wake chan string
 
 	mu         sync.Mutex
-	candidates []Candidate      // in arrival order: the first eligible one is next
-	held       map[string]*held // by key
+	candidates []Candidate             // in arrival order: the first eligible one is next
+	seen       map[Candidate]time.Time // when each candidate's connection was last seen
+	held       map[string]*held        // by key
 }
 
 type held struct {
@@ -58,7 +65,7 @@ type held struct {
 // NewRunner returns a Runner for node. alive reports whether a candidate is still connected.
 func NewRunner(store *Store, node string, log *slog.Logger, alive func(Candidate) bool, hooks Hooks) *Runner {
 	r := &Runner{store: store, node: node, log: log, hooks: hooks, alive: alive,
-		wake: make(chan string, 64), held: map[string]*held{}}
+		wake: make(chan string, 64), held: map[string]*held{}, seen: map[Candidate]time.Time{}}
 	store.Subscribe(r.wake)
 	return r
 }
@@ -69,6 +76,7 @@ func (r *Runner) Add(c Candidate) {
 	if !slices.Contains(r.candidates, c) {
 		r.candidates = append(r.candidates, c)
 	}
+	r.seen[c] = time.Now()
 	r.mu.Unlock()
 	r.poke()
 }
@@ -89,6 +97,7 @@ func (r *Runner) Holds(c Candidate) (Lease, bool) {
 func (r *Runner) Remove(ctx context.Context, c Candidate) {
 	r.mu.Lock()
 	r.candidates = slices.DeleteFunc(r.candidates, func(x Candidate) bool { return x == c })
+	delete(r.seen, c)
 	key := Key(c.Seat, c.Scope, r.node)
 	h, ok := r.held[key]
 	if ok && (h.lease.Module != c.Module || h.lease.Instance != c.Instance) {
@@ -232,32 +241,47 @@ func (r *Runner) renewAll(ctx context.Context) {
 	}
 }
 
-// dropDead releases the leases of holders whose connection is gone, and forgets candidates
-// that are gone.
+// dropDead forgets candidates whose connection has been gone for deadAfter, releasing their
+// leases.
 func (r *Runner) dropDead(ctx context.Context) {
 	r.mu.Lock()
 	cands := slices.Clone(r.candidates)
 	r.mu.Unlock()
+	now := time.Now()
 	for _, c := range cands {
-		if !r.alive(c) {
+		if r.alive(c) {
+			r.mu.Lock()
+			r.seen[c] = now
+			r.mu.Unlock()
+			continue
+		}
+		r.mu.Lock()
+		last := r.seen[c]
+		r.mu.Unlock()
+		if now.Sub(last) >= deadAfter {
 			r.Remove(ctx, c)
 		}
 	}
 }
 
 func (r *Runner) releaseHeld(ctx context.Context, h *held) {
+	r.release(ctx, h)
+	if r.hooks.Released != nil {
+		r.hooks.Released(h.lease)
+	}
+}
+
+func (r *Runner) release(ctx context.Context, h *held) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.store.TTL())
 	defer cancel()
 	if err := r.store.release(rctx, h.lease, h.rev); err != nil {
 		r.log.Warn("release lease; it expires with its TTL", "seat", h.lease.Seat, "err", err)
 	}
 	r.log.Info("seat released", "seat", h.lease.Seat, "instance", h.lease.Instance)
-	if r.hooks.Released != nil {
-		r.hooks.Released(h.lease)
-	}
 }
 
-// releaseAll releases every lease held here: the node is stopping.
+// releaseAll releases every lease held here, so other nodes' candidates take over at once:
+// the node is stopping. The hooks are not run: the bus they act on is closing.
 func (r *Runner) releaseAll() {
 	r.mu.Lock()
 	hs := make([]*held, 0, len(r.held))
@@ -267,6 +291,6 @@ func (r *Runner) releaseAll() {
 	}
 	r.mu.Unlock()
 	for _, h := range hs {
-		r.releaseHeld(context.Background(), h)
+		r.release(context.Background(), h)
 	}
 }
