@@ -118,6 +118,9 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	done := make(chan error, 1)
 	go func() { done <- n.Run(ctx) }()
 	closeNode = func() {
+		// JetStream stops durable consumers one by one, ~10 ms each: after the connect
+		// measurement this takes seconds, so say what the pause is.
+		fmt.Fprintln(stderr, "meshnode bench: stopping the throwaway node and removing its data")
 		cancel()
 		if err := <-done; err != nil {
 			log.Warn("throwaway node stopped with an error", "err", err)
