@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 const mailerManifest = `module: mailer
@@ -132,8 +132,6 @@ func TestSeat_OneHolderOneDelivery(t *testing.T) {
 	log.mu.Unlock()
 
 	// The bus refuses the non-holder's pull: the queue is the holder's alone.
-	nc := b.raw(mailerSeed, "mailer")
-	_ = nc
 	stale := connect(t, b.n.ClientURL(), mailerSeed, nats.Name(other.Instance()), nats.CustomInboxPrefix("_INBOX.mailer"))
 	defer stale.Close()
 	for _, s := range []string{"$JS.API.CONSUMER.MSG.NEXT.SEAT_mailer.seat-mailer", "$JS.ACK.SEAT_mailer.seat-mailer.1.1.1.1.1", "mesh.seat.mailer.event.delivered"} {
@@ -155,6 +153,10 @@ func TestSeat_QueuedWorkSurvivesNoHolder(t *testing.T) {
 	mailerSeed, _ := b.register(mailerManifest)
 	shopSeed, _ := b.register(shopManifest)
 	ids := submit(t, b.client(shopSeed), "mailer", "send", 100)
+	st := seatStatus(t, b, "mailer")
+	if st.Holder != "" || st.Backlog != 100 || len(st.Users) != 1 || st.Users[0] != "shop" || st.Module != "mailer" {
+		t.Fatalf("seat status before a holder: %+v", st)
+	}
 	log := newJobLog()
 	c := b.client(mailerSeed)
 	if err := c.Accept("send", log.handler(c.Instance())); err != nil {
@@ -166,6 +168,35 @@ func TestSeat_QueuedWorkSurvivesNoHolder(t *testing.T) {
 		}
 		return nil
 	})
+	retryUntil(t, 5*time.Second, func() error {
+		st = seatStatus(t, b, "mailer")
+		if st.Holder != "mailer/"+c.Instance() || st.HolderAt != "alpha" || st.Epoch == 0 || st.Backlog != 0 {
+			return fmt.Errorf("seat status with a holder: %+v", st)
+		}
+		return nil
+	})
+}
+
+// seatStatus asks the controller for one seat's status, as `meshnode seat ls` does.
+func seatStatus(t *testing.T, b *bed, seat string) registry.SeatStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msg, err := b.op.RequestWithContext(ctx, registry.SeatsSubject, []byte("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply registry.SeatsReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range reply.Seats {
+		if s.Seat == seat {
+			return s
+		}
+	}
+	t.Fatalf("seat %s not listed: %s", seat, msg.Data)
+	return registry.SeatStatus{}
 }
 
 // TestSeat_HolderDiesMidJob: the holder takes a job and its connection drops without an ack;
@@ -336,5 +367,3 @@ func TestSeat_Retention(t *testing.T) {
 		return nil
 	})
 }
-
-var _ = jetstream.ErrConsumerNotFound

@@ -142,6 +142,12 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		t.Fatalf("call: exit %d %q %s", r.code, r.stdout, r.stderr)
 	}
 
+	// seat ls shows the mesh's own controller seat, held by this node.
+	r = meshnode(t, nil, append([]string{"seat", "ls", "--json"}, dd...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, `"seat":"mesh-controller"`) || !strings.Contains(r.stdout, `"holder":"alpha"`) {
+		t.Fatalf("seat ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
 	if r := meshnode(t, nil, append([]string{"module", "remove", "shop"}, dd...)...); r.code != 0 {
 		t.Fatalf("remove: exit %d %s", r.code, r.stderr)
 	}

@@ -81,6 +81,7 @@ func newRootCmd() *cobra.Command {
 		newEmitCmd(),
 		newListenCmd(),
 		newCallCmd(),
+		newSeatCmd(),
 		newVersionCmd(),
 	)
 	return root
