@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -43,6 +44,32 @@ var (
 	ErrBadSignature = errors.New("signature does not verify")
 )
 
+// Signer signs the envelope: an nkeys.KeyPair is one, and so is SigningKey, which keeps the
+// Ed25519 key expanded (nkeys rebuilds it from the seed on every Sign, which cost half the
+// throughput of a synchronous emit).
+type Signer interface {
+	Sign(input []byte) ([]byte, error)
+}
+
+// SigningKey is a Signer holding the expanded Ed25519 private key of an nkey.
+type SigningKey struct{ priv ed25519.PrivateKey }
+
+// NewSigningKey expands kp's seed once for fast signing.
+func NewSigningKey(kp nkeys.KeyPair) (*SigningKey, error) {
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	_, raw, err := nkeys.DecodeSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	return &SigningKey{priv: ed25519.NewKeyFromSeed(raw)}, nil
+}
+
+// Sign signs input with the key.
+func (k *SigningKey) Sign(input []byte) ([]byte, error) { return ed25519.Sign(k.priv, input), nil }
+
 // Options are the optional parts of an envelope.
 type Options struct {
 	Causation string // x-causation-id
@@ -51,7 +78,7 @@ type Options struct {
 
 // Stamp returns the headers of a new envelope for body published on subject by source,
 // signed with key. The event id is a fresh UUIDv7.
-func Stamp(key nkeys.KeyPair, source, node, subject string, body []byte, opts Options) (nats.Header, error) {
+func Stamp(key Signer, source, node, subject string, body []byte, opts Options) (nats.Header, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("event id: %w", err)

@@ -52,6 +52,39 @@ func TestStampVerifyRead(t *testing.T) {
 	}
 }
 
+func TestNewSigningKey_SignsAsTheNkey(t *testing.T) {
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	k, err := envelope.NewSigningKey(kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "mesh.mod.a.event.x"
+	h, err := envelope.Stamp(k, "a", "n", subject, []byte("{}"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := envelope.Verify(h, subject, []byte("{}"), pub); err != nil {
+		t.Fatalf("a signature by the expanded key does not verify against the nkey: %v", err)
+	}
+}
+
+func BenchmarkStamp(b *testing.B) {
+	kp, _ := nkeys.CreateUser()
+	k, _ := envelope.NewSigningKey(kp)
+	body := make([]byte, 256)
+	for _, tc := range []struct {
+		name string
+		s    envelope.Signer
+	}{{"nkeys", kp}, {"expanded", k}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				envelope.Stamp(tc.s, "a", "n", "mesh.mod.a.event.x", body, envelope.Options{})
+			}
+		})
+	}
+}
+
 func TestKey(t *testing.T) {
 	for subject, want := range map[string]string{
 		"mesh.mod.billing.event.order.placed": "billing.order.placed",

@@ -59,7 +59,7 @@ func WithRetryBackoff(d ...time.Duration) Option {
 type Client struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	key   nkeys.KeyPair
+	key   *envelope.SigningKey // signs envelopes
 	pub   string
 	log   *slog.Logger
 	retry []time.Duration
@@ -103,7 +103,11 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{key: kp, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
+	key, err := envelope.NewSigningKey(kp)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
 		instance: self.Module + "-" + nuid.Next()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.nc, err = nats.Connect(url,
@@ -192,7 +196,9 @@ func (c *Client) node() string {
 // Close stops handlers and subscriptions, waits for running handlers, and closes the
 // connection after flushing what was published.
 func (c *Client) Close() error {
-	c.releaseSeats()
+	if c.nc.IsConnected() {
+		c.releaseSeats() // else the node frees them when it sees the connection gone
+	}
 	c.mu.Lock()
 	if c.consume != nil {
 		c.consume.Stop()
@@ -203,7 +209,10 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
-	err := c.nc.Flush()
+	var err error
+	if c.nc.IsConnected() {
+		err = c.nc.FlushTimeout(2 * time.Second)
+	}
 	c.nc.Close()
 	return err
 }
