@@ -71,7 +71,8 @@ type Registry struct {
 	cond     *sync.Cond // broadcast when rev advances
 	byModule map[string]*Entry
 	byKey    map[string]*Entry
-	rev      uint64 // the highest bucket revision the mirror has applied
+	bySeat   map[string]*Entry // the module that declares each seat
+	rev      uint64            // the highest bucket revision the mirror has applied
 }
 
 // New returns an empty registry; Open connects it to the bucket.
@@ -82,7 +83,7 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 	if onChange == nil {
 		onChange = func(_, _ *Entry) {}
 	}
-	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}}
+	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -171,10 +172,18 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	if prev != nil {
 		delete(r.byKey, prev.PublicKey)
 		delete(r.byModule, name)
+		for _, s := range prev.Manifest.Seats {
+			if r.bySeat[s.Name] == prev {
+				delete(r.bySeat, s.Name)
+			}
+		}
 	}
 	if next != nil {
 		r.byModule[name] = next
 		r.byKey[next.PublicKey] = next
+		for _, s := range next.Manifest.Seats {
+			r.bySeat[s.Name] = next
+		}
 	}
 	if kve.Revision() > r.rev {
 		r.rev = kve.Revision()
@@ -242,7 +251,10 @@ func (r *Registry) List() []*Entry {
 // Seat describes seat as declared by the registered module that declares it; only the name
 // when none does (yet).
 func (r *Registry) Seat(seat string) SeatInfo {
-	for _, e := range r.List() {
+	r.mu.RLock()
+	e := r.bySeat[seat]
+	r.mu.RUnlock()
+	if e != nil {
 		if s, ok := e.Manifest.Seat(seat); ok {
 			return SeatInfo{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
 		}
