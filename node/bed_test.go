@@ -26,14 +26,15 @@ import (
 
 // bed is a real node with an operator connection, for the integration beds of issue 4.
 type bed struct {
-	t   *testing.T
-	n   *runningNode
-	dir string
-	op  *nats.Conn
-	js  jetstream.JetStream
+	t       testing.TB
+	n       *runningNode
+	dir     string
+	op      *nats.Conn
+	js      jetstream.JetStream
+	clients []*sdk.Client
 }
 
-func newBed(t *testing.T) *bed {
+func newBed(t testing.TB) *bed {
 	t.Helper()
 	dir := t.TempDir()
 	n := MustOpenNode(t, testConfig(dir, "alpha"))
@@ -41,6 +42,20 @@ func newBed(t *testing.T) *bed {
 	t.Cleanup(op.Close)
 	js, _ := jetstream.New(op)
 	return &bed{t: t, n: n, dir: dir, op: op, js: js}
+}
+
+// close stops the bed's node before the test ends (benchmarks run several in a row).
+func (b *bed) close() {
+	for _, c := range b.clients {
+		c.Close()
+	}
+	b.op.Close()
+	b.n.stop()
+}
+
+// operatorConn opens another operator connection.
+func (b *bed) operatorConn() *nats.Conn {
+	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile))
 }
 
 // register registers a manifest and writes the new module's seed to a file.
@@ -71,6 +86,7 @@ func (b *bed) client(seedFile string, opts ...sdk.Option) *sdk.Client {
 		b.t.Fatalf("sdk.Connect: %v", err)
 	}
 	b.t.Cleanup(func() { c.Close() })
+	b.clients = append(b.clients, c)
 	return c
 }
 

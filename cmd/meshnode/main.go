@@ -82,6 +82,7 @@ func newRootCmd() *cobra.Command {
 		newListenCmd(),
 		newCallCmd(),
 		newSeatCmd(),
+		newBenchCmd(),
 		newVersionCmd(),
 	)
 	return root
