@@ -3,6 +3,7 @@ package manifest
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Errors of deriving per-node parts for a seat.
@@ -42,6 +43,8 @@ type Derivation struct {
 	Uses []Use `json:"uses"`
 	// Seats are the seats the module declares.
 	Seats []SeatDerivation `json:"seats"`
+	// Secrets are the names of the secrets the module may fetch from the vault.
+	Secrets []string `json:"secrets,omitempty"`
 	// EventsConsumer is the module's durable consumer on EVENTS; nil when it consumes
 	// nothing.
 	EventsConsumer *Consumer `json:"events_consumer,omitempty"`
@@ -120,6 +123,7 @@ func derive(m *Manifest) *Derivation {
 		Uses:        []Use{},
 		Seats:       []SeatDerivation{},
 		Permissions: modulePermissions(m),
+		Secrets:     slices.Clone(m.Secrets),
 		seats:       m.Seats,
 	}
 	if d.Bus {

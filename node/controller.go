@@ -152,15 +152,18 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		if req.XKey == "" {
 			return registry.RegisterReply{}, errors.New("register: the request carries no xkey to seal the new module's seed to; use `meshnode module register`, which sends one")
 		}
-		kp, err := vault.MintUser()
+		// The vault mints the module's identity and seals it to the caller's xkey: the
+		// controller sees only the public key.
+		var vr vault.Reply
+		b, _ := json.Marshal(vault.Request{XKey: req.XKey, Owner: m.Module})
+		msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIdentity, vault.CallerNode), b)
 		if err != nil {
-			return registry.RegisterReply{}, err
+			return registry.RegisterReply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", m.Module, err)
 		}
-		seed, _ := kp.Seed()
-		rec.PublicKey, _ = kp.PublicKey()
-		if reply.SealedSeed, reply.SenderXKey, err = vault.Seal(req.XKey, seed); err != nil {
-			return registry.RegisterReply{}, fmt.Errorf("register: %w", err)
+		if err := json.Unmarshal(msg.Data, &vr); err != nil || vr.Error != "" {
+			return registry.RegisterReply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", m.Module, vr.Error, err)
 		}
+		rec.PublicKey, reply.SealedSeed, reply.SenderXKey = vr.PublicKey, vr.Sealed, vr.Sender
 		reply.Created = true
 	}
 	reply.PublicKey = rec.PublicKey

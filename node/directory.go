@@ -9,14 +9,17 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
 )
 
 // directory tells the bus who a key is: the node itself and the operator administer; a
 // registered module gets what its manifest derives, and nothing else.
 type directory struct {
-	static map[string]embedbus.Identity
-	reg    *registry.Registry
-	leases atomic.Pointer[seats.Store] // nil until the seats are open: nobody holds anything yet
+	static   map[string]embedbus.Identity
+	reg      *registry.Registry
+	operator atomic.Value                // string: the operator's key, "" until genesis hands off
+	leases   atomic.Pointer[seats.Store] // nil until the seats are open: nobody holds anything yet
+	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
 }
 
 var _ embedbus.Directory = (*directory)(nil)
@@ -24,6 +27,15 @@ var _ embedbus.Directory = (*directory)(nil)
 func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 	if id, ok := d.static[publicKey]; ok {
 		return id, true
+	}
+	if op, _ := d.operator.Load().(string); op != "" && op == publicKey {
+		return embedbus.Identity{Name: "operator"}, true
+	}
+	if v := d.vault.Load(); v != nil {
+		if id, ok := v.TokenID(publicKey); ok {
+			p := tokenPermissions(id, publicKey)
+			return embedbus.Identity{Name: "token:" + id, Permissions: &p}, true
+		}
 	}
 	e, ok := d.reg.ByKey(publicKey)
 	if !ok || !e.Derivation.Bus {
@@ -53,7 +65,18 @@ func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permis
 	if len(d.Seats) > 0 {
 		p = p.Merge(manifest.Permissions{Publish: []string{SeatToolSubject("*", d.Module)}})
 	}
+	if len(d.Secrets) > 0 {
+		p = p.Merge(manifest.Permissions{Publish: []string{vault.ToolSubject(vault.VerbFetch, d.Module)}})
+	}
 	return p
+}
+
+// tokenPermissions are a join token's: request enrol with it, hear the answer — nothing else.
+func tokenPermissions(id, publicKey string) manifest.Permissions {
+	return manifest.Permissions{
+		Publish:   []string{vault.ToolSubject(vault.VerbEnrol, id)},
+		Subscribe: []manifest.Subscription{{Subject: registry.BootstrapInbox(publicKey) + ".>"}},
+	}
 }
 
 // SeatToolSubject is where a module's instance asks node to make it a candidate for, or

@@ -14,9 +14,12 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,9 +37,11 @@ var ErrHTTPAddrInUse = errors.New("http address already in use")
 
 // Node is one meshnode: its store, its bus and its HTTP API.
 type Node struct {
-	// CreateIdentity makes a new node identity (and mesh id) when the data dir has none;
-	// without it Open refuses an empty data dir. Set before Open.
+	// CreateIdentity runs genesis — a new mesh with this node as its first — when the data
+	// dir holds no mesh; without it Open refuses an empty data dir. Set before Open.
 	CreateIdentity bool
+	// Expect is the number of servers genesis expects (1, or 3 or more); zero means 1.
+	Expect int
 	// HandleSignals adds a SIGINT/SIGTERM actor to Run; a signal ends Run with nil.
 	HandleSignals bool
 
@@ -46,8 +51,11 @@ type Node struct {
 	started time.Time
 	db      *bolt.DB
 	id      Identity
+	found   *genesis.Foundation
 	key     nkeys.KeyPair
 	bus     *embedbus.Bus
+	vault   *vault.Vault
+	vaultNC *nats.Conn
 	reg     *registry.Registry
 	dir     *directory
 	ctrl    *controller
@@ -81,9 +89,20 @@ func (n *Node) Open() (err error) {
 	if n.db, err = openStore(n.cfg.DataDir); err != nil {
 		return err
 	}
-	if n.id, n.key, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity); err != nil {
+	if n.Expect == 0 {
+		n.Expect = 1
+	}
+	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
 		return err
 	}
+	if n.key, err = n.found.NodeKey(); err != nil {
+		return err
+	}
+	vaultKey, err := n.found.VaultKey()
+	if err != nil {
+		return err
+	}
+	vaultPub, _ := vaultKey.PublicKey()
 
 	// Bind the HTTP listener before starting the bus, so a taken port costs no server start.
 	if n.httpLn, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
@@ -101,11 +120,12 @@ func (n *Node) Open() (err error) {
 	})
 	n.dir = &directory{
 		static: map[string]embedbus.Identity{
-			n.id.PublicKey:   {Name: "node:" + n.id.Name},
-			n.id.OperatorKey: {Name: "operator"},
+			n.id.PublicKey: {Name: "node:" + n.id.Name},
+			vaultPub:       {Name: "vault"},
 		},
 		reg: n.reg,
 	}
+	n.dir.operator.Store(n.id.OperatorKey)
 	n.bus, err = embedbus.Open(embedbus.Config{
 		Name:       n.cfg.Name,
 		StoreDir:   filepath.Join(n.cfg.DataDir, jsDir),
@@ -141,7 +161,13 @@ func (n *Node) Open() (err error) {
 	if err := n.ctrl.reconcileAll(ctx); err != nil {
 		return fmt.Errorf("reconcile topology: %w", err)
 	}
+	if err := n.openVault(ctx, vaultKey); err != nil {
+		return err
+	}
 	if err := n.openSeats(ctx); err != nil {
+		return err
+	}
+	if err := n.handOff(ctx); err != nil {
 		return err
 	}
 
@@ -185,6 +211,10 @@ func (n *Node) Run(ctx context.Context) error {
 	{
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.seats.store.Watch(ctx) }, func(error) { cancel() })
+	}
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.vault.Watch(ctx) }, func(error) { cancel() })
 	}
 	{
 		// The lease runner releases every lease it holds when it stops, so a graceful stop
@@ -235,6 +265,14 @@ func (n *Node) Close() error {
 		n.ctrl.stop()
 		n.ctrl = nil
 	}
+	if n.vault != nil {
+		keep(n.vault.Close())
+		n.vault = nil
+	}
+	if n.vaultNC != nil {
+		n.vaultNC.Close()
+		n.vaultNC = nil
+	}
 	if n.reg != nil {
 		keep(n.reg.Close())
 		n.reg = nil
@@ -261,7 +299,7 @@ func (n *Node) openSeats(ctx context.Context) error {
 	n.dir.leases.Store(store)
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
-		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl,
+		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	n.seats = s
@@ -270,7 +308,71 @@ func (n *Node) openSeats(ctx context.Context) error {
 		return err
 	}
 	s.run.Add(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	s.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	s.run.Acquire(ctx)
+	return nil
+}
+
+// openVault opens the vault on its own bus identity, with the barrier key from the store.
+func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
+	if n.vaultNC, err = n.bus.Connect(key, "vault"); err != nil {
+		return fmt.Errorf("connect vault: %w", err)
+	}
+	n.vault, err = vault.Open(ctx, vault.Config{
+		Log:        n.log.With("component", "vault"),
+		MeshID:     n.id.MeshID,
+		Node:       n.id.Name,
+		Conn:       n.vaultNC,
+		Key:        key,
+		BarrierKey: n.found.BarrierKey,
+		Replicas:   replicas,
+		Secrets: func(module string) ([]string, bool) {
+			e, ok := n.reg.Get(module)
+			if !ok {
+				return nil, false
+			}
+			return e.Manifest.Secrets, true
+		},
+		Enrolment: func() vault.Enrolment {
+			return vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret,
+				GossipKey: n.found.GossipKey, BarrierKey: n.found.BarrierKey}
+		},
+		Addrs: func() []string { return []string{n.bus.ClientURL()} },
+	})
+	if err != nil {
+		return err
+	}
+	n.dir.vault.Store(n.vault)
+	return nil
+}
+
+// handOff completes genesis: the vault, now serving, mints the operator's credential, and
+// genesis records that it has handed off and will mint nothing more.
+func (n *Node) handOff(ctx context.Context) error {
+	g := genesis.New(n.db)
+	r, err := g.Record()
+	if errors.Is(err, genesis.ErrNone) || (err == nil && !r.HandedOff.IsZero()) {
+		return nil // enrolled, or handed off already
+	}
+	if err != nil {
+		return err
+	}
+	var id vault.Identity
+	if _, err := vault.Call(ctx, n.bus.Conn(), vault.VerbIdentity, vault.CallerNode, vault.Request{Owner: vault.CallerOperator}, &id); err != nil {
+		return fmt.Errorf("genesis hand-off: the vault could not mint the operator credential: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(n.cfg.DataDir, OperatorSeedFile), []byte(id.Seed+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write operator seed: %w", err)
+	}
+	if err := keepOperator(n.db, id.PublicKey); err != nil {
+		return err
+	}
+	n.id.OperatorKey = id.PublicKey
+	n.dir.operator.Store(id.PublicKey)
+	if err := g.HandOff(); err != nil {
+		return err
+	}
+	n.log.Info("genesis handed off to the vault", "mesh_id", n.id.MeshID, "operator_key", id.PublicKey)
 	return nil
 }
 

@@ -151,9 +151,9 @@ func TestNode_OpenRunClose(t *testing.T) {
 
 	_, metrics := httpGet(t, n.HTTPURL()+"/metrics")
 	for _, want := range []string{
-		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 2",
+		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 3", // the node, the vault, this client,
 		"meshnode_jetstream_messages", "meshnode_jetstream_bytes",
-		"meshnode_jetstream_streams 6", // EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats and T
+		"meshnode_jetstream_streams 7", // EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats, KV_mesh-vault, T
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -161,7 +161,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 	}
 
 	st := n.Status(ctx)
-	if !st.Ready || st.Name != "alpha" || st.MeshID == "" || st.ClientURL != n.ClientURL() || st.JetStream.Messages < 1 || st.JetStream.Streams != 6 {
+	if !st.Ready || st.Name != "alpha" || st.MeshID == "" || st.ClientURL != n.ClientURL() || st.JetStream.Messages < 1 || st.JetStream.Streams != 7 {
 		t.Fatalf("status=%+v", st)
 	}
 

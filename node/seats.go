@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -32,6 +33,7 @@ type seatService struct {
 	store *seats.Store
 	run   *seats.Runner
 	ctrl  *controller
+	vault *vault.Vault
 
 	sub *nats.Subscription
 	// ctx ends at stop; wg counts the releases running after their reply.
@@ -66,15 +68,22 @@ func (s *seatService) hooks() seats.Hooks {
 
 // nodeSeat starts or stops what the node does as holder of one of the mesh's own seats.
 func (s *seatService) nodeSeat(l seats.Lease, held bool) {
-	if l.Seat != registry.ControllerSeat {
+	var start func() error
+	var stop func()
+	switch l.Seat {
+	case registry.ControllerSeat:
+		start, stop = s.ctrl.start, s.ctrl.stop
+	case vault.Seat:
+		start, stop = s.vault.Start, s.vault.Stop
+	default:
 		return
 	}
 	if !held {
-		s.ctrl.stop()
+		stop()
 		return
 	}
-	if err := s.ctrl.start(); err != nil {
-		s.log.Error("start controller", "err", err)
+	if err := start(); err != nil {
+		s.log.Error("serve seat", "seat", l.Seat, "err", err)
 	}
 }
 
@@ -228,6 +237,7 @@ func (s *seatService) status(ctx context.Context) []registry.SeatStatus {
 		out = append(out, st)
 	}
 	add(registry.SeatStatus{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh}, registry.ControllerSeat)
+	add(registry.SeatStatus{Seat: vault.Seat, Scope: manifest.ScopeMesh}, vault.Seat)
 	users := map[string][]string{}
 	entries := s.reg.List()
 	for _, e := range entries {

@@ -1,23 +1,19 @@
 package node
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/meshnode/meshnode/vault"
-	"github.com/nats-io/nkeys"
+	"github.com/meshnode/meshnode/genesis"
 	bolt "go.etcd.io/bbolt"
 )
 
 // File names inside the data dir.
 const (
 	storeFile = "meshnode.db"
-	seedFile  = "node.nk"
 	// OperatorSeedFile is the operator's nkey seed (0600): the CLI's default credential.
 	OperatorSeedFile = "operator.nk"
 	jsDir            = "jetstream"
@@ -45,7 +41,7 @@ type Identity struct {
 	Name      string    // node name, the NATS server name
 	MeshID    string    // the mesh this node belongs to
 	Created   time.Time // when the identity was made
-	PublicKey string    // the node's nkey public key (the seed is in node.nk, 0600)
+	PublicKey string    // the node's nkey public key (the seed is in the store, 0600)
 	// OperatorKey is the operator's nkey public key; its seed is operator.nk, 0600.
 	OperatorKey string
 }
@@ -89,122 +85,54 @@ func checkWritable(dir string) error {
 	return os.Remove(name)
 }
 
-// loadIdentity reads the node's identity from db. If there is none and create is set, it
-// makes one named name, with a new mesh id and nkey, and writes the seed to dir.
-func loadIdentity(db *bolt.DB, dir, name string, create bool) (Identity, nkeys.KeyPair, error) {
-	var id Identity
-	var found bool
-	err := db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketNode)
-		if b == nil {
-			return nil
-		}
-		found = true
-		id.Name = string(b.Get([]byte("name")))
-		id.MeshID = string(b.Get([]byte("mesh-id")))
-		id.PublicKey = string(b.Get([]byte("public-key")))
-		id.OperatorKey = string(b.Get([]byte("operator-key")))
-		return id.Created.UnmarshalText(b.Get([]byte("created")))
-	})
-	if err != nil {
-		return Identity{}, nil, fmt.Errorf("read identity: %w (%v); move %s aside to start afresh", ErrCorruptStore, err, filepath.Join(dir, storeFile))
-	}
-	seedPath := filepath.Join(dir, seedFile)
-	if found {
-		if id.Name != name {
-			return Identity{}, nil, fmt.Errorf("%w: %s holds node %q, not %q; run with --name %s, or choose a fresh --data-dir for %s",
-				ErrNameMismatch, dir, id.Name, name, id.Name, name)
-		}
-		kp, err := readSeed(seedPath, id.PublicKey)
-		if err != nil {
+// loadIdentity reads the node's identity from its store: the foundation genesis (or an
+// enrolment) kept there, and the operator's key once the vault has minted it. On a store
+// without a mesh, and with create set, it runs genesis for node name, expecting expect
+// servers.
+func loadIdentity(db *bolt.DB, dir, name string, create bool, expect int) (Identity, *genesis.Foundation, error) {
+	g := genesis.New(db)
+	f, err := g.Foundation()
+	switch {
+	case errors.Is(err, genesis.ErrNone) && !create:
+		return Identity{}, nil, fmt.Errorf("%w: %s", ErrNoIdentity, dir)
+	case errors.Is(err, genesis.ErrNone):
+		if f, err = g.Begin(name, expect); err != nil {
 			return Identity{}, nil, err
 		}
-		if id.OperatorKey == "" {
-			// A node made before the operator credential existed gets one now.
-			if id.OperatorKey, err = mintOperator(db, dir); err != nil {
-				return Identity{}, nil, err
-			}
-		}
-		return id, kp, nil
+	case err != nil:
+		return Identity{}, nil, fmt.Errorf("read foundation: %w (%v); move %s aside to start afresh", ErrCorruptStore, err, filepath.Join(dir, storeFile))
 	}
-	if !create {
-		return Identity{}, nil, fmt.Errorf("%w: %s", ErrNoIdentity, dir)
+	if f.Node != name {
+		return Identity{}, nil, fmt.Errorf("%w: %s holds node %q, not %q; run with --name %s, or choose a fresh --data-dir for %s",
+			ErrNameMismatch, dir, f.Node, name, f.Node, name)
 	}
-
-	kp, err := nkeys.CreateServer()
+	kp, err := f.NodeKey()
 	if err != nil {
-		return Identity{}, nil, fmt.Errorf("create node key: %w", err)
+		return Identity{}, nil, fmt.Errorf("node key: %w", err)
 	}
-	seed, _ := kp.Seed()
-	pub, _ := kp.PublicKey()
-	if err := writeFileAtomic(seedPath, seed, 0o600); err != nil {
-		return Identity{}, nil, fmt.Errorf("write node seed: %w", err)
+	id := Identity{Name: f.Node, MeshID: f.MeshID}
+	id.PublicKey, _ = kp.PublicKey()
+	if r, err := g.Record(); err == nil {
+		id.Created = r.Created
 	}
-	meshID := make([]byte, 16)
-	if _, err := rand.Read(meshID); err != nil {
-		return Identity{}, nil, err
-	}
-	id = Identity{Name: name, MeshID: hex.EncodeToString(meshID), Created: time.Now().UTC().Truncate(time.Second), PublicKey: pub}
-	created, _ := id.Created.MarshalText()
-	err = db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucket(bucketNode)
-		if err != nil {
-			return err
-		}
-		for k, v := range map[string][]byte{
-			"name": []byte(id.Name), "mesh-id": []byte(id.MeshID),
-			"public-key": []byte(id.PublicKey), "created": created,
-		} {
-			if err := b.Put([]byte(k), v); err != nil {
-				return err
-			}
+	err = db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNode); b != nil {
+			id.OperatorKey = string(b.Get([]byte("operator-key")))
 		}
 		return nil
 	})
-	if err != nil {
-		return Identity{}, nil, fmt.Errorf("write identity: %w", err)
-	}
-	if id.OperatorKey, err = mintOperator(db, dir); err != nil {
-		return Identity{}, nil, err
-	}
-	return id, kp, nil
+	return id, f, err
 }
 
-// mintOperator mints the operator's identity, writes its seed to operator.nk (0600) and its
-// public key to the store.
-func mintOperator(db *bolt.DB, dir string) (string, error) {
-	kp, err := vault.MintUser()
-	if err != nil {
-		return "", err
-	}
-	seed, _ := kp.Seed()
-	pub, _ := kp.PublicKey()
-	if err := writeFileAtomic(filepath.Join(dir, OperatorSeedFile), append(seed, '\n'), 0o600); err != nil {
-		return "", fmt.Errorf("write operator seed: %w", err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketNode).Put([]byte("operator-key"), []byte(pub))
+// keepOperator records the operator's public key (its seed went to operator.nk).
+func keepOperator(db *bolt.DB, pub string) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketNode)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("operator-key"), []byte(pub))
 	})
-	if err != nil {
-		return "", fmt.Errorf("write operator key: %w", err)
-	}
-	return pub, nil
-}
-
-// readSeed loads the node's nkey seed and checks it matches the identity's public key.
-func readSeed(path, wantPub string) (nkeys.KeyPair, error) {
-	seed, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read node seed: %w; the data dir is incomplete, restore %s from a backup", err, path)
-	}
-	kp, err := nkeys.FromSeed(trimSpace(seed))
-	if err != nil {
-		return nil, fmt.Errorf("node seed %s: %w; restore it from a backup", path, err)
-	}
-	if pub, _ := kp.PublicKey(); pub != wantPub {
-		return nil, fmt.Errorf("node seed %s belongs to %s, not to this node (%s); restore the right file from a backup", path, pub, wantPub)
-	}
-	return kp, nil
 }
 
 func trimSpace(b []byte) []byte {

@@ -34,8 +34,9 @@ type RegisterRequest struct {
 type RegisterReply struct {
 	Module    string `json:"module,omitempty"`
 	PublicKey string `json:"public_key,omitempty"`
-	// Created is true for a new module: SealedSeed then holds its seed, sealed to the
-	// request's XKey with the one-time sender key SenderXKey. A re-registration keeps the
+	// Created is true for a new module: SealedSeed then holds its identity (vault.Identity
+	// as JSON, minted by the vault), sealed to the request's XKey with the one-time sender key
+	// SenderXKey. A re-registration keeps the
 	// module's key and sends no seed.
 	Created    bool   `json:"created"`
 	SealedSeed []byte `json:"sealed_seed,omitempty"`

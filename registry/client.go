@@ -47,9 +47,18 @@ func Register(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered,
 	}
 	out := &Registered{RegisterReply: reply}
 	if reply.Created {
-		if out.Seed, err = vault.Open(xkp, reply.SenderXKey, reply.SealedSeed); err != nil {
+		plain, err := vault.Unseal(xkp, reply.SenderXKey, reply.SealedSeed)
+		if err != nil {
 			return nil, err
 		}
+		var id vault.Identity
+		if err := json.Unmarshal(plain, &id); err != nil {
+			return nil, fmt.Errorf("register: sealed identity: %w", err)
+		}
+		if id.PublicKey != reply.PublicKey {
+			return nil, fmt.Errorf("register: the sealed identity is %s, the registration %s", id.PublicKey, reply.PublicKey)
+		}
+		out.Seed = []byte(id.Seed)
 	}
 	return out, nil
 }

@@ -36,8 +36,8 @@ func Seal(recipient string, data []byte) (sealed []byte, sender string, err erro
 	return sealed, sender, err
 }
 
-// Open decrypts what Seal sealed for kp, given the sender key Seal returned.
-func Open(kp nkeys.KeyPair, sender string, sealed []byte) ([]byte, error) {
+// Unseal decrypts what Seal sealed for kp, given the sender key Seal returned.
+func Unseal(kp nkeys.KeyPair, sender string, sealed []byte) ([]byte, error) {
 	data, err := kp.Open(sealed, sender)
 	if err != nil {
 		return nil, fmt.Errorf("open sealed reply: %w", err)

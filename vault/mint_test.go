@@ -19,12 +19,12 @@ func TestSealOpen(t *testing.T) {
 	if bytes.Contains(sealed, secret) {
 		t.Fatal("sealed bytes contain the plaintext")
 	}
-	got, err := vault.Open(recipient, sender, sealed)
+	got, err := vault.Unseal(recipient, sender, sealed)
 	if err != nil || !bytes.Equal(got, secret) {
 		t.Fatalf("Open=%q, %v; want %q", got, err, secret)
 	}
 	other, _ := nkeys.CreateCurveKeys()
-	if _, err := vault.Open(other, sender, sealed); err == nil {
+	if _, err := vault.Unseal(other, sender, sealed); err == nil {
 		t.Fatal("another xkey opened the sealed bytes")
 	}
 	if _, _, err := vault.Seal("UABC", secret); err == nil {

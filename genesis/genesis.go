@@ -1,0 +1,235 @@
+package genesis
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nkeys"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Errors of genesis.
+var (
+	// ErrTwoServers refuses a mesh of two: JetStream needs a majority, so losing either of
+	// two servers stops it.
+	ErrTwoServers = errors.New("a mesh of 2 servers is refused: losing either stops JetStream (it needs a majority); use --expect 1 for a single node or 3 or more")
+	// ErrExists means the data dir already belongs to a mesh.
+	ErrExists = errors.New("data dir already belongs to a mesh")
+	// ErrHandedOff means genesis has handed off to the vault: it mints nothing more.
+	ErrHandedOff = errors.New("genesis has handed off to the vault and mints nothing more")
+	// ErrNone means the data dir holds no genesis and no enrolment: no mesh at all.
+	ErrNone = errors.New("data dir holds no mesh")
+)
+
+var (
+	bucketGenesis    = []byte("genesis")
+	bucketFoundation = []byte("foundation")
+	keyRecord        = []byte("record")
+)
+
+// Foundation is what genesis mints: the bus's own credentials and the vault's own. It lives
+// in the node's bbolt file (0600) and nowhere else; it never enters a stream.
+type Foundation struct {
+	MeshID string `json:"mesh_id"`
+	// Node is the node's name; NodeSeed its nkey seed (a server key: its identity on the
+	// bus and the raft); NodeXKeySeed its X25519 seed (what the vault seals to it).
+	Node         string `json:"node"`
+	NodeSeed     []byte `json:"node_seed"`
+	NodeXKeySeed []byte `json:"node_xkey_seed"`
+	// RouteSecret authenticates routes between the mesh's servers.
+	RouteSecret []byte `json:"route_secret"`
+	// GossipKey encrypts membership gossip (memberlist SecretKey, 32 bytes).
+	GossipKey []byte `json:"gossip_key"`
+	// BarrierKey encrypts the vault's records (AES-256-GCM, 32 bytes).
+	BarrierKey []byte `json:"barrier_key"`
+	// VaultSeed is the vault's own bus identity (an nkey user seed).
+	VaultSeed []byte `json:"vault_seed"`
+}
+
+// Minted is one credential in the genesis record: what, and a fingerprint (never a value).
+type Minted struct {
+	What        string `json:"what"`
+	Fingerprint string `json:"fingerprint"` // a public key, or sha256 of a secret's value
+}
+
+// Record is what the data dir remembers of genesis.
+type Record struct {
+	MeshID  string    `json:"mesh_id"`
+	Node    string    `json:"node"`
+	Expect  int       `json:"expect"`
+	Created time.Time `json:"created"`
+	Minted  []Minted  `json:"minted"`
+	// HandedOff is when the vault took over; zero before.
+	HandedOff time.Time `json:"handed_off,omitzero"`
+}
+
+// Genesis is the genesis state of one data dir's store.
+type Genesis struct{ db *bolt.DB }
+
+// New returns the genesis state kept in db.
+func New(db *bolt.DB) *Genesis { return &Genesis{db: db} }
+
+// Record returns the genesis record; ErrNone if there is none.
+func (g *Genesis) Record() (Record, error) {
+	var r Record
+	err := g.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketGenesis)
+		if b == nil || b.Get(keyRecord) == nil {
+			return ErrNone
+		}
+		return json.Unmarshal(b.Get(keyRecord), &r)
+	})
+	return r, err
+}
+
+// Foundation returns the foundation kept in the store; ErrNone if there is none.
+func (g *Genesis) Foundation() (*Foundation, error) {
+	var f Foundation
+	err := g.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketFoundation)
+		if b == nil || b.Get(keyRecord) == nil {
+			return ErrNone
+		}
+		return json.Unmarshal(b.Get(keyRecord), &f)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// Begin mints the foundation of a new mesh for node name, expecting expect servers, and
+// keeps it with the genesis record. It refuses a data dir that already belongs to a mesh, a
+// mesh of two, and — once handed off — anything at all.
+func (g *Genesis) Begin(name string, expect int) (*Foundation, error) {
+	switch {
+	case expect == 2:
+		return nil, ErrTwoServers
+	case expect < 1:
+		return nil, fmt.Errorf("--expect %d: a mesh has 1 server, or 3 or more", expect)
+	}
+	if r, err := g.Record(); err == nil {
+		if !r.HandedOff.IsZero() {
+			return nil, fmt.Errorf("%w (mesh %s, handed off %s)", ErrHandedOff, r.MeshID, r.HandedOff.Format(time.RFC3339))
+		}
+		return nil, fmt.Errorf("%w %s; use `meshnode run` to start it, or a fresh --data-dir for a new mesh", ErrExists, r.MeshID)
+	} else if !errors.Is(err, ErrNone) {
+		return nil, err
+	}
+	if _, err := g.Foundation(); err == nil {
+		return nil, fmt.Errorf("%w (it joined one); use `meshnode run`, or a fresh --data-dir for a new mesh", ErrExists)
+	}
+	f, minted, err := mint(name)
+	if err != nil {
+		return nil, err
+	}
+	r := Record{MeshID: f.MeshID, Node: name, Expect: expect, Created: time.Now().UTC(), Minted: minted}
+	err = g.db.Update(func(tx *bolt.Tx) error {
+		if err := put(tx, bucketFoundation, f); err != nil {
+			return err
+		}
+		return put(tx, bucketGenesis, r)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("keep foundation: %w", err)
+	}
+	return f, nil
+}
+
+// HandOff records that the vault has taken over. After it, Begin mints nothing.
+func (g *Genesis) HandOff() error {
+	return g.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketGenesis)
+		if b == nil || b.Get(keyRecord) == nil {
+			return ErrNone
+		}
+		var r Record
+		if err := json.Unmarshal(b.Get(keyRecord), &r); err != nil {
+			return err
+		}
+		if !r.HandedOff.IsZero() {
+			return nil
+		}
+		r.HandedOff = time.Now().UTC()
+		return put(tx, bucketGenesis, r)
+	})
+}
+
+// Keep stores a foundation delivered by enrolment (a node that joins an existing mesh).
+func (g *Genesis) Keep(f *Foundation) error {
+	return g.db.Update(func(tx *bolt.Tx) error { return put(tx, bucketFoundation, f) })
+}
+
+func put(tx *bolt.Tx, bucket []byte, v any) error {
+	b, err := tx.CreateBucketIfNotExists(bucket)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put(keyRecord, data)
+}
+
+// mint makes the foundation: exactly the bus's own credentials and the vault's own.
+func mint(node string) (*Foundation, []Minted, error) {
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return nil, nil, err
+	}
+	f := &Foundation{MeshID: hex.EncodeToString(id), Node: node}
+	nodeKey, err := nkeys.CreateServer()
+	if err != nil {
+		return nil, nil, err
+	}
+	xkey, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, nil, err
+	}
+	vaultKey, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, nil, err
+	}
+	f.NodeSeed, _ = nodeKey.Seed()
+	f.NodeXKeySeed, _ = xkey.Seed()
+	f.VaultSeed, _ = vaultKey.Seed()
+	for _, p := range []*[]byte{&f.RouteSecret, &f.GossipKey, &f.BarrierKey} {
+		*p = make([]byte, 32)
+		if _, err := rand.Read(*p); err != nil {
+			return nil, nil, err
+		}
+	}
+	nodePub, _ := nodeKey.PublicKey()
+	xPub, _ := xkey.PublicKey()
+	vaultPub, _ := vaultKey.PublicKey()
+	minted := []Minted{
+		{"mesh id", f.MeshID},
+		{"node nkey", nodePub},
+		{"node xkey", xPub},
+		{"route credential", digest(f.RouteSecret)},
+		{"gossip key", digest(f.GossipKey)},
+		{"barrier key", digest(f.BarrierKey)},
+		{"vault identity", vaultPub},
+	}
+	return f, minted, nil
+}
+
+func digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// NodeKey returns the node's nkey.
+func (f *Foundation) NodeKey() (nkeys.KeyPair, error) { return nkeys.FromSeed(f.NodeSeed) }
+
+// NodeXKey returns the node's xkey.
+func (f *Foundation) NodeXKey() (nkeys.KeyPair, error) { return nkeys.FromSeed(f.NodeXKeySeed) }
+
+// VaultKey returns the vault's bus identity.
+func (f *Foundation) VaultKey() (nkeys.KeyPair, error) { return nkeys.FromSeed(f.VaultSeed) }

@@ -1,0 +1,153 @@
+package vault
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Seat is the mesh's own seat that answers the vault's tools.
+const Seat = "mesh-vault"
+
+// Callers that are not modules. A module calls as itself (its name).
+const (
+	CallerOperator = "operator"
+	CallerNode     = "node"
+)
+
+// The vault's verbs: core request/reply on mesh.seat.mesh-vault.tool.<verb>.<caller>. The
+// caller's name in the subject is the proof of who asks: a module may publish only on
+// fetch.<its name>, a join token's key only on enrol.<its id>; the operator and the nodes
+// administer.
+const (
+	VerbMint     = "mint"
+	VerbFetch    = "fetch"
+	VerbRotate   = "rotate"
+	VerbList     = "ls"
+	VerbToken    = "token"
+	VerbEnrol    = "enrol"
+	VerbIdentity = "identity"
+)
+
+// ToolSubject is where caller asks the vault for verb.
+func ToolSubject(verb, caller string) string {
+	return manifest.SeatToolSubject(Seat, verb) + "." + caller
+}
+
+// EventSubject is where the vault records an action: mesh.seat.mesh-vault.event.<action>.
+func EventSubject(action string) string { return manifest.SeatEventSubject(Seat, action) }
+
+// Request is any vault request. XKey is the caller's xkey public key: every reply that
+// carries a secret is sealed to it.
+type Request struct {
+	XKey    string `json:"xkey"`
+	Owner   string `json:"owner,omitempty"` // a module, or "operator"; a module's fetch is its own
+	Name    string `json:"name,omitempty"`
+	Version int    `json:"version,omitempty"` // fetch: 0 = current
+	Grace   string `json:"grace,omitempty"`   // rotate: how long the previous version stays readable
+	TTL     string `json:"ttl,omitempty"`     // token: validity
+	Uses    int    `json:"uses,omitempty"`    // token: how many joins
+	Node    string `json:"node,omitempty"`    // enrol: the joining node's name
+	MeshID  string `json:"mesh_id,omitempty"` // enrol: the mesh the token names
+}
+
+// Reply is any vault reply: Sealed (to the request's XKey, opened with Sender) when it
+// carries a secret, Meta otherwise, Error when refused.
+type Reply struct {
+	// PublicKey is a minted identity's public key (identity): public, so unsealed.
+	PublicKey string `json:"public_key,omitempty"`
+	Sealed    []byte `json:"sealed,omitempty"`
+	Sender string `json:"sender,omitempty"`
+	Meta   []Meta `json:"meta,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Meta describes a secret without its value.
+type Meta struct {
+	Owner    string    `json:"owner"`
+	Name     string    `json:"name"`
+	Version  int       `json:"version"`
+	Versions []int     `json:"versions,omitempty"` // readable versions
+	Created  time.Time `json:"created"`
+}
+
+// Secret is what a sealed fetch, mint or rotate reply opens to.
+type Secret struct {
+	Meta
+	Value string `json:"value"`
+}
+
+// Identity is what a sealed identity reply opens to: a new nkey identity.
+type Identity struct {
+	Owner     string `json:"owner"`
+	PublicKey string `json:"public_key"`
+	Seed      string `json:"seed"`
+}
+
+// Token is what a sealed token reply opens to.
+type Token struct {
+	ID      string    `json:"id"`
+	Token   string    `json:"token"` // the bearer string to hand to the joining node
+	Expires time.Time `json:"expires"`
+	Uses    int       `json:"uses"`
+}
+
+// Enrolment is what a sealed enrol reply opens to: what a joining node needs of the
+// foundation. (The barrier key travels sealed to the node's own xkey only.)
+type Enrolment struct {
+	MeshID      string `json:"mesh_id"`
+	RouteSecret []byte `json:"route_secret"`
+	GossipKey   []byte `json:"gossip_key"`
+	BarrierKey  []byte `json:"barrier_key"`
+}
+
+// ErrRefused means the vault refused the request; the error says why.
+var ErrRefused = errors.New("vault refused")
+
+// Call sends req as caller for verb and opens the sealed reply, if any, into out. It makes a
+// one-time xkey for the reply, so only this call can open it.
+func Call(ctx context.Context, nc *nats.Conn, verb, caller string, req Request, out any) ([]Meta, error) {
+	xkp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	defer xkp.Wipe()
+	req.XKey, _ = xkp.PublicKey()
+	return CallWith(ctx, nc, xkp, verb, caller, req, out)
+}
+
+// CallWith is Call with the caller's own xkey (req.XKey must be its public key).
+func CallWith(ctx context.Context, nc *nats.Conn, xkp nkeys.KeyPair, verb, caller string, req Request, out any) ([]Meta, error) {
+	b, _ := json.Marshal(req)
+	subject := ToolSubject(verb, caller)
+	msg, err := nc.RequestWithContext(ctx, subject, b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("no vault answers %s: is the node ready (`meshnode status`)?", subject)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vault %s: %w", verb, err)
+	}
+	var reply Reply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, fmt.Errorf("vault %s answered %q: %w", verb, msg.Data, err)
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	if reply.Sealed != nil && out != nil {
+		plain, err := Unseal(xkp, reply.Sender, reply.Sealed)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(plain, out); err != nil {
+			return nil, fmt.Errorf("vault %s: sealed reply: %w", verb, err)
+		}
+	}
+	return reply.Meta, nil
+}

@@ -1,0 +1,158 @@
+package vault
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/nats-io/nuid"
+)
+
+// TokenPrefix starts every join token, so a pasted token is recognisable.
+const TokenPrefix = "MNJ1."
+
+// tokenRecord is a join token at rest: its public key and limits — never its seed, which
+// exists only in the bearer string.
+type tokenRecord struct {
+	ID        string    `json:"id"`
+	PublicKey string    `json:"public_key"`
+	MeshID    string    `json:"mesh_id"`
+	Created   time.Time `json:"created"`
+	Expires   time.Time `json:"expires"`
+	Uses      int       `json:"uses"`
+	Used      int       `json:"used"`
+	Enrolled  []string  `json:"enrolled,omitempty"` // nodes that joined with it
+}
+
+// Bearer is what a join token string decodes to.
+type Bearer struct {
+	MeshID string   `json:"mesh_id"`
+	ID     string   `json:"id"`
+	Seed   string   `json:"seed"` // the token's own nkey: it may request enrol, nothing else
+	Addrs  []string `json:"addrs"`
+}
+
+// ParseToken decodes a join token string.
+func ParseToken(s string) (Bearer, error) {
+	var b Bearer
+	raw, ok := strings.CutPrefix(strings.TrimSpace(s), TokenPrefix)
+	if !ok {
+		return b, fmt.Errorf("not a join token: it starts with %q; make one with `meshnode token create`", TokenPrefix)
+	}
+	data, err := base64.RawURLEncoding.DecodeString(raw)
+	if err != nil {
+		return b, fmt.Errorf("join token is damaged: %w", err)
+	}
+	if err := json.Unmarshal(data, &b); err != nil || b.ID == "" || b.Seed == "" {
+		return b, errors.New("join token is damaged: copy it whole")
+	}
+	return b, nil
+}
+
+func (b Bearer) String() string {
+	data, _ := json.Marshal(b)
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(data)
+}
+
+func (v *Vault) applyToken(e jetstream.KeyValueEntry) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var r tokenRecord
+	if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
+		for pub, t := range v.tokens {
+			if "token."+t.ID == e.Key() {
+				delete(v.tokens, pub)
+			}
+		}
+		return
+	}
+	v.tokens[r.PublicKey] = r
+}
+
+// TokenID returns the id of the join token whose key is publicKey: the bus lets that key
+// request enrol.<id> and nothing else. Used and expired tokens still authenticate, so the
+// vault can say what is wrong with them.
+func (v *Vault) TokenID(publicKey string) (string, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	t, ok := v.tokens[publicKey]
+	return t.ID, ok
+}
+
+// token mints a join token.
+func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
+	ttl := DefaultTokenTTL
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("ttl %q is not a positive duration", req.TTL)
+		}
+		ttl = d
+	}
+	uses := req.Uses
+	if uses == 0 {
+		uses = 1
+	}
+	if uses < 0 {
+		return nil, fmt.Errorf("uses %d: a token is used at least once", uses)
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	now := time.Now().UTC()
+	r := tokenRecord{ID: strings.ToLower(nuid.Next()), PublicKey: pub, MeshID: v.cfg.MeshID, Created: now, Expires: now.Add(ttl), Uses: uses}
+	b, _ := json.Marshal(r)
+	if _, err := v.kv.Create(ctx, "token."+r.ID, b); err != nil {
+		return nil, err
+	}
+	v.event("token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
+	bearer := Bearer{MeshID: v.cfg.MeshID, ID: r.ID, Seed: string(seed), Addrs: v.cfg.Addrs()}
+	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
+}
+
+// enrol trades a join token for what a joining node needs. The token is consumed only once
+// the reply is sealed: a join refused or failed before that leaves it as it was.
+func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, error) {
+	e, err := v.kv.Get(ctx, "token."+id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("join token %s is not known to mesh %s", id, v.cfg.MeshID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r tokenRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, err
+	}
+	switch {
+	case req.MeshID != "" && req.MeshID != r.MeshID:
+		return nil, fmt.Errorf("join token %s is for mesh %s, not mesh %s", id, r.MeshID, req.MeshID)
+	case time.Now().After(r.Expires):
+		return nil, fmt.Errorf("join token %s expired at %s; make a new one with `meshnode token create`", id, r.Expires.Format(time.RFC3339))
+	case r.Used >= r.Uses:
+		return nil, fmt.Errorf("join token %s is used up (%d of %d uses, by %s); make a new one with `meshnode token create`", id, r.Used, r.Uses, strings.Join(r.Enrolled, ", "))
+	case req.Node == "":
+		return nil, errors.New("enrol names no node")
+	}
+	if _, err := nkeys.FromPublicKey(req.XKey); err != nil || !nkeys.IsValidPublicCurveKey(req.XKey) {
+		return nil, errors.New("enrol carries no xkey to seal the enrolment to")
+	}
+	out := v.cfg.Enrolment()
+	r.Used++
+	r.Enrolled = append(r.Enrolled, req.Node)
+	b, _ := json.Marshal(r)
+	if _, err := v.kv.Update(ctx, "token."+id, b, e.Revision()); err != nil {
+		return nil, fmt.Errorf("join token %s changed meanwhile; try again", id)
+	}
+	v.event("enrolled", map[string]any{"token": id, "node": req.Node})
+	return &out, nil
+}

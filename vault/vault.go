@@ -1,0 +1,265 @@
+package vault
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// Bucket is the KV bucket of the vault's records: barrier-encrypted secrets, and metadata of
+// identities and join tokens. Nothing in it is readable without the barrier key.
+const Bucket = "mesh-vault"
+
+// Defaults of the vault.
+const (
+	DefaultGrace    = 24 * time.Hour // how long a rotated-out version stays readable
+	DefaultTokenTTL = time.Hour
+	requestTimeout  = 10 * time.Second
+)
+
+// Config is what the node hands the vault.
+type Config struct {
+	Log    *slog.Logger
+	MeshID string
+	Node   string
+	// Conn is the vault's own connection, authenticated with Key: its bus identity.
+	Conn *nats.Conn
+	Key  nkeys.KeyPair
+	// BarrierKey encrypts every record (AES-256-GCM); it never enters a stream.
+	BarrierKey []byte
+	Replicas   int
+	// Secrets returns the secret names a registered module declares.
+	Secrets func(module string) ([]string, bool)
+	// Enrolment is what an enrolled node receives.
+	Enrolment func() Enrolment
+	// Addrs are the client URLs a join token tells the joining node to contact.
+	Addrs func() []string
+}
+
+// Vault is the mesh-vault seat's work on this node.
+type Vault struct {
+	cfg  Config
+	log  *slog.Logger
+	js   jetstream.JetStream
+	kv   jetstream.KeyValue
+	aead cipher.AEAD
+	sign *envelope.SigningKey
+	w    jetstream.KeyWatcher
+
+	mu     sync.RWMutex
+	tokens map[string]tokenRecord // by public key: who may enrol
+	sub    *nats.Subscription
+}
+
+// Open opens the bucket and loads the join tokens; Watch must then run, and Start serves
+// the tools (while this node holds the mesh-vault seat).
+func Open(ctx context.Context, cfg Config) (*Vault, error) {
+	if len(cfg.BarrierKey) != 32 {
+		return nil, errors.New("vault: the barrier key must be 32 bytes")
+	}
+	block, err := aes.NewCipher(cfg.BarrierKey)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	sign, err := envelope.NewSigningKey(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "meshnode: vault records (barrier-encrypted secrets, identities, join tokens)",
+		History:     2,
+		Replicas:    cfg.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign, tokens: map[string]tokenRecord{}}
+	if v.log == nil {
+		v.log = slog.New(slog.DiscardHandler)
+	}
+	w, err := kv.Watch(context.Background(), "token.>")
+	if err != nil {
+		return nil, fmt.Errorf("watch tokens: %w", err)
+	}
+	v.w = w
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("vault: token watch closed")
+			}
+			if e == nil {
+				return v, nil
+			}
+			v.applyToken(e)
+		case <-ctx.Done():
+			w.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Watch follows the token records until ctx ends.
+func (v *Vault) Watch(ctx context.Context) error {
+	for {
+		select {
+		case e, ok := <-v.w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				v.applyToken(e)
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// Close stops serving and the watch.
+func (v *Vault) Close() error {
+	v.Stop()
+	return v.w.Stop()
+}
+
+// Start serves the vault's tools (queue group mesh-vault).
+func (v *Vault) Start() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.sub != nil {
+		return nil
+	}
+	sub, err := v.cfg.Conn.QueueSubscribe(ToolSubject("*", "*"), Seat, v.serve)
+	if err != nil {
+		return fmt.Errorf("serve vault: %w", err)
+	}
+	v.sub = sub
+	return v.cfg.Conn.Flush()
+}
+
+// Stop stops serving the tools: this node no longer holds the seat.
+func (v *Vault) Stop() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.sub != nil {
+		v.sub.Unsubscribe()
+		v.sub = nil
+	}
+}
+
+// serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
+func (v *Vault) serve(m *nats.Msg) {
+	parts := strings.Split(m.Subject, ".")
+	verb, caller := parts[4], parts[5]
+	var req Request
+	var reply Reply
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		reply.Error = "the request is not JSON"
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		reply = v.handle(ctx, verb, caller, req)
+		cancel()
+	}
+	b, _ := json.Marshal(reply)
+	m.Respond(b)
+}
+
+func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) Reply {
+	admin := caller == CallerOperator || caller == CallerNode
+	var out any
+	var meta []Meta
+	var err error
+	switch {
+	case verb == VerbEnrol:
+		out, err = v.enrol(ctx, caller, req)
+	case verb == VerbFetch && !admin:
+		// A module fetches its own secrets, and only those its manifest names.
+		req.Owner = caller
+		names, ok := v.cfg.Secrets(caller)
+		if !ok || !slices.Contains(names, req.Name) {
+			err = fmt.Errorf("module %s does not declare secret %q (it declares %v); add it to secrets: in its manifest", caller, req.Name, names)
+		} else {
+			out, err = v.fetch(ctx, req)
+		}
+	case !admin:
+		err = fmt.Errorf("%s may only fetch its own secrets", caller)
+	case verb == VerbFetch:
+		out, err = v.fetch(ctx, req)
+	case verb == VerbMint:
+		out, err = v.mint(ctx, req)
+	case verb == VerbRotate:
+		out, err = v.rotate(ctx, req)
+	case verb == VerbList:
+		meta, err = v.list(ctx, req.Owner)
+	case verb == VerbToken:
+		out, err = v.token(ctx, req)
+	case verb == VerbIdentity:
+		out, err = v.identity(ctx, req)
+	default:
+		err = fmt.Errorf("unknown vault verb %q", verb)
+	}
+	if err != nil {
+		v.event("refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()})
+		return Reply{Error: err.Error()}
+	}
+	reply := Reply{Meta: meta}
+	if id, ok := out.(*Identity); ok {
+		reply.PublicKey = id.PublicKey
+	}
+	if out != nil {
+		plain, _ := json.Marshal(out)
+		if reply.Sealed, reply.Sender, err = Seal(req.XKey, plain); err != nil {
+			return Reply{Error: fmt.Sprintf("%v: send your xkey public key (nkeys CreateCurveKeys) as xkey", err)}
+		}
+	}
+	return reply
+}
+
+// event records a vault action on the mesh-vault seat's events: metadata, never a value.
+func (v *Vault) event(action string, meta map[string]any) {
+	meta["node"] = v.cfg.Node
+	body, _ := json.Marshal(meta)
+	subject := EventSubject(action)
+	h, err := envelope.Stamp(v.sign, Seat, v.cfg.Node, subject, body, envelope.Options{})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		v.log.Error("record vault event", "action", action, "err", err)
+	}
+}
+
+func randomValue() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
