@@ -3,10 +3,12 @@ package genesis
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nkeys"
@@ -115,7 +117,7 @@ func (g *Genesis) Begin(name string, expect int) (*Foundation, error) {
 	}
 	if r, err := g.Record(); err == nil {
 		if !r.HandedOff.IsZero() {
-			return nil, fmt.Errorf("%w (mesh %s, handed off %s)", ErrHandedOff, r.MeshID, r.HandedOff.Format(time.RFC3339))
+			return nil, fmt.Errorf("%w (mesh %s, handed off %s); use `meshnode run` to start it, or a fresh --data-dir for a new mesh", ErrHandedOff, r.MeshID, r.HandedOff.Format(time.RFC3339))
 		}
 		return nil, fmt.Errorf("%w %s; use `meshnode run` to start it, or a fresh --data-dir for a new mesh", ErrExists, r.MeshID)
 	} else if !errors.Is(err, ErrNone) {
@@ -233,3 +235,38 @@ func (f *Foundation) NodeXKey() (nkeys.KeyPair, error) { return nkeys.FromSeed(f
 
 // VaultKey returns the vault's bus identity.
 func (f *Foundation) VaultKey() (nkeys.KeyPair, error) { return nkeys.FromSeed(f.VaultSeed) }
+
+// FoundingPrefix starts every founding token.
+const FoundingPrefix = "MNF1."
+
+// Founding is the founding token of a mesh of 3 or more (DESIGN §9): before the founding
+// nodes meet there is no vault, so genesis hands them the bus's own foundation directly —
+// the mesh id, where to gossip, the gossip key and the route credential. It is refused once
+// the mesh has formed and the vault has taken over; later joins use vault-minted tokens.
+type Founding struct {
+	MeshID      string   `json:"mesh_id"`
+	Expect      int      `json:"expect"`
+	Gossip      []string `json:"gossip"`
+	GossipKey   []byte   `json:"gossip_key"`
+	RouteSecret []byte   `json:"route_secret"`
+}
+
+// FoundingToken returns the founding token of f, gossiping with seeds.
+func (f *Foundation) FoundingToken(expect int, seeds []string) string {
+	b, _ := json.Marshal(Founding{MeshID: f.MeshID, Expect: expect, Gossip: seeds, GossipKey: f.GossipKey, RouteSecret: f.RouteSecret})
+	return FoundingPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// ParseFounding decodes a founding token.
+func ParseFounding(s string) (Founding, error) {
+	var f Founding
+	raw, ok := strings.CutPrefix(strings.TrimSpace(s), FoundingPrefix)
+	if !ok {
+		return f, fmt.Errorf("not a founding token: it starts with %q (genesis --expect 3 prints one)", FoundingPrefix)
+	}
+	b, err := base64.RawURLEncoding.DecodeString(raw)
+	if err != nil || json.Unmarshal(b, &f) != nil || f.MeshID == "" {
+		return f, errors.New("founding token is damaged: copy it whole")
+	}
+	return f, nil
+}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -36,8 +37,14 @@ type bed struct {
 
 func newBed(t testing.TB) *bed {
 	t.Helper()
-	dir := t.TempDir()
-	n := MustOpenNode(t, testConfig(dir, "alpha"))
+	return newBedAt(t, testConfig(t.TempDir(), "alpha"))
+}
+
+// newBedAt is newBed on a given configuration (to restart a node on its data dir).
+func newBedAt(t testing.TB, cfg config.Config) *bed {
+	t.Helper()
+	dir := cfg.DataDir
+	n := MustOpenNode(t, cfg)
 	op := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile))
 	t.Cleanup(op.Close)
 	js, _ := jetstream.New(op)

@@ -32,8 +32,13 @@ const openTimeout = 30 * time.Second
 // replicas is the replication of the mesh's streams and buckets: 1 on a single node.
 const replicas = 1
 
-// ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
-var ErrHTTPAddrInUse = errors.New("http address already in use")
+// Errors of Open.
+var (
+	// ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
+	ErrHTTPAddrInUse = errors.New("http address already in use")
+	// ErrClusterNotBuilt is returned for a data dir made to found a cluster of 3 or more.
+	ErrClusterNotBuilt = errors.New("cluster formation is not built yet")
+)
 
 // Node is one meshnode: its store, its bus and its HTTP API.
 type Node struct {
@@ -94,6 +99,10 @@ func (n *Node) Open() (err error) {
 	}
 	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
 		return err
+	}
+	if r, err := genesis.New(n.db).Record(); err == nil && r.Expect >= 3 {
+		return fmt.Errorf("%w: data dir %s holds mesh %s, made by genesis to form a cluster of %d; forming a cluster is not built in this version — use a single-node mesh (genesis --expect 1) for now",
+			ErrClusterNotBuilt, n.cfg.DataDir, r.MeshID, r.Expect)
 	}
 	if n.key, err = n.found.NodeKey(); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
 	bolt "go.etcd.io/bbolt"
 )
@@ -167,3 +168,27 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
+
+// Prepare runs genesis on cfg's data dir without raising the bus: for a mesh of 3 or more,
+// whose first bus must wait until the founding nodes meet. It returns the foundation and
+// the genesis record.
+func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, genesis.Record{}, err
+	}
+	db, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, genesis.Record{}, err
+	}
+	defer db.Close()
+	g := genesis.New(db)
+	f, err := g.Begin(cfg.Name, expect)
+	if err != nil {
+		return nil, genesis.Record{}, err
+	}
+	r, err := g.Record()
+	return f, r, err
+}
+
+// GenesisRecord returns the genesis record of the node (ErrNone for an enrolled node).
+func (n *Node) GenesisRecord() (genesis.Record, error) { return genesis.New(n.db).Record() }

@@ -63,9 +63,9 @@ type Reply struct {
 	// PublicKey is a minted identity's public key (identity): public, so unsealed.
 	PublicKey string `json:"public_key,omitempty"`
 	Sealed    []byte `json:"sealed,omitempty"`
-	Sender string `json:"sender,omitempty"`
-	Meta   []Meta `json:"meta,omitempty"`
-	Error  string `json:"error,omitempty"`
+	Sender    string `json:"sender,omitempty"`
+	Meta      []Meta `json:"meta,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // Meta describes a secret without its value.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/nats-io/nuid"
@@ -155,4 +156,45 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 	}
 	v.event("enrolled", map[string]any{"token": id, "node": req.Node})
 	return &out, nil
+}
+
+// Enrol trades a join token for the mesh's enrolment, as the joining node named node: it
+// connects to the addresses the token names with the token's own key, asks enrol, and opens
+// the reply with xkp (the joining node's xkey). Each refusal says which: a foreign or
+// unknown token is refused at connect, an expired or used-up one by the vault.
+func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolment, error) {
+	b, err := ParseToken(token)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed([]byte(b.Seed))
+	if err != nil {
+		return nil, errors.New("join token is damaged: its key does not parse")
+	}
+	pub, _ := kp.PublicKey()
+	xpub, _ := xkp.PublicKey()
+	var last error
+	for _, addr := range b.Addrs {
+		nc, err := nats.Connect(addr, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix("_INBOX."+pub),
+			nats.MaxReconnects(0), nats.Name("enrol-"+node))
+		if err != nil {
+			if strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				last = fmt.Errorf("the bus at %s refused join token %s: it is not a token of the mesh there (the token is for mesh %s), or that mesh deleted it", addr, b.ID, b.MeshID)
+			} else {
+				last = fmt.Errorf("join token %s: contact %s: %w", b.ID, addr, err)
+			}
+			continue
+		}
+		var out Enrolment
+		_, err = CallWith(ctx, nc, xkp, VerbEnrol, b.ID, Request{XKey: xpub, Node: node, MeshID: b.MeshID}, &out)
+		nc.Close()
+		if err != nil {
+			return nil, err
+		}
+		return &out, nil
+	}
+	if last == nil {
+		last = fmt.Errorf("join token %s names no address to contact", b.ID)
+	}
+	return nil, last
 }

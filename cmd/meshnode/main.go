@@ -75,6 +75,7 @@ func newRootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		newUpCmd(),
+		newGenesisCmd(),
 		newRunCmd(),
 		newStatusCmd(),
 		newModuleCmd(),
@@ -82,6 +83,8 @@ func newRootCmd() *cobra.Command {
 		newListenCmd(),
 		newCallCmd(),
 		newSeatCmd(),
+		newVaultCmd(),
+		newTokenCmd(),
 		newBenchCmd(),
 		newVersionCmd(),
 	)

@@ -54,7 +54,7 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	n.HandleSignals = true
 	if err := n.Open(); err != nil {
 		if errors.Is(err, node.ErrNoIdentity) {
-			return fmt.Errorf("%w; `meshnode run` restarts an existing node: create one with `meshnode up --data-dir %s --name %s`", err, cfg.DataDir, cfg.Name)
+			return fmt.Errorf("%w; `meshnode run` starts an existing node: create a mesh with `meshnode genesis --data-dir %s --name %s` (or try one with `meshnode up`)", err, cfg.DataDir, cfg.Name)
 		}
 		return err
 	}

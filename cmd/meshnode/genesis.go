@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/node"
+	"github.com/spf13/cobra"
+)
+
+func newGenesisCmd() *cobra.Command {
+	var expect int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "genesis --data-dir DIR --name NAME [--expect 1|3|…]",
+		Short: "Create a new mesh with this node as its first",
+		Long: `Create a new mesh: mint its foundation (mesh id, this node's keys, the route credential,
+the gossip key, the vault's barrier key and bus identity), raise store, bus and vault, and
+hand off to the vault, which mints the operator's credential. Then start the node with
+meshnode run. With --expect 3 or more, genesis prints the founding token the other founding
+nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if expect == 2 {
+				return usageError{genesis.ErrTwoServers}
+			}
+			if expect < 1 {
+				return usagef("--expect %d: a mesh has 1 server, or 3 or more", expect)
+			}
+			cfg, err := loadConfig(cmd, config.Run())
+			if err != nil {
+				return err
+			}
+			out := map[string]any{"operator_creds": filepath.Join(cfg.DataDir, node.OperatorSeedFile), "expect": expect}
+			// Genesis refuses a data dir that already belongs to a mesh.
+			f, r, err := node.Prepare(cfg, expect)
+			if err != nil {
+				return err
+			}
+			out["mesh_id"] = r.MeshID
+			if expect >= 3 {
+				out["founding_token"] = f.FoundingToken(expect, []string{cfg.GossipAddr})
+			} else {
+				// Raise store, bus and vault once, for the vault to mint the operator's
+				// credential: the hand-off.
+				n := node.New(cfg, newLogger(cfg, os.Stderr))
+				if err := n.Open(); err != nil {
+					return fmt.Errorf("mesh %s: raise the node for the hand-off: %w", r.MeshID, err)
+				}
+				n.Close()
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "mesh %s created; node %s is its first server\n", out["mesh_id"], cfg.Name)
+			if expect >= 3 {
+				fmt.Fprintf(w, "founding token (for the other %d founding nodes; it carries the mesh's route credential and gossip key — keep it secret):\n  %s\n", expect-1, out["founding_token"])
+				fmt.Fprintf(w, "the operator credential will be %s once the founding nodes have met\n", out["operator_creds"])
+				return nil
+			}
+			fmt.Fprintf(w, "operator credential: %s (0600; the CLI uses it by default)\n", out["operator_creds"])
+			fmt.Fprintf(w, "start it:  meshnode run --data-dir %s --name %s\n", cfg.DataDir, cfg.Name)
+			return nil
+		},
+	}
+	addNodeFlags(cmd, config.Run())
+	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 or more")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: mesh_id, operator_creds, founding_token (expect ≥ 3)")
+	return cmd
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/spf13/cobra"
+)
+
+func newVaultCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "vault",
+		Short: "Mint, fetch, rotate and list the mesh's secrets (values never enter a stream)",
+	}
+	cmd.AddCommand(newVaultMintCmd(), newVaultFetchCmd(), newVaultRotateCmd(), newVaultLsCmd())
+	return cmd
+}
+
+// vaultCall calls the vault as the operator.
+func vaultCall(cmd *cobra.Command, verb string, req vault.Request, out any) ([]vault.Meta, error) {
+	nc, err := dial(cmd)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	return vault.Call(ctx, nc, verb, vault.CallerOperator, req, out)
+}
+
+func addOwnerFlag(cmd *cobra.Command, owner *string) {
+	cmd.Flags().StringVar(owner, "owner", vault.CallerOperator, "the module the secret belongs to (or operator)")
+}
+
+func newVaultMintCmd() *cobra.Command {
+	var owner string
+	cmd := &cobra.Command{
+		Use:   "mint NAME [--owner MODULE]",
+		Short: "Mint a secret with a random value (fetch prints it)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var s vault.Secret
+			if _, err := vaultCall(cmd, vault.VerbMint, vault.Request{Owner: owner, Name: args[0]}, &s); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "minted %s of %s, version %d\n", s.Name, s.Owner, s.Version)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	addOwnerFlag(cmd, &owner)
+	return cmd
+}
+
+func newVaultRotateCmd() *cobra.Command {
+	var owner string
+	var grace time.Duration
+	cmd := &cobra.Command{
+		Use:   "rotate NAME [--owner MODULE] [--grace 24h]",
+		Short: "Give a secret a new random version; the previous stays readable for --grace",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var s vault.Secret
+			if _, err := vaultCall(cmd, vault.VerbRotate, vault.Request{Owner: owner, Name: args[0], Grace: grace.String()}, &s); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rotated %s of %s to version %d; readable versions %v\n", s.Name, s.Owner, s.Version, s.Versions)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	addOwnerFlag(cmd, &owner)
+	cmd.Flags().DurationVar(&grace, "grace", vault.DefaultGrace, "how long the previous version stays readable")
+	return cmd
+}
+
+func newVaultFetchCmd() *cobra.Command {
+	var owner string
+	var ver int
+	cmd := &cobra.Command{
+		Use:   "fetch NAME [--owner MODULE] [--version N]",
+		Short: "Print a secret's value alone (as the operator, or with --creds as its module)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var value string
+			if cmd.Flags().Changed("creds") {
+				url, creds, err := clientTarget(cmd)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+				defer cancel()
+				c, err := sdk.Connect(ctx, url, creds)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				if value, err = c.Secret(ctx, args[0]); err != nil {
+					return err
+				}
+			} else {
+				var s vault.Secret
+				if _, err := vaultCall(cmd, vault.VerbFetch, vault.Request{Owner: owner, Name: args[0], Version: ver}, &s); err != nil {
+					return err
+				}
+				value = s.Value
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), value)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	addOwnerFlag(cmd, &owner)
+	cmd.Flags().IntVar(&ver, "version", 0, "a readable earlier version (default: the current one)")
+	return cmd
+}
+
+func newVaultLsCmd() *cobra.Command {
+	var owner string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls [--owner MODULE]",
+		Short: "List secrets: owner, name, versions — never values",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			metas, err := vaultCall(cmd, vault.VerbList, vault.Request{Owner: owner}, nil)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				for _, m := range metas {
+					enc.Encode(m)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "OWNER\tNAME\tVERSION\tREADABLE\tCREATED")
+			for _, m := range metas {
+				vs := make([]string, len(m.Versions))
+				for i, v := range m.Versions {
+					vs[i] = fmt.Sprint(v)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", m.Owner, m.Name, m.Version, strings.Join(vs, ","), m.Created.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	addClientFlags(cmd)
+	cmd.Flags().StringVar(&owner, "owner", "", "only this owner's secrets")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per secret")
+	return cmd
+}
+
+func newTokenCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Join tokens: single-use bearer credentials for adding nodes"}
+	var ttl time.Duration
+	var uses int
+	var asJSON bool
+	create := &cobra.Command{
+		Use:   "create [--ttl 1h] [--uses 1]",
+		Short: "Mint a join token (it pins the mesh and names the node to contact)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if uses < 1 {
+				return usagef("--uses %d: a token is used at least once", uses)
+			}
+			if ttl <= 0 {
+				return usagef("--ttl %s: must be positive", ttl)
+			}
+			var t vault.Token
+			if _, err := vaultCall(cmd, vault.VerbToken, vault.Request{TTL: ttl.String(), Uses: uses}, &t); err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"token": t.Token, "id": t.ID, "expires": t.Expires, "uses": t.Uses})
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), t.Token)
+			fmt.Fprintf(cmd.ErrOrStderr(), "token %s: %d use(s), expires %s; a bearer credential — hand it over privately\n", t.ID, t.Uses, t.Expires.Format(time.RFC3339))
+			return nil
+		},
+	}
+	addClientFlags(create)
+	create.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the token is valid")
+	create.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
+	create.Flags().BoolVar(&asJSON, "json", false, "print one JSON object with token")
+	cmd.AddCommand(create)
+	return cmd
+}
