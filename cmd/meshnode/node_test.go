@@ -197,7 +197,7 @@ func TestBinary_BadInput(t *testing.T) {
 		{"CorruptStore", nil, append([]string{"up"}, upArgs(corrupt, "alpha")...),
 			1, []string{"corrupt", "move it aside"}},
 		{"RunWithoutNode", nil, append([]string{"run"}, upArgs(t.TempDir(), "alpha")...),
-			1, []string{"meshnode up --data-dir"}},
+			1, []string{"meshnode genesis --data-dir"}},
 		{"StatusWithoutNode", nil, []string{"status", "--data-dir", t.TempDir()},
 			1, []string{"no meshnode is running"}},
 	} {
