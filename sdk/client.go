@@ -67,7 +67,9 @@ type Client struct {
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
 
-	instance string // this connection's name: the unit that holds a seat
+	instance string        // this connection's name: the unit that holds a seat
+	xkey     nkeys.KeyPair // this client's xkey: what the vault seals its replies to
+	xpub     string
 
 	mu       sync.Mutex
 	self     registry.WhoamiReply
@@ -107,7 +109,12 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
+	xkey, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	xpub, _ := xkey.PublicKey()
+	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
 		instance: self.Module + "-" + nuid.Next()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.nc, err = nats.Connect(url,

@@ -64,33 +64,71 @@ func aad(owner, name string, ver int) []byte {
 	return []byte(fmt.Sprintf("%s/%s/%d", owner, name, ver))
 }
 
-func (v *Vault) load(ctx context.Context, owner, name string) (*secretRecord, uint64, error) {
-	e, err := v.kv.Get(ctx, secretKey(owner, name))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+// load returns a secret record from the mirror (nil when there is none) and its revision.
+// The mirror follows the bucket through a watch; writes below wait for it, so a fetch right
+// after a mint or rotate sees the new version.
+func (v *Vault) load(_ context.Context, owner, name string) (*secretRecord, uint64, error) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	e, ok := v.records[secretKey(owner, name)]
+	if !ok {
 		return nil, 0, nil
 	}
-	if err != nil {
-		return nil, 0, err
+	r := e.rec
+	r.Versions = slices.Clone(r.Versions)
+	return &r, e.rev, nil
+}
+
+func (v *Vault) applyRecord(e jetstream.KeyValueEntry) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(v.records, e.Key())
+		return
 	}
 	var r secretRecord
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return nil, 0, err
+		v.log.Error("vault record unreadable", "key", e.Key(), "err", err)
+		return
 	}
-	return &r, e.Revision(), nil
+	v.records[e.Key()] = recordEntry{rec: r, rev: e.Revision()}
+}
+
+// awaitRecord waits until the mirror holds revision rev of key.
+func (v *Vault) awaitRecord(ctx context.Context, key string, rev uint64) error {
+	for {
+		v.mu.RLock()
+		e, ok := v.records[key]
+		v.mu.RUnlock()
+		if ok && e.rev >= rev {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vault mirror did not see %s: %w", key, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 func (v *Vault) store(ctx context.Context, r *secretRecord, rev uint64) error {
 	b, _ := json.Marshal(r)
+	key := secretKey(r.Owner, r.Name)
 	var err error
+	var next uint64
 	if rev == 0 {
-		_, err = v.kv.Create(ctx, secretKey(r.Owner, r.Name), b)
+		next, err = v.kv.Create(ctx, key, b)
 	} else {
-		_, err = v.kv.Update(ctx, secretKey(r.Owner, r.Name), b, rev)
+		next, err = v.kv.Update(ctx, key, b, rev)
 	}
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	var apiErr *jetstream.APIError
+	if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
 		return fmt.Errorf("secret %s/%s changed meanwhile; try again", r.Owner, r.Name)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return v.awaitRecord(ctx, key, next)
 }
 
 // mint creates a secret with a random value (version 1).
@@ -116,7 +154,7 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	if err := v.store(ctx, r, 0); err != nil {
 		return nil, err
 	}
-	v.event("minted", map[string]any{"owner": req.Owner, "name": req.Name, "version": 1})
+	v.event(ctx, "minted", map[string]any{"owner": req.Owner, "name": req.Name, "version": 1})
 	return &Secret{Meta: Meta{Owner: req.Owner, Name: req.Name, Version: 1, Versions: []int{1}, Created: now}, Value: value}, nil
 }
 
@@ -164,7 +202,7 @@ func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
 	if err := v.store(ctx, r, rev); err != nil {
 		return nil, err
 	}
-	v.event("rotated", map[string]any{"owner": req.Owner, "name": req.Name, "version": next, "previous_until": until})
+	v.event(ctx, "rotated", map[string]any{"owner": req.Owner, "name": req.Name, "version": next, "previous_until": until})
 	return &Secret{Meta: meta(r), Value: value}, nil
 }
 
@@ -192,7 +230,7 @@ func (v *Vault) fetch(ctx context.Context, req Request) (*Secret, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.event("fetched", map[string]any{"owner": req.Owner, "name": req.Name, "version": ver.Version})
+	v.event(ctx, "fetched", map[string]any{"owner": req.Owner, "name": req.Name, "version": ver.Version})
 	m := meta(r)
 	m.Version, m.Created = ver.Version, ver.Created
 	return &Secret{Meta: m, Value: value}, nil
@@ -211,28 +249,17 @@ func meta(r *secretRecord) Meta {
 	return m
 }
 
-// list returns every secret's metadata (of one owner, if given).
-func (v *Vault) list(ctx context.Context, owner string) ([]Meta, error) {
-	filter := "secret.>"
-	if owner != "" {
-		filter = "secret." + owner + ".>"
-	}
-	lister, err := v.kv.ListKeysFiltered(ctx, filter)
-	if err != nil {
-		return nil, err
-	}
+// list returns every secret's metadata (of one owner, if given), by owner and name.
+func (v *Vault) list(_ context.Context, owner string) ([]Meta, error) {
+	v.mu.RLock()
 	out := []Meta{}
-	for k := range lister.Keys() {
-		parts := strings.SplitN(k, ".", 3)
-		if len(parts) != 3 {
-			continue
+	for _, e := range v.records {
+		if owner == "" || e.rec.Owner == owner {
+			out = append(out, meta(&e.rec))
 		}
-		r, _, err := v.load(ctx, parts[1], parts[2])
-		if err != nil || r == nil {
-			continue
-		}
-		out = append(out, meta(r))
 	}
+	v.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Meta) int { return strings.Compare(a.Owner+"/"+a.Name, b.Owner+"/"+b.Name) })
 	return out, nil
 }
 
@@ -252,6 +279,6 @@ func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
 	if _, err := v.kv.Put(ctx, "identity."+req.Owner+"."+pub, rec); err != nil {
 		return nil, err
 	}
-	v.event("identity-minted", map[string]any{"owner": req.Owner, "public_key": pub})
+	v.event(ctx, "identity-minted", map[string]any{"owner": req.Owner, "public_key": pub})
 	return &Identity{Owner: req.Owner, PublicKey: pub, Seed: string(seed)}, nil
 }

@@ -61,7 +61,12 @@ func (b Bearer) String() string {
 	return TokenPrefix + base64.RawURLEncoding.EncodeToString(data)
 }
 
-func (v *Vault) applyToken(e jetstream.KeyValueEntry) {
+// apply folds one bucket entry into the mirror.
+func (v *Vault) apply(e jetstream.KeyValueEntry) {
+	if strings.HasPrefix(e.Key(), "secret.") {
+		v.applyRecord(e)
+		return
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var r tokenRecord
@@ -115,7 +120,7 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	if _, err := v.kv.Create(ctx, "token."+r.ID, b); err != nil {
 		return nil, err
 	}
-	v.event("token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
+	v.event(ctx, "token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
 	bearer := Bearer{MeshID: v.cfg.MeshID, ID: r.ID, Seed: string(seed), Addrs: v.cfg.Addrs()}
 	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
 }
@@ -154,7 +159,7 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 	if _, err := v.kv.Update(ctx, "token."+id, b, e.Revision()); err != nil {
 		return nil, fmt.Errorf("join token %s changed meanwhile; try again", id)
 	}
-	v.event("enrolled", map[string]any{"token": id, "node": req.Node})
+	v.event(ctx, "enrolled", map[string]any{"token": id, "node": req.Node})
 	return &out, nil
 }
 

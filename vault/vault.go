@@ -61,9 +61,19 @@ type Vault struct {
 	sign *envelope.SigningKey
 	w    jetstream.KeyWatcher
 
-	mu     sync.RWMutex
-	tokens map[string]tokenRecord // by public key: who may enrol
-	sub    *nats.Subscription
+	mu      sync.RWMutex
+	tokens  map[string]tokenRecord // by public key: who may enrol
+	records map[string]recordEntry // by key: the secrets, still encrypted
+	sub     *nats.Subscription
+
+	events chan event // recorded by a worker, off the requests' path
+	done   chan struct{}
+}
+
+// recordEntry is a secret record as the mirror holds it: ciphertext and its revision.
+type recordEntry struct {
+	rec secretRecord
+	rev uint64
 }
 
 // Open opens the bucket and loads the join tokens; Watch must then run, and Start serves
@@ -98,15 +108,20 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign, tokens: map[string]tokenRecord{}}
+	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign,
+		tokens: map[string]tokenRecord{}, records: map[string]recordEntry{},
+		events: make(chan event, eventQueue), done: make(chan struct{})}
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
 	}
-	w, err := kv.Watch(context.Background(), "token.>")
+	// The mirror keeps tokens (the bus's authentication reads them) and the encrypted
+	// secret records (a fetch then needs no round trip to the bucket).
+	w, err := kv.WatchFiltered(context.Background(), []string{"token.>", "secret.>"})
 	if err != nil {
-		return nil, fmt.Errorf("watch tokens: %w", err)
+		return nil, fmt.Errorf("watch vault records: %w", err)
 	}
 	v.w = w
+	go v.record()
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -116,7 +131,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 			if e == nil {
 				return v, nil
 			}
-			v.applyToken(e)
+			v.apply(e)
 		case <-ctx.Done():
 			w.Stop()
 			return nil, ctx.Err()
@@ -133,7 +148,7 @@ func (v *Vault) Watch(ctx context.Context) error {
 				return nil
 			}
 			if e != nil {
-				v.applyToken(e)
+				v.apply(e)
 			}
 		case <-ctx.Done():
 			return nil
@@ -141,10 +156,24 @@ func (v *Vault) Watch(ctx context.Context) error {
 	}
 }
 
-// Close stops serving and the watch.
+// Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
 	v.Stop()
+	close(v.events)
+	<-v.done
 	return v.w.Stop()
+}
+
+// eventQueue bounds the audit events waiting to be recorded; a full queue makes requests
+// wait rather than lose a record.
+const eventQueue = 1024
+
+// record publishes queued events, in order, until Close.
+func (v *Vault) record() {
+	defer close(v.done)
+	for e := range v.events {
+		v.publish(e)
+	}
 }
 
 // Start serves the vault's tools (queue group mesh-vault).
@@ -178,18 +207,32 @@ func (v *Vault) serve(m *nats.Msg) {
 	verb, caller := parts[4], parts[5]
 	var req Request
 	var reply Reply
+	var events []event
 	if err := json.Unmarshal(m.Data, &req); err != nil {
 		reply.Error = "the request is not JSON"
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		reply = v.handle(ctx, verb, caller, req)
+		reply, events = v.handle(ctx, verb, caller, req)
 		cancel()
 	}
 	b, _ := json.Marshal(reply)
 	m.Respond(b)
+	// The audit events go after the reply, off the caller's round trip: a worker publishes
+	// each with the stream's ack awaited, and logs a failure loudly.
+	for _, e := range events {
+		v.events <- e
+	}
 }
 
-func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) Reply {
+// event is one vault action to record.
+type event struct {
+	action string
+	meta   map[string]any
+}
+
+func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (Reply, []event) {
+	var events []event
+	ctx = context.WithValue(ctx, eventsKey{}, &events)
 	admin := caller == CallerOperator || caller == CallerNode
 	var out any
 	var meta []Meta
@@ -224,8 +267,8 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) Re
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
 	if err != nil {
-		v.event("refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()})
-		return Reply{Error: err.Error()}
+		events = append(events, event{"refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
+		return Reply{Error: err.Error()}, events
 	}
 	reply := Reply{Meta: meta}
 	if id, ok := out.(*Identity); ok {
@@ -234,14 +277,27 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) Re
 	if out != nil {
 		plain, _ := json.Marshal(out)
 		if reply.Sealed, reply.Sender, err = Seal(req.XKey, plain); err != nil {
-			return Reply{Error: fmt.Sprintf("%v: send your xkey public key (nkeys CreateCurveKeys) as xkey", err)}
+			return Reply{Error: fmt.Sprintf("%v: send your xkey public key (nkeys CreateCurveKeys) as xkey", err)}, events
 		}
 	}
-	return reply
+	return reply, events
 }
 
-// event records a vault action on the mesh-vault seat's events: metadata, never a value.
-func (v *Vault) event(action string, meta map[string]any) {
+type eventsKey struct{}
+
+// event notes a vault action to record once the request is answered: metadata, never a
+// value.
+func (v *Vault) event(ctx context.Context, action string, meta map[string]any) {
+	if events, ok := ctx.Value(eventsKey{}).(*[]event); ok {
+		*events = append(*events, event{action, meta})
+		return
+	}
+	v.events <- event{action, meta}
+}
+
+// publish records one vault action on the mesh-vault seat's events.
+func (v *Vault) publish(e event) {
+	action, meta := e.action, e.meta
 	meta["node"] = v.cfg.Node
 	body, _ := json.Marshal(meta)
 	subject := EventSubject(action)
