@@ -65,6 +65,8 @@ type Config struct {
 	ShutdownTimeout Duration `yaml:"shutdown-timeout"`
 	// EventsMaxAge is how long the EVENTS stream keeps an event.
 	EventsMaxAge Duration `yaml:"events-max-age"`
+	// AuditRetention is how long the node's audit log keeps a record; zero keeps everything.
+	AuditRetention Duration `yaml:"audit-retention"`
 }
 
 // Up returns the defaults of `meshnode up`: a single node on loopback.
@@ -153,6 +155,7 @@ func (c *Config) keys() map[string]any {
 		"log-format":       &c.LogFormat,
 		"shutdown-timeout": &c.ShutdownTimeout,
 		"events-max-age":   &c.EventsMaxAge,
+		"audit-retention":  &c.AuditRetention,
 	}
 }
 
@@ -258,6 +261,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("%w: shutdown-timeout %s: must be positive, e.g. 5s", ErrInvalid, c.ShutdownTimeout)
+	}
+	if c.AuditRetention < 0 {
+		return fmt.Errorf("%w: audit-retention %s: zero keeps everything, or write e.g. 90d", ErrInvalid, c.AuditRetention)
 	}
 	if c.EventsMaxAge <= 0 {
 		return fmt.Errorf("%w: events-max-age %s: must be positive, e.g. 7d", ErrInvalid, c.EventsMaxAge)

@@ -1,5 +1,7 @@
 package manifest
 
+import "strings"
+
 // The subject grammar of DESIGN §2. A manifest never holds one of these: the functions below
 // are the only place the grammar is spelled, so reorganising the subject space is a change
 // here and nowhere in the catalogue. They format; they do not validate their arguments.
@@ -79,4 +81,19 @@ func consumerNextSubject(stream, consumer string) string {
 }
 func consumerAckSubject(stream, consumer string) string {
 	return "$JS.ACK." + stream + "." + consumer + ".>"
+}
+
+// Matches reports whether the NATS subject pattern (with * and >) matches the literal
+// subject.
+func Matches(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(p) == len(s)
 }

@@ -159,8 +159,18 @@ func SeatConsumerName(seat string, scope Scope, node string) string {
 // AuditConsumer returns the definition of node's audit logger's consumer: audit-<node> on
 // EVENTS, every event from the first one kept.
 func AuditConsumer(node string) Consumer {
-	return newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents}, DeliverAll)
+	c := newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents}, DeliverAll)
+	// The audit log writes in batches and must never give up on an event: a wider window
+	// than a module's prefetch, and no delivery limit (its failures are the node's own disk,
+	// which a retry outlasts; a dead-lettered audit entry would be a hole in the record).
+	c.MaxAckPending = AuditMaxAckPending
+	c.MaxDeliver = -1
+	c.DeadSubject = ""
+	return c
 }
+
+// AuditMaxAckPending is the audit consumer's window: how many events one batch may hold.
+const AuditMaxAckPending = 4096
 
 func newConsumer(stream, name string, filters []string, deliver DeliverPolicy) Consumer {
 	return Consumer{

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -27,6 +28,14 @@ type Status struct {
 	UptimeSeconds float64         `json:"uptime_seconds"`
 	Connections   int             `json:"connections"`
 	JetStream     JetStreamStatus `json:"jetstream"`
+	Audit         AuditStatus     `json:"audit"`
+}
+
+// AuditStatus is the audit logger's part of Status.
+type AuditStatus struct {
+	Records uint64 `json:"records"` // records kept
+	Audited uint64 `json:"audited"` // the last EVENTS sequence written
+	Lag     uint64 `json:"lag"`     // EVENTS' last sequence − Audited
 }
 
 // JetStreamStatus is the JetStream part of Status.
@@ -93,7 +102,24 @@ func (n *Node) Status(ctx context.Context) Status {
 	} else {
 		s.Ready = true
 	}
+	s.Audit = n.auditStatus(ctx)
 	return s
+}
+
+// auditStatus reads the audit log's counters and its lag behind EVENTS.
+func (n *Node) auditStatus(ctx context.Context) AuditStatus {
+	if n.audit == nil {
+		return AuditStatus{}
+	}
+	st := AuditStatus{Records: n.audit.Records(), Audited: n.audit.Audited()}
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if s, err := n.bus.JetStream().Stream(ctx, manifest.EventsStreamName); err == nil {
+		if last := s.CachedInfo().State.LastSeq; last > st.Audited {
+			st.Lag = last - st.Audited
+		}
+	}
+	return st
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

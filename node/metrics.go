@@ -11,7 +11,7 @@ import (
 
 // newMetrics builds the node's registry: no package globals, so nodes in one process keep
 // separate counts.
-func newMetrics(started time.Time, bus func() *embedbus.Bus) *prometheus.Registry {
+func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditStatus, storeBytes func() int64) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -26,6 +26,18 @@ func newMetrics(started time.Time, bus func() *embedbus.Bus) *prometheus.Registr
 			Help: "Seconds since the node started.",
 		}, func() float64 { return time.Since(started).Seconds() }),
 		&busCollector{bus: bus},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "meshnode_audit_records",
+			Help: "Records kept in this node's audit log.",
+		}, func() float64 { return float64(audit().Records) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "meshnode_audit_lag",
+			Help: "Events in EVENTS not yet in this node's audit log (last sequence - audited sequence).",
+		}, func() float64 { return float64(audit().Lag) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "meshnode_store_bytes",
+			Help: "Size of the node's bbolt file (identity, foundation, audit log).",
+		}, func() float64 { return float64(storeBytes()) }),
 	)
 	return reg
 }

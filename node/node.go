@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/genesis"
@@ -53,21 +55,23 @@ type Node struct {
 	cfg config.Config
 	log *slog.Logger
 
-	started time.Time
-	db      *bolt.DB
-	id      Identity
-	found   *genesis.Foundation
-	key     nkeys.KeyPair
-	bus     *embedbus.Bus
-	vault   *vault.Vault
-	vaultNC *nats.Conn
-	reg     *registry.Registry
-	dir     *directory
-	ctrl    *controller
-	seats   *seatService
-	httpLn  net.Listener
-	httpSrv *http.Server
-	metrics *prometheus.Registry
+	started  time.Time
+	db       *bolt.DB
+	id       Identity
+	found    *genesis.Foundation
+	key      nkeys.KeyPair
+	bus      *embedbus.Bus
+	vault    *vault.Vault
+	vaultNC  *nats.Conn
+	audit    *audit.Logger
+	auditSub *nats.Subscription
+	reg      *registry.Registry
+	dir      *directory
+	ctrl     *controller
+	seats    *seatService
+	httpLn   net.Listener
+	httpSrv  *http.Server
+	metrics  *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -179,8 +183,18 @@ func (n *Node) Open() (err error) {
 	if err := n.handOff(ctx); err != nil {
 		return err
 	}
+	if err := n.openAudit(vaultPub); err != nil {
+		return err
+	}
 
-	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus })
+	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
+		func() AuditStatus { return n.auditStatus(context.Background()) },
+		func() int64 {
+			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, storeFile)); err == nil {
+				return st.Size()
+			}
+			return 0
+		})
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	if err := writeInfo(n.cfg.DataDir, Info{
@@ -226,6 +240,10 @@ func (n *Node) Run(ctx context.Context) error {
 		g.Add(func() error { return n.vault.Watch(ctx) }, func(error) { cancel() })
 	}
 	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.audit.Run(ctx) }, func(error) { cancel() })
+	}
+	{
 		// The lease runner releases every lease it holds when it stops, so a graceful stop
 		// hands this node's seats on at once.
 		ctx, cancel := context.WithCancel(ctx)
@@ -264,6 +282,10 @@ func (n *Node) Close() error {
 		keep(n.httpSrv.Close())
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
+	}
+	if n.auditSub != nil {
+		n.auditSub.Unsubscribe()
+		n.auditSub = nil
 	}
 	if n.seats != nil {
 		n.seats.stop()
@@ -353,6 +375,54 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	}
 	n.dir.vault.Store(n.vault)
 	return nil
+}
+
+// openAudit opens the audit logger on the node's store and serves its tool.
+func (n *Node) openAudit(vaultPub string) (err error) {
+	keys := func(source string) (string, bool) {
+		switch source {
+		case n.id.Name:
+			return n.id.PublicKey, true
+		case vault.Seat:
+			return vaultPub, true
+		}
+		if e, ok := n.reg.Get(source); ok {
+			return e.PublicKey, true
+		}
+		return "", false
+	}
+	n.audit, err = audit.New(n.db, n.bus.JetStream(), n.id.Name, keys, n.owns, time.Duration(n.cfg.AuditRetention), n.log.With("component", "audit"))
+	if err != nil {
+		return err
+	}
+	n.auditSub, err = audit.Serve(n.bus.Conn(), n.id.Name, n.audit)
+	return err
+}
+
+// owns reports whether source may speak for the owner of subject's namespace: a module for
+// its own events, a node for its own, a seat's declarer (or the mesh, for its own seats)
+// for the seat's.
+func (n *Node) owns(subject, source string) bool {
+	parts := strings.SplitN(subject, ".", 4)
+	if len(parts) < 4 {
+		return false
+	}
+	kind, owner := parts[1], parts[2]
+	switch kind {
+	case "mod", "node":
+		return source == owner
+	case "seat":
+		if source == owner {
+			return true
+		}
+		e, ok := n.reg.Get(source)
+		if !ok {
+			return false
+		}
+		_, declares := e.Manifest.Seat(owner)
+		return declares
+	}
+	return false
 }
 
 // handOff completes genesis: the vault, now serving, mints the operator's credential, and

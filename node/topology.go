@@ -81,6 +81,10 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 			return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
 		}
 	}
+	audit := manifest.AuditConsumer(t.node)
+	if _, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, consumerConfig(audit)); err != nil {
+		return fmt.Errorf("reconcile consumer %s: %w", audit.Name, err)
+	}
 	return nil
 }
 

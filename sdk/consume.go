@@ -85,7 +85,7 @@ func (c *Client) route(subject string) Handler {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, h := range c.handlers {
-		if subjectMatches(h.subject, subject) {
+		if manifest.Matches(h.subject, subject) {
 			return h.h
 		}
 	}
@@ -182,20 +182,6 @@ func (d *dispatcher) dead(msg jetstream.Msg, md *jetstream.MsgMetadata, reason e
 	}
 	d.c.log.Warn("event dead-lettered", "subject", msg.Subject(), "id", id, "deliveries", md.NumDelivered, "reason", reason)
 	msg.Ack()
-}
-
-// subjectMatches reports whether the NATS subject pattern matches the literal subject.
-func subjectMatches(pattern, subject string) bool {
-	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
-	for i, tok := range p {
-		if tok == ">" {
-			return len(s) > i
-		}
-		if i >= len(s) || (tok != "*" && tok != s[i]) {
-			return false
-		}
-	}
-	return len(p) == len(s)
 }
 
 // subjectCovers reports whether every subject matching b also matches a.

@@ -1,8 +1,12 @@
 package sdk
 
-import "testing"
+import (
+	"testing"
 
-func TestSubjectMatches(t *testing.T) {
+	"github.com/meshnode/meshnode/manifest"
+)
+
+func TestMatches(t *testing.T) {
 	for _, tc := range []struct {
 		pattern, subject string
 		want             bool
@@ -15,8 +19,8 @@ func TestSubjectMatches(t *testing.T) {
 		{"mesh.*.*.event.>", "mesh.seat.s.event.done", true},
 		{"mesh.*.*.event.>", "mesh.mod.a.tool.status", false},
 	} {
-		if got := subjectMatches(tc.pattern, tc.subject); got != tc.want {
-			t.Errorf("subjectMatches(%q, %q)=%v, want %v", tc.pattern, tc.subject, got, tc.want)
+		if got := manifest.Matches(tc.pattern, tc.subject); got != tc.want {
+			t.Errorf("Matches(%q, %q)=%v, want %v", tc.pattern, tc.subject, got, tc.want)
 		}
 	}
 }

@@ -120,6 +120,18 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	if _, err := v.kv.Create(ctx, "token."+r.ID, b); err != nil {
 		return nil, err
 	}
+	// The bus authenticates tokens from the mirror: answer once it holds this one, so the
+	// token works the moment its bearer has it.
+	for {
+		if _, ok := v.TokenID(pub); ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("token %s: the vault's mirror did not see it: %w", r.ID, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 	v.event(ctx, "token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
 	bearer := Bearer{MeshID: v.cfg.MeshID, ID: r.ID, Seed: string(seed), Addrs: v.cfg.Addrs()}
 	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil

@@ -36,6 +36,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("log-format", defaults.LogFormat, "text or json")
 	f.String("shutdown-timeout", defaults.ShutdownTimeout.String(), "how long a graceful stop may take")
 	f.String("events-max-age", defaults.EventsMaxAge.String(), "how long the EVENTS stream keeps an event (e.g. 7d)")
+	f.String("audit-retention", "0s", "how long the audit log keeps a record (0s: keep everything)")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every

@@ -122,6 +122,7 @@ func printStatus(w io.Writer, st node.Status) {
 		{"connections", fmt.Sprint(st.Connections)},
 		{"jetstream", fmt.Sprintf("%s, %d streams, %d consumers, %d messages, %d bytes",
 			st.JetStream.Mode, st.JetStream.Streams, st.JetStream.Consumers, st.JetStream.Messages, st.JetStream.Bytes)},
+		{"audit", fmt.Sprintf("%d records, lag %d", st.Audit.Records, st.Audit.Lag)},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])

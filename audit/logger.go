@@ -1,0 +1,299 @@
+package audit
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go/jetstream"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Buckets of the audit log in the node's bbolt file.
+var (
+	bucketRecords   = []byte("audit")            // N → record
+	bucketIDs       = []byte("audit-ids")        // event id → N
+	bucketBySource  = []byte("audit-by-source")  // source \x00 N → nil
+	bucketBySubject = []byte("audit-by-subject") // subject \x00 N → nil
+	bucketByTime    = []byte("audit-by-time")    // received (unix ns) N → nil
+	bucketMeta      = []byte("audit-meta")       // head: last N, its hash, last stream seq
+)
+
+// batchSize is how many events one bbolt transaction takes at most.
+const batchSize = 1024
+
+// Keys tells the logger an event source's public key, to verify x-signature: a module's
+// registered key, a node's, the vault's. ok is false for an unknown source.
+type Keys func(source string) (publicKey string, ok bool)
+
+// Owners tells whether source may speak for the namespace owner of a subject: a module for
+// its own, the declaring module (or the mesh, for its own seats) for a seat, a node for its
+// own.
+type Owners func(subject, source string) bool
+
+// Logger is the audit logger of one node.
+type Logger struct {
+	db     *bolt.DB
+	js     jetstream.JetStream
+	node   string
+	keys   Keys
+	owners Owners
+	log    *slog.Logger
+	// retention is how long records are kept; zero keeps everything.
+	retention time.Duration
+
+	audited atomic.Uint64 // the last stream sequence written
+	records atomic.Uint64 // the number of records kept
+}
+
+// New returns the audit logger of node, writing to db.
+func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Owners, retention time.Duration, log *slog.Logger) (*Logger, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention}
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		h := readHead(tx)
+		l.audited.Store(h.Seq)
+		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open audit log: %w", err)
+	}
+	return l, nil
+}
+
+// ConsumerName is the node's audit consumer.
+func (l *Logger) ConsumerName() string { return manifest.AuditConsumer(l.node).Name }
+
+// Audited is the last EVENTS sequence written to the log.
+func (l *Logger) Audited() uint64 { return l.audited.Load() }
+
+// Records is the number of records kept.
+func (l *Logger) Records() uint64 { return l.records.Load() }
+
+// Run consumes EVENTS until ctx ends: each batch is written in one transaction, and acked
+// only after it commits.
+func (l *Logger) Run(ctx context.Context) error {
+	var cons jetstream.Consumer
+	for {
+		var err error
+		cons, err = l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.log.Warn("audit consumer not ready; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	prune := time.NewTicker(time.Minute)
+	defer prune.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-prune.C:
+			l.prune()
+		default:
+		}
+		fctx, cancel := context.WithTimeout(ctx, time.Second)
+		batch, err := cons.Fetch(batchSize, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				return nil
+			}
+			l.log.Warn("audit fetch", "err", err)
+			continue
+		}
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		cancel()
+		if len(msgs) == 0 {
+			continue
+		}
+		if err := l.write(msgs); err != nil {
+			// Not acked: JetStream redelivers, and the dedup index keeps a retry from
+			// recording twice.
+			l.log.Error("audit write failed; the batch will be redelivered", "events", len(msgs), "err", err)
+			continue
+		}
+		for _, m := range msgs {
+			m.Ack()
+		}
+	}
+	return nil
+}
+
+// head is the end of the chain.
+type head struct {
+	N    uint64 `json:"n"`
+	Hash string `json:"hash"`
+	Seq  uint64 `json:"seq"`
+}
+
+func readHead(tx *bolt.Tx) head {
+	var h head
+	if b := tx.Bucket(bucketMeta).Get([]byte("head")); b != nil {
+		json.Unmarshal(b, &h)
+	}
+	return h
+}
+
+// write records a batch in one transaction, skipping events already recorded.
+func (l *Logger) write(msgs []jetstream.Msg) error {
+	now := time.Now().UTC()
+	var added uint64
+	var lastSeq uint64
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		h := readHead(tx)
+		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
+		for _, m := range msgs {
+			md, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			if md.Sequence.Stream > lastSeq {
+				lastSeq = md.Sequence.Stream
+			}
+			r := l.check(m, md.Sequence.Stream, now)
+			if ids.Get([]byte(r.EventID)) != nil {
+				continue // a redelivery or a re-publish: recorded once
+			}
+			r.N, r.Prev = h.N+1, h.Hash
+			r.Hash = r.computeHash()
+			b, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			key := u64(r.N)
+			if err := recs.Put(key, b); err != nil {
+				return err
+			}
+			if err := ids.Put([]byte(r.EventID), key); err != nil {
+				return err
+			}
+			if err := index(tx, r); err != nil {
+				return err
+			}
+			h = head{N: r.N, Hash: r.Hash, Seq: max(h.Seq, r.Seq)}
+			added++
+		}
+		if lastSeq > h.Seq {
+			h.Seq = lastSeq
+		}
+		b, _ := json.Marshal(h)
+		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
+	})
+	if err != nil {
+		return err
+	}
+	if lastSeq > l.audited.Load() {
+		l.audited.Store(lastSeq)
+	}
+	l.records.Add(added)
+	return nil
+}
+
+func index(tx *bolt.Tx, r Record) error {
+	key := u64(r.N)
+	if err := tx.Bucket(bucketBySource).Put(append([]byte(r.Source+"\x00"), key...), nil); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketByTime).Put(append(u64(uint64(r.Received.UnixNano())), key...), nil)
+}
+
+// check builds the record of one event: its envelope, its signature, its source.
+func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
+	h := m.Headers()
+	r := Record{Seq: seq, Subject: m.Subject(), Headers: map[string][]string(h), Body: m.Data(), Received: now,
+		EventID: h.Get(envelope.EventID), Source: h.Get(envelope.Source)}
+	if r.EventID == "" {
+		r.EventID = fmt.Sprintf("seq-%d", seq)
+	}
+	switch pub, ok := l.keys(r.Source); {
+	case h.Get(envelope.Signature) == "":
+		r.SignatureError = "unsigned: no x-signature"
+	case !ok:
+		r.SignatureError = fmt.Sprintf("no registered key for source %q", r.Source)
+	default:
+		if err := envelope.Verify(h, r.Subject, r.Body, pub); err != nil {
+			r.SignatureError = err.Error()
+		} else {
+			r.Signed = true
+		}
+	}
+	r.SourceMatches = l.owners(r.Subject, r.Source)
+	return r
+}
+
+// prune drops records older than the retention, if one is set. The chain stays verifiable
+// from the oldest record kept.
+func (l *Logger) prune() {
+	if l.retention <= 0 {
+		return
+	}
+	cutoff := time.Now().Add(-l.retention)
+	var dropped uint64
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		// Collect first: deleting under a bbolt cursor can skip the next key.
+		var old [][]byte
+		c := tx.Bucket(bucketByTime).Cursor()
+		for k, _ := c.First(); k != nil && len(k) == 16; k, _ = c.Next() {
+			if int64(binary.BigEndian.Uint64(k[:8])) >= cutoff.UnixNano() {
+				break
+			}
+			old = append(old, k)
+		}
+		for _, k := range old {
+			n := k[8:]
+			var r Record
+			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil && json.Unmarshal(raw, &r) == nil {
+				tx.Bucket(bucketIDs).Delete([]byte(r.EventID))
+				tx.Bucket(bucketBySource).Delete(append([]byte(r.Source+"\x00"), n...))
+				tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+			}
+			tx.Bucket(bucketRecords).Delete(n)
+			if err := tx.Bucket(bucketByTime).Delete(k); err != nil {
+				return err
+			}
+			dropped++
+		}
+		return nil
+	})
+	if err != nil {
+		l.log.Error("prune audit log", "err", err)
+		return
+	}
+	if dropped > 0 {
+		l.records.Add(^(dropped - 1))
+		l.log.Info("audit log pruned", "records", dropped, "older_than", cutoff)
+	}
+}
+
+func u64(n uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, n)
+	return b
+}

@@ -1,0 +1,189 @@
+package audit
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	bolt "go.etcd.io/bbolt"
+)
+
+// DefaultLimit bounds a query's answer when it sets no limit.
+const DefaultLimit = 200
+
+// Filter selects records. Every field set must hold.
+type Filter struct {
+	ID     string    `json:"id,omitempty"`     // x-event-id
+	Source string    `json:"source,omitempty"` // x-source
+	Event  string    `json:"event,omitempty"`  // a pattern as consumes: writes it: billing.**
+	Since  time.Time `json:"since,omitzero"`   // received at or after
+	Until  time.Time `json:"until,omitzero"`   // received before
+	After  uint64    `json:"after,omitempty"`  // records after this N (paging, tail -f)
+	Last   int       `json:"last,omitempty"`   // only the last N matching records
+	Limit  int       `json:"limit,omitempty"`  // at most this many; 0 = DefaultLimit
+}
+
+// Query returns the matching records in log order, using the index that narrows most.
+func (l *Logger) Query(f Filter) ([]Record, error) {
+	var pattern string
+	if f.Event != "" {
+		p, err := manifest.ConsumeSubject(f.Event)
+		if err != nil {
+			return nil, fmt.Errorf("event pattern %q: %w", f.Event, err)
+		}
+		pattern = p
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	var out []Record
+	match := func(r Record) bool {
+		return (f.ID == "" || r.EventID == f.ID) && (f.Source == "" || r.Source == f.Source) &&
+			(pattern == "" || manifest.Matches(pattern, r.Subject)) &&
+			(f.Since.IsZero() || !r.Received.Before(f.Since)) && (f.Until.IsZero() || r.Received.Before(f.Until)) &&
+			r.N > f.After
+	}
+	err := l.db.View(func(tx *bolt.Tx) error {
+		recs := tx.Bucket(bucketRecords)
+		get := func(n []byte) (Record, bool) {
+			var r Record
+			raw := recs.Get(n)
+			return r, raw != nil && json.Unmarshal(raw, &r) == nil
+		}
+		// Each visit returns false to stop. f.Last reads backwards and reverses.
+		visit := func(n []byte) bool {
+			if r, ok := get(n); ok && match(r) {
+				out = append(out, r)
+			}
+			return f.Last > 0 && len(out) < f.Last || f.Last == 0 && len(out) < limit
+		}
+		switch {
+		case f.ID != "":
+			if n := tx.Bucket(bucketIDs).Get([]byte(f.ID)); n != nil {
+				visit(n)
+			}
+		case f.Source != "":
+			scanPrefix(tx.Bucket(bucketBySource), []byte(f.Source+"\x00"), f.Last > 0, visit)
+		case pattern != "":
+			scanPrefix(tx.Bucket(bucketBySubject), literalPrefix(pattern), f.Last > 0, func(k []byte) bool { return visit(k) })
+		default:
+			c := recs.Cursor()
+			if f.Last > 0 {
+				for k, _ := c.Last(); k != nil && visit(k); k, _ = c.Prev() {
+				}
+			} else {
+				for k, _ := c.Seek(u64(f.After + 1)); k != nil && visit(k); k, _ = c.Next() {
+				}
+			}
+		}
+		return nil
+	})
+	sortByN(out)
+	if f.Last > 0 && len(out) > f.Last {
+		out = out[len(out)-f.Last:]
+	}
+	return out, err
+}
+
+// scanPrefix visits, in key order (or reverse), the record numbers of index keys that start
+// with prefix: the last 8 bytes of each key.
+func scanPrefix(b *bolt.Bucket, prefix []byte, reverse bool, visit func(n []byte) bool) {
+	var keys [][]byte
+	c := b.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		keys = append(keys, k[len(k)-8:])
+	}
+	if reverse {
+		for i := len(keys) - 1; i >= 0; i-- {
+			if !visit(keys[i]) {
+				return
+			}
+		}
+		return
+	}
+	for _, k := range keys {
+		if !visit(k) {
+			return
+		}
+	}
+}
+
+// literalPrefix is the part of a subject pattern before its first wildcard.
+func literalPrefix(pattern string) []byte {
+	for i := 0; i < len(pattern); i++ {
+		if pattern[i] == '*' || pattern[i] == '>' {
+			return []byte(pattern[:i])
+		}
+	}
+	return []byte(pattern)
+}
+
+func sortByN(rs []Record) {
+	slices.SortFunc(rs, func(a, b Record) int { return cmp.Compare(a.N, b.N) })
+}
+
+// Problem is a record that fails verification.
+type Problem struct {
+	N      uint64 `json:"n"`
+	Reason string `json:"reason"`
+}
+
+// Verification is what Verify found.
+type Verification struct {
+	Records uint64 `json:"records"`
+	// Broken is the first record whose hash or link does not hold: the log was altered.
+	Broken *Problem `json:"broken,omitempty"`
+	// Unsigned is the first record whose signature or source did not check out at ingest:
+	// the event was forged or mislabelled (it is kept, and flagged).
+	Unsigned *Problem `json:"unsigned,omitempty"`
+}
+
+// OK reports whether nothing was found.
+func (v Verification) OK() bool { return v.Broken == nil && v.Unsigned == nil }
+
+// Verify walks the whole log: every record's hash must be its content's, and link to the
+// record before it.
+func (l *Logger) Verify() (Verification, error) {
+	var v Verification
+	err := l.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketRecords).Cursor()
+		var prev string
+		first := true
+		for k, raw := c.First(); k != nil; k, raw = c.Next() {
+			n := binary.BigEndian.Uint64(k)
+			v.Records++
+			var r Record
+			if err := json.Unmarshal(raw, &r); err != nil {
+				v.Broken = &Problem{N: n, Reason: "record is unreadable: " + err.Error()}
+				return nil
+			}
+			switch {
+			case r.N != n:
+				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record claims to be %d", r.N)}
+			case r.computeHash() != r.Hash:
+				v.Broken = &Problem{N: n, Reason: "content does not match its hash: the record was altered"}
+			case !first && r.Prev != prev:
+				v.Broken = &Problem{N: n, Reason: "does not link to the record before it: a record was altered, removed or inserted"}
+			}
+			if v.Broken != nil {
+				return nil
+			}
+			if v.Unsigned == nil && (!r.Signed || !r.SourceMatches) {
+				reason := r.SignatureError
+				if r.Signed && !r.SourceMatches {
+					reason = fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
+				}
+				v.Unsigned = &Problem{N: n, Reason: fmt.Sprintf("event %s on %s: %s", r.EventID, r.Subject, reason)}
+			}
+			prev, first = r.Hash, false
+		}
+		return nil
+	})
+	return v, err
+}

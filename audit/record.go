@@ -1,0 +1,41 @@
+package audit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+)
+
+// Record is one audited event.
+type Record struct {
+	// N is the record's place in this node's log, from 1.
+	N uint64 `json:"n"`
+	// Seq is the event's sequence in EVENTS.
+	Seq      uint64              `json:"seq"`
+	Subject  string              `json:"subject"`
+	Headers  map[string][]string `json:"headers"`
+	Body     []byte              `json:"body"`
+	Received time.Time           `json:"received"`
+	// EventID is x-event-id (or "seq-<Seq>" for an event without one).
+	EventID string `json:"event_id"`
+	Source  string `json:"source"`
+	// Signed is true when x-signature verifies against the source's registered key;
+	// SignatureError says why not otherwise.
+	Signed         bool   `json:"signed"`
+	SignatureError string `json:"signature_error,omitempty"`
+	// SourceMatches is true when x-source owns the subject's namespace.
+	SourceMatches bool `json:"source_matches"`
+	// Prev is the previous record's hash ("" for the first), Hash this record's.
+	Prev string `json:"prev"`
+	Hash string `json:"hash"`
+}
+
+// computeHash is SHA-256 over the record's JSON without its own hash: it covers the previous
+// hash, so a change anywhere breaks every hash after it.
+func (r Record) computeHash() string {
+	r.Hash = ""
+	b, _ := json.Marshal(r)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
