@@ -69,9 +69,26 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 				visit(n)
 			}
 		case f.Source != "":
-			scanPrefix(tx.Bucket(bucketBySource), []byte(f.Source+"\x00"), f.Last > 0, visit)
+			scanPrefix(tx.Bucket(bucketBySource), []byte(f.Source+"\x00"), f.After, f.Last > 0, visit)
 		case pattern != "":
-			scanPrefix(tx.Bucket(bucketBySubject), literalPrefix(pattern), f.Last > 0, func(k []byte) bool { return visit(k) })
+			// The index orders by subject, then number: gather the numbers, then visit in
+			// log order, so paging and "last" mean the same as elsewhere.
+			var ns [][]byte
+			scanPrefix(tx.Bucket(bucketBySubject), literalPrefix(pattern), 0, false, func(n []byte) bool {
+				if binary.BigEndian.Uint64(n) > f.After {
+					ns = append(ns, n)
+				}
+				return true
+			})
+			slices.SortFunc(ns, bytes.Compare)
+			if f.Last > 0 {
+				slices.Reverse(ns)
+			}
+			for _, n := range ns {
+				if !visit(n) {
+					break
+				}
+			}
 		default:
 			c := recs.Cursor()
 			if f.Last > 0 {
@@ -92,23 +109,36 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 }
 
 // scanPrefix visits, in key order (or reverse), the record numbers of index keys that start
-// with prefix: the last 8 bytes of each key.
-func scanPrefix(b *bolt.Bucket, prefix []byte, reverse bool, visit func(n []byte) bool) {
-	var keys [][]byte
+// with prefix — the last 8 bytes of each key — beginning after record number after, until
+// visit returns false.
+func scanPrefix(b *bolt.Bucket, prefix []byte, after uint64, reverse bool, visit func(n []byte) bool) {
 	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		keys = append(keys, k[len(k)-8:])
-	}
 	if reverse {
-		for i := len(keys) - 1; i >= 0; i-- {
-			if !visit(keys[i]) {
+		end := append(append([]byte(nil), prefix...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		k, _ := c.Seek(end)
+		if k == nil {
+			k, _ = c.Last()
+		}
+		for ; k != nil; k, _ = c.Prev() {
+			if !bytes.HasPrefix(k, prefix) {
+				if bytes.Compare(k, prefix) < 0 {
+					return
+				}
+				continue
+			}
+			if !visit(k[len(k)-8:]) {
 				return
 			}
 		}
 		return
 	}
-	for _, k := range keys {
-		if !visit(k) {
+	start := prefix
+	if after > 0 && bytes.IndexByte(prefix, 0) == len(prefix)-1 {
+		// An exact key (source or subject, then \x00): the numbers that follow are in order.
+		start = append(append([]byte(nil), prefix...), u64(after+1)...)
+	}
+	for k, _ := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		if !visit(k[len(k)-8:]) {
 			return
 		}
 	}

@@ -85,6 +85,8 @@ func newRootCmd() *cobra.Command {
 		newSeatCmd(),
 		newVaultCmd(),
 		newTokenCmd(),
+		newAuditCmd(),
+		newDeadCmd(),
 		newBenchCmd(),
 		newVersionCmd(),
 	)

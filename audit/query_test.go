@@ -1,0 +1,81 @@
+package audit
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// TestQuery_Indexes writes records straight to a store and queries through each index.
+func TestQuery_Indexes(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l, err := New(db, nil, "n", nil, nil, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	subjects := []string{"mesh.mod.a.event.x", "mesh.mod.b.event.y", "mesh.mod.a.event.z.w"}
+	err = db.Update(func(tx *bolt.Tx) error {
+		var prev string
+		for i := range 30 {
+			src := string(rune('a' + i%2))
+			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: subjects[i%3], Source: src, EventID: "id" + string(rune('A'+i)),
+				Received: base.Add(time.Duration(i) * time.Minute), Prev: prev, Signed: true, SourceMatches: true}
+			r.Hash = r.computeHash()
+			prev = r.Hash
+			b, _ := json.Marshal(r)
+			tx.Bucket(bucketRecords).Put(u64(r.N), b)
+			tx.Bucket(bucketIDs).Put([]byte(r.EventID), u64(r.N))
+			if err := index(tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		f    Filter
+		want []uint64
+	}{
+		{"id", Filter{ID: "idC"}, []uint64{3}},
+		{"source paged", Filter{Source: "b", After: 20, Limit: 3}, []uint64{22, 24, 26}},
+		{"source last", Filter{Source: "a", Last: 2}, []uint64{27, 29}},
+		{"pattern", Filter{Event: "a.**", Limit: 4}, []uint64{1, 3, 4, 6}},
+		{"pattern one name", Filter{Event: "*.y", After: 20}, []uint64{23, 26, 29}},
+		{"time", Filter{Since: base.Add(25 * time.Minute), Until: base.Add(28 * time.Minute)}, []uint64{26, 27, 28}},
+		{"last", Filter{Last: 2}, []uint64{29, 30}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs, err := l.Query(tc.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []uint64
+			for _, r := range recs {
+				got = append(got, r.N)
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+	v, err := l.Verify()
+	if err != nil || !v.OK() || v.Records != 30 {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+}
