@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Errors of deriving per-node parts for a seat.
@@ -157,11 +158,11 @@ func derive(m *Manifest) *Derivation {
 		d.Tools = append(d.Tools, Derived{Name: t, Subject: ToolSubject(m.Module, t), Queue: m.Module})
 	}
 	for _, s := range m.Uses {
-		d.Uses = append(d.Uses, Use{
-			Seat:    s,
-			Publish: []string{seatAcceptAll(s), seatNodeAcceptAll(s)},
-			Request: []string{seatToolAll(s)},
-		})
+		u := Use{Seat: s, Publish: []string{seatAcceptAll(s), seatNodeAcceptAll(s)}, Request: []string{}}
+		if !strings.HasPrefix(s, reservedSeatPrefix) {
+			u.Request = []string{seatToolAll(s)} // the mesh's own seats' tools are the operator's
+		}
+		d.Uses = append(d.Uses, u)
 	}
 	for _, s := range m.Seats {
 		d.Seats = append(d.Seats, deriveSeat(s, NodePlaceholder))

@@ -82,7 +82,12 @@ func modulePermissions(m *Manifest) Permissions {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
 	}
 	for _, s := range m.Uses {
-		p.Publish = append(p.Publish, seatAcceptAll(s), seatNodeAcceptAll(s), seatToolAll(s))
+		p.Publish = append(p.Publish, seatAcceptAll(s), seatNodeAcceptAll(s))
+		if !strings.HasPrefix(s, reservedSeatPrefix) {
+			// The mesh's own seats (controller, vault) serve the operator and the nodes: a
+			// module may send work to them, never call their tools.
+			p.Publish = append(p.Publish, seatToolAll(s))
+		}
 	}
 	return p.normal()
 }

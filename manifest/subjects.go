@@ -51,6 +51,16 @@ func NodeEventSubject(node, event string) string { return "mesh.node." + node + 
 // answered by that node (such as a module asking its node to hold its seats).
 func NodeToolSubject(node, tool string) string { return "mesh.node." + node + ".tool." + tool }
 
+// NodeSeatToolSubject is where an instance of module asks node to hold, or release, its
+// seats: mesh.node.<node>.tool.seat.<module>. The module's name in the subject is the proof
+// of who asks.
+func NodeSeatToolSubject(node, module string) string { return NodeToolSubject(node, "seat."+module) }
+
+// ConsumerInfoSubject is the JetStream API subject that looks a consumer up.
+func ConsumerInfoSubject(stream, consumer string) string {
+	return consumerInfoSubject(stream, consumer)
+}
+
 // StateSubject is where node's declaration lives, last value per subject:
 // mesh.state.node.<node>.
 func StateSubject(node string) string { return "mesh.state.node." + node }

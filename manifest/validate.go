@@ -82,8 +82,10 @@ func (rs Refusals) Error() string {
 }
 
 // reservedModules are module names the mesh keeps: the first parts of the old bus's routing
-// keys (a consumer could never name their events) and the mesh's own namespace.
-var reservedModules = []string{"mesh", "module", "node"}
+// keys (a consumer could never name their events), the mesh's own namespace, and the names
+// of the identities that administer it (the vault and the controller tell callers apart by
+// name).
+var reservedModules = []string{"mesh", "module", "node", "operator", "admin", "vault", "controller"}
 
 // reservedModulePrefix marks module names that would collide with the mesh's per-node
 // audit-<node> consumers on EVENTS, which share the namespace of module consumer names.

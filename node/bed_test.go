@@ -225,6 +225,13 @@ func TestBed_PermissionsAreTheDerivation(t *testing.T) {
 				}
 			}
 			for _, subj := range []string{
+				// The administrators' tools: an independent list, not derived, so an
+				// over-grant in the derivation cannot hide here.
+				"mesh.seat.mesh-vault.tool.fetch.operator", "mesh.seat.mesh-vault.tool.mint.operator",
+				"mesh.seat.mesh-vault.tool.token.operator", "mesh.seat.mesh-vault.tool.identity.node",
+				"mesh.seat.mesh-vault.tool.fetch.mod.other", "mesh.seat.mesh-controller.tool.register",
+				"mesh.seat.mesh-controller.tool.remove", "mesh.node.alpha.tool.audit",
+				"$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.EVENTS", "$JS.API.CONSUMER.LIST.EVENTS",
 				"$JS.API.STREAM.DELETE.EVENTS", "$JS.API.STREAM.PURGE.EVENTS", "$JS.API.STREAM.CREATE.X",
 				"$JS.API.CONSUMER.CREATE.EVENTS", "$KV.mesh-registry.module." + module,
 				manifest.EventSubject(module, "undeclared.event"), "mesh.state.node.alpha", "mesh.dead.EVENTS.other",
@@ -234,6 +241,34 @@ func TestBed_PermissionsAreTheDerivation(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBed_MeshSeatsAndReservedNames: a module that uses the mesh's own seats may send them
+// work but never call their tools, and the administrators' names cannot be taken.
+func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: host\nrequires: [mesh-bus]\nuses: [mesh-controller, mesh-vault]\nsecrets: [k]\n")
+	nc := b.raw(seed, "host")
+	for _, s := range []string{
+		"mesh.seat.mesh-controller.tool.register", "mesh.seat.mesh-controller.tool.list",
+		"mesh.seat.mesh-vault.tool.fetch.operator", "mesh.seat.mesh-vault.tool.token.operator",
+		"mesh.seat.mesh-vault.tool.identity.node",
+	} {
+		if !refusedPub(t, nc, s) {
+			t.Errorf("a module using a mesh seat published on %s", s)
+		}
+	}
+	if refusedPub(t, nc, "mesh.seat.mesh-controller.accept.report") {
+		t.Error("a module using mesh-controller may not send it work")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{"operator", "node", "admin", "vault"} {
+		_, err := registry.Register(ctx, b.op, []byte("module: "+name+"\nrequires: [mesh-bus]\nsecrets: [k]\n"))
+		if !errors.Is(err, registry.ErrRefused) {
+			t.Errorf("module named %s: %v, want refused", name, err)
+		}
 	}
 }
 

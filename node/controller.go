@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -199,7 +200,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	var users []string
 	for _, o := range c.reg.List() {
 		for _, s := range e.Manifest.Seats {
-			if o.Module != e.Module && contains(o.Manifest.Uses, s.Name) {
+			if o.Module != e.Module && slices.Contains(o.Manifest.Uses, s.Name) {
 				users = append(users, fmt.Sprintf("%s uses seat %s", o.Module, s.Name))
 			}
 		}
@@ -243,7 +244,7 @@ func (c *controller) handleWhoami(_ context.Context, data []byte) any {
 	}
 	reply := registry.WhoamiReply{
 		Module: e.Module, Node: c.node,
-		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools,
+		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
 	}
 	for _, s := range e.Manifest.Uses {
 		reply.Uses = append(reply.Uses, c.reg.Seat(s))
@@ -252,15 +253,6 @@ func (c *controller) handleWhoami(_ context.Context, data []byte) any {
 		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))
 	}
 	return reply
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func plural(n int, one, many string) string {

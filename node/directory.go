@@ -66,7 +66,7 @@ func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permis
 		p = p.Merge(manifest.Permissions{Publish: []string{SeatToolSubject("*", d.Module)}})
 	}
 	if len(d.Secrets) > 0 {
-		p = p.Merge(manifest.Permissions{Publish: []string{vault.ToolSubject(vault.VerbFetch, d.Module)}})
+		p = p.Merge(manifest.Permissions{Publish: []string{vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(d.Module))}})
 	}
 	return p
 }
@@ -79,12 +79,9 @@ func tokenPermissions(id, publicKey string) manifest.Permissions {
 	}
 }
 
-// SeatToolSubject is where a module's instance asks node to make it a candidate for, or
-// release, its seats: mesh.node.<node>.tool.seat.<module>. The module's name in the subject
-// is the proof of who asks: only that module may publish there.
-func SeatToolSubject(node, module string) string {
-	return manifest.NodeToolSubject(node, "seat."+module)
-}
+// SeatToolSubject is manifest.NodeSeatToolSubject: where a module's instance asks node about
+// its seats; only that module may publish there.
+func SeatToolSubject(node, module string) string { return manifest.NodeSeatToolSubject(node, module) }
 
 // authorityChanged reports whether a registration change alters what a module's
 // connections may do, so they must be kicked to reconnect under the new authority.

@@ -105,7 +105,7 @@ func (n *Node) Open() (err error) {
 		return err
 	}
 	if r, err := genesis.New(n.db).Record(); err == nil && r.Expect >= 3 {
-		return fmt.Errorf("%w: data dir %s holds mesh %s, made by genesis to form a cluster of %d; forming a cluster is not built in this version — use a single-node mesh (genesis --expect 1) for now",
+		return fmt.Errorf("%w: data dir %s holds mesh %s, made by genesis to form a cluster of %d; forming a cluster is not built in this version — for now make a single-node mesh (genesis --expect 1) in a fresh --data-dir",
 			ErrClusterNotBuilt, n.cfg.DataDir, r.MeshID, r.Expect)
 	}
 	if n.key, err = n.found.NodeKey(); err != nil {

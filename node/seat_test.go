@@ -270,10 +270,14 @@ func TestSeat_GracefulHandoff(t *testing.T) {
 	shopSeed, _ := b.register(shopManifest)
 	log := newJobLog()
 	c1 := b.client(mailerSeed)
-	c1.Accept("send", log.handler("c1"))
+	if err := c1.Accept("send", log.handler("c1")); err != nil {
+		t.Fatal(err)
+	}
 	holder(t, "mailer", c1)
 	c2 := b.client(mailerSeed)
-	c2.Accept("send", log.handler("c2"))
+	if err := c2.Accept("send", log.handler("c2")); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	c1.Close()
 	holder(t, "mailer", c2)

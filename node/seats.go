@@ -36,6 +36,10 @@ type seatService struct {
 	vault *vault.Vault
 
 	sub *nats.Subscription
+
+	grantMu sync.Mutex
+	granted map[string]string // lease key → the instance whose connection has the holder's grant
+
 	// ctx ends at stop; wg counts the releases running after their reply.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -103,7 +107,29 @@ func (s *seatService) moduleGained(l seats.Lease) {
 	if err := s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return ok && m.Instance == l.Instance }); err != nil {
 		s.log.Warn("lease mirror late; the holder reconnects on its next check", "seat", l.Seat, "err", err)
 	}
+	// The instance is told it holds the seat only from here on: its next connection has the
+	// grant.
+	s.grant(key, l.Instance)
 	s.bus.KickInstance(e.PublicKey, l.Instance)
+}
+
+func (s *seatService) grant(key, instance string) {
+	s.grantMu.Lock()
+	defer s.grantMu.Unlock()
+	if s.granted == nil {
+		s.granted = map[string]string{}
+	}
+	if instance == "" {
+		delete(s.granted, key)
+	} else {
+		s.granted[key] = instance
+	}
+}
+
+func (s *seatService) isGranted(key, instance string) bool {
+	s.grantMu.Lock()
+	defer s.grantMu.Unlock()
+	return s.granted[key] == instance
 }
 
 // lostAuthority takes a released or lost seat's authority from its holder.
@@ -119,6 +145,7 @@ func (s *seatService) lostAuthority(l seats.Lease) {
 	ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
 	defer cancel()
 	key := seats.Key(l.Seat, l.Scope, l.Node)
+	s.grant(key, "")
 	s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return !ok || m.Instance != l.Instance })
 	s.bus.KickInstance(e.PublicKey, l.Instance)
 }
@@ -203,7 +230,7 @@ func (s *seatService) handle(module string, data []byte) registry.SeatReply {
 		reply.Error = fmt.Sprintf("unknown seat action %q: candidate or release", req.Action)
 		return reply
 	}
-	if l, ok := s.run.Holds(c); ok {
+	if l, ok := s.run.Holds(c); ok && s.isGranted(seats.Key(c.Seat, c.Scope, s.node), c.Instance) {
 		reply.Holder, reply.Epoch = true, l.Epoch
 		if cons, ok, err := e.Derivation.SeatConsumer(seat.Name, s.node); err == nil && ok {
 			reply.Stream, reply.Consumer = cons.Stream, cons.Name

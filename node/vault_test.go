@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -154,11 +155,15 @@ func TestVault_Authority(t *testing.T) {
 	if _, err := ca.Secret(ctx, "key-a"); err != nil {
 		t.Fatalf("own secret: %v", err)
 	}
-	if _, err := ca.Secret(ctx, "key-b"); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not declare") {
-		t.Fatalf("another module's secret: %v", err)
+	if _, err := ca.Secret(ctx, "key-b"); !errors.Is(err, sdk.ErrNotDeclared) || !strings.Contains(err.Error(), "secrets:") {
+		t.Fatalf("another module's secret, through the sdk: %v", err)
 	}
 	nc := b.raw(seedA, "a")
-	for _, s := range []string{vault.ToolSubject(vault.VerbFetch, "bb"), vault.ToolSubject(vault.VerbFetch, vault.CallerOperator),
+	// Past the sdk, the vault refuses it too.
+	if _, err := vault.Call(ctx, nc, vault.VerbFetch, vault.ModuleCaller("a"), vault.Request{Name: "key-b"}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not declare") {
+		t.Fatalf("another module's secret, asked of the vault: %v", err)
+	}
+	for _, s := range []string{vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("bb")), vault.ToolSubject(vault.VerbFetch, vault.CallerOperator),
 		vault.ToolSubject(vault.VerbMint, "a"), vault.ToolSubject(vault.VerbIdentity, vault.CallerNode)} {
 		if !refusedPub(t, nc, s) {
 			t.Errorf("module a published on %s", s)

@@ -115,6 +115,7 @@ type WhoamiReply struct {
 	Emits    []string   `json:"emits,omitempty"`
 	Consumes []string   `json:"consumes,omitempty"`
 	Tools    []string   `json:"tools,omitempty"`
+	Secrets  []string   `json:"secrets,omitempty"`
 	Uses     []SeatInfo `json:"uses,omitempty"`
 	Seats    []SeatInfo `json:"seats,omitempty"`
 	Error    string     `json:"error,omitempty"`

@@ -127,10 +127,15 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 		st.consume.Stop()
 		st.consume = nil
 	}
-	cons, err := c.js.Consumer(ctx, reply.Stream, reply.Consumer)
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	cons, err := c.js.Consumer(cctx, reply.Stream, reply.Consumer)
 	if err != nil {
-		if perr := c.refusal(jsAPIConsumerInfo(reply.Stream, reply.Consumer)); perr != nil {
-			return perr
+		if c.refusal(manifest.ConsumerInfoSubject(reply.Stream, reply.Consumer)) != nil {
+			// The grant has not reached this connection yet: the node kicks it when it
+			// does, and the reconnect claims again.
+			c.log.Info("seat held, waiting for the holder's grant", "seat", st.seat)
+			return nil
 		}
 		return fmt.Errorf("open seat consumer %s: %w", reply.Consumer, err)
 	}
@@ -172,7 +177,7 @@ func (st *seatState) route(subject string) Handler {
 func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry.SeatReply, error) {
 	var reply registry.SeatReply
 	req, _ := json.Marshal(registry.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
-	msg, err := c.nc.RequestWithContext(ctx, seatToolSubject(c.node(), c.Module()), req)
+	msg, err := c.nc.RequestWithContext(ctx, manifest.NodeSeatToolSubject(c.node(), c.Module()), req)
 	if err != nil {
 		return reply, fmt.Errorf("ask node %s about seat %s: %w", c.node(), seat, err)
 	}
@@ -183,11 +188,6 @@ func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry
 		return reply, fmt.Errorf("seat %s: %s", seat, reply.Error)
 	}
 	return reply, nil
-}
-
-// seatToolSubject is node.SeatToolSubject, spelled here so modules need not import the node.
-func seatToolSubject(node, module string) string {
-	return manifest.NodeToolSubject(node, "seat."+module)
 }
 
 // reclaim claims every seat again after a reconnect.

@@ -78,7 +78,23 @@ type Client struct {
 	consume  jetstream.ConsumeContext
 	subs     []*nats.Subscription
 	lastPerm error
-	wg       sync.WaitGroup
+
+	// wg counts running handlers; closing guards its Add against Close's Wait.
+	wg      sync.WaitGroup
+	closing sync.RWMutex
+	closed  bool
+}
+
+// track registers a running handler; false once the client is closing (the delivery is
+// then left unacked, and JetStream redelivers it).
+func (c *Client) track() bool {
+	c.closing.RLock()
+	defer c.closing.RUnlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
 }
 
 // Connect connects to the bus at url as the module whose nkey seed is in seedFile. It asks
@@ -214,6 +230,9 @@ func (c *Client) Close() error {
 		s.Unsubscribe()
 	}
 	c.mu.Unlock()
+	c.closing.Lock()
+	c.closed = true
+	c.closing.Unlock()
 	c.cancel()
 	c.wg.Wait()
 	var err error

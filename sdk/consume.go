@@ -55,7 +55,7 @@ func (c *Client) On(pattern string, h Handler) error {
 	defer cancel()
 	cons, err := c.js.Consumer(ctx, manifest.EventsStreamName, self.Module)
 	if err != nil {
-		if perr := c.refusal(jsAPIConsumerInfo(manifest.EventsStreamName, self.Module)); perr != nil {
+		if perr := c.refusal(manifest.ConsumerInfoSubject(manifest.EventsStreamName, self.Module)); perr != nil {
 			return perr
 		}
 		return fmt.Errorf("open consumer %s on %s: %w", self.Module, manifest.EventsStreamName, err)
@@ -73,10 +73,6 @@ func (c *Client) On(pattern string, h Handler) error {
 		return fmt.Errorf("consume %s: %w", self.Module, err)
 	}
 	return nil
-}
-
-func jsAPIConsumerInfo(stream, consumer string) string {
-	return "$JS.API.CONSUMER.INFO." + stream + "." + consumer
 }
 
 // route returns the handler for a delivered subject: the first registered whose pattern
@@ -103,7 +99,9 @@ type dispatcher struct {
 }
 
 func (d *dispatcher) handle(msg jetstream.Msg) {
-	d.c.wg.Add(1)
+	if !d.c.track() {
+		return
+	}
 	defer d.c.wg.Done()
 	md, err := msg.Metadata()
 	if err != nil {

@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/meshnode/meshnode/vault"
 )
@@ -11,12 +12,22 @@ import (
 // the client's xkey (made at Connect, held in memory only) and the value comes back sealed to
 // it: it never crosses the bus in the clear and never enters a stream.
 func (c *Client) Secret(ctx context.Context, name string) (string, error) {
+	return c.SecretVersion(ctx, name, 0)
+}
+
+// SecretVersion fetches a given version of a declared secret (0: the current one); an
+// earlier version is readable during the grace period after a rotation.
+func (c *Client) SecretVersion(ctx context.Context, name string, version int) (string, error) {
 	self := c.declared()
+	if !slices.Contains(self.Secrets, name) {
+		return "", fmt.Errorf("%w: module %s does not declare secret %q (it declares %v); add it to secrets: in its manifest and re-register",
+			ErrNotDeclared, self.Module, name, self.Secrets)
+	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	var s vault.Secret
-	if _, err := vault.CallWith(ctx, c.nc, c.xkey, vault.VerbFetch, self.Module, vault.Request{XKey: c.xpub, Name: name}, &s); err != nil {
-		if perr := c.refusal(vault.ToolSubject(vault.VerbFetch, self.Module)); perr != nil {
+	if _, err := vault.CallWith(ctx, c.nc, c.xkey, vault.VerbFetch, vault.ModuleCaller(self.Module), vault.Request{XKey: c.xpub, Name: name, Version: version}, &s); err != nil {
+		if perr := c.refusal(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(self.Module))); perr != nil {
 			return "", fmt.Errorf("%w; does the manifest declare secrets:?", perr)
 		}
 		return "", err

@@ -48,7 +48,9 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 	}
 	subject := manifest.ToolSubject(self.Module, tool)
 	sub, err := c.nc.QueueSubscribe(subject, self.Module, func(m *nats.Msg) {
-		c.wg.Add(1)
+		if !c.track() {
+			return
+		}
 		defer c.wg.Done()
 		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
 		out := &nats.Msg{Data: resp, Header: nats.Header{}}

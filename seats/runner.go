@@ -29,8 +29,9 @@ type Candidate struct {
 	Instance string
 }
 
-// Hooks is what the node does when a lease changes hands on it. They run on the Runner's
-// goroutine, one at a time.
+// Hooks is what the node does when a lease changes hands on it. Gained and Lost run on the
+// Runner's goroutine; Released runs on whichever goroutine released (Run's, or Remove's
+// caller), so the hooks must be safe to call concurrently.
 type Hooks struct {
 	// Gained: this node's candidate now holds the lease.
 	Gained func(l Lease)
@@ -103,12 +104,14 @@ func (r *Runner) Remove(ctx context.Context, c Candidate) {
 	if ok && (h.lease.Module != c.Module || h.lease.Instance != c.Instance) {
 		ok = false
 	}
+	var snapshot held
 	if ok {
 		delete(r.held, key)
+		snapshot = *h // renewAll updates rev under r.mu
 	}
 	r.mu.Unlock()
 	if ok {
-		r.releaseHeld(ctx, h)
+		r.releaseHeld(ctx, &snapshot)
 	}
 	r.poke()
 }
@@ -218,8 +221,11 @@ func (r *Runner) renewAll(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	for _, h := range hs {
+		r.mu.Lock()
+		lease, prev := h.lease, h.rev
+		r.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, r.store.TTL()/3)
-		rev, err := r.store.renew(rctx, h.lease, h.rev)
+		rev, err := r.store.renew(rctx, lease, prev)
 		cancel()
 		switch {
 		case err == nil:
@@ -284,13 +290,13 @@ func (r *Runner) release(ctx context.Context, h *held) {
 // the node is stopping. The hooks are not run: the bus they act on is closing.
 func (r *Runner) releaseAll() {
 	r.mu.Lock()
-	hs := make([]*held, 0, len(r.held))
+	hs := make([]held, 0, len(r.held))
 	for k, h := range r.held {
-		hs = append(hs, h)
+		hs = append(hs, *h)
 		delete(r.held, k)
 	}
 	r.mu.Unlock()
-	for _, h := range hs {
-		r.release(context.Background(), h)
+	for i := range hs {
+		r.release(context.Background(), &hs[i])
 	}
 }

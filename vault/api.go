@@ -15,16 +15,20 @@ import (
 // Seat is the mesh's own seat that answers the vault's tools.
 const Seat = "mesh-vault"
 
-// Callers that are not modules. A module calls as itself (its name).
+// Callers that are not modules. A module calls as ModuleCaller(its name), a separate
+// namespace, so no module name can pass for an administrator.
 const (
 	CallerOperator = "operator"
 	CallerNode     = "node"
 )
 
+// ModuleCaller is how module calls the vault: mod.<module>.
+func ModuleCaller(module string) string { return "mod." + module }
+
 // The vault's verbs: core request/reply on mesh.seat.mesh-vault.tool.<verb>.<caller>. The
-// caller's name in the subject is the proof of who asks: a module may publish only on
-// fetch.<its name>, a join token's key only on enrol.<its id>; the operator and the nodes
-// administer.
+// caller in the subject is the proof of who asks: a module may publish only on
+// fetch.mod.<its name>, a join token's key only on enrol.<its id>; the operator and the nodes
+// (operator, node) administer.
 const (
 	VerbMint     = "mint"
 	VerbFetch    = "fetch"

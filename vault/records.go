@@ -12,7 +12,6 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 )
 
 // secretRecord is one secret at rest: its versions, each encrypted under the barrier key
@@ -269,7 +268,7 @@ func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
 	if req.Owner != CallerOperator && !manifest.ValidName(req.Owner) {
 		return nil, fmt.Errorf("owner %q is not a module name", req.Owner)
 	}
-	kp, err := nkeys.CreateUser()
+	kp, err := MintUser()
 	if err != nil {
 		return nil, err
 	}

@@ -108,7 +108,7 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	if uses < 0 {
 		return nil, fmt.Errorf("uses %d: a token is used at least once", uses)
 	}
-	kp, err := nkeys.CreateUser()
+	kp, err := MintUser()
 	if err != nil {
 		return nil, err
 	}
@@ -137,8 +137,9 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
 }
 
-// enrol trades a join token for what a joining node needs. The token is consumed only once
-// the reply is sealed: a join refused or failed before that leaves it as it was.
+// enrol trades a join token for what a joining node needs. Every check (mesh, expiry, uses,
+// the node's name, the xkey to seal to) comes before the token is consumed: a join refused
+// for any of them leaves it as it was. A reply lost on the way back is not noticed here.
 func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, error) {
 	e, err := v.kv.Get(ctx, "token."+id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {

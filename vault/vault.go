@@ -68,6 +68,10 @@ type Vault struct {
 
 	events chan event // recorded by a worker, off the requests' path
 	done   chan struct{}
+	// closing guards events: senders hold it shared, Close takes it to close the channel,
+	// so a request still being answered at shutdown never sends on a closed channel.
+	closing sync.RWMutex
+	closed  bool
 }
 
 // recordEntry is a secret record as the mirror holds it: ciphertext and its revision.
@@ -121,7 +125,6 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		return nil, fmt.Errorf("watch vault records: %w", err)
 	}
 	v.w = w
-	go v.record()
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -129,6 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 				return nil, errors.New("vault: token watch closed")
 			}
 			if e == nil {
+				go v.record()
 				return v, nil
 			}
 			v.apply(e)
@@ -159,9 +163,25 @@ func (v *Vault) Watch(ctx context.Context) error {
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
 	v.Stop()
+	v.closing.Lock()
+	v.closed = true
 	close(v.events)
+	v.closing.Unlock()
 	<-v.done
 	return v.w.Stop()
+}
+
+// queue hands events to the worker; after Close they are logged instead.
+func (v *Vault) queue(events ...event) {
+	v.closing.RLock()
+	defer v.closing.RUnlock()
+	for _, e := range events {
+		if v.closed {
+			v.log.Warn("vault stopping: event not recorded", "action", e.action)
+			continue
+		}
+		v.events <- e
+	}
 }
 
 // eventQueue bounds the audit events waiting to be recorded; a full queue makes requests
@@ -183,7 +203,7 @@ func (v *Vault) Start() error {
 	if v.sub != nil {
 		return nil
 	}
-	sub, err := v.cfg.Conn.QueueSubscribe(ToolSubject("*", "*"), Seat, v.serve)
+	sub, err := v.cfg.Conn.QueueSubscribe(ToolSubject("*", ">"), Seat, v.serve)
 	if err != nil {
 		return fmt.Errorf("serve vault: %w", err)
 	}
@@ -203,7 +223,7 @@ func (v *Vault) Stop() {
 
 // serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
 func (v *Vault) serve(m *nats.Msg) {
-	parts := strings.Split(m.Subject, ".")
+	parts := strings.SplitN(m.Subject, ".", 6)
 	verb, caller := parts[4], parts[5]
 	var req Request
 	var reply Reply
@@ -219,9 +239,7 @@ func (v *Vault) serve(m *nats.Msg) {
 	m.Respond(b)
 	// The audit events go after the reply, off the caller's round trip: a worker publishes
 	// each with the stream's ack awaited, and logs a failure loudly.
-	for _, e := range events {
-		v.events <- e
-	}
+	v.queue(events...)
 }
 
 // event is one vault action to record.
@@ -234,18 +252,22 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 	var events []event
 	ctx = context.WithValue(ctx, eventsKey{}, &events)
 	admin := caller == CallerOperator || caller == CallerNode
+	module, isModule := strings.CutPrefix(caller, "mod.")
 	var out any
 	var meta []Meta
 	var err error
 	switch {
+	case verb != VerbList && verb != VerbEnrol && !nkeys.IsValidPublicCurveKey(req.XKey):
+		// Checked first, so nothing is written for a reply that could not be sealed.
+		err = errors.New("the request carries no xkey to seal the reply to: send your xkey public key (nkeys CreateCurveKeys) as xkey")
 	case verb == VerbEnrol:
 		out, err = v.enrol(ctx, caller, req)
-	case verb == VerbFetch && !admin:
+	case verb == VerbFetch && isModule:
 		// A module fetches its own secrets, and only those its manifest names.
-		req.Owner = caller
-		names, ok := v.cfg.Secrets(caller)
+		req.Owner = module
+		names, ok := v.cfg.Secrets(module)
 		if !ok || !slices.Contains(names, req.Name) {
-			err = fmt.Errorf("module %s does not declare secret %q (it declares %v); add it to secrets: in its manifest", caller, req.Name, names)
+			err = fmt.Errorf("module %s does not declare secret %q (it declares %v); add it to secrets: in its manifest and re-register", module, req.Name, names)
 		} else {
 			out, err = v.fetch(ctx, req)
 		}
@@ -292,7 +314,7 @@ func (v *Vault) event(ctx context.Context, action string, meta map[string]any) {
 		*events = append(*events, event{action, meta})
 		return
 	}
-	v.events <- event{action, meta}
+	v.queue(event{action, meta})
 }
 
 // publish records one vault action on the mesh-vault seat's events.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -79,6 +80,8 @@ func callAsOperator(ctx context.Context, cmd *cobra.Command, target, tool string
 			return nil, fmt.Errorf("module %s declares no tool %q (it declares %v)", target, tool, mods[i].Tools)
 		}
 		subject = manifest.ToolSubject(target, tool)
+	} else if !strings.HasPrefix(target, "mesh-") && !slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return slices.Contains(m.Seats, target) }) {
+		return nil, fmt.Errorf("no module or seat named %q is registered; `meshnode module ls` and `meshnode seat ls` list them", target)
 	}
 	msg, err := nc.RequestWithContext(ctx, subject, body)
 	if errors.Is(err, nats.ErrNoResponders) {

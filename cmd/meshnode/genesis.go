@@ -49,7 +49,7 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 				// credential: the hand-off.
 				n := node.New(cfg, newLogger(cfg, os.Stderr))
 				if err := n.Open(); err != nil {
-					return fmt.Errorf("mesh %s: raise the node for the hand-off: %w", r.MeshID, err)
+					return fmt.Errorf("mesh %s was created, but raising the node for the hand-off failed: %w; fix that, then `meshnode run --data-dir %s --name %s` completes the hand-off", r.MeshID, err, cfg.DataDir, cfg.Name)
 				}
 				n.Close()
 			}

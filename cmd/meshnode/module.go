@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // newModuleCmd returns `meshnode module`: check and show read manifest files only and need no
@@ -358,8 +359,13 @@ func printModuleDerivation(out io.Writer, path string, m *manifest.Manifest, d *
 	}
 	for _, c := range consumers {
 		row("", c.Stream+"/"+c.Name, "filter "+strings.Join(c.FilterSubjects, ", "))
-		row("", "", fmt.Sprintf("deliver %s, ack %s, max ack pending %d, max deliver %d, back-off %s",
-			c.DeliverPolicy, c.AckPolicy, c.MaxAckPending, c.MaxDeliver, moduleDurations(c.BackOff)))
+		ackWait := "-"
+		if len(c.BackOff) > 0 {
+			ackWait = moduleDurations(c.BackOff[:1])
+		}
+		row("", "", fmt.Sprintf("deliver %s, ack %s, max ack pending %d, max deliver %d, ack wait %s (redelivers a crashed handler's event)",
+			c.DeliverPolicy, c.AckPolicy, c.MaxAckPending, c.MaxDeliver, ackWait))
+		row("", "", "a failed handler is retried after the sdk's back-off: "+moduleDurations(sdk.DefaultRetryBackoff))
 		row("", "", "dead letters to "+c.DeadSubject)
 	}
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
@@ -48,10 +50,13 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	if err != nil {
 		return err
 	}
+	// Catch SIGINT and SIGTERM from here on: a signal that arrived between the ready line and
+	// the run loop would otherwise kill the process with the default action.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	log := newLogger(cfg, os.Stderr)
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
-	n.HandleSignals = true
 	if err := n.Open(); err != nil {
 		if errors.Is(err, node.ErrNoIdentity) {
 			return fmt.Errorf("%w; `meshnode run` starts an existing node: create a mesh with `meshnode genesis --data-dir %s --name %s` (or try one with `meshnode up`)", err, cfg.DataDir, cfg.Name)
@@ -65,7 +70,10 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 		id.Name, id.MeshID, n.ClientURL(), n.HTTPURL())
 	fmt.Fprintf(cmd.OutOrStdout(), "  try: meshnode status --data-dir %s\n", cfg.DataDir)
 	sdNotify("READY=1")
-	err = n.Run(context.Background())
+	err = n.Run(ctx)
+	if ctx.Err() != nil {
+		log.Info("stopping", "reason", "signal")
+	}
 	sdNotify("STOPPING=1")
 	return err
 }

@@ -90,6 +90,9 @@ func newVaultFetchCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var value string
 			if cmd.Flags().Changed("creds") {
+				if cmd.Flags().Changed("owner") {
+					return usagef("--owner is the operator's: with --creds the module fetches its own secrets")
+				}
 				url, creds, err := clientTarget(cmd)
 				if err != nil {
 					return err
@@ -101,7 +104,7 @@ func newVaultFetchCmd() *cobra.Command {
 					return err
 				}
 				defer c.Close()
-				if value, err = c.Secret(ctx, args[0]); err != nil {
+				if value, err = c.SecretVersion(ctx, args[0], ver); err != nil {
 					return err
 				}
 			} else {
