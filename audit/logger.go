@@ -48,7 +48,6 @@ type Logger struct {
 	// retention is how long records are kept; zero keeps everything.
 	retention time.Duration
 
-	audited atomic.Uint64 // the last stream sequence written
 	records atomic.Uint64 // the number of records kept
 }
 
@@ -64,8 +63,6 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 				return err
 			}
 		}
-		h := readHead(tx)
-		l.audited.Store(h.Seq)
 		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
 		return nil
 	})
@@ -77,9 +74,6 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 
 // ConsumerName is the node's audit consumer.
 func (l *Logger) ConsumerName() string { return manifest.AuditConsumer(l.node).Name }
-
-// Audited is the last EVENTS sequence written to the log.
-func (l *Logger) Audited() uint64 { return l.audited.Load() }
 
 // Records is the number of records kept.
 func (l *Logger) Records() uint64 { return l.records.Load() }
@@ -205,9 +199,6 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	})
 	if err != nil {
 		return err
-	}
-	if lastSeq > l.audited.Load() {
-		l.audited.Store(lastSeq)
 	}
 	l.records.Add(added)
 	return nil

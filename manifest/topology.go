@@ -166,11 +166,19 @@ func AuditConsumer(node string) Consumer {
 	c.MaxAckPending = AuditMaxAckPending
 	c.MaxDeliver = -1
 	c.DeadSubject = ""
+	// A batch is written in milliseconds; a node killed mid-batch has its batch redelivered
+	// after this, not after a module's 30 s.
+	c.BackOff = []time.Duration{AuditAckWait}
 	return c
 }
 
-// AuditMaxAckPending is the audit consumer's window: how many events one batch may hold.
-const AuditMaxAckPending = 4096
+// Audit consumer settings.
+const (
+	// AuditMaxAckPending is the audit consumer's window: how many events one batch may hold.
+	AuditMaxAckPending = 4096
+	// AuditAckWait is how long the audit logger has to commit and ack a batch.
+	AuditAckWait = 5 * time.Second
+)
 
 func newConsumer(stream, name string, filters []string, deliver DeliverPolicy) Consumer {
 	return Consumer{

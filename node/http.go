@@ -34,7 +34,7 @@ type Status struct {
 // AuditStatus is the audit logger's part of Status.
 type AuditStatus struct {
 	Records uint64 `json:"records"` // records kept
-	Audited uint64 `json:"audited"` // the last EVENTS sequence written
+	Audited uint64 `json:"audited"` // every EVENTS sequence up to this one is in the log (the consumer's ack floor)
 	Lag     uint64 `json:"lag"`     // EVENTS' last sequence − Audited
 }
 
@@ -111,10 +111,16 @@ func (n *Node) auditStatus(ctx context.Context) AuditStatus {
 	if n.audit == nil {
 		return AuditStatus{}
 	}
-	st := AuditStatus{Records: n.audit.Records(), Audited: n.audit.Audited()}
+	st := AuditStatus{Records: n.audit.Records()}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	if s, err := n.bus.JetStream().Stream(ctx, manifest.EventsStreamName); err == nil {
+	// The ack floor, not the last sequence written: after a crash the batch that was in
+	// flight is redelivered while later events are already written.
+	js := n.bus.JetStream()
+	if c, err := js.Consumer(ctx, manifest.EventsStreamName, n.audit.ConsumerName()); err == nil {
+		st.Audited = c.CachedInfo().AckFloor.Stream
+	}
+	if s, err := js.Stream(ctx, manifest.EventsStreamName); err == nil {
 		if last := s.CachedInfo().State.LastSeq; last > st.Audited {
 			st.Lag = last - st.Audited
 		}
