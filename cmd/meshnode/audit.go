@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
 
@@ -32,15 +33,12 @@ func auditFilterFlags(cmd *cobra.Command, f *audit.Filter, asJSON *bool) {
 }
 
 // auditCall asks the audit log of the node the CLI is connected to.
-func auditCall(cmd *cobra.Command, req audit.Request) (audit.Reply, error) {
-	nc, err := dial(cmd)
-	if err != nil {
-		return audit.Reply{}, err
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	return audit.Call(ctx, nc, nc.ConnectedServerName(), req)
+func auditCall(cmd *cobra.Command, req audit.Request) (reply audit.Reply, err error) {
+	err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		reply, err = audit.Call(ctx, nc, nc.ConnectedServerName(), req)
+		return err
+	})
+	return reply, err
 }
 
 func newAuditQueryCmd() *cobra.Command {

@@ -29,14 +29,18 @@ func newCallCmd() *cobra.Command {
 				}
 				body = []byte(args[2])
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
 			var reply []byte
 			var err error
 			if cmd.Flags().Changed("creds") {
-				reply, err = callAsModule(ctx, cmd, target, tool, body)
+				err = withModule(cmd, func(ctx context.Context, c *sdk.Client) (err error) {
+					reply, err = c.Call(ctx, target, tool, body)
+					return err
+				})
 			} else {
-				reply, err = callAsOperator(ctx, cmd, target, tool, body)
+				err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+					reply, err = callAsOperator(ctx, nc, target, tool, body)
+					return err
+				})
 			}
 			if err != nil {
 				return err
@@ -49,27 +53,9 @@ func newCallCmd() *cobra.Command {
 	return cmd
 }
 
-func callAsModule(ctx context.Context, cmd *cobra.Command, target, tool string, body []byte) ([]byte, error) {
-	url, creds, err := clientTarget(cmd)
-	if err != nil {
-		return nil, err
-	}
-	c, err := sdk.Connect(ctx, url, creds)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.Call(ctx, target, tool, body)
-}
-
 // callAsOperator calls a module's tool if a module of that name is registered, else the
 // seat's.
-func callAsOperator(ctx context.Context, cmd *cobra.Command, target, tool string, body []byte) ([]byte, error) {
-	nc, err := dial(cmd)
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
+func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, body []byte) ([]byte, error) {
 	mods, err := registry.List(ctx, nc)
 	if err != nil {
 		return nil, err

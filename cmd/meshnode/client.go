@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -54,6 +56,35 @@ func dial(cmd *cobra.Command, opts ...nats.Option) (*nats.Conn, error) {
 		return nil, err
 	}
 	return dialWith(url, creds, opts...)
+}
+
+// withBus runs f with a connection as the operator (or --creds) and a context bounded by
+// requestTimeout: the shape of every client verb's one request.
+func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) error) error {
+	nc, err := dial(cmd)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	return f(ctx, nc)
+}
+
+// withModule runs f as the module whose seed --creds names, through the sdk.
+func withModule(cmd *cobra.Command, f func(ctx context.Context, c *sdk.Client) error) error {
+	url, creds, err := clientTarget(cmd)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	c, err := sdk.Connect(ctx, url, creds)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(ctx, c)
 }
 
 func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {

@@ -49,19 +49,14 @@ func toDeadLetter(m *jetstream.RawStreamMsg) deadLetter {
 
 // withDead runs f with the DEAD stream, as the operator.
 func withDead(cmd *cobra.Command, f func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream) error) error {
-	nc, err := dial(cmd)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	dead, err := js.Stream(ctx, manifest.DeadStreamName)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", manifest.DeadStreamName, err)
-	}
-	return f(ctx, js, dead)
+	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		js, _ := jetstream.New(nc)
+		dead, err := js.Stream(ctx, manifest.DeadStreamName)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", manifest.DeadStreamName, err)
+		}
+		return f(ctx, js, dead)
+	})
 }
 
 // deadLetters reads every dead letter, oldest first.

@@ -22,17 +22,6 @@ func newEmitCmd() *cobra.Command {
 			if !json.Valid([]byte(args[1])) {
 				return usagef("the payload %q is not JSON; quote it for the shell, e.g. '{\"id\":1}'", args[1])
 			}
-			url, creds, err := clientTarget(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
-			c, err := sdk.Connect(ctx, url, creds)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
 			var opts []sdk.EmitOption
 			if causation != "" {
 				opts = append(opts, sdk.CausedBy(causation))
@@ -40,12 +29,14 @@ func newEmitCmd() *cobra.Command {
 			if schema != "" {
 				opts = append(opts, sdk.WithSchema(schema))
 			}
-			id, err := c.Emit(ctx, args[0], json.RawMessage(args[1]), opts...)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), id)
-			return nil
+			return withModule(cmd, func(ctx context.Context, c *sdk.Client) error {
+				id, err := c.Emit(ctx, args[0], json.RawMessage(args[1]), opts...)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
+				return nil
+			})
 		},
 	}
 	addClientFlags(cmd)

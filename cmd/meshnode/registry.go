@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
 
@@ -36,14 +37,11 @@ func newModuleRegisterCmd() *cobra.Command {
 					return fmt.Errorf("%s already exists; a seed is written once: choose another --creds-out, or remove the file if it is stale", credsOut)
 				}
 			}
-			nc, err := dial(cmd)
-			if err != nil {
+			var reg *registry.Registered
+			err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reg, err = registry.Register(ctx, nc, text)
 				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
-			reg, err := registry.Register(ctx, nc, text)
+			})
 			if err != nil {
 				var rs manifest.Refusals
 				if errors.As(err, &rs) {
@@ -97,14 +95,11 @@ func newModuleLsCmd() *cobra.Command {
 		Short: "List the registered modules",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, err := dial(cmd)
-			if err != nil {
+			var mods []registry.ModuleInfo
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				mods, err = registry.List(ctx, nc)
 				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
-			mods, err := registry.List(ctx, nc)
+			})
 			if err != nil {
 				return err
 			}
@@ -148,14 +143,11 @@ func newModuleRemoveCmd() *cobra.Command {
 		Short: "Remove a registered module: its key stops working and its consumer is deleted",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			nc, err := dial(cmd)
-			if err != nil {
+			var reply registry.RemoveReply
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reply, err = registry.Remove(ctx, nc, args[0])
 				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
-			reply, err := registry.Remove(ctx, nc, args[0])
+			})
 			if err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
 
@@ -29,14 +30,11 @@ func newSeatLsCmd() *cobra.Command {
 		Short: "List every seat: scope, holder, epoch, since, backlog, users",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, err := dial(cmd)
-			if err != nil {
+			var msg *nats.Msg
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				msg, err = nc.RequestWithContext(ctx, registry.SeatsSubject, []byte("{}"))
 				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			defer cancel()
-			msg, err := nc.RequestWithContext(ctx, registry.SeatsSubject, []byte("{}"))
+			})
 			if err != nil {
 				return fmt.Errorf("ask the controller for seats: %w", err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
 
@@ -23,15 +24,12 @@ func newVaultCmd() *cobra.Command {
 }
 
 // vaultCall calls the vault as the operator.
-func vaultCall(cmd *cobra.Command, verb string, req vault.Request, out any) ([]vault.Meta, error) {
-	nc, err := dial(cmd)
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	return vault.Call(ctx, nc, verb, vault.CallerOperator, req, out)
+func vaultCall(cmd *cobra.Command, verb string, req vault.Request, out any) (metas []vault.Meta, err error) {
+	err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		metas, err = vault.Call(ctx, nc, verb, vault.CallerOperator, req, out)
+		return err
+	})
+	return metas, err
 }
 
 func addOwnerFlag(cmd *cobra.Command, owner *string) {
@@ -93,18 +91,11 @@ func newVaultFetchCmd() *cobra.Command {
 				if cmd.Flags().Changed("owner") {
 					return usagef("--owner is the operator's: with --creds the module fetches its own secrets")
 				}
-				url, creds, err := clientTarget(cmd)
-				if err != nil {
+				err := withModule(cmd, func(ctx context.Context, c *sdk.Client) (err error) {
+					value, err = c.SecretVersion(ctx, args[0], ver)
 					return err
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-				defer cancel()
-				c, err := sdk.Connect(ctx, url, creds)
+				})
 				if err != nil {
-					return err
-				}
-				defer c.Close()
-				if value, err = c.SecretVersion(ctx, args[0], ver); err != nil {
 					return err
 				}
 			} else {
