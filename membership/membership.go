@@ -1,0 +1,236 @@
+package membership
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// ErrForeign means a node of another mesh tried to join, or this node tried to join one.
+var ErrForeign = errors.New("node of another mesh")
+
+// Meta is what a node tells the others: its name, its mesh, and where its bus listens. It
+// travels as memberlist's node meta, which must stay under 512 bytes.
+type Meta struct {
+	Name   string `json:"n"`
+	MeshID string `json:"m"`
+	Route  string `json:"r,omitempty"` // nats-route://host:port
+	Client string `json:"c,omitempty"` // nats://host:port
+}
+
+// Config is what a node decides about its membership.
+type Config struct {
+	Meta Meta
+	// BindAddr is host:port to gossip on; port 0 picks a free one.
+	BindAddr string
+	// AdvertiseAddr is the host:port the others reach this node at; empty: BindAddr.
+	AdvertiseAddr string
+	// GossipKey is the mesh's gossip key (32 bytes: AES-256-GCM).
+	GossipKey []byte
+	// Log receives memberlist's log at debug level; nil discards it.
+	Log *slog.Logger
+}
+
+// Member is one node as this node sees it.
+type Member struct {
+	Meta
+	Addr  string `json:"addr"`
+	State string `json:"state"` // alive, suspect, dead, left
+}
+
+// Membership is this node's view of the mesh's members.
+type Membership struct {
+	ml   *memberlist.Memberlist
+	d    *delegate
+	addr string
+}
+
+// Open starts gossiping. It does not join anyone: Join does.
+func Open(cfg Config) (*Membership, error) {
+	if len(cfg.GossipKey) != 32 {
+		return nil, fmt.Errorf("gossip key is %d bytes, want 32", len(cfg.GossipKey))
+	}
+	meta, err := json.Marshal(cfg.Meta)
+	if err != nil || len(meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("node meta is %d bytes, over memberlist's %d", len(meta), memberlist.MetaMaxSize)
+	}
+	host, port, err := splitHostPort(cfg.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip address %q: %w", cfg.BindAddr, err)
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Meta.Name
+	mc.BindAddr, mc.BindPort = host, port
+	if cfg.AdvertiseAddr != "" {
+		ah, ap, err := splitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			return nil, fmt.Errorf("advertise address %q: %w", cfg.AdvertiseAddr, err)
+		}
+		mc.AdvertiseAddr, mc.AdvertisePort = ah, ap
+	} else if host != "0.0.0.0" && host != "::" && host != "" {
+		mc.AdvertiseAddr = host
+	}
+	mc.SecretKey = cfg.GossipKey
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	logger := cfg.Log
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	mc.Logger = log.New(logWriter{logger}, "", 0)
+	d := &delegate{meta: meta, mesh: cfg.Meta.MeshID}
+	mc.Delegate, mc.Alive, mc.Merge, mc.Events = d, d, d, d
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("gossip on %s: %w", cfg.BindAddr, err)
+	}
+	self := ml.LocalNode()
+	return &Membership{ml: ml, d: d, addr: net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))}, nil
+}
+
+// Addr is the gossip address the others reach this node at.
+func (m *Membership) Addr() string { return m.addr }
+
+// Join contacts seeds; it succeeds when at least one answered as a member of this mesh.
+func (m *Membership) Join(seeds []string) error {
+	n, err := m.ml.Join(seeds)
+	if err == nil && n > 0 {
+		return nil
+	}
+	if ferr := m.d.foreign(); ferr != nil {
+		return ferr
+	}
+	if err == nil {
+		err = errors.New("no node answered")
+	}
+	return fmt.Errorf("join %s: %v; nothing there answered with this mesh's gossip key — check that the address is a meshnode gossip address of this mesh and that this node has the mesh's key (from its token)",
+		strings.Join(seeds, ", "), err)
+}
+
+// Members returns every node known, this one included, by name.
+func (m *Membership) Members() []Member {
+	var out []Member
+	for _, n := range m.ml.Members() {
+		var meta Meta
+		json.Unmarshal(n.Meta, &meta)
+		out = append(out, Member{Meta: meta, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), State: state(n.State)})
+	}
+	return out
+}
+
+func state(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateLeft:
+		return "left"
+	}
+	return "dead"
+}
+
+// Leave tells the others this node is leaving, then stops gossiping.
+func (m *Membership) Leave(timeout time.Duration) error {
+	err := m.ml.Leave(timeout)
+	if serr := m.ml.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Close stops gossiping without a goodbye (the others see this node fail).
+func (m *Membership) Close() error { return m.ml.Shutdown() }
+
+// delegate is memberlist's view of meshnode: it hands out the node meta and refuses nodes
+// of another mesh.
+type delegate struct {
+	meta []byte
+	mesh string
+
+	mu         sync.Mutex
+	lastRefuse error
+}
+
+var (
+	_ memberlist.Delegate      = (*delegate)(nil)
+	_ memberlist.AliveDelegate = (*delegate)(nil)
+	_ memberlist.MergeDelegate = (*delegate)(nil)
+	_ memberlist.EventDelegate = (*delegate)(nil)
+)
+
+func (d *delegate) NodeMeta(int) []byte                  { return d.meta }
+func (d *delegate) NotifyMsg([]byte)                     {}
+func (d *delegate) GetBroadcasts(int, int) [][]byte      { return nil }
+func (d *delegate) LocalState(bool) []byte               { return nil }
+func (d *delegate) MergeRemoteState([]byte, bool)        {}
+func (d *delegate) NotifyJoin(*memberlist.Node)          {}
+func (d *delegate) NotifyLeave(*memberlist.Node)         {}
+func (d *delegate) NotifyUpdate(*memberlist.Node)        {}
+func (d *delegate) NotifyAlive(n *memberlist.Node) error { return d.check(n) }
+
+func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
+	for _, n := range peers {
+		if err := d.check(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check refuses a node that does not belong to this mesh, and remembers why for Join.
+func (d *delegate) check(n *memberlist.Node) error {
+	var meta Meta
+	if err := json.Unmarshal(n.Meta, &meta); err != nil || meta.MeshID == "" {
+		return d.refuse(fmt.Errorf("%w: %s at %s is not a meshnode node (no mesh in its meta)", ErrForeign, n.Name, n.Addr))
+	}
+	if meta.MeshID != d.mesh {
+		return d.refuse(fmt.Errorf("%w: %s at %s belongs to mesh %s, this node to mesh %s; a node joins one mesh, with that mesh's token",
+			ErrForeign, meta.Name, n.Addr, meta.MeshID, d.mesh))
+	}
+	return nil
+}
+
+func (d *delegate) refuse(err error) error {
+	d.mu.Lock()
+	d.lastRefuse = err
+	d.mu.Unlock()
+	return err
+}
+
+func (d *delegate) foreign() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastRefuse
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return host, port, nil
+}
+
+// logWriter turns memberlist's log lines into slog debug records.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(p)), "component", "gossip")
+	return len(p), nil
+}
+
+var _ io.Writer = logWriter{}

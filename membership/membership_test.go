@@ -1,0 +1,113 @@
+package membership_test
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/membership"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func key(t *testing.T) []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+}
+
+func open(t *testing.T, name, mesh string, k []byte) *membership.Membership {
+	t.Helper()
+	m, err := membership.Open(membership.Config{
+		Meta:      membership.Meta{Name: name, MeshID: mesh, Client: "nats://127.0.0.1:4222"},
+		BindAddr:  "127.0.0.1:0",
+		GossipKey: k,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func retryUntil(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestMembership_Form(t *testing.T) {
+	k := key(t)
+	a, b, c := open(t, "a", "mesh1", k), open(t, "b", "mesh1", k), open(t, "c", "mesh1", k)
+	if err := b.Join([]string{a.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Join([]string{b.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*membership.Membership{a, b, c} {
+		retryUntil(t, 10*time.Second, func() error {
+			ms := m.Members()
+			if len(ms) != 3 {
+				return fmt.Errorf("%d members", len(ms))
+			}
+			for _, x := range ms {
+				if x.MeshID != "mesh1" || x.State != "alive" || x.Client == "" {
+					return fmt.Errorf("member %+v", x)
+				}
+			}
+			return nil
+		})
+	}
+	if err := c.Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		for _, x := range a.Members() {
+			if x.Name == "c" && x.State != "left" {
+				return fmt.Errorf("c is %s", x.State)
+			}
+		}
+		return nil
+	})
+}
+
+func TestMembership_RefusesAnotherMesh(t *testing.T) {
+	k := key(t)
+	a := open(t, "a", "mesh1", k)
+	x := open(t, "x", "mesh2", k)
+	err := x.Join([]string{a.Addr()})
+	if !errors.Is(err, membership.ErrForeign) || !strings.Contains(err.Error(), "mesh1") || !strings.Contains(err.Error(), "mesh2") {
+		t.Fatalf("join across meshes: %v", err)
+	}
+	for _, m := range a.Members() {
+		if m.Name == "x" && m.State == "alive" {
+			t.Fatal("the foreign node is a member")
+		}
+	}
+}
+
+func TestMembership_RefusesAWrongKey(t *testing.T) {
+	a := open(t, "a", "mesh1", key(t))
+	x := open(t, "x", "mesh1", key(t))
+	err := x.Join([]string{a.Addr()})
+	if err == nil || !strings.Contains(err.Error(), "gossip key") {
+		t.Fatalf("join with the wrong key: %v", err)
+	}
+	if n := len(a.Members()); n != 1 {
+		t.Fatalf("a has %d members after a wrong-key join", n)
+	}
+}
