@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"syscall"
 	"time"
@@ -40,6 +41,22 @@ type Config struct {
 	// Key is the node's own nkey: the in-process connection authenticates with it, so the
 	// Directory must give it full permissions.
 	Key nkeys.KeyPair
+	// Cluster makes the server one of a clustered mesh; nil runs it standalone.
+	Cluster *Cluster
+}
+
+// Cluster is how a server joins its mesh's cluster. Every founding server starts with the
+// routes of all the others (itself included, which nats-server ignores), so no server
+// bootstraps JetStream on its own.
+type Cluster struct {
+	// Name is the cluster's name: the mesh id.
+	Name string
+	// Addr is host:port the server listens on for routes.
+	Addr string
+	// Routes are the other servers' route URLs (nats-route://host:port).
+	Routes []string
+	// Secret authenticates routes: the mesh's route credential.
+	Secret string
 }
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
@@ -94,6 +111,24 @@ func Open(cfg Config) (*Bus, error) {
 		AlwaysEnableNonce:          true,
 		CustomClientAuthentication: auth,
 	}
+	if c := cfg.Cluster; c != nil {
+		chost, cport, err := splitAddr(c.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("cluster address %q: %w", c.Addr, err)
+		}
+		if err := probeListen(c.Addr); err != nil {
+			return nil, err
+		}
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret}
+		for _, r := range c.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("route %q: %w", r, err)
+			}
+			u.User = url.UserPassword("route", c.Secret)
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
 	srv, err := server.NewServer(opts.Clone())
 	if err != nil {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
@@ -135,13 +170,33 @@ func Open(cfg Config) (*Bus, error) {
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
 	b := &Bus{auth: auth, srv: srv, conn: conn, js: js}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.ReadyTimeout)
-	defer cancel()
-	if err := b.Ready(ctx); err != nil {
-		conn.Close()
-		return fail(err)
+	// A clustered JetStream answers only once a meta leader exists, and a request sent
+	// before that is never answered: ask again, each time briefly, until the deadline.
+	deadline := time.Now().Add(cfg.ReadyTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := b.Ready(ctx)
+		cancel()
+		if err == nil {
+			return b, nil
+		}
+		if time.Now().After(deadline) {
+			conn.Close()
+			return fail(err)
+		}
 	}
-	return b, nil
+}
+
+func splitAddr(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return host, port, nil
 }
 
 // probeListen binds addr and releases it, so a taken port is reported before the server
@@ -233,6 +288,16 @@ func (b *Bus) Connected(publicKey, name string) bool {
 		}
 	}
 	return false
+}
+
+// MetaLeader is the name of the JetStream meta leader this server knows; "" when there is
+// none (or the server is standalone).
+func (b *Bus) MetaLeader() string {
+	jsz, err := b.srv.Jsz(&server.JSzOptions{})
+	if err != nil || jsz.Meta == nil {
+		return ""
+	}
+	return jsz.Meta.Leader
 }
 
 // Stats is a snapshot of the bus for metrics and status.

@@ -49,8 +49,14 @@ type Foundation struct {
 	GossipKey []byte `json:"gossip_key"`
 	// BarrierKey encrypts the vault's records (AES-256-GCM, 32 bytes).
 	BarrierKey []byte `json:"barrier_key"`
-	// VaultSeed is the vault's own bus identity (an nkey user seed).
-	VaultSeed []byte `json:"vault_seed"`
+	// VaultSeed is the vault's own bus identity (an nkey user seed). Empty on a node that
+	// joined: only the genesis node holds the vault's own credentials until enrolment
+	// delivers the barrier key.
+	VaultSeed []byte `json:"vault_seed,omitempty"`
+	// Expect is the number of servers the mesh was founded with: 1, or 3 or more.
+	Expect int `json:"expect"`
+	// Seeds are gossip addresses to contact when forming or rejoining the mesh.
+	Seeds []string `json:"seeds,omitempty"`
 }
 
 // Minted is one credential in the genesis record: what, and a fingerprint (never a value).
@@ -130,6 +136,7 @@ func (g *Genesis) Begin(name string, expect int) (*Foundation, error) {
 	if err != nil {
 		return nil, err
 	}
+	f.Expect = expect
 	r := Record{MeshID: f.MeshID, Node: name, Expect: expect, Created: time.Now().UTC(), Minted: minted}
 	err = g.db.Update(func(tx *bolt.Tx) error {
 		if err := put(tx, bucketFoundation, f); err != nil {
@@ -268,5 +275,27 @@ func ParseFounding(s string) (Founding, error) {
 	if err != nil || json.Unmarshal(b, &f) != nil || f.MeshID == "" {
 		return f, errors.New("founding token is damaged: copy it whole")
 	}
+	return f, nil
+}
+
+// Found makes the foundation of a node that founds a mesh with a founding token: the mesh's
+// id, route credential and gossip key from the token, and the node's own keys, minted here.
+func Found(name, token string) (*Foundation, error) {
+	ft, err := ParseFounding(token)
+	if err != nil {
+		return nil, err
+	}
+	nodeKey, err := nkeys.CreateServer()
+	if err != nil {
+		return nil, err
+	}
+	xkey, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	f := &Foundation{MeshID: ft.MeshID, Node: name, RouteSecret: ft.RouteSecret, GossipKey: ft.GossipKey,
+		Expect: ft.Expect, Seeds: ft.Gossip}
+	f.NodeSeed, _ = nodeKey.Seed()
+	f.NodeXKeySeed, _ = xkey.Seed()
 	return f, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
@@ -31,15 +32,19 @@ import (
 // openTimeout bounds the JetStream work of Open: the registry's bucket and the topology.
 const openTimeout = 30 * time.Second
 
-// replicas is the replication of the mesh's streams and buckets: 1 on a single node.
-const replicas = 1
+// replicas is the replication of the mesh's streams and buckets: 1 on a single node, 3 in a
+// mesh of 3 or more.
+func (n *Node) replicas() int {
+	if n.found != nil && n.found.Expect >= 3 {
+		return 3
+	}
+	return 1
+}
 
 // Errors of Open.
 var (
 	// ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
 	ErrHTTPAddrInUse = errors.New("http address already in use")
-	// ErrClusterNotBuilt is returned for a data dir made to found a cluster of 3 or more.
-	ErrClusterNotBuilt = errors.New("cluster formation is not built yet")
 )
 
 // Node is one meshnode: its store, its bus and its HTTP API.
@@ -65,6 +70,7 @@ type Node struct {
 	vaultNC  *nats.Conn
 	audit    *audit.Logger
 	auditSub *nats.Subscription
+	members  *membership.Membership
 	reg      *registry.Registry
 	dir      *directory
 	ctrl     *controller
@@ -104,18 +110,17 @@ func (n *Node) Open() (err error) {
 	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
 		return err
 	}
-	if r, err := genesis.New(n.db).Record(); err == nil && r.Expect >= 3 {
-		return fmt.Errorf("%w: data dir %s holds mesh %s, made by genesis to form a cluster of %d; forming a cluster is not built in this version — for now make a single-node mesh (genesis --expect 1) in a fresh --data-dir",
-			ErrClusterNotBuilt, n.cfg.DataDir, r.MeshID, r.Expect)
-	}
 	if n.key, err = n.found.NodeKey(); err != nil {
 		return err
 	}
-	vaultKey, err := n.found.VaultKey()
-	if err != nil {
-		return err
+	var vaultKey nkeys.KeyPair
+	var vaultPub string
+	if len(n.found.VaultSeed) > 0 {
+		if vaultKey, err = n.found.VaultKey(); err != nil {
+			return err
+		}
+		vaultPub, _ = vaultKey.PublicKey()
 	}
-	vaultPub, _ := vaultKey.PublicKey()
 
 	// Bind the HTTP listener before starting the bus, so a taken port costs no server start.
 	if n.httpLn, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
@@ -132,20 +137,30 @@ func (n *Node) Open() (err error) {
 		}
 	})
 	n.dir = &directory{
-		static: map[string]embedbus.Identity{
-			n.id.PublicKey: {Name: "node:" + n.id.Name},
-			vaultPub:       {Name: "vault"},
-		},
-		reg: n.reg,
+		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}},
+		reg:    n.reg,
+	}
+	if vaultPub != "" {
+		n.dir.static[vaultPub] = embedbus.Identity{Name: "vault"}
+	}
+	var cluster *embedbus.Cluster
+	readyTimeout := embedbus.DefaultReadyTimeout
+	if n.found.Expect >= 3 {
+		if cluster, err = n.form(); err != nil {
+			return err
+		}
+		readyTimeout = formationReadyTimeout
 	}
 	n.dir.operator.Store(n.id.OperatorKey)
 	n.bus, err = embedbus.Open(embedbus.Config{
-		Name:       n.cfg.Name,
-		StoreDir:   filepath.Join(n.cfg.DataDir, jsDir),
-		ClientAddr: n.cfg.ClientAddr,
-		Logger:     n.log.With("component", "nats"),
-		Key:        n.key,
-		Directory:  n.dir,
+		Name:         n.cfg.Name,
+		StoreDir:     filepath.Join(n.cfg.DataDir, jsDir),
+		ClientAddr:   n.cfg.ClientAddr,
+		Logger:       n.log.With("component", "nats"),
+		Key:          n.key,
+		Directory:    n.dir,
+		Cluster:      cluster,
+		ReadyTimeout: readyTimeout,
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)
@@ -156,7 +171,7 @@ func (n *Node) Open() (err error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	if err := n.reg.Open(ctx, n.bus.JetStream(), replicas); err != nil {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) }); err != nil {
 		return err
 	}
 	n.ctrl = &controller{
@@ -166,16 +181,20 @@ func (n *Node) Open() (err error) {
 		topo: &topology{
 			js:           n.bus.JetStream(),
 			node:         n.id.Name,
-			replicas:     replicas,
+			replicas:     n.replicas(),
 			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 		},
 		node: n.id.Name,
 	}
-	if err := n.ctrl.reconcileAll(ctx); err != nil {
+	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
 		return fmt.Errorf("reconcile topology: %w", err)
 	}
-	if err := n.openVault(ctx, vaultKey); err != nil {
-		return err
+	if vaultKey != nil {
+		// Only a node with the vault's credentials serves the vault: the genesis node, until
+		// enrolment delivers the barrier key to others.
+		if err := n.openVault(ctx, vaultKey); err != nil {
+			return err
+		}
 	}
 	if err := n.openSeats(ctx); err != nil {
 		return err
@@ -235,7 +254,7 @@ func (n *Node) Run(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.seats.store.Watch(ctx) }, func(error) { cancel() })
 	}
-	{
+	if n.vault != nil {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.vault.Watch(ctx) }, func(error) { cancel() })
 	}
@@ -312,6 +331,10 @@ func (n *Node) Close() error {
 		keep(n.bus.Close())
 		n.bus = nil
 	}
+	if n.members != nil {
+		keep(n.members.Leave(time.Second))
+		n.members = nil
+	}
 	if n.db != nil {
 		removeInfo(n.cfg.DataDir)
 		keep(n.db.Close())
@@ -320,10 +343,38 @@ func (n *Node) Close() error {
 	return first
 }
 
+// retryJS runs f with a fresh 5 s context until it succeeds or ctx ends. A clustered
+// JetStream drops an API request sent while it has no leader for the asset (the meta
+// group's, or a new stream's) — the request is never answered — so a step of Open asks
+// again rather than wait out its whole budget on one lost request.
+func retryJS(ctx context.Context, f func(context.Context) error) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !strings.Contains(err.Error(), "no suitable peers") &&
+			!strings.Contains(err.Error(), "cluster not available") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // openSeats opens the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context) error {
-	store, err := seats.OpenStore(ctx, n.bus.JetStream(), replicas, seats.DefaultTTL)
+	var store *seats.Store
+	err := retryJS(ctx, func(ctx context.Context) (err error) {
+		store, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -339,7 +390,9 @@ func (n *Node) openSeats(ctx context.Context) error {
 		return err
 	}
 	s.run.Add(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
-	s.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if n.vault != nil {
+		s.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
 	s.run.Acquire(ctx)
 	return nil
 }
@@ -349,26 +402,29 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if n.vaultNC, err = n.bus.Connect(key, "vault"); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
-	n.vault, err = vault.Open(ctx, vault.Config{
-		Log:        n.log.With("component", "vault"),
-		MeshID:     n.id.MeshID,
-		Node:       n.id.Name,
-		Conn:       n.vaultNC,
-		Key:        key,
-		BarrierKey: n.found.BarrierKey,
-		Replicas:   replicas,
-		Secrets: func(module string) ([]string, bool) {
-			e, ok := n.reg.Get(module)
-			if !ok {
-				return nil, false
-			}
-			return e.Manifest.Secrets, true
-		},
-		Enrolment: func() vault.Enrolment {
-			return vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret,
-				GossipKey: n.found.GossipKey, BarrierKey: n.found.BarrierKey}
-		},
-		Addrs: func() []string { return []string{n.bus.ClientURL()} },
+	err = retryJS(ctx, func(ctx context.Context) (err error) {
+		n.vault, err = vault.Open(ctx, vault.Config{
+			Log:        n.log.With("component", "vault"),
+			MeshID:     n.id.MeshID,
+			Node:       n.id.Name,
+			Conn:       n.vaultNC,
+			Key:        key,
+			BarrierKey: n.found.BarrierKey,
+			Replicas:   n.replicas(),
+			Secrets: func(module string) ([]string, bool) {
+				e, ok := n.reg.Get(module)
+				if !ok {
+					return nil, false
+				}
+				return e.Manifest.Secrets, true
+			},
+			Enrolment: func() vault.Enrolment {
+				return vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret,
+					GossipKey: n.found.GossipKey, BarrierKey: n.found.BarrierKey}
+			},
+			Addrs: func() []string { return []string{n.bus.ClientURL()} },
+		})
+		return err
 	})
 	if err != nil {
 		return err

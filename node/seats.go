@@ -78,6 +78,9 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	case registry.ControllerSeat:
 		start, stop = s.ctrl.start, s.ctrl.stop
 	case vault.Seat:
+		if s.vault == nil {
+			return
+		}
 		start, stop = s.vault.Start, s.vault.Stop
 	default:
 		return

@@ -77,6 +77,7 @@ func newRootCmd() *cobra.Command {
 		newUpCmd(),
 		newGenesisCmd(),
 		newRunCmd(),
+		newJoinCmd(),
 		newStatusCmd(),
 		newModuleCmd(),
 		newEmitCmd(),

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
 )
 
@@ -41,6 +43,39 @@ func newRunCmd() *cobra.Command {
 		},
 	}
 	addNodeFlags(cmd, config.Run())
+	return cmd
+}
+
+func newJoinCmd() *cobra.Command {
+	var token string
+	cmd := &cobra.Command{
+		Use:   "join --token TOKEN --data-dir DIR --name NAME",
+		Short: "Found a mesh with the founding token genesis printed, then run this node",
+		Long: `Make this node one of a new mesh's founding nodes, with the founding token that
+meshnode genesis --expect N printed, and run it: it gossips until the N founding nodes have
+met, and only then starts its bus with routes to all of them. Later restarts are meshnode run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if token == "" {
+				return usagef("--token is required: the founding token genesis --expect N printed")
+			}
+			if strings.HasPrefix(token, vault.TokenPrefix) {
+				return errors.New("joining a formed mesh with a join token (MNJ1.) is not built yet: only founding nodes join, with the founding token (MNF1.) genesis printed")
+			}
+			cfg, err := loadConfig(cmd, config.Run())
+			if err != nil {
+				return err
+			}
+			f, err := node.Found(cfg, token)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s founds mesh %s (%d servers); waiting for the others\n", cfg.Name, f.MeshID, f.Expect)
+			return runNode(cmd, config.Run(), false)
+		},
+	}
+	addNodeFlags(cmd, config.Run())
+	cmd.Flags().StringVar(&token, "token", "", "the founding token genesis --expect N printed")
 	return cmd
 }
 

@@ -1,0 +1,127 @@
+package node_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/node"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// clusterConfig is a node's configuration with fixed loopback ports for routes and gossip
+// (the others must know them before the bus starts).
+func clusterConfig(t *testing.T, name string) config.Config {
+	c := testConfig(t.TempDir(), name)
+	c.ClusterAddr = freeAddr(t)
+	c.GossipAddr = freeAddr(t)
+	return c
+}
+
+// TestCluster_FoundingThree: genesis with --expect 3 and two nodes founding with its token
+// form one cluster — nobody starts JetStream before all three meet — with one meta leader;
+// an R3 stream is created, and registration works through any node.
+func TestCluster_FoundingThree(t *testing.T) {
+	cfgs := []config.Config{clusterConfig(t, "a"), clusterConfig(t, "b"), clusterConfig(t, "c")}
+	f, _, err := node.Prepare(cfgs[0], 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := f.FoundingToken(3, []string{cfgs[0].GossipAddr})
+	for _, c := range cfgs[1:] {
+		if _, err := node.Found(c, token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	nodes := make([]*node.Node, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i, c := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := node.New(c, testLog())
+			errs[i] = n.Open()
+			nodes[i] = n
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("node %s: %v", cfgs[i].Name, err)
+		}
+	}
+	t.Logf("three nodes formed a ready mesh in %s", time.Since(start))
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs sync.WaitGroup
+	for _, n := range nodes {
+		runs.Add(1)
+		go func() { defer runs.Done(); n.Run(ctx) }()
+	}
+	t.Cleanup(func() {
+		cancel()
+		runs.Wait()
+		for _, n := range nodes {
+			n.Close()
+		}
+	})
+	for _, n := range nodes[1:] {
+		if n.Identity().MeshID != nodes[0].Identity().MeshID {
+			t.Fatalf("mesh ids differ: %s, %s", n.Identity().MeshID, nodes[0].Identity().MeshID)
+		}
+	}
+
+	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	defer op.Close()
+	js, _ := jetstream.New(op)
+	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer tcancel()
+	var stream jetstream.Stream
+	retryUntil(t, 30*time.Second, func() (err error) {
+		stream, err = js.CreateStream(tctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3})
+		return err
+	})
+	info, err := stream.Info(tctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("R3 stream cluster info: %+v", info.Cluster)
+	}
+	// The mesh's own streams are replicated too.
+	events, err := js.Stream(tctx, "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := events.CachedInfo().Config.Replicas; r != 3 {
+		t.Fatalf("EVENTS has %d replicas, want 3", r)
+	}
+	// One meta leader, seen alike by every node's bus.
+	leaders := map[string]bool{}
+	for _, n := range nodes {
+		leaders[n.Bus().MetaLeader()] = true
+	}
+	if len(leaders) != 1 || leaders[""] {
+		t.Fatalf("meta leaders seen: %v", leaders)
+	}
+	b := &bed{t: t, op: op, js: js}
+	b.n = &runningNode{Node: nodes[0], stop: func() {}}
+	b.dir = cfgs[0].DataDir
+	_, reg := b.register("module: m\nrequires: [mesh-bus]\nemits: [x]\n")
+	if reg.PublicKey == "" {
+		t.Fatal("registration through the cluster returned no key")
+	}
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("MESHNODE_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}

@@ -1,0 +1,101 @@
+package node
+
+import (
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/membership"
+)
+
+// formationReadyTimeout bounds the wait for a clustered JetStream to elect its meta leader.
+const formationReadyTimeout = 60 * time.Second
+
+// form gossips with the mesh's members and waits until the founded number of servers are
+// alive (like Consul's bootstrap-expect), then returns the cluster options with every
+// member's route. No server starts JetStream with fewer: two groups that bootstrap apart
+// destroy one side's streams when they meet (DESIGN §6).
+func (n *Node) form() (*embedbus.Cluster, error) {
+	f := n.found
+	m, err := membership.Open(membership.Config{
+		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
+			Route: "nats-route://" + n.cfg.ClusterAddr, Client: "nats://" + n.cfg.ClientAddr},
+		BindAddr:  n.cfg.GossipAddr,
+		GossipKey: f.GossipKey,
+		Log:       n.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gossip: %w; set --gossip-addr", err)
+	}
+	n.members = m
+	seeds := slices.DeleteFunc(slices.Clone(f.Seeds), func(s string) bool { return s == m.Addr() || s == n.cfg.GossipAddr })
+	var lastLog time.Time
+	for {
+		if len(seeds) > 0 {
+			if err := m.Join(seeds); err != nil {
+				if strings.Contains(err.Error(), "another mesh") {
+					return nil, err
+				}
+				n.log.Debug("gossip join", "seeds", seeds, "err", err)
+			}
+		}
+		var alive []membership.Member
+		for _, x := range m.Members() {
+			if x.State == "alive" {
+				alive = append(alive, x)
+			}
+		}
+		if len(alive) >= f.Expect {
+			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
+			for _, x := range alive {
+				if x.Name != n.id.Name && x.Route != "" {
+					cluster.Routes = append(cluster.Routes, x.Route)
+				}
+			}
+			n.log.Info("mesh formed", "members", names(alive))
+			return cluster, nil
+		}
+		if time.Since(lastLog) > 5*time.Second {
+			n.log.Info(fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", f.Expect-len(alive), f.MeshID, strings.Join(names(alive), ", ")))
+			lastLog = time.Now()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func names(ms []membership.Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Name
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Found prepares cfg's data dir as one of a new mesh's founding nodes, from the founding
+// token genesis printed: it keeps the mesh's id, route credential and gossip key, and mints
+// this node's own keys. The node then forms the mesh when started.
+func Found(cfg config.Config, token string) (*genesis.Foundation, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	g := genesis.New(db)
+	if f, err := g.Foundation(); err == nil {
+		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
+	}
+	f, err := genesis.Found(cfg.Name, token)
+	if err != nil {
+		return nil, err
+	}
+	return f, g.Keep(f)
+}
