@@ -2,15 +2,19 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -58,6 +62,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 		}
 	}
 	t.Logf("three nodes formed a ready mesh in %s", time.Since(start))
+	all := slices.Clone(nodes)
 	ctx, cancel := context.WithCancel(context.Background())
 	var runs sync.WaitGroup
 	for _, n := range nodes {
@@ -67,7 +72,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 	t.Cleanup(func() {
 		cancel()
 		runs.Wait()
-		for _, n := range nodes {
+		for _, n := range all {
 			n.Close()
 		}
 	})
@@ -113,10 +118,48 @@ func TestCluster_FoundingThree(t *testing.T) {
 	b := &bed{t: t, op: op, js: js}
 	b.n = &runningNode{Node: nodes[0], stop: func() {}}
 	b.dir = cfgs[0].DataDir
-	_, reg := b.register("module: m\nrequires: [mesh-bus]\nemits: [x]\n")
+	_, reg := b.register("module: m\nrequires: [mesh-bus]\nemits: [x]\nsecrets: [k]\n")
 	if reg.PublicKey == "" {
 		t.Fatal("registration through the cluster returned no key")
 	}
+	var minted vault.Secret
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "m", Name: "k"}, &minted); err != nil {
+		t.Fatal(err)
+	}
+
+	// The operator is admitted by every node, and the other servers received the vault's
+	// credentials: they can serve the vault.
+	opB := connect(t, nodes[1].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	defer opB.Close()
+	retryUntil(t, 20*time.Second, func() error {
+		for _, n := range nodes[1:] {
+			if !n.HasVault() {
+				return fmt.Errorf("%s does not hold the vault's credentials yet", n.Identity().Name)
+			}
+		}
+		return nil
+	})
+
+	// Losing the first node: its seats move, the vault and the registry still answer.
+	cancelFirst := nodes[0]
+	cancelFirst.Close()
+	nodes = nodes[1:]
+	var got vault.Secret
+	retryUntil(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := vault.Call(ctx, opB, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "m", Name: "k"}, &got)
+		return err
+	})
+	if got.Value != minted.Value {
+		t.Fatalf("after losing a node the vault answered %q, want %q", got.Value, minted.Value)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := registry.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))
+		return err
+	})
 }
 
 func testLog() *slog.Logger {

@@ -18,6 +18,7 @@ type directory struct {
 	static   map[string]embedbus.Identity
 	reg      *registry.Registry
 	operator atomic.Value                // string: the operator's key, "" until genesis hands off
+	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
 	leases   atomic.Pointer[seats.Store] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
 }
@@ -28,8 +29,14 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 	if id, ok := d.static[publicKey]; ok {
 		return id, true
 	}
+	if vk, _ := d.vaultKey.Load().(string); vk != "" && vk == publicKey {
+		return embedbus.Identity{Name: "vault"}, true
+	}
 	if op, _ := d.operator.Load().(string); op != "" && op == publicKey {
 		return embedbus.Identity{Name: "operator"}, true
+	}
+	if op := d.reg.Operator(); op != "" && op == publicKey {
+		return embedbus.Identity{Name: "operator"}, true // admitted on every node of the mesh
 	}
 	if v := d.vault.Load(); v != nil {
 		if id, ok := v.TokenID(publicKey); ok {

@@ -140,9 +140,7 @@ func (n *Node) Open() (err error) {
 		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}},
 		reg:    n.reg,
 	}
-	if vaultPub != "" {
-		n.dir.static[vaultPub] = embedbus.Identity{Name: "vault"}
-	}
+	n.dir.vaultKey.Store(vaultPub)
 	var cluster *embedbus.Cluster
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if n.found.Expect >= 3 {
@@ -202,7 +200,7 @@ func (n *Node) Open() (err error) {
 	if err := n.handOff(ctx); err != nil {
 		return err
 	}
-	if err := n.openAudit(vaultPub); err != nil {
+	if err := n.openAudit(); err != nil {
 		return err
 	}
 
@@ -257,6 +255,10 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.vault != nil {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.vault.Watch(ctx) }, func(error) { cancel() })
+	} else {
+		// A server without the vault's credentials asks for them, then serves the vault too.
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.enrolVault(ctx) }, func(error) { cancel() })
 	}
 	{
 		ctx, cancel := context.WithCancel(ctx)
@@ -341,6 +343,49 @@ func (n *Node) Close() error {
 		n.db = nil
 	}
 	return first
+}
+
+// enrolVault asks the vault for its own credentials, sealed to this node's xkey, keeps them
+// in the store, opens the vault here and becomes a candidate for its seat; then it follows
+// the vault's records until ctx ends.
+func (n *Node) enrolVault(ctx context.Context) error {
+	xkp, err := n.found.NodeXKey()
+	if err != nil {
+		return err
+	}
+	xpub, _ := xkp.PublicKey()
+	var out vault.ServerSecrets
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, vault.VerbServer, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name}, &out)
+		cancel()
+		if err == nil {
+			break
+		}
+		n.log.Debug("waiting for the vault's credentials", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	n.found.BarrierKey, n.found.VaultSeed = out.BarrierKey, out.VaultSeed
+	if err := genesis.New(n.db).Keep(n.found); err != nil {
+		return fmt.Errorf("keep the vault's credentials: %w", err)
+	}
+	key, err := n.found.VaultKey()
+	if err != nil {
+		return err
+	}
+	pub, _ := key.PublicKey()
+	n.dir.vaultKey.Store(pub)
+	if err := n.openVault(ctx, key); err != nil {
+		return err
+	}
+	n.seats.vault = n.vault
+	n.seats.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	n.log.Info("this server holds the vault's credentials and can serve the vault")
+	return n.vault.Watch(ctx)
 }
 
 // retryJS runs f with a fresh 5 s context until it succeeds or ctx ends. A clustered
@@ -434,13 +479,14 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 }
 
 // openAudit opens the audit logger on the node's store and serves its tool.
-func (n *Node) openAudit(vaultPub string) (err error) {
+func (n *Node) openAudit() (err error) {
 	keys := func(source string) (string, bool) {
 		switch source {
 		case n.id.Name:
 			return n.id.PublicKey, true
 		case vault.Seat:
-			return vaultPub, true
+			pub, _ := n.dir.vaultKey.Load().(string)
+			return pub, pub != ""
 		}
 		if e, ok := n.reg.Get(source); ok {
 			return e.PublicKey, true
@@ -504,6 +550,9 @@ func (n *Node) handOff(ctx context.Context) error {
 	}
 	n.id.OperatorKey = id.PublicKey
 	n.dir.operator.Store(id.PublicKey)
+	if err := n.reg.SetOperator(ctx, id.PublicKey); err != nil {
+		return err
+	}
 	if err := g.HandOff(); err != nil {
 		return err
 	}
@@ -523,6 +572,12 @@ func (n *Node) HTTPURL() string {
 		return ""
 	}
 	return "http://" + n.httpLn.Addr().String()
+}
+
+// HasVault reports whether this node holds the vault's credentials (and can serve it).
+func (n *Node) HasVault() bool {
+	pub, _ := n.dir.vaultKey.Load().(string)
+	return pub != ""
 }
 
 // Bus is the node's embedded bus.

@@ -23,6 +23,9 @@ const historyDepth = 5
 
 const modulePrefix = "module."
 
+// operatorKey holds the operator's public key, so every node of the mesh admits the operator.
+const operatorKey = "identity.operator"
+
 // Errors of writing the registry.
 var (
 	// ErrNotFound means no module of that name is registered.
@@ -73,6 +76,7 @@ type Registry struct {
 	byKey    map[string]*Entry
 	bySeat   map[string]*Entry // the module that declares each seat
 	rev      uint64            // the highest bucket revision the mirror has applied
+	operator string            // the operator's public key: every node admits it
 }
 
 // New returns an empty registry; Open connects it to the bucket.
@@ -151,6 +155,16 @@ func (r *Registry) Close() error {
 
 // apply folds one bucket entry into the mirror.
 func (r *Registry) apply(kve jetstream.KeyValueEntry) {
+	if kve.Key() == operatorKey {
+		r.mu.Lock()
+		r.operator = ""
+		if kve.Operation() == jetstream.KeyValuePut {
+			r.operator = string(kve.Value())
+		}
+		r.mu.Unlock()
+		r.advance(kve.Revision())
+		return
+	}
 	name, ok := strings.CutPrefix(kve.Key(), modulePrefix)
 	if !ok {
 		r.advance(kve.Revision())
@@ -218,6 +232,25 @@ func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
 		return nil, err
 	}
 	return &Entry{Record: rec, Revision: kve.Revision(), Manifest: m, Derivation: d}, nil
+}
+
+// Operator returns the operator's public key, "" before genesis has handed off.
+func (r *Registry) Operator() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.operator
+}
+
+// SetOperator records the operator's public key for every node. This node's mirror holds it
+// at once (genesis sets it before the watch runs); the others' when their watch sees it.
+func (r *Registry) SetOperator(ctx context.Context, publicKey string) error {
+	if _, err := r.kv.Put(ctx, operatorKey, []byte(publicKey)); err != nil {
+		return fmt.Errorf("record the operator's key: %w", err)
+	}
+	r.mu.Lock()
+	r.operator = publicKey
+	r.mu.Unlock()
+	return nil
 }
 
 // ByKey returns the module whose identity is publicKey. It reads memory only.

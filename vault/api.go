@@ -37,7 +37,17 @@ const (
 	VerbToken    = "token"
 	VerbEnrol    = "enrol"
 	VerbIdentity = "identity"
+	// VerbServer hands another server of the mesh the vault's own credentials (the barrier
+	// key and the vault's bus identity), sealed to that node's xkey, so it can serve the
+	// vault seat too. Only the nodes (and the operator) may ask.
+	VerbServer = "server"
 )
+
+// ServerSecrets is what a sealed server reply opens to.
+type ServerSecrets struct {
+	BarrierKey []byte `json:"barrier_key"`
+	VaultSeed  []byte `json:"vault_seed"`
+}
 
 // ToolSubject is where caller asks the vault for verb.
 func ToolSubject(verb, caller string) string {

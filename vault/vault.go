@@ -285,6 +285,14 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		out, err = v.token(ctx, req)
 	case verb == VerbIdentity:
 		out, err = v.identity(ctx, req)
+	case verb == VerbServer:
+		seed, serr := v.cfg.Key.Seed()
+		if serr != nil {
+			err = serr
+			break
+		}
+		out = &ServerSecrets{BarrierKey: v.cfg.BarrierKey, VaultSeed: seed}
+		v.event(ctx, "server-enrolled", map[string]any{"node": req.Node})
 	default:
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
