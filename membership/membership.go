@@ -78,7 +78,9 @@ func Open(cfg Config) (*Membership, error) {
 		}
 		mc.AdvertiseAddr, mc.AdvertisePort = ah, ap
 	} else if host != "0.0.0.0" && host != "::" && host != "" {
-		mc.AdvertiseAddr = host
+		// Advertise the bound address; memberlist's default advertise port is 7946, not the
+		// bound one, and a node advertised at the wrong port is soon declared dead.
+		mc.AdvertiseAddr, mc.AdvertisePort = host, port
 	}
 	mc.SecretKey = cfg.GossipKey
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true

@@ -68,6 +68,9 @@ func TestMembership_Form(t *testing.T) {
 				if x.MeshID != "mesh1" || x.State != "alive" || x.Client == "" {
 					return fmt.Errorf("member %+v", x)
 				}
+				if x.Name == "a" && x.Addr != a.Addr() {
+					return fmt.Errorf("a is seen at %s, it gossips at %s", x.Addr, a.Addr())
+				}
 			}
 			return nil
 		})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
@@ -63,6 +65,9 @@ func (n *Node) handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, n.Status(r.Context()))
+	})
+	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, n.Members())
 	})
 	return mux
 }
@@ -134,4 +139,51 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
+}
+
+// Member is one server of the mesh, as `meshnode members` shows it.
+type Member struct {
+	Name      string   `json:"name"`
+	Address   string   `json:"address"`   // gossip address; the client URL for a single node
+	State     string   `json:"state"`     // alive, suspect, dead, left
+	JetStream string   `json:"jetstream"` // leader or follower (of the meta group); standalone
+	Seats     []string `json:"seats"`     // the seats held by this node or its modules
+	Client    string   `json:"client,omitempty"`
+}
+
+// Members lists the mesh's servers as this node sees them.
+func (n *Node) Members() []Member {
+	var out []Member
+	leader := n.bus.MetaLeader()
+	held := map[string][]string{}
+	if n.seats != nil {
+		for _, l := range n.seats.store.All() {
+			held[l.Node] = append(held[l.Node], l.Seat)
+		}
+	}
+	role := func(name string) string {
+		switch {
+		case n.members == nil:
+			return "standalone"
+		case name == leader:
+			return "leader"
+		}
+		return "follower"
+	}
+	if n.members == nil {
+		return []Member{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Client: n.bus.ClientURL()}}
+	}
+	for _, m := range n.members.Members() {
+		out = append(out, Member{Name: m.Name, Address: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Client: m.Client})
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func sorted(xs []string) []string {
+	slices.Sort(xs)
+	if xs == nil {
+		return []string{}
+	}
+	return xs
 }

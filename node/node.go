@@ -214,6 +214,11 @@ func (n *Node) Open() (err error) {
 		})
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 
+	if n.members != nil {
+		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
+			"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
+		}, n.log)
+	}
 	if err := writeInfo(n.cfg.DataDir, Info{
 		Name:        n.id.Name,
 		MeshID:      n.id.MeshID,
@@ -303,6 +308,10 @@ func (n *Node) Close() error {
 		keep(n.httpSrv.Close())
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
+	}
+	if n.members != nil && n.bus != nil {
+		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name}, n.log)
+		n.bus.Conn().FlushTimeout(time.Second)
 	}
 	if n.auditSub != nil {
 		n.auditSub.Unsubscribe()

@@ -153,20 +153,25 @@ func (s *seatService) lostAuthority(l seats.Lease) {
 	s.bus.KickInstance(e.PublicKey, l.Instance)
 }
 
-// event publishes one of the node's own seat events, signed by the node, with metadata only.
+// event publishes one of the node's own seat events, with metadata only.
 func (s *seatService) event(name string, l seats.Lease, reason string) {
-	body, _ := json.Marshal(map[string]any{
+	publishNodeEvent(s.bus.Conn(), s.key, s.node, name, map[string]any{
 		"seat": l.Seat, "scope": l.Scope, "module": l.Module, "instance": l.Instance,
 		"node": l.Node, "epoch": l.Epoch, "reason": reason,
-	})
-	subject := manifest.NodeEventSubject(s.node, name)
-	h, err := envelope.Stamp(s.key, s.node, s.node, subject, body, envelope.Options{})
+	}, s.log)
+}
+
+// publishNodeEvent publishes mesh.node.<node>.event.<name>, signed by the node. Fire and
+// forget: a node event must not hold up what it reports on.
+func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger) {
+	body, _ := json.Marshal(meta)
+	subject := manifest.NodeEventSubject(node, name)
+	h, err := envelope.Stamp(key, node, node, subject, body, envelope.Options{})
 	if err != nil {
 		return
 	}
-	// Fire and forget: a node event must not hold up the lease loop.
-	if err := s.bus.Conn().PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		s.log.Warn("publish seat event", "event", name, "err", err)
+	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		log.Warn("publish node event", "event", name, "err", err)
 	}
 }
 

@@ -79,6 +79,10 @@ func TestBinary_FoundThree(t *testing.T) {
 	if r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir); r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
 		t.Fatalf("status of a founding node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	r = meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
+	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
+		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
 	if r := meshnode(t, nil, append([]string{"join", "--token", "MNJ1.x"}, flags(nodeArgs{t.TempDir(), "d"})...)...); r.code != 1 || !strings.Contains(r.stderr, "not built yet") {
 		t.Fatalf("join with a vault token: exit %d %s", r.code, r.stderr)
 	}

@@ -84,6 +84,7 @@ func newRootCmd() *cobra.Command {
 		newListenCmd(),
 		newCallCmd(),
 		newSeatCmd(),
+		newMembersCmd(),
 		newVaultCmd(),
 		newTokenCmd(),
 		newAuditCmd(),
