@@ -57,6 +57,9 @@ type Foundation struct {
 	Expect int `json:"expect"`
 	// Seeds are gossip addresses to contact when forming or rejoining the mesh.
 	Seeds []string `json:"seeds,omitempty"`
+	// Formed is set once this node has been part of the formed mesh: a restart then waits
+	// for a majority of the servers, not for all of them.
+	Formed bool `json:"formed,omitempty"`
 }
 
 // Minted is one credential in the genesis record: what, and a fingerprint (never a value).

@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -118,7 +119,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 	b := &bed{t: t, op: op, js: js}
 	b.n = &runningNode{Node: nodes[0], stop: func() {}}
 	b.dir = cfgs[0].DataDir
-	_, reg := b.register("module: m\nrequires: [mesh-bus]\nemits: [x]\nsecrets: [k]\n")
+	mSeed, reg := b.register("module: m\nrequires: [mesh-bus]\nemits: [x]\nsecrets: [k]\n")
 	if reg.PublicKey == "" {
 		t.Fatal("registration through the cluster returned no key")
 	}
@@ -160,6 +161,40 @@ func TestCluster_FoundingThree(t *testing.T) {
 		_, err := registry.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))
 		return err
 	})
+
+	// The first node restarts: it rejoins with the majority and catches up on what it missed.
+	again := node.New(cfgs[0], testLog())
+	if err := again.Open(); err != nil {
+		t.Fatalf("restart of the first node: %v", err)
+	}
+	all = append(all, again)
+	runs.Add(1)
+	go func() { defer runs.Done(); again.Run(ctx) }()
+	opA := connect(t, again.ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	defer opA.Close()
+	retryUntil(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		mods, err := registry.List(ctx, opA)
+		if err != nil {
+			return err
+		}
+		if len(mods) != 2 {
+			return fmt.Errorf("the mesh lists %d modules through the restarted node, want 2", len(mods))
+		}
+		return nil
+	})
+	// The restarted node's own registry mirror admits module m, and its vault fetch works.
+	fctx, fcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer fcancel()
+	c, err := sdk.Connect(fctx, again.ClientURL(), mSeed)
+	if err != nil {
+		t.Fatalf("module m connecting to the restarted node: %v", err)
+	}
+	defer c.Close()
+	if v, err := c.Secret(fctx, "k"); err != nil || v != minted.Value {
+		t.Fatalf("module m's secret through the restarted node: %q, %v", v, err)
+	}
 }
 
 func testLog() *slog.Logger {

@@ -34,6 +34,12 @@ func (n *Node) form() (*embedbus.Cluster, error) {
 	}
 	n.members = m
 	seeds := slices.DeleteFunc(slices.Clone(f.Seeds), func(s string) bool { return s == m.Addr() || s == n.cfg.GossipAddr })
+	// The first formation waits for every founding server; a restart of a formed mesh only for
+	// a majority (JetStream's quorum), so one dead machine cannot keep the others down.
+	need := f.Expect
+	if f.Formed {
+		need = f.Expect/2 + 1
+	}
 	var lastLog time.Time
 	for {
 		if len(seeds) > 0 {
@@ -50,7 +56,7 @@ func (n *Node) form() (*embedbus.Cluster, error) {
 				alive = append(alive, x)
 			}
 		}
-		if len(alive) >= f.Expect {
+		if len(alive) >= need {
 			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
 			for _, x := range alive {
 				if x.Name != n.id.Name && x.Route != "" {
@@ -58,10 +64,20 @@ func (n *Node) form() (*embedbus.Cluster, error) {
 				}
 			}
 			n.log.Info("mesh formed", "members", names(alive))
+			// Remember every member's gossip address, to find the mesh again after a restart.
+			for _, x := range alive {
+				if x.Name != n.id.Name && !slices.Contains(f.Seeds, x.Addr) {
+					f.Seeds = append(f.Seeds, x.Addr)
+				}
+			}
+			f.Formed = true
+			if err := genesis.New(n.db).Keep(f); err != nil {
+				return nil, fmt.Errorf("keep the mesh's members: %w", err)
+			}
 			return cluster, nil
 		}
 		if time.Since(lastLog) > 5*time.Second {
-			n.log.Info(fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", f.Expect-len(alive), f.MeshID, strings.Join(names(alive), ", ")))
+			n.log.Info(fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", ")))
 			lastLog = time.Now()
 		}
 		time.Sleep(200 * time.Millisecond)
