@@ -169,8 +169,13 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				lastSeq = md.Sequence.Stream
 			}
 			r := l.check(m, md.Sequence.Stream, now)
-			if ids.Get([]byte(r.EventID)) != nil {
-				continue // a redelivery or a re-publish: recorded once
+			if first := ids.Get([]byte(r.EventID)); first != nil {
+				var prev Record
+				if json.Unmarshal(recs.Get(first), &prev) == nil && sameEvent(prev, r) {
+					continue // a redelivery or a re-publish of the same event: recorded once
+				}
+				// Another event under a used id: kept, and flagged.
+				r.ReusedID = binary.BigEndian.Uint64(first)
 			}
 			r.N, r.Prev = h.N+1, h.Hash
 			r.Hash = r.computeHash()
@@ -182,8 +187,10 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			if err := recs.Put(key, b); err != nil {
 				return err
 			}
-			if err := ids.Put([]byte(r.EventID), key); err != nil {
-				return err
+			if r.ReusedID == 0 {
+				if err := ids.Put([]byte(r.EventID), key); err != nil {
+					return err
+				}
 			}
 			if err := index(tx, r); err != nil {
 				return err
@@ -202,6 +209,17 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	}
 	l.records.Add(added)
 	return nil
+}
+
+// sameEvent reports whether two records are the same event: subject, body and signature.
+func sameEvent(a, b Record) bool {
+	sig := func(r Record) string {
+		if v := r.Headers[envelope.Signature]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	return a.Subject == b.Subject && string(a.Body) == string(b.Body) && sig(a) == sig(b)
 }
 
 func index(tx *bolt.Tx, r Record) error {
@@ -259,6 +277,17 @@ func (l *Logger) prune() {
 		}
 		for _, k := range old {
 			n := k[8:]
+			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil {
+				var last Record
+				if json.Unmarshal(raw, &last) == nil {
+					// The chain now starts after this record: verify checks the first kept
+					// record against it.
+					b, _ := json.Marshal(head{N: last.N, Hash: last.Hash})
+					if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
+						return err
+					}
+				}
+			}
 			var r Record
 			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil && json.Unmarshal(raw, &r) == nil {
 				tx.Bucket(bucketIDs).Delete([]byte(r.EventID))

@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -183,8 +186,15 @@ func (l *Logger) Verify() (Verification, error) {
 	var v Verification
 	err := l.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRecords).Cursor()
-		var prev string
-		first := true
+		// The chain starts at record 1 with no previous hash, or, after pruning, right after
+		// the anchor the prune left.
+		var anchor head
+		if b := tx.Bucket(bucketMeta).Get([]byte("anchor")); b != nil {
+			json.Unmarshal(b, &anchor)
+		}
+		prev, wantN := anchor.Hash, anchor.N+1
+		var lastN uint64
+		var lastHash string
 		for k, raw := c.First(); k != nil; k, raw = c.Next() {
 			n := binary.BigEndian.Uint64(k)
 			v.Records++
@@ -196,24 +206,48 @@ func (l *Logger) Verify() (Verification, error) {
 			switch {
 			case r.N != n:
 				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record claims to be %d", r.N)}
+			case n != wantN:
+				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record %d is missing: records were removed", wantN)}
 			case r.computeHash() != r.Hash:
 				v.Broken = &Problem{N: n, Reason: "content does not match its hash: the record was altered"}
-			case !first && r.Prev != prev:
+			case r.Prev != prev:
 				v.Broken = &Problem{N: n, Reason: "does not link to the record before it: a record was altered, removed or inserted"}
 			}
 			if v.Broken != nil {
 				return nil
 			}
-			if v.Unsigned == nil && (!r.Signed || !r.SourceMatches) {
-				reason := r.SignatureError
-				if r.Signed && !r.SourceMatches {
-					reason = fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
+			if v.Unsigned == nil {
+				if reason := l.genuine(r); reason != "" {
+					v.Unsigned = &Problem{N: n, Reason: fmt.Sprintf("event %s on %s: %s", r.EventID, r.Subject, reason)}
 				}
-				v.Unsigned = &Problem{N: n, Reason: fmt.Sprintf("event %s on %s: %s", r.EventID, r.Subject, reason)}
 			}
-			prev, first = r.Hash, false
+			prev, wantN, lastN, lastHash = r.Hash, n+1, n, r.Hash
+		}
+		// The newest records must still be there: the head the writer kept names the last.
+		if h := readHead(tx); v.Records > 0 && (h.N != lastN || h.Hash != lastHash) {
+			v.Broken = &Problem{N: h.N, Reason: fmt.Sprintf("the log ends at record %d but was written to %d: records were removed", lastN, h.N)}
 		}
 		return nil
 	})
 	return v, err
+}
+
+// genuine says why a record is not a genuine event ("" when it is): its signature, its
+// source, or a reused id. A signature whose key was unknown at ingest (a node or the vault
+// recorded after its first event) is checked again with the keys known now.
+func (l *Logger) genuine(r Record) string {
+	if !r.Signed && strings.HasPrefix(r.SignatureError, "no registered key") && l.keys != nil {
+		if pub, ok := l.keys(r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
+			r.Signed = true
+		}
+	}
+	switch {
+	case !r.Signed:
+		return r.SignatureError
+	case !r.SourceMatches:
+		return fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
+	case r.ReusedID != 0:
+		return fmt.Sprintf("its x-event-id was first used by a different event, record %d", r.ReusedID)
+	}
+	return ""
 }

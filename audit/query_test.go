@@ -37,7 +37,8 @@ func TestQuery_Indexes(t *testing.T) {
 				return err
 			}
 		}
-		return nil
+		b, _ := json.Marshal(head{N: 30, Hash: prev, Seq: 30})
+		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -77,5 +78,14 @@ func TestQuery_Indexes(t *testing.T) {
 	v, err := l.Verify()
 	if err != nil || !v.OK() || v.Records != 30 {
 		t.Fatalf("verify: %+v %v", v, err)
+	}
+
+	// Removing records from either end breaks the chain.
+	for _, n := range []uint64{30, 1} {
+		db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketRecords).Delete(u64(n)) })
+		v, err := l.Verify()
+		if err != nil || v.Broken == nil {
+			t.Fatalf("verify after removing record %d: %+v %v", n, v, err)
+		}
 	}
 }

@@ -26,6 +26,9 @@ type Record struct {
 	SignatureError string `json:"signature_error,omitempty"`
 	// SourceMatches is true when x-source owns the subject's namespace.
 	SourceMatches bool `json:"source_matches"`
+	// ReusedID is the record N of an earlier, different event with the same x-event-id: an
+	// emitter reused an id (a true re-publish of the same event is recorded once).
+	ReusedID uint64 `json:"reused_id,omitempty"`
 	// Prev is the previous record's hash ("" for the first), Hash this record's.
 	Prev string `json:"prev"`
 	Hash string `json:"hash"`

@@ -170,6 +170,17 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	if len(forged) != 1 || forged[0].Signed || !strings.Contains(forged[0].SignatureError, "does not verify") {
 		t.Fatalf("forged event: %+v", forged)
 	}
+	// A different event under an id already used is kept, and flagged too.
+	h2, _ := envelope.Stamp(mustSigner(t, seed), "m", "alpha", subject, []byte(`{"other":1}`), envelope.Options{})
+	h2.Set(envelope.EventID, recs[0].EventID)
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h2, Data: []byte(`{"other":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitAudited(20 * time.Second)
+	reused := b.audit(audit.Request{Op: "query", Filter: audit.Filter{Source: "m", Last: 1}}).Records
+	if len(reused) != 1 || reused[0].ReusedID != recs[0].N {
+		t.Fatalf("an event reusing %s: %+v", recs[0].EventID, reused)
+	}
 	v := b.audit(audit.Request{Op: "verify"}).Verification
 	if v.Broken != nil || v.Unsigned == nil || v.Unsigned.N != forged[0].N {
 		t.Fatalf("verify with a forged event: broken %+v unsigned %+v, want unsigned record %d", v.Broken, v.Unsigned, forged[0].N)
@@ -205,4 +216,13 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	if v.Broken == nil || v.Broken.N != target {
 		t.Fatalf("verify after tampering with record %d: %+v", target, v.Broken)
 	}
+}
+
+func mustSigner(t *testing.T, seedFile string) *envelope.SigningKey {
+	t.Helper()
+	sk, err := envelope.NewSigningKey(mustKey(t, seedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sk
 }

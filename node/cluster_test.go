@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -194,6 +195,21 @@ func TestCluster_FoundingThree(t *testing.T) {
 	defer c.Close()
 	if v, err := c.Secret(fctx, "k"); err != nil || v != minted.Value {
 		t.Fatalf("module m's secret through the restarted node: %q, %v", v, err)
+	}
+
+	// Every node's audit log is whole, and every event in it genuine: the servers' and the
+	// vault's own events verify against the keys the mesh recorded.
+	for _, name := range []string{"a", "b", "c"} {
+		retryUntil(t, 30*time.Second, func() error {
+			reply, err := audit.Call(fctx, opA, name, audit.Request{Op: "verify"})
+			if err != nil {
+				return err
+			}
+			if v := reply.Verification; !v.OK() {
+				return fmt.Errorf("node %s: broken %+v, not genuine %+v", name, v.Broken, v.Unsigned)
+			}
+			return nil
+		})
 	}
 }
 

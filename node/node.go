@@ -172,6 +172,21 @@ func (n *Node) Open() (err error) {
 	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) }); err != nil {
 		return err
 	}
+	xkp, err := n.found.NodeXKey()
+	if err != nil {
+		return err
+	}
+	xpub, _ := xkp.PublicKey()
+	if err := retryJS(ctx, func(ctx context.Context) error {
+		return n.reg.SetNode(ctx, n.id.Name, registry.NodeIdentity{PublicKey: n.id.PublicKey, XKey: xpub})
+	}); err != nil {
+		return err
+	}
+	if vaultPub != "" {
+		if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) }); err != nil {
+			return err
+		}
+	}
 	n.ctrl = &controller{
 		log: n.log.With("component", "controller"),
 		nc:  n.bus.Conn(),
@@ -477,6 +492,10 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 					GossipKey: n.found.GossipKey, BarrierKey: n.found.BarrierKey}
 			},
 			Addrs: func() []string { return []string{n.bus.ClientURL()} },
+			ServerXKey: func(node string) (string, bool) {
+				id, ok := n.reg.Node(node)
+				return id.XKey, ok && id.XKey != ""
+			},
 		})
 		return err
 	})
@@ -494,11 +513,14 @@ func (n *Node) openAudit() (err error) {
 		case n.id.Name:
 			return n.id.PublicKey, true
 		case vault.Seat:
-			pub, _ := n.dir.vaultKey.Load().(string)
+			pub := n.reg.Vault()
 			return pub, pub != ""
 		}
 		if e, ok := n.reg.Get(source); ok {
 			return e.PublicKey, true
+		}
+		if id, ok := n.reg.Node(source); ok {
+			return id.PublicKey, true // another server of the mesh
 		}
 		return "", false
 	}

@@ -329,3 +329,18 @@ func writeSeed(t *testing.T, seed string) string {
 	os.WriteFile(path, []byte(seed), 0o600)
 	return path
 }
+
+// TestVault_ServerCredentials: the vault's own credentials go only to a server of the mesh,
+// sealed to that server's recorded xkey — not to the operator, not to another key.
+func TestVault_ServerCredentials(t *testing.T) {
+	b := newBed(t)
+	var out vault.ServerSecrets
+	if _, err := b.vault(vault.VerbServer, vault.Request{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) {
+		t.Fatalf("the operator asked for the barrier key: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := vault.Call(ctx, b.op, vault.VerbServer, vault.CallerNode, vault.Request{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "recorded xkey") {
+		t.Fatalf("a key that is not the server's asked for the barrier key: %v", err)
+	}
+}

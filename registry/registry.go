@@ -23,8 +23,20 @@ const historyDepth = 5
 
 const modulePrefix = "module."
 
-// operatorKey holds the operator's public key, so every node of the mesh admits the operator.
-const operatorKey = "identity.operator"
+// Identity keys: the operator's public key (every node admits the operator), the vault's
+// (every node verifies its events), and each server's nkey and xkey (every node verifies
+// their events; the vault hands its credentials only to a server's own xkey).
+const (
+	operatorKey   = "identity.operator"
+	vaultKey      = "identity.vault"
+	nodeKeyPrefix = "identity.node."
+)
+
+// NodeIdentity is a server's public keys.
+type NodeIdentity struct {
+	PublicKey string `json:"public_key"`
+	XKey      string `json:"xkey"`
+}
 
 // Errors of writing the registry.
 var (
@@ -77,6 +89,8 @@ type Registry struct {
 	bySeat   map[string]*Entry // the module that declares each seat
 	rev      uint64            // the highest bucket revision the mirror has applied
 	operator string            // the operator's public key: every node admits it
+	vault    string            // the vault's public key
+	nodes    map[string]NodeIdentity
 }
 
 // New returns an empty registry; Open connects it to the bucket.
@@ -155,11 +169,31 @@ func (r *Registry) Close() error {
 
 // apply folds one bucket entry into the mirror.
 func (r *Registry) apply(kve jetstream.KeyValueEntry) {
-	if kve.Key() == operatorKey {
+	if strings.HasPrefix(kve.Key(), "identity.") {
+		put := kve.Operation() == jetstream.KeyValuePut
 		r.mu.Lock()
-		r.operator = ""
-		if kve.Operation() == jetstream.KeyValuePut {
-			r.operator = string(kve.Value())
+		switch key := kve.Key(); {
+		case key == operatorKey:
+			r.operator = ""
+			if put {
+				r.operator = string(kve.Value())
+			}
+		case key == vaultKey:
+			r.vault = ""
+			if put {
+				r.vault = string(kve.Value())
+			}
+		case strings.HasPrefix(key, nodeKeyPrefix):
+			name := strings.TrimPrefix(key, nodeKeyPrefix)
+			var id NodeIdentity
+			if put && json.Unmarshal(kve.Value(), &id) == nil {
+				if r.nodes == nil {
+					r.nodes = map[string]NodeIdentity{}
+				}
+				r.nodes[name] = id
+			} else {
+				delete(r.nodes, name)
+			}
 		}
 		r.mu.Unlock()
 		r.advance(kve.Revision())
@@ -249,6 +283,47 @@ func (r *Registry) SetOperator(ctx context.Context, publicKey string) error {
 	}
 	r.mu.Lock()
 	r.operator = publicKey
+	r.mu.Unlock()
+	return nil
+}
+
+// Vault returns the vault's public key, "" before it is recorded.
+func (r *Registry) Vault() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.vault
+}
+
+// SetVault records the vault's public key.
+func (r *Registry) SetVault(ctx context.Context, publicKey string) error {
+	if _, err := r.kv.Put(ctx, vaultKey, []byte(publicKey)); err != nil {
+		return fmt.Errorf("record the vault's key: %w", err)
+	}
+	r.mu.Lock()
+	r.vault = publicKey
+	r.mu.Unlock()
+	return nil
+}
+
+// Node returns a server's public keys.
+func (r *Registry) Node(name string) (NodeIdentity, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	id, ok := r.nodes[name]
+	return id, ok
+}
+
+// SetNode records a server's public keys.
+func (r *Registry) SetNode(ctx context.Context, name string, id NodeIdentity) error {
+	b, _ := json.Marshal(id)
+	if _, err := r.kv.Put(ctx, nodeKeyPrefix+name, b); err != nil {
+		return fmt.Errorf("record node %s's keys: %w", name, err)
+	}
+	r.mu.Lock()
+	if r.nodes == nil {
+		r.nodes = map[string]NodeIdentity{}
+	}
+	r.nodes[name] = id
 	r.mu.Unlock()
 	return nil
 }

@@ -49,6 +49,9 @@ type Config struct {
 	Enrolment func() Enrolment
 	// Addrs are the client URLs a join token tells the joining node to contact.
 	Addrs func() []string
+	// ServerXKey returns a server's recorded xkey: the vault's own credentials are sealed
+	// only to that.
+	ServerXKey func(node string) (string, bool)
 }
 
 // Vault is the mesh-vault seat's work on this node.
@@ -242,6 +245,15 @@ func (v *Vault) serve(m *nats.Msg) {
 	v.queue(events...)
 }
 
+// serverXKey reports whether xkey is the recorded xkey of server node.
+func (v *Vault) serverXKey(node, xkey string) bool {
+	if v.cfg.ServerXKey == nil || node == "" {
+		return false
+	}
+	want, ok := v.cfg.ServerXKey(node)
+	return ok && want == xkey
+}
+
 // event is one vault action to record.
 type event struct {
 	action string
@@ -285,6 +297,10 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		out, err = v.token(ctx, req)
 	case verb == VerbIdentity:
 		out, err = v.identity(ctx, req)
+	case verb == VerbServer && caller != CallerNode:
+		err = errors.New("only a server of the mesh receives the vault's credentials")
+	case verb == VerbServer && !v.serverXKey(req.Node, req.XKey):
+		err = fmt.Errorf("%q is not the recorded xkey of server %q: the vault's credentials are sealed only to a server's own key", req.XKey, req.Node)
 	case verb == VerbServer:
 		seed, serr := v.cfg.Key.Seed()
 		if serr != nil {
