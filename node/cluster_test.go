@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -218,4 +220,26 @@ func testLog() *slog.Logger {
 		return nil
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// TestCluster_FormationCanBeCancelled: a founding node alone waits for the others, and a
+// cancelled wait leaves nothing running.
+func TestCluster_FormationCanBeCancelled(t *testing.T) {
+	cfg := clusterConfig(t, "lonely")
+	if _, _, err := node.Prepare(cfg, 3); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	n := node.New(cfg, testLog())
+	err := n.OpenContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 servers met") {
+		t.Fatalf("open alone: %v", err)
+	}
+	// The gossip address is free again.
+	l, lerr := net.ListenPacket("udp", cfg.GossipAddr)
+	if lerr != nil {
+		t.Fatalf("gossip address still taken: %v", lerr)
+	}
+	l.Close()
 }

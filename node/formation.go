@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"slices"
@@ -20,7 +21,7 @@ const formationReadyTimeout = 60 * time.Second
 // alive (like Consul's bootstrap-expect), then returns the cluster options with every
 // member's route. No server starts JetStream with fewer: two groups that bootstrap apart
 // destroy one side's streams when they meet (DESIGN §6).
-func (n *Node) form() (*embedbus.Cluster, error) {
+func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	f := n.found
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
@@ -80,7 +81,11 @@ func (n *Node) form() (*embedbus.Cluster, error) {
 			n.log.Info(fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", ")))
 			lastLog = time.Now()
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("formation of mesh %s stopped with %d of %d servers met: %w", f.MeshID, len(alive), need, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 

@@ -88,9 +88,13 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	return &Node{cfg: cfg, log: log.With("node", cfg.Name)}
 }
 
-// Open validates the configuration and opens the node's parts in order — store and identity,
-// bus, HTTP listener — then writes node.json. On error everything opened is closed again.
-func (n *Node) Open() (err error) {
+// Open is OpenContext without a way to cancel.
+func (n *Node) Open() error { return n.OpenContext(context.Background()) }
+
+// OpenContext validates the configuration and opens the node's parts in order — store and
+// identity, bus, HTTP listener — then writes node.json. On error everything opened is closed
+// again. ctx can cancel the wait for a cluster's founding servers to meet.
+func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.cfg.Validate(); err != nil {
 		return err
 	}
@@ -144,7 +148,7 @@ func (n *Node) Open() (err error) {
 	var cluster *embedbus.Cluster
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if n.found.Expect >= 3 {
-		if cluster, err = n.form(); err != nil {
+		if cluster, err = n.form(octx); err != nil {
 			return err
 		}
 		readyTimeout = formationReadyTimeout

@@ -92,7 +92,7 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	log := newLogger(cfg, os.Stderr)
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
-	if err := n.Open(); err != nil {
+	if err := n.OpenContext(ctx); err != nil {
 		if errors.Is(err, node.ErrNoIdentity) {
 			return fmt.Errorf("%w; `meshnode run` starts an existing node: create a mesh with `meshnode genesis --data-dir %s --name %s` (or try one with `meshnode up`)", err, cfg.DataDir, cfg.Name)
 		}
