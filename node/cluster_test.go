@@ -165,6 +165,79 @@ func TestCluster_FoundingThree(t *testing.T) {
 		return err
 	})
 
+	// A node-scoped seat has one holder per node, each taking only its own node's work.
+	agentSeed := filepath.Join(t.TempDir(), "agent.nk")
+	opsSeed := filepath.Join(t.TempDir(), "ops.nk")
+	for file, text := range map[string]string{
+		agentSeed: "module: agent\nrequires: [mesh-bus]\nseats:\n  agent: {scope: node, retain: 1h, accepts: [run]}\n",
+		opsSeed:   "module: ops\nrequires: [mesh-bus]\nuses: [agent]\n",
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, err := registry.Register(ctx, opB, []byte(text))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file, r.Seed, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handled := map[string][]string{} // node → job ids its holder handled
+	var hmu sync.Mutex
+	// Each node's registry mirror learns of a registration by its watch: connect when it has.
+	connectTo := func(n *node.Node, seed string) *sdk.Client {
+		var c *sdk.Client
+		retryUntil(t, 20*time.Second, func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err = sdk.Connect(ctx, n.ClientURL(), seed)
+			return err
+		})
+		return c
+	}
+	for _, n := range nodes { // b and c
+		agent := connectTo(n, agentSeed)
+		defer agent.Close()
+		name := n.Identity().Name
+		if err := agent.Accept("run", func(_ context.Context, j sdk.Job) error {
+			hmu.Lock()
+			handled[name] = append(handled[name], j.ID)
+			hmu.Unlock()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := map[string]string{} // job id → node it was submitted on
+	for _, n := range nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ops := connectTo(n, opsSeed)
+		for range 3 {
+			id, err := ops.Submit(ctx, "agent", "run", map[string]string{"on": n.Identity().Name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent[id] = n.Identity().Name
+		}
+		cancel()
+		ops.Close()
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		hmu.Lock()
+		defer hmu.Unlock()
+		if len(handled["b"])+len(handled["c"]) != len(sent) {
+			return fmt.Errorf("handled %v of %d jobs", handled, len(sent))
+		}
+		return nil
+	})
+	for node, ids := range handled {
+		for _, id := range ids {
+			if sent[id] != node {
+				t.Fatalf("job %s submitted on %s was handled on %s", id, sent[id], node)
+			}
+		}
+	}
+
 	// The first node restarts: it rejoins with the majority and catches up on what it missed.
 	again := node.New(cfgs[0], testLog())
 	if err := again.Open(); err != nil {
@@ -182,8 +255,8 @@ func TestCluster_FoundingThree(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(mods) != 2 {
-			return fmt.Errorf("the mesh lists %d modules through the restarted node, want 2", len(mods))
+		if len(mods) != 4 { // m, m2, agent, ops
+			return fmt.Errorf("the mesh lists %d modules through the restarted node, want 4", len(mods))
 		}
 		return nil
 	})
