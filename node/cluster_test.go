@@ -69,9 +69,19 @@ func TestCluster_FoundingThree(t *testing.T) {
 	all := slices.Clone(nodes)
 	ctx, cancel := context.WithCancel(context.Background())
 	var runs sync.WaitGroup
-	for _, n := range nodes {
+	firstCtx, stopFirst := context.WithCancel(ctx)
+	firstDone := make(chan struct{})
+	for i, n := range nodes {
 		runs.Add(1)
-		go func() { defer runs.Done(); n.Run(ctx) }()
+		go func() {
+			defer runs.Done()
+			if i == 0 {
+				defer close(firstDone)
+				n.Run(firstCtx)
+				return
+			}
+			n.Run(ctx)
+		}()
 	}
 	t.Cleanup(func() {
 		cancel()
@@ -145,8 +155,9 @@ func TestCluster_FoundingThree(t *testing.T) {
 	})
 
 	// Losing the first node: its seats move, the vault and the registry still answer.
-	cancelFirst := nodes[0]
-	cancelFirst.Close()
+	stopFirst()
+	<-firstDone
+	nodes[0].Close()
 	nodes = nodes[1:]
 	var got vault.Secret
 	retryUntil(t, 30*time.Second, func() error {

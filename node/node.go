@@ -60,24 +60,25 @@ type Node struct {
 	cfg config.Config
 	log *slog.Logger
 
-	started  time.Time
-	db       *bolt.DB
-	id       Identity
-	found    *genesis.Foundation
-	key      nkeys.KeyPair
-	bus      *embedbus.Bus
-	vault    *vault.Vault
-	vaultNC  *nats.Conn
-	audit    *audit.Logger
-	auditSub *nats.Subscription
-	members  *membership.Membership
-	reg      *registry.Registry
-	dir      *directory
-	ctrl     *controller
-	seats    *seatService
-	httpLn   net.Listener
-	httpSrv  *http.Server
-	metrics  *prometheus.Registry
+	started   time.Time
+	db        *bolt.DB
+	id        Identity
+	found     *genesis.Foundation
+	key       nkeys.KeyPair
+	bus       *embedbus.Bus
+	vault     *vault.Vault
+	vaultNC   *nats.Conn
+	audit     *audit.Logger
+	auditSub  *nats.Subscription
+	members   *membership.Membership
+	regClosed bool
+	reg       *registry.Registry
+	dir       *directory
+	ctrl      *controller
+	seats     *seatService
+	httpLn    net.Listener
+	httpSrv   *http.Server
+	metrics   *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -353,9 +354,11 @@ func (n *Node) Close() error {
 		n.vaultNC.Close()
 		n.vaultNC = nil
 	}
-	if n.reg != nil {
+	if n.reg != nil && !n.regClosed {
+		// The pointer stays: closures handed to other parts (the audit logger's key lookup)
+		// may still read the last mirror.
 		keep(n.reg.Close())
-		n.reg = nil
+		n.regClosed = true
 	}
 	if n.bus != nil {
 		keep(n.bus.Close())
