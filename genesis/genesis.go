@@ -60,6 +60,8 @@ type Foundation struct {
 	// Formed is set once this node has been part of the formed mesh: a restart then waits
 	// for a majority of the servers, not for all of them.
 	Formed bool `json:"formed,omitempty"`
+	// Members are the servers the mesh formed with.
+	Members []string `json:"members,omitempty"`
 }
 
 // Minted is one credential in the genesis record: what, and a fingerprint (never a value).

@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,8 +17,13 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// ErrForeign means a node of another mesh tried to join, or this node tried to join one.
-var ErrForeign = errors.New("node of another mesh")
+// Errors of refused nodes.
+var (
+	// ErrForeign means a node of another mesh tried to join, or this node tried to join one.
+	ErrForeign = errors.New("node of another mesh")
+	// ErrFoundingSpent means a node came with the founding token after the mesh had formed.
+	ErrFoundingSpent = errors.New("founding token spent")
+)
 
 // Meta is what a node tells the others: its name, its mesh, and where its bus listens. It
 // travels as memberlist's node meta, which must stay under 512 bytes.
@@ -26,6 +32,10 @@ type Meta struct {
 	MeshID string `json:"m"`
 	Route  string `json:"r,omitempty"` // nats-route://host:port
 	Client string `json:"c,omitempty"` // nats://host:port
+	// Formed lists the servers the mesh formed with, once it has (empty before): a node not
+	// among them that never formed came with the founding token after it was spent (DESIGN
+	// §9), and is refused; later nodes join with a vault-minted token.
+	Formed []string `json:"x,omitempty"`
 }
 
 // Config is what a node decides about its membership.
@@ -89,7 +99,7 @@ func Open(cfg Config) (*Membership, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	mc.Logger = log.New(logWriter{logger}, "", 0)
-	d := &delegate{meta: meta, mesh: cfg.Meta.MeshID}
+	d := &delegate{meta: meta, mesh: cfg.Meta.MeshID, self: cfg.Meta}
 	mc.Delegate, mc.Alive, mc.Merge, mc.Events = d, d, d, d
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -97,6 +107,16 @@ func Open(cfg Config) (*Membership, error) {
 	}
 	self := ml.LocalNode()
 	return &Membership{ml: ml, d: d, addr: net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))}, nil
+}
+
+// MarkFormed records the servers the mesh formed with and tells the others, so a node that
+// comes later with the founding token is refused.
+func (m *Membership) MarkFormed(members []string) error {
+	m.d.mu.Lock()
+	m.d.self.Formed = slices.Clone(members)
+	m.d.meta, _ = json.Marshal(m.d.self)
+	m.d.mu.Unlock()
+	return m.ml.UpdateNode(2 * time.Second)
 }
 
 // Addr is the gossip address the others reach this node at.
@@ -158,6 +178,7 @@ func (m *Membership) Close() error { return m.ml.Shutdown() }
 type delegate struct {
 	meta []byte
 	mesh string
+	self Meta
 
 	mu         sync.Mutex
 	lastRefuse error
@@ -170,7 +191,11 @@ var (
 	_ memberlist.EventDelegate = (*delegate)(nil)
 )
 
-func (d *delegate) NodeMeta(int) []byte                  { return d.meta }
+func (d *delegate) NodeMeta(int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.meta
+}
 func (d *delegate) NotifyMsg([]byte)                     {}
 func (d *delegate) GetBroadcasts(int, int) [][]byte      { return nil }
 func (d *delegate) LocalState(bool) []byte               { return nil }
@@ -198,6 +223,19 @@ func (d *delegate) check(n *memberlist.Node) error {
 	if meta.MeshID != d.mesh {
 		return d.refuse(fmt.Errorf("%w: %s at %s belongs to mesh %s, this node to mesh %s; a node joins one mesh, with that mesh's token",
 			ErrForeign, meta.Name, n.Addr, meta.MeshID, d.mesh))
+	}
+	d.mu.Lock()
+	self := d.self
+	d.mu.Unlock()
+	// A formed node refuses a never-formed node it did not form with; a never-formed node
+	// refuses a mesh that formed without it.
+	if len(self.Formed) > 0 && len(meta.Formed) == 0 && !slices.Contains(self.Formed, meta.Name) {
+		return d.refuse(fmt.Errorf("%w: %s came with mesh %s's founding token, but the mesh formed with %s; join with a token from `meshnode token create`",
+			ErrFoundingSpent, meta.Name, d.mesh, strings.Join(self.Formed, ", ")))
+	}
+	if len(self.Formed) == 0 && len(meta.Formed) > 0 && !slices.Contains(meta.Formed, self.Name) {
+		return d.refuse(fmt.Errorf("%w: mesh %s has formed with %s, without this node; its founding token is spent: join with a token from `meshnode token create`",
+			ErrFoundingSpent, d.mesh, strings.Join(meta.Formed, ", ")))
 	}
 	return nil
 }

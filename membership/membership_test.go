@@ -114,3 +114,37 @@ func TestMembership_RefusesAWrongKey(t *testing.T) {
 		t.Fatalf("a has %d members after a wrong-key join", n)
 	}
 }
+
+// TestMembership_FoundingTokenSpent: once the mesh has formed, a node that comes with the
+// founding token is refused, by both sides; its founding members are not.
+func TestMembership_FoundingTokenSpent(t *testing.T) {
+	k := key(t)
+	a := open(t, "a", "mesh1", k)
+	b := open(t, "b", "mesh1", k)
+	if err := b.Join([]string{a.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*membership.Membership{a, b} {
+		if err := m.MarkFormed([]string{"a", "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late := open(t, "late", "mesh1", k)
+	err := late.Join([]string{a.Addr()})
+	if !errors.Is(err, membership.ErrFoundingSpent) || !strings.Contains(err.Error(), "token create") {
+		t.Fatalf("a founding node joining a formed mesh: %v", err)
+	}
+	retryUntil(t, 5*time.Second, func() error {
+		for _, m := range a.Members() {
+			if m.Name == "b" && m.State != "alive" {
+				return fmt.Errorf("founding member b is %s", m.State)
+			}
+		}
+		return nil
+	})
+	for _, m := range a.Members() {
+		if m.Name == "late" && m.State == "alive" {
+			t.Fatal("the formed mesh took in a node with the spent founding token")
+		}
+	}
+}

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -25,7 +26,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	f := n.found
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
-			Route: "nats-route://" + n.cfg.ClusterAddr, Client: "nats://" + n.cfg.ClientAddr},
+			Route: "nats-route://" + n.cfg.ClusterAddr, Client: "nats://" + n.cfg.ClientAddr, Formed: f.Members},
 		BindAddr:  n.cfg.GossipAddr,
 		GossipKey: f.GossipKey,
 		Log:       n.log,
@@ -45,7 +46,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	for {
 		if len(seeds) > 0 {
 			if err := m.Join(seeds); err != nil {
-				if strings.Contains(err.Error(), "another mesh") {
+				if errors.Is(err, membership.ErrForeign) || errors.Is(err, membership.ErrFoundingSpent) {
 					return nil, err
 				}
 				n.log.Debug("gossip join", "seeds", seeds, "err", err)
@@ -72,8 +73,14 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 				}
 			}
 			f.Formed = true
+			if len(f.Members) == 0 {
+				f.Members = names(alive)
+			}
 			if err := genesis.New(n.db).Keep(f); err != nil {
 				return nil, fmt.Errorf("keep the mesh's members: %w", err)
+			}
+			if err := m.MarkFormed(f.Members); err != nil {
+				n.log.Warn("tell the mesh it has formed", "err", err)
 			}
 			return cluster, nil
 		}

@@ -83,6 +83,11 @@ func TestBinary_FoundThree(t *testing.T) {
 	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
 		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// The founding token is spent once the mesh has formed.
+	late := flags(nodeArgs{t.TempDir(), "late"})
+	if r := meshnode(t, nil, append([]string{"join", "--token", token}, late...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
+		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
+	}
 	if r := meshnode(t, nil, append([]string{"join", "--token", "MNJ1.x"}, flags(nodeArgs{t.TempDir(), "d"})...)...); r.code != 1 || !strings.Contains(r.stderr, "not built yet") {
 		t.Fatalf("join with a vault token: exit %d %s", r.code, r.stderr)
 	}
