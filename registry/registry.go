@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -125,39 +126,14 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 		return fmt.Errorf("watch %s: %w", Bucket, err)
 	}
 	r.kv, r.w = kv, w
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("watch %s: closed during start", Bucket)
-			}
-			if e == nil {
-				return nil // the initial values are all in
-			}
-			r.apply(e)
-		case <-ctx.Done():
-			w.Stop()
-			return fmt.Errorf("load %s: %w", Bucket, ctx.Err())
-		}
+	if err := mirror.Load(ctx, w, r.apply); err != nil {
+		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
+	return nil
 }
 
 // Run follows the bucket until ctx ends.
-func (r *Registry) Run(ctx context.Context) error {
-	for {
-		select {
-		case e, ok := <-r.w.Updates():
-			if !ok {
-				return nil
-			}
-			if e != nil {
-				r.apply(e)
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
+func (r *Registry) Run(ctx context.Context) error { return mirror.Follow(ctx, r.w, r.apply) }
 
 // Close stops the watch. The mirror keeps its last state.
 func (r *Registry) Close() error {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -93,42 +94,17 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
 	}
 	s.w = w
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("watch %s closed", Bucket)
-			}
-			if e == nil {
-				return s, nil
-			}
-			s.apply(e)
-		case <-ctx.Done():
-			w.Stop()
-			return nil, ctx.Err()
-		}
+	if err := mirror.Load(ctx, w, s.apply); err != nil {
+		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
+	return s, nil
 }
 
 // TTL is the leases' time to live.
 func (s *Store) TTL() time.Duration { return s.ttl }
 
 // Watch follows the bucket until ctx ends.
-func (s *Store) Watch(ctx context.Context) error {
-	for {
-		select {
-		case e, ok := <-s.w.Updates():
-			if !ok {
-				return nil
-			}
-			if e != nil {
-				s.apply(e)
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
+func (s *Store) Watch(ctx context.Context) error { return mirror.Follow(ctx, s.w, s.apply) }
 
 // Close stops the watch.
 func (s *Store) Close() error { return s.w.Stop() }

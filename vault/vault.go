@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -128,40 +129,15 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		return nil, fmt.Errorf("watch vault records: %w", err)
 	}
 	v.w = w
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("vault: token watch closed")
-			}
-			if e == nil {
-				go v.record()
-				return v, nil
-			}
-			v.apply(e)
-		case <-ctx.Done():
-			w.Stop()
-			return nil, ctx.Err()
-		}
+	if err := mirror.Load(ctx, w, v.apply); err != nil {
+		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
+	go v.record()
+	return v, nil
 }
 
-// Watch follows the token records until ctx ends.
-func (v *Vault) Watch(ctx context.Context) error {
-	for {
-		select {
-		case e, ok := <-v.w.Updates():
-			if !ok {
-				return nil
-			}
-			if e != nil {
-				v.apply(e)
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
+// Watch follows the vault's records until ctx ends.
+func (v *Vault) Watch(ctx context.Context) error { return mirror.Follow(ctx, v.w, v.apply) }
 
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {

@@ -1,0 +1,52 @@
+// Package mirror keeps an in-memory copy of a JetStream KV bucket through a watch: the one
+// loop behind the registry's, the seats' and the vault's mirrors. Load takes the bucket's
+// current values; Follow applies changes until its context ends.
+package mirror
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrClosed means the watch ended before the bucket's current values were all in.
+var ErrClosed = errors.New("watch closed")
+
+// Load applies every entry w delivers until the bucket's current values are all in (the
+// watch's nil marker). If ctx ends first it stops w and returns ctx's error.
+func Load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ErrClosed
+			}
+			if e == nil {
+				return nil
+			}
+			apply(e)
+		case <-ctx.Done():
+			w.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// Follow applies the changes w delivers until ctx ends or the watch closes. It does not stop
+// w: the owner does, on close.
+func Follow(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e != nil {
+				apply(e)
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
