@@ -128,12 +128,22 @@ func deadID(arg string) (uint64, error) {
 	return id, nil
 }
 
-func getDead(ctx context.Context, dead jetstream.Stream, id uint64) (*jetstream.RawStreamMsg, error) {
-	m, err := dead.GetMsg(ctx, id)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, fmt.Errorf("no dead letter %d (replayed or dropped?): `meshnode dead ls` lists them", id)
+// withDeadLetter runs f with the dead letter whose id is arg.
+func withDeadLetter(cmd *cobra.Command, arg string, f func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error) error {
+	id, err := deadID(arg)
+	if err != nil {
+		return err
 	}
-	return m, err
+	return withDead(cmd, func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream) error {
+		m, err := dead.GetMsg(ctx, id)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("no dead letter %d (replayed or dropped?): `meshnode dead ls` lists them", id)
+		}
+		if err != nil {
+			return err
+		}
+		return f(ctx, js, dead, m)
+	})
 }
 
 func newDeadShowCmd() *cobra.Command {
@@ -142,15 +152,7 @@ func newDeadShowCmd() *cobra.Command {
 		Short: "Print one dead letter whole: headers, reason, body",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := deadID(args[0])
-			if err != nil {
-				return err
-			}
-			return withDead(cmd, func(ctx context.Context, _ jetstream.JetStream, dead jetstream.Stream) error {
-				m, err := getDead(ctx, dead, id)
-				if err != nil {
-					return err
-				}
+			return withDeadLetter(cmd, args[0], func(_ context.Context, _ jetstream.JetStream, _ jetstream.Stream, m *jetstream.RawStreamMsg) error {
 				d := toDeadLetter(m)
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
@@ -176,32 +178,26 @@ DEAD once the stream has stored it. Every consumer of that subject sees it again
 			if all == (len(args) == 1) {
 				return usagef("name one dead letter ID, or --all")
 			}
-			return withDead(cmd, func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream) error {
-				var ms []*jetstream.RawStreamMsg
-				if all {
-					ds, err := deadLetters(ctx, dead)
-					if err != nil {
-						return err
-					}
-					for _, d := range ds {
-						ms = append(ms, &jetstream.RawStreamMsg{Sequence: d.ID, Header: nats.Header(d.Headers), Data: d.Body})
-					}
-				} else {
-					id, err := deadID(args[0])
-					if err != nil {
-						return err
-					}
-					m, err := getDead(ctx, dead, id)
-					if err != nil {
-						return err
-					}
-					ms = append(ms, m)
+			replayOne := func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
+				if err := replay(ctx, js, dead, m); err != nil {
+					return err
 				}
-				for _, m := range ms {
-					if err := replay(ctx, js, dead, m); err != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "replayed %d: %s %s\n", m.Sequence, envelope.Key(m.Header.Get(envelope.DeadSubject)), m.Header.Get(envelope.EventID))
+				return nil
+			}
+			if !all {
+				return withDeadLetter(cmd, args[0], replayOne)
+			}
+			return withDead(cmd, func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream) error {
+				ds, err := deadLetters(ctx, dead)
+				if err != nil {
+					return err
+				}
+				for _, d := range ds {
+					m := &jetstream.RawStreamMsg{Sequence: d.ID, Header: nats.Header(d.Headers), Data: d.Body}
+					if err := replayOne(ctx, js, dead, m); err != nil {
 						return err
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "replayed %d: %s %s\n", m.Sequence, envelope.Key(m.Header.Get(envelope.DeadSubject)), m.Header.Get(envelope.EventID))
 				}
 				return nil
 			})
@@ -242,18 +238,11 @@ func newDeadDropCmd() *cobra.Command {
 		Short: "Delete a dead letter for good",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := deadID(args[0])
-			if err != nil {
-				return err
-			}
-			return withDead(cmd, func(ctx context.Context, _ jetstream.JetStream, dead jetstream.Stream) error {
-				if _, err := getDead(ctx, dead, id); err != nil {
-					return err
+			return withDeadLetter(cmd, args[0], func(ctx context.Context, _ jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
+				if err := dead.DeleteMsg(ctx, m.Sequence); err != nil {
+					return fmt.Errorf("drop %d: %w", m.Sequence, err)
 				}
-				if err := dead.DeleteMsg(ctx, id); err != nil {
-					return fmt.Errorf("drop %d: %w", id, err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "dropped %d\n", id)
+				fmt.Fprintf(cmd.OutOrStdout(), "dropped %d\n", m.Sequence)
 				return nil
 			})
 		},
