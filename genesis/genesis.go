@@ -290,6 +290,18 @@ func Found(name, token string) (*Foundation, error) {
 	if err != nil {
 		return nil, err
 	}
+	f, err := Member(name)
+	if err != nil {
+		return nil, err
+	}
+	f.MeshID, f.RouteSecret, f.GossipKey, f.Expect, f.Seeds = ft.MeshID, ft.RouteSecret, ft.GossipKey, ft.Expect, ft.Gossip
+	return f, nil
+}
+
+// Member starts the foundation of a node that joins a mesh rather than creating one: its
+// own nkey and xkey, minted here. The mesh's part comes from a founding token or an
+// enrolment.
+func Member(name string) (*Foundation, error) {
 	nodeKey, err := nkeys.CreateServer()
 	if err != nil {
 		return nil, err
@@ -298,8 +310,7 @@ func Found(name, token string) (*Foundation, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Foundation{MeshID: ft.MeshID, Node: name, RouteSecret: ft.RouteSecret, GossipKey: ft.GossipKey,
-		Expect: ft.Expect, Seeds: ft.Gossip}
+	f := &Foundation{Node: name}
 	f.NodeSeed, _ = nodeKey.Seed()
 	f.NodeXKeySeed, _ = xkey.Seed()
 	return f, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/membership"
+	"github.com/meshnode/meshnode/vault"
 )
 
 // formationReadyTimeout bounds the wait for a clustered JetStream to elect its meta leader.
@@ -126,4 +127,69 @@ func Found(cfg config.Config, token string) (*genesis.Foundation, error) {
 		return nil, err
 	}
 	return f, g.Keep(f)
+}
+
+// Join prepares cfg's data dir as a new server of a formed mesh: it mints this node's keys,
+// trades the join token (`meshnode token create`) for the mesh's enrolment — sealed to this
+// node's xkey — and keeps it. The node then joins the mesh's gossip and routes when started.
+func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Foundation, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	g := genesis.New(db)
+	if f, err := g.Foundation(); err == nil {
+		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
+	}
+	f, err := genesis.Member(cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	xkp, err := f.NodeXKey()
+	if err != nil {
+		return nil, err
+	}
+	e, err := vault.Enrol(ctx, token, cfg.Name, xkp)
+	if err != nil {
+		return nil, err
+	}
+	if e.Expect < 3 {
+		return nil, fmt.Errorf("mesh %s is a single node: a node joins a mesh of 3 or more servers (grow it by migration, see docs/contracts.md)", e.MeshID)
+	}
+	f.MeshID, f.RouteSecret, f.GossipKey, f.BarrierKey = e.MeshID, e.RouteSecret, e.GossipKey, e.BarrierKey
+	f.Expect, f.Members, f.Seeds, f.Formed = e.Expect, e.Members, e.Seeds, true
+	return f, g.Keep(f)
+}
+
+// enrolment is what the vault hands a node that joins with a token: the mesh's foundation
+// and where to find its members.
+func (n *Node) enrolment() vault.Enrolment {
+	e := vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
+		BarrierKey: n.found.BarrierKey, Expect: n.found.Expect, Members: n.found.Members}
+	if m := n.members; m != nil {
+		for _, x := range m.Members() {
+			if x.State == "alive" {
+				e.Seeds = append(e.Seeds, x.Addr)
+			}
+		}
+	}
+	return e
+}
+
+// clientAddrs are the client URLs a join token names: this node's first, then every other
+// live server's.
+func (n *Node) clientAddrs() []string {
+	out := []string{n.bus.ClientURL()}
+	if m := n.members; m != nil {
+		for _, x := range m.Members() {
+			if x.State == "alive" && x.Name != n.id.Name && x.Client != "" {
+				out = append(out, x.Client)
+			}
+		}
+	}
+	return out
 }

@@ -494,11 +494,14 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 				}
 				return e.Manifest.Secrets, true
 			},
-			Enrolment: func() vault.Enrolment {
-				return vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret,
-					GossipKey: n.found.GossipKey, BarrierKey: n.found.BarrierKey}
+			Enrolment: n.enrolment,
+			Admit: func(name string) error {
+				if _, taken := n.reg.Node(name); taken {
+					return fmt.Errorf("mesh %s has a server named %s already: join with another --name (a name is a server's raft identity)", n.id.MeshID, name)
+				}
+				return nil
 			},
-			Addrs: func() []string { return []string{n.bus.ClientURL()} },
+			Addrs: n.clientAddrs,
 			ServerXKey: func(node string) (string, bool) {
 				id, ok := n.reg.Node(node)
 				return id.XKey, ok && id.XKey != ""

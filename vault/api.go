@@ -119,6 +119,11 @@ type Enrolment struct {
 	RouteSecret []byte `json:"route_secret"`
 	GossipKey   []byte `json:"gossip_key"`
 	BarrierKey  []byte `json:"barrier_key"`
+	// Expect is the number of servers the mesh was founded with (its quorum's basis);
+	// Members the servers it formed with; Seeds the gossip addresses of its live members.
+	Expect  int      `json:"expect,omitempty"`
+	Members []string `json:"members,omitempty"`
+	Seeds   []string `json:"seeds,omitempty"`
 }
 
 // ErrRefused means the vault refused the request; the error says why.

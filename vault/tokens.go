@@ -165,6 +165,11 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 	if _, err := nkeys.FromPublicKey(req.XKey); err != nil || !nkeys.IsValidPublicCurveKey(req.XKey) {
 		return nil, errors.New("enrol carries no xkey to seal the enrolment to")
 	}
+	if v.cfg.Admit != nil {
+		if err := v.cfg.Admit(req.Node); err != nil {
+			return nil, err
+		}
+	}
 	out := v.cfg.Enrolment()
 	r.Used++
 	r.Enrolled = append(r.Enrolled, req.Node)

@@ -48,6 +48,9 @@ type Config struct {
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
 	Enrolment func() Enrolment
+	// Admit refuses a joining node the mesh cannot take (its name is a server's already);
+	// nil admits every node.
+	Admit func(node string) error
 	// Addrs are the client URLs a join token tells the joining node to contact.
 	Addrs func() []string
 	// ServerXKey returns a server's recorded xkey: the vault's own credentials are sealed

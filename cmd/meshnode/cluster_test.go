@@ -3,8 +3,11 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,7 +91,43 @@ func TestBinary_FoundThree(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"join", "--token", token}, late...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
 		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
 	}
-	if r := meshnode(t, nil, append([]string{"join", "--token", "MNJ1.x"}, flags(nodeArgs{t.TempDir(), "d"})...)...); r.code != 1 || !strings.Contains(r.stderr, "not built yet") {
-		t.Fatalf("join with a vault token: exit %d %s", r.code, r.stderr)
+
+	// A fourth node joins the formed mesh with a join token and serves clients.
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
+	var jt struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &jt); r.code != 0 || !strings.HasPrefix(jt.Token, "MNJ1.") {
+		t.Fatalf("token create: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	d := nodeArgs{t.TempDir(), "d"}
+	start = time.Now()
+	startNode(t, "join", append([]string{"--token", jt.Token}, flags(d)...)...)
+	t.Logf("a fourth node joined and was ready in %s", time.Since(start))
+	retryUntil(t, 30*time.Second, func() error {
+		r := meshnode(t, nil, "members", "--json", "--data-dir", d.dir)
+		if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 4 || !strings.Contains(r.stdout, `"name":"d"`) {
+			return fmt.Errorf("members from d: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	manifest := filepath.Join(t.TempDir(), "m.yaml")
+	os.WriteFile(manifest, []byte("module: joined\nrequires: [mesh-bus]\nemits: [hello]\n"), 0o600)
+	seed := filepath.Join(t.TempDir(), "joined.nk")
+	if r := meshnode(t, nil, "module", "register", manifest, "--creds-out", seed, "--data-dir", d.dir, "--creds", nodes[0].dir+"/operator.nk"); r.code != 0 {
+		t.Fatalf("register through the joined node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if r := meshnode(t, nil, "emit", "hello", `{"n":1}`, "--data-dir", d.dir, "--creds", seed); r.code != 0 {
+			return fmt.Errorf("emit through the joined node: exit %d %s", r.code, r.stderr)
+		}
+		return nil
+	})
+	// The token was for one node; a second use and a taken name are refused, each saying so.
+	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, flags(nodeArgs{t.TempDir(), "e"})...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
+		t.Fatalf("second use of a join token: exit %d %s", r.code, r.stderr)
+	}
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
+	json.Unmarshal([]byte(r.stdout), &jt)
+	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, flags(nodeArgs{t.TempDir(), "b"})...)...); r.code != 1 || !strings.Contains(r.stderr, "has a server named b already") {
+		t.Fatalf("join under a taken name: exit %d %s", r.code, r.stderr)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
@@ -50,21 +51,35 @@ func newJoinCmd() *cobra.Command {
 	var token string
 	cmd := &cobra.Command{
 		Use:   "join --token TOKEN --data-dir DIR --name NAME",
-		Short: "Found a mesh with the founding token genesis printed, then run this node",
-		Long: `Make this node one of a new mesh's founding nodes, with the founding token that
-meshnode genesis --expect N printed, and run it: it gossips until the N founding nodes have
-met, and only then starts its bus with routes to all of them. Later restarts are meshnode run.`,
+		Short: "Join a mesh with a token, then run this node",
+		Long: `Join this node to a mesh and run it. Two kinds of token:
+
+  MNF1. (founding token, printed by meshnode genesis --expect N): this node is one of the
+        mesh's founding nodes; it gossips until the N founding nodes have met, and only then
+        starts its bus with routes to all of them.
+  MNJ1. (join token, made by meshnode token create): the mesh has formed; this node enrols
+        through the mesh's vault, which hands it the mesh's credentials sealed to this
+        node's own key, then starts its bus with routes to the current members.
+
+Later restarts are meshnode run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if token == "" {
-				return usagef("--token is required: the founding token genesis --expect N printed")
-			}
-			if strings.HasPrefix(token, vault.TokenPrefix) {
-				return errors.New("joining a formed mesh with a join token (MNJ1.) is not built yet: only founding nodes join, with the founding token (MNF1.) genesis printed")
+				return usagef("--token is required: a join token (`meshnode token create` on a node of the mesh) or the founding token genesis --expect N printed")
 			}
 			cfg, err := loadConfig(cmd, config.Run())
 			if err != nil {
 				return err
+			}
+			if strings.HasPrefix(strings.TrimSpace(token), vault.TokenPrefix) {
+				ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+				f, err := node.Join(ctx, cfg, token)
+				cancel()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s enrolled in mesh %s; joining its members\n", cfg.Name, f.MeshID)
+				return runNode(cmd, config.Run(), false)
 			}
 			f, err := node.Found(cfg, token)
 			if err != nil {
@@ -75,7 +90,7 @@ met, and only then starts its bus with routes to all of them. Later restarts are
 		},
 	}
 	addNodeFlags(cmd, config.Run())
-	cmd.Flags().StringVar(&token, "token", "", "the founding token genesis --expect N printed")
+	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed")
 	return cmd
 }
 
