@@ -8,7 +8,6 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -19,7 +18,7 @@ type directory struct {
 	reg      *registry.Registry
 	operator atomic.Value                // string: the operator's key, "" until genesis hands off
 	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
-	leases   atomic.Pointer[seats.Store] // nil until the seats are open: nobody holds anything yet
+	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
 }
 
@@ -49,8 +48,8 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		return embedbus.Identity{}, false // a module that does not require the bus has no account
 	}
 	p := ModulePermissions(e.Derivation, publicKey)
-	if leases := d.leases.Load(); leases != nil {
-		for _, l := range leases.HeldBy(e.Module, name) {
+	if s := d.seats.Load(); s != nil {
+		for _, l := range s.grants(e.Module, name) {
 			if hp, err := e.Derivation.HolderPermissions(l.Seat, l.Node); err == nil {
 				p = p.Merge(hp)
 			}

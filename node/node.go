@@ -454,13 +454,13 @@ func (n *Node) openSeats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n.dir.leases.Store(store)
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
 		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	n.seats = s
+	n.dir.seats.Store(s)
 	n.ctrl.seats = s.status
 	if err := s.start(); err != nil {
 		return err

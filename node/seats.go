@@ -38,34 +38,62 @@ type seatService struct {
 	sub *nats.Subscription
 
 	grantMu sync.Mutex
-	granted map[string]string // lease key → the instance whose connection has the holder's grant
+	granted map[string]seats.Lease // lease key → the lease whose instance has the holder's grant
 
-	// ctx ends at stop; wg counts the releases running after their reply.
+	// work runs the hooks' effects in order, off the lease runner's goroutine: granting a
+	// seat recreates its consumer, which can take seconds while a clustered stream elects a
+	// leader, and the runner must keep renewing its leases meanwhile.
+	work chan func()
+
+	// ctx ends at stop; wg counts the releases running after their reply and the worker.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// awaitMirror bounds the wait for the lease mirror to show a change before kicking.
-const awaitMirror = 5 * time.Second
+// do queues f to run after every effect queued before it.
+func (s *seatService) do(f func()) {
+	select {
+	case s.work <- f:
+	case <-s.ctx.Done():
+	}
+}
+
+func (s *seatService) worker() {
+	defer s.wg.Done()
+	for {
+		select {
+		case f := <-s.work:
+			f()
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// releaseTimeout bounds a graceful release of a lease.
+const releaseTimeout = 5 * time.Second
+
+// recreateTimeout bounds the retries of a new holder's consumer.
+const recreateTimeout = 30 * time.Second
 
 func (s *seatService) hooks() seats.Hooks {
 	return seats.Hooks{
+		// The mesh's own seats start and stop at once (subscriptions only), so a node
+		// serves them before it reports ready; a module's go through the queue.
 		Gained: func(l seats.Lease) {
 			if l.Module == "" {
 				s.nodeSeat(l, true)
-			} else {
-				s.moduleGained(l)
+				s.event("seat.held", l, "")
+				return
 			}
-			s.event("seat.held", l, "")
+			s.do(func() { s.moduleGained(l); s.event("seat.held", l, "") })
 		},
 		Released: func(l seats.Lease) {
-			s.lostAuthority(l)
-			s.event("seat.released", l, "")
+			s.afterLoss(l, func() { s.event("seat.released", l, "") })
 		},
 		Lost: func(l seats.Lease, err error) {
-			s.lostAuthority(l)
-			s.event("seat.lost", l, err.Error())
+			s.afterLoss(l, func() { s.event("seat.lost", l, err.Error()) })
 		},
 	}
 }
@@ -99,57 +127,77 @@ func (s *seatService) moduleGained(l seats.Lease) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
-	defer cancel()
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
-		if err := s.topo.recreateConsumer(ctx, c); err != nil {
-			s.log.Warn("recreate seat consumer", "seat", l.Seat, "err", err)
+		// Retried: while a clustered stream has no leader the request goes unanswered.
+		ctx, cancel := context.WithTimeout(s.ctx, recreateTimeout)
+		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.recreateConsumer(ctx, c) })
+		cancel()
+		if err != nil {
+			s.log.Warn("recreate seat consumer; the holder waits for it", "seat", l.Seat, "err", err)
 		}
 	}
-	key := seats.Key(l.Seat, l.Scope, l.Node)
-	if err := s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return ok && m.Instance == l.Instance }); err != nil {
-		s.log.Warn("lease mirror late; the holder reconnects on its next check", "seat", l.Seat, "err", err)
+	if held, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance}); !ok || held.Epoch != l.Epoch {
+		return // lost meanwhile: the loss is queued after this
 	}
-	// The instance is told it holds the seat only from here on: its next connection has the
-	// grant.
-	s.grant(key, l.Instance)
+	// The grant is this node's own record, not the lease bucket's mirror (which can lag by
+	// seconds while a clustered stream moves): the instance's next connection, here, has the
+	// holder's permissions, and it is told it holds the seat only from then on.
+	s.grant(l, true)
 	s.bus.KickInstance(e.PublicKey, l.Instance)
 }
 
-func (s *seatService) grant(key, instance string) {
+func (s *seatService) grant(l seats.Lease, on bool) {
 	s.grantMu.Lock()
 	defer s.grantMu.Unlock()
 	if s.granted == nil {
-		s.granted = map[string]string{}
+		s.granted = map[string]seats.Lease{}
 	}
-	if instance == "" {
+	key := seats.Key(l.Seat, l.Scope, l.Node)
+	switch {
+	case on:
+		s.granted[key] = l
+	case s.granted[key].Instance == l.Instance:
 		delete(s.granted, key)
-	} else {
-		s.granted[key] = instance
 	}
 }
 
 func (s *seatService) isGranted(key, instance string) bool {
 	s.grantMu.Lock()
 	defer s.grantMu.Unlock()
-	return s.granted[key] == instance
+	g, ok := s.granted[key]
+	return ok && g.Instance == instance
+}
+
+// grants returns the leases whose holder's permissions module's instance has on this node.
+func (s *seatService) grants(module, instance string) []seats.Lease {
+	s.grantMu.Lock()
+	defer s.grantMu.Unlock()
+	var out []seats.Lease
+	for _, l := range s.granted {
+		if l.Module == module && l.Instance == instance {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// afterLoss takes a released or lost seat's authority from its holder, then reports it.
+func (s *seatService) afterLoss(l seats.Lease, report func()) {
+	if l.Module == "" {
+		s.nodeSeat(l, false)
+		report()
+		return
+	}
+	s.do(func() { s.lostAuthority(l); report() })
 }
 
 // lostAuthority takes a released or lost seat's authority from its holder.
 func (s *seatService) lostAuthority(l seats.Lease) {
-	if l.Module == "" {
-		s.nodeSeat(l, false)
-		return
-	}
 	e, ok := s.reg.Get(l.Module)
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
-	defer cancel()
-	key := seats.Key(l.Seat, l.Scope, l.Node)
-	s.grant(key, "")
-	s.store.Await(ctx, key, func(m seats.Lease, ok bool) bool { return !ok || m.Instance != l.Instance })
+	s.grant(l, false)
 	s.bus.KickInstance(e.PublicKey, l.Instance)
 }
 
@@ -178,6 +226,9 @@ func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta 
 // start subscribes to this node's seat tool.
 func (s *seatService) start() error {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.work = make(chan func(), 256)
+	s.wg.Add(1)
+	go s.worker()
 	sub, err := s.bus.Conn().Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		b, _ := json.Marshal(s.handle(module, m.Data))
@@ -229,7 +280,7 @@ func (s *seatService) handle(module string, data []byte) registry.SeatReply {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			ctx, cancel := context.WithTimeout(s.ctx, awaitMirror)
+			ctx, cancel := context.WithTimeout(s.ctx, releaseTimeout)
 			defer cancel()
 			s.run.Remove(ctx, c)
 		}()

@@ -137,7 +137,11 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 			c.log.Info("seat held, waiting for the holder's grant", "seat", st.seat)
 			return nil
 		}
-		return fmt.Errorf("open seat consumer %s: %w", reply.Consumer, err)
+		// The node made this instance the holder, but the consumer does not answer yet (a
+		// clustered stream electing a leader): keep trying while the client lives.
+		c.log.Warn("seat held, its queue does not answer yet; trying again", "seat", st.seat, "err", err)
+		c.claimLater(st)
+		return nil
 	}
 	st.holding, st.epoch = true, reply.Epoch
 	d := &dispatcher{c: c, stream: reply.Stream, consumer: reply.Consumer,
@@ -154,6 +158,39 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 	}
 	c.log.Info("holding seat", "seat", st.seat, "epoch", reply.Epoch)
 	return nil
+}
+
+// claimRetry is how long claimLater waits before claiming again.
+const claimRetry = 500 * time.Millisecond
+
+// claimLater claims st again after claimRetry, until a claim succeeds or the client closes.
+func (c *Client) claimLater(st *seatState) {
+	if !c.track() {
+		return
+	}
+	go func() {
+		defer c.wg.Done()
+		for {
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(claimRetry):
+			}
+			ctx, cancel := withDefaultTimeout(c.ctx)
+			st.mu.Lock()
+			waiting := !st.holding
+			st.mu.Unlock()
+			var err error
+			if waiting {
+				err = c.claim(ctx, st)
+			}
+			cancel()
+			if err == nil || c.ctx.Err() != nil {
+				return
+			}
+			c.log.Warn("claim seat; trying again", "seat", st.seat, "err", err)
+		}
+	}()
 }
 
 // route finds the handler for a job's subject and wraps it with the current epoch.
@@ -201,7 +238,8 @@ func (c *Client) reclaim() {
 	for _, st := range sts {
 		ctx, cancel := withDefaultTimeout(c.ctx)
 		if err := c.claim(ctx, st); err != nil && c.ctx.Err() == nil {
-			c.log.Warn("claim seat after reconnect", "seat", st.seat, "err", err)
+			c.log.Warn("claim seat after reconnect; trying again", "seat", st.seat, "err", err)
+			c.claimLater(st)
 		}
 		cancel()
 	}

@@ -251,15 +251,14 @@ func (c *Client) Close() error {
 func (c *Client) reconnected(nc *nats.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	self, err := askWhoami(ctx, nc, c.pub)
-	if err != nil {
-		c.log.Warn("refresh declarations after reconnect", "err", err)
-		return
+	if self, err := askWhoami(ctx, nc, c.pub); err != nil {
+		c.log.Warn("refresh declarations after reconnect; keeping the last ones", "err", err)
+	} else {
+		c.mu.Lock()
+		c.self = self
+		c.mu.Unlock()
 	}
-	c.mu.Lock()
-	c.self = self
-	c.mu.Unlock()
-	c.reclaim()
+	c.reclaim() // a seat's holder must come back to its queue either way
 }
 
 // asyncError records permission violations, so a failed call can say the bus refused it.

@@ -66,7 +66,6 @@ type Store struct {
 	w   jetstream.KeyWatcher
 
 	mu     sync.RWMutex
-	cond   *sync.Cond       // broadcast on every change
 	leases map[string]Lease // by key
 	notify []chan<- string  // told the key of every change
 }
@@ -88,7 +87,6 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
 	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}}
-	s.cond = sync.NewCond(&s.mu)
 	w, err := kv.WatchAll(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
@@ -131,7 +129,6 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		delete(s.leases, e.Key())
 	}
 	notify := s.notify
-	s.cond.Broadcast()
 	s.mu.Unlock()
 	for _, ch := range notify {
 		select {
@@ -149,30 +146,6 @@ func (s *Store) Get(key string) (Lease, bool) {
 	return l, ok
 }
 
-// Await blocks until the mirror's lease of key satisfies cond (given the lease and whether
-// there is one), or ctx ends. The bus grants from the mirror, so a holder's connection is
-// kicked only once the mirror agrees with the change.
-func (s *Store) Await(ctx context.Context, key string, cond func(Lease, bool) bool) error {
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		l, ok := s.leases[key]
-		if cond(l, ok) {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		s.cond.Wait()
-	}
-}
-
 // All returns every lease in the mirror.
 func (s *Store) All() []Lease {
 	s.mu.RLock()
@@ -180,19 +153,6 @@ func (s *Store) All() []Lease {
 	out := make([]Lease, 0, len(s.leases))
 	for _, l := range s.leases {
 		out = append(out, l)
-	}
-	return out
-}
-
-// HeldBy returns the leases whose holder is module's instance (mesh-wide).
-func (s *Store) HeldBy(module, instance string) []Lease {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []Lease
-	for _, l := range s.leases {
-		if l.Module == module && l.Instance == instance {
-			out = append(out, l)
-		}
 	}
 	return out
 }
