@@ -2,16 +2,19 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/sdk"
 )
 
 func freePort(t *testing.T) string {
@@ -24,71 +27,65 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// TestBinary_FoundThree: genesis --expect 3 and two `join --token` processes form one mesh;
-// every node reports the same mesh and is ready.
-func TestBinary_FoundThree(t *testing.T) {
-	type nodeArgs struct{ dir, name string }
-	nodes := []nodeArgs{{t.TempDir(), "a"}, {t.TempDir(), "b"}, {t.TempDir(), "c"}}
-	flags := func(n nodeArgs) []string {
-		return []string{"--data-dir", n.dir, "--name", n.name, "--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-			"--cluster-addr", freePort(t), "--gossip-addr", "127.0.0.1:" + strings.Split(freePort(t), ":")[1], "--log-level", "error"}
-	}
-	aFlags := flags(nodes[0])
-	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, aFlags...)...)
+// meshNode is one node of a test mesh: its data dir, name, flags (fixed ports, so a restart
+// comes back on the same addresses) and process.
+type meshNode struct {
+	dir, name string
+	flags     []string
+	p         *process
+}
+
+func newMeshNode(t *testing.T, name string) *meshNode {
+	dir := t.TempDir()
+	return &meshNode{dir: dir, name: name, flags: []string{"--data-dir", dir, "--name", name,
+		"--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--cluster-addr", freePort(t), "--gossip-addr", freePort(t), "--log-level", "error"}}
+}
+
+// formThree runs genesis --expect 3 for a and starts a, b and c, the latter two with the
+// founding token; it returns once all three are ready.
+func formThree(t *testing.T) (nodes []*meshNode, meshID, token string) {
+	t.Helper()
+	nodes = []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
 	if r.code != 0 {
 		t.Fatalf("genesis: %s", r.stderr)
 	}
 	var g map[string]any
 	json.Unmarshal([]byte(r.stdout), &g)
-	token, _ := g["founding_token"].(string)
+	token, _ = g["founding_token"].(string)
 	if !strings.HasPrefix(token, "MNF1.") {
 		t.Fatalf("no founding token: %s", r.stdout)
 	}
+	meshID, _ = g["mesh_id"].(string)
 	start := time.Now()
-	cmds := []*exec.Cmd{exec.Command(binary, append([]string{"run"}, aFlags...)...)}
+	nodes[0].p = launch(t, "run", nodes[0].flags...)
 	for _, n := range nodes[1:] {
-		cmds = append(cmds, exec.Command(binary, append([]string{"join", "--token", token}, flags(n)...)...))
+		n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
 	}
-	ready := make(chan string, 3)
-	for _, c := range cmds {
-		c.Env = cleanEnv()
-		out, _ := c.StdoutPipe()
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Process.Signal(syscall.SIGTERM); c.Wait() })
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
-					ready <- m[2]
-				}
-			}
-		}()
-	}
-	meshes := map[string]int{}
-	for range 3 {
-		select {
-		case mesh := <-ready:
-			meshes[mesh]++
-		case <-time.After(90 * time.Second):
-			t.Fatalf("not all three nodes ready after 90s: %v", meshes)
+	for _, n := range nodes {
+		n.p.awaitReady(t, 90*time.Second)
+		if n.p.meshID != meshID {
+			t.Fatalf("node %s reports mesh %s, want %s", n.name, n.p.meshID, meshID)
 		}
 	}
 	t.Logf("three processes formed a ready mesh in %s", time.Since(start))
-	if meshes[g["mesh_id"].(string)] != 3 {
-		t.Fatalf("nodes report meshes %v, want all %s", meshes, g["mesh_id"])
-	}
+	return nodes, meshID, token
+}
+
+// TestBinary_FoundThree: genesis --expect 3 and two `join --token` processes form one mesh;
+// every node reports the same mesh and is ready; a fourth node joins later with a join token.
+func TestBinary_FoundThree(t *testing.T) {
+	nodes, _, token := formThree(t)
 	if r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir); r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
 		t.Fatalf("status of a founding node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
-	r = meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
+	r := meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
 	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
 		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
 	// The founding token is spent once the mesh has formed.
-	late := flags(nodeArgs{t.TempDir(), "late"})
-	if r := meshnode(t, nil, append([]string{"join", "--token", token}, late...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
+	if r := meshnode(t, nil, append([]string{"join", "--token", token}, newMeshNode(t, "late").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
 		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
 	}
 
@@ -98,9 +95,9 @@ func TestBinary_FoundThree(t *testing.T) {
 	if json.Unmarshal([]byte(r.stdout), &jt); r.code != 0 || !strings.HasPrefix(jt.Token, "MNJ1.") {
 		t.Fatalf("token create: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
-	d := nodeArgs{t.TempDir(), "d"}
-	start = time.Now()
-	startNode(t, "join", append([]string{"--token", jt.Token}, flags(d)...)...)
+	d := newMeshNode(t, "d")
+	start := time.Now()
+	startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
 	t.Logf("a fourth node joined and was ready in %s", time.Since(start))
 	retryUntil(t, 30*time.Second, func() error {
 		r := meshnode(t, nil, "members", "--json", "--data-dir", d.dir)
@@ -122,12 +119,218 @@ func TestBinary_FoundThree(t *testing.T) {
 		return nil
 	})
 	// The token was for one node; a second use and a taken name are refused, each saying so.
-	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, flags(nodeArgs{t.TempDir(), "e"})...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
+	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, newMeshNode(t, "e").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
 		t.Fatalf("second use of a join token: exit %d %s", r.code, r.stderr)
 	}
 	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
 	json.Unmarshal([]byte(r.stdout), &jt)
-	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, flags(nodeArgs{t.TempDir(), "b"})...)...); r.code != 1 || !strings.Contains(r.stderr, "has a server named b already") {
+	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, newMeshNode(t, "b").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "has a server named b already") {
 		t.Fatalf("join under a taken name: exit %d %s", r.code, r.stderr)
 	}
+}
+
+// auditIDs returns how often each event of source is in the audit log of the node on dir,
+// once that node's audit has caught up with the bus.
+func auditIDs(t *testing.T, dir, creds, source string) map[string]int {
+	t.Helper()
+	r := meshnode(t, nil, "audit", "query", "--source", source, "--json", "--data-dir", dir, "--creds", creds)
+	if r.code != 0 {
+		t.Fatalf("audit query on %s: exit %d %s", dir, r.code, r.stderr)
+	}
+	ids := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec struct {
+			EventID string `json:"event_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		ids[rec.EventID]++
+	}
+	return ids
+}
+
+// TestBinary_LoseOne: kill -9 one of three nodes while a module emits 50,000 events and
+// another handles them. Every event acknowledged to the emitter is handled; the audit log
+// of each survivor holds every one; the mesh-scoped seat held on the killed node moves to a
+// survivor with a higher epoch; registration still works; the node restarts, rejoins and
+// catches up.
+func TestBinary_LoseOne(t *testing.T) {
+	nodes, _, _ := formThree(t)
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	op := filepath.Join(a.dir, "operator.nk")
+	register := func(dir, text string) string {
+		t.Helper()
+		work := t.TempDir()
+		path := filepath.Join(work, "m.yaml")
+		os.WriteFile(path, []byte(text), 0o600)
+		seed := filepath.Join(work, "m.nk")
+		if r := meshnode(t, nil, "module", "register", path, "--creds-out", seed, "--data-dir", dir, "--creds", op); r.code != 0 {
+			t.Fatalf("register: exit %d %s", r.code, r.stderr)
+		}
+		return seed
+	}
+	tickerSeed := register(a.dir, "module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
+	sinkSeed := register(a.dir, "module: sink\nrequires: [mesh-bus]\nconsumes: [ticker.tick]\n")
+	workerSeed := register(a.dir, "module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	connect := func(p *process, seed string) *sdk.Client {
+		t.Helper()
+		var cl *sdk.Client
+		retryUntil(t, 20*time.Second, func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			cl, err = sdk.Connect(ctx, p.clientURL, seed)
+			return err
+		})
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+
+	// The seat's holder runs on a, the node that will die; a second candidate waits on b.
+	onA := connect(a.p, workerSeed)
+	noop := func(context.Context, sdk.Job) error { return nil }
+	if err := onA.Accept("run", noop); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if ok, _ := onA.Holding("jobs"); !ok {
+			return errors.New("the instance on a does not hold the seat yet")
+		}
+		return nil
+	})
+	_, epochA := onA.Holding("jobs")
+	onB := connect(b.p, workerSeed)
+	if err := onB.Accept("run", noop); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	sink := connect(c.p, sinkSeed)
+	if err := sink.On("ticker.tick", func(_ context.Context, e sdk.Event) error {
+		mu.Lock()
+		handled[e.ID] = true
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	const total, workers, killAt = 50_000, 16, 15_000
+	ticker := connect(b.p, tickerSeed)
+	var acked []string
+	var killed sync.Once
+	moved := make(chan time.Duration, 1) // how long after the kill b's instance held the seat
+	kill := func() {
+		killed.Do(func() {
+			a.p.cmd.Process.Kill()
+			<-a.p.done
+			killedAt := time.Now()
+			go func() {
+				for time.Since(killedAt) < time.Minute {
+					if ok, epoch := onB.Holding("jobs"); ok && epoch > epochA {
+						moved <- time.Since(killedAt)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		})
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += workers {
+				deadline := time.Now().Add(30 * time.Second)
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					id, err := ticker.Emit(ctx, "tick", map[string]int{"n": i})
+					cancel()
+					if err == nil {
+						mu.Lock()
+						acked = append(acked, id)
+						n := len(acked)
+						mu.Unlock()
+						if n == killAt {
+							go kill()
+						}
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("emit %d not acknowledged for 30s: %v", i, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	kill()
+	t.Logf("%d events acknowledged in %s across the kill of node a", len(acked), time.Since(start))
+
+	// The seat moves to the candidate on b, under a higher epoch.
+	select {
+	case d := <-moved:
+		t.Logf("the seat moved to b %s after the kill", d)
+	case <-time.After(time.Minute):
+		ok, epoch := onB.Holding("jobs")
+		t.Fatalf("a minute after the kill, the instance on b holds the seat: %v, epoch %d (a had %d)", ok, epoch, epochA)
+	}
+
+	// Every acknowledged event is handled.
+	retryUntil(t, 90*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		missing := 0
+		for _, id := range acked {
+			if !handled[id] {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged events not handled", missing, len(acked))
+		}
+		return nil
+	})
+
+	// Registration still works with one node down.
+	register(b.dir, "module: late\nrequires: [mesh-bus]\n")
+
+	// Each survivor's audit log holds every acknowledged event, once.
+	complete := func(n *meshNode) error {
+		ids := auditIDs(t, n.dir, op, "ticker")
+		for id, k := range ids {
+			if k != 1 {
+				return fmt.Errorf("%s: event %s recorded %d times", n.name, id, k)
+			}
+		}
+		for _, id := range acked {
+			if ids[id] != 1 {
+				return fmt.Errorf("%s: %d events recorded, acknowledged event %s missing", n.name, len(ids), id)
+			}
+		}
+		return nil
+	}
+	for _, n := range []*meshNode{b, c} {
+		retryUntil(t, 90*time.Second, func() error { return complete(n) })
+	}
+
+	// The killed node restarts, rejoins and catches up.
+	a.p = startNode(t, "run", a.flags...)
+	retryUntil(t, 30*time.Second, func() error {
+		r := meshnode(t, nil, "members", "--json", "--data-dir", b.dir)
+		if strings.Count(r.stdout, `"state":"alive"`) != 3 {
+			return fmt.Errorf("members after the restart: %s %s", r.stdout, r.stderr)
+		}
+		return nil
+	})
+	retryUntil(t, 120*time.Second, func() error { return complete(a) })
 }

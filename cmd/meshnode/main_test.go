@@ -76,6 +76,8 @@ func cleanEnv() []string {
 // process is a meshnode node running as a child process.
 type process struct {
 	cmd       *exec.Cmd
+	verb      string
+	ready     chan []string
 	clientURL string
 	httpURL   string
 	meshID    string
@@ -88,23 +90,31 @@ var readyRE = regexp.MustCompile(`^meshnode ready: node (\S+), mesh (\S+), clien
 // startNode starts `meshnode <verb> args...` and waits for its ready line.
 func startNode(t *testing.T, verb string, args ...string) *process {
 	t.Helper()
+	p := launch(t, verb, args...)
+	p.awaitReady(t, 30*time.Second)
+	return p
+}
+
+// launch starts `meshnode <verb> args...` without waiting: nodes that form a mesh are
+// ready only once all of them run.
+func launch(t *testing.T, verb string, args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{verb}, args...)...)
 	cmd.Env = cleanEnv()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &process{cmd: cmd, verb: verb, stderr: &syncBuffer{}, done: make(chan error, 1), ready: make(chan []string, 1)}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
-				ready <- m
+				p.ready <- m
 			}
 		}
 		io.Copy(io.Discard, stdout)
@@ -116,15 +126,20 @@ func startNode(t *testing.T, verb string, args ...string) *process {
 			<-p.done
 		}
 	})
+	return p
+}
+
+// awaitReady waits for the process's ready line.
+func (p *process) awaitReady(t *testing.T, timeout time.Duration) {
+	t.Helper()
 	select {
-	case m := <-ready:
+	case m := <-p.ready:
 		p.meshID, p.clientURL, p.httpURL = m[2], m[3], m[4]
 	case err := <-p.done:
-		t.Fatalf("meshnode %s exited before ready: %v\n%s", verb, err, p.stderr)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("meshnode %s not ready after 30s\n%s", verb, p.stderr)
+		t.Fatalf("meshnode %s exited before ready: %v\n%s", p.verb, err, p.stderr)
+	case <-time.After(timeout):
+		t.Fatalf("meshnode %s not ready after %s\n%s", p.verb, timeout, p.stderr)
 	}
-	return p
 }
 
 // stop sends sig and returns the exit code and how long the process took to exit.
