@@ -31,6 +31,10 @@ type Directory interface {
 // It remembers which connections each key has, so a change of authority can kick them.
 type authenticator struct {
 	dir Directory
+	// sysKey is the public key of the node's own system-account connection (minted per
+	// start, never leaves the process); sysAccount is the server's system account.
+	sysKey     string
+	sysAccount func() *server.Account
 
 	mu      sync.Mutex
 	clients map[string]map[uint64]string // public key → client id → connection name
@@ -64,6 +68,10 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	nonce := c.GetNonce()
 	if len(nonce) == 0 || kp.Verify(nonce, sig) != nil {
 		return false
+	}
+	if a.sysKey != "" && opts.Nkey == a.sysKey {
+		c.RegisterUser(&server.User{Username: "system", Account: a.sysAccount()})
+		return true
 	}
 	id, ok := a.dir.Identity(opts.Nkey, opts.Name)
 	if !ok {

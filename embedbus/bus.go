@@ -2,6 +2,7 @@ package embedbus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,7 +62,8 @@ type Cluster struct {
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
 type Bus struct {
-	auth *authenticator
+	sysKey nkeys.KeyPair // the system-account connection's key: JetStream peer removal
+	auth   *authenticator
 	srv  *server.Server
 	conn *nats.Conn
 	js   jetstream.JetStream
@@ -98,6 +100,11 @@ func Open(cfg Config) (*Bus, error) {
 		return nil, errors.New("embedbus: a Directory and the node's Key are required")
 	}
 	auth := newAuthenticator(cfg.Directory)
+	sysKey, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	auth.sysKey, _ = sysKey.PublicKey()
 	opts := &server.Options{
 		ServerName: cfg.Name,
 		Host:       host,
@@ -133,6 +140,7 @@ func Open(cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
 	}
+	auth.sysAccount = srv.SystemAccount
 	lg := &logger{log: cfg.Logger}
 	srv.SetLoggerV2(lg, false, false, false)
 	srv.Start()
@@ -169,7 +177,7 @@ func Open(cfg Config) (*Bus, error) {
 		conn.Close()
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	b := &Bus{auth: auth, srv: srv, conn: conn, js: js}
+	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey}
 	// A clustered JetStream answers only once a meta leader exists, and a request sent
 	// before that is never answered: ask again, each time briefly, until the deadline.
 	deadline := time.Now().Add(cfg.ReadyTimeout)
@@ -298,6 +306,76 @@ func (b *Bus) MetaLeader() string {
 		return ""
 	}
 	return jsz.Meta.Leader
+}
+
+// ErrNotPeer means the server named is not a peer of the JetStream meta group.
+var ErrNotPeer = errors.New("not a JetStream peer of this mesh")
+
+// RemovePeer asks the JetStream meta leader to remove the server named from the meta group
+// ($JS.API.SERVER.REMOVE, a system-account request): nats-server never removes a peer by
+// itself. It returns once the removal has committed.
+func (b *Bus) RemovePeer(ctx context.Context, name string) error {
+	req, _ := json.Marshal(server.JSApiMetaServerRemoveRequest{Server: name})
+	var resp server.JSApiMetaServerRemoveResponse
+	if err := b.sysRequest(ctx, "$JS.API.SERVER.REMOVE", req, &resp); err != nil {
+		return fmt.Errorf("remove peer %s: %w", name, err)
+	}
+	if resp.Error != nil {
+		if server.ErrorIdentifier(resp.Error.ErrCode) == server.JSClusterServerNotMemberErr {
+			return fmt.Errorf("%s is %w", name, ErrNotPeer)
+		}
+		return fmt.Errorf("remove peer %s: %s", name, resp.Error.Description)
+	}
+	return nil
+}
+
+// StepDown asks the JetStream meta leader to hand its leadership to another server.
+func (b *Bus) StepDown(ctx context.Context) error {
+	var resp server.JSApiLeaderStepDownResponse
+	if err := b.sysRequest(ctx, "$JS.API.META.LEADER.STEPDOWN", []byte("{}"), &resp); err != nil {
+		return fmt.Errorf("meta leader step-down: %w", err)
+	}
+	if resp.Error != nil {
+		return fmt.Errorf("meta leader step-down: %s", resp.Error.Description)
+	}
+	return nil
+}
+
+// sysRequest sends a request as the server's system account, which JetStream's cluster
+// administration requires, and decodes the answer into out.
+func (b *Bus) sysRequest(ctx context.Context, subject string, data []byte, out any) error {
+	pub, _ := b.sysKey.PublicKey()
+	nc, err := nats.Connect("", nats.InProcessServer(b.srv), nats.Name("system"), nats.Nkey(pub, b.sysKey.Sign))
+	if err != nil {
+		return fmt.Errorf("system connection: %w", err)
+	}
+	defer nc.Close()
+	msg, err := nc.RequestWithContext(ctx, subject, data)
+	if err != nil {
+		return fmt.Errorf("no answer: %w", err)
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return fmt.Errorf("answer %q: %w", msg.Data, err)
+	}
+	return nil
+}
+
+// Peers are the servers of the JetStream meta group as this server knows them (itself
+// included), with whether each is online.
+func (b *Bus) Peers() map[string]bool {
+	out := map[string]bool{}
+	jsz, err := b.srv.Jsz(&server.JSzOptions{})
+	if err != nil || jsz.Meta == nil {
+		return out
+	}
+	out[b.srv.Name()] = true
+	if jsz.Meta.Leader != "" {
+		out[jsz.Meta.Leader] = true
+	}
+	for _, r := range jsz.Meta.Replicas {
+		out[r.Name] = !r.Offline
+	}
+	return out
 }
 
 // Stats is a snapshot of the bus for metrics and status.

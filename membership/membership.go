@@ -23,6 +23,9 @@ var (
 	ErrForeign = errors.New("node of another mesh")
 	// ErrFoundingSpent means a node came with the founding token after the mesh had formed.
 	ErrFoundingSpent = errors.New("founding token spent")
+	// ErrGossipKey means a seed answered but did not speak with this node's gossip key: it is
+	// of another mesh, or this node's key is wrong.
+	ErrGossipKey = errors.New("gossip key does not match")
 )
 
 // Meta is what a node tells the others: its name, its mesh, and where its bus listens. It
@@ -36,6 +39,10 @@ type Meta struct {
 	// among them that never formed came with the founding token after it was spent (DESIGN
 	// §9), and is refused; later nodes join with a vault-minted token.
 	Formed []string `json:"x,omitempty"`
+	// Bye is why the node says goodbye, announced just before it does: "leave" (it leaves the
+	// mesh for good) or "stop" (it stops for a while). memberlist reports a goodbye and a
+	// crash alike; without a Bye the node failed.
+	Bye string `json:"b,omitempty"`
 }
 
 // Config is what a node decides about its membership.
@@ -49,13 +56,16 @@ type Config struct {
 	GossipKey []byte
 	// Log receives memberlist's log at debug level; nil discards it.
 	Log *slog.Logger
+	// OnChange, if set, is told of every member that joins, fails, leaves or changes. It is
+	// called on memberlist's goroutines, under its locks: it must not block or call back.
+	OnChange func(Member)
 }
 
 // Member is one node as this node sees it.
 type Member struct {
 	Meta
 	Addr  string `json:"addr"`
-	State string `json:"state"` // alive, suspect, dead, left
+	State string `json:"state"` // alive, dead (failed), left (for good), stopped (for a while)
 }
 
 // Membership is this node's view of the mesh's members.
@@ -63,6 +73,9 @@ type Membership struct {
 	ml   *memberlist.Memberlist
 	d    *delegate
 	addr string
+
+	stop    sync.Once
+	stopErr error
 }
 
 // Open starts gossiping. It does not join anyone: Join does.
@@ -99,7 +112,7 @@ func Open(cfg Config) (*Membership, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	mc.Logger = log.New(logWriter{logger}, "", 0)
-	d := &delegate{meta: meta, mesh: cfg.Meta.MeshID, self: cfg.Meta}
+	d := &delegate{meta: meta, mesh: cfg.Meta.MeshID, self: cfg.Meta, onChange: cfg.OnChange}
 	mc.Delegate, mc.Alive, mc.Merge, mc.Events = d, d, d, d
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -134,54 +147,97 @@ func (m *Membership) Join(seeds []string) error {
 	if err == nil {
 		err = errors.New("no node answered")
 	}
-	return fmt.Errorf("join %s: %v; nothing there answered with this mesh's gossip key — check that the address is a meshnode gossip address of this mesh and that this node has the mesh's key (from its token)",
+	if !unreachable(err) {
+		// Something listens there, but the exchange failed: memberlist drops what it cannot
+		// decrypt, so the other side hangs up.
+		return fmt.Errorf("join %s: %w (%v): the node there is of another mesh, or this node's key is wrong — join with a token of that mesh",
+			strings.Join(seeds, ", "), ErrGossipKey, err)
+	}
+	return fmt.Errorf("join %s: %v; nothing answered there yet — check that the address is a meshnode gossip address of this mesh and that the node runs",
 		strings.Join(seeds, ", "), err)
 }
 
-// Members returns every node known, this one included, by name.
+// unreachable reports whether a join failed only because nothing answered.
+func unreachable(err error) bool {
+	s := err.Error()
+	for _, x := range []string{"connection refused", "i/o timeout", "no route to host", "network is unreachable", "no such host", "no node answered"} {
+		if strings.Contains(s, x) {
+			return true
+		}
+	}
+	return false
+}
+
+// Members returns every node known, this one included: the live ones, and those that left
+// or failed since this node started (until Forget).
 func (m *Membership) Members() []Member {
 	var out []Member
+	live := map[string]bool{}
 	for _, n := range m.ml.Members() {
-		var meta Meta
-		json.Unmarshal(n.Meta, &meta)
-		out = append(out, Member{Meta: meta, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), State: state(n.State)})
+		out = append(out, member(n))
+		live[n.Name] = true
+	}
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	for name, g := range m.d.gone {
+		if !live[name] {
+			out = append(out, g)
+		}
 	}
 	return out
 }
 
-func state(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return "alive"
-	case memberlist.StateSuspect:
-		return "suspect"
-	case memberlist.StateLeft:
-		return "left"
-	}
-	return "dead"
+// Forget drops a member that left or failed from Members: it was removed from the mesh.
+func (m *Membership) Forget(name string) {
+	m.d.mu.Lock()
+	delete(m.d.gone, name)
+	m.d.mu.Unlock()
 }
 
-// Leave tells the others this node is leaving, then stops gossiping.
-func (m *Membership) Leave(timeout time.Duration) error {
-	err := m.ml.Leave(timeout)
-	if serr := m.ml.Shutdown(); err == nil {
-		err = serr
-	}
-	return err
+
+// Leave tells the others this node leaves the mesh for good, then stops gossiping.
+// Only the first of Leave, Stop and Close acts.
+func (m *Membership) Leave(timeout time.Duration) error { return m.goodbye("leave", timeout) }
+
+// Stop tells the others this node stops for a while, then stops gossiping.
+func (m *Membership) Stop(timeout time.Duration) error { return m.goodbye("stop", timeout) }
+
+func (m *Membership) goodbye(why string, timeout time.Duration) error {
+	m.stop.Do(func() {
+		m.d.mu.Lock()
+		m.d.self.Bye = why
+		m.d.meta, _ = json.Marshal(m.d.self)
+		m.d.mu.Unlock()
+		if err := m.ml.UpdateNode(timeout); err != nil {
+			m.stopErr = err
+		}
+		if err := m.ml.Leave(timeout); m.stopErr == nil {
+			m.stopErr = err
+		}
+		if err := m.ml.Shutdown(); m.stopErr == nil {
+			m.stopErr = err
+		}
+	})
+	return m.stopErr
 }
 
 // Close stops gossiping without a goodbye (the others see this node fail).
-func (m *Membership) Close() error { return m.ml.Shutdown() }
+func (m *Membership) Close() error {
+	m.stop.Do(func() { m.stopErr = m.ml.Shutdown() })
+	return m.stopErr
+}
 
 // delegate is memberlist's view of meshnode: it hands out the node meta and refuses nodes
 // of another mesh.
 type delegate struct {
-	meta []byte
-	mesh string
-	self Meta
+	meta     []byte
+	mesh     string
+	self     Meta
+	onChange func(Member)
 
 	mu         sync.Mutex
 	lastRefuse error
+	gone       map[string]Member // members that left or failed, as last seen: memberlist lists only live ones
 }
 
 var (
@@ -200,10 +256,48 @@ func (d *delegate) NotifyMsg([]byte)                     {}
 func (d *delegate) GetBroadcasts(int, int) [][]byte      { return nil }
 func (d *delegate) LocalState(bool) []byte               { return nil }
 func (d *delegate) MergeRemoteState([]byte, bool)        {}
-func (d *delegate) NotifyJoin(*memberlist.Node)          {}
-func (d *delegate) NotifyLeave(*memberlist.Node)         {}
-func (d *delegate) NotifyUpdate(*memberlist.Node)        {}
+func (d *delegate) NotifyJoin(n *memberlist.Node)        { d.changed(n, false) }
+func (d *delegate) NotifyLeave(n *memberlist.Node)       { d.changed(n, true) }
+func (d *delegate) NotifyUpdate(n *memberlist.Node)      { d.changed(n, false) }
 func (d *delegate) NotifyAlive(n *memberlist.Node) error { return d.check(n) }
+
+// changed tells OnChange of n. memberlist reports a goodbye and a failure alike
+// (NotifyLeave); the Bye the node announced first tells them apart.
+func (d *delegate) changed(n *memberlist.Node, gone bool) {
+	m := member(n)
+	if gone {
+		switch m.Bye {
+		case "leave":
+			m.State = "left"
+		case "stop":
+			m.State = "stopped"
+		default:
+			m.State = "dead"
+		}
+	}
+	d.mu.Lock()
+	if gone {
+		if d.gone == nil {
+			d.gone = map[string]Member{}
+		}
+		d.gone[n.Name] = m
+	} else {
+		delete(d.gone, n.Name)
+	}
+	d.mu.Unlock()
+	if d.onChange != nil {
+		d.onChange(m)
+	}
+}
+
+func member(n *memberlist.Node) Member {
+	var meta Meta
+	json.Unmarshal(n.Meta, &meta)
+	if meta.Name == "" {
+		meta.Name = n.Name
+	}
+	return Member{Meta: meta, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), State: "alive"}
+}
 
 func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 	for _, n := range peers {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -75,16 +76,41 @@ func TestMembership_Form(t *testing.T) {
 			return nil
 		})
 	}
+	// A goodbye says why; a node that just vanishes is dead.
 	if err := c.Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		states := map[string]string{}
+		for _, x := range a.Members() {
+			states[x.Name] = x.State
+		}
+		if states["a"] != "alive" || states["b"] != "dead" || states["c"] != "left" {
+			return fmt.Errorf("a sees %v", states)
+		}
+		return nil
+	})
+}
+
+func TestMembership_Stop(t *testing.T) {
+	k := key(t)
+	a, b := open(t, "a", "mesh1", k), open(t, "b", "mesh1", k)
+	if err := b.Join([]string{a.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(time.Second); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
 		for _, x := range a.Members() {
-			if x.Name == "c" && x.State != "left" {
-				return fmt.Errorf("c is %s", x.State)
+			if x.Name == "b" && x.State == "stopped" {
+				return nil
 			}
 		}
-		return nil
+		return fmt.Errorf("a sees %+v", a.Members())
 	})
 }
 
@@ -107,8 +133,15 @@ func TestMembership_RefusesAWrongKey(t *testing.T) {
 	a := open(t, "a", "mesh1", key(t))
 	x := open(t, "x", "mesh1", key(t))
 	err := x.Join([]string{a.Addr()})
-	if err == nil || !strings.Contains(err.Error(), "gossip key") {
+	if !errors.Is(err, membership.ErrGossipKey) || !strings.Contains(err.Error(), "another mesh, or this node's key is wrong") {
 		t.Fatalf("join with the wrong key: %v", err)
+	}
+	// Nothing listening is not a wrong key: the node there may not have started yet.
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	free := l.Addr().String()
+	l.Close()
+	if err := x.Join([]string{free}); err == nil || errors.Is(err, membership.ErrGossipKey) {
+		t.Fatalf("join where nothing listens: %v", err)
 	}
 	if n := len(a.Members()); n != 1 {
 		t.Fatalf("a has %d members after a wrong-key join", n)

@@ -31,6 +31,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		BindAddr:  n.cfg.GossipAddr,
 		GossipKey: f.GossipKey,
 		Log:       n.log,
+		OnChange:  n.memberChanged,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gossip: %w; set --gossip-addr", err)
@@ -48,6 +49,11 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		if len(seeds) > 0 {
 			if err := m.Join(seeds); err != nil {
 				if errors.Is(err, membership.ErrForeign) || errors.Is(err, membership.ErrFoundingSpent) {
+					return nil, err
+				}
+				// A founding node whose key nobody speaks has a damaged or foreign token; a
+				// formed node keeps trying (a seed's address may have been reused meanwhile).
+				if errors.Is(err, membership.ErrGossipKey) && !f.Formed {
 					return nil, err
 				}
 				n.log.Debug("gossip join", "seeds", seeds, "err", err)

@@ -146,7 +146,7 @@ type Member struct {
 	Name      string   `json:"name"`
 	Address   string   `json:"address"`   // gossip address; the client URL for a single node
 	State     string   `json:"state"`     // alive, suspect, dead, left
-	JetStream string   `json:"jetstream"` // leader or follower (of the meta group); standalone
+	JetStream string   `json:"jetstream"` // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
 	Seats     []string `json:"seats"`     // the seats held by this node or its modules
 	Client    string   `json:"client,omitempty"`
 }
@@ -161,12 +161,21 @@ func (n *Node) Members() []Member {
 			held[l.Node] = append(held[l.Node], l.Seat)
 		}
 	}
+	var peers map[string]bool
+	if n.members != nil {
+		peers = n.bus.Peers()
+	}
 	role := func(name string) string {
+		current, peer := peers[name]
 		switch {
 		case n.members == nil:
 			return "standalone"
 		case name == leader:
 			return "leader"
+		case !peer:
+			return "none" // not (or no longer) a JetStream peer: it left, or was removed
+		case !current:
+			return "offline"
 		}
 		return "follower"
 	}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,25 +62,29 @@ type Node struct {
 	cfg config.Config
 	log *slog.Logger
 
-	started   time.Time
-	db        *bolt.DB
-	id        Identity
-	found     *genesis.Foundation
-	key       nkeys.KeyPair
-	bus       *embedbus.Bus
-	vault     *vault.Vault
-	vaultNC   *nats.Conn
-	audit     *audit.Logger
-	auditSub  *nats.Subscription
-	members   *membership.Membership
-	regClosed bool
-	reg       *registry.Registry
-	dir       *directory
-	ctrl      *controller
-	seats     *seatService
-	httpLn    net.Listener
-	httpSrv   *http.Server
-	metrics   *prometheus.Registry
+	started     time.Time
+	db          *bolt.DB
+	id          Identity
+	found       *genesis.Foundation
+	key         nkeys.KeyPair
+	bus         *embedbus.Bus
+	vault       *vault.Vault
+	vaultNC     *nats.Conn
+	audit       *audit.Logger
+	auditSub    *nats.Subscription
+	members     *membership.Membership
+	regClosed   bool
+	reg         *registry.Registry
+	dir         *directory
+	ctrl        *controller
+	seats       *seatService
+	clusterSubs []*nats.Subscription
+	eventsOn    atomic.Bool // the bus is up: gossip changes become node events
+	quit        chan struct{}
+	quitOnce    sync.Once
+	httpLn      net.Listener
+	httpSrv     *http.Server
+	metrics     *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -115,6 +121,10 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
 		return err
 	}
+	if err := checkNotLeft(n.db, n.id.Name); err != nil {
+		return err
+	}
+	n.quit = make(chan struct{})
 	if n.key, err = n.found.NodeKey(); err != nil {
 		return err
 	}
@@ -235,9 +245,13 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	if n.members != nil {
+		if n.clusterSubs, err = n.serveCluster(); err != nil {
+			return fmt.Errorf("serve cluster tools: %w", err)
+		}
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
 			"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
 		}, n.log)
+		n.eventsOn.Store(true)
 	}
 	if err := writeInfo(n.cfg.DataDir, Info{
 		Name:        n.id.Name,
@@ -262,7 +276,10 @@ func (n *Node) Run(ctx context.Context) error {
 	{
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error {
-			<-ctx.Done()
+			select {
+			case <-ctx.Done():
+			case <-n.quit: // the node left its mesh
+			}
 			return nil
 		}, func(error) { cancel() })
 	}
@@ -329,8 +346,13 @@ func (n *Node) Close() error {
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
 	}
+	n.eventsOn.Store(false)
+	for _, s := range n.clusterSubs {
+		s.Unsubscribe()
+	}
+	n.clusterSubs = nil
 	if n.members != nil && n.bus != nil {
-		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name}, n.log)
+		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
 		n.bus.Conn().FlushTimeout(time.Second)
 	}
 	if n.auditSub != nil {
@@ -365,7 +387,7 @@ func (n *Node) Close() error {
 		n.bus = nil
 	}
 	if n.members != nil {
-		keep(n.members.Leave(time.Second))
+		keep(n.members.Stop(time.Second))
 		n.members = nil
 	}
 	if n.db != nil {
@@ -552,8 +574,12 @@ func (n *Node) owns(subject, source string) bool {
 	}
 	kind, owner := parts[1], parts[2]
 	switch kind {
-	case "mod", "node":
+	case "mod":
 		return source == owner
+	case "node":
+		// A server speaks for itself, and for another it saw fail or removed.
+		_, server := n.reg.Node(source)
+		return source == owner || server
 	case "seat":
 		if source == owner {
 			return true
@@ -600,6 +626,9 @@ func (n *Node) handOff(ctx context.Context) error {
 	n.log.Info("genesis handed off to the vault", "mesh_id", n.id.MeshID, "operator_key", id.PublicKey)
 	return nil
 }
+
+// requestStop ends Run: the node has left its mesh.
+func (n *Node) requestStop() { n.quitOnce.Do(func() { close(n.quit) }) }
 
 // Identity returns the node's identity.
 func (n *Node) Identity() Identity { return n.id }

@@ -304,6 +304,30 @@ func (r *Registry) SetNode(ctx context.Context, name string, id NodeIdentity) er
 	return nil
 }
 
+// RemoveNode forgets a server's public keys: a removed server is no longer one of the mesh's
+// (the vault hands it nothing, the audit no longer knows its key).
+func (r *Registry) RemoveNode(ctx context.Context, name string) error {
+	if err := r.kv.Delete(ctx, nodeKeyPrefix+name); err != nil {
+		return fmt.Errorf("forget node %s's keys: %w", name, err)
+	}
+	r.mu.Lock()
+	delete(r.nodes, name)
+	r.mu.Unlock()
+	return nil
+}
+
+// Nodes returns the names of the mesh's servers, sorted.
+func (r *Registry) Nodes() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.nodes))
+	for name := range r.nodes {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // ByKey returns the module whose identity is publicKey. It reads memory only.
 func (r *Registry) ByKey(publicKey string) (*Entry, bool) {
 	r.mu.RLock()

@@ -53,6 +53,7 @@ type Runner struct {
 	wake chan string
 
 	mu         sync.Mutex
+	retired    bool                    // the node is leaving: it takes no seat any more
 	candidates []Candidate             // in arrival order: the first eligible one is next
 	seen       map[Candidate]time.Time // when each candidate's connection was last seen
 	held       map[string]*held        // by key
@@ -74,6 +75,10 @@ func NewRunner(store *Store, node string, log *slog.Logger, alive func(Candidate
 // Add makes c a candidate (again); it is a no-op for a known candidate.
 func (r *Runner) Add(c Candidate) {
 	r.mu.Lock()
+	if r.retired {
+		r.mu.Unlock()
+		return
+	}
 	if !slices.Contains(r.candidates, c) {
 		r.candidates = append(r.candidates, c)
 	}
@@ -154,6 +159,10 @@ func (r *Runner) Acquire(ctx context.Context) { r.acquireFree(ctx) }
 // acquireFree tries to take every free seat that has a live candidate here.
 func (r *Runner) acquireFree(ctx context.Context) {
 	r.mu.Lock()
+	if r.retired {
+		r.mu.Unlock()
+		return
+	}
 	cands := slices.Clone(r.candidates)
 	r.mu.Unlock()
 	tried := map[string]bool{}
@@ -284,6 +293,23 @@ func (r *Runner) release(ctx context.Context, h *held) {
 		r.log.Warn("release lease; it expires with its TTL", "seat", h.lease.Seat, "err", err)
 	}
 	r.log.Info("seat released", "seat", h.lease.Seat, "instance", h.lease.Instance)
+}
+
+// Retire releases every lease held here, running the Released hooks, and takes no seat from
+// then on: the node is leaving the mesh, and hands its seats on first.
+func (r *Runner) Retire(ctx context.Context) {
+	r.mu.Lock()
+	r.retired = true
+	r.candidates = nil
+	hs := make([]held, 0, len(r.held))
+	for k, h := range r.held {
+		hs = append(hs, *h)
+		delete(r.held, k)
+	}
+	r.mu.Unlock()
+	for i := range hs {
+		r.releaseHeld(ctx, &hs[i])
+	}
 }
 
 // releaseAll releases every lease held here, so other nodes' candidates take over at once:

@@ -3,17 +3,20 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/sdk"
 )
 
@@ -73,20 +76,55 @@ func formThree(t *testing.T) (nodes []*meshNode, meshID, token string) {
 	return nodes, meshID, token
 }
 
+// foundingToken encodes a founding token, as genesis prints it.
+func foundingToken(f genesis.Founding) string {
+	b, _ := json.Marshal(f)
+	return genesis.FoundingPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
 // TestBinary_FoundThree: genesis --expect 3 and two `join --token` processes form one mesh;
 // every node reports the same mesh and is ready; a fourth node joins later with a join token.
 func TestBinary_FoundThree(t *testing.T) {
 	nodes, _, token := formThree(t)
-	if r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir); r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
+	r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir)
+	if r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
 		t.Fatalf("status of a founding node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
-	r := meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
+	r = meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
 	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
 		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
 	// The founding token is spent once the mesh has formed.
 	if r := meshnode(t, nil, append([]string{"join", "--token", token}, newMeshNode(t, "late").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
 		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
+	}
+
+	// Refusals, each saying what is wrong.
+	if r := meshnode(t, nil, "genesis", "--expect", "3", "--data-dir", nodes[0].dir, "--name", "a"); r.code != 1 || !strings.Contains(r.stderr, "in use") {
+		t.Fatalf("genesis on a running node's data dir: exit %d %s", r.code, r.stderr)
+	}
+	// A founding token whose gossip key is not the mesh's.
+	ft, err := genesis.ParseFounding(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft.GossipKey = make([]byte, 32)
+	if r := meshnode(t, nil, append([]string{"join", "--token", foundingToken(ft)}, newMeshNode(t, "k").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "gossip key does not match") {
+		t.Fatalf("a node with the wrong gossip key: exit %d %s", r.code, r.stderr)
+	}
+	// A second genesis whose founding node is pointed at this running mesh.
+	y := newMeshNode(t, "y")
+	r = meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, y.flags...)...)
+	var yg struct {
+		FoundingToken string `json:"founding_token"`
+	}
+	if json.Unmarshal([]byte(r.stdout), &yg); r.code != 0 {
+		t.Fatalf("second genesis: exit %d %s", r.code, r.stderr)
+	}
+	yt, _ := genesis.ParseFounding(yg.FoundingToken)
+	yt.Gossip = []string{nodes[0].flags[slices.Index(nodes[0].flags, "--gossip-addr")+1]}
+	if r := meshnode(t, nil, append([]string{"join", "--token", foundingToken(yt)}, newMeshNode(t, "z").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "another mesh") {
+		t.Fatalf("a node of a second genesis against the running mesh: exit %d %s", r.code, r.stderr)
 	}
 
 	// A fourth node joins the formed mesh with a join token and serves clients.
@@ -333,4 +371,110 @@ func TestBinary_LoseOne(t *testing.T) {
 		return nil
 	})
 	retryUntil(t, 120*time.Second, func() error { return complete(a) })
+}
+
+// memberStates returns each member's state and JetStream role as the node on dir sees them.
+func memberStates(t *testing.T, dir string) (map[string]string, error) {
+	r := meshnode(t, nil, "members", "--json", "--data-dir", dir)
+	if r.code != 0 {
+		return nil, fmt.Errorf("members: exit %d %s", r.code, r.stderr)
+	}
+	out := map[string]string{}
+	for line := range strings.Lines(r.stdout) {
+		var m struct{ Name, State, JetStream string }
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			return nil, err
+		}
+		out[m.Name] = m.State + "/" + m.JetStream
+	}
+	return out, nil
+}
+
+// nodeEvents returns the subjects of the node events in the audit log of the node on dir.
+func nodeEvents(t *testing.T, dir, creds string) string {
+	r := meshnode(t, nil, "audit", "query", "--json", "--data-dir", dir, "--creds", creds)
+	var subjects []string
+	for line := range strings.Lines(r.stdout) {
+		var rec struct{ Subject string }
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Subject, "mesh.node.") {
+			subjects = append(subjects, rec.Subject)
+		}
+	}
+	return strings.Join(subjects, " ")
+}
+
+// TestBinary_LeaveAndRemove: of four servers, one leaves gracefully (and its data dir then
+// refuses to run); a leave that would leave fewer than three is refused; a live server
+// cannot be removed; a killed one is reported unreachable and then removed. Each shows in
+// members and in the audit log.
+func TestBinary_LeaveAndRemove(t *testing.T) {
+	nodes, _, _ := formThree(t)
+	a, c := nodes[0], nodes[2]
+	op := filepath.Join(a.dir, "operator.nk")
+	r := meshnode(t, nil, "token", "create", "--json", "--data-dir", a.dir)
+	var jt struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &jt); r.code != 0 {
+		t.Fatalf("token create: exit %d %s", r.code, r.stderr)
+	}
+	d := newMeshNode(t, "d")
+	d.p = startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
+
+	if r := meshnode(t, nil, "leave", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "left mesh") {
+		t.Fatalf("leave: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	select {
+	case <-c.p.done:
+		if code := c.p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("the node that left exited %d\n%s", code, c.p.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the node that left still runs 20s later")
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		st, err := memberStates(t, a.dir)
+		if err != nil || st["c"] != "left/none" {
+			return fmt.Errorf("members after c left: %v %v", st, err)
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, append([]string{"run"}, c.flags...)...); r.code != 1 || !strings.Contains(r.stderr, "left its mesh") {
+		t.Fatalf("run after leave: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "leave", "--data-dir", d.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "leaving would leave 2 servers") {
+		t.Fatalf("a leave down to two servers: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "node", "remove", "d", "--data-dir", a.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "d is alive") {
+		t.Fatalf("removing a live server: exit %d %s", r.code, r.stderr)
+	}
+
+	d.p.cmd.Process.Kill()
+	<-d.p.done
+	killed := time.Now()
+	retryUntil(t, 30*time.Second, func() error {
+		st, err := memberStates(t, a.dir)
+		if err != nil || !strings.HasPrefix(st["d"], "dead/") {
+			return fmt.Errorf("members after d was killed: %v %v", st, err)
+		}
+		return nil
+	})
+	t.Logf("gossip declared the killed server dead after %s", time.Since(killed))
+	if r := meshnode(t, nil, "node", "remove", "d", "--data-dir", a.dir, "--creds", op); r.code != 0 {
+		t.Fatalf("node remove: exit %d %s", r.code, r.stderr)
+	}
+	st, err := memberStates(t, a.dir)
+	if _, listed := st["d"]; err != nil || listed || st["a"] == "" {
+		t.Fatalf("members after d was removed: %v %v", st, err)
+	}
+	if r := meshnode(t, nil, "node", "remove", "zz", "--data-dir", a.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "no server named zz") {
+		t.Fatalf("removing an unknown server: exit %d %s", r.code, r.stderr)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		ev := nodeEvents(t, a.dir, op)
+		for _, want := range []string{"mesh.node.c.event.left", "mesh.node.d.event.unreachable", "mesh.node.d.event.removed"} {
+			if !strings.Contains(ev, want) {
+				return fmt.Errorf("no %s in the audit log: %s", want, ev)
+			}
+		}
+		return nil
+	})
 }

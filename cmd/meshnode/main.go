@@ -85,6 +85,8 @@ func newRootCmd() *cobra.Command {
 		newCallCmd(),
 		newSeatCmd(),
 		newMembersCmd(),
+		newLeaveCmd(),
+		newNodeCmd(),
 		newVaultCmd(),
 		newTokenCmd(),
 		newAuditCmd(),

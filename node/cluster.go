@@ -1,0 +1,207 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/membership"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/nats-io/nats.go"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The node's cluster tools, for the operator: mesh.node.<node>.tool.leave and
+// mesh.node.<node>.tool.remove. Only admin identities may publish on a node's tools.
+const (
+	ToolLeave  = "leave"
+	ToolRemove = "remove"
+)
+
+// ClusterRequest is the body of a cluster tool request.
+type ClusterRequest struct {
+	Node string `json:"node,omitempty"` // remove: the server to remove
+}
+
+// ClusterReply is a cluster tool's answer.
+type ClusterReply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// ErrLeft means the data dir's node left its mesh: it cannot run again under that identity.
+var ErrLeft = errors.New("this node left its mesh")
+
+// clusterTimeout bounds a leave or a removal: a meta leader step-down and a peer removal.
+const clusterTimeout = 30 * time.Second
+
+// serveCluster answers the node's cluster tools.
+func (n *Node) serveCluster() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for _, tool := range []string{ToolLeave, ToolRemove} {
+		sub, err := n.bus.Conn().Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
+		if err != nil {
+			for _, s := range subs {
+				s.Unsubscribe()
+			}
+			return nil, err
+		}
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+func (n *Node) clusterTool(tool string, m *nats.Msg) {
+	var req ClusterRequest
+	if len(m.Data) > 0 && json.Unmarshal(m.Data, &req) != nil {
+		respondCluster(m, errors.New("the request is not JSON"))
+		return
+	}
+	// The work takes seconds: answer from a goroutine, not the connection's.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+		defer cancel()
+		if tool == ToolRemove {
+			respondCluster(m, n.removeServer(ctx, req.Node))
+			return
+		}
+		err := n.leave(ctx)
+		respondCluster(m, err)
+		if err == nil {
+			n.bus.Conn().Flush()
+			n.requestStop()
+		}
+	}()
+}
+
+func respondCluster(m *nats.Msg, err error) {
+	r := ClusterReply{OK: err == nil}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	b, _ := json.Marshal(r)
+	m.Respond(b)
+}
+
+// leave takes this node out of its mesh for good: it announces it, hands its seats on,
+// says goodbye to the gossip, and has the JetStream meta leader remove it as a peer. The
+// data dir then refuses to run (ErrLeft); the machine joins again with a fresh data dir and
+// a new token.
+func (n *Node) leave(ctx context.Context) error {
+	if n.members == nil {
+		return errors.New("a single node has no mesh to leave; stop it instead")
+	}
+	servers := n.reg.Nodes()
+	if len(servers)-1 < 3 {
+		return fmt.Errorf("leaving would leave %d servers (%s): the mesh's streams keep 3 replicas; add a node first (`meshnode token create`, then `meshnode join` on the new machine), or stop this one instead of leaving",
+			len(servers)-1, strings.Join(slices.DeleteFunc(servers, func(s string) bool { return s == n.id.Name }), ", "))
+	}
+	n.log.Info("leaving the mesh", "mesh_id", n.id.MeshID)
+	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"}, n.log)
+	n.seats.run.Retire(ctx)
+	if err := n.members.Leave(5 * time.Second); err != nil {
+		n.log.Warn("leave gossip", "err", err)
+	}
+	if err := n.stepDown(ctx); err != nil {
+		return err
+	}
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+		return fmt.Errorf("leave: %w", err)
+	}
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
+		n.log.Warn("forget this node's keys", "err", err)
+	}
+	return n.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketNode)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("left"), []byte(time.Now().UTC().Format(time.RFC3339)))
+	})
+}
+
+// stepDown hands the JetStream meta leadership to another server if this one has it: a
+// leader does not remove itself.
+func (n *Node) stepDown(ctx context.Context) error {
+	for n.bus.MetaLeader() == n.id.Name {
+		if err := n.bus.StepDown(ctx); err != nil {
+			n.log.Debug("meta leader step-down", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("leave: this node is still the JetStream meta leader: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// removeServer removes a dead server from the mesh: from the JetStream meta group (which
+// never drops a peer by itself), and from the mesh's servers, and says so.
+func (n *Node) removeServer(ctx context.Context, name string) error {
+	switch {
+	case n.members == nil:
+		return errors.New("a single node has no other servers to remove")
+	case name == "":
+		return errors.New("name the server to remove")
+	case name == n.id.Name:
+		return fmt.Errorf("%s is this node: run `meshnode leave` on it instead", name)
+	}
+	if _, ok := n.reg.Node(name); !ok {
+		return fmt.Errorf("mesh %s has no server named %s (servers: %s)", n.id.MeshID, name, strings.Join(n.reg.Nodes(), ", "))
+	}
+	for _, m := range n.members.Members() {
+		if m.Name == name && (m.State == "alive" || m.State == "suspect") {
+			return fmt.Errorf("%s is %s: stop it first (or run `meshnode leave` on it); only a dead server is removed", name, m.State)
+		}
+	}
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+		return err
+	}
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
+		return err
+	}
+	n.members.Forget(name)
+	n.log.Info("server removed from the mesh", "server", name)
+	publishNodeEvent(n.bus.Conn(), n.key, name, "removed", map[string]any{"node": name, "by": n.id.Name}, n.log)
+	return nil
+}
+
+// memberChanged turns gossip into node events: the holder of mesh-controller reports a
+// server that stopped answering, so the mesh reports it once.
+func (n *Node) memberChanged(m membership.Member) {
+	if m.State != "dead" || !n.eventsOn.Load() || m.Name == n.id.Name {
+		return
+	}
+	s := n.dir.seats.Load()
+	if s == nil {
+		return
+	}
+	if _, ok := s.run.Holds(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name}); !ok {
+		return
+	}
+	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)
+	publishNodeEvent(n.bus.Conn(), n.key, m.Name, "unreachable", map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
+}
+
+// checkNotLeft refuses a data dir whose node left its mesh.
+func checkNotLeft(db *bolt.DB, name string) error {
+	var when string
+	db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNode); b != nil {
+			when = string(b.Get([]byte("left")))
+		}
+		return nil
+	})
+	if when != "" {
+		return fmt.Errorf("%w at %s: node %s is no longer a server of it; to join again, use a fresh --data-dir and a new token (`meshnode token create`)", ErrLeft, when, name)
+	}
+	return nil
+}
