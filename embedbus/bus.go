@@ -64,9 +64,9 @@ type Cluster struct {
 type Bus struct {
 	sysKey nkeys.KeyPair // the system-account connection's key: JetStream peer removal
 	auth   *authenticator
-	srv  *server.Server
-	conn *nats.Conn
-	js   jetstream.JetStream
+	srv    *server.Server
+	conn   *nats.Conn
+	js     jetstream.JetStream
 }
 
 // Open starts the server, waits until it accepts connections and JetStream answers, and

@@ -194,7 +194,6 @@ func (m *Membership) Forget(name string) {
 	m.d.mu.Unlock()
 }
 
-
 // Leave tells the others this node leaves the mesh for good, then stops gossiping.
 // Only the first of Leave, Stop and Close acts.
 func (m *Membership) Leave(timeout time.Duration) error { return m.goodbye("leave", timeout) }
