@@ -227,6 +227,26 @@ func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry
 	return reply, nil
 }
 
+// disconnected stops every seat's consuming at once: a holder holds only while connected
+// (the node kicks it when the lease is lost), and the reconnect claims again.
+func (c *Client) disconnected() {
+	c.mu.Lock()
+	sts := make([]*seatState, 0, len(c.seats))
+	for _, st := range c.seats {
+		sts = append(sts, st)
+	}
+	c.mu.Unlock()
+	for _, st := range sts {
+		st.mu.Lock()
+		if st.consume != nil {
+			st.consume.Stop()
+			st.consume = nil
+		}
+		st.holding = false
+		st.mu.Unlock()
+	}
+}
+
 // reclaim claims every seat again after a reconnect.
 func (c *Client) reclaim() {
 	c.mu.Lock()

@@ -141,6 +141,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ErrorHandler(c.asyncError),
 		nats.ReconnectHandler(c.reconnected),
+		nats.DisconnectErrHandler(func(*nats.Conn, error) { c.disconnected() }),
 		// A module talks to its own node: in a cluster the server advertises the others,
 		// and a reconnect elsewhere would move the instance's seat candidacy with it.
 		nats.IgnoreDiscoveredServers(),

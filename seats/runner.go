@@ -62,7 +62,18 @@ type Runner struct {
 type held struct {
 	lease Lease
 	rev   uint64
+	// sent is when the last successful write of the lease (acquire or renew) was sent: the
+	// bucket expires the lease TTL after it reached the server, so no later than sent+TTL
+	// may another node take it. The holder gives it up before that.
+	sent time.Time
 }
+
+// ErrExpired means a lease could not be renewed within its TTL: this node is cut off from
+// the mesh's quorum, and another node may take the seat.
+var ErrExpired = errors.New("lease not renewed within its TTL (no quorum here): another node may take the seat")
+
+// expiryMargin is how long before sent+TTL a holder gives its lease up.
+func (r *Runner) expiryMargin() time.Duration { return r.store.TTL() / 6 }
 
 // NewRunner returns a Runner for node. alive reports whether a candidate is still connected.
 func NewRunner(store *Store, node string, log *slog.Logger, alive func(Candidate) bool, hooks Hooks) *Runner {
@@ -144,6 +155,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.renewAll(ctx)
 			r.acquireFree(ctx)
 		case <-alive.C:
+			r.expire()
 			r.dropDead(ctx)
 			r.acquireFree(ctx)
 		case <-r.wake:
@@ -194,6 +206,7 @@ func (r *Runner) acquireFree(ctx context.Context) {
 		tried[key] = true
 		l := Lease{Seat: c.Seat, Scope: c.Scope, Node: r.node, Module: c.Module, Instance: c.Instance, Since: time.Now().UTC()}
 		actx, cancel := context.WithTimeout(ctx, r.store.TTL())
+		sent := time.Now()
 		rev, err := r.store.acquire(actx, l)
 		cancel()
 		if errors.Is(err, ErrHeld) {
@@ -205,7 +218,7 @@ func (r *Runner) acquireFree(ctx context.Context) {
 		}
 		l.Epoch = rev
 		r.mu.Lock()
-		r.held[key] = &held{lease: l, rev: rev}
+		r.held[key] = &held{lease: l, rev: rev, sent: sent}
 		r.mu.Unlock()
 		r.log.Info("seat held", "seat", c.Seat, "module", c.Module, "instance", c.Instance, "epoch", rev)
 		if r.hooks.Gained != nil {
@@ -234,12 +247,13 @@ func (r *Runner) renewAll(ctx context.Context) {
 		lease, prev := h.lease, h.rev
 		r.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, r.store.TTL()/3)
+		sent := time.Now()
 		rev, err := r.store.renew(rctx, lease, prev)
 		cancel()
 		switch {
 		case err == nil:
 			r.mu.Lock()
-			h.rev = rev
+			h.rev, h.sent = rev, sent
 			r.mu.Unlock()
 		case errors.Is(err, ErrLost):
 			r.mu.Lock()
@@ -252,6 +266,27 @@ func (r *Runner) renewAll(ctx context.Context) {
 		default:
 			// The bus is slow or away; the next tick tries again before the TTL runs out.
 			r.log.Warn("renew lease", "seat", h.lease.Seat, "err", err)
+		}
+	}
+}
+
+// expire gives up every lease whose last successful write is about to run out: the node
+// cannot reach the bucket's quorum, and the majority will soon hand the seat to another node.
+// A holder must never outlive its lease, or two would hold the seat at once.
+func (r *Runner) expire() {
+	r.mu.Lock()
+	var lost []Lease
+	for key, h := range r.held {
+		if time.Since(h.sent) >= r.store.TTL()-r.expiryMargin() {
+			lost = append(lost, h.lease)
+			delete(r.held, key)
+		}
+	}
+	r.mu.Unlock()
+	for _, l := range lost {
+		r.log.Warn("seat lost", "seat", l.Seat, "instance", l.Instance, "err", ErrExpired)
+		if r.hooks.Lost != nil {
+			r.hooks.Lost(l, ErrExpired)
 		}
 	}
 }
