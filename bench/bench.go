@@ -45,6 +45,9 @@ type Target struct {
 	OperatorSeed string
 	// Dir is a directory the measurements write module seeds to; the caller removes it.
 	Dir string
+	// Replicas is the replication of the raw streams compared with the mesh's: the mesh's
+	// own (3 in a mesh of three or more); zero means 1.
+	Replicas int
 	// Log receives progress (registrations, phases); nil discards it.
 	Log *slog.Logger
 }

@@ -142,7 +142,7 @@ func OpenEmitOn(ctx context.Context, t Target) (s *EmitOnSession, err error) {
 		MaxMsgsPerSubject: ev.MaxMsgsPerSubject,
 		Duplicates:        ev.Duplicates,
 		Storage:           jetstream.FileStorage,
-		Replicas:          1,
+		Replicas:          max(1, t.Replicas),
 	}); err != nil {
 		s.rawStream = ""
 		return nil, fmt.Errorf("create raw stream: %w", err)

@@ -24,17 +24,16 @@ import (
 
 // clusterConfig is a node's configuration with fixed loopback ports for routes and gossip
 // (the others must know them before the bus starts).
-func clusterConfig(t *testing.T, name string) config.Config {
+func clusterConfig(t testing.TB, name string) config.Config {
 	c := testConfig(t.TempDir(), name)
 	c.ClusterAddr = freeAddr(t)
 	c.GossipAddr = freeAddr(t)
 	return c
 }
 
-// TestCluster_FoundingThree: genesis with --expect 3 and two nodes founding with its token
-// form one cluster — nobody starts JetStream before all three meet — with one meta leader;
-// an R3 stream is created, and registration works through any node.
-func TestCluster_FoundingThree(t *testing.T) {
+// openThree prepares a (genesis --expect 3) and b, c (the founding token), and opens the
+// three nodes at once; it returns when all three are open. The caller runs and closes them.
+func openThree(t testing.TB) ([]config.Config, []*node.Node) {
 	cfgs := []config.Config{clusterConfig(t, "a"), clusterConfig(t, "b"), clusterConfig(t, "c")}
 	f, _, err := node.Prepare(cfgs[0], 3)
 	if err != nil {
@@ -46,7 +45,6 @@ func TestCluster_FoundingThree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := time.Now()
 	nodes := make([]*node.Node, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
@@ -62,9 +60,23 @@ func TestCluster_FoundingThree(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
+			for _, n := range nodes {
+				if n != nil {
+					n.Close()
+				}
+			}
 			t.Fatalf("node %s: %v", cfgs[i].Name, err)
 		}
 	}
+	return cfgs, nodes
+}
+
+// TestCluster_FoundingThree: genesis with --expect 3 and two nodes founding with its token
+// form one cluster — nobody starts JetStream before all three meet — with one meta leader;
+// an R3 stream is created, and registration works through any node.
+func TestCluster_FoundingThree(t *testing.T) {
+	start := time.Now()
+	cfgs, nodes := openThree(t)
 	t.Logf("three nodes formed a ready mesh in %s", time.Since(start))
 	all := slices.Clone(nodes)
 	ctx, cancel := context.WithCancel(context.Background())

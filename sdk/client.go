@@ -176,7 +176,7 @@ func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (registry.WhoamiR
 		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, registry.WhoamiSubject)
 	}
 	if err != nil {
-		return self, fmt.Errorf("ask the bus who %s is: %w", pub, err)
+		return self, fmt.Errorf("ask the mesh's controller who %s is: %w; is this node cut off from the majority of the mesh (`meshnode members`), or still starting?", pub, err)
 	}
 	if err := json.Unmarshal(msg.Data, &self); err != nil {
 		return self, fmt.Errorf("whoami answered %q: %w", msg.Data, err)

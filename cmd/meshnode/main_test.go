@@ -15,12 +15,17 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // binary is the meshnode binary built once for the tests that run it as a process.
 var binary string
 
 func TestMain(m *testing.M) {
+	if url := os.Getenv("MESHNODE_TEST_WORKER"); url != "" {
+		os.Exit(runWorker(url, os.Getenv("MESHNODE_TEST_WORKER_SEED")))
+	}
 	dir, err := os.MkdirTemp("", "meshnode-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -35,6 +40,38 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// runWorker is the test binary run as a module process (the partition bed runs one inside a
+// network namespace): it connects to url with seed, accepts the seat's "run" jobs, and prints
+// every change of whether it holds the seat — "held EPOCH UNIXNANO" or "free UNIXNANO" —
+// until killed.
+func runWorker(url, seed string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	c, err := sdk.Connect(ctx, url, seed)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	if err := c.Accept("run", func(context.Context, sdk.Job) error { return nil }); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	was := false
+	for {
+		held, epoch := c.Holding("jobs")
+		if held != was {
+			if held {
+				fmt.Printf("held %d %d\n", epoch, time.Now().UnixNano())
+			} else {
+				fmt.Printf("free %d\n", time.Now().UnixNano())
+			}
+			was = held
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // result is what a finished meshnode command did.
@@ -101,6 +138,12 @@ func launch(t *testing.T, verb string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{verb}, args...)...)
 	cmd.Env = cleanEnv()
+	return launchCmd(t, cmd, verb)
+}
+
+// launchCmd is launch for a prepared command (one run in a network namespace).
+func launchCmd(t *testing.T, cmd *exec.Cmd, verb string) *process {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// netbed is three network namespaces on one bridge: a machine each, on one LAN. The test
+// process reaches every namespace through the bridge's address in the root namespace.
+type netbed struct {
+	prefix string   // 10.x.0
+	ns     []string // namespace of machine i
+	veth   []string // its link on the bridge, in the root namespace
+	bridge string
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// newNetbed makes the namespaces, or skips the test where this machine cannot (it needs
+// root and the ip tool; CI has both).
+func newNetbed(t *testing.T, machines int) *netbed {
+	t.Helper()
+	tag := strconv.Itoa(1000 + rand.IntN(9000))
+	if out, err := exec.Command("ip", "netns", "add", "mnprobe"+tag).CombinedOutput(); err != nil {
+		t.Skipf("network namespaces are not available here (needs root and iproute2): %v %s", err, out)
+	}
+	exec.Command("ip", "netns", "del", "mnprobe"+tag).Run()
+	b := &netbed{prefix: fmt.Sprintf("10.%d.%d", 100+rand.IntN(100), rand.IntN(250)), bridge: "mnbr" + tag}
+	t.Cleanup(func() {
+		for _, ns := range b.ns {
+			exec.Command("ip", "netns", "del", ns).Run()
+		}
+		exec.Command("ip", "link", "del", b.bridge).Run()
+	})
+	ip(t, "link", "add", b.bridge, "type", "bridge")
+	ip(t, "addr", "add", b.prefix+".254/24", "dev", b.bridge)
+	ip(t, "link", "set", b.bridge, "up")
+	for i := 1; i <= machines; i++ {
+		ns, veth, peer := fmt.Sprintf("mn%s-%d", tag, i), fmt.Sprintf("mnv%s%d", tag, i), fmt.Sprintf("mnp%s%d", tag, i)
+		b.ns, b.veth = append(b.ns, ns), append(b.veth, veth)
+		ip(t, "netns", "add", ns)
+		ip(t, "link", "add", veth, "type", "veth", "peer", "name", peer)
+		ip(t, "link", "set", peer, "netns", ns)
+		ip(t, "-n", ns, "addr", "add", fmt.Sprintf("%s.%d/24", b.prefix, i), "dev", peer)
+		ip(t, "-n", ns, "link", "set", peer, "up")
+		ip(t, "-n", ns, "link", "set", "lo", "up")
+		ip(t, "link", "set", veth, "master", b.bridge)
+		ip(t, "link", "set", veth, "up")
+	}
+	return b
+}
+
+func (b *netbed) addr(i int) string { return fmt.Sprintf("%s.%d", b.prefix, i+1) }
+
+// cut takes machine i off the LAN; heal puts it back.
+func (b *netbed) cut(t *testing.T, i int)  { ip(t, "link", "set", b.veth[i], "down") }
+func (b *netbed) heal(t *testing.T, i int) { ip(t, "link", "set", b.veth[i], "up") }
+
+// command runs a program in machine i's namespace.
+func (b *netbed) command(i int, name string, args ...string) *exec.Cmd {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", b.ns[i], name}, args...)...)
+	cmd.Env = cleanEnv()
+	return cmd
+}
+
+// seatLog is what a worker process printed: when it held the seat (with the epoch) and
+// when it stopped.
+type seatLog struct {
+	mu    sync.Mutex
+	spans []span
+	ready chan struct{}
+}
+
+type span struct {
+	who        string
+	epoch      uint64
+	from, till time.Time // till is zero while held
+}
+
+func (l *seatLog) follow(who string, sc *bufio.Scanner) {
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		l.mu.Lock()
+		switch {
+		case len(f) == 1 && f[0] == "ready":
+			close(l.ready)
+		case len(f) == 3 && f[0] == "held":
+			epoch, _ := strconv.ParseUint(f[1], 10, 64)
+			ns, _ := strconv.ParseInt(f[2], 10, 64)
+			l.spans = append(l.spans, span{who: who, epoch: epoch, from: time.Unix(0, ns)})
+		case len(f) == 2 && f[0] == "free":
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			for i := range l.spans {
+				if l.spans[i].who == who && l.spans[i].till.IsZero() {
+					l.spans[i].till = time.Unix(0, ns)
+				}
+			}
+		}
+		l.mu.Unlock()
+	}
+}
+
+func (l *seatLog) holding(who string) (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.spans {
+		if s.who == who && s.till.IsZero() {
+			return s.epoch, true
+		}
+	}
+	return 0, false
+}
+
+// overlaps returns a description of two holders at once, or "".
+func (l *seatLog) overlaps() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	spans := slices.Clone(l.spans)
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	for i := 1; i < len(spans); i++ {
+		prev, next := spans[i-1], spans[i]
+		if prev.till.IsZero() || prev.till.After(next.from) {
+			return fmt.Sprintf("%s held epoch %d from %s until %v, %s took epoch %d at %s",
+				prev.who, prev.epoch, prev.from.Format(time.StampMicro), prev.till, next.who, next.epoch, next.from.Format(time.StampMicro))
+		}
+		if next.epoch <= prev.epoch {
+			return fmt.Sprintf("epoch went from %d (%s) to %d (%s)", prev.epoch, prev.who, next.epoch, next.who)
+		}
+	}
+	return ""
+}
+
+// TestBinary_MinorityPartition: three machines (network namespaces) form a mesh; the one
+// whose worker holds a mesh-scoped seat is cut off the LAN. Its side refuses writes; the
+// majority goes on writing, and the seat moves there — never two holders at once, epochs
+// only growing. Healed, the cut machine rejoins, and what it refused is nowhere.
+func TestBinary_MinorityPartition(t *testing.T) {
+	b := newNetbed(t, 3)
+	nodes := make([]*meshNode, 3)
+	for i, name := range []string{"a", "b", "c"} {
+		dir := t.TempDir()
+		nodes[i] = &meshNode{dir: dir, name: name, flags: []string{"--data-dir", dir, "--name", name,
+			"--client-addr", b.addr(i) + ":4222", "--http-addr", b.addr(i) + ":8222",
+			"--cluster-addr", b.addr(i) + ":6222", "--gossip-addr", b.addr(i) + ":7946", "--log-level", "info"}}
+	}
+	a, c := nodes[0], nodes[2]
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, a.flags...)...)
+	if r.code != 0 {
+		t.Fatalf("genesis: %s", r.stderr)
+	}
+	var g struct {
+		Token string `json:"founding_token"`
+	}
+	json.Unmarshal([]byte(r.stdout), &g)
+	token := g.Token
+	for i, n := range nodes {
+		args := append([]string{"run"}, n.flags...)
+		if i > 0 {
+			args = append([]string{"join", "--token", token}, n.flags...)
+		}
+		n.p = launchCmd(t, b.command(i, binary, args...), args[0])
+	}
+	for _, n := range nodes {
+		n.p.awaitReady(t, 90*time.Second)
+	}
+	op := filepath.Join(a.dir, "operator.nk")
+	register := func(text string) string {
+		t.Helper()
+		work := t.TempDir()
+		path := filepath.Join(work, "m.yaml")
+		os.WriteFile(path, []byte(text), 0o600)
+		seed := filepath.Join(work, "m.nk")
+		if r := meshnode(t, nil, "module", "register", path, "--creds-out", seed, "--data-dir", a.dir); r.code != 0 {
+			t.Fatalf("register: exit %d %s", r.code, r.stderr)
+		}
+		return seed
+	}
+	workerSeed := register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	tickerSeed := register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
+
+	// Workers are this test binary run as a module, one on c (it takes the seat first) and
+	// one on a, each in its machine's namespace.
+	log := &seatLog{}
+	worker := func(i int, who string) {
+		self, _ := os.Executable()
+		cmd := b.command(i, self)
+		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_WORKER=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_WORKER_SEED="+workerSeed)
+		out, _ := cmd.StdoutPipe()
+		cmd.Stderr = os.Stderr
+		log.ready = make(chan struct{})
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		go log.follow(who, bufio.NewScanner(out))
+		select {
+		case <-log.ready:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("worker on %s not ready", who)
+		}
+	}
+	worker(2, "c")
+	retryUntil(t, 20*time.Second, func() error {
+		if _, ok := log.holding("c"); !ok {
+			return fmt.Errorf("the worker on c does not hold the seat: %+v", log.spans)
+		}
+		return nil
+	})
+	epochC, _ := log.holding("c")
+	worker(0, "a")
+
+	// Cut c off.
+	b.cut(t, 2)
+	cut := time.Now()
+	retryUntil(t, 30*time.Second, func() error {
+		if epoch, ok := log.holding("a"); !ok || epoch <= epochC {
+			return fmt.Errorf("the seat has not moved to a: %+v\nnode a's log:\n%s", log.spans, grepLines(a.p.stderr.String(), "seat", "lease", "leader"))
+		}
+		return nil
+	})
+	t.Logf("the seat moved to the majority %s after the cut", time.Since(cut))
+	if _, ok := log.holding("c"); ok {
+		t.Fatal("the worker on the cut machine still holds the seat")
+	}
+
+	// The minority refuses a write; the majority takes one.
+	refused := b.command(2, binary, "emit", "tick", `{"side":"minority"}`, "--server", "nats://"+b.addr(2)+":4222", "--creds", tickerSeed)
+	out, err := refused.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the cut machine accepted a write: %s", out)
+	}
+	t.Logf("the minority refused the write: %s", strings.TrimSpace(string(out)))
+	if r := meshnode(t, nil, "emit", "tick", `{"side":"majority"}`, "--data-dir", a.dir, "--creds", tickerSeed); r.code != 0 {
+		t.Fatalf("the majority refused a write: exit %d %s", r.code, r.stderr)
+	}
+
+	// Healed, c rejoins; only the majority's event exists, in every audit log.
+	b.heal(t, 2)
+	for _, n := range []*meshNode{a, c} {
+		retryUntil(t, 60*time.Second, func() error {
+			ids := auditIDs(t, n.dir, op, "ticker")
+			if len(ids) != 1 {
+				return fmt.Errorf("%s's audit log has %d ticker events, want the majority's 1", n.name, len(ids))
+			}
+			return nil
+		})
+	}
+	if o := log.overlaps(); o != "" {
+		t.Fatalf("two holders at once: %s", o)
+	}
+}
+
+// grepLines returns the lines of text that contain any of words.
+func grepLines(text string, words ...string) string {
+	var out []string
+	for line := range strings.Lines(text) {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, strings.TrimSpace(line))
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
