@@ -441,13 +441,16 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	return n.vault.Watch(ctx)
 }
 
-// retryJS runs f with a fresh 5 s context until it succeeds or ctx ends. A clustered
-// JetStream drops an API request sent while it has no leader for the asset (the meta
-// group's, or a new stream's) — the request is never answered — so a step of Open asks
-// again rather than wait out its whole budget on one lost request.
+// retryJS runs f with a fresh context until it succeeds or ctx ends. A clustered JetStream
+// drops an API request sent while it has no leader for the asset (the meta group's, or a new
+// stream's) — the request is never answered — so a step of Open asks again rather than wait
+// out its whole budget on one lost request. The first attempts are short (an answered request
+// takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
+// stream placed on a busy cluster can take seconds to answer).
 func retryJS(ctx context.Context, f func(context.Context) error) error {
+	attempt := time.Second
 	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		actx, cancel := context.WithTimeout(ctx, attempt)
 		err := f(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil {
@@ -457,10 +460,11 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 			!strings.Contains(err.Error(), "cluster not available") {
 			return err
 		}
+		attempt = min(2*attempt, 5*time.Second)
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
