@@ -308,8 +308,14 @@ func (b *Bus) MetaLeader() string {
 	return jsz.Meta.Leader
 }
 
-// ErrNotPeer means the server named is not a peer of the JetStream meta group.
-var ErrNotPeer = errors.New("not a JetStream peer of this mesh")
+// Errors of peer removal.
+var (
+	// ErrNotPeer means the server named is not a peer of the JetStream meta group.
+	ErrNotPeer = errors.New("not a JetStream peer of this mesh")
+	// ErrChangeInFlight means another change of the meta group's peers is being made (a
+	// removal asked for earlier, perhaps): ask again shortly.
+	ErrChangeInFlight = errors.New("a change of JetStream peers is in progress")
+)
 
 // RemovePeer asks the JetStream meta leader to remove the server named from the meta group
 // ($JS.API.SERVER.REMOVE, a system-account request): nats-server never removes a peer by
@@ -321,8 +327,11 @@ func (b *Bus) RemovePeer(ctx context.Context, name string) error {
 		return fmt.Errorf("remove peer %s: %w", name, err)
 	}
 	if resp.Error != nil {
-		if server.ErrorIdentifier(resp.Error.ErrCode) == server.JSClusterServerNotMemberErr {
+		switch server.ErrorIdentifier(resp.Error.ErrCode) {
+		case server.JSClusterServerNotMemberErr:
 			return fmt.Errorf("%s is %w", name, ErrNotPeer)
+		case server.JSClusterServerMemberChangeInflightErr:
+			return fmt.Errorf("remove peer %s: %w", name, ErrChangeInFlight)
 		}
 		return fmt.Errorf("remove peer %s: %s", name, resp.Error.Description)
 	}

@@ -64,17 +64,24 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 		respondCluster(m, errors.New("the request is not JSON"))
 		return
 	}
-	// The work takes seconds: answer from a goroutine, not the connection's.
+	// The work takes seconds: answer from a goroutine, not the connection's. Close waits
+	// for it, after cancelling it.
+	n.clusterWG.Add(1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+		defer n.clusterWG.Done()
+		ctx, cancel := context.WithTimeout(n.clusterCtx, clusterTimeout)
 		defer cancel()
 		if tool == ToolRemove {
 			respondCluster(m, n.removeServer(ctx, req.Node))
 			return
 		}
 		err := n.leave(ctx)
+		if err != nil {
+			err = fmt.Errorf("%w; run `meshnode leave` again (this node may already have handed its seats on and left the gossip), or stop it and run `meshnode node remove %s` on another node", err, n.id.Name)
+		}
 		respondCluster(m, err)
 		if err == nil {
+			n.left.Store(true)
 			n.bus.Conn().Flush()
 			n.requestStop()
 		}
@@ -177,7 +184,8 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 // memberChanged turns gossip into node events: the holder of mesh-controller reports a
 // server that stopped answering, so the mesh reports it once.
 func (n *Node) memberChanged(m membership.Member) {
-	if m.State != "dead" || !n.eventsOn.Load() || m.Name == n.id.Name {
+	nc := n.eventConn.Load()
+	if m.State != "dead" || nc == nil || m.Name == n.id.Name {
 		return
 	}
 	s := n.dir.seats.Load()
@@ -188,7 +196,7 @@ func (n *Node) memberChanged(m membership.Member) {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)
-	publishNodeEvent(n.bus.Conn(), n.key, m.Name, "unreachable", map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
+	publishNodeEvent(nc, n.key, m.Name, "unreachable", map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
 }
 
 // checkNotLeft refuses a data dir whose node left its mesh.

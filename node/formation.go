@@ -45,15 +45,22 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		need = f.Expect/2 + 1
 	}
 	var lastLog time.Time
+	keyErrs := 0
 	for {
 		if len(seeds) > 0 {
 			if err := m.Join(seeds); err != nil {
 				if errors.Is(err, membership.ErrForeign) || errors.Is(err, membership.ErrFoundingSpent) {
 					return nil, err
 				}
-				// A founding node whose key nobody speaks has a damaged or foreign token; a
-				// formed node keeps trying (a seed's address may have been reused meanwhile).
-				if errors.Is(err, membership.ErrGossipKey) && !f.Formed {
+				// A founding node whose key nobody speaks, again and again, has a damaged or
+				// foreign token (once may be a peer that hung up while restarting); a formed
+				// node keeps trying (a seed's address may have been reused meanwhile).
+				if errors.Is(err, membership.ErrGossipKey) {
+					keyErrs++
+				} else {
+					keyErrs = 0
+				}
+				if keyErrs >= 5 && !f.Formed {
 					return nil, err
 				}
 				n.log.Debug("gossip join", "seeds", seeds, "err", err)

@@ -79,7 +79,11 @@ type Node struct {
 	ctrl        *controller
 	seats       *seatService
 	clusterSubs []*nats.Subscription
-	eventsOn    atomic.Bool // the bus is up: gossip changes become node events
+	clusterCtx  context.Context // ends at Close: a leave or removal in progress gives up
+	clusterStop context.CancelFunc
+	clusterWG   sync.WaitGroup
+	eventConn   atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
+	left        atomic.Bool               // the node left its mesh
 	quit        chan struct{}
 	quitOnce    sync.Once
 	httpLn      net.Listener
@@ -245,13 +249,14 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	if n.members != nil {
+		n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
 		if n.clusterSubs, err = n.serveCluster(); err != nil {
 			return fmt.Errorf("serve cluster tools: %w", err)
 		}
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
 			"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
 		}, n.log)
-		n.eventsOn.Store(true)
+		n.eventConn.Store(n.bus.Conn())
 	}
 	if err := writeInfo(n.cfg.DataDir, Info{
 		Name:        n.id.Name,
@@ -346,12 +351,16 @@ func (n *Node) Close() error {
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close())
 	}
-	n.eventsOn.Store(false)
+	n.eventConn.Store(nil)
 	for _, s := range n.clusterSubs {
 		s.Unsubscribe()
 	}
 	n.clusterSubs = nil
-	if n.members != nil && n.bus != nil {
+	if n.clusterStop != nil {
+		n.clusterStop()
+		n.clusterWG.Wait()
+	}
+	if n.members != nil && n.bus != nil && !n.left.Load() {
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
 		n.bus.Conn().FlushTimeout(time.Second)
 	}
@@ -456,7 +465,7 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !strings.Contains(err.Error(), "no suitable peers") &&
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, embedbus.ErrChangeInFlight) && !errors.Is(err, nats.ErrTimeout) && !strings.Contains(err.Error(), "no suitable peers") &&
 			!strings.Contains(err.Error(), "cluster not available") {
 			return err
 		}

@@ -80,20 +80,28 @@ const recreateTimeout = 30 * time.Second
 func (s *seatService) hooks() seats.Hooks {
 	return seats.Hooks{
 		// The mesh's own seats start and stop at once (subscriptions only), so a node
-		// serves them before it reports ready; a module's go through the queue.
+		// serves them before it reports ready. A module's grant waits in the queue for its
+		// consumer; taking authority away never waits: it is in memory, and must be done
+		// before the lease is free for another holder.
 		Gained: func(l seats.Lease) {
 			if l.Module == "" {
 				s.nodeSeat(l, true)
 				s.event("seat.held", l, "")
 				return
 			}
-			s.do(func() { s.moduleGained(l); s.event("seat.held", l, "") })
+			s.do(func() {
+				if s.moduleGained(l) {
+					s.event("seat.held", l, "")
+				}
+			})
 		},
 		Released: func(l seats.Lease) {
-			s.afterLoss(l, func() { s.event("seat.released", l, "") })
+			s.lostAuthority(l)
+			s.event("seat.released", l, "")
 		},
 		Lost: func(l seats.Lease, err error) {
-			s.afterLoss(l, func() { s.event("seat.lost", l, err.Error()) })
+			s.lostAuthority(l)
+			s.event("seat.lost", l, err.Error())
 		},
 	}
 }
@@ -122,10 +130,12 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	}
 }
 
-func (s *seatService) moduleGained(l seats.Lease) {
+// moduleGained readies the seat's consumer for the new holder and grants it the holder's
+// permissions; false if the lease was lost meanwhile.
+func (s *seatService) moduleGained(l seats.Lease) bool {
 	e, ok := s.reg.Get(l.Module)
 	if !ok {
-		return
+		return false
 	}
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
@@ -136,19 +146,25 @@ func (s *seatService) moduleGained(l seats.Lease) {
 			s.log.Warn("recreate seat consumer; the holder waits for it", "seat", l.Seat, "err", err)
 		}
 	}
-	if held, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance}); !ok || held.Epoch != l.Epoch {
-		return // lost meanwhile: the loss is queued after this
-	}
 	// The grant is this node's own record, not the lease bucket's mirror (which can lag by
 	// seconds while a clustered stream moves): the instance's next connection, here, has the
-	// holder's permissions, and it is told it holds the seat only from then on.
-	s.grant(l, true)
+	// holder's permissions, and it is told it holds the seat only from then on. Granted only
+	// while the lease is still held, under the lock its loss takes too.
+	s.grantMu.Lock()
+	held, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance})
+	if ok && held.Epoch == l.Epoch {
+		s.setGrant(l, true)
+	}
+	s.grantMu.Unlock()
+	if !ok || held.Epoch != l.Epoch {
+		return false
+	}
 	s.bus.KickInstance(e.PublicKey, l.Instance)
+	return true
 }
 
-func (s *seatService) grant(l seats.Lease, on bool) {
-	s.grantMu.Lock()
-	defer s.grantMu.Unlock()
+// setGrant records or removes l's grant; the caller holds grantMu.
+func (s *seatService) setGrant(l seats.Lease, on bool) {
 	if s.granted == nil {
 		s.granted = map[string]seats.Lease{}
 	}
@@ -181,24 +197,18 @@ func (s *seatService) grants(module, instance string) []seats.Lease {
 	return out
 }
 
-// afterLoss takes a released or lost seat's authority from its holder, then reports it.
-func (s *seatService) afterLoss(l seats.Lease, report func()) {
+// lostAuthority takes a released or lost seat's authority from its holder at once.
+func (s *seatService) lostAuthority(l seats.Lease) {
 	if l.Module == "" {
 		s.nodeSeat(l, false)
-		report()
 		return
 	}
-	s.do(func() { s.lostAuthority(l); report() })
-}
-
-// lostAuthority takes a released or lost seat's authority from its holder.
-func (s *seatService) lostAuthority(l seats.Lease) {
-	e, ok := s.reg.Get(l.Module)
-	if !ok {
-		return
+	s.grantMu.Lock()
+	s.setGrant(l, false)
+	s.grantMu.Unlock()
+	if e, ok := s.reg.Get(l.Module); ok {
+		s.bus.KickInstance(e.PublicKey, l.Instance)
 	}
-	s.grant(l, false)
-	s.bus.KickInstance(e.PublicKey, l.Instance)
 }
 
 // event publishes one of the node's own seat events, with metadata only.

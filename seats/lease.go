@@ -66,7 +66,8 @@ type Store struct {
 	w   jetstream.KeyWatcher
 
 	mu     sync.RWMutex
-	leases map[string]Lease // by key
+	leases map[string]Lease  // by key
+	revs   map[string]uint64 // by key: the revision the mirror last saw
 	notify []chan<- string  // told the key of every change
 }
 
@@ -86,7 +87,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}, revs: map[string]uint64{}}
 	w, err := kv.WatchAll(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
@@ -124,9 +125,11 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 				l.Epoch = e.Revision()
 			}
 			s.leases[e.Key()] = l
+			s.revs[e.Key()] = e.Revision()
 		}
 	} else {
 		delete(s.leases, e.Key())
+		delete(s.revs, e.Key())
 	}
 	notify := s.notify
 	s.mu.Unlock()
@@ -199,10 +202,20 @@ func (s *Store) release(ctx context.Context, l Lease, rev uint64) error {
 }
 
 // takeOver deletes a lease this node left behind when it stopped without releasing (a crash
-// and restart faster than the TTL), so its own candidates need not wait for the expiry.
+// and restart faster than the TTL), so its own candidates need not wait for the expiry. It
+// deletes only the revision the mirror shows: a mirror that lags (after a partition heals)
+// must not delete the lease another node has taken since.
 func (s *Store) takeOver(ctx context.Context, key string) error {
-	err := s.kv.Delete(ctx, key)
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	s.mu.RLock()
+	rev, ok := s.revs[key]
+	s.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	var apiErr *jetstream.APIError
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) &&
+		!(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
 		return err
 	}
 	return nil

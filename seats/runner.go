@@ -11,6 +11,9 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 )
 
+// expiryTick is how often the Runner checks its leases against their TTL.
+const expiryTick = 50 * time.Millisecond
+
 // aliveInterval is how often the Runner checks that its candidates' connections are still
 // there.
 const aliveInterval = 200 * time.Millisecond
@@ -29,13 +32,15 @@ type Candidate struct {
 	Instance string
 }
 
-// Hooks is what the node does when a lease changes hands on it. Gained and Lost run on the
-// Runner's goroutine; Released runs on whichever goroutine released (Run's, or Remove's
-// caller), so the hooks must be safe to call concurrently.
+// Hooks is what the node does when a lease changes hands on it. Gained runs on the Runner's
+// goroutine, Lost on it or on its expiry clock, Released on whichever goroutine released
+// (Run's, Remove's or Retire's caller): the hooks must be safe to call concurrently, and
+// Released and Lost must be quick — they take the holder's authority away.
 type Hooks struct {
 	// Gained: this node's candidate now holds the lease.
 	Gained func(l Lease)
-	// Released: the holder let go (it stopped, or its connection is gone).
+	// Released: the holder lets go (it stopped, or its connection is gone); the lease is
+	// freed in the bucket after the hook returns.
 	Released func(l Lease)
 	// Lost: the lease expired or was taken while this node thought it held it.
 	Lost func(l Lease, err error)
@@ -145,6 +150,23 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer renew.Stop()
 	alive := time.NewTicker(aliveInterval)
 	defer alive.Stop()
+	// Expiry runs on its own clock: the loop below can block on the bus for seconds exactly
+	// when leases are at risk (no quorum), and a holder must never outlive its lease.
+	expiring := make(chan struct{})
+	defer func() { <-expiring }()
+	go func() {
+		defer close(expiring)
+		t := time.NewTicker(expiryTick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				r.expire()
+			}
+		}
+	}()
 	r.acquireFree(ctx)
 	for {
 		select {
@@ -155,7 +177,6 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.renewAll(ctx)
 			r.acquireFree(ctx)
 		case <-alive.C:
-			r.expire()
 			r.dropDead(ctx)
 			r.acquireFree(ctx)
 		case <-r.wake:
@@ -218,6 +239,12 @@ func (r *Runner) acquireFree(ctx context.Context) {
 		}
 		l.Epoch = rev
 		r.mu.Lock()
+		if r.retired {
+			// The node began to leave while this acquire was on the wire: give it back.
+			r.mu.Unlock()
+			r.release(ctx, &held{lease: l, rev: rev})
+			return
+		}
 		r.held[key] = &held{lease: l, rev: rev, sent: sent}
 		r.mu.Unlock()
 		r.log.Info("seat held", "seat", c.Seat, "module", c.Module, "instance", c.Instance, "epoch", rev)
@@ -225,6 +252,17 @@ func (r *Runner) acquireFree(ctx context.Context) {
 			r.hooks.Gained(l)
 		}
 	}
+}
+
+// drop forgets h if it is still the lease held at key; false if another path dropped it.
+func (r *Runner) drop(key string, h *held) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held[key] != h {
+		return false
+	}
+	delete(r.held, key)
+	return true
 }
 
 func (r *Runner) isMine(l Lease) bool {
@@ -256,9 +294,9 @@ func (r *Runner) renewAll(ctx context.Context) {
 			h.rev, h.sent = rev, sent
 			r.mu.Unlock()
 		case errors.Is(err, ErrLost):
-			r.mu.Lock()
-			delete(r.held, Key(h.lease.Seat, h.lease.Scope, r.node))
-			r.mu.Unlock()
+			if !r.drop(Key(h.lease.Seat, h.lease.Scope, r.node), h) {
+				continue // expired meanwhile: already reported
+			}
 			r.log.Warn("seat lost", "seat", h.lease.Seat, "instance", h.lease.Instance, "err", err)
 			if r.hooks.Lost != nil {
 				r.hooks.Lost(h.lease, err)
@@ -314,11 +352,13 @@ func (r *Runner) dropDead(ctx context.Context) {
 	}
 }
 
+// releaseHeld takes the holder's authority away, then frees the lease for the next
+// candidate: never the other way round, or two could hold the seat for a moment.
 func (r *Runner) releaseHeld(ctx context.Context, h *held) {
-	r.release(ctx, h)
 	if r.hooks.Released != nil {
 		r.hooks.Released(h.lease)
 	}
+	r.release(ctx, h)
 }
 
 func (r *Runner) release(ctx context.Context, h *held) {
@@ -333,30 +373,32 @@ func (r *Runner) release(ctx context.Context, h *held) {
 // Retire releases every lease held here, running the Released hooks, and takes no seat from
 // then on: the node is leaving the mesh, and hands its seats on first.
 func (r *Runner) Retire(ctx context.Context) {
-	r.mu.Lock()
-	r.retired = true
-	r.candidates = nil
-	hs := make([]held, 0, len(r.held))
-	for k, h := range r.held {
-		hs = append(hs, *h)
-		delete(r.held, k)
-	}
-	r.mu.Unlock()
+	hs := r.takeAll(true)
 	for i := range hs {
 		r.releaseHeld(ctx, &hs[i])
 	}
 }
 
-// releaseAll releases every lease held here, so other nodes' candidates take over at once:
-// the node is stopping. The hooks are not run: the bus they act on is closing.
-func (r *Runner) releaseAll() {
+// takeAll forgets every lease held here and returns them; retire also ends candidacy.
+func (r *Runner) takeAll(retire bool) []held {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if retire {
+		r.retired = true
+		r.candidates = nil
+	}
 	hs := make([]held, 0, len(r.held))
 	for k, h := range r.held {
 		hs = append(hs, *h)
 		delete(r.held, k)
 	}
-	r.mu.Unlock()
+	return hs
+}
+
+// releaseAll releases every lease held here, so other nodes' candidates take over at once:
+// the node is stopping. The hooks are not run: the bus they act on is closing.
+func (r *Runner) releaseAll() {
+	hs := r.takeAll(false)
 	for i := range hs {
 		r.release(context.Background(), &hs[i])
 	}

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv("MESHNODE_TEST_WORKER"); url != "" {
 		os.Exit(runWorker(url, os.Getenv("MESHNODE_TEST_WORKER_SEED")))
 	}
+	if url := os.Getenv("MESHNODE_TEST_EMITTER"); url != "" {
+		os.Exit(runEmitter(url, os.Getenv("MESHNODE_TEST_EMITTER_SEED")))
+	}
 	dir, err := os.MkdirTemp("", "meshnode-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -59,18 +62,44 @@ func runWorker(url, seed string) int {
 		return 1
 	}
 	fmt.Println("ready")
-	was := false
+	was, wasEpoch := false, uint64(0)
 	for {
 		held, epoch := c.Holding("jobs")
-		if held != was {
-			if held {
-				fmt.Printf("held %d %d\n", epoch, time.Now().UnixNano())
-			} else {
-				fmt.Printf("free %d\n", time.Now().UnixNano())
+		if held != was || (held && epoch != wasEpoch) {
+			now := time.Now().UnixNano()
+			if was {
+				fmt.Printf("free %d\n", now)
 			}
-			was = held
+			if held {
+				fmt.Printf("held %d %d\n", epoch, now)
+			}
+			was, wasEpoch = held, epoch
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runEmitter is the test binary run as a module that emits "tick" every 50 ms with a 2 s
+// deadline each, printing "acked ID UNIXNANO" or "failed UNIXNANO", until killed.
+func runEmitter(url, seed string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	c, err := sdk.Connect(ctx, url, seed)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "emitter:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		id, err := c.Emit(ctx, "tick", map[string]string{"from": url})
+		cancel()
+		if err == nil {
+			fmt.Printf("acked %s %d\n", id, time.Now().UnixNano())
+		} else {
+			fmt.Printf("failed %d\n", time.Now().UnixNano())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -84,7 +85,6 @@ func (b *netbed) command(i int, name string, args ...string) *exec.Cmd {
 type seatLog struct {
 	mu    sync.Mutex
 	spans []span
-	ready chan struct{}
 }
 
 type span struct {
@@ -93,13 +93,14 @@ type span struct {
 	from, till time.Time // till is zero while held
 }
 
-func (l *seatLog) follow(who string, sc *bufio.Scanner) {
+// follow reads a worker's output; ready is closed when the worker says so.
+func (l *seatLog) follow(who string, sc *bufio.Scanner, ready chan<- struct{}) {
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		l.mu.Lock()
 		switch {
 		case len(f) == 1 && f[0] == "ready":
-			close(l.ready)
+			close(ready)
 		case len(f) == 3 && f[0] == "held":
 			epoch, _ := strconv.ParseUint(f[1], 10, 64)
 			ns, _ := strconv.ParseInt(f[2], 10, 64)
@@ -146,10 +147,76 @@ func (l *seatLog) overlaps() string {
 	return ""
 }
 
+// emitLog is what an emitter process printed: its acknowledged writes and its failures.
+type emitLog struct {
+	mu     sync.Mutex
+	acked  []ack
+	failed []time.Time
+}
+
+type ack struct {
+	id string
+	at time.Time
+}
+
+func (e *emitLog) follow(sc *bufio.Scanner) {
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		e.mu.Lock()
+		switch {
+		case len(f) == 3 && f[0] == "acked":
+			ns, _ := strconv.ParseInt(f[2], 10, 64)
+			e.acked = append(e.acked, ack{f[1], time.Unix(0, ns)})
+		case len(f) == 2 && f[0] == "failed":
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			e.failed = append(e.failed, time.Unix(0, ns))
+		}
+		e.mu.Unlock()
+	}
+}
+
+func (e *emitLog) ackedBetween(from, to time.Time) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, a := range e.acked {
+		if a.at.After(from) && a.at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *emitLog) failedBetween(from, to time.Time) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, at := range e.failed {
+		if at.After(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// ids returns the events acknowledged before t.
+func (e *emitLog) ids(t time.Time) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, a := range e.acked {
+		if a.at.Before(t) {
+			out = append(out, a.id)
+		}
+	}
+	return out
+}
+
 // TestBinary_MinorityPartition: three machines (network namespaces) form a mesh; the one
-// whose worker holds a mesh-scoped seat is cut off the LAN. Its side refuses writes; the
-// majority goes on writing, and the seat moves there — never two holders at once, epochs
-// only growing. Healed, the cut machine rejoins, and what it refused is nowhere.
+// whose worker holds a mesh-scoped seat is cut off the LAN, while an emitter on each side
+// writes every 50 ms. The cut side acknowledges nothing; the majority goes on writing, and
+// the seat moves there — never two holders at once, epochs only growing. Healed, the cut
+// machine rejoins, and every acknowledged write is in every audit log.
 func TestBinary_MinorityPartition(t *testing.T) {
 	b := newNetbed(t, 3)
 	nodes := make([]*meshNode, 3)
@@ -203,17 +270,31 @@ func TestBinary_MinorityPartition(t *testing.T) {
 		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_WORKER=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_WORKER_SEED="+workerSeed)
 		out, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
-		log.ready = make(chan struct{})
+		ready := make(chan struct{})
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		go log.follow(who, bufio.NewScanner(out))
+		go log.follow(who, bufio.NewScanner(out), ready)
 		select {
-		case <-log.ready:
+		case <-ready:
 		case <-time.After(30 * time.Second):
 			t.Fatalf("worker on %s not ready", who)
 		}
+	}
+	emitter := func(i int) *emitLog {
+		self, _ := os.Executable()
+		cmd := b.command(i, self)
+		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_EMITTER=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_EMITTER_SEED="+tickerSeed)
+		out, _ := cmd.StdoutPipe()
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		e := &emitLog{}
+		go e.follow(bufio.NewScanner(out))
+		return e
 	}
 	worker(2, "c")
 	retryUntil(t, 20*time.Second, func() error {
@@ -224,6 +305,14 @@ func TestBinary_MinorityPartition(t *testing.T) {
 	})
 	epochC, _ := log.holding("c")
 	worker(0, "a")
+
+	majority, minority := emitter(0), emitter(2)
+	retryUntil(t, 20*time.Second, func() error {
+		if len(minority.ids(time.Now())) == 0 || len(majority.ids(time.Now())) == 0 {
+			return errors.New("the emitters have no write acknowledged yet")
+		}
+		return nil
+	})
 
 	// Cut c off.
 	b.cut(t, 2)
@@ -239,24 +328,40 @@ func TestBinary_MinorityPartition(t *testing.T) {
 		t.Fatal("the worker on the cut machine still holds the seat")
 	}
 
-	// The minority refuses a write; the majority takes one.
-	refused := b.command(2, binary, "emit", "tick", `{"side":"minority"}`, "--server", "nats://"+b.addr(2)+":4222", "--creds", tickerSeed)
-	out, err := refused.CombinedOutput()
-	if err == nil {
-		t.Fatalf("the cut machine accepted a write: %s", out)
-	}
-	t.Logf("the minority refused the write: %s", strings.TrimSpace(string(out)))
-	if r := meshnode(t, nil, "emit", "tick", `{"side":"majority"}`, "--data-dir", a.dir, "--creds", tickerSeed); r.code != 0 {
-		t.Fatalf("the majority refused a write: exit %d %s", r.code, r.stderr)
-	}
-
-	// Healed, c rejoins; only the majority's event exists, in every audit log.
+	// Hold the cut until both emitters have worked on their side of it for a while.
+	retryUntil(t, 30*time.Second, func() error {
+		if n, f := majority.ackedBetween(cut, time.Now()), minority.failedBetween(cut.Add(3*time.Second), time.Now()); n < 10 || f < 3 {
+			return fmt.Errorf("while cut off: majority acked %d, minority refused %d", n, f)
+		}
+		return nil
+	})
 	b.heal(t, 2)
+	healed := time.Now()
+
+	// The minority accepted nothing while cut off (a write in flight at the cut may still be
+	// answered); the majority went on taking writes.
+	if n := minority.ackedBetween(cut.Add(3*time.Second), healed); n > 0 {
+		t.Fatalf("the cut machine acknowledged %d writes while cut off", n)
+	}
+	if minority.failedBetween(cut.Add(3*time.Second), healed) == 0 {
+		t.Fatal("the minority's emitter saw no refusal while cut off")
+	}
+	if n := majority.ackedBetween(cut, healed); n == 0 {
+		t.Fatal("the majority acknowledged no write while c was cut off")
+	}
+	t.Logf("while cut off: majority acked %d writes, minority acked %d and refused %d",
+		majority.ackedBetween(cut, healed), minority.ackedBetween(cut, healed), minority.failedBetween(cut, healed))
+
+	// Healed, c rejoins; every acknowledged write of either side is in every audit log.
 	for _, n := range []*meshNode{a, c} {
 		retryUntil(t, 60*time.Second, func() error {
 			ids := auditIDs(t, n.dir, op, "ticker")
-			if len(ids) != 1 {
-				return fmt.Errorf("%s's audit log has %d ticker events, want the majority's 1", n.name, len(ids))
+			for _, e := range []*emitLog{majority, minority} {
+				for _, id := range e.ids(healed) {
+					if ids[id] != 1 {
+						return fmt.Errorf("%s's audit log lacks acknowledged event %s (%d events)", n.name, id, len(ids))
+					}
+				}
 			}
 			return nil
 		})
