@@ -68,7 +68,7 @@ type Store struct {
 	mu     sync.RWMutex
 	leases map[string]Lease  // by key
 	revs   map[string]uint64 // by key: the revision the mirror last saw
-	notify []chan<- string  // told the key of every change
+	notify []chan<- string   // told the key of every change
 }
 
 // OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
