@@ -105,10 +105,18 @@ func (n *Node) leave(ctx context.Context) error {
 	if n.members == nil {
 		return errors.New("a single node has no mesh to leave; stop it instead")
 	}
-	servers := n.reg.Nodes()
-	if len(servers)-1 < 3 {
+	// The JetStream meta group's peers are the servers that count (the registry's mirror
+	// can lag behind a removal).
+	var others []string
+	for name := range n.bus.Peers() {
+		if name != n.id.Name {
+			others = append(others, name)
+		}
+	}
+	slices.Sort(others)
+	if len(others) < 3 {
 		return fmt.Errorf("leaving would leave %d servers (%s): the mesh's streams keep 3 replicas; add a node first (`meshnode token create`, then `meshnode join` on the new machine), or stop this one instead of leaving",
-			len(servers)-1, strings.Join(slices.DeleteFunc(servers, func(s string) bool { return s == n.id.Name }), ", "))
+			len(others), strings.Join(others, ", "))
 	}
 	n.log.Info("leaving the mesh", "mesh_id", n.id.MeshID)
 	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"}, n.log)

@@ -66,9 +66,10 @@ type Store struct {
 	w   jetstream.KeyWatcher
 
 	mu     sync.RWMutex
-	leases map[string]Lease  // by key
-	revs   map[string]uint64 // by key: the revision the mirror last saw
-	notify []chan<- string   // told the key of every change
+	leases map[string]Lease     // by key
+	revs   map[string]uint64    // by key: the revision the mirror last saw
+	seen   map[string]time.Time // by key: when the mirror saw it
+	notify []chan<- string      // told the key of every change
 }
 
 // OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
@@ -87,7 +88,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}, revs: map[string]uint64{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}, revs: map[string]uint64{}, seen: map[string]time.Time{}}
 	w, err := kv.WatchAll(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
@@ -126,10 +127,12 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 			}
 			s.leases[e.Key()] = l
 			s.revs[e.Key()] = e.Revision()
+			s.seen[e.Key()] = time.Now()
 		}
 	} else {
 		delete(s.leases, e.Key())
 		delete(s.revs, e.Key())
+		delete(s.seen, e.Key())
 	}
 	notify := s.notify
 	s.mu.Unlock()
@@ -147,6 +150,16 @@ func (s *Store) Get(key string) (Lease, bool) {
 	defer s.mu.RUnlock()
 	l, ok := s.leases[key]
 	return l, ok
+}
+
+// Stale reports whether the mirror's lease of key has gone unrenewed for longer than the TTL:
+// it has expired, or the mirror's watch is behind (it lags while a clustered stream elects a
+// new leader). Either way only the bucket can say whether it is still held.
+func (s *Store) Stale(key string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	seen, ok := s.seen[key]
+	return ok && time.Since(seen) > s.ttl
 }
 
 // All returns every lease in the mirror.

@@ -11,6 +11,10 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 )
 
+// staleRetry is how often the Runner asks the bucket about a lease its mirror shows
+// unrenewed.
+const staleRetry = 500 * time.Millisecond
+
 // expiryTick is how often the Runner checks its leases against their TTL.
 const expiryTick = 50 * time.Millisecond
 
@@ -62,6 +66,7 @@ type Runner struct {
 	candidates []Candidate             // in arrival order: the first eligible one is next
 	seen       map[Candidate]time.Time // when each candidate's connection was last seen
 	held       map[string]*held        // by key
+	staleTried map[string]time.Time    // by key: when a lease the mirror shows unrenewed was last tried
 }
 
 type held struct {
@@ -83,7 +88,7 @@ func (r *Runner) expiryMargin() time.Duration { return r.store.TTL() / 6 }
 // NewRunner returns a Runner for node. alive reports whether a candidate is still connected.
 func NewRunner(store *Store, node string, log *slog.Logger, alive func(Candidate) bool, hooks Hooks) *Runner {
 	r := &Runner{store: store, node: node, log: log, hooks: hooks, alive: alive,
-		wake: make(chan string, 64), held: map[string]*held{}, seen: map[Candidate]time.Time{}}
+		wake: make(chan string, 64), held: map[string]*held{}, seen: map[Candidate]time.Time{}, staleTried: map[string]time.Time{}}
 	store.Subscribe(r.wake)
 	return r
 }
@@ -210,16 +215,8 @@ func (r *Runner) acquireFree(ctx context.Context) {
 		if mine {
 			continue
 		}
-		if l, ok := r.store.Get(key); ok {
-			if l.Node != r.node || r.isMine(l) {
-				continue // held elsewhere (or by a live candidate here: renewed by us)
-			}
-			// A lease in this node's name that this Runner does not hold is a leftover of a
-			// crash: take it over rather than wait out its TTL.
-			if err := r.store.takeOver(ctx, key); err != nil {
-				r.log.Warn("take over stale lease", "key", key, "err", err)
-				continue
-			}
+		if !r.free(ctx, key) {
+			continue
 		}
 		if !r.alive(c) {
 			continue
@@ -262,6 +259,37 @@ func (r *Runner) drop(key string, h *held) bool {
 		return false
 	}
 	delete(r.held, key)
+	return true
+}
+
+// free reports whether the lease of key may be free for this node to try: the mirror shows
+// none; or shows one in another node's name unrenewed for a TTL (expired, or the mirror is
+// behind: the bucket refuses the acquire if it is still held); or one in this node's name
+// that this Runner does not hold — a leftover of a crash, taken over rather than waited out.
+func (r *Runner) free(ctx context.Context, key string) bool {
+	l, ok := r.store.Get(key)
+	switch {
+	case !ok:
+		return true
+	case r.isMine(l):
+		return false // held by a live candidate here: renewed by us
+	case l.Node != r.node:
+		if !r.store.Stale(key) {
+			return false
+		}
+		// Ask the bucket at most every staleRetry: it may well still be held.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if time.Since(r.staleTried[key]) < staleRetry {
+			return false
+		}
+		r.staleTried[key] = time.Now()
+		return true
+	}
+	if err := r.store.takeOver(ctx, key); err != nil {
+		r.log.Warn("take over stale lease", "key", key, "err", err)
+		return false
+	}
 	return true
 }
 
