@@ -13,11 +13,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/vault"
 )
 
 func freePort(t *testing.T) string {
@@ -135,8 +137,13 @@ func TestBinary_FoundThree(t *testing.T) {
 	}
 	d := newMeshNode(t, "d")
 	start := time.Now()
-	startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
+	d.p = startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
 	t.Logf("a fourth node joined and was ready in %s", time.Since(start))
+	// Later starts of a joined node are plain `run`.
+	if code, _ := d.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("stop the joined node: exit %d\n%s", code, d.p.stderr)
+	}
+	d.p = startNode(t, "run", d.flags...)
 	retryUntil(t, 30*time.Second, func() error {
 		r := meshnode(t, nil, "members", "--json", "--data-dir", d.dir)
 		if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 4 || !strings.Contains(r.stdout, `"name":"d"`) {
@@ -156,8 +163,26 @@ func TestBinary_FoundThree(t *testing.T) {
 		}
 		return nil
 	})
+	// A join token of another mesh, pointed at this one, is refused at the door.
+	dToken := jt.Token
+	otherDir := t.TempDir()
+	startNode(t, "up", upArgs(otherDir, "o")...)
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", otherDir)
+	var ot struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &ot); r.code != 0 {
+		t.Fatalf("token create on another mesh: exit %d %s", r.code, r.stderr)
+	}
+	fb, err := vault.ParseToken(ot.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.Addrs = []string{d.p.clientURL}
+	if r := meshnode(t, nil, append([]string{"join", "--token", fb.String()}, newMeshNode(t, "f").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "not a token of the mesh there") {
+		t.Fatalf("a join token of another mesh: exit %d %s", r.code, r.stderr)
+	}
+
 	// The token was for one node; a second use and a taken name are refused, each saying so.
-	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, newMeshNode(t, "e").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
+	if r := meshnode(t, nil, append([]string{"join", "--token", dToken}, newMeshNode(t, "e").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
 		t.Fatalf("second use of a join token: exit %d %s", r.code, r.stderr)
 	}
 	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
@@ -470,7 +495,7 @@ func TestBinary_LeaveAndRemove(t *testing.T) {
 	}
 	retryUntil(t, 20*time.Second, func() error {
 		ev := nodeEvents(t, a.dir, op)
-		for _, want := range []string{"mesh.node.c.event.left", "mesh.node.d.event.unreachable", "mesh.node.d.event.removed"} {
+		for _, want := range []string{"mesh.node.d.event.joined", "mesh.node.c.event.left", "mesh.node.d.event.unreachable", "mesh.node.d.event.removed"} {
 			if !strings.Contains(ev, want) {
 				return fmt.Errorf("no %s in the audit log: %s", want, ev)
 			}
