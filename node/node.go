@@ -188,7 +188,39 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) }); err != nil {
+	n.ctrl = &controller{
+		log: n.log.With("component", "controller"),
+		nc:  n.bus.Conn(),
+		reg: n.reg,
+		topo: &topology{
+			js:           n.bus.JetStream(),
+			node:         n.id.Name,
+			replicas:     n.replicas(),
+			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
+		},
+		node: n.id.Name,
+	}
+	// The registry's bucket, the leases' bucket and the mesh's streams do not depend on each
+	// other: in a new cluster each waits for its own raft group to elect a leader, so they
+	// are made at once rather than one after another.
+	var leases *seats.Store
+	defer func() {
+		if err != nil && leases != nil && n.seats == nil {
+			leases.Close() // not yet handed to the seat service, which Close closes
+		}
+	}()
+	if err := parallel(
+		func() error {
+			return retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) })
+		},
+		func() error {
+			return retryJS(ctx, func(ctx context.Context) (err error) {
+				leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL)
+				return err
+			})
+		},
+		func() error { return retryJS(ctx, n.ctrl.topo.ensureMesh) },
+	); err != nil {
 		return err
 	}
 	xkp, err := n.found.NodeXKey()
@@ -206,18 +238,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			return err
 		}
 	}
-	n.ctrl = &controller{
-		log: n.log.With("component", "controller"),
-		nc:  n.bus.Conn(),
-		reg: n.reg,
-		topo: &topology{
-			js:           n.bus.JetStream(),
-			node:         n.id.Name,
-			replicas:     n.replicas(),
-			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
-		},
-		node: n.id.Name,
-	}
 	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
 		return fmt.Errorf("reconcile topology: %w", err)
 	}
@@ -228,7 +248,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			return err
 		}
 	}
-	if err := n.openSeats(ctx); err != nil {
+	if err := n.openSeats(ctx, leases); err != nil {
 		return err
 	}
 	if err := n.handOff(ctx); err != nil {
@@ -478,17 +498,24 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 	}
 }
 
-// openSeats opens the lease store, starts the node's seat tool, and takes the mesh's own
-// seats this node is a candidate for before the node reports ready.
-func (n *Node) openSeats(ctx context.Context) error {
-	var store *seats.Store
-	err := retryJS(ctx, func(ctx context.Context) (err error) {
-		store, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL)
-		return err
-	})
-	if err != nil {
-		return err
+// parallel runs fs at once and returns their errors joined.
+func parallel(fs ...func() error) error {
+	errs := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
 	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
+// seats this node is a candidate for before the node reports ready.
+func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
 		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,

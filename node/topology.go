@@ -72,14 +72,23 @@ type topology struct {
 	eventsMaxAge time.Duration
 }
 
-// ensureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD.
+// ensureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD (at once:
+// in a cluster each waits for its own leader), and this node's audit consumer.
 func (t *topology) ensureMesh(ctx context.Context) error {
 	events := manifest.EventsStream()
 	events.MaxAge = t.eventsMaxAge
-	for _, s := range []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()} {
-		if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(s, t.replicas)); err != nil {
-			return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
+	streams := []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()}
+	fs := make([]func() error, len(streams))
+	for i, s := range streams {
+		fs[i] = func() error {
+			if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(s, t.replicas)); err != nil {
+				return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
+			}
+			return nil
 		}
+	}
+	if err := parallel(fs...); err != nil {
+		return err
 	}
 	audit := manifest.AuditConsumer(t.node)
 	if _, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, consumerConfig(audit)); err != nil {
