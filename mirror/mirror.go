@@ -50,3 +50,12 @@ func Follow(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.Ke
 		}
 	}
 }
+
+// Conflict reports whether a conditional KV write lost a race: the key already exists
+// (Create), or its last revision is not the one the write expected (Update, or a publish or
+// delete with an expected last sequence).
+func Conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}

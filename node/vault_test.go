@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -204,11 +205,18 @@ func TestVault_GenesisAndRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Every identity minted after genesis is a vault event: the operator's and two modules'.
+	// Events are published without waiting for the stream: poll until they are stored.
 	events, _ := b.js.Stream(ctx, manifest.EventsStreamName)
-	info, _ := events.Info(ctx, jetstream.WithSubjectFilter(vault.EventSubject("identity-minted")))
-	if n := info.State.Subjects[vault.EventSubject("identity-minted")]; n != 3 {
-		t.Fatalf("%d identity-minted events, want 3 (operator, a, c)", n)
-	}
+	retryUntil(t, 10*time.Second, func() error {
+		info, err := events.Info(ctx, jetstream.WithSubjectFilter(vault.EventSubject("identity-minted")))
+		if err != nil {
+			return err
+		}
+		if n := info.State.Subjects[vault.EventSubject("identity-minted")]; n != 3 {
+			return fmt.Errorf("%d identity-minted events, want 3 (operator, a, c)", n)
+		}
+		return nil
+	})
 	b.close()
 
 	// The store: genesis handed off and refuses to mint again.

@@ -396,8 +396,7 @@ func (r *Registry) Put(ctx context.Context, rec Record, revision uint64) (*Entry
 		rev, err = r.kv.Update(ctx, key, b, revision)
 	}
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+		if mirror.Conflict(err) {
 			return nil, fmt.Errorf("%w: module %s; retry", ErrConflict, rec.Module)
 		}
 		return nil, fmt.Errorf("write %s: %w", key, err)

@@ -194,8 +194,7 @@ func (s *Store) renew(ctx context.Context, l Lease, rev uint64) (uint64, error) 
 	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + Bucket + "." + key, Data: b},
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(s.ttl))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if mirror.Conflict(err) {
 			return 0, fmt.Errorf("%w: %s", ErrLost, key)
 		}
 		return 0, fmt.Errorf("renew %s: %w", key, err)
@@ -206,9 +205,7 @@ func (s *Store) renew(ctx context.Context, l Lease, rev uint64) (uint64, error) 
 // release deletes the lease at rev; a lease already gone or taken is not an error.
 func (s *Store) release(ctx context.Context, l Lease, rev uint64) error {
 	key := Key(l.Seat, l.Scope, l.Node)
-	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
-	var apiErr *jetstream.APIError
-	if err != nil && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil && !mirror.Conflict(err) {
 		return fmt.Errorf("release %s: %w", key, err)
 	}
 	return nil
@@ -226,9 +223,7 @@ func (s *Store) takeOver(ctx context.Context, key string) error {
 		return nil
 	}
 	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
-	var apiErr *jetstream.APIError
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) &&
-		!(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !mirror.Conflict(err) {
 		return err
 	}
 	return nil

@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -120,8 +120,7 @@ func (v *Vault) store(ctx context.Context, r *secretRecord, rev uint64) error {
 	} else {
 		next, err = v.kv.Update(ctx, key, b, rev)
 	}
-	var apiErr *jetstream.APIError
-	if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+	if mirror.Conflict(err) {
 		return fmt.Errorf("secret %s/%s changed meanwhile; try again", r.Owner, r.Name)
 	}
 	if err != nil {
