@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		need = f.Expect/2 + 1
 	}
 	var lastLog time.Time
+	var lastProgress string
 	keyErrs := 0
 	for {
 		if len(seeds) > 0 {
@@ -98,8 +100,17 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 			}
 			return cluster, nil
 		}
+		progress := fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", "))
+		if progress != lastProgress {
+			// `meshnode status` reads it: the HTTP API starts with the bus.
+			if err := writeInfo(n.cfg.DataDir, Info{Name: n.id.Name, MeshID: f.MeshID, PID: os.Getpid(), Version: Version(),
+				ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC(), Forming: progress}); err != nil {
+				n.log.Warn("write formation progress", "err", err)
+			}
+			lastProgress = progress
+		}
 		if time.Since(lastLog) > 5*time.Second {
-			n.log.Info(fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", ")))
+			n.log.Info(progress)
 			lastLog = time.Now()
 		}
 		select {

@@ -28,6 +28,9 @@ type Info struct {
 	ClusterAddr string    `json:"cluster_addr"`
 	GossipAddr  string    `json:"gossip_addr"`
 	Started     time.Time `json:"started"`
+	// Forming says what a clustered node waits for before its bus starts (its client and
+	// HTTP addresses are empty until then).
+	Forming string `json:"forming,omitempty"`
 }
 
 // ReadInfo reads node.json from dataDir. A missing file means no node runs there.

@@ -503,3 +503,26 @@ func TestBinary_LeaveAndRemove(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBinary_FormationProgress: a founding node waiting for the others says so in `status`
+// (and exits 1, not ready), and stops promptly on SIGTERM while it waits.
+func TestBinary_FormationProgress(t *testing.T) {
+	a := newMeshNode(t, "a")
+	if r := meshnode(t, nil, append([]string{"genesis", "--expect", "3"}, a.flags...)...); r.code != 0 {
+		t.Fatalf("genesis: %s", r.stderr)
+	}
+	a.p = launch(t, "run", a.flags...)
+	retryUntil(t, 20*time.Second, func() error {
+		r := meshnode(t, nil, "status", "--data-dir", a.dir)
+		if r.code != 1 || !strings.Contains(r.stderr, "is not ready: forming the mesh: waiting for 2 more node(s)") || !strings.Contains(r.stdout, "have a") {
+			return fmt.Errorf("status while forming: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	if code, took := a.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("stop while forming: exit %d after %s\n%s", code, took, a.p.stderr)
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 1 || !strings.Contains(r.stderr, "no meshnode is running") {
+		t.Fatalf("status after the stop: exit %d %s", r.code, r.stderr)
+	}
+}

@@ -75,6 +75,15 @@ func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if info.Forming != "" {
+		if !processAlive(info.PID) {
+			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited while %s",
+				node.ErrNotRunning, dataDir, node.InfoFile, info.PID, info.Forming)
+		}
+		return node.Status{Name: info.Name, MeshID: info.MeshID, Version: info.Version, ClusterAddr: info.ClusterAddr,
+			GossipAddr: info.GossipAddr, Started: info.Started, UptimeSeconds: time.Since(info.Started).Seconds(),
+			Reason: "forming the mesh: " + info.Forming}, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/status", nil)

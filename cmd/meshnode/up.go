@@ -108,6 +108,10 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
 	if err := n.OpenContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped before the node was ready", "reason", "signal", "err", err)
+			return nil // a requested stop, while the node waited for its mesh to form
+		}
 		if errors.Is(err, node.ErrNoIdentity) {
 			return fmt.Errorf("%w; `meshnode run` starts an existing node: create a mesh with `meshnode genesis --data-dir %s --name %s` (or try one with `meshnode up`)", err, cfg.DataDir, cfg.Name)
 		}
