@@ -207,6 +207,17 @@ func (n *Node) memberChanged(m membership.Member) {
 	publishNodeEvent(nc, n.key, m.Name, "unreachable", map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
 }
 
+// reportUnreachable reports every server gossip holds dead: this node has just become the
+// holder of mesh-controller, and the previous holder may have died before it could.
+func (n *Node) reportUnreachable() {
+	if n.members == nil {
+		return
+	}
+	for _, m := range n.members.Members() {
+		n.memberChanged(m)
+	}
+}
+
 // checkNotLeft refuses a data dir whose node left its mesh.
 func checkNotLeft(db *bolt.DB, name string) error {
 	var when string

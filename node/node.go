@@ -521,6 +521,7 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
+	s.onControl = n.reportUnreachable
 	n.seats = s
 	n.dir.seats.Store(s)
 	n.ctrl.seats = s.status

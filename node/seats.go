@@ -34,6 +34,8 @@ type seatService struct {
 	run   *seats.Runner
 	ctrl  *controller
 	vault *vault.Vault
+	// onControl runs when this node has become the mesh-controller's holder.
+	onControl func()
 
 	sub *nats.Subscription
 
@@ -113,6 +115,9 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	switch l.Seat {
 	case registry.ControllerSeat:
 		start, stop = s.ctrl.start, s.ctrl.stop
+		if held && s.onControl != nil {
+			defer s.onControl()
+		}
 	case vault.Seat:
 		if s.vault == nil {
 			return

@@ -279,6 +279,21 @@ func TestVault_JoinTokens(t *testing.T) {
 	if _, err := vault.Enrol(ctx, tok.Token, "gamma", xkp); err == nil || !strings.Contains(err.Error(), "used up") {
 		t.Fatalf("second use: %v, want used up", err)
 	}
+	// A second node under a name that just enrolled is refused, and its token stays unused.
+	var again vault.Token
+	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &again); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 5*time.Second, func() error {
+		_, err := vault.Enrol(ctx, again.Token, "beta", xkp)
+		if err == nil || !strings.Contains(err.Error(), "may still be starting") {
+			return fmt.Errorf("a second beta: %v", err)
+		}
+		return nil
+	})
+	if _, err := vault.Enrol(ctx, again.Token, "gamma", xkp); err != nil {
+		t.Fatalf("the token refused for a taken name was spent: %v", err)
+	}
 
 	var short vault.Token
 	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1ms"}, &short); err != nil {

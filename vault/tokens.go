@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,6 +80,20 @@ func (v *Vault) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	v.tokens[r.PublicKey] = r
+}
+
+// enrolledAs returns a live join token a node of this name enrolled with: two nodes that
+// enrol under one name at about the same time must not both pass (the registry knows a
+// server only once it has started).
+func (v *Vault) enrolledAs(node string) (tokenRecord, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, t := range v.tokens {
+		if time.Now().Before(t.Expires) && slices.Contains(t.Enrolled, node) {
+			return t, true
+		}
+	}
+	return tokenRecord{}, false
 }
 
 // TokenID returns the id of the join token whose key is publicKey: the bus lets that key
@@ -169,6 +184,10 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 		if err := v.cfg.Admit(req.Node); err != nil {
 			return nil, err
 		}
+	}
+	if other, ok := v.enrolledAs(req.Node); ok {
+		return nil, fmt.Errorf("a node named %s enrolled with join token %s and may still be starting: join with another --name (a name is a server's raft identity), or wait until that token expires at %s",
+			req.Node, other.ID, other.Expires.Format(time.RFC3339))
 	}
 	out := v.cfg.Enrolment()
 	r.Used++
