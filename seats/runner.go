@@ -308,31 +308,45 @@ func (r *Runner) renewAll(ctx context.Context) {
 		hs = append(hs, h)
 	}
 	r.mu.Unlock()
+	// Each lease is renewed on its own, and may take until just before it would expire: on
+	// a loaded machine a replicated write can take more than a renewal period, and giving up
+	// early would lose seats that are not at risk.
+	var wg sync.WaitGroup
 	for _, h := range hs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.renew(ctx, h)
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Runner) renew(ctx context.Context, h *held) {
+	r.mu.Lock()
+	lease, prev, deadline := h.lease, h.rev, h.sent.Add(r.store.TTL()-r.expiryMargin())
+	r.mu.Unlock()
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	sent := time.Now()
+	rev, err := r.store.renew(rctx, lease, prev)
+	cancel()
+	switch {
+	case err == nil:
 		r.mu.Lock()
-		lease, prev := h.lease, h.rev
+		h.rev, h.sent = rev, sent
 		r.mu.Unlock()
-		rctx, cancel := context.WithTimeout(ctx, r.store.TTL()/3)
-		sent := time.Now()
-		rev, err := r.store.renew(rctx, lease, prev)
-		cancel()
-		switch {
-		case err == nil:
-			r.mu.Lock()
-			h.rev, h.sent = rev, sent
-			r.mu.Unlock()
-		case errors.Is(err, ErrLost):
-			if !r.drop(Key(h.lease.Seat, h.lease.Scope, r.node), h) {
-				continue // expired meanwhile: already reported
-			}
-			r.log.Warn("seat lost", "seat", h.lease.Seat, "instance", h.lease.Instance, "err", err)
-			if r.hooks.Lost != nil {
-				r.hooks.Lost(h.lease, err)
-			}
-		default:
-			// The bus is slow or away; the next tick tries again before the TTL runs out.
-			r.log.Warn("renew lease", "seat", h.lease.Seat, "err", err)
+	case errors.Is(err, ErrLost):
+		if !r.drop(Key(lease.Seat, lease.Scope, r.node), h) {
+			return // expired meanwhile: already reported
 		}
+		r.log.Warn("seat lost", "seat", lease.Seat, "instance", lease.Instance, "err", err)
+		if r.hooks.Lost != nil {
+			r.hooks.Lost(lease, err)
+		}
+	default:
+		// The bus is slow or away; the next tick tries again, and expiry gives the lease up
+		// before it can run out.
+		r.log.Warn("renew lease", "seat", lease.Seat, "err", err)
 	}
 }
 

@@ -317,7 +317,7 @@ func TestBinary_MinorityPartition(t *testing.T) {
 	// Cut c off.
 	b.cut(t, 2)
 	cut := time.Now()
-	retryUntil(t, 30*time.Second, func() error {
+	retryUntil(t, 60*time.Second, func() error {
 		if epoch, ok := log.holding("a"); !ok || epoch <= epochC {
 			return fmt.Errorf("the seat has not moved to a: %+v\nnode a's log:\n%s", log.spans, grepLines(a.p.stderr.String(), "seat", "lease", "leader"))
 		}
