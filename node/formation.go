@@ -169,6 +169,11 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 	if f, err := g.Foundation(); err == nil {
 		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
 	}
+	if b, err := vault.ParseToken(token); err != nil {
+		return nil, err
+	} else if b.Expect == 1 {
+		return nil, fmt.Errorf("join token %s is of mesh %s, a single node: a node joins a mesh of 3 or more servers (growing one node to three is a migration, not built yet); the token is unused", b.ID, b.MeshID)
+	}
 	f, err := genesis.Member(cfg.Name)
 	if err != nil {
 		return nil, err

@@ -38,6 +38,9 @@ type Bearer struct {
 	ID     string   `json:"id"`
 	Seed   string   `json:"seed"` // the token's own nkey: it may request enrol, nothing else
 	Addrs  []string `json:"addrs"`
+	// Expect is the number of servers the mesh was founded with: a joining node refuses a
+	// single-node mesh's token before it is spent.
+	Expect int `json:"expect,omitempty"`
 }
 
 // ParseToken decodes a join token string.
@@ -149,6 +152,9 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	}
 	v.event(ctx, "token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
 	bearer := Bearer{MeshID: v.cfg.MeshID, ID: r.ID, Seed: string(seed), Addrs: v.cfg.Addrs()}
+	if v.cfg.Enrolment != nil {
+		bearer.Expect = v.cfg.Enrolment().Expect
+	}
 	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
 }
 

@@ -177,6 +177,7 @@ func TestBinary_FoundThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	fb.Addrs = []string{d.p.clientURL}
+	fb.Expect = 3 // as if that mesh had three servers: the joining node would refuse a single node's token itself
 	if r := meshnode(t, nil, append([]string{"join", "--token", fb.String()}, newMeshNode(t, "f").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "not a token of the mesh there") {
 		t.Fatalf("a join token of another mesh: exit %d %s", r.code, r.stderr)
 	}

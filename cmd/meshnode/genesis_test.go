@@ -72,6 +72,12 @@ func TestBinary_GenesisVaultToken(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, `"token":"MNJ1.`) {
 		t.Fatalf("token create: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// A single node's token cannot add a node; the joining node says so without spending it.
+	var tok struct{ Token string }
+	json.Unmarshal([]byte(r.stdout), &tok)
+	if r := meshnode(t, nil, "join", "--token", tok.Token, "--data-dir", t.TempDir(), "--name", "second"); r.code != 1 || !strings.Contains(r.stderr, "a single node") || !strings.Contains(r.stderr, "the token is unused") {
+		t.Fatalf("join with a single node's token: exit %d %s", r.code, r.stderr)
+	}
 	if r := meshnode(t, nil, append([]string{"token", "create", "--uses", "0"}, dd...)...); r.code != 2 {
 		t.Fatalf("token create --uses 0: exit %d", r.code)
 	}
