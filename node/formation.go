@@ -134,6 +134,12 @@ func names(ms []membership.Member) []string {
 // token genesis printed: it keeps the mesh's id, route credential and gossip key, and mints
 // this node's own keys. The node then forms the mesh when started.
 func Found(cfg config.Config, token string) (*genesis.Foundation, error) {
+	return prepareMember(cfg, func() (*genesis.Foundation, error) { return genesis.Found(cfg.Name, token) })
+}
+
+// prepareMember keeps the foundation mint returns in cfg's data dir, which must hold no mesh
+// yet: the common part of Found and Join.
+func prepareMember(cfg config.Config, mint func() (*genesis.Foundation, error)) (*genesis.Foundation, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -146,7 +152,7 @@ func Found(cfg config.Config, token string) (*genesis.Foundation, error) {
 	if f, err := g.Foundation(); err == nil {
 		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
 	}
-	f, err := genesis.Found(cfg.Name, token)
+	f, err := mint()
 	if err != nil {
 		return nil, err
 	}
@@ -157,41 +163,33 @@ func Found(cfg config.Config, token string) (*genesis.Foundation, error) {
 // trades the join token (`meshnode token create`) for the mesh's enrolment — sealed to this
 // node's xkey — and keeps it. The node then joins the mesh's gossip and routes when started.
 func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Foundation, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	db, err := openStore(cfg.DataDir)
+	b, err := vault.ParseToken(token)
 	if err != nil {
 		return nil, err
 	}
-	defer db.Close()
-	g := genesis.New(db)
-	if f, err := g.Foundation(); err == nil {
-		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
-	}
-	if b, err := vault.ParseToken(token); err != nil {
-		return nil, err
-	} else if b.Expect == 1 {
+	if b.Expect == 1 {
 		return nil, fmt.Errorf("join token %s is of mesh %s, a single node: a node joins a mesh of 3 or more servers (growing one node to three is a migration, not built yet); the token is unused", b.ID, b.MeshID)
 	}
-	f, err := genesis.Member(cfg.Name)
-	if err != nil {
-		return nil, err
-	}
-	xkp, err := f.NodeXKey()
-	if err != nil {
-		return nil, err
-	}
-	e, err := vault.Enrol(ctx, token, cfg.Name, xkp)
-	if err != nil {
-		return nil, err
-	}
-	if e.Expect < 3 {
-		return nil, fmt.Errorf("mesh %s is a single node: a node joins a mesh of 3 or more servers (grow it by migration, see docs/contracts.md)", e.MeshID)
-	}
-	f.MeshID, f.RouteSecret, f.GossipKey, f.BarrierKey = e.MeshID, e.RouteSecret, e.GossipKey, e.BarrierKey
-	f.Expect, f.Members, f.Seeds, f.Formed = e.Expect, e.Members, e.Seeds, true
-	return f, g.Keep(f)
+	return prepareMember(cfg, func() (*genesis.Foundation, error) {
+		f, err := genesis.Member(cfg.Name)
+		if err != nil {
+			return nil, err
+		}
+		xkp, err := f.NodeXKey()
+		if err != nil {
+			return nil, err
+		}
+		e, err := vault.Enrol(ctx, token, cfg.Name, xkp)
+		if err != nil {
+			return nil, err
+		}
+		if e.Expect < 3 {
+			return nil, fmt.Errorf("mesh %s is a single node: a node joins a mesh of 3 or more servers (grow it by migration, see docs/contracts.md)", e.MeshID)
+		}
+		f.MeshID, f.RouteSecret, f.GossipKey, f.BarrierKey = e.MeshID, e.RouteSecret, e.GossipKey, e.BarrierKey
+		f.Expect, f.Members, f.Seeds, f.Formed = e.Expect, e.Members, e.Seeds, true
+		return f, nil
+	})
 }
 
 // enrolment is what the vault hands a node that joins with a token: the mesh's foundation

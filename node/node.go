@@ -277,6 +277,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
 		}, n.log)
 		n.eventConn.Store(n.bus.Conn())
+		n.reportUnreachable() // if this node took mesh-controller while opening
 	}
 	if err := writeInfo(n.cfg.DataDir, Info{
 		Name:        n.id.Name,

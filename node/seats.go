@@ -39,6 +39,7 @@ type seatService struct {
 
 	sub *nats.Subscription
 
+	nodeMu  sync.Mutex // serialises starting and stopping the mesh's own seats
 	grantMu sync.Mutex
 	granted map[string]seats.Lease // lease key → the lease whose instance has the holder's grant
 
@@ -110,6 +111,16 @@ func (s *seatService) hooks() seats.Hooks {
 
 // nodeSeat starts or stops what the node does as holder of one of the mesh's own seats.
 func (s *seatService) nodeSeat(l seats.Lease, held bool) {
+	// Starting and stopping are serialised, and a start happens only while the runner still
+	// holds the lease: a loss reported between the runner's gain and this hook must win.
+	s.nodeMu.Lock()
+	defer s.nodeMu.Unlock()
+	if held {
+		h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance})
+		if !ok || h.Epoch != l.Epoch {
+			return
+		}
+	}
 	var start func() error
 	var stop func()
 	switch l.Seat {

@@ -227,16 +227,21 @@ func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry
 	return reply, nil
 }
 
-// disconnected stops every seat's consuming at once: a holder holds only while connected
-// (the node kicks it when the lease is lost), and the reconnect claims again.
-func (c *Client) disconnected() {
+// seatStates returns the seats this instance is a candidate for.
+func (c *Client) seatStates() []*seatState {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	sts := make([]*seatState, 0, len(c.seats))
 	for _, st := range c.seats {
 		sts = append(sts, st)
 	}
-	c.mu.Unlock()
-	for _, st := range sts {
+	return sts
+}
+
+// disconnected stops every seat's consuming at once: a holder holds only while connected
+// (the node kicks it when the lease is lost), and the reconnect claims again.
+func (c *Client) disconnected() {
+	for _, st := range c.seatStates() {
 		st.mu.Lock()
 		if st.consume != nil {
 			st.consume.Stop()
@@ -249,13 +254,7 @@ func (c *Client) disconnected() {
 
 // reclaim claims every seat again after a reconnect.
 func (c *Client) reclaim() {
-	c.mu.Lock()
-	sts := make([]*seatState, 0, len(c.seats))
-	for _, st := range c.seats {
-		sts = append(sts, st)
-	}
-	c.mu.Unlock()
-	for _, st := range sts {
+	for _, st := range c.seatStates() {
 		ctx, cancel := withDefaultTimeout(c.ctx)
 		if err := c.claim(ctx, st); err != nil && c.ctx.Err() == nil {
 			c.log.Warn("claim seat after reconnect; trying again", "seat", st.seat, "err", err)
@@ -268,13 +267,7 @@ func (c *Client) reclaim() {
 // releaseSeats stops consuming and releases every seat, so the next candidate takes over at
 // once (Close calls it).
 func (c *Client) releaseSeats() {
-	c.mu.Lock()
-	sts := make([]*seatState, 0, len(c.seats))
-	for _, st := range c.seats {
-		sts = append(sts, st)
-	}
-	c.mu.Unlock()
-	for _, st := range sts {
+	for _, st := range c.seatStates() {
 		st.mu.Lock()
 		if st.consume != nil {
 			st.consume.Stop()

@@ -67,6 +67,8 @@ type Runner struct {
 	seen       map[Candidate]time.Time // when each candidate's connection was last seen
 	held       map[string]*held        // by key
 	staleTried map[string]time.Time    // by key: when a lease the mirror shows unrenewed was last tried
+
+	renewals sync.WaitGroup // renewals on the wire
 }
 
 type held struct {
@@ -76,6 +78,8 @@ type held struct {
 	// bucket expires the lease TTL after it reached the server, so no later than sent+TTL
 	// may another node take it. The holder gives it up before that.
 	sent time.Time
+	// renewing: a renewal is on the wire; the next tick does not send another.
+	renewing bool
 }
 
 // ErrExpired means a lease could not be renewed within its TTL: this node is cut off from
@@ -159,6 +163,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// when leases are at risk (no quorum), and a holder must never outlive its lease.
 	expiring := make(chan struct{})
 	defer func() { <-expiring }()
+	defer r.renewals.Wait()
 	go func() {
 		defer close(expiring)
 		t := time.NewTicker(expiryTick)
@@ -223,7 +228,8 @@ func (r *Runner) acquireFree(ctx context.Context) {
 		}
 		tried[key] = true
 		l := Lease{Seat: c.Seat, Scope: c.Scope, Node: r.node, Module: c.Module, Instance: c.Instance, Since: time.Now().UTC()}
-		actx, cancel := context.WithTimeout(ctx, r.store.TTL())
+		// No longer than the lease could be kept: an acquire answered later is expired at once.
+		actx, cancel := context.WithTimeout(ctx, r.store.TTL()-r.expiryMargin())
 		sent := time.Now()
 		rev, err := r.store.acquire(actx, l)
 		cancel()
@@ -303,23 +309,21 @@ func (r *Runner) isMine(l Lease) bool {
 // renewAll renews every held lease; a lease that changed under us is lost.
 func (r *Runner) renewAll(ctx context.Context) {
 	r.mu.Lock()
-	hs := make([]*held, 0, len(r.held))
-	for _, h := range r.held {
-		hs = append(hs, h)
-	}
-	r.mu.Unlock()
+	defer r.mu.Unlock()
 	// Each lease is renewed on its own, and may take until just before it would expire: on
 	// a loaded machine a replicated write can take more than a renewal period, and giving up
-	// early would lose seats that are not at risk.
-	var wg sync.WaitGroup
-	for _, h := range hs {
-		wg.Add(1)
+	// early would lose seats that are not at risk. The loop does not wait for them.
+	for _, h := range r.held {
+		if h.renewing {
+			continue
+		}
+		h.renewing = true
+		r.renewals.Add(1)
 		go func() {
-			defer wg.Done()
+			defer r.renewals.Done()
 			r.renew(ctx, h)
 		}()
 	}
-	wg.Wait()
 }
 
 func (r *Runner) renew(ctx context.Context, h *held) {
@@ -330,13 +334,26 @@ func (r *Runner) renew(ctx context.Context, h *held) {
 	sent := time.Now()
 	rev, err := r.store.renew(rctx, lease, prev)
 	cancel()
-	switch {
-	case err == nil:
-		r.mu.Lock()
+	key := Key(lease.Seat, lease.Scope, r.node)
+	r.mu.Lock()
+	h.renewing = false
+	current := r.held[key] == h
+	if err == nil && current {
 		h.rev, h.sent = rev, sent
-		r.mu.Unlock()
+	}
+	r.mu.Unlock()
+	switch {
+	case err == nil && !current:
+		// Dropped (released, retired or expired) while the renewal was on the wire, which
+		// gave the lease a fresh TTL: free it at its new revision, or the seat stays locked.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.store.TTL())
+		defer cancel()
+		if err := r.store.release(rctx, lease, rev); err != nil {
+			r.log.Warn("release a lease renewed after it was given up; it expires with its TTL", "seat", lease.Seat, "err", err)
+		}
+	case err == nil:
 	case errors.Is(err, ErrLost):
-		if !r.drop(Key(lease.Seat, lease.Scope, r.node), h) {
+		if !r.drop(key, h) {
 			return // expired meanwhile: already reported
 		}
 		r.log.Warn("seat lost", "seat", lease.Seat, "instance", lease.Instance, "err", err)

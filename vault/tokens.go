@@ -202,6 +202,10 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 	if _, err := v.kv.Update(ctx, "token."+id, b, e.Revision()); err != nil {
 		return nil, fmt.Errorf("join token %s changed meanwhile; try again", id)
 	}
+	// Into the mirror at once: the next enrol checks names against it.
+	v.mu.Lock()
+	v.tokens[r.PublicKey] = r
+	v.mu.Unlock()
 	v.event(ctx, "enrolled", map[string]any{"token": id, "node": req.Node})
 	return &out, nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,22 +128,7 @@ func TestBinary_AuditSurvivesKill9(t *testing.T) {
 		}
 		return nil
 	})
-	r := meshnode(t, nil, "audit", "query", "--source", "m", "--json", "--data-dir", dir)
-	if r.code != 0 {
-		t.Fatalf("audit query: exit %d %s", r.code, r.stderr)
-	}
-	recorded := map[string]int{}
-	sc := bufio.NewScanner(strings.NewReader(r.stdout))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var rec struct {
-			EventID string `json:"event_id"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			t.Fatal(err)
-		}
-		recorded[rec.EventID]++
-	}
+	recorded := auditIDs(t, dir, filepath.Join(dir, "operator.nk"), "m")
 	for id, n := range recorded {
 		if n != 1 {
 			t.Fatalf("event %s recorded %d times", id, n)
