@@ -332,12 +332,6 @@ func (n *Node) Run(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.audit.Run(ctx) }, func(error) { cancel() })
 	}
-	{
-		// The lease runner releases every lease it holds when it stops, so a graceful stop
-		// hands this node's seats on at once.
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.seats.run.Run(ctx) }, func(error) { cancel() })
-	}
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -534,6 +528,10 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 		s.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
 	s.run.Acquire(ctx)
+	// The runner renews from here on, not from Run: what Open does next (the genesis
+	// hand-off) can take longer than a lease lives. It releases every lease when it stops
+	// (Close), so a graceful stop hands this node's seats on at once.
+	s.runLeases()
 	return nil
 }
 

@@ -48,6 +48,10 @@ type seatService struct {
 	// leader, and the runner must keep renewing its leases meanwhile.
 	work chan func()
 
+	// leasesStop ends the lease runner; leasesDone is closed when it has released its leases.
+	leasesStop context.CancelFunc
+	leasesDone chan struct{}
+
 	// ctx ends at stop; wg counts the releases running after their reply and the worker.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -267,7 +271,21 @@ func (s *seatService) start() error {
 	return nil
 }
 
+// runLeases runs the lease runner until stop.
+func (s *seatService) runLeases() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.leasesStop, s.leasesDone = cancel, make(chan struct{})
+	go func() {
+		defer close(s.leasesDone)
+		s.run.Run(ctx)
+	}()
+}
+
 func (s *seatService) stop() {
+	if s.leasesStop != nil {
+		s.leasesStop()
+		<-s.leasesDone
+	}
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 	}
