@@ -209,17 +209,17 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			leases.Close() // not yet handed to the seat service, which Close closes
 		}
 	}()
-	if err := parallel(
-		func() error {
+	if err := parallel(ctx,
+		func(ctx context.Context) error {
 			return retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) })
 		},
-		func() error {
+		func(ctx context.Context) error {
 			return retryJS(ctx, func(ctx context.Context) (err error) {
 				leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL)
 				return err
 			})
 		},
-		func() error { return retryJS(ctx, n.ctrl.topo.ensureMesh) },
+		func(ctx context.Context) error { return retryJS(ctx, n.ctrl.topo.ensureMesh) },
 	); err != nil {
 		return err
 	}
@@ -493,19 +493,27 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 	}
 }
 
-// parallel runs fs at once and returns their errors joined.
-func parallel(fs ...func() error) error {
-	errs := make([]error, len(fs))
-	var wg sync.WaitGroup
-	for i, f := range fs {
+// parallel runs fs at once; the first to fail cancels the others' context, and its error is
+// returned.
+func parallel(ctx context.Context, fs ...func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		once  sync.Once
+		first error
+		wg    sync.WaitGroup
+	)
+	for _, f := range fs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = f()
+			if err := f(ctx); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return first
 }
 
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own

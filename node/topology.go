@@ -78,16 +78,16 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	events := manifest.EventsStream()
 	events.MaxAge = t.eventsMaxAge
 	streams := []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()}
-	fs := make([]func() error, len(streams))
+	fs := make([]func(context.Context) error, len(streams))
 	for i, s := range streams {
-		fs[i] = func() error {
+		fs[i] = func(ctx context.Context) error {
 			if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(s, t.replicas)); err != nil {
 				return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
 			}
 			return nil
 		}
 	}
-	if err := parallel(fs...); err != nil {
+	if err := parallel(ctx, fs...); err != nil {
 		return err
 	}
 	audit := manifest.AuditConsumer(t.node)
