@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -103,8 +102,9 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		progress := fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", "))
 		if progress != lastProgress {
 			// `meshnode status` reads it: the HTTP API starts with the bus.
-			if err := writeInfo(n.cfg.DataDir, Info{Name: n.id.Name, MeshID: f.MeshID, PID: os.Getpid(), Version: Version(),
-				ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC(), Forming: progress}); err != nil {
+			info := n.info()
+			info.Forming = progress
+			if err := writeInfo(n.cfg.DataDir, info); err != nil {
 				n.log.Warn("write formation progress", "err", err)
 			}
 			lastProgress = progress

@@ -50,6 +50,12 @@ func ReadInfo(dataDir string) (Info, error) {
 	return info, nil
 }
 
+// info is this node's node.json without the addresses its bus and HTTP API bind.
+func (n *Node) info() Info {
+	return Info{Name: n.id.Name, MeshID: n.id.MeshID, PID: os.Getpid(), Version: Version(),
+		ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC()}
+}
+
 func writeInfo(dataDir string, info Info) error {
 	b, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {

@@ -279,17 +279,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		n.eventConn.Store(n.bus.Conn())
 		n.reportUnreachable() // if this node took mesh-controller while opening
 	}
-	if err := writeInfo(n.cfg.DataDir, Info{
-		Name:        n.id.Name,
-		MeshID:      n.id.MeshID,
-		PID:         os.Getpid(),
-		Version:     Version(),
-		ClientURL:   n.bus.ClientURL(),
-		HTTPURL:     n.HTTPURL(),
-		ClusterAddr: n.cfg.ClusterAddr,
-		GossipAddr:  n.cfg.GossipAddr,
-		Started:     n.started.UTC(),
-	}); err != nil {
+	info := n.info()
+	info.ClientURL, info.HTTPURL = n.bus.ClientURL(), n.HTTPURL()
+	if err := writeInfo(n.cfg.DataDir, info); err != nil {
 		return fmt.Errorf("write %s: %w", InfoFile, err)
 	}
 	return nil

@@ -58,6 +58,13 @@ func Key(seat string, scope manifest.Scope, node string) string {
 	return seat
 }
 
+// mirrored is one lease as the mirror last saw it: at which revision, and when.
+type mirrored struct {
+	lease Lease
+	rev   uint64
+	seen  time.Time
+}
+
 // Store is the bucket of leases and a mirror of it.
 type Store struct {
 	kv  jetstream.KeyValue
@@ -66,10 +73,8 @@ type Store struct {
 	w   jetstream.KeyWatcher
 
 	mu     sync.RWMutex
-	leases map[string]Lease     // by key
-	revs   map[string]uint64    // by key: the revision the mirror last saw
-	seen   map[string]time.Time // by key: when the mirror saw it
-	notify []chan<- string      // told the key of every change
+	leases map[string]mirrored // by key
+	notify []chan<- string     // told the key of every change
 }
 
 // OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
@@ -88,7 +93,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]Lease{}, revs: map[string]uint64{}, seen: map[string]time.Time{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}}
 	w, err := kv.WatchAll(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
@@ -125,14 +130,10 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 			if l.Epoch == 0 {
 				l.Epoch = e.Revision()
 			}
-			s.leases[e.Key()] = l
-			s.revs[e.Key()] = e.Revision()
-			s.seen[e.Key()] = time.Now()
+			s.leases[e.Key()] = mirrored{lease: l, rev: e.Revision(), seen: time.Now()}
 		}
 	} else {
 		delete(s.leases, e.Key())
-		delete(s.revs, e.Key())
-		delete(s.seen, e.Key())
 	}
 	notify := s.notify
 	s.mu.Unlock()
@@ -148,8 +149,8 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 func (s *Store) Get(key string) (Lease, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	l, ok := s.leases[key]
-	return l, ok
+	m, ok := s.leases[key]
+	return m.lease, ok
 }
 
 // Stale reports whether the mirror's lease of key has gone unrenewed for longer than the TTL:
@@ -158,8 +159,8 @@ func (s *Store) Get(key string) (Lease, bool) {
 func (s *Store) Stale(key string) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	seen, ok := s.seen[key]
-	return ok && time.Since(seen) > s.ttl
+	m, ok := s.leases[key]
+	return ok && time.Since(m.seen) > s.ttl
 }
 
 // All returns every lease in the mirror.
@@ -167,8 +168,8 @@ func (s *Store) All() []Lease {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make([]Lease, 0, len(s.leases))
-	for _, l := range s.leases {
-		out = append(out, l)
+	for _, m := range s.leases {
+		out = append(out, m.lease)
 	}
 	return out
 }
@@ -217,12 +218,12 @@ func (s *Store) release(ctx context.Context, l Lease, rev uint64) error {
 // must not delete the lease another node has taken since.
 func (s *Store) takeOver(ctx context.Context, key string) error {
 	s.mu.RLock()
-	rev, ok := s.revs[key]
+	m, ok := s.leases[key]
 	s.mu.RUnlock()
 	if !ok {
 		return nil
 	}
-	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	err := s.kv.Delete(ctx, key, jetstream.LastRevision(m.rev))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !mirror.Conflict(err) {
 		return err
 	}

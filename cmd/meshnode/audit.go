@@ -107,18 +107,22 @@ func newAuditTailCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			w := newRecordWriter(cmd.OutOrStdout(), asJSON)
-			f.Last = n
-			reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
-			if err != nil {
-				return err
-			}
-			for _, r := range reply.Records {
-				w.write(r)
-				f.After = r.N
-			}
-			w.flush()
-			if !follow {
+			// printNew prints what the filter finds and moves it past what was printed.
+			printNew := func() error {
+				reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
+				if err != nil {
+					return err
+				}
+				for _, r := range reply.Records {
+					w.write(r)
+					f.After = r.N
+				}
+				w.flush()
 				return nil
+			}
+			f.Last = n
+			if err := printNew(); err != nil || !follow {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -131,15 +135,9 @@ func newAuditTailCmd() *cobra.Command {
 					return nil
 				case <-tick.C:
 				}
-				reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
-				if err != nil {
+				if err := printNew(); err != nil {
 					return err
 				}
-				for _, r := range reply.Records {
-					w.write(r)
-					f.After = r.N
-				}
-				w.flush()
 			}
 		},
 	}

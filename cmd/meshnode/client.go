@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -47,6 +49,17 @@ func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
 		}
 	}
 	return url, creds, nil
+}
+
+// writeJSONLines writes xs as one JSON object per line: every list verb's --json.
+func writeJSONLines[T any](w io.Writer, xs []T) error {
+	enc := json.NewEncoder(w)
+	for _, x := range xs {
+		if err := enc.Encode(x); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // dial connects to the node as the identity in the seed file.

@@ -95,11 +95,7 @@ func newDeadLsCmd() *cobra.Command {
 					return err
 				}
 				if asJSON {
-					enc := json.NewEncoder(cmd.OutOrStdout())
-					for _, d := range ds {
-						enc.Encode(d)
-					}
-					return nil
+					return writeJSONLines(cmd.OutOrStdout(), ds)
 				}
 				printDead(cmd.OutOrStdout(), ds)
 				return nil

@@ -41,11 +41,7 @@ func newMembersCmd() *cobra.Command {
 				return fmt.Errorf("members: %w", err)
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, m := range ms {
-					enc.Encode(m)
-				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), ms)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tADDRESS\tSTATE\tJETSTREAM\tSEATS")

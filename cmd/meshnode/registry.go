@@ -104,12 +104,10 @@ func newModuleLsCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, m := range mods {
-					m.Manifest = ""
-					enc.Encode(m)
+				for i := range mods {
+					mods[i].Manifest = ""
 				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), mods)
 			}
 			printModules(cmd.OutOrStdout(), mods)
 			return nil

@@ -46,11 +46,7 @@ func newSeatLsCmd() *cobra.Command {
 				return fmt.Errorf("seats: %s", reply.Error)
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, s := range reply.Seats {
-					enc.Encode(s)
-				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), reply.Seats)
 			}
 			printSeats(cmd.OutOrStdout(), reply.Seats)
 			return nil

@@ -128,11 +128,7 @@ func newVaultLsCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, m := range metas {
-					enc.Encode(m)
-				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), metas)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "OWNER\tNAME\tVERSION\tREADABLE\tCREATED")
