@@ -22,13 +22,15 @@ import (
 )
 
 // register registers a manifest with the CLI and returns the seed file.
-func registerModule(t *testing.T, dir, text string) string {
+// registerModule registers text through the node on dir (with extra flags, such as --creds)
+// and returns the new module's seed file.
+func registerModule(t *testing.T, dir, text string, extra ...string) string {
 	t.Helper()
 	work := t.TempDir()
 	path := filepath.Join(work, "m.yaml")
 	os.WriteFile(path, []byte(text), 0o600)
 	seed := filepath.Join(work, "m.nk")
-	if r := meshnode(t, nil, "module", "register", path, "--creds-out", seed, "--data-dir", dir); r.code != 0 {
+	if r := meshnode(t, nil, append([]string{"module", "register", path, "--creds-out", seed, "--data-dir", dir}, extra...)...); r.code != 0 {
 		t.Fatalf("register: exit %d %s", r.code, r.stderr)
 	}
 	return seed

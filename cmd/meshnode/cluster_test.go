@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -151,12 +150,7 @@ func TestBinary_FoundThree(t *testing.T) {
 		}
 		return nil
 	})
-	manifest := filepath.Join(t.TempDir(), "m.yaml")
-	os.WriteFile(manifest, []byte("module: joined\nrequires: [mesh-bus]\nemits: [hello]\n"), 0o600)
-	seed := filepath.Join(t.TempDir(), "joined.nk")
-	if r := meshnode(t, nil, "module", "register", manifest, "--creds-out", seed, "--data-dir", d.dir, "--creds", nodes[0].dir+"/operator.nk"); r.code != 0 {
-		t.Fatalf("register through the joined node: exit %d %s %s", r.code, r.stdout, r.stderr)
-	}
+	seed := registerModule(t, d.dir, "module: joined\nrequires: [mesh-bus]\nemits: [hello]\n", "--creds", nodes[0].dir+"/operator.nk")
 	retryUntil(t, 20*time.Second, func() error {
 		if r := meshnode(t, nil, "emit", "hello", `{"n":1}`, "--data-dir", d.dir, "--creds", seed); r.code != 0 {
 			return fmt.Errorf("emit through the joined node: exit %d %s", r.code, r.stderr)
@@ -225,17 +219,7 @@ func TestBinary_LoseOne(t *testing.T) {
 	nodes, _, _ := formThree(t)
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	op := filepath.Join(a.dir, "operator.nk")
-	register := func(dir, text string) string {
-		t.Helper()
-		work := t.TempDir()
-		path := filepath.Join(work, "m.yaml")
-		os.WriteFile(path, []byte(text), 0o600)
-		seed := filepath.Join(work, "m.nk")
-		if r := meshnode(t, nil, "module", "register", path, "--creds-out", seed, "--data-dir", dir, "--creds", op); r.code != 0 {
-			t.Fatalf("register: exit %d %s", r.code, r.stderr)
-		}
-		return seed
-	}
+	register := func(dir, text string) string { t.Helper(); return registerModule(t, dir, text, "--creds", op) }
 	tickerSeed := register(a.dir, "module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
 	sinkSeed := register(a.dir, "module: sink\nrequires: [mesh-bus]\nconsumes: [ticker.tick]\n")
 	workerSeed := register(a.dir, "module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")

@@ -247,35 +247,29 @@ func TestBinary_MinorityPartition(t *testing.T) {
 		n.p.awaitReady(t, 90*time.Second)
 	}
 	op := filepath.Join(a.dir, "operator.nk")
-	register := func(text string) string {
-		t.Helper()
-		work := t.TempDir()
-		path := filepath.Join(work, "m.yaml")
-		os.WriteFile(path, []byte(text), 0o600)
-		seed := filepath.Join(work, "m.nk")
-		if r := meshnode(t, nil, "module", "register", path, "--creds-out", seed, "--data-dir", a.dir); r.code != 0 {
-			t.Fatalf("register: exit %d %s", r.code, r.stderr)
-		}
-		return seed
-	}
-	workerSeed := register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
-	tickerSeed := register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
+	workerSeed := registerModule(t, a.dir, "module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	tickerSeed := registerModule(t, a.dir, "module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
 
 	// Workers are this test binary run as a module, one on c (it takes the seat first) and
 	// one on a, each in its machine's namespace.
 	log := &seatLog{}
-	worker := func(i int, who string) {
+	// helper runs this test binary in machine i's namespace as role (WORKER or EMITTER),
+	// connected to that machine's node with seed, and returns its output.
+	helper := func(i int, role, seed string) *bufio.Scanner {
 		self, _ := os.Executable()
 		cmd := b.command(i, self)
-		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_WORKER=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_WORKER_SEED="+workerSeed)
+		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_"+role+"=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_"+role+"_SEED="+seed)
 		out, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
-		ready := make(chan struct{})
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		go log.follow(who, bufio.NewScanner(out), ready)
+		return bufio.NewScanner(out)
+	}
+	worker := func(i int, who string) {
+		ready := make(chan struct{})
+		go log.follow(who, helper(i, "WORKER", workerSeed), ready)
 		select {
 		case <-ready:
 		case <-time.After(30 * time.Second):
@@ -283,17 +277,8 @@ func TestBinary_MinorityPartition(t *testing.T) {
 		}
 	}
 	emitter := func(i int) *emitLog {
-		self, _ := os.Executable()
-		cmd := b.command(i, self)
-		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_EMITTER=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_EMITTER_SEED="+tickerSeed)
-		out, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		e := &emitLog{}
-		go e.follow(bufio.NewScanner(out))
+		go e.follow(helper(i, "EMITTER", tickerSeed))
 		return e
 	}
 	worker(2, "c")
