@@ -187,13 +187,22 @@ func TestBinary_FoundThree(t *testing.T) {
 	}
 }
 
-// auditIDs returns how often each event of source is in the audit log of the node on dir,
-// once that node's audit has caught up with the bus.
+// auditIDs returns how often each event of source is in the audit log of the node on dir.
 func auditIDs(t *testing.T, dir, creds, source string) map[string]int {
 	t.Helper()
+	ids, err := queryAuditIDs(t, dir, creds, source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// queryAuditIDs is auditIDs for a poll: a node that does not answer yet (it restarted, or
+// its network came back a moment ago) is an error to try again, not a failure.
+func queryAuditIDs(t *testing.T, dir, creds, source string) (map[string]int, error) {
 	r := meshnode(t, nil, "audit", "query", "--source", source, "--json", "--data-dir", dir, "--creds", creds)
 	if r.code != 0 {
-		t.Fatalf("audit query on %s: exit %d %s", dir, r.code, r.stderr)
+		return nil, fmt.Errorf("audit query on %s: exit %d %s", dir, r.code, r.stderr)
 	}
 	ids := map[string]int{}
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
@@ -207,7 +216,7 @@ func auditIDs(t *testing.T, dir, creds, source string) map[string]int {
 		}
 		ids[rec.EventID]++
 	}
-	return ids
+	return ids, nil
 }
 
 // TestBinary_LoseOne: kill -9 one of three nodes while a module emits 50,000 events and
@@ -354,7 +363,10 @@ func TestBinary_LoseOne(t *testing.T) {
 
 	// Each survivor's audit log holds every acknowledged event, once.
 	complete := func(n *meshNode) error {
-		ids := auditIDs(t, n.dir, op, "ticker")
+		ids, err := queryAuditIDs(t, n.dir, op, "ticker")
+		if err != nil {
+			return err
+		}
 		for id, k := range ids {
 			if k != 1 {
 				return fmt.Errorf("%s: event %s recorded %d times", n.name, id, k)

@@ -340,7 +340,10 @@ func TestBinary_MinorityPartition(t *testing.T) {
 	// Healed, c rejoins; every acknowledged write of either side is in every audit log.
 	for _, n := range []*meshNode{a, c} {
 		retryUntil(t, 60*time.Second, func() error {
-			ids := auditIDs(t, n.dir, op, "ticker")
+			ids, err := queryAuditIDs(t, n.dir, op, "ticker")
+			if err != nil {
+				return err
+			}
 			for _, e := range []*emitLog{majority, minority} {
 				for _, id := range e.ids(healed) {
 					if ids[id] != 1 {
