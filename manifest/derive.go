@@ -217,8 +217,8 @@ func (d *Derivation) seat(name, node string) (Seat, error) {
 }
 
 // HolderPermissions returns what an instance holding seat on node may do besides the
-// module's own Permissions: pull and ack the seat's consumer, dead-letter it, publish the
-// seat's events, answer its tools. Node matters only for a node-scoped seat.
+// module's own Permissions: pull and ack the seat's consumer, publish the seat's events,
+// answer its tools. Node matters only for a node-scoped seat.
 func (d *Derivation) HolderPermissions(seat, node string) (Permissions, error) {
 	s, err := d.seat(seat, node)
 	if err != nil {

@@ -120,7 +120,6 @@ seats:
 			"$JS.ACK.EVENTS.telegram.>",
 			"$JS.API.CONSUMER.INFO.EVENTS.telegram",
 			"$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
-			"mesh.dead.EVENTS.telegram",
 			"mesh.mod.telegram.event.message.received",
 			"mesh.seat.mailer.accept.>",
 			"mesh.seat.mailer.node.*.accept.>",
@@ -146,7 +145,6 @@ seats:
 			"$JS.ACK.SEAT_telegram-sender.seat-telegram-sender.>",
 			"$JS.API.CONSUMER.INFO.SEAT_telegram-sender.seat-telegram-sender",
 			"$JS.API.CONSUMER.MSG.NEXT.SEAT_telegram-sender.seat-telegram-sender",
-			"mesh.dead.SEAT_telegram-sender.seat-telegram-sender",
 			"mesh.seat.telegram-sender.event.delivered",
 			"mesh.seat.telegram-sender.event.failed",
 		},
@@ -163,7 +161,6 @@ seats:
 			"$JS.ACK.SEAT_telegram-poller.seat-telegram-poller-n2.>",
 			"$JS.API.CONSUMER.INFO.SEAT_telegram-poller.seat-telegram-poller-n2",
 			"$JS.API.CONSUMER.MSG.NEXT.SEAT_telegram-poller.seat-telegram-poller-n2",
-			"mesh.dead.SEAT_telegram-poller.seat-telegram-poller-n2",
 		},
 		Subscribe: []manifest.Subscription{},
 	})
@@ -327,6 +324,49 @@ func TestConsumeSubject(t *testing.T) {
 	for _, in := range []string{"", "billing", "*", "billing.>", "#", "mesh.mod.b.event.x", "a.**.b", "A.b"} {
 		if got, err := manifest.ConsumeSubject(in); err == nil {
 			t.Errorf("ConsumeSubject(%q)=%q, want an error", in, got)
+		}
+	}
+}
+
+// TestManifest_Derive_NoDeadLetterGrant: neither a module nor a seat's holder may publish on
+// a dead subject (the node writes DEAD, issue 11); each may still terminate its messages on
+// its ack subject, which is how it gives up with a reason.
+func TestManifest_Derive_NoDeadLetterGrant(t *testing.T) {
+	d := mustDerive(t, `
+module: m
+requires: [mesh-bus]
+emits: [x]
+consumes: ["**"]
+seats:
+  s: {scope: mesh, retain: 1h, accepts: [run], emits: [done]}
+  p: {scope: node, retain: 1h, accepts: [poll]}
+`)
+	sets := map[string]manifest.Permissions{"module": d.Permissions}
+	for _, seat := range []string{"s", "p"} {
+		h, err := d.HolderPermissions(seat, "n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets["holder of "+seat] = h
+	}
+	dead := []string{
+		manifest.DeadSubject(manifest.EventsStreamName, "m"), manifest.DeadSubject("SEAT_s", "seat-s"),
+		manifest.DeadSubject("SEAT_p", "seat-p-n1"), manifest.DeadSubject(manifest.EventsStreamName, "other"),
+	}
+	for who, p := range sets {
+		for _, grant := range p.Publish {
+			for _, subj := range dead {
+				if manifest.Matches(grant, subj) {
+					t.Errorf("%s may publish %s (grant %q)", who, subj, grant)
+				}
+			}
+		}
+	}
+	for who, term := range map[string]string{
+		"module": "$JS.ACK.EVENTS.m.1.2.3.4.5", "holder of s": "$JS.ACK.SEAT_s.seat-s.1.2.3.4.5",
+	} {
+		if !slices.ContainsFunc(sets[who].Publish, func(g string) bool { return manifest.Matches(g, term) }) {
+			t.Errorf("%s may not terminate on its ack subject %s: %q", who, term, sets[who].Publish)
 		}
 	}
 }

@@ -30,11 +30,13 @@
 //   - always          → subscribe on the inbox _INBOX.M.>
 //   - seat S declared → stream SEAT_S (work queue, max age = retain) and consumer seat-S
 //     (node scope: seat-S-<node>, filtered to that node), and holder permissions granted
-//     only while an instance holds S's lease: pull/ack/dead-letter that consumer, publish
+//     only while an instance holds S's lease: pull/ack that consumer, publish
 //     mesh.seat.S.event.*, answer mesh.seat.S.tool.* in queue group S.
 //
 // The JetStream API is otherwise closed: a module gets INFO, MSG.NEXT and ACK for its own
-// consumers and nothing else; a JetStream publish needs no API grant.
+// consumers and nothing else; a JetStream publish needs no API grant. Nobody but the node
+// publishes on mesh.dead.>: the node writes a dead letter from JetStream's advisories, and a
+// client gives up on a message by terminating it (+TERM, with its reason) on its ack subject.
 //
 // # Decisions where the design is silent
 //

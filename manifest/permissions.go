@@ -63,8 +63,8 @@ func (p Permissions) normal() Permissions {
 
 // modulePermissions derives what every instance of m may always do (DESIGN §5): publish its
 // events; answer its tools in queue group <module>; reply to requests; subscribe on its
-// inbox; pull, ack and dead-letter its EVENTS consumer; send work to and call the seats it
-// uses — never subscribe on them. A module that does not require the bus gets nothing.
+// inbox; pull and ack its EVENTS consumer; send work to and call the seats it uses — never
+// subscribe on them. A module that does not require the bus gets nothing.
 func modulePermissions(m *Manifest) Permissions {
 	var p Permissions
 	if !m.requiresBus() {
@@ -92,18 +92,20 @@ func modulePermissions(m *Manifest) Permissions {
 	return p.normal()
 }
 
-// pullPermissions are the publish subjects needed to pull, ack and dead-letter one consumer.
+// pullPermissions are the publish subjects needed to pull and ack one consumer. Never its
+// dead subject: the node writes dead letters (from JetStream's advisories), and a client that
+// could write DEAD could forge what `dead replay` republishes. A client gives up on a message
+// by terminating it (+TERM with its reason), which its ack subject already allows.
 func pullPermissions(stream, consumer string) []string {
 	return []string{
 		consumerInfoSubject(stream, consumer),
 		consumerNextSubject(stream, consumer),
 		consumerAckSubject(stream, consumer),
-		DeadSubject(stream, consumer),
 	}
 }
 
 // holderPermissions derives what the holder of seat s on node adds while it holds the lease:
-// pull, ack and dead-letter the seat's consumer, publish the seat's events, answer the
+// pull and ack the seat's consumer, publish the seat's events, answer the
 // seat's tools in queue group <seat>.
 func holderPermissions(s Seat, node string) Permissions {
 	var p Permissions

@@ -67,7 +67,6 @@ func TestProperty_PermissionsStayHome(t *testing.T) {
 					"$JS.API.CONSUMER.INFO." + c.stream + "." + c.name,
 					"$JS.API.CONSUMER.MSG.NEXT." + c.stream + "." + c.name,
 					"$JS.ACK." + c.stream + "." + c.name + ".>",
-					"mesh.dead." + c.stream + "." + c.name,
 				}, p) {
 					return true
 				}
