@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // Bucket is the KV bucket of registered modules.
@@ -92,6 +93,9 @@ type Registry struct {
 	operator string            // the operator's public key: every node admits it
 	vault    string            // the vault's public key
 	nodes    map[string]NodeIdentity
+	// bad holds, by key, the revision of a module record that was refused: the next write of
+	// that module replaces it.
+	bad map[string]uint64
 }
 
 // New returns an empty registry; Open connects it to the bucket.
@@ -102,7 +106,7 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 	if onChange == nil {
 		onChange = func(_, _ *Entry) {}
 	}
-	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}}
+	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}, bad: map[string]uint64{}}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -143,35 +147,13 @@ func (r *Registry) Close() error {
 	return r.w.Stop()
 }
 
-// apply folds one bucket entry into the mirror.
+// apply folds one bucket entry into the mirror. Every value is untrusted input (anything may
+// have been written to the bucket): a value that does not decode and validate is logged with
+// its key and skipped, and the mirror holds the newest earlier good revision of that key
+// from the bucket's history (the same on every node, and after a restart), or nothing.
 func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	if strings.HasPrefix(kve.Key(), "identity.") {
-		put := kve.Operation() == jetstream.KeyValuePut
-		r.mu.Lock()
-		switch key := kve.Key(); {
-		case key == operatorKey:
-			r.operator = ""
-			if put {
-				r.operator = string(kve.Value())
-			}
-		case key == vaultKey:
-			r.vault = ""
-			if put {
-				r.vault = string(kve.Value())
-			}
-		case strings.HasPrefix(key, nodeKeyPrefix):
-			name := strings.TrimPrefix(key, nodeKeyPrefix)
-			var id NodeIdentity
-			if put && json.Unmarshal(kve.Value(), &id) == nil {
-				if r.nodes == nil {
-					r.nodes = map[string]NodeIdentity{}
-				}
-				r.nodes[name] = id
-			} else {
-				delete(r.nodes, name)
-			}
-		}
-		r.mu.Unlock()
+		r.applyIdentity(kve)
 		r.advance(kve.Revision())
 		return
 	}
@@ -182,14 +164,7 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	}
 	var next *Entry
 	if kve.Operation() == jetstream.KeyValuePut {
-		e, err := decode(kve)
-		if err != nil {
-			// A record this version cannot read must not lock the module out silently.
-			r.log.Error("registry record unreadable; the module cannot connect until it is re-registered",
-				"module", name, "revision", kve.Revision(), "err", err)
-		} else {
-			next = e
-		}
+		next = r.decodeModule(kve)
 	}
 	r.mu.Lock()
 	prev := r.byModule[name]
@@ -203,6 +178,19 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 		}
 	}
 	if next != nil {
+		if other, taken := r.byKey[next.PublicKey]; taken {
+			r.log.Error("registry record refused: skipped; its key is another module's",
+				"key", kve.Key(), "revision", kve.Revision(), "module", other.Module)
+			next = nil
+		}
+	}
+	delete(r.bad, kve.Key())
+	if kve.Operation() == jetstream.KeyValuePut && (next == nil || next.Revision != kve.Revision()) {
+		// The record at the key is a bad one: the next write of this module replaces it.
+		r.bad[kve.Key()] = kve.Revision()
+	}
+	if next != nil {
+		next.Revision = kve.Revision() // a write replaces the record at the key, good or bad
 		r.byModule[name] = next
 		r.byKey[next.PublicKey] = next
 		for _, s := range next.Manifest.Seats {
@@ -219,6 +207,131 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	}
 }
 
+// decodeModule returns the module record kve holds, or, when that is bad, the newest
+// earlier good one from the key's history; nil when there is none.
+func (r *Registry) decodeModule(kve jetstream.KeyValueEntry) *Entry {
+	e, err := decode(kve)
+	if err == nil {
+		return e
+	}
+	r.log.Error("registry record refused: skipped; re-register the module to replace it",
+		"key", kve.Key(), "revision", kve.Revision(), "err", err)
+	var found *Entry
+	r.history(kve, func(old jetstream.KeyValueEntry) bool {
+		found, err = decode(old)
+		return err == nil
+	})
+	if found != nil {
+		r.log.Warn("registry record: the previous good revision stays in force",
+			"key", kve.Key(), "revision", found.Revision)
+	}
+	return found
+}
+
+// applyIdentity folds an identity.* entry into the mirror.
+func (r *Registry) applyIdentity(kve jetstream.KeyValueEntry) {
+	key := kve.Key()
+	var check func([]byte) error
+	switch {
+	case key == operatorKey || key == vaultKey:
+		check = checkUserKey
+	case strings.HasPrefix(key, nodeKeyPrefix):
+		check = checkNodeIdentity
+	default:
+		return
+	}
+	value, put := kve.Value(), kve.Operation() == jetstream.KeyValuePut
+	if put {
+		if err := check(value); err != nil {
+			r.log.Error("registry identity refused: skipped", "key", key, "revision", kve.Revision(), "err", err)
+			put = false
+			r.history(kve, func(old jetstream.KeyValueEntry) bool {
+				if check(old.Value()) != nil {
+					return false
+				}
+				value, put = old.Value(), true
+				return true
+			})
+			if put {
+				r.log.Warn("registry identity: the previous good revision stays in force", "key", key)
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case key == operatorKey:
+		r.operator = ""
+		if put {
+			r.operator = string(value)
+		}
+	case key == vaultKey:
+		r.vault = ""
+		if put {
+			r.vault = string(value)
+		}
+	default:
+		name := strings.TrimPrefix(key, nodeKeyPrefix)
+		var id NodeIdentity
+		if put && json.Unmarshal(value, &id) == nil {
+			if r.nodes == nil {
+				r.nodes = map[string]NodeIdentity{}
+			}
+			r.nodes[name] = id
+		} else {
+			delete(r.nodes, name)
+		}
+	}
+}
+
+// historyTimeout bounds the look into a key's history for its last good revision.
+const historyTimeout = 5 * time.Second
+
+// history offers good, newest first, the revisions of kve's key older than kve, until good
+// returns true or a delete is met (before it, the key held nothing).
+func (r *Registry) history(kve jetstream.KeyValueEntry, good func(jetstream.KeyValueEntry) bool) {
+	if r.kv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), historyTimeout)
+	defer cancel()
+	entries, err := r.kv.History(ctx, kve.Key())
+	if err != nil {
+		r.log.Warn("registry history unreadable", "key", kve.Key(), "err", err)
+		return
+	}
+	for i := len(entries) - 1; i >= 0; i-- {
+		old := entries[i]
+		if old.Revision() >= kve.Revision() {
+			continue
+		}
+		if old.Operation() != jetstream.KeyValuePut || good(old) {
+			return
+		}
+	}
+}
+
+func checkUserKey(value []byte) error {
+	if !nkeys.IsValidPublicUserKey(string(value)) {
+		return fmt.Errorf("%.40q is not an nkey user public key", value)
+	}
+	return nil
+}
+
+func checkNodeIdentity(value []byte) error {
+	var id NodeIdentity
+	if err := json.Unmarshal(value, &id); err != nil {
+		return fmt.Errorf("not a node identity: %w", err)
+	}
+	if !nkeys.IsValidPublicServerKey(id.PublicKey) {
+		return fmt.Errorf("%.40q is not an nkey server public key", id.PublicKey)
+	}
+	if !nkeys.IsValidPublicCurveKey(id.XKey) {
+		return fmt.Errorf("%.40q is not an xkey public key", id.XKey)
+	}
+	return nil
+}
+
 func (r *Registry) advance(rev uint64) {
 	r.mu.Lock()
 	if rev > r.rev {
@@ -228,14 +341,24 @@ func (r *Registry) advance(rev uint64) {
 	r.mu.Unlock()
 }
 
+// decode reads a module record: untrusted input, checked against its key.
 func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
 	var rec Record
 	if err := json.Unmarshal(kve.Value(), &rec); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("not a module record: %w", err)
+	}
+	if want := modulePrefix + rec.Module; kve.Key() != want {
+		return nil, fmt.Errorf("the record names module %.40q, whose key is not %s", rec.Module, kve.Key())
+	}
+	if !nkeys.IsValidPublicUserKey(rec.PublicKey) {
+		return nil, fmt.Errorf("%.40q is not an nkey user public key", rec.PublicKey)
 	}
 	m, err := manifest.Parse([]byte(rec.Manifest))
 	if err != nil {
 		return nil, err
+	}
+	if m.Module != rec.Module {
+		return nil, fmt.Errorf("the record of module %s holds the manifest of %.40q", rec.Module, m.Module)
 	}
 	d, err := m.Derive()
 	if err != nil {
@@ -389,6 +512,12 @@ func (r *Registry) Put(ctx context.Context, rec Record, revision uint64) (*Entry
 		return nil, err
 	}
 	key := modulePrefix + rec.Module
+	if revision == 0 {
+		// A refused record at the key is no module: the write replaces it.
+		r.mu.RLock()
+		revision = r.bad[key]
+		r.mu.RUnlock()
+	}
 	var rev uint64
 	if revision == 0 {
 		rev, err = r.kv.Create(ctx, key, b)

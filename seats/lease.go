@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
@@ -75,6 +77,20 @@ type Store struct {
 	mu     sync.RWMutex
 	leases map[string]mirrored // by key
 	notify []chan<- string     // told the key of every change
+
+	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
+	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
+}
+
+// SetLogger sets the logger the store reports refused lease records to (default:
+// slog.Default()).
+func (s *Store) SetLogger(log *slog.Logger) { s.log.Store(log) }
+
+func (s *Store) logger() *slog.Logger {
+	if l := s.log.Load(); l != nil {
+		return l
+	}
+	return slog.Default()
 }
 
 // OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
@@ -111,8 +127,12 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // Watch follows the bucket until ctx ends.
 func (s *Store) Watch(ctx context.Context) error { return mirror.Follow(ctx, s.w, s.apply) }
 
-// Close stops the watch.
-func (s *Store) Close() error { return s.w.Stop() }
+// Close stops the watch and waits for the deletes of refused records.
+func (s *Store) Close() error {
+	err := s.w.Stop()
+	s.repairs.Wait()
+	return err
+}
 
 // Subscribe registers ch to receive the key of every change the mirror sees. Sends never
 // block: a full channel misses a wake-up, which the receiver's timer makes up for.
@@ -123,15 +143,25 @@ func (s *Store) Subscribe(ch chan<- string) {
 }
 
 func (s *Store) apply(e jetstream.KeyValueEntry) {
-	s.mu.Lock()
+	var l Lease
+	var bad error
 	if e.Operation() == jetstream.KeyValuePut {
-		var l Lease
-		if json.Unmarshal(e.Value(), &l) == nil {
-			if l.Epoch == 0 {
-				l.Epoch = e.Revision()
-			}
-			s.leases[e.Key()] = mirrored{lease: l, rev: e.Revision(), seen: time.Now()}
+		l, bad = decodeLease(e.Key(), e.Value())
+	}
+	if bad != nil {
+		// Anything may sit in the bucket: a value that is no lease holds no seat, yet its key
+		// would refuse every acquire for ever. It is deleted at its revision (a lease
+		// written since is left alone); the delete frees the seat for the candidates.
+		s.logger().Error("seat lease refused: deleted", "key", e.Key(), "revision", e.Revision(), "err", bad)
+		s.repairs.Add(1)
+		go s.deleteBad(e.Key(), e.Revision())
+	}
+	s.mu.Lock()
+	if e.Operation() == jetstream.KeyValuePut && bad == nil {
+		if l.Epoch == 0 {
+			l.Epoch = e.Revision()
 		}
+		s.leases[e.Key()] = mirrored{lease: l, rev: e.Revision(), seen: time.Now()}
 	} else {
 		delete(s.leases, e.Key())
 	}
@@ -142,6 +172,39 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		case ch <- e.Key():
 		default:
 		}
+	}
+}
+
+// decodeLease reads a lease from the bucket: untrusted input, checked against its key.
+func decodeLease(key string, value []byte) (Lease, error) {
+	var l Lease
+	if err := json.Unmarshal(value, &l); err != nil {
+		return Lease{}, fmt.Errorf("not a lease: %w", err)
+	}
+	switch {
+	case l.Scope != manifest.ScopeMesh && l.Scope != manifest.ScopeNode:
+		return Lease{}, fmt.Errorf("scope %.40q is neither %s nor %s", l.Scope, manifest.ScopeMesh, manifest.ScopeNode)
+	case !manifest.ValidName(l.Seat):
+		return Lease{}, fmt.Errorf("seat %.40q is not a seat name", l.Seat)
+	case l.Node == "":
+		return Lease{}, errors.New("the lease names no node")
+	case Key(l.Seat, l.Scope, l.Node) != key:
+		return Lease{}, fmt.Errorf("the lease of %s is not stored at %s", Key(l.Seat, l.Scope, l.Node), key)
+	}
+	return l, nil
+}
+
+// badLeaseTimeout bounds the delete of a refused lease record.
+const badLeaseTimeout = 5 * time.Second
+
+// deleteBad deletes the refused record at key if it is still at rev.
+func (s *Store) deleteBad(key string, rev uint64) {
+	defer s.repairs.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), badLeaseTimeout)
+	defer cancel()
+	err := s.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	if err != nil && !mirror.Conflict(err) {
+		s.logger().Warn("delete refused seat lease", "key", key, "err", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -65,13 +66,17 @@ func aad(owner, name string, ver int) []byte {
 
 // load returns a secret record from the mirror (nil when there is none) and its revision.
 // The mirror follows the bucket through a watch; writes below wait for it, so a fetch right
-// after a mint or rotate sees the new version.
+// after a mint or rotate sees the new version. A bad record (see applyRecord) is no secret:
+// load returns nil and its revision, so that a mint replaces it.
 func (v *Vault) load(_ context.Context, owner, name string) (*secretRecord, uint64, error) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	e, ok := v.records[secretKey(owner, name)]
 	if !ok {
 		return nil, 0, nil
+	}
+	if len(e.rec.Versions) == 0 {
+		return nil, e.rev, nil
 	}
 	r := e.rec
 	r.Versions = slices.Clone(r.Versions)
@@ -85,12 +90,48 @@ func (v *Vault) applyRecord(e jetstream.KeyValueEntry) {
 		delete(v.records, e.Key())
 		return
 	}
-	var r secretRecord
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		v.log.Error("vault record unreadable", "key", e.Key(), "err", err)
+	r, err := v.decodeRecord(e.Key(), e.Value())
+	if err != nil {
+		// Anything may sit in the bucket (a foreign write, a damaged store): the record is
+		// no secret. It is kept without versions, for its revision only, so that a mint of
+		// that name replaces it instead of conflicting with it for ever.
+		v.log.Error("vault record refused: skipped; mint the secret again to replace it",
+			"key", e.Key(), "revision", e.Revision(), "err", err)
+		v.records[e.Key()] = recordEntry{rev: e.Revision()}
 		return
 	}
 	v.records[e.Key()] = recordEntry{rec: r, rev: e.Revision()}
+}
+
+// decodeRecord reads a secret record from the bucket: untrusted input, checked for
+// everything the vault later relies on, so that no read indexes past what is there.
+func (v *Vault) decodeRecord(key string, value []byte) (secretRecord, error) {
+	var r secretRecord
+	if err := json.Unmarshal(value, &r); err != nil {
+		return secretRecord{}, fmt.Errorf("not a secret record: %w", err)
+	}
+	if err := checkNames(r.Owner, r.Name); err != nil {
+		return secretRecord{}, err
+	}
+	if want := secretKey(r.Owner, r.Name); key != want {
+		return secretRecord{}, fmt.Errorf("the record names %s/%s, whose key is %s", r.Owner, r.Name, want)
+	}
+	if len(r.Versions) == 0 {
+		return secretRecord{}, errors.New("the record has no version")
+	}
+	prev := 0
+	for _, ver := range r.Versions {
+		switch {
+		case ver.Version <= prev:
+			return secretRecord{}, fmt.Errorf("version %d follows version %d: versions must increase", ver.Version, prev)
+		case len(ver.Nonce) != v.aead.NonceSize():
+			return secretRecord{}, fmt.Errorf("version %d: the nonce is %d bytes, not %d", ver.Version, len(ver.Nonce), v.aead.NonceSize())
+		case len(ver.Cipher) < v.aead.Overhead():
+			return secretRecord{}, fmt.Errorf("version %d: the ciphertext is %d bytes, shorter than its tag", ver.Version, len(ver.Cipher))
+		}
+		prev = ver.Version
+	}
+	return r, nil
 }
 
 // awaitRecord waits until the mirror holds revision rev of key.
@@ -134,10 +175,12 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
-	if r, _, err := v.load(ctx, req.Owner, req.Name); err != nil {
+	prev, rev, err := v.load(ctx, req.Owner, req.Name)
+	if err != nil {
 		return nil, err
-	} else if r != nil {
-		return nil, fmt.Errorf("secret %s of %s exists (version %d); rotate it instead", req.Name, req.Owner, r.Versions[len(r.Versions)-1].Version)
+	}
+	if prev != nil {
+		return nil, fmt.Errorf("secret %s of %s exists (version %d); rotate it instead", req.Name, req.Owner, meta(prev).Version)
 	}
 	value, err := randomValue()
 	if err != nil {
@@ -149,7 +192,8 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	}
 	now := time.Now().UTC()
 	r := &secretRecord{Owner: req.Owner, Name: req.Name, Versions: []version{{Version: 1, Created: now, Nonce: nonce, Cipher: ct}}}
-	if err := v.store(ctx, r, 0); err != nil {
+	// rev is a bad record's, which the new one replaces; 0 when there is none.
+	if err := v.store(ctx, r, rev); err != nil {
 		return nil, err
 	}
 	v.event(ctx, "minted", map[string]any{"owner": req.Owner, "name": req.Name, "version": 1})
@@ -242,6 +286,9 @@ func meta(r *secretRecord) Meta {
 			m.Versions = append(m.Versions, ver.Version)
 		}
 	}
+	if len(r.Versions) == 0 {
+		return m // never from the mirror: decodeRecord refuses a record without versions
+	}
 	last := r.Versions[len(r.Versions)-1]
 	m.Version, m.Created = last.Version, last.Created
 	return m
@@ -252,6 +299,9 @@ func (v *Vault) list(_ context.Context, owner string) ([]Meta, error) {
 	v.mu.RLock()
 	out := []Meta{}
 	for _, e := range v.records {
+		if len(e.rec.Versions) == 0 {
+			continue // a bad record, kept for its revision only
+		}
 		if owner == "" || e.rec.Owner == owner {
 			out = append(out, meta(&e.rec))
 		}

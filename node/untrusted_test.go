@@ -1,0 +1,175 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Issue 11, untrusted input: whatever sits in the mesh's buckets is read defensively. Each
+// test writes foreign values with the node's own JetStream, as an attacker once made the node
+// do, and shows the node keeps working.
+
+// kvPut writes value at key of bucket through the operator's (full) JetStream access.
+func (b *bed) kvPut(bucket, key, value string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := b.js.KeyValue(ctx, bucket)
+	if err != nil {
+		b.t.Fatalf("bucket %s: %v", bucket, err)
+	}
+	if _, err := kv.Put(ctx, key, []byte(value)); err != nil {
+		b.t.Fatalf("put %s %s: %v", bucket, key, err)
+	}
+}
+
+// TestUntrusted_VaultRecords: garbage secret records (no versions, not JSON, a record moved
+// to another name, a short nonce) are skipped: list, fetch and mint keep working, and a mint
+// replaces a bad record. Before, a record without versions panicked every vault verb.
+func TestUntrusted_VaultRecords(t *testing.T) {
+	b := newBed(t)
+	var minted vault.Secret
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, &minted); err != nil {
+		t.Fatal(err)
+	}
+	b.kvPut(vault.Bucket, "secret.operator.empty", `{"owner":"operator","name":"empty"}`)
+	b.kvPut(vault.Bucket, "secret.operator.junk", `garbage`)
+	b.kvPut(vault.Bucket, "secret.operator.moved", `{"owner":"operator","name":"smtp","versions":[{"version":1,"nonce":"AAAAAAAAAAAAAAAA","cipher":"AAAAAAAAAAAAAAAAAAAAAA=="}]}`)
+	b.kvPut(vault.Bucket, "secret.operator.short", `{"owner":"operator","name":"short","versions":[{"version":1,"nonce":"AA==","cipher":"AA=="}]}`)
+	b.kvPut(vault.Bucket, "secret.operator.last", `{"owner":"operator","name":"last"}`)
+
+	// A mint of the last bad name conflicts until the vault's mirror holds that record (and
+	// so every one written before it), then replaces it.
+	retryUntil(t, 10*time.Second, func() error {
+		_, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "last"}, nil)
+		return err
+	})
+
+	metas, err := b.vault(vault.VerbList, vault.Request{Owner: vault.CallerOperator}, nil)
+	if err != nil {
+		t.Fatalf("list with bad records in the bucket: %v", err)
+	}
+	var names []string
+	for _, m := range metas {
+		names = append(names, m.Name)
+	}
+	if want := []string{"last", "smtp"}; !slices.Equal(names, want) {
+		t.Fatalf("list=%v, want %v (bad records skipped)", names, want)
+	}
+	var got vault.Secret
+	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, &got); err != nil || got.Value != minted.Value {
+		t.Fatalf("fetch smtp: %v (value equal: %v)", err, got.Value == minted.Value)
+	}
+	for _, name := range []string{"empty", "junk", "moved", "short"} {
+		if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not exist") {
+			t.Errorf("fetch of bad record %s: %v, want a refusal saying it does not exist", name, err)
+		}
+		if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: vault.CallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) {
+			t.Errorf("rotate of bad record %s: %v, want a refusal", name, err)
+		}
+	}
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "empty"}, nil); err != nil {
+		t.Fatalf("mint over a bad record: %v", err)
+	}
+	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: "empty"}, nil); err != nil {
+		t.Fatalf("fetch of the secret minted over a bad record: %v", err)
+	}
+}
+
+// TestUntrusted_RegistryRecords: garbage module records and identities are skipped: a garbage
+// operator key does not lock the operator out, a garbage record over a registered module
+// leaves its last good registration in force, the others are listed, and a module can be
+// registered over a garbage record.
+func TestUntrusted_RegistryRecords(t *testing.T) {
+	b := newBed(t)
+	seed, api := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	b.kvPut(registry.Bucket, "module.ghost", `garbage`)
+	b.kvPut(registry.Bucket, "module.api", `{"module":"api"}`)
+	b.kvPut(registry.Bucket, "module.thief", fmt.Sprintf(`{"module":"thief","public_key":%q,"manifest":"module: thief\nrequires: [mesh-bus]\n"}`, api.PublicKey))
+	b.kvPut(registry.Bucket, "identity.operator", `not-a-key`)
+	b.kvPut(registry.Bucket, "identity.vault", `{}`)
+	b.kvPut(registry.Bucket, "identity.node.alpha", `[]`)
+	// A registration returns once the node's mirror holds it, and so every write before it.
+	b.register("module: beta\nrequires: [mesh-bus]\n")
+
+	op := b.operatorConn() // the operator's key still admits it
+	defer op.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	mods, err := registry.List(ctx, op)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var names []string
+	for _, m := range mods {
+		names = append(names, m.Module)
+		if m.Module == "api" && m.PublicKey != api.PublicKey {
+			t.Errorf("api's key is %s, want %s", m.PublicKey, api.PublicKey)
+		}
+	}
+	if want := []string{"api", "beta"}; !slices.Equal(names, want) {
+		t.Fatalf("modules=%v, want %v", names, want)
+	}
+	c := b.client(seed) // api's last good registration stays in force
+	if _, err := c.Emit(ctx, "order.placed", map[string]string{"id": "1"}); err != nil {
+		t.Fatalf("api emits after a garbage record over its registration: %v", err)
+	}
+	if _, reg := b.register("module: ghost\nrequires: [mesh-bus]\n"); !reg.Created {
+		t.Fatal("ghost over a garbage record: not created")
+	}
+	if _, reg := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed, order.paid]\n"); reg.Created || reg.PublicKey != api.PublicKey {
+		t.Fatalf("api re-registered over a garbage record: created=%v key=%s", reg.Created, reg.PublicKey)
+	}
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "after"}, nil); err != nil {
+		t.Fatalf("vault after garbage identities: %v", err)
+	}
+}
+
+// TestUntrusted_SeatLeases: a garbage value over the mesh-controller's lease (or a lease
+// stored at another seat's key) holds no seat: it is deleted and the controller answers
+// again. Before, no node could acquire the seat again, for good.
+func TestUntrusted_SeatLeases(t *testing.T) {
+	b := newBed(t)
+	b.register("module: api\nrequires: [mesh-bus]\n")
+	b.kvPut(seats.Bucket, registry.ControllerSeat, `garbage`)
+	b.kvPut(seats.Bucket, "other", `{"seat":"mesh-controller","scope":"mesh","node":"alpha","instance":"x"}`)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := b.js.KeyValue(ctx, seats.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if _, err := kv.Get(ctx, "other"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("the lease stored at the wrong key is still there (%v)", err)
+		}
+		e, err := kv.Get(ctx, registry.ControllerSeat)
+		if err != nil {
+			return fmt.Errorf("no controller lease yet: %w", err)
+		}
+		if !strings.Contains(string(e.Value()), `"seat":"mesh-controller"`) {
+			return fmt.Errorf("controller lease is %q", e.Value())
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer rcancel()
+		mods, err := registry.List(rctx, b.op)
+		if err != nil {
+			return err
+		}
+		if len(mods) != 1 || mods[0].Module != "api" {
+			return fmt.Errorf("modules=%v", mods)
+		}
+		return nil
+	})
+}
