@@ -138,3 +138,37 @@ func TestDefaultName(t *testing.T) {
 		t.Fatalf("DefaultName()=%q is not a valid name", n)
 	}
 }
+
+// TestParseDuration_Bounded: day-suffixed durations are bounded; before, 213504d overflowed
+// silently into 25 minutes.
+func TestParseDuration_Bounded(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"7d": 7 * 24 * time.Hour, "2d12h": 60 * time.Hour, "90s": 90 * time.Second, "0s": 0,
+		"36500d": config.MaxDuration, "36499d24h": config.MaxDuration,
+	} {
+		if got, err := config.ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q)=%v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"213504d", "36501d", "36500d1s", "99999999999999999999d", "2562048h", "9999999999999999999s", "876001h"} {
+		got, err := config.ParseDuration(in)
+		if err == nil || !strings.Contains(err.Error(), "36500d") {
+			t.Errorf("ParseDuration(%q)=%v, %v; want an error naming the maximum 36500d", in, got, err)
+		}
+	}
+	for _, in := range []string{"-1h", "7d-1h", "+5s", "soon", "d", "7x"} {
+		if got, err := config.ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q)=%v, want an error", in, got)
+		}
+	}
+	t.Run("InConfig", func(t *testing.T) {
+		c := config.Up()
+		err := c.LoadFile("meshnode.yaml", []byte("events-max-age: 213504d\n"))
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "maximum") || !strings.Contains(err.Error(), "line 1") {
+			t.Fatalf("err=%v, want ErrInvalid naming the maximum and the line", err)
+		}
+		if err := c.LoadEnv([]string{"MESHNODE_AUDIT_RETENTION=213504d"}); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "maximum") {
+			t.Fatalf("env: err=%v, want ErrInvalid naming the maximum", err)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,15 +19,34 @@ func sortStrings(s []string) { slices.Sort(s) }
 // periods are naturally written in days.
 type Duration time.Duration
 
-// ParseDuration parses Go durations plus a leading whole-day part: "7d", "2d12h", "90s".
+// MaxDuration is the longest duration ParseDuration accepts: 36500d (100 years), the bound a
+// seat's retain has too. Longer is no retention period but a typo, and past about 106751d a
+// time.Duration overflows (213504d once became 25 minutes).
+const MaxDuration = maxDays * 24 * time.Hour
+
+const maxDays = 36500
+
+// ParseDuration parses Go durations plus a leading whole-day part: "7d", "2d12h", "90s". It
+// refuses negative values and values over MaxDuration, naming the maximum.
 func ParseDuration(s string) (time.Duration, error) {
 	orig := s
 	s = strings.TrimSpace(s)
+	bad := fmt.Errorf("%q is not a duration: write e.g. 7d, 12h or 30s", orig)
+	tooLong := fmt.Errorf("%q is longer than the maximum, %dd (%s)", orig, maxDays, time.Duration(MaxDuration))
+	if strings.ContainsAny(s, "+-") {
+		return 0, fmt.Errorf("%q: a duration here is not signed (and never negative): write e.g. 7d, 12h or 30s", orig)
+	}
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
-		n, err := strconv.Atoi(s[:i])
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("%q is not a duration: write e.g. 7d, 12h or 30s", orig)
+		n, err := strconv.ParseUint(s[:i], 10, 64)
+		if errors.Is(err, strconv.ErrRange) {
+			return 0, tooLong
+		}
+		if err != nil {
+			return 0, bad
+		}
+		if n > maxDays {
+			return 0, tooLong
 		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
@@ -36,10 +56,21 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not a duration: write e.g. 7d, 12h or 30s", orig)
+		// time.ParseDuration reports an overflow as invalid: tell that case apart.
+		if durationSyntax.MatchString(s) {
+			return 0, tooLong
+		}
+		return 0, bad
+	}
+	if d > MaxDuration-days {
+		return 0, tooLong
 	}
 	return days + d, nil
 }
+
+// durationSyntax is what time.ParseDuration reads (unsigned): a string of it that does not
+// parse overflowed.
+var durationSyntax = regexp.MustCompile(`^([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))*$`)
 
 // String formats d, using days when it is a whole number of them.
 func (d Duration) String() string {
