@@ -46,7 +46,7 @@ const clusterTimeout = 30 * time.Second
 func (n *Node) serveCluster() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
 	for _, tool := range []string{ToolLeave, ToolRemove} {
-		sub, err := n.bus.Conn().Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
+		sub, err := n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
 		if err != nil {
 			for _, s := range subs {
 				s.Unsubscribe()

@@ -23,7 +23,8 @@ const controllerTimeout = 30 * time.Second
 // serialises registrations: the catalogue checks hold only if no other write interleaves.
 type controller struct {
 	log  *slog.Logger
-	nc   *nats.Conn
+	nc   *nats.Conn // the node's own: writes and requests to the vault
+	resp *nats.Conn // answers the tools: may publish only to inboxes
 	reg  *registry.Registry
 	topo *topology
 	node string
@@ -44,17 +45,24 @@ func (c *controller) start() error {
 	if len(c.subs) > 0 {
 		return nil
 	}
-	for subject, h := range map[string]func(context.Context, []byte) any{
-		registry.RegisterSubject: c.handleRegister,
-		registry.RemoveSubject:   c.handleRemove,
-		registry.ListSubject:     c.handleList,
+	body := func(h func(context.Context, []byte) any) func(context.Context, *nats.Msg) any {
+		return func(ctx context.Context, m *nats.Msg) any { return h(ctx, m.Data) }
+	}
+	for subject, h := range map[string]func(context.Context, *nats.Msg) any{
+		registry.RegisterSubject: body(c.handleRegister),
+		registry.RemoveSubject:   body(c.handleRemove),
+		registry.ListSubject:     body(c.handleList),
 		registry.WhoamiSubject:   c.handleWhoami,
-		registry.SeatsSubject:    c.handleSeats,
+		registry.SeatsSubject:    body(c.handleSeats),
 	} {
-		sub, err := c.nc.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
+		sub, err := c.resp.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
 			defer cancel()
-			b, _ := json.Marshal(h(ctx, m.Data))
+			reply := h(ctx, m)
+			if reply == nil {
+				return // not answered: see the handler
+			}
+			b, _ := json.Marshal(reply)
 			if err := m.Respond(b); err != nil {
 				c.log.Warn("controller reply failed", "subject", m.Subject, "err", err)
 			}
@@ -65,7 +73,7 @@ func (c *controller) start() error {
 		}
 		c.subs = append(c.subs, sub)
 	}
-	return c.nc.Flush()
+	return c.resp.Flush()
 }
 
 // stop unsubscribes: the node no longer holds the mesh-controller seat, or is stopping.
@@ -233,12 +241,20 @@ func (c *controller) handleList(context.Context, []byte) any {
 	return reply
 }
 
-func (c *controller) handleWhoami(_ context.Context, data []byte) any {
+// handleWhoami tells a connection which module its key is. It answers only on the inbox of
+// the key asked about (_INBOX.<key>.…) or of its module (_INBOX.<module>.…), which only that
+// key's connections may subscribe to: a connection learns about its own key, never another
+// module's declarations or secrets.
+func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	var req registry.WhoamiRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.WhoamiReply{Error: "whoami: the request is not JSON"}
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.PublicKey == "" {
+		return nil // whose inbox the reply names is unknown: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
+	if !repliesTo(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && repliesTo(m.Reply, manifest.InboxPrefix(e.Module))) {
+		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
+		return nil
+	}
 	if !ok {
 		return registry.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
 	}

@@ -68,10 +68,12 @@ type Node struct {
 	found       *genesis.Foundation
 	key         nkeys.KeyPair
 	bus         *embedbus.Bus
+	respNC      *nats.Conn // answers every request: may publish only to inboxes (responder.go)
 	vault       *vault.Vault
 	vaultNC     *nats.Conn
 	audit       *audit.Logger
 	auditSub    *nats.Subscription
+	dead        *deadLetters
 	members     *membership.Membership
 	regClosed   bool
 	reg         *registry.Registry
@@ -155,11 +157,20 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
 		}
 	})
+	respKey, respPub, respID, err := newResponderIdentity(n.id.Name)
+	if err != nil {
+		return err
+	}
 	n.dir = &directory{
-		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}},
+		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},
 		reg:    n.reg,
 	}
 	n.dir.vaultKey.Store(vaultPub)
+	deadKey, deadPub, deadID, err := newDeadLetterIdentity(n.id.Name)
+	if err != nil {
+		return err
+	}
+	n.dir.static[deadPub] = deadID
 	var cluster *embedbus.Cluster
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if n.found.Expect >= 3 {
@@ -185,13 +196,17 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("open bus: %w", err)
 	}
+	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
+		return fmt.Errorf("connect responder: %w", err)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	n.ctrl = &controller{
-		log: n.log.With("component", "controller"),
-		nc:  n.bus.Conn(),
-		reg: n.reg,
+		log:  n.log.With("component", "controller"),
+		nc:   n.bus.Conn(),
+		resp: n.respNC,
+		reg:  n.reg,
 		topo: &topology{
 			js:           n.bus.JetStream(),
 			node:         n.id.Name,
@@ -221,6 +236,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		},
 		func(ctx context.Context) error { return retryJS(ctx, n.ctrl.topo.ensureMesh) },
 	); err != nil {
+		return err
+	}
+	if n.dead, err = n.openDeadLetters(deadKey); err != nil {
 		return err
 	}
 	xkp, err := n.found.NodeXKey()
@@ -371,6 +389,8 @@ func (n *Node) Close() error {
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
 		n.bus.Conn().FlushTimeout(time.Second)
 	}
+	n.dead.stop()
+	n.dead = nil
 	if n.auditSub != nil {
 		n.auditSub.Unsubscribe()
 		n.auditSub = nil
@@ -397,6 +417,10 @@ func (n *Node) Close() error {
 		// may still read the last mirror.
 		keep(n.reg.Close())
 		n.regClosed = true
+	}
+	if n.respNC != nil {
+		n.respNC.Close()
+		n.respNC = nil
 	}
 	if n.bus != nil {
 		keep(n.bus.Close())
@@ -513,7 +537,7 @@ func parallel(ctx context.Context, fs ...func(context.Context) error) error {
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
-		bus: n.bus, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
+		bus: n.bus, resp: n.respNC, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	s.onControl = n.reportUnreachable
@@ -546,6 +570,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			MeshID:     n.id.MeshID,
 			Node:       n.id.Name,
 			Conn:       n.vaultNC,
+			Responder:  n.respNC,
 			Key:        key,
 			BarrierKey: n.found.BarrierKey,
 			Replicas:   n.replicas(),
@@ -600,7 +625,7 @@ func (n *Node) openAudit() (err error) {
 	if err != nil {
 		return err
 	}
-	n.auditSub, err = audit.Serve(n.bus.Conn(), n.id.Name, n.audit)
+	n.auditSub, err = audit.Serve(n.respNC, n.id.Name, n.audit)
 	return err
 }
 

@@ -28,6 +28,7 @@ type seatService struct {
 	node  string
 	key   nkeys.KeyPair
 	bus   *embedbus.Bus
+	resp  *nats.Conn // answers the seat tool: may publish only to inboxes
 	reg   *registry.Registry
 	topo  *topology
 	store *seats.Store
@@ -259,8 +260,12 @@ func (s *seatService) start() error {
 	s.work = make(chan func(), 256)
 	s.wg.Add(1)
 	go s.worker()
-	sub, err := s.bus.Conn().Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
+	sub, err := s.resp.Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		if !repliesTo(m.Reply, manifest.InboxPrefix(module)) {
+			s.log.Debug("seat tool: a reply outside the module's inbox is not answered", "module", module, "reply", m.Reply)
+			return
+		}
 		b, _ := json.Marshal(s.handle(module, m.Data))
 		m.Respond(b)
 	})

@@ -99,14 +99,17 @@ func (v *Vault) enrolledAs(node string) (tokenRecord, bool) {
 	return tokenRecord{}, false
 }
 
-// TokenID returns the id of the join token whose key is publicKey: the bus lets that key
-// request enrol.<id> and nothing else. Used and expired tokens still authenticate, so the
-// vault can say what is wrong with them.
+// TokenID returns the id of the live join token whose key is publicKey: the bus lets that
+// key request enrol.<id> and nothing else. A used-up or expired token does not authenticate:
+// a bearer credential that has done its one thing opens nothing more.
 func (v *Vault) TokenID(publicKey string) (string, bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	t, ok := v.tokens[publicKey]
-	return t.ID, ok
+	if !ok || t.Used >= t.Uses || !time.Now().Before(t.Expires) {
+		return "", false
+	}
+	return t.ID, true
 }
 
 // token mints a join token.
@@ -141,7 +144,10 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	// The bus authenticates tokens from the mirror: answer once it holds this one, so the
 	// token works the moment its bearer has it.
 	for {
-		if _, ok := v.TokenID(pub); ok {
+		v.mu.RLock()
+		_, ok := v.tokens[pub]
+		v.mu.RUnlock()
+		if ok {
 			break
 		}
 		select {
@@ -230,8 +236,8 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 		nc, err := nats.Connect(addr, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix("_INBOX."+pub),
 			nats.MaxReconnects(0), nats.Name("enrol-"+node))
 		if err != nil {
-			if strings.Contains(strings.ToLower(err.Error()), "authorization") {
-				last = fmt.Errorf("the bus at %s refused join token %s: it is not a token of the mesh there (the token is for mesh %s), or that mesh deleted it", addr, b.ID, b.MeshID)
+			if errors.Is(err, nats.ErrAuthorization) {
+				last = fmt.Errorf("the bus at %s refused join token %s: it is used up, expired, or not a token of the mesh there (the token is for mesh %s); make a new one with `meshnode token create`", addr, b.ID, b.MeshID)
 			} else {
 				last = fmt.Errorf("join token %s: contact %s: %w", b.ID, addr, err)
 			}

@@ -41,6 +41,9 @@ type Config struct {
 	// Conn is the vault's own connection, authenticated with Key: its bus identity.
 	Conn *nats.Conn
 	Key  nkeys.KeyPair
+	// Responder answers the vault's tools: a connection that may publish only to inboxes,
+	// so a request's reply subject cannot make the vault write anywhere else. Required.
+	Responder *nats.Conn
 	// BarrierKey encrypts every record (AES-256-GCM); it never enters a stream.
 	BarrierKey []byte
 	Replicas   int
@@ -92,6 +95,9 @@ type recordEntry struct {
 func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if len(cfg.BarrierKey) != 32 {
 		return nil, errors.New("vault: the barrier key must be 32 bytes")
+	}
+	if cfg.Conn == nil || cfg.Responder == nil {
+		return nil, errors.New("vault: its own connection and a responder connection are required")
 	}
 	block, err := aes.NewCipher(cfg.BarrierKey)
 	if err != nil {
@@ -185,12 +191,12 @@ func (v *Vault) Start() error {
 	if v.sub != nil {
 		return nil
 	}
-	sub, err := v.cfg.Conn.QueueSubscribe(ToolSubject("*", ">"), Seat, v.serve)
+	sub, err := v.cfg.Responder.QueueSubscribe(ToolSubject("*", ">"), Seat, v.serve)
 	if err != nil {
 		return fmt.Errorf("serve vault: %w", err)
 	}
 	v.sub = sub
-	return v.cfg.Conn.Flush()
+	return v.cfg.Responder.Flush()
 }
 
 // Stop stops serving the tools: this node no longer holds the seat.
@@ -206,7 +212,15 @@ func (v *Vault) Stop() {
 // serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
 func (v *Vault) serve(m *nats.Msg) {
 	parts := strings.SplitN(m.Subject, ".", 6)
+	if len(parts) < 6 {
+		return
+	}
 	verb, caller := parts[4], parts[5]
+	if !v.mayReply(caller, m.Reply) {
+		// Not answered, and not recorded per request: a flood of these must cost nothing.
+		v.log.Debug("a reply outside the caller's inbox is not answered", "caller", caller, "reply", m.Reply)
+		return
+	}
 	var req Request
 	var reply Reply
 	var events []event
@@ -222,6 +236,30 @@ func (v *Vault) serve(m *nats.Msg) {
 	// The audit events go after the reply, off the caller's round trip: a worker publishes
 	// each with the stream's ack awaited, and logs a failure loudly.
 	v.queue(events...)
+}
+
+// mayReply reports whether reply is the caller's to hear. A module's answers go to its own
+// inbox (_INBOX.<module>.…) and a join token's to its key's (_INBOX.<key>.…): nobody can make
+// the vault answer into another identity's inbox. The operator and the nodes, who
+// administer, may name any inbox.
+func (v *Vault) mayReply(caller, reply string) bool {
+	if !strings.HasPrefix(reply, "_INBOX.") {
+		return false // the responder could not publish it anyway
+	}
+	if caller == CallerOperator || caller == CallerNode {
+		return true
+	}
+	if module, ok := strings.CutPrefix(caller, "mod."); ok {
+		return strings.HasPrefix(reply, "_INBOX."+module+".")
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for pub, t := range v.tokens {
+		if t.ID == caller {
+			return strings.HasPrefix(reply, "_INBOX."+pub+".")
+		}
+	}
+	return false
 }
 
 // serverXKey reports whether xkey is the recorded xkey of server node.

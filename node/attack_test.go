@@ -1,0 +1,231 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// The adversarial beds of issue 11: every attack that broke the node's authority through its
+// own connections, as a test. Each one attacks a real node the way a registered module (or a
+// join token's bearer) could, then checks that nothing reached the target.
+
+// injectionTargets are subjects a requester once made the node write to by naming them as a
+// request's reply subject: the vault's and the registry's buckets, the controller's lease,
+// a node's declaration, a seat's queue and another module's namespace.
+var injectionTargets = []string{
+	"$KV.mesh-vault.secret.operator.stolen",
+	"$KV.mesh-seats.mesh-controller",
+	"$KV.mesh-registry.module.victim",
+	"$KV.mesh-registry.identity.vault",
+	"$KV.mesh-registry.identity.operator",
+	"mesh.state.node.alpha",
+	"mesh.seat.mailer.accept.send",
+	manifest.EventSubject("victim", "order.placed"),
+	"_INBOX.victim.stolen",
+	"$JS.API.STREAM.DELETE.EVENTS",
+}
+
+// spy counts what arrives on each target, seen by the operator (who may hear anything).
+type spy struct {
+	mu   sync.Mutex
+	seen map[string]int
+	nc   *nats.Conn
+}
+
+func newSpy(t *testing.T, b *bed, subjects []string) *spy {
+	t.Helper()
+	s := &spy{seen: map[string]int{}, nc: b.operatorConn()}
+	t.Cleanup(s.nc.Close)
+	for _, subj := range subjects {
+		if _, err := s.nc.Subscribe(subj, func(m *nats.Msg) {
+			s.mu.Lock()
+			s.seen[m.Subject]++
+			s.mu.Unlock()
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// none fails the test for every target something reached.
+func (s *spy) none(t *testing.T, attack string) {
+	t.Helper()
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for subj, n := range s.seen {
+		t.Errorf("%s: the node wrote %d message(s) to %s", attack, n, subj)
+	}
+}
+
+// sendThenAsk publishes an attack request on subject with the given reply subject, then the
+// same request with a legitimate reply on the same connection, and waits for that answer:
+// a responder handles one subscription's requests in order, so once the legitimate answer is
+// in, the attack has been handled too.
+func sendThenAsk(t *testing.T, nc *nats.Conn, subject string, replies []string, body []byte) *nats.Msg {
+	t.Helper()
+	for _, r := range replies {
+		if err := nc.PublishRequest(subject, r, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := nc.Request(subject, body, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the legitimate request after the attack on %s: %v", subject, err)
+	}
+	return m
+}
+
+func TestAttack_ReplySubjectInjection(t *testing.T) {
+	b := newBed(t)
+	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	b.register(catalogue(t)["mailer"])
+	seed, reg := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\nuses: [mailer]\nseats:\n  own:\n    scope: node\n    retain: 1d\n    accepts: [work]\n")
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "attacker", Name: "token"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s := newSpy(t, b, injectionTargets)
+
+	t.Run("whoami", func(t *testing.T) {
+		nc := b.raw(seed, "attacker")
+		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: reg.PublicKey})
+		m := sendThenAsk(t, nc, registry.WhoamiSubject, injectionTargets, body)
+		var who registry.WhoamiReply
+		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
+			t.Fatalf("whoami on the module's own inbox: %s, %v", m.Data, err)
+		}
+		s.none(t, "whoami")
+	})
+	t.Run("vault fetch", func(t *testing.T) {
+		nc := b.raw(seed, "attacker")
+		xkp, _ := nkeys.CreateCurveKeys()
+		xpub, _ := xkp.PublicKey()
+		body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
+		m := sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), injectionTargets, body)
+		var r vault.Reply
+		if err := json.Unmarshal(m.Data, &r); err != nil || r.Error != "" || len(r.Sealed) == 0 {
+			t.Fatalf("a fetch on the module's own inbox: %s, %v", m.Data, err)
+		}
+		s.none(t, "vault fetch")
+	})
+	t.Run("seat tool", func(t *testing.T) {
+		nc := b.raw(seed, "attacker")
+		body, _ := json.Marshal(registry.SeatRequest{Action: "nothing", Seat: "own", Instance: "x"})
+		sendThenAsk(t, nc, node.SeatToolSubject("alpha", "attacker"), injectionTargets, body)
+		s.none(t, "seat tool")
+	})
+	// After all of it the node still works: its vault answers, its controller holds.
+	if _, err := b.vault(vault.VerbList, vault.Request{Owner: "attacker"}, nil); err != nil {
+		t.Fatalf("vault after the attacks: %v", err)
+	}
+}
+
+// TestAttack_WhoamiAboutAnotherKey: whoami answers a connection about its own key only.
+func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
+	b := newBed(t)
+	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
+	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\n")
+	nc := b.raw(seed, "attacker")
+	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: victim.PublicKey})
+	if m, err := nc.Request(registry.WhoamiSubject, body, 500*time.Millisecond); err == nil {
+		t.Fatalf("whoami about another module's key answered: %s", m.Data)
+	}
+}
+
+// TestAttack_SpentToken: a join token that has done its one thing, or expired, no longer
+// opens a connection; a live token's enrol answers only on the token's own inbox.
+func TestAttack_SpentToken(t *testing.T) {
+	b := newBed(t)
+	mint := func(ttl string) *vault.Token {
+		var tok vault.Token
+		if _, err := b.vault(vault.VerbToken, vault.Request{TTL: ttl}, &tok); err != nil {
+			t.Fatal(err)
+		}
+		return &tok
+	}
+	connectToken := func(tok *vault.Token) (*nats.Conn, string, error) {
+		bearer, err := vault.ParseToken(tok.Token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, _ := nkeys.FromSeed([]byte(bearer.Seed))
+		pub, _ := kp.PublicKey()
+		nc, err := nats.Connect(b.n.ClientURL(), nats.Nkey(pub, kp.Sign), nats.MaxReconnects(0),
+			nats.CustomInboxPrefix(registry.BootstrapInbox(pub)))
+		return nc, pub, err
+	}
+
+	live := mint("1h")
+	s := newSpy(t, b, injectionTargets)
+	nc, _, err := connectToken(live)
+	if err != nil {
+		t.Fatalf("a live token is refused at connect: %v", err)
+	}
+	xkp, _ := nkeys.CreateCurveKeys()
+	xpub, _ := xkp.PublicKey()
+	body, _ := json.Marshal(vault.Request{XKey: xpub, Node: "", MeshID: b.n.Identity().MeshID})
+	// enrol naming no node is refused, and spends nothing: the token stays live.
+	sendThenAsk(t, nc, vault.ToolSubject(vault.VerbEnrol, live.ID), injectionTargets, body)
+	nc.Close()
+	s.none(t, "enrol")
+
+	if _, err := vault.Enrol(context.Background(), live.Token, "beta", xkp); err != nil {
+		t.Fatalf("enrol: %v", err)
+	}
+	if nc, _, err := connectToken(live); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Fatalf("a spent token connects: %v", err)
+	}
+	if _, err := vault.Enrol(context.Background(), live.Token, "gamma", xkp); err == nil || !strings.Contains(err.Error(), "used up") {
+		t.Fatalf("second use: %v, want refused as used up", err)
+	}
+
+	short := mint("1ms")
+	retryUntil(t, 5*time.Second, func() error {
+		nc, _, err := connectToken(short)
+		if nc != nil {
+			nc.Close()
+		}
+		if !errors.Is(err, nats.ErrAuthorization) {
+			return fmt.Errorf("an expired token connects: %v", err)
+		}
+		return nil
+	})
+}
+
+// TestAttack_VaultRepliesToTheCallersInbox: a module's vault request naming another module's
+// inbox as its reply is not answered there.
+func TestAttack_VaultRepliesToTheCallersInbox(t *testing.T) {
+	b := newBed(t)
+	b.register("module: victim\nrequires: [mesh-bus]\n")
+	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\n")
+	victimInbox := manifest.InboxPrefix("victim") + ".x"
+	s := newSpy(t, b, []string{victimInbox})
+	nc := b.raw(seed, "attacker")
+	xkp, _ := nkeys.CreateCurveKeys()
+	xpub, _ := xkp.PublicKey()
+	body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
+	sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), []string{victimInbox}, body)
+	s.none(t, "vault fetch into another module's inbox")
+}

@@ -1,0 +1,54 @@
+package node
+
+import (
+	"strings"
+
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nkeys"
+)
+
+// The node answers requests — the controller's tools, the vault's, its own seat and cluster
+// tools, its audit log — and a request names the subject of its reply. Answered from a
+// connection that may publish anywhere, a reply subject is a write to anywhere: a module that
+// names `$KV.mesh-vault.x` as its reply makes the node overwrite a vault record. So every
+// responder answers from one connection whose only publish permission is the inbox space,
+// and the server refuses any other reply subject; writes to buckets and streams go through
+// other connections, never chosen by a requester.
+
+// responderInboxes is what the responder connection may publish to: replies, nothing else.
+const responderInboxes = "_INBOX.>"
+
+// responderPermissions are the responder connection's: hear the node's tool subjects, answer
+// on inboxes.
+func responderPermissions(node string) manifest.Permissions {
+	return manifest.Permissions{
+		Publish: []string{responderInboxes},
+		Subscribe: []manifest.Subscription{
+			{Subject: manifest.SeatToolSubject(registry.ControllerSeat, ">")},
+			{Subject: manifest.SeatToolSubject(vault.Seat, ">")},
+			{Subject: manifest.NodeToolSubject(node, ">")}, // the seat, cluster and audit tools
+		},
+	}
+}
+
+// newResponderIdentity mints the responder connection's key for this start (it never leaves
+// the process) and the identity the bus gives it.
+func newResponderIdentity(node string) (nkeys.KeyPair, string, embedbus.Identity, error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, "", embedbus.Identity{}, err
+	}
+	pub, _ := kp.PublicKey()
+	p := responderPermissions(node)
+	return kp, pub, embedbus.Identity{Name: "node-responder:" + node, Permissions: &p}, nil
+}
+
+// repliesTo reports whether reply lies in the inbox space prefix names (prefix ".…"): where
+// the requester's identity is known from the subject it could publish on, its answer goes to
+// its own inbox and nowhere else.
+func repliesTo(reply, prefix string) bool {
+	return strings.HasPrefix(reply, prefix+".") && len(reply) > len(prefix)+1
+}
