@@ -26,11 +26,12 @@ const (
 	ContentType = "content-type"
 	JSON        = "application/json"
 
-	// Dead letters keep every original header and add these.
-	DeadReason     = "x-dead-reason"
-	DeadDeliveries = "x-dead-deliveries"
-	DeadSubject    = "x-dead-subject"
-	DeadConsumer   = "x-dead-consumer"
+	// Dead letters keep every original header and add these; only the node writes them.
+	DeadReason     = "x-dead-reason"     // the client's term reason, else "max deliveries"
+	DeadDeliveries = "x-dead-deliveries" // how many times the consumer had it
+	DeadSubject    = "x-dead-subject"    // the original subject, as the stream stored it
+	DeadConsumer   = "x-dead-consumer"   // the consumer that gave up
+	DeadStream     = "x-dead-stream"     // that consumer's stream: EVENTS or SEAT_<seat>
 )
 
 // timeLayout is x-time's format: RFC 3339 with nanoseconds, UTC.

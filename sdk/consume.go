@@ -4,18 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Handler handles one delivered event. Returning an error retries it with back-off; after
-// the consumer's MaxDeliver attempts the event goes to DEAD with the error as its reason.
+// the consumer's MaxDeliver attempts the sdk terminates the event with the error as its
+// reason, and the node writes it to DEAD with that reason.
 type Handler func(ctx context.Context, e Event) error
 
 type handler struct {
@@ -89,7 +87,9 @@ func (c *Client) route(subject string) Handler {
 }
 
 // dispatcher runs handlers for one consumer and applies the delivery contract: ack on
-// success, NAK with back-off on failure, DEAD then ack past MaxDeliver.
+// success, NAK with back-off on failure, and on the last delivery give the message up with
+// the handler's error as the reason. The node writes the dead letter (DESIGN §3), not the
+// sdk: it listens to JetStream's advisories, so a module in any language gets the same.
 type dispatcher struct {
 	c          *Client
 	stream     string
@@ -111,7 +111,7 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 	e, err := envelope.Read(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
 		// A malformed envelope fails every time: no retry can help.
-		d.dead(msg, md, fmt.Errorf("malformed envelope: %w", err))
+		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
 	h := d.route(msg.Subject())
@@ -128,7 +128,7 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 	}
 	n := int(md.NumDelivered)
 	if d.maxDeliver > 0 && n >= d.maxDeliver {
-		d.dead(msg, md, err)
+		d.giveUp(msg, md, err)
 		return
 	}
 	delay := d.c.retry[min(n, len(d.c.retry))-1]
@@ -146,40 +146,27 @@ func call(ctx context.Context, h Handler, e Event) (err error) {
 	return h(ctx, e)
 }
 
-// dead writes msg to DEAD with the reason, then acks it. If DEAD cannot be written the
-// message is left unacked (so JetStream keeps it) and the loss is logged loudly.
-func (d *dispatcher) dead(msg jetstream.Msg, md *jetstream.MsgMetadata, reason error) {
-	h := nats.Header{}
-	for k, v := range msg.Headers() {
-		h[k] = append([]string(nil), v...)
-	}
-	id := h.Get(envelope.EventID)
-	if id == "" {
-		id = "seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
-	}
-	h.Set(envelope.DeadReason, reason.Error())
-	h.Set(envelope.DeadDeliveries, strconv.FormatUint(md.NumDelivered, 10))
-	h.Set(envelope.DeadSubject, msg.Subject())
-	h.Set(envelope.DeadConsumer, d.consumer)
-	// One dead letter per event and consumer: the same event dead for two consumers is two.
-	h.Set(nats.MsgIdHdr, "dead."+d.stream+"."+d.consumer+"."+id)
-	subject := manifest.DeadSubject(d.stream, d.consumer)
-	var err error
-	for attempt := range 5 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err = d.c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: msg.Data()})
-		cancel()
-		if err == nil {
-			break
+// giveUp stops the delivery of msg for good: the node sees JetStream's advisory and writes
+// the dead letter. On EVENTS the message is terminated with reason, which the dead letter
+// keeps as x-dead-reason. A seat's work queue deletes a terminated message before the node
+// could read it, so a job is NAKed instead: past MaxDeliver JetStream delivers it no more,
+// and its dead letter says "max deliveries" (the reason is in this module's log).
+func (d *dispatcher) giveUp(msg jetstream.Msg, md *jetstream.MsgMetadata, reason error) {
+	id := msg.Headers().Get(envelope.EventID)
+	if d.stream != manifest.EventsStreamName {
+		d.c.log.Warn("giving the job up; the node dead-letters it", "subject", msg.Subject(), "id", id,
+			"deliveries", md.NumDelivered, "reason", reason)
+		if err := msg.Nak(); err != nil {
+			d.c.log.Warn("nak failed; the job will be redelivered", "id", id, "err", err)
 		}
-		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-	}
-	if err != nil {
-		d.c.log.Error("could not write dead letter; the event stays unacked", "subject", msg.Subject(), "id", id, "err", err)
 		return
 	}
-	d.c.log.Warn("event dead-lettered", "subject", msg.Subject(), "id", id, "deliveries", md.NumDelivered, "reason", reason)
-	msg.Ack()
+	if err := msg.TermWithReason(reason.Error()); err != nil {
+		d.c.log.Warn("terminate failed; the event will be redelivered", "id", id, "err", err)
+		return
+	}
+	d.c.log.Warn("event given up; the node dead-letters it", "subject", msg.Subject(), "id", id,
+		"deliveries", md.NumDelivered, "reason", reason)
 }
 
 // subjectCovers reports whether every subject matching b also matches a.
