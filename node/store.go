@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/config"
@@ -33,8 +34,12 @@ var (
 	ErrNameMismatch = errors.New("data dir belongs to another node")
 	// ErrNoIdentity means the data dir holds no node and the caller asked not to create one.
 	ErrNoIdentity = errors.New("data dir holds no node identity")
-	// ErrCorruptStore means the store file could not be read as a bbolt database.
+	// ErrCorruptStore means the store file could not be read as a bbolt database, or holds
+	// no node while the data dir holds a mesh's data: the store is damaged.
 	ErrCorruptStore = errors.New("store file is corrupt")
+	// ErrMeshData means genesis was asked to create a mesh in a data dir that holds data of
+	// one (a store, a JetStream store, the operator's seed): it would overwrite them.
+	ErrMeshData = errors.New("data dir holds mesh data")
 )
 
 // Identity is who a node is: kept in its store, unchanged across restarts.
@@ -57,6 +62,12 @@ func openStore(dir string) (db *bolt.DB, err error) {
 		return nil, err
 	}
 	path := filepath.Join(dir, storeFile)
+	// bbolt makes a new database of a zero-length file: a store truncated by a full disk
+	// or a bad copy would pass for a data dir without a mesh, and genesis would run over the
+	// mesh's JetStream store and operator seed.
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		return nil, fmt.Errorf("open %s: %w: the file is empty, so the store is damaged; restore it from a backup, or move the data dir aside to start afresh (genesis over it would overwrite the mesh's data)", path, ErrCorruptStore)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			db, err = nil, fmt.Errorf("open %s: %w (%v); move it aside to start afresh, or restore it from a backup", path, ErrCorruptStore, r)
@@ -95,8 +106,15 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool, expect int) (Ident
 	f, err := g.Foundation()
 	switch {
 	case errors.Is(err, genesis.ErrNone) && !create:
+		if found := meshData(db, dir); len(found) > 0 {
+			return Identity{}, nil, fmt.Errorf("%w: %s holds no node, yet %s holds a mesh's data (%s): the store is damaged; restore %s from a backup (do not run genesis here: it would overwrite them)",
+				ErrCorruptStore, filepath.Join(dir, storeFile), dir, strings.Join(found, ", "), storeFile)
+		}
 		return Identity{}, nil, fmt.Errorf("%w: %s", ErrNoIdentity, dir)
 	case errors.Is(err, genesis.ErrNone):
+		if err := checkNoMeshData(db, dir); err != nil {
+			return Identity{}, nil, err
+		}
 		if f, err = g.Begin(name, expect); err != nil {
 			return Identity{}, nil, err
 		}
@@ -123,6 +141,45 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool, expect int) (Ident
 		return nil
 	})
 	return id, f, err
+}
+
+// meshData lists what of a mesh the data dir holds besides a node in its store: a JetStream
+// store, the operator's seed, and a store that holds anything at all. A bbolt file without a
+// single bucket (what `run` on an empty data dir leaves) is no mesh data.
+func meshData(db *bolt.DB, dir string) []string {
+	var found []string
+	if fi, err := os.Stat(filepath.Join(dir, jsDir)); err == nil {
+		what := jsDir + "/ (a JetStream store)"
+		if !fi.IsDir() {
+			what = jsDir + " (where the JetStream store goes)"
+		}
+		found = append(found, what)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, OperatorSeedFile)); err == nil {
+		found = append(found, OperatorSeedFile+" (the operator's seed)")
+	}
+	var buckets []string
+	db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			buckets = append(buckets, string(name))
+			return nil
+		})
+	})
+	if len(buckets) > 0 {
+		found = append(found, fmt.Sprintf("%s with buckets %s but no node", storeFile, strings.Join(buckets, ", ")))
+	}
+	return found
+}
+
+// checkNoMeshData refuses genesis on a data dir that holds a mesh's data: it would
+// overwrite the operator's seed and start a bus over another mesh's JetStream store.
+func checkNoMeshData(db *bolt.DB, dir string) error {
+	found := meshData(db, dir)
+	if len(found) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s holds %s, but no node in %s; genesis refuses to run over them: restore %s from a backup and use `meshnode run`, or choose a fresh --data-dir for a new mesh (or move those aside)",
+		ErrMeshData, dir, strings.Join(found, ", "), storeFile, storeFile)
 }
 
 // keepOperator records the operator's public key (its seed went to operator.nk).
@@ -182,6 +239,14 @@ func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record
 	}
 	defer db.Close()
 	g := genesis.New(db)
+	_, rerr := g.Record()
+	_, ferr := g.Foundation()
+	if errors.Is(rerr, genesis.ErrNone) && errors.Is(ferr, genesis.ErrNone) {
+		// No mesh in the store (one there is Begin's to refuse, naming it): nor anywhere else.
+		if err := checkNoMeshData(db, cfg.DataDir); err != nil {
+			return nil, genesis.Record{}, err
+		}
+	}
 	f, err := g.Begin(cfg.Name, expect)
 	if err != nil {
 		return nil, genesis.Record{}, err
