@@ -229,3 +229,39 @@ func TestAttack_VaultRepliesToTheCallersInbox(t *testing.T) {
 	sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), []string{victimInbox}, body)
 	s.none(t, "vault fetch into another module's inbox")
 }
+
+// TestAttack_ToolReplyInjection: a module answering its tools replies only into the inbox
+// space; a caller naming a bucket or another namespace as the reply subject gets nothing
+// written there (nats-server's response permission would have allowed it).
+func TestAttack_ToolReplyInjection(t *testing.T) {
+	b := newBed(t)
+	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	seed, _ := b.register("module: served\nrequires: [mesh-bus]\ntools: [status]\n")
+	nc := b.raw(seed, "served")
+	if _, err := nc.QueueSubscribe(manifest.ToolSubject("served", "status"), "served", func(m *nats.Msg) {
+		m.Respond([]byte(`{"ok":true}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Outside the inbox space: a tool's caller is not known to the bus, so an answer may
+	// reach another inbox (whose random tokens nobody else knows), and nothing else.
+	var targets []string
+	for _, subj := range injectionTargets {
+		if !strings.HasPrefix(subj, "_INBOX.") {
+			targets = append(targets, subj)
+		}
+	}
+	s := newSpy(t, b, targets)
+	op := b.operatorConn()
+	defer op.Close()
+	sendThenAsk(t, op, manifest.ToolSubject("served", "status"), targets, []byte("{}"))
+	// The handler's connection handles requests in order: its answer to the legitimate call
+	// came after every refused reply; one more round trip on it lets the server's verdicts in.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s.none(t, "tool reply")
+}
