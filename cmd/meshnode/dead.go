@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -168,14 +170,27 @@ func newDeadReplayCmd() *cobra.Command {
 		Short: "Publish a dead letter's event again, with its original x-event-id, and remove it from DEAD",
 		Long: `Publish a dead letter's event again on its original subject, with its original headers and
 x-event-id (so consumers that handle by id skip what they already did), and remove it from
-DEAD once the stream has stored it. Every consumer of that subject sees it again.`,
+DEAD once the stream has stored it. Every consumer of that subject sees it again.
+
+Replay publishes with the operator's authority, so it first checks that the letter is what its
+source could have published itself: an event of the source's own (a module's declared event,
+a seat's event by the module that declares the seat, a node's own event) or a job the source
+may submit, signed by the source's registered key. Anything else is refused and kept.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if all == (len(args) == 1) {
 				return usagef("name one dead letter ID, or --all")
 			}
+			var auth replayAuthority
 			replayOne := func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
-				if err := replay(ctx, js, dead, m); err != nil {
+				if auth == nil {
+					mods, err := registry.List(ctx, js.Conn())
+					if err != nil {
+						return fmt.Errorf("learn the registered modules, to check what a letter's source may publish: %w", err)
+					}
+					auth = authorityOf(mods)
+				}
+				if err := replay(ctx, js, dead, m, auth); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "replayed %d: %s %s\n", m.Sequence, envelope.Key(m.Header.Get(envelope.DeadSubject)), m.Header.Get(envelope.EventID))
@@ -189,11 +204,21 @@ DEAD once the stream has stored it. Every consumer of that subject sees it again
 				if err != nil {
 					return err
 				}
+				refused := 0
 				for _, d := range ds {
 					m := &jetstream.RawStreamMsg{Sequence: d.ID, Header: nats.Header(d.Headers), Data: d.Body}
-					if err := replayOne(ctx, js, dead, m); err != nil {
+					err := replayOne(ctx, js, dead, m)
+					if errors.Is(err, errNotReplayable) {
+						fmt.Fprintf(cmd.ErrOrStderr(), "meshnode: %v\n", err)
+						refused++
+						continue
+					}
+					if err != nil {
 						return err
 					}
+				}
+				if refused > 0 {
+					return fmt.Errorf("%d of %d dead letters refused, see above; they are kept", refused, len(ds))
 				}
 				return nil
 			})
@@ -204,11 +229,12 @@ DEAD once the stream has stored it. Every consumer of that subject sees it again
 	return cmd
 }
 
-// replay republishes a dead letter's original event and then deletes the dead letter.
-func replay(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
+// replay republishes a dead letter's original event and then deletes the dead letter. It
+// refuses a letter its source could not have published (replayable), keeping it.
+func replay(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg, auth replayAuthority) error {
 	subject := m.Header.Get(envelope.DeadSubject)
-	if subject == "" {
-		return fmt.Errorf("dead letter %d names no original subject (no %s header)", m.Sequence, envelope.DeadSubject)
+	if err := replayable(m.Header, m.Data, auth); err != nil {
+		return fmt.Errorf("%w: dead letter %d: %v; it is kept (`meshnode dead drop %d` removes it)", errNotReplayable, m.Sequence, err, m.Sequence)
 	}
 	h := nats.Header{}
 	for k, v := range m.Header {
@@ -226,6 +252,133 @@ func replay(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, 
 		return fmt.Errorf("replayed %d, but could not remove it from DEAD: %w", m.Sequence, err)
 	}
 	return nil
+}
+
+// errNotReplayable marks a dead letter replay refuses: publishing it with the operator's
+// authority would say more than its source may.
+var errNotReplayable = errors.New("not replayed")
+
+// replayAuthority is what each registered module may publish, from the controller's list:
+// what `dead replay` checks a letter against before publishing it as the operator.
+type replayAuthority map[string]replaySource
+
+// replaySource is one registered module's authority.
+type replaySource struct {
+	publicKey string
+	emits     []string
+	uses      []string
+	seats     map[string]manifest.Seat // the seats it declares
+}
+
+// authorityOf reads the registered modules' authority. A manifest that does not parse
+// contributes its events but no seats.
+func authorityOf(mods []registry.ModuleInfo) replayAuthority {
+	auth := replayAuthority{}
+	for _, m := range mods {
+		src := replaySource{publicKey: m.PublicKey, emits: m.Emits, uses: m.Uses, seats: map[string]manifest.Seat{}}
+		if mf, err := manifest.Parse([]byte(m.Manifest)); err == nil {
+			for _, s := range mf.Seats {
+				src.seats[s.Name] = s
+			}
+		}
+		auth[m.Module] = src
+	}
+	return auth
+}
+
+// declarer returns the module that declares seat.
+func (a replayAuthority) declarer(seat string) (string, replaySource, bool) {
+	for name, src := range a {
+		if _, ok := src.seats[seat]; ok {
+			return name, src, true
+		}
+	}
+	return "", replaySource{}, false
+}
+
+// replayable returns nil when a dead letter's original subject (x-dead-subject) is one its
+// source (x-source) may publish on itself, so that replaying it as the operator adds no
+// authority: a module's own declared event; a seat's declared event by the module that
+// declares the seat (or under the seat's name); a job a module may submit to a seat it uses
+// or declares; a node's own event; an event of one of the mesh's own seats under that seat's
+// name. A module's event or job must carry a signature by that module's registered key.
+// Anything else — a JetStream API or KV subject, a tool, another's namespace — is refused.
+func replayable(h nats.Header, body []byte, auth replayAuthority) error {
+	subjects, sources := h.Values(envelope.DeadSubject), h.Values(envelope.Source)
+	if len(subjects) != 1 || subjects[0] == "" {
+		return fmt.Errorf("it names %d original subjects (%s), want one", len(subjects), envelope.DeadSubject)
+	}
+	if len(sources) != 1 || sources[0] == "" {
+		return fmt.Errorf("it names %d sources (%s), want one", len(sources), envelope.Source)
+	}
+	subject, source := subjects[0], sources[0]
+	toks := strings.Split(subject, ".")
+	if len(toks) < 5 || toks[0] != "mesh" || slices.ContainsFunc(toks[1:], func(t string) bool { return !manifest.ValidName(t) }) {
+		return fmt.Errorf("%s is not a subject of the mesh's events or jobs", subject)
+	}
+	kind, owner, rest := toks[1], toks[2], toks[3:]
+	// signed checks that the letter carries src's signature over what it would republish.
+	signed := func(name string, src replaySource) error {
+		if err := envelope.Verify(h, subject, body, src.publicKey); err != nil {
+			return fmt.Errorf("its signature is not %s's: %w", name, err)
+		}
+		return nil
+	}
+	switch {
+	case kind == "mod" && rest[0] == "event":
+		event := strings.Join(rest[1:], ".")
+		src, ok := auth[source]
+		switch {
+		case source != owner:
+			return fmt.Errorf("%s is module %s's event, and the letter's source is %s", subject, owner, source)
+		case !ok:
+			return fmt.Errorf("module %s is not registered", source)
+		case !slices.Contains(src.emits, event):
+			return fmt.Errorf("module %s does not emit %s (it emits %v)", source, event, src.emits)
+		}
+		return signed(source, src)
+	case kind == "node" && rest[0] == "event":
+		if source != owner {
+			return fmt.Errorf("%s is node %s's event, and the letter's source is %s", subject, owner, source)
+		}
+		return nil
+	case kind == "seat" && rest[0] == "event":
+		event := strings.Join(rest[1:], ".")
+		if strings.HasPrefix(owner, "mesh-") {
+			if source != owner {
+				return fmt.Errorf("%s is the mesh's seat %s's event, and the letter's source is %s", subject, owner, source)
+			}
+			return nil
+		}
+		name, src, ok := auth.declarer(owner)
+		switch {
+		case !ok:
+			return fmt.Errorf("no registered module declares seat %s", owner)
+		case source != owner && source != name:
+			return fmt.Errorf("%s is seat %s's event (declared by %s), and the letter's source is %s", subject, owner, name, source)
+		case !slices.Contains(src.seats[owner].Emits, event):
+			return fmt.Errorf("seat %s does not emit %s (it emits %v)", owner, event, src.seats[owner].Emits)
+		}
+		return signed(name, src)
+	case kind == "seat" && (len(rest) == 2 && rest[0] == "accept" || len(rest) == 4 && rest[0] == "node" && rest[2] == "accept"):
+		verb := rest[len(rest)-1]
+		src, ok := auth[source]
+		if !ok {
+			return fmt.Errorf("module %s is not registered", source)
+		}
+		if !slices.Contains(src.uses, owner) {
+			if _, declares := src.seats[owner]; !declares {
+				return fmt.Errorf("module %s neither uses nor declares seat %s", source, owner)
+			}
+		}
+		_, decl, ok := auth.declarer(owner)
+		seat := decl.seats[owner]
+		if !ok || !slices.Contains(seat.Accepts, verb) || (len(rest) == 4) != (seat.Scope == manifest.ScopeNode) {
+			return fmt.Errorf("seat %s takes no %s job on %s", owner, verb, subject)
+		}
+		return signed(source, src)
+	}
+	return fmt.Errorf("%s is not a subject of the mesh's events or jobs", subject)
 }
 
 func newDeadDropCmd() *cobra.Command {
