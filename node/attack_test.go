@@ -265,3 +265,43 @@ func TestAttack_ToolReplyInjection(t *testing.T) {
 	}
 	s.none(t, "tool reply")
 }
+
+// TestAttack_AuthorityChangeKicks: a re-registration that adds secrets or seats changes the
+// module's grant, so its connections are kicked and come back under the new one.
+func TestAttack_AuthorityChangeKicks(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: grows\nrequires: [mesh-bus]\n")
+	for i, text := range []string{
+		"module: grows\nrequires: [mesh-bus]\nsecrets: [api-key]\n",
+		"module: grows\nrequires: [mesh-bus]\nsecrets: [api-key]\nseats:\n  grown:\n    scope: mesh\n    serves: [status]\n",
+	} {
+		nc := b.raw(seed, "grows")
+		reconnected := make(chan struct{}, 1)
+		nc.SetReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default:
+			}
+		})
+		b.register(text)
+		select {
+		case <-reconnected:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("re-registration %d changed the grant and kicked no connection", i+1)
+		}
+	}
+}
+
+// TestGrant_SubjectsAgree: the grant names the same subjects the vault and the controller
+// serve; a rename on one side would lock modules out.
+func TestGrant_SubjectsAgree(t *testing.T) {
+	if got, want := manifest.VaultFetchSubject("billing"), vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("billing")); got != want {
+		t.Errorf("VaultFetchSubject = %s, the vault serves %s", got, want)
+	}
+	if got, want := manifest.WhoamiSubject, registry.WhoamiSubject; got != want {
+		t.Errorf("WhoamiSubject = %s, the controller serves %s", got, want)
+	}
+	if got, want := manifest.BootstrapInbox("UABC"), registry.BootstrapInbox("UABC"); got != want {
+		t.Errorf("BootstrapInbox = %s, want %s", got, want)
+	}
+}

@@ -62,19 +62,10 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 func moduleUser(module string) string { return "module:" + module }
 
 // ModulePermissions is the whole permission set the bus grants every connection of a module:
-// what its manifest derives, plus the bootstrap that lets a client holding only its seed
-// learn which module it is (registry.BootstrapPermissions), plus — for a module that declares
-// seats — asking its node to hold them (SeatToolSubject). The instance holding a seat's lease
-// gets the seat's holder permissions on top.
+// manifest.Derivation.Grant. The instance holding a seat's lease gets the seat's holder
+// permissions on top.
 func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permissions {
-	p := d.Permissions.Merge(registry.BootstrapPermissions(publicKey))
-	if len(d.Seats) > 0 {
-		p = p.Merge(manifest.Permissions{Publish: []string{SeatToolSubject("*", d.Module)}})
-	}
-	if len(d.Secrets) > 0 {
-		p = p.Merge(manifest.Permissions{Publish: []string{vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(d.Module))}})
-	}
-	return p
+	return d.Grant(publicKey)
 }
 
 // tokenPermissions are a join token's: request enrol with it, hear the answer — nothing else.
@@ -90,7 +81,8 @@ func tokenPermissions(id, publicKey string) manifest.Permissions {
 func SeatToolSubject(node, module string) string { return manifest.NodeSeatToolSubject(node, module) }
 
 // authorityChanged reports whether a registration change alters what a module's
-// connections may do, so they must be kicked to reconnect under the new authority.
+// connections may do — its whole grant (declarations, secrets, seats) or what holding one of
+// its seats adds — so they must be kicked to reconnect under the new authority.
 func authorityChanged(old, new *registry.Entry) bool {
 	if old == nil {
 		return false
@@ -98,5 +90,15 @@ func authorityChanged(old, new *registry.Entry) bool {
 	if new == nil || new.PublicKey != old.PublicKey {
 		return true
 	}
-	return !reflect.DeepEqual(old.Derivation.Permissions, new.Derivation.Permissions)
+	if !reflect.DeepEqual(old.Derivation.Grant(old.PublicKey), new.Derivation.Grant(new.PublicKey)) {
+		return true
+	}
+	holders := func(d *manifest.Derivation) map[string]manifest.Permissions {
+		out := map[string]manifest.Permissions{}
+		for _, s := range d.Seats {
+			out[s.Name] = s.Holder
+		}
+		return out
+	}
+	return !reflect.DeepEqual(holders(old.Derivation), holders(new.Derivation))
 }

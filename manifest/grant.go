@@ -1,0 +1,52 @@
+package manifest
+
+// The whole grant of a module's key, in one place: what its declaration derives, plus what
+// the mesh itself lets every module key do. The bus applies exactly this (and a seat's
+// HolderPermissions on top for the holding instance), `meshnode module show` prints it, and
+// any change of it kicks the module's connections.
+
+// The mesh's own seats whose tools a module key may reach without declaring them.
+const (
+	controllerSeat = "mesh-controller"
+	vaultSeat      = "mesh-vault"
+)
+
+// WhoamiSubject is the controller's tool that tells a key which module it is: the one
+// question a client holding only its seed must ask before it knows its own name.
+var WhoamiSubject = SeatToolSubject(controllerSeat, "whoami")
+
+// BootstrapInbox is where the holder of publicKey hears whoami's answer: keyed by the
+// public key, because before the answer the client does not know its name.
+func BootstrapInbox(publicKey string) string { return "_INBOX." + publicKey }
+
+// VaultFetchSubject is where module fetches its own secrets from the vault:
+// mesh.seat.mesh-vault.tool.fetch.mod.<module>. The module's name in the subject is the
+// proof of who asks.
+func VaultFetchSubject(module string) string {
+	return SeatToolSubject(vaultSeat, "fetch") + ".mod." + module
+}
+
+// nodeAny is the node token of a grant that holds on every node: a module's
+// instance asks whichever node it is connected to about its seats.
+const nodeAny = "*"
+
+// Grant returns every permission a connection of the module with publicKey has, whoever
+// holds what: the derived Permissions; the bootstrap (ask whoami, hear it on the key's
+// inbox); for a module that declares seats, asking its node to hold them; for one that names
+// secrets, fetching them. A module that does not require mesh-bus has no grant at all.
+func (d *Derivation) Grant(publicKey string) Permissions {
+	if !d.Bus {
+		return Permissions{}.normal()
+	}
+	extra := Permissions{
+		Publish:   []string{WhoamiSubject},
+		Subscribe: []Subscription{{Subject: BootstrapInbox(publicKey) + ".>"}},
+	}
+	if len(d.Seats) > 0 {
+		extra.Publish = append(extra.Publish, NodeSeatToolSubject(nodeAny, d.Module))
+	}
+	if len(d.Secrets) > 0 {
+		extra.Publish = append(extra.Publish, VaultFetchSubject(d.Module))
+	}
+	return d.Permissions.Merge(extra)
+}
