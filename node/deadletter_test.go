@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,6 +158,36 @@ func TestDead_PlainConsumer(t *testing.T) {
 			t.Errorf("delivered again after DEAD: %s", m.Subject())
 		}
 	}
+}
+
+// TestDead_SdkReason: an sdk handler that always fails gives the event up with its error,
+// and the node's letter carries it as x-dead-reason; the letter is the node's (its id is
+// the death's, and the sdk can no longer write DEAD).
+func TestDead_SdkReason(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [bad]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.bad]\n")
+	cb := b.client(seedB, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err := cb.On("a.bad", func(context.Context, sdk.Event) error {
+		return errors.New("customer 7 unknown\nsee the log")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	id, err := b.client(seedA).Emit(ctx, "bad", "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b"), 1, nil)[0]
+	if got := l.Header.Get(envelope.DeadReason); got != "customer 7 unknown see the log" {
+		t.Errorf("x-dead-reason=%q", got)
+	}
+	if l.Header.Get(envelope.EventID) != id || l.Header.Get(envelope.DeadStream) != manifest.EventsStreamName ||
+		!strings.HasPrefix(l.Header.Get(nats.MsgIdHdr), "dead.EVENTS.b.") || strings.Contains(l.Header.Get(nats.MsgIdHdr), id) {
+		t.Errorf("not the node's letter: %v", l.Header)
+	}
+	consumerIdle(t, b, manifest.EventsStreamName, "b")
 }
 
 // TestDead_SeatJob: a seat's job its handler always fails is in DEAD after MaxDeliver
