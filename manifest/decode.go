@@ -11,6 +11,26 @@ import (
 
 // Turning yaml.v3's decoding errors into refusals, and finding the line of a field.
 
+// MaxSize is the largest manifest the mesh takes, in bytes of YAML: 64 KiB. A registration's
+// request and reply, and a registry record, then fit the bus's 1 MiB payload with room to
+// spare (a 760 KB manifest once registered, but its reply did not fit and the seed was lost).
+// Real manifests are a few hundred bytes.
+const MaxSize = 64 << 10
+
+// CheckSize refuses a manifest of size bytes over MaxSize, naming both; nil when it fits.
+// The refusal is a Refusals, like every other.
+func CheckSize(size int) error {
+	if size <= MaxSize {
+		return nil
+	}
+	return Refusals{{
+		Code:    CodeSize,
+		Value:   strconv.Itoa(size) + " bytes",
+		Reason:  "the manifest is larger than the limit of " + strconv.Itoa(MaxSize) + " bytes (64 KiB)",
+		Instead: "declare less: a manifest names events, tools and seats, never data",
+	}}
+}
+
 // The messages of yaml.v3's TypeError, which are the only way it names the line and key.
 var (
 	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type manifest\.raw(\w+)$`)

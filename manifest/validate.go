@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -27,6 +28,7 @@ const (
 	CodeNotEmitted   Code = "not-emitted"   // 6: a consumed event its present emitter (itself included) does not emit
 	CodeBreaking     Code = "breaking"      // 6: a seat protocol change that breaks its users
 	CodeModuleTwice  Code = "module-twice"  // 6: two manifests for one module in one check
+	CodeSize         Code = "size"          // issue 11: a manifest over MaxSize
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -141,6 +143,10 @@ func (v *validator) result() error {
 
 func (v *validator) validate() {
 	m := v.m
+	var rs Refusals
+	if errors.As(CheckSize(len(m.src)), &rs) {
+		v.rs = append(v.rs, rs...)
+	}
 	v.module()
 	v.list("requires", m.Requires, kindRequire)
 	v.list("emits", m.Emits, kindEmit)

@@ -117,16 +117,38 @@ func (c *controller) handleRegister(ctx context.Context, data []byte) any {
 		reply.Error = err.Error()
 		var rs manifest.Refusals
 		if errors.As(err, &rs) {
-			reply.Refusals = rs
 			reply.Error = fmt.Sprintf("manifest refused (%d %s)", len(rs), plural(len(rs), "reason", "reasons"))
+			if len(rs) > maxReplyRefusals {
+				// A manifest of thousands of bad names must not make a reply over the
+				// payload limit: `meshnode module check` lists every one, locally.
+				more := len(rs) - maxReplyRefusals
+				rs = append(rs[:maxReplyRefusals:maxReplyRefusals], manifest.Refusal{
+					Reason:  fmt.Sprintf("and %d more %s", more, plural(more, "refusal", "refusals")),
+					Instead: "run `meshnode module check FILE` to see them all",
+				})
+			}
+			reply.Refusals = rs
 		}
 	}
 	return reply
 }
 
+// Bounds of a register reply, so that it fits the bus's payload whatever the manifest: the
+// refusals it lists, and the derivation it carries (in bytes of JSON; a larger one is left
+// out, and `meshnode module show FILE` prints it).
+const (
+	maxReplyRefusals = 100
+	maxReplyDerived  = 256 << 10
+)
+
 // register validates a manifest against the registry, reconciles its topology, stores it and
 // mints the module's identity if it is new.
 func (c *controller) register(ctx context.Context, req registry.RegisterRequest) (registry.RegisterReply, error) {
+	// Refused before any YAML work: a manifest over the limit makes a reply and a record that
+	// do not fit the bus's payload.
+	if err := manifest.CheckSize(len(req.Manifest)); err != nil {
+		return registry.RegisterReply{}, err
+	}
 	m, err := manifest.Parse([]byte(req.Manifest))
 	if err != nil {
 		return registry.RegisterReply{}, err
@@ -153,27 +175,28 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		rec.Fingerprints[s.Name] = s.Fingerprint
 	}
 	derived, _ := json.Marshal(d)
+	if len(derived) > maxReplyDerived {
+		derived = nil
+	}
 	reply := registry.RegisterReply{Module: m.Module, Derived: derived}
 	var revision uint64
+	if req.RotateKey && !exists {
+		return registry.RegisterReply{}, fmt.Errorf("register: module %s is not registered, so it has no key to rotate; register it without --rotate-key", m.Module)
+	}
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
-	} else {
-		if req.XKey == "" {
-			return registry.RegisterReply{}, errors.New("register: the request carries no xkey to seal the new module's seed to; use `meshnode module register`, which sends one")
-		}
-		// The vault mints the module's identity and seals it to the caller's xkey: the
-		// controller sees only the public key.
-		var vr vault.Reply
-		b, _ := json.Marshal(vault.Request{XKey: req.XKey, Owner: m.Module})
-		msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIdentity, vault.CallerNode), b)
+	}
+	if !exists || req.RotateKey {
+		// A new module, or a new key for one whose seed was lost: the vault mints the
+		// identity and seals it to the caller's xkey; the controller sees only the public
+		// key. Storing a new key kicks the old key's connections (the registry's change
+		// callback).
+		vr, err := c.mintIdentity(ctx, m.Module, req.XKey)
 		if err != nil {
-			return registry.RegisterReply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", m.Module, err)
-		}
-		if err := json.Unmarshal(msg.Data, &vr); err != nil || vr.Error != "" {
-			return registry.RegisterReply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", m.Module, vr.Error, err)
+			return registry.RegisterReply{}, err
 		}
 		rec.PublicKey, reply.SealedSeed, reply.SenderXKey = vr.PublicKey, vr.Sealed, vr.Sender
-		reply.Created = true
+		reply.Created, reply.Rotated = !exists, exists
 	}
 	reply.PublicKey = rec.PublicKey
 
@@ -190,8 +213,25 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 			c.log.Error("retire topology of previous registration", "module", m.Module, "err", err)
 		}
 	}
-	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "key", rec.PublicKey)
+	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "rotated", reply.Rotated, "key", rec.PublicKey)
 	return reply, nil
+}
+
+// mintIdentity asks the vault for a new identity of module, sealed to xkey.
+func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (vault.Reply, error) {
+	if xkey == "" {
+		return vault.Reply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
+	}
+	var vr vault.Reply
+	b, _ := json.Marshal(vault.Request{XKey: xkey, Owner: module})
+	msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIdentity, vault.CallerNode), b)
+	if err != nil {
+		return vault.Reply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", module, err)
+	}
+	if err := json.Unmarshal(msg.Data, &vr); err != nil || vr.Error != "" {
+		return vault.Reply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", module, vr.Error, err)
+	}
+	return vr, nil
 }
 
 func (c *controller) handleRemove(ctx context.Context, data []byte) any {
@@ -224,9 +264,22 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	return registry.RemoveReply{Module: e.Module, Kept: kept}
 }
 
-func (c *controller) handleList(context.Context, []byte) any {
+// handleList answers one page of the registered modules, after req.After in name order: as
+// many as fit registry.ListPageBytes (at least one), so a reply never exceeds the bus's
+// payload however many modules there are.
+func (c *controller) handleList(_ context.Context, data []byte) any {
+	var req registry.ListRequest
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &req); err != nil {
+			return registry.ListReply{Error: "list: the request is not JSON: " + err.Error()}
+		}
+	}
 	reply := registry.ListReply{Modules: []registry.ModuleInfo{}}
+	size := 0
 	for _, e := range c.reg.List() {
+		if e.Module <= req.After {
+			continue
+		}
 		info := registry.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey,
 			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
@@ -236,6 +289,12 @@ func (c *controller) handleList(context.Context, []byte) any {
 		for _, s := range e.Manifest.Seats {
 			info.Seats = append(info.Seats, s.Name)
 		}
+		b, _ := json.Marshal(info)
+		if len(reply.Modules) > 0 && size+len(b) > registry.ListPageBytes {
+			reply.Next = reply.Modules[len(reply.Modules)-1].Module
+			break
+		}
+		size += len(b) + 1
 		reply.Modules = append(reply.Modules, info)
 	}
 	return reply

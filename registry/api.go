@@ -28,6 +28,10 @@ type RegisterRequest struct {
 	Manifest string `json:"manifest"`
 	// XKey is the caller's xkey public key: a new module's seed is sealed to it.
 	XKey string `json:"xkey"`
+	// RotateKey asks, for a module already registered, for a new key in place of its old
+	// one (a lost seed): the vault mints it, the registry records it, the old key's
+	// connections are kicked, and the reply carries the new seed as for a new module.
+	RotateKey bool `json:"rotate_key,omitempty"`
 }
 
 // RegisterReply answers RegisterRequest.
@@ -37,8 +41,10 @@ type RegisterReply struct {
 	// Created is true for a new module: SealedSeed then holds its identity (vault.Identity
 	// as JSON, minted by the vault), sealed to the request's XKey with the one-time sender key
 	// SenderXKey. A re-registration keeps the
-	// module's key and sends no seed.
+	// module's key and sends no seed, unless it asked to rotate the key: then Rotated is
+	// true and SealedSeed holds the new identity.
 	Created    bool   `json:"created"`
+	Rotated    bool   `json:"rotated,omitempty"`
 	SealedSeed []byte `json:"sealed_seed,omitempty"`
 	SenderXKey string `json:"sender_xkey,omitempty"`
 	// Kept lists seat streams left in place for their queued work.
@@ -76,14 +82,30 @@ type ModuleInfo struct {
 	Registered   time.Time         `json:"registered"`
 	Updated      time.Time         `json:"updated"`
 	Revision     uint64            `json:"revision"`
-	Manifest     string            `json:"manifest"`
+	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
+	Manifest string `json:"manifest"`
 }
 
-// ListReply answers a list request.
+// ListRequest asks for one page of the registered modules, in name order: a page is sized to
+// fit the bus's payload limit however many modules there are.
+type ListRequest struct {
+	// After is the last module of the previous page; "" for the first page.
+	After string `json:"after,omitempty"`
+}
+
+// ListReply answers a list request: one page, since the modules of a large mesh would not
+// fit one reply.
 type ListReply struct {
 	Modules []ModuleInfo `json:"modules"`
-	Error   string       `json:"error,omitempty"`
+	// Next is the After of the next page; "" when this page is the last.
+	Next  string `json:"next,omitempty"`
+	Error string `json:"error,omitempty"`
 }
+
+// ListPageBytes bounds the modules of one list page, in bytes of JSON: half the bus's 1 MiB
+// payload limit. A page holds at least one module, whose entry a manifest of at most
+// manifest.MaxSize keeps under it.
+const ListPageBytes = 512 << 10
 
 // WhoamiSubject is the controller's tool that tells a key which module it is.
 var WhoamiSubject = manifest.SeatToolSubject(ControllerSeat, "whoami")

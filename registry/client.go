@@ -29,6 +29,21 @@ type Registered struct {
 // Register asks the controller to register the manifest in yamlText. A new module's seed
 // comes back sealed to a one-time xkey made here, and is opened before returning.
 func Register(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered, error) {
+	return register(ctx, nc, yamlText, false)
+}
+
+// RotateKey re-registers the manifest in yamlText, of a module already registered, with a new
+// key minted by the vault in place of the old one: the way back from a lost seed. The old
+// key stops working (its connections are kicked); the new seed is returned as Register
+// returns a new module's.
+func RotateKey(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered, error) {
+	return register(ctx, nc, yamlText, true)
+}
+
+func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) (*Registered, error) {
+	if err := manifest.CheckSize(len(yamlText)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
+	}
 	xkp, err := nkeys.CreateCurveKeys()
 	if err != nil {
 		return nil, err
@@ -36,7 +51,7 @@ func Register(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered,
 	defer xkp.Wipe()
 	xpub, _ := xkp.PublicKey()
 	var reply RegisterReply
-	if err := call(ctx, nc, RegisterSubject, RegisterRequest{Manifest: string(yamlText), XKey: xpub}, &reply); err != nil {
+	if err := call(ctx, nc, RegisterSubject, RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply); err != nil {
 		return nil, err
 	}
 	if reply.Error != "" {
@@ -46,7 +61,7 @@ func Register(ctx context.Context, nc *nats.Conn, yamlText []byte) (*Registered,
 		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
 	}
 	out := &Registered{RegisterReply: reply}
-	if reply.Created {
+	if reply.Created || reply.Rotated {
 		plain, err := vault.Unseal(xkp, reply.SenderXKey, reply.SealedSeed)
 		if err != nil {
 			return nil, err
@@ -75,16 +90,27 @@ func Remove(ctx context.Context, nc *nats.Conn, module string) (RemoveReply, err
 	return reply, nil
 }
 
-// List asks the controller for every registered module.
+// List asks the controller for every registered module, a page at a time.
 func List(ctx context.Context, nc *nats.Conn) ([]ModuleInfo, error) {
-	var reply ListReply
-	if err := call(ctx, nc, ListSubject, struct{}{}, &reply); err != nil {
-		return nil, err
+	out := []ModuleInfo{}
+	var after string
+	for {
+		var reply ListReply
+		if err := call(ctx, nc, ListSubject, ListRequest{After: after}, &reply); err != nil {
+			return nil, err
+		}
+		if reply.Error != "" {
+			return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+		}
+		out = append(out, reply.Modules...)
+		if reply.Next == "" {
+			return out, nil
+		}
+		if reply.Next <= after {
+			return nil, fmt.Errorf("%s: the page after %q starts again at %q", ListSubject, after, reply.Next)
+		}
+		after = reply.Next
 	}
-	if reply.Error != "" {
-		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
-	return reply.Modules, nil
 }
 
 func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
