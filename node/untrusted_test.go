@@ -2,17 +2,25 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // Issue 11, untrusted input: whatever sits in the mesh's buckets is read defensively. Each
@@ -172,4 +180,115 @@ func TestUntrusted_SeatLeases(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// padded is a valid manifest of module made about size bytes long by comment lines.
+func padded(module string, size int) string {
+	head := "module: " + module + "\nrequires: [mesh-bus]\nemits: [tick]\n"
+	line := "# " + strings.Repeat("padding ", 8) + "\n"
+	return head + strings.Repeat(line, (size-len(head))/len(line))
+}
+
+// TestInputLimits_ManifestSize: a manifest over manifest.MaxSize is refused by the controller
+// itself (not only by the client), naming the size and the limit, and nothing is minted or
+// registered; module list is paged, so twenty modules of 60 KB manifests (1.2 MB in all)
+// still list. Before, a 760 KB manifest registered, its reply did not fit and the list failed
+// for everyone.
+func TestInputLimits_ManifestSize(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	big := padded("big", 760_000)
+	req, _ := json.Marshal(registry.RegisterRequest{Manifest: big, XKey: "XAAAA"})
+	msg, err := b.op.RequestWithContext(ctx, registry.RegisterSubject, req)
+	if err != nil {
+		t.Fatalf("register a 760 KB manifest: %v", err)
+	}
+	var reply registry.RegisterReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatal(err)
+	}
+	if reply.Error == "" || len(reply.Refusals) != 1 || reply.Refusals[0].Code != manifest.CodeSize ||
+		!strings.Contains(reply.Refusals[0].Error(), strconv.Itoa(manifest.MaxSize)) || !strings.Contains(reply.Refusals[0].Error(), strconv.Itoa(len(big))) {
+		t.Fatalf("reply=%+v, want one size refusal naming %d and the limit %d", reply, len(big), manifest.MaxSize)
+	}
+	if _, err := registry.Register(ctx, b.op, []byte(big)); !errors.Is(err, registry.ErrRefused) {
+		t.Fatalf("registry.Register of a 760 KB manifest: %v, want ErrRefused", err)
+	}
+
+	want := []string{}
+	for i := range 20 {
+		name := fmt.Sprintf("m%02d", i)
+		b.register(padded(name, 60_000))
+		want = append(want, name)
+	}
+	mods, err := registry.List(ctx, b.op)
+	if err != nil {
+		t.Fatalf("list of 20 modules of 60 KB manifests: %v", err)
+	}
+	var got []string
+	for _, m := range mods {
+		got = append(got, m.Module)
+		if len(m.Manifest) < 59_000 {
+			t.Errorf("module %s listed with a manifest of %d bytes", m.Module, len(m.Manifest))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	// One page is bounded: the first holds fewer than all twenty, and says where to go on.
+	msg, err = b.op.RequestWithContext(ctx, registry.ListSubject, []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page registry.ListReply
+	json.Unmarshal(msg.Data, &page)
+	if len(msg.Data) > registry.ListPageBytes+4096 || page.Next == "" || len(page.Modules) == 0 || len(page.Modules) >= 20 {
+		t.Fatalf("first page: %d bytes, %d modules, next %q", len(msg.Data), len(page.Modules), page.Next)
+	}
+}
+
+// TestInputLimits_RotateKey: a registered module whose seed was lost gets a new key through
+// the vault; the old key's connections are kicked and the old key no longer connects.
+func TestInputLimits_RotateKey(t *testing.T) {
+	b := newBed(t)
+	text := "module: api\nrequires: [mesh-bus]\nemits: [tick]\n"
+	oldSeed, first := b.register(text)
+	oldConn := b.raw(oldSeed, "api")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := registry.RotateKey(ctx, b.op, []byte("module: ghost\nrequires: [mesh-bus]\n")); !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "not registered") {
+		t.Fatalf("rotating the key of an unregistered module: %v", err)
+	}
+	reg, err := registry.RotateKey(ctx, b.op, []byte(text))
+	if err != nil {
+		t.Fatalf("rotate key: %v", err)
+	}
+	if !reg.Rotated || reg.Created || len(reg.Seed) == 0 || reg.PublicKey == first.PublicKey {
+		t.Fatalf("rotated=%v created=%v seed=%d bytes key %s (was %s)", reg.Rotated, reg.Created, len(reg.Seed), reg.PublicKey, first.PublicKey)
+	}
+	kp, err := nkeys.FromSeed(reg.Seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pub, _ := kp.PublicKey(); pub != reg.PublicKey {
+		t.Fatalf("the sealed seed is of %s, the registration %s", pub, reg.PublicKey)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if oldConn.IsConnected() && oldConn.Status() == nats.CONNECTED {
+			if err := oldConn.Flush(); err == nil {
+				return errors.New("the old key's connection is still up")
+			}
+		}
+		return nil
+	})
+	if _, err := sdk.Connect(ctx, b.n.ClientURL(), oldSeed); err == nil {
+		t.Fatal("the old seed still connects")
+	}
+	newSeed := filepath.Join(t.TempDir(), "api.nk")
+	os.WriteFile(newSeed, reg.Seed, 0o600)
+	c := b.client(newSeed)
+	if _, err := c.Emit(ctx, "tick", map[string]int{"n": 1}); err != nil {
+		t.Fatalf("emit with the new seed: %v", err)
+	}
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,24 +24,52 @@ const requestTimeout = 30 * time.Second
 
 func newModuleRegisterCmd() *cobra.Command {
 	var credsOut string
-	var asJSON bool
+	var asJSON, rotateKey bool
 	cmd := &cobra.Command{
-		Use:   "register FILE --creds-out SEEDFILE",
+		Use:   "register FILE --creds-out SEEDFILE [--rotate-key]",
 		Short: "Register a module (or its new manifest) with the mesh; a new module's seed is written once to --creds-out",
-		Args:  cobra.ExactArgs(1),
+		Long: `Register a module (or its new manifest) with the mesh. A new module's key is minted by the
+vault and its seed written once, to --creds-out (default <module>.nk): the only copy. The
+file is created before the mesh is asked, so a path that cannot be written refuses the
+registration instead of losing the seed.
+
+A module whose seed was lost gets a new key with --rotate-key: the vault mints it, the
+registry records it in place of the old one (whose connections are disconnected, and which
+no longer works), and the new seed is written to --creds-out.`,
+		Example: `  meshnode module register shop.yaml --creds-out /etc/shop/shop.nk
+  meshnode module register shop.yaml --rotate-key --creds-out /etc/shop/shop-new.nk`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			text, err := os.ReadFile(args[0])
 			if err != nil {
 				return fmt.Errorf("read manifest: %w", err)
 			}
-			if credsOut != "" {
-				if _, err := os.Stat(credsOut); err == nil {
-					return fmt.Errorf("%s already exists; a seed is written once: choose another --creds-out, or remove the file if it is stale", credsOut)
-				}
+			if err := manifest.CheckSize(len(text)); err != nil {
+				return fmt.Errorf("%s: %w; nothing was registered", args[0], err)
+			}
+			// The seed file is made before anything is minted: a seed the CLI cannot write is
+			// lost for good.
+			seedFile, err := reserveSeedFile(credsOut, text)
+			if err != nil {
+				return err
+			}
+			written := false
+			if seedFile != nil {
+				defer func() {
+					seedFile.Close()
+					if !written {
+						os.Remove(seedFile.Name())
+					}
+				}()
+				credsOut = seedFile.Name()
 			}
 			var reg *registry.Registered
 			err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reg, err = registry.Register(ctx, nc, text)
+				if rotateKey {
+					reg, err = registry.RotateKey(ctx, nc, text)
+				} else {
+					reg, err = registry.Register(ctx, nc, text)
+				}
 				return err
 			})
 			if err != nil {
@@ -53,27 +83,29 @@ func newModuleRegisterCmd() *cobra.Command {
 				}
 				return err
 			}
-			if reg.Created {
-				if credsOut == "" {
-					// The seed exists only in this reply: never lose it.
-					credsOut = reg.Module + ".nk"
-					if _, err := os.Stat(credsOut); err == nil {
-						credsOut = fmt.Sprintf("%s-%d.nk", reg.Module, time.Now().Unix())
-					}
+			if reg.Created || reg.Rotated {
+				if seedFile == nil {
+					return fmt.Errorf("module %s is registered, but no file was made for its seed; rotate its key: `meshnode module register %s --rotate-key --creds-out FILE`", reg.Module, args[0])
 				}
-				if err := os.WriteFile(credsOut, append(reg.Seed, '\n'), 0o600); err != nil {
-					return fmt.Errorf("module %s is registered, but its seed could not be written to %s: %w; remove it (`meshnode module remove %s`) and register again",
-						reg.Module, credsOut, err, reg.Module)
+				if err := writeSeed(seedFile, reg.Seed); err != nil {
+					return fmt.Errorf("module %s is registered, but its seed could not be written to %s: %w; rotate its key: `meshnode module register %s --rotate-key --creds-out FILE`",
+						reg.Module, credsOut, err, args[0])
 				}
+				written = true
+			} else {
+				credsOut = ""
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{
-					"module": reg.Module, "public_key": reg.PublicKey, "created": reg.Created, "creds": credsOut, "kept": reg.Kept,
+					"module": reg.Module, "public_key": reg.PublicKey, "created": reg.Created, "rotated": reg.Rotated, "creds": credsOut, "kept": reg.Kept,
 				})
 			}
-			if reg.Created {
+			switch {
+			case reg.Created:
 				fmt.Fprintf(cmd.OutOrStdout(), "registered %s (key %s); its seed is in %s (0600) — the only copy\n", reg.Module, reg.PublicKey, credsOut)
-			} else {
+			case reg.Rotated:
+				fmt.Fprintf(cmd.OutOrStdout(), "rotated the key of %s (new key %s); its seed is in %s (0600) — the only copy; the old seed no longer works and its connections were disconnected\n", reg.Module, reg.PublicKey, credsOut)
+			default:
 				fmt.Fprintf(cmd.OutOrStdout(), "re-registered %s (key %s unchanged); its connections reconnect with the new authority\n", reg.Module, reg.PublicKey)
 			}
 			for _, k := range reg.Kept {
@@ -83,9 +115,50 @@ func newModuleRegisterCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().StringVar(&credsOut, "creds-out", "", "where to write a new module's nkey seed (default: <module>.nk)")
+	cmd.Flags().StringVar(&credsOut, "creds-out", "", "where to write a new module's nkey seed (default: <module>.nk); its directory must exist and the file must not")
+	cmd.Flags().BoolVar(&rotateKey, "rotate-key", false, "give a registered module a new key (a lost seed): the old key stops working")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// reserveSeedFile creates the file a seed will be written to (0600, empty, never an existing
+// one), so a path that cannot take it is refused before anything is minted. Without a path it
+// is <module>.nk in the working directory (<module>-<unix time>.nk if that exists); nil when
+// the manifest does not parse, which the controller then refuses, minting nothing.
+func reserveSeedFile(path string, text []byte) (*os.File, error) {
+	if path == "" {
+		m, err := manifest.Parse(text)
+		if err != nil || !manifest.ValidName(m.Module) {
+			return nil, nil
+		}
+		path = m.Module + ".nk"
+		if _, err := os.Lstat(path); err == nil {
+			path = fmt.Sprintf("%s-%d.nk", m.Module, time.Now().Unix())
+		}
+	}
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("--creds-out %s: directory %s does not exist; create it first, or choose another --creds-out (nothing was registered)", path, dir)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case errors.Is(err, fs.ErrExist):
+		return nil, fmt.Errorf("--creds-out %s already exists; a seed is written once: choose another --creds-out, or remove the file if it is stale (nothing was registered)", path)
+	case err != nil:
+		return nil, fmt.Errorf("--creds-out %s cannot be written: %w; choose another --creds-out (nothing was registered)", path, err)
+	}
+	return f, nil
+}
+
+// writeSeed writes seed to f, the file reserveSeedFile made, and syncs it.
+func writeSeed(f *os.File, seed []byte) error {
+	if _, err := f.Write(append(seed, '\n')); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 func newModuleLsCmd() *cobra.Command {
