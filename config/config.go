@@ -37,6 +37,9 @@ const (
 	EnvPrefix = "MESHNODE_"
 )
 
+// MinStoreBytes is the smallest store-max-bytes a node accepts.
+const MinStoreBytes = 32 << 20
+
 // ErrInvalid is wrapped by every error that Validate and the loaders return for a bad value;
 // the CLI maps it to exit code 2.
 var ErrInvalid = errors.New("invalid configuration")
@@ -67,6 +70,19 @@ type Config struct {
 	EventsMaxAge Duration `yaml:"events-max-age"`
 	// AuditRetention is how long the node's audit log keeps a record; zero keeps everything.
 	AuditRetention Duration `yaml:"audit-retention"`
+	// StoreMaxBytes is the most JetStream may store on this node; zero lets nats-server size
+	// it from the disk (75% of what is free). The mesh's streams are sized within it, and
+	// part of it is kept for the control plane (leases, registry, vault), so a full store
+	// never costs a seat.
+	StoreMaxBytes Bytes `yaml:"store-max-bytes"`
+	// EventsMaxBytes is the most EVENTS keeps; past it new emits are refused (nothing accepted
+	// is evicted). Zero: half of the store.
+	EventsMaxBytes Bytes `yaml:"events-max-bytes"`
+	// DeadMaxBytes is the most DEAD keeps. Zero: a tenth of the store.
+	DeadMaxBytes Bytes `yaml:"dead-max-bytes"`
+	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
+	// bus's maximum message size.
+	MaxEventBytes Bytes `yaml:"max-event-bytes"`
 }
 
 // Up returns the defaults of `meshnode up`: a single node on loopback.
@@ -156,6 +172,10 @@ func (c *Config) keys() map[string]any {
 		"shutdown-timeout": &c.ShutdownTimeout,
 		"events-max-age":   &c.EventsMaxAge,
 		"audit-retention":  &c.AuditRetention,
+		"store-max-bytes":  &c.StoreMaxBytes,
+		"events-max-bytes": &c.EventsMaxBytes,
+		"dead-max-bytes":   &c.DeadMaxBytes,
+		"max-event-bytes":  &c.MaxEventBytes,
 	}
 }
 
@@ -226,6 +246,12 @@ func (c *Config) Set(key, value string) error {
 			return fmt.Errorf("%w: %s: %v", ErrInvalid, key, err)
 		}
 		*p = Duration(d)
+	case *Bytes:
+		b, err := ParseBytes(value)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, key, err)
+		}
+		*p = b
 	}
 	return nil
 }
@@ -267,6 +293,15 @@ func (c Config) Validate() error {
 	}
 	if c.EventsMaxAge <= 0 {
 		return fmt.Errorf("%w: events-max-age %s: must be positive, e.g. 7d", ErrInvalid, c.EventsMaxAge)
+	}
+	if c.StoreMaxBytes != 0 && c.StoreMaxBytes < MinStoreBytes {
+		return fmt.Errorf("%w: store-max-bytes %s: the mesh needs at least %s (its control plane alone keeps some)", ErrInvalid, c.StoreMaxBytes, Bytes(MinStoreBytes))
+	}
+	if c.StoreMaxBytes != 0 && c.EventsMaxBytes+c.DeadMaxBytes > c.StoreMaxBytes*3/4 {
+		return fmt.Errorf("%w: events-max-bytes %s and dead-max-bytes %s leave too little of store-max-bytes %s for the control plane and seat queues: keep them under three quarters of it", ErrInvalid, c.EventsMaxBytes, c.DeadMaxBytes, c.StoreMaxBytes)
+	}
+	if c.MaxEventBytes != 0 && c.MaxEventBytes < 1024 {
+		return fmt.Errorf("%w: max-event-bytes %s: at least 1KiB (an event's headers alone take a few hundred bytes)", ErrInvalid, c.MaxEventBytes)
 	}
 	return nil
 }

@@ -44,6 +44,9 @@ type Config struct {
 	Key nkeys.KeyPair
 	// Cluster makes the server one of a clustered mesh; nil runs it standalone.
 	Cluster *Cluster
+	// MaxStore is the most JetStream stores on this server, in bytes; zero lets nats-server
+	// size it from the disk (75% of what is free).
+	MaxStore int64
 }
 
 // Cluster is how a server joins its mesh's cluster. Every founding server starts with the
@@ -112,6 +115,8 @@ func Open(cfg Config) (*Bus, error) {
 		NoSigs:     true,
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,
+		// Zero is "size it from the disk" to nats-server only while unset.
+		JetStreamMaxStore: cfg.MaxStore,
 		// The HTTP API is the node's own; nats-server's monitoring stays off.
 		HTTPPort: 0,
 		// Every client proves an nkey by signing the nonce; Check maps it to permissions.
@@ -229,6 +234,15 @@ func (b *Bus) Connect(key nkeys.KeyPair, name string) (*nats.Conn, error) {
 	}
 	return nats.Connect("", nats.InProcessServer(b.srv), nats.Name(name), nats.MaxReconnects(-1),
 		nats.Nkey(pub, key.Sign))
+}
+
+// MaxStore is the most JetStream stores on this server, in bytes, as the server settled it
+// (from the configuration, or from the disk's free space).
+func (b *Bus) MaxStore() int64 {
+	if c := b.srv.JetStreamConfig(); c != nil {
+		return c.MaxStore
+	}
+	return 0
 }
 
 // ClientURL is the URL clients connect to, with the port actually bound.

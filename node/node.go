@@ -68,7 +68,8 @@ type Node struct {
 	found       *genesis.Foundation
 	key         nkeys.KeyPair
 	bus         *embedbus.Bus
-	respNC      *nats.Conn // answers every request: may publish only to inboxes (responder.go)
+	budget      storeBudget // the byte limits of the mesh's streams and buckets on this node
+	respNC      *nats.Conn  // answers every request: may publish only to inboxes (responder.go)
 	vault       *vault.Vault
 	vaultNC     *nats.Conn
 	audit       *audit.Logger
@@ -189,6 +190,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		Directory:    n.dir,
 		Cluster:      cluster,
 		ReadyTimeout: readyTimeout,
+		MaxStore:     int64(n.cfg.StoreMaxBytes),
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)
@@ -200,6 +202,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return fmt.Errorf("connect responder: %w", err)
 	}
 
+	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	n.ctrl = &controller{
@@ -212,6 +215,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			node:         n.id.Name,
 			replicas:     n.replicas(),
 			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
+			budget:       n.budget,
 		},
 		node: n.id.Name,
 	}
@@ -226,11 +230,16 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	}()
 	if err := parallel(ctx,
 		func(ctx context.Context) error {
-			return retryJS(ctx, func(ctx context.Context) error { return n.reg.Open(ctx, n.bus.JetStream(), n.replicas()) })
+			return retryJS(ctx, func(ctx context.Context) error {
+				return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
+			})
 		},
 		func(ctx context.Context) error {
 			return retryJS(ctx, func(ctx context.Context) (err error) {
-				leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL)
+				leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
+				if err == nil {
+					leases.SetLogger(n.log.With("component", "seats"))
+				}
 				return err
 			})
 		},
@@ -574,6 +583,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			Key:        key,
 			BarrierKey: n.found.BarrierKey,
 			Replicas:   n.replicas(),
+			MaxBytes:   n.budget.Vault,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {

@@ -70,6 +70,15 @@ type topology struct {
 	node         string
 	replicas     int
 	eventsMaxAge time.Duration
+	budget       storeBudget // byte limits; zero: none
+}
+
+// streamConfig is the JetStream configuration of a derived stream on this mesh, within the
+// node's store budget.
+func (t *topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
+	cfg := streamConfig(s, t.replicas)
+	t.budget.apply(&cfg)
+	return cfg
 }
 
 // ensureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD (at once:
@@ -81,8 +90,8 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	fs := make([]func(context.Context) error, len(streams))
 	for i, s := range streams {
 		fs[i] = func(ctx context.Context) error {
-			if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(s, t.replicas)); err != nil {
-				return fmt.Errorf("reconcile stream %s: %w", s.Name, err)
+			if _, err := t.js.CreateOrUpdateStream(ctx, t.streamConfig(s)); err != nil {
+				return fmt.Errorf("reconcile stream %s: %w", s.Name, storeFullError(s.Name, t.budget, err))
 			}
 			return nil
 		}
@@ -109,8 +118,8 @@ func (t *topology) ensureModule(ctx context.Context, d *manifest.Derivation) err
 		if s.Stream == nil {
 			continue
 		}
-		if _, err := t.js.CreateOrUpdateStream(ctx, streamConfig(*s.Stream, t.replicas)); err != nil {
-			return fmt.Errorf("reconcile seat stream %s: %w", s.Stream.Name, err)
+		if _, err := t.js.CreateOrUpdateStream(ctx, t.streamConfig(*s.Stream)); err != nil {
+			return fmt.Errorf("reconcile seat stream %s: %w", s.Stream.Name, storeFullError(s.Stream.Name, t.budget, err))
 		}
 		c, ok, err := d.SeatConsumer(s.Name, t.node)
 		if err != nil || !ok {

@@ -113,13 +113,15 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 
 // Open creates or updates the bucket, starts watching it and returns once the mirror holds
 // every record the bucket had. Run must then be running for the mirror to follow changes.
-func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
+// maxBytes bounds the bucket (reserved with JetStream); zero: no bound.
+func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      Bucket,
 		Description: "meshnode: registered modules, their manifests and identities",
 		History:     historyDepth,
 		Replicas:    replicas,
 		Storage:     jetstream.FileStorage,
+		MaxBytes:    maxBytes, // 0: no bound
 	})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", Bucket, err)

@@ -94,7 +94,9 @@ func (s *Store) logger() *slog.Logger {
 }
 
 // OpenStore creates or updates the bucket and loads the mirror. Watch must then run.
-func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (*Store, error) {
+// maxBytes bounds the bucket (reserved with JetStream, so a full store cannot refuse a
+// renewal); zero: no bound.
+func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration, maxBytes int64) (*Store, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
@@ -105,6 +107,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		Replicas:       replicas,
 		Storage:        jetstream.FileStorage,
 		LimitMarkerTTL: ttl,
+		MaxBytes:       maxBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)

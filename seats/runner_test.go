@@ -80,7 +80,7 @@ func openNode(t *testing.T, url, name string, rec *record) *node {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store, err := seats.OpenStore(ctx, js, 1, ttl)
+	store, err := seats.OpenStore(ctx, js, 1, ttl, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

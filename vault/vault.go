@@ -47,6 +47,8 @@ type Config struct {
 	// BarrierKey encrypts every record (AES-256-GCM); it never enters a stream.
 	BarrierKey []byte
 	Replicas   int
+	// MaxBytes bounds the vault's bucket (reserved with JetStream); zero: no bound.
+	MaxBytes int64
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
@@ -121,6 +123,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		History:     2,
 		Replicas:    cfg.Replicas,
 		Storage:     jetstream.FileStorage,
+		MaxBytes:    cfg.MaxBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)

@@ -37,6 +37,10 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("shutdown-timeout", defaults.ShutdownTimeout.String(), "how long a graceful stop may take")
 	f.String("events-max-age", defaults.EventsMaxAge.String(), "how long the EVENTS stream keeps an event (e.g. 7d)")
 	f.String("audit-retention", "0s", "how long the audit log keeps a record (0s: keep everything)")
+	f.String("store-max-bytes", "0", "the most JetStream stores on this node, e.g. 20GiB (0: 75% of the disk's free space)")
+	f.String("events-max-bytes", "0", "the most the EVENTS stream keeps; past it emits are refused (0: half the store)")
+	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
+	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every

@@ -1,0 +1,96 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A node's JetStream store is shared by the data plane (EVENTS, DEAD, seat queues) and the
+// control plane (leases, registry, vault, STATE). Once a module had filled the store with
+// events, lease renewals failed and the controller and the vault lost their seats. So every
+// stream and bucket has a byte limit, the limits are reserved with nats-server (which refuses
+// a stream whose reservation does not fit), and the control plane's share is fixed before any
+// data stream is sized: however full EVENTS gets, a lease can still be renewed.
+
+// storeBudget is the byte limit of each of the mesh's streams and buckets on a node.
+type storeBudget struct {
+	Store    int64 // the node's JetStream store limit
+	Events   int64 // EVENTS; past it new emits are refused
+	Dead     int64 // DEAD
+	State    int64 // STATE
+	Seat     int64 // each SEAT_<S> work queue
+	Registry int64 // KV mesh-registry
+	Leases   int64 // KV mesh-seats
+	Vault    int64 // KV mesh-vault
+	MaxEvent int32 // the largest message EVENTS accepts; -1: the bus's maximum
+}
+
+// share is store/div, capped, and at least floor.
+func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div, cap)) }
+
+// newStoreBudget sizes the mesh's streams within a store of the given size: the control
+// plane's buckets first (a thirty-second each for registry, vault and STATE, less for leases),
+// then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes); each seat
+// queue gets a thirty-second, up to 1 GiB, from what is left.
+func newStoreBudget(store int64, cfg config.Config) storeBudget {
+	b := storeBudget{
+		Store:    store,
+		Registry: share(store, 32, 1<<20, 256<<20),
+		Leases:   share(store, 128, 256<<10, 64<<20),
+		Vault:    share(store, 32, 1<<20, 256<<20),
+		State:    share(store, 32, 1<<20, 256<<20),
+		Seat:     share(store, 32, 1<<20, 1<<30),
+		Events:   store / 2,
+		Dead:     store / 10,
+		MaxEvent: -1,
+	}
+	if cfg.EventsMaxBytes > 0 {
+		b.Events = int64(cfg.EventsMaxBytes)
+	}
+	if cfg.DeadMaxBytes > 0 {
+		b.Dead = int64(cfg.DeadMaxBytes)
+	}
+	if cfg.MaxEventBytes > 0 {
+		b.MaxEvent = int32(min(int64(cfg.MaxEventBytes), 1<<30))
+	}
+	return b
+}
+
+// apply sets the limits of one of the mesh's streams on its JetStream configuration. Every
+// stream refuses new messages when full (DiscardNew): nothing already accepted is evicted to
+// make room, and the writer hears why.
+func (b storeBudget) apply(cfg *jetstream.StreamConfig) {
+	if b.Store <= 0 {
+		return // not sized (a test's topology)
+	}
+	cfg.Discard = jetstream.DiscardNew
+	switch {
+	case cfg.Name == manifest.EventsStreamName:
+		cfg.MaxBytes, cfg.MaxMsgSize = b.Events, b.MaxEvent
+	case cfg.Name == manifest.DeadStreamName:
+		cfg.MaxBytes = b.Dead
+	case cfg.Name == manifest.StateStreamName:
+		cfg.MaxBytes = b.State
+	default: // a seat's work queue
+		cfg.MaxBytes = b.Seat
+	}
+}
+
+// jsErrStorageExceeded is JetStream's error when a stream's reservation does not fit in the
+// store.
+const jsErrStorageExceeded = jetstream.ErrorCode(server.JSStorageResourcesExceededErr)
+
+// storeFullError explains a refused reservation.
+func storeFullError(stream string, b storeBudget, err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStorageExceeded {
+		return fmt.Errorf("the store has no room for %s (%s more of %s): raise store-max-bytes, or lower events-max-bytes or dead-max-bytes: %w",
+			stream, config.Bytes(b.Seat), config.Bytes(b.Store), err)
+	}
+	return err
+}

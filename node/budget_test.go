@@ -1,0 +1,126 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
+)
+
+// TestBudget_FullStoreKeepsSeats fills a small store with one module's events until EVENTS
+// refuses more, then checks that the control plane lives on: the controller's and the
+// vault's leases keep renewing, registration and the vault still write, and the emitter is
+// told why its emit failed.
+func TestBudget_FullStoreKeepsSeats(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.StoreMaxBytes = 64 << 20
+	b := newBedAt(t, cfg)
+	seed, _ := b.register("module: flood\nrequires: [mesh-bus]\nemits: [big]\n")
+	c := b.client(seed)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := events.CachedInfo().Config.MaxBytes
+	if limit <= 0 || limit > int64(cfg.StoreMaxBytes)/2 {
+		t.Fatalf("EVENTS max bytes %d, want within half of the %d-byte store", limit, cfg.StoreMaxBytes)
+	}
+	payload := map[string]string{"fill": strings.Repeat("x", 512<<10)}
+	var refused error
+	for i := 0; i < 1000 && refused == nil; i++ {
+		_, refused = c.Emit(ctx, "big", payload)
+	}
+	if refused == nil {
+		t.Fatal("1000 emits of 512 KiB into a 64 MiB store: none refused")
+	}
+	if !strings.Contains(refused.Error(), "maximum bytes") {
+		t.Errorf("a full EVENTS refused the emit with %q; want JetStream's maximum-bytes refusal", refused)
+	}
+
+	// Every lease renews after the store filled: a renewal bumps the lease's revision.
+	leases, err := b.js.KeyValue(ctx, seats.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seat := range []string{registry.ControllerSeat, vault.Seat} {
+		e, err := leases.Get(ctx, seat)
+		if err != nil {
+			t.Fatalf("lease %s: %v", seat, err)
+		}
+		rev := e.Revision()
+		retryUntil(t, 4*seats.DefaultTTL, func() error {
+			e, err := leases.Get(ctx, seat)
+			if err != nil {
+				return fmt.Errorf("lease %s: %w", seat, err)
+			}
+			if e.Revision() <= rev {
+				return fmt.Errorf("lease %s not renewed since the store filled (revision %d)", seat, rev)
+			}
+			return nil
+		})
+	}
+	// The registry and the vault still write.
+	b.register("module: later\nrequires: [mesh-bus]\nsecrets: [key]\n")
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "later", Name: "key"}, nil); err != nil {
+		t.Fatalf("vault mint with EVENTS full: %v", err)
+	}
+	var status []registry.SeatStatus
+	for _, s := range seatList(t, b) {
+		if s.Seat == registry.ControllerSeat || s.Seat == vault.Seat {
+			status = append(status, s)
+		}
+	}
+	for _, s := range status {
+		if s.Holder == "" {
+			t.Errorf("seat %s lost its holder while the store was full", s.Seat)
+		}
+	}
+}
+
+// TestBudget_Config: the store limits are sizes with units, and a budget that leaves the
+// control plane no room is refused.
+func TestBudget_Config(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want config.Bytes
+	}{{"512MiB", 512 << 20}, {"10GB", 10e9}, {"4096", 4096}, {"1G", 1 << 30}} {
+		if got, err := config.ParseBytes(tc.in); err != nil || got != tc.want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"-1", "1.5GiB", "lots", "99999999999TiB"} {
+		if _, err := config.ParseBytes(bad); err == nil {
+			t.Errorf("ParseBytes(%q) accepted", bad)
+		}
+	}
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.StoreMaxBytes = 64 << 20
+	cfg.EventsMaxBytes = 60 << 20
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "control plane") {
+		t.Errorf("events-max-bytes 60MiB of a 64MiB store: %v, want refused", err)
+	}
+}
+
+func seatList(t *testing.T, b *bed) []registry.SeatStatus {
+	t.Helper()
+	m, err := b.op.Request(registry.SeatsSubject, []byte("{}"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r registry.SeatsReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Seats
+}
