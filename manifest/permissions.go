@@ -15,8 +15,9 @@ type Permissions struct {
 	Publish []string `json:"publish"`
 	// Subscribe lists the subscriptions the connection may make.
 	Subscribe []Subscription `json:"subscribe"`
-	// AllowResponses lets the connection reply to the reply subject of a request it
-	// received, and to nothing else outside Publish: how tool handlers answer.
+	// AllowResponses lets the connection answer requests it received: the bus allows it to
+	// publish in the inbox space (_INBOX.>), never on a reply subject outside it, so a
+	// caller cannot make a tool handler write anywhere else.
 	AllowResponses bool `json:"allow_responses"`
 }
 

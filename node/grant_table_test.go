@@ -1,0 +1,131 @@
+package node_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// catalogueGrants is what the running bus must grant each catalogue module's key, written out
+// by hand rather than computed: a bed that compared the bus with the function the bus uses
+// would stay green with a wrong grant. KEY stands for the module's public key. Publish and
+// subscribe are nats-server's allow lists ("subject queue" where a queue is required);
+// "_INBOX.>" on publish is how a module answers its tools. A module that does not require
+// mesh-bus has no entry: the bus refuses its key.
+var catalogueGrants = map[string]struct{ pub, sub []string }{
+	"auditor": {
+		pub: []string{"$JS.ACK.EVENTS.auditor.>", "$JS.API.CONSUMER.INFO.EVENTS.auditor", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.auditor",
+			"mesh.seat.mesh-controller.tool.whoami", "mesh.seat.mesh-vault.tool.fetch.mod.auditor", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.auditor.>", "mesh.mod.auditor.tool.query auditor", "mesh.mod.auditor.tool.status auditor"},
+	},
+	"billing": {
+		pub: []string{"$JS.ACK.EVENTS.billing.>", "$JS.API.CONSUMER.INFO.EVENTS.billing", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.billing",
+			"mesh.mod.billing.event.invoice.issued", "mesh.mod.billing.event.order.paid", "mesh.mod.billing.event.order.placed",
+			"mesh.mod.billing.event.order.refunded", "mesh.seat.mailer.accept.>", "mesh.seat.mailer.node.*.accept.>",
+			"mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami", "mesh.seat.mesh-vault.tool.fetch.mod.billing", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.billing.>", "mesh.mod.billing.tool.invoice billing", "mesh.mod.billing.tool.status billing"},
+	},
+	"builder": {
+		pub: []string{"mesh.mod.builder.event.build.failed", "mesh.mod.builder.event.built", "mesh.node.*.tool.seat.builder",
+			"mesh.seat.mesh-controller.tool.whoami", "mesh.seat.mesh-vault.tool.fetch.mod.builder", "mesh.seat.registry-index.accept.>",
+			"mesh.seat.registry-index.node.*.accept.>", "mesh.seat.registry-index.tool.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.builder.>"},
+	},
+	"downloader": {
+		pub: []string{"mesh.mod.downloader.event.download.completed", "mesh.mod.downloader.event.download.failed",
+			"mesh.mod.downloader.event.download.started", "mesh.node.*.tool.seat.downloader", "mesh.seat.mesh-controller.tool.whoami", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.downloader.>", "mesh.mod.downloader.tool.status downloader"},
+	},
+	"git": {
+		pub: []string{"mesh.mod.git.event.branch.deleted", "mesh.mod.git.event.pushed", "mesh.mod.git.event.tag.created",
+			"mesh.node.*.tool.seat.git", "mesh.seat.mesh-controller.tool.whoami", "mesh.seat.mesh-vault.tool.fetch.mod.git", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.git.>", "mesh.mod.git.tool.refs git", "mesh.mod.git.tool.status git"},
+	},
+	"mailer": {
+		pub: []string{"mesh.mod.mailer.event.bounce.received", "mesh.node.*.tool.seat.mailer", "mesh.seat.mesh-controller.tool.whoami",
+			"mesh.seat.mesh-vault.tool.fetch.mod.mailer", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.mailer.>", "mesh.mod.mailer.tool.status mailer"},
+	},
+	"registry": {
+		pub: []string{"mesh.mod.registry.event.image.deleted", "mesh.mod.registry.event.image.pushed", "mesh.node.*.tool.seat.registry",
+			"mesh.seat.mesh-controller.tool.whoami", "mesh.seat.mesh-vault.tool.fetch.mod.registry", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.registry.>", "mesh.mod.registry.tool.status registry"},
+	},
+	"release": {
+		pub: []string{"$JS.ACK.EVENTS.release.>", "$JS.API.CONSUMER.INFO.EVENTS.release", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.release",
+			"mesh.mod.release.event.rollout.completed", "mesh.mod.release.event.rollout.started", "mesh.seat.build-machine.accept.>",
+			"mesh.seat.build-machine.node.*.accept.>", "mesh.seat.build-machine.tool.>", "mesh.seat.mesh-controller.tool.whoami",
+			"mesh.seat.registry-index.accept.>", "mesh.seat.registry-index.node.*.accept.>", "mesh.seat.registry-index.tool.>", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.release.>", "mesh.mod.release.tool.plan release", "mesh.mod.release.tool.status release"},
+	},
+	"shop": {
+		pub: []string{"$JS.ACK.EVENTS.shop.>", "$JS.API.CONSUMER.INFO.EVENTS.shop", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.shop",
+			"mesh.mod.shop.event.cart.checked-out", "mesh.mod.shop.event.product.updated", "mesh.seat.mailer.accept.>",
+			"mesh.seat.mailer.node.*.accept.>", "mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami",
+			"mesh.seat.mesh-vault.tool.fetch.mod.shop", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.shop.>", "mesh.mod.shop.tool.catalogue shop", "mesh.mod.shop.tool.status shop"},
+	},
+	"telegram": {
+		pub: []string{"$JS.ACK.EVENTS.telegram.>", "$JS.API.CONSUMER.INFO.EVENTS.telegram", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
+			"mesh.mod.telegram.event.message.received", "mesh.node.*.tool.seat.telegram", "mesh.seat.mailer.accept.>",
+			"mesh.seat.mailer.node.*.accept.>", "mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami",
+			"mesh.seat.mesh-vault.tool.fetch.mod.telegram", "_INBOX.>"},
+		sub: []string{"_INBOX.KEY.>", "_INBOX.telegram.>", "mesh.mod.telegram.tool.status telegram"},
+	},
+}
+
+// grantDiff compares what the bus grants with a literal table entry (KEY replaced by the
+// module's key); nil when they are the same sets.
+func grantDiff(got *server.Permissions, pub, sub []string, key string) error {
+	if got == nil || got.Publish == nil || got.Subscribe == nil {
+		return fmt.Errorf("the bus grants everything or nothing: %+v", got)
+	}
+	norm := func(in []string) []string {
+		out := make([]string, len(in))
+		for i, s := range in {
+			out[i] = strings.ReplaceAll(s, "KEY", key)
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	gp, gs := norm(got.Publish.Allow), norm(got.Subscribe.Allow)
+	wp, ws := norm(pub), norm(sub)
+	if !slices.Equal(gp, wp) || !slices.Equal(gs, ws) || got.Response != nil || len(got.Publish.Deny) > 0 {
+		return fmt.Errorf("the bus grants\n  publish %v\n  subscribe %v\n  responses %+v\nthe table says\n  publish %v\n  subscribe %v",
+			gp, gs, got.Response, wp, ws)
+	}
+	return nil
+}
+
+// TestBed_GrantTableCatchesAnOverGrant is the permission bed's mutation test: a grant added
+// through the real path — a registration that declares one event more, and one that holds a
+// secret more — must make the table comparison fail. A bed that stays green here proves
+// nothing.
+func TestBed_GrantTableCatchesAnOverGrant(t *testing.T) {
+	b := newBed(t)
+	cat := catalogue(t)
+	_, reg := b.register(cat["mailer"])
+	table := catalogueGrants["mailer"]
+	got, _ := b.n.Bus().Grant(reg.PublicKey, "")
+	if err := grantDiff(got, table.pub, table.sub, reg.PublicKey); err != nil {
+		t.Fatalf("unmutated: %v", err)
+	}
+	for _, mutation := range []struct{ name, from, to string }{
+		{"one more event", "emits: [bounce.received]", "emits: [bounce.received, stolen.thing]"},
+		{"one more tool", "tools: [status]", "tools: [status, debug]"},
+	} {
+		text := strings.Replace(cat["mailer"], mutation.from, mutation.to, 1)
+		if text == cat["mailer"] {
+			t.Fatalf("%s: the catalogue's mailer no longer reads %q", mutation.name, mutation.from)
+		}
+		b.register(text)
+		got, _ := b.n.Bus().Grant(reg.PublicKey, "")
+		if err := grantDiff(got, table.pub, table.sub, reg.PublicKey); err == nil {
+			t.Errorf("%s: the bus now grants more, and the table comparison did not notice", mutation.name)
+		}
+		b.register(cat["mailer"])
+	}
+}
