@@ -11,9 +11,15 @@ const (
 	vaultSeat      = "mesh-vault"
 )
 
-// WhoamiSubject is the controller's tool that tells a key which module it is: the one
-// question a client holding only its seed must ask before it knows its own name.
-var WhoamiSubject = SeatToolSubject(controllerSeat, "whoami")
+// WhoamiSubject is where the holder of publicKey asks the controller which module it is: the
+// one question a client holding only its seed must ask before it knows its own name. The key
+// in the subject is the proof of who asks: only that key may publish there.
+func WhoamiSubject(publicKey string) string {
+	return SeatToolSubject(controllerSeat, "whoami") + "." + publicKey
+}
+
+// WhoamiSubjects is every key's whoami subject: what the controller answers.
+var WhoamiSubjects = SeatToolSubject(controllerSeat, "whoami.*")
 
 // BootstrapInbox is where the holder of publicKey hears whoami's answer: keyed by the
 // public key, because before the answer the client does not know its name.
@@ -39,7 +45,7 @@ func (d *Derivation) Grant(publicKey string) Permissions {
 		return Permissions{}.normal()
 	}
 	extra := Permissions{
-		Publish:   []string{WhoamiSubject},
+		Publish:   []string{WhoamiSubject(publicKey)},
 		Subscribe: []Subscription{{Subject: BootstrapInbox(publicKey) + ".>"}},
 	}
 	if len(d.Seats) > 0 {

@@ -108,7 +108,7 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 	t.Run("whoami", func(t *testing.T) {
 		nc := b.raw(seed, "attacker")
 		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: reg.PublicKey})
-		m := sendThenAsk(t, nc, registry.WhoamiSubject, injectionTargets, body)
+		m := sendThenAsk(t, nc, registry.WhoamiSubject(reg.PublicKey), injectionTargets, body)
 		var who registry.WhoamiReply
 		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
 			t.Fatalf("whoami on the module's own inbox: %s, %v", m.Data, err)
@@ -143,11 +143,13 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
 	b := newBed(t)
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
-	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\n")
+	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
 	nc := b.raw(seed, "attacker")
 	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: victim.PublicKey})
-	if m, err := nc.Request(registry.WhoamiSubject, body, 500*time.Millisecond); err == nil {
-		t.Fatalf("whoami about another module's key answered: %s", m.Data)
+	for _, subject := range []string{registry.WhoamiSubject(victim.PublicKey), registry.WhoamiSubject(attacker.PublicKey)} {
+		if m, err := nc.Request(subject, body, 500*time.Millisecond); err == nil {
+			t.Fatalf("whoami about another module's key, on %s, answered: %s", subject, m.Data)
+		}
 	}
 }
 
@@ -298,7 +300,7 @@ func TestGrant_SubjectsAgree(t *testing.T) {
 	if got, want := manifest.VaultFetchSubject("billing"), vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("billing")); got != want {
 		t.Errorf("VaultFetchSubject = %s, the vault serves %s", got, want)
 	}
-	if got, want := manifest.WhoamiSubject, registry.WhoamiSubject; got != want {
+	if got, want := manifest.WhoamiSubject("UABC"), registry.WhoamiSubject("UABC"); got != want {
 		t.Errorf("WhoamiSubject = %s, the controller serves %s", got, want)
 	}
 	if got, want := manifest.BootstrapInbox("UABC"), registry.BootstrapInbox("UABC"); got != want {

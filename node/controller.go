@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,7 +53,7 @@ func (c *controller) start() error {
 		registry.RegisterSubject: body(c.handleRegister),
 		registry.RemoveSubject:   body(c.handleRemove),
 		registry.ListSubject:     body(c.handleList),
-		registry.WhoamiSubject:   c.handleWhoami,
+		manifest.WhoamiSubjects:  c.handleWhoami,
 		registry.SeatsSubject:    body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
@@ -305,9 +306,10 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 // key's connections may subscribe to: a connection learns about its own key, never another
 // module's declarations or secrets.
 func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
+	key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] // the asker: only it may publish here
 	var req registry.WhoamiRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.PublicKey == "" {
-		return nil // whose inbox the reply names is unknown: nothing is answered
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.PublicKey != key {
+		return nil // not a question about the asker's own key: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
 	if !repliesTo(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && repliesTo(m.Reply, manifest.InboxPrefix(e.Module))) {

@@ -107,22 +107,14 @@ type ListReply struct {
 // manifest.MaxSize keeps under it.
 const ListPageBytes = 512 << 10
 
-// WhoamiSubject is the controller's tool that tells a key which module it is.
-var WhoamiSubject = manifest.SeatToolSubject(ControllerSeat, "whoami")
+// WhoamiSubject is where the holder of publicKey asks the controller which module it is:
+// mesh.seat.mesh-controller.tool.whoami.<key>. Only that key may publish there, so the
+// subject proves who asks (and whose rate limit a request counts against).
+func WhoamiSubject(publicKey string) string { return manifest.WhoamiSubject(publicKey) }
 
 // BootstrapInbox is the inbox on which the holder of publicKey receives whoami's answer:
 // keyed by the public key, because before the answer the client does not know its name.
-func BootstrapInbox(publicKey string) string { return "_INBOX." + publicKey }
-
-// BootstrapPermissions lets a module key ask whoami and hear the answer on its own key-named
-// inbox. The bus grants it to every module besides what its manifest derives; it reaches no
-// other identity's traffic.
-func BootstrapPermissions(publicKey string) manifest.Permissions {
-	return manifest.Permissions{
-		Publish:   []string{WhoamiSubject},
-		Subscribe: []manifest.Subscription{{Subject: BootstrapInbox(publicKey) + ".>"}},
-	}
-}
+func BootstrapInbox(publicKey string) string { return manifest.BootstrapInbox(publicKey) }
 
 // WhoamiRequest asks which module a key is.
 type WhoamiRequest struct {

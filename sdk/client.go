@@ -171,9 +171,9 @@ func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (registry.WhoamiR
 	req, _ := json.Marshal(registry.WhoamiRequest{PublicKey: pub})
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, registry.WhoamiSubject, req)
+	msg, err := nc.RequestWithContext(ctx, registry.WhoamiSubject(pub), req)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, registry.WhoamiSubject)
+		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, registry.WhoamiSubject(pub))
 	}
 	if err != nil {
 		return self, fmt.Errorf("ask the mesh's controller who %s is: %w; is this node cut off from the majority of the mesh (`meshnode members`), or still starting?", pub, err)
