@@ -127,11 +127,14 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 		st.consume.Stop()
 		st.consume = nil
 	}
+	info := manifest.ConsumerInfoSubject(reply.Stream, reply.Consumer)
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	cctx, stop := c.watch(cctx, info)
+	defer stop()
 	cons, err := c.js.Consumer(cctx, reply.Stream, reply.Consumer)
 	if err != nil {
-		if c.refusal(manifest.ConsumerInfoSubject(reply.Stream, reply.Consumer)) != nil {
+		if Refused(cctx) != nil || c.refusal(info) != nil {
 			// The grant has not reached this connection yet: the node kicks it when it
 			// does, and the reconnect claims again.
 			c.log.Info("seat held, waiting for the holder's grant", "seat", st.seat)
@@ -214,7 +217,13 @@ func (st *seatState) route(subject string) Handler {
 func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry.SeatReply, error) {
 	var reply registry.SeatReply
 	req, _ := json.Marshal(registry.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
-	msg, err := c.nc.RequestWithContext(ctx, manifest.NodeSeatToolSubject(c.node(), c.Module()), req)
+	subject := manifest.NodeSeatToolSubject(c.node(), c.Module())
+	ctx, stop := c.watch(ctx, subject)
+	defer stop()
+	msg, err := c.nc.RequestWithContext(ctx, subject, req)
+	if r := Refused(ctx); err != nil && r != nil {
+		err = r
+	}
 	if err != nil {
 		return reply, fmt.Errorf("ask node %s about seat %s: %w", c.node(), seat, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -77,7 +78,8 @@ type Client struct {
 	handlers []handler
 	consume  jetstream.ConsumeContext
 	subs     []*nats.Subscription
-	lastPerm error
+
+	refusals *Refusals // fed by asyncError: ends a refused request at once
 
 	// wg counts running handlers; closing guards its Add against Close's Wait.
 	wg      sync.WaitGroup
@@ -131,7 +133,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	}
 	xpub, _ := xkey.PublicKey()
 	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
-		instance: self.Module + "-" + nuid.Next()}
+		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.nc, err = nats.Connect(url,
 		nats.Nkey(pub, kp.Sign),
@@ -188,7 +190,7 @@ func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (registry.WhoamiR
 }
 
 func connectError(url, pub string, err error) error {
-	if errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization") {
+	if errors.Is(err, nats.ErrAuthorization) {
 		return fmt.Errorf("%w: the bus at %s refused key %s: it is not registered, or was removed; register the module with `meshnode module register`",
 			ErrUnknownKey, url, pub)
 	}
@@ -262,30 +264,151 @@ func (c *Client) reconnected(nc *nats.Conn) {
 	c.reclaim() // a seat's holder must come back to its queue either way
 }
 
-// asyncError records permission violations, so a failed call can say the bus refused it.
+// asyncError hands permission violations to the requests waiting on them, so a refused call
+// fails at once and says the bus refused it.
 func (c *Client) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
-	if errors.Is(err, nats.ErrPermissionViolation) {
-		c.mu.Lock()
-		c.lastPerm = err
-		c.mu.Unlock()
-	}
+	c.refusals.Handle(err)
 	c.log.Warn("bus error", "err", err)
 }
 
-// refusal returns the bus's permission violation for subject, if it reported one.
+// refusal returns the bus's permission violation for subject, if it was the connection's
+// last error: nats.go records it before it reads the server's next answer, so after a Flush
+// it covers what was sent before (a subscription, which no request waits on).
 func (c *Client) refusal(subject string) error {
-	for _, err := range []error{c.nc.LastError(), c.lastPermission()} {
-		if err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
-			return fmt.Errorf("%w: %v", ErrPermission, err)
-		}
+	if r := AsRefusal(c.nc.LastError()); r != nil && r.Subject == subject {
+		return r
 	}
 	return nil
 }
 
-func (c *Client) lastPermission() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lastPerm
+// watch returns ctx, ended at once with the bus's refusal as its cause if the bus refuses a
+// publish to subject or a reply to the client's inbox; stop releases it.
+func (c *Client) watch(ctx context.Context, subject string) (context.Context, context.CancelFunc) {
+	return c.refusals.Watch(ctx, subject)
+}
+
+// Refusal is the bus's refusal of one operation: a permissions violation. The server reports
+// it asynchronously, and nats.go hands it only to the connection's error handler while a
+// request waits for its timeout; Refusals turns it into the request's error. A Refusal wraps
+// both ErrPermission and nats.ErrPermissionViolation.
+type Refusal struct {
+	// Op is what was refused: RefusedPublish, RefusedSubscribe or RefusedReply.
+	Op string
+	// Subject is the subject refused (the reply subject, for a refused reply).
+	Subject string
+	err     error
+}
+
+// What a Refusal refused (its Op).
+const (
+	RefusedPublish   = "publish to"
+	RefusedSubscribe = "subscribe to"
+	RefusedReply     = "reply through"
+)
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("%v: may not %s %s", ErrPermission, r.Op, r.Subject)
+}
+
+// Unwrap makes a Refusal both ErrPermission and nats.ErrPermissionViolation.
+func (r *Refusal) Unwrap() []error { return []error{ErrPermission, r.err} }
+
+// AsRefusal reads a permissions violation as nats.go reports it (to an error handler, or as
+// the connection's LastError); nil when err is not one. It is told by type; the subject comes
+// from the server's text, which is the only place nats-server puts it ("Permissions Violation
+// for Publish to %q", "for Subscription to %q", "for Publish with Reply of %q"), as nats.go
+// itself reads it.
+func AsRefusal(err error) *Refusal {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	text := err.Error()
+	r = &Refusal{Op: RefusedPublish, Subject: "(a subject the server did not name)", err: err}
+	i := strings.IndexByte(text, '"')
+	if i < 0 {
+		return r
+	}
+	if quoted, qerr := strconv.QuotedPrefix(text[i:]); qerr == nil {
+		r.Subject, _ = strconv.Unquote(quoted)
+	}
+	switch before := text[:i]; {
+	case strings.HasSuffix(before, "Subscription to "):
+		r.Op = RefusedSubscribe
+	case strings.HasSuffix(before, "Reply of "):
+		r.Op = RefusedReply
+	}
+	return r
+}
+
+// Refusals ends the requests of one connection as soon as the bus refuses them. Hand it the
+// connection's asynchronous errors (Handle, from a nats.ErrorHandler) and run each request
+// under a context from Watch. The sdk's Client does this for every request it makes; a
+// module's own requests on Conn(), or a tool's, can do the same.
+type Refusals struct {
+	inbox string // the connection's inbox prefix: a refusal under it concerns every reply
+
+	mu    sync.Mutex
+	waits map[*refusalWait]struct{}
+}
+
+type refusalWait struct {
+	subject string // "": any refusal on the connection
+	cancel  context.CancelCauseFunc
+}
+
+// NewRefusals returns Refusals for a connection whose inbox prefix is inbox (nats.go's
+// default is "_INBOX").
+func NewRefusals(inbox string) *Refusals {
+	return &Refusals{inbox: inbox, waits: map[*refusalWait]struct{}{}}
+}
+
+// Handle ends the requests that err refuses, if it is a permissions violation, and reports
+// whether it was one.
+func (r *Refusals) Handle(err error) bool {
+	ref := AsRefusal(err)
+	if ref == nil {
+		return false
+	}
+	reply := r.inbox != "" && strings.HasPrefix(ref.Subject, r.inbox+".")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w := range r.waits {
+		if w.subject == "" || w.subject == ref.Subject || reply {
+			w.cancel(ref)
+			delete(r.waits, w)
+		}
+	}
+	return true
+}
+
+// Watch returns ctx, ended with the bus's refusal as its cause (see Refused) when the bus
+// refuses a publish to subject or a reply into the connection's inbox; subject "" watches
+// for any refusal on the connection (one connection per job). stop releases the context.
+func (r *Refusals) Watch(ctx context.Context, subject string) (_ context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &refusalWait{subject: subject, cancel: cancel}
+	r.mu.Lock()
+	r.waits[w] = struct{}{}
+	r.mu.Unlock()
+	return ctx, func() {
+		r.mu.Lock()
+		delete(r.waits, w)
+		r.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// Refused returns the bus's refusal that ended ctx, a context from Watch, or nil.
+func Refused(ctx context.Context) *Refusal {
+	var r *Refusal
+	if errors.As(context.Cause(ctx), &r) {
+		return r
+	}
+	return nil
 }
 
 // withDefaultTimeout bounds ctx by 10s when it has no deadline of its own.

@@ -101,9 +101,11 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	ctx, stop := c.watch(ctx, subject)
+	defer stop()
 	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		if perr := c.refusal(subject); perr != nil {
-			return "", perr
+		if r := Refused(ctx); r != nil {
+			return "", fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			return "", fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)

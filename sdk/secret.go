@@ -25,10 +25,12 @@ func (c *Client) SecretVersion(ctx context.Context, name string, version int) (s
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	ctx, stop := c.watch(ctx, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(self.Module)))
+	defer stop()
 	var s vault.Secret
 	if _, err := vault.CallWith(ctx, c.nc, c.xkey, vault.VerbFetch, vault.ModuleCaller(self.Module), vault.Request{XKey: c.xpub, Name: name, Version: version}, &s); err != nil {
-		if perr := c.refusal(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(self.Module))); perr != nil {
-			return "", fmt.Errorf("%w; does the manifest declare secrets:?", perr)
+		if r := Refused(ctx); r != nil {
+			return "", fmt.Errorf("fetch secret %s: %w; does the manifest declare secrets:?", name, r)
 		}
 		return "", err
 	}

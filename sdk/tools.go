@@ -110,24 +110,25 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 	if err != nil {
 		return nil, err
 	}
-	return request(ctx, c.nc, subject, body, self.Module, c.refusal)
+	return c.request(ctx, subject, body, self.Module)
 }
 
-// request sends one tool call and maps the bus's answers to errors.
-func request(ctx context.Context, nc *nats.Conn, subject string, body []byte, source string, refusal func(string) error) ([]byte, error) {
+// request sends one tool call and maps the bus's answers to errors; a refused call fails at
+// once with the bus's refusal.
+func (c *Client) request(ctx context.Context, subject string, body []byte, source string) ([]byte, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	ctx, stop := c.watch(ctx, subject)
+	defer stop()
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 	msg.Header.Set(envelope.Source, source)
-	reply, err := nc.RequestMsgWithContext(ctx, msg)
+	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return nil, fmt.Errorf("%w: nobody serves %s; is the module running, or the seat held?", ErrNoResponders, subject)
 	case err != nil:
-		if refusal != nil {
-			if perr := refusal(subject); perr != nil {
-				return nil, perr
-			}
+		if r := Refused(ctx); r != nil {
+			return nil, fmt.Errorf("call %s: %w; does the manifest declare it (uses: or tools:), and is the module registered with that manifest?", subject, r)
 		}
 		return nil, fmt.Errorf("call %s: %w", subject, err)
 	}
