@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
@@ -72,16 +73,57 @@ func dial(cmd *cobra.Command, opts ...nats.Option) (*nats.Conn, error) {
 }
 
 // withBus runs f with a connection as the operator (or --creds) and a context bounded by
-// requestTimeout: the shape of every client verb's one request.
+// requestTimeout: the shape of every client verb's one request. The connection is the verb's
+// alone, so any permission violation on it is the verb's failure: it ends the context at
+// once (nats.go would leave the request waiting for its timeout) and becomes the error.
 func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) error) error {
-	nc, err := dial(cmd)
+	url, creds, err := clientTarget(cmd)
+	if err != nil {
+		return err
+	}
+	nc, err := dialWith(url, creds)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	refusals := sdk.NewRefusals(strings.TrimSuffix(nats.InboxPrefix, "."))
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refusals.Handle(err) })
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	return f(ctx, nc)
+	ctx, stop := refusals.Watch(ctx, "")
+	defer stop()
+	err = f(ctx, nc)
+	if r := sdk.Refused(ctx); err != nil && r != nil {
+		return refused(cmd, nc, creds, r)
+	}
+	return err
+}
+
+// refusedError is a client verb refused by the bus: the key is not the operator's.
+type refusedError struct {
+	msg string
+	r   *sdk.Refusal
+}
+
+func (e *refusedError) Error() string { return e.msg }
+func (e *refusedError) Unwrap() error { return e.r }
+
+// refused says which operation the bus refused the key in creds, and what to do. A request
+// subscribes to its reply inbox before it publishes, and the bus refuses a module's key both;
+// the publish names the verb, so it is preferred: after a flush the connection's last error
+// is the server's answer to the last thing sent.
+func refused(cmd *cobra.Command, nc *nats.Conn, creds string, r *sdk.Refusal) error {
+	if r.Op != sdk.RefusedPublish && nc.FlushTimeout(time.Second) == nil {
+		if last := sdk.AsRefusal(nc.LastError()); last != nil && last.Op == sdk.RefusedPublish {
+			r = last
+		}
+	}
+	operator := filepath.Join("<data-dir>", node.OperatorSeedFile)
+	if dir, err := clientDataDir(cmd); err == nil {
+		operator = filepath.Join(dir, node.OperatorSeedFile)
+	}
+	return &refusedError{r: r, msg: fmt.Sprintf("the key in %s may not %s %s: admin verbs need the operator's seed (%s) or --creds of the operator",
+		creds, r.Op, r.Subject, operator)}
 }
 
 // withModule runs f as the module whose seed --creds names, through the sdk.
@@ -108,7 +150,7 @@ func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // errors are read and reported
 	nc, err := nats.Connect(url, append([]nats.Option{nkey, quiet, nats.Name("meshnode-cli")}, opts...)...)
 	if err != nil {
-		if strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		if errors.Is(err, nats.ErrAuthorization) {
 			return nil, fmt.Errorf("the bus at %s refused the key in %s: it is neither the operator's nor a registered module's", url, creds)
 		}
 		return nil, fmt.Errorf("connect to %s: %w; is the node running (`meshnode status`)?", url, err)
