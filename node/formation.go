@@ -152,6 +152,11 @@ func prepareMember(cfg config.Config, mint func() (*genesis.Foundation, error)) 
 	if f, err := g.Foundation(); err == nil {
 		return nil, fmt.Errorf("%w %s; use `meshnode run`, or a fresh --data-dir", genesis.ErrExists, f.MeshID)
 	}
+	// Nor a mesh's data beside the store: the node would start over another mesh's
+	// JetStream store and seeds.
+	if err := checkNoMeshData(db, cfg.DataDir); err != nil {
+		return nil, err
+	}
 	f, err := mint()
 	if err != nil {
 		return nil, err
