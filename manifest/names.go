@@ -82,19 +82,28 @@ func nameProblem(s string, dotted bool) (reason, fixed string) {
 	return "is not a valid name", fixed
 }
 
+// maxRetainDays bounds a seat's retain: 100 years, as config.MaxDuration bounds the node's
+// durations. Longer is a typo, and past about 106751 days a time.Duration overflows.
+const maxRetainDays = 36500
+
 // ParseRetain parses a seat's retain: a positive duration written with the units d (24h),
-// h, m and s, e.g. 7d, 36h, 1d12h, 90m. Zero, negative and unit-less values are refused.
+// h, m and s, e.g. 7d, 36h, 1d12h, 90m, at most 36500d in all. Zero, negative and unit-less
+// values are refused.
 func ParseRetain(s string) (time.Duration, error) {
+	const maxRetain = maxRetainDays * 24 * time.Hour
+	tooLong := fmt.Errorf("retain %q: longer than %d days", s, maxRetainDays)
 	rest := s
 	var d time.Duration
 	if i := strings.IndexByte(rest, 'd'); i >= 0 {
 		days, err := strconv.ParseUint(rest[:i], 10, 32)
+		if errors.Is(err, strconv.ErrRange) {
+			return 0, tooLong
+		}
 		if err != nil || i == 0 {
 			return 0, fmt.Errorf("retain %q: days must be a whole number, as in 7d", s)
 		}
-		const maxDays = 100 * 365
-		if days > maxDays {
-			return 0, fmt.Errorf("retain %q: longer than %d days", s, maxDays)
+		if days > maxRetainDays {
+			return 0, tooLong
 		}
 		d = time.Duration(days) * 24 * time.Hour
 		rest = rest[i+1:]
@@ -105,7 +114,10 @@ func ParseRetain(s string) (time.Duration, error) {
 		}
 		more, err := time.ParseDuration(rest)
 		if err != nil {
-			return 0, fmt.Errorf("retain %q: not a duration", s)
+			return 0, fmt.Errorf("retain %q: not a duration (write e.g. 7d, 36h or 1d12h), or longer than %d days", s, maxRetainDays)
+		}
+		if more > maxRetain-d {
+			return 0, tooLong
 		}
 		d += more
 	}
