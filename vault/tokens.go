@@ -74,15 +74,42 @@ func (v *Vault) apply(e jetstream.KeyValueEntry) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var r tokenRecord
-	if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
-		for pub, t := range v.tokens {
-			if "token."+t.ID == e.Key() {
-				delete(v.tokens, pub)
-			}
+	if e.Operation() == jetstream.KeyValuePut {
+		err := json.Unmarshal(e.Value(), &r)
+		if err == nil {
+			err = checkToken(e.Key(), r)
 		}
-		return
+		if err == nil {
+			v.tokens[r.PublicKey] = r
+			return
+		}
+		// Anything may sit in the bucket: a record that is no token authenticates nobody,
+		// and what the key held before is gone from the bucket too.
+		v.log.Error("vault token record refused: skipped", "key", e.Key(), "revision", e.Revision(), "err", err)
 	}
-	v.tokens[r.PublicKey] = r
+	for pub, t := range v.tokens {
+		if "token."+t.ID == e.Key() {
+			delete(v.tokens, pub)
+		}
+	}
+}
+
+// checkToken validates a token record read from the bucket under key: the mirror lets its
+// public key connect and request enrol.<id>, so every field that decides it must hold.
+func checkToken(key string, r tokenRecord) error {
+	switch {
+	case r.ID == "" || key != "token."+r.ID:
+		return fmt.Errorf("id %q does not match the key", r.ID)
+	case !nkeys.IsValidPublicUserKey(r.PublicKey):
+		return fmt.Errorf("public key %q is not a user nkey", r.PublicKey)
+	case r.Expires.IsZero():
+		return errors.New("no expiry")
+	case r.Uses < 1:
+		return fmt.Errorf("uses %d: a token is used at least once", r.Uses)
+	case r.Used < 0:
+		return fmt.Errorf("used %d is negative", r.Used)
+	}
+	return nil
 }
 
 // enrolledAs returns a live join token a node of this name enrolled with: two nodes that
