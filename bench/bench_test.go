@@ -43,6 +43,7 @@ func openNode(dir string) (t bench.Target, stop func() error, err error) {
 	cfg := config.Up()
 	cfg.DataDir = dir
 	cfg.Name = "bench"
+	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	n := node.New(cfg, nil)

@@ -83,7 +83,15 @@ type Config struct {
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
 	// bus's maximum message size.
 	MaxEventBytes Bytes `yaml:"max-event-bytes"`
+	// RateLimit is how many requests a second one module (or join token) may make of the
+	// node's whoami and seat tools and of the vault, with bursts of twice as many; the rest
+	// are refused and counted in one event per interval. Zero: no limit.
+	RateLimit int `yaml:"rate-limit"`
 }
+
+// DefaultRateLimit is RateLimit's default: far above what a module asks at start (one whoami
+// per connection, a fetch per secret), far below what starves the others.
+const DefaultRateLimit = 100
 
 // Up returns the defaults of `meshnode up`: a single node on loopback.
 func Up() Config {
@@ -98,6 +106,7 @@ func Up() Config {
 		LogFormat:       DefaultLogFormat,
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 		EventsMaxAge:    Duration(DefaultEventsMaxAge),
+		RateLimit:       DefaultRateLimit,
 	}
 }
 
@@ -176,6 +185,7 @@ func (c *Config) keys() map[string]any {
 		"events-max-bytes": &c.EventsMaxBytes,
 		"dead-max-bytes":   &c.DeadMaxBytes,
 		"max-event-bytes":  &c.MaxEventBytes,
+		"rate-limit":       &c.RateLimit,
 	}
 }
 
@@ -252,6 +262,12 @@ func (c *Config) Set(key, value string) error {
 			return fmt.Errorf("%w: %s: %v", ErrInvalid, key, err)
 		}
 		*p = b
+	case *int:
+		n, err := strconv.Atoi(value)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%w: %s: %q is not a whole number ≥ 0", ErrInvalid, key, value)
+		}
+		*p = n
 	}
 	return nil
 }
@@ -299,6 +315,9 @@ func (c Config) Validate() error {
 	}
 	if c.StoreMaxBytes != 0 && c.EventsMaxBytes+c.DeadMaxBytes > c.StoreMaxBytes*3/4 {
 		return fmt.Errorf("%w: events-max-bytes %s and dead-max-bytes %s leave too little of store-max-bytes %s for the control plane and seat queues: keep them under three quarters of it", ErrInvalid, c.EventsMaxBytes, c.DeadMaxBytes, c.StoreMaxBytes)
+	}
+	if c.RateLimit < 0 {
+		return fmt.Errorf("%w: rate-limit %d: requests a second, ≥ 0 (0: no limit)", ErrInvalid, c.RateLimit)
 	}
 	if c.MaxEventBytes != 0 && c.MaxEventBytes < 1024 {
 		return fmt.Errorf("%w: max-event-bytes %s: at least 1KiB (an event's headers alone take a few hundred bytes)", ErrInvalid, c.MaxEventBytes)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 )
@@ -26,6 +27,7 @@ type controller struct {
 	log  *slog.Logger
 	nc   *nats.Conn // the node's own: writes and requests to the vault
 	resp *nats.Conn // answers the tools: may publish only to inboxes
+	gate *throttle.Gate
 	reg  *registry.Registry
 	topo *topology
 	node string
@@ -314,7 +316,14 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	e, ok := c.reg.ByKey(req.PublicKey)
 	if !repliesTo(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && repliesTo(m.Reply, manifest.InboxPrefix(e.Module))) {
 		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
+		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
 		return nil
+	}
+	if ok, tell := c.gate.Allow(key); !ok {
+		if !tell {
+			return nil // told within the last second: a flood costs no replies
+		}
+		return registry.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
 	}
 	if !ok {
 		return registry.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -68,8 +69,11 @@ type Node struct {
 	found       *genesis.Foundation
 	key         nkeys.KeyPair
 	bus         *embedbus.Bus
-	budget      storeBudget // the byte limits of the mesh's streams and buckets on this node
-	respNC      *nats.Conn  // answers every request: may publish only to inboxes (responder.go)
+	budget      storeBudget    // the byte limits of the mesh's streams and buckets on this node
+	respNC      *nats.Conn     // answers every request: may publish only to inboxes (responder.go)
+	gate        *throttle.Gate // rate limits on whoami and the seat tool (responder.go)
+	gateStop    context.CancelFunc
+	gateDone    chan struct{}
 	vault       *vault.Vault
 	vaultNC     *nats.Conn
 	audit       *audit.Logger
@@ -203,12 +207,14 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	}
 
 	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
+	n.newGate()
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	n.ctrl = &controller{
 		log:  n.log.With("component", "controller"),
 		nc:   n.bus.Conn(),
 		resp: n.respNC,
+		gate: n.gate,
 		reg:  n.reg,
 		topo: &topology{
 			js:           n.bus.JetStream(),
@@ -427,6 +433,11 @@ func (n *Node) Close() error {
 		keep(n.reg.Close())
 		n.regClosed = true
 	}
+	if n.gateStop != nil {
+		n.gateStop()
+		<-n.gateDone
+		n.gateStop = nil
+	}
 	if n.respNC != nil {
 		n.respNC.Close()
 		n.respNC = nil
@@ -546,7 +557,7 @@ func parallel(ctx context.Context, fs ...func(context.Context) error) error {
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
-		bus: n.bus, resp: n.respNC, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
+		bus: n.bus, resp: n.respNC, gate: n.gate, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	s.onControl = n.reportUnreachable
@@ -584,6 +595,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			BarrierKey: n.found.BarrierKey,
 			Replicas:   n.replicas(),
 			MaxBytes:   n.budget.Vault,
+			RateLimit:  n.cfg.RateLimit,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {

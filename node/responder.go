@@ -1,11 +1,13 @@
 package node
 
 import (
+	"context"
 	"strings"
 
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
@@ -44,6 +46,25 @@ func newResponderIdentity(node string) (nkeys.KeyPair, string, embedbus.Identity
 	pub, _ := kp.PublicKey()
 	p := responderPermissions(node)
 	return kp, pub, embedbus.Identity{Name: "node-responder:" + node, Permissions: &p}, nil
+}
+
+// newGate is the node's rate limit per identity on whoami and the seat tool; refusals become
+// one node event per identity and tool per interval, with a count.
+func (n *Node) newGate() {
+	n.gate = throttle.New(float64(n.cfg.RateLimit), 2*n.cfg.RateLimit, 0, func(r throttle.Refusal) {
+		if nc := n.eventConn.Load(); nc != nil {
+			publishNodeEvent(nc, n.key, n.id.Name, "refused", map[string]any{
+				"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
+			}, n.log)
+		}
+		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
+	})
+	ctx, stop := context.WithCancel(context.Background())
+	n.gateStop, n.gateDone = stop, make(chan struct{})
+	go func() {
+		defer close(n.gateDone)
+		n.gate.Run(ctx)
+	}()
 }
 
 // repliesTo reports whether reply lies in the inbox space prefix names (prefix ".…"): where

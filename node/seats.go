@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -29,6 +30,7 @@ type seatService struct {
 	key   nkeys.KeyPair
 	bus   *embedbus.Bus
 	resp  *nats.Conn // answers the seat tool: may publish only to inboxes
+	gate  *throttle.Gate
 	reg   *registry.Registry
 	topo  *topology
 	store *seats.Store
@@ -264,6 +266,14 @@ func (s *seatService) start() error {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !repliesTo(m.Reply, manifest.InboxPrefix(module)) {
 			s.log.Debug("seat tool: a reply outside the module's inbox is not answered", "module", module, "reply", m.Reply)
+			s.gate.Refused(module, "seat", "reply subject outside the module's inbox")
+			return
+		}
+		if ok, tell := s.gate.Allow(module); !ok {
+			if tell { // once a second; the others are dropped, so a flood costs no replies
+				b, _ := json.Marshal(registry.SeatReply{Error: fmt.Sprintf("too many seat requests from module %s (more than %.0f a second, the node's rate-limit); slow down and retry", module, s.gate.PerSecond())})
+				m.Respond(b)
+			}
 			return
 		}
 		b, _ := json.Marshal(s.handle(module, m.Data))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/mirror"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -49,6 +50,9 @@ type Config struct {
 	Replicas   int
 	// MaxBytes bounds the vault's bucket (reserved with JetStream); zero: no bound.
 	MaxBytes int64
+	// RateLimit is how many requests a second one module or join token may make, with bursts
+	// of twice as many; zero: no limit.
+	RateLimit int
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
@@ -77,6 +81,12 @@ type Vault struct {
 	tokens  map[string]tokenRecord // by public key: who may enrol
 	records map[string]recordEntry // by key: the secrets, still encrypted
 	sub     *nats.Subscription
+
+	// gate bounds each module's and join token's requests, and turns refusals into one
+	// "refused" event per caller and verb per interval, with a count.
+	gate     *throttle.Gate
+	gateStop context.CancelFunc
+	gateDone chan struct{}
 
 	events chan event // recorded by a worker, off the requests' path
 	done   chan struct{}
@@ -145,6 +155,16 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
 	go v.record()
+	v.gate = throttle.New(float64(cfg.RateLimit), 2*cfg.RateLimit, 0, func(r throttle.Refusal) {
+		v.queue(event{"refused", map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
+			"last_reason": r.Detail, "until": r.Until}})
+	})
+	gctx, stop := context.WithCancel(context.Background())
+	v.gateStop, v.gateDone = stop, make(chan struct{})
+	go func() {
+		defer close(v.gateDone)
+		v.gate.Run(gctx)
+	}()
 	return v, nil
 }
 
@@ -154,6 +174,8 @@ func (v *Vault) Watch(ctx context.Context) error { return mirror.Follow(ctx, v.w
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
 	v.Stop()
+	v.gateStop()
+	<-v.gateDone // its last report is queued before the queue closes
 	v.closing.Lock()
 	v.closed = true
 	close(v.events)
@@ -222,7 +244,17 @@ func (v *Vault) serve(m *nats.Msg) {
 	if !v.mayReply(caller, m.Reply) {
 		// Not answered, and not recorded per request: a flood of these must cost nothing.
 		v.log.Debug("a reply outside the caller's inbox is not answered", "caller", caller, "reply", m.Reply)
+		v.gate.Refused(caller, "reply", "reply subject outside the caller's inbox")
 		return
+	}
+	if caller != CallerOperator && caller != CallerNode {
+		if ok, tell := v.gate.Allow(caller); !ok {
+			if tell { // once a second; the others are dropped, so a flood costs no replies
+				b, _ := json.Marshal(Reply{Error: fmt.Sprintf("%s: too many vault requests (more than %d a second, the node's rate-limit); slow down and retry", caller, v.cfg.RateLimit)})
+				m.Respond(b)
+			}
+			return
+		}
 	}
 	var req Request
 	var reply Reply
@@ -333,7 +365,9 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
 	if err != nil {
-		events = append(events, event{"refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
+		// Counted, and recorded as one event per caller and verb per interval: a flood of
+		// refused requests must not become a flood of events and audit records.
+		v.gate.Refused(caller, verb, err.Error())
 		return Reply{Error: err.Error()}, events
 	}
 	reply := Reply{Meta: meta}

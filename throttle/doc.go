@@ -1,0 +1,4 @@
+// Package throttle bounds how often one identity may ask the node for work — whoami, the
+// vault, a node's seat tool — and turns a flood of refusals into one report per identity per
+// interval, with a count, instead of one event (and an audit record on every node) each.
+package throttle
