@@ -373,7 +373,7 @@ func (r *Refusals) Handle(err error) bool {
 	if ref == nil {
 		return false
 	}
-	reply := r.inbox != "" && strings.HasPrefix(ref.Subject, r.inbox+".")
+	reply := ref.Op != RefusedPublish && r.inbox != "" && strings.HasPrefix(ref.Subject, r.inbox+".")
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for w := range r.waits {
@@ -386,8 +386,9 @@ func (r *Refusals) Handle(err error) bool {
 }
 
 // Watch returns ctx, ended with the bus's refusal as its cause (see Refused) when the bus
-// refuses a publish to subject or a reply into the connection's inbox; subject "" watches
-// for any refusal on the connection (one connection per job). stop releases the context.
+// refuses subject, or a subscription (or reply subject) in the connection's inbox, where
+// every request's reply comes; subject "" watches for any refusal on the connection (one
+// connection per job). stop releases the context.
 func (r *Refusals) Watch(ctx context.Context, subject string) (_ context.Context, stop context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	w := &refusalWait{subject: subject, cancel: cancel}
