@@ -1,10 +1,13 @@
 package audit
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -57,12 +60,80 @@ func Serve(nc *nats.Conn, node string, l *Logger) (*nats.Subscription, error) {
 				reply.Error = fmt.Sprintf("unknown audit op %q: query or verify", req.Op)
 			}
 		}
-		b, _ := json.Marshal(reply)
-		if len(b) > maxReply {
-			b, _ = json.Marshal(Reply{Error: "the answer is over the bus's message size: ask for fewer records (limit)"})
-		}
-		m.Respond(b)
+		m.Respond(fit(reply))
 	})
+}
+
+// elidedKeep bounds what an elided record keeps of each header value and of its event id and
+// source: DefaultLimit elided records answer well under maxReply.
+const elidedKeep = 256
+
+// fit encodes reply within maxReply. A module may emit a body near the bus's 1 MiB limit, or
+// many events with headers near JetStream's 64 KiB: the page holding them must still be
+// readable, or one module would blind query and tail for everyone. The answer keeps every
+// record — callers page until a short page — and leaves out the bulk of the largest first
+// (the body, and what is over elidedKeep of each header), saying so in Elided. The stored
+// record stays whole, and verify checks it.
+func fit(reply Reply) []byte {
+	b, _ := json.Marshal(reply)
+	if len(b) <= maxReply {
+		return b
+	}
+	recs := slices.Clone(reply.Records)
+	sizes := make([]int, len(recs))
+	order := make([]int, len(recs))
+	for i, r := range recs {
+		rb, _ := json.Marshal(r)
+		sizes[i], order[i] = len(rb), i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(sizes[b], sizes[a]) })
+	total := len(b)
+	for _, i := range order {
+		if total <= maxReply {
+			break
+		}
+		recs[i] = elide(recs[i])
+		rb, _ := json.Marshal(recs[i])
+		total -= sizes[i] - len(rb)
+	}
+	reply.Records = recs
+	if b, _ = json.Marshal(reply); len(b) <= maxReply {
+		return b
+	}
+	b, _ = json.Marshal(Reply{Error: fmt.Sprintf("the answer is over the bus's message size even with %d records cut short: ask for fewer records (limit)", len(recs))})
+	return b
+}
+
+// elide returns r without its body and with every header value, its event id and its source
+// cut to elidedKeep bytes, saying what was left out.
+func elide(r Record) Record {
+	cut := func(s string) (string, int) {
+		if len(s) <= elidedKeep {
+			return s, 0
+		}
+		keep := elidedKeep
+		for keep > 0 && !utf8.RuneStart(s[keep]) {
+			keep--
+		}
+		return s[:keep], len(s) - keep
+	}
+	left := len(r.Body)
+	h := make(map[string][]string, len(r.Headers))
+	for k, vs := range r.Headers {
+		k, n := cut(k)
+		left += n
+		for _, v := range vs {
+			v, n := cut(v)
+			h[k] = append(h[k], v)
+			left += n
+		}
+	}
+	var n1, n2 int
+	r.EventID, n1 = cut(r.EventID)
+	r.Source, n2 = cut(r.Source)
+	r.Elided = fmt.Sprintf("%d bytes of body and headers left out to keep the answer under the bus's message size; the stored record is whole", left+n1+n2)
+	r.Body, r.Headers = nil, h
+	return r
 }
 
 // Call asks node's audit log over nc.

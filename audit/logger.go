@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
 )
@@ -236,8 +238,8 @@ func index(tx *bolt.Tx, r Record) error {
 // check builds the record of one event: its envelope, its signature, its source.
 func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	h := m.Headers()
-	r := Record{Seq: seq, Subject: m.Subject(), Headers: map[string][]string(h), Body: m.Data(), Received: now,
-		EventID: h.Get(envelope.EventID), Source: h.Get(envelope.Source)}
+	r := Record{Seq: seq, Subject: validUTF8(m.Subject()), Headers: validHeaders(h), Body: m.Data(), Received: now,
+		EventID: validUTF8(h.Get(envelope.EventID)), Source: validUTF8(h.Get(envelope.Source))}
 	if r.EventID == "" {
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
@@ -255,6 +257,27 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	}
 	r.SourceMatches = l.owners(r.Subject, r.Source)
 	return r
+}
+
+// validUTF8 is s as the record's JSON keeps it. JSON writes an invalid byte as U+FFFD, so
+// the record read back would differ from the one hashed at ingest, and verify would call a
+// genuine event altered: any emitter could break the chain with one header value. The
+// signature is checked on the bytes received, before this.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// validHeaders is h with every name and value made valid UTF-8 (a copy; h is not changed).
+func validHeaders(h nats.Header) map[string][]string {
+	if h == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(h))
+	for k, vs := range h {
+		k = validUTF8(k)
+		for _, v := range vs {
+			out[k] = append(out[k], validUTF8(v))
+		}
+	}
+	return out
 }
 
 // prune drops records older than the retention, if one is set. The chain stays verifiable

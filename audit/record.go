@@ -32,6 +32,9 @@ type Record struct {
 	// Prev is the previous record's hash ("" for the first), Hash this record's.
 	Prev string `json:"prev"`
 	Hash string `json:"hash"`
+	// Elided is set only in an answer of the audit tool, never in the log: what of a large
+	// record was left out to keep the answer under the bus's message size.
+	Elided string `json:"elided,omitempty"`
 }
 
 // computeHash is SHA-256 over the record's JSON without its own hash: it covers the previous

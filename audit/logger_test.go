@@ -1,0 +1,78 @@
+package audit
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	bolt "go.etcd.io/bbolt"
+)
+
+// delivered is a message as the audit consumer receives it; only what write reads is real.
+type delivered struct {
+	jetstream.Msg
+	subject string
+	header  nats.Header
+	data    []byte
+	seq     uint64
+}
+
+func (m delivered) Subject() string      { return m.subject }
+func (m delivered) Headers() nats.Header { return m.header }
+func (m delivered) Data() []byte         { return m.data }
+func (m delivered) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
+}
+
+// TestLogger_InvalidUTF8 is an emitter's header bomb: header values (and names) that are not
+// UTF-8. JSON stores such a byte as U+FFFD, so a record hashed over the bytes as received
+// would read back as a different record, and verify would call a genuine event altered.
+func TestLogger_InvalidUTF8(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	keys := func(source string) (string, bool) { return pub, source == "m" }
+	owners := func(subject, source string) bool { return source == "m" }
+	l, err := New(db, nil, "n", keys, owners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "mesh.mod.m.event.tick"
+	var msgs []jetstream.Msg
+	for i, bad := range []string{"\xff\xfe", "a\xc3\x28b", "\xed\xa0\x80", "ok \x00 nul"} {
+		h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Set("x-bad", bad)
+		h[envelope.Causation] = []string{bad, "valid"}
+		msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: uint64(i + 1)})
+	}
+	if err := l.write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	v, err := l.Verify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.OK() {
+		t.Fatalf("verify of genuine events: broken %+v, unsigned %+v", v.Broken, v.Unsigned)
+	}
+	if got, want := v.Records, uint64(len(msgs)); got != want {
+		t.Fatalf("verify read %d records, want %d", got, want)
+	}
+	recs, err := l.Query(Filter{Source: "m"})
+	if err != nil || len(recs) != len(msgs) {
+		t.Fatalf("query: %d records, %v", len(recs), err)
+	}
+	if got := recs[0].Headers["x-bad"]; len(got) != 1 || got[0] != "\uFFFD" {
+		t.Errorf("an invalid header value is recorded as %q, want U+FFFD in its place", got)
+	}
+}
