@@ -32,6 +32,9 @@ const (
 	DeadSubject    = "x-dead-subject"    // the original subject, as the stream stored it
 	DeadConsumer   = "x-dead-consumer"   // the consumer that gave up
 	DeadStream     = "x-dead-stream"     // that consumer's stream: EVENTS or SEAT_<seat>
+	// DeadRawHeaders holds, base64, a header block the node could not decode (written by a
+	// client that is not nats.go): the letter keeps it whole instead of losing the event.
+	DeadRawHeaders = "x-dead-raw-headers"
 )
 
 // timeLayout is x-time's format: RFC 3339 with nanoseconds, UTC.

@@ -760,3 +760,45 @@ func TestAdversary_VaultFlood(t *testing.T) {
 		t.Fatalf("/readyz=%d %s after the flood", code, body)
 	}
 }
+
+// TestAdversary_MalformedHeaderBlockIsDeadLettered: an event whose header block nats.go
+// cannot decode (a bare newline making a line without a colon, written by a client that is
+// not nats.go) is given up by the consumer at once; the node must still write its dead
+// letter, with the raw header block, not lose it.
+func TestAdversary_MalformedHeaderBlockIsDeadLettered(t *testing.T) {
+	b := newBed(t)
+	bomberSeed, _ := b.register("module: bomber\nrequires: [mesh-bus]\nemits: [tick]\n")
+	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [bomber.tick]\n")
+	sink := b.client(sinkSeed)
+	if err := sink.On("bomber.tick", func(context.Context, sdk.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	subject := manifest.EventSubject("bomber", "tick")
+	body := []byte(`{"n":1}`)
+	h, _ := envelope.Stamp(mustSigner(t, bomberSeed), "bomber", "alpha", subject, body, envelope.Options{})
+	var block strings.Builder
+	block.WriteString("NATS/1.0\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			block.WriteString(k + ": " + v + "\r\n")
+		}
+	}
+	block.WriteString("x-evil: a\nno colon on this line\r\n\r\n")
+	rawPublish(t, b.n.ClientURL(), mustKey(t, bomberSeed), subject, []byte(block.String()), body)
+
+	consumerIdle(t, b, manifest.EventsStreamName, "sink") // the sdk gave it up
+	var got []*jetstream.RawStreamMsg
+	retryUntil(t, 20*time.Second, func() error {
+		if got = deadLetters(t, b, manifest.DeadSubject(manifest.EventsStreamName, "sink")); len(got) != 1 {
+			return fmt.Errorf("the event the sink gave up is not in DEAD (%d letters)", len(got))
+		}
+		return nil
+	})
+	raw, err := base64.StdEncoding.DecodeString(got[0].Header.Get(envelope.DeadRawHeaders))
+	if err != nil || !strings.Contains(string(raw), "no colon on this line") {
+		t.Errorf("the letter's raw header block %q (%v), want the block as sent", raw, err)
+	}
+	if s := got[0].Header.Get(envelope.DeadSubject); s != subject || string(got[0].Data) != string(body) {
+		t.Errorf("letter subject %q body %q, want %q %q", s, got[0].Data, subject, body)
+	}
+}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -281,6 +282,12 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		return err
 	}
 	msg, err := stream.GetMsg(ctx, dd.seq)
+	var rawHeaders []byte
+	if errors.Is(err, nats.ErrBadHeaderMsg) {
+		// A client that is not nats.go can store a header block nats.go cannot decode: the
+		// consumer gave it up, and it must still reach DEAD, with its raw header block.
+		msg, rawHeaders, err = d.getRaw(ctx, dd)
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Another node stored it and removed it from its work queue, a Term removed it from
 		// one, or it aged out.
@@ -293,6 +300,10 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		return err
 	}
 	h := deadHeaders(msg.Header, dd, msg.Subject)
+	if rawHeaders != nil {
+		h.Set(envelope.DeadReason, cleanReason("malformed headers (kept whole, base64, in "+envelope.DeadRawHeaders+"): "+dd.reason))
+		h.Set(envelope.DeadRawHeaders, base64.StdEncoding.EncodeToString(rawHeaders))
+	}
 	ack, err := d.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.DeadSubject(dd.stream, dd.consumer), Header: h, Data: msg.Data})
 	if err != nil {
 		return fmt.Errorf("write DEAD: %w", err)
@@ -310,6 +321,41 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		}
 	}
 	return nil
+}
+
+// getRaw reads a message whose header block does not decode: its subject and body, with no
+// headers, and the header block as stored.
+func (d *deadLetters) getRaw(ctx context.Context, dd death) (*jetstream.RawStreamMsg, []byte, error) {
+	req, _ := json.Marshal(map[string]uint64{"seq": dd.seq})
+	m, err := d.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+dd.stream, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message struct {
+			Subject string `json:"subject"`
+			Header  []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, nil, fmt.Errorf("read message %d of %s: %w", dd.seq, dd.stream, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.Code == int(jetstream.JSErrCodeMessageNotFound) {
+			return nil, nil, jetstream.ErrMsgNotFound
+		}
+		return nil, nil, fmt.Errorf("read message %d of %s: %s", dd.seq, dd.stream, resp.Error.Description)
+	}
+	raw := resp.Message.Header
+	if raw == nil {
+		raw = []byte{}
+	}
+	return &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: dd.seq, Header: nats.Header{}, Data: resp.Message.Data}, raw, nil
 }
 
 // checkFilter refuses a message the consumer does not deliver: a Term names any sequence.
