@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -58,4 +59,16 @@ func Conflict(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrKeyExists) ||
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}
+
+// Stop stops a watch. A bucket deleted under it is no error of the watcher's: the node's
+// drift check reports the loss (its stop would otherwise fail with "stream not found").
+func Stop(w jetstream.KeyWatcher) error {
+	err := w.Stop()
+	// The watch's subscription reports the stream's absence with nats.go's own errors.
+	if errors.Is(err, nats.ErrStreamNotFound) || errors.Is(err, nats.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	return err
 }

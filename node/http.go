@@ -74,6 +74,9 @@ func (n *Node) handler() http.Handler {
 
 // ready reports whether the bus accepts connections and JetStream answers.
 func (n *Node) ready(ctx context.Context) error {
+	if err := n.alarms.err(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	return n.bus.Ready(ctx)

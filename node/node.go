@@ -25,7 +25,9 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,9 +71,11 @@ type Node struct {
 	found       *genesis.Foundation
 	key         nkeys.KeyPair
 	bus         *embedbus.Bus
-	budget      storeBudget    // the byte limits of the mesh's streams and buckets on this node
-	respNC      *nats.Conn     // answers every request: may publish only to inboxes (responder.go)
-	gate        *throttle.Gate // rate limits on whoami and the seat tool (responder.go)
+	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
+	alarms      alarms             // standing reasons not to be ready (drift.go)
+	lossSub     *nats.Subscription // answers ToolAcceptLoss
+	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
+	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
 	gateStop    context.CancelFunc
 	gateDone    chan struct{}
 	vault       *vault.Vault
@@ -287,6 +291,20 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.handOff(ctx); err != nil {
 		return err
 	}
+	// A registry or vault bucket this node has known and finds lost is an alarm, not an
+	// empty mesh (drift.go); a new mesh's buckets get their marker.
+	known := knowsBuckets(n.db)
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known) }); err != nil {
+		return fmt.Errorf("check the mesh's buckets: %w", err)
+	}
+	if !known {
+		if err := markBucketsKnown(n.db); err != nil {
+			return err
+		}
+	}
+	if n.lossSub, err = n.serveAcceptLoss(); err != nil {
+		return fmt.Errorf("serve %s: %w", ToolAcceptLoss, err)
+	}
 	if err := n.openAudit(); err != nil {
 		return err
 	}
@@ -357,6 +375,10 @@ func (n *Node) Run(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return n.audit.Run(ctx) }, func(error) { cancel() })
 	}
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return n.watchDrift(ctx) }, func(error) { cancel() })
+	}
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -381,17 +403,21 @@ func (n *Node) Run(ctx context.Context) error {
 // error and is safe to call on a partly opened node.
 func (n *Node) Close() error {
 	var first error
-	keep := func(err error) {
+	keep := func(err error, part string) {
 		if err != nil && first == nil {
-			first = err
+			first = fmt.Errorf("close %s: %w", part, err)
 		}
 	}
 	if n.httpSrv != nil {
-		keep(n.httpSrv.Close())
+		keep(n.httpSrv.Close(), "http")
 	} else if n.httpLn != nil {
-		keep(n.httpLn.Close())
+		keep(n.httpLn.Close(), "http")
 	}
 	n.eventConn.Store(nil)
+	if n.lossSub != nil {
+		n.lossSub.Unsubscribe()
+		n.lossSub = nil
+	}
 	for _, s := range n.clusterSubs {
 		s.Unsubscribe()
 	}
@@ -412,7 +438,7 @@ func (n *Node) Close() error {
 	}
 	if n.seats != nil {
 		n.seats.stop()
-		keep(n.seats.store.Close())
+		keep(n.seats.store.Close(), "seats")
 		n.seats = nil
 	}
 	if n.ctrl != nil {
@@ -420,7 +446,7 @@ func (n *Node) Close() error {
 		n.ctrl = nil
 	}
 	if n.vault != nil {
-		keep(n.vault.Close())
+		keep(n.vault.Close(), "vault")
 		n.vault = nil
 	}
 	if n.vaultNC != nil {
@@ -430,7 +456,7 @@ func (n *Node) Close() error {
 	if n.reg != nil && !n.regClosed {
 		// The pointer stays: closures handed to other parts (the audit logger's key lookup)
 		// may still read the last mirror.
-		keep(n.reg.Close())
+		keep(n.reg.Close(), "registry")
 		n.regClosed = true
 	}
 	if n.gateStop != nil {
@@ -443,16 +469,16 @@ func (n *Node) Close() error {
 		n.respNC = nil
 	}
 	if n.bus != nil {
-		keep(n.bus.Close())
+		keep(n.bus.Close(), "bus")
 		n.bus = nil
 	}
 	if n.members != nil {
-		keep(n.members.Stop(time.Second))
+		keep(n.members.Stop(time.Second), "membership")
 		n.members = nil
 	}
 	if n.db != nil {
 		removeInfo(n.cfg.DataDir)
-		keep(n.db.Close())
+		keep(n.db.Close(), "store")
 		n.db = nil
 	}
 	return first
@@ -516,8 +542,7 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, embedbus.ErrChangeInFlight) && !errors.Is(err, nats.ErrTimeout) && !strings.Contains(err.Error(), "no suitable peers") &&
-			!strings.Contains(err.Error(), "cluster not available") {
+		if !retryableJS(err) {
 			return err
 		}
 		attempt = min(2*attempt, 5*time.Second)
@@ -527,6 +552,24 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// retryableJS reports whether a JetStream request's error is one a clustered JetStream gives
+// while it settles (no leader yet, no peers placed yet, a peer change in flight), told by type
+// and by nats-server's error code, never by text.
+func retryableJS(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, embedbus.ErrChangeInFlight) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch server.ErrorIdentifier(apiErr.ErrorCode) {
+		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
+			return true
+		}
+	}
+	return false
 }
 
 // parallel runs fs at once; the first to fail cancels the others' context, and its error is

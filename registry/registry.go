@@ -146,7 +146,7 @@ func (r *Registry) Close() error {
 	if r.w == nil {
 		return nil
 	}
-	return r.w.Stop()
+	return mirror.Stop(r.w)
 }
 
 // apply folds one bucket entry into the mirror. Every value is untrusted input (anything may

@@ -181,7 +181,7 @@ func (v *Vault) Close() error {
 	close(v.events)
 	v.closing.Unlock()
 	<-v.done
-	return v.w.Stop()
+	return mirror.Stop(v.w)
 }
 
 // queue hands events to the worker; after Close they are logged instead.

@@ -62,7 +62,30 @@ first, or run meshnode leave on it.`,
 		},
 	}
 	addClientFlags(remove)
-	cmd.AddCommand(remove)
+	accept := &cobra.Command{
+		Use:   "accept-loss BUCKET",
+		Short: "Accept that the mesh's registry or vault bucket was lost, and clear the alarm",
+		Long: `When the mesh-registry or mesh-vault bucket is deleted, every node's /readyz says 503
+and names it: nodes never recreate those buckets empty on their own, because an empty
+registry is not an empty mesh. Restore the bucket from a backup, or re-register the modules
+(and mint their secrets again), then accept the loss with this verb: the bucket gets its
+marker back and the alarm clears on every node within seconds.`,
+		Example: `  meshnode node accept-loss mesh-registry`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			info, err := runningNode(cmd)
+			if err != nil {
+				return err
+			}
+			if err := clusterTool(cmd, info.Name, node.ToolAcceptLoss, node.AcceptLossRequest{Bucket: args[0]}); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "the loss of %s is accepted; the alarm clears on every node within seconds\n", args[0])
+			return nil
+		},
+	}
+	addClientFlags(accept)
+	cmd.AddCommand(remove, accept)
 	return cmd
 }
 
@@ -76,7 +99,7 @@ func runningNode(cmd *cobra.Command) (node.Info, error) {
 }
 
 // clusterTool asks the node named for one of its cluster tools, as the operator.
-func clusterTool(cmd *cobra.Command, name, tool string, req node.ClusterRequest) error {
+func clusterTool(cmd *cobra.Command, name, tool string, req any) error {
 	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
 		body, _ := json.Marshal(req)
 		msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(name, tool), body)

@@ -1,0 +1,308 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	bolt "go.etcd.io/bbolt"
+)
+
+// A mesh's streams and buckets are its memory: a deleted registry is not an empty mesh, and a
+// node that quietly recreated it would start "ready" with no modules. So the node watches
+// for drift — JetStream's deletion advisories, and a periodic check — and:
+//   - recreates what loses nothing by being recreated: the streams (EVENTS, STATE, DEAD, a
+//     seat's queue), the leases bucket, and every derived consumer; each repair is a node
+//     event;
+//   - never recreates the registry's or the vault's bucket: their loss is an alarm, and
+//     /readyz says 503 with the reason until an operator restores them.
+// An alarm is also raised when a bucket that this node has known is missing at start.
+
+// driftInterval is how often the periodic check runs; deletion advisories trigger it at once.
+const driftInterval = 10 * time.Second
+
+// alarms are the node's standing reasons not to be ready, by subject of the alarm.
+type alarms struct {
+	mu sync.Mutex
+	by map[string]string
+}
+
+func (a *alarms) set(key, reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.by == nil {
+		a.by = map[string]string{}
+	}
+	a.by[key] = reason
+}
+
+func (a *alarms) clear(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.by, key)
+}
+
+// err is every standing alarm as one error, nil when there is none.
+func (a *alarms) err() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.by) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(a.by))
+	for k := range a.by {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	reasons := make([]string, len(keys))
+	for i, k := range keys {
+		reasons[i] = a.by[k]
+	}
+	return errors.New(strings.Join(reasons, "; "))
+}
+
+// keptBuckets are the buckets whose loss only an operator can repair.
+var keptBuckets = []string{registry.Bucket, vault.Bucket}
+
+// bucketsKnown is the store key that says this node has opened its mesh's buckets before:
+// from then on a missing registry or vault bucket is a loss, not a new mesh.
+var bucketsKnown = []byte("buckets-known")
+
+func markBucketsKnown(db *bolt.DB) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketNode)
+		if err != nil {
+			return err
+		}
+		return b.Put(bucketsKnown, []byte(time.Now().UTC().Format(time.RFC3339)))
+	})
+}
+
+func knowsBuckets(db *bolt.DB) bool {
+	var known bool
+	db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNode); b != nil {
+			known = b.Get(bucketsKnown) != nil
+		}
+		return nil
+	})
+	return known
+}
+
+// MarkerKey is the record every kept bucket holds from the day its mesh made it: the mesh's
+// id. A node that has known the buckets and finds the bucket, or its marker, gone knows the
+// bucket was lost — even after a restart recreated it empty.
+const MarkerKey = "meta.mesh"
+
+// checkKept raises an alarm for each kept bucket that is missing or lost its marker (once
+// this node has known the buckets), clears it when the marker is back, and marks the buckets
+// of a mesh this node has not known yet. A bucket this node does not open (the vault's, on a
+// server without the vault's credentials) and that does not exist is not its concern.
+func (n *Node) checkKept(ctx context.Context, known bool) error {
+	js := n.bus.JetStream()
+	for _, bucket := range keptBuckets {
+		kv, err := js.KeyValue(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			if known && (bucket != vault.Bucket || n.HasVault()) {
+				n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "the bucket is gone"))
+				n.log.Error("a mesh bucket is missing", "bucket", bucket)
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		_, err = kv.Get(ctx, MarkerKey)
+		switch {
+		case err == nil:
+			n.alarms.clear("bucket." + bucket)
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return err
+		case known:
+			n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
+			n.log.Error("a mesh bucket lost its records", "bucket", bucket)
+		default:
+			if _, err := kv.Create(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+				return fmt.Errorf("mark %s: %w", bucket, err)
+			}
+		}
+	}
+	return nil
+}
+
+// lostBucketReason is the alarm of a kept bucket that is gone.
+func lostBucketReason(bucket, how string) string {
+	what := "every module's registration and identity"
+	if bucket == vault.Bucket {
+		what = "every secret, module credential and join token"
+	}
+	return fmt.Sprintf("bucket %s was lost (%s): it held %s; restore it from a backup of a node's jetstream directory, or re-register the modules and mint their secrets again and then run `meshnode node accept-loss %s` — the node does not recreate it empty on its own", bucket, how, what, bucket)
+}
+
+// watchDrift checks the mesh's streams, buckets and consumers every driftInterval and at
+// every deletion advisory, until ctx ends.
+func (n *Node) watchDrift(ctx context.Context) error {
+	kick := make(chan struct{}, 1)
+	poke := func(*nats.Msg) {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	var subs []*nats.Subscription
+	for _, subject := range []string{"$JS.EVENT.ADVISORY.STREAM.DELETED.>", "$JS.EVENT.ADVISORY.CONSUMER.DELETED.>"} {
+		sub, err := n.bus.Conn().Subscribe(subject, poke)
+		if err != nil {
+			return fmt.Errorf("watch drift: %w", err)
+		}
+		subs = append(subs, sub)
+	}
+	defer func() {
+		for _, s := range subs {
+			s.Unsubscribe()
+		}
+	}()
+	t := time.NewTicker(driftInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-kick:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n.checkDrift(cctx)
+		cancel()
+	}
+}
+
+// checkDrift raises or clears the lost-bucket alarms and repairs what loses nothing.
+func (n *Node) checkDrift(ctx context.Context) {
+	js := n.bus.JetStream()
+	if err := n.checkKept(ctx, true); err != nil {
+		n.log.Debug("drift check: JetStream did not answer", "err", err)
+		return
+	}
+	// What loses nothing by being recreated: only the controller's holder repairs, so two
+	// nodes do not race; every node checks its own audit consumer.
+	var repaired []string
+	if _, err := js.KeyValue(ctx, seats.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+		if _, err := seats.OpenStore(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases); err == nil {
+			repaired = append(repaired, "bucket "+seats.Bucket)
+		}
+	}
+	for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
+		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			repaired = append(repaired, "stream "+name)
+		}
+	}
+	if n.holdsController() {
+		for _, e := range n.reg.List() {
+			for _, s := range e.Derivation.Seats {
+				if s.Stream == nil {
+					continue
+				}
+				if _, err := js.Stream(ctx, s.Stream.Name); errors.Is(err, jetstream.ErrStreamNotFound) {
+					repaired = append(repaired, "stream "+s.Stream.Name)
+				}
+			}
+			if c := e.Derivation.EventsConsumer; c != nil {
+				if _, err := js.Consumer(ctx, c.Stream, c.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+					repaired = append(repaired, "consumer "+c.Name)
+				}
+			}
+		}
+	}
+	audit := manifest.AuditConsumer(n.id.Name)
+	if _, err := js.Consumer(ctx, audit.Stream, audit.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		repaired = append(repaired, "consumer "+audit.Name)
+	}
+	if len(repaired) == 0 {
+		return
+	}
+	err := n.ctrl.topo.ensureMesh(ctx)
+	if err == nil && n.holdsController() {
+		for _, e := range n.reg.List() {
+			if err = n.ctrl.topo.ensureModule(ctx, e.Derivation); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(repaired, ", "), err))
+		n.log.Error("drift: repair failed", "missing", repaired, "err", err)
+		return
+	}
+	n.alarms.clear("drift")
+	n.log.Warn("drift: recreated what was missing", "recreated", repaired)
+	if nc := n.eventConn.Load(); nc != nil {
+		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": repaired}, n.log)
+	}
+}
+
+// holdsController reports whether this node holds the mesh-controller seat now.
+func (n *Node) holdsController() bool {
+	s := n.seats
+	if s == nil {
+		return false
+	}
+	l, ok := s.store.Get(seats.Key(registry.ControllerSeat, manifest.ScopeMesh, ""))
+	return ok && l.Node == n.id.Name
+}
+
+// ToolAcceptLoss is the node tool with which the operator accepts a kept bucket's loss
+// (mesh.node.<node>.tool.accept-loss, body AcceptLossRequest): the bucket gets its marker
+// again and the alarm clears on every node at its next check.
+const ToolAcceptLoss = "accept-loss"
+
+// AcceptLossRequest names the bucket whose loss the operator accepts.
+type AcceptLossRequest struct {
+	Bucket string `json:"bucket"`
+}
+
+// serveAcceptLoss answers ToolAcceptLoss.
+func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolAcceptLoss), func(m *nats.Msg) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		respondCluster(m, n.acceptLoss(ctx, m.Data))
+	})
+}
+
+func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
+	var req AcceptLossRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return errors.New("the request is not JSON")
+	}
+	if !slices.Contains(keptBuckets, req.Bucket) {
+		return fmt.Errorf("%q is not a bucket whose loss is accepted: name %s", req.Bucket, strings.Join(keptBuckets, " or "))
+	}
+	kv, err := n.bus.JetStream().KeyValue(ctx, req.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("bucket %s does not exist: restart a node (it makes the bucket again, empty), then accept its loss", req.Bucket)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil {
+		return fmt.Errorf("mark %s: %w", req.Bucket, err)
+	}
+	n.alarms.clear("bucket." + req.Bucket)
+	if nc := n.eventConn.Load(); nc != nil {
+		publishNodeEvent(nc, n.key, n.id.Name, "loss-accepted", map[string]any{"bucket": req.Bucket}, n.log)
+	}
+	n.log.Warn("the operator accepted a bucket's loss", "bucket", req.Bucket)
+	return nil
+}

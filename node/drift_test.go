@@ -1,0 +1,103 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
+)
+
+// readyz returns /readyz's status code and reason.
+func readyz(t *testing.T, n *runningNode) (int, string) {
+	t.Helper()
+	code, body := httpGet(t, n.HTTPURL()+"/readyz")
+	var r struct {
+		Reason string `json:"reason"`
+	}
+	json.Unmarshal([]byte(body), &r)
+	return code, r.Reason
+}
+
+// TestDrift_StreamsAreRecreated: a deleted EVENTS stream or module consumer is made again
+// within seconds (a deletion advisory triggers the check), and emits flow again.
+func TestDrift_StreamsAreRecreated(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.js.DeleteStream(ctx, manifest.EventsStreamName); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 15*time.Second, func() error {
+		if _, err := b.js.Stream(ctx, manifest.EventsStreamName); err != nil {
+			return fmt.Errorf("EVENTS not recreated: %w", err)
+		}
+		if _, err := b.js.Consumer(ctx, manifest.EventsStreamName, "shop"); err != nil {
+			return fmt.Errorf("shop's consumer not recreated: %w", err)
+		}
+		return nil
+	})
+	c := b.client(seed)
+	if _, err := c.Emit(ctx, "sold", map[string]int{"n": 1}); err != nil {
+		t.Fatalf("emit after EVENTS was recreated: %v", err)
+	}
+	if code, reason := readyz(t, b.n); code != 200 {
+		t.Fatalf("/readyz %d after a repair: %s", code, reason)
+	}
+}
+
+// TestDrift_LostRegistryIsAnAlarm: a deleted registry is not an empty mesh. /readyz says 503
+// naming it while the node runs, and again after a restart that made the bucket anew, empty;
+// the operator's accept-loss clears it.
+func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	b := newBedAt(t, cfg)
+	b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.js.DeleteKeyValue(ctx, registry.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	wantAlarm := func(n *runningNode) {
+		retryUntil(t, 15*time.Second, func() error {
+			code, reason := readyz(t, n)
+			if code != 503 || !strings.Contains(reason, registry.Bucket) || !strings.Contains(reason, "accept-loss") {
+				return fmt.Errorf("/readyz %d %q, want 503 naming %s and what to do", code, reason, registry.Bucket)
+			}
+			return nil
+		})
+	}
+	wantAlarm(b.n)
+
+	b.close()
+	b = newBedAt(t, cfg)
+	wantAlarm(b.n) // made again at start, empty: still lost
+
+	var reply node.ClusterReply
+	body, _ := json.Marshal(node.AcceptLossRequest{Bucket: registry.Bucket})
+	m, err := b.op.Request(manifest.NodeToolSubject("alpha", node.ToolAcceptLoss), body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(m.Data, &reply); err != nil || !reply.OK {
+		t.Fatalf("accept-loss: %s, %v", m.Data, err)
+	}
+	retryUntil(t, 15*time.Second, func() error {
+		if code, reason := readyz(t, b.n); code != 200 {
+			return fmt.Errorf("/readyz %d %q after accept-loss", code, reason)
+		}
+		return nil
+	})
+	// A bucket that is not the registry's or the vault's is refused.
+	body, _ = json.Marshal(node.AcceptLossRequest{Bucket: "mesh-seats"})
+	m, err = b.op.Request(manifest.NodeToolSubject("alpha", node.ToolAcceptLoss), body, 10*time.Second)
+	if err != nil || json.Unmarshal(m.Data, &reply) != nil || reply.OK {
+		t.Fatalf("accept-loss of mesh-seats: %v %+v, want refused", err, reply)
+	}
+}
