@@ -258,13 +258,13 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 	}
 	pub, _ := kp.PublicKey()
 	xpub, _ := xkp.PublicKey()
-	var last error
+	var last, refused error // a refusal says more than an address that did not answer
 	for _, addr := range b.Addrs {
 		nc, err := nats.Connect(addr, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix("_INBOX."+pub),
 			nats.MaxReconnects(0), nats.Name("enrol-"+node))
 		if err != nil {
 			if errors.Is(err, nats.ErrAuthorization) {
-				last = fmt.Errorf("the bus at %s refused join token %s: it is used up, expired, or not a token of the mesh there (the token is for mesh %s); make a new one with `meshnode token create`", addr, b.ID, b.MeshID)
+				refused = fmt.Errorf("the bus at %s refused join token %s: it is used up, expired, or not a token of the mesh there (the token is for mesh %s); make a new one with `meshnode token create`", addr, b.ID, b.MeshID)
 			} else {
 				last = fmt.Errorf("join token %s: contact %s: %w", b.ID, addr, err)
 			}
@@ -277,6 +277,9 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 			return nil, err
 		}
 		return &out, nil
+	}
+	if refused != nil {
+		return nil, refused
 	}
 	if last == nil {
 		last = fmt.Errorf("join token %s names no address to contact", b.ID)
