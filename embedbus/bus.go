@@ -47,6 +47,16 @@ type Config struct {
 	// MaxStore is the most JetStream stores on this server, in bytes; zero lets nats-server
 	// size it from the disk (75% of what is free).
 	MaxStore int64
+	// WatchInterval is how often a start that has not finished logs what it is doing; zero
+	// means DefaultWatchInterval.
+	WatchInterval time.Duration
+	// StartMemoryLimit bounds the heap while the server starts, in bytes; zero means
+	// DefaultStartMemoryLimit.
+	StartMemoryLimit uint64
+	// OnStartMemory is called (once) when the start grows past StartMemoryLimit, with an
+	// *ErrStartMemory. nats-server's restore cannot be interrupted: a process that owns its
+	// fate (the meshnode binary) exits here; nil only logs.
+	OnStartMemory func(error)
 }
 
 // Cluster is how a server joins its mesh's cluster. Every founding server starts with the
@@ -148,7 +158,16 @@ func Open(cfg Config) (*Bus, error) {
 	auth.sysAccount = srv.SystemAccount
 	lg := &logger{log: cfg.Logger}
 	srv.SetLoggerV2(lg, false, false, false)
+	started := make(chan struct{})
+	if cfg.WatchInterval == 0 {
+		cfg.WatchInterval = DefaultWatchInterval
+	}
+	if cfg.StartMemoryLimit == 0 {
+		cfg.StartMemoryLimit = DefaultStartMemoryLimit
+	}
+	go watchStart(cfg.Logger, cfg.StoreDir, cfg.WatchInterval, cfg.StartMemoryLimit, cfg.OnStartMemory, started)
 	srv.Start()
+	defer close(started) // the watch covers the readiness wait below as well
 
 	fail := func(err error) (*Bus, error) {
 		srv.Shutdown()

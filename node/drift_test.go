@@ -3,11 +3,13 @@ package node_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -99,5 +101,34 @@ func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
 	m, err = b.op.Request(manifest.NodeToolSubject("alpha", node.ToolAcceptLoss), body, 10*time.Second)
 	if err != nil || json.Unmarshal(m.Data, &reply) != nil || reply.OK {
 		t.Fatalf("accept-loss of mesh-seats: %v %+v, want refused", err, reply)
+	}
+}
+
+// TestNode_StartWatchdog: a start whose heap passes the limit is reported, with the store,
+// through the node's OnStartMemory (the binary exits there).
+func TestNode_StartWatchdog(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	n := node.New(cfg, nil)
+	n.CreateIdentity = true
+	n.StartMemoryLimit = 1
+	got := make(chan error, 1)
+	n.OnStartMemory = func(err error) {
+		select {
+		case got <- err:
+		default:
+		}
+	}
+	if err := n.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	select {
+	case err := <-got:
+		var mem *embedbus.ErrStartMemory
+		if !errors.As(err, &mem) || !strings.Contains(err.Error(), cfg.DataDir) {
+			t.Fatalf("OnStartMemory(%v), want an ErrStartMemory naming the data dir", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a 1-byte start memory limit did not reach OnStartMemory")
 	}
 }

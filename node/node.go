@@ -61,6 +61,11 @@ type Node struct {
 	Expect int
 	// HandleSignals adds a SIGINT/SIGTERM actor to Run; a signal ends Run with nil.
 	HandleSignals bool
+	// OnStartMemory is called if the bus's start grows past its memory limit (a damaged
+	// store): see embedbus.Config.OnStartMemory. Nil only logs.
+	OnStartMemory func(error)
+	// StartMemoryLimit bounds the heap while the bus starts; zero: the bus's default.
+	StartMemoryLimit uint64
 
 	cfg config.Config
 	log *slog.Logger
@@ -199,6 +204,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		Cluster:      cluster,
 		ReadyTimeout: readyTimeout,
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
+
+		OnStartMemory:    n.OnStartMemory,
+		StartMemoryLimit: n.StartMemoryLimit,
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)

@@ -107,6 +107,11 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	log := newLogger(cfg, os.Stderr)
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
+	n.OnStartMemory = func(err error) {
+		// nats-server's restore cannot be interrupted; the process ends with the reason.
+		fmt.Fprintln(os.Stderr, "meshnode:", err)
+		os.Exit(1)
+	}
 	if err := n.OpenContext(ctx); err != nil {
 		if ctx.Err() != nil {
 			log.Info("stopped before the node was ready", "reason", "signal", "err", err)
