@@ -38,19 +38,25 @@ type alarms struct {
 	by map[string]string
 }
 
-func (a *alarms) set(key, reason string) {
+// set raises (or restates) an alarm; it reports whether the reason is new.
+func (a *alarms) set(key, reason string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.by == nil {
 		a.by = map[string]string{}
 	}
+	changed := a.by[key] != reason
 	a.by[key] = reason
+	return changed
 }
 
-func (a *alarms) clear(key string) {
+// clear drops an alarm; it reports whether there was one.
+func (a *alarms) clear(key string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	_, had := a.by[key]
 	delete(a.by, key)
+	return had
 }
 
 // err is every standing alarm as one error, nil when there is none.
@@ -191,6 +197,7 @@ func (n *Node) watchDrift(ctx context.Context) error {
 // checkDrift raises or clears the lost-bucket alarms and repairs what loses nothing.
 func (n *Node) checkDrift(ctx context.Context) {
 	js := n.bus.JetStream()
+	n.checkBadRecords()
 	if err := n.checkKept(ctx, true); err != nil {
 		n.log.Debug("drift check: JetStream did not answer", "err", err)
 		return
@@ -249,6 +256,34 @@ func (n *Node) checkDrift(ctx context.Context) {
 	n.log.Warn("drift: recreated what was missing", "recreated", repaired)
 	if nc := n.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": repaired}, n.log)
+	}
+}
+
+// checkBadRecords raises an alarm (and a node event, once per change) while the registry or
+// the vault mirrors records they refused: skipped, never trusted, but an operator must know.
+func (n *Node) checkBadRecords() {
+	report := func(key, what string, bad []string, fix string) {
+		if len(bad) == 0 {
+			if n.alarms.clear(key) {
+				n.log.Info("no more refused records", "in", what)
+			}
+			return
+		}
+		shown := bad
+		if len(shown) > 5 {
+			shown = append(slices.Clone(shown[:5]), fmt.Sprintf("and %d more", len(bad)-5))
+		}
+		reason := fmt.Sprintf("%s holds %d record(s) it refused and skips (%s): %s", what, len(bad), strings.Join(shown, ", "), fix)
+		if n.alarms.set(key, reason) {
+			n.log.Error("refused records", "in", what, "keys", bad)
+			if nc := n.eventConn.Load(); nc != nil {
+				publishNodeEvent(nc, n.key, n.id.Name, "bad-records", map[string]any{"bucket": what, "keys": bad}, n.log)
+			}
+		}
+	}
+	report("bad.registry", registry.Bucket, n.reg.Bad(), "register those modules again (a write replaces a refused record), or delete the keys")
+	if v := n.dir.vault.Load(); v != nil {
+		report("bad.vault", vault.Bucket, v.Bad(), "mint those secrets again (a mint replaces a refused record)")
 	}
 }
 

@@ -132,3 +132,32 @@ func TestNode_StartWatchdog(t *testing.T) {
 		t.Fatal("a 1-byte start memory limit did not reach OnStartMemory")
 	}
 }
+
+// TestDrift_BadRecordsAreReported: a record the registry refuses is skipped, and /readyz says
+// so, naming the key and what to do, until a registration replaces it.
+func TestDrift_BadRecordsAreReported(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := b.js.KeyValue(ctx, registry.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "module.ghost", []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 25*time.Second, func() error {
+		code, reason := readyz(t, b.n)
+		if code != 503 || !strings.Contains(reason, "module.ghost") || !strings.Contains(reason, "register") {
+			return fmt.Errorf("/readyz %d %q, want 503 naming module.ghost and what to do", code, reason)
+		}
+		return nil
+	})
+	b.register("module: ghost\nrequires: [mesh-bus]\n")
+	retryUntil(t, 25*time.Second, func() error {
+		if code, reason := readyz(t, b.n); code != 200 {
+			return fmt.Errorf("/readyz %d %q after the record was replaced", code, reason)
+		}
+		return nil
+	})
+}

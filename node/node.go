@@ -310,6 +310,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			return err
 		}
 	}
+	n.checkBadRecords()
 	if n.lossSub, err = n.serveAcceptLoss(); err != nil {
 		return fmt.Errorf("serve %s: %w", ToolAcceptLoss, err)
 	}

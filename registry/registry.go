@@ -576,3 +576,16 @@ func (r *Registry) waitFor(ctx context.Context, cond func() bool) error {
 	}
 	return nil
 }
+
+// Bad lists the keys whose latest record was refused (it does not decode, validate, or it
+// claims another module's key): skipped until a write replaces it.
+func (r *Registry) Bad() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.bad))
+	for k := range r.bad {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -330,3 +330,18 @@ func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
 	v.event(ctx, "identity-minted", map[string]any{"owner": req.Owner, "public_key": pub})
 	return &Identity{Owner: req.Owner, PublicKey: pub, Seed: string(seed)}, nil
 }
+
+// Bad lists the keys of secret records that were refused (they do not decode or validate):
+// no secret until a mint of that name replaces them.
+func (v *Vault) Bad() []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var out []string
+	for k, e := range v.records {
+		if len(e.rec.Versions) == 0 {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
