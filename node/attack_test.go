@@ -307,3 +307,37 @@ func TestGrant_SubjectsAgree(t *testing.T) {
 		t.Errorf("BootstrapInbox = %s, want %s", got, want)
 	}
 }
+
+// TestAttack_VaultConnectionIsItsOwn: the vault's own connection writes its bucket and its
+// events, and nothing else: not the registry, not the leases, not a module's namespace.
+func TestAttack_VaultConnectionIsItsOwn(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := b.js.KeyValue(ctx, registry.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "identity.vault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := strings.Trim(string(e.Value()), "\" \n")
+	if strings.HasPrefix(pub, "{") {
+		var v struct {
+			PublicKey string `json:"public_key"`
+		}
+		json.Unmarshal(e.Value(), &v)
+		pub = v.PublicKey
+	}
+	grant, ok := b.n.Bus().Grant(pub, "vault")
+	if !ok || grant == nil || grant.Publish == nil {
+		t.Fatalf("the vault's key %q has grant %+v, %v; want a bounded one", pub, grant, ok)
+	}
+	for _, subj := range grant.Publish.Allow {
+		if subj == ">" || strings.HasPrefix(subj, "$KV.mesh-registry") || strings.HasPrefix(subj, "$KV.mesh-seats") ||
+			strings.HasPrefix(subj, "mesh.mod.") || strings.HasPrefix(subj, "$JS.API.STREAM.DELETE") {
+			t.Errorf("the vault's connection may publish on %s", subj)
+		}
+	}
+}

@@ -38,6 +38,14 @@ func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div
 // then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes); each seat
 // queue gets a thirty-second, up to 1 GiB, from what is left.
 func newStoreBudget(store int64, cfg config.Config) storeBudget {
+	// A store sized from the disk's free space differs a little from node to node and from
+	// start to start: coarse steps keep the mesh's stream limits from changing with it.
+	switch {
+	case store > 16<<30:
+		store &^= 1<<30 - 1
+	case store > 1<<30:
+		store &^= 64<<20 - 1
+	}
 	b := storeBudget{
 		Store:    store,
 		Registry: share(store, 32, 1<<20, 256<<20),

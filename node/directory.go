@@ -29,7 +29,8 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		return id, true
 	}
 	if vk, _ := d.vaultKey.Load().(string); vk != "" && vk == publicKey {
-		return embedbus.Identity{Name: "vault"}, true
+		p := vaultPermissions()
+		return embedbus.Identity{Name: "vault", Permissions: &p}, true
 	}
 	if op, _ := d.operator.Load().(string); op != "" && op == publicKey {
 		return embedbus.Identity{Name: "operator"}, true

@@ -576,6 +576,10 @@ func retryableJS(err error) bool {
 		switch server.ErrorIdentifier(apiErr.ErrorCode) {
 		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
 			return true
+		case server.JSStreamNameExistErr:
+			// Two nodes created a stream at once with configurations that differ (each sizes
+			// the mesh's streams from its own store): asked again, the update path settles it.
+			return true
 		}
 	}
 	return false

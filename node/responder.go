@@ -67,6 +67,26 @@ func (n *Node) newGate() {
 	}()
 }
 
+// vaultPermissions are the vault's own connection's: its bucket (create, read, watch,
+// write), its events, and the replies of its JetStream requests — nothing of the registry's,
+// the leases' or any module's. Its answers to requests go through the responder.
+func vaultPermissions() manifest.Permissions {
+	kv := "KV_" + vault.Bucket
+	return manifest.Permissions{
+		Publish: []string{
+			"$KV." + vault.Bucket + ".>",
+			"$JS.API.INFO",
+			"$JS.API.STREAM.INFO." + kv, "$JS.API.STREAM.CREATE." + kv, "$JS.API.STREAM.UPDATE." + kv,
+			"$JS.API.STREAM.MSG.GET." + kv, "$JS.API.DIRECT.GET." + kv, "$JS.API.DIRECT.GET." + kv + ".>",
+			"$JS.API.CONSUMER.CREATE." + kv, "$JS.API.CONSUMER.CREATE." + kv + ".>",
+			"$JS.API.CONSUMER.DELETE." + kv + ".>", "$JS.API.CONSUMER.INFO." + kv + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + kv + ".>", "$JS.FC." + kv + ".>", "$JS.ACK." + kv + ".>",
+			vault.EventSubject(">"),
+		},
+		Subscribe: []manifest.Subscription{{Subject: responderInboxes}},
+	}
+}
+
 // repliesTo reports whether reply lies in the inbox space prefix names (prefix ".…"): where
 // the requester's identity is known from the subject it could publish on, its answer goes to
 // its own inbox and nowhere else.
