@@ -51,9 +51,15 @@ func (c *Client) On(pattern string, h Handler) error {
 	}
 	ctx, cancel := withDefaultTimeout(c.ctx)
 	defer cancel()
+	info := manifest.ConsumerInfoSubject(manifest.EventsStreamName, self.Module)
+	ctx, stop := c.watch(ctx, info) // a refused lookup fails at once, not at the timeout
+	defer stop()
 	cons, err := c.js.Consumer(ctx, manifest.EventsStreamName, self.Module)
 	if err != nil {
-		if perr := c.refusal(manifest.ConsumerInfoSubject(manifest.EventsStreamName, self.Module)); perr != nil {
+		if r := Refused(ctx); r != nil {
+			return fmt.Errorf("open consumer %s on %s: %w", self.Module, manifest.EventsStreamName, r)
+		}
+		if perr := c.refusal(info); perr != nil {
 			return perr
 		}
 		return fmt.Errorf("open consumer %s on %s: %w", self.Module, manifest.EventsStreamName, err)
