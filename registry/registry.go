@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -441,16 +442,11 @@ func (r *Registry) RemoveNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// Nodes returns the names of the mesh's servers, sorted.
+// Nodes returns the names of the mesh's servers, sorted (empty, not nil, when none).
 func (r *Registry) Nodes() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.nodes))
-	for name := range r.nodes {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
+	return append([]string{}, slices.Sorted(maps.Keys(r.nodes))...)
 }
 
 // ByKey returns the module whose identity is publicKey. It reads memory only.
@@ -582,10 +578,5 @@ func (r *Registry) waitFor(ctx context.Context, cond func() bool) error {
 func (r *Registry) Bad() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.bad))
-	for k := range r.bad {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.bad))
 }
