@@ -50,6 +50,10 @@ const (
 	DefaultDuplicateWindow = 2 * time.Minute
 	// DefaultDeadMaxAge is how long DEAD keeps a dead letter.
 	DefaultDeadMaxAge = 30 * 24 * time.Hour
+	// DefaultDeadMaxPerConsumer caps the dead letters kept per consumer (DEAD's subject is
+	// per consumer): one module's flood of failures, or of forged +TERMs, pushes out its own
+	// oldest letters, never another's.
+	DefaultDeadMaxPerConsumer = 10_000
 
 	// MaxAckPending is the prefetch of every derived consumer: how many messages may be
 	// delivered and not yet acked.
@@ -137,10 +141,11 @@ func StateStream() Stream {
 // DeadStream returns the definition of DEAD: every consumer's dead letters.
 func DeadStream() Stream {
 	return Stream{
-		Name:      DeadStreamName,
-		Subjects:  []string{"mesh.dead.*.*"},
-		Retention: RetentionLimits,
-		MaxAge:    DefaultDeadMaxAge,
+		Name:              DeadStreamName,
+		Subjects:          []string{"mesh.dead.*.*"},
+		Retention:         RetentionLimits,
+		MaxAge:            DefaultDeadMaxAge,
+		MaxMsgsPerSubject: DefaultDeadMaxPerConsumer,
 	}
 }
 

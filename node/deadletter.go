@@ -107,9 +107,11 @@ type death struct {
 }
 
 // id is the dead letter's Nats-Msg-Id: the same on every node that writes this death, and
-// new for each death (a replayed event is a new message, with a new sequence).
+// new for each death (a replayed event is a new message, with a new sequence). A message
+// dies once per consumer, so the delivery count is not part of it: a client's +TERM names
+// any count, and forged ones for one message must not make one letter each.
 func (d death) id() string {
-	return "dead." + d.stream + "." + d.consumer + "." + strconv.FormatUint(d.seq, 10) + "." + strconv.FormatUint(d.deliveries, 10)
+	return "dead." + d.stream + "." + d.consumer + "." + strconv.FormatUint(d.seq, 10)
 }
 
 // workQueue reports whether the death is a seat's job: its stream deletes a message only when
@@ -190,7 +192,7 @@ func (d *deadLetters) handle(m *nats.Msg) {
 	defer cancel()
 	for attempt := 1; ; attempt++ {
 		err = d.write(ctx, dd)
-		if err == nil || errors.Is(err, errNotDead) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, errNotDead) || errors.Is(err, errDeadFull) || ctx.Err() != nil {
 			break
 		}
 		d.log.Debug("dead letter not written yet", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "attempt", attempt, "err", err)
@@ -200,6 +202,9 @@ func (d *deadLetters) handle(m *nats.Msg) {
 		}
 	}
 	switch {
+	case errors.Is(err, errDeadFull):
+		d.log.Error("dead letter lost: DEAD is full; raise dead-max-bytes, or drop or replay dead letters (`meshnode dead ls`)",
+			"stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "reason", dd.reason)
 	case errors.Is(err, errNotDead):
 		d.log.Warn("advisory not dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "why", err)
 	case err != nil && d.ctx.Err() == nil:
@@ -207,6 +212,10 @@ func (d *deadLetters) handle(m *nats.Msg) {
 			"deliveries", dd.deliveries, "reason", dd.reason, "err", err)
 	}
 }
+
+// errDeadFull means DEAD refused the letter for its byte limit: retrying cannot help until an
+// operator makes room.
+var errDeadFull = errors.New("DEAD is full")
 
 // errNotDead marks an advisory that has no dead letter to write, for good: the message is
 // gone, or not the consumer's.
@@ -305,6 +314,10 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		h.Set(envelope.DeadRawHeaders, base64.StdEncoding.EncodeToString(rawHeaders))
 	}
 	ack, err := d.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.DeadSubject(dd.stream, dd.consumer), Header: h, Data: msg.Data})
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && server.ErrorIdentifier(apiErr.ErrorCode) == server.JSStreamStoreFailedF {
+		return fmt.Errorf("%w: %s", errDeadFull, apiErr.Description)
+	}
 	if err != nil {
 		return fmt.Errorf("write DEAD: %w", err)
 	}

@@ -140,7 +140,7 @@ func TestDead_PlainConsumer(t *testing.T) {
 		envelope.DeadSubject:    manifest.EventSubject("a", "bad"),
 		envelope.EventID:        id,
 		envelope.Source:         "a",
-		nats.MsgIdHdr:           fmt.Sprintf("dead.EVENTS.b.%d.%d", seq, manifest.MaxDeliver),
+		nats.MsgIdHdr:           fmt.Sprintf("dead.EVENTS.b.%d", seq),
 	} {
 		if got := l.Header.Get(h); got != want {
 			t.Errorf("%s=%q, want %q", h, got, want)
@@ -244,18 +244,22 @@ func TestDead_Advisories(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ca := b.client(seedA)
-	if _, err := ca.Emit(ctx, "x", "{}"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ca.Emit(ctx, "secret", "{}"); err != nil {
-		t.Fatal(err)
-	}
 	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := events.GetLastMsgForSubject(ctx, manifest.EventSubject("a", "x"))
-	if err != nil {
+	var xs []uint64 // three events the consumer delivers: three messages that can die
+	for range 3 {
+		if _, err := ca.Emit(ctx, "x", "{}"); err != nil {
+			t.Fatal(err)
+		}
+		x, err := events.GetLastMsgForSubject(ctx, manifest.EventSubject("a", "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		xs = append(xs, x.Sequence)
+	}
+	if _, err := ca.Emit(ctx, "secret", "{}"); err != nil {
 		t.Fatal(err)
 	}
 	secret, err := events.GetLastMsgForSubject(ctx, manifest.EventSubject("a", "secret"))
@@ -275,18 +279,21 @@ func TestDead_Advisories(t *testing.T) {
 	advise(server.JSAdvisoryConsumerMsgTerminatedPre+".EVENTS.b", forged)
 	death := server.JSConsumerDeliveryExceededAdvisory{
 		TypedEvent: server.TypedEvent{Type: server.JSConsumerDeliveryExceededAdvisoryType, ID: "m1", Time: time.Now()},
-		Stream:     manifest.EventsStreamName, Consumer: "b", StreamSeq: x.Sequence, Deliveries: 5,
+		Stream:     manifest.EventsStreamName, Consumer: "b", StreamSeq: xs[0], Deliveries: 5,
 	}
 	advise(server.JSAdvisoryConsumerMaxDeliveryExceedPre+".EVENTS.b", death)
 	death.ID = "m2"
 	advise(server.JSAdvisoryConsumerMaxDeliveryExceedPre+".EVENTS.b", death)
-	// Each kind of advisory is handled in order, so these markers, new deaths both, are
-	// written only after what came before them: a later death of the same message (after a
-	// replay it is a new message; the same one with more deliveries stands for it here), and
-	// a genuine +TERM with its reason.
-	death.ID, death.Deliveries = "m3", 10
+	// The same message's death with another delivery count (a client's +TERM names any) is
+	// the same death: no second letter.
+	death.ID, death.Deliveries = "m2b", 7
 	advise(server.JSAdvisoryConsumerMaxDeliveryExceedPre+".EVENTS.b", death)
-	forged.ID, forged.StreamSeq, forged.Deliveries, forged.Reason = "t2", x.Sequence, 3, "bad\r\nx-dead-subject: $KV.x"
+	// Each kind of advisory is handled in order, so these markers, new deaths both, are
+	// written only after what came before them: another message's death, and a genuine
+	// +TERM with its reason.
+	death.ID, death.StreamSeq, death.Deliveries = "m3", xs[1], 10
+	advise(server.JSAdvisoryConsumerMaxDeliveryExceedPre+".EVENTS.b", death)
+	forged.ID, forged.StreamSeq, forged.Deliveries, forged.Reason = "t2", xs[2], 3, "bad\r\nx-dead-subject: $KV.x"
 	advise(server.JSAdvisoryConsumerMsgTerminatedPre+".EVENTS.b", forged)
 
 	subject := manifest.DeadSubject(manifest.EventsStreamName, "b")
@@ -305,5 +312,63 @@ func TestDead_Advisories(t *testing.T) {
 	want := map[string]string{"5": "max deliveries", "10": "max deliveries", "3": "bad  x-dead-subject: $KV.x"}
 	if fmt.Sprint(deliveries) != fmt.Sprint(want) {
 		t.Errorf("deliveries and reasons %v, want %v", deliveries, want)
+	}
+}
+
+// TestDead_ForgedTermsMakeOneLetter: a consumer's client may send +TERM for a message it
+// was delivered with any delivery count in the ack subject; a hundred of them for one event
+// still make one dead letter, not a hundred copies of the event.
+func TestDead_ForgedTermsMakeOneLetter(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [big]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.big]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := b.client(seedA).Emit(ctx, "big", map[string]string{"pad": strings.Repeat("x", 64<<10)}); err != nil {
+		t.Fatal(err)
+	}
+	nc := b.raw(seedB, "b")
+	js, _ := jetstream.New(nc)
+	cons, err := js.Consumer(ctx, manifest.EventsStreamName, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply string
+	for m := range batch.Messages() {
+		reply = m.Reply()
+	}
+	// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+	tok := strings.Split(reply, ".")
+	if len(tok) < 9 {
+		t.Fatalf("ack subject %q", reply)
+	}
+	for i := range 100 {
+		tok[4] = strconv.Itoa(i + 1)
+		if err := nc.Publish(strings.Join(tok, "."), []byte("+TERM forged")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A marker after them: another event, terminated once. The writer handles the +TERM
+	// advisories in order, so once the marker's letter is in, every forged one was handled.
+	if _, err := b.client(seedA).Emit(ctx, "big", map[string]string{"marker": "yes"}); err != nil {
+		t.Fatal(err)
+	}
+	batch, err = cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		m.TermWithReason("marker")
+	}
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b"), 2, nil)
+	if len(letters) != 2 {
+		t.Fatalf("%d dead letters for one event terminated 100 times and a marker, want 2", len(letters))
 	}
 }
