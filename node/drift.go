@@ -112,10 +112,12 @@ func knowsBuckets(db *bolt.DB) bool {
 const MarkerKey = "meta.mesh"
 
 // checkKept raises an alarm for each kept bucket that is missing or lost its marker (once
-// this node has known the buckets), clears it when the marker is back, and marks the buckets
-// of a mesh this node has not known yet. A bucket this node does not open (the vault's, on a
+// this node has known the buckets), clears it when the marker is back, and marks a bucket
+// when mayMark says this node made it (nil: never). A node that joins a formed mesh does not
+// mark: finding no marker there, it cannot tell a lost bucket from an old one, and marking
+// would clear the other nodes' alarm. A bucket this node does not open (the vault's, on a
 // server without the vault's credentials) and that does not exist is not its concern.
-func (n *Node) checkKept(ctx context.Context, known bool) error {
+func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket string) bool) error {
 	js := n.bus.JetStream()
 	for _, bucket := range keptBuckets {
 		kv, err := js.KeyValue(ctx, bucket)
@@ -138,13 +140,33 @@ func (n *Node) checkKept(ctx context.Context, known bool) error {
 		case known:
 			n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
 			n.log.Error("a mesh bucket lost its records", "bucket", bucket)
-		default:
+		case mayMark != nil && mayMark(bucket):
 			if _, err := kv.Create(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 				return fmt.Errorf("mark %s: %w", bucket, err)
 			}
 		}
 	}
 	return nil
+}
+
+// absentKeptBuckets lists the registry's and vault's buckets that do not exist yet.
+func absentKeptBuckets(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	var absent []string
+	err := retryJS(ctx, func(ctx context.Context) error {
+		absent = absent[:0]
+		for _, bucket := range keptBuckets {
+			_, err := js.KeyValue(ctx, bucket)
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				absent = append(absent, bucket)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return absent, err
 }
 
 // lostBucketReason is the alarm of a kept bucket that is gone.
@@ -198,64 +220,74 @@ func (n *Node) watchDrift(ctx context.Context) error {
 func (n *Node) checkDrift(ctx context.Context) {
 	js := n.bus.JetStream()
 	n.checkBadRecords()
-	if err := n.checkKept(ctx, true); err != nil {
+	if err := n.checkKept(ctx, true, nil); err != nil {
 		n.log.Debug("drift check: JetStream did not answer", "err", err)
 		return
 	}
-	// What loses nothing by being recreated: only the controller's holder repairs, so two
-	// nodes do not race; every node checks its own audit consumer.
-	var repaired []string
+	// What loses nothing by being recreated. Every node needs the leases' bucket (without it
+	// nobody holds the controller's seat) and its own audit consumer; the mesh's streams and
+	// the modules' consumers are the controller's holder's, so nodes do not race for them.
+	var missing []string
 	if _, err := js.KeyValue(ctx, seats.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-		if _, err := seats.OpenStore(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases); err == nil {
-			repaired = append(repaired, "bucket "+seats.Bucket)
-		}
+		missing = append(missing, "bucket "+seats.Bucket)
 	}
-	for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
-		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
-			repaired = append(repaired, "stream "+name)
-		}
+	audit := manifest.AuditConsumer(n.id.Name)
+	if _, err := js.Consumer(ctx, audit.Stream, audit.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		missing = append(missing, "consumer "+audit.Name)
 	}
-	if n.holdsController() {
+	controller := n.holdsController()
+	if controller {
+		for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
+			if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+				missing = append(missing, "stream "+name)
+			}
+		}
 		for _, e := range n.reg.List() {
 			for _, s := range e.Derivation.Seats {
 				if s.Stream == nil {
 					continue
 				}
 				if _, err := js.Stream(ctx, s.Stream.Name); errors.Is(err, jetstream.ErrStreamNotFound) {
-					repaired = append(repaired, "stream "+s.Stream.Name)
+					missing = append(missing, "stream "+s.Stream.Name)
 				}
 			}
 			if c := e.Derivation.EventsConsumer; c != nil {
 				if _, err := js.Consumer(ctx, c.Stream, c.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
-					repaired = append(repaired, "consumer "+c.Name)
+					missing = append(missing, "consumer "+c.Name)
 				}
 			}
 		}
 	}
-	audit := manifest.AuditConsumer(n.id.Name)
-	if _, err := js.Consumer(ctx, audit.Stream, audit.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
-		repaired = append(repaired, "consumer "+audit.Name)
-	}
-	if len(repaired) == 0 {
+	if len(missing) == 0 {
+		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
 		return
 	}
-	err := n.ctrl.topo.ensureMesh(ctx)
-	if err == nil && n.holdsController() {
+	err := retryJS(ctx, func(ctx context.Context) error {
+		if _, err := seats.EnsureBucket(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases); err != nil {
+			return err
+		}
+		if !controller {
+			return n.ctrl.topo.ensureAudit(ctx)
+		}
+		if err := n.ctrl.topo.ensureMesh(ctx); err != nil {
+			return err
+		}
 		for _, e := range n.reg.List() {
-			if err = n.ctrl.topo.ensureModule(ctx, e.Derivation); err != nil {
-				break
+			if err := n.ctrl.topo.ensureModule(ctx, e.Derivation); err != nil {
+				return err
 			}
 		}
-	}
+		return nil
+	})
 	if err != nil {
-		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(repaired, ", "), err))
-		n.log.Error("drift: repair failed", "missing", repaired, "err", err)
+		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(missing, ", "), err))
+		n.log.Error("drift: repair failed", "missing", missing, "err", err)
 		return
 	}
 	n.alarms.clear("drift")
-	n.log.Warn("drift: recreated what was missing", "recreated", repaired)
+	n.log.Warn("drift: recreated what was missing", "recreated", missing)
 	if nc := n.eventConn.Load(); nc != nil {
-		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": repaired}, n.log)
+		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": missing}, n.log)
 	}
 }
 

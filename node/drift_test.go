@@ -161,3 +161,28 @@ func TestDrift_BadRecordsAreReported(t *testing.T) {
 		return nil
 	})
 }
+
+// TestDrift_LeasesBucketIsRecreated: a deleted leases bucket is made again (nothing is lost:
+// leases are renewed every second), and the mesh's seats are held again.
+func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.js.DeleteKeyValue(ctx, "mesh-seats"); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		if _, err := b.js.KeyValue(ctx, "mesh-seats"); err != nil {
+			return fmt.Errorf("mesh-seats not recreated: %w", err)
+		}
+		for _, s := range seatList(t, b) {
+			if s.Seat == registry.ControllerSeat && s.Holder == "" {
+				return fmt.Errorf("%s not held again", s.Seat)
+			}
+		}
+		if code, reason := readyz(t, b.n); code != 200 {
+			return fmt.Errorf("/readyz %d %q", code, reason)
+		}
+		return nil
+	})
+}

@@ -237,6 +237,19 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		},
 		node: n.id.Name,
 	}
+	// Which of the registry's and vault's buckets this node makes now, for a mesh it has not
+	// known yet: only their maker marks them (drift.go).
+	known := knowsBuckets(n.db)
+	makes := map[string]bool{}
+	if !known {
+		absent, err := absentKeptBuckets(ctx, n.bus.JetStream())
+		if err != nil {
+			return fmt.Errorf("look the mesh's buckets up: %w", err)
+		}
+		for _, b := range absent {
+			makes[b] = true
+		}
+	}
 	// The registry's bucket, the leases' bucket and the mesh's streams do not depend on each
 	// other: in a new cluster each waits for its own raft group to elect a leader, so they
 	// are made at once rather than one after another.
@@ -300,9 +313,11 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	// A registry or vault bucket this node has known and finds lost is an alarm, not an
-	// empty mesh (drift.go); a new mesh's buckets get their marker.
-	known := knowsBuckets(n.db)
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known) }); err != nil {
+	// empty mesh (drift.go). A bucket this node made gets its marker, and so do the buckets
+	// of the genesis node's mesh from before markers existed.
+	_, genesisErr := genesis.New(n.db).Record()
+	mayMark := func(bucket string) bool { return makes[bucket] || genesisErr == nil }
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}
 	if !known {

@@ -99,6 +99,11 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	if err := parallel(ctx, fs...); err != nil {
 		return err
 	}
+	return t.ensureAudit(ctx)
+}
+
+// ensureAudit creates or updates this node's audit consumer on EVENTS.
+func (t *topology) ensureAudit(ctx context.Context) error {
 	audit := manifest.AuditConsumer(t.node)
 	if _, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, consumerConfig(audit)); err != nil {
 		return fmt.Errorf("reconcile consumer %s: %w", audit.Name, err)

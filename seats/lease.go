@@ -80,6 +80,7 @@ type Store struct {
 
 	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
 	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
+	closed  bool                        // under mu: Close has begun, no repair starts
 }
 
 // SetLogger sets the logger the store reports refused lease records to (default:
@@ -100,17 +101,9 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:         Bucket,
-		Description:    "meshnode: seat leases (one holder per scope)",
-		History:        1,
-		Replicas:       replicas,
-		Storage:        jetstream.FileStorage,
-		LimitMarkerTTL: ttl,
-		MaxBytes:       maxBytes,
-	})
+	kv, err := EnsureBucket(ctx, js, replicas, ttl, maxBytes)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+		return nil, err
 	}
 	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}}
 	w, err := kv.WatchAll(context.Background())
@@ -124,6 +117,28 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	return s, nil
 }
 
+// EnsureBucket creates or updates the leases' bucket, and only that: how a node makes it
+// again after it was deleted, while its Store's watch (an ordered consumer, which follows
+// the bucket back) stays as it is.
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration, maxBytes int64) (jetstream.KeyValue, error) {
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         Bucket,
+		Description:    "meshnode: seat leases (one holder per scope)",
+		History:        1,
+		Replicas:       replicas,
+		Storage:        jetstream.FileStorage,
+		LimitMarkerTTL: ttl,
+		MaxBytes:       maxBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	return kv, nil
+}
+
 // TTL is the leases' time to live.
 func (s *Store) TTL() time.Duration { return s.ttl }
 
@@ -132,7 +147,10 @@ func (s *Store) Watch(ctx context.Context) error { return mirror.Follow(ctx, s.w
 
 // Close stops the watch and waits for the deletes of refused records.
 func (s *Store) Close() error {
-	err := s.w.Stop()
+	err := mirror.Stop(s.w)
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.repairs.Wait()
 	return err
 }
@@ -156,8 +174,12 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		// would refuse every acquire for ever. It is deleted at its revision (a lease
 		// written since is left alone); the delete frees the seat for the candidates.
 		s.logger().Error("seat lease refused: deleted", "key", e.Key(), "revision", e.Revision(), "err", bad)
-		s.repairs.Add(1)
-		go s.deleteBad(e.Key(), e.Revision())
+		s.mu.Lock()
+		if !s.closed { // Close waits for the repairs it let start, and no more start after it
+			s.repairs.Add(1)
+			go s.deleteBad(e.Key(), e.Revision())
+		}
+		s.mu.Unlock()
 	}
 	s.mu.Lock()
 	if e.Operation() == jetstream.KeyValuePut && bad == nil {
