@@ -36,7 +36,8 @@ func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div
 // newStoreBudget sizes the mesh's streams within a store of the given size: the control
 // plane's buckets first (a thirty-second each for registry, vault and STATE, less for leases),
 // then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes); each seat
-// queue gets a thirty-second, up to 1 GiB, from what is left.
+// queue gets a sixty-fourth of what is left (at least 1 MiB, at most 1 GiB), so some
+// sixty seats' queues fit.
 func newStoreBudget(store int64, cfg config.Config) storeBudget {
 	// A store sized from the disk's free space differs a little from node to node and from
 	// start to start: coarse steps keep the mesh's stream limits from changing with it.
@@ -52,7 +53,6 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 		Leases:   share(store, 128, 256<<10, 64<<20),
 		Vault:    share(store, 32, 1<<20, 256<<20),
 		State:    share(store, 32, 1<<20, 256<<20),
-		Seat:     share(store, 32, 1<<20, 1<<30),
 		Events:   store / 2,
 		Dead:     store / 10,
 		MaxEvent: -1,
@@ -66,7 +66,13 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 	if cfg.MaxEventBytes > 0 {
 		b.MaxEvent = int32(min(int64(cfg.MaxEventBytes), 1<<30))
 	}
+	b.Seat = share(b.left(), 64, 1<<20, 1<<30)
 	return b
+}
+
+// left is what the control plane, EVENTS and DEAD leave of the store for seat queues.
+func (b storeBudget) left() int64 {
+	return max(0, b.Store-b.Registry-b.Leases-b.Vault-b.State-b.Events-b.Dead)
 }
 
 // apply sets the limits of one of the mesh's streams on its JetStream configuration. Every
@@ -97,8 +103,8 @@ const jsErrStorageExceeded = jetstream.ErrorCode(server.JSStorageResourcesExceed
 func storeFullError(stream string, b storeBudget, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStorageExceeded {
-		return fmt.Errorf("the store has no room for %s (%s more of %s): raise store-max-bytes, or lower events-max-bytes or dead-max-bytes: %w",
-			stream, config.Bytes(b.Seat), config.Bytes(b.Store), err)
+		return fmt.Errorf("the store has no room for %s (%s more; %s of the %s store is left for seat queues, about %d of them): raise store-max-bytes, or lower events-max-bytes or dead-max-bytes: %w",
+			stream, config.Bytes(b.Seat), config.Bytes(b.left()), config.Bytes(b.Store), b.left()/max(b.Seat, 1), err)
 	}
 	return err
 }

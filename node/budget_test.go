@@ -124,3 +124,25 @@ func seatList(t *testing.T, b *bed) []registry.SeatStatus {
 	}
 	return r.Seats
 }
+
+// TestBudget_ManySeats: a small store still takes dozens of seats' queues, and the one that
+// does not fit is refused saying how many do.
+func TestBudget_ManySeats(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.StoreMaxBytes = 64 << 20
+	b := newBedAt(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var refused error
+	n := 0
+	for ; n < 40 && refused == nil; n++ {
+		_, refused = registry.Register(ctx, b.op, []byte(fmt.Sprintf("module: m%d\nrequires: [mesh-bus]\nseats:\n  s%d: {scope: mesh, retain: 1h, accepts: [run]}\n", n, n)))
+	}
+	if n < 15 {
+		t.Fatalf("a 64 MiB store took only %d seats' queues: %v", n-1, refused)
+	}
+	if refused != nil && !strings.Contains(refused.Error(), "store-max-bytes") {
+		t.Errorf("the seat that does not fit is refused with %q; want what to do", refused)
+	}
+	t.Logf("a 64 MiB store took %d seats' queues (refused: %v)", n, refused)
+}

@@ -18,6 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// maxWhoamiRequest bounds a whoami request's body: it names one key.
+const maxWhoamiRequest = 1 << 10
+
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
 
@@ -309,8 +312,14 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 // module's declarations or secrets.
 func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] // the asker: only it may publish here
+	// The gate first: the key is proven by the subject, so a flood costs a map lookup, not
+	// a parse.
+	allowed, tell := c.gate.Allow(key)
+	if !allowed && !tell {
+		return nil // told within the last second: a flood costs no replies
+	}
 	var req registry.WhoamiRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.PublicKey != key {
+	if len(m.Data) > maxWhoamiRequest || json.Unmarshal(m.Data, &req) != nil || req.PublicKey != key {
 		return nil // not a question about the asker's own key: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
@@ -319,10 +328,7 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
 		return nil
 	}
-	if ok, tell := c.gate.Allow(key); !ok {
-		if !tell {
-			return nil // told within the last second: a flood costs no replies
-		}
+	if !allowed {
 		return registry.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
 	}
 	if !ok {

@@ -365,6 +365,11 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
 	if err != nil {
+		if admin {
+			// The operator and the nodes are no flood: each of their refusals is recorded.
+			events = append(events, event{"refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
+			return Reply{Error: err.Error()}, events
+		}
 		// Counted, and recorded as one event per caller and verb per interval: a flood of
 		// refused requests must not become a flood of events and audit records.
 		v.gate.Refused(caller, verb, err.Error())
