@@ -245,14 +245,15 @@ func probeListen(addr string) error {
 }
 
 // Connect opens another in-process connection authenticated with key: how a part of the
-// node with a bus identity of its own (the vault) talks on the bus.
-func (b *Bus) Connect(key nkeys.KeyPair, name string) (*nats.Conn, error) {
+// node with a bus identity of its own (the vault) talks on the bus. opts add to the
+// in-process defaults (an inbox prefix of its own, say).
+func (b *Bus) Connect(key nkeys.KeyPair, name string, opts ...nats.Option) (*nats.Conn, error) {
 	pub, err := key.PublicKey()
 	if err != nil {
 		return nil, err
 	}
-	return nats.Connect("", nats.InProcessServer(b.srv), nats.Name(name), nats.MaxReconnects(-1),
-		nats.Nkey(pub, key.Sign))
+	return nats.Connect("", append([]nats.Option{nats.InProcessServer(b.srv), nats.Name(name), nats.MaxReconnects(-1),
+		nats.Nkey(pub, key.Sign)}, opts...)...)
 }
 
 // MaxStore is the most JetStream stores on this server, in bytes, as the server settled it

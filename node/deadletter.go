@@ -68,7 +68,7 @@ const deadWriteBudget = time.Minute
 // sequence, look a consumer's filter up, write DEAD, delete a work queue's dead message. The
 // JetStream API's subjects name a stream by token, so delete is any stream's: a work queue is
 // only told apart by its name.
-func deadLetterPermissions() manifest.Permissions {
+func deadLetterPermissions(node string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish: []string{
 			manifest.DeadStream().Subjects[0],
@@ -80,7 +80,7 @@ func deadLetterPermissions() manifest.Permissions {
 		Subscribe: []manifest.Subscription{
 			{Subject: advisoryMaxDeliveries + ".*.*"},
 			{Subject: advisoryTerminated + ".*.*"},
-			{Subject: "_INBOX.>"}, // the JetStream API's replies
+			{Subject: partInbox("dead", node) + ".>"}, // the JetStream API's replies
 		},
 	}
 }
@@ -93,7 +93,7 @@ func newDeadLetterIdentity(node string) (nkeys.KeyPair, string, embedbus.Identit
 		return nil, "", embedbus.Identity{}, err
 	}
 	pub, _ := kp.PublicKey()
-	p := deadLetterPermissions()
+	p := deadLetterPermissions(node)
 	return kp, pub, embedbus.Identity{Name: "node-dead-letters:" + node, Permissions: &p}, nil
 }
 
@@ -424,7 +424,7 @@ func deadHeaders(orig nats.Header, dd death, subject string) nats.Header {
 
 // openDeadLetters connects the dead-letter writer on its own bus identity and starts it.
 func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadLetters, error) {
-	nc, err := n.bus.Connect(key, n.cfg.Name+"-dead-letters")
+	nc, err := n.bus.Connect(key, n.cfg.Name+"-dead-letters", nats.CustomInboxPrefix(partInbox("dead", n.id.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("connect dead-letter writer: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 // directory tells the bus who a key is: the node itself and the operator administer; a
 // registered module gets what its manifest derives, and nothing else.
 type directory struct {
+	node     string // this node's name
 	static   map[string]embedbus.Identity
 	reg      *registry.Registry
 	operator atomic.Value                // string: the operator's key, "" until genesis hands off
@@ -29,7 +30,7 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		return id, true
 	}
 	if vk, _ := d.vaultKey.Load().(string); vk != "" && vk == publicKey {
-		p := vaultPermissions()
+		p := vaultPermissions(d.node)
 		return embedbus.Identity{Name: "vault", Permissions: &p}, true
 	}
 	if op, _ := d.operator.Load().(string); op != "" && op == publicKey {

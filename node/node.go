@@ -176,6 +176,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.dir = &directory{
+		node:   n.id.Name,
 		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},
 		reg:    n.reg,
 	}
@@ -652,7 +653,7 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 
 // openVault opens the vault on its own bus identity, with the barrier key from the store.
 func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
-	if n.vaultNC, err = n.bus.Connect(key, "vault"); err != nil {
+	if n.vaultNC, err = n.bus.Connect(key, "vault", nats.CustomInboxPrefix(partInbox("vault", n.id.Name))); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
 	err = retryJS(ctx, func(ctx context.Context) (err error) {

@@ -67,10 +67,16 @@ func (n *Node) newGate() {
 	}()
 }
 
-// vaultPermissions are the vault's own connection's: its bucket (create, read, watch,
-// write), its events, and the replies of its JetStream requests — nothing of the registry's,
-// the leases' or any module's. Its answers to requests go through the responder.
-func vaultPermissions() manifest.Permissions {
+// partInbox is the inbox prefix of one of the node's parts with a connection of its own (the
+// vault, the dead-letter writer): a leading underscore, which no module name and no key
+// has, so no module shares it, and the part hears its own replies and nobody else's.
+func partInbox(part, node string) string { return "_INBOX._" + part + "_" + node }
+
+// vaultPermissions are the vault's own connection's on node: its bucket (create, read, watch,
+// write), its events, and the replies of its JetStream requests on its own inbox — nothing
+// of the registry's, the leases', any module's, or others' replies. Its answers to requests
+// go through the responder.
+func vaultPermissions(node string) manifest.Permissions {
 	kv := "KV_" + vault.Bucket
 	return manifest.Permissions{
 		Publish: []string{
@@ -83,7 +89,7 @@ func vaultPermissions() manifest.Permissions {
 			"$JS.API.CONSUMER.MSG.NEXT." + kv + ".>", "$JS.FC." + kv + ".>", "$JS.ACK." + kv + ".>",
 			vault.EventSubject(">"),
 		},
-		Subscribe: []manifest.Subscription{{Subject: responderInboxes}},
+		Subscribe: []manifest.Subscription{{Subject: partInbox("vault", node) + ".>"}},
 	}
 }
 
