@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
@@ -65,7 +66,8 @@ func (t Target) operator(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("operator seed: %w", err)
 	}
-	nc, err := nats.Connect(t.URL, opt, nats.Name(name), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	nc, err := nats.Connect(t.URL, opt, nats.Name(name), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		nats.CustomInboxPrefix(manifest.OperatorInbox)) // where modules' tools answer
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s as the operator: %w", t.URL, err)
 	}

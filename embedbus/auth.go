@@ -109,10 +109,6 @@ func (a *authenticator) take(publicKey string, name *string) []uint64 {
 	return ids
 }
 
-// ReplySubjects is where a connection allowed to answer requests may publish its answers:
-// the inbox space, never a subject a requester chose outside it.
-const ReplySubjects = "_INBOX.>"
-
 // serverPermissions turns derived permissions into nats-server's. Allow lists only: anything
 // not listed is denied, the JetStream API included.
 func serverPermissions(p *manifest.Permissions) *server.Permissions {
@@ -130,13 +126,9 @@ func serverPermissions(p *manifest.Permissions) *server.Permissions {
 		}
 		sp.Subscribe.Allow = append(sp.Subscribe.Allow, entry)
 	}
-	if p.AllowResponses {
-		// Not nats-server's ResponsePermission: it lets a connection answer on whatever reply
-		// subject a request names, past every allow and deny list, so a caller could make a
-		// module's tool write into $KV.mesh-registry or another module's namespace. Replies
-		// go to inboxes, and only there.
-		sp.Publish.Allow = append(sp.Publish.Allow, ReplySubjects)
-	}
+	// AllowResponses adds nothing: where a connection may answer is in p.Publish. Not
+	// nats-server's ResponsePermission, which lets a connection answer on whatever reply
+	// subject a request names, past every allow and deny list.
 	if len(sp.Publish.Allow) == 0 {
 		// An empty allow list means "no restriction" to nats-server; deny everything instead.
 		sp.Publish = &server.SubjectPermission{Deny: []string{">"}}

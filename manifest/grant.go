@@ -5,6 +5,11 @@ package manifest
 // HolderPermissions on top for the holding instance), `meshnode module show` prints it, and
 // any change of it kicks the module's connections.
 
+// OperatorInbox is the inbox prefix of the operator's connections (the CLI sets it; with the
+// plain NATS CLI, --inbox-prefix _INBOX.operator): where a module's tools answer. "operator"
+// is a reserved module name, so no module's inbox is this one.
+const OperatorInbox = "_INBOX.operator"
+
 // The mesh's own seats whose tools a module key may reach without declaring them.
 const (
 	controllerSeat = "mesh-controller"

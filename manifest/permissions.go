@@ -15,9 +15,10 @@ type Permissions struct {
 	Publish []string `json:"publish"`
 	// Subscribe lists the subscriptions the connection may make.
 	Subscribe []Subscription `json:"subscribe"`
-	// AllowResponses lets the connection answer requests it received: the bus allows it to
-	// publish in the inbox space (_INBOX.>), never on a reply subject outside it, so a
-	// caller cannot make a tool handler write anywhere else.
+	// AllowResponses says the connection answers requests. Its answers go only where
+	// Publish allows — the operator's inbox, and for a seat's holder its users' inboxes —
+	// never to a reply subject a caller chose elsewhere: nats-server's response permission,
+	// which would pass any reply subject past every allow and deny list, is not used.
 	AllowResponses bool `json:"allow_responses"`
 }
 
@@ -77,7 +78,12 @@ func modulePermissions(m *Manifest) Permissions {
 	for _, t := range m.Tools {
 		p.Subscribe = append(p.Subscribe, Subscription{Subject: ToolSubject(m.Module, t), Queue: m.Module})
 	}
-	p.AllowResponses = len(m.Tools) > 0
+	if len(m.Tools) > 0 {
+		// A module's own tools are the operator's to call: it answers into the operator's
+		// inbox, and nowhere a caller could name instead.
+		p.AllowResponses = true
+		p.Publish = append(p.Publish, OperatorInbox+".>")
+	}
 	p.Subscribe = append(p.Subscribe, Subscription{Subject: InboxPrefix(m.Module) + ".>"})
 	if len(m.Consumes) > 0 {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
@@ -120,6 +126,11 @@ func holderPermissions(s Seat, node string) Permissions {
 	for _, v := range s.Serves {
 		p.Subscribe = append(p.Subscribe, Subscription{Subject: SeatToolSubject(s.Name, v), Queue: s.Name})
 	}
-	p.AllowResponses = len(s.Serves) > 0
+	if len(s.Serves) > 0 {
+		// The seat's users and the operator call its tools: the operator's inbox here, the
+		// users' where the bus knows them (the registry: see the node's directory).
+		p.AllowResponses = true
+		p.Publish = append(p.Publish, OperatorInbox+".>")
+	}
 	return p.normal()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -248,14 +249,9 @@ func TestAttack_ToolReplyInjection(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	// Outside the inbox space: a tool's caller is not known to the bus, so an answer may
-	// reach another inbox (whose random tokens nobody else knows), and nothing else.
-	var targets []string
-	for _, subj := range injectionTargets {
-		if !strings.HasPrefix(subj, "_INBOX.") {
-			targets = append(targets, subj)
-		}
-	}
+	// A module's own tools are the operator's to call: it answers into the operator's inbox
+	// and nowhere else, not even another module's inbox.
+	targets := injectionTargets
 	s := newSpy(t, b, targets)
 	op := b.operatorConn()
 	defer op.Close()
@@ -340,4 +336,50 @@ func TestAttack_VaultConnectionIsItsOwn(t *testing.T) {
 			t.Errorf("the vault's connection may publish on %s", subj)
 		}
 	}
+}
+
+// TestAttack_SeatToolRepliesGoToCallers: a seat's holder answers its tools into the inboxes
+// of the modules that use the seat (and the operator's), and nowhere else; a module that
+// starts using the seat later is answered too (the holder's grant follows the catalogue).
+func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
+	b := newBed(t)
+	b.register("module: victim\nrequires: [mesh-bus]\n")
+	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, retain: 1h, accepts: [work], serves: [status]}\n")
+	userSeed, _ := b.register("module: user\nrequires: [mesh-bus]\nuses: [desk]\n")
+	hc := b.client(serverSeed)
+	serve := func(c *sdk.Client) {
+		if _, err := c.Conn().QueueSubscribe(manifest.SeatToolSubject("desk", "status"), "desk", func(m *nats.Msg) {
+			m.Respond([]byte(`{"ok":true}`))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := hc.AcceptSeat("desk", "work", func(context.Context, sdk.Job) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "desk", hc)
+	serve(hc)
+
+	call := func(seed string) error {
+		c := b.client(seed)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := c.Call(ctx, "desk", "status", map[string]any{})
+		return err
+	}
+	retryUntil(t, 15*time.Second, func() error { return call(userSeed) })
+
+	// A user naming another module's inbox as the reply: the holder's answer is refused.
+	s := newSpy(t, b, []string{"_INBOX.victim.stolen"})
+	nc := b.raw(userSeed, "user")
+	sendThenAsk(t, nc, manifest.SeatToolSubject("desk", "status"), []string{"_INBOX.victim.stolen"}, []byte("{}"))
+	if err := hc.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s.none(t, "seat tool reply")
+
+	// A module that uses the seat from now on is answered: the holder was kicked, reclaimed
+	// the seat and holds a grant that names the newcomer's inbox.
+	lateSeed, _ := b.register("module: late\nrequires: [mesh-bus]\nuses: [desk]\n")
+	retryUntil(t, 20*time.Second, func() error { return call(lateSeed) })
 }

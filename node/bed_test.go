@@ -43,7 +43,7 @@ func newBedAt(t testing.TB, cfg config.Config) *bed {
 	t.Helper()
 	dir := cfg.DataDir
 	n := MustOpenNode(t, cfg)
-	op := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile))
+	op := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 	t.Cleanup(op.Close)
 	js, _ := jetstream.New(op)
 	return &bed{t: t, n: n, dir: dir, op: op, js: js}
@@ -60,7 +60,7 @@ func (b *bed) close() {
 
 // operatorConn opens another operator connection.
 func (b *bed) operatorConn() *nats.Conn {
-	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile))
+	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 }
 
 // register registers a manifest and writes the new module's seed to a file.

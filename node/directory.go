@@ -1,9 +1,9 @@
 package node
 
 import (
-	"sync/atomic"
-
 	"reflect"
+	"slices"
+	"sync/atomic"
 
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
@@ -54,10 +54,62 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		for _, l := range s.grants(e.Module, name) {
 			if hp, err := e.Derivation.HolderPermissions(l.Seat, l.Node); err == nil {
 				p = p.Merge(hp)
+				if hp.AllowResponses { // it answers the seat's tools: into its callers' inboxes
+					p = p.Merge(manifest.Permissions{Publish: seatCallerInboxes(d.reg, l.Seat)})
+				}
 			}
 		}
 	}
 	return embedbus.Identity{Name: moduleUser(e.Module), Permissions: &p}, true
+}
+
+// seatCallerInboxes are the inboxes of the modules that use seat: where its holder answers
+// the seat's tools (and the operator's, which the derivation grants).
+func seatCallerInboxes(reg *registry.Registry, seat string) []string {
+	var out []string
+	for _, e := range reg.List() {
+		if slices.Contains(e.Manifest.Uses, seat) {
+			out = append(out, manifest.InboxPrefix(e.Module)+".>")
+		}
+	}
+	return out
+}
+
+// seatsWithNewCallers are the seats serving tools whose callers a registration change
+// adds or removes: their holders' grants name the callers' inboxes.
+func seatsWithNewCallers(reg *registry.Registry, old, new *registry.Entry) []*registry.Entry {
+	uses := func(e *registry.Entry) []string {
+		if e == nil {
+			return nil
+		}
+		return e.Manifest.Uses
+	}
+	var declarers []*registry.Entry
+	for _, seat := range symmetricDifference(uses(old), uses(new)) {
+		if info := reg.Seat(seat); len(info.Serves) > 0 {
+			for _, e := range reg.List() {
+				if _, ok := e.Manifest.Seat(seat); ok {
+					declarers = append(declarers, e)
+				}
+			}
+		}
+	}
+	return declarers
+}
+
+func symmetricDifference(a, b []string) []string {
+	var out []string
+	for _, s := range a {
+		if !slices.Contains(b, s) {
+			out = append(out, s)
+		}
+	}
+	for _, s := range b {
+		if !slices.Contains(a, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // moduleUser is how a module's connections are named in the server (its "user").

@@ -170,6 +170,10 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			kicked := n.bus.Kick(old.PublicKey)
 			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
 		}
+		for _, d := range seatsWithNewCallers(n.reg, old, new) {
+			kicked := n.bus.Kick(d.PublicKey) // its holder answers into the callers' inboxes
+			n.log.Info("a seat's callers changed; its module's connections reconnect", "module", d.Module, "kicked", kicked)
+		}
 	})
 	respKey, respPub, respID, err := newResponderIdentity(n.id.Name)
 	if err != nil {

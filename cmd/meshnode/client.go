@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
@@ -148,7 +149,9 @@ func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("read seed %s: %w", creds, err)
 	}
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // errors are read and reported
-	nc, err := nats.Connect(url, append([]nats.Option{nkey, quiet, nats.Name("meshnode-cli")}, opts...)...)
+	// The operator's inbox: where modules' tools answer (a module may answer nowhere else).
+	nc, err := nats.Connect(url, append([]nats.Option{nkey, quiet, nats.Name("meshnode-cli"),
+		nats.CustomInboxPrefix(manifest.OperatorInbox)}, opts...)...)
 	if err != nil {
 		if errors.Is(err, nats.ErrAuthorization) {
 			return nil, fmt.Errorf("the bus at %s refused the key in %s: it is neither the operator's nor a registered module's", url, creds)

@@ -397,7 +397,7 @@ func printModulePermissions(row func(...string), p manifest.Permissions) {
 		row("", moduleLabel(i, "subscribe"), v)
 	}
 	if p.AllowResponses {
-		row("", "responses", "allowed: may reply to requests it receives")
+		row("", "responses", "answers requests: into the operator's inbox (and a seat's holder into its users')")
 	} else {
 		row("", "responses", "not allowed")
 	}
