@@ -15,8 +15,10 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
 )
 
@@ -189,6 +191,9 @@ may submit, signed by the source's registered key. Anything else is refused and 
 						return fmt.Errorf("learn the registered modules, to check what a letter's source may publish: %w", err)
 					}
 					auth = authorityOf(mods)
+					if err := auth.signersOf(ctx, js); err != nil {
+						return fmt.Errorf("learn the servers' and the vault's keys, to check a letter's signature: %w", err)
+					}
 				}
 				if err := replay(ctx, js, dead, m, auth); err != nil {
 					return err
@@ -270,6 +275,38 @@ type replaySource struct {
 	seats     map[string]manifest.Seat // the seats it declares
 }
 
+// Keys of replayAuthority that are not modules (a colon is in no module name): a server's key,
+// and the key that signs the mesh's own seat's events.
+func nodeSigner(node string) string { return "node:" + node }
+func seatSigner(seat string) string { return "seat:" + seat }
+
+// signersOf adds the servers' keys and the vault's, from the registry's bucket, so a node's
+// or the vault's event is replayed only with their signature.
+func (a replayAuthority) signersOf(ctx context.Context, js jetstream.JetStream) error {
+	kv, err := js.KeyValue(ctx, registry.Bucket)
+	if err != nil {
+		return err
+	}
+	if e, err := kv.Get(ctx, "identity.vault"); err == nil && nkeys.IsValidPublicUserKey(string(e.Value())) {
+		a[seatSigner(vault.Seat)] = replaySource{publicKey: string(e.Value())}
+	}
+	keys, err := kv.ListKeysFiltered(ctx, "identity.node.*")
+	if err != nil {
+		return err
+	}
+	for key := range keys.Keys() {
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			continue
+		}
+		var id registry.NodeIdentity
+		if json.Unmarshal(e.Value(), &id) == nil && id.PublicKey != "" {
+			a[nodeSigner(strings.TrimPrefix(key, "identity.node."))] = replaySource{publicKey: id.PublicKey}
+		}
+	}
+	return nil
+}
+
 // authorityOf reads the registered modules' authority. A manifest that does not parse
 // contributes its events but no seats.
 func authorityOf(mods []registry.ModuleInfo) replayAuthority {
@@ -341,14 +378,22 @@ func replayable(h nats.Header, body []byte, auth replayAuthority) error {
 		if source != owner {
 			return fmt.Errorf("%s is node %s's event, and the letter's source is %s", subject, owner, source)
 		}
-		return nil
+		src, ok := auth[nodeSigner(owner)]
+		if !ok {
+			return fmt.Errorf("%s is not a server of the mesh", owner)
+		}
+		return signed("server "+owner, src)
 	case kind == "seat" && rest[0] == "event":
 		event := strings.Join(rest[1:], ".")
 		if strings.HasPrefix(owner, "mesh-") {
 			if source != owner {
 				return fmt.Errorf("%s is the mesh's seat %s's event, and the letter's source is %s", subject, owner, source)
 			}
-			return nil
+			src, ok := auth[seatSigner(owner)]
+			if !ok {
+				return fmt.Errorf("the mesh's seat %s has no known signing key", owner)
+			}
+			return signed(owner, src)
 		}
 		name, src, ok := auth.declarer(owner)
 		switch {

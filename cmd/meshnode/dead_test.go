@@ -42,6 +42,16 @@ func TestReplayable(t *testing.T) {
 		mods = append(mods, registry.ModuleInfo{Module: name, PublicKey: pub, Emits: mf.Emits, Uses: mf.Uses, Manifest: text})
 	}
 	auth := authorityOf(mods)
+	for _, signer := range []string{"alpha", "mesh-vault"} { // a server's key, the vault's
+		kp, _ := nkeys.CreateUser()
+		pub, _ := kp.PublicKey()
+		keys[signer] = kp
+		if signer == "alpha" {
+			auth[nodeSigner(signer)] = replaySource{publicKey: pub}
+		} else {
+			auth[seatSigner(signer)] = replaySource{publicKey: pub}
+		}
+	}
 	body := []byte(`{"order":7}`)
 	// letter is a dead letter of an envelope stamped by signer as source on subject.
 	letter := func(subject, source, signer string) nats.Header {
@@ -100,9 +110,13 @@ func TestReplayable(t *testing.T) {
 		{"a node-scoped job to a mesh-scoped seat", letter("mesh.seat.mail.node.alpha.accept.send", "shop", "shop"), body, false},
 		{"a node-scoped job by the declarer", letter("mesh.seat.poll.node.alpha.accept.run", "mailer", "mailer"), body, true},
 		{"a job signed by another", letter("mesh.seat.mail.accept.send", "shop", "mailer"), body, false},
-		{"a node's own event", letter("mesh.node.alpha.event.joined", "alpha", ""), body, true},
+		{"a node's own event", letter("mesh.node.alpha.event.joined", "alpha", "alpha"), body, true},
+		{"a node's own event, signed by another key", letter("mesh.node.alpha.event.joined", "alpha", ""), body, false},
+		{"an event of a node the mesh does not know", letter("mesh.node.zeta.event.joined", "zeta", ""), body, false},
 		{"another node's event", letter("mesh.node.beta.event.left", "alpha", ""), body, false},
-		{"the vault's event", letter("mesh.seat.mesh-vault.event.minted", "mesh-vault", ""), body, true},
+		{"the vault's event", letter("mesh.seat.mesh-vault.event.minted", "mesh-vault", "mesh-vault"), body, true},
+		{"the vault's event, signed by another key", letter("mesh.seat.mesh-vault.event.minted", "mesh-vault", ""), body, false},
+		{"the controller's event, which has no known signer", letter("mesh.seat.mesh-controller.event.deployed", "mesh-controller", ""), body, false},
 		{"the vault's event from a module", letter("mesh.seat.mesh-vault.event.minted", "shop", "shop"), body, false},
 		{"the controller's tool", letter("mesh.seat.mesh-controller.tool.register", "mesh-controller", ""), body, false},
 	} {
