@@ -146,6 +146,10 @@ func DeadStream() Stream {
 		Retention:         RetentionLimits,
 		MaxAge:            DefaultDeadMaxAge,
 		MaxMsgsPerSubject: DefaultDeadMaxPerConsumer,
+		// A letter's id is its death's: the dedup window spans the letter's life, so a
+		// death told again (a +TERM a client may send for any message, at any time) is
+		// stored once for as long as its letter is kept.
+		Duplicates: DefaultDeadMaxAge,
 	}
 }
 

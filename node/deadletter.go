@@ -315,7 +315,9 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 	}
 	ack, err := d.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.DeadSubject(dd.stream, dd.consumer), Header: h, Data: msg.Data})
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && server.ErrorIdentifier(apiErr.ErrorCode) == server.JSStreamStoreFailedF {
+	if errors.As(err, &apiErr) && server.ErrorIdentifier(apiErr.ErrorCode) == server.JSStreamStoreFailedF && d.deadFull(ctx, len(msg.Data)) {
+		// 10077 is any store failure (a closed store after a leader change is worth a
+		// retry): DEAD's own state tells a full stream.
 		return fmt.Errorf("%w: %s", errDeadFull, apiErr.Description)
 	}
 	if err != nil {
@@ -334,6 +336,16 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		}
 	}
 	return nil
+}
+
+// deadFull reports whether DEAD has no room for a letter of about size bytes.
+func (d *deadLetters) deadFull(ctx context.Context, size int) bool {
+	s, err := d.js.Stream(ctx, manifest.DeadStreamName)
+	if err != nil {
+		return false
+	}
+	info := s.CachedInfo()
+	return info.Config.MaxBytes > 0 && int64(info.State.Bytes)+int64(size) >= info.Config.MaxBytes
 }
 
 // getRaw reads a message whose header block does not decode: its subject and body, with no

@@ -77,24 +77,20 @@ func seatCallerInboxes(reg *registry.Registry, seat string) []string {
 
 // seatsWithNewCallers are the seats serving tools whose callers a registration change
 // adds or removes: their holders' grants name the callers' inboxes.
-func seatsWithNewCallers(reg *registry.Registry, old, new *registry.Entry) []*registry.Entry {
+func seatsWithNewCallers(reg *registry.Registry, old, new *registry.Entry) []string {
 	uses := func(e *registry.Entry) []string {
 		if e == nil {
 			return nil
 		}
 		return e.Manifest.Uses
 	}
-	var declarers []*registry.Entry
+	var out []string
 	for _, seat := range symmetricDifference(uses(old), uses(new)) {
 		if info := reg.Seat(seat); len(info.Serves) > 0 {
-			for _, e := range reg.List() {
-				if _, ok := e.Manifest.Seat(seat); ok {
-					declarers = append(declarers, e)
-				}
-			}
+			out = append(out, seat)
 		}
 	}
-	return declarers
+	return out
 }
 
 func symmetricDifference(a, b []string) []string {

@@ -149,26 +149,6 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 	return nil
 }
 
-// absentKeptBuckets lists the registry's and vault's buckets that do not exist yet.
-func absentKeptBuckets(ctx context.Context, js jetstream.JetStream) ([]string, error) {
-	var absent []string
-	err := retryJS(ctx, func(ctx context.Context) error {
-		absent = absent[:0]
-		for _, bucket := range keptBuckets {
-			_, err := js.KeyValue(ctx, bucket)
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				absent = append(absent, bucket)
-				continue
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return absent, err
-}
-
 // lostBucketReason is the alarm of a kept bucket that is gone.
 func lostBucketReason(bucket, how string) string {
 	what := "every module's registration and identity"
@@ -228,43 +208,57 @@ func (n *Node) checkDrift(ctx context.Context) {
 	// nobody holds the controller's seat) and its own audit consumer; the mesh's streams and
 	// the modules' consumers are the controller's holder's, so nodes do not race for them.
 	var missing []string
-	if _, err := js.KeyValue(ctx, seats.Bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-		missing = append(missing, "bucket "+seats.Bucket)
+	unsure := false // a lookup failed otherwise than "not found": nothing to conclude
+	look := func(what string, err error, notFound ...error) {
+		switch {
+		case err == nil:
+		case slices.ContainsFunc(notFound, func(nf error) bool { return errors.Is(err, nf) }):
+			missing = append(missing, what)
+		default:
+			unsure = true
+		}
 	}
+	_, err := js.KeyValue(ctx, seats.Bucket)
+	look("bucket "+seats.Bucket, err, jetstream.ErrBucketNotFound)
 	audit := manifest.AuditConsumer(n.id.Name)
-	if _, err := js.Consumer(ctx, audit.Stream, audit.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
-		missing = append(missing, "consumer "+audit.Name)
+	_, err = js.Consumer(ctx, audit.Stream, audit.Name)
+	look("consumer "+audit.Name, err, jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
+	// Every node looks at the mesh's streams and raises the alarm; only the controller's
+	// holder remakes them, so nodes do not race.
+	for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
+		_, err := js.Stream(ctx, name)
+		look("stream "+name, err, jetstream.ErrStreamNotFound)
 	}
-	controller := n.holdsController()
-	if controller {
-		for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
-			if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
-				missing = append(missing, "stream "+name)
+	for _, e := range n.reg.List() {
+		for _, s := range e.Derivation.Seats {
+			if s.Stream != nil {
+				_, err := js.Stream(ctx, s.Stream.Name)
+				look("stream "+s.Stream.Name, err, jetstream.ErrStreamNotFound)
 			}
 		}
-		for _, e := range n.reg.List() {
-			for _, s := range e.Derivation.Seats {
-				if s.Stream == nil {
-					continue
-				}
-				if _, err := js.Stream(ctx, s.Stream.Name); errors.Is(err, jetstream.ErrStreamNotFound) {
-					missing = append(missing, "stream "+s.Stream.Name)
-				}
-			}
-			if c := e.Derivation.EventsConsumer; c != nil {
-				if _, err := js.Consumer(ctx, c.Stream, c.Name); errors.Is(err, jetstream.ErrConsumerNotFound) {
-					missing = append(missing, "consumer "+c.Name)
-				}
-			}
+		if c := e.Derivation.EventsConsumer; c != nil {
+			_, err := js.Consumer(ctx, c.Stream, c.Name)
+			look("consumer "+c.Name, err, jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
 		}
+	}
+	if unsure {
+		return // JetStream did not answer every lookup: the alarm stays as it is
 	}
 	if len(missing) == 0 {
 		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
 		return
 	}
-	err := retryJS(ctx, func(ctx context.Context) error {
+	controller := n.holdsController()
+	leasesLost := slices.Contains(missing, "bucket "+seats.Bucket)
+	err = retryJS(ctx, func(ctx context.Context) error {
 		if _, err := seats.EnsureBucket(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases); err != nil {
 			return err
+		}
+		if leasesLost {
+			if err := n.seats.store.Rewatch(ctx); err != nil {
+				return err
+			}
+			leasesLost = false
 		}
 		if !controller {
 			return n.ctrl.topo.ensureAudit(ctx)
@@ -282,6 +276,15 @@ func (n *Node) checkDrift(ctx context.Context) {
 	if err != nil {
 		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(missing, ", "), err))
 		n.log.Error("drift: repair failed", "missing", missing, "err", err)
+		return
+	}
+	own := func(what string) bool { return what == "bucket "+seats.Bucket || what == "consumer "+audit.Name }
+	if !controller && !slices.ContainsFunc(missing, func(w string) bool { return !own(w) }) {
+		n.alarms.clear("drift")
+	} else if !controller {
+		// What is the controller's to remake stands as an alarm until the next check finds
+		// it remade.
+		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), registry.ControllerSeat))
 		return
 	}
 	n.alarms.clear("drift")

@@ -172,12 +172,26 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	retryUntil(t, 30*time.Second, func() error {
-		if _, err := b.js.KeyValue(ctx, "mesh-seats"); err != nil {
+		kv, err := b.js.KeyValue(ctx, "mesh-seats")
+		if err != nil {
 			return fmt.Errorf("mesh-seats not recreated: %w", err)
 		}
+		// The lease is in the new bucket, and the node's mirror shows that one: its epoch is
+		// a revision of the new bucket, not the deleted one's.
+		e, err := kv.Get(ctx, registry.ControllerSeat)
+		if err != nil {
+			return fmt.Errorf("%s's lease is not in the new bucket: %w", registry.ControllerSeat, err)
+		}
+		var l struct {
+			Epoch uint64 `json:"epoch"`
+		}
+		json.Unmarshal(e.Value(), &l)
+		if l.Epoch == 0 {
+			l.Epoch = e.Revision()
+		}
 		for _, s := range seatList(t, b) {
-			if s.Seat == registry.ControllerSeat && s.Holder == "" {
-				return fmt.Errorf("%s not held again", s.Seat)
+			if s.Seat == registry.ControllerSeat && (s.Holder == "" || s.Epoch != l.Epoch) {
+				return fmt.Errorf("%s: the mirror shows holder %q epoch %d, the new bucket epoch %d", s.Seat, s.Holder, s.Epoch, l.Epoch)
 			}
 		}
 		if code, reason := readyz(t, b.n); code != 200 {

@@ -170,9 +170,17 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			kicked := n.bus.Kick(old.PublicKey)
 			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
 		}
-		for _, d := range seatsWithNewCallers(n.reg, old, new) {
-			kicked := n.bus.Kick(d.PublicKey) // its holder answers into the callers' inboxes
-			n.log.Info("a seat's callers changed; its module's connections reconnect", "module", d.Module, "kicked", kicked)
+		// A seat's holder answers into its callers' inboxes: when they change, the holding
+		// instance on this node reconnects under the new grant (and holds on: its lease stays).
+		if s := n.dir.seats.Load(); s != nil {
+			for _, seat := range seatsWithNewCallers(n.reg, old, new) {
+				for _, l := range s.holders(seat) {
+					if e, ok := n.reg.Get(l.Module); ok {
+						kicked := n.bus.KickInstance(e.PublicKey, l.Instance)
+						n.log.Info("a seat's callers changed; its holder reconnects", "seat", seat, "instance", l.Instance, "kicked", kicked)
+					}
+				}
+			}
 		}
 	})
 	respKey, respPub, respID, err := newResponderIdentity(n.id.Name)
@@ -242,19 +250,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		},
 		node: n.id.Name,
 	}
-	// Which of the registry's and vault's buckets this node makes now, for a mesh it has not
-	// known yet: only their maker marks them (drift.go).
-	known := knowsBuckets(n.db)
-	makes := map[string]bool{}
-	if !known {
-		absent, err := absentKeptBuckets(ctx, n.bus.JetStream())
-		if err != nil {
-			return fmt.Errorf("look the mesh's buckets up: %w", err)
-		}
-		for _, b := range absent {
-			makes[b] = true
-		}
-	}
 	// The registry's bucket, the leases' bucket and the mesh's streams do not depend on each
 	// other: in a new cluster each waits for its own raft group to elect a leader, so they
 	// are made at once rather than one after another.
@@ -318,10 +313,12 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	// A registry or vault bucket this node has known and finds lost is an alarm, not an
-	// empty mesh (drift.go). A bucket this node made gets its marker, and so do the buckets
-	// of the genesis node's mesh from before markers existed.
+	// empty mesh (drift.go). Only the genesis node marks the buckets (at the mesh's first
+	// start, and for a mesh from before markers): a node that joined cannot tell a new bucket
+	// from a lost one made again, and its mark would clear the others' alarm.
+	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
-	mayMark := func(bucket string) bool { return makes[bucket] || genesisErr == nil }
+	mayMark := func(string) bool { return genesisErr == nil }
 	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}

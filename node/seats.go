@@ -220,6 +220,19 @@ func (s *seatService) grants(module, instance string) []seats.Lease {
 	return out
 }
 
+// holders returns the leases of seat this node has granted: the instances holding it here.
+func (s *seatService) holders(seat string) []seats.Lease {
+	s.grantMu.Lock()
+	defer s.grantMu.Unlock()
+	var out []seats.Lease
+	for _, l := range s.granted {
+		if l.Seat == seat {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // lostAuthority takes a released or lost seat's authority from its holder at once.
 func (s *seatService) lostAuthority(l seats.Lease) {
 	if l.Module == "" {

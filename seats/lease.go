@@ -143,11 +143,69 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, ttl
 func (s *Store) TTL() time.Duration { return s.ttl }
 
 // Watch follows the bucket until ctx ends.
-func (s *Store) Watch(ctx context.Context) error { return mirror.Follow(ctx, s.w, s.apply) }
+// A watch that ends while the bucket is gone (nats.go gives it up when it cannot rebuild its
+// consumer) is taken up again once the bucket is back, trying every second.
+func (s *Store) Watch(ctx context.Context) error {
+	for {
+		w := s.watcher()
+		err := mirror.Follow(ctx, w, s.apply)
+		if ctx.Err() != nil {
+			return err
+		}
+		if s.watcher() != w {
+			continue // Rewatch replaced the watch: follow the new one
+		}
+		s.logger().Warn("the leases' watch ended; watching again once the bucket answers", "bucket", Bucket)
+		for s.watcher() == w {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+			if s.watcher() != w {
+				break
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := s.Rewatch(rctx); err != nil {
+				s.logger().Debug("the leases' bucket does not answer yet", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+func (s *Store) watcher() jetstream.KeyWatcher {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.w
+}
+
+// Rewatch follows the bucket afresh after it was deleted and made again: a watch that
+// outlived the bucket resumes at the old bucket's last sequence, which the new one reaches
+// only after as many writes, so the mirror would stay blind as long. The mirror is emptied
+// and loaded from the new bucket, and Watch goes on with the new watch.
+func (s *Store) Rewatch(ctx context.Context) error {
+	w, err := s.kv.WatchAll(context.Background())
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", Bucket, err)
+	}
+	s.mu.Lock()
+	clear(s.leases)
+	s.mu.Unlock()
+	if err := mirror.Load(ctx, w, s.apply); err != nil {
+		return fmt.Errorf("load %s: %w", Bucket, err)
+	}
+	s.mu.Lock()
+	old := s.w
+	s.w = w
+	s.mu.Unlock()
+	mirror.Stop(old) // its Follow ends, and Watch takes the new watch up
+	return nil
+}
 
 // Close stops the watch and waits for the deletes of refused records.
 func (s *Store) Close() error {
-	err := mirror.Stop(s.w)
+	err := mirror.Stop(s.watcher())
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
