@@ -1,10 +1,13 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -382,4 +385,51 @@ func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
 	// the seat and holds a grant that names the newcomer's inbox.
 	lateSeed, _ := b.register("module: late\nrequires: [mesh-bus]\nuses: [desk]\n")
 	retryUntil(t, 20*time.Second, func() error { return call(lateSeed) })
+}
+
+// TestAttack_ToolAnswerRefusalIsExplained: a caller without the operator's inbox prefix
+// (the plain NATS CLI's default) gets no answer from a module's tool; the module's log says
+// why and what the caller must do.
+func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: served\nrequires: [mesh-bus]\ntools: [status]\n")
+	var log syncBuffer
+	c := b.client(seed, sdk.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	if err := c.Serve("status", func(context.Context, sdk.Request) ([]byte, error) { return []byte("{}"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	plain := connect(t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile)) // inbox _INBOX.<nuid>
+	defer plain.Close()
+	if _, err := plain.Request(manifest.ToolSubject("served", "status"), []byte("{}"), 500*time.Millisecond); err == nil {
+		t.Fatal("a module answered into an inbox outside the operator's")
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if !strings.Contains(log.String(), "--inbox-prefix "+manifest.OperatorInbox) {
+			return fmt.Errorf("the module's log does not say what the caller must do: %q", log.String())
+		}
+		return nil
+	})
+	op := b.operatorConn()
+	defer op.Close()
+	if _, err := op.Request(manifest.ToolSubject("served", "status"), []byte("{}"), 5*time.Second); err != nil {
+		t.Fatalf("the operator's inbox: %v", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer a logger may write from another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -268,6 +268,13 @@ func (c *Client) reconnected(nc *nats.Conn) {
 // fails at once and says the bus refused it.
 func (c *Client) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
 	c.refusals.Handle(err)
+	if r := AsRefusal(err); r != nil && strings.HasPrefix(r.Subject, "_INBOX.") && r.Op == RefusedPublish {
+		// A tool's answer to an inbox the bus does not let this module answer into: the
+		// caller is waiting in vain, and only this side sees why.
+		c.log.Warn("a tool's answer was refused: a module answers its tools only into the operator's inbox, a seat's holder into its users'; the caller must use inbox prefix "+manifest.OperatorInbox+" (NATS CLI: --inbox-prefix "+manifest.OperatorInbox+")",
+			"reply", r.Subject)
+		return
+	}
 	c.log.Warn("bus error", "err", err)
 }
 
