@@ -3,6 +3,7 @@ package manifest_test
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -369,6 +370,40 @@ seats:
 	} {
 		if !slices.ContainsFunc(sets[who].Publish, func(g string) bool { return manifest.Matches(g, term) }) {
 			t.Errorf("%s may not terminate on its ack subject %s: %q", who, term, sets[who].Publish)
+		}
+	}
+}
+
+// TestDerivation_HolderGrant: a seat's holder answers its tools into the operator's inbox and
+// its callers', and a seat that serves nothing answers nobody.
+func TestDerivation_HolderGrant(t *testing.T) {
+	m, err := manifest.Parse([]byte("module: desk\nrequires: [mesh-bus]\nseats:\n  serving: {scope: mesh, retain: 1h, accepts: [work], serves: [status]}\n  quiet: {scope: mesh, retain: 1h, accepts: [work]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := d.HolderGrant("serving", "", []string{"shop", "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"_INBOX.operator.>", "_INBOX.shop.>", "_INBOX.billing.>"} {
+		if !slices.Contains(g.Publish, want) {
+			t.Errorf("the holder of a serving seat may not answer into %s: %v", want, g.Publish)
+		}
+	}
+	if slices.Contains(g.Publish, "_INBOX.>") {
+		t.Errorf("the holder may answer into every inbox: %v", g.Publish)
+	}
+	q, err := d.HolderGrant("quiet", "", []string{"shop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range q.Publish {
+		if strings.HasPrefix(p, "_INBOX.") {
+			t.Errorf("the holder of a seat serving nothing may answer into %s", p)
 		}
 	}
 }

@@ -61,3 +61,20 @@ func (d *Derivation) Grant(publicKey string) Permissions {
 	}
 	return d.Permissions.Merge(extra)
 }
+
+// HolderGrant is what the instance holding seat on node adds to Grant: HolderPermissions,
+// and — when the seat serves tools — answering into the inboxes of the modules that call
+// them (callers: the registered modules that use the seat; the operator's inbox is in
+// HolderPermissions already). The callers come from the catalogue, so the bus asks again
+// whenever they change.
+func (d *Derivation) HolderGrant(seat, node string, callers []string) (Permissions, error) {
+	p, err := d.HolderPermissions(seat, node)
+	if err != nil || !p.AllowResponses {
+		return p, err
+	}
+	answers := make([]string, len(callers))
+	for i, c := range callers {
+		answers[i] = InboxPrefix(c) + ".>"
+	}
+	return p.Merge(Permissions{Publish: answers}), nil
+}

@@ -52,24 +52,20 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 	p := ModulePermissions(e.Derivation, publicKey)
 	if s := d.seats.Load(); s != nil {
 		for _, l := range s.grants(e.Module, name) {
-			if hp, err := e.Derivation.HolderPermissions(l.Seat, l.Node); err == nil {
+			if hp, err := e.Derivation.HolderGrant(l.Seat, l.Node, seatCallers(d.reg, l.Seat)); err == nil {
 				p = p.Merge(hp)
-				if hp.AllowResponses { // it answers the seat's tools: into its callers' inboxes
-					p = p.Merge(manifest.Permissions{Publish: seatCallerInboxes(d.reg, l.Seat)})
-				}
 			}
 		}
 	}
 	return embedbus.Identity{Name: moduleUser(e.Module), Permissions: &p}, true
 }
 
-// seatCallerInboxes are the inboxes of the modules that use seat: where its holder answers
-// the seat's tools (and the operator's, which the derivation grants).
-func seatCallerInboxes(reg *registry.Registry, seat string) []string {
+// seatCallers are the registered modules that use seat: whom its holder answers.
+func seatCallers(reg *registry.Registry, seat string) []string {
 	var out []string
 	for _, e := range reg.List() {
 		if slices.Contains(e.Manifest.Uses, seat) {
-			out = append(out, manifest.InboxPrefix(e.Module)+".>")
+			out = append(out, e.Module)
 		}
 	}
 	return out
