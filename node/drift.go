@@ -241,11 +241,10 @@ func (n *Node) checkDrift(ctx context.Context) {
 			look("consumer "+c.Name, err, jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
 		}
 	}
-	if unsure {
-		return // JetStream did not answer every lookup: the alarm stays as it is
-	}
 	if len(missing) == 0 {
-		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
+		if !unsure { // a lookup JetStream did not answer leaves the alarm as it is
+			n.alarms.clear("drift") // whoever repaired it, nothing is missing now
+		}
 		return
 	}
 	controller := n.holdsController()
