@@ -30,7 +30,12 @@ import (
 // An alarm is also raised when a bucket that this node has known is missing at start.
 
 // driftInterval is how often the periodic check runs; deletion advisories trigger it at once.
-const driftInterval = 10 * time.Second
+// driftRepairTimeout bounds one check with its repairs: remaking a mesh's streams on a busy,
+// replicated mesh takes longer than an interval.
+const (
+	driftInterval      = 10 * time.Second
+	driftRepairTimeout = 45 * time.Second
+)
 
 // alarms are the node's standing reasons not to be ready, by subject of the alarm.
 type alarms struct {
@@ -190,7 +195,7 @@ func (n *Node) watchDrift(ctx context.Context) error {
 		case <-t.C:
 		case <-kick:
 		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, driftRepairTimeout)
 		n.checkDrift(cctx)
 		cancel()
 	}
@@ -249,29 +254,30 @@ func (n *Node) checkDrift(ctx context.Context) {
 	}
 	controller := n.holdsController()
 	leasesLost := slices.Contains(missing, "bucket "+seats.Bucket)
-	err = retryJS(ctx, func(ctx context.Context) error {
-		if _, err := seats.EnsureBucket(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases); err != nil {
+	// Each step is retried on its own: a step that succeeded is not done again because a
+	// later one timed out.
+	steps := []func(context.Context) error{
+		func(ctx context.Context) error {
+			_, err := seats.EnsureBucket(ctx, js, n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			return err
-		}
-		if leasesLost {
-			if err := n.seats.store.Rewatch(ctx); err != nil {
-				return err
-			}
-			leasesLost = false
-		}
-		if !controller {
-			return n.ctrl.topo.ensureAudit(ctx)
-		}
-		if err := n.ctrl.topo.ensureMesh(ctx); err != nil {
-			return err
-		}
+		},
+	}
+	if leasesLost {
+		steps = append(steps, n.seats.store.Rewatch)
+	}
+	if controller {
+		steps = append(steps, n.ctrl.topo.ensureMesh)
 		for _, e := range n.reg.List() {
-			if err := n.ctrl.topo.ensureModule(ctx, e.Derivation); err != nil {
-				return err
-			}
+			steps = append(steps, func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, e.Derivation) })
 		}
-		return nil
-	})
+	} else {
+		steps = append(steps, n.ctrl.topo.ensureAudit)
+	}
+	for _, step := range steps {
+		if err = retryJS(ctx, step); err != nil {
+			break
+		}
+	}
 	if err != nil {
 		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(missing, ", "), err))
 		n.log.Error("drift: repair failed", "missing", missing, "err", err)
