@@ -393,18 +393,7 @@ func bombs(t *testing.T, sk envelope.Signer, subject string) map[string]*nats.Ms
 // events (or none), and the audit log records them and every later good event, its chain
 // intact.
 func TestAdversary_HeaderBombs(t *testing.T) {
-	b := newBed(t)
-	bomberSeed, _ := b.register("module: bomber\nrequires: [mesh-bus]\nemits: [tick]\n")
-	goodSeed, _ := b.register("module: good\nrequires: [mesh-bus]\nemits: [tick]\n")
-	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [bomber.tick, good.tick]\n")
-
-	var got collector
-	sink := b.client(sinkSeed, sdk.WithRetryBackoff(10*time.Millisecond))
-	for _, p := range []string{"bomber.tick", "good.tick"} {
-		if err := sink.On(p, got.handle); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b, bomberSeed, goodSeed, got := bombBed(t)
 
 	subject := manifest.EventSubject("bomber", "tick")
 	js, _ := jetstream.New(b.raw(bomberSeed, "bomber"))
@@ -491,17 +480,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 // have replaced it). The consumer's handler never sees it as an event; the audit log records
 // it, flagged, with its chain intact, and goes on recording.
 func TestAdversary_MalformedHeaderBlock(t *testing.T) {
-	b := newBed(t)
-	bomberSeed, _ := b.register("module: bomber\nrequires: [mesh-bus]\nemits: [tick]\n")
-	goodSeed, _ := b.register("module: good\nrequires: [mesh-bus]\nemits: [tick]\n")
-	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [bomber.tick, good.tick]\n")
-	var got collector
-	sink := b.client(sinkSeed, sdk.WithRetryBackoff(10*time.Millisecond))
-	for _, p := range []string{"bomber.tick", "good.tick"} {
-		if err := sink.On(p, got.handle); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b, bomberSeed, goodSeed, got := bombBed(t)
 
 	subject := manifest.EventSubject("bomber", "tick")
 	body := []byte(`{"n":1}`)
@@ -800,4 +779,22 @@ func malformedHeaderBlock(t *testing.T, seedFile, subject string, body []byte) [
 	}
 	block.WriteString("x-evil: a\nno colon on this line\r\n\r\n")
 	return []byte(block.String())
+}
+
+// bombBed is a node with a module that sends bombs (bomber), one that emits good events
+// (good), and a consumer of both (sink) whose handler collects what it is given.
+func bombBed(t *testing.T) (b *bed, bomberSeed, goodSeed string, got *collector) {
+	t.Helper()
+	b = newBed(t)
+	bomberSeed, _ = b.register("module: bomber\nrequires: [mesh-bus]\nemits: [tick]\n")
+	goodSeed, _ = b.register("module: good\nrequires: [mesh-bus]\nemits: [tick]\n")
+	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [bomber.tick, good.tick]\n")
+	got = &collector{}
+	sink := b.client(sinkSeed, sdk.WithRetryBackoff(10*time.Millisecond))
+	for _, p := range []string{"bomber.tick", "good.tick"} {
+		if err := sink.On(p, got.handle); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b, bomberSeed, goodSeed, got
 }

@@ -14,7 +14,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
@@ -83,18 +82,6 @@ func deadLetterPermissions(node string) manifest.Permissions {
 			{Subject: partInbox("dead", node) + ".>"}, // the JetStream API's replies
 		},
 	}
-}
-
-// newDeadLetterIdentity mints the dead-letter writer's key for this start (it never leaves
-// the process) and the identity the bus gives it.
-func newDeadLetterIdentity(node string) (nkeys.KeyPair, string, embedbus.Identity, error) {
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		return nil, "", embedbus.Identity{}, err
-	}
-	pub, _ := kp.PublicKey()
-	p := deadLetterPermissions(node)
-	return kp, pub, embedbus.Identity{Name: "node-dead-letters:" + node, Permissions: &p}, nil
 }
 
 // death is one message a consumer gave up on, as an advisory tells it.

@@ -81,8 +81,7 @@ type Node struct {
 	lossSub     *nats.Subscription // answers ToolAcceptLoss
 	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
 	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
-	gateStop    context.CancelFunc
-	gateDone    chan struct{}
+	gateStop    func()             // ends the gate's reports, the last one made
 	vault       *vault.Vault
 	vaultNC     *nats.Conn
 	audit       *audit.Logger
@@ -183,7 +182,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			}
 		}
 	})
-	respKey, respPub, respID, err := newResponderIdentity(n.id.Name)
+	respKey, respPub, respID, err := newPartIdentity("node-responder:"+n.id.Name, responderPermissions(n.id.Name))
 	if err != nil {
 		return err
 	}
@@ -193,7 +192,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		reg:    n.reg,
 	}
 	n.dir.vaultKey.Store(vaultPub)
-	deadKey, deadPub, deadID, err := newDeadLetterIdentity(n.id.Name)
+	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadLetterPermissions(n.id.Name))
 	if err != nil {
 		return err
 	}
@@ -487,7 +486,6 @@ func (n *Node) Close() error {
 	}
 	if n.gateStop != nil {
 		n.gateStop()
-		<-n.gateDone
 		n.gateStop = nil
 	}
 	if n.respNC != nil {

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"strings"
 
 	"github.com/meshnode/meshnode/embedbus"
@@ -36,16 +35,16 @@ func responderPermissions(node string) manifest.Permissions {
 	}
 }
 
-// newResponderIdentity mints the responder connection's key for this start (it never leaves
-// the process) and the identity the bus gives it.
-func newResponderIdentity(node string) (nkeys.KeyPair, string, embedbus.Identity, error) {
+// newPartIdentity mints the key of one of the node's parts with a connection of its own (the
+// responder, the dead-letter writer) for this start — it never leaves the process — and the
+// identity the bus gives it: its permissions, and nothing else.
+func newPartIdentity(name string, p manifest.Permissions) (nkeys.KeyPair, string, embedbus.Identity, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		return nil, "", embedbus.Identity{}, err
 	}
 	pub, _ := kp.PublicKey()
-	p := responderPermissions(node)
-	return kp, pub, embedbus.Identity{Name: "node-responder:" + node, Permissions: &p}, nil
+	return kp, pub, embedbus.Identity{Name: name, Permissions: &p}, nil
 }
 
 // newGate is the node's rate limit per identity on whoami and the seat tool; refusals become
@@ -59,12 +58,7 @@ func (n *Node) newGate() {
 		}
 		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
 	})
-	ctx, stop := context.WithCancel(context.Background())
-	n.gateStop, n.gateDone = stop, make(chan struct{})
-	go func() {
-		defer close(n.gateDone)
-		n.gate.Run(ctx)
-	}()
+	n.gateStop = n.gate.Start()
 }
 
 // partInbox is the inbox prefix of one of the node's parts with a connection of its own (the

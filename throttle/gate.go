@@ -127,6 +127,20 @@ func (g *Gate) Flush() {
 	}
 }
 
+// Start runs Run on its own goroutine; stop ends it and returns once the last report is made.
+func (g *Gate) Start() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // Run flushes every interval until ctx ends, then once more.
 func (g *Gate) Run(ctx context.Context) {
 	t := time.NewTicker(g.interval)

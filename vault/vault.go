@@ -85,8 +85,7 @@ type Vault struct {
 	// gate bounds each module's and join token's requests, and turns refusals into one
 	// "refused" event per caller and verb per interval, with a count.
 	gate     *throttle.Gate
-	gateStop context.CancelFunc
-	gateDone chan struct{}
+	gateStop func() // ends the gate's reports, the last one made
 
 	events chan event // recorded by a worker, off the requests' path
 	done   chan struct{}
@@ -159,12 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		v.queue(event{"refused", map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
 			"last_reason": r.Detail, "until": r.Until}})
 	})
-	gctx, stop := context.WithCancel(context.Background())
-	v.gateStop, v.gateDone = stop, make(chan struct{})
-	go func() {
-		defer close(v.gateDone)
-		v.gate.Run(gctx)
-	}()
+	v.gateStop = v.gate.Start()
 	return v, nil
 }
 
@@ -174,8 +168,7 @@ func (v *Vault) Watch(ctx context.Context) error { return mirror.Follow(ctx, v.w
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
 	v.Stop()
-	v.gateStop()
-	<-v.gateDone // its last report is queued before the queue closes
+	v.gateStop() // its last report is queued before the queue closes
 	v.closing.Lock()
 	v.closed = true
 	close(v.events)
