@@ -283,10 +283,8 @@ func (n *Node) checkDrift(ctx context.Context) {
 		n.log.Error("drift: repair failed", "missing", missing, "err", err)
 		return
 	}
-	own := func(what string) bool { return what == "bucket "+seats.Bucket || what == "consumer "+audit.Name }
-	if !controller && !slices.ContainsFunc(missing, func(w string) bool { return !own(w) }) {
-		n.alarms.clear("drift")
-	} else if !controller {
+	notOwn := func(what string) bool { return what != "bucket "+seats.Bucket && what != "consumer "+audit.Name }
+	if !controller && slices.ContainsFunc(missing, notOwn) {
 		// What is the controller's to remake stands as an alarm until the next check finds
 		// it remade.
 		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), registry.ControllerSeat))
