@@ -72,6 +72,13 @@ func DeadSubject(stream, consumer string) string { return "mesh.dead." + stream 
 // (nats.CustomInboxPrefix) and nowhere else's replies reach it.
 func InboxPrefix(module string) string { return "_INBOX." + module }
 
+// InInbox reports whether reply lies in the inbox space prefix names (prefix ".…"): where a
+// requester's identity is known from the subject it could publish on, its answer goes to its
+// own inbox and nowhere else.
+func InInbox(reply, prefix string) bool {
+	return len(reply) > len(prefix)+1 && strings.HasPrefix(reply, prefix+".")
+}
+
 // seatAcceptAll and seatNodeAcceptAll are every verb of a seat's work queue, mesh- and
 // node-scoped; seatToolAll every call its holder answers.
 func seatAcceptAll(seat string) string     { return "mesh.seat." + seat + ".accept.>" }

@@ -323,7 +323,7 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 		return nil // not a question about the asker's own key: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
-	if !repliesTo(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && repliesTo(m.Reply, manifest.InboxPrefix(e.Module))) {
+	if !manifest.InInbox(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
 		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
 		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
 		return nil

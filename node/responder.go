@@ -1,8 +1,6 @@
 package node
 
 import (
-	"strings"
-
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -85,11 +83,4 @@ func vaultPermissions(node string) manifest.Permissions {
 		},
 		Subscribe: []manifest.Subscription{{Subject: partInbox("vault", node) + ".>"}},
 	}
-}
-
-// repliesTo reports whether reply lies in the inbox space prefix names (prefix ".…"): where
-// the requester's identity is known from the subject it could publish on, its answer goes to
-// its own inbox and nowhere else.
-func repliesTo(reply, prefix string) bool {
-	return strings.HasPrefix(reply, prefix+".") && len(reply) > len(prefix)+1
 }

@@ -277,7 +277,7 @@ func (s *seatService) start() error {
 	go s.worker()
 	sub, err := s.resp.Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-		if !repliesTo(m.Reply, manifest.InboxPrefix(module)) {
+		if !manifest.InInbox(m.Reply, manifest.InboxPrefix(module)) {
 			s.log.Debug("seat tool: a reply outside the module's inbox is not answered", "module", module, "reply", m.Reply)
 			s.gate.Refused(module, "seat", "reply subject outside the module's inbox")
 			return

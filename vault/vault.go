@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/nats-io/nats.go"
@@ -240,7 +241,7 @@ func (v *Vault) serve(m *nats.Msg) {
 		v.gate.Refused(caller, "reply", "reply subject outside the caller's inbox")
 		return
 	}
-	if caller != CallerOperator && caller != CallerNode {
+	if !isAdmin(caller) {
 		if ok, tell := v.gate.Allow(caller); !ok {
 			if tell { // once a second; the others are dropped, so a flood costs no replies
 				b, _ := json.Marshal(Reply{Error: fmt.Sprintf("%s: too many vault requests (more than %d a second, the node's rate-limit); slow down and retry", caller, v.cfg.RateLimit)})
@@ -274,21 +275,24 @@ func (v *Vault) mayReply(caller, reply string) bool {
 	if !strings.HasPrefix(reply, "_INBOX.") {
 		return false // the responder could not publish it anyway
 	}
-	if caller == CallerOperator || caller == CallerNode {
+	if isAdmin(caller) {
 		return true
 	}
 	if module, ok := strings.CutPrefix(caller, "mod."); ok {
-		return strings.HasPrefix(reply, "_INBOX."+module+".")
+		return manifest.InInbox(reply, manifest.InboxPrefix(module))
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	for pub, t := range v.tokens {
 		if t.ID == caller {
-			return strings.HasPrefix(reply, "_INBOX."+pub+".")
+			return manifest.InInbox(reply, manifest.BootstrapInbox(pub))
 		}
 	}
 	return false
 }
+
+// isAdmin reports whether caller administers the vault: the operator or a node.
+func isAdmin(caller string) bool { return caller == CallerOperator || caller == CallerNode }
 
 // serverXKey reports whether xkey is the recorded xkey of server node.
 func (v *Vault) serverXKey(node, xkey string) bool {
@@ -308,7 +312,7 @@ type event struct {
 func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (Reply, []event) {
 	var events []event
 	ctx = context.WithValue(ctx, eventsKey{}, &events)
-	admin := caller == CallerOperator || caller == CallerNode
+	admin := isAdmin(caller)
 	module, isModule := strings.CutPrefix(caller, "mod.")
 	var out any
 	var meta []Meta
