@@ -212,44 +212,47 @@ func (n *Node) checkDrift(ctx context.Context) {
 	// What loses nothing by being recreated. Every node needs the leases' bucket (without it
 	// nobody holds the controller's seat) and its own audit consumer; the mesh's streams and
 	// the modules' consumers are the controller's holder's, so nodes do not race for them.
-	var missing []string
-	unsure := false // a lookup failed otherwise than "not found": nothing to conclude
-	look := func(what string, err error, notFound ...error) {
-		switch {
-		case err == nil:
-		case slices.ContainsFunc(notFound, func(nf error) bool { return errors.Is(err, nf) }):
-			missing = append(missing, what)
-		default:
-			unsure = true
+	// Two listings, not a lookup per stream and consumer: the check runs every interval on
+	// every node, whatever the size of the catalogue.
+	streams, err := streamNames(ctx, js)
+	if err != nil {
+		n.log.Debug("drift check: JetStream did not list its streams", "err", err)
+		return
+	}
+	var eventsConsumers map[string]bool
+	if streams[manifest.EventsStreamName] {
+		if eventsConsumers, err = consumerNames(ctx, js, manifest.EventsStreamName); err != nil {
+			n.log.Debug("drift check: JetStream did not list EVENTS' consumers", "err", err)
+			return
 		}
 	}
-	_, err := js.KeyValue(ctx, seats.Bucket)
-	look("bucket "+seats.Bucket, err, jetstream.ErrBucketNotFound)
+	var missing []string
+	if !streams["KV_"+seats.Bucket] {
+		missing = append(missing, "bucket "+seats.Bucket)
+	}
 	audit := manifest.AuditConsumer(n.id.Name)
-	_, err = js.Consumer(ctx, audit.Stream, audit.Name)
-	look("consumer "+audit.Name, err, jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
+	if !eventsConsumers[audit.Name] {
+		missing = append(missing, "consumer "+audit.Name)
+	}
 	// Every node looks at the mesh's streams and raises the alarm; only the controller's
 	// holder remakes them, so nodes do not race.
 	for _, name := range []string{manifest.EventsStreamName, manifest.StateStreamName, manifest.DeadStreamName} {
-		_, err := js.Stream(ctx, name)
-		look("stream "+name, err, jetstream.ErrStreamNotFound)
+		if !streams[name] {
+			missing = append(missing, "stream "+name)
+		}
 	}
 	for _, e := range n.reg.List() {
 		for _, s := range e.Derivation.Seats {
-			if s.Stream != nil {
-				_, err := js.Stream(ctx, s.Stream.Name)
-				look("stream "+s.Stream.Name, err, jetstream.ErrStreamNotFound)
+			if s.Stream != nil && !streams[s.Stream.Name] {
+				missing = append(missing, "stream "+s.Stream.Name)
 			}
 		}
-		if c := e.Derivation.EventsConsumer; c != nil {
-			_, err := js.Consumer(ctx, c.Stream, c.Name)
-			look("consumer "+c.Name, err, jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
+		if c := e.Derivation.EventsConsumer; c != nil && !eventsConsumers[c.Name] {
+			missing = append(missing, "consumer "+c.Name)
 		}
 	}
 	if len(missing) == 0 {
-		if !unsure { // a lookup JetStream did not answer leaves the alarm as it is
-			n.alarms.clear("drift") // whoever repaired it, nothing is missing now
-		}
+		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
 		return
 	}
 	controller := n.holdsController()
@@ -323,6 +326,30 @@ func (n *Node) checkBadRecords() {
 	if v := n.dir.vault.Load(); v != nil {
 		report("bad.vault", vault.Bucket, v.Bad(), "mint those secrets again (a mint replaces a refused record)")
 	}
+}
+
+// streamNames lists the account's streams.
+func streamNames(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
+	out := map[string]bool{}
+	l := js.StreamNames(ctx)
+	for name := range l.Name() {
+		out[name] = true
+	}
+	return out, l.Err()
+}
+
+// consumerNames lists a stream's consumers.
+func consumerNames(ctx context.Context, js jetstream.JetStream, stream string) (map[string]bool, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	l := s.ConsumerNames(ctx)
+	for name := range l.Name() {
+		out[name] = true
+	}
+	return out, l.Err()
 }
 
 // holdsController reports whether this node holds the mesh-controller seat now.
