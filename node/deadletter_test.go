@@ -51,8 +51,14 @@ func deadLetters(t *testing.T, b *bed, subject string) []*jetstream.RawStreamMsg
 // awaitDead polls DEAD until subject holds n letters and returns them.
 func awaitDead(t *testing.T, b *bed, subject string, n int, poll func()) []*jetstream.RawStreamMsg {
 	t.Helper()
+	return awaitDeadFor(t, b, subject, n, 20*time.Second, poll)
+}
+
+// awaitDeadFor is awaitDead waiting up to d.
+func awaitDeadFor(t *testing.T, b *bed, subject string, n int, d time.Duration, poll func()) []*jetstream.RawStreamMsg {
+	t.Helper()
 	var got []*jetstream.RawStreamMsg
-	retryUntil(t, 20*time.Second, func() error {
+	retryUntil(t, d, func() error {
 		if poll != nil {
 			poll()
 		}

@@ -22,8 +22,8 @@ import (
 
 // seatService answers a node's seat tool and turns lease changes into bus authority: the
 // holder's connection is kicked so it reconnects with (or without) the holder's permissions,
-// and the seat's consumer is recreated so work a dead holder had in hand is redelivered at
-// once rather than after the ack wait.
+// and what a dead holder had in hand is NAKed on its behalf, so it is redelivered at once
+// rather than after the ack wait (topology.redeliverNow).
 type seatService struct {
 	log   *slog.Logger
 	node  string
@@ -47,7 +47,7 @@ type seatService struct {
 	granted map[string]seats.Lease // lease key → the lease whose instance has the holder's grant
 
 	// work runs the hooks' effects in order, off the lease runner's goroutine: granting a
-	// seat recreates its consumer, which can take seconds while a clustered stream elects a
+	// seat readies its consumer, which can take seconds while a clustered stream elects a
 	// leader, and the runner must keep renewing its leases meanwhile.
 	work chan func()
 
@@ -84,8 +84,8 @@ func (s *seatService) worker() {
 // releaseTimeout bounds a graceful release of a lease.
 const releaseTimeout = 5 * time.Second
 
-// recreateTimeout bounds the retries of a new holder's consumer.
-const recreateTimeout = 30 * time.Second
+// consumerReadyTimeout bounds the retries of readying a new holder's consumer.
+const consumerReadyTimeout = 30 * time.Second
 
 func (s *seatService) hooks() seats.Hooks {
 	return seats.Hooks{
@@ -162,11 +162,11 @@ func (s *seatService) moduleGained(l seats.Lease) bool {
 	}
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
-		ctx, cancel := context.WithTimeout(s.ctx, recreateTimeout)
-		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.recreateConsumer(ctx, c) })
+		ctx, cancel := context.WithTimeout(s.ctx, consumerReadyTimeout)
+		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.redeliverNow(ctx, c) })
 		cancel()
 		if err != nil {
-			s.log.Warn("recreate seat consumer; the holder waits for it", "seat", l.Seat, "err", err)
+			s.log.Warn("ready the seat's consumer; the holder waits for it", "seat", l.Seat, "err", err)
 		}
 	}
 	// The grant is this node's own record, not the lease bucket's mirror (which can lag by

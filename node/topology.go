@@ -177,16 +177,55 @@ func hasSeatStream(d *manifest.Derivation, seat string) bool {
 	return false
 }
 
-// recreateConsumer deletes and recreates a seat's consumer: on a work queue the stream keeps
-// every unacked job, so the new consumer delivers at once what a previous holder had taken
-// and not acked, instead of after the ack wait. A stale holder's late ack then names a
-// consumer that no longer exists, on a connection that lost the grant.
-func (t *topology) recreateConsumer(ctx context.Context, c manifest.Consumer) error {
-	if err := t.js.DeleteConsumer(ctx, c.Stream, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("delete consumer %s: %w", c.Name, err)
+// redeliverNow readies a seat's consumer for a new holder: it is kept, with its delivery
+// counts, so a job that kills every holder in turn still dies after MaxDeliver (a consumer
+// recreated per holder would start each job's count again). What the previous holder took
+// and did not ack is NAKed on its behalf, as the holder itself would, so the new holder gets
+// it at once instead of after the ack wait. The server takes a NAK for a message it has
+// pending and a consumer sequence between the ack floor and the last delivery
+// (consumer.go processNak on nats-server 2.15.2); the consumer's filter finds the messages,
+// since a work queue keeps only what is not acked.
+func (t *topology) redeliverNow(ctx context.Context, c manifest.Consumer) error {
+	cons, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(c))
+	if err != nil {
+		return fmt.Errorf("reconcile consumer %s: %w", c.Name, err)
 	}
-	if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(c)); err != nil {
-		return fmt.Errorf("create consumer %s: %w", c.Name, err)
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("look up consumer %s: %w", c.Name, err)
 	}
-	return nil
+	if info.NumAckPending == 0 {
+		return nil
+	}
+	stream, err := t.js.Stream(ctx, c.Stream)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", c.Stream, err)
+	}
+	nc := t.js.Conn()
+	for _, filter := range c.FilterSubjects {
+		for seq := info.AckFloor.Stream + 1; seq <= info.Delivered.Stream; {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s from %d: %w", c.Stream, seq, err)
+			}
+			if m.Sequence > info.Delivered.Stream {
+				break
+			}
+			if err := nc.Publish(ackSubject(c.Stream, c.Name, m.Sequence, info.Delivered.Consumer), []byte("-NAK")); err != nil {
+				return err
+			}
+			seq = m.Sequence + 1
+		}
+	}
+	return nc.FlushWithContext(ctx)
+}
+
+// ackSubject is a message's ack subject as JetStream writes it (version 1: $JS.ACK.<stream>.
+// <consumer>.<deliveries>.<stream seq>.<consumer seq>.<time>.<pending>); a NAK reads only the
+// two sequences.
+func ackSubject(stream, consumer string, seq, consumerSeq uint64) string {
+	return fmt.Sprintf("$JS.ACK.%s.%s.1.%d.%d.%d.0", stream, consumer, seq, consumerSeq, time.Now().UnixNano())
 }
