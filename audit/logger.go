@@ -238,7 +238,8 @@ func index(tx *bolt.Tx, r Record) error {
 // check builds the record of one event: its envelope, its signature, its source.
 func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	h := m.Headers()
-	r := Record{Seq: seq, Subject: validUTF8(m.Subject()), Headers: validHeaders(h), Body: m.Data(), Received: now,
+	// A replay is the event first published on the original subject, recorded once.
+	r := Record{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
 		EventID: validUTF8(h.Get(envelope.EventID)), Source: validUTF8(h.Get(envelope.Source))}
 	if r.EventID == "" {
 		r.EventID = fmt.Sprintf("seq-%d", seq)

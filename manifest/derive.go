@@ -151,7 +151,7 @@ func derive(m *Manifest) *Derivation {
 		}
 	}
 	if len(filters) > 0 {
-		c := newConsumer(EventsStreamName, m.Module, filters, DeliverNew)
+		c := newConsumer(EventsStreamName, m.Module, append(filters, ReplayFilter(m.Module)), DeliverNew)
 		d.EventsConsumer = &c
 	}
 	for _, t := range m.Tools {

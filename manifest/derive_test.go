@@ -25,16 +25,16 @@ func TestManifest_Derive_Subjects(t *testing.T) {
 			func(d *manifest.Derivation) []string {
 				return append([]string{d.EventsConsumer.Stream, d.EventsConsumer.Name}, d.EventsConsumer.FilterSubjects...)
 			},
-			[]string{"EVENTS", "m", "mesh.mod.billing.event.order.placed"}},
+			[]string{"EVENTS", "m", "mesh.mod.billing.event.order.placed", "mesh.replay.m.mesh.>"}},
 		{"consumes: *.download.completed", head + "consumes: [\"*.download.completed\"]\n",
 			func(d *manifest.Derivation) []string { return d.EventsConsumer.FilterSubjects },
-			[]string{"mesh.mod.*.event.download.completed"}},
+			[]string{"mesh.mod.*.event.download.completed", "mesh.replay.m.mesh.>"}},
 		{"consumes: billing.**", head + "consumes: [\"billing.**\"]\n",
 			func(d *manifest.Derivation) []string { return d.EventsConsumer.FilterSubjects },
-			[]string{"mesh.mod.billing.event.>"}},
+			[]string{"mesh.mod.billing.event.>", "mesh.replay.m.mesh.>"}},
 		{`consumes: "**"`, head + "consumes: [\"**\"]\n",
 			func(d *manifest.Derivation) []string { return d.EventsConsumer.FilterSubjects },
-			[]string{"mesh.*.*.event.>"}},
+			[]string{"mesh.*.*.event.>", "mesh.replay.m.mesh.>"}},
 		{"tools: status", "module: billing\nrequires: [mesh-bus]\ntools: [status]\n",
 			func(d *manifest.Derivation) []string { return []string{d.Tools[0].Subject, d.Tools[0].Queue} },
 			[]string{"mesh.mod.billing.tool.status", "billing"}},
@@ -196,10 +196,10 @@ func TestManifest_Derive_MinimalFilters(t *testing.T) {
 		consumes string
 		want     []string
 	}{
-		{"a covered event is dropped", `[billing.order.placed, "billing.**"]`, []string{"mesh.mod.billing.event.>"}},
-		{"a covered pattern is dropped", `["billing.order.*", "*.order.*", billing.x]`, []string{"mesh.mod.*.event.order.*", "mesh.mod.billing.event.x"}},
-		{"** covers everything", `[billing.order.placed, "**", "*.**"]`, []string{"mesh.*.*.event.>"}},
-		{"partial overlaps are kept", `["*.download.completed", "builder.**"]`, []string{"mesh.mod.*.event.download.completed", "mesh.mod.builder.event.>"}},
+		{"a covered event is dropped", `[billing.order.placed, "billing.**"]`, []string{"mesh.mod.billing.event.>", "mesh.replay.m.mesh.>"}},
+		{"a covered pattern is dropped", `["billing.order.*", "*.order.*", billing.x]`, []string{"mesh.mod.*.event.order.*", "mesh.mod.billing.event.x", "mesh.replay.m.mesh.>"}},
+		{"** covers everything", `[billing.order.placed, "**", "*.**"]`, []string{"mesh.*.*.event.>", "mesh.replay.m.mesh.>"}},
+		{"partial overlaps are kept", `["*.download.completed", "builder.**"]`, []string{"mesh.mod.*.event.download.completed", "mesh.mod.builder.event.>", "mesh.replay.m.mesh.>"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := mustDerive(t, head+"consumes: "+tc.consumes+"\n")
@@ -235,7 +235,7 @@ func TestManifest_Derive_Consumers(t *testing.T) {
 		t.Fatalf("seat consumer %+v", sc)
 	}
 	audit := manifest.AuditConsumer("n1")
-	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || !slices.Equal(audit.FilterSubjects, []string{manifest.AllEvents}) {
+	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || !slices.Equal(audit.FilterSubjects, []string{manifest.AllEvents, manifest.ReplayEvents}) {
 		t.Fatalf("audit consumer %+v", audit)
 	}
 
@@ -299,9 +299,21 @@ func TestStreams_Disjoint(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"mesh.*.*.tool.>", "mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.v2.>"} {
-		if collide(manifest.AllEvents, s) {
-			t.Errorf("EVENTS captures %s", s)
+		for _, e := range manifest.EventsStream().Subjects {
+			if collide(e, s) {
+				t.Errorf("EVENTS captures %s", s)
+			}
 		}
+	}
+	// nats-server refuses a stream whose own subjects overlap, and a consumer whose filters do.
+	if collide(manifest.AllEvents, manifest.ReplayEvents) || collide(manifest.AllEvents, manifest.ReplayFilter("m")) {
+		t.Errorf("replays overlap %s", manifest.AllEvents)
+	}
+	replay := manifest.ReplaySubject("billing", "mesh.mod.shop.event.order.placed")
+	if c, o, ok := manifest.ReplayOf(replay); !ok || c != "billing" || o != "mesh.mod.shop.event.order.placed" ||
+		!manifest.Matches(manifest.ReplayEvents, replay) || !manifest.Matches(manifest.ReplayFilter("billing"), replay) ||
+		manifest.Matches(manifest.ReplayFilter("shop"), replay) || manifest.Matches(manifest.AllEvents, replay) {
+		t.Errorf("replay subject %s: ReplayOf %q %q %v", replay, c, o, ok)
 	}
 	if s := manifest.EventsStream(); s.MaxAge != manifest.DefaultEventsMaxAge || s.MaxMsgsPerSubject == 0 || s.Duplicates < 2*time.Minute {
 		t.Errorf("EVENTS %+v", s)

@@ -65,6 +65,44 @@ func ConsumerInfoSubject(stream, consumer string) string {
 // mesh.state.node.<node>.
 func StateSubject(node string) string { return "mesh.state.node." + node }
 
+// Replays (DESIGN §2, §3): `dead replay` republishes an event for the one consumer that gave up
+// on it, on mesh.replay.<consumer>.<original subject>. EVENTS captures them (ReplayEvents),
+// and only that consumer's filter matches (ReplayFilter), so no other consumer of the event
+// sees it twice. The fourth token is always "mesh", never "event", so neither the stream's
+// two subjects nor a consumer's filters overlap (nats-server refuses overlapping ones).
+const ReplayEvents = "mesh.replay.*.mesh.>"
+
+// ReplaySubject is where the event first published on original is replayed to consumer.
+func ReplaySubject(consumer, original string) string {
+	return "mesh.replay." + consumer + "." + original
+}
+
+// ReplayFilter is the filter that delivers consumer's replays.
+func ReplayFilter(consumer string) string { return "mesh.replay." + consumer + ".mesh.>" }
+
+// ReplayOf returns the consumer and the original subject of a replay's subject; ok is false
+// for any other subject.
+func ReplayOf(subject string) (consumer, original string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, "mesh.replay.")
+	if !ok {
+		return "", "", false
+	}
+	consumer, original, ok = strings.Cut(rest, ".")
+	if !ok || consumer == "" || !strings.HasPrefix(original, "mesh.") {
+		return "", "", false
+	}
+	return consumer, original, true
+}
+
+// Original is the subject an event was first published on: subject itself, or the original
+// of a replay.
+func Original(subject string) string {
+	if _, original, ok := ReplayOf(subject); ok {
+		return original
+	}
+	return subject
+}
+
 // DeadSubject is where a consumer's dead letters go: mesh.dead.<stream>.<consumer>.
 func DeadSubject(stream, consumer string) string { return "mesh.dead." + stream + "." + consumer }
 

@@ -119,7 +119,7 @@ type Consumer struct {
 func EventsStream() Stream {
 	return Stream{
 		Name:              EventsStreamName,
-		Subjects:          []string{AllEvents},
+		Subjects:          []string{AllEvents, ReplayEvents},
 		Retention:         RetentionLimits,
 		MaxAge:            DefaultEventsMaxAge,
 		MaxMsgsPerSubject: DefaultEventsMaxMsgsPerSubject,
@@ -168,7 +168,7 @@ func SeatConsumerName(seat string, scope Scope, node string) string {
 // AuditConsumer returns the definition of node's audit logger's consumer: audit-<node> on
 // EVENTS, every event from the first one kept.
 func AuditConsumer(node string) Consumer {
-	c := newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents}, DeliverAll)
+	c := newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents, ReplayEvents}, DeliverAll)
 	// The audit log writes in batches and must never give up on an event: a wider window
 	// than a module's prefetch, and no delivery limit (its failures are the node's own disk,
 	// which a retry outlasts; a dead-lettered audit entry would be a hole in the record).

@@ -676,7 +676,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cons.CachedInfo().Config.FilterSubjects; !slices.Equal(got, []string{"mesh.mod.a.event.x", "mesh.mod.a.event.y"}) {
+	if got := cons.CachedInfo().Config.FilterSubjects; !slices.Equal(got, []string{"mesh.mod.a.event.x", "mesh.mod.a.event.y", manifest.ReplayFilter("b")}) {
 		t.Fatalf("filters after re-registration: %v", got)
 	}
 	// A job waits in the seat's queue.

@@ -295,7 +295,9 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 	if err := d.checkFilter(ctx, dd, msg.Subject); err != nil {
 		return err
 	}
-	h := deadHeaders(msg.Header, dd, msg.Subject)
+	// A replay that dies again is recorded under the event's original subject, so it can be
+	// replayed again to the same consumer.
+	h := deadHeaders(msg.Header, dd, manifest.Original(msg.Subject))
 	if rawHeaders != nil {
 		h.Set(envelope.DeadReason, cleanReason("malformed headers (kept whole, base64, in "+envelope.DeadRawHeaders+"): "+dd.reason))
 		h.Set(envelope.DeadRawHeaders, base64.StdEncoding.EncodeToString(rawHeaders))
@@ -311,7 +313,7 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		return fmt.Errorf("write DEAD: %w", err)
 	}
 	if !ack.Duplicate {
-		d.log.Warn("dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "subject", msg.Subject, "seq", dd.seq,
+		d.log.Warn("dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "subject", h.Get(envelope.DeadSubject), "seq", dd.seq,
 			"event", h.Get(envelope.EventID), "deliveries", dd.deliveries, "reason", dd.reason, "dead_seq", ack.Sequence)
 	}
 	if !dd.workQueue() {

@@ -114,13 +114,16 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		d.c.log.Error("delivery without metadata", "subject", msg.Subject(), "err", err)
 		return
 	}
-	e, err := envelope.Read(msg.Subject(), msg.Headers(), msg.Data())
+	// A replay (`meshnode dead replay`) arrives on a subject for this consumer alone; the
+	// event is the one first published on the original subject.
+	subject := manifest.Original(msg.Subject())
+	e, err := envelope.Read(subject, msg.Headers(), msg.Data())
 	if err != nil {
 		// A malformed envelope fails every time: no retry can help.
 		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
-	h := d.route(msg.Subject())
+	h := d.route(subject)
 	if h == nil {
 		err = fmt.Errorf("no handler for %s", e.Key)
 	} else {

@@ -169,10 +169,13 @@ func newDeadReplayCmd() *cobra.Command {
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "replay ID|--all",
-		Short: "Publish a dead letter's event again, with its original x-event-id, and remove it from DEAD",
-		Long: `Publish a dead letter's event again on its original subject, with its original headers and
-x-event-id (so consumers that handle by id skip what they already did), and remove it from
-DEAD once the stream has stored it. Every consumer of that subject sees it again.
+		Short: "Deliver a dead letter's event again to the consumer that gave up on it, and remove it from DEAD",
+		Long: `Deliver a dead letter's event again, with its original headers, x-event-id and signature, to
+the one consumer that gave up on it, and remove it from DEAD once the stream has stored it. No
+other consumer of the event sees it twice: the event is published on
+mesh.replay.<consumer>.<original subject>, which only that consumer's filter matches (the sdk
+hands it to the handler of the original subject). A seat's job goes back to the seat's queue.
+If it fails again, it is dead-lettered again, as a new letter.
 
 Replay publishes with the operator's authority, so it first checks that the letter is what its
 source could have published itself: an event of the source's own (a module's declared event,
@@ -250,13 +253,42 @@ func replay(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, 
 	// The broker's dedup window would drop a copy under the original Nats-Msg-Id; the event
 	// keeps its x-event-id, which is what consumers and the audit log deduplicate on.
 	h.Set(nats.MsgIdHdr, fmt.Sprintf("replay.%d.%s", m.Sequence, h.Get(envelope.EventID)))
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: m.Data}); err != nil {
+	target, err := replayTarget(ctx, js, m, subject)
+	if err != nil {
+		return err
+	}
+	// A duplicate ack means an earlier replay of this very letter was stored (and the letter
+	// not removed): the event is back in its stream either way.
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: target, Header: h, Data: m.Data}); err != nil {
 		return fmt.Errorf("replay %d to %s: %w; the dead letter is kept", m.Sequence, subject, err)
 	}
 	if err := dead.DeleteMsg(ctx, m.Sequence); err != nil {
 		return fmt.Errorf("replayed %d, but could not remove it from DEAD: %w", m.Sequence, err)
 	}
 	return nil
+}
+
+// replayTarget is where a letter's event is published again. An event goes to the one
+// consumer that gave up on it (DESIGN §3), on its replay subject, which no other consumer's
+// filter matches; that consumer must still exist, or nobody would get the event. A job goes
+// back to its seat's work queue, which has one consumer.
+func replayTarget(ctx context.Context, js jetstream.JetStream, m *jetstream.RawStreamMsg, subject string) (string, error) {
+	if !manifest.Matches(manifest.AllEvents, subject) {
+		return subject, nil
+	}
+	consumer := m.Header.Get(envelope.DeadConsumer)
+	if !manifest.ValidName(consumer) {
+		return "", fmt.Errorf("%w: dead letter %d names consumer %q, which is not a module's; it is kept (`meshnode dead drop %d` removes it)",
+			errNotReplayable, m.Sequence, consumer, m.Sequence)
+	}
+	if _, err := js.Consumer(ctx, manifest.EventsStreamName, consumer); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return "", fmt.Errorf("%w: dead letter %d: module %s no longer consumes events (removed, or its consumes changed), so nobody would get it; it is kept (`meshnode dead drop %d` removes it)",
+				errNotReplayable, m.Sequence, consumer, m.Sequence)
+		}
+		return "", fmt.Errorf("look up consumer %s: %w; the dead letter is kept", consumer, err)
+	}
+	return manifest.ReplaySubject(consumer, subject), nil
 }
 
 // errNotReplayable marks a dead letter replay refuses: publishing it with the operator's

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,5 +285,110 @@ func TestBinary_DeadReplayDiesAgain(t *testing.T) {
 	}
 	if ls, err := deadLs(t, dir); err != nil || len(ls) != 1 {
 		t.Fatalf("dead ls after the second death: %v %+v (the replayed letter should be gone)", err, ls)
+	}
+}
+
+// TestBinary_DeadReplayReachesOnlyItsConsumer: two modules consume one event; billing gives
+// up on it and mailer handles it. The replay reaches billing alone — mailer, idle, still has
+// handled it once — and the audit log holds the event once.
+func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\n")
+	mailerSeed := registerModule(t, dir, "module: mailer\nrequires: [mesh-bus]\nconsumes: [\"**\"]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var fixed atomic.Bool
+	var billed, mailed atomic.Int32
+	billing, err := sdk.Connect(ctx, p.clientURL, billingSeed, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer billing.Close()
+	if err := billing.On("shop.order.placed", func(context.Context, sdk.Event) error {
+		if !fixed.Load() {
+			return errors.New("no such customer")
+		}
+		billed.Add(1)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mailer, err := sdk.Connect(ctx, p.clientURL, mailerSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mailer.Close()
+	if err := mailer.On("**", func(_ context.Context, e sdk.Event) error {
+		if e.Key == "shop.order.placed" {
+			mailed.Add(1)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, p.clientURL, shopSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	id, err := shop.Emit(ctx, "order.placed", map[string]int{"order": 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var letter deadLetter
+	retryUntil(t, 20*time.Second, func() error {
+		ls, err := deadLs(t, dir)
+		if err != nil || len(ls) != 1 {
+			return fmt.Errorf("dead letters %+v: %v", ls, err)
+		}
+		letter = ls[0]
+		return nil
+	})
+	if letter.EventID != id || letter.Consumer != "billing" || letter.Subject != manifest.EventSubject("shop", "order.placed") {
+		t.Fatalf("dead letter %+v", letter)
+	}
+	fixed.Store(true)
+	if r := meshnode(t, nil, "dead", "replay", fmt.Sprint(letter.ID), "--data-dir", dir); r.code != 0 {
+		t.Fatalf("dead replay: exit %d %s", r.code, r.stderr)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if billed.Load() != 1 {
+			return fmt.Errorf("billing handled the replay %d times", billed.Load())
+		}
+		return nil
+	})
+	// Had the replay matched mailer's filter, it would be pending, in flight or handled.
+	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	js, _ := jetstream.New(op)
+	idle := func(consumer string) {
+		retryUntil(t, 10*time.Second, func() error {
+			c, err := js.Consumer(ctx, manifest.EventsStreamName, consumer)
+			if err != nil {
+				return err
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.NumPending != 0 || info.NumAckPending != 0 {
+				return fmt.Errorf("%s: %d pending, %d unacked", consumer, info.NumPending, info.NumAckPending)
+			}
+			return nil
+		})
+	}
+	idle("mailer")
+	if n := mailed.Load(); n != 1 {
+		t.Errorf("mailer handled the event %d times, want once", n)
+	}
+	idle(manifest.AuditConsumer("alpha").Name) // the audit log has read the replay too
+	r := meshnode(t, nil, "audit", "query", "--id", id, "--json", "--data-dir", dir)
+	if n := strings.Count(strings.TrimSpace(r.stdout), "\n") + 1; r.code != 0 || n != 1 || !strings.Contains(r.stdout, id) {
+		t.Errorf("audit query: the event %s is recorded %d times, want once (exit %d)\n%s%s", id, n, r.code, r.stdout, r.stderr)
 	}
 }

@@ -228,7 +228,7 @@ func TestModuleShow_JSON(t *testing.T) {
 	}
 	d := v.Derivation
 	if v.Manifest.Module != "telegram" || d.Inbox != "_INBOX.telegram" || len(d.Permissions.Publish) == 0 ||
-		len(d.EventsConsumer.FilterSubjects) != 3 || len(d.Seats) != 1 || len(d.Seats[0].Fingerprint) != 64 || len(d.Seats[0].Holder.Publish) == 0 {
+		len(d.EventsConsumer.FilterSubjects) != 4 || len(d.Seats) != 1 || len(d.Seats[0].Fingerprint) != 64 || len(d.Seats[0].Holder.Publish) == 0 {
 		t.Fatalf("JSON lacks the derivation:\n%s", stdout)
 	}
 	if strings.Contains(stdout, `\u003e`) {
