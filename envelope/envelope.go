@@ -76,18 +76,33 @@ func (k *SigningKey) Sign(input []byte) ([]byte, error) { return ed25519.Sign(k.
 
 // Options are the optional parts of an envelope.
 type Options struct {
+	// ID is the x-event-id of a retry: the UUIDv7 an earlier attempt of the same event was
+	// stamped with. Empty means a new event.
+	ID        string
 	Causation string // x-causation-id
 	Schema    string // x-schema
 }
 
-// Stamp returns the headers of a new envelope for body published on subject by source,
-// signed with key. The event id is a fresh UUIDv7.
+// ErrBadEventID means an x-event-id is not a UUIDv7.
+var ErrBadEventID = errors.New("x-event-id is not a UUIDv7")
+
+// Stamp returns the headers of an envelope for body published on subject by source, signed
+// with key. The event id is a fresh UUIDv7, or opts.ID for a retry. x-time is the id's own
+// time (UUIDv7 holds it to the millisecond), so a retry of the same event carries the same
+// headers and the same signature (Ed25519 is deterministic): the broker's dedup window and
+// the audit log both see one event.
 func Stamp(key Signer, source, node, subject string, body []byte, opts Options) (nats.Header, error) {
-	id, err := uuid.NewV7()
+	var id uuid.UUID
+	var err error
+	if opts.ID != "" {
+		id, err = ParseID(opts.ID)
+	} else {
+		id, err = uuid.NewV7()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("event id: %w", err)
 	}
-	now := time.Now().UTC().Format(timeLayout)
+	now := IDTime(id).Format(timeLayout)
 	sig, err := key.Sign(SigningInput(id.String(), now, subject, source, body))
 	if err != nil {
 		return nil, fmt.Errorf("sign event: %w", err)
@@ -107,6 +122,21 @@ func Stamp(key Signer, source, node, subject string, body []byte, opts Options) 
 		h.Set(Schema, opts.Schema)
 	}
 	return h, nil
+}
+
+// ParseID parses an x-event-id, which must be a UUIDv7 in its canonical form.
+func ParseID(s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil || id.Version() != 7 || id.String() != s {
+		return uuid.UUID{}, fmt.Errorf("%w: %q", ErrBadEventID, s)
+	}
+	return id, nil
+}
+
+// IDTime is the time a UUIDv7 holds, in UTC.
+func IDTime(id uuid.UUID) time.Time {
+	sec, nsec := id.Time().UnixTime()
+	return time.Unix(sec, nsec).UTC()
 }
 
 // SigningInput is what x-signature signs:

@@ -22,9 +22,17 @@ func CausedBy(eventID string) EmitOption { return func(o *envelope.Options) { o.
 // WithSchema sets x-schema: the payload's schema.
 func WithSchema(schema string) EmitOption { return func(o *envelope.Options) { o.Schema = schema } }
 
+// Retry makes this Emit or Submit a retry of an earlier one that returned id with an error:
+// the event keeps its id and its time, so if the earlier attempt was stored after all (a
+// timeout is not a refusal) the broker drops the copy within its 2-minute duplicate window,
+// and consumers and the audit log see one event outside it.
+func Retry(id string) EmitOption { return func(o *envelope.Options) { o.ID = id } }
+
 // Emit publishes one of the module's declared events, persistently, and returns its
 // x-event-id once JetStream has stored it. payload is JSON-encoded unless it is []byte,
-// json.RawMessage or a string.
+// json.RawMessage or a string. The id is fixed before the first attempt and returned with
+// any error after it: an Emit that timed out may still have been stored, and passing the id
+// back with Retry(id) makes trying again safe.
 func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...EmitOption) (string, error) {
 	self := c.declared()
 	if !slices.Contains(self.Emits, event) {
@@ -50,7 +58,7 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 	}
 	id, err := c.publish(ctx, subject, payload, opts)
 	if errors.Is(err, ErrNoQueue) && info.Scope == "" {
-		return "", fmt.Errorf("%w: no registered module declares seat %s yet; jobs queue once the module that holds it is registered", ErrNoQueue, seat)
+		return id, fmt.Errorf("%w: no registered module declares seat %s yet; jobs queue once the module that holds it is registered", ErrNoQueue, seat)
 	}
 	return id, err
 }
@@ -99,18 +107,20 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 	if err != nil {
 		return "", err
 	}
+	id := h.Get(envelope.EventID)
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	ctx, stop := c.watch(ctx, subject)
 	defer stop()
+	// A duplicate ack is success: an earlier attempt of this very event was stored.
 	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
 		if r := Refused(ctx); r != nil {
-			return "", fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
+			return id, fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-			return "", fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)
+			return id, fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)
 		}
-		return "", fmt.Errorf("publish %s: %w", subject, err)
+		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
-	return h.Get(envelope.EventID), nil
+	return id, nil
 }
