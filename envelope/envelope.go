@@ -23,6 +23,7 @@ const (
 	Causation   = "x-causation-id" // optional: the event that caused this one
 	Schema      = "x-schema"       // optional: the payload's schema
 	Signature   = "x-signature"    // base64url Ed25519 over SigningInput
+	Traceparent = "traceparent"    // optional: W3C trace context, when the emitter has one
 	ContentType = "content-type"
 	JSON        = "application/json"
 
@@ -79,8 +80,9 @@ type Options struct {
 	// ID is the x-event-id of a retry: the UUIDv7 an earlier attempt of the same event was
 	// stamped with. Empty means a new event.
 	ID        string
-	Causation string // x-causation-id
-	Schema    string // x-schema
+	Causation   string // x-causation-id
+	Schema      string // x-schema
+	Traceparent string // traceparent; one that is not valid W3C trace context is left out
 }
 
 // ErrBadEventID means an x-event-id is not a UUIDv7.
@@ -120,6 +122,9 @@ func Stamp(key Signer, source, node, subject string, body []byte, opts Options) 
 	}
 	if opts.Schema != "" {
 		h.Set(Schema, opts.Schema)
+	}
+	if ValidTraceparent(opts.Traceparent) {
+		h.Set(Traceparent, opts.Traceparent)
 	}
 	return h, nil
 }

@@ -74,3 +74,52 @@ func TestEmit_RetryIsOneEvent(t *testing.T) {
 		t.Errorf("Retry with a bad id: %v, want ErrBadEventID", err)
 	}
 }
+
+// TestEmit_TraceFollowsTheEvent: an event emitted with a traceparent reaches a handler, and
+// what the handler emits with its context carries a child traceparent (same trace, new span)
+// and x-causation-id naming the handled event; a job it submits does too.
+func TestEmit_TraceFollowsTheEvent(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.order.placed]\nemits: [order.billed]\nuses: [printer]\n")
+	seedP, _ := b.register("module: p\nrequires: [mesh-bus]\nseats:\n  printer: {scope: mesh, retain: 1h, accepts: [print]}\n")
+	seedC, _ := b.register("module: c\nrequires: [mesh-bus]\nconsumes: [b.order.billed]\n")
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+	cb := b.client(seedB)
+	if err := cb.On("a.order.placed", func(ctx context.Context, e sdk.Event) error {
+		if _, err := cb.Emit(ctx, "order.billed", e.Data); err != nil {
+			return err
+		}
+		_, err := cb.Submit(ctx, "printer", "print", e.Data)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan sdk.Event, 2)
+	cc := b.client(seedC)
+	if err := cc.On("b.order.billed", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	cp := b.client(seedP)
+	if err := cp.Accept("print", func(_ context.Context, j sdk.Job) error { got <- j.Event; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	id, err := b.client(seedA).Emit(ctx, "order.placed", `{"order":7}`, sdk.WithTraceparent(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case e := <-got:
+			child := e.Header.Get(envelope.Traceparent)
+			if e.Causation != id || !envelope.ValidTraceparent(child) || child[:36] != tp[:36] || child[36:52] == tp[36:52] {
+				t.Errorf("%s: x-causation-id %q (want %s), traceparent %q (want a child of %s)", e.Key, e.Causation, id, child, tp)
+			}
+		case <-ctx.Done():
+			t.Fatal("the follow-up event and job did not arrive")
+		}
+	}
+}

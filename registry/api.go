@@ -132,8 +132,25 @@ type WhoamiReply struct {
 	Secrets  []string   `json:"secrets,omitempty"`
 	Uses     []SeatInfo `json:"uses,omitempty"`
 	Seats    []SeatInfo `json:"seats,omitempty"`
-	Error    string     `json:"error,omitempty"`
+	// Signers are the keys of every source whose events the module consumes: what its
+	// client checks a delivered event's signature against.
+	Signers Signers `json:"signers,omitempty"`
+	Error   string  `json:"error,omitempty"`
 }
+
+// Signers are public keys of event sources, by SignerKey: a module's own, a seat's (its
+// declaring module's; the vault's for mesh-vault) and each server's.
+type Signers map[string]string
+
+// The kinds of source a Signers key names.
+const (
+	SignerModule = "mod"
+	SignerSeat   = "seat"
+	SignerNode   = "node"
+)
+
+// SignerKey is the key of a source in Signers: "<kind>:<name>".
+func SignerKey(kind, name string) string { return kind + ":" + name }
 
 // SeatInfo names a seat and, when a registered module declares it, its scope and protocol.
 type SeatInfo struct {

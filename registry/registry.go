@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -489,6 +490,53 @@ func (r *Registry) Seat(seat string) SeatInfo {
 		}
 	}
 	return SeatInfo{Seat: seat}
+}
+
+// Signers returns the keys of every source whose events the consumes patterns can deliver:
+// each module that emits a matching event, each seat with a matching event (its declaring
+// module's key, under both names, since either may be the x-source), and, when a pattern
+// reaches the servers' events (only "**" does), every server's key and the vault's.
+func (r *Registry) Signers(consumes []string) Signers {
+	var patterns []string
+	for _, c := range consumes {
+		if s, err := manifest.ConsumeSubject(c); err == nil {
+			patterns = append(patterns, s)
+		}
+	}
+	matches := func(subject string) bool {
+		return slices.ContainsFunc(patterns, func(p string) bool { return manifest.Matches(p, subject) })
+	}
+	// reaches reports whether a pattern can match some event of kind: the servers' and the
+	// vault's events are not declared anywhere, so only the kind token can tell.
+	reaches := func(kind string) bool {
+		return slices.ContainsFunc(patterns, func(p string) bool {
+			toks := strings.SplitN(p, ".", 3)
+			return len(toks) > 1 && (toks[1] == "*" || toks[1] == kind)
+		})
+	}
+	out := Signers{}
+	for _, e := range r.List() {
+		if slices.ContainsFunc(e.Manifest.Emits, func(ev string) bool { return matches(manifest.EventSubject(e.Module, ev)) }) {
+			out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+		}
+		for _, s := range e.Manifest.Seats {
+			if slices.ContainsFunc(s.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {
+				out[SignerKey(SignerSeat, s.Name)] = e.PublicKey
+				out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+			}
+		}
+	}
+	if reaches(SignerNode) {
+		for _, name := range r.Nodes() {
+			if id, ok := r.Node(name); ok {
+				out[SignerKey(SignerNode, name)] = id.PublicKey
+			}
+		}
+	}
+	if pub := r.Vault(); pub != "" && reaches(SignerSeat) {
+		out[SignerKey(SignerSeat, vault.Seat)] = pub
+	}
+	return out
 }
 
 // Catalogue returns the manifests of every registered module except skip.

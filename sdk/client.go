@@ -44,8 +44,9 @@ var DefaultRetryBackoff = []time.Duration{time.Second, 2 * time.Second, 5 * time
 type Option func(*options)
 
 type options struct {
-	log   *slog.Logger
-	retry []time.Duration
+	log    *slog.Logger
+	retry  []time.Duration
+	window time.Duration
 }
 
 // WithLogger sets the logger for background problems (a handler error, a lost connection).
@@ -58,12 +59,13 @@ func WithRetryBackoff(d ...time.Duration) Option {
 
 // Client is a module's connection to its node's bus.
 type Client struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	key   *envelope.SigningKey // signs envelopes
-	pub   string
-	log   *slog.Logger
-	retry []time.Duration
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	key    *envelope.SigningKey // signs envelopes
+	pub    string
+	log    *slog.Logger
+	retry  []time.Duration
+	window time.Duration // the replay window of the checks (check.go)
 
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
@@ -72,12 +74,13 @@ type Client struct {
 	xkey     nkeys.KeyPair // this client's xkey: what the vault seals its replies to
 	xpub     string
 
-	mu       sync.Mutex
-	self     registry.WhoamiReply
-	seats    map[string]*seatState
-	handlers []handler
-	consume  jetstream.ConsumeContext
-	subs     []*nats.Subscription
+	mu           sync.Mutex
+	self         registry.WhoamiReply
+	signersAsked time.Time // when whoami was last asked for missing keys
+	seats        map[string]*seatState
+	handlers     []handler
+	consume      jetstream.ConsumeContext
+	subs         []*nats.Subscription
 
 	refusals *Refusals // fed by asyncError: ends a refused request at once
 
@@ -102,7 +105,7 @@ func (c *Client) track() bool {
 // Connect connects to the bus at url as the module whose nkey seed is in seedFile. It asks
 // the bus which module the seed is, then connects as that module with its own inbox.
 func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client, error) {
-	o := options{log: slog.New(slog.DiscardHandler), retry: DefaultRetryBackoff}
+	o := options{log: slog.New(slog.DiscardHandler), retry: DefaultRetryBackoff, window: DefaultReplayWindow}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -132,7 +135,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 		return nil, err
 	}
 	xpub, _ := xkey.PublicKey()
-	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, self: self,
+	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.nc, err = nats.Connect(url,

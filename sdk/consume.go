@@ -123,6 +123,18 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
+	if d.stream == manifest.EventsStreamName {
+		err := d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
+		if errors.Is(err, errTryLater) {
+			d.c.log.Warn("cannot check the event's signature now; it is redelivered", "event", e.Key, "id", e.ID, "err", err)
+			msg.NakWithDelay(d.c.retry[0])
+			return
+		}
+		if err != nil {
+			d.giveUp(msg, md, err)
+			return
+		}
+	}
 	h := d.route(subject)
 	if h == nil {
 		err = fmt.Errorf("no handler for %s", e.Key)
@@ -152,7 +164,7 @@ func call(ctx context.Context, h Handler, e Event) (err error) {
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	return h(ctx, e)
+	return h(withHandled(ctx, e), e)
 }
 
 // giveUp stops the delivery of msg for good: the node sees JetStream's advisory and writes

@@ -22,6 +22,34 @@ func CausedBy(eventID string) EmitOption { return func(o *envelope.Options) { o.
 // WithSchema sets x-schema: the payload's schema.
 func WithSchema(schema string) EmitOption { return func(o *envelope.Options) { o.Schema = schema } }
 
+// WithTraceparent sets the W3C traceparent the event carries (an invalid one is left out).
+// Inside a handler there is no need: what it emits with the handler's context carries a
+// child of the handled event's traceparent, and x-causation-id, on its own.
+func WithTraceparent(tp string) EmitOption { return func(o *envelope.Options) { o.Traceparent = tp } }
+
+// handling is the context key of the event a handler is running for.
+type handling struct{}
+
+// withHandled returns ctx carrying e, the event a handler runs for.
+func withHandled(ctx context.Context, e Event) context.Context {
+	return context.WithValue(ctx, handling{}, e)
+}
+
+// causedBy fills what an event emitted while handling another inherits from it, unless the
+// caller set it: x-causation-id, and a child of its traceparent.
+func causedBy(ctx context.Context, o *envelope.Options) {
+	cause, ok := ctx.Value(handling{}).(Event)
+	if !ok {
+		return
+	}
+	if o.Causation == "" {
+		o.Causation = cause.ID
+	}
+	if o.Traceparent == "" {
+		o.Traceparent = envelope.ChildTraceparent(cause.Header.Get(envelope.Traceparent))
+	}
+}
+
 // Retry makes this Emit or Submit a retry of an earlier one that returned id with an error:
 // the event keeps its id and its time, so if the earlier attempt was stored after all (a
 // timeout is not a refusal) the broker drops the copy within its 2-minute duplicate window,
@@ -103,6 +131,7 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 	for _, opt := range opts {
 		opt(&o)
 	}
+	causedBy(ctx, &o)
 	h, err := envelope.Stamp(c.key, c.Module(), c.node(), subject, body, o)
 	if err != nil {
 		return "", err

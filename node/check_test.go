@@ -1,0 +1,126 @@
+package node_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestCheck_ForgedEventsNeverReachHandlers: events the bus lets a module publish on its own
+// subject but whose envelope does not prove their source — a bad signature, an x-source
+// that is not the subject's module, an x-time an hour from when the stream stored it, an
+// x-event-id that is not a UUIDv7, no x-node — are never handed to an sdk handler: each is in
+// DEAD with the check's reason. The genuine events around them are handled, including one
+// from a module registered after the consumer connected (its key is asked for then).
+func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [\"*.x\"]\n")
+	var mu sync.Mutex
+	var handled []string
+	cb := b.client(seedB)
+	if err := cb.On("*.x", func(_ context.Context, e sdk.Event) error {
+		mu.Lock()
+		handled = append(handled, e.Source+" "+string(e.Data))
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := mustKey(t, seedA)
+	js, _ := jetstream.New(b.raw(seedA, "a"))
+	subject := manifest.EventSubject("a", "x")
+	// stamp signs an envelope by hand, with what a forger chooses.
+	stamp := func(id, source string, at time.Time, body string) nats.Header {
+		ts := at.UTC().Format(time.RFC3339Nano)
+		sig, err := key.Sign(envelope.SigningInput(id, ts, subject, source, []byte(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := nats.Header{}
+		h.Set(envelope.EventID, id)
+		h.Set(envelope.Source, source)
+		h.Set(envelope.Node, "alpha")
+		h.Set(envelope.Time, ts)
+		h.Set(envelope.ContentType, envelope.JSON)
+		h.Set(envelope.Signature, base64.RawURLEncoding.EncodeToString(sig))
+		return h
+	}
+	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
+	forged := map[string]nats.Header{}
+	tampered := stamp(newID(), "a", time.Now(), `{"n":1}`)
+	forged[`{"n":1,"tampered":true}`] = tampered
+	forged[`{"n":2}`] = stamp(newID(), "c", time.Now(), `{"n":2}`)
+	forged[`{"n":3}`] = stamp(newID(), "a", time.Now().Add(-time.Hour), `{"n":3}`)
+	forged[`{"n":4}`] = stamp("12345", "a", time.Now(), `{"n":4}`)
+	noNode := stamp(newID(), "a", time.Now(), `{"n":5}`)
+	noNode.Del(envelope.Node)
+	forged[`{"n":5}`] = noNode
+	reasons := map[string]string{
+		`{"n":1,"tampered":true}`: "signature",
+		`{"n":2}`:                 `x-source "c" does not own`,
+		`{"n":3}`:                 "outside the replay window",
+		`{"n":4}`:                 "UUIDv7",
+		`{"n":5}`:                 "missing envelope header x-node",
+	}
+	ca := b.client(seedA)
+	if _, err := ca.Emit(ctx, "x", `{"genuine":1}`); err != nil {
+		t.Fatal(err)
+	}
+	for body, h := range forged {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A module registered after b connected: b learns its key when its first event comes.
+	seedD, _ := b.register("module: d\nrequires: [mesh-bus]\nemits: [x]\n")
+	if _, err := b.client(seedD).Emit(ctx, "x", `{"genuine":2}`); err != nil {
+		t.Fatal(err)
+	}
+
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b"), len(forged), nil)
+	for _, l := range letters {
+		want, ok := reasons[string(l.Data)]
+		if !ok {
+			t.Errorf("dead letter of %s (%s): not a forged event", l.Data, l.Header.Get(envelope.DeadReason))
+			continue
+		}
+		if r := l.Header.Get(envelope.DeadReason); !strings.Contains(r, want) || !strings.Contains(r, "refused by the sdk's checks") {
+			t.Errorf("dead letter of %s: reason %q, want it to say %q", l.Data, r, want)
+		}
+		delete(reasons, string(l.Data))
+	}
+	if len(reasons) != 0 {
+		t.Errorf("forged events not dead-lettered: %v", reasons)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(handled) != 2 {
+			return fmt.Errorf("handled %q, want the two genuine events", handled)
+		}
+		return nil
+	})
+	consumerIdle(t, b, manifest.EventsStreamName, "b")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, h := range handled {
+		if !strings.Contains(h, "genuine") {
+			t.Errorf("a handler was given %s", h)
+		}
+	}
+}

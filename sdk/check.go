@@ -1,0 +1,155 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+)
+
+// What the sdk checks before a handler sees an event (issue 12): the bus lets only a module
+// publish on its own subjects, but a stream can hold what another writer put there (the
+// operator's connection, a node), so the envelope itself must prove its source:
+//   - the required headers are there, and x-event-id is a UUIDv7;
+//   - x-source owns the subject: a module its own events, the declaring module or the seat
+//     itself a seat's, a server the servers' events;
+//   - x-signature verifies with the source's registered key (whoami's Signers, asked again
+//     when a key is missing or does not verify, since modules register and rotate keys);
+//   - x-time is within the replay window of when the stream stored the event, so an old
+//     signed event published again is refused; a module that was away for days still gets
+//     its backlog, whose store times are old too. A `meshnode dead replay` is exempt: it is
+//     the operator's deliberate re-delivery of an old event.
+// An event that fails is never handed to a handler: it is terminated with the reason, and
+// the node dead-letters it. Header names are matched exactly, as NATS matches them on the
+// wire (case-sensitive): x-source, not X-Source.
+
+// DefaultReplayWindow is how far an event's x-time may be from when its stream stored it.
+const DefaultReplayWindow = 10 * time.Minute
+
+// WithReplayWindow sets how far a delivered event's x-time may be from the time its stream
+// stored it (DefaultReplayWindow); 0 turns the check off.
+func WithReplayWindow(d time.Duration) Option { return func(o *options) { o.window = d } }
+
+// ErrRejected marks a delivered event that failed the sdk's checks.
+var ErrRejected = errors.New("refused by the sdk's checks")
+
+// signerRefresh is the least time between two whoami questions asked for missing keys: a
+// stream of forged events costs one question a second, not one each.
+const signerRefresh = time.Second
+
+// errTryLater marks a check that could not be made now (the controller did not answer):
+// the event is redelivered later, not given up.
+var errTryLater = errors.New("cannot check the event now")
+
+// check returns nil when e, delivered on subject (its original subject) and stored at
+// stored, may be handed to a handler.
+func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, replay bool) error {
+	for _, name := range []string{envelope.Node, envelope.ContentType, envelope.Signature} {
+		if e.Header.Get(name) == "" {
+			return fmt.Errorf("%w: %w %s", ErrRejected, envelope.ErrMissingHeader, name)
+		}
+	}
+	if _, err := envelope.ParseID(e.ID); err != nil {
+		return fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	toks := strings.SplitN(e.Subject, ".", 4)
+	if len(toks) < 4 {
+		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
+	}
+	kind, owner := toks[1], toks[2]
+	verify := func(signers registry.Signers) (retry bool, err error) {
+		var key string
+		switch kind {
+		case registry.SignerModule:
+			if e.Source != owner {
+				return false, fmt.Errorf("x-source %q does not own %s: it is module %s's event", e.Source, e.Subject, owner)
+			}
+			key = signers[registry.SignerKey(registry.SignerModule, owner)]
+		case registry.SignerNode:
+			key = signers[registry.SignerKey(registry.SignerNode, e.Source)] // a server speaks for any node
+			if key == "" {
+				return true, fmt.Errorf("x-source %q is not a server of the mesh, which alone speaks on %s", e.Source, e.Subject)
+			}
+		case registry.SignerSeat:
+			key = signers[registry.SignerKey(registry.SignerSeat, owner)]
+			if e.Source != owner && (key == "" || signers[registry.SignerKey(registry.SignerModule, e.Source)] != key) {
+				return key == "", fmt.Errorf("x-source %q does not own %s: it is neither seat %s nor the module that declares it", e.Source, e.Subject, owner)
+			}
+		default:
+			return false, fmt.Errorf("%s is not an event's subject", e.Subject)
+		}
+		if key == "" {
+			return true, fmt.Errorf("no registered key for x-source %q", e.Source)
+		}
+		if err := c.verifyWith(e, key); err != nil {
+			return true, fmt.Errorf("x-signature is not %s's: %w", e.Source, err)
+		}
+		return false, nil
+	}
+	retry, err := verify(c.signers())
+	if err != nil && retry {
+		// Keys change: a module registered or rotated its key since this client asked.
+		signers, ferr := c.refreshSigners(ctx, stored)
+		if ferr != nil {
+			return fmt.Errorf("%w: %w", errTryLater, ferr)
+		}
+		_, err = verify(signers)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	if c.window > 0 && !replay {
+		if d := stored.Sub(e.Time); d > c.window || d < -c.window {
+			return fmt.Errorf("%w: x-time %s is %s from when the stream stored the event (%s), outside the replay window of %s",
+				ErrRejected, e.Header.Get(envelope.Time), d.Round(time.Second), stored.UTC().Format(time.RFC3339), c.window)
+		}
+	}
+	return nil
+}
+
+// signers returns the keys whoami last gave.
+func (c *Client) signers() registry.Signers {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.self.Signers
+}
+
+// refreshSigners returns keys learnt after stored, when the event was stored: asked again
+// now, at most once per signerRefresh, or known from an answer asked for since. A key missing
+// from those is not registered; one missing from older keys may be new. When whoami was asked
+// too recently, it returns errThrottled: the event waits for the next question.
+func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (registry.Signers, error) {
+	c.mu.Lock()
+	if c.signersAsked.After(stored) {
+		defer c.mu.Unlock()
+		return c.self.Signers, nil
+	}
+	if time.Since(c.signersAsked) < signerRefresh {
+		c.mu.Unlock()
+		return nil, errThrottled
+	}
+	asked := time.Now()
+	c.signersAsked = asked
+	c.mu.Unlock()
+	self, err := askWhoami(ctx, c.nc, c.pub)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.self = self
+	c.mu.Unlock()
+	return self.Signers, nil
+}
+
+// errThrottled means whoami was asked for keys less than signerRefresh ago.
+var errThrottled = errors.New("the keys were asked for less than a second ago")
+
+// verifyWith checks e's signature with the public key pub.
+func (c *Client) verifyWith(e envelope.Event, pub string) error {
+	return envelope.Verify(nats.Header(e.Header), e.Subject, e.Data, pub)
+}
