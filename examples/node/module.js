@@ -1,0 +1,117 @@
+// A meshnode module in Node.js, with the plain `nats` and `nkeys.js` packages: it learns who
+// it is from whoami, serves its declared tools, consumes its durable consumer on EVENTS
+// (checking every envelope as the Go sdk does) and emits signed events.
+//
+//   MESHNODE_URL=nats://127.0.0.1:4222 MESHNODE_SEED=notes.nk node module.js
+//
+// What it does with an event, to show the delivery contract: a body with "fail": true is
+// NAKed every time, so after 5 deliveries the node dead-letters it; any other is acked and
+// answered with the module's first declared event, caused by it. An event that fails the
+// envelope checks is terminated with the reason, which becomes its x-dead-reason.
+"use strict";
+
+const fs = require("node:fs");
+const { connect, headers, nkeyAuthenticator, AckPolicy } = require("nats");
+const nkeys = require("nkeys.js");
+const env = require("./envelope");
+
+const url = process.env.MESHNODE_URL || "nats://127.0.0.1:4222";
+const seed = fs.readFileSync(process.env.MESHNODE_SEED || "module.nk", "utf8").trim();
+const kp = nkeys.fromSeed(Buffer.from(seed));
+const pub = kp.getPublicKey();
+const REPLAY_WINDOW_MS = 10 * 60 * 1000;
+
+const log = (...a) => console.log(new Date().toISOString(), ...a);
+
+// whoami asks the mesh's controller which module this key is, on a connection whose inbox
+// is named for the key (the only inbox a client that does not know its name may use).
+async function whoami(nc) {
+  const m = await nc.request(`mesh.seat.mesh-controller.tool.whoami.${pub}`,
+    JSON.stringify({ public_key: pub }), { timeout: 10000 });
+  const reply = JSON.parse(Buffer.from(m.data).toString("utf8"));
+  if (reply.error) throw new Error(`whoami: ${reply.error}`);
+  return reply;
+}
+
+async function main() {
+  const auth = { authenticator: nkeyAuthenticator(Buffer.from(seed)), servers: url };
+  const boot = await connect({ ...auth, inboxPrefix: `_INBOX.${pub}`, name: "whoami" });
+  let self = await whoami(boot);
+  await boot.close();
+  const module = self.module;
+
+  const nc = await connect({ ...auth, inboxPrefix: `_INBOX.${module}`, name: `${module}-node-${process.pid}` });
+  nc.closed().then((err) => err && log("connection closed:", err.message));
+  const js = nc.jetstream();
+  const stats = { handled: 0, failed: 0, refused: 0, emitted: 0 };
+
+  // Tools: core request/reply, queue group = the module.
+  for (const tool of self.tools || []) {
+    nc.subscribe(`mesh.mod.${module}.tool.${tool}`, {
+      queue: module,
+      callback: (err, m) => {
+        if (!err) m.respond(JSON.stringify({ module, tool, ...stats }));
+      },
+    });
+  }
+
+  // emit publishes one of the module's declared events and waits for the stream's ack.
+  async function emit(event, payload, causation) {
+    const subject = `mesh.mod.${module}.event.${event}`;
+    const body = Buffer.from(JSON.stringify(payload), "utf8");
+    const h = headers();
+    const id = env.stamp(h, kp, { source: module, node: self.node, subject, body, causation });
+    await js.publish(subject, body, { headers: h, msgID: id });
+    stats.emitted++;
+    log("emitted", event, id);
+    return id;
+  }
+
+  if ((self.consumes || []).length > 0) {
+    const consumer = await js.consumers.get("EVENTS", module);
+    const messages = await consumer.consume({ max_messages: 32 });
+    (async () => {
+      for await (const m of messages) {
+        const subject = env.originalSubject(m.subject);
+        const replay = subject !== m.subject;
+        const stored = m.info.timestampNanos / 1e6;
+        let why = env.check(subject, m.headers, m.data, self.signers || {}, stored, REPLAY_WINDOW_MS, replay);
+        if (why.startsWith("no registered key") || why.startsWith("x-signature")) {
+          self = await whoami(nc).catch(() => self); // keys change: ask once more
+          why = env.check(subject, m.headers, m.data, self.signers || {}, stored, REPLAY_WINDOW_MS, replay);
+        }
+        if (why) {
+          stats.refused++;
+          log("refused", subject, why);
+          m.term(`refused by the envelope checks: ${why}`);
+          continue;
+        }
+        const id = m.headers.get(env.H.id);
+        let body = {};
+        try { body = JSON.parse(Buffer.from(m.data).toString("utf8")); } catch { /* not JSON: handled as {} */ }
+        if (body.fail) {
+          stats.failed++;
+          log("failed", subject, id, "delivery", m.info.deliveryCount);
+          m.nak(10);
+          continue;
+        }
+        try {
+          if ((self.emits || []).length > 0) await emit(self.emits[0], { handled: id }, id);
+          m.ack();
+          stats.handled++;
+          log("handled", subject, id);
+        } catch (err) {
+          log("handler failed:", err.message);
+          m.nak(1000);
+        }
+      }
+    })();
+  }
+  log("ready", module);
+
+  const stop = async () => { await nc.drain(); process.exit(0); };
+  process.on("SIGTERM", stop);
+  process.on("SIGINT", stop);
+}
+
+main().catch((err) => { console.error("module failed:", err.message); process.exit(1); });
