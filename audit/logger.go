@@ -246,9 +246,9 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	}
 	switch pub, ok := l.keys(r.Source); {
 	case h.Get(envelope.Signature) == "":
-		r.SignatureError = "unsigned: no x-signature"
+		r.SignatureError = unsignedPrefix + ": no x-signature"
 	case !ok:
-		r.SignatureError = fmt.Sprintf("no registered key for source %q", r.Source)
+		r.SignatureError = fmt.Sprintf("%s %q", noKeyPrefix, r.Source)
 	default:
 		if err := envelope.Verify(h, r.Subject, r.Body, pub); err != nil {
 			r.SignatureError = err.Error()
@@ -259,6 +259,13 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	r.SourceMatches = l.owners(r.Subject, r.Source)
 	return r
 }
+
+// How a record's SignatureError begins when the event was not signed, or its source had no
+// key: verify tells these from a signature that does not verify.
+const (
+	unsignedPrefix = "unsigned"
+	noKeyPrefix    = "no registered key for source"
+)
 
 // validUTF8 is s as the record's JSON keeps it. JSON writes an invalid byte as U+FFFD, so
 // the record read back would differ from the one hashed at ingest, and verify would call a

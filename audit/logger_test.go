@@ -63,7 +63,7 @@ func TestLogger_InvalidUTF8(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !v.OK() {
-		t.Fatalf("verify of genuine events: broken %+v, unsigned %+v", v.Broken, v.Unsigned)
+		t.Fatalf("verify of genuine events: broken %+v, flagged %+v", v.Broken, v.Flagged)
 	}
 	if got, want := v.Records, uint64(len(msgs)); got != want {
 		t.Fatalf("verify read %d records, want %d", got, want)

@@ -170,15 +170,42 @@ type Problem struct {
 // Verification is what Verify found.
 type Verification struct {
 	Records uint64 `json:"records"`
-	// Broken is the first record whose hash or link does not hold: the log was altered.
+	// Broken is the first record whose hash or link does not hold: the log was altered or
+	// truncated. It is about the log, not about the events in it.
 	Broken *Problem `json:"broken,omitempty"`
-	// Unsigned is the first record whose signature or source did not check out at ingest:
-	// the event was forged or mislabelled (it is kept, and flagged).
-	Unsigned *Problem `json:"unsigned,omitempty"`
+	// Flagged are the records whose event is not genuine (forged, mislabelled, unsigned),
+	// oldest first, at most MaxFlagged of them; FlaggedTotal counts all. The log holding them
+	// is intact: they were recorded as they arrived, and flagged.
+	Flagged      []Flag `json:"flagged,omitempty"`
+	FlaggedTotal uint64 `json:"flagged_total,omitempty"`
 }
 
-// OK reports whether nothing was found.
-func (v Verification) OK() bool { return v.Broken == nil && v.Unsigned == nil }
+// MaxFlagged bounds the flagged records one verify lists, so its answer fits a message.
+const MaxFlagged = 1000
+
+// Flag is one record whose event is not genuine, and why.
+type Flag struct {
+	N       uint64 `json:"n"`
+	EventID string `json:"event_id"`
+	Subject string `json:"subject"`
+	Source  string `json:"source"`
+	// Kind is one of the Flag* kinds.
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+}
+
+// Why an event is not genuine.
+const (
+	FlagUnsigned       = "unsigned"        // no x-signature
+	FlagUnknownSource  = "unknown-source"  // no registered key for its x-source
+	FlagBadSignature   = "bad-signature"   // the signature is not its source's key's over it
+	FlagSourceMismatch = "source-mismatch" // its x-source does not own its subject
+	FlagReusedID       = "reused-id"       // its x-event-id was first used by another event
+	FlagBadID          = "bad-id"          // its x-event-id is not a UUIDv7
+)
+
+// OK reports whether the log is intact and every event in it genuine.
+func (v Verification) OK() bool { return v.Broken == nil && v.FlaggedTotal == 0 }
 
 // Verify walks the whole log: every record's hash must be its content's, and link to the
 // record before it.
@@ -216,9 +243,10 @@ func (l *Logger) Verify() (Verification, error) {
 			if v.Broken != nil {
 				return nil
 			}
-			if v.Unsigned == nil {
-				if reason := l.genuine(r); reason != "" {
-					v.Unsigned = &Problem{N: n, Reason: fmt.Sprintf("event %s on %s: %s", r.EventID, r.Subject, reason)}
+			if kind, reason := l.genuine(r); kind != "" {
+				v.FlaggedTotal++
+				if len(v.Flagged) < MaxFlagged {
+					v.Flagged = append(v.Flagged, Flag{N: n, EventID: r.EventID, Subject: r.Subject, Source: r.Source, Kind: kind, Reason: reason})
 				}
 			}
 			prev, wantN, lastN, lastHash = r.Hash, n+1, n, r.Hash
@@ -232,22 +260,29 @@ func (l *Logger) Verify() (Verification, error) {
 	return v, err
 }
 
-// genuine says why a record is not a genuine event ("" when it is): its signature, its
-// source, or a reused id. A signature whose key was unknown at ingest (a node or the vault
-// recorded after its first event) is checked again with the keys known now.
-func (l *Logger) genuine(r Record) string {
-	if !r.Signed && strings.HasPrefix(r.SignatureError, "no registered key") && l.keys != nil {
+// genuine says why a record is not a genuine event (kind "" when it is): its signature, its
+// source, its id. A signature whose key was unknown at ingest (a node or the vault recorded
+// after its first event) is checked again with the keys known now.
+func (l *Logger) genuine(r Record) (kind, reason string) {
+	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil {
 		if pub, ok := l.keys(r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
 			r.Signed = true
 		}
 	}
 	switch {
+	case !r.Signed && strings.HasPrefix(r.SignatureError, unsignedPrefix):
+		return FlagUnsigned, r.SignatureError
+	case !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix):
+		return FlagUnknownSource, r.SignatureError
 	case !r.Signed:
-		return r.SignatureError
+		return FlagBadSignature, r.SignatureError
 	case !r.SourceMatches:
-		return fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
+		return FlagSourceMismatch, fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
 	case r.ReusedID != 0:
-		return fmt.Sprintf("its x-event-id was first used by a different event, record %d", r.ReusedID)
+		return FlagReusedID, fmt.Sprintf("its x-event-id was first used by a different event, record %d", r.ReusedID)
 	}
-	return ""
+	if _, err := envelope.ParseID(r.EventID); err != nil {
+		return FlagBadID, err.Error()
+	}
+	return "", ""
 }

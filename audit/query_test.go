@@ -75,8 +75,9 @@ func TestQuery_Indexes(t *testing.T) {
 			}
 		})
 	}
+	// The chain is intact; the hand-made ids ("idA") are not UUIDv7s, each flagged as such.
 	v, err := l.Verify()
-	if err != nil || !v.OK() || v.Records != 30 {
+	if err != nil || v.Broken != nil || v.Records != 30 || v.FlaggedTotal != 30 || v.Flagged[0].Kind != FlagBadID {
 		t.Fatalf("verify: %+v %v", v, err)
 	}
 

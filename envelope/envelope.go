@@ -79,7 +79,7 @@ func (k *SigningKey) Sign(input []byte) ([]byte, error) { return ed25519.Sign(k.
 type Options struct {
 	// ID is the x-event-id of a retry: the UUIDv7 an earlier attempt of the same event was
 	// stamped with. Empty means a new event.
-	ID        string
+	ID          string
 	Causation   string // x-causation-id
 	Schema      string // x-schema
 	Traceparent string // traceparent; one that is not valid W3C trace context is left out

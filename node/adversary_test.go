@@ -454,7 +454,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Errorf("the bomber's records read back: %d, want %d", len(recs), len(sent))
 	}
 	if v := b.audit(audit.Request{Op: "verify"}).Verification; !v.OK() {
-		t.Fatalf("verify after the bombs: broken %+v unsigned %+v", v.Broken, v.Unsigned)
+		t.Fatalf("verify after the bombs: broken %+v flagged %+v", v.Broken, v.Flagged)
 	}
 
 	// Duplicates whose first values speak for another module: the audit log keeps the event
@@ -470,8 +470,8 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Fatalf("an event claiming x-source good on bomber's subject is recorded as genuine: %+v", recs)
 	}
 	v := b.audit(audit.Request{Op: "verify"}).Verification
-	if v.Broken != nil || v.Unsigned == nil || v.Unsigned.N != recs[0].N {
-		t.Fatalf("verify after the forgery: broken %+v unsigned %+v, want record %d flagged", v.Broken, v.Unsigned, recs[0].N)
+	if v.Broken != nil || len(v.Flagged) == 0 || v.Flagged[0].N != recs[0].N {
+		t.Fatalf("verify after the forgery: broken %+v flagged %+v, want record %d flagged", v.Broken, v.Flagged, recs[0].N)
 	}
 }
 
@@ -518,7 +518,7 @@ func TestAdversary_MalformedHeaderBlock(t *testing.T) {
 	if v.Broken != nil {
 		t.Fatalf("verify after a malformed header block: broken %+v", v.Broken)
 	}
-	t.Logf("the malformed event: unsigned %+v; sink saw %d event(s)", v.Unsigned, got.count())
+	t.Logf("the malformed event: flagged %+v; sink saw %d event(s)", v.Flagged, got.count())
 }
 
 // rawPublish publishes one message with a header block written by hand, on a connection made

@@ -135,7 +135,7 @@ func TestAudit_Completeness(t *testing.T) {
 	}
 	v := b.audit(audit.Request{Op: "verify"}).Verification
 	if !v.OK() {
-		t.Fatalf("verify: %+v %+v", v.Broken, v.Unsigned)
+		t.Fatalf("verify: %+v %+v", v.Broken, v.Flagged)
 	}
 }
 
@@ -149,7 +149,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	publishRaw(t, b, seed, "m", "tick", 10, 0)
 	b.waitAudited(20 * time.Second)
 	if v := b.audit(audit.Request{Op: "verify"}).Verification; !v.OK() {
-		t.Fatalf("verify before tampering: %+v %+v", v.Broken, v.Unsigned)
+		t.Fatalf("verify before tampering: %+v %+v", v.Broken, v.Flagged)
 	}
 	recs := b.auditAll("m")
 	target := recs[4].N
@@ -171,8 +171,8 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 		t.Fatalf("forged event: %+v", forged)
 	}
 	// A different event under an id already used is kept, and flagged too.
-	h2, _ := envelope.Stamp(mustSigner(t, seed), "m", "alpha", subject, []byte(`{"other":1}`), envelope.Options{})
-	h2.Set(envelope.EventID, recs[0].EventID)
+	h2, _ := envelope.Stamp(mustSigner(t, seed), "m", "alpha", subject, []byte(`{"other":1}`), envelope.Options{ID: recs[0].EventID})
+	h2.Set(nats.MsgIdHdr, "another") // past the broker's dedup: an emitter reusing an id
 	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h2, Data: []byte(`{"other":1}`)}); err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +182,12 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 		t.Fatalf("an event reusing %s: %+v", recs[0].EventID, reused)
 	}
 	v := b.audit(audit.Request{Op: "verify"}).Verification
-	if v.Broken != nil || v.Unsigned == nil || v.Unsigned.N != forged[0].N {
-		t.Fatalf("verify with a forged event: broken %+v unsigned %+v, want unsigned record %d", v.Broken, v.Unsigned, forged[0].N)
+	// Both are listed, each with its kind; the log is intact.
+	if v.Broken != nil || v.FlaggedTotal != 2 || len(v.Flagged) != 2 ||
+		v.Flagged[0].N != forged[0].N || v.Flagged[0].Kind != audit.FlagBadSignature ||
+		v.Flagged[1].N != reused[0].N || v.Flagged[1].Kind != audit.FlagReusedID {
+		t.Fatalf("verify with a forged event and a reused id: broken %+v flagged %+v, want records %d (bad signature) and %d (reused id)",
+			v.Broken, v.Flagged, forged[0].N, reused[0].N)
 	}
 	b.close()
 

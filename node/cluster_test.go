@@ -304,7 +304,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 				return err
 			}
 			if v := reply.Verification; !v.OK() {
-				return fmt.Errorf("node %s: broken %+v, not genuine %+v", name, v.Broken, v.Unsigned)
+				return fmt.Errorf("node %s: broken %+v, not genuine %+v", name, v.Broken, v.Flagged)
 			}
 			return nil
 		})

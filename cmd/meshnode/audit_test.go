@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -229,5 +232,64 @@ func TestBinary_DeadLetterReplay(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) != 1 || got[0] != dl.EventID {
 		t.Fatalf("fixed consumer got %v, want once %s", got, dl.EventID)
+	}
+}
+
+// TestBinary_AuditVerifyListsForgeries: a log holding forged events is intact, so verify exits
+// 0, and lists every event that is not genuine with its kind, as a table and as JSON.
+func TestBinary_AuditVerifyListsForgeries(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nemits: [order.billed]\n")
+	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	subject := manifest.EventSubject("shop", "order.placed")
+	body := []byte(`{"order":1}`)
+	// Billing's genuine signature, on shop's subject; and shop's, under an id that is no UUID.
+	mislabelled, _ := envelope.Stamp(mustSeed(t, billingSeed), "billing", "alpha", subject, body, envelope.Options{})
+	badID := nats.Header{}
+	for k, v := range mislabelled {
+		badID[k] = v
+	}
+	badID.Set(envelope.EventID, "order-1")
+	badID.Set(envelope.Source, "shop")
+	in := envelope.SigningInput("order-1", badID.Get(envelope.Time), subject, "shop", body)
+	sig, _ := mustSeed(t, shopSeed).Sign(in)
+	badID.Set(envelope.Signature, base64.RawURLEncoding.EncodeToString(sig))
+	badID.Set(nats.MsgIdHdr, "order-1")
+	for _, h := range []nats.Header{mislabelled, badID} {
+		if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var v audit.Verification
+	retryUntil(t, 20*time.Second, func() error {
+		r := meshnode(t, nil, "audit", "verify", "--json", "--data-dir", dir)
+		if r.code != 0 {
+			return fmt.Errorf("exit %d: %s", r.code, r.stderr)
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+			return err
+		}
+		if v.FlaggedTotal < 2 {
+			return fmt.Errorf("%d flagged: %s", v.FlaggedTotal, r.stdout)
+		}
+		return nil
+	})
+	kinds := map[string]bool{}
+	for _, f := range v.Flagged {
+		kinds[f.Kind] = true
+	}
+	if v.Broken != nil || v.FlaggedTotal != 2 || !kinds[audit.FlagSourceMismatch] || !kinds[audit.FlagBadID] {
+		t.Errorf("verify --json: %+v", v)
+	}
+	r := meshnode(t, nil, "audit", "verify", "--data-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "audit log intact") || !strings.Contains(r.stdout, "2 not genuine") ||
+		!strings.Contains(r.stdout, audit.FlagSourceMismatch) || !strings.Contains(r.stdout, "order-1") {
+		t.Errorf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
