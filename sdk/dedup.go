@@ -7,8 +7,7 @@ import (
 
 // Dedup remembers the x-event-id of the newest events a handler completed, so a redelivered
 // event (delivery is at least once) is acknowledged without running the handler again. It
-// lives in memory: a module that must survive restarts without repeating work keeps its own
-// record of handled ids, e.g. in the same transaction as the work.
+// lives in memory: DurableDedup (OpenDedupFile) survives restarts.
 type Dedup struct {
 	mu   sync.Mutex
 	size int

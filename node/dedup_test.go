@@ -1,0 +1,107 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestDedup_SurvivesRestart: 1,000 events are each stored twice (two copies of one envelope
+// under different Nats-Msg-Ids, as a retry after the broker's window would be), the second
+// copies only after the consuming module restarted. With the durable dedup, each event is
+// handled once; the in-memory one would handle the second copies again.
+func TestDedup_SurvivesRestart(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
+	const n = 1000
+	key := mustSigner(t, seedA)
+	subject := manifest.EventSubject("a", "x")
+	envs := make([]nats.Header, n)
+	for i := range envs {
+		envs[i], _ = envelope.Stamp(key, "a", "alpha", subject, []byte(fmt.Sprintf(`{"n":%d}`, i)), envelope.Options{})
+	}
+	js, _ := jetstream.New(b.raw(seedA, "a"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	publish := func(copy string) {
+		for i, h := range envs {
+			h = maps.Clone(h)
+			h.Set(nats.MsgIdHdr, copy+"."+h.Get(envelope.EventID))
+			if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-ctx.Done():
+			t.Fatal("publishing did not complete")
+		}
+	}
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	var mu sync.Mutex
+	handled := map[string]int{}
+	var total int
+	// run starts b with the dedup file, waits until its consumer has nothing left and stops.
+	run := func(want int) {
+		d, err := sdk.OpenDedupFile(path, 10*n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		c, err := sdk.Connect(ctx, b.n.ClientURL(), seedB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.On("a.x", d.Once("count", func(_ context.Context, e sdk.Event) error {
+			mu.Lock()
+			handled[e.ID]++
+			total++
+			mu.Unlock()
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		retryUntil(t, 30*time.Second, func() error {
+			mu.Lock()
+			got := total
+			mu.Unlock()
+			if got < want {
+				return fmt.Errorf("%d handled, want %d", got, want)
+			}
+			return nil
+		})
+		consumerIdle(t, b, manifest.EventsStreamName, "b")
+	}
+	publish("first")
+	run(n)
+	publish("second") // stored while b is away
+	run(n)
+	mu.Lock()
+	defer mu.Unlock()
+	if total != n || len(handled) != n {
+		t.Fatalf("%d handler runs for %d events, want %d once each", total, len(handled), n)
+	}
+	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := events.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.State.Subjects[subject]; got != 2*n {
+		t.Fatalf("EVENTS holds %d copies, want %d: the bed did not deliver each event twice", got, 2*n)
+	}
+}
