@@ -22,6 +22,8 @@ type secretRecord struct {
 	Owner    string    `json:"owner"`
 	Name     string    `json:"name"`
 	Versions []version `json:"versions"`
+	// Outbox holds the events of actions stored with the record and not yet published.
+	Outbox []outboxEvent `json:"outbox,omitempty"`
 }
 
 type version struct {
@@ -80,6 +82,7 @@ func (v *Vault) load(_ context.Context, owner, name string) (*secretRecord, uint
 	}
 	r := e.rec
 	r.Versions = slices.Clone(r.Versions)
+	r.Outbox = slices.Clone(r.Outbox)
 	return &r, e.rev, nil
 }
 
@@ -118,6 +121,9 @@ func (v *Vault) decodeRecord(key string, value []byte) (secretRecord, error) {
 	}
 	if len(r.Versions) == 0 {
 		return secretRecord{}, errors.New("the record has no version")
+	}
+	if err := checkOutbox(r.Outbox); err != nil {
+		return secretRecord{}, err
 	}
 	prev := 0
 	for _, ver := range r.Versions {
@@ -175,6 +181,8 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
 	prev, rev, err := v.load(ctx, req.Owner, req.Name)
 	if err != nil {
 		return nil, err
@@ -192,11 +200,14 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	}
 	now := time.Now().UTC()
 	r := &secretRecord{Owner: req.Owner, Name: req.Name, Versions: []version{{Version: 1, Created: now, Nonce: nonce, Cipher: ct}}}
+	if err := v.addOutbox(r, "minted", map[string]any{"owner": req.Owner, "name": req.Name, "version": 1}); err != nil {
+		return nil, err
+	}
 	// rev is a bad record's, which the new one replaces; 0 when there is none.
 	if err := v.store(ctx, r, rev); err != nil {
 		return nil, err
 	}
-	v.event(ctx, "minted", map[string]any{"owner": req.Owner, "name": req.Name, "version": 1})
+	v.flushLater(ctx, secretKey(r.Owner, r.Name))
 	return &Secret{Meta: Meta{Owner: req.Owner, Name: req.Name, Version: 1, Versions: []int{1}, Created: now}, Value: value}, nil
 }
 
@@ -213,6 +224,8 @@ func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
 		}
 		grace = d
 	}
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
 	r, rev, err := v.load(ctx, req.Owner, req.Name)
 	if err != nil {
 		return nil, err
@@ -241,10 +254,13 @@ func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
 		return nil, err
 	}
 	r.Versions = append(live, version{Version: next, Created: now, Nonce: nonce, Cipher: ct})
+	if err := v.addOutbox(r, "rotated", map[string]any{"owner": req.Owner, "name": req.Name, "version": next, "previous_until": until}); err != nil {
+		return nil, err
+	}
 	if err := v.store(ctx, r, rev); err != nil {
 		return nil, err
 	}
-	v.event(ctx, "rotated", map[string]any{"owner": req.Owner, "name": req.Name, "version": next, "previous_until": until})
+	v.flushLater(ctx, secretKey(r.Owner, r.Name))
 	return &Secret{Meta: meta(r), Value: value}, nil
 }
 

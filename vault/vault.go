@@ -88,6 +88,12 @@ type Vault struct {
 	gate     *throttle.Gate
 	gateStop func() // ends the gate's reports, the last one made
 
+	// writeMu serialises the writes of secret records: an action's and its outbox's.
+	writeMu sync.Mutex
+	// sweepStop ends the outbox sweeper while this node serves the vault; sweepNow wakes it.
+	sweepStop chan struct{}
+	sweepNow  chan struct{}
+
 	events chan event // recorded by a worker, off the requests' path
 	done   chan struct{}
 	// closing guards events: senders hold it shared, Close takes it to close the channel,
@@ -140,7 +146,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	}
 	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign,
 		tokens: map[string]tokenRecord{}, records: map[string]recordEntry{},
-		events: make(chan event, eventQueue), done: make(chan struct{})}
+		events: make(chan event, eventQueue), done: make(chan struct{}), sweepNow: make(chan struct{}, 1)}
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
 	}
@@ -156,7 +162,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	}
 	go v.record()
 	v.gate = throttle.New(float64(cfg.RateLimit), 2*cfg.RateLimit, 0, func(r throttle.Refusal) {
-		v.queue(event{"refused", map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
+		v.queue(event{action: "refused", meta: map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
 			"last_reason": r.Detail, "until": r.Until}})
 	})
 	v.gateStop = v.gate.Start()
@@ -199,6 +205,15 @@ const eventQueue = 1024
 func (v *Vault) record() {
 	defer close(v.done)
 	for e := range v.events {
+		if e.flush != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			if err := v.flushOutbox(ctx, e.flush); err != nil {
+				v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
+				v.sweepSoon()
+			}
+			cancel()
+			continue
+		}
 		v.publish(e)
 	}
 }
@@ -215,6 +230,8 @@ func (v *Vault) Start() error {
 		return fmt.Errorf("serve vault: %w", err)
 	}
 	v.sub = sub
+	v.sweepStop = make(chan struct{})
+	go v.sweepOutboxes(v.sweepStop)
 	return v.cfg.Responder.Flush()
 }
 
@@ -225,6 +242,7 @@ func (v *Vault) Stop() {
 	if v.sub != nil {
 		v.sub.Unsubscribe()
 		v.sub = nil
+		close(v.sweepStop)
 	}
 }
 
@@ -303,10 +321,12 @@ func (v *Vault) serverXKey(node, xkey string) bool {
 	return ok && want == xkey
 }
 
-// event is one vault action to record.
+// event is one vault action to record; or, when flush names a record, the events its outbox
+// holds.
 type event struct {
 	action string
 	meta   map[string]any
+	flush  string
 }
 
 func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (Reply, []event) {
@@ -364,7 +384,7 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 	if err != nil {
 		if admin {
 			// The operator and the nodes are no flood: each of their refusals is recorded.
-			events = append(events, event{"refused", map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
+			events = append(events, event{action: "refused", meta: map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
 			return Reply{Error: err.Error()}, events
 		}
 		// Counted, and recorded as one event per caller and verb per interval: a flood of
@@ -391,10 +411,20 @@ type eventsKey struct{}
 // value.
 func (v *Vault) event(ctx context.Context, action string, meta map[string]any) {
 	if events, ok := ctx.Value(eventsKey{}).(*[]event); ok {
-		*events = append(*events, event{action, meta})
+		*events = append(*events, event{action: action, meta: meta})
 		return
 	}
-	v.queue(event{action, meta})
+	v.queue(event{action: action, meta: meta})
+}
+
+// flushLater asks for the events in key's outbox to be published once the request is
+// answered.
+func (v *Vault) flushLater(ctx context.Context, key string) {
+	if events, ok := ctx.Value(eventsKey{}).(*[]event); ok {
+		*events = append(*events, event{flush: key})
+		return
+	}
+	v.queue(event{flush: key})
 }
 
 // publish records one vault action on the mesh-vault seat's events.

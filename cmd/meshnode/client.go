@@ -82,7 +82,9 @@ func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) erro
 	if err != nil {
 		return err
 	}
-	nc, err := dialWith(url, creds)
+	// No reconnect: a verb's one request waits for no node that went away (nats.go keeps a
+	// request through a reconnect until its timeout; closed, it fails at once).
+	nc, err := dialWith(url, creds, nats.NoReconnect())
 	if err != nil {
 		return err
 	}
@@ -96,6 +98,9 @@ func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) erro
 	err = f(ctx, nc)
 	if r := sdk.Refused(ctx); err != nil && r != nil {
 		return refused(cmd, nc, creds, r)
+	}
+	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected) {
+		return fmt.Errorf("the node at %s went away before it answered (%w): whether it carried the request out is unknown; look before trying again", url, err)
 	}
 	return err
 }
