@@ -11,11 +11,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // maxWhoamiRequest bounds a whoami request's body: it names one key.
@@ -34,6 +36,14 @@ type controller struct {
 	reg  *registry.Registry
 	topo *topology
 	node string
+	js   jetstream.JetStream  // publishes the registry's events
+	sign *envelope.SigningKey // the node's key: the registry's events are the node's own
+
+	// sweepStop ends the outbox sweeper, which runs while this node holds the seat, and
+	// sweepDone is closed when it has; sweepNow wakes it.
+	sweepStop context.CancelFunc
+	sweepDone chan struct{}
+	sweepNow  chan struct{}
 
 	// seats lists every seat for the seats tool.
 	seats func(context.Context) []registry.SeatStatus
@@ -79,6 +89,10 @@ func (c *controller) start() error {
 		}
 		c.subs = append(c.subs, sub)
 	}
+	var sweep context.Context
+	sweep, c.sweepStop = context.WithCancel(context.Background())
+	c.sweepDone = make(chan struct{})
+	go c.sweepOutboxes(sweep, c.sweepDone)
 	return c.resp.Flush()
 }
 
@@ -94,6 +108,11 @@ func (c *controller) unsubscribe() {
 		s.Unsubscribe()
 	}
 	c.subs = nil
+	if c.sweepStop != nil {
+		c.sweepStop()
+		<-c.sweepDone
+		c.sweepStop = nil
+	}
 }
 
 func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
@@ -205,6 +224,22 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		reply.Created, reply.Rotated = !exists, exists
 	}
 	reply.PublicKey = rec.PublicKey
+	if exists {
+		rec.Outbox = prev.Outbox
+	} else if gone, ok := c.reg.Leaving(m.Module); ok {
+		// Registered again while its removal's event waits: the new record replaces the
+		// old one and keeps that event.
+		rec.Outbox, revision = gone.Outbox, gone.Revision
+	}
+	if len(rec.Outbox) >= registry.MaxOutbox {
+		return registry.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
+	}
+	ev, err := registry.NewOutboxEvent(registry.EventRegistered, c.node, map[string]any{
+		"module": m.Module, "public_key": rec.PublicKey, "created": reply.Created, "rotated": reply.Rotated, "node": c.node})
+	if err != nil {
+		return registry.RegisterReply{}, err
+	}
+	rec.Outbox = append(rec.Outbox, ev)
 
 	// Topology first: once the record is stored the module may connect, and its consumers
 	// must then exist.
@@ -214,6 +249,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
 		return registry.RegisterReply{}, err
 	}
+	c.flushNow(ctx, m.Module)
 	if exists {
 		if reply.Kept, err = c.topo.retire(ctx, prev.Derivation, d); err != nil {
 			c.log.Error("retire topology of previous registration", "module", m.Module, "err", err)
@@ -259,9 +295,22 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 			}
 		}
 	}
-	if err := c.reg.Delete(ctx, e.Module, e.Revision); err != nil {
+	// The record stays, marked removed and holding its event, until the event is out: the
+	// module is gone from the mirror (and the bus) at once.
+	gone := e.Record
+	gone.Removed = true
+	if len(gone.Outbox) >= registry.MaxOutbox {
+		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
+	}
+	ev, err := registry.NewOutboxEvent(registry.EventRemoved, c.node, map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node})
+	if err != nil {
 		return registry.RemoveReply{Error: err.Error()}
 	}
+	gone.Outbox = append(gone.Outbox, ev)
+	if _, err := c.reg.Put(ctx, gone, e.Revision); err != nil {
+		return registry.RemoveReply{Error: err.Error()}
+	}
+	defer c.flushNow(ctx, e.Module)
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
 	if err != nil {
 		c.log.Error("retire topology of removed module", "module", e.Module, "err", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
@@ -247,7 +248,12 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 			budget:       n.budget,
 		},
-		node: n.id.Name,
+		node:     n.id.Name,
+		js:       n.bus.JetStream(),
+		sweepNow: make(chan struct{}, 1),
+	}
+	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
+		return err
 	}
 	// The registry's bucket, the leases' bucket and the mesh's streams do not depend on each
 	// other: in a new cluster each waits for its own raft group to elect a leader, so they

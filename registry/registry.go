@@ -63,6 +63,11 @@ type Record struct {
 	// Registered is when the module was first registered; Updated when last changed.
 	Registered time.Time `json:"registered"`
 	Updated    time.Time `json:"updated"`
+	// Outbox holds the events of changes stored with the record and not yet published.
+	Outbox []OutboxEvent `json:"outbox,omitempty"`
+	// Removed marks a removed module's record kept only until its event is published: to the
+	// mirror the module is gone.
+	Removed bool `json:"removed,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and
@@ -89,6 +94,8 @@ type Registry struct {
 	mu       sync.RWMutex
 	cond     *sync.Cond // broadcast when rev advances
 	byModule map[string]*Entry
+	// leaving holds removed modules' records that wait for their event (Record.Removed).
+	leaving  map[string]*Entry
 	byKey    map[string]*Entry
 	bySeat   map[string]*Entry // the module that declares each seat
 	rev      uint64            // the highest bucket revision the mirror has applied
@@ -108,7 +115,8 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 	if onChange == nil {
 		onChange = func(_, _ *Entry) {}
 	}
-	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}, bad: map[string]uint64{}}
+	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}, bad: map[string]uint64{},
+		leaving: map[string]*Entry{}}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -166,11 +174,19 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 		r.advance(kve.Revision())
 		return
 	}
-	var next *Entry
+	var next, leaving *Entry
 	if kve.Operation() == jetstream.KeyValuePut {
 		next = r.decodeModule(kve)
 	}
+	if next != nil && next.Removed {
+		leaving, next = next, nil
+	}
 	r.mu.Lock()
+	if leaving != nil {
+		r.leaving[name] = leaving
+	} else {
+		delete(r.leaving, name)
+	}
 	prev := r.byModule[name]
 	if prev != nil {
 		delete(r.byKey, prev.PublicKey)
@@ -189,7 +205,7 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 		}
 	}
 	delete(r.bad, kve.Key())
-	if kve.Operation() == jetstream.KeyValuePut && (next == nil || next.Revision != kve.Revision()) {
+	if kve.Operation() == jetstream.KeyValuePut && (next == nil || next.Revision != kve.Revision()) && (leaving == nil || leaving.Revision != kve.Revision()) {
 		// The record at the key is a bad one: the next write of this module replaces it.
 		r.bad[kve.Key()] = kve.Revision()
 	}
@@ -366,6 +382,9 @@ func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
 	}
 	d, err := m.Derive()
 	if err != nil {
+		return nil, err
+	}
+	if err := checkOutbox(rec.Outbox); err != nil {
 		return nil, err
 	}
 	return &Entry{Record: rec, Revision: kve.Revision(), Manifest: m, Derivation: d}, nil
@@ -594,7 +613,11 @@ func (r *Registry) Delete(ctx context.Context, name string, revision uint64) err
 		return fmt.Errorf("delete module %s: %w", name, err)
 	}
 	// A delete's revision is not returned; the module's absence from the mirror is the signal.
-	return r.waitFor(ctx, func() bool { _, ok := r.byModule[name]; return !ok })
+	return r.waitFor(ctx, func() bool {
+		_, live := r.byModule[name]
+		_, leaving := r.leaving[name]
+		return !live && !leaving
+	})
 }
 
 // waitRevision blocks until the mirror has applied revision rev.

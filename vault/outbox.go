@@ -124,7 +124,8 @@ func (v *Vault) publishEvent(ctx context.Context, id, action string, body []byte
 // sweepOutboxes publishes what every record holds, until stop is closed: at once (a vault
 // killed before its events went out), then every outboxSweep, and sooner after a failure (at
 // start EVENTS may not have a leader yet): 500 ms, doubling.
-func (v *Vault) sweepOutboxes(stop <-chan struct{}) {
+func (v *Vault) sweepOutboxes(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	retry := outboxRetry
 	for {
 		v.mu.RLock()

@@ -92,6 +92,7 @@ type Vault struct {
 	writeMu sync.Mutex
 	// sweepStop ends the outbox sweeper while this node serves the vault; sweepNow wakes it.
 	sweepStop chan struct{}
+	sweepDone chan struct{} // closed when the sweeper has ended
 	sweepNow  chan struct{}
 
 	events chan event // recorded by a worker, off the requests' path
@@ -230,20 +231,24 @@ func (v *Vault) Start() error {
 		return fmt.Errorf("serve vault: %w", err)
 	}
 	v.sub = sub
-	v.sweepStop = make(chan struct{})
-	go v.sweepOutboxes(v.sweepStop)
+	v.sweepStop, v.sweepDone = make(chan struct{}), make(chan struct{})
+	go v.sweepOutboxes(v.sweepStop, v.sweepDone)
 	return v.cfg.Responder.Flush()
 }
 
 // Stop stops serving the tools: this node no longer holds the seat.
 func (v *Vault) Stop() {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.sub != nil {
-		v.sub.Unsubscribe()
-		v.sub = nil
-		close(v.sweepStop)
+	if v.sub == nil {
+		v.mu.Unlock()
+		return
 	}
+	v.sub.Unsubscribe()
+	v.sub = nil
+	done := v.sweepDone
+	close(v.sweepStop)
+	v.mu.Unlock()
+	<-done // outside the lock: a flush in progress reads the records under it
 }
 
 // serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
