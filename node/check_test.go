@@ -124,3 +124,56 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck_ForgedJobNeverReachesHolder: a job in a seat's queue whose signature is not its
+// x-source's (written there by a connection that may, as the operator's) is never handed to
+// the holder's handler and ends in DEAD; a job the user submitted is handled.
+func TestCheck_ForgedJobNeverReachesHolder(t *testing.T) {
+	b := newBed(t)
+	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")
+	var mu sync.Mutex
+	var ran []string
+	w := b.client(seedW, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err := w.Accept("run", func(_ context.Context, j sdk.Job) error {
+		mu.Lock()
+		ran = append(ran, string(j.Data))
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "jobs", w)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	subject := manifest.SeatAcceptSubject("jobs", "run")
+	h, err := envelope.Stamp(mustSigner(t, seedS), "shop", "alpha", subject, []byte(`{"job":"genuine"}`), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := []byte(`{"job":"forged"}`) // shop's signature over another body
+	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: forged}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.client(seedS).Submit(ctx, "jobs", "run", `{"job":"genuine"}`); err != nil {
+		t.Fatal(err)
+	}
+	stream, consumer := manifest.SeatStreamName("jobs"), manifest.SeatConsumerName("jobs", manifest.ScopeMesh, "")
+	letters := awaitDead(t, b, manifest.DeadSubject(stream, consumer), 1, nil)
+	if letters[0].Header.Get(envelope.EventID) != h.Get(envelope.EventID) || string(letters[0].Data) != string(forged) {
+		t.Errorf("dead letter %s %s, want the forged job", letters[0].Header.Get(envelope.EventID), letters[0].Data)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ran) != 1 {
+			return fmt.Errorf("handled %q, want the genuine job", ran)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if ran[0] != `{"job":"genuine"}` {
+		t.Errorf("the holder ran %s", ran[0])
+	}
+}

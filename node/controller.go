@@ -386,7 +386,7 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	reply := registry.WhoamiReply{
 		Module: e.Module, Node: c.node,
 		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
-		Signers: c.reg.Signers(e.Manifest.Consumes),
+		Signers: c.reg.Signers(e.Manifest),
 	}
 	for _, s := range e.Manifest.Uses {
 		reply.Uses = append(reply.Uses, c.reg.Seat(s))

@@ -511,13 +511,14 @@ func (r *Registry) Seat(seat string) SeatInfo {
 	return SeatInfo{Seat: seat}
 }
 
-// Signers returns the keys of every source whose events the consumes patterns can deliver:
-// each module that emits a matching event, each seat with a matching event (its declaring
-// module's key, under both names, since either may be the x-source), and, when a pattern
-// reaches the servers' events (only "**" does), every server's key and the vault's.
-func (r *Registry) Signers(consumes []string) Signers {
+// Signers returns the keys of every source whose events or jobs m's module can be handed:
+// each module that emits an event its consumes patterns match, each seat with a matching
+// event (its declaring module's key, under both names, since either may be the x-source),
+// when a pattern reaches the servers' events (only "**" does) every server's key and the
+// vault's, and every module that may submit jobs to a seat m declares (its users, and m).
+func (r *Registry) Signers(m *manifest.Manifest) Signers {
 	var patterns []string
-	for _, c := range consumes {
+	for _, c := range m.Consumes {
 		if s, err := manifest.ConsumeSubject(c); err == nil {
 			patterns = append(patterns, s)
 		}
@@ -537,6 +538,9 @@ func (r *Registry) Signers(consumes []string) Signers {
 	for _, e := range r.List() {
 		if slices.ContainsFunc(e.Manifest.Emits, func(ev string) bool { return matches(manifest.EventSubject(e.Module, ev)) }) {
 			out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+		}
+		if e.Module == m.Module && len(m.Seats) > 0 || slices.ContainsFunc(m.Seats, func(s manifest.Seat) bool { return slices.Contains(e.Manifest.Uses, s.Name) }) {
+			out[SignerKey(SignerModule, e.Module)] = e.PublicKey // it submits jobs to m's seats
 		}
 		for _, s := range e.Manifest.Seats {
 			if slices.ContainsFunc(s.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {

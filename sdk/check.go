@@ -17,7 +17,8 @@ import (
 // operator's connection, a node), so the envelope itself must prove its source:
 //   - the required headers are there, and x-event-id is a UUIDv7;
 //   - x-source owns the subject: a module its own events, the declaring module or the seat
-//     itself a seat's, a server the servers' events;
+//     itself a seat's, a server the servers' events; a job's x-source is a module whose key
+//     whoami gave for the seat's holder (its users and its module);
 //   - x-signature verifies with the source's registered key (whoami's Signers, asked again
 //     when a key is missing or does not verify, since modules register and rotate keys);
 //   - x-time is within the replay window of when the stream stored the event, so an old
@@ -62,6 +63,7 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
 	}
 	kind, owner := toks[1], toks[2]
+	job := kind == registry.SignerSeat && !strings.HasPrefix(toks[3], "event.")
 	verify := func(signers registry.Signers) (retry bool, err error) {
 		var key string
 		switch kind {
@@ -76,6 +78,12 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 				return true, fmt.Errorf("x-source %q is not a server of the mesh, which alone speaks on %s", e.Source, e.Subject)
 			}
 		case registry.SignerSeat:
+			if job {
+				// A job: the bus lets only the seat's users (and its module) submit it; the
+				// signature says which.
+				key = signers[registry.SignerKey(registry.SignerModule, e.Source)]
+				break
+			}
 			key = signers[registry.SignerKey(registry.SignerSeat, owner)]
 			if e.Source != owner && (key == "" || signers[registry.SignerKey(registry.SignerModule, e.Source)] != key) {
 				return key == "", fmt.Errorf("x-source %q does not own %s: it is neither seat %s nor the module that declares it", e.Source, e.Subject, owner)
@@ -103,7 +111,9 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	if c.window > 0 && !replay {
+	// A job is exempt: only the seat's users may submit one, and an old one submitted again
+	// is theirs to send (`dead replay` of a job does just that).
+	if c.window > 0 && !replay && !job {
 		if d := stored.Sub(e.Time); d > c.window || d < -c.window {
 			return fmt.Errorf("%w: x-time %s is %s from when the stream stored the event (%s), outside the replay window of %s",
 				ErrRejected, e.Header.Get(envelope.Time), d.Round(time.Second), stored.UTC().Format(time.RFC3339), c.window)

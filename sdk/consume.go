@@ -123,17 +123,14 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
-	if d.stream == manifest.EventsStreamName {
-		err := d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
-		if errors.Is(err, errTryLater) {
-			d.c.log.Warn("cannot check the event's signature now; it is redelivered", "event", e.Key, "id", e.ID, "err", err)
-			msg.NakWithDelay(d.c.retry[0])
-			return
-		}
-		if err != nil {
-			d.giveUp(msg, md, err)
-			return
-		}
+	switch err := d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject()); {
+	case errors.Is(err, errTryLater):
+		d.c.log.Warn("cannot check the event's signature now; it is redelivered", "event", e.Key, "id", e.ID, "err", err)
+		msg.NakWithDelay(d.c.retry[0])
+		return
+	case err != nil:
+		d.giveUp(msg, md, err)
+		return
 	}
 	h := d.route(subject)
 	if h == nil {
