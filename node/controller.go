@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
@@ -231,10 +232,10 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		// old one and keeps that event.
 		rec.Outbox, revision = gone.Outbox, gone.Revision
 	}
-	if len(rec.Outbox) >= registry.MaxOutbox {
+	if len(rec.Outbox) >= outbox.Max {
 		return registry.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
 	}
-	ev, err := registry.NewOutboxEvent(registry.EventRegistered, c.node, map[string]any{
+	ev, err := outbox.New(registry.EventRegistered, c.node, map[string]any{
 		"module": m.Module, "public_key": rec.PublicKey, "created": reply.Created, "rotated": reply.Rotated, "node": c.node})
 	if err != nil {
 		return registry.RegisterReply{}, err
@@ -299,10 +300,10 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	// module is gone from the mirror (and the bus) at once.
 	gone := e.Record
 	gone.Removed = true
-	if len(gone.Outbox) >= registry.MaxOutbox {
+	if len(gone.Outbox) >= outbox.Max {
 		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
 	}
-	ev, err := registry.NewOutboxEvent(registry.EventRemoved, c.node, map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node})
+	ev, err := outbox.New(registry.EventRemoved, c.node, map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node})
 	if err != nil {
 		return registry.RemoveReply{Error: err.Error()}
 	}

@@ -8,20 +8,13 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/nats-io/nats.go"
 )
 
-// The controller's side of the registry's outbox (registry/outbox.go): it publishes what a
-// record holds after the change is stored, at start, and every outboxSweep, and removes it
-// from the record once EVENTS acknowledged it.
-
-// outboxSweep is how often the controller publishes what records still hold; outboxRetry
-// is the first wait after a sweep that failed (doubling up to outboxSweep).
-const (
-	outboxSweep = 30 * time.Second
-	outboxRetry = 500 * time.Millisecond
-)
+// The controller's side of the registry's outbox (registry/outbox.go, package outbox): it
+// publishes what a record holds after the change is stored, at start, and every
+// outbox.Interval, and removes it from the record once EVENTS acknowledged it.
 
 // flushOutbox publishes the events waiting in module's record, in order, and then writes
 // the record without them, or deletes a removed module's record. The caller holds c.mu.
@@ -65,7 +58,7 @@ func (c *controller) flushOutbox(ctx context.Context, module string) error {
 // time (same id, time, signature). Another node — the controller moved after a crash — speaks
 // for itself: a new event, caused by the first, naming the node that made the change (if
 // that node had published it before it died, the change is recorded twice, never not at all).
-func (c *controller) publishOutbox(ctx context.Context, ev registry.OutboxEvent) error {
+func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
 	opts := envelope.Options{ID: ev.ID}
 	if ev.Node != c.node {
 		opts = envelope.Options{Causation: ev.ID}
@@ -83,38 +76,23 @@ func (c *controller) publishOutbox(ctx context.Context, ev registry.OutboxEvent)
 	return nil
 }
 
-// sweepOutboxes publishes what every record holds until stop ends: at once (a
-// controller killed before its events went out), then every outboxSweep, sooner after a
-// failure.
-func (c *controller) sweepOutboxes(stop context.Context, done chan<- struct{}) {
+// sweepOutboxes publishes what every record holds until ctx ends (outbox.Sweep).
+func (c *controller) sweepOutboxes(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
-	retry := outboxRetry
-	for {
-		failed := false
+	outbox.Sweep(ctx, c.sweepNow, func(ctx context.Context) (failed bool) {
 		for _, e := range c.reg.Pending() {
-			ctx, cancel := context.WithTimeout(stop, controllerTimeout)
+			fctx, cancel := context.WithTimeout(ctx, controllerTimeout)
 			c.mu.Lock()
-			err := c.flushOutbox(ctx, e.Module)
+			err := c.flushOutbox(fctx, e.Module)
 			c.mu.Unlock()
 			cancel()
 			if err != nil {
-				c.log.Warn("registry events still waiting in their record; trying again", "module", e.Module, "in", retry, "err", err)
+				c.log.Warn("registry events still waiting in their record; trying again", "module", e.Module, "err", err)
 				failed = true
 			}
 		}
-		wait := outboxSweep
-		if failed {
-			wait, retry = retry, min(2*retry, outboxSweep)
-		} else {
-			retry = outboxRetry
-		}
-		select {
-		case <-stop.Done():
-			return
-		case <-c.sweepNow:
-		case <-time.After(wait):
-		}
-	}
+		return failed
+	})
 }
 
 // flushNow publishes module's waiting events after a change; a failure leaves them to the
@@ -122,9 +100,6 @@ func (c *controller) sweepOutboxes(stop context.Context, done chan<- struct{}) {
 func (c *controller) flushNow(ctx context.Context, module string) {
 	if err := c.flushOutbox(ctx, module); err != nil {
 		c.log.Warn("registry event waits in its record; the sweep tries again", "module", module, "err", err)
-		select {
-		case c.sweepNow <- struct{}{}:
-		default:
-		}
+		outbox.Wake(c.sweepNow)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -64,7 +65,7 @@ type Record struct {
 	Registered time.Time `json:"registered"`
 	Updated    time.Time `json:"updated"`
 	// Outbox holds the events of changes stored with the record and not yet published.
-	Outbox []OutboxEvent `json:"outbox,omitempty"`
+	Outbox []outbox.Event `json:"outbox,omitempty"`
 	// Removed marks a removed module's record kept only until its event is published: to the
 	// mirror the module is gone.
 	Removed bool `json:"removed,omitempty"`
@@ -384,7 +385,7 @@ func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkOutbox(rec.Outbox); err != nil {
+	if err := outbox.Check(rec.Outbox, isAction); err != nil {
 		return nil, err
 	}
 	return &Entry{Record: rec, Revision: kve.Revision(), Manifest: m, Derivation: d}, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -23,7 +24,7 @@ type secretRecord struct {
 	Name     string    `json:"name"`
 	Versions []version `json:"versions"`
 	// Outbox holds the events of actions stored with the record and not yet published.
-	Outbox []outboxEvent `json:"outbox,omitempty"`
+	Outbox []outbox.Event `json:"outbox,omitempty"`
 }
 
 type version struct {
@@ -122,7 +123,7 @@ func (v *Vault) decodeRecord(key string, value []byte) (secretRecord, error) {
 	if len(r.Versions) == 0 {
 		return secretRecord{}, errors.New("the record has no version")
 	}
-	if err := checkOutbox(r.Outbox); err != nil {
+	if err := outbox.Check(r.Outbox, manifest.ValidName); err != nil {
 		return secretRecord{}, err
 	}
 	prev := 0

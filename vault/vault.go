@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -91,7 +92,7 @@ type Vault struct {
 	// writeMu serialises the writes of secret records: an action's and its outbox's.
 	writeMu sync.Mutex
 	// sweepStop ends the outbox sweeper while this node serves the vault; sweepNow wakes it.
-	sweepStop chan struct{}
+	sweepStop context.CancelFunc
 	sweepDone chan struct{} // closed when the sweeper has ended
 	sweepNow  chan struct{}
 
@@ -210,7 +211,7 @@ func (v *Vault) record() {
 			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 			if err := v.flushOutbox(ctx, e.flush); err != nil {
 				v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
-				v.sweepSoon()
+				outbox.Wake(v.sweepNow)
 			}
 			cancel()
 			continue
@@ -231,8 +232,10 @@ func (v *Vault) Start() error {
 		return fmt.Errorf("serve vault: %w", err)
 	}
 	v.sub = sub
-	v.sweepStop, v.sweepDone = make(chan struct{}), make(chan struct{})
-	go v.sweepOutboxes(v.sweepStop, v.sweepDone)
+	var sweep context.Context
+	sweep, v.sweepStop = context.WithCancel(context.Background())
+	v.sweepDone = make(chan struct{})
+	go v.sweepOutboxes(sweep, v.sweepDone)
 	return v.cfg.Responder.Flush()
 }
 
@@ -246,7 +249,7 @@ func (v *Vault) Stop() {
 	v.sub.Unsubscribe()
 	v.sub = nil
 	done := v.sweepDone
-	close(v.sweepStop)
+	v.sweepStop()
 	v.mu.Unlock()
 	<-done // outside the lock: a flush in progress reads the records under it
 }

@@ -1,0 +1,104 @@
+// Package outbox keeps an action's event with the action (issue 12): the event, its id fixed
+// and its body complete, is written into the record the action changes, in the same write,
+// and published afterwards; the owner takes it out of the record once EVENTS acknowledged it.
+// A node killed between the two leaves the event in the record, and a sweep publishes it
+// later. Published again by the same signer, it is the same event (envelope.Stamp with
+// Options.ID gives the same time and signature), so the broker drops the copy within its
+// window and the audit log records it once outside it. The vault's secrets and the
+// registry's modules use it.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+)
+
+// Event is an event waiting in a record to be published.
+type Event struct {
+	ID     string          `json:"id"`
+	Action string          `json:"action"`
+	Node   string          `json:"node,omitempty"` // the node that acted, when its signer is the node's
+	Body   json.RawMessage `json:"body"`
+}
+
+// Max bounds the events one record keeps waiting: past it, the owner refuses actions on the
+// record rather than store them without their events.
+const Max = 64
+
+// New returns the event of an action, its id fixed now.
+func New(action, node string, body map[string]any) (Event, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Event{}, err
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return Event{}, err
+	}
+	return Event{ID: id.String(), Action: action, Node: node, Body: b}, nil
+}
+
+// Check checks a record's waiting events, read from a bucket: untrusted input. action
+// reports whether a name is one of the owner's actions.
+func Check(events []Event, action func(string) bool) error {
+	if len(events) > Max {
+		return fmt.Errorf("the record holds %d waiting events, more than %d", len(events), Max)
+	}
+	for _, e := range events {
+		if _, err := envelope.ParseID(e.ID); err != nil {
+			return fmt.Errorf("a waiting event: %w", err)
+		}
+		if !action(e.Action) {
+			return fmt.Errorf("a waiting event's action %.40q is not one of the record's", e.Action)
+		}
+		if e.Node != "" && !manifest.ValidName(e.Node) {
+			return fmt.Errorf("a waiting event's node %.40q is not a name", e.Node)
+		}
+		var body map[string]any
+		if json.Unmarshal(e.Body, &body) != nil {
+			return fmt.Errorf("a waiting event's body is not a JSON object")
+		}
+	}
+	return nil
+}
+
+// How often a sweep runs: every Interval, and after one that failed, FirstRetry later,
+// doubling up to Interval (at start EVENTS may not have a leader yet).
+const (
+	Interval   = 30 * time.Second
+	FirstRetry = 500 * time.Millisecond
+)
+
+// Sweep runs sweep at once, then every Interval, sooner after a sweep that reports a failure,
+// and whenever wake is signalled, until ctx ends.
+func Sweep(ctx context.Context, wake <-chan struct{}, sweep func(ctx context.Context) (failed bool)) {
+	retry := FirstRetry
+	for {
+		wait := Interval
+		if sweep(ctx) {
+			wait, retry = retry, min(2*retry, Interval)
+		} else {
+			retry = FirstRetry
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Wake signals wake without waiting: a sweep soon is enough.
+func Wake(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
