@@ -63,6 +63,22 @@ func (b *bed) operatorConn() *nats.Conn {
 	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 }
 
+// eventsOn returns how many messages EVENTS holds on subject.
+func eventsOn(t *testing.T, b *bed, subject string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := events.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subject]
+}
+
 // register registers a manifest and writes the new module's seed to a file.
 func (b *bed) register(yamlText string) (seedFile string, reg *registry.Registered) {
 	b.t.Helper()
@@ -480,15 +496,7 @@ func TestBed_EmitReachesEveryConsumer(t *testing.T) {
 		}
 		return nil
 	})
-	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := events.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := info.State.Subjects[subject]; n != 2 {
+	if n := eventsOn(t, b, subject); n != 2 {
 		t.Fatalf("EVENTS holds %d messages on %s, want 2 (the duplicate stored once)", n, subject)
 	}
 	for name, col := range map[string]*collector{"b": &gotB, "c": &gotC} {

@@ -93,15 +93,7 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	if total != n || len(handled) != n {
 		t.Fatalf("%d handler runs for %d events, want %d once each", total, len(handled), n)
 	}
-	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := events.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := info.State.Subjects[subject]; got != 2*n {
+	if got := eventsOn(t, b, subject); got != 2*n {
 		t.Fatalf("EVENTS holds %d copies, want %d: the bed did not deliver each event twice", got, 2*n)
 	}
 }
