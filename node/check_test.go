@@ -3,15 +3,18 @@ package node_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -175,5 +178,73 @@ func TestCheck_ForgedJobNeverReachesHolder(t *testing.T) {
 	defer mu.Unlock()
 	if ran[0] != `{"job":"genuine"}` {
 		t.Errorf("the holder ran %s", ran[0])
+	}
+}
+
+// TestCheck_KeysUnavailableForAWhile: while the consumer cannot learn keys (its own whoami
+// refused: another connection of its key floods past the rate limit), an event from a
+// module registered after it connected is kept in progress and tried again, not refused;
+// once whoami answers, the event is handled and nothing is dead-lettered.
+func TestCheck_KeysUnavailableForAWhile(t *testing.T) {
+	b := newBed(t)
+	seedB, regB := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [\"*.x\"]\n")
+	got := make(chan sdk.Event, 1)
+	cb := b.client(seedB)
+	if err := cb.On("*.x", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	seedD, _ := b.register("module: d\nrequires: [mesh-bus]\nemits: [x]\n")
+	cd := b.client(seedD)
+
+	// Exhaust b's whoami rate limit for a few seconds.
+	flood := b.raw(seedB, "b")
+	req, _ := json.Marshal(registry.WhoamiRequest{PublicKey: regB.PublicKey})
+	stop := make(chan struct{})
+	flooded := make(chan struct{})
+	var sent atomic.Int64
+	go func() {
+		defer close(flooded)
+		end := time.After(3 * time.Second)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-end:
+				return
+			case <-tick.C:
+				for range 50 { // every token the limit makes is taken at once
+					flood.PublishRequest(registry.WhoamiSubject(regB.PublicKey), "_INBOX.b.flood", req)
+				}
+				if flood.Flush() == nil { // the server has them: the limit is being used up
+					sent.Add(50)
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-flooded }()
+	retryUntil(t, 5*time.Second, func() error { // past the limit's burst of 200
+		if n := sent.Load(); n < 1000 {
+			return fmt.Errorf("%d whoami sent", n)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := cd.Emit(ctx, "x", `{"n":1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-got:
+		if e.ID != id {
+			t.Errorf("handled %s, want %s", e.ID, id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the event was never handled")
+	}
+	if letters := deadLetters(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b")); len(letters) != 0 {
+		t.Errorf("%d dead letters: %s", len(letters), letters[0].Header.Get(envelope.DeadReason))
 	}
 }

@@ -129,35 +129,45 @@ func (c *Client) signers() registry.Signers {
 	return c.self.Signers
 }
 
-// refreshSigners returns keys learnt after stored, when the event was stored: asked again
-// now, at most once per signerRefresh, or known from an answer asked for since. A key missing
-// from those is not registered; one missing from older keys may be new. When whoami was asked
-// too recently, it returns errThrottled: the event waits for the next question.
+// refreshSigners returns keys learnt after stored, when the event was stored: from an answer
+// to a question asked since, or asked now. A key missing from those is not registered; one
+// missing from older keys may be new. One question is asked at a time (concurrent checks wait
+// for its answer), at most once per signerRefresh; only an answer counts, never a question
+// that failed.
 func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (registry.Signers, error) {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
 	c.mu.Lock()
-	if c.signersAsked.After(stored) {
-		defer c.mu.Unlock()
-		return c.self.Signers, nil
+	known, signers, tried := c.signersKnown, c.self.Signers, c.signersTried
+	c.mu.Unlock()
+	if known.After(stored) {
+		return signers, nil
 	}
-	if time.Since(c.signersAsked) < signerRefresh {
-		c.mu.Unlock()
-		return nil, errThrottled
+	if wait := signerRefresh - time.Since(tried); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	asked := time.Now()
-	c.signersAsked = asked
+	c.mu.Lock()
+	c.signersTried = asked
 	c.mu.Unlock()
 	self, err := askWhoami(ctx, c.nc, c.pub)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
-	c.self = self
+	c.self, c.signersKnown = self, asked
 	c.mu.Unlock()
 	return self.Signers, nil
 }
 
-// errThrottled means whoami was asked for keys less than signerRefresh ago.
-var errThrottled = errors.New("the keys were asked for less than a second ago")
+// checkRetry are the waits before each new try of a check that could not be made (the
+// controller did not answer): the delivery is kept in progress meanwhile, so a short outage
+// costs no delivery attempt; after the last, the event is NAKed.
+var checkRetry = []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 10 * time.Second, 20 * time.Second}
 
 // verifyWith checks e's signature with the public key pub.
 func (c *Client) verifyWith(e envelope.Event, pub string) error {

@@ -74,13 +74,17 @@ type Client struct {
 	xkey     nkeys.KeyPair // this client's xkey: what the vault seals its replies to
 	xpub     string
 
-	mu           sync.Mutex
-	self         registry.WhoamiReply
-	signersAsked time.Time // when whoami was last asked for missing keys
-	seats        map[string]*seatState
-	handlers     []handler
-	consume      jetstream.ConsumeContext
-	subs         []*nats.Subscription
+	mu   sync.Mutex
+	self registry.WhoamiReply
+	// signersKnown is when the question behind self's keys was asked; signersTried when
+	// whoami was last asked for keys, answered or not. refreshMu lets one question out at a
+	// time.
+	signersKnown, signersTried time.Time
+	refreshMu                  sync.Mutex
+	seats                      map[string]*seatState
+	handlers                   []handler
+	consume                    jetstream.ConsumeContext
+	subs                       []*nats.Subscription
 
 	refusals *Refusals // fed by asyncError: ends a refused request at once
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -123,9 +124,23 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
-	switch err := d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject()); {
+	err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
+	for _, wait := range checkRetry {
+		if !errors.Is(err, errTryLater) {
+			break
+		}
+		d.c.log.Warn("cannot check the event's signature now; trying again", "event", e.Key, "id", e.ID, "in", wait, "err", err)
+		msg.InProgress()
+		select {
+		case <-d.c.ctx.Done():
+			return // unacked: redelivered to whoever consumes next
+		case <-time.After(wait):
+		}
+		err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
+	}
+	switch {
 	case errors.Is(err, errTryLater):
-		d.c.log.Warn("cannot check the event's signature now; it is redelivered", "event", e.Key, "id", e.ID, "err", err)
+		d.c.log.Warn("cannot check the event's signature; it is redelivered", "event", e.Key, "id", e.ID, "err", err)
 		msg.NakWithDelay(d.c.retry[0])
 		return
 	case err != nil:
