@@ -85,6 +85,12 @@ type Options struct {
 	Traceparent string // traceparent; one that is not valid W3C trace context is left out
 }
 
+// MaxResendAge is how old an event's id may be when the event is published again under it:
+// x-time is the id's own time, and consumers refuse an event whose x-time is far from when
+// its stream stored it (the sdk's replay window, 10 minutes by default). An older event is
+// published as a new one, caused by the first.
+const MaxResendAge = 5 * time.Minute
+
 // ErrBadEventID means an x-event-id is not a UUIDv7.
 var ErrBadEventID = errors.New("x-event-id is not a UUIDv7")
 

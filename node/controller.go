@@ -40,10 +40,10 @@ type controller struct {
 	js   jetstream.JetStream  // publishes the registry's events
 	sign *envelope.SigningKey // the node's key: the registry's events are the node's own
 
-	// sweepStop ends the outbox sweeper, which runs while this node holds the seat, and
-	// sweepDone is closed when it has; sweepNow wakes it.
+	// sweepStop ends the outbox sweeper, which runs while this node holds the seat;
+	// sweepers counts those still ending; sweepNow wakes it.
 	sweepStop context.CancelFunc
-	sweepDone chan struct{}
+	sweepers  sync.WaitGroup
 	sweepNow  chan struct{}
 
 	// seats lists every seat for the seats tool.
@@ -92,8 +92,11 @@ func (c *controller) start() error {
 	}
 	var sweep context.Context
 	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepDone = make(chan struct{})
-	go c.sweepOutboxes(sweep, c.sweepDone)
+	c.sweepers.Add(1)
+	go func() {
+		defer c.sweepers.Done()
+		c.sweepOutboxes(sweep)
+	}()
 	return c.resp.Flush()
 }
 
@@ -104,14 +107,19 @@ func (c *controller) stop() {
 	c.unsubscribe()
 }
 
+// close stops and waits for the outbox sweepers to end: the node is closing.
+func (c *controller) close() {
+	c.stop()
+	c.sweepers.Wait()
+}
+
 func (c *controller) unsubscribe() {
 	for _, s := range c.subs {
 		s.Unsubscribe()
 	}
 	c.subs = nil
 	if c.sweepStop != nil {
-		c.sweepStop()
-		<-c.sweepDone
+		c.sweepStop() // not waited for: stop runs in the seat's hooks, which must be quick (close waits)
 		c.sweepStop = nil
 	}
 }
@@ -250,7 +258,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
 		return registry.RegisterReply{}, err
 	}
-	c.flushNow(ctx, m.Module)
+	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, off the reply's path
 	if exists {
 		if reply.Kept, err = c.topo.retire(ctx, prev.Derivation, d); err != nil {
 			c.log.Error("retire topology of previous registration", "module", m.Module, "err", err)
@@ -311,7 +319,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	if _, err := c.reg.Put(ctx, gone, e.Revision); err != nil {
 		return registry.RemoveReply{Error: err.Error()}
 	}
-	defer c.flushNow(ctx, e.Module)
+	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, then the record is deleted
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
 	if err != nil {
 		c.log.Error("retire topology of removed module", "module", e.Module, "err", err)

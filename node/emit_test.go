@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,10 @@ func TestEmit_RetryIsOneEvent(t *testing.T) {
 		t.Errorf("audit records of the retried event: %+v", recs)
 	}
 
+	// An id too old to send again: consumers would refuse its x-time as a replay.
+	if _, err := c.Emit(ctx, "order.placed", "{}", sdk.Retry("01936b2e-1f00-7000-8000-000000000001")); err == nil || !strings.Contains(err.Error(), "older than") {
+		t.Errorf("Retry of a 2024 id: %v, want a refusal", err)
+	}
 	if _, err := c.Emit(ctx, "order.placed", "{}", sdk.Retry("not-a-uuid")); !errors.Is(err, envelope.ErrBadEventID) {
 		t.Errorf("Retry with a bad id: %v, want ErrBadEventID", err)
 	}

@@ -473,7 +473,7 @@ func (n *Node) Close() error {
 		n.seats = nil
 	}
 	if n.ctrl != nil {
-		n.ctrl.stop()
+		n.ctrl.close()
 		n.ctrl = nil
 	}
 	if n.vault != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
@@ -12,59 +13,82 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// The controller's side of the registry's outbox (registry/outbox.go, package outbox): it
-// publishes what a record holds after the change is stored, at start, and every
-// outbox.Interval, and removes it from the record once EVENTS acknowledged it.
+// The controller's side of the registry's outbox (registry/outbox.go, package outbox): the
+// sweeper, woken after each change, at start, and every outbox.Interval, publishes what a
+// record holds and takes it out once EVENTS acknowledged it.
 
-// flushOutbox publishes the events waiting in module's record, in order, and then writes
-// the record without them, or deletes a removed module's record. The caller holds c.mu.
+// flushOutbox publishes the events waiting in module's record, in order, then takes them
+// out of the record, or deletes a removed module's record once none is left. The record is
+// written under c.mu (first to renew what this node cannot publish as it is, outbox.Renew —
+// another node's events, or old ones —, then to take the published out), but the publishes
+// are made without it: a slow EVENTS never holds up registrations.
 func (c *controller) flushOutbox(ctx context.Context, module string) error {
-	e, ok := c.reg.Get(module)
-	if !ok {
-		e, ok = c.reg.Leaving(module)
+	events, err := c.editOutbox(ctx, module, func(events []outbox.Event) ([]outbox.Event, bool, error) {
+		return outbox.Renew(events, c.node)
+	})
+	if err != nil {
+		return err
 	}
-	if !ok || (len(e.Outbox) == 0 && !e.Removed) {
-		return nil
-	}
-	sent := 0
-	var err error
-	for _, ev := range e.Outbox {
+	var sent []string
+	for _, ev := range events {
 		if err = c.publishOutbox(ctx, ev); err != nil {
 			break
 		}
-		sent++
+		sent = append(sent, ev.ID)
 	}
-	if sent == 0 && len(e.Outbox) > 0 {
+	if len(sent) == 0 && len(events) > 0 {
 		return err
 	}
-	rec := e.Record
-	rec.Outbox = rec.Outbox[sent:]
-	switch {
-	case rec.Removed && len(rec.Outbox) == 0:
-		if derr := c.reg.Delete(ctx, module, e.Revision); derr != nil {
-			return errors.Join(err, fmt.Errorf("the removal of %s was recorded, but its record stays: %w", module, derr))
-		}
-	default:
-		if _, perr := c.reg.Put(ctx, rec, e.Revision); perr != nil {
-			// Published, and still in the record: published again later, as the same event.
-			return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", module, perr))
-		}
+	if _, eerr := c.editOutbox(ctx, module, func(events []outbox.Event) ([]outbox.Event, bool, error) {
+		left := outbox.Without(events, sent)
+		return left, len(left) != len(events), nil
+	}); eerr != nil {
+		// Published, and still in the record: published again later, as the same event.
+		return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", module, eerr))
 	}
 	return err
 }
 
-// publishOutbox publishes one waiting event as its node's own, waiting for EVENTS'
-// acknowledgement. Published by the node that made the change, it is the same event each
-// time (same id, time, signature). Another node — the controller moved after a crash — speaks
-// for itself: a new event, caused by the first, naming the node that made the change (if
-// that node had published it before it died, the change is recorded twice, never not at all).
-func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
-	opts := envelope.Options{ID: ev.ID}
-	if ev.Node != c.node {
-		opts = envelope.Options{Causation: ev.ID}
+// editOutbox writes module's record with the outbox edit returns when edit says it changed
+// it, and deletes a removed module's record whose outbox is empty, under c.mu; it returns the
+// outbox the record then holds.
+func (c *controller) editOutbox(ctx context.Context, module string, edit func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.reg.Get(module)
+	if !ok {
+		e, ok = c.reg.Leaving(module)
 	}
+	if !ok {
+		return nil, nil
+	}
+	events, changed, err := edit(slices.Clone(e.Outbox))
+	if err != nil {
+		return nil, err
+	}
+	if e.Removed && len(events) == 0 {
+		if err := c.reg.Delete(ctx, module, e.Revision); err != nil {
+			return nil, fmt.Errorf("the removal of %s was recorded, but its record stays: %w", module, err)
+		}
+		return nil, nil
+	}
+	if !changed {
+		return events, nil
+	}
+	rec := e.Record
+	rec.Outbox = events
+	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// publishOutbox publishes one waiting event as this node's own, waiting for EVENTS'
+// acknowledgement: the same event each time it is tried (same id, time, signature), since
+// outbox.Renew gave this node an event of its own for what another node made.
+func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
 	subject := manifest.NodeEventSubject(c.node, ev.Action)
-	h, err := envelope.Stamp(c.sign, c.node, c.node, subject, ev.Body, opts)
+	h, err := envelope.Stamp(c.sign, c.node, c.node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
 	if err != nil {
 		return err
 	}
@@ -77,14 +101,14 @@ func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
 }
 
 // sweepOutboxes publishes what every record holds until ctx ends (outbox.Sweep).
-func (c *controller) sweepOutboxes(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
+func (c *controller) sweepOutboxes(ctx context.Context) {
 	outbox.Sweep(ctx, c.sweepNow, func(ctx context.Context) (failed bool) {
 		for _, e := range c.reg.Pending() {
+			if ctx.Err() != nil {
+				return false
+			}
 			fctx, cancel := context.WithTimeout(ctx, controllerTimeout)
-			c.mu.Lock()
 			err := c.flushOutbox(fctx, e.Module)
-			c.mu.Unlock()
 			cancel()
 			if err != nil {
 				c.log.Warn("registry events still waiting in their record; trying again", "module", e.Module, "err", err)
@@ -93,13 +117,4 @@ func (c *controller) sweepOutboxes(ctx context.Context, done chan<- struct{}) {
 		}
 		return failed
 	})
-}
-
-// flushNow publishes module's waiting events after a change; a failure leaves them to the
-// sweep, woken to try again soon. The caller holds c.mu.
-func (c *controller) flushNow(ctx context.Context, module string) {
-	if err := c.flushOutbox(ctx, module); err != nil {
-		c.log.Warn("registry event waits in its record; the sweep tries again", "module", module, "err", err)
-		outbox.Wake(c.sweepNow)
-	}
 }

@@ -92,6 +92,7 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 	b := newBedAt(t, cfg)
 	b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.register("module: gone\nrequires: [mesh-bus]\n")
+	b.register("module: back\nrequires: [mesh-bus]\n")
 	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -128,27 +129,47 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 	removed := inject(registry.Bucket, "module.gone", map[string]any{
 		"action": registry.EventRemoved, "node": "alpha", "body": map[string]any{"module": "gone", "injected": true}},
 		func(rec map[string]any) { rec["removed"] = true })
+	// A module registered again while its removal's event waits: the new record keeps it.
+	backRemoved := inject(registry.Bucket, "module.back", map[string]any{
+		"action": registry.EventRemoved, "node": "alpha", "body": map[string]any{"module": "back", "injected": true}},
+		func(rec map[string]any) { rec["removed"] = true })
+	retryUntil(t, 10*time.Second, func() error { // the controller's mirror has it as removed
+		mods, err := registry.List(ctx, b.op)
+		if err != nil {
+			return err
+		}
+		for _, m := range mods {
+			if m.Module == "back" {
+				return errors.New("back is still listed")
+			}
+		}
+		return nil
+	})
+	_, back := b.register("module: back\nrequires: [mesh-bus]\nemits: [y]\n")
+	if !back.Created {
+		t.Errorf("back registered over its removed record: %+v", back)
+	}
 	rotated := inject(vault.Bucket, "secret.shop.key", map[string]any{
 		"action": "rotated", "body": map[string]any{"owner": "shop", "name": "key", "injected": true}}, nil)
 	b.close()
 
 	b = newBedAt(t, cfg) // the next start publishes what the records hold
-	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// back's removal went out when back was registered again (the sweeper was woken), or
+	// now; either way it is in EVENTS once.
+	retryUntil(t, 20*time.Second, func() error {
+		if n := eventWithID(t, b, manifest.NodeEventSubject("alpha", registry.EventRemoved), backRemoved); n != 1 {
+			return fmt.Errorf("back's removal recorded %d times", n)
+		}
+		return nil
+	})
 	for id, subject := range map[string]string{
 		registered: manifest.NodeEventSubject("alpha", registry.EventRegistered),
 		removed:    manifest.NodeEventSubject("alpha", registry.EventRemoved),
 		rotated:    vault.EventSubject("rotated"),
 	} {
 		retryUntil(t, 20*time.Second, func() error {
-			m, err := events.GetLastMsgForSubject(ctx, subject)
-			if err != nil {
-				return err
-			}
-			if m.Header.Get(envelope.EventID) != id || !strings.Contains(string(m.Data), `"injected":true`) {
-				return fmt.Errorf("last %s: %s %s", subject, m.Header.Get(envelope.EventID), m.Data)
+			if n := eventWithID(t, b, subject, id); n != 1 {
+				return fmt.Errorf("%s with the injected id %s: %d in EVENTS, want 1", subject, id, n)
 			}
 			return nil
 		})
@@ -173,4 +194,32 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// eventWithID counts the messages on subject in EVENTS whose x-event-id is id.
+func eventWithID(t *testing.T, b *bed, subject, id string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := b.js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			if m.Headers().Get(envelope.EventID) == id {
+				n++
+			}
+		}
+		if got == 0 {
+			return n
+		}
+	}
 }

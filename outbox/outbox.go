@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,7 +24,8 @@ import (
 type Event struct {
 	ID     string          `json:"id"`
 	Action string          `json:"action"`
-	Node   string          `json:"node,omitempty"` // the node that acted, when its signer is the node's
+	Node   string          `json:"node,omitempty"`  // the node that acted, when its signer is the node's
+	Cause  string          `json:"cause,omitempty"` // the id this event records again (Renew)
 	Body   json.RawMessage `json:"body"`
 }
 
@@ -44,6 +46,50 @@ func New(action, node string, body map[string]any) (Event, error) {
 	return Event{ID: id.String(), Action: action, Node: node, Body: b}, nil
 }
 
+// MaxAge is how old an event's id may be when it is published (envelope.MaxResendAge): an
+// older one is published as a new event (Renew).
+const MaxAge = envelope.MaxResendAge
+
+// Renew returns events with each that its publisher cannot publish as it is replaced by a
+// new event recording it again (a new id, Cause naming the first): one older than MaxAge,
+// or, when node is not "", one another node made (its signature would be another's). The
+// owner stores the renewed events before publishing them, so that a publish that is tried
+// again is the same event. changed reports whether any was replaced.
+func Renew(events []Event, node string) (renewed []Event, changed bool, err error) {
+	renewed = append([]Event(nil), events...)
+	for i, e := range renewed {
+		id, perr := envelope.ParseID(e.ID)
+		if perr == nil && time.Since(envelope.IDTime(id)) <= MaxAge && (node == "" || e.Node == node) {
+			continue
+		}
+		fresh, err := uuid.NewV7()
+		if err != nil {
+			return nil, false, err
+		}
+		cause := e.Cause
+		if cause == "" {
+			cause = e.ID
+		}
+		if node != "" {
+			e.Node = node
+		}
+		e.ID, e.Cause = fresh.String(), cause
+		renewed[i], changed = e, true
+	}
+	return renewed, changed, nil
+}
+
+// Without returns events less those whose ids are in sent.
+func Without(events []Event, sent []string) []Event {
+	var out []Event
+	for _, e := range events {
+		if !slices.Contains(sent, e.ID) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // Check checks a record's waiting events, read from a bucket: untrusted input. action
 // reports whether a name is one of the owner's actions.
 func Check(events []Event, action func(string) bool) error {
@@ -56,6 +102,11 @@ func Check(events []Event, action func(string) bool) error {
 		}
 		if !action(e.Action) {
 			return fmt.Errorf("a waiting event's action %.40q is not one of the record's", e.Action)
+		}
+		if e.Cause != "" {
+			if _, err := envelope.ParseID(e.Cause); err != nil {
+				return fmt.Errorf("a waiting event's cause: %w", err)
+			}
 		}
 		if e.Node != "" && !manifest.ValidName(e.Node) {
 			return fmt.Errorf("a waiting event's node %.40q is not a name", e.Node)

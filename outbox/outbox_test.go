@@ -69,3 +69,32 @@ func TestSweep(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestRenew: an event this publisher can send as it is stays; an old one, or another node's,
+// becomes a new event naming the first as its cause (the first's cause, if it had one).
+func TestRenew(t *testing.T) {
+	fresh, _ := outbox.New("rotated", "alpha", map[string]any{"v": 1})
+	other, _ := outbox.New("rotated", "beta", map[string]any{"v": 2})
+	old := fresh
+	old.ID = "01936b2e-1f00-7000-8000-000000000001" // 2024
+	old.Cause = "01936b2e-1f00-7000-8000-000000000000"
+	got, changed, err := outbox.Renew([]outbox.Event{fresh, other, old}, "alpha")
+	if err != nil || !changed || len(got) != 3 {
+		t.Fatalf("Renew: %v %v %v", got, changed, err)
+	}
+	if got[0].ID != fresh.ID || got[0].Cause != "" {
+		t.Errorf("a fresh event of this node was renewed: %+v", got[0])
+	}
+	if got[1].ID == other.ID || got[1].Cause != other.ID || got[1].Node != "alpha" || string(got[1].Body) != string(other.Body) {
+		t.Errorf("another node's event: %+v", got[1])
+	}
+	if got[2].ID == old.ID || got[2].Cause != old.Cause {
+		t.Errorf("an old event: %+v, want a new id caused by %s", got[2], old.Cause)
+	}
+	if _, changed, _ := outbox.Renew([]outbox.Event{fresh}, "alpha"); changed {
+		t.Error("nothing to renew, but changed")
+	}
+	if _, changed, _ := outbox.Renew([]outbox.Event{other}, ""); changed {
+		t.Error("with no node, only age renews")
+	}
+}

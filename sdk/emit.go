@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -53,7 +54,8 @@ func causedBy(ctx context.Context, o *envelope.Options) {
 // Retry makes this Emit or Submit a retry of an earlier one that returned id with an error:
 // the event keeps its id and its time, so if the earlier attempt was stored after all (a
 // timeout is not a refusal) the broker drops the copy within its 2-minute duplicate window,
-// and consumers and the audit log see one event outside it.
+// and consumers and the audit log see one event outside it. An id older than
+// envelope.MaxResendAge (5 minutes) is refused: consumers would take its x-time for a replay.
 func Retry(id string) EmitOption { return func(o *envelope.Options) { o.ID = id } }
 
 // Emit publishes one of the module's declared events, persistently, and returns its
@@ -132,6 +134,12 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 		opt(&o)
 	}
 	causedBy(ctx, &o)
+	if o.ID != "" {
+		if id, err := envelope.ParseID(o.ID); err == nil && time.Since(envelope.IDTime(id)) > envelope.MaxResendAge {
+			return "", fmt.Errorf("Retry(%s): the event is older than %s, and consumers would refuse its x-time as a replay; emit it as a new event, with sdk.CausedBy(%q) if it helps to name the first",
+				o.ID, envelope.MaxResendAge, o.ID)
+		}
+	}
 	h, err := envelope.Stamp(c.key, c.Module(), c.node(), subject, body, o)
 	if err != nil {
 		return "", err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
@@ -30,56 +31,78 @@ func (v *Vault) addOutbox(r *secretRecord, action string, meta map[string]any) e
 	return nil
 }
 
-// flushOutbox publishes the events waiting in the record at key, in order, and removes those
-// EVENTS acknowledged from the record.
+// flushOutbox publishes the events waiting in the record at key, in order, and takes those
+// EVENTS acknowledged out of the record. The record is written under writeMu (first to renew
+// events that must go out as new ones, outbox.Renew, then to take the published out), but
+// the publishes are made without it: a slow EVENTS never holds up the vault's requests.
 func (v *Vault) flushOutbox(ctx context.Context, key string) error {
+	events, err := v.editOutbox(ctx, key, func(events []outbox.Event) ([]outbox.Event, bool, error) {
+		return outbox.Renew(events, "")
+	})
+	if err != nil || len(events) == 0 {
+		return err
+	}
+	var sent []string
+	for _, ev := range events {
+		if err = v.publishEvent(ctx, ev); err != nil {
+			break
+		}
+		sent = append(sent, ev.ID)
+	}
+	if len(sent) == 0 {
+		return err
+	}
+	if _, serr := v.editOutbox(ctx, key, func(events []outbox.Event) ([]outbox.Event, bool, error) {
+		left := outbox.Without(events, sent)
+		return left, len(left) != len(events), nil
+	}); serr != nil {
+		// Published, and still in the record: published again later, as the same event.
+		return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", key, serr))
+	}
+	return err
+}
+
+// editOutbox stores the outbox edit returns for the record at key when edit says it changed
+// it, under writeMu, and returns the outbox the record then holds.
+func (v *Vault) editOutbox(ctx context.Context, key string, edit func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
 	v.writeMu.Lock()
 	defer v.writeMu.Unlock()
 	v.mu.RLock()
 	e, ok := v.records[key]
 	v.mu.RUnlock()
 	if !ok || len(e.rec.Outbox) == 0 {
-		return nil
+		return nil, nil
+	}
+	events, changed, err := edit(slices.Clone(e.rec.Outbox))
+	if err != nil || !changed {
+		return e.rec.Outbox, err
 	}
 	r := e.rec
-	r.Outbox = append([]outbox.Event(nil), r.Outbox...)
-	r.Versions = append([]version(nil), r.Versions...)
-	sent := 0
-	var err error
-	for _, ev := range r.Outbox {
-		if err = v.publishEvent(ctx, ev.ID, ev.Action, ev.Body); err != nil {
-			break
-		}
-		sent++
+	r.Versions = slices.Clone(r.Versions)
+	r.Outbox = events
+	if err := v.store(ctx, &r, e.rev); err != nil {
+		return nil, err
 	}
-	if sent > 0 {
-		r.Outbox = r.Outbox[sent:]
-		if serr := v.store(ctx, &r, e.rev); serr != nil {
-			// Published, and still in the record: published again later, as the same event.
-			return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", key, serr))
-		}
-	}
-	return err
+	return events, nil
 }
 
-// publishEvent publishes one vault event, waiting for EVENTS' acknowledgement.
-func (v *Vault) publishEvent(ctx context.Context, id, action string, body []byte) error {
-	subject := EventSubject(action)
-	h, err := envelope.Stamp(v.sign, Seat, v.cfg.Node, subject, body, envelope.Options{ID: id})
+// publishEvent publishes one waiting vault event, waiting for EVENTS' acknowledgement.
+func (v *Vault) publishEvent(ctx context.Context, ev outbox.Event) error {
+	subject := EventSubject(ev.Action)
+	h, err := envelope.Stamp(v.sign, Seat, v.cfg.Node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		return fmt.Errorf("record vault event %s: %w", action, err)
+	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: ev.Body}); err != nil {
+		return fmt.Errorf("record vault event %s: %w", ev.Action, err)
 	}
 	return nil
 }
 
 // sweepOutboxes publishes what every record holds, until ctx ends (outbox.Sweep).
-func (v *Vault) sweepOutboxes(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
+func (v *Vault) sweepOutboxes(ctx context.Context) {
 	outbox.Sweep(ctx, v.sweepNow, func(ctx context.Context) (failed bool) {
 		v.mu.RLock()
 		var keys []string
@@ -90,6 +113,9 @@ func (v *Vault) sweepOutboxes(ctx context.Context, done chan<- struct{}) {
 		}
 		v.mu.RUnlock()
 		for _, key := range keys {
+			if ctx.Err() != nil {
+				return false
+			}
 			fctx, cancel := context.WithTimeout(ctx, requestTimeout)
 			if err := v.flushOutbox(fctx, key); err != nil {
 				v.log.Warn("vault events still waiting in their record; trying again", "key", key, "err", err)

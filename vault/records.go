@@ -123,7 +123,7 @@ func (v *Vault) decodeRecord(key string, value []byte) (secretRecord, error) {
 	if len(r.Versions) == 0 {
 		return secretRecord{}, errors.New("the record has no version")
 	}
-	if err := outbox.Check(r.Outbox, manifest.ValidName); err != nil {
+	if err := outbox.Check(r.Outbox, isRecordAction); err != nil {
 		return secretRecord{}, err
 	}
 	prev := 0
@@ -176,6 +176,9 @@ func (v *Vault) store(ctx context.Context, r *secretRecord, rev uint64) error {
 	}
 	return v.awaitRecord(ctx, key, next)
 }
+
+// isRecordAction reports whether name is an action stored with a secret record's outbox.
+func isRecordAction(name string) bool { return name == "minted" || name == "rotated" }
 
 // mint creates a secret with a random value (version 1).
 func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {

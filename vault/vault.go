@@ -93,7 +93,7 @@ type Vault struct {
 	writeMu sync.Mutex
 	// sweepStop ends the outbox sweeper while this node serves the vault; sweepNow wakes it.
 	sweepStop context.CancelFunc
-	sweepDone chan struct{} // closed when the sweeper has ended
+	sweepers  sync.WaitGroup // the sweepers still ending
 	sweepNow  chan struct{}
 
 	events chan event // recorded by a worker, off the requests' path
@@ -177,6 +177,7 @@ func (v *Vault) Watch(ctx context.Context) error { return mirror.Follow(ctx, v.w
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
 	v.Stop()
+	v.sweepers.Wait()
 	v.gateStop() // its last report is queued before the queue closes
 	v.closing.Lock()
 	v.closed = true
@@ -234,8 +235,11 @@ func (v *Vault) Start() error {
 	v.sub = sub
 	var sweep context.Context
 	sweep, v.sweepStop = context.WithCancel(context.Background())
-	v.sweepDone = make(chan struct{})
-	go v.sweepOutboxes(sweep, v.sweepDone)
+	v.sweepers.Add(1)
+	go func() {
+		defer v.sweepers.Done()
+		v.sweepOutboxes(sweep)
+	}()
 	return v.cfg.Responder.Flush()
 }
 
@@ -248,10 +252,8 @@ func (v *Vault) Stop() {
 	}
 	v.sub.Unsubscribe()
 	v.sub = nil
-	done := v.sweepDone
-	v.sweepStop()
+	v.sweepStop() // not waited for: Stop runs in the seat's hooks, which must be quick (Close waits)
 	v.mu.Unlock()
-	<-done // outside the lock: a flush in progress reads the records under it
 }
 
 // serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
