@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -180,8 +181,25 @@ type Verification struct {
 	FlaggedTotal uint64 `json:"flagged_total,omitempty"`
 }
 
-// MaxFlagged bounds the flagged records one verify lists, so its answer fits a message.
-const MaxFlagged = 1000
+// MaxFlagged bounds the flagged records one verify lists, so its answer fits a message;
+// so do maxFlagBytes, about what they may take, and flagKeep, what a flag keeps of each of
+// its event's id, subject and source (twice that of its reason).
+const (
+	MaxFlagged   = 1000
+	maxFlagBytes = 512 << 10
+	flagKeep     = 200
+)
+
+// clip cuts s to at most n bytes on a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
 
 // Flag is one record whose event is not genuine, and why.
 type Flag struct {
@@ -220,6 +238,7 @@ func (l *Logger) Verify() (Verification, error) {
 			json.Unmarshal(b, &anchor)
 		}
 		prev, wantN := anchor.Hash, anchor.N+1
+		flagBytes := 0
 		var lastN uint64
 		var lastHash string
 		for k, raw := c.First(); k != nil; k, raw = c.Next() {
@@ -245,8 +264,13 @@ func (l *Logger) Verify() (Verification, error) {
 			}
 			if kind, reason := l.genuine(r); kind != "" {
 				v.FlaggedTotal++
-				if len(v.Flagged) < MaxFlagged {
-					v.Flagged = append(v.Flagged, Flag{N: n, EventID: r.EventID, Subject: r.Subject, Source: r.Source, Kind: kind, Reason: reason})
+				if len(v.Flagged) < MaxFlagged && flagBytes < maxFlagBytes {
+					// Cut short: an emitter chooses these, and the answer must fit a message
+					// whatever they hold, or one module would blind verify (Broken included).
+					f := Flag{N: n, EventID: clip(r.EventID, flagKeep), Subject: clip(r.Subject, flagKeep),
+						Source: clip(r.Source, flagKeep), Kind: kind, Reason: clip(reason, 2*flagKeep)}
+					flagBytes += len(f.EventID) + len(f.Subject) + len(f.Source) + len(f.Reason) + 64
+					v.Flagged = append(v.Flagged, f)
 				}
 			}
 			prev, wantN, lastN, lastHash = r.Hash, n+1, n, r.Hash

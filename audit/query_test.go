@@ -2,9 +2,12 @@ package audit
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -88,5 +91,47 @@ func TestQuery_Indexes(t *testing.T) {
 		if err != nil || v.Broken == nil {
 			t.Fatalf("verify after removing record %d: %+v %v", n, v, err)
 		}
+	}
+}
+
+// TestVerify_FlagsFitAMessage: events whose emitter-chosen fields are huge are flagged with
+// those fields cut short, so the answer stays small and Broken can always be told.
+func TestVerify_FlagsFitAMessage(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l, err := New(db, nil, "n", nil, nil, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Repeat("é", 30_000) // 60 KB of a source nobody registered
+	err = db.Update(func(tx *bolt.Tx) error {
+		var prev string
+		for i := range 40 {
+			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: huge,
+				EventID: fmt.Sprintf("%s-%d", huge, i), SignatureError: "no registered key for source " + huge, Prev: prev}
+			r.Hash = r.computeHash()
+			prev = r.Hash
+			b, _ := json.Marshal(r)
+			tx.Bucket(bucketRecords).Put(u64(r.N), b)
+		}
+		b, _ := json.Marshal(head{N: 40, Hash: prev, Seq: 40})
+		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := l.Verify()
+	if err != nil || v.Broken != nil || v.FlaggedTotal != 40 || len(v.Flagged) != 40 {
+		t.Fatalf("verify: broken %v, %d of %d flagged, %v", v.Broken, len(v.Flagged), v.FlaggedTotal, err)
+	}
+	b, _ := json.Marshal(Reply{Verification: &v})
+	if len(b) > maxReply/4 {
+		t.Errorf("the verification is %d bytes", len(b))
+	}
+	if f := v.Flagged[0]; len(f.Source) > flagKeep+len("…") || !utf8.ValidString(f.Source) || !strings.HasSuffix(f.Source, "…") {
+		t.Errorf("a flag's source: %d bytes", len(f.Source))
 	}
 }

@@ -139,7 +139,8 @@ type WhoamiReply struct {
 }
 
 // Signers are public keys of event sources, by SignerKey: a module's own, a seat's (its
-// declaring module's; the vault's for mesh-vault) and each server's.
+// declaring module's; the vault's for mesh-vault), each server's, and those of the modules
+// that may submit jobs to the asker's seats (kind job).
 type Signers map[string]string
 
 // The kinds of source a Signers key names.
@@ -147,6 +148,8 @@ const (
 	SignerModule = "mod"
 	SignerSeat   = "seat"
 	SignerNode   = "node"
+	// SignerJob names a module that may submit jobs to a seat the asker declares.
+	SignerJob = "job"
 )
 
 // SignerKey is the key of a source in Signers: "<kind>:<name>".

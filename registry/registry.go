@@ -541,7 +541,7 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 			out[SignerKey(SignerModule, e.Module)] = e.PublicKey
 		}
 		if e.Module == m.Module && len(m.Seats) > 0 || slices.ContainsFunc(m.Seats, func(s manifest.Seat) bool { return slices.Contains(e.Manifest.Uses, s.Name) }) {
-			out[SignerKey(SignerModule, e.Module)] = e.PublicKey // it submits jobs to m's seats
+			out[SignerKey(SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
 		}
 		for _, s := range e.Manifest.Seats {
 			if slices.ContainsFunc(s.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {

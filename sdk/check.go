@@ -81,7 +81,7 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 			if job {
 				// A job: the bus lets only the seat's users (and its module) submit it; the
 				// signature says which.
-				key = signers[registry.SignerKey(registry.SignerModule, e.Source)]
+				key = signers[registry.SignerKey(registry.SignerJob, e.Source)]
 				break
 			}
 			key = signers[registry.SignerKey(registry.SignerSeat, owner)]

@@ -281,12 +281,30 @@ func replayTarget(ctx context.Context, js jetstream.JetStream, m *jetstream.RawS
 		return "", fmt.Errorf("%w: dead letter %d names consumer %q, which is not a module's; it is kept (`meshnode dead drop %d` removes it)",
 			errNotReplayable, m.Sequence, consumer, m.Sequence)
 	}
-	if _, err := js.Consumer(ctx, manifest.EventsStreamName, consumer); err != nil {
+	c, err := js.Consumer(ctx, manifest.EventsStreamName, consumer)
+	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return "", fmt.Errorf("%w: dead letter %d: module %s no longer consumes events (removed, or its consumes changed), so nobody would get it; it is kept (`meshnode dead drop %d` removes it)",
 				errNotReplayable, m.Sequence, consumer, m.Sequence)
 		}
 		return "", fmt.Errorf("look up consumer %s: %w; the dead letter is kept", consumer, err)
+	}
+	// The consumer must deliver the replay (a node that has not reconciled it yet would leave
+	// the event where nobody reads it) and still consume the event (its consumes may have
+	// changed since).
+	filters := c.CachedInfo().Config.FilterSubjects
+	replays, consumes := false, false
+	for _, f := range filters {
+		replays = replays || f == manifest.ReplayFilter(consumer)
+		consumes = consumes || f != manifest.ReplayFilter(consumer) && manifest.Matches(f, subject)
+	}
+	switch {
+	case !replays:
+		return "", fmt.Errorf("%w: dead letter %d: consumer %s has no replay filter yet (a node not upgraded, or not reconciled: `meshnode status`), so nobody would get it; it is kept",
+			errNotReplayable, m.Sequence, consumer)
+	case !consumes:
+		return "", fmt.Errorf("%w: dead letter %d: module %s no longer consumes %s (its consumes changed), so it would be refused; it is kept (`meshnode dead drop %d` removes it)",
+			errNotReplayable, m.Sequence, consumer, envelope.Key(subject), m.Sequence)
 	}
 	return manifest.ReplaySubject(consumer, subject), nil
 }

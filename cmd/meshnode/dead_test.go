@@ -392,3 +392,46 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 		t.Errorf("audit query: the event %s is recorded %d times, want once (exit %d)\n%s%s", id, n, r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestBinary_DeadReplayRefusedWhenConsumesChanged: billing gave up on an event and was then
+// re-registered without consuming it: replay refuses the letter (billing would only refuse
+// the event) and keeps it.
+func TestBinary_DeadReplayRefusedWhenConsumesChanged(t *testing.T) {
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed, order.paid]\n")
+	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	billing, err := sdk.Connect(ctx, p.clientURL, billingSeed, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer billing.Close()
+	if err := billing.On("shop.order.placed", func(context.Context, sdk.Event) error { return errors.New("no such customer") }); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, p.clientURL, shopSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	if _, err := shop.Emit(ctx, "order.placed", map[string]int{"order": 7}); err != nil {
+		t.Fatal(err)
+	}
+	var letters []deadLetter
+	retryUntil(t, 20*time.Second, func() error {
+		if letters, err = deadLs(t, dir); err != nil || len(letters) != 1 {
+			return fmt.Errorf("dead letters %+v: %v", letters, err)
+		}
+		return nil
+	})
+	registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.paid]\n")
+	r := meshnode(t, nil, "dead", "replay", fmt.Sprint(letters[0].ID), "--data-dir", dir)
+	if r.code != 1 || !strings.Contains(r.stderr, "no longer consumes shop.order.placed") || !strings.Contains(r.stderr, "kept") {
+		t.Errorf("replay after billing stopped consuming the event: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if after, err := deadLs(t, dir); err != nil || len(after) != 1 {
+		t.Errorf("the letter was not kept: %v %+v", err, after)
+	}
+}
