@@ -71,7 +71,7 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 	switch {
 	case err == nil:
 		if err := cfg.LoadFile(path, data); err != nil {
-			return cfg, usageError{err}
+			return cfg, usageError{err: err}
 		}
 	case !explicit && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)):
 		// No file beside the data dir: defaults, env and flags decide.
@@ -80,7 +80,7 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 	}
 
 	if err := cfg.LoadEnv(os.Environ()); err != nil {
-		return cfg, usageError{err}
+		return cfg, usageError{err: err}
 	}
 	keys := config.Keys()
 	slices.Sort(keys)
@@ -90,11 +90,11 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 			continue
 		}
 		if err := cfg.Set(key, fl.Value.String()); err != nil {
-			return cfg, usageError{fmt.Errorf("--%s: %w", key, err)}
+			return cfg, usageError{err: fmt.Errorf("--%s: %w", key, err)}
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, usageError{err}
+		return cfg, usageError{err: err}
 	}
 	return cfg, nil
 }

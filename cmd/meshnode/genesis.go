@@ -26,7 +26,7 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if expect == 2 {
-				return usageError{genesis.ErrTwoServers}
+				return usageError{err: genesis.ErrTwoServers}
 			}
 			if expect < 1 {
 				return usagef("--expect %d: a mesh has 1 server, or 3 or more", expect)

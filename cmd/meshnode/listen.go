@@ -26,7 +26,7 @@ while it runs and consumes nothing (modules' durable consumers are untouched).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			subject, err := manifest.ConsumeSubject(args[0])
 			if err != nil {
-				return usageError{fmt.Errorf("pattern %q: %w", args[0], err)}
+				return usageError{err: fmt.Errorf("pattern %q: %w", args[0], err)}
 			}
 			nc, err := dial(cmd)
 			if err != nil {

@@ -20,14 +20,17 @@ const (
 
 // usageError marks an error as the caller's mistake in flags, arguments or configuration:
 // it exits 2.
-type usageError struct{ err error }
+type usageError struct {
+	err   error
+	usage string // the command's usage line, when the mistake is in its arguments or flags
+}
 
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 // usagef returns a usageError with a formatted message.
 func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
+	return usageError{err: fmt.Errorf(format, args...)}
 }
 
 // errReported is returned by a command that has already written its failure to stderr (for
@@ -59,6 +62,9 @@ func exitCode(err error, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "meshnode: %v\n", err)
 	var ue usageError
 	if errors.As(err, &ue) {
+		if ue.usage != "" {
+			fmt.Fprintf(stderr, "usage: %s\n", ue.usage)
+		}
 		return exitUsage
 	}
 	return exitFailed
@@ -72,7 +78,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	// Flag parsing errors are usage errors (exit 2).
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err, c.UseLine()} })
 	root.AddCommand(
 		newUpCmd(),
 		newGenesisCmd(),
@@ -94,5 +100,32 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newVersionCmd(),
 	)
+	argsAreUsage(root)
 	return root
+}
+
+// argsAreUsage makes every wrong argument a usage error (exit 2, with the usage line): each
+// command's argument check, and an unknown subcommand of a command that only groups others
+// (cobra calls that an unknown command, with exit 1, or prints the help and exits 0).
+func argsAreUsage(c *cobra.Command) {
+	if !c.Runnable() && c.HasSubCommands() {
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q; `%s --help` lists its commands", args[0], cmd.CommandPath(), cmd.CommandPath()),
+					cmd.CommandPath() + " COMMAND"}
+			}
+			return cmd.Help()
+		}
+	} else if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return usageError{err, cmd.UseLine()}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		argsAreUsage(sub)
+	}
 }

@@ -36,13 +36,13 @@ remove change and read the running mesh's registry.`,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown module verb %q; use module check, show, register, ls or remove", args[0])
+				return usageError{fmt.Errorf("unknown module verb %q; use module check, show, register, ls or remove", args[0]), cmd.CommandPath() + " COMMAND"}
 			}
 			return cmd.Help()
 		},
 	}
 	// Set here as well as on the root, so the command maps flag errors to exit 2 on its own.
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err, c.UseLine()} })
 	cmd.AddCommand(newModuleCheckCmd(), newModuleShowCmd(),
 		newModuleRegisterCmd(), newModuleLsCmd(), newModuleRemoveCmd())
 	return cmd
