@@ -421,6 +421,13 @@ func (b *Bus) Peers() map[string]bool {
 	return out
 }
 
+// Clustered reports whether the server runs JetStream clustered (a meta group), as the
+// server itself says; a standalone server has none.
+func (b *Bus) Clustered() bool {
+	jsz, err := b.srv.Jsz(&server.JSzOptions{})
+	return err == nil && jsz.Meta != nil
+}
+
 // Stats is a snapshot of the bus for metrics and status.
 type Stats struct {
 	Connections int    // client connections, the node's own included

@@ -740,3 +740,13 @@ func TestBed_RefusedRegistration(t *testing.T) {
 		t.Fatalf("after a refusal the registry holds %d modules (%v)", len(mods), err)
 	}
 }
+
+// TestStatus_StandaloneMode: a single node's status says standalone, from the server, with no
+// meta group (the clustered case is asserted in TestCluster_FoundingThree).
+func TestStatus_StandaloneMode(t *testing.T) {
+	b := newBed(t)
+	js := b.n.Status(context.Background()).JetStream
+	if js.Mode != "standalone" || js.MetaLeader != "" || len(js.Peers) != 0 {
+		t.Fatalf("jetstream status %+v", js)
+	}
+}

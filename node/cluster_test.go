@@ -141,6 +141,13 @@ func TestCluster_FoundingThree(t *testing.T) {
 	if len(leaders) != 1 || leaders[""] {
 		t.Fatalf("meta leaders seen: %v", leaders)
 	}
+	// Every node's status says so, from the server: clustered, the leader, three peers.
+	for _, n := range nodes {
+		js := n.Status(tctx).JetStream
+		if js.Mode != "clustered" || !leaders[js.MetaLeader] || len(js.Peers) != 3 {
+			t.Errorf("status of %s: jetstream %s, meta leader %q, peers %v", n.Identity().Name, js.Mode, js.MetaLeader, js.Peers)
+		}
+	}
 	b := &bed{t: t, op: op, js: js}
 	b.n = &runningNode{Node: nodes[0], stop: func() {}}
 	b.dir = cfgs[0].DataDir

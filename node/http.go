@@ -42,12 +42,16 @@ type AuditStatus struct {
 
 // JetStreamStatus is the JetStream part of Status.
 type JetStreamStatus struct {
-	Enabled   bool   `json:"enabled"`
-	Mode      string `json:"mode"` // "standalone" or "clustered"
-	Streams   int    `json:"streams"`
-	Consumers int    `json:"consumers"`
-	Messages  uint64 `json:"messages"`
-	Bytes     uint64 `json:"bytes"`
+	Enabled bool   `json:"enabled"`
+	Mode    string `json:"mode"` // "standalone" or "clustered", as the server reports it
+	// MetaLeader and Peers describe a clustered server's meta group: its leader ("" while
+	// there is none) and every peer, with whether it is current.
+	MetaLeader string          `json:"meta_leader,omitempty"`
+	Peers      map[string]bool `json:"peers,omitempty"`
+	Streams    int             `json:"streams"`
+	Consumers  int             `json:"consumers"`
+	Messages   uint64          `json:"messages"`
+	Bytes      uint64          `json:"bytes"`
 }
 
 func (n *Node) handler() http.Handler {
@@ -104,6 +108,9 @@ func (n *Node) Status(ctx context.Context) Status {
 			Messages:  st.Messages,
 			Bytes:     st.Bytes,
 		},
+	}
+	if n.bus.Clustered() {
+		s.JetStream.Mode, s.JetStream.MetaLeader, s.JetStream.Peers = "clustered", n.bus.MetaLeader(), n.bus.Peers()
 	}
 	if err := n.ready(ctx); err != nil {
 		s.Reason = err.Error()
