@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/vault"
@@ -123,7 +122,7 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 		return fmt.Errorf("no controller answers %s; is the node ready (`meshnode status`)?", subject)
 	}
 	if err != nil {
-		if last := nc.LastError(); last != nil && strings.Contains(last.Error(), subject) {
+		if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
 			return fmt.Errorf("%s: %w (these credentials may not administer the mesh; use the operator's seed)", subject, last)
 		}
 		return fmt.Errorf("%s: %w", subject, err)
