@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -17,36 +16,18 @@ import (
 // sweeper, woken after each change, at start, and every outbox.Interval, publishes what a
 // record holds and takes it out once EVENTS acknowledged it.
 
-// flushOutbox publishes the events waiting in module's record, in order, then takes them
-// out of the record, or deletes a removed module's record once none is left. The record is
-// written under c.mu (first to renew what this node cannot publish as it is, outbox.Renew —
-// another node's events, or old ones —, then to take the published out), but the publishes
-// are made without it: a slow EVENTS never holds up registrations.
+// flushOutbox publishes the events waiting in module's record (outbox.Flush), renewing
+// what this node cannot publish as it is (another node's events, or old ones), and deletes
+// a removed module's record once none is left. The record is written under c.mu, the
+// publishes made without it, so a slow EVENTS never holds up registrations.
 func (c *controller) flushOutbox(ctx context.Context, module string) error {
-	events, err := c.editOutbox(ctx, module, func(events []outbox.Event) ([]outbox.Event, bool, error) {
-		return outbox.Renew(events, c.node)
-	})
-	if err != nil {
-		return err
+	edit := func(ctx context.Context, f func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
+		return c.editOutbox(ctx, module, f)
 	}
-	var sent []string
-	for _, ev := range events {
-		if err = c.publishOutbox(ctx, ev); err != nil {
-			break
-		}
-		sent = append(sent, ev.ID)
+	if err := outbox.Flush(ctx, c.node, edit, c.publishOutbox); err != nil {
+		return fmt.Errorf("module %s: %w", module, err)
 	}
-	if len(sent) == 0 && len(events) > 0 {
-		return err
-	}
-	if _, eerr := c.editOutbox(ctx, module, func(events []outbox.Event) ([]outbox.Event, bool, error) {
-		left := outbox.Without(events, sent)
-		return left, len(left) != len(events), nil
-	}); eerr != nil {
-		// Published, and still in the record: published again later, as the same event.
-		return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", module, eerr))
-	}
-	return err
+	return nil
 }
 
 // editOutbox writes module's record with the outbox edit returns when edit says it changed

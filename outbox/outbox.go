@@ -11,6 +11,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -117,6 +118,39 @@ func Check(events []Event, action func(string) bool) error {
 		}
 	}
 	return nil
+}
+
+// Edit stores the waiting events an edit returns into a record, when the edit says it
+// changed them, under the owner's lock, and returns the events the record then holds.
+type Edit func(ctx context.Context, edit func([]Event) (events []Event, changed bool, err error)) ([]Event, error)
+
+// Flush publishes a record's waiting events in order and takes those EVENTS acknowledged out
+// of it: first the record is written with the events its publisher must renew (Renew, node
+// as there), then each is published with publish — outside the owner's lock, so a slow
+// EVENTS holds up nothing else —, then the published are taken out.
+func Flush(ctx context.Context, node string, edit Edit, publish func(context.Context, Event) error) error {
+	events, err := edit(ctx, func(events []Event) ([]Event, bool, error) { return Renew(events, node) })
+	if err != nil || len(events) == 0 {
+		return err
+	}
+	var sent []string
+	for _, e := range events {
+		if err = publish(ctx, e); err != nil {
+			break
+		}
+		sent = append(sent, e.ID)
+	}
+	if len(sent) == 0 {
+		return err
+	}
+	if _, eerr := edit(ctx, func(events []Event) ([]Event, bool, error) {
+		left := Without(events, sent)
+		return left, len(left) != len(events), nil
+	}); eerr != nil {
+		// Published, and still in the record: published again later, as the same event.
+		return errors.Join(err, fmt.Errorf("events recorded, but the record keeps them: %w", eerr))
+	}
+	return err
 }
 
 // How often a sweep runs: every Interval, and after one that failed, FirstRetry later,

@@ -2,7 +2,6 @@ package vault
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -31,35 +30,17 @@ func (v *Vault) addOutbox(r *secretRecord, action string, meta map[string]any) e
 	return nil
 }
 
-// flushOutbox publishes the events waiting in the record at key, in order, and takes those
-// EVENTS acknowledged out of the record. The record is written under writeMu (first to renew
-// events that must go out as new ones, outbox.Renew, then to take the published out), but
-// the publishes are made without it: a slow EVENTS never holds up the vault's requests.
+// flushOutbox publishes the events waiting in the record at key (outbox.Flush): the record
+// is written under writeMu, the publishes made without it, so a slow EVENTS never holds up
+// the vault's requests.
 func (v *Vault) flushOutbox(ctx context.Context, key string) error {
-	events, err := v.editOutbox(ctx, key, func(events []outbox.Event) ([]outbox.Event, bool, error) {
-		return outbox.Renew(events, "")
-	})
-	if err != nil || len(events) == 0 {
-		return err
+	edit := func(ctx context.Context, f func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
+		return v.editOutbox(ctx, key, f)
 	}
-	var sent []string
-	for _, ev := range events {
-		if err = v.publishEvent(ctx, ev); err != nil {
-			break
-		}
-		sent = append(sent, ev.ID)
+	if err := outbox.Flush(ctx, "", edit, v.publishEvent); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
 	}
-	if len(sent) == 0 {
-		return err
-	}
-	if _, serr := v.editOutbox(ctx, key, func(events []outbox.Event) ([]outbox.Event, bool, error) {
-		left := outbox.Without(events, sent)
-		return left, len(left) != len(events), nil
-	}); serr != nil {
-		// Published, and still in the record: published again later, as the same event.
-		return errors.Join(err, fmt.Errorf("events of %s recorded, but the record keeps them: %w", key, serr))
-	}
-	return err
+	return nil
 }
 
 // editOutbox stores the outbox edit returns for the record at key when edit says it changed
