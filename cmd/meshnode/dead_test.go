@@ -232,9 +232,31 @@ func TestBinary_DeadReplayRefusesForgery(t *testing.T) {
 // TestBinary_DeadReplayDiesAgain: a replayed event that fails again is dead-lettered again, as
 // a new letter with the same event id.
 func TestBinary_DeadReplayDiesAgain(t *testing.T) {
-	dir := t.TempDir()
-	p := startNode(t, "up", upArgs(dir, "alpha")...)
-	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	dir, _, id := failedOrder(t, "[order.placed]")
+	first := awaitNewLetter(t, dir, 0)
+	if first.EventID != id || first.Reason != "no such customer" || first.Consumer != "billing" {
+		t.Fatalf("first dead letter %+v", first)
+	}
+	if r := meshnode(t, nil, "dead", "replay", fmt.Sprint(first.ID), "--data-dir", dir); r.code != 0 {
+		t.Fatalf("dead replay: exit %d %s", r.code, r.stderr)
+	}
+	second := awaitNewLetter(t, dir, first.ID)
+	if second.ID <= first.ID || second.EventID != id || second.Reason != "no such customer" || second.Deliveries != manifest.MaxDeliver {
+		t.Fatalf("second dead letter %+v after the first %+v", second, first)
+	}
+	if ls, err := deadLs(t, dir); err != nil || len(ls) != 1 {
+		t.Fatalf("dead ls after the second death: %v %+v (the replayed letter should be gone)", err, ls)
+	}
+}
+
+// failedOrder starts a node on which shop (emitting shopEmits) places an order that billing,
+// failing every time, gives up on; it returns the data dir, the node and the order's id.
+// billing keeps failing until the test ends.
+func failedOrder(t *testing.T, shopEmits string) (dir string, p *process, id string) {
+	t.Helper()
+	dir = t.TempDir()
+	p = startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: "+shopEmits+"\n")
 	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -242,7 +264,7 @@ func TestBinary_DeadReplayDiesAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer broken.Close()
+	t.Cleanup(func() { broken.Close() })
 	if err := broken.On("shop.order.placed", func(context.Context, sdk.Event) error { return errors.New("no such customer") }); err != nil {
 		t.Fatal(err)
 	}
@@ -251,41 +273,30 @@ func TestBinary_DeadReplayDiesAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shop.Close()
-	id, err := shop.Emit(ctx, "order.placed", map[string]int{"order": 7})
-	if err != nil {
+	if id, err = shop.Emit(ctx, "order.placed", map[string]int{"order": 7}); err != nil {
 		t.Fatal(err)
 	}
-	await := func(not uint64) deadLetter {
-		var got deadLetter
-		retryUntil(t, 20*time.Second, func() error {
-			ls, err := deadLs(t, dir)
-			if err != nil {
-				return err
+	return dir, p, id
+}
+
+// awaitNewLetter waits for a dead letter other than the one numbered not.
+func awaitNewLetter(t *testing.T, dir string, not uint64) deadLetter {
+	t.Helper()
+	var got deadLetter
+	retryUntil(t, 20*time.Second, func() error {
+		ls, err := deadLs(t, dir)
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			if l.ID != not {
+				got = l
+				return nil
 			}
-			for _, l := range ls {
-				if l.ID != not {
-					got = l
-					return nil
-				}
-			}
-			return fmt.Errorf("no new dead letter: %+v", ls)
-		})
-		return got
-	}
-	first := await(0)
-	if first.EventID != id || first.Reason != "no such customer" || first.Consumer != "billing" {
-		t.Fatalf("first dead letter %+v", first)
-	}
-	if r := meshnode(t, nil, "dead", "replay", fmt.Sprint(first.ID), "--data-dir", dir); r.code != 0 {
-		t.Fatalf("dead replay: exit %d %s", r.code, r.stderr)
-	}
-	second := await(first.ID)
-	if second.ID <= first.ID || second.EventID != id || second.Reason != "no such customer" || second.Deliveries != manifest.MaxDeliver {
-		t.Fatalf("second dead letter %+v after the first %+v", second, first)
-	}
-	if ls, err := deadLs(t, dir); err != nil || len(ls) != 1 {
-		t.Fatalf("dead ls after the second death: %v %+v (the replayed letter should be gone)", err, ls)
-	}
+		}
+		return fmt.Errorf("no new dead letter: %+v", ls)
+	})
+	return got
 }
 
 // TestBinary_DeadReplayReachesOnlyItsConsumer: two modules consume one event; billing gives
@@ -397,35 +408,8 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 // re-registered without consuming it: replay refuses the letter (billing would only refuse
 // the event) and keeps it.
 func TestBinary_DeadReplayRefusedWhenConsumesChanged(t *testing.T) {
-	dir := t.TempDir()
-	p := startNode(t, "up", upArgs(dir, "alpha")...)
-	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed, order.paid]\n")
-	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\n")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	billing, err := sdk.Connect(ctx, p.clientURL, billingSeed, sdk.WithRetryBackoff(10*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer billing.Close()
-	if err := billing.On("shop.order.placed", func(context.Context, sdk.Event) error { return errors.New("no such customer") }); err != nil {
-		t.Fatal(err)
-	}
-	shop, err := sdk.Connect(ctx, p.clientURL, shopSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shop.Close()
-	if _, err := shop.Emit(ctx, "order.placed", map[string]int{"order": 7}); err != nil {
-		t.Fatal(err)
-	}
-	var letters []deadLetter
-	retryUntil(t, 20*time.Second, func() error {
-		if letters, err = deadLs(t, dir); err != nil || len(letters) != 1 {
-			return fmt.Errorf("dead letters %+v: %v", letters, err)
-		}
-		return nil
-	})
+	dir, _, _ := failedOrder(t, "[order.placed, order.paid]")
+	letters := []deadLetter{awaitNewLetter(t, dir, 0)}
 	registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.paid]\n")
 	r := meshnode(t, nil, "dead", "replay", fmt.Sprint(letters[0].ID), "--data-dir", dir)
 	if r.code != 1 || !strings.Contains(r.stderr, "no longer consumes shop.order.placed") || !strings.Contains(r.stderr, "kept") {
