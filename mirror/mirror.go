@@ -11,7 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ErrClosed means the watch ended before the bucket's current values were all in.
+// ErrClosed means the watch ended on its own: before the bucket's current values were all
+// in (Load), or while following it (Follow).
 var ErrClosed = errors.New("watch closed")
 
 // Load applies every entry w delivers until the bucket's current values are all in (the
@@ -34,14 +35,18 @@ func Load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyV
 	}
 }
 
-// Follow applies the changes w delivers until ctx ends or the watch closes. It does not stop
-// w: the owner does, on close.
+// Follow applies the changes w delivers until ctx ends (nil) or the watch closes on its own
+// (ErrClosed: the mirror no longer follows the bucket, which its owner must not take for a
+// stop). It does not stop w: the owner does, on close.
 func Follow(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				if ctx.Err() != nil {
+					return nil
+				}
+				return ErrClosed
 			}
 			if e != nil {
 				apply(e)

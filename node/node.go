@@ -369,6 +369,18 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	return nil
 }
 
+// actorDone is what an actor's end means: nil when its context ended (a stop), an error
+// naming it otherwise — its own, or that it stopped unexpectedly.
+func actorDone(ctx context.Context, name string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case err == nil:
+		return fmt.Errorf("%s: stopped unexpectedly", name)
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
 // Run runs the node's actors until ctx ends, a signal arrives (with HandleSignals) or an
 // actor fails. A requested stop returns nil. Run does not close the node: call Close.
 func (n *Node) Run(ctx context.Context) error {
@@ -386,30 +398,22 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.HandleSignals {
 		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	}
-	{
+	// Each actor runs until its context ends; one that returns before, even without an error,
+	// stopped unexpectedly: the group ends, and the error names it.
+	add := func(name string, f func(ctx context.Context) error) {
 		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.reg.Run(ctx) }, func(error) { cancel() })
+		g.Add(func() error { return actorDone(ctx, name, f(ctx)) }, func(error) { cancel() })
 	}
-	{
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.seats.store.Watch(ctx) }, func(error) { cancel() })
-	}
+	add("registry watch", n.reg.Run)
+	add("leases watch", n.seats.store.Watch)
 	if n.vault != nil {
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.vault.Watch(ctx) }, func(error) { cancel() })
+		add("vault watch", n.vault.Watch)
 	} else {
 		// A server without the vault's credentials asks for them, then serves the vault too.
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.enrolVault(ctx) }, func(error) { cancel() })
+		add("vault enrolment", n.enrolVault)
 	}
-	{
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.audit.Run(ctx) }, func(error) { cancel() })
-	}
-	{
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return n.watchDrift(ctx) }, func(error) { cancel() })
-	}
+	add("audit logger", n.audit.Run)
+	add("drift check", n.watchDrift)
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)

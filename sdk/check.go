@@ -43,6 +43,10 @@ var ErrRejected = errors.New("refused by the sdk's checks")
 // stream of forged events costs one question a second, not one each.
 const signerRefresh = time.Second
 
+// clockSlack is how far apart a stream's clock and this client's may be when it judges
+// whether keys it learnt were already known when an event was stored.
+const clockSlack = 2 * time.Second
+
 // errTryLater marks a check that could not be made now (the controller did not answer):
 // the event is redelivered later, not given up.
 var errTryLater = errors.New("cannot check the event now")
@@ -140,7 +144,8 @@ func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (registry
 	c.mu.Lock()
 	known, signers, tried := c.signersKnown, c.self.Signers, c.signersTried
 	c.mu.Unlock()
-	if known.After(stored) {
+	// stored is the stream leader's clock, known this client's: a margin for their skew.
+	if known.After(stored.Add(clockSlack)) {
 		return signers, nil
 	}
 	if wait := signerRefresh - time.Since(tried); wait > 0 {
