@@ -335,11 +335,21 @@ func TestSeat_NodeScoped(t *testing.T) {
 	if f := cons.CachedInfo().Config.FilterSubject; f != "mesh.seat.agent.node.alpha.accept.>" {
 		t.Errorf("node consumer filter %q", f)
 	}
-	s, _ := b.js.Stream(ctx, "SEAT_agent")
-	info, _ := s.Info(ctx)
-	if info.State.Msgs != 1 {
-		t.Errorf("SEAT_agent holds %d jobs, want beta's 1", info.State.Msgs)
-	}
+	// The handler has run; its ack follows: the queue keeps beta's job alone once it lands.
+	retryUntil(t, 10*time.Second, func() error {
+		s, err := b.js.Stream(ctx, "SEAT_agent")
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 1 {
+			return fmt.Errorf("SEAT_agent holds %d jobs, want beta's 1", info.State.Msgs)
+		}
+		return nil
+	})
 	if log.distinct() != 3 {
 		t.Errorf("alpha's holder handled %d jobs, want its own 3", log.distinct())
 	}
