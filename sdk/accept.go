@@ -107,6 +107,10 @@ func (c *Client) Holding(seat string) (bool, uint64) {
 // authority changes; the reconnect claims again, so this converges.
 func (c *Client) claim(ctx context.Context, st *seatState) error {
 	reply, err := c.seatRequest(ctx, "candidate", st.seat)
+	if errors.Is(err, errDropped) {
+		c.log.Info("claim interrupted by a reconnect; the reconnect claims again", "seat", st.seat)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -163,6 +167,9 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 	return nil
 }
 
+// errDropped means the connection dropped while a request waited for its answer.
+var errDropped = errors.New("the connection dropped before the answer")
+
 // claimRetry is how long claimLater waits before claiming again.
 const claimRetry = 500 * time.Millisecond
 
@@ -218,11 +225,18 @@ func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry
 	var reply registry.SeatReply
 	req, _ := json.Marshal(registry.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
 	subject := manifest.NodeSeatToolSubject(c.node(), c.Module())
+	ctx, dropped, end := c.onConnection(ctx)
+	defer end()
 	ctx, stop := c.watch(ctx, subject)
 	defer stop()
 	msg, err := c.nc.RequestWithContext(ctx, subject, req)
 	if r := Refused(ctx); err != nil && r != nil {
 		err = r
+	}
+	if err != nil && dropped() {
+		// The node kicks a new holder's connection to grant it the holder's permissions,
+		// sometimes before its answer arrives: the reconnect claims again.
+		return reply, fmt.Errorf("ask node %s about seat %s: %w", c.node(), seat, errDropped)
 	}
 	if err != nil {
 		return reply, fmt.Errorf("ask node %s about seat %s: %w", c.node(), seat, err)
@@ -250,6 +264,9 @@ func (c *Client) seatStates() []*seatState {
 // disconnected stops every seat's consuming at once: a holder holds only while connected
 // (the node kicks it when the lease is lost), and the reconnect claims again.
 func (c *Client) disconnected() {
+	c.connMu.Lock()
+	c.connEnd() // requests in flight end now: the reconnect claims again
+	c.connMu.Unlock()
 	for _, st := range c.seatStates() {
 		st.mu.Lock()
 		if st.consume != nil {

@@ -88,6 +88,12 @@ type Client struct {
 
 	refusals *Refusals // fed by asyncError: ends a refused request at once
 
+	// connCtx lives while the connection is up: a request to this node that must not outlive
+	// it (nats.go keeps a request through a reconnect until its timeout) derives from it.
+	connMu  sync.Mutex
+	connCtx context.Context
+	connEnd context.CancelFunc
+
 	// wg counts running handlers; closing guards its Add against Close's Wait.
 	wg      sync.WaitGroup
 	closing sync.RWMutex
@@ -142,6 +148,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
 	c.nc, err = nats.Connect(url,
 		nats.Nkey(pub, kp.Sign),
 		nats.CustomInboxPrefix(manifest.InboxPrefix(self.Module)),
@@ -256,9 +263,23 @@ func (c *Client) Close() error {
 	return err
 }
 
+// onConnection returns ctx ended also when the connection drops, and whether it was that.
+func (c *Client) onConnection(ctx context.Context) (context.Context, func() bool, context.CancelFunc) {
+	c.connMu.Lock()
+	conn := c.connCtx
+	c.connMu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(conn, cancel)
+	return ctx, func() bool { return conn.Err() != nil }, func() { stop(); cancel() }
+}
+
 // reconnected refreshes what the module declared: the bus kicks a module's connections when
 // its registration changes, and they come back under the new authority.
 func (c *Client) reconnected(nc *nats.Conn) {
+	c.connMu.Lock()
+	c.connEnd()
+	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+	c.connMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if self, err := askWhoami(ctx, nc, c.pub); err != nil {
