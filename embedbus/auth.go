@@ -2,7 +2,6 @@ package embedbus
 
 import (
 	"encoding/base64"
-	"sync"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
@@ -28,22 +27,20 @@ type Directory interface {
 
 // authenticator is the bus's CustomClientAuthentication: a client proves it holds an nkey
 // by signing the server's nonce, and gets exactly the permissions its Directory entry names.
-// It remembers which connections each key has, so a change of authority can kick them.
+// It keeps nothing per connection: a change of authority finds the connections to kick from
+// the server's own list (Bus.connections).
 type authenticator struct {
 	dir Directory
 	// sysKey is the public key of the node's own system-account connection (minted per
 	// start, never leaves the process); sysAccount is the server's system account.
 	sysKey     string
 	sysAccount func() *server.Account
-
-	mu      sync.Mutex
-	clients map[string]map[uint64]string // public key → client id → connection name
 }
 
 var _ server.Authentication = (*authenticator)(nil)
 
 func newAuthenticator(dir Directory) *authenticator {
-	return &authenticator{dir: dir, clients: make(map[string]map[uint64]string)}
+	return &authenticator{dir: dir}
 }
 
 // Check is called by nats-server for each new client connection.
@@ -78,35 +75,7 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 		return false
 	}
 	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions)})
-
-	a.mu.Lock()
-	set := a.clients[opts.Nkey]
-	if set == nil {
-		set = make(map[uint64]string)
-		a.clients[opts.Nkey] = set
-	}
-	set[c.GetID()] = opts.Name
-	a.mu.Unlock()
 	return true
-}
-
-// take returns and forgets the client ids seen for a key; with a name, only the connections
-// of that name.
-func (a *authenticator) take(publicKey string, name *string) []uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	set := a.clients[publicKey]
-	var ids []uint64
-	for id, n := range set {
-		if name == nil || *name == n {
-			ids = append(ids, id)
-			delete(set, id)
-		}
-	}
-	if len(set) == 0 {
-		delete(a.clients, publicKey)
-	}
-	return ids
 }
 
 // serverPermissions turns derived permissions into nats-server's. Allow lists only: anything

@@ -299,12 +299,12 @@ func (b *Bus) Grant(publicKey, name string) (p *server.Permissions, ok bool) {
 // Kick disconnects every connection of a key, so it reconnects and is checked again against
 // the Directory: how a change of authority takes effect without ReloadOptions (which would
 // disconnect every nkey client).
-func (b *Bus) Kick(publicKey string) int { return b.kick(b.auth.take(publicKey, nil)) }
+func (b *Bus) Kick(publicKey string) int { return b.kick(b.connections(publicKey, nil)) }
 
 // KickInstance disconnects the connections of a key that carry the given name: one instance
 // of a module, whose seat authority changed.
 func (b *Bus) KickInstance(publicKey, name string) int {
-	return b.kick(b.auth.take(publicKey, &name))
+	return b.kick(b.connections(publicKey, &name))
 }
 
 func (b *Bus) kick(ids []uint64) int {
@@ -317,19 +317,35 @@ func (b *Bus) kick(ids []uint64) int {
 	return n
 }
 
+// connections returns the ids of the client connections open with publicKey (and, with a
+// name, carrying it), as the server lists them: nothing is remembered per connection, so
+// nothing outlives one (a connection that has sent CONNECT is listed, checked or not).
+func (b *Bus) connections(publicKey string, name *string) []uint64 {
+	var ids []uint64
+	for offset := 0; ; {
+		cz, err := b.srv.Connz(&server.ConnzOptions{User: publicKey, Offset: offset, Limit: connzPage})
+		if err != nil {
+			return ids
+		}
+		for _, ci := range cz.Conns {
+			if name == nil || ci.Name == *name {
+				ids = append(ids, ci.Cid)
+			}
+		}
+		if len(cz.Conns) < connzPage {
+			return ids
+		}
+		offset += len(cz.Conns)
+	}
+}
+
+// connzPage is how many connections one Connz call lists.
+const connzPage = 1024
+
 // Connected reports whether a client connection authenticated with publicKey and carrying the
 // given connection name is open on this server.
 func (b *Bus) Connected(publicKey, name string) bool {
-	cz, err := b.srv.Connz(&server.ConnzOptions{User: publicKey, Username: true, Limit: 4096})
-	if err != nil {
-		return false
-	}
-	for _, ci := range cz.Conns {
-		if ci.Name == name {
-			return true
-		}
-	}
-	return false
+	return len(b.connections(publicKey, &name)) > 0
 }
 
 // MetaLeader is the name of the JetStream meta leader this server knows; "" when there is
