@@ -84,7 +84,7 @@ type Bus struct {
 
 // Open starts the server, waits until it accepts connections and JetStream answers, and
 // connects in-process. On any failure nothing is left running.
-func Open(cfg Config) (*Bus, error) {
+func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
 	}
@@ -174,11 +174,16 @@ func Open(cfg Config) (*Bus, error) {
 		srv.WaitForShutdown()
 		return nil, err
 	}
-	if !srv.ReadyForConnections(cfg.ReadyTimeout) {
+	// Everything below waits for the server; ctx ends the wait (a signal during start).
+	ctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
+	defer cancel()
+	for !srv.ReadyForConnections(readyPoll) {
 		if msg := lg.fatalMessage(); msg != "" {
 			return fail(fmt.Errorf("start nats-server: %s", msg))
 		}
-		return fail(fmt.Errorf("start nats-server: not ready for connections after %s", cfg.ReadyTimeout))
+		if ctx.Err() != nil {
+			return fail(fmt.Errorf("start nats-server: not ready for connections: %w", context.Cause(ctx)))
+		}
 	}
 	if msg := lg.fatalMessage(); msg != "" {
 		return fail(fmt.Errorf("start nats-server: %s", msg))
@@ -203,21 +208,27 @@ func Open(cfg Config) (*Bus, error) {
 	}
 	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey}
 	// A clustered JetStream answers only once a meta leader exists, and a request sent
-	// before that is never answered: ask again, each time briefly, until the deadline.
-	deadline := time.Now().Add(cfg.ReadyTimeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := b.Ready(ctx)
-		cancel()
+	// before that is never answered: ask again, each time briefly, backing off, until ctx
+	// ends.
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		err := b.Ready(actx)
+		acancel()
 		if err == nil {
 			return b, nil
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-ctx.Done():
 			conn.Close()
-			return fail(err)
+			return fail(fmt.Errorf("%w (%w)", err, context.Cause(ctx)))
+		case <-time.After(wait):
 		}
 	}
 }
+
+// readyPoll is how long one wait for the server to accept connections lasts, between looks
+// at the start's context.
+const readyPoll = 100 * time.Millisecond
 
 func splitAddr(addr string) (string, int, error) {
 	host, p, err := net.SplitHostPort(addr)

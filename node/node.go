@@ -120,7 +120,8 @@ func (n *Node) Open() error { return n.OpenContext(context.Background()) }
 
 // OpenContext validates the configuration and opens the node's parts in order — store and
 // identity, bus, HTTP listener — then writes node.json. On error everything opened is closed
-// again. ctx can cancel the wait for a cluster's founding servers to meet.
+// again. octx cancels the start at any point: the wait for a cluster's founding servers,
+// the server's readiness and the JetStream phase.
 func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.cfg.Validate(); err != nil {
 		return err
@@ -207,7 +208,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		readyTimeout = formationReadyTimeout
 	}
 	n.dir.operator.Store(n.id.OperatorKey)
-	n.bus, err = embedbus.Open(embedbus.Config{
+	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
 		StoreDir:     filepath.Join(n.cfg.DataDir, jsDir),
 		ClientAddr:   n.cfg.ClientAddr,
@@ -233,7 +234,8 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 
 	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
+	ctx, cancel := context.WithTimeout(octx, openTimeout)
 	defer cancel()
 	n.ctrl = &controller{
 		log:  n.log.With("component", "controller"),

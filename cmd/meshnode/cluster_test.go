@@ -523,3 +523,46 @@ func TestBinary_FormationProgress(t *testing.T) {
 		t.Fatalf("status after the stop: exit %d %s", r.code, r.stderr)
 	}
 }
+
+// TestBinary_SignalDuringFormation: SIGTERM at several points of a three-node formation —
+// while the joiner asks for its credentials, while its server starts, while JetStream elects
+// its leaders, while the mesh's buckets and streams are made — stops the process within the
+// shutdown timeout (5 s), with exit 0.
+func TestBinary_SignalDuringFormation(t *testing.T) {
+	for _, after := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second, 3 * time.Second} {
+		t.Run(after.String(), func(t *testing.T) {
+			nodes := []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+			r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
+			if r.code != 0 {
+				t.Fatalf("genesis: %s", r.stderr)
+			}
+			var g map[string]any
+			json.Unmarshal([]byte(r.stdout), &g)
+			token, _ := g["founding_token"].(string)
+			nodes[0].p = launch(t, "run", nodes[0].flags...)
+			for _, n := range nodes[1:] {
+				n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
+			}
+			time.Sleep(after) // a point of the formation to signal at, not a wait for a state
+			var wg sync.WaitGroup
+			for _, n := range nodes { // all at once: none waits for a peer that is going
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					start := time.Now()
+					n.p.cmd.Process.Signal(syscall.SIGTERM)
+					select {
+					case <-n.p.done:
+					case <-time.After(20 * time.Second):
+						t.Errorf("%s after %s: still running 20 s after SIGTERM\n%s", n.name, after, n.p.stderr)
+						return
+					}
+					if code, took := n.p.cmd.ProcessState.ExitCode(), time.Since(start); code != 0 || took > 6*time.Second {
+						t.Errorf("%s after %s: exit %d, %s to stop\n%s", n.name, after, code, took, n.p.stderr)
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
