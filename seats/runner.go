@@ -457,8 +457,16 @@ func (r *Runner) takeAll(retire bool) []held {
 // releaseAll releases every lease held here, so other nodes' candidates take over at once:
 // the node is stopping. The hooks are not run: the bus they act on is closing.
 func (r *Runner) releaseAll() {
+	// At once, not one after another: without a quorum each waits out its bound (the TTL),
+	// and a stopping node must not wait that many times over (its leases expire anyway).
 	hs := r.takeAll(false)
+	var wg sync.WaitGroup
 	for i := range hs {
-		r.release(context.Background(), &hs[i])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.release(context.Background(), &hs[i])
+		}()
 	}
+	wg.Wait()
 }

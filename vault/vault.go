@@ -97,7 +97,11 @@ type Vault struct {
 	sweepNow  chan struct{}
 
 	events chan event // recorded by a worker, off the requests' path
-	done   chan struct{}
+	// recordCtx bounds the worker's publishes; Close ends it closeGrace after it closes
+	// events, so a stopping node does not wait out an EVENTS without a quorum.
+	recordCtx  context.Context
+	recordStop context.CancelFunc
+	done       chan struct{}
 	// closing guards events: senders hold it shared, Close takes it to close the channel,
 	// so a request still being answered at shutdown never sends on a closed channel.
 	closing sync.RWMutex
@@ -162,6 +166,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err := mirror.Load(ctx, w, v.apply); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
+	v.recordCtx, v.recordStop = context.WithCancel(context.Background())
 	go v.record()
 	v.gate = throttle.New(float64(cfg.RateLimit), 2*cfg.RateLimit, 0, func(r throttle.Refusal) {
 		v.queue(event{action: "refused", meta: map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
@@ -183,7 +188,10 @@ func (v *Vault) Close() error {
 	v.closed = true
 	close(v.events)
 	v.closing.Unlock()
+	grace := time.AfterFunc(closeGrace, v.recordStop)
+	defer grace.Stop()
 	<-v.done
+	v.recordStop()
 	return mirror.Stop(v.w)
 }
 
@@ -200,6 +208,10 @@ func (v *Vault) queue(events ...event) {
 	}
 }
 
+// closeGrace is how long Close lets the events still queued be recorded; those left then
+// are logged as not recorded (a secret's mint and rotation wait in its record's outbox).
+const closeGrace = time.Second
+
 // eventQueue bounds the audit events waiting to be recorded; a full queue makes requests
 // wait rather than lose a record.
 const eventQueue = 1024
@@ -209,7 +221,7 @@ func (v *Vault) record() {
 	defer close(v.done)
 	for e := range v.events {
 		if e.flush != "" {
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			ctx, cancel := context.WithTimeout(v.recordCtx, requestTimeout)
 			if err := v.flushOutbox(ctx, e.flush); err != nil {
 				v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
 				outbox.Wake(v.sweepNow)
@@ -447,7 +459,7 @@ func (v *Vault) publish(e event) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(v.recordCtx, 5*time.Second)
 	defer cancel()
 	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
 		v.log.Error("record vault event", "action", action, "err", err)

@@ -105,6 +105,24 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := newLogger(cfg, os.Stderr)
+	// A requested stop ends within shutdown-timeout whatever the node is doing (opening, a
+	// release nobody answers once the peers are gone): what is left is cut short, which the
+	// store survives (it survives kill -9).
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-finished:
+			return
+		case <-ctx.Done():
+		}
+		select {
+		case <-finished:
+		case <-time.After(time.Duration(cfg.ShutdownTimeout)):
+			log.Warn("stopping took longer than shutdown-timeout; exiting without waiting for the rest", "shutdown_timeout", time.Duration(cfg.ShutdownTimeout))
+			os.Exit(exitOK)
+		}
+	}()
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
 	n.OnStartMemory = func(err error) {
