@@ -130,13 +130,16 @@ func TestVault_NoSecretInAnyStream(t *testing.T) {
 	if err != nil || !bytes.Contains(e.Value(), []byte(`"cipher"`)) {
 		t.Fatalf("vault record: %v %s", err, e.Value())
 	}
-	// Every action is an event with metadata.
+	// Every action is an event with metadata, published after the answer.
 	events, _ := b.js.Stream(ctx, manifest.EventsStreamName)
-	for _, a := range []string{"minted", "rotated", "fetched", "identity-minted"} {
-		if _, err := events.GetLastMsgForSubject(ctx, vault.EventSubject(a)); err != nil {
-			t.Errorf("no vault event %s: %v", a, err)
+	retryUntil(t, 10*time.Second, func() error {
+		for _, a := range []string{"minted", "rotated", "fetched", "identity-minted"} {
+			if _, err := events.GetLastMsgForSubject(ctx, vault.EventSubject(a)); err != nil {
+				return fmt.Errorf("no vault event %s: %v", a, err)
+			}
 		}
-	}
+		return nil
+	})
 }
 
 // TestVault_Authority: a module fetches only what its manifest names; it cannot ask as
