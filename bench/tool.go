@@ -113,19 +113,6 @@ func OpenToolCall(ctx context.Context, t Target) (s *ToolCallSession, err error)
 	return s, nil
 }
 
-// Mesh makes n calls to the module's tool.
-func (s *ToolCallSession) Mesh(ctx context.Context, n int) (Series, error) {
-	lat := make([]time.Duration, 0, n)
-	for range n {
-		d, err := s.call(ctx, s.meshSubject)
-		if err != nil {
-			return Series{}, err
-		}
-		lat = append(lat, d)
-	}
-	return newSeries(lat, sum(lat)), nil
-}
-
 // Raw makes n calls to the plain responder.
 func (s *ToolCallSession) Raw(ctx context.Context, n int) (Series, error) {
 	lat := make([]time.Duration, 0, n)

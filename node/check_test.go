@@ -120,11 +120,32 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 	})
 	consumerIdle(t, b, manifest.EventsStreamName, "b")
 	mu.Lock()
-	defer mu.Unlock()
 	for _, h := range handled {
 		if !strings.Contains(h, "genuine") {
 			t.Errorf("a handler was given %s", h)
 		}
+	}
+	mu.Unlock()
+
+	// With the replay window off (sdk.WithReplayWindow(0)), the old event is handed over:
+	// the window is the only check it failed.
+	seedE, _ := b.register("module: e\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
+	old := stamp(newID(), "a", time.Now().Add(-time.Hour), `{"n":6}`)
+	got := make(chan string, 1)
+	ce := b.client(seedE, sdk.WithReplayWindow(0))
+	if err := ce.On("a.x", func(_ context.Context, e sdk.Event) error { got <- string(e.Data); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: old, Data: []byte(`{"n":6}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-got:
+		if d != `{"n":6}` {
+			t.Errorf("with no replay window, e was handed %s", d)
+		}
+	case <-ctx.Done():
+		t.Fatal("with no replay window, an old event was still refused")
 	}
 }
 

@@ -193,13 +193,6 @@ func keepOperator(db *bolt.DB, pub string) error {
 	})
 }
 
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r' || b[len(b)-1] == ' ') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
 // writeFileAtomic writes data to path through a temporary file and a rename, so a crash
 // leaves either the old file or the new one.
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
@@ -254,6 +247,3 @@ func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record
 	r, err := g.Record()
 	return f, r, err
 }
-
-// GenesisRecord returns the genesis record of the node (ErrNone for an enrolled node).
-func (n *Node) GenesisRecord() (genesis.Record, error) { return genesis.New(n.db).Record() }

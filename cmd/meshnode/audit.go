@@ -211,11 +211,6 @@ Two different questions, answered apart:
 	return cmd
 }
 
-func withClientFlags(cmd *cobra.Command) *cobra.Command {
-	addClientFlags(cmd)
-	return cmd
-}
-
 // recordWriter prints records as a table (a person) or one JSON object per line (a machine).
 type recordWriter struct {
 	json bool
