@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -108,14 +107,8 @@ func fit(reply Reply) []byte {
 // cut to elidedKeep bytes, saying what was left out.
 func elide(r Record) Record {
 	cut := func(s string) (string, int) {
-		if len(s) <= elidedKeep {
-			return s, 0
-		}
-		keep := elidedKeep
-		for keep > 0 && !utf8.RuneStart(s[keep]) {
-			keep--
-		}
-		return s[:keep], len(s) - keep
+		p := prefix(s, elidedKeep)
+		return p, len(s) - len(p)
 	}
 	left := len(r.Body)
 	h := make(map[string][]string, len(r.Headers))

@@ -192,13 +192,21 @@ const (
 
 // clip cuts s to at most n bytes on a rune boundary, marking the cut.
 func clip(s string, n int) string {
+	if p := prefix(s, n); len(p) < len(s) {
+		return p + "…"
+	}
+	return s
+}
+
+// prefix is s cut to at most n bytes on a rune boundary.
+func prefix(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return s[:n] + "…"
+	return s[:n]
 }
 
 // Flag is one record whose event is not genuine, and why.

@@ -12,20 +12,27 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// TestQuery_Indexes writes records straight to a store and queries through each index.
-func TestQuery_Indexes(t *testing.T) {
+// openLog opens a logger on a new store, with no bus: tests write its records themselves.
+func openLog(t *testing.T) (*bolt.DB, *Logger) {
+	t.Helper()
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
 	l, err := New(db, nil, "n", nil, nil, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return db, l
+}
+
+// TestQuery_Indexes writes records straight to a store and queries through each index.
+func TestQuery_Indexes(t *testing.T) {
+	db, l := openLog(t)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	subjects := []string{"mesh.mod.a.event.x", "mesh.mod.b.event.y", "mesh.mod.a.event.z.w"}
-	err = db.Update(func(tx *bolt.Tx) error {
+	err := db.Update(func(tx *bolt.Tx) error {
 		var prev string
 		for i := range 30 {
 			src := string(rune('a' + i%2))
@@ -97,17 +104,9 @@ func TestQuery_Indexes(t *testing.T) {
 // TestVerify_FlagsFitAMessage: events whose emitter-chosen fields are huge are flagged with
 // those fields cut short, so the answer stays small and Broken can always be told.
 func TestVerify_FlagsFitAMessage(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	l, err := New(db, nil, "n", nil, nil, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, l := openLog(t)
 	huge := strings.Repeat("é", 30_000) // 60 KB of a source nobody registered
-	err = db.Update(func(tx *bolt.Tx) error {
+	err := db.Update(func(tx *bolt.Tx) error {
 		var prev string
 		for i := range 40 {
 			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: huge,
