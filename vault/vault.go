@@ -451,18 +451,11 @@ func (v *Vault) flushLater(ctx context.Context, key string) {
 
 // publish records one vault action on the mesh-vault seat's events.
 func (v *Vault) publish(e event) {
-	action, meta := e.action, e.meta
-	meta["node"] = v.cfg.Node
-	body, _ := json.Marshal(meta)
-	subject := EventSubject(action)
-	h, err := envelope.Stamp(v.sign, Seat, v.cfg.Node, subject, body, envelope.Options{})
-	if err != nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(v.recordCtx, 5*time.Second)
-	defer cancel()
-	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		v.log.Error("record vault event", "action", action, "err", err)
+	e.meta["node"] = v.cfg.Node
+	body, _ := json.Marshal(e.meta)
+	// A new event (no id yet), published as a waiting one is, but not kept for a retry.
+	if err := v.publishEvent(v.recordCtx, outbox.Event{Action: e.action, Body: body}); err != nil {
+		v.log.Error("vault event not recorded", "action", e.action, "err", err)
 	}
 }
 
