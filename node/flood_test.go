@@ -3,7 +3,6 @@ package node_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -138,90 +137,6 @@ func (f *floodBed) victimOps(tb testing.TB) map[string]func(context.Context) err
 			return err
 		},
 	}
-}
-
-// TestFlood_OthersServed: while one module floods whoami, the vault (including a secret it
-// does not declare) and emits, another module's connects, fetches and emits all succeed;
-// the attacker is rate limited, and its refusals are recorded as a few counted events, not
-// one event per request.
-func TestFlood_OthersServed(t *testing.T) {
-	f := newFloodBed(t)
-	ops := f.victimOps(t)
-	stop := make(chan struct{})
-	done := f.flood(t, stop, floodAll)
-	for _, name := range []string{"connect", "fetch", "emit"} {
-		for i := range 20 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := ops[name](ctx)
-			cancel()
-			if err != nil {
-				close(stop)
-				done()
-				t.Fatalf("victim %s %d under flood: %v", name, i+1, err)
-			}
-		}
-	}
-	close(stop)
-	sent := done()
-	t.Logf("the attacker sent %d requests and emits", sent)
-	if code, body := httpGet(t, f.b.n.HTTPURL()+"/readyz"); code != 200 {
-		t.Fatalf("/readyz %d after the flood: %s", code, body)
-	}
-
-	// The refusals arrive as counted events: at most one per identity, tool and interval.
-	op := f.b.operatorConn()
-	defer op.Close()
-	js, _ := jetstream.New(op)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	events, err := js.Stream(ctx, manifest.EventsStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var total, count int
-	retryUntil(t, 25*time.Second, func() error {
-		total, count = 0, 0
-		msgs, err := readRefusals(ctx, events)
-		if err != nil {
-			return err
-		}
-		total = len(msgs)
-		for _, m := range msgs {
-			count += m
-		}
-		if count == 0 {
-			return fmt.Errorf("no refusal recorded yet (%d events)", total)
-		}
-		return nil
-	})
-	t.Logf("%d refused-events recorded %d refusals", total, count)
-	if total > 20 {
-		t.Errorf("%d refusal events for one flood of a few seconds: refusals are not aggregated", total)
-	}
-}
-
-// readRefusals returns the count field of every refused event in EVENTS.
-func readRefusals(ctx context.Context, events jetstream.Stream) ([]int, error) {
-	var out []int
-	for _, subject := range []string{manifest.NodeEventSubject("alpha", "refused"), vault.EventSubject("refused")} {
-		c, err := events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-		if err != nil {
-			return nil, err
-		}
-		for {
-			m, err := c.Next(jetstream.FetchMaxWait(200 * time.Millisecond))
-			if err != nil {
-				break
-			}
-			var body struct {
-				Count int `json:"count"`
-			}
-			if json.Unmarshal(m.Data(), &body) == nil {
-				out = append(out, body.Count)
-			}
-		}
-	}
-	return out, nil
 }
 
 // victimPace spaces the victim's operations in the benchmark: a module working at a

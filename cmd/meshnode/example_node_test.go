@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
@@ -27,7 +28,7 @@ func nodeExample(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: the Node.js example needs Node.js 20 and npm", tool)
+			testbed.Skip(t, "%s is not installed: the Node.js example needs Node.js 20 and npm", tool)
 		}
 	}
 	dir, err := filepath.Abs("../../examples/node")

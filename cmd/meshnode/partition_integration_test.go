@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -15,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // netbed is three network namespaces on one bridge: a machine each, on one LAN. The test
@@ -39,7 +43,7 @@ func newNetbed(t *testing.T, machines int) *netbed {
 	t.Helper()
 	tag := strconv.Itoa(1000 + rand.IntN(9000))
 	if out, err := exec.Command("ip", "netns", "add", "mnprobe"+tag).CombinedOutput(); err != nil {
-		t.Skipf("network namespaces are not available here (needs root and iproute2): %v %s", err, out)
+		testbed.Skip(t, "network namespaces are not available here (needs root and iproute2): %v %s", err, out)
 	}
 	exec.Command("ip", "netns", "del", "mnprobe"+tag).Run()
 	b := &netbed{prefix: fmt.Sprintf("10.%d.%d", 100+rand.IntN(100), rand.IntN(250)), bridge: "mnbr" + tag}
@@ -212,12 +216,12 @@ func (e *emitLog) ids(t time.Time) []string {
 	return out
 }
 
-// TestBinary_MinorityPartition: three machines (network namespaces) form a mesh; the one
+// TestIntegration_MinorityPartition: three machines (network namespaces) form a mesh; the one
 // whose worker holds a mesh-scoped seat is cut off the LAN, while an emitter on each side
 // writes every 50 ms. The cut side acknowledges nothing; the majority goes on writing, and
 // the seat moves there — never two holders at once, epochs only growing. Healed, the cut
 // machine rejoins, and every acknowledged write is in every audit log.
-func TestBinary_MinorityPartition(t *testing.T) {
+func TestIntegration_MinorityPartition(t *testing.T) {
 	b := newNetbed(t, 3)
 	nodes := make([]*meshNode, 3)
 	for i, name := range []string{"a", "b", "c"} {

@@ -1,0 +1,542 @@
+//go:build integration
+
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/vault"
+)
+
+// The multi-process cluster beds: three meshnode processes each, killed, signalled, stopped
+// and partitioned. They run in CI's integration step (go test -tags integration -run
+// '^TestIntegration'), not in the fast tier.
+
+// TestIntegration_FoundThree: genesis --expect 3 and two `join --token` processes form one mesh;
+// every node reports the same mesh and is ready; a fourth node joins later with a join token.
+func TestIntegration_FoundThree(t *testing.T) {
+	nodes, _, token := formThree(t)
+	r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir)
+	if r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
+		t.Fatalf("status of a founding node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	r = meshnode(t, nil, "members", "--json", "--data-dir", nodes[1].dir)
+	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
+		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	// The founding token is spent once the mesh has formed.
+	if r := meshnode(t, nil, append([]string{"join", "--token", token}, newMeshNode(t, "late").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
+		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
+	}
+
+	// Refusals, each saying what is wrong.
+	if r := meshnode(t, nil, "genesis", "--expect", "3", "--data-dir", nodes[0].dir, "--name", "a"); r.code != 1 || !strings.Contains(r.stderr, "in use") {
+		t.Fatalf("genesis on a running node's data dir: exit %d %s", r.code, r.stderr)
+	}
+	// A founding token whose gossip key is not the mesh's.
+	ft, err := genesis.ParseFounding(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft.GossipKey = make([]byte, 32)
+	if r := meshnode(t, nil, append([]string{"join", "--token", foundingToken(ft)}, newMeshNode(t, "k").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "gossip key does not match") {
+		t.Fatalf("a node with the wrong gossip key: exit %d %s", r.code, r.stderr)
+	}
+	// A second genesis whose founding node is pointed at this running mesh.
+	y := newMeshNode(t, "y")
+	r = meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, y.flags...)...)
+	var yg struct {
+		FoundingToken string `json:"founding_token"`
+	}
+	if json.Unmarshal([]byte(r.stdout), &yg); r.code != 0 {
+		t.Fatalf("second genesis: exit %d %s", r.code, r.stderr)
+	}
+	yt, _ := genesis.ParseFounding(yg.FoundingToken)
+	yt.Gossip = []string{nodes[0].flags[slices.Index(nodes[0].flags, "--gossip-addr")+1]}
+	if r := meshnode(t, nil, append([]string{"join", "--token", foundingToken(yt)}, newMeshNode(t, "z").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "another mesh") {
+		t.Fatalf("a node of a second genesis against the running mesh: exit %d %s", r.code, r.stderr)
+	}
+
+	// A fourth node joins the formed mesh with a join token and serves clients.
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
+	var jt struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &jt); r.code != 0 || !strings.HasPrefix(jt.Token, "MNJ1.") {
+		t.Fatalf("token create: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	d := newMeshNode(t, "d")
+	start := time.Now()
+	d.p = startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
+	t.Logf("a fourth node joined and was ready in %s", time.Since(start))
+	// Later starts of a joined node are plain `run`.
+	if code, _ := d.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("stop the joined node: exit %d\n%s", code, d.p.stderr)
+	}
+	d.p = startNode(t, "run", d.flags...)
+	retryUntil(t, 30*time.Second, func() error {
+		r := meshnode(t, nil, "members", "--json", "--data-dir", d.dir)
+		if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 4 || !strings.Contains(r.stdout, `"name":"d"`) {
+			return fmt.Errorf("members from d: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	seed := registerModule(t, d.dir, "module: joined\nrequires: [mesh-bus]\nemits: [hello]\n", "--creds", nodes[0].dir+"/operator.nk")
+	retryUntil(t, 20*time.Second, func() error {
+		if r := meshnode(t, nil, "emit", "hello", `{"n":1}`, "--data-dir", d.dir, "--creds", seed); r.code != 0 {
+			return fmt.Errorf("emit through the joined node: exit %d %s", r.code, r.stderr)
+		}
+		return nil
+	})
+	// A join token of another mesh, pointed at this one, is refused at the door.
+	dToken := jt.Token
+	otherDir := t.TempDir()
+	startNode(t, "up", upArgs(otherDir, "o")...)
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", otherDir)
+	var ot struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &ot); r.code != 0 {
+		t.Fatalf("token create on another mesh: exit %d %s", r.code, r.stderr)
+	}
+	fb, err := vault.ParseToken(ot.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.Addrs = []string{d.p.clientURL}
+	fb.Expect = 3 // as if that mesh had three servers: the joining node would refuse a single node's token itself
+	if r := meshnode(t, nil, append([]string{"join", "--token", fb.String()}, newMeshNode(t, "f").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "not a token of the mesh there") {
+		t.Fatalf("a join token of another mesh: exit %d %s", r.code, r.stderr)
+	}
+
+	// The token was for one node; a second use and a taken name are refused, each saying so.
+	if r := meshnode(t, nil, append([]string{"join", "--token", dToken}, newMeshNode(t, "e").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "used up") {
+		t.Fatalf("second use of a join token: exit %d %s", r.code, r.stderr)
+	}
+	r = meshnode(t, nil, "token", "create", "--json", "--data-dir", nodes[0].dir)
+	json.Unmarshal([]byte(r.stdout), &jt)
+	if r := meshnode(t, nil, append([]string{"join", "--token", jt.Token}, newMeshNode(t, "b").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "has a server named b already") {
+		t.Fatalf("join under a taken name: exit %d %s", r.code, r.stderr)
+	}
+}
+
+// TestIntegration_LoseOne: kill -9 one of three nodes while a module emits 50,000 events and
+// another handles them. Every event acknowledged to the emitter is handled; the audit log
+// of each survivor holds every one; the mesh-scoped seat held on the killed node moves to a
+// survivor with a higher epoch; registration still works; the node restarts, rejoins and
+// catches up.
+func TestIntegration_LoseOne(t *testing.T) {
+	nodes, _, _ := formThree(t)
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	op := filepath.Join(a.dir, "operator.nk")
+	register := func(dir, text string) string { t.Helper(); return registerModule(t, dir, text, "--creds", op) }
+	tickerSeed := register(a.dir, "module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
+	sinkSeed := register(a.dir, "module: sink\nrequires: [mesh-bus]\nconsumes: [ticker.tick]\n")
+	workerSeed := register(a.dir, "module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	connect := func(p *process, seed string) *sdk.Client {
+		t.Helper()
+		var cl *sdk.Client
+		retryUntil(t, 20*time.Second, func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			cl, err = sdk.Connect(ctx, p.clientURL, seed)
+			return err
+		})
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+
+	// The seat's holder runs on a, the node that will die; a second candidate waits on b.
+	onA := connect(a.p, workerSeed)
+	noop := func(context.Context, sdk.Job) error { return nil }
+	if err := onA.Accept("run", noop); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if ok, _ := onA.Holding("jobs"); !ok {
+			return errors.New("the instance on a does not hold the seat yet")
+		}
+		return nil
+	})
+	_, epochA := onA.Holding("jobs")
+	onB := connect(b.p, workerSeed)
+	if err := onB.Accept("run", noop); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	sink := connect(c.p, sinkSeed)
+	if err := sink.On("ticker.tick", func(_ context.Context, e sdk.Event) error {
+		mu.Lock()
+		handled[e.ID] = true
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	const total, workers, killAt = 50_000, 16, 15_000
+	ticker := connect(b.p, tickerSeed)
+	var acked []string
+	var killed sync.Once
+	moved := make(chan time.Duration, 1) // how long after the kill b's instance held the seat
+	kill := func() {
+		killed.Do(func() {
+			a.p.cmd.Process.Kill()
+			<-a.p.done
+			killedAt := time.Now()
+			go func() {
+				for time.Since(killedAt) < time.Minute {
+					if ok, epoch := onB.Holding("jobs"); ok && epoch > epochA {
+						moved <- time.Since(killedAt)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		})
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += workers {
+				deadline := time.Now().Add(30 * time.Second)
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					id, err := ticker.Emit(ctx, "tick", map[string]int{"n": i})
+					cancel()
+					if err == nil {
+						mu.Lock()
+						acked = append(acked, id)
+						n := len(acked)
+						mu.Unlock()
+						if n == killAt {
+							go kill()
+						}
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("emit %d not acknowledged for 30s: %v", i, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	kill()
+	t.Logf("%d events acknowledged in %s across the kill of node a", len(acked), time.Since(start))
+
+	// The seat moves to the candidate on b, under a higher epoch.
+	select {
+	case d := <-moved:
+		t.Logf("the seat moved to b %s after the kill", d)
+	case <-time.After(time.Minute):
+		ok, epoch := onB.Holding("jobs")
+		t.Fatalf("a minute after the kill, the instance on b holds the seat: %v, epoch %d (a had %d)", ok, epoch, epochA)
+	}
+
+	// Every acknowledged event is handled.
+	retryUntil(t, 90*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		missing := 0
+		for _, id := range acked {
+			if !handled[id] {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged events not handled", missing, len(acked))
+		}
+		return nil
+	})
+
+	// Registration still works with one node down.
+	register(b.dir, "module: late\nrequires: [mesh-bus]\n")
+
+	// Each survivor's audit log holds every acknowledged event, once.
+	complete := func(n *meshNode) error {
+		ids, err := queryAuditIDs(t, n.dir, op, "ticker")
+		if err != nil {
+			return err
+		}
+		for id, k := range ids {
+			if k != 1 {
+				return fmt.Errorf("%s: event %s recorded %d times", n.name, id, k)
+			}
+		}
+		for _, id := range acked {
+			if ids[id] != 1 {
+				return fmt.Errorf("%s: %d events recorded, acknowledged event %s missing", n.name, len(ids), id)
+			}
+		}
+		return nil
+	}
+	for _, n := range []*meshNode{b, c} {
+		retryUntil(t, 90*time.Second, func() error { return complete(n) })
+	}
+
+	// The killed node restarts, rejoins and catches up.
+	a.p = startNode(t, "run", a.flags...)
+	retryUntil(t, 30*time.Second, func() error {
+		r := meshnode(t, nil, "members", "--json", "--data-dir", b.dir)
+		if strings.Count(r.stdout, `"state":"alive"`) != 3 {
+			return fmt.Errorf("members after the restart: %s %s", r.stdout, r.stderr)
+		}
+		return nil
+	})
+	retryUntil(t, 120*time.Second, func() error { return complete(a) })
+}
+
+// TestIntegration_LeaveAndRemove: of four servers, one leaves gracefully (and its data dir then
+// refuses to run); a leave that would leave fewer than three is refused; a live server
+// cannot be removed; a killed one is reported unreachable and then removed. Each shows in
+// members and in the audit log.
+func TestIntegration_LeaveAndRemove(t *testing.T) {
+	nodes, _, _ := formThree(t)
+	a, c := nodes[0], nodes[2]
+	op := filepath.Join(a.dir, "operator.nk")
+	r := meshnode(t, nil, "token", "create", "--json", "--data-dir", a.dir)
+	var jt struct{ Token string }
+	if json.Unmarshal([]byte(r.stdout), &jt); r.code != 0 {
+		t.Fatalf("token create: exit %d %s", r.code, r.stderr)
+	}
+	d := newMeshNode(t, "d")
+	d.p = startNode(t, "join", append([]string{"--token", jt.Token}, d.flags...)...)
+
+	if r := meshnode(t, nil, "leave", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "left mesh") {
+		t.Fatalf("leave: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	select {
+	case <-c.p.done:
+		if code := c.p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("the node that left exited %d\n%s", code, c.p.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the node that left still runs 20s later")
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		st, err := memberStates(t, a.dir)
+		if err != nil || st["c"] != "left/none" {
+			return fmt.Errorf("members after c left: %v %v", st, err)
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, append([]string{"run"}, c.flags...)...); r.code != 1 || !strings.Contains(r.stderr, "left its mesh") {
+		t.Fatalf("run after leave: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "leave", "--data-dir", d.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "leaving would leave 2 servers") {
+		t.Fatalf("a leave down to two servers: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "node", "remove", "d", "--data-dir", a.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "d is alive") {
+		t.Fatalf("removing a live server: exit %d %s", r.code, r.stderr)
+	}
+
+	d.p.cmd.Process.Kill()
+	<-d.p.done
+	killed := time.Now()
+	retryUntil(t, 30*time.Second, func() error {
+		st, err := memberStates(t, a.dir)
+		if err != nil || !strings.HasPrefix(st["d"], "dead/") {
+			return fmt.Errorf("members after d was killed: %v %v", st, err)
+		}
+		return nil
+	})
+	t.Logf("gossip declared the killed server dead after %s", time.Since(killed))
+	if r := meshnode(t, nil, "node", "remove", "d", "--data-dir", a.dir, "--creds", op); r.code != 0 {
+		t.Fatalf("node remove: exit %d %s", r.code, r.stderr)
+	}
+	st, err := memberStates(t, a.dir)
+	if _, listed := st["d"]; err != nil || listed || st["a"] == "" {
+		t.Fatalf("members after d was removed: %v %v", st, err)
+	}
+	if r := meshnode(t, nil, "node", "remove", "zz", "--data-dir", a.dir, "--creds", op); r.code != 1 || !strings.Contains(r.stderr, "no server named zz") {
+		t.Fatalf("removing an unknown server: exit %d %s", r.code, r.stderr)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		ev := nodeEvents(t, a.dir, op)
+		for _, want := range []string{"mesh.node.d.event.joined", "mesh.node.c.event.left", "mesh.node.d.event.unreachable", "mesh.node.d.event.removed"} {
+			if !strings.Contains(ev, want) {
+				return fmt.Errorf("no %s in the audit log: %s", want, ev)
+			}
+		}
+		return nil
+	})
+}
+
+// TestIntegration_SignalDuringFormation: SIGTERM at several points of a three-node formation —
+// while the joiner asks for its credentials, while its server starts, while JetStream elects
+// its leaders, while the mesh's buckets and streams are made — stops the process within the
+// shutdown timeout (5 s), with exit 0.
+func TestIntegration_SignalDuringFormation(t *testing.T) {
+	for _, after := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second, 3 * time.Second} {
+		t.Run(after.String(), func(t *testing.T) {
+			for attempt := 1; attempt <= 3; attempt++ {
+				if !signalFormation(t, after) {
+					return
+				}
+				t.Logf("attempt %d: a node lost a port picked free to another process; again", attempt)
+			}
+			t.Fatal("three attempts lost a port to another process")
+		})
+	}
+}
+
+// signalFormation launches a three-node formation, signals every node after the given time
+// and checks each stops in time, with exit 0. It reports a lost port (a node that could not
+// bind an address picked free, taken meanwhile by another test's process) instead of failing.
+func signalFormation(t *testing.T, after time.Duration) (lostPort bool) {
+	t.Helper()
+	nodes := []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
+	if r.code != 0 {
+		t.Fatalf("genesis: %s", r.stderr)
+	}
+	var g map[string]any
+	json.Unmarshal([]byte(r.stdout), &g)
+	token, _ := g["founding_token"].(string)
+	nodes[0].p = launch(t, "run", nodes[0].flags...)
+	for _, n := range nodes[1:] {
+		n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
+	}
+	time.Sleep(after) // a point of the formation to signal at, not a wait for a state
+	type result struct {
+		name string
+		code int
+		took time.Duration
+		lost bool
+		log  string
+	}
+	results := make(chan result, len(nodes))
+	for _, n := range nodes { // all at once: none waits for a peer that is going
+		go func() {
+			start := time.Now()
+			n.p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-n.p.done:
+			case <-time.After(20 * time.Second):
+				n.p.cmd.Process.Kill()
+				<-n.p.done
+				results <- result{n.name, -1, 20 * time.Second, false, n.p.stderr.String()}
+				return
+			}
+			log := n.p.stderr.String()
+			results <- result{n.name, n.p.cmd.ProcessState.ExitCode(), time.Since(start), strings.Contains(log, "address already in use"), log}
+		}()
+	}
+	var failed []result
+	for range nodes {
+		r := <-results
+		lostPort = lostPort || r.lost
+		if r.code != 0 || r.took > 6*time.Second {
+			failed = append(failed, r)
+		}
+	}
+	if lostPort {
+		return true
+	}
+	for _, r := range failed {
+		t.Errorf("%s after %s: exit %d, %s to stop\n%s", r.name, after, r.code, r.took, r.log)
+	}
+	return false
+}
+
+// TestIntegration_StopWithPeersGone: the last node of a mesh whose other two have stopped stops
+// within the shutdown timeout too, though nothing answers its releases any more.
+func TestIntegration_StopWithPeersGone(t *testing.T) {
+	nodes, _, _ := formThree(t)
+	for _, n := range nodes {
+		code, took := n.p.stop(t, syscall.SIGTERM)
+		if code != 0 || took > 6*time.Second {
+			t.Errorf("%s: exit %d, %s to stop\n%s", n.name, code, took, n.p.stderr)
+		}
+	}
+	if os.Getenv("MESHNODE_TEST_LOG") != "" { // with debug logs: what the last one waited for
+		t.Log(nodes[2].p.stderr.String())
+	}
+}
+
+// formThree runs genesis --expect 3 for a and starts a, b and c, the latter two with the
+// founding token; it returns once all three are ready.
+func formThree(t *testing.T) (nodes []*meshNode, meshID, token string) {
+	t.Helper()
+	nodes = []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
+	if r.code != 0 {
+		t.Fatalf("genesis: %s", r.stderr)
+	}
+	var g map[string]any
+	json.Unmarshal([]byte(r.stdout), &g)
+	token, _ = g["founding_token"].(string)
+	if !strings.HasPrefix(token, "MNF1.") {
+		t.Fatalf("no founding token: %s", r.stdout)
+	}
+	meshID, _ = g["mesh_id"].(string)
+	start := time.Now()
+	nodes[0].p = launch(t, "run", nodes[0].flags...)
+	for _, n := range nodes[1:] {
+		n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
+	}
+	for _, n := range nodes {
+		n.p.awaitReady(t, 90*time.Second)
+		if n.p.meshID != meshID {
+			t.Fatalf("node %s reports mesh %s, want %s", n.name, n.p.meshID, meshID)
+		}
+	}
+	t.Logf("three processes formed a ready mesh in %s", time.Since(start))
+	return nodes, meshID, token
+}
+
+// foundingToken encodes a founding token, as genesis prints it.
+func foundingToken(f genesis.Founding) string {
+	b, _ := json.Marshal(f)
+	return genesis.FoundingPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// memberStates returns each member's state and JetStream role as the node on dir sees them.
+func memberStates(t *testing.T, dir string) (map[string]string, error) {
+	r := meshnode(t, nil, "members", "--json", "--data-dir", dir)
+	if r.code != 0 {
+		return nil, fmt.Errorf("members: exit %d %s", r.code, r.stderr)
+	}
+	out := map[string]string{}
+	for line := range strings.Lines(r.stdout) {
+		var m struct{ Name, State, JetStream string }
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			return nil, err
+		}
+		out[m.Name] = m.State + "/" + m.JetStream
+	}
+	return out, nil
+}
+
+// nodeEvents returns the subjects of the node events in the audit log of the node on dir.
+func nodeEvents(t *testing.T, dir, creds string) string {
+	r := meshnode(t, nil, "audit", "query", "--json", "--data-dir", dir, "--creds", creds)
+	var subjects []string
+	for line := range strings.Lines(r.stdout) {
+		var rec struct{ Subject string }
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Subject, "mesh.node.") {
+			subjects = append(subjects, rec.Subject)
+		}
+	}
+	return strings.Join(subjects, " ")
+}
