@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -78,7 +78,7 @@ func (t Target) operator(name string) (*nats.Conn, error) {
 func (t Target) register(ctx context.Context, op *nats.Conn, manifest string) (seedFile string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	reg, err := registry.Register(ctx, op, []byte(manifest))
+	reg, err := admin.Register(ctx, op, []byte(manifest))
 	if err != nil {
 		return "", fmt.Errorf("register: %w", err)
 	}
@@ -96,7 +96,7 @@ func (t Target) register(ctx context.Context, op *nats.Conn, manifest string) (s
 func (t Target) remove(op *nats.Conn, module string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	_, err := registry.Remove(ctx, op, module)
+	_, err := admin.Remove(ctx, op, module)
 	return err
 }
 

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/bench"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -378,7 +378,7 @@ func countModules(t *testing.T, target bench.Target) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	mods, err := registry.List(ctx, nc)
+	mods, err := admin.List(ctx, nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,21 +10,22 @@ package manifest
 // is a reserved module name, so no module's inbox is this one.
 const OperatorInbox = "_INBOX.operator"
 
-// The mesh's own seats whose tools a module key may reach without declaring them.
+// The mesh's own seats: the controller (registration, whoami, seats) and the vault. A module
+// key may reach their tools without declaring them.
 const (
-	controllerSeat = "mesh-controller"
-	vaultSeat      = "mesh-vault"
+	ControllerSeat = "mesh-controller"
+	VaultSeat      = "mesh-vault"
 )
 
 // WhoamiSubject is where the holder of publicKey asks the controller which module it is: the
 // one question a client holding only its seed must ask before it knows its own name. The key
 // in the subject is the proof of who asks: only that key may publish there.
 func WhoamiSubject(publicKey string) string {
-	return SeatToolSubject(controllerSeat, "whoami") + "." + publicKey
+	return SeatToolSubject(ControllerSeat, "whoami") + "." + publicKey
 }
 
 // WhoamiSubjects is every key's whoami subject: what the controller answers.
-var WhoamiSubjects = SeatToolSubject(controllerSeat, "whoami.*")
+var WhoamiSubjects = SeatToolSubject(ControllerSeat, "whoami.*")
 
 // BootstrapInbox is where the holder of publicKey hears whoami's answer: keyed by the
 // public key, because before the answer the client does not know its name.
@@ -34,7 +35,7 @@ func BootstrapInbox(publicKey string) string { return "_INBOX." + publicKey }
 // mesh.seat.mesh-vault.tool.fetch.mod.<module>. The module's name in the subject is the
 // proof of who asks.
 func VaultFetchSubject(module string) string {
-	return SeatToolSubject(vaultSeat, "fetch") + ".mod." + module
+	return SeatToolSubject(VaultSeat, "fetch") + ".mod." + module
 }
 
 // nodeAny is the node token of a grant that holds on every node: a module's

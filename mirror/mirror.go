@@ -1,23 +1,112 @@
 // Package mirror keeps an in-memory copy of a JetStream KV bucket through a watch: the one
-// loop behind the registry's, the seats' and the vault's mirrors. Load takes the bucket's
-// current values; Follow applies changes until its context ends.
+// loop behind the registry's, the seats' and the vault's mirrors. A Watch owns the watcher
+// and its life — the load of the bucket's current values, following its changes, a fresh
+// start after the bucket was made again, the stop — and hands every entry to its owner's
+// apply, which keeps the owner's maps (each with its own indexes and invariants) under the
+// owner's lock.
 package mirror
 
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrClosed means the watch ended on its own: before the bucket's current values were all
-// in (Load), or while following it (Follow).
+// in (Open, Rewatch), or while following it (Run).
 var ErrClosed = errors.New("watch closed")
 
-// Load applies every entry w delivers until the bucket's current values are all in (the
+// Watch follows one KV bucket into its owner's mirror.
+type Watch struct {
+	kv       jetstream.KeyValue
+	subjects []string // the keys watched; none: all
+	apply    func(jetstream.KeyValueEntry)
+
+	mu sync.Mutex
+	w  jetstream.KeyWatcher // the current watcher: Rewatch replaces it
+}
+
+// Open watches kv's keys (all of them when keys is empty) and applies every current value
+// before it returns; Run must then follow. ctx bounds only the load: the watch outlives it
+// until Close.
+func Open(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), keys ...string) (*Watch, error) {
+	m := &Watch{kv: kv, subjects: keys, apply: apply}
+	w, err := m.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.w = w
+	return m, nil
+}
+
+// start starts a new watcher and applies the bucket's current values from it.
+func (m *Watch) start(ctx context.Context) (jetstream.KeyWatcher, error) {
+	var (
+		w   jetstream.KeyWatcher
+		err error
+	)
+	if len(m.subjects) == 0 {
+		w, err = m.kv.WatchAll(context.Background())
+	} else {
+		w, err = m.kv.WatchFiltered(context.Background(), m.subjects)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := load(ctx, w, m.apply); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	return w, nil
+}
+
+// current is the watcher Run follows now.
+func (m *Watch) current() jetstream.KeyWatcher {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.w
+}
+
+// Run applies the bucket's changes until ctx ends (nil) or the watch closes on its own
+// (ErrClosed). A watch replaced by Rewatch is no end: Run follows the new one.
+func (m *Watch) Run(ctx context.Context) error {
+	for {
+		w := m.current()
+		err := follow(ctx, w, m.apply)
+		if ctx.Err() != nil || m.current() == w {
+			return err
+		}
+	}
+}
+
+// Rewatch follows the bucket afresh after it was deleted and made again: a watch that
+// outlived the bucket resumes at the old bucket's last sequence, which the new one reaches
+// only after as many writes, so the mirror would stay blind as long. reset empties the
+// owner's mirror first; then the new bucket's values are loaded, and Run goes on with the
+// new watch.
+func (m *Watch) Rewatch(ctx context.Context, reset func()) error {
+	reset()
+	w, err := m.start(ctx)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	old := m.w
+	m.w = w
+	m.mu.Unlock()
+	stop(old) // its Follow ends, and Run takes the new watch up
+	return nil
+}
+
+// Close stops the watch; the owner's mirror keeps its last state.
+func (m *Watch) Close() error { return stop(m.current()) }
+
+// load applies every entry w delivers until the bucket's current values are all in (the
 // watch's nil marker). If ctx ends first it stops w and returns ctx's error.
-func Load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
+func load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -35,10 +124,10 @@ func Load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyV
 	}
 }
 
-// Follow applies the changes w delivers until ctx ends (nil) or the watch closes on its own
+// follow applies the changes w delivers until ctx ends (nil) or the watch closes on its own
 // (ErrClosed: the mirror no longer follows the bucket, which its owner must not take for a
 // stop). It does not stop w: the owner does, on close.
-func Follow(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
+func follow(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -66,9 +155,9 @@ func Conflict(err error) bool {
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
-// Stop stops a watch. A bucket deleted under it is no error of the watcher's: the node's
+// stop stops a watch. A bucket deleted under it is no error of the watcher's: the node's
 // drift check reports the loss (its stop would otherwise fail with "stream not found").
-func Stop(w jetstream.KeyWatcher) error {
+func stop(w jetstream.KeyWatcher) error {
 	err := w.Stop()
 	// The watch's subscription reports the stream's absence with nats.go's own errors.
 	if errors.Is(err, nats.ErrStreamNotFound) || errors.Is(err, nats.ErrConsumerNotFound) ||

@@ -19,12 +19,12 @@ func (w closedWatch) Stop() error                             { return nil }
 func TestFollow_ClosedIsNotAStop(t *testing.T) {
 	w := closedWatch{make(chan jetstream.KeyValueEntry)}
 	close(w.ch)
-	if err := Follow(context.Background(), w, func(jetstream.KeyValueEntry) {}); !errors.Is(err, ErrClosed) {
+	if err := follow(context.Background(), w, func(jetstream.KeyValueEntry) {}); !errors.Is(err, ErrClosed) {
 		t.Errorf("a watch that closed on its own: %v, want ErrClosed", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := Follow(ctx, w, func(jetstream.KeyValueEntry) {}); err != nil {
+	if err := follow(ctx, w, func(jetstream.KeyValueEntry) {}); err != nil {
 		t.Errorf("a watch closed after the context ended: %v, want nil", err)
 	}
 }

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -80,11 +80,11 @@ func eventsOn(t *testing.T, b *bed, subject string) uint64 {
 }
 
 // register registers a manifest and writes the new module's seed to a file.
-func (b *bed) register(yamlText string) (seedFile string, reg *registry.Registered) {
+func (b *bed) register(yamlText string) (seedFile string, reg *admin.Registered) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	reg, err := registry.Register(ctx, b.op, []byte(yamlText))
+	reg, err := admin.Register(ctx, b.op, []byte(yamlText))
 	if err != nil {
 		b.t.Fatalf("register: %v", err)
 	}
@@ -280,8 +280,8 @@ func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, name := range []string{"operator", "node", "admin", "vault"} {
-		_, err := registry.Register(ctx, b.op, []byte("module: "+name+"\nrequires: [mesh-bus]\nsecrets: [k]\n"))
-		if !errors.Is(err, registry.ErrRefused) {
+		_, err := admin.Register(ctx, b.op, []byte("module: "+name+"\nrequires: [mesh-bus]\nsecrets: [k]\n"))
+		if !errors.Is(err, admin.ErrRefused) {
 			t.Errorf("module named %s: %v, want refused", name, err)
 		}
 	}
@@ -692,7 +692,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reply, err := registry.Remove(ctx, b.op, "b")
+	reply, err := admin.Remove(ctx, b.op, "b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -708,7 +708,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 	if _, err := sdk.Connect(ctx, b.n.ClientURL(), seed); !errors.Is(err, sdk.ErrUnknownKey) {
 		t.Fatalf("removed module connected: %v", err)
 	}
-	if _, err := registry.Remove(ctx, b.op, "b"); !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
+	if _, err := admin.Remove(ctx, b.op, "b"); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
 		t.Fatalf("removing twice: %v", err)
 	}
 	// The seat's work is still there for the next module that declares it.
@@ -726,16 +726,16 @@ func TestBed_RefusedRegistration(t *testing.T) {
 	b.register("module: mailer\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := registry.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nemits: [mesh.mod.x.event.y]\nseats:\n  mesh-x: {scope: mesh, retain: 1h, accepts: [send]}\n"))
+	_, err := admin.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nemits: [mesh.mod.x.event.y]\nseats:\n  mesh-x: {scope: mesh, retain: 1h, accepts: [send]}\n"))
 	var rs manifest.Refusals
-	if !errors.Is(err, registry.ErrRefused) || !errors.As(err, &rs) || len(rs) < 2 {
+	if !errors.Is(err, admin.ErrRefused) || !errors.As(err, &rs) || len(rs) < 2 {
 		t.Fatalf("err=%v, want ErrRefused with at least two refusals", err)
 	}
-	_, err = registry.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n"))
-	if !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "mailer") {
+	_, err = admin.Register(ctx, b.op, []byte("module: other\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n"))
+	if !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "mailer") {
 		t.Errorf("a second declarer of seat mailer: %v, want a refusal naming mailer", err)
 	}
-	mods, err := registry.List(ctx, b.op)
+	mods, err := admin.List(ctx, b.op)
 	if err != nil || len(mods) != 1 {
 		t.Fatalf("after a refusal the registry holds %d modules (%v)", len(mods), err)
 	}

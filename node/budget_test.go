@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 )
@@ -53,7 +53,7 @@ func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, seat := range []string{registry.ControllerSeat, vault.Seat} {
+	for _, seat := range []string{manifest.ControllerSeat, manifest.VaultSeat} {
 		e, err := leases.Get(ctx, seat)
 		if err != nil {
 			t.Fatalf("lease %s: %v", seat, err)
@@ -75,9 +75,9 @@ func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "later", Name: "key"}, nil); err != nil {
 		t.Fatalf("vault mint with EVENTS full: %v", err)
 	}
-	var status []registry.SeatStatus
+	var status []seats.Status
 	for _, s := range seatList(t, b) {
-		if s.Seat == registry.ControllerSeat || s.Seat == vault.Seat {
+		if s.Seat == manifest.ControllerSeat || s.Seat == manifest.VaultSeat {
 			status = append(status, s)
 		}
 	}
@@ -112,13 +112,13 @@ func TestBudget_Config(t *testing.T) {
 	}
 }
 
-func seatList(t *testing.T, b *bed) []registry.SeatStatus {
+func seatList(t *testing.T, b *bed) []seats.Status {
 	t.Helper()
-	m, err := b.op.Request(registry.SeatsSubject, []byte("{}"), 5*time.Second)
+	m, err := b.op.Request(seats.ListSubject, []byte("{}"), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r registry.SeatsReply
+	var r seats.ListReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestBudget_ManySeats(t *testing.T) {
 	var refused error
 	n := 0 // seats registered
 	for n < 40 {
-		if _, refused = registry.Register(ctx, b.op, []byte(fmt.Sprintf("module: m%d\nrequires: [mesh-bus]\nseats:\n  s%d: {scope: mesh, retain: 1h, accepts: [run]}\n", n, n))); refused != nil {
+		if _, refused = admin.Register(ctx, b.op, []byte(fmt.Sprintf("module: m%d\nrequires: [mesh-bus]\nseats:\n  s%d: {scope: mesh, retain: 1h, accepts: [run]}\n", n, n))); refused != nil {
 			break
 		}
 		n++

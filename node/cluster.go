@@ -12,7 +12,6 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
@@ -200,7 +199,7 @@ func (n *Node) memberChanged(m membership.Member) {
 	if s == nil {
 		return
 	}
-	if _, ok := s.run.Holds(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name}); !ok {
+	if _, ok := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name}); !ok {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)

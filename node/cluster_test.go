@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
@@ -191,7 +191,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 	retryUntil(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_, err := registry.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))
+		_, err := admin.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))
 		return err
 	})
 
@@ -203,7 +203,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 		opsSeed:   "module: ops\nrequires: [mesh-bus]\nuses: [agent]\n",
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		r, err := registry.Register(ctx, opB, []byte(text))
+		r, err := admin.Register(ctx, opB, []byte(text))
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -281,7 +281,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 	retryUntil(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		mods, err := registry.List(ctx, opA)
+		mods, err := admin.List(ctx, opA)
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -47,7 +48,7 @@ type controller struct {
 	sweepNow  chan struct{}
 
 	// seats lists every seat for the seats tool.
-	seats func(context.Context) []registry.SeatStatus
+	seats func(context.Context) []seats.Status
 
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
@@ -70,9 +71,9 @@ func (c *controller) start() error {
 		registry.RemoveSubject:   body(c.handleRemove),
 		registry.ListSubject:     body(c.handleList),
 		manifest.WhoamiSubjects:  c.handleWhoami,
-		registry.SeatsSubject:    body(c.handleSeats),
+		seats.ListSubject:        body(c.handleSeats),
 	} {
-		sub, err := c.resp.QueueSubscribe(subject, registry.ControllerSeat, func(m *nats.Msg) {
+		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
 			defer cancel()
 			reply := h(ctx, m)
@@ -125,7 +126,7 @@ func (c *controller) unsubscribe() {
 }
 
 func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
-	return registry.SeatsReply{Seats: c.seats(ctx)}
+	return seats.ListReply{Seats: c.seats(ctx)}
 }
 
 // reconcileAll brings the topology of every registered module up to date (at start).

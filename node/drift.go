@@ -290,7 +290,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 	if !controller && slices.ContainsFunc(missing, notOwn) {
 		// What is the controller's to remake stands as an alarm until the next check finds
 		// it remade.
-		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), registry.ControllerSeat))
+		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), manifest.ControllerSeat))
 		return
 	}
 	n.alarms.clear("drift")
@@ -358,7 +358,7 @@ func (n *Node) holdsController() bool {
 	if s == nil {
 		return false
 	}
-	l, ok := s.store.Get(seats.Key(registry.ControllerSeat, manifest.ScopeMesh, ""))
+	l, ok := s.store.Get(seats.Key(manifest.ControllerSeat, manifest.ScopeMesh, ""))
 	return ok && l.Node == n.id.Name
 }
 

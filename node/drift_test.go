@@ -178,9 +178,9 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 		}
 		// The lease is in the new bucket, and the node's mirror shows that one: its epoch is
 		// a revision of the new bucket, not the deleted one's.
-		e, err := kv.Get(ctx, registry.ControllerSeat)
+		e, err := kv.Get(ctx, manifest.ControllerSeat)
 		if err != nil {
-			return fmt.Errorf("%s's lease is not in the new bucket: %w", registry.ControllerSeat, err)
+			return fmt.Errorf("%s's lease is not in the new bucket: %w", manifest.ControllerSeat, err)
 		}
 		var l struct {
 			Epoch uint64 `json:"epoch"`
@@ -190,7 +190,7 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 			l.Epoch = e.Revision()
 		}
 		for _, s := range seatList(t, b) {
-			if s.Seat == registry.ControllerSeat && (s.Holder == "" || s.Epoch != l.Epoch) {
+			if s.Seat == manifest.ControllerSeat && (s.Holder == "" || s.Epoch != l.Epoch) {
 				return fmt.Errorf("%s: the mirror shows holder %q epoch %d, the new bucket epoch %d", s.Seat, s.Holder, s.Epoch, l.Epoch)
 			}
 		}

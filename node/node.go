@@ -33,6 +33,7 @@ import (
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/errgroup"
 )
 
 // openTimeout bounds the JetStream work of Open: the registry's bucket and the topology.
@@ -119,9 +120,10 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 func (n *Node) Open() error { return n.OpenContext(context.Background()) }
 
 // OpenContext validates the configuration and opens the node's parts in order — store and
-// identity, bus, HTTP listener — then writes node.json. On error everything opened is closed
-// again. octx cancels the start at any point: the wait for a cluster's founding servers,
-// the server's readiness and the JetStream phase.
+// identity, HTTP listener, bus, the mesh's buckets and streams, vault and seats, audit,
+// HTTP server — then writes node.json. On error everything opened is closed again. octx
+// cancels the start at any point: the wait for a cluster's founding servers, the server's
+// readiness and the JetStream phase.
 func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.cfg.Validate(); err != nil {
 		return err
@@ -132,58 +134,99 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			n.Close()
 		}
 	}()
-
-	if n.db, err = openStore(n.cfg.DataDir); err != nil {
+	keys, err := n.openIdentity()
+	if err != nil {
 		return err
+	}
+	if err := n.listenHTTP(); err != nil {
+		return err
+	}
+	if err := n.newDirectory(&keys); err != nil {
+		return err
+	}
+	if err := n.openBus(octx, keys.responder); err != nil {
+		return err
+	}
+	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
+	ctx, cancel := context.WithTimeout(octx, openTimeout)
+	defer cancel()
+	leases, err := n.openMeshState(ctx, keys)
+	if err != nil {
+		return err
+	}
+	if err := n.openServices(ctx, keys.vault, leases); err != nil {
+		return err
+	}
+	if err := n.checkBuckets(ctx); err != nil {
+		return err
+	}
+	if err := n.openAudit(); err != nil {
+		return err
+	}
+	n.newHTTPServer()
+	if err := n.announce(); err != nil {
+		return err
+	}
+	info := n.info()
+	info.ClientURL, info.HTTPURL = n.bus.ClientURL(), n.HTTPURL()
+	if err := writeInfo(n.cfg.DataDir, info); err != nil {
+		return fmt.Errorf("write %s: %w", InfoFile, err)
+	}
+	return nil
+}
+
+// partKeys are the keys of the node's own connections that open makes: the responder's,
+// the dead-letter writer's and, on a node that holds the vault's credentials, the vault's.
+type partKeys struct {
+	responder, deadLetters nkeys.KeyPair
+	vault                  nkeys.KeyPair // nil: this node does not serve the vault
+	vaultPub               string
+}
+
+// openIdentity opens the store and loads the node's identity and foundation (minting them
+// where CreateIdentity says so), refusing a node that left its mesh.
+func (n *Node) openIdentity() (keys partKeys, err error) {
+	if n.db, err = openStore(n.cfg.DataDir); err != nil {
+		return keys, err
 	}
 	if n.Expect == 0 {
 		n.Expect = 1
 	}
 	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
-		return err
+		return keys, err
 	}
 	if err := checkNotLeft(n.db, n.id.Name); err != nil {
-		return err
+		return keys, err
 	}
 	n.quit = make(chan struct{})
 	if n.key, err = n.found.NodeKey(); err != nil {
-		return err
+		return keys, err
 	}
-	var vaultKey nkeys.KeyPair
-	var vaultPub string
 	if len(n.found.VaultSeed) > 0 {
-		if vaultKey, err = n.found.VaultKey(); err != nil {
-			return err
+		if keys.vault, err = n.found.VaultKey(); err != nil {
+			return keys, err
 		}
-		vaultPub, _ = vaultKey.PublicKey()
+		keys.vaultPub, _ = keys.vault.PublicKey()
 	}
+	return keys, nil
+}
 
-	// Bind the HTTP listener before starting the bus, so a taken port costs no server start.
+// listenHTTP binds the HTTP listener before the bus starts, so a taken port costs no
+// server start.
+func (n *Node) listenHTTP() (err error) {
 	if n.httpLn, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return fmt.Errorf("listen on %s: %w; another process has it: stop it or set --http-addr", n.cfg.HTTPAddr, ErrHTTPAddrInUse)
 		}
 		return fmt.Errorf("listen on %s: %w; set --http-addr to an address this machine has", n.cfg.HTTPAddr, err)
 	}
+	return nil
+}
 
-	n.reg = registry.New(n.log.With("component", "registry"), func(old, new *registry.Entry) {
-		if authorityChanged(old, new) {
-			kicked := n.bus.Kick(old.PublicKey)
-			n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
-		}
-		// A seat's holder answers into its callers' inboxes: when they change, the holding
-		// instance on this node reconnects under the new grant (and holds on: its lease stays).
-		if s := n.dir.seats.Load(); s != nil {
-			for _, seat := range seatsWithNewCallers(n.reg, old, new) {
-				for _, l := range s.holders(seat) {
-					if e, ok := n.reg.Get(l.Module); ok {
-						kicked := n.bus.KickInstance(e.PublicKey, l.Instance)
-						n.log.Info("a seat's callers changed; its holder reconnects", "seat", seat, "instance", l.Instance, "kicked", kicked)
-					}
-				}
-			}
-		}
-	})
+// newDirectory makes the registry's mirror (empty until the bus is up) and the directory
+// the bus authenticates against: the node's own keys, its parts' keys, and the registry.
+func (n *Node) newDirectory(keys *partKeys) (err error) {
+	n.reg = registry.New(n.log.With("component", "registry"), n.authorityChanged)
 	respKey, respPub, respID, err := newPartIdentity("node-responder:"+n.id.Name, responderPermissions(n.id.Name))
 	if err != nil {
 		return err
@@ -193,12 +236,42 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},
 		reg:    n.reg,
 	}
-	n.dir.vaultKey.Store(vaultPub)
+	n.dir.vaultKey.Store(keys.vaultPub)
+	n.dir.operator.Store(n.id.OperatorKey)
 	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadLetterPermissions(n.id.Name))
 	if err != nil {
 		return err
 	}
 	n.dir.static[deadPub] = deadID
+	keys.responder, keys.deadLetters = respKey, deadKey
+	return nil
+}
+
+// authorityChanged is the registry's change hook: a module whose authority changed is
+// kicked, so it reconnects under its new grant, and so is the holder of a seat whose
+// callers changed (it answers into their inboxes).
+func (n *Node) authorityChanged(old, new *registry.Entry) {
+	if authorityChanged(old, new) {
+		kicked := n.bus.Kick(old.PublicKey)
+		n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
+	}
+	// The holding instance on this node reconnects under the new grant, and holds on: its
+	// lease stays.
+	if s := n.dir.seats.Load(); s != nil {
+		for _, seat := range seatsWithNewCallers(n.reg, old, new) {
+			for _, l := range s.holders(seat) {
+				if e, ok := n.reg.Get(l.Module); ok {
+					kicked := n.bus.KickInstance(e.PublicKey, l.Instance)
+					n.log.Info("a seat's callers changed; its holder reconnects", "seat", seat, "instance", l.Instance, "kicked", kicked)
+				}
+			}
+		}
+	}
+}
+
+// openBus starts the embedded server — forming the cluster first on a founding node that
+// expects peers — and connects the responder.
+func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) {
 	var cluster *embedbus.Cluster
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if n.found.Expect >= 3 {
@@ -207,7 +280,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		}
 		readyTimeout = formationReadyTimeout
 	}
-	n.dir.operator.Store(n.id.OperatorKey)
 	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
 		StoreDir:     filepath.Join(n.cfg.DataDir, jsDir),
@@ -231,12 +303,17 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
 		return fmt.Errorf("connect responder: %w", err)
 	}
-
 	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
-	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
-	ctx, cancel := context.WithTimeout(octx, openTimeout)
-	defer cancel()
+	return nil
+}
+
+// openMeshState makes the controller and brings the mesh's JetStream state to this node:
+// the registry's and the leases' buckets and the mesh's streams (at once: in a new cluster
+// each waits for its own raft group to elect a leader), the dead-letter writer, this node's
+// identity in the registry, and every module's streams. The leases' store is returned for
+// openServices.
+func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store, err error) {
 	n.ctrl = &controller{
 		log:  n.log.With("component", "controller"),
 		nc:   n.bus.Conn(),
@@ -255,39 +332,48 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		sweepNow: make(chan struct{}, 1),
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
-		return err
+		return nil, err
 	}
-	// The registry's bucket, the leases' bucket and the mesh's streams do not depend on each
-	// other: in a new cluster each waits for its own raft group to elect a leader, so they
-	// are made at once rather than one after another.
 	var leases *seats.Store
 	defer func() {
-		if err != nil && leases != nil && n.seats == nil {
+		if err != nil && leases != nil {
 			leases.Close() // not yet handed to the seat service, which Close closes
 		}
 	}()
-	if err := parallel(ctx,
-		func(ctx context.Context) error {
-			return retryJS(ctx, func(ctx context.Context) error {
-				return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
-			})
-		},
-		func(ctx context.Context) error {
-			return retryJS(ctx, func(ctx context.Context) (err error) {
-				leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
-				if err == nil {
-					leases.SetLogger(n.log.With("component", "seats"))
-				}
-				return err
-			})
-		},
-		func(ctx context.Context) error { return retryJS(ctx, n.ctrl.topo.ensureMesh) },
-	); err != nil {
-		return err
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return retryJS(gctx, func(ctx context.Context) error {
+			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
+		})
+	})
+	g.Go(func() error {
+		return retryJS(gctx, func(ctx context.Context) (err error) {
+			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
+			if err == nil {
+				leases.SetLogger(n.log.With("component", "seats"))
+			}
+			return err
+		})
+	})
+	g.Go(func() error { return retryJS(gctx, n.ctrl.topo.ensureMesh) })
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
-	if n.dead, err = n.openDeadLetters(deadKey); err != nil {
-		return err
+	if n.dead, err = n.openDeadLetters(keys.deadLetters); err != nil {
+		return nil, err
 	}
+	if err := n.publishIdentity(ctx, keys.vaultPub); err != nil {
+		return nil, err
+	}
+	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
+		return nil, fmt.Errorf("reconcile topology: %w", err)
+	}
+	return leases, nil
+}
+
+// publishIdentity records this node's keys in the registry, and the vault's key on the node
+// that holds it: what modules check node and vault signatures against.
+func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 	xkp, err := n.found.NodeXKey()
 	if err != nil {
 		return err
@@ -298,17 +384,22 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	}); err != nil {
 		return err
 	}
-	if vaultPub != "" {
-		if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) }); err != nil {
-			return err
+	if vaultPub == "" {
+		return nil
+	}
+	return retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
+}
+
+// openServices starts what the node serves: the vault (only a node with the vault's
+// credentials: the genesis node, until enrolment delivers the barrier key to others), the
+// seat service with the mesh's own seats, and the handoff of a previous holder's work.
+func (n *Node) openServices(ctx context.Context, vaultKey nkeys.KeyPair, leases *seats.Store) (err error) {
+	defer func() {
+		if err != nil && n.seats == nil {
+			leases.Close() // not handed to the seat service, which Close closes
 		}
-	}
-	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
-		return fmt.Errorf("reconcile topology: %w", err)
-	}
+	}()
 	if vaultKey != nil {
-		// Only a node with the vault's credentials serves the vault: the genesis node, until
-		// enrolment delivers the barrier key to others.
 		if err := n.openVault(ctx, vaultKey); err != nil {
 			return err
 		}
@@ -316,13 +407,15 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.openSeats(ctx, leases); err != nil {
 		return err
 	}
-	if err := n.handOff(ctx); err != nil {
-		return err
-	}
-	// A registry or vault bucket this node has known and finds lost is an alarm, not an
-	// empty mesh (drift.go). Only the genesis node marks the buckets (at the mesh's first
-	// start, and for a mesh from before markers): a node that joined cannot tell a new bucket
-	// from a lost one made again, and its mark would clear the others' alarm.
+	return n.handOff(ctx)
+}
+
+// checkBuckets raises an alarm for a registry or vault bucket this node has known and finds
+// lost: not an empty mesh (drift.go). Only the genesis node marks the buckets (at the mesh's
+// first start, and for a mesh from before markers): a node that joined cannot tell a new
+// bucket from a lost one made again, and its mark would clear the others' alarm. It also
+// reports bad records and serves ToolAcceptLoss.
+func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
 	mayMark := func(string) bool { return genesisErr == nil }
@@ -338,10 +431,11 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if n.lossSub, err = n.serveAcceptLoss(); err != nil {
 		return fmt.Errorf("serve %s: %w", ToolAcceptLoss, err)
 	}
-	if err := n.openAudit(); err != nil {
-		return err
-	}
+	return nil
+}
 
+// newHTTPServer makes the metrics and the HTTP server; Run serves it on the listener.
+func (n *Node) newHTTPServer() {
 	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
 		func() AuditStatus { return n.auditStatus(context.Background()) },
 		func() int64 {
@@ -351,23 +445,23 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 			return 0
 		})
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
+}
 
-	if n.members != nil {
-		n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
-		if n.clusterSubs, err = n.serveCluster(); err != nil {
-			return fmt.Errorf("serve cluster tools: %w", err)
-		}
-		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
-			"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
-		}, n.log)
-		n.eventConn.Store(n.bus.Conn())
-		n.reportUnreachable() // if this node took mesh-controller while opening
+// announce serves the cluster's tools and tells the mesh this node joined, on a node with
+// peers.
+func (n *Node) announce() (err error) {
+	if n.members == nil {
+		return nil
 	}
-	info := n.info()
-	info.ClientURL, info.HTTPURL = n.bus.ClientURL(), n.HTTPURL()
-	if err := writeInfo(n.cfg.DataDir, info); err != nil {
-		return fmt.Errorf("write %s: %w", InfoFile, err)
+	n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
+	if n.clusterSubs, err = n.serveCluster(); err != nil {
+		return fmt.Errorf("serve cluster tools: %w", err)
 	}
+	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
+		"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
+	}, n.log)
+	n.eventConn.Store(n.bus.Conn())
+	n.reportUnreachable() // if this node took mesh-controller while opening
 	return nil
 }
 
@@ -558,7 +652,7 @@ func (n *Node) enrolVault(ctx context.Context) error {
 		return err
 	}
 	n.seats.vault = n.vault
-	n.seats.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	n.seats.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	n.log.Info("this server holds the vault's credentials and can serve the vault")
 	return n.vault.Watch(ctx)
 }
@@ -612,29 +706,6 @@ func retryableJS(err error) bool {
 	return false
 }
 
-// parallel runs fs at once; the first to fail cancels the others' context, and its error is
-// returned.
-func parallel(ctx context.Context, fs ...func(context.Context) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		once  sync.Once
-		first error
-		wg    sync.WaitGroup
-	)
-	for _, f := range fs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil {
-				once.Do(func() { first = err; cancel() })
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
@@ -650,9 +721,9 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	if err := s.start(); err != nil {
 		return err
 	}
-	s.run.Add(seats.Candidate{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	s.run.Add(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	if n.vault != nil {
-		s.run.Add(seats.Candidate{Seat: vault.Seat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+		s.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
 	s.run.Acquire(ctx)
 	// The runner renews from here on, not from Run: what Open does next (the genesis
@@ -714,7 +785,7 @@ func (n *Node) openAudit() (err error) {
 		switch source {
 		case n.id.Name:
 			return n.id.PublicKey, true
-		case vault.Seat:
+		case manifest.VaultSeat:
 			pub := n.reg.Vault()
 			return pub, pub != ""
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -67,7 +68,7 @@ func TestOutbox_RegistryEvents(t *testing.T) {
 		return nil
 	})
 
-	if _, err := registry.Remove(ctx, b.op, "shop"); err != nil {
+	if _, err := admin.Remove(ctx, b.op, "shop"); err != nil {
 		t.Fatal(err)
 	}
 	event(registry.EventRemoved, "shop")
@@ -134,7 +135,7 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 		"action": registry.EventRemoved, "node": "alpha", "body": map[string]any{"module": "back", "injected": true}},
 		func(rec map[string]any) { rec["removed"] = true })
 	retryUntil(t, 10*time.Second, func() error { // the controller's mirror has it as removed
-		mods, err := registry.List(ctx, b.op)
+		mods, err := admin.List(ctx, b.op)
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package node
 import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
@@ -26,8 +25,8 @@ func responderPermissions(node string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish: []string{responderInboxes},
 		Subscribe: []manifest.Subscription{
-			{Subject: manifest.SeatToolSubject(registry.ControllerSeat, ">")},
-			{Subject: manifest.SeatToolSubject(vault.Seat, ">")},
+			{Subject: manifest.SeatToolSubject(manifest.ControllerSeat, ">")},
+			{Subject: manifest.SeatToolSubject(manifest.VaultSeat, ">")},
 			{Subject: manifest.NodeToolSubject(node, ">")}, // the seat, cluster and audit tools
 		},
 	}

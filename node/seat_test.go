@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 )
 
@@ -141,7 +142,7 @@ func TestSeat_OneHolderOneDelivery(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := registry.Register(ctx, b.op, []byte("module: mailer2\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n")); !errors.Is(err, registry.ErrRefused) {
+	if _, err := admin.Register(ctx, b.op, []byte("module: mailer2\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n")); !errors.Is(err, admin.ErrRefused) {
 		t.Fatalf("second module declaring seat mailer: %v, want refused", err)
 	}
 }
@@ -178,15 +179,15 @@ func TestSeat_QueuedWorkSurvivesNoHolder(t *testing.T) {
 }
 
 // seatStatus asks the controller for one seat's status, as `meshnode seat ls` does.
-func seatStatus(t *testing.T, b *bed, seat string) registry.SeatStatus {
+func seatStatus(t *testing.T, b *bed, seat string) seats.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	msg, err := b.op.RequestWithContext(ctx, registry.SeatsSubject, []byte("{}"))
+	msg, err := b.op.RequestWithContext(ctx, seats.ListSubject, []byte("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reply registry.SeatsReply
+	var reply seats.ListReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +197,7 @@ func seatStatus(t *testing.T, b *bed, seat string) registry.SeatStatus {
 		}
 	}
 	t.Fatalf("seat %s not listed: %s", seat, msg.Data)
-	return registry.SeatStatus{}
+	return seats.Status{}
 }
 
 // TestSeat_HolderDiesMidJob: the holder takes a job and its connection drops without an ack;

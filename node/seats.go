@@ -131,12 +131,12 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	var start func() error
 	var stop func()
 	switch l.Seat {
-	case registry.ControllerSeat:
+	case manifest.ControllerSeat:
 		start, stop = s.ctrl.start, s.ctrl.stop
 		if held && s.onControl != nil {
 			defer s.onControl()
 		}
-	case vault.Seat:
+	case manifest.VaultSeat:
 		if s.vault == nil {
 			return
 		}
@@ -284,7 +284,7 @@ func (s *seatService) start() error {
 		}
 		if ok, tell := s.gate.Allow(module); !ok {
 			if tell { // once a second; the others are dropped, so a flood costs no replies
-				b, _ := json.Marshal(registry.SeatReply{Error: fmt.Sprintf("too many seat requests from module %s (more than %.0f a second, the node's rate-limit); slow down and retry", module, s.gate.PerSecond())})
+				b, _ := json.Marshal(seats.Reply{Error: fmt.Sprintf("too many seat requests from module %s (more than %.0f a second, the node's rate-limit); slow down and retry", module, s.gate.PerSecond())})
 				m.Respond(b)
 			}
 			return
@@ -323,12 +323,12 @@ func (s *seatService) stop() {
 	s.wg.Wait()
 }
 
-func (s *seatService) handle(module string, data []byte) registry.SeatReply {
-	var req registry.SeatRequest
+func (s *seatService) handle(module string, data []byte) seats.Reply {
+	var req seats.Request
 	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.SeatReply{Error: "seat: the request is not JSON"}
+		return seats.Reply{Error: "seat: the request is not JSON"}
 	}
-	reply := registry.SeatReply{Seat: req.Seat}
+	reply := seats.Reply{Seat: req.Seat}
 	e, ok := s.reg.Get(module)
 	if !ok {
 		reply.Error = fmt.Sprintf("module %s is not registered", module)
@@ -382,9 +382,9 @@ func (s *seatService) alive(c seats.Candidate) bool {
 
 // status lists every seat: the mesh's own and every registered module's, with holders and
 // backlogs.
-func (s *seatService) status(ctx context.Context) []registry.SeatStatus {
-	var out []registry.SeatStatus
-	add := func(st registry.SeatStatus, key string) {
+func (s *seatService) status(ctx context.Context) []seats.Status {
+	var out []seats.Status
+	add := func(st seats.Status, key string) {
 		if l, ok := s.store.Get(key); ok {
 			since := l.Since
 			st.Holder, st.HolderAt, st.Epoch, st.Since = l.Instance, l.Node, l.Epoch, &since
@@ -394,8 +394,8 @@ func (s *seatService) status(ctx context.Context) []registry.SeatStatus {
 		}
 		out = append(out, st)
 	}
-	add(registry.SeatStatus{Seat: registry.ControllerSeat, Scope: manifest.ScopeMesh}, registry.ControllerSeat)
-	add(registry.SeatStatus{Seat: vault.Seat, Scope: manifest.ScopeMesh}, vault.Seat)
+	add(seats.Status{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
+	add(seats.Status{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
 	users := map[string][]string{}
 	entries := s.reg.List()
 	for _, e := range entries {
@@ -405,7 +405,7 @@ func (s *seatService) status(ctx context.Context) []registry.SeatStatus {
 	}
 	for _, e := range entries {
 		for _, seat := range e.Manifest.Seats {
-			st := registry.SeatStatus{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name]}
+			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name]}
 			if stream, err := s.topo.js.Stream(ctx, manifest.SeatStreamName(seat.Name)); err == nil {
 				st.Backlog = stream.CachedInfo().State.Msgs
 			}

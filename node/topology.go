@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // The controller is the only writer of stream and consumer definitions (DESIGN §3): every
@@ -87,16 +88,16 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	events := manifest.EventsStream()
 	events.MaxAge = t.eventsMaxAge
 	streams := []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()}
-	fs := make([]func(context.Context) error, len(streams))
-	for i, s := range streams {
-		fs[i] = func(ctx context.Context) error {
-			if _, err := t.js.CreateOrUpdateStream(ctx, t.streamConfig(s)); err != nil {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, s := range streams {
+		g.Go(func() error {
+			if _, err := t.js.CreateOrUpdateStream(gctx, t.streamConfig(s)); err != nil {
 				return fmt.Errorf("reconcile stream %s: %w", s.Name, storeFullError(s.Name, t.budget, err))
 			}
 			return nil
-		}
+		})
 	}
-	if err := parallel(ctx, fs...); err != nil {
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	return t.ensureAudit(ctx)

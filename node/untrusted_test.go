@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
@@ -114,7 +115,7 @@ func TestUntrusted_RegistryRecords(t *testing.T) {
 	defer op.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	mods, err := registry.List(ctx, op)
+	mods, err := admin.List(ctx, op)
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
@@ -149,7 +150,7 @@ func TestUntrusted_RegistryRecords(t *testing.T) {
 func TestUntrusted_SeatLeases(t *testing.T) {
 	b := newBed(t)
 	b.register("module: api\nrequires: [mesh-bus]\n")
-	b.kvPut(seats.Bucket, registry.ControllerSeat, `garbage`)
+	b.kvPut(seats.Bucket, manifest.ControllerSeat, `garbage`)
 	b.kvPut(seats.Bucket, "other", `{"seat":"mesh-controller","scope":"mesh","node":"alpha","instance":"x"}`)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -162,7 +163,7 @@ func TestUntrusted_SeatLeases(t *testing.T) {
 		if _, err := kv.Get(ctx, "other"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return fmt.Errorf("the lease stored at the wrong key is still there (%v)", err)
 		}
-		e, err := kv.Get(ctx, registry.ControllerSeat)
+		e, err := kv.Get(ctx, manifest.ControllerSeat)
 		if err != nil {
 			return fmt.Errorf("no controller lease yet: %w", err)
 		}
@@ -171,7 +172,7 @@ func TestUntrusted_SeatLeases(t *testing.T) {
 		}
 		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer rcancel()
-		mods, err := registry.List(rctx, b.op)
+		mods, err := admin.List(rctx, b.op)
 		if err != nil {
 			return err
 		}
@@ -212,8 +213,8 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 		!strings.Contains(reply.Refusals[0].Error(), strconv.Itoa(manifest.MaxSize)) || !strings.Contains(reply.Refusals[0].Error(), strconv.Itoa(len(big))) {
 		t.Fatalf("reply=%+v, want one size refusal naming %d and the limit %d", reply, len(big), manifest.MaxSize)
 	}
-	if _, err := registry.Register(ctx, b.op, []byte(big)); !errors.Is(err, registry.ErrRefused) {
-		t.Fatalf("registry.Register of a 760 KB manifest: %v, want ErrRefused", err)
+	if _, err := admin.Register(ctx, b.op, []byte(big)); !errors.Is(err, admin.ErrRefused) {
+		t.Fatalf("admin.Register of a 760 KB manifest: %v, want ErrRefused", err)
 	}
 
 	want := []string{}
@@ -222,7 +223,7 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 		b.register(padded(name, 60_000))
 		want = append(want, name)
 	}
-	mods, err := registry.List(ctx, b.op)
+	mods, err := admin.List(ctx, b.op)
 	if err != nil {
 		t.Fatalf("list of 20 modules of 60 KB manifests: %v", err)
 	}
@@ -257,10 +258,10 @@ func TestInputLimits_RotateKey(t *testing.T) {
 	oldConn := b.raw(oldSeed, "api")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := registry.RotateKey(ctx, b.op, []byte("module: ghost\nrequires: [mesh-bus]\n")); !errors.Is(err, registry.ErrRefused) || !strings.Contains(err.Error(), "not registered") {
+	if _, err := admin.RotateKey(ctx, b.op, []byte("module: ghost\nrequires: [mesh-bus]\n")); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not registered") {
 		t.Fatalf("rotating the key of an unregistered module: %v", err)
 	}
-	reg, err := registry.RotateKey(ctx, b.op, []byte(text))
+	reg, err := admin.RotateKey(ctx, b.op, []byte(text))
 	if err != nil {
 		t.Fatalf("rotate key: %v", err)
 	}

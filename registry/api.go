@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/seats"
 )
 
 // The registry's tools: core request/reply on the mesh-controller seat, answered by the
@@ -12,14 +13,11 @@ import (
 // registered module may ask whoami, the one question a client holding only its seed must ask
 // before it knows its own name.
 
-// ControllerSeat is the mesh's own seat that answers registration.
-const ControllerSeat = "mesh-controller"
-
 // The controller's tools, core request/reply on mesh.seat.mesh-controller.tool.<verb>.
 var (
-	RegisterSubject = manifest.SeatToolSubject(ControllerSeat, "register")
-	RemoveSubject   = manifest.SeatToolSubject(ControllerSeat, "remove")
-	ListSubject     = manifest.SeatToolSubject(ControllerSeat, "list")
+	RegisterSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "register")
+	RemoveSubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "remove")
+	ListSubject     = manifest.SeatToolSubject(manifest.ControllerSeat, "list")
 )
 
 // RegisterRequest registers or re-registers a module.
@@ -124,14 +122,14 @@ type WhoamiRequest struct {
 // WhoamiReply answers WhoamiRequest: the module and what it declared, so a client can refuse
 // an undeclared call itself, with a clear error, before the bus does.
 type WhoamiReply struct {
-	Module   string     `json:"module,omitempty"`
-	Node     string     `json:"node,omitempty"`
-	Emits    []string   `json:"emits,omitempty"`
-	Consumes []string   `json:"consumes,omitempty"`
-	Tools    []string   `json:"tools,omitempty"`
-	Secrets  []string   `json:"secrets,omitempty"`
-	Uses     []SeatInfo `json:"uses,omitempty"`
-	Seats    []SeatInfo `json:"seats,omitempty"`
+	Module   string       `json:"module,omitempty"`
+	Node     string       `json:"node,omitempty"`
+	Emits    []string     `json:"emits,omitempty"`
+	Consumes []string     `json:"consumes,omitempty"`
+	Tools    []string     `json:"tools,omitempty"`
+	Secrets  []string     `json:"secrets,omitempty"`
+	Uses     []seats.Info `json:"uses,omitempty"`
+	Seats    []seats.Info `json:"seats,omitempty"`
 	// Signers are the keys of every source whose events the module consumes: what its
 	// client checks a delivered event's signature against.
 	Signers Signers `json:"signers,omitempty"`
@@ -154,58 +152,3 @@ const (
 
 // SignerKey is the key of a source in Signers: "<kind>:<name>".
 func SignerKey(kind, name string) string { return kind + ":" + name }
-
-// SeatInfo names a seat and, when a registered module declares it, its scope and protocol.
-type SeatInfo struct {
-	Seat    string         `json:"seat"`
-	Scope   manifest.Scope `json:"scope,omitempty"` // "" when no registered module declares it
-	Accepts []string       `json:"accepts,omitempty"`
-	Serves  []string       `json:"serves,omitempty"`
-	Emits   []string       `json:"emits,omitempty"`
-}
-
-// SeatRequest is what a module's instance asks its node about one of its seats, on
-// mesh.node.<node>.tool.seat.<module>.
-type SeatRequest struct {
-	// Action is "candidate" (hold the seat when it is free; answers the current state) or
-	// "release" (stop holding it now, for a graceful handoff).
-	Action string `json:"action"`
-	Seat   string `json:"seat"`
-	// Instance is the asking connection's name: the holder is one instance.
-	Instance string `json:"instance"`
-}
-
-// SeatReply answers SeatRequest.
-type SeatReply struct {
-	Seat string `json:"seat"`
-	// Holder is true when the instance holds the seat's lease: its connection then has the
-	// holder's permissions, and it may pull Consumer on Stream.
-	Holder   bool   `json:"holder"`
-	Epoch    uint64 `json:"epoch,omitempty"`
-	Stream   string `json:"stream,omitempty"`
-	Consumer string `json:"consumer,omitempty"`
-	Error    string `json:"error,omitempty"`
-}
-
-// SeatsSubject lists every seat, its holder and backlog (`meshnode seat ls`).
-var SeatsSubject = manifest.SeatToolSubject(ControllerSeat, "seats")
-
-// SeatStatus is one seat as SeatsSubject reports it.
-type SeatStatus struct {
-	Seat     string         `json:"seat"`
-	Scope    manifest.Scope `json:"scope"`
-	Module   string         `json:"module,omitempty"` // the declaring module; "" for the mesh's own
-	Node     string         `json:"node,omitempty"`   // node scope: one row per node
-	Holder   string         `json:"holder,omitempty"` // the holding instance; "" when unheld
-	HolderAt string         `json:"holder_node,omitempty"`
-	Epoch    uint64         `json:"epoch,omitempty"`
-	Since    *time.Time     `json:"since,omitempty"`
-	Backlog  uint64         `json:"backlog"`
-	Users    []string       `json:"users,omitempty"` // modules that use the seat
-}
-
-// SeatsReply answers a SeatsSubject request.
-type SeatsReply struct {
-	Seats []SeatStatus `json:"seats"`
-	Error string       `json:"error,omitempty"`
-}

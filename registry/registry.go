@@ -15,7 +15,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
-	"github.com/meshnode/meshnode/vault"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -89,8 +89,8 @@ type Registry struct {
 	log      *slog.Logger
 	onChange ChangeFunc
 
-	kv jetstream.KeyValue
-	w  jetstream.KeyWatcher
+	kv    jetstream.KeyValue
+	watch *mirror.Watch
 
 	mu       sync.RWMutex
 	cond     *sync.Cond // broadcast when rev advances
@@ -137,27 +137,23 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 	if err != nil {
 		return fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	// The watch outlives ctx, which only bounds the start: Run stops it.
-	w, err := kv.WatchAll(context.Background())
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", Bucket, err)
-	}
-	r.kv, r.w = kv, w
-	if err := mirror.Load(ctx, w, r.apply); err != nil {
+	// The watch outlives ctx, which only bounds the start: Close stops it.
+	r.kv = kv
+	if r.watch, err = mirror.Open(ctx, kv, r.apply); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
 	return nil
 }
 
 // Run follows the bucket until ctx ends.
-func (r *Registry) Run(ctx context.Context) error { return mirror.Follow(ctx, r.w, r.apply) }
+func (r *Registry) Run(ctx context.Context) error { return r.watch.Run(ctx) }
 
 // Close stops the watch. The mirror keeps its last state.
 func (r *Registry) Close() error {
-	if r.w == nil {
+	if r.watch == nil {
 		return nil
 	}
-	return mirror.Stop(r.w)
+	return r.watch.Close()
 }
 
 // apply folds one bucket entry into the mirror. Every value is untrusted input (anything may
@@ -500,16 +496,16 @@ func (r *Registry) List() []*Entry {
 
 // Seat describes seat as declared by the registered module that declares it; only the name
 // when none does (yet).
-func (r *Registry) Seat(seat string) SeatInfo {
+func (r *Registry) Seat(seat string) seats.Info {
 	r.mu.RLock()
 	e := r.bySeat[seat]
 	r.mu.RUnlock()
 	if e != nil {
 		if s, ok := e.Manifest.Seat(seat); ok {
-			return SeatInfo{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
+			return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
 		}
 	}
-	return SeatInfo{Seat: seat}
+	return seats.Info{Seat: seat}
 }
 
 // Signers returns the keys of every source whose events or jobs m's module can be handed:
@@ -558,7 +554,7 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 		}
 	}
 	if pub := r.Vault(); pub != "" && reaches(SignerSeat) {
-		out[SignerKey(SignerSeat, vault.Seat)] = pub
+		out[SignerKey(SignerSeat, manifest.VaultSeat)] = pub
 	}
 	return out
 }

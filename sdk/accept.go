@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -64,7 +64,7 @@ func (c *Client) Accept(verb string, h JobHandler) error {
 // AcceptSeat is Accept for a named seat.
 func (c *Client) AcceptSeat(seat, verb string, h JobHandler) error {
 	self := c.declared()
-	i := slices.IndexFunc(self.Seats, func(s registry.SeatInfo) bool { return s.Seat == seat })
+	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
 	if i < 0 {
 		return fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
 	}
@@ -221,9 +221,9 @@ func (st *seatState) route(subject string) Handler {
 }
 
 // seatRequest asks this instance's node about one of its seats.
-func (c *Client) seatRequest(ctx context.Context, action, seat string) (registry.SeatReply, error) {
-	var reply registry.SeatReply
-	req, _ := json.Marshal(registry.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
+func (c *Client) seatRequest(ctx context.Context, action, seat string) (seats.Reply, error) {
+	var reply seats.Reply
+	req, _ := json.Marshal(seats.Request{Action: action, Seat: seat, Instance: c.instance})
 	subject := manifest.NodeSeatToolSubject(c.node(), c.Module())
 	ctx, dropped, end := c.onConnection(ctx)
 	defer end()

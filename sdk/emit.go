@@ -9,7 +9,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -95,13 +95,13 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 
 // usedSeat returns what the bus knows of a seat the module uses, asking again if the seat's
 // declarer was not registered when the client connected.
-func (c *Client) usedSeat(ctx context.Context, seat string) (registry.SeatInfo, error) {
+func (c *Client) usedSeat(ctx context.Context, seat string) (seats.Info, error) {
 	c.mu.Lock()
 	self := c.self
 	c.mu.Unlock()
-	i := slices.IndexFunc(self.Uses, func(s registry.SeatInfo) bool { return s.Seat == seat })
+	i := slices.IndexFunc(self.Uses, func(s seats.Info) bool { return s.Seat == seat })
 	if i < 0 {
-		return registry.SeatInfo{}, fmt.Errorf("%w: module %s does not use seat %q; add it to uses: in its manifest and re-register",
+		return seats.Info{}, fmt.Errorf("%w: module %s does not use seat %q; add it to uses: in its manifest and re-register",
 			ErrNotDeclared, self.Module, seat)
 	}
 	if self.Uses[i].Scope != "" {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 )
 
@@ -96,7 +96,7 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 	switch {
 	case target == self.Module:
 		subject = manifest.ToolSubject(target, tool)
-	case slices.ContainsFunc(self.Uses, func(s registry.SeatInfo) bool { return s.Seat == target }):
+	case slices.ContainsFunc(self.Uses, func(s seats.Info) bool { return s.Seat == target }):
 		info, _ := c.usedSeat(ctx, target)
 		if info.Scope != "" && !slices.Contains(info.Serves, tool) {
 			return nil, fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, target, info.Serves, tool)

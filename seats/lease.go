@@ -69,10 +69,10 @@ type mirrored struct {
 
 // Store is the bucket of leases and a mirror of it.
 type Store struct {
-	kv  jetstream.KeyValue
-	js  jetstream.JetStream
-	ttl time.Duration
-	w   jetstream.KeyWatcher
+	kv    jetstream.KeyValue
+	js    jetstream.JetStream
+	ttl   time.Duration
+	watch *mirror.Watch
 
 	mu     sync.RWMutex
 	leases map[string]mirrored // by key
@@ -106,12 +106,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		return nil, err
 	}
 	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}}
-	w, err := kv.WatchAll(context.Background())
-	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", Bucket, err)
-	}
-	s.w = w
-	if err := mirror.Load(ctx, w, s.apply); err != nil {
+	if s.watch, err = mirror.Open(ctx, kv, s.apply); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
 	return s, nil
@@ -147,65 +142,45 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // consumer) is taken up again once the bucket is back, trying every second.
 func (s *Store) Watch(ctx context.Context) error {
 	for {
-		w := s.watcher()
-		err := mirror.Follow(ctx, w, s.apply)
+		err := s.watch.Run(ctx)
 		if ctx.Err() != nil {
 			return err
 		}
-		if s.watcher() != w {
-			continue // Rewatch replaced the watch: follow the new one
-		}
 		s.logger().Warn("the leases' watch ended; watching again once the bucket answers", "bucket", Bucket)
-		for s.watcher() == w {
+		for {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-time.After(time.Second):
 			}
-			if s.watcher() != w {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := s.Rewatch(rctx)
+			cancel()
+			if err == nil {
 				break
 			}
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := s.Rewatch(rctx); err != nil {
-				s.logger().Debug("the leases' bucket does not answer yet", "err", err)
-			}
-			cancel()
+			s.logger().Debug("the leases' bucket does not answer yet", "err", err)
 		}
 	}
 }
 
-func (s *Store) watcher() jetstream.KeyWatcher {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.w
-}
-
-// Rewatch follows the bucket afresh after it was deleted and made again: a watch that
-// outlived the bucket resumes at the old bucket's last sequence, which the new one reaches
-// only after as many writes, so the mirror would stay blind as long. The mirror is emptied
-// and loaded from the new bucket, and Watch goes on with the new watch.
+// Rewatch follows the bucket afresh after it was deleted and made again (mirror.Watch's
+// Rewatch): the mirror is emptied and loaded from the new bucket.
 func (s *Store) Rewatch(ctx context.Context) error {
-	w, err := s.kv.WatchAll(context.Background())
+	err := s.watch.Rewatch(ctx, func() {
+		s.mu.Lock()
+		clear(s.leases)
+		s.mu.Unlock()
+	})
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", Bucket, err)
-	}
-	s.mu.Lock()
-	clear(s.leases)
-	s.mu.Unlock()
-	if err := mirror.Load(ctx, w, s.apply); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
-	s.mu.Lock()
-	old := s.w
-	s.w = w
-	s.mu.Unlock()
-	mirror.Stop(old) // its Follow ends, and Watch takes the new watch up
 	return nil
 }
 
 // Close stops the watch and waits for the deletes of refused records.
 func (s *Store) Close() error {
-	err := mirror.Stop(s.watcher())
+	err := s.watch.Close()
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()

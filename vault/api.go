@@ -12,9 +12,6 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// Seat is the mesh's own seat that answers the vault's tools.
-const Seat = "mesh-vault"
-
 // Callers that are not modules. A module calls as ModuleCaller(its name), a separate
 // namespace, so no module name can pass for an administrator.
 const (
@@ -51,11 +48,11 @@ type ServerSecrets struct {
 
 // ToolSubject is where caller asks the vault for verb.
 func ToolSubject(verb, caller string) string {
-	return manifest.SeatToolSubject(Seat, verb) + "." + caller
+	return manifest.SeatToolSubject(manifest.VaultSeat, verb) + "." + caller
 }
 
 // EventSubject is where the vault records an action: mesh.seat.mesh-vault.event.<action>.
-func EventSubject(action string) string { return manifest.SeatEventSubject(Seat, action) }
+func EventSubject(action string) string { return manifest.SeatEventSubject(manifest.VaultSeat, action) }
 
 // Request is any vault request. XKey is the caller's xkey public key: every reply that
 // carries a secret is sealed to it.

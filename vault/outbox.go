@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/nats-io/nats.go"
 )
@@ -70,7 +71,7 @@ func (v *Vault) editOutbox(ctx context.Context, key string, edit func([]outbox.E
 // publishEvent publishes one waiting vault event, waiting for EVENTS' acknowledgement.
 func (v *Vault) publishEvent(ctx context.Context, ev outbox.Event) error {
 	subject := EventSubject(ev.Action)
-	h, err := envelope.Stamp(v.sign, Seat, v.cfg.Node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
+	h, err := envelope.Stamp(v.sign, manifest.VaultSeat, v.cfg.Node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
 	if err != nil {
 		return err
 	}

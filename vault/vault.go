@@ -71,13 +71,13 @@ type Config struct {
 
 // Vault is the mesh-vault seat's work on this node.
 type Vault struct {
-	cfg  Config
-	log  *slog.Logger
-	js   jetstream.JetStream
-	kv   jetstream.KeyValue
-	aead cipher.AEAD
-	sign *envelope.SigningKey
-	w    jetstream.KeyWatcher
+	cfg   Config
+	log   *slog.Logger
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+	aead  cipher.AEAD
+	sign  *envelope.SigningKey
+	watch *mirror.Watch
 
 	mu      sync.RWMutex
 	tokens  map[string]tokenRecord // by public key: who may enrol
@@ -158,12 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	}
 	// The mirror keeps tokens (the bus's authentication reads them) and the encrypted
 	// secret records (a fetch then needs no round trip to the bucket).
-	w, err := kv.WatchFiltered(context.Background(), []string{"token.>", "secret.>"})
-	if err != nil {
-		return nil, fmt.Errorf("watch vault records: %w", err)
-	}
-	v.w = w
-	if err := mirror.Load(ctx, w, v.apply); err != nil {
+	if v.watch, err = mirror.Open(ctx, kv, v.apply, "token.>", "secret.>"); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
 	v.recordCtx, v.recordStop = context.WithCancel(context.Background())
@@ -177,7 +172,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 }
 
 // Watch follows the vault's records until ctx ends.
-func (v *Vault) Watch(ctx context.Context) error { return mirror.Follow(ctx, v.w, v.apply) }
+func (v *Vault) Watch(ctx context.Context) error { return v.watch.Run(ctx) }
 
 // Close stops serving and the watch, and records the events still queued.
 func (v *Vault) Close() error {
@@ -192,7 +187,7 @@ func (v *Vault) Close() error {
 	defer grace.Stop()
 	<-v.done
 	v.recordStop()
-	return mirror.Stop(v.w)
+	return v.watch.Close()
 }
 
 // queue hands events to the worker; after Close they are logged instead.
@@ -240,7 +235,7 @@ func (v *Vault) Start() error {
 	if v.sub != nil {
 		return nil
 	}
-	sub, err := v.cfg.Responder.QueueSubscribe(ToolSubject("*", ">"), Seat, v.serve)
+	sub, err := v.cfg.Responder.QueueSubscribe(ToolSubject("*", ">"), manifest.VaultSeat, v.serve)
 	if err != nil {
 		return fmt.Errorf("serve vault: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
@@ -56,7 +57,7 @@ func newCallCmd() *cobra.Command {
 // callAsOperator calls a module's tool if a module of that name is registered, else the
 // seat's.
 func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, body []byte) ([]byte, error) {
-	mods, err := registry.List(ctx, nc)
+	mods, err := admin.List(ctx, nc)
 	if err != nil {
 		return nil, err
 	}

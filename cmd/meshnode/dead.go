@@ -12,10 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -189,7 +189,7 @@ may submit, signed by the source's registered key. Anything else is refused and 
 			var auth replayAuthority
 			replayOne := func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
 				if auth == nil {
-					mods, err := registry.List(ctx, js.Conn())
+					mods, err := admin.List(ctx, js.Conn())
 					if err != nil {
 						return fmt.Errorf("learn the registered modules, to check what a letter's source may publish: %w", err)
 					}
@@ -338,7 +338,7 @@ func (a replayAuthority) signersOf(ctx context.Context, js jetstream.JetStream) 
 		return err
 	}
 	if e, err := kv.Get(ctx, "identity.vault"); err == nil && nkeys.IsValidPublicUserKey(string(e.Value())) {
-		a[seatSigner(vault.Seat)] = replaySource{publicKey: string(e.Value())}
+		a[seatSigner(manifest.VaultSeat)] = replaySource{publicKey: string(e.Value())}
 	}
 	keys, err := kv.ListKeysFiltered(ctx, "identity.node.*")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
@@ -63,12 +64,12 @@ no longer works), and the new seed is written to --creds-out.`,
 				}()
 				credsOut = seedFile.Name()
 			}
-			var reg *registry.Registered
+			var reg *admin.Registered
 			err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				if rotateKey {
-					reg, err = registry.RotateKey(ctx, nc, text)
+					reg, err = admin.RotateKey(ctx, nc, text)
 				} else {
-					reg, err = registry.Register(ctx, nc, text)
+					reg, err = admin.Register(ctx, nc, text)
 				}
 				return err
 			})
@@ -170,7 +171,7 @@ func newModuleLsCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var mods []registry.ModuleInfo
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				mods, err = registry.List(ctx, nc)
+				mods, err = admin.List(ctx, nc)
 				return err
 			})
 			if err != nil {
@@ -216,7 +217,7 @@ func newModuleRemoveCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply registry.RemoveReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = registry.Remove(ctx, nc, args[0])
+				reply, err = admin.Remove(ctx, nc, args[0])
 				return err
 			})
 			if err != nil {

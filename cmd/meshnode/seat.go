@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -32,13 +32,13 @@ func newSeatLsCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var msg *nats.Msg
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				msg, err = nc.RequestWithContext(ctx, registry.SeatsSubject, []byte("{}"))
+				msg, err = nc.RequestWithContext(ctx, seats.ListSubject, []byte("{}"))
 				return err
 			})
 			if err != nil {
 				return fmt.Errorf("ask the controller for seats: %w", err)
 			}
-			var reply registry.SeatsReply
+			var reply seats.ListReply
 			if err := json.Unmarshal(msg.Data, &reply); err != nil {
 				return fmt.Errorf("seats answered %q: %w", msg.Data, err)
 			}
@@ -57,7 +57,7 @@ func newSeatLsCmd() *cobra.Command {
 	return cmd
 }
 
-func printSeats(w io.Writer, ss []registry.SeatStatus) {
+func printSeats(w io.Writer, ss []seats.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEAT\tSCOPE\tHOLDER\tNODE\tEPOCH\tSINCE\tBACKLOG\tUSERS")
 	for _, s := range ss {

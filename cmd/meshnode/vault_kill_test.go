@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -68,7 +69,7 @@ func TestBinary_VaultRotationsSurviveKill9(t *testing.T) {
 	}
 	// Each stored version has its event in the audit log.
 	missing := func() []int {
-		r := meshnode(t, nil, "audit", "query", "--source", vault.Seat, "--json", "--data-dir", dir)
+		r := meshnode(t, nil, "audit", "query", "--source", manifest.VaultSeat, "--json", "--data-dir", dir)
 		seen := map[string]bool{}
 		for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 			var rec struct {
@@ -92,7 +93,7 @@ func TestBinary_VaultRotationsSurviveKill9(t *testing.T) {
 			if v == 1 {
 				action = "minted"
 			}
-			if !seen[fmt.Sprintf("%s.%s %d", vault.Seat, action, v)] {
+			if !seen[fmt.Sprintf("%s.%s %d", manifest.VaultSeat, action, v)] {
 				out = append(out, v)
 			}
 		}

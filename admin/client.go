@@ -1,4 +1,6 @@
-package registry
+// Package admin is the operator's side of the controller's registry tools: register, rotate
+// a key, remove, list. The CLI, the bench and the tests call it; the controller answers.
+package admin
 
 import (
 	"context"
@@ -7,19 +9,18 @@ import (
 	"fmt"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
-
-// The operator's side of the registry's tools: what the CLI and tests call.
 
 // ErrRefused means the controller refused a request; the error says why.
 var ErrRefused = errors.New("refused")
 
 // Registered is the outcome of a registration.
 type Registered struct {
-	RegisterReply
+	registry.RegisterReply
 	// Seed is the new module's nkey seed, opened from the sealed reply; nil on
 	// re-registration (the module keeps its key).
 	Seed []byte
@@ -49,8 +50,8 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 	}
 	defer xkp.Wipe()
 	xpub, _ := xkp.PublicKey()
-	var reply RegisterReply
-	if err := call(ctx, nc, RegisterSubject, RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply); err != nil {
+	var reply registry.RegisterReply
+	if err := call(ctx, nc, registry.RegisterSubject, registry.RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply); err != nil {
 		return nil, err
 	}
 	if reply.Error != "" {
@@ -78,9 +79,9 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 }
 
 // Remove asks the controller to remove a module.
-func Remove(ctx context.Context, nc *nats.Conn, module string) (RemoveReply, error) {
-	var reply RemoveReply
-	if err := call(ctx, nc, RemoveSubject, RemoveRequest{Module: module}, &reply); err != nil {
+func Remove(ctx context.Context, nc *nats.Conn, module string) (registry.RemoveReply, error) {
+	var reply registry.RemoveReply
+	if err := call(ctx, nc, registry.RemoveSubject, registry.RemoveRequest{Module: module}, &reply); err != nil {
 		return reply, err
 	}
 	if reply.Error != "" {
@@ -90,12 +91,12 @@ func Remove(ctx context.Context, nc *nats.Conn, module string) (RemoveReply, err
 }
 
 // List asks the controller for every registered module, a page at a time.
-func List(ctx context.Context, nc *nats.Conn) ([]ModuleInfo, error) {
-	out := []ModuleInfo{}
+func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
+	out := []registry.ModuleInfo{}
 	var after string
 	for {
-		var reply ListReply
-		if err := call(ctx, nc, ListSubject, ListRequest{After: after}, &reply); err != nil {
+		var reply registry.ListReply
+		if err := call(ctx, nc, registry.ListSubject, registry.ListRequest{After: after}, &reply); err != nil {
 			return nil, err
 		}
 		if reply.Error != "" {
@@ -106,7 +107,7 @@ func List(ctx context.Context, nc *nats.Conn) ([]ModuleInfo, error) {
 			return out, nil
 		}
 		if reply.Next <= after {
-			return nil, fmt.Errorf("%s: the page after %q starts again at %q", ListSubject, after, reply.Next)
+			return nil, fmt.Errorf("%s: the page after %q starts again at %q", registry.ListSubject, after, reply.Next)
 		}
 		after = reply.Next
 	}
