@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -84,6 +85,7 @@ func (l *Logger) Records() uint64 { return l.records.Load() }
 // only after it commits.
 func (l *Logger) Run(ctx context.Context) error {
 	var cons jetstream.Consumer
+	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		var err error
 		cons, err = l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
@@ -94,10 +96,8 @@ func (l *Logger) Run(ctx context.Context) error {
 			return nil
 		}
 		l.log.Warn("audit consumer not ready; retrying", "err", err)
-		select {
-		case <-ctx.Done():
+		if wait.Wait(ctx) != nil {
 			return nil
-		case <-time.After(time.Second):
 		}
 	}
 	prune := time.NewTicker(time.Minute)

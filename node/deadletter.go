@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -177,16 +178,14 @@ func (d *deadLetters) handle(m *nats.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, deadWriteBudget)
 	defer cancel()
+	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err = d.write(ctx, dd)
 		if err == nil || errors.Is(err, errNotDead) || errors.Is(err, errDeadFull) || ctx.Err() != nil {
 			break
 		}
 		d.log.Debug("dead letter not written yet", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(min(time.Duration(attempt)*200*time.Millisecond, 5*time.Second)):
-		}
+		wait.Wait(ctx) // an ended ctx ends the loop above
 	}
 	switch {
 	case errors.Is(err, errDeadFull):

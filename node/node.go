@@ -20,6 +20,7 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/registry"
@@ -624,6 +625,7 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	}
 	xpub, _ := xkp.PublicKey()
 	var out vault.ServerSecrets
+	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, vault.VerbServer, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name}, &out)
@@ -632,10 +634,8 @@ func (n *Node) enrolVault(ctx context.Context) error {
 			break
 		}
 		n.log.Debug("waiting for the vault's credentials", "err", err)
-		select {
-		case <-ctx.Done():
+		if wait.Wait(ctx) != nil {
 			return nil
-		case <-time.After(time.Second):
 		}
 	}
 	n.found.BarrierKey, n.found.VaultSeed = out.BarrierKey, out.VaultSeed
@@ -665,6 +665,7 @@ func (n *Node) enrolVault(ctx context.Context) error {
 // stream placed on a busy cluster can take seconds to answer).
 func retryJS(ctx context.Context, f func(context.Context) error) error {
 	attempt := time.Second
+	pause := backoff.Backoff{First: 100 * time.Millisecond, Max: 2 * time.Second}
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		err := f(actx)
@@ -676,10 +677,8 @@ func retryJS(ctx context.Context, f func(context.Context) error) error {
 			return err
 		}
 		attempt = min(2*attempt, 5*time.Second)
-		select {
-		case <-ctx.Done():
+		if pause.Wait(ctx) != nil {
 			return err
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

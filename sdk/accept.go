@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
@@ -170,21 +171,18 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 // errDropped means the connection dropped while a request waited for its answer.
 var errDropped = errors.New("the connection dropped before the answer")
 
-// claimRetry is how long claimLater waits before claiming again.
-const claimRetry = 500 * time.Millisecond
-
-// claimLater claims st again after claimRetry, until a claim succeeds or the client closes.
+// claimLater claims st again after a wait growing from half a second to ten, until a claim
+// succeeds or the client closes.
 func (c *Client) claimLater(st *seatState) {
 	if !c.track() {
 		return
 	}
 	go func() {
 		defer c.wg.Done()
+		wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 		for {
-			select {
-			case <-c.ctx.Done():
+			if wait.Wait(c.ctx) != nil {
 				return
-			case <-time.After(claimRetry):
 			}
 			ctx, cancel := withDefaultTimeout(c.ctx)
 			st.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go"
@@ -139,7 +140,7 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 
 // Watch follows the bucket until ctx ends.
 // A watch that ends while the bucket is gone (nats.go gives it up when it cannot rebuild its
-// consumer) is taken up again once the bucket is back, trying every second.
+// consumer) is taken up again once the bucket is back, trying again after a growing wait.
 func (s *Store) Watch(ctx context.Context) error {
 	for {
 		err := s.watch.Run(ctx)
@@ -147,11 +148,10 @@ func (s *Store) Watch(ctx context.Context) error {
 			return err
 		}
 		s.logger().Warn("the leases' watch ended; watching again once the bucket answers", "bucket", Bucket)
+		wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 5 * time.Second}
 		for {
-			select {
-			case <-ctx.Done():
+			if wait.Wait(ctx) != nil {
 				return nil
-			case <-time.After(time.Second):
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := s.Rewatch(rctx)
