@@ -106,8 +106,9 @@ func (m *Manifest) Validate() error {
 
 // validator collects the refusals of one manifest.
 type validator struct {
-	m  *Manifest
-	rs Refusals
+	m       *Manifest
+	rs      Refusals
+	builtin bool // the built-in manifest: the mesh's own module and seats
 }
 
 func (v *validator) refuse(r Refusal) { v.rs = append(v.rs, r) }
@@ -181,6 +182,7 @@ func (v *validator) module() {
 	case name == "":
 		v.refuse(Refusal{Code: CodeName, Field: "module", Reason: "is missing", Instead: "write module: <name>, e.g. module: billing"})
 	case !v.value("module", name, kindModule):
+	case v.builtin && name == BuiltinModule:
 	case slices.Contains(reservedModules, name):
 		v.refuse(Refusal{Code: CodeReserved, Field: "module", Value: name,
 			Reason: "is a name the mesh keeps (the old bus's routing keys began with it)", Instead: "choose another name, e.g. " + name + "-app"})
@@ -252,9 +254,8 @@ func hasWildcard(s string) bool { return strings.ContainsAny(s, "*#>") }
 
 func (v *validator) seat(s Seat) {
 	field := "seats." + s.Name
-	if v.value(field, s.Name, kindSeat) && strings.HasPrefix(s.Name, reservedSeatPrefix) {
-		v.refuse(Refusal{Code: CodeReserved, Field: field, Value: s.Name,
-			Reason: "mesh-* seats are the mesh's own", Instead: "choose another name, e.g. " + strings.TrimPrefix(s.Name, reservedSeatPrefix)})
+	if v.value(field, s.Name, kindSeat) && strings.HasPrefix(s.Name, reservedSeatPrefix) && !v.builtin {
+		v.meshSeat(field, s)
 	}
 	switch s.Scope {
 	case ScopeMesh, ScopeNode:

@@ -92,8 +92,14 @@ func TestManifest_Validate_Refusals(t *testing.T) {
 			manifest.CodeWildcardEmit, "seats.s.emits[0]", "*", "write one event's name"},
 
 		// Rule 4: reserved names.
-		{"mesh seat", head + "seats:\n  mesh-vault: {scope: mesh}\n",
-			manifest.CodeReserved, "seats.mesh-vault", "mesh-vault", "e.g. vault"},
+		{"mesh seat the nodes hold", head + "seats:\n  mesh-vault: {scope: mesh}\n",
+			manifest.CodeReserved, "seats.mesh-vault", "mesh-vault", "uses: [mesh-vault]"},
+		{"mesh seat that is none of the mesh's", head + "seats:\n  mesh-mailer: {scope: mesh}\n",
+			manifest.CodeReserved, "seats.mesh-mailer", "mesh-mailer", "e.g. mailer"},
+		{"mesh seat replaced with less than its protocol", head + "seats:\n  mesh-git: {scope: mesh, emits: [pushed]}\n",
+			manifest.CodeReserved, "seats.mesh-git.serves", "", "add archive"},
+		{"mesh seat replaced with another scope", head + "seats:\n  mesh-git: {scope: node, emits: [pushed], serves: [archive]}\n",
+			manifest.CodeReserved, "seats.mesh-git.scope", "node", "scope: mesh"},
 		{"module named mesh", "module: mesh\n",
 			manifest.CodeReserved, "module", "mesh", "choose another name"},
 		{"module named node", "module: node\n",

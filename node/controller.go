@@ -50,6 +50,9 @@ type controller struct {
 	// seats lists every seat for the seats tool.
 	seats func(context.Context) []seats.Status
 
+	// reports are the report jobs taken from the seat's work queue (reports.go).
+	reports *reports
+
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
 	subs   []*nats.Subscription
@@ -93,10 +96,14 @@ func (c *controller) start() error {
 	}
 	var sweep context.Context
 	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepers.Add(1)
+	c.sweepers.Add(2)
 	go func() {
 		defer c.sweepers.Done()
 		c.sweepOutboxes(sweep)
+	}()
+	go func() {
+		defer c.sweepers.Done()
+		c.consumeReports(sweep)
 	}()
 	return c.resp.Flush()
 }
@@ -133,6 +140,11 @@ func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
 func (c *controller) reconcileAll(ctx context.Context) error {
 	if err := c.topo.ensureMesh(ctx); err != nil {
 		return err
+	}
+	// The mesh's own seats' work queues, derived from the built-in manifest like any
+	// module's: work sent to them waits for their holder.
+	if err := c.topo.ensureModule(ctx, manifest.Builtin()); err != nil {
+		return fmt.Errorf("the mesh's own seats: %w", err)
 	}
 	for _, e := range c.reg.List() {
 		if err := c.topo.ensureModule(ctx, e.Derivation); err != nil {

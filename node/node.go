@@ -331,6 +331,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		node:     n.id.Name,
 		js:       n.bus.JetStream(),
 		sweepNow: make(chan struct{}, 1),
+		reports:  newReports(),
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
@@ -445,6 +446,7 @@ func (n *Node) newHTTPServer() {
 			}
 			return 0
 		})
+	n.metrics.MustRegister(n.ctrl.reports.counts)
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 }
 

@@ -494,18 +494,25 @@ func (r *Registry) List() []*Entry {
 	return out
 }
 
-// Seat describes seat as declared by the registered module that declares it; only the name
-// when none does (yet).
+// Seat describes seat as declared by the registered module that declares it, or by the
+// built-in manifest for the mesh's own seats no module replaces; only the name when none
+// does (yet).
 func (r *Registry) Seat(seat string) seats.Info {
 	r.mu.RLock()
 	e := r.bySeat[seat]
 	r.mu.RUnlock()
+	var s manifest.Seat
+	ok := false
 	if e != nil {
-		if s, ok := e.Manifest.Seat(seat); ok {
-			return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
-		}
+		s, ok = e.Manifest.Seat(seat)
 	}
-	return seats.Info{Seat: seat}
+	if !ok {
+		s, ok = manifest.BuiltinSeat(seat)
+	}
+	if !ok {
+		return seats.Info{Seat: seat}
+	}
+	return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
 }
 
 // Signers returns the keys of every source whose events or jobs m's module can be handed:

@@ -208,29 +208,40 @@ func loadModuleCatalogue(dir string) (map[string]moduleCatalogueEntry, error) {
 }
 
 func newModuleShowCmd() *cobra.Command {
-	var asJSON bool
+	var asJSON, builtin bool
 	cmd := &cobra.Command{
-		Use:   "show FILE [--json]",
+		Use:   "show FILE [--json] | show --builtin [--json]",
 		Short: "Print everything the mesh derives from a manifest",
 		Long: `Print everything the mesh derives from a manifest: subjects, streams, consumers with their
 filter subjects, the permissions of every instance (publish, subscribe with queue groups,
 JetStream API subjects, inbox prefix), the permissions only a seat's holder gets, and each
 seat's protocol fingerprint. Node-scoped parts are shown for the node ` + manifest.NodePlaceholder + `.
 
+With --builtin it prints the built-in manifest instead: the mesh's own seats (mesh-controller,
+mesh-vault, mesh-git, mesh-build-machine) with their protocols, derived by the same code.
+
 A manifest that is refused prints its refusals, as module check does, and exits 1.`,
 		Example: `  meshnode module show telegram.yaml
-  meshnode module show telegram.yaml --json | jq .derivation.permissions`,
+  meshnode module show telegram.yaml --json | jq .derivation.permissions
+  meshnode module show --builtin`,
 		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return usagef("module show takes one FILE, got %d", len(args))
+			switch {
+			case builtin && len(args) != 0:
+				return usagef("module show --builtin takes no FILE, got %d", len(args))
+			case !builtin && len(args) != 1:
+				return usagef("module show takes one FILE (or --builtin), got %d", len(args))
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if builtin {
+				return showModuleDerivation(cmd.OutOrStdout(), "built-in", manifest.BuiltinManifest(), manifest.Builtin(), asJSON)
+			}
 			return runModuleShow(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], asJSON)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: file, manifest and derivation")
+	cmd.Flags().BoolVar(&builtin, "builtin", false, "show the built-in manifest of the mesh's own seats")
 	return cmd
 }
 
@@ -250,6 +261,11 @@ func runModuleShow(stdout, stderr io.Writer, path string, asJSON bool) error {
 		fmt.Fprintf(stderr, "%d %s; nothing to show\n", len(rs), modulePlural(len(rs), "refusal", "refusals"))
 		return errReported
 	}
+	return showModuleDerivation(stdout, path, m, d, asJSON)
+}
+
+// showModuleDerivation prints a manifest's derivation for people, or as one JSON object.
+func showModuleDerivation(stdout io.Writer, path string, m *manifest.Manifest, d *manifest.Derivation, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetEscapeHTML(false)

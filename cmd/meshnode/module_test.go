@@ -243,3 +243,22 @@ func TestModuleShow_Refused(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr:\n%s", code, stdout, stderr)
 	}
 }
+
+// TestModuleShow_Builtin: --builtin prints the mesh's own seats with their protocols, derived
+// like a module's (the controller's report verb has its work queue); a FILE beside it is a
+// usage error.
+func TestModuleShow_Builtin(t *testing.T) {
+	out, stderr, code := runModule(t, "show", "--builtin")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"seat  mesh-controller", "accepts report", "mesh.seat.mesh-controller.accept.report",
+		"SEAT_mesh-controller", "seat  mesh-vault", "seat  mesh-git", "emits pushed", "seat  mesh-build-machine", "accepts build"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("module show --builtin lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, code := runModule(t, "show", "--builtin", "extra.yaml"); code != 2 {
+		t.Errorf("module show --builtin FILE: exit %d, want 2 (usage)", code)
+	}
+}

@@ -1,0 +1,102 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The controller's holder takes the jobs of the mesh-controller seat's `report` verb from
+// the seat's work queue, as any holder takes its seat's jobs: a report is a host's apply
+// outcome (DESIGN §7). Until the deploy path applies them, the holder checks each report —
+// from a registered module that uses mesh-controller, signed by that module's key — and
+// counts it; a report that fails the check is terminated, not retried.
+
+// ReportVerb is the mesh-controller seat's accepted verb: a host's apply outcome.
+const ReportVerb = "report"
+
+// reports counts the controller's reports.
+type reports struct {
+	counts *prometheus.CounterVec
+}
+
+func newReports() *reports {
+	return &reports{
+		counts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshnode_controller_reports_total",
+			Help: "Report jobs the mesh-controller seat's holder on this node took from its work queue, by outcome (accepted, refused).",
+		}, []string{"outcome"}),
+	}
+}
+
+// errReportRefused marks a report that fails the holder's check.
+var errReportRefused = errors.New("report refused")
+
+// consumeReports takes report jobs from the controller's work queue until ctx ends: while
+// this node holds mesh-controller.
+func (c *controller) consumeReports(ctx context.Context) {
+	con, ok, err := manifest.Builtin().SeatConsumer(manifest.ControllerSeat, c.node)
+	if err != nil || !ok {
+		c.log.Error("the controller's work queue is not derived", "err", err)
+		return
+	}
+	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
+	var cons jetstream.Consumer
+	for {
+		if cons, err = c.js.Consumer(ctx, con.Stream, con.Name); err == nil {
+			break
+		}
+		c.log.Warn("the controller's work queue does not answer yet", "stream", con.Stream, "err", err)
+		if wait.Wait(ctx) != nil {
+			return
+		}
+	}
+	cc, err := cons.Consume(c.takeReport)
+	if err != nil {
+		c.log.Error("consume the controller's work queue", "stream", con.Stream, "err", err)
+		return
+	}
+	<-ctx.Done()
+	cc.Stop()
+}
+
+// takeReport checks one report job and keeps it (ack), or terminates it with the reason.
+func (c *controller) takeReport(m jetstream.Msg) {
+	source, err := c.checkReport(m)
+	if err != nil {
+		c.reports.counts.WithLabelValues("refused").Inc()
+		c.log.Warn("report refused", "subject", m.Subject(), "source", source, "err", err)
+		m.TermWithReason(err.Error())
+		return
+	}
+	c.reports.counts.WithLabelValues("accepted").Inc()
+	if err := m.Ack(); err != nil {
+		c.log.Warn("ack report", "source", source, "err", err)
+	}
+}
+
+func (c *controller) checkReport(m jetstream.Msg) (source string, err error) {
+	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", errReportRefused, err)
+	}
+	e, ok := c.reg.Get(ev.Source)
+	if !ok {
+		return ev.Source, fmt.Errorf("%w: %s is not a registered module", errReportRefused, ev.Source)
+	}
+	if !slices.Contains(e.Manifest.Uses, manifest.ControllerSeat) {
+		return ev.Source, fmt.Errorf("%w: module %s does not use %s", errReportRefused, ev.Source, manifest.ControllerSeat)
+	}
+	if err := envelope.Verify(m.Headers(), m.Subject(), m.Data(), e.PublicKey); err != nil {
+		return ev.Source, fmt.Errorf("%w: %w", errReportRefused, err)
+	}
+	return ev.Source, nil
+}
