@@ -25,8 +25,11 @@ type Watch struct {
 	subjects []string // the keys watched; none: all
 	apply    func(jetstream.KeyValueEntry)
 
-	mu sync.Mutex
-	w  jetstream.KeyWatcher // the current watcher: Rewatch replaces it
+	rewatching sync.Mutex // one Rewatch at a time
+
+	mu    sync.Mutex
+	w     jetstream.KeyWatcher // the current watcher: Rewatch replaces it
+	ended jetstream.KeyWatcher // the watcher whose end Run last reported
 }
 
 // Open watches kv's keys (all of them when keys is empty) and applies every current value
@@ -44,15 +47,7 @@ func Open(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyVa
 
 // start starts a new watcher and applies the bucket's current values from it.
 func (m *Watch) start(ctx context.Context) (jetstream.KeyWatcher, error) {
-	var (
-		w   jetstream.KeyWatcher
-		err error
-	)
-	if len(m.subjects) == 0 {
-		w, err = m.kv.WatchAll(context.Background())
-	} else {
-		w, err = m.kv.WatchFiltered(context.Background(), m.subjects)
-	}
+	w, err := m.watch()
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +58,14 @@ func (m *Watch) start(ctx context.Context) (jetstream.KeyWatcher, error) {
 	return w, nil
 }
 
+// watch starts a new watcher of the bucket's keys.
+func (m *Watch) watch() (jetstream.KeyWatcher, error) {
+	if len(m.subjects) == 0 {
+		return m.kv.WatchAll(context.Background())
+	}
+	return m.kv.WatchFiltered(context.Background(), m.subjects)
+}
+
 // current is the watcher Run follows now.
 func (m *Watch) current() jetstream.KeyWatcher {
 	m.mu.Lock()
@@ -71,33 +74,84 @@ func (m *Watch) current() jetstream.KeyWatcher {
 }
 
 // Run applies the bucket's changes until ctx ends (nil) or the watch closes on its own
-// (ErrClosed). A watch replaced by Rewatch is no end: Run follows the new one.
+// (ErrClosed). A watch replaced by Rewatch is no end: Run follows the new one once it is
+// loaded.
 func (m *Watch) Run(ctx context.Context) error {
 	for {
+		m.rewatching.Lock() // a Rewatch loading its new watch ends first
 		w := m.current()
-		err := follow(ctx, w, m.apply)
-		if ctx.Err() != nil || m.current() == w {
+		m.rewatching.Unlock()
+		err := follow(ctx, w, m.applyFrom(w))
+		if ctx.Err() != nil {
 			return err
+		}
+		m.mu.Lock()
+		replaced := m.w != w
+		if !replaced {
+			m.ended = w
+		}
+		m.mu.Unlock()
+		if !replaced {
+			return err
+		}
+	}
+}
+
+// applyFrom applies the entries of w while it is the current watch: once Rewatch replaced it,
+// what it still delivers (the old bucket's last changes) would be stale in the new mirror.
+func (m *Watch) applyFrom(w jetstream.KeyWatcher) func(jetstream.KeyValueEntry) {
+	return func(e jetstream.KeyValueEntry) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.w == w {
+			m.apply(e)
 		}
 	}
 }
 
 // Rewatch follows the bucket afresh after it was deleted and made again: a watch that
 // outlived the bucket resumes at the old bucket's last sequence, which the new one reaches
-// only after as many writes, so the mirror would stay blind as long. reset empties the
-// owner's mirror first; then the new bucket's values are loaded, and Run goes on with the
-// new watch.
+// only after as many writes, so the mirror would stay blind as long. The new watch replaces
+// the old one first (whose entries are ignored from then on), reset empties the owner's
+// mirror, and the new bucket's values are loaded; Run then follows the new watch. If the
+// load fails, Run ends with ErrClosed and the owner retakes the watch (Retake).
 func (m *Watch) Rewatch(ctx context.Context, reset func()) error {
-	reset()
-	w, err := m.start(ctx)
+	m.rewatching.Lock()
+	defer m.rewatching.Unlock()
+	return m.rewatch(ctx, reset)
+}
+
+// Retake is Rewatch after Run ended on its own (ErrClosed), unless another Rewatch has given
+// Run a new watch meanwhile: then there is nothing to retake.
+func (m *Watch) Retake(ctx context.Context, reset func()) error {
+	m.rewatching.Lock()
+	defer m.rewatching.Unlock()
+	m.mu.Lock()
+	stale := m.w == m.ended
+	m.mu.Unlock()
+	if !stale {
+		return nil
+	}
+	return m.rewatch(ctx, reset)
+}
+
+// rewatch is Rewatch under m.rewatching. A bucket that does not answer yet leaves the watch
+// and the mirror as they were.
+func (m *Watch) rewatch(ctx context.Context, reset func()) error {
+	w, err := m.watch()
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
+	m.mu.Lock() // waits for an entry of the old watch being applied
 	old := m.w
 	m.w = w
 	m.mu.Unlock()
-	stop(old) // its Follow ends, and Run takes the new watch up
+	stop(old) // its follow ends; Run takes the new watch up once it is loaded
+	reset()
+	if err := load(ctx, w, m.apply); err != nil {
+		w.Stop() // Run ends with ErrClosed on it: the owner retakes
+		return err
+	}
 	return nil
 }
 

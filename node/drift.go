@@ -241,9 +241,14 @@ func (n *Node) checkDrift(ctx context.Context) {
 			missing = append(missing, "stream "+name)
 		}
 	}
+	for _, s := range manifest.Builtin().Seats {
+		if s.Stream != nil && !streams[s.Stream.Name] && !slices.Contains(missing, "stream "+s.Stream.Name) {
+			missing = append(missing, "stream "+s.Stream.Name)
+		}
+	}
 	for _, e := range n.reg.List() {
 		for _, s := range e.Derivation.Seats {
-			if s.Stream != nil && !streams[s.Stream.Name] {
+			if s.Stream != nil && !streams[s.Stream.Name] && !slices.Contains(missing, "stream "+s.Stream.Name) {
 				missing = append(missing, "stream "+s.Stream.Name)
 			}
 		}
@@ -269,7 +274,8 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.seats.store.Rewatch)
 	}
 	if controller {
-		steps = append(steps, n.ctrl.topo.ensureMesh)
+		steps = append(steps, n.ctrl.topo.ensureMesh,
+			func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, manifest.Builtin()) })
 		for _, e := range n.reg.List() {
 			steps = append(steps, func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, e.Derivation) })
 		}

@@ -154,7 +154,7 @@ func (s *Store) Watch(ctx context.Context) error {
 				return nil
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := s.Rewatch(rctx)
+			err := s.watch.Retake(rctx, s.clear)
 			cancel()
 			if err == nil {
 				break
@@ -167,15 +167,17 @@ func (s *Store) Watch(ctx context.Context) error {
 // Rewatch follows the bucket afresh after it was deleted and made again (mirror.Watch's
 // Rewatch): the mirror is emptied and loaded from the new bucket.
 func (s *Store) Rewatch(ctx context.Context) error {
-	err := s.watch.Rewatch(ctx, func() {
-		s.mu.Lock()
-		clear(s.leases)
-		s.mu.Unlock()
-	})
-	if err != nil {
+	if err := s.watch.Rewatch(ctx, s.clear); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
 	return nil
+}
+
+// clear empties the mirror, before a new watch loads the bucket again.
+func (s *Store) clear() {
+	s.mu.Lock()
+	clear(s.leases)
+	s.mu.Unlock()
 }
 
 // Close stops the watch and waits for the deletes of refused records.
