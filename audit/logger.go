@@ -31,9 +31,10 @@ var (
 // batchSize is how many events one bbolt transaction takes at most.
 const batchSize = 1024
 
-// Keys tells the logger an event source's public key, to verify x-signature: a module's
-// registered key, a node's, the vault's. ok is false for an unknown source.
-type Keys func(source string) (publicKey string, ok bool)
+// Keys tells the logger the public key of an event's source, to verify x-signature: a
+// module's registered key, a node's, the vault's; for a seat's event (source the seat) the key
+// of its holder, the declaring module's. ok is false for an unknown source.
+type Keys func(subject, source string) (publicKey string, ok bool)
 
 // Owners tells whether source may speak for the namespace owner of a subject: a module for
 // its own, the declaring module (or the mesh, for its own seats) for a seat, a node for its
@@ -244,7 +245,7 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
 	if r.EventID == "" {
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
-	switch pub, ok := l.keys(r.Source); {
+	switch pub, ok := l.keys(r.Subject, r.Source); {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
 	case !ok:

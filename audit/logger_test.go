@@ -38,7 +38,7 @@ func TestLogger_InvalidUTF8(t *testing.T) {
 	defer db.Close()
 	kp, _ := nkeys.CreateUser()
 	pub, _ := kp.PublicKey()
-	keys := func(source string) (string, bool) { return pub, source == "m" }
+	keys := func(_, source string) (string, bool) { return pub, source == "m" }
 	owners := func(subject, source string) bool { return source == "m" }
 	l, err := New(db, nil, "n", keys, owners, 0, nil)
 	if err != nil {

@@ -297,7 +297,7 @@ func (l *Logger) Verify() (Verification, error) {
 // after its first event) is checked again with the keys known now.
 func (l *Logger) genuine(r Record) (kind, reason string) {
 	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil {
-		if pub, ok := l.keys(r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
+		if pub, ok := l.keys(r.Subject, r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
 			r.Signed = true
 		}
 	}

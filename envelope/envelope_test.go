@@ -88,7 +88,7 @@ func BenchmarkStamp(b *testing.B) {
 func TestKey(t *testing.T) {
 	for subject, want := range map[string]string{
 		"mesh.mod.billing.event.order.placed": "billing.order.placed",
-		"mesh.seat.mailer.event.delivered":    "mailer.delivered",
+		"mesh.seat.mailer.event.delivered":    "seat.mailer.delivered",
 		"mesh.node.alpha.event.joined":        "alpha.joined",
 		"mesh.mod.billing.tool.status":        "mesh.mod.billing.tool.status",
 	} {

@@ -15,9 +15,6 @@ const BuiltinModule = "mesh"
 //go:embed builtin.yaml
 var builtinYAML []byte
 
-// BuiltinYAML is the built-in manifest as written (`meshnode module show --builtin`).
-func BuiltinYAML() []byte { return slices.Clone(builtinYAML) }
-
 // builtinParts is the built-in manifest, parsed and validated once, and its derivation.
 type builtinParts struct {
 	m *Manifest

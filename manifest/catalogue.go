@@ -115,6 +115,10 @@ func (c *catalogueIndex) seats(v *validator) {
 func (c *catalogueIndex) consumes(v *validator) {
 	for i, pattern := range v.m.Consumes {
 		emitter, _, _ := strings.Cut(pattern, ".")
+		if emitter == SeatEventsPrefix {
+			c.seatEvents(v, fmt.Sprintf("consumes[%d]", i), pattern)
+			continue
+		}
 		o, ok := c.modules[emitter]
 		if !ok {
 			continue // a wildcard emitter, the module itself (Validate's), or absent
@@ -127,6 +131,35 @@ func (c *catalogueIndex) consumes(v *validator) {
 			v.refuse(notEmitted(fmt.Sprintf("consumes[%d]", i), pattern, emitter, o.Emits))
 		}
 	}
+}
+
+// seatEvents refuses a seat events pattern naming a seat that is declared (in the catalogue,
+// by m itself, or built in) but emits nothing the pattern matches. An undeclared seat is
+// fine: its module may be registered later.
+func (c *catalogueIndex) seatEvents(v *validator, field, pattern string) {
+	parts := strings.Split(pattern, ".")
+	subject, err := ConsumeSubject(pattern)
+	if err != nil || len(parts) < 3 || parts[1] == "*" {
+		return
+	}
+	seat, ok := v.m.Seat(parts[1])
+	if owner, declared := c.seatOwner[parts[1]]; !ok && declared {
+		seat, ok = c.modules[owner].Seat(parts[1])
+	}
+	if !ok {
+		seat, ok = BuiltinSeat(parts[1])
+	}
+	if !ok {
+		return
+	}
+	for _, e := range seat.Emits {
+		if covers(subject, SeatEventSubject(seat.Name, e)) {
+			return
+		}
+	}
+	r := notEmitted(field, pattern, SeatEventsPrefix+"."+seat.Name, seat.Emits)
+	r.Reason = "seat " + strings.TrimPrefix(r.Reason, SeatEventsPrefix+".")
+	v.refuse(r)
 }
 
 // consumers refuses m when a module of the catalogue consumes, by m's name, an event m does

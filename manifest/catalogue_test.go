@@ -272,3 +272,41 @@ func mustRead(tb testing.TB, path string) []byte {
 	}
 	return data
 }
+
+// TestCheckCatalogue_SeatEvents: consumes: seat.<seat>.<event> names a seat's events; a
+// declared seat (by another module, or the mesh's own) must emit what the pattern matches,
+// and an undeclared one may come later.
+func TestCheckCatalogue_SeatEvents(t *testing.T) {
+	mailer := mustParse(t, "module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    emits: [delivered, bounced]\n")
+	for _, tc := range []struct {
+		consumes string
+		refused  string // "" when accepted; else what the refusal's Instead says
+	}{
+		{"seat.mailer.delivered", ""},
+		{"seat.mailer.**", ""},
+		{"seat.*.delivered", ""},
+		{"seat.**", ""},
+		{"seat.fax.sent", ""},
+		{"seat.mesh-vault.rotated", ""},
+		{"seat.mailer.opened", "seat.mailer.delivered"},
+		{"seat.mesh-git.pulled", "seat.mesh-git.pushed"},
+	} {
+		m := mustParse(t, "module: shop\nrequires: [mesh-bus]\nconsumes: ["+tc.consumes+"]\n")
+		err := manifest.CheckCatalogue(m, []*manifest.Manifest{mailer}, nil)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Errorf("consumes %s: %v", tc.consumes, err)
+		case tc.refused != "" && (err == nil || !strings.Contains(err.Error(), tc.refused)):
+			t.Errorf("consumes %s: %v, want a refusal suggesting %s", tc.consumes, err, tc.refused)
+		}
+	}
+	if _, err := manifest.ConsumeSubject("seat.mailer"); err == nil {
+		t.Error("seat.mailer names no event, yet derives a subject")
+	}
+	if s, _ := manifest.ConsumeSubject("seat.mailer.delivered"); s != "mesh.seat.mailer.event.delivered" {
+		t.Errorf("seat.mailer.delivered derives %q", s)
+	}
+	if s, _ := manifest.ConsumeSubject("seat.**"); s != "mesh.seat.*.event.>" {
+		t.Errorf("seat.** derives %q", s)
+	}
+}

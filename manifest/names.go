@@ -185,7 +185,27 @@ func ConsumeSubject(pattern string) (string, error) {
 			return "", &patternError{reason, instead}
 		}
 	}
+	if parts[0] == SeatEventsPrefix {
+		return seatConsumeSubject(parts)
+	}
 	return "mesh.mod." + parts[0] + ".event." + strings.Join(parts[1:], "."), nil
+}
+
+// SeatEventsPrefix begins a consumes pattern naming a seat's events: seat.<seat>.<event>.
+// "seat" is a reserved module name, so the pattern can mean nothing else.
+const SeatEventsPrefix = "seat"
+
+// seatConsumeSubject derives a seat's events pattern, whose parts passed ConsumeSubject's
+// checks (with ** already >): seat.mailer.delivered → mesh.seat.mailer.event.delivered,
+// seat.*.delivered, seat.mailer.** → mesh.seat.mailer.event.>, seat.** → every seat's events.
+func seatConsumeSubject(parts []string) (string, error) {
+	switch {
+	case len(parts) == 2 && parts[1] == ">":
+		return "mesh.seat.*.event.>", nil
+	case len(parts) == 2:
+		return "", &patternError{"names a seat but no event", "write seat." + parts[1] + ".<event>, or seat." + parts[1] + ".** for every event of the seat"}
+	}
+	return "mesh.seat." + parts[1] + ".event." + strings.Join(parts[2:], "."), nil
 }
 
 func replaceAt(parts []string, i int, v string) []string {

@@ -87,7 +87,7 @@ func (rs Refusals) Error() string {
 // keys (a consumer could never name their events), the mesh's own namespace, and the names
 // of the identities that administer it (the vault and the controller tell callers apart by
 // name).
-var reservedModules = []string{"mesh", "module", "node", "operator", "admin", "vault", "controller"}
+var reservedModules = []string{"mesh", "module", "node", "operator", "admin", "vault", "controller", SeatEventsPrefix}
 
 // reservedModulePrefix marks module names that would collide with the mesh's per-node
 // audit-<node> consumers on EVENTS, which share the namespace of module consumer names.
@@ -185,7 +185,7 @@ func (v *validator) module() {
 	case v.builtin && name == BuiltinModule:
 	case slices.Contains(reservedModules, name):
 		v.refuse(Refusal{Code: CodeReserved, Field: "module", Value: name,
-			Reason: "is a name the mesh keeps (the old bus's routing keys began with it)", Instead: "choose another name, e.g. " + name + "-app"})
+			Reason: "is a name the mesh keeps for its own subjects and patterns", Instead: "choose another name, e.g. " + name + "-app"})
 	case strings.HasPrefix(name, reservedModulePrefix):
 		v.refuse(Refusal{Code: CodeReserved, Field: "module", Value: name,
 			Reason: "begins with audit-, the prefix of the mesh's per-node audit consumers", Instead: "choose another name, e.g. " + strings.TrimPrefix(name, reservedModulePrefix) + "-audit"})

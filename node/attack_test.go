@@ -351,18 +351,13 @@ func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
 	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, retain: 1h, accepts: [work], serves: [status]}\n")
 	userSeed, _ := b.register("module: user\nrequires: [mesh-bus]\nuses: [desk]\n")
 	hc := b.client(serverSeed)
-	serve := func(c *sdk.Client) {
-		if _, err := c.Conn().QueueSubscribe(manifest.SeatToolSubject("desk", "status"), "desk", func(m *nats.Msg) {
-			m.Respond([]byte(`{"ok":true}`))
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := hc.AcceptSeat("desk", "work", func(context.Context, sdk.Job) error { return nil }); err != nil {
+	if err := hc.HoldSeat("desk", sdk.SeatHandlers{
+		Accepts: map[string]sdk.JobHandler{"work": func(context.Context, sdk.Job) error { return nil }},
+		Serves:  map[string]sdk.ToolHandler{"status": func(context.Context, sdk.Request) ([]byte, error) { return []byte(`{"ok":true}`), nil }},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	holder(t, "desk", hc)
-	serve(hc)
 
 	call := func(seed string) error {
 		c := b.client(seed)

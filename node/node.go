@@ -782,7 +782,14 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
-	keys := func(source string) (string, bool) {
+	keys := func(subject, source string) (string, bool) {
+		if toks := strings.SplitN(subject, ".", 4); len(toks) == 4 && toks[1] == "seat" && toks[2] == source && source != manifest.VaultSeat {
+			// A seat's event is signed by its holder: an instance of the declaring module.
+			if e, ok := n.reg.Declarer(source); ok {
+				return e.PublicKey, true
+			}
+			return "", false
+		}
 		switch source {
 		case n.id.Name:
 			return n.id.PublicKey, true

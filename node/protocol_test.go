@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,5 +109,192 @@ func TestProtocol_ReportReachesTheController(t *testing.T) {
 	})
 	if n := reportCount(t, b, "accepted"); n != 1 {
 		t.Fatalf("%d reports accepted after the forgery, want still 1", n)
+	}
+}
+
+const protocolMailer = `module: mail
+requires: [mesh-bus]
+seats:
+  mailer:
+    scope: mesh
+    retain: 1h
+    accepts: [send, cancel]
+    serves: [status]
+    emits: [delivered]
+`
+
+// TestProtocol_HolderImplementsTheWholeProtocol: an instance with a handler for one verb of
+// the seat's three parts does not claim it (HoldSeat says what is missing); once every
+// accepted verb and served tool has a handler it claims, takes the jobs and answers the
+// tool from the seat's subject.
+func TestProtocol_HolderImplementsTheWholeProtocol(t *testing.T) {
+	b := newBed(t)
+	mailSeed, _ := b.register(protocolMailer)
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	h := b.client(mailSeed)
+	got := make(chan string, 4)
+	job := func(_ context.Context, j sdk.Job) error { got <- j.Verb + " " + string(j.Data); return nil }
+	if err := h.AcceptSeat("mailer", "send", job); err != nil {
+		t.Fatalf("accept send: %v", err)
+	}
+	if missing := h.Missing("mailer"); !slices.Equal(missing, []string{"accepts cancel", "serves status"}) {
+		t.Fatalf("missing %v, want accepts cancel and serves status", missing)
+	}
+	err := h.HoldSeat("mailer", sdk.SeatHandlers{Accepts: map[string]sdk.JobHandler{"send": job}})
+	if !errors.Is(err, sdk.ErrIncomplete) || !strings.Contains(err.Error(), "accepts cancel") {
+		t.Fatalf("HoldSeat without cancel and status: %v, want ErrIncomplete naming them", err)
+	}
+	if held, _ := h.Holding("mailer"); held {
+		t.Fatal("an instance with one verb's handler of three holds the seat")
+	}
+	if st := seatStatus(t, b, "mailer"); st.Holder != "" {
+		t.Fatalf("the seat has holder %q though no instance implements its protocol", st.Holder)
+	}
+
+	shop := b.client(shopSeed)
+	if _, err := shop.Submit(ctx, "mailer", "send", "to a@b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AcceptSeat("mailer", "cancel", job); err != nil {
+		t.Fatal(err)
+	}
+	if missing := h.Missing("mailer"); !slices.Equal(missing, []string{"serves status"}) {
+		t.Fatalf("missing %v, want serves status", missing)
+	}
+	if held, _ := h.Holding("mailer"); held {
+		t.Fatal("an instance without the seat's tool holds the seat")
+	}
+	// The last handler completes the protocol: the instance claims the seat.
+	if err := h.ServeSeat("mailer", "status", func(context.Context, sdk.Request) ([]byte, error) {
+		return []byte(`{"queued":0}`), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if held, _ := h.Holding("mailer"); !held {
+			return errors.New("the complete holder does not hold the seat yet")
+		}
+		return nil
+	})
+	select {
+	case j := <-got:
+		if j != "send to a@b" {
+			t.Fatalf("job %q", j)
+		}
+	case <-ctx.Done():
+		t.Fatal("the job queued before the claim never reached the holder")
+	}
+	var reply []byte
+	retryUntil(t, 5*time.Second, func() (err error) {
+		reply, err = shop.Call(ctx, "mailer", "status", nil)
+		return err
+	})
+	if string(reply) != `{"queued":0}` {
+		t.Fatalf("status: %s", reply)
+	}
+}
+
+// TestProtocol_SeatEvents: a seat's event emitted by its holder reaches a module consuming
+// seat.mailer.delivered, with x-source the seat and the key naming the seat; an instance that
+// does not hold the seat is refused by the sdk, and by the bus when it publishes directly;
+// after the holder goes, the new holder's events are delivered.
+func TestProtocol_SeatEvents(t *testing.T) {
+	b := newBed(t)
+	mailSeed, _ := b.register(protocolMailer)
+	watchSeed, _ := b.register("module: watcher\nrequires: [mesh-bus]\nconsumes: [seat.mailer.delivered]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	type seen struct{ source, key, body string }
+	events := make(chan seen, 8)
+	w := b.client(watchSeed)
+	if err := w.On("seat.mailer.delivered", func(_ context.Context, e sdk.Event) error {
+		events <- seen{e.Source, e.Key, string(e.Data)}
+		return nil
+	}); err != nil {
+		t.Fatalf("on seat.mailer.delivered: %v", err)
+	}
+	noop := func(context.Context, sdk.Job) error { return nil }
+	handlers := sdk.SeatHandlers{
+		Accepts: map[string]sdk.JobHandler{"send": noop, "cancel": noop},
+		Serves:  map[string]sdk.ToolHandler{"status": func(context.Context, sdk.Request) ([]byte, error) { return nil, nil }},
+	}
+	first := b.client(mailSeed)
+	if err := first.HoldSeat("mailer", handlers); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if held, _ := first.Holding("mailer"); !held {
+			return errors.New("no holder yet")
+		}
+		return nil
+	})
+	second := b.client(mailSeed)
+	if err := second.HoldSeat("mailer", handlers); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.EmitSeat(ctx, "mailer", "delivered", "by the candidate"); !errors.Is(err, sdk.ErrNotHolder) {
+		t.Fatalf("a candidate's EmitSeat: %v, want ErrNotHolder", err)
+	}
+	// Published past the sdk, the bus refuses the candidate's seat event.
+	if !refusedPub(t, second.Conn(), manifest.SeatEventSubject("mailer", "delivered")) {
+		t.Fatal("the bus let an instance that does not hold mailer publish its event")
+	}
+	if _, err := first.EmitSeat(ctx, "mailer", "delivered", "one"); err != nil {
+		t.Fatalf("the holder's EmitSeat: %v", err)
+	}
+	want := seen{"mailer", "seat.mailer.delivered", "one"}
+	select {
+	case e := <-events:
+		if e != want {
+			t.Fatalf("delivered %+v, want %+v", e, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("the holder's seat event never reached its consumer")
+	}
+
+	// The holder goes and the candidate takes over. A connection under the old holder's
+	// instance name (its key and name, as a holder that lost the seat while cut off would
+	// come back) may no longer publish the seat's events.
+	oldName := first.Instance()
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if held, _ := second.Holding("mailer"); !held {
+			return errors.New("the candidate has not taken over")
+		}
+		return nil
+	})
+	stale := connect(t, b.n.ClientURL(), mailSeed, nats.Name(oldName), nats.CustomInboxPrefix(manifest.InboxPrefix("mail")))
+	defer stale.Close()
+	if !refusedPub(t, stale, manifest.SeatEventSubject("mailer", "delivered")) {
+		t.Fatal("the bus let the old holder's instance publish the seat's event after the failover")
+	}
+	if _, err := second.EmitSeat(ctx, "mailer", "delivered", "two"); err != nil {
+		t.Fatalf("the new holder's EmitSeat: %v", err)
+	}
+	want.body = "two"
+	select {
+	case e := <-events:
+		if e != want {
+			t.Fatalf("delivered %+v, want %+v", e, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("the new holder's seat event never reached its consumer")
+	}
+	// The audit log checks each against the seat's holder's key (the declaring module's).
+	b.waitAudited(10 * time.Second)
+	recs := b.auditAll("mailer")
+	if len(recs) != 2 {
+		t.Fatalf("%d audit records of source mailer, want the 2 seat events", len(recs))
+	}
+	for _, r := range recs {
+		if !r.Signed || !r.SourceMatches {
+			t.Errorf("audit record %d of %s: signed %v (%s), source matches %v", r.N, r.Subject, r.Signed, r.SignatureError, r.SourceMatches)
+		}
 	}
 }

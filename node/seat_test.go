@@ -24,7 +24,6 @@ seats:
     retain: 1h
     accepts: [send]
     emits: [delivered]
-    serves: [status]
 `
 
 const shopManifest = "module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n"

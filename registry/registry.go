@@ -494,6 +494,14 @@ func (r *Registry) List() []*Entry {
 	return out
 }
 
+// Declarer returns the registered module that declares seat.
+func (r *Registry) Declarer(seat string) (*Entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e := r.bySeat[seat]
+	return e, e != nil
+}
+
 // Seat describes seat as declared by the registered module that declares it, or by the
 // built-in manifest for the mesh's own seats no module replaces; only the name when none
 // does (yet).

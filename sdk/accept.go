@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -32,14 +33,33 @@ type Job struct {
 // attempts it goes to DEAD with the error as its reason.
 type JobHandler func(ctx context.Context, j Job) error
 
-// seatState is one seat this instance is a candidate for.
+// seatState is one seat this instance is a candidate for, or gathers handlers to be.
 type seatState struct {
 	mu       sync.Mutex
 	seat     string
-	handlers map[string]JobHandler // by verb
+	info     seats.Info             // the seat's protocol, as declared
+	handlers map[string]JobHandler  // by verb
+	tools    map[string]ToolHandler // by served tool
 	holding  bool
 	epoch    uint64
 	consume  jetstream.ConsumeContext
+	toolSubs []*nats.Subscription // the served tools' subscriptions, while holding
+}
+
+// missing lists the verbs and tools of the seat's protocol without a handler, under st.mu.
+func (st *seatState) missing() []string {
+	var out []string
+	for _, v := range st.info.Accepts {
+		if st.handlers[v] == nil {
+			out = append(out, "accepts "+v)
+		}
+	}
+	for _, t := range st.info.Serves {
+		if st.tools[t] == nil {
+			out = append(out, "serves "+t)
+		}
+	}
+	return out
 }
 
 // Accept handles verb of the seat the module declares that accepts it. The instance becomes a
@@ -63,28 +83,130 @@ func (c *Client) Accept(verb string, h JobHandler) error {
 }
 
 // AcceptSeat is Accept for a named seat.
+//
+// A holder implements its seat's whole protocol (DESIGN §7): the instance claims the seat
+// only once every verb the seat accepts and every tool it serves has a handler (AcceptSeat,
+// ServeSeat, or all at once with HoldSeat). Until then AcceptSeat keeps the handler and
+// returns nil without claiming; Missing says what is still to set.
 func (c *Client) AcceptSeat(seat, verb string, h JobHandler) error {
+	st, err := c.seatFor(seat)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(st.info.Accepts, verb) {
+		return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, st.info.Accepts, verb)
+	}
+	st.mu.Lock()
+	st.handlers[verb] = h
+	st.mu.Unlock()
+	return c.claimWhenComplete(st)
+}
+
+// ServeSeat answers tool of a seat the module declares, from this instance while it holds
+// the seat (only the holder may subscribe to the seat's tools: the bus enforces it). Like
+// AcceptSeat, it claims the seat once the whole protocol has handlers.
+func (c *Client) ServeSeat(seat, tool string, h ToolHandler) error {
+	st, err := c.seatFor(seat)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(st.info.Serves, tool) {
+		return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, seat, st.info.Serves, tool)
+	}
+	st.mu.Lock()
+	st.tools[tool] = h
+	var serr error
+	if st.holding {
+		serr = c.serveSeatTools(st) // a tool added while holding is served at once
+	}
+	st.mu.Unlock()
+	if serr != nil {
+		return serr
+	}
+	return c.claimWhenComplete(st)
+}
+
+// SeatHandlers are the handlers of a seat's whole protocol.
+type SeatHandlers struct {
+	Accepts map[string]JobHandler  // by verb
+	Serves  map[string]ToolHandler // by tool
+}
+
+// HoldSeat sets the handlers of seat's whole protocol at once and claims it; a verb or tool
+// of the protocol without a handler is an ErrIncomplete naming it, and nothing is claimed.
+func (c *Client) HoldSeat(seat string, h SeatHandlers) error {
+	st, err := c.seatFor(seat)
+	if err != nil {
+		return err
+	}
+	for v := range h.Accepts {
+		if !slices.Contains(st.info.Accepts, v) {
+			return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, st.info.Accepts, v)
+		}
+	}
+	for t := range h.Serves {
+		if !slices.Contains(st.info.Serves, t) {
+			return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, seat, st.info.Serves, t)
+		}
+	}
+	st.mu.Lock()
+	for v, f := range h.Accepts {
+		st.handlers[v] = f
+	}
+	for t, f := range h.Serves {
+		st.tools[t] = f
+	}
+	missing := st.missing()
+	st.mu.Unlock()
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: seat %s lacks handlers for %s", ErrIncomplete, seat, strings.Join(missing, ", "))
+	}
+	return c.claimWhenComplete(st)
+}
+
+// Missing lists what seat's protocol still lacks a handler for ("accepts send",
+// "serves status"): while it is not empty, the instance does not claim the seat.
+func (c *Client) Missing(seat string) []string {
+	c.mu.Lock()
+	st := c.seats[seat]
+	c.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.missing()
+}
+
+// seatFor returns the state of a seat the module declares, made on first use.
+func (c *Client) seatFor(seat string) (*seatState, error) {
 	self := c.declared()
 	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
 	if i < 0 {
-		return fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
-	}
-	if !slices.Contains(self.Seats[i].Accepts, verb) {
-		return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, self.Seats[i].Accepts, verb)
+		return nil, fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.seats == nil {
 		c.seats = map[string]*seatState{}
 	}
 	st := c.seats[seat]
 	if st == nil {
-		st = &seatState{seat: seat, handlers: map[string]JobHandler{}}
+		st = &seatState{seat: seat, info: self.Seats[i], handlers: map[string]JobHandler{}, tools: map[string]ToolHandler{}}
 		c.seats[seat] = st
 	}
-	c.mu.Unlock()
+	return st, nil
+}
+
+// claimWhenComplete claims st once its whole protocol has handlers.
+func (c *Client) claimWhenComplete(st *seatState) error {
 	st.mu.Lock()
-	st.handlers[verb] = h
+	missing := st.missing()
 	st.mu.Unlock()
+	if len(missing) > 0 {
+		c.log.Info("seat not claimed until its whole protocol has handlers", "seat", st.seat, "missing", missing)
+		return nil
+	}
 	ctx, cancel := withDefaultTimeout(c.ctx)
 	defer cancel()
 	return c.claim(ctx, st)
@@ -118,19 +240,22 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !reply.Holder {
-		if st.consume != nil {
-			st.consume.Stop()
-			st.consume = nil
+		st.letGo()
+		return nil
+	}
+	if st.holding && st.epoch == reply.Epoch && (st.consume != nil || reply.Stream == "") {
+		return nil
+	}
+	st.letGo()
+	if reply.Stream == "" {
+		// A seat that accepts nothing has no queue: holding it is serving its tools and
+		// emitting its events.
+		if err := c.serveSeatTools(st); err != nil {
+			return err
 		}
-		st.holding = false
+		st.holding, st.epoch = true, reply.Epoch
+		c.log.Info("holding seat", "seat", st.seat, "epoch", reply.Epoch)
 		return nil
-	}
-	if st.holding && st.epoch == reply.Epoch && st.consume != nil {
-		return nil
-	}
-	if st.consume != nil {
-		st.consume.Stop()
-		st.consume = nil
 	}
 	info := manifest.ConsumerInfoSubject(reply.Stream, reply.Consumer)
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -164,8 +289,43 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 		st.holding = false
 		return fmt.Errorf("consume seat %s: %w", st.seat, err)
 	}
+	if err := c.serveSeatTools(st); err != nil {
+		st.letGo()
+		return err
+	}
 	c.log.Info("holding seat", "seat", st.seat, "epoch", reply.Epoch)
 	return nil
+}
+
+// letGo stops consuming and serving st: the instance no longer holds it. Under st.mu.
+func (st *seatState) letGo() {
+	if st.consume != nil {
+		st.consume.Stop()
+		st.consume = nil
+	}
+	for _, sub := range st.toolSubs {
+		sub.Unsubscribe()
+	}
+	st.toolSubs = nil
+	st.holding = false
+}
+
+// serveSeatTools subscribes the seat's tools that have a handler and no subscription yet, in
+// the seat's queue group. Under st.mu.
+func (c *Client) serveSeatTools(st *seatState) error {
+	for _, tool := range st.info.Serves {
+		h := st.tools[tool]
+		subject := manifest.SeatToolSubject(st.seat, tool)
+		if h == nil || slices.ContainsFunc(st.toolSubs, func(s *nats.Subscription) bool { return s.Subject == subject }) {
+			continue
+		}
+		sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, h))
+		if err != nil {
+			return fmt.Errorf("serve %s of seat %s: %w", tool, st.seat, err)
+		}
+		st.toolSubs = append(st.toolSubs, sub)
+	}
+	return c.nc.Flush()
 }
 
 // errDropped means the connection dropped while a request waited for its answer.
@@ -267,18 +427,20 @@ func (c *Client) disconnected() {
 	c.connMu.Unlock()
 	for _, st := range c.seatStates() {
 		st.mu.Lock()
-		if st.consume != nil {
-			st.consume.Stop()
-			st.consume = nil
-		}
-		st.holding = false
+		st.letGo()
 		st.mu.Unlock()
 	}
 }
 
-// reclaim claims every seat again after a reconnect.
+// reclaim claims every seat again after a reconnect (those whose protocol has handlers).
 func (c *Client) reclaim() {
 	for _, st := range c.seatStates() {
+		st.mu.Lock()
+		incomplete := len(st.missing()) > 0
+		st.mu.Unlock()
+		if incomplete {
+			continue
+		}
 		ctx, cancel := withDefaultTimeout(c.ctx)
 		if err := c.claim(ctx, st); err != nil && c.ctx.Err() == nil {
 			c.log.Warn("claim seat after reconnect; trying again", "seat", st.seat, "err", err)
@@ -293,12 +455,8 @@ func (c *Client) reclaim() {
 func (c *Client) releaseSeats() {
 	for _, st := range c.seatStates() {
 		st.mu.Lock()
-		if st.consume != nil {
-			st.consume.Stop()
-			st.consume = nil
-		}
 		holding := st.holding
-		st.holding = false
+		st.letGo()
 		st.mu.Unlock()
 		if holding {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -34,6 +34,10 @@ var (
 	ErrNoResponders = errors.New("no responders")
 	// ErrNoQueue means a seat has no work queue: no registered module declares it.
 	ErrNoQueue = errors.New("seat has no work queue")
+	// ErrIncomplete means a seat's protocol lacks a handler: a holder implements all of it.
+	ErrIncomplete = errors.New("seat protocol incomplete")
+	// ErrNotHolder means this instance does not hold the seat it would act for.
+	ErrNotHolder = errors.New("not the seat's holder")
 )
 
 // DefaultRetryBackoff is the delay before each retry of a failed handler, one step per
@@ -258,6 +262,11 @@ func (c *Client) Close() error {
 	var err error
 	if c.nc.IsConnected() {
 		err = c.nc.FlushTimeout(2 * time.Second)
+	}
+	if errors.Is(err, nats.ErrConnectionClosed) {
+		// A released seat's node kicks its holder's connection; there was nothing left to
+		// flush on it.
+		err = nil
 	}
 	c.nc.Close()
 	return err

@@ -122,9 +122,35 @@ func (c *Client) usedSeat(ctx context.Context, seat string) (seats.Info, error) 
 	return self.Uses[i], nil
 }
 
-// publish stamps an envelope and publishes it to JetStream, turning the bus's silences into
-// errors that say why.
+// EmitSeat publishes one of a seat's declared events as the seat: x-source is the seat's
+// name (what its consumers, `consumes: [seat.<seat>.<event>]`, see), signed by this
+// instance's key, the declaring module's. Only the seat's holder may emit: the bus refuses
+// anyone else's publish, and EmitSeat refuses at once with ErrNotHolder on an instance that
+// does not hold the seat.
+func (c *Client) EmitSeat(ctx context.Context, seat, event string, payload any, opts ...EmitOption) (string, error) {
+	self := c.declared()
+	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
+	if i < 0 {
+		return "", fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
+	}
+	if !slices.Contains(self.Seats[i].Emits, event) {
+		return "", fmt.Errorf("%w: seat %s emits %v, not %q; add it to the seat's emits: and re-register",
+			ErrNotDeclared, seat, self.Seats[i].Emits, event)
+	}
+	if holding, _ := c.Holding(seat); !holding {
+		return "", fmt.Errorf("%w: this instance does not hold seat %s, so it may not emit its events", ErrNotHolder, seat)
+	}
+	return c.publishAs(ctx, seat, manifest.SeatEventSubject(seat, event), payload, opts)
+}
+
+// publish stamps an envelope with the module as x-source and publishes it to JetStream.
 func (c *Client) publish(ctx context.Context, subject string, payload any, opts []EmitOption) (string, error) {
+	return c.publishAs(ctx, c.Module(), subject, payload, opts)
+}
+
+// publishAs stamps an envelope with source as x-source and publishes it to JetStream,
+// turning the bus's silences into errors that say why.
+func (c *Client) publishAs(ctx context.Context, source, subject string, payload any, opts []EmitOption) (string, error) {
 	body, err := encode(payload)
 	if err != nil {
 		return "", err
@@ -140,7 +166,7 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 				o.ID, envelope.MaxResendAge, o.ID)
 		}
 	}
-	h, err := envelope.Stamp(c.key, c.Module(), c.node(), subject, body, o)
+	h, err := envelope.Stamp(c.key, source, c.node(), subject, body, o)
 	if err != nil {
 		return "", err
 	}

@@ -47,22 +47,7 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 			ErrNotDeclared, self.Module, tool, self.Tools)
 	}
 	subject := manifest.ToolSubject(self.Module, tool)
-	sub, err := c.nc.QueueSubscribe(subject, self.Module, func(m *nats.Msg) {
-		if !c.track() {
-			return
-		}
-		defer c.wg.Done()
-		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
-		out := &nats.Msg{Data: resp, Header: nats.Header{}}
-		if err != nil {
-			out.Data = nil
-			out.Header.Set(headerServiceError, err.Error())
-			out.Header.Set(headerServiceErrorCode, "500")
-		}
-		if rerr := m.RespondMsg(out); rerr != nil {
-			c.log.Warn("tool reply failed", "tool", tool, "err", rerr)
-		}
-	})
+	sub, err := c.nc.QueueSubscribe(subject, self.Module, c.toolResponder(tool, h))
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", tool, err)
 	}
@@ -77,6 +62,27 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 	c.subs = append(c.subs, sub)
 	c.mu.Unlock()
 	return nil
+}
+
+// toolResponder answers each request of tool with h's reply, or its error as a service
+// error header.
+func (c *Client) toolResponder(tool string, h ToolHandler) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if !c.track() {
+			return
+		}
+		defer c.wg.Done()
+		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
+		out := &nats.Msg{Data: resp, Header: nats.Header{}}
+		if err != nil {
+			out.Data = nil
+			out.Header.Set(headerServiceError, err.Error())
+			out.Header.Set(headerServiceErrorCode, "500")
+		}
+		if rerr := m.RespondMsg(out); rerr != nil {
+			c.log.Warn("tool reply failed", "tool", tool, "err", rerr)
+		}
+	}
 }
 
 func serveOne(ctx context.Context, h ToolHandler, r Request) (resp []byte, err error) {

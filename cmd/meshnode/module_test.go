@@ -71,7 +71,7 @@ seats:
 		path + `:2: emits[0] "order.*": holds a wildcard`,
 		path + `:3: consumes[0] "mesh.mod.billing.event.order.placed": is a subject; a manifest names things locally and the mesh derives every subject; write billing.order.placed`,
 		path + `:3: consumes[1] "#": uses AMQP's wildcard #; the manifest's is **; write **`,
-		path + `:5: seats.mesh-cart "mesh-cart": mesh-* seats are the mesh's own; choose another name, e.g. cart`,
+		path + `:5: seats.mesh-cart "mesh-cart": mesh-* seats are the mesh's own, and this is none of them; choose another name, e.g. cart`,
 		path + `:6: seats.mesh-cart.scope "everywhere"`,
 		path + `:7: seats.mesh-cart.retain "7 days"`,
 		"7 refusals in 1 of 1 manifest\n",

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/vault"
 )
@@ -93,7 +94,7 @@ func TestBinary_VaultRotationsSurviveKill9(t *testing.T) {
 			if v == 1 {
 				action = "minted"
 			}
-			if !seen[fmt.Sprintf("%s.%s %d", manifest.VaultSeat, action, v)] {
+			if !seen[fmt.Sprintf("%s %d", envelope.Key(manifest.SeatEventSubject(manifest.VaultSeat, action)), v)] {
 				out = append(out, v)
 			}
 		}
