@@ -32,9 +32,14 @@ import (
 // driftInterval is how often the periodic check runs; deletion advisories trigger it at once.
 // driftRepairTimeout bounds one check with its repairs: remaking a mesh's streams on a busy,
 // replicated mesh takes longer than an interval.
+// driftSettle is how long a check waits after a deletion advisory: nats-server finishes
+// removing a deleted stream's files after it announced the deletion, and a stream made again
+// under the same name before then can lose its new files to that removal (its writes then
+// fail with "error opening msg block file", seen in the leases' drift bed).
 const (
 	driftInterval      = 10 * time.Second
 	driftRepairTimeout = 45 * time.Second
+	driftSettle        = 500 * time.Millisecond
 )
 
 // alarms are the node's standing reasons not to be ready, by subject of the alarm.
@@ -194,6 +199,11 @@ func (n *Node) watchDrift(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		case <-kick:
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(driftSettle):
+			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, driftRepairTimeout)
 		n.checkDrift(cctx)

@@ -50,8 +50,16 @@ type runningNode struct {
 func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 	tb.Helper()
 	var log *slog.Logger
-	if os.Getenv("MESHNODE_TEST_LOG") != "" { // the node's log, when debugging a test
+	if os.Getenv("MESHNODE_TEST_LOG") != "" { // the node's whole log, when debugging a test
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	} else { // its log from Info up, printed if the test fails
+		buf := &syncBuffer{}
+		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		tb.Cleanup(func() {
+			if tb.Failed() {
+				tb.Logf("the node's log:\n%s", buf.String())
+			}
+		})
 	}
 	n := node.New(cfg, log)
 	n.CreateIdentity = true
