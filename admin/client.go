@@ -79,9 +79,9 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 }
 
 // Remove asks the controller to remove a module.
-func Remove(ctx context.Context, nc *nats.Conn, module string) (registry.RemoveReply, error) {
+func Remove(ctx context.Context, nc *nats.Conn, req registry.RemoveRequest) (registry.RemoveReply, error) {
 	var reply registry.RemoveReply
-	if err := call(ctx, nc, registry.RemoveSubject, registry.RemoveRequest{Module: module}, &reply); err != nil {
+	if err := call(ctx, nc, registry.RemoveSubject, req, &reply); err != nil {
 		return reply, err
 	}
 	if reply.Error != "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -93,10 +94,11 @@ func (t Target) register(ctx context.Context, op *nats.Conn, manifest string) (s
 }
 
 // remove unregisters module, best effort: it matters only on a node that outlives the run.
+// Forced: a seat's declarer may go before the run's modules that use it.
 func (t Target) remove(op *nats.Conn, module string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	_, err := admin.Remove(ctx, op, module)
+	_, err := admin.Remove(ctx, op, registry.RemoveRequest{Module: module, Force: true})
 	return err
 }
 

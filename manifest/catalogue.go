@@ -169,6 +169,10 @@ func (c *catalogueIndex) consumers(v *validator) {
 	for _, name := range c.names {
 		for _, pattern := range c.modules[name].Consumes {
 			emitter, _, _ := strings.Cut(pattern, ".")
+			if emitter == SeatEventsPrefix {
+				c.seatConsumer(v, name, pattern)
+				continue
+			}
 			if emitter != m.Module {
 				continue
 			}
@@ -182,6 +186,28 @@ func (c *catalogueIndex) consumers(v *validator) {
 				Instead: "emit " + event + " as well, or correct " + name + "'s consumes first"})
 		}
 	}
+}
+
+// seatConsumer refuses m when module name consumes, by a seat m declares, an event the seat
+// does not emit: m's registration would take the event from under it.
+func (c *catalogueIndex) seatConsumer(v *validator, name, pattern string) {
+	parts := strings.Split(pattern, ".")
+	if len(parts) < 3 {
+		return
+	}
+	seat, ok := v.m.Seat(parts[1])
+	subject, err := ConsumeSubject(pattern)
+	if !ok || err != nil {
+		return
+	}
+	for _, e := range seat.Emits {
+		if covers(subject, SeatEventSubject(seat.Name, e)) {
+			return
+		}
+	}
+	v.refuse(Refusal{Code: CodeNotEmitted, Field: "seats." + seat.Name + ".emits", Value: strings.Join(seat.Emits, ", "),
+		Reason:  "module " + name + " consumes " + pattern + ", which seat " + seat.Name + " does not emit",
+		Instead: "emit " + strings.Join(parts[2:], ".") + " as well, or correct " + name + "'s consumes first"})
 }
 
 // protocols refuses changes to a seat's protocol that break the modules using it.
@@ -200,31 +226,56 @@ func (c *catalogueIndex) protocols(v *validator, previous *Manifest) {
 				Instead: "keep declaring " + old.Name + " until no module uses it"})
 			continue
 		}
-		field := "seats." + old.Name
-		if cur.Scope != old.Scope {
-			v.refuse(Refusal{Code: CodeBreaking, Field: field + ".scope", Value: string(cur.Scope),
-				Reason: fmt.Sprintf("moves seat %s from %s to %s scope, which moves the work queue of %s",
-					old.Name, old.Scope, cur.Scope, who),
-				Instead: "keep scope: " + string(old.Scope)})
-		}
-		for _, f := range []struct {
-			key, noun string
-			old, cur  []string
-		}{
-			{"accepts", "accept", old.Accepts, cur.Accepts},
-			{"serves", "serve", old.Serves, cur.Serves},
-		} {
-			for _, name := range f.old {
-				if slices.Contains(f.cur, name) {
-					continue
-				}
-				v.refuse(Refusal{Code: CodeBreaking, Field: field + "." + f.key, Value: name,
-					Reason: fmt.Sprintf("removes or renames %s %s of seat %s, which %s %s",
-						f.noun, name, old.Name, who, plural(users, "uses", "use")),
-					Instead: fmt.Sprintf("keep %s %s alongside any new one (additive changes are always accepted)", f.noun, name)})
-			}
+		for _, b := range old.Protocol().Breaks(cur.Protocol()) {
+			v.refuse(Refusal{Code: CodeBreaking, Field: "seats." + old.Name + "." + b.Field, Value: b.Value,
+				Reason:  fmt.Sprintf("%s of seat %s, which %s %s", b.Reason, old.Name, who, plural(users, "uses", "use")),
+				Instead: b.Instead})
 		}
 	}
+}
+
+// Binding is a module bound to the protocol of a seat it uses, as the registry recorded it
+// when the module registered.
+type Binding struct {
+	Module   string
+	Seat     string
+	Protocol Protocol
+}
+
+// CheckBindings refuses m when a seat it declares breaks the protocol a module is bound to,
+// whoever declared the seat before: every refusal names the bound modules.
+func CheckBindings(m *Manifest, bound []Binding) error {
+	v := &validator{m: m}
+	for _, s := range m.Seats {
+		type broken struct {
+			b    Break
+			mods []string
+		}
+		var found []*broken
+		for _, bd := range bound {
+			if bd.Seat != s.Name || bd.Module == m.Module {
+				continue
+			}
+			for _, b := range bd.Protocol.Breaks(s.Protocol()) {
+				i := slices.IndexFunc(found, func(f *broken) bool { return f.b == b })
+				if i < 0 {
+					found = append(found, &broken{b: b})
+					i = len(found) - 1
+				}
+				if !slices.Contains(found[i].mods, bd.Module) {
+					found[i].mods = append(found[i].mods, bd.Module)
+				}
+			}
+		}
+		for _, f := range found {
+			slices.Sort(f.mods)
+			v.refuse(Refusal{Code: CodeBreaking, Field: "seats." + s.Name + "." + f.b.Field, Value: f.b.Value,
+				Reason: fmt.Sprintf("%s of seat %s, to which %s %s bound", f.b.Reason, s.Name,
+					plural(f.mods, "module ", "modules ")+strings.Join(f.mods, ", "), plural(f.mods, "is", "are")),
+				Instead: f.b.Instead + ", or re-register them against the new protocol first"})
+		}
+	}
+	return v.result()
 }
 
 func plural(xs []string, one, many string) string {

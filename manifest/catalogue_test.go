@@ -310,3 +310,18 @@ func TestCheckCatalogue_SeatEvents(t *testing.T) {
 		t.Errorf("seat.** derives %q", s)
 	}
 }
+
+// TestCheckCatalogue_SeatEventConsumed: a declarer that stops emitting an event some module
+// consumes by the seat's name is refused, naming the consumer.
+func TestCheckCatalogue_SeatEventConsumed(t *testing.T) {
+	watcher := mustParse(t, "module: watcher\nrequires: [mesh-bus]\nconsumes: [seat.mailer.delivered]\n")
+	m := mustParse(t, "module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    emits: [bounced]\n")
+	err := manifest.CheckCatalogue(m, []*manifest.Manifest{watcher}, nil)
+	if err == nil || !strings.Contains(err.Error(), "module watcher consumes seat.mailer.delivered") {
+		t.Fatalf("dropping a consumed seat event: %v, want a refusal naming watcher", err)
+	}
+	m = mustParse(t, "module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    emits: [bounced, delivered]\n")
+	if err := manifest.CheckCatalogue(m, []*manifest.Manifest{watcher}, nil); err != nil {
+		t.Fatalf("a declarer emitting the consumed event: %v", err)
+	}
+}

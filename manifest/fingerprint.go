@@ -3,6 +3,7 @@ package manifest
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +40,13 @@ func Fingerprint(s Seat) string {
 	field("accept", s.Accepts...)
 	field("serve", s.Serves...)
 	field("emit", s.Emits...)
+	// Shapes only when declared, so a seat without any keeps the fingerprint it had before
+	// shapes existed. encoding/json writes map keys sorted: the form is canonical.
+	for _, name := range sortedKeys(s.Shapes) {
+		if js, err := json.Marshal(s.Shapes[name]); err == nil {
+			field("shape", name+" "+string(js))
+		}
+	}
 	sum := sha256.Sum256([]byte(b.String()))
 	return hex.EncodeToString(sum[:])
 }

@@ -72,6 +72,9 @@ type Seat struct {
 	Emits []string `json:"emits,omitempty"`
 	// Serves lists the request/reply calls the seat's holder answers.
 	Serves []string `json:"serves,omitempty"`
+	// Shapes are the JSON shapes of the payloads of its verbs, tools and events, by name;
+	// a name without a shape carries any JSON.
+	Shapes map[string]*Shape `json:"shapes,omitempty"`
 }
 
 // Seat returns the seat m declares under name.
@@ -106,18 +109,19 @@ type rawBuild struct {
 }
 
 type rawSeat struct {
-	Scope   string   `yaml:"scope"`
-	Retain  string   `yaml:"retain"`
-	Accepts []string `yaml:"accepts"`
-	Emits   []string `yaml:"emits"`
-	Serves  []string `yaml:"serves"`
+	Scope   string            `yaml:"scope"`
+	Retain  string            `yaml:"retain"`
+	Accepts []string          `yaml:"accepts"`
+	Emits   []string          `yaml:"emits"`
+	Serves  []string          `yaml:"serves"`
+	Shapes  map[string]*Shape `yaml:"shapes"`
 }
 
 // The keys each level of a manifest knows, in the order a manifest writes them; an
 // unknown-key refusal lists them.
 var (
 	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
-	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves"}
+	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes"}
 	buildKeys    = []string{"on"}
 )
 
@@ -174,6 +178,9 @@ func parse(data []byte) (*Manifest, Refusals) {
 		m.BuildOn = raw.Build.On
 	}
 	for name, s := range raw.Seats {
+		for _, sh := range s.Shapes {
+			sh.normalise()
+		}
 		m.Seats = append(m.Seats, Seat{
 			Name:    name,
 			Scope:   Scope(s.Scope),
@@ -181,6 +188,7 @@ func parse(data []byte) (*Manifest, Refusals) {
 			Accepts: s.Accepts,
 			Emits:   s.Emits,
 			Serves:  s.Serves,
+			Shapes:  s.Shapes,
 		})
 	}
 	slices.SortFunc(m.Seats, func(a, b Seat) int { return strings.Compare(a.Name, b.Name) })

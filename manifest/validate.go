@@ -29,6 +29,7 @@ const (
 	CodeBreaking     Code = "breaking"      // 6: a seat protocol change that breaks its users
 	CodeModuleTwice  Code = "module-twice"  // 6: two manifests for one module in one check
 	CodeSize         Code = "size"          // issue 11: a manifest over MaxSize
+	CodePayloadShape Code = "payload-shape" // issue 14: a seat's shape that names nothing or is malformed
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -279,6 +280,19 @@ func (v *validator) seat(s Seat) {
 	v.list(field+".accepts", s.Accepts, kindAccept)
 	v.list(field+".emits", s.Emits, kindSeatEmit)
 	v.list(field+".serves", s.Serves, kindServe)
+	for _, name := range sortedKeys(s.Shapes) {
+		f := field + ".shapes." + name
+		if !slices.Contains(s.Accepts, name) && !slices.Contains(s.Serves, name) && !slices.Contains(s.Emits, name) {
+			v.refuse(Refusal{Code: CodePayloadShape, Field: f, Value: name,
+				Reason:  "names no verb, tool or event of the seat",
+				Instead: "give shapes only to names in accepts, serves or emits"})
+			continue
+		}
+		for _, p := range s.Shapes[name].problems(name) {
+			v.refuse(Refusal{Code: CodePayloadShape, Field: f, Value: name, Reason: p,
+				Instead: "write a JSON Schema subset: type, required, properties, items, enum"})
+		}
+	}
 }
 
 // consumes refuses events of the module's own that it consumes but does not emit. Patterns

@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -692,7 +693,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reply, err := admin.Remove(ctx, b.op, "b")
+	reply, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -708,7 +709,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 	if _, err := sdk.Connect(ctx, b.n.ClientURL(), seed); !errors.Is(err, sdk.ErrUnknownKey) {
 		t.Fatalf("removed module connected: %v", err)
 	}
-	if _, err := admin.Remove(ctx, b.op, "b"); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
+	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "b"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
 		t.Fatalf("removing twice: %v", err)
 	}
 	// The seat's work is still there for the next module that declares it.

@@ -215,9 +215,13 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if err := manifest.CheckCatalogue(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
 		return registry.RegisterReply{}, err
 	}
+	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
+		return registry.RegisterReply{}, err
+	}
 
 	now := time.Now().UTC()
-	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{}}
+	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{},
+		Bound: c.bind(m)}
 	for _, s := range d.Seats {
 		rec.Fingerprints[s.Name] = s.Fingerprint
 	}
@@ -298,6 +302,47 @@ func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (vau
 	return vr, nil
 }
 
+// bindings are the bindings of every other module to the seats m declares. A module bound
+// before bindings were recorded counts as bound to what declares the seat now.
+func (c *controller) bindings(m *manifest.Manifest) []manifest.Binding {
+	var out []manifest.Binding
+	for _, s := range m.Seats {
+		var current *manifest.Protocol
+		if e, ok := c.reg.Declarer(s.Name); ok {
+			if cs, ok := e.Manifest.Seat(s.Name); ok {
+				p := cs.Protocol()
+				current = &p
+			}
+		}
+		out = append(out, c.reg.Bindings(s.Name, m.Module, current)...)
+	}
+	return out
+}
+
+// bind records the protocol of each seat m uses that is declared now (by m itself, another
+// module, or the mesh): what m registers against.
+func (c *controller) bind(m *manifest.Manifest) map[string]manifest.Protocol {
+	out := map[string]manifest.Protocol{}
+	for _, seat := range m.Uses {
+		s, ok := m.Seat(seat)
+		if !ok {
+			if e, declared := c.reg.Declarer(seat); declared {
+				s, ok = e.Manifest.Seat(seat)
+			}
+		}
+		if !ok {
+			s, ok = manifest.BuiltinSeat(seat)
+		}
+		if ok {
+			out[seat] = s.Protocol()
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	var req registry.RemoveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
@@ -317,6 +362,10 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 			}
 		}
 	}
+	if len(users) > 0 && !req.Force {
+		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s declares seats other modules are bound to (%s): their work would have no holder and the next declaration could break them; remove or re-register those modules first, or remove with --force (audited)",
+			e.Module, strings.Join(users, "; "))}
+	}
 	// The record stays, marked removed and holding its event, until the event is out: the
 	// module is gone from the mirror (and the bus) at once.
 	gone := e.Record
@@ -324,7 +373,11 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	if len(gone.Outbox) >= outbox.Max {
 		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
 	}
-	ev, err := outbox.New(registry.EventRemoved, c.node, map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node})
+	meta := map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node}
+	if len(users) > 0 {
+		meta["forced"], meta["bound"] = true, users
+	}
+	ev, err := outbox.New(registry.EventRemoved, c.node, meta)
 	if err != nil {
 		return registry.RemoveReply{Error: err.Error()}
 	}

@@ -68,7 +68,7 @@ func TestOutbox_RegistryEvents(t *testing.T) {
 		return nil
 	})
 
-	if _, err := admin.Remove(ctx, b.op, "shop"); err != nil {
+	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "shop"}); err != nil {
 		t.Fatal(err)
 	}
 	event(registry.EventRemoved, "shop")

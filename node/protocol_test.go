@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -296,5 +298,134 @@ func TestProtocol_SeatEvents(t *testing.T) {
 		if !r.Signed || !r.SourceMatches {
 			t.Errorf("audit record %d of %s: signed %v (%s), source matches %v", r.N, r.Subject, r.Signed, r.SignatureError, r.SourceMatches)
 		}
+	}
+}
+
+const boundMailer = `module: mail
+requires: [mesh-bus]
+seats:
+  mailer:
+    scope: mesh
+    retain: 1h
+    accepts: [send]
+    serves: [status]
+    shapes:
+      send:
+        type: object
+        required: [to]
+        properties:
+          to: {type: string}
+          subject: {type: string}
+`
+
+// TestProtocol_BreakingChangesNameTheBound: a module that uses a seat is bound to the
+// protocol it registered against. A new required field or a removed verb is refused naming
+// it, (a) from the same declarer, (c) by removing the declarer (unless forced, and then the
+// removal's event names it), and (b) from another module declaring the seat afterwards;
+// additive changes are accepted.
+func TestProtocol_BreakingChangesNameTheBound(t *testing.T) {
+	b := newBed(t)
+	b.register(boundMailer)
+	b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	newRequired := strings.Replace(boundMailer, "required: [to]", "required: [to, subject]", 1)
+	verbRemoved := strings.Replace(strings.Replace(boundMailer, "accepts: [send]", "accepts: [post]", 1), "      send:", "      post:", 1)
+	refused := func(what, yaml, want string) {
+		t.Helper()
+		_, err := admin.Register(ctx, b.op, []byte(yaml))
+		if !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "shop") {
+			t.Errorf("%s: %v, want a refusal saying %q and naming shop", what, err, want)
+		}
+	}
+
+	// (a) the same declarer
+	refused("a new required field", newRequired, "makes subject a required field")
+	refused("a removed verb", verbRemoved, "removes or renames accept send")
+	additive := strings.Replace(strings.Replace(boundMailer, "accepts: [send]", "accepts: [send, cancel]", 1),
+		"          subject: {type: string}\n", "          subject: {type: string}\n          bcc: {type: string}\n", 1)
+	if _, err := admin.Register(ctx, b.op, []byte(additive)); err != nil {
+		t.Fatalf("an additive change: %v", err)
+	}
+
+	// (c) removing the declarer
+	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "mail"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "shop uses seat mailer") {
+		t.Fatalf("removing the declarer of a used seat: %v, want a refusal naming shop", err)
+	}
+	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "mail", Force: true}); err != nil {
+		t.Fatalf("a forced removal: %v", err)
+	}
+	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		m, err := events.GetLastMsgForSubject(ctx, manifest.NodeEventSubject("alpha", registry.EventRemoved))
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(m.Data), `"forced":true`) || !strings.Contains(string(m.Data), "shop uses seat mailer") {
+			return fmt.Errorf("the removal's event %s does not say it was forced past shop", m.Data)
+		}
+		return nil
+	})
+
+	// (b) another module declaring the seat afterwards
+	postman := func(yaml string) string { return strings.Replace(yaml, "module: mail", "module: postman", 1) }
+	refused("another declarer's new required field", postman(newRequired), "makes subject a required field")
+	refused("another declarer's removed verb", postman(verbRemoved), "removes or renames accept send")
+	if _, err := admin.Register(ctx, b.op, []byte(postman(additive))); err != nil {
+		t.Fatalf("another declarer keeping the bound protocol: %v", err)
+	}
+}
+
+// TestProtocol_ShapesAreChecked: a sender with shape checks on is refused a job that does
+// not fit the verb's declared shape before it is sent; a holder gives such a job up (its
+// handler never sees it; the node dead-letters it) and takes the ones that fit.
+func TestProtocol_ShapesAreChecked(t *testing.T) {
+	b := newBed(t)
+	mailSeed, _ := b.register(boundMailer)
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	got := make(chan string, 8)
+	h := b.client(mailSeed)
+	if err := h.HoldSeat("mailer", sdk.SeatHandlers{
+		Accepts: map[string]sdk.JobHandler{"send": func(_ context.Context, j sdk.Job) error { got <- string(j.Data); return nil }},
+		Serves:  map[string]sdk.ToolHandler{"status": func(context.Context, sdk.Request) ([]byte, error) { return []byte("{}"), nil }},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	checked := b.client(shopSeed, sdk.WithShapeChecks())
+	if _, err := checked.Submit(ctx, "mailer", "send", map[string]any{"subject": "no recipient"}); !errors.Is(err, sdk.ErrShape) || !strings.Contains(err.Error(), "lacks required field to") {
+		t.Fatalf("a checked Submit of a job without its required field: %v, want ErrShape", err)
+	}
+	unchecked := b.client(shopSeed)
+	if _, err := unchecked.Submit(ctx, "mailer", "send", map[string]any{"to": 42}); err != nil {
+		t.Fatalf("an unchecked Submit: %v", err)
+	}
+	if _, err := checked.Submit(ctx, "mailer", "send", map[string]any{"to": "a@b"}); err != nil {
+		t.Fatalf("a job that fits: %v", err)
+	}
+	select {
+	case j := <-got:
+		if j != `{"to":"a@b"}` {
+			t.Fatalf("the holder's handler got %s, want only the job that fits", j)
+		}
+	case <-ctx.Done():
+		t.Fatal("the job that fits never reached the holder")
+	}
+	queue := manifest.SeatStreamName("mailer")
+	retryUntil(t, 20*time.Second, func() error {
+		if n := len(deadLetters(t, b, manifest.DeadSubject(queue, manifest.SeatConsumerName("mailer", manifest.ScopeMesh, "")))); n != 1 {
+			return fmt.Errorf("%d dead letters of the misshapen job, want 1", n)
+		}
+		return nil
+	})
+	select {
+	case j := <-got:
+		t.Fatalf("the holder's handler got %s as well", j)
+	default:
 	}
 }

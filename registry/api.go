@@ -58,6 +58,9 @@ type RegisterReply struct {
 // RemoveRequest removes a module.
 type RemoveRequest struct {
 	Module string `json:"module"`
+	// Force removes a module that declares a seat other modules are bound to; the removal's
+	// event names them.
+	Force bool `json:"force,omitempty"`
 }
 
 // RemoveReply answers RemoveRequest.

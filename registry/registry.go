@@ -69,6 +69,10 @@ type Record struct {
 	// Removed marks a removed module's record kept only until its event is published: to the
 	// mirror the module is gone.
 	Removed bool `json:"removed,omitempty"`
+	// Bound is, for each seat the module uses that was declared when it registered (by a
+	// module or built in), the protocol it registered against: no later declaration of the
+	// seat may break it.
+	Bound map[string]manifest.Protocol `json:"bound,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and
@@ -520,7 +524,7 @@ func (r *Registry) Seat(seat string) seats.Info {
 	if !ok {
 		return seats.Info{Seat: seat}
 	}
-	return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits}
+	return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits, Shapes: s.Shapes}
 }
 
 // Signers returns the keys of every source whose events or jobs m's module can be handed:
@@ -570,6 +574,24 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 	}
 	if pub := r.Vault(); pub != "" && reaches(SignerSeat) {
 		out[SignerKey(SignerSeat, manifest.VaultSeat)] = pub
+	}
+	return out
+}
+
+// Bindings returns every module's binding to seat, except skip's: the protocol each
+// registered against, or, for a module registered before the seat was declared (or before
+// bindings were recorded), the protocol current declares now.
+func (r *Registry) Bindings(seat, skip string, current *manifest.Protocol) []manifest.Binding {
+	var out []manifest.Binding
+	for _, e := range r.List() {
+		if e.Module == skip || !slices.Contains(e.Manifest.Uses, seat) {
+			continue
+		}
+		if p, ok := e.Bound[seat]; ok {
+			out = append(out, manifest.Binding{Module: e.Module, Seat: seat, Protocol: p})
+		} else if current != nil {
+			out = append(out, manifest.Binding{Module: e.Module, Seat: seat, Protocol: *current})
+		}
 	}
 	return out
 }

@@ -319,6 +319,9 @@ func (c *Client) serveSeatTools(st *seatState) error {
 		if h == nil || slices.ContainsFunc(st.toolSubs, func(s *nats.Subscription) bool { return s.Subject == subject }) {
 			continue
 		}
+		if shape := st.info.Shapes[tool]; shape != nil {
+			h = shapedTool(shape, "seat "+st.seat+" tool "+tool, h)
+		}
 		sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, h))
 		if err != nil {
 			return fmt.Errorf("serve %s of seat %s: %w", tool, st.seat, err)
@@ -368,12 +371,16 @@ func (st *seatState) route(subject string) Handler {
 		return nil
 	}
 	st.mu.Lock()
-	h, epoch := st.handlers[verb], st.epoch
+	h, epoch, shape := st.handlers[verb], st.epoch, st.info.Shapes[verb]
 	st.mu.Unlock()
 	if h == nil {
 		return nil
 	}
 	return func(ctx context.Context, e Event) error {
+		// A job that does not fit its verb's shape fails every time: it is given up at once.
+		if err := checkShape(shape, "seat "+st.seat+" accept "+verb, e.Data); err != nil {
+			return err
+		}
 		return h(ctx, Job{Event: e, Seat: st.seat, Verb: verb, Epoch: epoch})
 	}
 }
@@ -465,5 +472,16 @@ func (c *Client) releaseSeats() {
 			}
 			cancel()
 		}
+	}
+}
+
+// shapedTool answers a request that does not fit the tool's shape with ErrShape, without
+// calling h.
+func shapedTool(shape *manifest.Shape, what string, h ToolHandler) ToolHandler {
+	return func(ctx context.Context, r Request) ([]byte, error) {
+		if err := checkShape(shape, what, r.Data); err != nil {
+			return nil, err
+		}
+		return h(ctx, r)
 	}
 }

@@ -51,6 +51,7 @@ type options struct {
 	log    *slog.Logger
 	retry  []time.Duration
 	window time.Duration
+	shapes bool
 }
 
 // WithLogger sets the logger for background problems (a handler error, a lost connection).
@@ -70,6 +71,7 @@ type Client struct {
 	log    *slog.Logger
 	retry  []time.Duration
 	window time.Duration // the replay window of the checks (check.go)
+	shapes bool          // check the payloads sent to seats against their shapes (shape.go)
 
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
@@ -149,7 +151,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 		return nil, err
 	}
 	xpub, _ := xkey.PublicKey()
-	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, self: self,
+	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)

@@ -159,6 +159,10 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		}
 		return
 	}
+	if errors.Is(err, ErrShape) {
+		d.giveUp(msg, md, err) // no retry makes it fit
+		return
+	}
 	n := int(md.NumDelivered)
 	if d.maxDeliver > 0 && n >= d.maxDeliver {
 		d.giveUp(msg, md, err)

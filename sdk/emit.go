@@ -82,6 +82,15 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 	if info.Scope != "" && !slices.Contains(info.Accepts, verb) {
 		return "", fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, info.Accepts, verb)
 	}
+	if shape := info.Shapes[verb]; c.shapes && shape != nil {
+		body, err := encode(payload)
+		if err != nil {
+			return "", err
+		}
+		if err := checkShape(shape, "seat "+seat+" accept "+verb, body); err != nil {
+			return "", err
+		}
+	}
 	subject := manifest.SeatAcceptSubject(seat, verb)
 	if info.Scope == manifest.ScopeNode {
 		subject = manifest.SeatNodeAcceptSubject(seat, c.node(), verb)

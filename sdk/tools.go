@@ -99,6 +99,7 @@ func serveOne(ctx context.Context, h ToolHandler, r Request) (resp []byte, err e
 func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]byte, error) {
 	self := c.declared()
 	var subject string
+	var shape *manifest.Shape
 	switch {
 	case target == self.Module:
 		subject = manifest.ToolSubject(target, tool)
@@ -108,6 +109,7 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 			return nil, fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, target, info.Serves, tool)
 		}
 		subject = manifest.SeatToolSubject(target, tool)
+		shape = info.Shapes[tool]
 	default:
 		return nil, fmt.Errorf("%w: module %s may call the tools of the seats it uses, and %s is not one; add it to uses: in its manifest and re-register",
 			ErrNotDeclared, self.Module, target)
@@ -115,6 +117,11 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 	body, err := encode(payload)
 	if err != nil {
 		return nil, err
+	}
+	if c.shapes {
+		if err := checkShape(shape, "seat "+target+" tool "+tool, body); err != nil {
+			return nil, err
+		}
 	}
 	return c.request(ctx, subject, body, self.Module)
 }

@@ -16,6 +16,8 @@ type Info struct {
 	Accepts []string       `json:"accepts,omitempty"`
 	Serves  []string       `json:"serves,omitempty"`
 	Emits   []string       `json:"emits,omitempty"`
+	// Shapes are the declared JSON shapes of its verbs', tools' and events' payloads.
+	Shapes map[string]*manifest.Shape `json:"shapes,omitempty"`
 }
 
 // Request is what a module's instance asks its node about one of its seats, on

@@ -210,14 +210,19 @@ func list(xs []string) string {
 }
 
 func newModuleRemoveCmd() *cobra.Command {
+	var force bool
 	cmd := &cobra.Command{
-		Use:   "remove NAME",
+		Use:   "remove NAME [--force]",
 		Short: "Remove a registered module: its key stops working and its consumer is deleted",
-		Args:  cobra.ExactArgs(1),
+		Long: `Remove a registered module: its key stops working and its consumer is deleted. A module that
+declares a seat other modules use is refused (their work would have no holder, and the next
+declaration of the seat could break the protocol they are bound to) unless --force; the
+removal's event then names them.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply registry.RemoveReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Remove(ctx, nc, args[0])
+				reply, err = admin.Remove(ctx, nc, registry.RemoveRequest{Module: args[0], Force: force})
 				return err
 			})
 			if err != nil {
@@ -230,6 +235,7 @@ func newModuleRemoveCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "remove even a module declaring a seat other modules are bound to (audited)")
 	addClientFlags(cmd)
 	return cmd
 }
