@@ -429,3 +429,22 @@ func TestProtocol_ShapesAreChecked(t *testing.T) {
 	default:
 	}
 }
+
+// TestProtocol_SubmitToAnUndeclaredSeat: a job for a seat no registered module declares yet
+// is refused with an error that names the seat and what to register; once its module is
+// registered, the same Submit queues the job for its holder.
+func TestProtocol_SubmitToAnUndeclaredSeat(t *testing.T) {
+	b := newBed(t)
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [fax]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	shop := b.client(shopSeed)
+	_, err := shop.Submit(ctx, "fax", "send", "page 1")
+	if !errors.Is(err, sdk.ErrUndeclaredSeat) || !strings.Contains(err.Error(), "seat fax") || !strings.Contains(err.Error(), "module register") {
+		t.Fatalf("submit to an undeclared seat: %v, want ErrUndeclaredSeat naming fax and what to register", err)
+	}
+	b.register("module: faxer\nrequires: [mesh-bus]\nseats:\n  fax: {scope: mesh, retain: 1h, accepts: [send]}\n")
+	if _, err := shop.Submit(ctx, "fax", "send", "page 1"); err != nil {
+		t.Fatalf("submit once the seat's module is registered: %v", err)
+	}
+}

@@ -32,8 +32,12 @@ var (
 	ErrUnknownKey = errors.New("key is not a registered module")
 	// ErrNoResponders means nobody answers a tool call.
 	ErrNoResponders = errors.New("no responders")
-	// ErrNoQueue means a seat has no work queue: no registered module declares it.
+	// ErrNoQueue means a seat declared by a registered module has no work queue (it went
+	// missing: the node remakes it).
 	ErrNoQueue = errors.New("seat has no work queue")
+	// ErrUndeclaredSeat means no registered module declares the seat yet, so it has no work
+	// queue to take a job.
+	ErrUndeclaredSeat = errors.New("seat declared by no registered module")
 	// ErrIncomplete means a seat's protocol lacks a handler: a holder implements all of it.
 	ErrIncomplete = errors.New("seat protocol incomplete")
 	// ErrNotHolder means this instance does not hold the seat it would act for.

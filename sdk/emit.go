@@ -79,7 +79,11 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 	if err != nil {
 		return "", err
 	}
-	if info.Scope != "" && !slices.Contains(info.Accepts, verb) {
+	if info.Scope == "" {
+		return "", fmt.Errorf("%w: seat %s has no work queue until a module declaring it is registered; register that module (meshnode module register, with seats: {%s: {scope: ..., retain: ..., accepts: [%s]}}), then submit again",
+			ErrUndeclaredSeat, seat, seat, verb)
+	}
+	if !slices.Contains(info.Accepts, verb) {
 		return "", fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, info.Accepts, verb)
 	}
 	if shape := info.Shapes[verb]; c.shapes && shape != nil {
@@ -95,11 +99,7 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 	if info.Scope == manifest.ScopeNode {
 		subject = manifest.SeatNodeAcceptSubject(seat, c.node(), verb)
 	}
-	id, err := c.publish(ctx, subject, payload, opts)
-	if errors.Is(err, ErrNoQueue) && info.Scope == "" {
-		return id, fmt.Errorf("%w: no registered module declares seat %s yet; jobs queue once the module that holds it is registered", ErrNoQueue, seat)
-	}
-	return id, err
+	return c.publish(ctx, subject, payload, opts)
 }
 
 // usedSeat returns what the bus knows of a seat the module uses, asking again if the seat's
