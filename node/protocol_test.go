@@ -202,7 +202,8 @@ func TestProtocol_HolderImplementsTheWholeProtocol(t *testing.T) {
 // TestProtocol_SeatEvents: a seat's event emitted by its holder reaches a module consuming
 // seat.mailer.delivered, with x-source the seat and the key naming the seat; an instance that
 // does not hold the seat is refused by the sdk, and by the bus when it publishes directly;
-// after the holder goes, the new holder's events are delivered.
+// after the holder goes, the new holder's events are delivered and a connection under the
+// old holder's instance name is refused; the audit log records the events as signed.
 func TestProtocol_SeatEvents(t *testing.T) {
 	b := newBed(t)
 	mailSeed, _ := b.register(protocolMailer)
