@@ -120,7 +120,7 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 	}
 	msg, err := nc.RequestWithContext(ctx, subject, b)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("no controller answers %s; is the node ready (`meshnode status`)?", subject)
+		return fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`), and is some node a candidate for mesh-controller (mesh-seats)?", err, subject)
 	}
 	if err != nil {
 		if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {

@@ -8,10 +8,12 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -87,7 +89,15 @@ type Config struct {
 	// node's whoami and seat tools and of the vault, with bursts of twice as many; the rest
 	// are refused and counted in one event per interval. Zero: no limit.
 	RateLimit int `yaml:"rate-limit"`
+	// MeshSeats are the mesh's own seats this node is a candidate for: mesh-controller (it
+	// answers registration), mesh-vault (only on a node holding the vault's credentials).
+	// Every node is by default; a node left out of both still runs modules and serves the
+	// bus. In the environment and on the command line: comma-separated, "" for none.
+	MeshSeats []string `yaml:"mesh-seats"`
 }
+
+// Holds reports whether the node is a candidate for the mesh's own seat.
+func (c Config) Holds(seat string) bool { return slices.Contains(c.MeshSeats, seat) }
 
 // DefaultRateLimit is RateLimit's default: far above what a module asks at start (one whoami
 // per connection, a fetch per secret), far below what starves the others.
@@ -107,6 +117,7 @@ func Up() Config {
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 		EventsMaxAge:    Duration(DefaultEventsMaxAge),
 		RateLimit:       DefaultRateLimit,
+		MeshSeats:       slices.Clone(manifest.NodeHeldSeats),
 	}
 }
 
@@ -186,6 +197,7 @@ func (c *Config) keys() map[string]any {
 		"dead-max-bytes":   &c.DeadMaxBytes,
 		"max-event-bytes":  &c.MaxEventBytes,
 		"rate-limit":       &c.RateLimit,
+		"mesh-seats":       &c.MeshSeats,
 	}
 }
 
@@ -268,6 +280,13 @@ func (c *Config) Set(key, value string) error {
 			return fmt.Errorf("%w: %s: %q is not a whole number ≥ 0", ErrInvalid, key, value)
 		}
 		*p = n
+	case *[]string:
+		*p = nil
+		for _, v := range strings.Split(value, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				*p = append(*p, v)
+			}
+		}
 	}
 	return nil
 }
@@ -300,6 +319,12 @@ func (c Config) Validate() error {
 	case "text", "json":
 	default:
 		return fmt.Errorf("%w: log-format %q: write text or json", ErrInvalid, c.LogFormat)
+	}
+	for _, seat := range c.MeshSeats {
+		if !slices.Contains(manifest.NodeHeldSeats, seat) {
+			return fmt.Errorf("%w: mesh-seats: %q is not a seat a node holds itself; write some of %s (other mesh-* seats are held by modules that declare them)",
+				ErrInvalid, seat, strings.Join(manifest.NodeHeldSeats, ", "))
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("%w: shutdown-timeout %s: must be positive, e.g. 5s", ErrInvalid, c.ShutdownTimeout)

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func TestConfig_LoadFile(t *testing.T) {
 		if err := c.LoadFile("meshnode.yaml", nil); err != nil {
 			t.Fatalf("empty file: %v", err)
 		}
-		if c != config.Up() {
+		if !reflect.DeepEqual(c, config.Up()) {
 			t.Fatal("empty file changed the configuration")
 		}
 	})
@@ -171,4 +172,36 @@ func TestParseDuration_Bounded(t *testing.T) {
 			t.Fatalf("env: err=%v, want ErrInvalid naming the maximum", err)
 		}
 	})
+}
+
+// TestConfig_MeshSeats: every node is a candidate for the mesh's own seats by default; the
+// file takes a list, the environment and flags a comma-separated one ("" for none); a seat
+// a node does not hold itself is refused.
+func TestConfig_MeshSeats(t *testing.T) {
+	c := config.Up()
+	if !c.Holds("mesh-controller") || !c.Holds("mesh-vault") {
+		t.Fatalf("default mesh-seats %v, want both of the nodes' seats", c.MeshSeats)
+	}
+	if err := c.LoadFile("meshnode.yaml", []byte("mesh-seats: [mesh-vault]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if c.Holds("mesh-controller") || !c.Holds("mesh-vault") {
+		t.Fatalf("from the file: %v", c.MeshSeats)
+	}
+	if err := c.LoadEnv([]string{"MESHNODE_MESH_SEATS=mesh-controller, mesh-vault"}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Holds("mesh-controller") || !c.Holds("mesh-vault") {
+		t.Fatalf("from the environment: %v", c.MeshSeats)
+	}
+	if err := c.Set("mesh-seats", ""); err != nil || len(c.MeshSeats) != 0 {
+		t.Fatalf("mesh-seats \"\": %v, %v", c.MeshSeats, err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a node holding none of the mesh's seats: %v", err)
+	}
+	c.Set("mesh-seats", "mesh-controller,mesh-git")
+	if err := c.Validate(); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), `"mesh-git" is not a seat a node holds itself`) {
+		t.Fatalf("mesh-git in mesh-seats: %v", err)
+	}
 }

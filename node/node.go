@@ -654,7 +654,9 @@ func (n *Node) enrolVault(ctx context.Context) error {
 		return err
 	}
 	n.seats.vault = n.vault
-	n.seats.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if n.cfg.Holds(manifest.VaultSeat) {
+		n.seats.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
 	n.log.Info("this server holds the vault's credentials and can serve the vault")
 	return n.vault.Watch(ctx)
 }
@@ -722,8 +724,11 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	if err := s.start(); err != nil {
 		return err
 	}
-	s.run.Add(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
-	if n.vault != nil {
+	// The mesh's own seats this node's configuration makes it a candidate for.
+	if n.cfg.Holds(manifest.ControllerSeat) {
+		s.run.Add(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
+	if n.vault != nil && n.cfg.Holds(manifest.VaultSeat) {
 		s.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
 	s.run.Acquire(ctx)
@@ -853,6 +858,9 @@ func (n *Node) handOff(ctx context.Context) error {
 	}
 	if err != nil {
 		return err
+	}
+	if !n.cfg.Holds(manifest.VaultSeat) {
+		return fmt.Errorf("genesis hand-off: this node founds the mesh and holds the vault's credentials, so it must serve the vault until the hand-off is done: add %s to mesh-seats", manifest.VaultSeat)
 	}
 	var id vault.Identity
 	if _, err := vault.Call(ctx, n.bus.Conn(), vault.VerbIdentity, vault.CallerNode, vault.Request{Owner: vault.CallerOperator}, &id); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
@@ -447,5 +448,32 @@ func TestProtocol_SubmitToAnUndeclaredSeat(t *testing.T) {
 	b.register("module: faxer\nrequires: [mesh-bus]\nseats:\n  fax: {scope: mesh, retain: 1h, accepts: [send]}\n")
 	if _, err := shop.Submit(ctx, "fax", "send", "page 1"); err != nil {
 		t.Fatalf("submit once the seat's module is registered: %v", err)
+	}
+}
+
+// TestProtocol_MeshSeatsFromConfiguration: a node is a candidate only for the mesh's own
+// seats its configuration names. Left out of mesh-controller it answers no registration; a
+// founding node left out of mesh-vault cannot hand genesis over, and says what to change.
+func TestProtocol_MeshSeatsFromConfiguration(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.MeshSeats = []string{manifest.VaultSeat}
+	b := newBedAt(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := admin.Register(ctx, b.op, []byte("module: shop\nrequires: [mesh-bus]\n")); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("register on a node that is no candidate for mesh-controller: %v, want no responders", err)
+	}
+
+	cfg = testConfig(t.TempDir(), "alpha")
+	cfg.MeshSeats = []string{manifest.ControllerSeat}
+	n := node.New(cfg, nil)
+	n.CreateIdentity = true
+	err := n.Open()
+	if err == nil {
+		n.Close()
+		t.Fatal("a founding node that is no candidate for mesh-vault opened")
+	}
+	if !strings.Contains(err.Error(), "add mesh-vault to mesh-seats") {
+		t.Fatalf("open: %v, want it to say to add mesh-vault to mesh-seats", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/meshnode/meshnode/config"
@@ -43,6 +44,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
 	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
+	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
