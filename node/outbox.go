@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
-	"github.com/nats-io/nats.go"
 )
 
 // The controller's side of the registry's outbox (registry/outbox.go, package outbox): the
@@ -68,17 +65,7 @@ func (c *controller) editOutbox(ctx context.Context, module string, edit func([]
 // acknowledgement: the same event each time it is tried (same id, time, signature), since
 // outbox.Renew gave this node an event of its own for what another node made.
 func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
-	subject := manifest.NodeEventSubject(c.node, ev.Action)
-	h, err := envelope.Stamp(c.sign, c.node, c.node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: ev.Body}); err != nil {
-		return fmt.Errorf("record %s: %w", ev.Action, err)
-	}
-	return nil
+	return outbox.Publish(ctx, c.js, c.sign, c.node, c.node, manifest.NodeEventSubject(c.node, ev.Action), ev)
 }
 
 // sweepOutboxes publishes what every record holds until ctx ends (outbox.Sweep).

@@ -19,6 +19,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Event is an event waiting in a record to be published.
@@ -186,4 +188,23 @@ func Wake(wake chan<- struct{}) {
 	case wake <- struct{}{}:
 	default:
 	}
+}
+
+// publishTimeout bounds one event's publish, EVENTS' acknowledgement included.
+const publishTimeout = 5 * time.Second
+
+// Publish stamps ev as source on node, signed with key, and publishes it on subject, waiting
+// for the stream's acknowledgement: the same event each time it is tried (same id, time and
+// causation), so a retry after a lost acknowledgement is a duplicate the broker drops.
+func Publish(ctx context.Context, js jetstream.JetStream, key envelope.Signer, source, node, subject string, ev Event) error {
+	h, err := envelope.Stamp(key, source, node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: ev.Body}); err != nil {
+		return fmt.Errorf("record %s: %w", ev.Action, err)
+	}
+	return nil
 }

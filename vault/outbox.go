@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
-	"github.com/nats-io/nats.go"
 )
 
 // The vault's outbox (package outbox): a secret's minted or rotated event is stored in its
@@ -70,17 +67,7 @@ func (v *Vault) editOutbox(ctx context.Context, key string, edit func([]outbox.E
 
 // publishEvent publishes one waiting vault event, waiting for EVENTS' acknowledgement.
 func (v *Vault) publishEvent(ctx context.Context, ev outbox.Event) error {
-	subject := EventSubject(ev.Action)
-	h, err := envelope.Stamp(v.sign, manifest.VaultSeat, v.cfg.Node, subject, ev.Body, envelope.Options{ID: ev.ID, Causation: ev.Cause})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := v.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: ev.Body}); err != nil {
-		return fmt.Errorf("record vault event %s: %w", ev.Action, err)
-	}
-	return nil
+	return outbox.Publish(ctx, v.js, v.sign, manifest.VaultSeat, v.cfg.Node, EventSubject(ev.Action), ev)
 }
 
 // sweepOutboxes publishes what every record holds, until ctx ends (outbox.Sweep).
