@@ -301,7 +301,7 @@ func (l *Logger) prune() {
 		// Collect first: deleting under a bbolt cursor can skip the next key.
 		var old [][]byte
 		c := tx.Bucket(bucketByTime).Cursor()
-		for k, _ := c.First(); k != nil && len(k) == 16; k, _ = c.Next() {
+		for k, _ := c.First(); len(k) == 16; k, _ = c.Next() {
 			if int64(binary.BigEndian.Uint64(k[:8])) >= cutoff.UnixNano() {
 				break
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // File names inside the data dir.
@@ -75,9 +76,9 @@ func openStore(dir string) (db *bolt.DB, err error) {
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: storeOpenTimeout})
 	switch {
-	case errors.Is(err, bolt.ErrTimeout):
+	case errors.Is(err, bolterrors.ErrTimeout):
 		return nil, fmt.Errorf("open %s: %w; stop it (or use `meshnode status --data-dir %s`), or choose another --data-dir", path, ErrDataDirInUse, dir)
-	case errors.Is(err, bolt.ErrInvalid), errors.Is(err, bolt.ErrVersionMismatch), errors.Is(err, bolt.ErrChecksum):
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch), errors.Is(err, bolterrors.ErrChecksum):
 		return nil, fmt.Errorf("open %s: %w (%v); move it aside to start afresh, or restore it from a backup", path, ErrCorruptStore, err)
 	case err != nil:
 		return nil, fmt.Errorf("open %s: %w", path, err)
