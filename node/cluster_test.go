@@ -16,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
@@ -26,8 +27,8 @@ import (
 // (the others must know them before the bus starts).
 func clusterConfig(t testing.TB, name string) config.Config {
 	c := testConfig(t.TempDir(), name)
-	c.ClusterAddr = freeAddr(t)
-	c.GossipAddr = freeAddr(t)
+	c.ClusterAddr = testbed.FreeAddr(t)
+	c.GossipAddr = testbed.FreeAddr(t)
 	return c
 }
 

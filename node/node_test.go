@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -304,7 +305,7 @@ func TestNode_Open(t *testing.T) {
 		defer l.Close()
 		cfg := testConfig(t.TempDir(), "alpha")
 		cfg.ClientAddr = l.Addr().String()
-		cfg.HTTPAddr = freeAddr(t)
+		cfg.HTTPAddr = testbed.FreeAddr(t)
 		n := node.New(cfg, nil)
 		n.CreateIdentity = true
 		err = n.Open()
@@ -321,7 +322,7 @@ func TestNode_Open(t *testing.T) {
 		defer l.Close()
 		cfg := testConfig(t.TempDir(), "alpha")
 		cfg.HTTPAddr = l.Addr().String()
-		cfg.ClientAddr = freeAddr(t)
+		cfg.ClientAddr = testbed.FreeAddr(t)
 		n := node.New(cfg, nil)
 		n.CreateIdentity = true
 		err = n.Open()
@@ -353,17 +354,6 @@ func assertReleased(t *testing.T, cfg config.Config, bound ...string) {
 		t.Fatalf("reopen after failed open: %v", err)
 	}
 	n.Close()
-}
-
-// freeAddr returns a loopback address with a port that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func TestNode_Status_JSONKeys(t *testing.T) {

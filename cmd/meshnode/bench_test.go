@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // BenchmarkStartup measures, for a fresh data dir, the time from process start until the
@@ -44,7 +46,7 @@ func benchStartup(b *testing.B, command func(dir, httpAddr string) *exec.Cmd, pa
 	var rssTotal float64
 	for i := 0; i < b.N; i++ {
 		dir := b.TempDir()
-		httpAddr := freeTCPAddr(b)
+		httpAddr := testbed.FreeAddr(b)
 		cmd := command(dir, httpAddr)
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
@@ -94,13 +96,4 @@ func rssMiB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-}
-
-func freeTCPAddr(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

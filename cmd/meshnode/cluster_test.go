@@ -4,23 +4,14 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-)
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+	"github.com/meshnode/meshnode/internal/testbed"
+)
 
 // meshNode is one node of a test mesh: its data dir, name, flags (fixed ports, so a restart
 // comes back on the same addresses) and process.
@@ -34,7 +25,7 @@ func newMeshNode(t *testing.T, name string) *meshNode {
 	dir := t.TempDir()
 	return &meshNode{dir: dir, name: name, flags: []string{"--data-dir", dir, "--name", name,
 		"--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--cluster-addr", freePort(t), "--gossip-addr", freePort(t), "--log-level", logLevelForTests()}}
+		"--cluster-addr", testbed.FreeAddr(t), "--gossip-addr", testbed.FreeAddr(t), "--log-level", logLevelForTests()}}
 }
 
 // auditIDs returns how often each event of source is in the audit log of the node on dir.

@@ -5,7 +5,10 @@ package testbed
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 )
 
@@ -24,3 +27,31 @@ func Skip(t testing.TB, format string, args ...any) {
 	}
 	t.Skip(why)
 }
+
+// FreeAddr returns a loopback address whose port was free a moment ago, for a process the
+// test starts later (a port fixed across restarts). The port is drawn from below Linux's
+// ephemeral range (32768–60999 by default): a port the kernel handed out as free for a
+// listener is the next one it hands to some outgoing connection, and beds that open
+// thousands of connections at once took it between the check and the node's bind.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	for range 200 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLow+rand.IntN(freeHigh-freeLow)))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The ports FreeAddr draws from.
+const (
+	freeLow  = 20000
+	freeHigh = 32768
+)
