@@ -152,10 +152,8 @@ func (c *catalogueIndex) seatEvents(v *validator, field, pattern string) {
 	if !ok {
 		return
 	}
-	for _, e := range seat.Emits {
-		if covers(subject, SeatEventSubject(seat.Name, e)) {
-			return
-		}
+	if seatEmits(seat, subject) {
+		return
 	}
 	r := notEmitted(field, pattern, SeatEventsPrefix+"."+seat.Name, seat.Emits)
 	r.Reason = "seat " + strings.TrimPrefix(r.Reason, SeatEventsPrefix+".")
@@ -188,6 +186,11 @@ func (c *catalogueIndex) consumers(v *validator) {
 	}
 }
 
+// seatEmits reports whether seat emits an event the consumed subject pattern matches.
+func seatEmits(seat Seat, subject string) bool {
+	return slices.ContainsFunc(seat.Emits, func(e string) bool { return covers(subject, SeatEventSubject(seat.Name, e)) })
+}
+
 // seatConsumer refuses m when module name consumes, by a seat m declares, an event the seat
 // does not emit: m's registration would take the event from under it.
 func (c *catalogueIndex) seatConsumer(v *validator, name, pattern string) {
@@ -200,10 +203,8 @@ func (c *catalogueIndex) seatConsumer(v *validator, name, pattern string) {
 	if !ok || err != nil {
 		return
 	}
-	for _, e := range seat.Emits {
-		if covers(subject, SeatEventSubject(seat.Name, e)) {
-			return
-		}
+	if seatEmits(seat, subject) {
+		return
 	}
 	v.refuse(Refusal{Code: CodeNotEmitted, Field: "seats." + seat.Name + ".emits", Value: strings.Join(seat.Emits, ", "),
 		Reason:  "module " + name + " consumes " + pattern + ", which seat " + seat.Name + " does not emit",

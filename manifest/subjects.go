@@ -152,3 +152,14 @@ func Matches(pattern, subject string) bool {
 	}
 	return len(p) == len(s)
 }
+
+// SplitSubject splits a subject of the grammar, mesh.<namespace>.<owner>.<rest>, into its
+// namespace (mod, seat, node, …), the owner (a module, seat or node) and the rest; ok is
+// false for a subject of fewer than four tokens.
+func SplitSubject(subject string) (namespace, owner, rest string, ok bool) {
+	parts := strings.SplitN(subject, ".", 4)
+	if len(parts) < 4 {
+		return "", "", "", false
+	}
+	return parts[1], parts[2], parts[3], true
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // maxWhoamiRequest bounds a whoami request's body: it names one key.
@@ -50,8 +51,8 @@ type controller struct {
 	// seats lists every seat for the seats tool.
 	seats func(context.Context) []seats.Status
 
-	// reports are the report jobs taken from the seat's work queue (reports.go).
-	reports *reports
+	// reports counts the report jobs taken from the seat's work queue (reports.go).
+	reports *prometheus.CounterVec
 
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
@@ -308,11 +309,9 @@ func (c *controller) bindings(m *manifest.Manifest) []manifest.Binding {
 	var out []manifest.Binding
 	for _, s := range m.Seats {
 		var current *manifest.Protocol
-		if e, ok := c.reg.Declarer(s.Name); ok {
-			if cs, ok := e.Manifest.Seat(s.Name); ok {
-				p := cs.Protocol()
-				current = &p
-			}
+		if cs, ok := c.reg.DeclaredSeat(s.Name); ok {
+			p := cs.Protocol()
+			current = &p
 		}
 		out = append(out, c.reg.Bindings(s.Name, m.Module, current)...)
 	}
@@ -326,12 +325,7 @@ func (c *controller) bind(m *manifest.Manifest) map[string]manifest.Protocol {
 	for _, seat := range m.Uses {
 		s, ok := m.Seat(seat)
 		if !ok {
-			if e, declared := c.reg.Declarer(seat); declared {
-				s, ok = e.Manifest.Seat(seat)
-			}
-		}
-		if !ok {
-			s, ok = manifest.BuiltinSeat(seat)
+			s, ok = c.reg.DeclaredSeat(seat)
 		}
 		if ok {
 			out[seat] = s.Protocol()

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -331,7 +330,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		node:     n.id.Name,
 		js:       n.bus.JetStream(),
 		sweepNow: make(chan struct{}, 1),
-		reports:  newReports(),
+		reports:  newReportCounts(),
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
@@ -446,7 +445,7 @@ func (n *Node) newHTTPServer() {
 			}
 			return 0
 		})
-	n.metrics.MustRegister(n.ctrl.reports.counts)
+	n.metrics.MustRegister(n.ctrl.reports)
 	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
 }
 
@@ -788,7 +787,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
-		if toks := strings.SplitN(subject, ".", 4); len(toks) == 4 && toks[1] == "seat" && toks[2] == source && source != manifest.VaultSeat {
+		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 			// A seat's event is signed by its holder: an instance of the declaring module.
 			if e, ok := n.reg.Declarer(source); ok {
 				return e.PublicKey, true
@@ -822,11 +821,10 @@ func (n *Node) openAudit() (err error) {
 // its own events, a node for its own, a seat's declarer (or the mesh, for its own seats)
 // for the seat's.
 func (n *Node) owns(subject, source string) bool {
-	parts := strings.SplitN(subject, ".", 4)
-	if len(parts) < 4 {
+	kind, owner, _, ok := manifest.SplitSubject(subject)
+	if !ok {
 		return false
 	}
-	kind, owner := parts[1], parts[2]
 	switch kind {
 	case "mod":
 		return source == owner

@@ -23,18 +23,12 @@ import (
 // ReportVerb is the mesh-controller seat's accepted verb: a host's apply outcome.
 const ReportVerb = "report"
 
-// reports counts the controller's reports.
-type reports struct {
-	counts *prometheus.CounterVec
-}
-
-func newReports() *reports {
-	return &reports{
-		counts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshnode_controller_reports_total",
-			Help: "Report jobs the mesh-controller seat's holder on this node took from its work queue, by outcome (accepted, refused).",
-		}, []string{"outcome"}),
-	}
+// newReportCounts counts the controller's reports, by outcome.
+func newReportCounts() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meshnode_controller_reports_total",
+		Help: "Report jobs the mesh-controller seat's holder on this node took from its work queue, by outcome (accepted, refused).",
+	}, []string{"outcome"})
 }
 
 // errReportRefused marks a report that fails the holder's check.
@@ -72,12 +66,12 @@ func (c *controller) consumeReports(ctx context.Context) {
 func (c *controller) takeReport(m jetstream.Msg) {
 	source, err := c.checkReport(m)
 	if err != nil {
-		c.reports.counts.WithLabelValues("refused").Inc()
+		c.reports.WithLabelValues("refused").Inc()
 		c.log.Warn("report refused", "subject", m.Subject(), "source", source, "err", err)
 		m.TermWithReason(err.Error())
 		return
 	}
-	c.reports.counts.WithLabelValues("accepted").Inc()
+	c.reports.WithLabelValues("accepted").Inc()
 	if err := m.Ack(); err != nil {
 		c.log.Warn("ack report", "source", source, "err", err)
 	}

@@ -506,21 +506,20 @@ func (r *Registry) Declarer(seat string) (*Entry, bool) {
 	return e, e != nil
 }
 
-// Seat describes seat as declared by the registered module that declares it, or by the
-// built-in manifest for the mesh's own seats no module replaces; only the name when none
-// does (yet).
+// DeclaredSeat returns seat as the registered module that declares it declares it, or, for
+// the mesh's own seats no module replaces, as the built-in manifest does.
+func (r *Registry) DeclaredSeat(seat string) (manifest.Seat, bool) {
+	if e, ok := r.Declarer(seat); ok {
+		if s, ok := e.Manifest.Seat(seat); ok {
+			return s, true
+		}
+	}
+	return manifest.BuiltinSeat(seat)
+}
+
+// Seat describes seat as DeclaredSeat has it; only the name when nobody declares it (yet).
 func (r *Registry) Seat(seat string) seats.Info {
-	r.mu.RLock()
-	e := r.bySeat[seat]
-	r.mu.RUnlock()
-	var s manifest.Seat
-	ok := false
-	if e != nil {
-		s, ok = e.Manifest.Seat(seat)
-	}
-	if !ok {
-		s, ok = manifest.BuiltinSeat(seat)
-	}
+	s, ok := r.DeclaredSeat(seat)
 	if !ok {
 		return seats.Info{Seat: seat}
 	}

@@ -46,6 +46,22 @@ type seatState struct {
 	toolSubs []*nats.Subscription // the served tools' subscriptions, while holding
 }
 
+// accepts refuses a verb the seat does not accept: for a holder and for a sender.
+func accepts(info seats.Info, verb string) error {
+	if !slices.Contains(info.Accepts, verb) {
+		return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, info.Seat, info.Accepts, verb)
+	}
+	return nil
+}
+
+// serves refuses a tool the seat does not serve: for a holder and for a caller.
+func serves(info seats.Info, tool string) error {
+	if !slices.Contains(info.Serves, tool) {
+		return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, info.Seat, info.Serves, tool)
+	}
+	return nil
+}
+
 // missing lists the verbs and tools of the seat's protocol without a handler, under st.mu.
 func (st *seatState) missing() []string {
 	var out []string
@@ -93,8 +109,8 @@ func (c *Client) AcceptSeat(seat, verb string, h JobHandler) error {
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(st.info.Accepts, verb) {
-		return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, st.info.Accepts, verb)
+	if err := accepts(st.info, verb); err != nil {
+		return err
 	}
 	st.mu.Lock()
 	st.handlers[verb] = h
@@ -110,8 +126,8 @@ func (c *Client) ServeSeat(seat, tool string, h ToolHandler) error {
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(st.info.Serves, tool) {
-		return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, seat, st.info.Serves, tool)
+	if err := serves(st.info, tool); err != nil {
+		return err
 	}
 	st.mu.Lock()
 	st.tools[tool] = h
@@ -140,13 +156,13 @@ func (c *Client) HoldSeat(seat string, h SeatHandlers) error {
 		return err
 	}
 	for v := range h.Accepts {
-		if !slices.Contains(st.info.Accepts, v) {
-			return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, st.info.Accepts, v)
+		if err := accepts(st.info, v); err != nil {
+			return err
 		}
 	}
 	for t := range h.Serves {
-		if !slices.Contains(st.info.Serves, t) {
-			return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, seat, st.info.Serves, t)
+		if err := serves(st.info, t); err != nil {
+			return err
 		}
 	}
 	st.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
@@ -62,12 +63,11 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 	if _, err := envelope.ParseID(e.ID); err != nil {
 		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	toks := strings.SplitN(e.Subject, ".", 4)
-	if len(toks) < 4 {
+	kind, owner, rest, ok := manifest.SplitSubject(e.Subject)
+	if !ok {
 		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
 	}
-	kind, owner := toks[1], toks[2]
-	job := kind == registry.SignerSeat && !strings.HasPrefix(toks[3], "event.")
+	job := kind == registry.SignerSeat && !strings.HasPrefix(rest, "event.")
 	verify := func(signers registry.Signers) (retry bool, err error) {
 		var key string
 		switch kind {

@@ -83,8 +83,8 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 		return "", fmt.Errorf("%w: seat %s has no work queue until a module declaring it is registered; register that module (meshnode module register, with seats: {%s: {scope: ..., retain: ..., accepts: [%s]}}), then submit again",
 			ErrUndeclaredSeat, seat, seat, verb)
 	}
-	if !slices.Contains(info.Accepts, verb) {
-		return "", fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, seat, info.Accepts, verb)
+	if err := accepts(info, verb); err != nil {
+		return "", err
 	}
 	if shape := info.Shapes[verb]; c.shapes && shape != nil {
 		body, err := encode(payload)

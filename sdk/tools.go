@@ -105,8 +105,10 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 		subject = manifest.ToolSubject(target, tool)
 	case slices.ContainsFunc(self.Uses, func(s seats.Info) bool { return s.Seat == target }):
 		info, _ := c.usedSeat(ctx, target)
-		if info.Scope != "" && !slices.Contains(info.Serves, tool) {
-			return nil, fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, target, info.Serves, tool)
+		if info.Scope != "" {
+			if err := serves(info, tool); err != nil {
+				return nil, err
+			}
 		}
 		subject = manifest.SeatToolSubject(target, tool)
 		shape = info.Shapes[tool]
