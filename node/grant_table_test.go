@@ -83,16 +83,21 @@ func grantDiff(got *server.Permissions, pub, sub []string, key string) error {
 	if got == nil || got.Publish == nil || got.Subscribe == nil {
 		return fmt.Errorf("the bus grants everything or nothing: %+v", got)
 	}
-	norm := func(in []string) []string {
+	// The table writes the module's key as KEY. Only the table's side is filled in: a real
+	// key may itself contain "KEY" (one in CI did), which must not be rewritten on the bus's.
+	norm := func(in []string, placeholder bool) []string {
 		out := make([]string, len(in))
 		for i, s := range in {
-			out[i] = strings.ReplaceAll(s, "KEY", key)
+			if placeholder {
+				s = strings.ReplaceAll(s, "KEY", key)
+			}
+			out[i] = s
 		}
 		slices.Sort(out)
 		return slices.Compact(out)
 	}
-	gp, gs := norm(got.Publish.Allow), norm(got.Subscribe.Allow)
-	wp, ws := norm(pub), norm(sub)
+	gp, gs := norm(got.Publish.Allow, false), norm(got.Subscribe.Allow, false)
+	wp, ws := norm(pub, true), norm(sub, true)
 	if !slices.Equal(gp, wp) || !slices.Equal(gs, ws) || got.Response != nil || len(got.Publish.Deny) > 0 {
 		return fmt.Errorf("the bus grants\n  publish %v\n  subscribe %v\n  responses %+v\nthe table says\n  publish %v\n  subscribe %v",
 			gp, gs, got.Response, wp, ws)
@@ -127,5 +132,19 @@ func TestBed_GrantTableCatchesAnOverGrant(t *testing.T) {
 			t.Errorf("%s: the bus now grants more, and the table comparison did not notice", mutation.name)
 		}
 		b.register(cat["mailer"])
+	}
+}
+
+// TestGrantDiff_KeyContainingKEY: a module key may itself contain "KEY" (about one base32 key
+// in six hundred; the catalogue bed registers eleven, and CI met one); the comparison fills
+// the placeholder in the table only, so such a key still matches its own grant.
+func TestGrantDiff_KeyContainingKEY(t *testing.T) {
+	const key = "UCEM2JU3MS5POBRIZOVJTRU23C4FXKIWKZVH633UBBWKDRBW2KEYEEPE"
+	got := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"mesh.seat.mesh-controller.tool.whoami." + key}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX." + key + ".>"}},
+	}
+	if err := grantDiff(got, []string{"mesh.seat.mesh-controller.tool.whoami.KEY"}, []string{"_INBOX.KEY.>"}, key); err != nil {
+		t.Fatal(err)
 	}
 }
