@@ -189,7 +189,11 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 		if l.Epoch == 0 {
 			l.Epoch = e.Revision()
 		}
-		for _, s := range seatList(t, b) {
+		list, err := askSeats(b)
+		if err != nil {
+			return fmt.Errorf("seat list: %w", err)
+		}
+		for _, s := range list {
 			if s.Seat == manifest.ControllerSeat && (s.Holder == "" || s.Epoch != l.Epoch) {
 				return fmt.Errorf("%s: the mirror shows holder %q epoch %d, the new bucket epoch %d", s.Seat, s.Holder, s.Epoch, l.Epoch)
 			}
