@@ -90,6 +90,18 @@ func Remove(ctx context.Context, nc *nats.Conn, req registry.RemoveRequest) (reg
 	return reply, nil
 }
 
+// Pin asks the controller to move a module to a version of a seat's protocol.
+func Pin(ctx context.Context, nc *nats.Conn, req registry.PinRequest) (registry.PinReply, error) {
+	var reply registry.PinReply
+	if err := call(ctx, nc, registry.PinSubject, req, &reply); err != nil {
+		return reply, err
+	}
+	if reply.Error != "" {
+		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply, nil
+}
+
 // List asks the controller for every registered module, a page at a time.
 func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 	out := []registry.ModuleInfo{}

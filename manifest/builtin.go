@@ -44,7 +44,7 @@ func loadBuiltin() (builtinParts, error) {
 	if err := v.result(); err != nil {
 		return builtinParts{}, fmt.Errorf("the built-in manifest: %w", err)
 	}
-	return builtinParts{m, derive(m)}, nil
+	return builtinParts{m, derive(m, nil)}, nil
 }
 
 func builtinOrPanic() builtinParts {

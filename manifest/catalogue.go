@@ -28,6 +28,15 @@ func CheckCatalogue(m *Manifest, catalogue []*Manifest, previous *Manifest) erro
 	return v.result()
 }
 
+// CheckCatalogueBound is CheckCatalogue for a caller that checks protocol changes with
+// CheckBindings, against every bound module at the version it is pinned to (the controller):
+// of the protocol checks it keeps only the removal of a seat a module uses.
+func CheckCatalogueBound(m *Manifest, catalogue []*Manifest, previous *Manifest) error {
+	v := &validator{m: m, bound: true}
+	v.catalogue(catalogue, previous)
+	return v.result()
+}
+
 // Check runs every check on one manifest's YAML at once — Parse, Validate and CheckCatalogue —
 // and returns all refusals as Refusals, in file order, so a user fixes a manifest in one
 // pass. The catalogue holds the registered manifests; an entry for the same module is its
@@ -168,7 +177,9 @@ func (c *catalogueIndex) consumers(v *validator) {
 		for _, pattern := range c.modules[name].Consumes {
 			emitter, _, _ := strings.Cut(pattern, ".")
 			if emitter == SeatEventsPrefix {
-				c.seatConsumer(v, name, pattern)
+				if !v.bound { // else CheckBindings's, at each consumer's version
+					c.seatConsumer(v, name, pattern)
+				}
 				continue
 			}
 			if emitter != m.Module {
@@ -227,6 +238,9 @@ func (c *catalogueIndex) protocols(v *validator, previous *Manifest) {
 				Instead: "keep declaring " + old.Name + " until no module uses it"})
 			continue
 		}
+		if v.bound {
+			continue
+		}
 		for _, b := range old.Protocol().Breaks(cur.Protocol()) {
 			v.refuse(Refusal{Code: CodeBreaking, Field: "seats." + old.Name + "." + b.Field, Value: b.Value,
 				Reason:  fmt.Sprintf("%s of seat %s, which %s %s", b.Reason, old.Name, who, plural(users, "uses", "use")),
@@ -235,16 +249,26 @@ func (c *catalogueIndex) protocols(v *validator, previous *Manifest) {
 	}
 }
 
-// Binding is a module bound to the protocol of a seat it uses, as the registry recorded it
-// when the module registered.
+// Binding is a module bound to a version of the protocol of a seat it uses (Protocol, as the
+// registry recorded it when the module registered or was pinned), or whose events it
+// consumes by the seat's name (Events).
 type Binding struct {
-	Module   string
-	Seat     string
+	Module string
+	Seat   string
+	// Version is the version the module is pinned to: V1 (or "") unless pinned.
+	Version string
+	// Uses says the module uses the seat, so Protocol is what it relies on.
+	Uses     bool
 	Protocol Protocol
+	// Events are the event patterns of the seat the module consumes by name: the part of
+	// seat.<seat>.<event…> after the seat, as a subject pattern (billing.> for billing.**).
+	Events []string
 }
 
-// CheckBindings refuses m when a seat it declares breaks the protocol a module is bound to,
-// whoever declared the seat before: every refusal names the bound modules.
+// CheckBindings refuses m when a seat it declares breaks the version of its protocol a module
+// is bound to, whoever declared the seat before: a removed version, a break of the protocol
+// a user relies on, or an event a consumer takes by name that the version no longer emits.
+// Every refusal names the bound modules.
 func CheckBindings(m *Manifest, bound []Binding) error {
 	v := &validator{m: m}
 	for _, s := range m.Seats {
@@ -253,18 +277,42 @@ func CheckBindings(m *Manifest, bound []Binding) error {
 			mods []string
 		}
 		var found []*broken
+		add := func(b Break, module string) {
+			i := slices.IndexFunc(found, func(f *broken) bool { return f.b == b })
+			if i < 0 {
+				found = append(found, &broken{b: b})
+				i = len(found) - 1
+			}
+			if !slices.Contains(found[i].mods, module) {
+				found[i].mods = append(found[i].mods, module)
+			}
+		}
 		for _, bd := range bound {
 			if bd.Seat != s.Name || bd.Module == m.Module {
 				continue
 			}
-			for _, b := range bd.Protocol.Breaks(s.Protocol()) {
-				i := slices.IndexFunc(found, func(f *broken) bool { return f.b == b })
-				if i < 0 {
-					found = append(found, &broken{b: b})
-					i = len(found) - 1
+			version := NormalVersion(bd.Version)
+			at, ok := s.At(version)
+			if !ok {
+				add(Break{"versions", version, "removes protocol version " + version,
+					"keep declaring " + version + " until `meshnode seat ls` shows it retirable (re-pin its callers with `meshnode seat pin`)"}, bd.Module)
+				continue
+			}
+			if bd.Uses {
+				for _, b := range bd.Protocol.Breaks(at.Protocol()) {
+					if version != V1 {
+						b.Field = "versions." + version + "." + b.Field
+					}
+					add(b, bd.Module)
 				}
-				if !slices.Contains(found[i].mods, bd.Module) {
-					found[i].mods = append(found[i].mods, bd.Module)
+			}
+			for _, e := range bd.Events {
+				if !slices.ContainsFunc(at.Emits, func(em string) bool { return covers(e, em) }) {
+					field := "emits"
+					if version != V1 {
+						field = "versions." + version + ".emits"
+					}
+					add(Break{field, e, "stops emitting " + e + " (" + version + ")", "keep emitting " + e}, bd.Module)
 				}
 			}
 		}

@@ -70,6 +70,8 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 			known = seatKeys
 		case "Build":
 			known = buildKeys
+		case "Version":
+			known = versionKeys
 		}
 		instead := "write one of " + strings.Join(known, ", ")
 		if near := nearest(key, known); near != "" {
@@ -109,12 +111,18 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 		case into == "string":
 			r.Reason = "must be a single name, not a " + shapeName(sm[2])
 			r.Instead = "write " + lastKey(field) + ": <name>"
+		case into == "map[string]manifest.rawVersion":
+			r.Reason = "must be a mapping of version names (v2 … v9) to protocols"
+			r.Instead = "write versions: {v2: {accepts: [<verb>]}}"
 		case strings.HasPrefix(into, "map["):
 			r.Reason = "must be a mapping of seat names to seats"
 			r.Instead = "write seats: {<seat>: {scope: mesh, retain: 7d, accepts: [<verb>]}}"
 		case into == "manifest.rawSeat":
 			r.Reason = "a seat must be a mapping of " + strings.Join(seatKeys, ", ")
 			r.Instead = "write " + lastKey(field) + ": {scope: mesh, retain: 7d, accepts: [<verb>]}"
+		case into == "manifest.rawVersion":
+			r.Reason = "a seat's version must be a mapping of " + strings.Join(versionKeys, ", ")
+			r.Instead = "write " + lastKey(field) + ": {accepts: [<verb>]}"
 		case into == "manifest.rawBuild":
 			r.Reason = "build must be a mapping"
 			r.Instead = "write build: {on: [<module>]}"

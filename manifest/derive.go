@@ -52,6 +52,10 @@ type Derivation struct {
 	// Permissions are what every instance of the module may always do. Add a seat's
 	// HolderPermissions while an instance holds it.
 	Permissions Permissions `json:"permissions"`
+	// Pins are the later protocol versions the module is pinned to, by seat (the registry
+	// records them; `meshnode seat pin`): its uses and its consumes of the seat's events by
+	// name speak that version. A seat not listed is spoken at v1.
+	Pins map[string]string `json:"pins,omitempty"`
 
 	seats []Seat
 }
@@ -64,6 +68,9 @@ type Derived struct {
 	Subject string `json:"subject"`
 	// Queue is the queue group of a tool's subscription; "" otherwise.
 	Queue string `json:"queue,omitempty"`
+	// Version is, for a seat's verb, event or tool, the protocol version it belongs to; ""
+	// for v1.
+	Version string `json:"version,omitempty"`
 	// CoveredBy is, for a consumed pattern covered by another of the same module, that
 	// pattern: the consumer filters on it alone.
 	CoveredBy string `json:"covered_by,omitempty"`
@@ -74,6 +81,8 @@ type Derived struct {
 type Use struct {
 	// Seat is the seat's name.
 	Seat string `json:"seat"`
+	// Version is the protocol version the module speaks to the seat: v1 unless pinned.
+	Version string `json:"version"`
 	// Publish are the seat's accept subjects, mesh- and node-scoped: whichever the seat is.
 	Publish []string `json:"publish"`
 	// Request are the seat's tool subjects.
@@ -106,15 +115,90 @@ type SeatDerivation struct {
 	Fingerprint string `json:"fingerprint"`
 }
 
-// Derive validates m and derives everything the mesh makes of it. The error is Refusals.
-func (m *Manifest) Derive() (*Derivation, error) {
+// Derive validates m and derives everything the mesh makes of it, speaking v1 of every seat.
+// The error is Refusals.
+func (m *Manifest) Derive() (*Derivation, error) { return m.DeriveWith(nil) }
+
+// DeriveWith is Derive for a module pinned to later versions of seats (pins: seat →
+// version, as the registry records them). A pin names a seat the module uses or consumes
+// events of by name, and a version v2 … v9 (v1 is no pin); whether the seat declares that
+// version is the registry's question.
+func (m *Manifest) DeriveWith(pins map[string]string) (*Derivation, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	return derive(m), nil
+	pins, err := m.checkPins(pins)
+	if err != nil {
+		return nil, err
+	}
+	return derive(m, pins), nil
 }
 
-func derive(m *Manifest) *Derivation {
+// ErrPin means a pin names a seat the module does not speak to, or no version a seat can
+// declare.
+var ErrPin = errors.New("invalid pin")
+
+// checkPins returns pins without v1 entries (nil when none is left), or ErrPin.
+func (m *Manifest) checkPins(pins map[string]string) (map[string]string, error) {
+	var out map[string]string
+	for _, seat := range sortedKeys(pins) {
+		version := NormalVersion(pins[seat])
+		if version == V1 {
+			continue
+		}
+		if !validVersion(version) {
+			return nil, fmt.Errorf("%w: version %q of seat %s is none of v1 … v%d", ErrPin, version, seat, MaxVersion)
+		}
+		if !m.SpeaksTo(seat) {
+			return nil, fmt.Errorf("%w: module %s neither uses seat %s nor consumes its events by name", ErrPin, m.Module, seat)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[seat] = version
+	}
+	return out, nil
+}
+
+// SpeaksTo reports whether m uses seat or consumes its events by the seat's name: whether a
+// version of the seat's protocol is m's to pin.
+func (m *Manifest) SpeaksTo(seat string) bool {
+	return slices.Contains(m.Uses, seat) || slices.ContainsFunc(m.Consumes, func(c string) bool {
+		s, ok := ConsumedSeat(c)
+		return ok && s == seat
+	})
+}
+
+// ConsumedSeat returns the seat a consumes pattern names literally (seat.<seat>.<event…>);
+// ok is false for any other pattern, seat.*.… included.
+func ConsumedSeat(pattern string) (string, bool) {
+	parts := strings.SplitN(pattern, ".", 3)
+	if len(parts) < 3 || parts[0] != SeatEventsPrefix || parts[1] == "*" || parts[1] == "**" {
+		return "", false
+	}
+	return parts[1], true
+}
+
+// consumeSubject is ConsumeSubject for a module with pins: a seat's events consumed by name
+// are those of the pinned version.
+func consumeSubject(pattern string, pins map[string]string) string {
+	subject, _ := ConsumeSubject(pattern)
+	if seat, ok := ConsumedSeat(pattern); ok && pins[seat] != "" {
+		return strings.Replace(subject, "mesh.seat."+seat+".event.", "mesh.seat."+seat+"."+pins[seat]+".event.", 1)
+	}
+	return subject
+}
+
+// coversConsumed reports whether the consumed subject a covers b; ** (AllEvents) covers
+// every version's events, as its consumer's filters do.
+func coversConsumed(a, b string) bool {
+	if a == AllEvents {
+		return slices.ContainsFunc(EventPatterns(), func(p string) bool { return covers(p, b) })
+	}
+	return covers(a, b)
+}
+
+func derive(m *Manifest, pins map[string]string) *Derivation {
 	d := &Derivation{
 		Module:      m.Module,
 		Bus:         m.requiresBus(),
@@ -123,8 +207,9 @@ func derive(m *Manifest) *Derivation {
 		Tools:       []Derived{},
 		Uses:        []Use{},
 		Seats:       []SeatDerivation{},
-		Permissions: modulePermissions(m),
+		Permissions: modulePermissions(m, pins),
 		Secrets:     slices.Clone(m.Secrets),
+		Pins:        pins,
 		seats:       m.Seats,
 	}
 	if d.Bus {
@@ -134,20 +219,22 @@ func derive(m *Manifest) *Derivation {
 		d.Emits = append(d.Emits, Derived{Name: e, Subject: EventSubject(m.Module, e)})
 	}
 	for _, c := range m.Consumes {
-		subject, _ := ConsumeSubject(c)
-		d.Consumes = append(d.Consumes, Derived{Name: c, Subject: subject})
+		d.Consumes = append(d.Consumes, Derived{Name: c, Subject: consumeSubject(c, pins)})
 	}
 	var filters []string
 	for i := range d.Consumes {
 		c := &d.Consumes[i]
 		for j, o := range d.Consumes {
-			if j != i && covers(o.Subject, c.Subject) {
+			if j != i && coversConsumed(o.Subject, c.Subject) && !(o.Subject == c.Subject && j > i) {
 				c.CoveredBy = o.Name
 				break
 			}
 		}
 		if c.CoveredBy == "" {
 			filters = append(filters, c.Subject)
+			if c.Subject == AllEvents {
+				filters = append(filters, VersionedEvents()...)
+			}
 		}
 	}
 	if len(filters) > 0 {
@@ -158,9 +245,10 @@ func derive(m *Manifest) *Derivation {
 		d.Tools = append(d.Tools, Derived{Name: t, Subject: ToolSubject(m.Module, t), Queue: m.Module})
 	}
 	for _, s := range m.Uses {
-		u := Use{Seat: s, Publish: []string{seatAcceptAll(s), seatNodeAcceptAll(s)}, Request: []string{}}
+		v := NormalVersion(pins[s])
+		u := Use{Seat: s, Version: v, Publish: []string{seatAcceptAll(s, v), seatNodeAcceptAll(s, v)}, Request: []string{}}
 		if !strings.HasPrefix(s, reservedSeatPrefix) {
-			u.Request = []string{seatToolAll(s)} // the mesh's own seats' tools are the operator's
+			u.Request = []string{seatToolAll(s, v)} // the mesh's own seats' tools are the operator's
 		}
 		d.Uses = append(d.Uses, u)
 	}
@@ -181,20 +269,26 @@ func deriveSeat(s Seat, node string) SeatDerivation {
 		Holder:      holderPermissions(s, node),
 		Fingerprint: Fingerprint(s),
 	}
-	for _, a := range s.Accepts {
-		subject := SeatAcceptSubject(s.Name, a)
-		if s.Scope == ScopeNode {
-			subject = SeatNodeAcceptSubject(s.Name, node, a)
+	for _, at := range s.each() {
+		version := at.name
+		if version == V1 {
+			version = ""
 		}
-		sd.Accepts = append(sd.Accepts, Derived{Name: a, Subject: subject})
+		for _, a := range at.seat.Accepts {
+			subject := SeatAcceptSubjectAt(s.Name, at.name, a)
+			if s.Scope == ScopeNode {
+				subject = SeatNodeAcceptSubjectAt(s.Name, at.name, node, a)
+			}
+			sd.Accepts = append(sd.Accepts, Derived{Name: a, Subject: subject, Version: version})
+		}
+		for _, e := range at.seat.Emits {
+			sd.Emits = append(sd.Emits, Derived{Name: e, Subject: SeatEventSubjectAt(s.Name, at.name, e), Version: version})
+		}
+		for _, v := range at.seat.Serves {
+			sd.Serves = append(sd.Serves, Derived{Name: v, Subject: SeatToolSubjectAt(s.Name, at.name, v), Queue: s.Name, Version: version})
+		}
 	}
-	for _, e := range s.Emits {
-		sd.Emits = append(sd.Emits, Derived{Name: e, Subject: SeatEventSubject(s.Name, e)})
-	}
-	for _, v := range s.Serves {
-		sd.Serves = append(sd.Serves, Derived{Name: v, Subject: SeatToolSubject(s.Name, v), Queue: s.Name})
-	}
-	if len(s.Accepts) > 0 {
+	if s.AcceptsWork() {
 		st, c := seatStream(s), seatConsumer(s, node)
 		sd.Stream, sd.Consumer = &st, &c
 	}
@@ -231,7 +325,7 @@ func (d *Derivation) HolderPermissions(seat, node string) (Permissions, error) {
 // seat accepts nothing and so has no work queue. Node matters only for a node-scoped seat.
 func (d *Derivation) SeatConsumer(seat, node string) (c Consumer, ok bool, err error) {
 	s, err := d.seat(seat, node)
-	if err != nil || len(s.Accepts) == 0 {
+	if err != nil || !s.AcceptsWork() {
 		return Consumer{}, false, err
 	}
 	return seatConsumer(s, node), true, nil

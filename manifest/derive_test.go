@@ -34,7 +34,8 @@ func TestManifest_Derive_Subjects(t *testing.T) {
 			[]string{"mesh.mod.billing.event.>", "mesh.replay.m.mesh.>"}},
 		{`consumes: "**"`, head + "consumes: [\"**\"]\n",
 			func(d *manifest.Derivation) []string { return d.EventsConsumer.FilterSubjects },
-			[]string{"mesh.*.*.event.>", "mesh.replay.m.mesh.>"}},
+			[]string{"mesh.*.*.event.>", "mesh.seat.*.v2.event.>", "mesh.seat.*.v3.event.>", "mesh.seat.*.v4.event.>", "mesh.seat.*.v5.event.>",
+				"mesh.seat.*.v6.event.>", "mesh.seat.*.v7.event.>", "mesh.seat.*.v8.event.>", "mesh.seat.*.v9.event.>", "mesh.replay.m.mesh.>"}},
 		{"tools: status", "module: billing\nrequires: [mesh-bus]\ntools: [status]\n",
 			func(d *manifest.Derivation) []string { return []string{d.Tools[0].Subject, d.Tools[0].Queue} },
 			[]string{"mesh.mod.billing.tool.status", "billing"}},
@@ -198,7 +199,8 @@ func TestManifest_Derive_MinimalFilters(t *testing.T) {
 	}{
 		{"a covered event is dropped", `[billing.order.placed, "billing.**"]`, []string{"mesh.mod.billing.event.>", "mesh.replay.m.mesh.>"}},
 		{"a covered pattern is dropped", `["billing.order.*", "*.order.*", billing.x]`, []string{"mesh.mod.*.event.order.*", "mesh.mod.billing.event.x", "mesh.replay.m.mesh.>"}},
-		{"** covers everything", `[billing.order.placed, "**", "*.**"]`, []string{"mesh.*.*.event.>", "mesh.replay.m.mesh.>"}},
+		{"** covers everything", `[billing.order.placed, "**", "*.**", seat.mailer.sent]`, []string{"mesh.*.*.event.>", "mesh.seat.*.v2.event.>", "mesh.seat.*.v3.event.>", "mesh.seat.*.v4.event.>", "mesh.seat.*.v5.event.>",
+			"mesh.seat.*.v6.event.>", "mesh.seat.*.v7.event.>", "mesh.seat.*.v8.event.>", "mesh.seat.*.v9.event.>", "mesh.replay.m.mesh.>"}},
 		{"partial overlaps are kept", `["*.download.completed", "builder.**"]`, []string{"mesh.mod.*.event.download.completed", "mesh.mod.builder.event.>", "mesh.replay.m.mesh.>"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,7 +237,7 @@ func TestManifest_Derive_Consumers(t *testing.T) {
 		t.Fatalf("seat consumer %+v", sc)
 	}
 	audit := manifest.AuditConsumer("n1")
-	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || !slices.Equal(audit.FilterSubjects, []string{manifest.AllEvents, manifest.ReplayEvents}) {
+	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || len(audit.FilterSubjects) != 0 {
 		t.Fatalf("audit consumer %+v", audit)
 	}
 
@@ -298,7 +300,8 @@ func TestStreams_Disjoint(t *testing.T) {
 			}
 		}
 	}
-	for _, s := range []string{"mesh.*.*.tool.>", "mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.v2.>"} {
+	for _, s := range []string{"mesh.*.*.tool.>", "mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>",
+		"mesh.seat.*.v2.accept.>", "mesh.seat.*.v9.tool.>", "mesh.seat.*.v3.node.*.accept.>"} {
 		for _, e := range manifest.EventsStream().Subjects {
 			if collide(e, s) {
 				t.Errorf("EVENTS captures %s", s)
@@ -306,6 +309,17 @@ func TestStreams_Disjoint(t *testing.T) {
 		}
 	}
 	// nats-server refuses a stream whose own subjects overlap, and a consumer whose filters do.
+	events := manifest.EventsStream().Subjects
+	for i, a := range events {
+		for _, b := range events[i+1:] {
+			if collide(a, b) {
+				t.Errorf("EVENTS's own subjects %q and %q overlap", a, b)
+			}
+		}
+	}
+	if !manifest.IsEvent("mesh.seat.mailer.v2.event.sent") || manifest.IsEvent("mesh.seat.mailer.v2.accept.send") {
+		t.Error("IsEvent does not tell a later version's event from its job")
+	}
 	if collide(manifest.AllEvents, manifest.ReplayEvents) || collide(manifest.AllEvents, manifest.ReplayFilter("m")) {
 		t.Errorf("replays overlap %s", manifest.AllEvents)
 	}

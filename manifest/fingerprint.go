@@ -37,14 +37,22 @@ func Fingerprint(s Seat) string {
 		}
 	}
 	field("scope", string(s.Scope))
-	field("accept", s.Accepts...)
-	field("serve", s.Serves...)
-	field("emit", s.Emits...)
-	// Shapes only when declared, so a seat without any keeps the fingerprint it had before
-	// shapes existed. encoding/json writes map keys sorted: the form is canonical.
-	for _, name := range sortedKeys(s.Shapes) {
-		if js, err := json.Marshal(s.Shapes[name]); err == nil {
-			field("shape", name+" "+string(js))
+	// Later versions and shapes only when declared, so a seat without any keeps the
+	// fingerprint it had before they existed. encoding/json writes map keys sorted: the
+	// form is canonical.
+	for _, at := range s.each() {
+		prefix := ""
+		if at.name != V1 {
+			field("version", at.name)
+			prefix = at.name + " "
+		}
+		field(prefix+"accept", at.seat.Accepts...)
+		field(prefix+"serve", at.seat.Serves...)
+		field(prefix+"emit", at.seat.Emits...)
+		for _, name := range sortedKeys(at.seat.Shapes) {
+			if js, err := json.Marshal(at.seat.Shapes[name]); err == nil {
+				field(prefix+"shape", name+" "+string(js))
+			}
 		}
 	}
 	sum := sha256.Sum256([]byte(b.String()))

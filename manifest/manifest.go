@@ -75,6 +75,20 @@ type Seat struct {
 	// Shapes are the JSON shapes of the payloads of its verbs, tools and events, by name;
 	// a name without a shape carries any JSON.
 	Shapes map[string]*Shape `json:"shapes,omitempty"`
+	// Versions are the seat's later protocol versions (v2 … v9), served beside the first
+	// (v1: the fields above) by the same holder, on mesh.seat.<seat>.<version>.…: a breaking
+	// change is made as a new version, and callers move to it by re-pinning. Sorted by name.
+	Versions []SeatVersion `json:"versions,omitempty"`
+}
+
+// SeatVersion is one later version of a seat's protocol; scope and retain are the seat's.
+type SeatVersion struct {
+	// Name is the version: v2 … v9.
+	Name    string            `json:"name"`
+	Accepts []string          `json:"accepts,omitempty"`
+	Emits   []string          `json:"emits,omitempty"`
+	Serves  []string          `json:"serves,omitempty"`
+	Shapes  map[string]*Shape `json:"shapes,omitempty"`
 }
 
 // Seat returns the seat m declares under name.
@@ -109,8 +123,16 @@ type rawBuild struct {
 }
 
 type rawSeat struct {
-	Scope   string            `yaml:"scope"`
-	Retain  string            `yaml:"retain"`
+	Scope    string                `yaml:"scope"`
+	Retain   string                `yaml:"retain"`
+	Accepts  []string              `yaml:"accepts"`
+	Emits    []string              `yaml:"emits"`
+	Serves   []string              `yaml:"serves"`
+	Shapes   map[string]*Shape     `yaml:"shapes"`
+	Versions map[string]rawVersion `yaml:"versions"`
+}
+
+type rawVersion struct {
 	Accepts []string          `yaml:"accepts"`
 	Emits   []string          `yaml:"emits"`
 	Serves  []string          `yaml:"serves"`
@@ -121,7 +143,8 @@ type rawSeat struct {
 // unknown-key refusal lists them.
 var (
 	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
-	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes"}
+	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "versions"}
+	versionKeys  = []string{"accepts", "emits", "serves", "shapes"}
 	buildKeys    = []string{"on"}
 )
 
@@ -181,7 +204,7 @@ func parse(data []byte) (*Manifest, Refusals) {
 		for _, sh := range s.Shapes {
 			sh.normalise()
 		}
-		m.Seats = append(m.Seats, Seat{
+		seat := Seat{
 			Name:    name,
 			Scope:   Scope(s.Scope),
 			Retain:  s.Retain,
@@ -189,7 +212,15 @@ func parse(data []byte) (*Manifest, Refusals) {
 			Emits:   s.Emits,
 			Serves:  s.Serves,
 			Shapes:  s.Shapes,
-		})
+		}
+		for vname, v := range s.Versions {
+			for _, sh := range v.Shapes {
+				sh.normalise()
+			}
+			seat.Versions = append(seat.Versions, SeatVersion{Name: vname, Accepts: v.Accepts, Emits: v.Emits, Serves: v.Serves, Shapes: v.Shapes})
+		}
+		slices.SortFunc(seat.Versions, func(a, b SeatVersion) int { return compareVersions(a.Name, b.Name) })
+		m.Seats = append(m.Seats, seat)
 	}
 	slices.SortFunc(m.Seats, func(a, b Seat) int { return strings.Compare(a.Name, b.Name) })
 	return m, rs

@@ -67,7 +67,7 @@ func (p Permissions) normal() Permissions {
 // events; answer its tools in queue group <module>; reply to requests; subscribe on its
 // inbox; pull and ack its EVENTS consumer; send work to and call the seats it uses — never
 // subscribe on them. A module that does not require the bus gets nothing.
-func modulePermissions(m *Manifest) Permissions {
+func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	var p Permissions
 	if !m.requiresBus() {
 		return p
@@ -89,11 +89,12 @@ func modulePermissions(m *Manifest) Permissions {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
 	}
 	for _, s := range m.Uses {
-		p.Publish = append(p.Publish, seatAcceptAll(s), seatNodeAcceptAll(s))
+		v := pins[s] // the version the module speaks: only that one's subjects
+		p.Publish = append(p.Publish, seatAcceptAll(s, v), seatNodeAcceptAll(s, v))
 		if !strings.HasPrefix(s, reservedSeatPrefix) {
 			// The mesh's own seats (controller, vault) serve the operator and the nodes: a
 			// module may send work to them, never call their tools.
-			p.Publish = append(p.Publish, seatToolAll(s))
+			p.Publish = append(p.Publish, seatToolAll(s, v))
 		}
 	}
 	return p.normal()
@@ -113,20 +114,24 @@ func pullPermissions(stream, consumer string) []string {
 
 // holderPermissions derives what the holder of seat s on node adds while it holds the lease:
 // pull and ack the seat's consumer, publish the seat's events, answer the
-// seat's tools in queue group <seat>.
+// seat's tools in queue group <seat> — of every version the seat declares.
 func holderPermissions(s Seat, node string) Permissions {
 	var p Permissions
-	if len(s.Accepts) > 0 {
+	if s.AcceptsWork() {
 		c := SeatConsumerName(s.Name, s.Scope, node)
 		p.Publish = append(p.Publish, pullPermissions(SeatStreamName(s.Name), c)...)
 	}
-	for _, e := range s.Emits {
-		p.Publish = append(p.Publish, SeatEventSubject(s.Name, e))
+	serves := false
+	for _, at := range s.each() {
+		for _, e := range at.seat.Emits {
+			p.Publish = append(p.Publish, SeatEventSubjectAt(s.Name, at.name, e))
+		}
+		for _, v := range at.seat.Serves {
+			p.Subscribe = append(p.Subscribe, Subscription{Subject: SeatToolSubjectAt(s.Name, at.name, v), Queue: s.Name})
+			serves = true
+		}
 	}
-	for _, v := range s.Serves {
-		p.Subscribe = append(p.Subscribe, Subscription{Subject: SeatToolSubject(s.Name, v), Queue: s.Name})
-	}
-	if len(s.Serves) > 0 {
+	if serves {
 		// The seat's users and the operator call its tools: the operator's inbox here, the
 		// users' where the bus knows them (the registry: see the node's directory).
 		p.AllowResponses = true

@@ -132,14 +132,14 @@ func TestCheckBindings_NamesTheBound(t *testing.T) {
 	bound := seatOf(t, shapedMailer).Protocol()
 	other := mustParse(t, strings.Replace(strings.Replace(shapedMailer, "module: mail", "module: postman", 1), "required: [to]", "required: [to, subject]", 1))
 	err := manifest.CheckBindings(other, []manifest.Binding{
-		{Module: "shop", Seat: "mailer", Protocol: bound},
-		{Module: "billing", Seat: "mailer", Protocol: bound},
+		{Module: "shop", Seat: "mailer", Uses: true, Protocol: bound},
+		{Module: "billing", Seat: "mailer", Uses: true, Protocol: bound},
 	})
 	if err == nil || !strings.Contains(err.Error(), "modules billing, shop are bound") || !strings.Contains(err.Error(), "makes subject a required field") {
 		t.Fatalf("a breaking redeclaration: %v, want a refusal naming billing and shop", err)
 	}
 	additive := mustParse(t, strings.Replace(shapedMailer, "accepts: [send]", "accepts: [send, cancel]", 1))
-	if err := manifest.CheckBindings(additive, []manifest.Binding{{Module: "shop", Seat: "mailer", Protocol: bound}}); err != nil {
+	if err := manifest.CheckBindings(additive, []manifest.Binding{{Module: "shop", Seat: "mailer", Uses: true, Protocol: bound}}); err != nil {
 		t.Fatalf("an additive redeclaration: %v", err)
 	}
 }

@@ -1,15 +1,38 @@
 package manifest
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // The subject grammar of DESIGN §2. A manifest never holds one of these: the functions below
 // are the only place the grammar is spelled, so reorganising the subject space is a change
 // here and nowhere in the catalogue. They format; they do not validate their arguments.
 
-// AllEvents is the pattern of every event in the mesh, of modules, seats and nodes alike:
-// the EVENTS stream's subjects and what consumes: ["**"] derives. The kind token is what
-// keeps tool calls and work out of it.
+// AllEvents is the pattern of every event in the mesh, of modules, seats and nodes alike —
+// but for the events of a seat's later protocol versions (VersionedEvents): the EVENTS
+// stream's first subject and what consumes: ["**"] derives. The kind token is what keeps
+// tool calls and work out of it.
 const AllEvents = "mesh.*.*.event.>"
+
+// VersionedEvents are the patterns of every seat's events in its later protocol versions,
+// one per version (mesh.seat.*.v2.event.>, …): a wildcard version token would overlap
+// AllEvents, which nats-server refuses within a stream and within a consumer's filters.
+func VersionedEvents() []string {
+	var out []string
+	for _, v := range LaterVersions() {
+		out = append(out, "mesh.seat.*."+v+".event.>")
+	}
+	return out
+}
+
+// EventPatterns are every event's patterns: AllEvents and VersionedEvents.
+func EventPatterns() []string { return append([]string{AllEvents}, VersionedEvents()...) }
+
+// IsEvent reports whether subject is an event's (of a module, node or seat, of any version).
+func IsEvent(subject string) bool {
+	return slices.ContainsFunc(EventPatterns(), func(p string) bool { return Matches(p, subject) })
+}
 
 // The mesh's own streams.
 const (
@@ -27,21 +50,107 @@ func EventSubject(module, event string) string { return "mesh.mod." + module + "
 // ToolSubject is where module answers tool: mesh.mod.<module>.tool.<tool>.
 func ToolSubject(module, tool string) string { return "mesh.mod." + module + ".tool." + tool }
 
+// seatBase is the subject prefix of version of seat: mesh.seat.<seat> for v1 (or ""),
+// mesh.seat.<seat>.<version> for a later one.
+func seatBase(seat, version string) string {
+	if version == "" || version == V1 {
+		return "mesh.seat." + seat
+	}
+	return "mesh.seat." + seat + "." + version
+}
+
 // SeatAcceptSubject is the work queue of a mesh-scoped seat's verb:
 // mesh.seat.<seat>.accept.<verb>.
-func SeatAcceptSubject(seat, verb string) string { return "mesh.seat." + seat + ".accept." + verb }
+func SeatAcceptSubject(seat, verb string) string { return SeatAcceptSubjectAt(seat, V1, verb) }
+
+// SeatAcceptSubjectAt is SeatAcceptSubject of a version: mesh.seat.<seat>.<version>.accept.<verb>
+// for v2 … v9.
+func SeatAcceptSubjectAt(seat, version, verb string) string {
+	return seatBase(seat, version) + ".accept." + verb
+}
 
 // SeatNodeAcceptSubject is the work queue of a node-scoped seat's verb on node:
 // mesh.seat.<seat>.node.<node>.accept.<verb>.
 func SeatNodeAcceptSubject(seat, node, verb string) string {
-	return "mesh.seat." + seat + ".node." + node + ".accept." + verb
+	return SeatNodeAcceptSubjectAt(seat, V1, node, verb)
+}
+
+// SeatNodeAcceptSubjectAt is SeatNodeAcceptSubject of a version:
+// mesh.seat.<seat>.<version>.node.<node>.accept.<verb> for v2 … v9.
+func SeatNodeAcceptSubjectAt(seat, version, node, verb string) string {
+	return seatBase(seat, version) + ".node." + node + ".accept." + verb
 }
 
 // SeatEventSubject is where a seat's holder emits event: mesh.seat.<seat>.event.<event>.
-func SeatEventSubject(seat, event string) string { return "mesh.seat." + seat + ".event." + event }
+func SeatEventSubject(seat, event string) string { return SeatEventSubjectAt(seat, V1, event) }
+
+// SeatEventSubjectAt is SeatEventSubject of a version: mesh.seat.<seat>.<version>.event.<event>.
+func SeatEventSubjectAt(seat, version, event string) string {
+	return seatBase(seat, version) + ".event." + event
+}
 
 // SeatToolSubject is where a seat's holder answers verb: mesh.seat.<seat>.tool.<verb>.
-func SeatToolSubject(seat, verb string) string { return "mesh.seat." + seat + ".tool." + verb }
+func SeatToolSubject(seat, verb string) string { return SeatToolSubjectAt(seat, V1, verb) }
+
+// SeatToolSubjectAt is SeatToolSubject of a version: mesh.seat.<seat>.<version>.tool.<verb>.
+func SeatToolSubjectAt(seat, version, verb string) string {
+	return seatBase(seat, version) + ".tool." + verb
+}
+
+// Unversioned returns a seat's subject in a later protocol version as v1's subject of the
+// same kind and name (mesh.seat.mailer.v2.event.sent → mesh.seat.mailer.event.sent), and any
+// other subject unchanged: what a consumes pattern, which names no version, is matched with.
+func Unversioned(subject string) string {
+	ss, ok := ParseSeatSubject(subject)
+	if !ok || ss.Version == V1 {
+		return subject
+	}
+	return strings.Replace(subject, "mesh.seat."+ss.Seat+"."+ss.Version+".", "mesh.seat."+ss.Seat+".", 1)
+}
+
+// SeatSubject is a seat subject taken apart by ParseSeatSubject.
+type SeatSubject struct {
+	Seat    string
+	Version string // V1 for the unversioned subjects
+	Node    string // a node-scoped accept subject's node; "" otherwise
+	Kind    string // "accept", "event" or "tool"
+	Name    string // the verb, event or tool (dotted for an event)
+}
+
+// ParseSeatSubject takes a subject of a seat apart: mesh.seat.<seat>[.<version>][.node.<node>].
+// <kind>.<name>. ok is false for any other subject.
+func ParseSeatSubject(subject string) (SeatSubject, bool) {
+	rest, ok := strings.CutPrefix(subject, "mesh.seat.")
+	if !ok {
+		return SeatSubject{}, false
+	}
+	toks := strings.Split(rest, ".")
+	out := SeatSubject{Seat: toks[0], Version: V1}
+	toks = toks[1:]
+	if len(toks) > 0 && validVersion(toks[0]) {
+		out.Version, toks = toks[0], toks[1:]
+	}
+	if len(toks) > 2 && toks[0] == "node" {
+		out.Node, toks = toks[1], toks[2:]
+	}
+	if len(toks) < 2 || out.Seat == "" {
+		return SeatSubject{}, false
+	}
+	switch out.Kind = toks[0]; out.Kind {
+	case "accept", "tool":
+		if len(toks) != 2 || (out.Node != "" && out.Kind != "accept") {
+			return SeatSubject{}, false
+		}
+	case "event":
+		if out.Node != "" {
+			return SeatSubject{}, false
+		}
+	default:
+		return SeatSubject{}, false
+	}
+	out.Name = strings.Join(toks[1:], ".")
+	return out, true
+}
 
 // NodeEventSubject is where node emits its own events (joined, left, unreachable):
 // mesh.node.<node>.event.<event>.
@@ -117,14 +226,16 @@ func InInbox(reply, prefix string) bool {
 	return len(reply) > len(prefix)+1 && strings.HasPrefix(reply, prefix+".")
 }
 
-// seatAcceptAll and seatNodeAcceptAll are every verb of a seat's work queue, mesh- and
-// node-scoped; seatToolAll every call its holder answers.
-func seatAcceptAll(seat string) string     { return "mesh.seat." + seat + ".accept.>" }
-func seatNodeAcceptAll(seat string) string { return "mesh.seat." + seat + ".node.*.accept.>" }
-func seatNodeAccept(seat, node string) string {
-	return "mesh.seat." + seat + ".node." + node + ".accept.>"
+// seatAcceptAll and seatNodeAcceptAll are every verb of a version of a seat's work queue,
+// mesh- and node-scoped; seatToolAll every call its holder answers in that version.
+func seatAcceptAll(seat, version string) string { return seatBase(seat, version) + ".accept.>" }
+func seatNodeAcceptAll(seat, version string) string {
+	return seatBase(seat, version) + ".node.*.accept.>"
 }
-func seatToolAll(seat string) string { return "mesh.seat." + seat + ".tool.>" }
+func seatNodeAccept(seat, version, node string) string {
+	return seatBase(seat, version) + ".node." + node + ".accept.>"
+}
+func seatToolAll(seat, version string) string { return seatBase(seat, version) + ".tool.>" }
 
 // The JetStream API subjects a client needs to pull and ack one consumer (DESIGN §5,
 // checked on nats-server 2.15.2): nats.go's js.Consumer() asks for INFO.

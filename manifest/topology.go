@@ -119,7 +119,7 @@ type Consumer struct {
 func EventsStream() Stream {
 	return Stream{
 		Name:              EventsStreamName,
-		Subjects:          []string{AllEvents, ReplayEvents},
+		Subjects:          append(EventPatterns(), ReplayEvents),
 		Retention:         RetentionLimits,
 		MaxAge:            DefaultEventsMaxAge,
 		MaxMsgsPerSubject: DefaultEventsMaxMsgsPerSubject,
@@ -166,9 +166,10 @@ func SeatConsumerName(seat string, scope Scope, node string) string {
 }
 
 // AuditConsumer returns the definition of node's audit logger's consumer: audit-<node> on
-// EVENTS, every event from the first one kept.
+// EVENTS, every event from the first one kept. It has no filter: EVENTS holds events and
+// replays only, and an unfiltered consumer is the cheapest JetStream serves.
 func AuditConsumer(node string) Consumer {
-	c := newConsumer(EventsStreamName, "audit-"+node, []string{AllEvents, ReplayEvents}, DeliverAll)
+	c := newConsumer(EventsStreamName, "audit-"+node, nil, DeliverAll)
 	// The audit log writes in batches and must never give up on an event: a wider window
 	// than a module's prefetch, and no delivery limit (its failures are the node's own disk,
 	// which a retry outlasts; a dead-lettered audit entry would be a hole in the record).
@@ -203,28 +204,42 @@ func newConsumer(stream, name string, filters []string, deliver DeliverPolicy) C
 	}
 }
 
-// seatStream derives the work-queue stream of a seat that accepts work.
+// seatStream derives the work-queue stream of a seat that accepts work: the accept subjects
+// of each version that accepts any.
 func seatStream(s Seat) Stream {
-	subject := seatAcceptAll(s.Name)
-	if s.Scope == ScopeNode {
-		subject = seatNodeAcceptAll(s.Name)
+	var subjects []string
+	for _, at := range s.each() {
+		switch {
+		case len(at.seat.Accepts) == 0:
+		case s.Scope == ScopeNode:
+			subjects = append(subjects, seatNodeAcceptAll(s.Name, at.name))
+		default:
+			subjects = append(subjects, seatAcceptAll(s.Name, at.name))
+		}
 	}
 	maxAge, _ := ParseRetain(s.Retain)
 	return Stream{
 		Name:      SeatStreamName(s.Name),
-		Subjects:  []string{subject},
+		Subjects:  subjects,
 		Retention: RetentionWorkQueue,
 		MaxAge:    maxAge,
 	}
 }
 
-// seatConsumer derives the consumer of a seat's holder on node (ignored for mesh scope).
+// seatConsumer derives the consumer of a seat's holder on node (ignored for mesh scope): the
+// work of every version, on that node for a node-scoped seat.
 func seatConsumer(s Seat, node string) Consumer {
-	filter := seatAcceptAll(s.Name)
-	if s.Scope == ScopeNode {
-		filter = seatNodeAccept(s.Name, node)
+	var filters []string
+	for _, at := range s.each() {
+		switch {
+		case len(at.seat.Accepts) == 0:
+		case s.Scope == ScopeNode:
+			filters = append(filters, seatNodeAccept(s.Name, at.name, node))
+		default:
+			filters = append(filters, seatAcceptAll(s.Name, at.name))
+		}
 	}
-	return newConsumer(SeatStreamName(s.Name), SeatConsumerName(s.Name, s.Scope, node), []string{filter}, DeliverAll)
+	return newConsumer(SeatStreamName(s.Name), SeatConsumerName(s.Name, s.Scope, node), filters, DeliverAll)
 }
 
 // MarshalJSON writes durations as Go duration strings ("168h0m0s"), for people and jq.

@@ -110,6 +110,10 @@ type validator struct {
 	m       *Manifest
 	rs      Refusals
 	builtin bool // the built-in manifest: the mesh's own module and seats
+	// bound: the caller checks protocol changes against the registry's bindings
+	// (CheckBindings), which know each user's pinned version; the catalogue checks only
+	// that a used seat is not removed.
+	bound bool
 }
 
 func (v *validator) refuse(r Refusal) { v.rs = append(v.rs, r) }
@@ -268,7 +272,7 @@ func (v *validator) seat(s Seat) {
 			Reason: "is neither mesh nor node", Instead: "write scope: mesh (one holder in the mesh) or scope: node (one holder per node)"})
 	}
 	switch {
-	case s.Retain == "" && len(s.Accepts) > 0:
+	case s.Retain == "" && s.AcceptsWork():
 		v.refuse(Refusal{Code: CodeRetain, Field: field + ".retain", Reason: "is missing; a seat that accepts work says how long its backlog survives",
 			Instead: "write retain: 7d (units d, h, m, s)"})
 	case s.Retain != "":
@@ -277,18 +281,38 @@ func (v *validator) seat(s Seat) {
 				Reason: "is not a positive duration", Instead: "write e.g. retain: 7d, 12h or 30m (d = 24h)"})
 		}
 	}
-	v.list(field+".accepts", s.Accepts, kindAccept)
-	v.list(field+".emits", s.Emits, kindSeatEmit)
-	v.list(field+".serves", s.Serves, kindServe)
-	for _, name := range sortedKeys(s.Shapes) {
+	v.protocol(field, s.Accepts, s.Emits, s.Serves, s.Shapes)
+	for _, ver := range s.Versions {
+		f := field + ".versions." + ver.Name
+		switch {
+		case !validVersion(ver.Name):
+			v.refuse(Refusal{Code: CodeName, Field: f, Value: ver.Name,
+				Reason:  fmt.Sprintf("is not a version a seat can declare; v1 is the seat's own fields, later ones are v2 … v%d", MaxVersion),
+				Instead: "name the next version after the highest one declared, e.g. v2"})
+			continue
+		case strings.HasPrefix(s.Name, reservedSeatPrefix):
+			v.refuse(Refusal{Code: CodeReserved, Field: f, Value: ver.Name,
+				Reason: "the mesh's own seats have one protocol version", Instead: "remove versions: from seat " + s.Name})
+			continue
+		}
+		v.protocol(f, ver.Accepts, ver.Emits, ver.Serves, ver.Shapes)
+	}
+}
+
+// protocol checks one version of a seat's protocol: its names, and shapes only for them.
+func (v *validator) protocol(field string, accepts, emits, serves []string, shapes map[string]*Shape) {
+	v.list(field+".accepts", accepts, kindAccept)
+	v.list(field+".emits", emits, kindSeatEmit)
+	v.list(field+".serves", serves, kindServe)
+	for _, name := range sortedKeys(shapes) {
 		f := field + ".shapes." + name
-		if !slices.Contains(s.Accepts, name) && !slices.Contains(s.Serves, name) && !slices.Contains(s.Emits, name) {
+		if !slices.Contains(accepts, name) && !slices.Contains(serves, name) && !slices.Contains(emits, name) {
 			v.refuse(Refusal{Code: CodePayloadShape, Field: f, Value: name,
 				Reason:  "names no verb, tool or event of the seat",
 				Instead: "give shapes only to names in accepts, serves or emits"})
 			continue
 		}
-		for _, p := range s.Shapes[name].problems(name) {
+		for _, p := range shapes[name].problems(name) {
 			v.refuse(Refusal{Code: CodePayloadShape, Field: f, Value: name, Reason: p,
 				Instead: "write a JSON Schema subset: type, required, properties, items, enum"})
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -74,6 +75,7 @@ func (c *controller) start() error {
 		registry.RegisterSubject: body(c.handleRegister),
 		registry.RemoveSubject:   body(c.handleRemove),
 		registry.ListSubject:     body(c.handleList),
+		registry.PinSubject:      body(c.handlePin),
 		manifest.WhoamiSubjects:  c.handleWhoami,
 		seats.ListSubject:        body(c.handleSeats),
 	} {
@@ -201,8 +203,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if err != nil {
 		return registry.RegisterReply{}, err
 	}
-	d, err := m.Derive()
-	if err != nil {
+	if err := m.Validate(); err != nil {
 		return registry.RegisterReply{}, err
 	}
 
@@ -210,10 +211,16 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	defer c.mu.Unlock()
 	prev, exists := c.reg.Get(m.Module)
 	var prevManifest *manifest.Manifest
+	var pins map[string]string
 	if exists {
 		prevManifest = prev.Manifest
+		pins = c.keptPins(m, prev.Pins)
 	}
-	if err := manifest.CheckCatalogue(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
+	d, err := m.DeriveWith(pins)
+	if err != nil {
+		return registry.RegisterReply{}, err
+	}
+	if err := manifest.CheckCatalogueBound(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
 		return registry.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
@@ -222,7 +229,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 
 	now := time.Now().UTC()
 	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{},
-		Bound: c.bind(m)}
+		Bound: c.bind(m, pins), Pins: pins}
 	for _, s := range d.Seats {
 		rec.Fingerprints[s.Name] = s.Fingerprint
 	}
@@ -303,38 +310,155 @@ func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (vau
 	return vr, nil
 }
 
-// bindings are the bindings of every other module to the seats m declares. A module bound
-// before bindings were recorded counts as bound to what declares the seat now.
+// keptPins are the pins of m's previous registration that still hold: m still speaks to the
+// seat, and the seat (as m or the registry declares it) still has the version.
+func (c *controller) keptPins(m *manifest.Manifest, pins map[string]string) map[string]string {
+	var out map[string]string
+	for seat, version := range pins {
+		s, ok := m.Seat(seat)
+		if !ok {
+			s, ok = c.reg.DeclaredSeat(seat)
+		}
+		if _, has := s.At(version); !ok || !has || !m.SpeaksTo(seat) {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[seat] = version
+	}
+	return out
+}
+
+// bindings are the bindings of every other module to the seats m declares.
 func (c *controller) bindings(m *manifest.Manifest) []manifest.Binding {
 	var out []manifest.Binding
 	for _, s := range m.Seats {
-		var current *manifest.Protocol
-		if cs, ok := c.reg.DeclaredSeat(s.Name); ok {
-			p := cs.Protocol()
-			current = &p
-		}
-		out = append(out, c.reg.Bindings(s.Name, m.Module, current)...)
+		out = append(out, c.reg.Bindings(s.Name, m.Module)...)
 	}
 	return out
 }
 
 // bind records the protocol of each seat m uses that is declared now (by m itself, another
-// module, or the mesh): what m registers against.
-func (c *controller) bind(m *manifest.Manifest) map[string]manifest.Protocol {
+// module, or the mesh), at the version pins has for it: what m registers against.
+func (c *controller) bind(m *manifest.Manifest, pins map[string]string) map[string]manifest.Protocol {
 	out := map[string]manifest.Protocol{}
 	for _, seat := range m.Uses {
 		s, ok := m.Seat(seat)
 		if !ok {
 			s, ok = c.reg.DeclaredSeat(seat)
 		}
-		if ok {
-			out[seat] = s.Protocol()
+		if !ok {
+			continue
+		}
+		if at, ok := s.At(pins[seat]); ok {
+			out[seat] = at.Protocol()
 		}
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	return out
+}
+
+func (c *controller) handlePin(ctx context.Context, data []byte) any {
+	var req registry.PinRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return registry.PinReply{Error: "pin: the request is not JSON: " + err.Error()}
+	}
+	reply, err := c.pin(ctx, req)
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	return reply
+}
+
+// pin moves a module to a version of a seat's protocol: it must speak to the seat, the seat
+// must declare the version, and the version must emit every event of the seat the module
+// consumes by name. The module's record keeps the pin and that version's protocol as its
+// binding; its consumer and grant follow (the grant's change kicks its connections, which
+// come back speaking the new version).
+func (c *controller) pin(ctx context.Context, req registry.PinRequest) (registry.PinReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.reg.Get(req.Module)
+	if !ok {
+		return registry.PinReply{}, fmt.Errorf("pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
+	}
+	s, ok := c.reg.DeclaredSeat(req.Seat)
+	if !ok {
+		return registry.PinReply{}, fmt.Errorf("pin: no registered module declares seat %q; register its module first (`meshnode seat ls` lists the seats)", req.Seat)
+	}
+	version := manifest.NormalVersion(req.Version)
+	at, ok := s.At(version)
+	if !ok {
+		return registry.PinReply{}, fmt.Errorf("pin: seat %s has no protocol version %q; it declares %s", req.Seat, req.Version, strings.Join(s.VersionNames(), ", "))
+	}
+	if !e.Manifest.SpeaksTo(req.Seat) {
+		return registry.PinReply{}, fmt.Errorf("pin: module %s neither uses seat %s nor consumes its events by name, so it speaks no version of it; add uses: [%s] to its manifest first", req.Module, req.Seat, req.Seat)
+	}
+	previous := manifest.NormalVersion(e.Pins[req.Seat])
+	reply := registry.PinReply{Module: e.Module, Seat: req.Seat, Version: version, Previous: previous}
+	if previous == version {
+		return reply, nil // already there: nothing changes
+	}
+	for _, b := range c.reg.Bindings(req.Seat, "") {
+		if b.Module != e.Module {
+			continue
+		}
+		if missing := slices.DeleteFunc(slices.Clone(b.Events), func(ev string) bool {
+			return slices.ContainsFunc(at.Emits, func(em string) bool { return manifest.Matches(ev, em) })
+		}); len(missing) > 0 {
+			return registry.PinReply{}, fmt.Errorf("pin: module %s consumes events %s of seat %s, which %s does not emit (it emits %v); change its consumes first",
+				e.Module, strings.Join(missing, ", "), req.Seat, version, at.Emits)
+		}
+	}
+
+	rec := e.Record
+	rec.Pins = maps.Clone(rec.Pins)
+	if rec.Pins == nil {
+		rec.Pins = map[string]string{}
+	}
+	rec.Pins[req.Seat] = version
+	if version == manifest.V1 {
+		delete(rec.Pins, req.Seat)
+	}
+	if len(rec.Pins) == 0 {
+		rec.Pins = nil
+	}
+	rec.Bound = maps.Clone(rec.Bound)
+	if slices.Contains(e.Manifest.Uses, req.Seat) {
+		if rec.Bound == nil {
+			rec.Bound = map[string]manifest.Protocol{}
+		}
+		rec.Bound[req.Seat] = at.Protocol()
+	}
+	d, err := e.Manifest.DeriveWith(rec.Pins)
+	if err != nil {
+		return registry.PinReply{}, err
+	}
+	if len(rec.Outbox) >= outbox.Max {
+		return registry.PinReply{}, fmt.Errorf("pin: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
+	}
+	ev, err := outbox.New(registry.EventPinned, c.node, map[string]any{
+		"module": e.Module, "seat": req.Seat, "version": version, "previous": previous, "node": c.node})
+	if err != nil {
+		return registry.PinReply{}, err
+	}
+	rec.Outbox = append(slices.Clone(rec.Outbox), ev)
+	rec.Updated = time.Now().UTC()
+	// The consumer first (it follows the pinned version's events), then the record, whose
+	// grant change kicks the module's connections.
+	if err := c.topo.ensureModule(ctx, d); err != nil {
+		return registry.PinReply{}, err
+	}
+	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
+		return registry.PinReply{}, err
+	}
+	outbox.Wake(c.sweepNow)
+	reply.Retirable = !slices.ContainsFunc(c.reg.Bindings(req.Seat, ""), func(b manifest.Binding) bool { return b.Version == previous })
+	c.log.Info("module pinned", "module", e.Module, "seat", req.Seat, "version", version, "previous", previous)
+	return reply, nil
 }
 
 func (c *controller) handleRemove(ctx context.Context, data []byte) any {
@@ -407,7 +531,7 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 		info := registry.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey,
 			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
-			Fingerprints: e.Fingerprints, Registered: e.Registered, Updated: e.Updated,
+			Fingerprints: e.Fingerprints, Pins: e.Pins, Registered: e.Registered, Updated: e.Updated,
 			Revision: e.Revision, Manifest: e.Record.Manifest,
 		}
 		for _, s := range e.Manifest.Seats {
@@ -458,7 +582,7 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 		Signers: c.reg.Signers(e.Manifest),
 	}
 	for _, s := range e.Manifest.Uses {
-		reply.Uses = append(reply.Uses, c.reg.Seat(s))
+		reply.Uses = append(reply.Uses, c.reg.SeatAt(e, s)) // the version it is pinned to
 	}
 	for _, s := range e.Manifest.Seats {
 		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))

@@ -380,6 +380,23 @@ func (s *seatService) alive(c seats.Candidate) bool {
 	return ok && s.bus.Connected(e.PublicKey, c.Instance)
 }
 
+// versionStatus is each version of seat's protocol with the modules bound to it; one nobody
+// is bound to is retirable.
+func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []seats.VersionStatus {
+	var out []seats.VersionStatus
+	for _, v := range seat.VersionNames() {
+		vs := seats.VersionStatus{Version: v, Bound: []string{}}
+		for _, b := range bindings {
+			if manifest.NormalVersion(b.Version) == v {
+				vs.Bound = append(vs.Bound, b.Module)
+			}
+		}
+		vs.Retirable = len(vs.Bound) == 0
+		out = append(out, vs)
+	}
+	return out
+}
+
 // status lists every seat: the mesh's own and every registered module's, with holders and
 // backlogs.
 func (s *seatService) status(ctx context.Context) []seats.Status {
@@ -405,7 +422,8 @@ func (s *seatService) status(ctx context.Context) []seats.Status {
 	}
 	for _, e := range entries {
 		for _, seat := range e.Manifest.Seats {
-			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name]}
+			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name],
+				Versions: versionStatus(seat, s.reg.Bindings(seat.Name, ""))}
 			if stream, err := s.topo.js.Stream(ctx, manifest.SeatStreamName(seat.Name)); err == nil {
 				st.Backlog = stream.CachedInfo().State.Msgs
 			}

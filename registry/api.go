@@ -18,6 +18,7 @@ var (
 	RegisterSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "register")
 	RemoveSubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "remove")
 	ListSubject     = manifest.SeatToolSubject(manifest.ControllerSeat, "list")
+	PinSubject      = manifest.SeatToolSubject(manifest.ControllerSeat, "pin")
 )
 
 // RegisterRequest registers or re-registers a module.
@@ -70,6 +71,25 @@ type RemoveReply struct {
 	Error  string   `json:"error,omitempty"`
 }
 
+// PinRequest moves a module to a version of the protocol of a seat it uses, or whose events
+// it consumes by name (`meshnode seat pin MODULE SEAT VERSION`).
+type PinRequest struct {
+	Module  string `json:"module"`
+	Seat    string `json:"seat"`
+	Version string `json:"version"` // v1 … v9
+}
+
+// PinReply answers PinRequest.
+type PinReply struct {
+	Module   string `json:"module,omitempty"`
+	Seat     string `json:"seat,omitempty"`
+	Version  string `json:"version,omitempty"`
+	Previous string `json:"previous,omitempty"` // the version it was pinned to before
+	// Retirable is true when no module is bound to Previous any more.
+	Retirable bool   `json:"retirable,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
 // ModuleInfo is one registered module, as list reports it.
 type ModuleInfo struct {
 	Module       string            `json:"module"`
@@ -80,9 +100,11 @@ type ModuleInfo struct {
 	Uses         []string          `json:"uses"`
 	Seats        []string          `json:"seats"`
 	Fingerprints map[string]string `json:"fingerprints,omitempty"`
-	Registered   time.Time         `json:"registered"`
-	Updated      time.Time         `json:"updated"`
-	Revision     uint64            `json:"revision"`
+	// Pins are the later seat protocol versions the module speaks, by seat.
+	Pins       map[string]string `json:"pins,omitempty"`
+	Registered time.Time         `json:"registered"`
+	Updated    time.Time         `json:"updated"`
+	Revision   uint64            `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
 }

@@ -1,7 +1,9 @@
 package registry
 
 // isAction reports whether name is one of the registry's events.
-func isAction(name string) bool { return name == EventRegistered || name == EventRemoved }
+func isAction(name string) bool {
+	return name == EventRegistered || name == EventRemoved || name == EventPinned
+}
 
 // The registry's outbox (package outbox): a registration or a removal and its event are one
 // write. The event is stored in the module's record with the change and published after it;
@@ -14,6 +16,8 @@ func isAction(name string) bool { return name == EventRegistered || name == Even
 const (
 	EventRegistered = "module.registered"
 	EventRemoved    = "module.removed"
+	// EventPinned: a module moved to another version of a seat's protocol (seat pin).
+	EventPinned = "module.pinned"
 )
 
 // Pending returns the modules whose record holds events not yet published: registered ones,

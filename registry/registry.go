@@ -73,6 +73,9 @@ type Record struct {
 	// module or built in), the protocol it registered against: no later declaration of the
 	// seat may break it.
 	Bound map[string]manifest.Protocol `json:"bound,omitempty"`
+	// Pins are the later protocol versions the module speaks, by seat (`meshnode seat pin`);
+	// a seat not listed is spoken at v1. Bound holds the pinned version's protocol.
+	Pins map[string]string `json:"pins,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and
@@ -381,7 +384,7 @@ func decode(kve jetstream.KeyValueEntry) (*Entry, error) {
 	if m.Module != rec.Module {
 		return nil, fmt.Errorf("the record of module %s holds the manifest of %.40q", rec.Module, m.Module)
 	}
-	d, err := m.Derive()
+	d, err := m.DeriveWith(rec.Pins)
 	if err != nil {
 		return nil, err
 	}
@@ -517,13 +520,28 @@ func (r *Registry) DeclaredSeat(seat string) (manifest.Seat, bool) {
 	return manifest.BuiltinSeat(seat)
 }
 
-// Seat describes seat as DeclaredSeat has it; only the name when nobody declares it (yet).
+// Seat describes seat as DeclaredSeat has it, every version; only the name when nobody
+// declares it (yet).
 func (r *Registry) Seat(seat string) seats.Info {
 	s, ok := r.DeclaredSeat(seat)
 	if !ok {
 		return seats.Info{Seat: seat}
 	}
-	return seats.Info{Seat: seat, Scope: s.Scope, Accepts: s.Accepts, Serves: s.Serves, Emits: s.Emits, Shapes: s.Shapes}
+	info := seats.InfoOf(s, manifest.V1)
+	for _, v := range s.Versions {
+		info.Versions = append(info.Versions, seats.InfoOf(s, v.Name))
+	}
+	return info
+}
+
+// SeatAt describes seat at the version e's module is pinned to: what it speaks to the seat.
+func (r *Registry) SeatAt(e *Entry, seat string) seats.Info {
+	version := manifest.NormalVersion(e.Pins[seat])
+	s, ok := r.DeclaredSeat(seat)
+	if !ok {
+		return seats.Info{Seat: seat}
+	}
+	return seats.InfoOf(s, version)
 }
 
 // Signers returns the keys of every source whose events or jobs m's module can be handed:
@@ -558,9 +576,14 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 			out[SignerKey(SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
 		}
 		for _, s := range e.Manifest.Seats {
-			if slices.ContainsFunc(s.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {
-				out[SignerKey(SignerSeat, s.Name)] = e.PublicKey
-				out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+			for _, version := range s.VersionNames() {
+				at, _ := s.At(version)
+				// Matched as v1's subject: a consumes pattern names no version (the
+				// consumer's filter holds the pinned one).
+				if slices.ContainsFunc(at.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {
+					out[SignerKey(SignerSeat, s.Name)] = e.PublicKey
+					out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+				}
 			}
 		}
 	}
@@ -577,19 +600,43 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 	return out
 }
 
-// Bindings returns every module's binding to seat, except skip's: the protocol each
-// registered against, or, for a module registered before the seat was declared (or before
-// bindings were recorded), the protocol current declares now.
-func (r *Registry) Bindings(seat, skip string, current *manifest.Protocol) []manifest.Binding {
+// Bindings returns every module's binding to seat, except skip's: the version it is pinned
+// to; for a user, the protocol it registered (or was pinned) against, or — registered before
+// the seat was declared, or before bindings were recorded — that version as the seat is
+// declared now; for a consumer of the seat's events by name, those events.
+func (r *Registry) Bindings(seat, skip string) []manifest.Binding {
+	current, declared := r.DeclaredSeat(seat)
 	var out []manifest.Binding
 	for _, e := range r.List() {
-		if e.Module == skip || !slices.Contains(e.Manifest.Uses, seat) {
+		if e.Module == skip {
 			continue
 		}
-		if p, ok := e.Bound[seat]; ok {
-			out = append(out, manifest.Binding{Module: e.Module, Seat: seat, Protocol: p})
-		} else if current != nil {
-			out = append(out, manifest.Binding{Module: e.Module, Seat: seat, Protocol: *current})
+		b := manifest.Binding{Module: e.Module, Seat: seat, Version: manifest.NormalVersion(e.Pins[seat]),
+			Events: consumedEvents(e.Manifest, seat)}
+		if slices.Contains(e.Manifest.Uses, seat) {
+			if p, ok := e.Bound[seat]; ok {
+				b.Uses, b.Protocol = true, p
+			} else if at, ok := current.At(b.Version); ok && declared {
+				b.Uses, b.Protocol = true, at.Protocol()
+			}
+		}
+		if b.Uses || len(b.Events) > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// consumedEvents are the events of seat m consumes by the seat's name, as subject patterns
+// after mesh.seat.<seat>.event. (billing.> for seat.<seat>.billing.**).
+func consumedEvents(m *manifest.Manifest, seat string) []string {
+	var out []string
+	prefix := manifest.SeatEventSubject(seat, "")
+	for _, c := range m.Consumes {
+		if s, ok := manifest.ConsumedSeat(c); ok && s == seat {
+			if subject, err := manifest.ConsumeSubject(c); err == nil {
+				out = append(out, strings.TrimPrefix(subject, prefix))
+			}
 		}
 	}
 	return out

@@ -20,9 +20,11 @@ import (
 // Job is one piece of work submitted to a seat.
 type Job struct {
 	Event
-	// Seat and Verb say which accept subject the job came on.
-	Seat string
-	Verb string
+	// Seat and Verb say which accept subject the job came on; Version which version of the
+	// seat's protocol it was sent in ("" for v1).
+	Seat    string
+	Verb    string
+	Version string
 	// Epoch is the seat lease's epoch when the job was handed over: the fencing token. A
 	// holder that lost the lease can no longer ack; a handler that writes elsewhere can
 	// carry the epoch so the writes of a stale holder are recognisable.
@@ -38,8 +40,8 @@ type seatState struct {
 	mu       sync.Mutex
 	seat     string
 	info     seats.Info             // the seat's protocol, as declared
-	handlers map[string]JobHandler  // by verb
-	tools    map[string]ToolHandler // by served tool
+	handlers map[string]JobHandler  // by versioned(version, verb)
+	tools    map[string]ToolHandler // by versioned(version, tool)
 	holding  bool
 	epoch    uint64
 	consume  jetstream.ConsumeContext
@@ -62,17 +64,35 @@ func serves(info seats.Info, tool string) error {
 	return nil
 }
 
-// missing lists the verbs and tools of the seat's protocol without a handler, under st.mu.
+// versioned is the key of a verb or tool of a version of a seat's protocol in seatState's
+// maps: the name itself for v1, "<version> <name>" for a later one.
+func versioned(version, name string) string {
+	if version == "" || version == manifest.V1 {
+		return name
+	}
+	return version + " " + name
+}
+
+// versions returns the seat's protocol versions, v1 first, each as Info.
+func versions(info seats.Info) []seats.Info {
+	v1, _ := info.At(manifest.V1)
+	return append([]seats.Info{v1}, info.Versions...)
+}
+
+// missing lists the verbs and tools of the seat's protocol — every version of it — without a
+// handler ("accepts send", "v2 serves status"), under st.mu.
 func (st *seatState) missing() []string {
 	var out []string
-	for _, v := range st.info.Accepts {
-		if st.handlers[v] == nil {
-			out = append(out, "accepts "+v)
+	for _, v := range versions(st.info) {
+		for _, verb := range v.Accepts {
+			if st.handlers[versioned(v.Version, verb)] == nil {
+				out = append(out, versioned(v.Version, "accepts "+verb))
+			}
 		}
-	}
-	for _, t := range st.info.Serves {
-		if st.tools[t] == nil {
-			out = append(out, "serves "+t)
+		for _, t := range v.Serves {
+			if st.tools[versioned(v.Version, t)] == nil {
+				out = append(out, versioned(v.Version, "serves "+t))
+			}
 		}
 	}
 	return out
@@ -142,35 +162,51 @@ func (c *Client) ServeSeat(seat, tool string, h ToolHandler) error {
 	return c.claimWhenComplete(st)
 }
 
-// SeatHandlers are the handlers of a seat's whole protocol.
+// SeatHandlers are the handlers of a seat's whole protocol: v1's, and each later version's.
 type SeatHandlers struct {
 	Accepts map[string]JobHandler  // by verb
 	Serves  map[string]ToolHandler // by tool
+	// Versions are the handlers of the seat's later protocol versions, by version (v2 …),
+	// which the holder serves beside v1 (their own Versions are ignored).
+	Versions map[string]SeatHandlers
 }
 
-// HoldSeat sets the handlers of seat's whole protocol at once and claims it; a verb or tool
-// of the protocol without a handler is an ErrIncomplete naming it, and nothing is claimed.
+// HoldSeat sets the handlers of seat's whole protocol — every version of it — at once and
+// claims it; a verb or tool without a handler is an ErrIncomplete naming it, and nothing is
+// claimed.
 func (c *Client) HoldSeat(seat string, h SeatHandlers) error {
 	st, err := c.seatFor(seat)
 	if err != nil {
 		return err
 	}
-	for v := range h.Accepts {
-		if err := accepts(st.info, v); err != nil {
-			return err
-		}
+	all := map[string]SeatHandlers{manifest.V1: {Accepts: h.Accepts, Serves: h.Serves}}
+	for v, vh := range h.Versions {
+		all[v] = vh
 	}
-	for t := range h.Serves {
-		if err := serves(st.info, t); err != nil {
-			return err
+	for version, vh := range all {
+		info, ok := st.info.At(version)
+		if !ok {
+			return fmt.Errorf("%w: seat %s has no protocol version %q (it has %v)", ErrNotDeclared, seat, version, versionNames(st.info))
+		}
+		for v := range vh.Accepts {
+			if err := accepts(info, v); err != nil {
+				return err
+			}
+		}
+		for t := range vh.Serves {
+			if err := serves(info, t); err != nil {
+				return err
+			}
 		}
 	}
 	st.mu.Lock()
-	for v, f := range h.Accepts {
-		st.handlers[v] = f
-	}
-	for t, f := range h.Serves {
-		st.tools[t] = f
+	for version, vh := range all {
+		for v, f := range vh.Accepts {
+			st.handlers[versioned(version, v)] = f
+		}
+		for t, f := range vh.Serves {
+			st.tools[versioned(version, t)] = f
+		}
 	}
 	missing := st.missing()
 	st.mu.Unlock()
@@ -326,25 +362,36 @@ func (st *seatState) letGo() {
 	st.holding = false
 }
 
-// serveSeatTools subscribes the seat's tools that have a handler and no subscription yet, in
-// the seat's queue group. Under st.mu.
+// serveSeatTools subscribes the seat's tools — of every version — that have a handler and no
+// subscription yet, in the seat's queue group. Under st.mu.
 func (c *Client) serveSeatTools(st *seatState) error {
-	for _, tool := range st.info.Serves {
-		h := st.tools[tool]
-		subject := manifest.SeatToolSubject(st.seat, tool)
-		if h == nil || slices.ContainsFunc(st.toolSubs, func(s *nats.Subscription) bool { return s.Subject == subject }) {
-			continue
+	for _, v := range versions(st.info) {
+		for _, tool := range v.Serves {
+			h := st.tools[versioned(v.Version, tool)]
+			subject := manifest.SeatToolSubjectAt(st.seat, v.Version, tool)
+			if h == nil || slices.ContainsFunc(st.toolSubs, func(s *nats.Subscription) bool { return s.Subject == subject }) {
+				continue
+			}
+			if shape := v.Shapes[tool]; shape != nil {
+				h = shapedTool(shape, "seat "+st.seat+" "+versioned(v.Version, "tool "+tool), h)
+			}
+			sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, h))
+			if err != nil {
+				return fmt.Errorf("serve %s of seat %s: %w", versioned(v.Version, tool), st.seat, err)
+			}
+			st.toolSubs = append(st.toolSubs, sub)
 		}
-		if shape := st.info.Shapes[tool]; shape != nil {
-			h = shapedTool(shape, "seat "+st.seat+" tool "+tool, h)
-		}
-		sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, h))
-		if err != nil {
-			return fmt.Errorf("serve %s of seat %s: %w", tool, st.seat, err)
-		}
-		st.toolSubs = append(st.toolSubs, sub)
 	}
 	return c.nc.Flush()
+}
+
+// versionNames lists the versions info describes: v1 and its later ones.
+func versionNames(info seats.Info) []string {
+	out := []string{manifest.V1}
+	for _, v := range info.Versions {
+		out = append(out, v.Version)
+	}
+	return out
 }
 
 // errDropped means the connection dropped while a request waited for its answer.
@@ -380,24 +427,31 @@ func (c *Client) claimLater(st *seatState) {
 	}()
 }
 
-// route finds the handler for a job's subject and wraps it with the current epoch.
+// route finds the handler for a job's subject (of any version of the seat's protocol) and
+// wraps it with the current epoch.
 func (st *seatState) route(subject string) Handler {
-	_, verb, ok := strings.Cut(subject, ".accept.")
-	if !ok {
+	ss, ok := manifest.ParseSeatSubject(subject)
+	if !ok || ss.Kind != "accept" || ss.Seat != st.seat {
 		return nil
 	}
+	version, verb := ss.Version, ss.Name
+	if version == manifest.V1 {
+		version = ""
+	}
 	st.mu.Lock()
-	h, epoch, shape := st.handlers[verb], st.epoch, st.info.Shapes[verb]
+	h, epoch := st.handlers[versioned(version, verb)], st.epoch
+	info, _ := st.info.At(version)
 	st.mu.Unlock()
 	if h == nil {
 		return nil
 	}
+	shape := info.Shapes[verb]
 	return func(ctx context.Context, e Event) error {
 		// A job that does not fit its verb's shape fails every time: it is given up at once.
-		if err := checkShape(shape, "seat "+st.seat+" accept "+verb, e.Data); err != nil {
+		if err := checkShape(shape, "seat "+st.seat+" "+versioned(version, "accept "+verb), e.Data); err != nil {
 			return err
 		}
-		return h(ctx, Job{Event: e, Seat: st.seat, Verb: verb, Epoch: epoch})
+		return h(ctx, Job{Event: e, Seat: st.seat, Verb: verb, Version: version, Epoch: epoch})
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
@@ -63,11 +62,12 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 	if _, err := envelope.ParseID(e.ID); err != nil {
 		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	kind, owner, rest, ok := manifest.SplitSubject(e.Subject)
+	kind, owner, _, ok := manifest.SplitSubject(e.Subject)
 	if !ok {
 		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
 	}
-	job := kind == registry.SignerSeat && !strings.HasPrefix(rest, "event.")
+	ss, _ := manifest.ParseSeatSubject(e.Subject) // of any version of the seat's protocol
+	job := kind == registry.SignerSeat && ss.Kind != "event"
 	verify := func(signers registry.Signers) (retry bool, err error) {
 		var key string
 		switch kind {

@@ -297,7 +297,8 @@ func (c *Client) reconnected(nc *nats.Conn) {
 	c.connMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if self, err := askWhoami(ctx, nc, c.pub); err != nil {
+	self, err := askWhoami(ctx, nc, c.pub)
+	if err != nil {
 		c.log.Warn("refresh declarations after reconnect; keeping the last ones", "err", err)
 	} else {
 		c.mu.Lock()

@@ -81,8 +81,10 @@ func (c *Client) On(pattern string, h Handler) error {
 }
 
 // route returns the handler for a delivered subject: the first registered whose pattern
-// matches.
+// matches. A seat's event of a later protocol version matches as v1's: the consumer's filter
+// already holds only the version the module is pinned to.
 func (c *Client) route(subject string) Handler {
+	subject = manifest.Unversioned(subject)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, h := range c.handlers {

@@ -95,9 +95,10 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 			return "", err
 		}
 	}
-	subject := manifest.SeatAcceptSubject(seat, verb)
+	// The version the module is pinned to (whoami says; `meshnode seat pin` moves it).
+	subject := manifest.SeatAcceptSubjectAt(seat, info.Version, verb)
 	if info.Scope == manifest.ScopeNode {
-		subject = manifest.SeatNodeAcceptSubject(seat, c.node(), verb)
+		subject = manifest.SeatNodeAcceptSubjectAt(seat, info.Version, c.node(), verb)
 	}
 	return c.publish(ctx, subject, payload, opts)
 }
@@ -137,19 +138,30 @@ func (c *Client) usedSeat(ctx context.Context, seat string) (seats.Info, error) 
 // anyone else's publish, and EmitSeat refuses at once with ErrNotHolder on an instance that
 // does not hold the seat.
 func (c *Client) EmitSeat(ctx context.Context, seat, event string, payload any, opts ...EmitOption) (string, error) {
+	return c.EmitSeatAt(ctx, seat, manifest.V1, event, payload, opts...)
+}
+
+// EmitSeatAt is EmitSeat in a version of the seat's protocol ("" or v1: the first): the
+// consumers pinned to that version hear it. A holder serving several versions emits an
+// event once in each version whose consumers should hear it, in that version's shape.
+func (c *Client) EmitSeatAt(ctx context.Context, seat, version, event string, payload any, opts ...EmitOption) (string, error) {
 	self := c.declared()
 	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
 	if i < 0 {
 		return "", fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
 	}
-	if !slices.Contains(self.Seats[i].Emits, event) {
-		return "", fmt.Errorf("%w: seat %s emits %v, not %q; add it to the seat's emits: and re-register",
-			ErrNotDeclared, seat, self.Seats[i].Emits, event)
+	info, ok := self.Seats[i].At(version)
+	if !ok {
+		return "", fmt.Errorf("%w: seat %s has no protocol version %q (it has %v)", ErrNotDeclared, seat, version, versionNames(self.Seats[i]))
+	}
+	if !slices.Contains(info.Emits, event) {
+		return "", fmt.Errorf("%w: seat %s emits %v in %s, not %q; add it to the seat's emits: and re-register",
+			ErrNotDeclared, seat, info.Emits, manifest.NormalVersion(version), event)
 	}
 	if holding, _ := c.Holding(seat); !holding {
 		return "", fmt.Errorf("%w: this instance does not hold seat %s, so it may not emit its events", ErrNotHolder, seat)
 	}
-	return c.publishAs(ctx, seat, manifest.SeatEventSubject(seat, event), payload, opts)
+	return c.publishAs(ctx, seat, manifest.SeatEventSubjectAt(seat, version, event), payload, opts)
 }
 
 // publish stamps an envelope with the module as x-source and publishes it to JetStream.
@@ -182,12 +194,20 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	id := h.Get(envelope.EventID)
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	// The wait for the ack ends when the connection drops: the bus drops a module's
+	// connections when its authority changes, and what it may publish is asked again on the
+	// retry, not carried over in nats.go's reconnect buffer.
+	ctx, dropped, end := c.onConnection(ctx)
+	defer end()
 	ctx, stop := c.watch(ctx, subject)
 	defer stop()
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
 	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
 		if r := Refused(ctx); r != nil {
 			return id, fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
+		}
+		if dropped() {
+			return id, fmt.Errorf("publish %s (event %s): the connection dropped before the ack, so it may have been stored; retry with sdk.Retry(id): %w", subject, id, errDropped)
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			return id, fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)

@@ -110,7 +110,7 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 				return nil, err
 			}
 		}
-		subject = manifest.SeatToolSubject(target, tool)
+		subject = manifest.SeatToolSubjectAt(target, info.Version, tool) // the pinned version
 		shape = info.Shapes[tool]
 	default:
 		return nil, fmt.Errorf("%w: module %s may call the tools of the seats it uses, and %s is not one; add it to uses: in its manifest and re-register",

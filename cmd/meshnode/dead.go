@@ -273,7 +273,7 @@ func replay(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, 
 // filter matches; that consumer must still exist, or nobody would get the event. A job goes
 // back to its seat's work queue, which has one consumer.
 func replayTarget(ctx context.Context, js jetstream.JetStream, m *jetstream.RawStreamMsg, subject string) (string, error) {
-	if !manifest.Matches(manifest.AllEvents, subject) {
+	if !manifest.IsEvent(subject) {
 		return subject, nil
 	}
 	consumer := m.Header.Get(envelope.DeadConsumer)
@@ -322,6 +322,7 @@ type replaySource struct {
 	publicKey string
 	emits     []string
 	uses      []string
+	pins      map[string]string        // the later seat protocol versions it speaks
 	seats     map[string]manifest.Seat // the seats it declares
 }
 
@@ -362,7 +363,7 @@ func (a replayAuthority) signersOf(ctx context.Context, js jetstream.JetStream) 
 func authorityOf(mods []registry.ModuleInfo) replayAuthority {
 	auth := replayAuthority{}
 	for _, m := range mods {
-		src := replaySource{publicKey: m.PublicKey, emits: m.Emits, uses: m.Uses, seats: map[string]manifest.Seat{}}
+		src := replaySource{publicKey: m.PublicKey, emits: m.Emits, uses: m.Uses, pins: m.Pins, seats: map[string]manifest.Seat{}}
 		if mf, err := manifest.Parse([]byte(m.Manifest)); err == nil {
 			for _, s := range mf.Seats {
 				src.seats[s.Name] = s
@@ -433,8 +434,23 @@ func replayable(h nats.Header, body []byte, auth replayAuthority) error {
 			return fmt.Errorf("%s is not a server of the mesh", owner)
 		}
 		return signed("server "+owner, src)
-	case kind == "seat" && rest[0] == "event":
-		event := strings.Join(rest[1:], ".")
+	case kind == "seat":
+		return replayableSeat(subject, source, auth, signed)
+	}
+	return fmt.Errorf("%s is not a subject of the mesh's events or jobs", subject)
+}
+
+// replayableSeat is replayable for a seat's subject, of any version of its protocol: an
+// event the seat emits in that version, under the seat's or its declarer's name; a job the
+// seat takes in that version, from a module that declares the seat or uses it at that version.
+func replayableSeat(subject, source string, auth replayAuthority, signed func(string, replaySource) error) error {
+	ss, ok := manifest.ParseSeatSubject(subject)
+	if !ok {
+		return fmt.Errorf("%s is not a subject of the mesh's events or jobs", subject)
+	}
+	owner := ss.Seat
+	switch ss.Kind {
+	case "event":
 		if strings.HasPrefix(owner, "mesh-") {
 			if source != owner {
 				return fmt.Errorf("%s is the mesh's seat %s's event, and the letter's source is %s", subject, owner, source)
@@ -446,30 +462,33 @@ func replayable(h nats.Header, body []byte, auth replayAuthority) error {
 			return signed(owner, src)
 		}
 		name, src, ok := auth.declarer(owner)
-		switch {
-		case !ok:
+		if !ok {
 			return fmt.Errorf("no registered module declares seat %s", owner)
+		}
+		at, has := src.seats[owner].At(ss.Version)
+		switch {
 		case source != owner && source != name:
 			return fmt.Errorf("%s is seat %s's event (declared by %s), and the letter's source is %s", subject, owner, name, source)
-		case !slices.Contains(src.seats[owner].Emits, event):
-			return fmt.Errorf("seat %s does not emit %s (it emits %v)", owner, event, src.seats[owner].Emits)
+		case !has || !slices.Contains(at.Emits, ss.Name):
+			return fmt.Errorf("seat %s does not emit %s in %s (it emits %v)", owner, ss.Name, ss.Version, at.Emits)
 		}
 		return signed(name, src)
-	case kind == "seat" && (len(rest) == 2 && rest[0] == "accept" || len(rest) == 4 && rest[0] == "node" && rest[2] == "accept"):
-		verb := rest[len(rest)-1]
+	case "accept":
 		src, ok := auth[source]
 		if !ok {
 			return fmt.Errorf("module %s is not registered", source)
 		}
-		if !slices.Contains(src.uses, owner) {
-			if _, declares := src.seats[owner]; !declares {
-				return fmt.Errorf("module %s neither uses nor declares seat %s", source, owner)
-			}
+		_, declares := src.seats[owner]
+		switch {
+		case !declares && !slices.Contains(src.uses, owner):
+			return fmt.Errorf("module %s neither uses nor declares seat %s", source, owner)
+		case !declares && manifest.NormalVersion(src.pins[owner]) != ss.Version:
+			return fmt.Errorf("module %s speaks %s of seat %s, not %s", source, manifest.NormalVersion(src.pins[owner]), owner, ss.Version)
 		}
 		_, decl, ok := auth.declarer(owner)
-		seat := decl.seats[owner]
-		if !ok || !slices.Contains(seat.Accepts, verb) || (len(rest) == 4) != (seat.Scope == manifest.ScopeNode) {
-			return fmt.Errorf("seat %s takes no %s job on %s", owner, verb, subject)
+		at, has := decl.seats[owner].At(ss.Version)
+		if !ok || !has || !slices.Contains(at.Accepts, ss.Name) || (ss.Node != "") != (at.Scope == manifest.ScopeNode) {
+			return fmt.Errorf("seat %s takes no %s job on %s", owner, ss.Name, subject)
 		}
 		return signed(source, src)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -146,6 +147,26 @@ func TestBinary_ModuleFlow(t *testing.T) {
 	r = meshnode(t, nil, append([]string{"seat", "ls", "--json"}, dd...)...)
 	if r.code != 0 || !strings.Contains(r.stdout, `"seat":"mesh-controller"`) || !strings.Contains(r.stdout, `"holder":"alpha"`) {
 		t.Fatalf("seat ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// seat pin moves a user to v2 of a seat's protocol; seat ls then marks v1 retirable.
+	mail := write("mail.yaml", "module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    retain: 1h\n    accepts: [send]\n    versions: {v2: {accepts: [send]}}\n")
+	user := write("user.yaml", "module: user\nrequires: [mesh-bus]\nuses: [mailer]\n")
+	for _, f := range []string{mail, user} {
+		if r := meshnode(t, nil, append([]string{"module", "register", f, "--creds-out", f + ".nk"}, dd...)...); r.code != 0 {
+			t.Fatalf("register %s: exit %d %s", f, r.code, r.stderr)
+		}
+	}
+	if r := meshnode(t, nil, append([]string{"seat", "pin", "user", "mailer", "v3"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "it declares v1, v2") {
+		t.Fatalf("seat pin to an undeclared version: exit %d %s", r.code, r.stderr)
+	}
+	r = meshnode(t, nil, append([]string{"seat", "pin", "user", "mailer", "v2"}, dd...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "pinned user to v2 of seat mailer (was v1)") || !strings.Contains(r.stdout, "retirable") {
+		t.Fatalf("seat pin: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = meshnode(t, nil, append([]string{"seat", "ls"}, dd...)...)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^mailer .*v1 retirable; v2 user\s*$`).MatchString(r.stdout) {
+		t.Fatalf("seat ls after the pin: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	if r := meshnode(t, nil, append([]string{"module", "remove", "shop"}, dd...)...); r.code != 0 {

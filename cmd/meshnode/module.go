@@ -330,7 +330,11 @@ func printModuleDerivation(out io.Writer, path string, m *manifest.Manifest, d *
 		row("")
 		row("uses", "", "(send work and call tools; never subscribe)")
 		for _, u := range d.Uses {
-			row("", u.Seat, "publish "+strings.Join(u.Publish, ", "))
+			name := u.Seat
+			if u.Version != manifest.V1 {
+				name += " (" + u.Version + ")"
+			}
+			row("", name, "publish "+strings.Join(u.Publish, ", "))
 			row("", "", "request "+strings.Join(u.Request, ", "))
 		}
 	}
@@ -343,14 +347,20 @@ func printModuleDerivation(out io.Writer, path string, m *manifest.Manifest, d *
 		}
 		row("seat", s.Name, "(scope "+string(s.Scope)+retain+")")
 		row("", "fingerprint", s.Fingerprint)
+		at := func(d manifest.Derived, what string) string {
+			if d.Version != "" {
+				return d.Version + " " + what + " " + d.Name
+			}
+			return what + " " + d.Name
+		}
 		for _, a := range s.Accepts {
-			row("", "accepts "+a.Name, a.Subject)
+			row("", at(a, "accepts"), a.Subject)
 		}
 		for _, e := range s.Emits {
-			row("", "emits "+e.Name, e.Subject)
+			row("", at(e, "emits"), e.Subject)
 		}
 		for _, v := range s.Serves {
-			row("", "serves "+v.Name, v.Subject+"  (queue group "+v.Queue+")")
+			row("", at(v, "serves"), v.Subject+"  (queue group "+v.Queue+")")
 		}
 		if s.Stream != nil {
 			row("", "stream", moduleStreamLine(*s.Stream))

@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -19,7 +21,49 @@ func newSeatCmd() *cobra.Command {
 		Use:   "seat",
 		Short: "Inspect seats: roles with one holder per scope",
 	}
-	cmd.AddCommand(newSeatLsCmd())
+	cmd.AddCommand(newSeatLsCmd(), newSeatPinCmd())
+	return cmd
+}
+
+func newSeatPinCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "pin MODULE SEAT VERSION",
+		Short: "Move a module to a version of a seat's protocol (v1 … v9)",
+		Long: `Move a module to a version of a seat's protocol. A breaking change to a seat is made as a new
+version (versions: {v2: {...}} in the declaring module's manifest) served beside the old one by the
+same holder; each module that uses the seat, or consumes its events by name, is bound to one
+version and moves by re-pinning. The module's connections are dropped and come back speaking
+the new version. ` + "`meshnode seat ls`" + ` shows the modules bound to each version and marks
+a version nobody is bound to as retirable; nothing is removed automatically.`,
+		Example: `  meshnode seat pin shop mailer v2
+  meshnode seat pin shop mailer v1     # back to the first version`,
+		Args: cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var reply registry.PinReply
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reply, err = admin.Pin(ctx, nc, registry.PinRequest{Module: args[0], Seat: args[1], Version: args[2]})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONLines(cmd.OutOrStdout(), []registry.PinReply{reply})
+			}
+			if reply.Previous == reply.Version {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s already speaks %s of seat %s\n", reply.Module, reply.Version, reply.Seat)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pinned %s to %s of seat %s (was %s)\n", reply.Module, reply.Version, reply.Seat, reply.Previous)
+			if reply.Retirable {
+				fmt.Fprintf(cmd.OutOrStdout(), "  no module is bound to %s of %s any more: it is retirable\n", reply.Previous, reply.Seat)
+			}
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
 	return cmd
 }
 
@@ -59,7 +103,7 @@ func newSeatLsCmd() *cobra.Command {
 
 func printSeats(w io.Writer, ss []seats.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEAT\tSCOPE\tHOLDER\tNODE\tEPOCH\tSINCE\tBACKLOG\tUSERS")
+	fmt.Fprintln(tw, "SEAT\tSCOPE\tHOLDER\tNODE\tEPOCH\tSINCE\tBACKLOG\tUSERS\tVERSIONS")
 	for _, s := range ss {
 		holder, node, epoch, since := "-", "-", "-", "-"
 		if s.Holder != "" {
@@ -76,7 +120,23 @@ func printSeats(w io.Writer, ss []seats.Status) {
 		if len(s.Users) > 0 {
 			users = strings.Join(s.Users, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Seat, scope, holder, node, epoch, since, s.Backlog, users)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.Seat, scope, holder, node, epoch, since, s.Backlog, users, versions(s.Versions))
 	}
 	tw.Flush()
+}
+
+// versions prints each protocol version with its bound modules, or "retirable":
+// "v1 retirable; v2 shop,billing".
+func versions(vs []seats.VersionStatus) string {
+	if len(vs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = v.Version + " " + strings.Join(v.Bound, ",")
+		if v.Retirable {
+			parts[i] = v.Version + " retirable"
+		}
+	}
+	return strings.Join(parts, "; ")
 }
