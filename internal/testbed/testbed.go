@@ -10,6 +10,9 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // MustRunEnv is the environment variable CI sets to MustRun: then no bed may skip.
@@ -55,3 +58,21 @@ const (
 	freeLow  = 20000
 	freeHigh = 32768
 )
+
+// JetStream starts an embedded nats-server with JetStream on a random loopback port, stopped
+// when the test ends, and returns its client URL: for a package's tests of its own use of
+// JetStream, without a node.
+func JetStream(t testing.TB) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.ClientURL()
+}
