@@ -102,6 +102,39 @@ func Pin(ctx context.Context, nc *nats.Conn, req registry.PinRequest) (registry.
 	return reply, nil
 }
 
+// Deploy asks the controller to set a module's deployment.
+func Deploy(ctx context.Context, nc *nats.Conn, req registry.DeployRequest) (registry.DeployReply, error) {
+	return deployCall(ctx, nc, registry.DeploySubject, req)
+}
+
+// Undeploy asks the controller to stop a module on some nodes, or everywhere.
+func Undeploy(ctx context.Context, nc *nats.Conn, req registry.UndeployRequest) (registry.DeployReply, error) {
+	return deployCall(ctx, nc, registry.UndeploySubject, req)
+}
+
+func deployCall(ctx context.Context, nc *nats.Conn, subject string, req any) (registry.DeployReply, error) {
+	var reply registry.DeployReply
+	if err := call(ctx, nc, subject, req, &reply); err != nil {
+		return reply, err
+	}
+	if reply.Error != "" {
+		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply, nil
+}
+
+// Ps asks the controller what runs where.
+func Ps(ctx context.Context, nc *nats.Conn) ([]registry.Process, error) {
+	var reply registry.PsReply
+	if err := call(ctx, nc, registry.PsSubject, struct{}{}, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply.Processes, nil
+}
+
 // List asks the controller for every registered module, a page at a time.
 func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 	out := []registry.ModuleInfo{}

@@ -160,6 +160,12 @@ func (v *validator) validate() {
 	v.list("tools", m.Tools, kindTool)
 	v.list("uses", m.Uses, kindUses)
 	v.list("secrets", m.Secrets, kindSecret)
+	for i, name := range m.Secrets {
+		if strings.HasPrefix(name, reservedSeatPrefix) {
+			v.refuse(Refusal{Code: CodeReserved, Field: fmt.Sprintf("secrets[%d]", i), Value: name,
+				Reason: "mesh-* names are the vault's own (it keeps the module's seed as mesh-seed)", Instead: "choose another name, e.g. " + strings.TrimPrefix(name, reservedSeatPrefix)})
+		}
+	}
 	v.list("build.on", m.BuildOn, kindBuildOn)
 	for i, on := range m.BuildOn {
 		if on == m.Module && m.Module != "" {

@@ -12,7 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
@@ -55,6 +57,17 @@ type controller struct {
 	// reports counts the report jobs taken from the seat's work queue (reports.go).
 	reports *prometheus.CounterVec
 
+	// deps is the artifact store; publisher writes nodes' declarations on STATE, signed by
+	// this node, at the controller seat's epoch (deployments.go).
+	deps      deployments
+	publisher *deploy.Publisher
+	epoch     func() uint64
+	// hosts are the hosts' latest reports, by node (reports.go), and published the
+	// declarations this holder published or found genuine on STATE: what `ps` shows.
+	hostsMu   sync.Mutex
+	hosts     map[string]host.Report
+	published map[string]deploy.Declaration
+
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
 	subs   []*nats.Subscription
@@ -76,6 +89,9 @@ func (c *controller) start() error {
 		registry.RemoveSubject:   body(c.handleRemove),
 		registry.ListSubject:     body(c.handleList),
 		registry.PinSubject:      body(c.handlePin),
+		registry.DeploySubject:   body(c.handleDeploy),
+		registry.UndeploySubject: body(c.handleUndeploy),
+		registry.PsSubject:       body(c.handlePs),
 		manifest.WhoamiSubjects:  c.handleWhoami,
 		seats.ListSubject:        body(c.handleSeats),
 	} {
@@ -99,10 +115,14 @@ func (c *controller) start() error {
 	}
 	var sweep context.Context
 	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepers.Add(2)
+	c.sweepers.Add(3)
 	go func() {
 		defer c.sweepers.Done()
 		c.sweepOutboxes(sweep)
+	}()
+	go func() {
+		defer c.sweepers.Done()
+		c.keepDeclared(sweep)
 	}()
 	go func() {
 		defer c.sweepers.Done()
@@ -148,6 +168,9 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 	// module's: work sent to them waits for their holder.
 	if err := c.topo.ensureModule(ctx, manifest.Builtin()); err != nil {
 		return fmt.Errorf("the mesh's own seats: %w", err)
+	}
+	if _, err := c.artifacts(ctx); err != nil {
+		return err
 	}
 	for _, e := range c.reg.List() {
 		if err := c.topo.ensureModule(ctx, e.Derivation); err != nil {
@@ -244,6 +267,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	}
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
+		rec.Deployment = prev.Deployment
 	}
 	if !exists || req.RotateKey {
 		// A new module, or a new key for one whose seed was lost: the vault mints the
@@ -288,6 +312,10 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		if reply.Kept, err = c.topo.retire(ctx, prev.Derivation, d); err != nil {
 			c.log.Error("retire topology of previous registration", "module", m.Module, "err", err)
 		}
+	}
+	if rec.Deployment != nil {
+		// Its key or its secrets may have changed: the nodes running it are told.
+		c.declare(ctx, targets(rec.Deployment, c.reg.Nodes()))
 	}
 	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "rotated", reply.Rotated, "key", rec.PublicKey)
 	return reply, nil
@@ -507,6 +535,9 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
 	if err != nil {
 		c.log.Error("retire topology of removed module", "module", e.Module, "err", err)
+	}
+	if e.Deployment != nil {
+		c.declare(ctx, targets(e.Deployment, c.reg.Nodes())) // its nodes stop it
 	}
 	c.log.Info("module removed", "module", e.Module, "seat_users", users)
 	return registry.RemoveReply{Module: e.Module, Kept: kept}

@@ -16,9 +16,11 @@ import (
 
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
@@ -87,6 +89,10 @@ type Node struct {
 	vault       *vault.Vault
 	vaultNC     *nats.Conn
 	audit       *audit.Logger
+	host        *host.Follower   // this node's declaration (hosting.go)
+	supervisor  *host.Supervisor // the modules it runs
+	reportNow   chan struct{}    // the supervisor's state changed: report it
+	logsSub     *nats.Subscription
 	auditSub    *nats.Subscription
 	dead        *deadLetters
 	members     *membership.Membership
@@ -161,6 +167,14 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	if err := n.openAudit(); err != nil {
+		return err
+	}
+	n.reportNow = make(chan struct{}, 1)
+	n.newSupervisor()
+	if err := n.openHost(); err != nil {
+		return err
+	}
+	if n.logsSub, err = n.serveLogs(); err != nil {
 		return err
 	}
 	n.newHTTPServer()
@@ -327,14 +341,18 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 			budget:       n.budget,
 		},
-		node:     n.id.Name,
-		js:       n.bus.JetStream(),
-		sweepNow: make(chan struct{}, 1),
-		reports:  newReportCounts(),
+		node:      n.id.Name,
+		js:        n.bus.JetStream(),
+		sweepNow:  make(chan struct{}, 1),
+		reports:   newReportCounts(),
+		hosts:     map[string]host.Report{},
+		published: map[string]deploy.Declaration{},
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
 	}
+	n.ctrl.publisher = &deploy.Publisher{JS: n.bus.JetStream(), Key: n.ctrl.sign, Controller: n.id.Name, Servers: n.serverKey}
+	n.ctrl.epoch = func() uint64 { return 0 } // the seat's, once the leases are open (openSeats)
 	var leases *seats.Store
 	defer func() {
 		if err != nil && leases != nil {
@@ -511,6 +529,8 @@ func (n *Node) Run(ctx context.Context) error {
 		add("vault enrolment", n.enrolVault)
 	}
 	add("audit logger", n.audit.Run)
+	add("declaration follower", n.host.Run)
+	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	g.Add(func() error {
 		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
@@ -546,6 +566,9 @@ func (n *Node) Close() error {
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close(), "http")
 	}
+	if n.supervisor != nil {
+		n.supervisor.Stop() // the modules stop with their node
+	}
 	n.eventConn.Store(nil)
 	if n.lossSub != nil {
 		n.lossSub.Unsubscribe()
@@ -568,6 +591,10 @@ func (n *Node) Close() error {
 	if n.auditSub != nil {
 		n.auditSub.Unsubscribe()
 		n.auditSub = nil
+	}
+	if n.logsSub != nil {
+		n.logsSub.Unsubscribe()
+		n.logsSub = nil
 	}
 	if n.seats != nil {
 		n.seats.stop()
@@ -720,6 +747,11 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	n.seats = s
 	n.dir.seats.Store(s)
 	n.ctrl.seats = s.status
+	n.ctrl.epoch = func() uint64 {
+		// The runner's own record of the lease it holds: the lease bucket's mirror can lag.
+		l, _ := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+		return l.Epoch
+	}
 	if err := s.start(); err != nil {
 		return err
 	}
@@ -774,6 +806,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 				id, ok := n.reg.Node(node)
 				return id.XKey, ok && id.XKey != ""
 			},
+			Declared: n.declared,
 		})
 		return err
 	})
@@ -782,6 +815,23 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	}
 	n.dir.vault.Store(n.vault)
 	return nil
+}
+
+// openHost reads the declaration this node applied last and makes the follower of its next
+// ones: signed by a server of the mesh, checked against the registry's node keys.
+func (n *Node) openHost() (err error) {
+	n.host, err = host.Open(host.Config{
+		Node: n.id.Name, DB: n.db, JS: n.bus.JetStream(), Log: n.log.With("component", "host"),
+		Servers: func(name string) (string, bool) {
+			id, ok := n.reg.Node(name)
+			return id.PublicKey, ok
+		},
+		Event: func(name string, meta map[string]any) {
+			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, name, meta, n.log)
+		},
+		Apply: n.apply,
+	})
+	return err
 }
 
 // openAudit opens the audit logger on the node's store and serves its tool.

@@ -24,14 +24,14 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// reportCount reads the node's count of report jobs with outcome from /metrics.
+// reportCount reads the node's count of modules' report jobs with outcome from /metrics.
 func reportCount(t *testing.T, b *bed, outcome string) int {
 	t.Helper()
 	code, body := httpGet(t, b.n.HTTPURL()+"/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("/metrics: %d", code)
 	}
-	m := regexp.MustCompile(`(?m)^meshnode_controller_reports_total\{outcome="` + outcome + `"\} (\d+)$`).FindStringSubmatch(body)
+	m := regexp.MustCompile(`(?m)^meshnode_controller_reports_total\{from="module",outcome="` + outcome + `"\} (\d+)$`).FindStringSubmatch(body)
 	if m == nil {
 		return 0
 	}

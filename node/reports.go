@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,8 +29,8 @@ const ReportVerb = "report"
 func newReportCounts() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshnode_controller_reports_total",
-		Help: "Report jobs the mesh-controller seat's holder on this node took from its work queue, by outcome (accepted, refused).",
-	}, []string{"outcome"})
+		Help: "Report jobs the mesh-controller seat's holder on this node took from its work queue, by outcome (accepted, refused) and sender (node: a host's apply outcome; module).",
+	}, []string{"outcome", "from"})
 }
 
 // errReportRefused marks a report that fails the holder's check.
@@ -65,13 +67,17 @@ func (c *controller) consumeReports(ctx context.Context) {
 // takeReport checks one report job and keeps it (ack), or terminates it with the reason.
 func (c *controller) takeReport(m jetstream.Msg) {
 	source, err := c.checkReport(m)
+	from := "module"
+	if _, ok := c.reg.Node(source); ok {
+		from = "node"
+	}
 	if err != nil {
-		c.reports.WithLabelValues("refused").Inc()
+		c.reports.WithLabelValues("refused", from).Inc()
 		c.log.Warn("report refused", "subject", m.Subject(), "source", source, "err", err)
 		m.TermWithReason(err.Error())
 		return
 	}
-	c.reports.WithLabelValues("accepted").Inc()
+	c.reports.WithLabelValues("accepted", from).Inc()
 	if err := m.Ack(); err != nil {
 		c.log.Warn("ack report", "source", source, "err", err)
 	}
@@ -81,6 +87,22 @@ func (c *controller) checkReport(m jetstream.Msg) (source string, err error) {
 	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", errReportRefused, err)
+	}
+	if id, ok := c.reg.Node(ev.Source); ok {
+		// A host's apply outcome, signed by its node.
+		if err := envelope.Verify(m.Headers(), m.Subject(), m.Data(), id.PublicKey); err != nil {
+			return ev.Source, fmt.Errorf("%w: %w", errReportRefused, err)
+		}
+		var r host.Report
+		if err := json.Unmarshal(m.Data(), &r); err != nil || r.Node != ev.Source {
+			return ev.Source, fmt.Errorf("%w: not a host report of node %s", errReportRefused, ev.Source)
+		}
+		c.hostsMu.Lock()
+		if old, ok := c.hosts[r.Node]; !ok || !r.Time.Before(old.Time) {
+			c.hosts[r.Node] = r
+		}
+		c.hostsMu.Unlock()
+		return ev.Source, nil
 	}
 	e, ok := c.reg.Get(ev.Source)
 	if !ok {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
 )
@@ -19,6 +20,9 @@ var (
 	RemoveSubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "remove")
 	ListSubject     = manifest.SeatToolSubject(manifest.ControllerSeat, "list")
 	PinSubject      = manifest.SeatToolSubject(manifest.ControllerSeat, "pin")
+	DeploySubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "deploy")
+	UndeploySubject = manifest.SeatToolSubject(manifest.ControllerSeat, "undeploy")
+	PsSubject       = manifest.SeatToolSubject(manifest.ControllerSeat, "ps")
 )
 
 // RegisterRequest registers or re-registers a module.
@@ -90,6 +94,61 @@ type PinReply struct {
 	Error     string `json:"error,omitempty"`
 }
 
+// DeployRequest sets where and what a module runs (`meshnode deploy`): Digest is filled in
+// by the controller from the artifact store.
+type DeployRequest struct {
+	Module     string            `json:"module"`
+	Deployment deploy.Deployment `json:"deployment"`
+}
+
+// UndeployRequest stops a module on Nodes, or everywhere when Nodes is empty.
+type UndeployRequest struct {
+	Module string   `json:"module"`
+	Nodes  []string `json:"nodes,omitempty"`
+}
+
+// DeployReply answers DeployRequest and UndeployRequest: the deployment now (nil when
+// undeployed) and each affected node's declaration revision.
+type DeployReply struct {
+	Module     string             `json:"module,omitempty"`
+	Deployment *deploy.Deployment `json:"deployment,omitempty"`
+	Declared   []Declared         `json:"declared,omitempty"`
+	Error      string             `json:"error,omitempty"`
+}
+
+// Declared is one node's declaration after a change: its revision, and whether it changed.
+type Declared struct {
+	Node     string `json:"node"`
+	Revision uint64 `json:"revision"`
+	Changed  bool   `json:"changed"`
+	Error    string `json:"error,omitempty"` // the declaration could not be published (retried)
+}
+
+// Process is one module instance on one node, as `meshnode ps` shows it: from the node's
+// latest report, against the declaration published for it.
+type Process struct {
+	Module   string `json:"module"`
+	Node     string `json:"node"`
+	Version  string `json:"version"`
+	Instance int    `json:"instance"`
+	// Revision is the declaration the node applied; Declared the one published for it (when
+	// it is higher, the node is behind).
+	Revision uint64    `json:"revision"`
+	Declared uint64    `json:"declared"`
+	State    string    `json:"state"`
+	PID      int       `json:"pid,omitempty"`
+	Restarts int       `json:"restarts"`
+	Since    time.Time `json:"since,omitzero"`
+	Reason   string    `json:"reason,omitempty"`
+	Reported time.Time `json:"reported,omitzero"`
+}
+
+// PsReply answers a PsSubject request.
+type PsReply struct {
+	Processes []Process `json:"processes"`
+	Error     string    `json:"error,omitempty"`
+}
+
 // ModuleInfo is one registered module, as list reports it.
 type ModuleInfo struct {
 	Module       string            `json:"module"`
@@ -101,10 +160,12 @@ type ModuleInfo struct {
 	Seats        []string          `json:"seats"`
 	Fingerprints map[string]string `json:"fingerprints,omitempty"`
 	// Pins are the later seat protocol versions the module speaks, by seat.
-	Pins       map[string]string `json:"pins,omitempty"`
-	Registered time.Time         `json:"registered"`
-	Updated    time.Time         `json:"updated"`
-	Revision   uint64            `json:"revision"`
+	Pins map[string]string `json:"pins,omitempty"`
+	// Deployment is where and what it runs; nil when not deployed.
+	Deployment *deploy.Deployment `json:"deployment,omitempty"`
+	Registered time.Time          `json:"registered"`
+	Updated    time.Time          `json:"updated"`
+	Revision   uint64             `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
 }

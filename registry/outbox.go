@@ -2,7 +2,7 @@ package registry
 
 // isAction reports whether name is one of the registry's events.
 func isAction(name string) bool {
-	return name == EventRegistered || name == EventRemoved || name == EventPinned
+	return name == EventRegistered || name == EventRemoved || name == EventPinned || name == EventDeployed || name == EventUndeployed
 }
 
 // The registry's outbox (package outbox): a registration or a removal and its event are one
@@ -18,6 +18,9 @@ const (
 	EventRemoved    = "module.removed"
 	// EventPinned: a module moved to another version of a seat's protocol (seat pin).
 	EventPinned = "module.pinned"
+	// EventDeployed and EventUndeployed: a module's deployment set or changed, and ended.
+	EventDeployed   = "module.deployed"
+	EventUndeployed = "module.undeployed"
 )
 
 // Pending returns the modules whose record holds events not yet published: registered ones,

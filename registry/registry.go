@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -76,6 +77,9 @@ type Record struct {
 	// Pins are the later protocol versions the module speaks, by seat (`meshnode seat pin`);
 	// a seat not listed is spoken at v1. Bound holds the pinned version's protocol.
 	Pins map[string]string `json:"pins,omitempty"`
+	// Deployment is where and what the module runs (`meshnode deploy`); nil: it is not
+	// deployed (its instances are started by hand, if at all).
+	Deployment *deploy.Deployment `json:"deployment,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and

@@ -38,7 +38,20 @@ const (
 	// key and the vault's bus identity), sealed to that node's xkey, so it can serve the
 	// vault seat too. Only the nodes (and the operator) may ask.
 	VerbServer = "server"
+	// VerbModule hands a server the credentials of a module its declaration says it runs —
+	// the module's seed and the secrets the declaration names — sealed to that server's
+	// recorded xkey. Only the nodes ask.
+	VerbModule = "module"
 )
+
+// ModuleCredentials is what a sealed module reply opens to: what a host gives the module's
+// processes (the seed as MESH_CREDS, the secrets as files).
+type ModuleCredentials struct {
+	Module    string            `json:"module"`
+	PublicKey string            `json:"public_key"`
+	Seed      string            `json:"seed"`
+	Secrets   map[string]string `json:"secrets,omitempty"`
+}
 
 // ServerSecrets is what a sealed server reply opens to.
 type ServerSecrets struct {

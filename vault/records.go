@@ -322,7 +322,7 @@ func (v *Vault) list(_ context.Context, owner string) ([]Meta, error) {
 		if len(e.rec.Versions) == 0 {
 			continue // a bad record, kept for its revision only
 		}
-		if owner == "" || e.rec.Owner == owner {
+		if (owner == "" || e.rec.Owner == owner) && e.rec.Name != SeedName {
 			out = append(out, meta(&e.rec))
 		}
 	}
@@ -346,6 +346,12 @@ func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
 	rec, _ := json.Marshal(map[string]any{"owner": req.Owner, "public_key": pub, "created": time.Now().UTC()})
 	if _, err := v.kv.Put(ctx, "identity."+req.Owner+"."+pub, rec); err != nil {
 		return nil, err
+	}
+	if req.Owner != CallerOperator {
+		// Kept, barrier-encrypted, for the hosts that will run the module (VerbModule).
+		if err := v.keepSeed(ctx, req.Owner, string(seed)); err != nil {
+			return nil, fmt.Errorf("keep module %s's seed: %w", req.Owner, err)
+		}
 	}
 	v.event(ctx, "identity-minted", map[string]any{"owner": req.Owner, "public_key": pub})
 	return &Identity{Owner: req.Owner, PublicKey: pub, Seed: string(seed)}, nil

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
@@ -67,6 +68,9 @@ type Config struct {
 	// ServerXKey returns a server's recorded xkey: the vault's own credentials are sealed
 	// only to that.
 	ServerXKey func(node string) (string, bool)
+	// Declared returns what node's current declaration (STATE, signed by the controller)
+	// says of module: a node receives only the credentials of modules it must run.
+	Declared func(ctx context.Context, node, module string) (deploy.Module, bool)
 }
 
 // Vault is the mesh-vault seat's work on this node.
@@ -383,6 +387,12 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		out, err = v.token(ctx, req)
 	case verb == VerbIdentity:
 		out, err = v.identity(ctx, req)
+	case verb == VerbModule && (caller != CallerNode || !v.serverXKey(req.Node, req.XKey)):
+		err = fmt.Errorf("a module's credentials are sealed only to the recorded xkey of the server that runs it, and %q is not server %q's", req.XKey, req.Node)
+	case verb == VerbModule:
+		out, err = v.moduleCredentials(ctx, req)
+	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
+		err = fmt.Errorf("secret %s of %s is the mesh's own (%s* names are kept for it)", req.Name, req.Owner, reservedPrefix)
 	case verb == VerbServer && caller != CallerNode:
 		err = errors.New("only a server of the mesh receives the vault's credentials")
 	case verb == VerbServer && !v.serverXKey(req.Node, req.XKey):

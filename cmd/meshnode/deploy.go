@@ -1,0 +1,391 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+)
+
+// The deploy path's verbs (DESIGN §12): artifacts, deployments, and what runs where.
+
+func newArtifactCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "artifact", Short: "Store the executables hosts run: put, ls, rm"}
+	cmd.AddCommand(newArtifactPutCmd(), newArtifactLsCmd(), newArtifactRmCmd())
+	return cmd
+}
+
+// withArtifacts runs f with the mesh's artifact store, on the operator's connection.
+func withArtifacts(cmd *cobra.Command, f func(ctx context.Context, obs jetstream.ObjectStore) error) error {
+	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		obs, err := artifact.Lookup(ctx, js)
+		if err != nil {
+			return err
+		}
+		return f(ctx, obs)
+	})
+}
+
+func newArtifactPutCmd() *cobra.Command {
+	var version string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "put MODULE FILE --version V",
+		Short: "Store an executable (a static binary or a script) as a module's version",
+		Long: `Store an executable as a module's version in the mesh's artifact store. Its SHA-256 digest is
+its identity: hosts check it on every read and refuse anything else. A version is immutable: the
+same file again changes nothing, another file under a stored version is refused.`,
+		Example: `  meshnode artifact put shop ./shop --version 1.4.0
+  meshnode deploy shop --version 1.4.0 --all`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := artifact.CheckVersion(version); err != nil {
+				return usagef("--version: %v", err)
+			}
+			if st, err := os.Stat(args[1]); err != nil || !st.Mode().IsRegular() {
+				return usagef("%s is not a file", args[1])
+			} else if st.Mode().Perm()&0o111 == 0 {
+				return usagef("%s is not executable: a host runs an artifact as is (chmod +x it)", args[1])
+			}
+			var info artifact.Info
+			err := withArtifacts(cmd, func(ctx context.Context, obs jetstream.ObjectStore) (err error) {
+				info, err = artifact.Put(ctx, obs, args[0], version, args[1])
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONLines(cmd.OutOrStdout(), []artifact.Info{info})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "stored %s %s (%d bytes, %s)\n", info.Module, info.Version, info.Size, info.Digest)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&version, "version", "", "the version to store it as (required)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the stored artifact as one JSON object")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func newArtifactLsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls [MODULE]",
+		Short: "List the stored artifacts, newest first per module",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			module := ""
+			if len(args) == 1 {
+				module = args[0]
+			}
+			var infos []artifact.Info
+			err := withArtifacts(cmd, func(ctx context.Context, obs jetstream.ObjectStore) (err error) {
+				infos, err = artifact.List(ctx, obs, module)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONLines(cmd.OutOrStdout(), infos)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "MODULE\tVERSION\tSIZE\tDIGEST\tSTORED")
+			for _, a := range infos {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", a.Module, a.Version, a.Size, a.Digest, a.Stored.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per artifact")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func newArtifactRmCmd() *cobra.Command {
+	var version string
+	cmd := &cobra.Command{
+		Use:   "rm MODULE --version V",
+		Short: "Remove a stored artifact that no deployment names",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := artifact.CheckVersion(version); err != nil {
+				return usagef("--version: %v", err)
+			}
+			return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+				mods, err := admin.List(ctx, nc)
+				if err != nil {
+					return err
+				}
+				for _, m := range mods {
+					if m.Module == args[0] && m.Deployment != nil && m.Deployment.Version == version {
+						return fmt.Errorf("%s %s is deployed; deploy another version or undeploy it first", args[0], version)
+					}
+				}
+				js, err := jetstream.New(nc)
+				if err != nil {
+					return err
+				}
+				obs, err := artifact.Lookup(ctx, js)
+				if err != nil {
+					return err
+				}
+				if err := artifact.Remove(ctx, obs, args[0], version); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s %s\n", args[0], version)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&version, "version", "", "the version to remove (required)")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func newDeployCmd() *cobra.Command {
+	var d deploy.Deployment
+	var nodes string
+	var env []string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [-- ARGS...]",
+		Short: "Run a registered module's stored artifact on some nodes, or all",
+		Long: `Run a registered module's stored artifact on some nodes, or on all. The controller composes each
+affected node's whole declaration and publishes it as state; each node applies the newest one:
+it fetches the artifact (digest checked), the module's credentials and the secrets its manifest
+declares from the vault, and supervises the processes (MESH_URL, MESH_CREDS, MESH_NODE and
+MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs where.`,
+		Example: `  meshnode deploy shop --version 1.4.0 --all
+  meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
+				if dash != 1 {
+					return usagef("name one module before --")
+				}
+				d.Args = args[1:]
+			} else if len(args) != 1 {
+				return usagef("name one module; put the module's own arguments after --")
+			}
+			if nodes != "" {
+				d.Nodes = strings.Split(nodes, ",")
+			}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return usagef("--env %q: write NAME=value", kv)
+				}
+				if d.Env == nil {
+					d.Env = map[string]string{}
+				}
+				d.Env[k] = v
+			}
+			if err := d.Check(); err != nil {
+				return usagef("%v", err)
+			}
+			var reply registry.DeployReply
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reply, err = admin.Deploy(ctx, nc, registry.DeployRequest{Module: args[0], Deployment: d})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return printDeployed(cmd.OutOrStdout(), "deployed", reply, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&d.Version, "version", "", "the artifact's version (required)")
+	cmd.Flags().StringVar(&nodes, "nodes", "", "the nodes to run it on, comma-separated")
+	cmd.Flags().BoolVar(&d.All, "all", false, "run it on every node of the mesh")
+	cmd.Flags().IntVar(&d.Instances, "instances", 1, "processes per node")
+	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func newUndeployCmd() *cobra.Command {
+	var nodes string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "undeploy MODULE [--nodes a,b]",
+		Short:   "Stop a module on some nodes, or everywhere; its credentials leave those nodes",
+		Example: "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := registry.UndeployRequest{Module: args[0]}
+			if nodes != "" {
+				req.Nodes = strings.Split(nodes, ",")
+			}
+			var reply registry.DeployReply
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reply, err = admin.Undeploy(ctx, nc, req)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return printDeployed(cmd.OutOrStdout(), "undeployed", reply, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&nodes, "nodes", "", "stop it only on these nodes, comma-separated")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func printDeployed(w io.Writer, verb string, r registry.DeployReply, asJSON bool) error {
+	if asJSON {
+		return writeJSONLines(w, []registry.DeployReply{r})
+	}
+	fmt.Fprintf(w, "%s %s\n", verb, r.Module)
+	for _, d := range r.Declared {
+		switch {
+		case d.Error != "":
+			fmt.Fprintf(w, "  %s: not declared yet (%s); the next change or controller start declares it\n", d.Node, d.Error)
+		case d.Changed:
+			fmt.Fprintf(w, "  %s: declaration revision %d\n", d.Node, d.Revision)
+		default:
+			fmt.Fprintf(w, "  %s: unchanged (revision %d)\n", d.Node, d.Revision)
+		}
+	}
+	return nil
+}
+
+func newPsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ps",
+		Short: "What runs where: each deployed module's processes, per node, and which nodes are behind",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var ps []registry.Process
+			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+				ps, err = admin.Ps(ctx, nc)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONLines(cmd.OutOrStdout(), ps)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "MODULE\tNODE\tVERSION\tREVISION\tSTATE\tPID\tRESTARTS\tREASON")
+			for _, p := range ps {
+				rev := fmt.Sprint(p.Revision)
+				if p.Revision < p.Declared {
+					rev += fmt.Sprintf(" (behind %d)", p.Declared)
+				}
+				pid := "-"
+				if p.PID > 0 {
+					pid = fmt.Sprint(p.PID)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", p.Module, p.Node, p.Version, rev, p.State, pid, p.Restarts, p.Reason)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per process")
+	addClientFlags(cmd)
+	return cmd
+}
+
+func newLogsCmd() *cobra.Command {
+	var nodeName string
+	var follow bool
+	var tail int64
+	cmd := &cobra.Command{
+		Use:     "logs MODULE [--node N] [-f]",
+		Short:   "Print a deployed module's output (stdout and stderr) on a node",
+		Example: "  meshnode logs shop\n  meshnode logs shop --node beta -f",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			url, creds, err := clientTarget(cmd)
+			if err != nil {
+				return err
+			}
+			nc, err := dialWith(url, creds)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			base, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if nodeName == "" {
+				ctx, cancel := context.WithTimeout(base, requestTimeout)
+				ps, err := admin.Ps(ctx, nc)
+				cancel()
+				if err != nil {
+					return err
+				}
+				for _, p := range ps {
+					if p.Module == args[0] {
+						nodeName = p.Node
+						break
+					}
+				}
+				if nodeName == "" {
+					return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", args[0])
+				}
+			}
+			req := host.LogsRequest{Module: args[0], Offset: -tail}
+			for {
+				var reply host.LogsReply
+				ctx, cancel := context.WithTimeout(base, requestTimeout)
+				b, _ := json.Marshal(req)
+				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, host.LogsTool), b)
+				cancel()
+				if err == nil {
+					err = json.Unmarshal(msg.Data, &reply)
+				}
+				if err != nil {
+					return fmt.Errorf("ask node %s for %s's output: %w", nodeName, args[0], err)
+				}
+				if reply.Error != "" {
+					return fmt.Errorf("node %s: %s", nodeName, reply.Error)
+				}
+				cmd.OutOrStdout().Write(reply.Data)
+				req.Offset = reply.Next
+				if len(reply.Data) == host.MaxLogRead {
+					continue
+				}
+				if !follow {
+					return nil
+				}
+				select {
+				case <-base.Done():
+					return nil
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+		},
+	}
+	cmd.Flags().StringVar(&nodeName, "node", "", "the node whose output to print (default: the first that runs it)")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().Int64Var(&tail, "tail", 64<<10, "start this many bytes before the end")
+	addClientFlags(cmd)
+	return cmd
+}

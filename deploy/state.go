@@ -1,0 +1,91 @@
+package deploy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Last returns the declaration last published for node on STATE and its stream sequence;
+// ok is false when there is none. A last message that is not a declaration signed by a
+// server of the mesh (a forgery, or garbage) comes back as a zero declaration, with its
+// sequence: whoever writes next replaces it.
+func Last(ctx context.Context, js jetstream.JetStream, node string, servers ServerKey) (d Declaration, seq uint64, ok bool, err error) {
+	st, err := js.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		return d, 0, false, fmt.Errorf("look up %s: %w", manifest.StateStreamName, err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return d, 0, false, nil
+	}
+	if err != nil {
+		return d, 0, false, fmt.Errorf("read node %s's declaration: %w", node, err)
+	}
+	if d, err = Check(node, m.Subject, m.Header, m.Data, servers, Declaration{}); err != nil {
+		d = Declaration{}
+	}
+	return d, m.Sequence, true, nil
+}
+
+// Publisher writes nodes' declarations on STATE for the controller's holder: signed by its
+// node, with Nats-Expected-Last-Subject-Sequence so that two controllers (an old holder and
+// a new one) cannot interleave their writes for a node.
+type Publisher struct {
+	JS         jetstream.JetStream
+	Key        envelope.Signer
+	Controller string    // this node: the declarations' signer
+	Servers    ServerKey // the mesh's servers' keys: what published declarations are checked with
+}
+
+// maxConflicts bounds how often Publish composes again after another writer got in first.
+const maxConflicts = 5
+
+// Publish declares modules for node, unless the declaration published last declares the same
+// (then it returns that one and false). The revision is one past both the last revision for
+// node and STATE's last sequence: a replayed old declaration (which takes a new sequence but
+// keeps its revision) never makes the next revision one a node has applied already.
+func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modules []Module) (Declaration, bool, error) {
+	for range maxConflicts {
+		last, seq, ok, err := Last(ctx, p.JS, node, p.Servers)
+		if err != nil {
+			return Declaration{}, false, err
+		}
+		if ok && last.Revision > 0 && SameModules(last.Modules, modules) {
+			return last, false, nil
+		}
+		st, err := p.JS.Stream(ctx, manifest.StateStreamName)
+		if err != nil {
+			return Declaration{}, false, err
+		}
+		// The stream's last sequence is past every revision ever written, forged ones too.
+		d := Declaration{Node: node, Revision: max(last.Revision, st.CachedInfo().State.LastSeq) + 1, Epoch: epoch,
+			Controller: p.Controller, Composed: time.Now().UTC(), Modules: modules}
+		body, err := json.Marshal(d)
+		if err != nil {
+			return Declaration{}, false, err
+		}
+		h, err := Sign(p.Key, p.Controller, d, body)
+		if err != nil {
+			return Declaration{}, false, err
+		}
+		_, err = p.JS.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject(node), Header: h, Data: body},
+			jetstream.WithExpectLastSequencePerSubject(seq))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			continue // another writer got in first: compose on top of what it wrote
+		}
+		if err != nil {
+			return Declaration{}, false, fmt.Errorf("publish node %s's declaration: %w", node, err)
+		}
+		return d, true, nil
+	}
+	return Declaration{}, false, fmt.Errorf("publish node %s's declaration: another writer got in first %d times; is a second controller holding the seat?", node, maxConflicts)
+}

@@ -1,0 +1,169 @@
+// Package host is a node's side of deployment as state (DESIGN §12): it follows the node's
+// own declaration on STATE, takes only one that is newer than the last it applied and signed
+// by the mesh's controller, keeps that one in the node's bbolt so a restart resumes from it
+// before the bus is back, and hands it to the supervisor that runs the modules.
+package host
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go/jetstream"
+	bolt "go.etcd.io/bbolt"
+)
+
+// bucket is the node's bbolt bucket of what it applied; appliedKey holds the declaration's
+// JSON as it was published.
+var (
+	bucket     = []byte("host")
+	appliedKey = []byte("applied")
+)
+
+// Node events of the host: mesh.node.<node>.event.declaration.applied|refused.
+const (
+	EventApplied = "declaration.applied"
+	EventRefused = "declaration.refused"
+)
+
+// Config is what a Follower needs of its node.
+type Config struct {
+	Node    string
+	DB      *bolt.DB
+	JS      jetstream.JetStream
+	Servers deploy.ServerKey
+	Log     *slog.Logger
+	// Event publishes one of the node's own events (signed by the node): the audit log
+	// records every declaration the node applied or refused.
+	Event func(name string, meta map[string]any)
+	// Apply makes the node run what d declares; it is called with the applied declaration at
+	// start (from the store) and with each newer one.
+	Apply func(ctx context.Context, d deploy.Declaration)
+}
+
+// Follower follows one node's declaration.
+type Follower struct {
+	cfg Config
+
+	mu      sync.Mutex
+	applied deploy.Declaration
+	body    []byte // the applied declaration as published
+}
+
+// Open reads the declaration the node applied last (none on a new node).
+func Open(cfg Config) (*Follower, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	f := &Follower{cfg: cfg}
+	err := cfg.DB.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucket)
+		if err != nil {
+			return err
+		}
+		if v := b.Get(appliedKey); v != nil {
+			f.body = bytes.Clone(v)
+			return json.Unmarshal(v, &f.applied)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the applied declaration: %w", err)
+	}
+	return f, nil
+}
+
+// Applied returns the declaration the node applied last (zero: none).
+func (f *Follower) Applied() deploy.Declaration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applied
+}
+
+// Run applies the stored declaration, then follows the node's subject on STATE until ctx
+// ends, starting over after any failure of the bus.
+func (f *Follower) Run(ctx context.Context) error {
+	if d := f.Applied(); d.Revision > 0 {
+		f.cfg.Apply(ctx, d) // the node's modules run again before the bus is asked
+	}
+	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		err := f.follow(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.cfg.Log.Warn("follow the node's declaration; trying again", "err", err)
+		if wait.Wait(ctx) != nil {
+			return nil
+		}
+	}
+}
+
+// follow reads the node's subject from its last message on, handling each, until the
+// consumer fails or ctx ends.
+func (f *Follower) follow(ctx context.Context) error {
+	cons, err := f.cfg.JS.OrderedConsumer(ctx, manifest.StateStreamName, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{manifest.StateSubject(f.cfg.Node)},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	msgs, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, msgs.Stop)
+	defer stop()
+	for {
+		m, err := msgs.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		f.handle(ctx, m)
+	}
+}
+
+// handle checks one declaration and applies it, or refuses it with an audited event. The
+// declaration applied last, delivered again (at every start), is neither.
+func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
+	f.mu.Lock()
+	applied, body := f.applied, f.body
+	f.mu.Unlock()
+	if bytes.Equal(m.Data(), body) {
+		return
+	}
+	d, err := deploy.Check(f.cfg.Node, m.Subject(), m.Headers(), m.Data(), f.cfg.Servers, applied)
+	if err != nil {
+		f.cfg.Log.Warn("declaration refused", "revision", d.Revision, "applied", applied.Revision, "err", err)
+		f.cfg.Event(EventRefused, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "applied": applied.Revision,
+			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
+		return
+	}
+	if err := f.cfg.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put(appliedKey, m.Data()) }); err != nil {
+		f.cfg.Log.Error("record the applied declaration; it is applied again at the next start", "revision", d.Revision, "err", err)
+	}
+	f.mu.Lock()
+	f.applied, f.body = d, bytes.Clone(m.Data())
+	f.mu.Unlock()
+	modules := make([]string, len(d.Modules))
+	for i, mod := range d.Modules {
+		modules[i] = mod.Module + "@" + mod.Version
+	}
+	f.cfg.Log.Info("declaration applied", "revision", d.Revision, "controller", d.Controller, "epoch", d.Epoch, "modules", modules)
+	f.cfg.Event(EventApplied, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "epoch": d.Epoch,
+		"controller": d.Controller, "modules": modules})
+	f.cfg.Apply(ctx, d)
+}

@@ -1,0 +1,426 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/vault"
+)
+
+// The states of a module and of each of its processes, as reports and `meshnode ps` say them.
+const (
+	StatePreparing    = "preparing"     // fetching its artifact and credentials
+	StateRunning      = "running"       // its process runs
+	StateWaiting      = "waiting"       // its process exited; started again after a back-off
+	StateCrashLooping = "crash-looping" // it exited quickly CrashLoopAfter times in a row
+	StateFailed       = "failed"        // it could not be prepared (reason says why); tried again
+)
+
+// Supervision's timings.
+const (
+	// StableAfter is how long a process must run for its exit not to count as a crash.
+	StableAfter = 10 * time.Second
+	// CrashLoopAfter quick exits in a row make a module crash-looping.
+	CrashLoopAfter = 3
+	// MaxRestartWait bounds the back-off between restarts.
+	MaxRestartWait = time.Minute
+	// DefaultGrace is how long a process has after SIGTERM before SIGKILL.
+	DefaultGrace = 10 * time.Second
+	// maxLog is the size at which a module's output log is rotated (one old file kept).
+	maxLog = 8 << 20
+)
+
+// Report is what a host tells the controller after each apply and each change of state.
+type Report struct {
+	Node     string         `json:"node"`
+	Revision uint64         `json:"revision"` // the declaration applied
+	Modules  []ModuleReport `json:"modules"`
+	Time     time.Time      `json:"time"`
+}
+
+// ModuleReport is one module on the reporting node.
+type ModuleReport struct {
+	Module    string           `json:"module"`
+	Version   string           `json:"version"`
+	State     string           `json:"state"`
+	Reason    string           `json:"reason,omitempty"`
+	Instances []InstanceReport `json:"instances,omitempty"`
+}
+
+// InstanceReport is one process of a module.
+type InstanceReport struct {
+	PID      int       `json:"pid,omitempty"`
+	State    string    `json:"state"`
+	Restarts int       `json:"restarts"`
+	Since    time.Time `json:"since"`
+	Reason   string    `json:"reason,omitempty"` // the last exit
+}
+
+// Supervisor runs the modules a node's declaration names as processes, each in its own
+// process group under Dir/<module>, and keeps them running.
+type Supervisor struct {
+	Dir  string // <data-dir>/modules
+	Node string
+	// URL is the bus address a module's process connects to (MESH_URL).
+	URL string
+	// Artifact writes a module's artifact to w, checked against its digest.
+	Artifact func(ctx context.Context, m deploy.Module, w io.Writer) error
+	// Credentials fetches a module's seed and named secrets from the vault.
+	Credentials func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error)
+	// Changed is told whenever what Report returns changed.
+	Changed func()
+	Log     *slog.Logger
+	Grace   time.Duration // 0: DefaultGrace
+
+	mu       sync.Mutex
+	revision uint64
+	mods     map[string]*module
+}
+
+// module is one supervised module.
+type module struct {
+	spec   deploy.Module
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	state  string
+	reason string
+	insts  []*instance
+}
+
+type instance struct {
+	pid      int
+	state    string
+	restarts int
+	since    time.Time
+	reason   string
+}
+
+// Apply makes the supervisor run exactly what d declares: modules no longer declared, or
+// declared differently, are stopped (a removed one's directory, credentials included, is
+// deleted); new and changed ones are started. It returns once the stops are done; starting
+// goes on in the background.
+func (s *Supervisor) Apply(ctx context.Context, d deploy.Declaration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mods == nil {
+		s.mods = map[string]*module{}
+	}
+	s.revision = d.Revision
+	for _, name := range slices.Sorted(maps.Keys(s.mods)) {
+		m := s.mods[name]
+		next, declared := d.Module(name)
+		if declared && deploy.SameModules([]deploy.Module{m.spec}, []deploy.Module{next}) {
+			continue
+		}
+		m.cancel()
+		<-m.done
+		delete(s.mods, name)
+		if !declared {
+			if err := os.RemoveAll(filepath.Join(s.Dir, name)); err != nil {
+				s.log().Error("remove a stopped module's directory", "module", name, "err", err)
+			}
+			s.log().Info("module stopped: no longer declared", "module", name)
+		}
+	}
+	for _, spec := range d.Modules {
+		if _, ok := s.mods[spec.Module]; ok {
+			continue
+		}
+		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		m := &module{spec: spec, cancel: cancel, done: make(chan struct{}), state: StatePreparing}
+		s.mods[spec.Module] = m
+		go func() {
+			defer close(m.done)
+			s.run(mctx, m)
+		}()
+	}
+	s.changed()
+}
+
+// Stop stops every module (the node is stopping): their processes get SIGTERM, then SIGKILL
+// after the grace period. Their directories stay, to start again from at the next start.
+func (s *Supervisor) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.mods {
+		m.cancel()
+	}
+	for name, m := range s.mods {
+		<-m.done
+		delete(s.mods, name)
+	}
+}
+
+// Report describes what runs now.
+func (s *Supervisor) Report() Report {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := Report{Node: s.Node, Revision: s.revision, Modules: []ModuleReport{}, Time: time.Now().UTC()}
+	for _, name := range slices.Sorted(maps.Keys(s.mods)) {
+		m := s.mods[name]
+		m.mu.Lock()
+		mr := ModuleReport{Module: name, Version: m.spec.Version, State: m.state, Reason: m.reason}
+		for _, in := range m.insts {
+			mr.Instances = append(mr.Instances, InstanceReport{PID: in.pid, State: in.state, Restarts: in.restarts, Since: in.since, Reason: in.reason})
+		}
+		m.mu.Unlock()
+		r.Modules = append(r.Modules, mr)
+	}
+	return r
+}
+
+func (s *Supervisor) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+func (s *Supervisor) changed() {
+	if s.Changed != nil {
+		s.Changed()
+	}
+}
+
+// set records a module's state.
+func (s *Supervisor) set(m *module, state, reason string) {
+	m.mu.Lock()
+	m.state, m.reason = state, reason
+	m.mu.Unlock()
+	s.changed()
+}
+
+// run prepares a module until it is ready (trying again after a failure), then runs its
+// instances until ctx ends.
+func (s *Supervisor) run(ctx context.Context, m *module) {
+	wait := backoff.Backoff{First: time.Second, Max: MaxRestartWait}
+	var path string
+	for {
+		var err error
+		if path, err = s.prepare(ctx, m.spec); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log().Error("module not started", "module", m.spec.Module, "version", m.spec.Version, "err", err)
+		s.set(m, StateFailed, err.Error())
+		if wait.Wait(ctx) != nil {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.insts = make([]*instance, m.spec.Instances)
+	for i := range m.insts {
+		m.insts[i] = &instance{state: StatePreparing, since: time.Now().UTC()}
+	}
+	m.mu.Unlock()
+	s.set(m, StateRunning, "")
+	var wg sync.WaitGroup
+	for i := range m.spec.Instances {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.supervise(ctx, m, i, path)
+		}()
+	}
+	wg.Wait()
+}
+
+// prepare puts the module's artifact (checked against its digest) and its credentials under
+// its directory and returns the artifact's path.
+func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, error) {
+	dir := filepath.Join(s.Dir, spec.Module)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "artifact-"+strings.TrimPrefix(spec.Digest, "sha256:")[:16])
+	if _, err := os.Stat(path); err != nil {
+		tmp, err := os.CreateTemp(dir, ".artifact-*")
+		if err != nil {
+			return "", err
+		}
+		defer os.Remove(tmp.Name())
+		err = s.Artifact(ctx, spec, tmp)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return "", fmt.Errorf("artifact %s %s: %w", spec.Module, spec.Version, err)
+		}
+		if err := os.Chmod(tmp.Name(), 0o700); err != nil {
+			return "", err
+		}
+		if err := os.Rename(tmp.Name(), path); err != nil {
+			return "", err
+		}
+	}
+	creds, err := s.Credentials(ctx, spec)
+	if err != nil {
+		return "", fmt.Errorf("credentials of %s: %w", spec.Module, err)
+	}
+	if err := writeSecret(filepath.Join(dir, "creds.nk"), creds.Seed); err != nil {
+		return "", err
+	}
+	secrets := filepath.Join(dir, "secrets")
+	os.RemoveAll(secrets)
+	if len(creds.Secrets) > 0 {
+		if err := os.Mkdir(secrets, 0o700); err != nil {
+			return "", err
+		}
+		for name, value := range creds.Secrets {
+			if err := writeSecret(filepath.Join(secrets, name), value); err != nil {
+				return "", err
+			}
+		}
+	}
+	// Older artifacts of the module are not kept.
+	olds, _ := filepath.Glob(filepath.Join(dir, "artifact-*"))
+	for _, old := range olds {
+		if old != path {
+			os.Remove(old)
+		}
+	}
+	return path, nil
+}
+
+// writeSecret writes value to path, readable by the node's user alone.
+func writeSecret(path, value string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(value), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// supervise runs instance i of m until ctx ends, restarting it with back-off.
+func (s *Supervisor) supervise(ctx context.Context, m *module, i int, path string) {
+	in := m.insts[i]
+	quick := 0
+	for {
+		started := time.Now()
+		err := s.runOnce(ctx, m, in, i, path)
+		if ctx.Err() != nil {
+			return
+		}
+		reason := "exited"
+		if err != nil {
+			reason = err.Error()
+		}
+		if time.Since(started) < StableAfter {
+			quick++
+		} else {
+			quick = 0
+		}
+		state := StateWaiting
+		if quick >= CrashLoopAfter {
+			state = StateCrashLooping
+		}
+		m.mu.Lock()
+		in.pid, in.state, in.reason, in.since = 0, state, reason, time.Now().UTC()
+		in.restarts++
+		m.mu.Unlock()
+		s.set(m, state, fmt.Sprintf("instance %d: %s", i, reason))
+		s.log().Warn("module process exited; restarting", "module", m.spec.Module, "instance", i, "reason", reason, "restarts", in.restarts, "state", state)
+		wait := min(time.Second<<min(quick, 6), MaxRestartWait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// runOnce starts one process of the module and waits for it to exit, or stops it when ctx
+// ends: SIGTERM to its process group, SIGKILL after the grace period.
+func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int, path string) error {
+	dir := filepath.Dir(path)
+	out, err := openLog(filepath.Join(dir, "output.log"))
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(path, m.spec.Args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Env = []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"MESH_URL=" + s.URL,
+		"MESH_CREDS=" + filepath.Join(dir, "creds.nk"),
+		"MESH_NODE=" + s.Node,
+		"MESH_SECRETS=" + filepath.Join(dir, "secrets"),
+		"MESH_INSTANCE=" + strconv.Itoa(i),
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.spec.Env)) {
+		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	m.mu.Lock()
+	in.pid, in.state, in.since = cmd.Process.Pid, StateRunning, time.Now().UTC()
+	m.mu.Unlock()
+	s.set(m, StateRunning, "")
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		return exitReason(err)
+	case <-ctx.Done():
+	}
+	pgid := -cmd.Process.Pid
+	syscall.Kill(pgid, syscall.SIGTERM)
+	grace := s.Grace
+	if grace == 0 {
+		grace = DefaultGrace
+	}
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		syscall.Kill(pgid, syscall.SIGKILL)
+		<-exited
+	}
+	syscall.Kill(pgid, syscall.SIGKILL) // its children too, had any outlived it
+	return nil
+}
+
+// exitReason says how a process ended.
+func exitReason(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return fmt.Errorf("killed by %s", ws.Signal())
+		}
+		return fmt.Errorf("exit status %d", ee.ExitCode())
+	}
+	if err == nil {
+		return errors.New("exit status 0")
+	}
+	return err
+}
+
+// openLog opens a module's output log for appending, rotating it first when it is large.
+func openLog(path string) (*os.File, error) {
+	if st, err := os.Stat(path); err == nil && st.Size() > maxLog {
+		os.Rename(path, path+".1")
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+}

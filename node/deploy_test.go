@@ -1,0 +1,304 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// sleeper is an artifact that says where it runs, then waits to be stopped.
+const sleeper = "#!/bin/sh\necho \"started $MESH_NODE instance $MESH_INSTANCE v=%s\"\nexec sleep 600\n"
+
+// putArtifact stores content as module's version through the operator's connection.
+func (b *bed) putArtifact(module, version, content string) artifact.Info {
+	b.t.Helper()
+	path := filepath.Join(b.t.TempDir(), module+"-"+version)
+	if err := os.WriteFile(path, []byte(content), 0o755); err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	obs, err := artifact.Lookup(ctx, b.js)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	info, err := artifact.Put(ctx, obs, module, version, path)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return info
+}
+
+// deploy deploys module's version on alpha.
+func (b *bed) deploy(module, version string) registry.DeployReply {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: module, Deployment: deploy.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
+	if err != nil {
+		b.t.Fatalf("deploy %s %s: %v", module, version, err)
+	}
+	return r
+}
+
+// ps returns the controller's `ps` rows of module.
+func (b *bed) ps(module string) []registry.Process {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	all, err := admin.Ps(ctx, b.op)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var out []registry.Process
+	for _, p := range all {
+		if p.Module == module {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// running waits until module runs one process at version and returns it.
+func (b *bed) running(t *testing.T, module, version string, notPID int) registry.Process {
+	t.Helper()
+	var p registry.Process
+	retryUntil(t, 20*time.Second, func() error {
+		ps := b.ps(module)
+		if len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].PID == 0 || ps[0].PID == notPID || ps[0].Version != version {
+			return fmt.Errorf("ps %+v", ps)
+		}
+		p = ps[0]
+		return nil
+	})
+	return p
+}
+
+// TestDeploy_RunsRestartsAndUndeploys: a deployed artifact runs on its node with its
+// credentials (0600, the module's own seed) and the host's environment; killed, it is
+// restarted; its output is readable through the node's logs tool; undeployed, it stops and
+// its credentials leave the disk. The seed is in no stream.
+func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
+	b := newBed(t)
+	seedFile, _ := b.register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
+		t.Fatalf("deploy without an artifact: %v, want a refusal saying to put it", err)
+	}
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
+		t.Fatalf("deploy to an unknown node: %v", err)
+	}
+	r := b.deploy("ticker", "1")
+	if len(r.Declared) != 1 || !r.Declared[0].Changed || r.Declared[0].Node != "alpha" {
+		t.Fatalf("deploy reply %+v", r)
+	}
+	p := b.running(t, "ticker", "1", 0)
+
+	dir := filepath.Join(b.dir, "modules", "ticker")
+	creds := filepath.Join(dir, "creds.nk")
+	st, err := os.Stat(creds)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials %v %v, want a 0600 file", st, err)
+	}
+	want, _ := os.ReadFile(seedFile)
+	got, _ := os.ReadFile(creds)
+	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
+		t.Fatal("the host's credentials are not the module's seed")
+	}
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []string{"MESH_URL=" + b.n.ClientURL(), "MESH_CREDS=" + creds, "MESH_NODE=alpha"} {
+		if !bytes.Contains(environ, []byte(kv+"\x00")) {
+			t.Errorf("the process's environment lacks %s", kv)
+		}
+	}
+	var logs host.LogsReply
+	retryUntil(t, 5*time.Second, func() error {
+		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", host.LogsTool), []byte(`{"module":"ticker","offset":0}`), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		json.Unmarshal(msg.Data, &logs)
+		if !strings.Contains(string(logs.Data), "started alpha instance 0 v=1") {
+			return fmt.Errorf("logs %q %s", logs.Data, logs.Error)
+		}
+		return nil
+	})
+
+	// kill -9: restarted, counted.
+	if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	again := b.running(t, "ticker", "1", p.PID)
+	if again.Restarts < 1 {
+		t.Fatalf("restarted without a count: %+v", again)
+	}
+
+	// The seed is in no stream: every message of every stream is scanned.
+	seed := string(bytes.TrimSpace(want))
+	streams := b.js.ListStreams(ctx)
+	for info := range streams.Info() {
+		s, _ := b.js.Stream(ctx, info.Config.Name)
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			if strings.Contains(string(m.Data), seed) || strings.Contains(fmt.Sprint(m.Header), seed) {
+				t.Fatalf("the module's seed is in stream %s, message %d (%s)", info.Config.Name, seq, m.Subject)
+			}
+		}
+	}
+
+	ctxU, cancelU := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelU()
+	if _, err := admin.Undeploy(ctxU, b.op, registry.UndeployRequest{Module: "ticker"}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if ps := b.ps("ticker"); len(ps) > 0 {
+			return fmt.Errorf("still in ps: %+v", ps)
+		}
+		if err := syscall.Kill(again.PID, 0); err == nil {
+			return fmt.Errorf("process %d still runs", again.PID)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			return errors.New("its directory (with its credentials) is still on disk")
+		}
+		return nil
+	})
+}
+
+// TestDeploy_StaleDeclarationRefused (DESIGN §12): a declaration older than the one applied
+// — replayed with its original signature, or signed by the operator — is refused, the node
+// keeps what it applied, and the refusal is audited.
+func TestDeploy_StaleDeclarationRefused(t *testing.T) {
+	b := newBed(t)
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b.deploy("ticker", "1")
+	b.running(t, "ticker", "1", 0)
+	st, err := b.js.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject("alpha"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := b.deploy("ticker", "2")
+	b.running(t, "ticker", "2", 0)
+
+	// Replayed as it was published (but for the stream's write check and dedup id, which no
+	// signature covers; after the dedup window the id would pass too): a valid signature,
+	// an older revision.
+	old.Header.Del(jetstream.ExpectedLastSubjSeqHeader)
+	old.Header.Del(jetstream.MsgIDHeader)
+	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: old.Subject, Header: old.Header, Data: old.Data}); err != nil {
+		t.Fatal(err)
+	}
+	// Forged: a newer revision, signed by the operator's key under the controller's name.
+	var d deploy.Declaration
+	json.Unmarshal(old.Data, &d)
+	d.Revision = second.Declared[0].Revision + 100
+	body, _ := json.Marshal(d)
+	seed, _ := os.ReadFile(filepath.Join(b.dir, node.OperatorSeedFile))
+	opKey, err := nkeys.FromSeed(bytes.TrimSpace(seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := envelope.Stamp(opKey, "alpha", "alpha", manifest.StateSubject("alpha"), body, envelope.Options{})
+	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject("alpha"), Header: h, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	var refused []audit.Record
+	retryUntil(t, 10*time.Second, func() error {
+		b.waitAudited(5 * time.Second)
+		refused = refused[:0]
+		for _, r := range b.auditAll("alpha") {
+			if r.Subject == manifest.NodeEventSubject("alpha", host.EventRefused) {
+				refused = append(refused, r)
+			}
+		}
+		if len(refused) < 2 {
+			return fmt.Errorf("%d refusals audited, want 2", len(refused))
+		}
+		return nil
+	})
+	reasons := ""
+	for _, r := range refused {
+		reasons += string(r.Body)
+	}
+	if !strings.Contains(reasons, "stale declaration") || !strings.Contains(reasons, "not signed by the mesh's controller") {
+		t.Fatalf("refusals %s, want one stale and one forged", reasons)
+	}
+	// Still the newest applied: version 2 runs, nothing was stopped or started again.
+	if p := b.running(t, "ticker", "2", 0); p.Revision != second.Declared[0].Revision || p.Restarts != 0 {
+		t.Fatalf("after the refusals: %+v, want revision %d unchanged", p, second.Declared[0].Revision)
+	}
+}
+
+// TestDeploy_CorruptedArtifactRefused: an artifact whose content no longer hashes to its
+// digest is refused and reported as failed, and nothing is started.
+func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
+	b := newBed(t)
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs, err := artifact.Lookup(ctx, b.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oi, err := obs.GetInfo(ctx, artifact.Name("ticker", "1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Replaced behind the store's back, its metadata (and so its recorded digest) kept.
+	if _, err := obs.Put(ctx, oi.ObjectMeta, strings.NewReader("#!/bin/sh\necho pwned > /tmp/pwned\nsleep 600\n")); err != nil {
+		t.Fatal(err)
+	}
+	b.deploy("ticker", "1")
+	var ps []registry.Process
+	retryUntil(t, 20*time.Second, func() error {
+		ps = b.ps("ticker")
+		if len(ps) != 1 || ps[0].State != host.StateFailed || !strings.Contains(ps[0].Reason, "digest") {
+			return fmt.Errorf("ps %+v", ps)
+		}
+		return nil
+	})
+	if ps[0].PID != 0 {
+		t.Fatalf("a process runs from a corrupted artifact: %+v", ps[0])
+	}
+	if files, _ := filepath.Glob(filepath.Join(b.dir, "modules", "ticker", "artifact-*")); len(files) > 0 {
+		t.Fatalf("the corrupted artifact was kept on disk: %v", files)
+	}
+}

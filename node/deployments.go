@@ -1,0 +1,319 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Deployment as state (DESIGN §12), the controller's side: `deploy` and `undeploy` change a
+// module's deployment in its registry record, and the controller then composes the
+// declaration of every node the change touches (package deploy) and publishes it on STATE.
+// At start the controller declares every node again, so a node whose declaration a previous
+// holder did not finish writing gets it.
+
+// deployments is the controller's artifact store, opened on first use.
+type deployments struct {
+	mu  sync.Mutex
+	obs jetstream.ObjectStore
+}
+
+// artifacts returns the artifact store, created with the mesh's replicas if need be.
+func (c *controller) artifacts(ctx context.Context) (jetstream.ObjectStore, error) {
+	c.deps.mu.Lock()
+	defer c.deps.mu.Unlock()
+	if c.deps.obs != nil {
+		return c.deps.obs, nil
+	}
+	obs, err := artifact.Open(ctx, c.js, c.topo.replicas)
+	if err != nil {
+		return nil, err
+	}
+	c.deps.obs = obs
+	return obs, nil
+}
+
+func (c *controller) handleDeploy(ctx context.Context, data []byte) any {
+	var req registry.DeployRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return registry.DeployReply{Error: "deploy: the request is not JSON: " + err.Error()}
+	}
+	reply, err := c.deploy(ctx, req)
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	return reply
+}
+
+func (c *controller) handleUndeploy(ctx context.Context, data []byte) any {
+	var req registry.UndeployRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return registry.DeployReply{Error: "undeploy: the request is not JSON: " + err.Error()}
+	}
+	reply, err := c.undeploy(ctx, req)
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	return reply
+}
+
+// deploy sets a module's deployment: the module is registered, its artifact stored (its
+// digest is taken from the store), every named node a server of the mesh. The nodes it ran
+// on and runs on now get new declarations.
+func (c *controller) deploy(ctx context.Context, req registry.DeployRequest) (registry.DeployReply, error) {
+	d := req.Deployment
+	slices.Sort(d.Nodes)
+	d.Nodes = slices.Compact(d.Nodes)
+	if err := d.Check(); err != nil {
+		return registry.DeployReply{}, fmt.Errorf("deploy %s: %w", req.Module, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.reg.Get(req.Module)
+	if !ok {
+		return registry.DeployReply{}, fmt.Errorf("deploy: module %q is not registered; register it first (`meshnode module register`)", req.Module)
+	}
+	if !e.Derivation.Bus {
+		return registry.DeployReply{}, fmt.Errorf("deploy: module %s does not require mesh-bus, so it has no credentials to run with; add requires: [mesh-bus] and re-register", req.Module)
+	}
+	servers := c.reg.Nodes()
+	for _, n := range d.Nodes {
+		if !slices.Contains(servers, n) {
+			return registry.DeployReply{}, fmt.Errorf("deploy %s: %q is not a server of the mesh (it has %s; `meshnode members`)", req.Module, n, strings.Join(servers, ", "))
+		}
+	}
+	obs, err := c.artifacts(ctx)
+	if err != nil {
+		return registry.DeployReply{}, err
+	}
+	info, err := artifact.Stat(ctx, obs, req.Module, d.Version)
+	if err != nil {
+		return registry.DeployReply{}, fmt.Errorf("deploy: %w; store it first: meshnode artifact put %s FILE --version %s", err, req.Module, d.Version)
+	}
+	d.Digest, d.Updated = info.Digest, time.Now().UTC()
+	before := targets(e.Deployment, servers)
+	rec := e.Record
+	rec.Deployment = &d
+	if err := c.putWithEvent(ctx, e, rec, registry.EventDeployed, map[string]any{
+		"module": e.Module, "version": d.Version, "digest": d.Digest, "nodes": d.Nodes, "all": d.All, "instances": d.Instances, "node": c.node}); err != nil {
+		return registry.DeployReply{}, err
+	}
+	reply := registry.DeployReply{Module: e.Module, Deployment: &d}
+	reply.Declared = c.declare(ctx, union(before, targets(&d, servers)))
+	c.collectArtifacts(ctx)
+	return reply, nil
+}
+
+// undeploy stops a module on req.Nodes, or everywhere.
+func (c *controller) undeploy(ctx context.Context, req registry.UndeployRequest) (registry.DeployReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.reg.Get(req.Module)
+	if !ok {
+		return registry.DeployReply{}, fmt.Errorf("undeploy: module %q is not registered", req.Module)
+	}
+	if e.Deployment == nil {
+		return registry.DeployReply{}, fmt.Errorf("undeploy: module %s is not deployed", req.Module)
+	}
+	servers := c.reg.Nodes()
+	before := targets(e.Deployment, servers)
+	var next *deploy.Deployment
+	if len(req.Nodes) > 0 {
+		for _, n := range req.Nodes {
+			if !slices.Contains(before, n) {
+				return registry.DeployReply{}, fmt.Errorf("undeploy: module %s does not run on %q (it runs on %s)", req.Module, n, strings.Join(before, ", "))
+			}
+		}
+		d := *e.Deployment
+		d.All, d.Nodes = false, slices.DeleteFunc(slices.Clone(before), func(n string) bool { return slices.Contains(req.Nodes, n) })
+		d.Updated = time.Now().UTC()
+		if len(d.Nodes) > 0 {
+			next = &d
+		}
+	}
+	rec := e.Record
+	rec.Deployment = next
+	if err := c.putWithEvent(ctx, e, rec, registry.EventUndeployed, map[string]any{
+		"module": e.Module, "nodes": req.Nodes, "node": c.node}); err != nil {
+		return registry.DeployReply{}, err
+	}
+	reply := registry.DeployReply{Module: e.Module, Deployment: next}
+	reply.Declared = c.declare(ctx, before)
+	c.collectArtifacts(ctx)
+	return reply, nil
+}
+
+// putWithEvent writes rec over e with one more event in its outbox.
+func (c *controller) putWithEvent(ctx context.Context, e *registry.Entry, rec registry.Record, action string, meta map[string]any) error {
+	if len(rec.Outbox) >= outbox.Max {
+		return fmt.Errorf("module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
+	}
+	ev, err := outbox.New(action, c.node, meta)
+	if err != nil {
+		return err
+	}
+	rec.Outbox = append(slices.Clone(rec.Outbox), ev)
+	rec.Updated = time.Now().UTC()
+	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
+		return err
+	}
+	outbox.Wake(c.sweepNow)
+	return nil
+}
+
+// targets are the servers d runs on.
+func targets(d *deploy.Deployment, servers []string) []string {
+	var out []string
+	for _, n := range servers {
+		if d.Targets(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func union(a, b []string) []string {
+	out := append(slices.Clone(a), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// deployed is every registered module with its deployment: what declarations compose from.
+func (c *controller) deployed() []deploy.Deployed {
+	var out []deploy.Deployed
+	for _, e := range c.reg.List() {
+		if e.Deployment != nil {
+			out = append(out, deploy.Deployed{Module: e.Module, PublicKey: e.PublicKey, Secrets: e.Manifest.Secrets, Deployment: e.Deployment})
+		}
+	}
+	return out
+}
+
+// declare composes and publishes the declaration of each of nodes; a node whose modules did
+// not change keeps its declaration. A failure is reported per node and logged: the next
+// change, or the next controller start, declares it again.
+func (c *controller) declare(ctx context.Context, nodes []string) []registry.Declared {
+	if c.publisher == nil {
+		return nil
+	}
+	deployed := c.deployed()
+	epoch := c.epoch()
+	out := []registry.Declared{}
+	for _, n := range nodes {
+		d, changed, err := c.publisher.Publish(ctx, n, epoch, deploy.Compose(n, deployed))
+		r := registry.Declared{Node: n, Revision: d.Revision, Changed: changed}
+		if err == nil {
+			c.hostsMu.Lock()
+			c.published[n] = d
+			c.hostsMu.Unlock()
+		}
+		if err != nil {
+			r.Error = err.Error()
+			c.log.Error("declare node", "node", n, "err", err)
+		} else if changed {
+			c.log.Info("node declared", "node", n, "revision", d.Revision, "modules", len(d.Modules))
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// redeclareEvery is how often the controller's holder checks every node's declaration on
+// STATE: one a previous holder did not finish, or a forged or replayed message left last,
+// is replaced by the genuine one within this.
+const redeclareEvery = time.Minute
+
+// keepDeclared declares every server of the mesh at once and then every redeclareEvery,
+// while this node holds the controller seat (ctx).
+func (c *controller) keepDeclared(ctx context.Context) {
+	tick := time.NewTicker(redeclareEvery)
+	defer tick.Stop()
+	for {
+		c.mu.Lock()
+		c.declare(ctx, c.reg.Nodes())
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// collectArtifacts deletes the artifacts no deployment names that are not among their
+// module's newest (DESIGN §3). Best effort: a failure waits for the next change.
+func (c *controller) collectArtifacts(ctx context.Context) {
+	obs, err := c.artifacts(ctx)
+	if err != nil {
+		return
+	}
+	named := map[string]bool{}
+	for _, e := range c.reg.List() {
+		if e.Deployment != nil {
+			named[artifact.Name(e.Module, e.Deployment.Version)] = true
+		}
+	}
+	removed, err := artifact.Collect(ctx, obs, func(module, version string) bool { return named[artifact.Name(module, version)] })
+	if err != nil && !errors.Is(err, context.Canceled) {
+		c.log.Warn("collect artifacts", "err", err)
+	}
+	for _, a := range removed {
+		c.log.Info("artifact collected", "module", a.Module, "version", a.Version, "digest", a.Digest)
+	}
+}
+
+// handlePs answers what runs where: for each node's published declaration, each module's
+// instances as the node last reported them ("unreported" until it has; "behind" while its
+// applied revision is older than the published one).
+func (c *controller) handlePs(ctx context.Context, _ []byte) any {
+	reply := registry.PsReply{Processes: []registry.Process{}}
+	c.hostsMu.Lock()
+	hosts, published := maps.Clone(c.hosts), maps.Clone(c.published)
+	c.hostsMu.Unlock()
+	for _, node := range c.reg.Nodes() {
+		d, ok := published[node]
+		if !ok {
+			continue // not declared by this holder yet (keepDeclared does at once)
+		}
+		r, reported := hosts[node]
+		for _, m := range d.Modules {
+			i := slices.IndexFunc(r.Modules, func(mr host.ModuleReport) bool { return mr.Module == m.Module })
+			row := registry.Process{Module: m.Module, Node: node, Version: m.Version, Revision: r.Revision, Declared: d.Revision, Reported: r.Time}
+			switch {
+			case !reported:
+				row.State = "unreported"
+			case i < 0 || r.Modules[i].Version != m.Version:
+				row.State = "behind"
+			}
+			if row.State != "" {
+				reply.Processes = append(reply.Processes, row)
+				continue
+			}
+			mr := r.Modules[i]
+			if len(mr.Instances) == 0 {
+				row.State, row.Reason = mr.State, mr.Reason
+				reply.Processes = append(reply.Processes, row)
+				continue
+			}
+			for n, in := range mr.Instances {
+				p := row
+				p.Instance, p.State, p.PID, p.Restarts, p.Since, p.Reason = n, in.State, in.PID, in.Restarts, in.Since, in.Reason
+				reply.Processes = append(reply.Processes, p)
+			}
+		}
+	}
+	return reply
+}

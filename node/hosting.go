@@ -1,0 +1,169 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+)
+
+// The node as a host (DESIGN §12): the follower (host.Follower) hands each declaration it
+// takes to the supervisor (host.Supervisor), which fetches artifacts from mesh-artifacts and
+// credentials from the vault and runs the modules; the reporter tells the mesh-controller
+// role how that went, as `report` jobs signed by this node.
+
+// reportEvery is how often a host reports even when nothing changed: a controller that took
+// the seat over learns what runs where within this.
+const reportEvery = 30 * time.Second
+
+// newSupervisor makes the node's supervisor of modules.
+func (n *Node) newSupervisor() {
+	n.supervisor = &host.Supervisor{
+		Dir:  filepath.Join(n.cfg.DataDir, "modules"),
+		Node: n.id.Name,
+		URL:  n.bus.ClientURL(),
+		Log:  n.log.With("component", "host"),
+		Artifact: func(ctx context.Context, m deploy.Module, w io.Writer) error {
+			obs, err := artifact.Lookup(ctx, n.bus.JetStream())
+			if err != nil {
+				return err
+			}
+			return artifact.Fetch(ctx, obs, m.Module, m.Version, m.Digest, w)
+		},
+		Credentials: n.moduleCredentials,
+		Changed: func() {
+			select {
+			case n.reportNow <- struct{}{}:
+			default:
+			}
+		},
+	}
+}
+
+// apply hands a declaration to the supervisor.
+func (n *Node) apply(ctx context.Context, d deploy.Declaration) { n.supervisor.Apply(ctx, d) }
+
+// moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
+// xkey: the vault gives them only to a node whose declaration runs the module.
+func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+	xkp, err := n.found.NodeXKey()
+	if err != nil {
+		return nil, err
+	}
+	xpub, _ := xkp.PublicKey()
+	var out vault.ModuleCredentials
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := vault.CallWith(ctx, n.bus.Conn(), xkp, vault.VerbModule, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name, Owner: m.Module}, &out); err != nil {
+		return nil, err
+	}
+	if out.PublicKey != m.PublicKey {
+		return nil, fmt.Errorf("the vault sent the seed of key %s, and the declaration names %s", out.PublicKey, m.PublicKey)
+	}
+	return &out, nil
+}
+
+// declared is the vault's check of what node runs: its declaration on STATE, signed by a
+// server of the mesh.
+func (n *Node) declared(ctx context.Context, node, module string) (deploy.Module, bool) {
+	st, err := n.bus.JetStream().Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		return deploy.Module{}, false
+	}
+	msg, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
+	if err != nil {
+		return deploy.Module{}, false
+	}
+	d, err := deploy.Check(node, msg.Subject, msg.Header, msg.Data, n.serverKey, deploy.Declaration{})
+	if err != nil {
+		return deploy.Module{}, false
+	}
+	return d.Module(module)
+}
+
+// serverKey returns a server of the mesh's public key.
+func (n *Node) serverKey(name string) (string, bool) {
+	id, ok := n.reg.Node(name)
+	return id.PublicKey, ok
+}
+
+// runReports sends the supervisor's report to the mesh-controller role whenever it changes,
+// and every reportEvery, until ctx ends; a report that cannot be sent is retried (a newer
+// one replaces it).
+func (n *Node) runReports(ctx context.Context) error {
+	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, ReportVerb)
+	tick := time.NewTicker(reportEvery)
+	defer tick.Stop()
+	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		r := n.supervisor.Report()
+		r.Revision = n.host.Applied().Revision
+		body, _ := json.Marshal(r)
+		err := n.sendReport(ctx, subject, body)
+		switch {
+		case err == nil:
+			wait.Reset()
+		case ctx.Err() != nil:
+			return nil
+		default:
+			n.log.Warn("report to the controller; trying again", "err", err)
+			if wait.Wait(ctx) != nil {
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-n.reportNow:
+		case <-tick.C:
+		}
+	}
+}
+
+// sendReport publishes one report job, signed by this node.
+func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
+	h, err := envelope.Stamp(n.ctrl.sign, n.id.Name, n.id.Name, subject, body, envelope.Options{})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := n.bus.JetStream().PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		if errors.Is(err, context.Canceled) {
+			return err
+		}
+		return fmt.Errorf("send report: %w", err)
+	}
+	return nil
+}
+
+// serveLogs answers the node's logs tool (the operator's: the responder answers only into
+// its inbox).
+func (n *Node) serveLogs() (*nats.Subscription, error) {
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, host.LogsTool), func(m *nats.Msg) {
+		var req host.LogsRequest
+		reply := host.LogsReply{}
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			reply.Error = "the request is not JSON"
+		} else if r, err := host.ReadLog(n.supervisor.Dir, req); err != nil {
+			reply.Error = err.Error()
+		} else {
+			reply = r
+		}
+		b, _ := json.Marshal(reply)
+		m.Respond(b)
+	})
+}

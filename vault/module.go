@@ -1,0 +1,91 @@
+package vault
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nkeys"
+)
+
+// SeedName is the record, among a module's secrets, that keeps the module's nkey seed
+// (barrier-encrypted like any secret) for the hosts that run it. reservedPrefix begins every
+// name the mesh keeps for itself: the operator's mint, rotate and fetch refuse them, and no
+// manifest may declare one.
+const (
+	SeedName       = "mesh-seed"
+	reservedPrefix = "mesh-"
+)
+
+// keepSeed records seed as owner's SeedName, replacing any earlier one (a rotated key's).
+func (v *Vault) keepSeed(ctx context.Context, owner, seed string) error {
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	prev, rev, err := v.load(ctx, owner, SeedName)
+	if err != nil {
+		return err
+	}
+	next := 1
+	if prev != nil {
+		next = prev.Versions[len(prev.Versions)-1].Version + 1
+	}
+	nonce, ct, err := v.seal(owner, SeedName, next, seed)
+	if err != nil {
+		return err
+	}
+	r := &secretRecord{Owner: owner, Name: SeedName, Versions: []version{{Version: next, Created: time.Now().UTC(), Nonce: nonce, Cipher: ct}}}
+	if prev != nil {
+		r.Outbox = prev.Outbox
+	}
+	return v.store(ctx, r, rev)
+}
+
+// moduleCredentials answers a server's VerbModule: the module's seed and the secrets its
+// declaration names, when the server's current declaration runs the module. The reply is
+// sealed to the server's recorded xkey (checked before this is called).
+func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCredentials, error) {
+	if v.cfg.Declared == nil {
+		return nil, fmt.Errorf("this vault cannot read declarations")
+	}
+	m, ok := v.cfg.Declared(ctx, req.Node, req.Owner)
+	if !ok {
+		return nil, fmt.Errorf("node %s's declaration does not run module %s: a node receives only the credentials of the modules it runs", req.Node, req.Owner)
+	}
+	r, _, err := v.load(ctx, req.Owner, SeedName)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		return nil, fmt.Errorf("the vault keeps no seed of module %s (it was registered before deployments existed): give it a new key with `meshnode module register FILE --rotate-key`, then deploy again", req.Owner)
+	}
+	seed, err := v.unseal(r.Owner, r.Name, r.Versions[len(r.Versions)-1])
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed([]byte(seed))
+	if err != nil {
+		return nil, fmt.Errorf("module %s's kept seed: %w", req.Owner, err)
+	}
+	pub, _ := kp.PublicKey()
+	if pub != m.PublicKey {
+		return nil, fmt.Errorf("module %s's kept seed is for key %s, and the declaration names %s: register it again with --rotate-key", req.Owner, pub, m.PublicKey)
+	}
+	out := &ModuleCredentials{Module: req.Owner, PublicKey: pub, Seed: seed}
+	declared, _ := v.cfg.Secrets(req.Owner)
+	for _, name := range m.Secrets {
+		if !slices.Contains(declared, name) {
+			return nil, fmt.Errorf("module %s does not declare secret %s", req.Owner, name)
+		}
+		s, err := v.fetch(ctx, Request{Owner: req.Owner, Name: name})
+		if err != nil {
+			return nil, fmt.Errorf("module %s: %w", req.Owner, err)
+		}
+		if out.Secrets == nil {
+			out.Secrets = map[string]string{}
+		}
+		out.Secrets[name] = s.Value
+	}
+	v.event(ctx, "module-credentials", map[string]any{"node": req.Node, "module": req.Owner, "secrets": m.Secrets})
+	return out, nil
+}
