@@ -152,6 +152,9 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
 		return
 	}
+	if f.superseded(ctx, m) {
+		return // a newer one is on its way: this node never runs what is already replaced
+	}
 	if err := f.cfg.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put(appliedKey, m.Data()) }); err != nil {
 		f.cfg.Log.Error("record the applied declaration; it is applied again at the next start", "revision", d.Revision, "err", err)
 	}
@@ -166,4 +169,27 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 	f.cfg.Event(EventApplied, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "epoch": d.Epoch,
 		"controller": d.Controller, "modules": modules})
 	f.cfg.Apply(ctx, d)
+}
+
+// superseded reports whether the stream (its leader, which has every write) holds a newer
+// message on the node's subject than m: a consumer placed on a replica still catching up
+// delivers what was replaced while the node was away, before the newest.
+func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
+	meta, err := m.Metadata()
+	if err != nil {
+		return false
+	}
+	st, err := f.cfg.JS.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		return false
+	}
+	last, err := st.GetLastMsgForSubject(ctx, m.Subject())
+	if err != nil {
+		return false
+	}
+	if last.Sequence > meta.Sequence.Stream {
+		f.cfg.Log.Info("declaration skipped: a newer one is stored", "sequence", meta.Sequence.Stream, "newest", last.Sequence)
+		return true
+	}
+	return false
 }

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nkeys"
 )
 
 // The states of a module and of each of its processes, as reports and `meshnode ps` say them.
@@ -98,6 +100,8 @@ type module struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	resume bool // start from what is on disk, if it is all there
+
 	mu     sync.Mutex
 	state  string
 	reason string
@@ -112,11 +116,19 @@ type instance struct {
 	reason   string
 }
 
+// Resume starts what d — the declaration the node applied before it stopped — declares, from
+// what is on disk: a module whose artifact and credentials (for its declared key) are there
+// starts without the bus; any other is prepared as Apply would. A node's modules run again
+// before its bus reaches the mesh.
+func (s *Supervisor) Resume(ctx context.Context, d deploy.Declaration) { s.apply(ctx, d, true) }
+
 // Apply makes the supervisor run exactly what d declares: modules no longer declared, or
 // declared differently, are stopped (a removed one's directory, credentials included, is
 // deleted); new and changed ones are started. It returns once the stops are done; starting
 // goes on in the background.
-func (s *Supervisor) Apply(ctx context.Context, d deploy.Declaration) {
+func (s *Supervisor) Apply(ctx context.Context, d deploy.Declaration) { s.apply(ctx, d, false) }
+
+func (s *Supervisor) apply(ctx context.Context, d deploy.Declaration, resume bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mods == nil {
@@ -144,7 +156,7 @@ func (s *Supervisor) Apply(ctx context.Context, d deploy.Declaration) {
 			continue
 		}
 		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		m := &module{spec: spec, cancel: cancel, done: make(chan struct{}), state: StatePreparing}
+		m := &module{spec: spec, cancel: cancel, done: make(chan struct{}), state: StatePreparing, resume: resume}
 		s.mods[spec.Module] = m
 		go func() {
 			defer close(m.done)
@@ -214,6 +226,13 @@ func (s *Supervisor) run(ctx context.Context, m *module) {
 	var path string
 	for {
 		var err error
+		if m.resume {
+			var ok bool
+			if path, ok = s.onDisk(m.spec); ok {
+				break
+			}
+			m.resume = false
+		}
 		if path, err = s.prepare(ctx, m.spec); err == nil {
 			break
 		}
@@ -244,6 +263,30 @@ func (s *Supervisor) run(ctx context.Context, m *module) {
 	wg.Wait()
 }
 
+// artifactPath is where a module's artifact of digest lives.
+func (s *Supervisor) artifactPath(spec deploy.Module) string {
+	return filepath.Join(s.Dir, spec.Module, "artifact-"+strings.TrimPrefix(spec.Digest, "sha256:")[:16])
+}
+
+// onDisk returns the artifact's path when the module's artifact and its credentials for the
+// declared key are on disk already.
+func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
+	path := s.artifactPath(spec)
+	if _, err := os.Stat(path); err != nil {
+		return "", false
+	}
+	seed, err := os.ReadFile(filepath.Join(s.Dir, spec.Module, "creds.nk"))
+	if err != nil {
+		return "", false
+	}
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(seed))
+	if err != nil {
+		return "", false
+	}
+	pub, _ := kp.PublicKey()
+	return path, pub == spec.PublicKey
+}
+
 // prepare puts the module's artifact (checked against its digest) and its credentials under
 // its directory and returns the artifact's path.
 func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, error) {
@@ -251,7 +294,7 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	path := filepath.Join(dir, "artifact-"+strings.TrimPrefix(spec.Digest, "sha256:")[:16])
+	path := s.artifactPath(spec)
 	if _, err := os.Stat(path); err != nil {
 		tmp, err := os.CreateTemp(dir, ".artifact-*")
 		if err != nil {

@@ -302,3 +302,23 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 		t.Fatalf("the corrupted artifact was kept on disk: %v", files)
 	}
 }
+
+// TestDeploy_ResumesAfterRestart: a node that stops stops its modules, and starts them again
+// from its last applied declaration when it starts, without being told anything new.
+func TestDeploy_ResumesAfterRestart(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	b := newBedAt(t, cfg)
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	r := b.deploy("ticker", "1")
+	first := b.running(t, "ticker", "1", 0)
+	b.close()
+	if err := syscall.Kill(first.PID, 0); err == nil {
+		t.Fatalf("process %d outlived its node", first.PID)
+	}
+	b = newBedAt(t, cfg)
+	again := b.running(t, "ticker", "1", first.PID)
+	if again.Revision != r.Declared[0].Revision {
+		t.Fatalf("after the restart: %+v, want revision %d", again, r.Declared[0].Revision)
+	}
+}

@@ -153,6 +153,13 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.openBus(octx, keys.responder); err != nil {
 		return err
 	}
+	// The modules this node ran start again now, from disk, before the mesh is reached.
+	n.reportNow = make(chan struct{}, 1)
+	n.newSupervisor()
+	if err := n.openHost(); err != nil {
+		return err
+	}
+	n.supervisor.Resume(octx, n.host.Applied())
 	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
 	ctx, cancel := context.WithTimeout(octx, openTimeout)
 	defer cancel()
@@ -167,11 +174,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	if err := n.openAudit(); err != nil {
-		return err
-	}
-	n.reportNow = make(chan struct{}, 1)
-	n.newSupervisor()
-	if err := n.openHost(); err != nil {
 		return err
 	}
 	if n.logsSub, err = n.serveLogs(); err != nil {
