@@ -562,7 +562,7 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 		info := registry.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey,
 			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
-			Fingerprints: e.Fingerprints, Pins: e.Pins, Registered: e.Registered, Updated: e.Updated,
+			Fingerprints: e.Fingerprints, Pins: e.Pins, Deployment: e.Deployment, Registered: e.Registered, Updated: e.Updated,
 			Revision: e.Revision, Manifest: e.Record.Manifest,
 		}
 		for _, s := range e.Manifest.Seats {

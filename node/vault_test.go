@@ -29,6 +29,31 @@ func (b *bed) vault(verb string, req vault.Request, out any) ([]vault.Meta, erro
 	return vault.Call(ctx, b.op, verb, vault.CallerOperator, req, out)
 }
 
+// assertNotStored fails t for each needle found in any message of any stream, or in any file
+// of the node's JetStream store.
+func (b *bed) assertNotStored(t *testing.T, needles map[string][]byte) {
+	t.Helper()
+	for i, m := range streamMessages(t, b.js) {
+		for what, n := range needles {
+			if bytes.Contains(m, n) {
+				t.Errorf("stream message %d holds the %s: %.120q", i, what, m)
+			}
+		}
+	}
+	filepath.WalkDir(filepath.Join(b.dir, "jetstream"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, _ := os.ReadFile(path)
+		for what, n := range needles {
+			if bytes.Contains(data, n) {
+				t.Errorf("store file %s holds the %s", path, what)
+			}
+		}
+		return nil
+	})
+}
+
 // streamMessages returns every message of every stream on the node.
 func streamMessages(t *testing.T, js jetstream.JetStream) [][]byte {
 	t.Helper()
@@ -102,25 +127,7 @@ func TestVault_NoSecretInAnyStream(t *testing.T) {
 		"minted value": []byte(minted.Value), "rotated value": []byte(rotated.Value),
 		"sealed reply": reply.Sealed[8:40], "module seed": mustRead(t, seed),
 	}
-	for i, m := range streamMessages(t, b.js) {
-		for what, n := range needles {
-			if bytes.Contains(m, n) {
-				t.Errorf("stream message %d holds the %s: %.120q", i, what, m)
-			}
-		}
-	}
-	filepath.WalkDir(filepath.Join(b.dir, "jetstream"), func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, _ := os.ReadFile(path)
-		for what, n := range needles {
-			if bytes.Contains(data, n) {
-				t.Errorf("store file %s holds the %s", path, what)
-			}
-		}
-		return nil
-	})
+	b.assertNotStored(t, needles)
 	// The vault's records are there, as ciphertext.
 	kv, err := b.js.KeyValue(ctx, vault.Bucket)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -167,6 +168,51 @@ func TestBinary_ModuleFlow(t *testing.T) {
 	r = meshnode(t, nil, append([]string{"seat", "ls"}, dd...)...)
 	if r.code != 0 || !regexp.MustCompile(`(?m)^mailer .*v1 retirable; v2 user\s*$`).MatchString(r.stdout) {
 		t.Fatalf("seat ls after the pin: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// The deploy path: an artifact, a deployment, ps, logs, undeploy.
+	runner := write("runner.yaml", "module: runner\nrequires: [mesh-bus]\n")
+	script := write("runner.sh", "#!/bin/sh\necho \"hello from $MESH_NODE\"\nexec sleep 600\n")
+	os.Chmod(script, 0o755)
+	if r := meshnode(t, nil, append([]string{"module", "register", runner, "--creds-out", runner + ".nk"}, dd...)...); r.code != 0 {
+		t.Fatalf("register runner: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"deploy", "runner", "--version", "1"}, dd...)...); r.code != 2 || !strings.Contains(r.stderr, "--all") {
+		t.Fatalf("deploy without nodes: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"artifact", "put", "runner", script, "--version", "1"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "stored runner 1") {
+		t.Fatalf("artifact put: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"artifact", "ls", "--json"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, `"digest":"sha256:`) {
+		t.Fatalf("artifact ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"deploy", "runner", "--version", "1", "--all"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "alpha: declaration revision") {
+		t.Fatalf("deploy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		r := meshnode(t, nil, append([]string{"ps", "--json"}, dd...)...)
+		var p struct {
+			Module, Node, Version, State string
+			Revision                     uint64
+			PID                          int
+			Restarts                     int
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &p) != nil || p.Module != "runner" || p.Node != "alpha" || p.State != "running" || p.PID == 0 || p.Revision == 0 {
+			return fmt.Errorf("ps: exit %d %s%s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	retryUntil(t, 10*time.Second, func() error {
+		if r := meshnode(t, nil, append([]string{"logs", "runner"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "hello from alpha") {
+			return fmt.Errorf("logs: exit %d %q %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, append([]string{"artifact", "rm", "runner", "--version", "1"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "is deployed") {
+		t.Fatalf("artifact rm of a deployed version: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"undeploy", "runner"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "undeployed runner") {
+		t.Fatalf("undeploy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	if r := meshnode(t, nil, append([]string{"module", "remove", "shop"}, dd...)...); r.code != 0 {

@@ -1,0 +1,150 @@
+package host_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nkeys"
+)
+
+// supervisor runs artifacts given as scripts, with a fresh module identity, in dir.
+func supervisor(t *testing.T, scripts map[string]string) (*host.Supervisor, func(module string) deploy.Module) {
+	t.Helper()
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	s := &host.Supervisor{
+		Dir:   filepath.Join(t.TempDir(), "modules"),
+		Node:  "alpha",
+		URL:   "nats://127.0.0.1:1",
+		Grace: 300 * time.Millisecond,
+		Artifact: func(_ context.Context, m deploy.Module, w io.Writer) error {
+			_, err := io.WriteString(w, scripts[m.Module])
+			return err
+		},
+		Credentials: func(_ context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+			return &vault.ModuleCredentials{Module: m.Module, PublicKey: pub, Seed: string(seed), Secrets: map[string]string{"token": "s3cret"}}, nil
+		},
+	}
+	t.Cleanup(s.Stop)
+	spec := func(module string) deploy.Module {
+		sum := sha256.Sum256([]byte(scripts[module]))
+		return deploy.Module{Module: module, PublicKey: pub, Version: "1", Digest: "sha256:" + hex.EncodeToString(sum[:]), Instances: 1, Secrets: []string{"token"}}
+	}
+	return s, spec
+}
+
+// waitFor polls the supervisor's report until ok says yes.
+func waitFor(t *testing.T, s *host.Supervisor, timeout time.Duration, ok func(host.Report) error) host.Report {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		r := s.Report()
+		err := ok(r)
+		if err == nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid runs: not gone, and not a zombie waiting for its reaper (a killed
+// child whose parent died first waits for init, which in a container may never reap it).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command's closing parenthesis: "pid (comm) S …".
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+}
+
+// TestSupervisor_StopKillsTheGroup: a process that ignores SIGTERM, and the child it started,
+// are killed when the grace period ends; the stopped module's directory, with its
+// credentials and secrets, is deleted.
+func TestSupervisor_StopKillsTheGroup(t *testing.T) {
+	stubborn := "#!/bin/sh\ntrap '' TERM\nsleep 600 &\necho $! > child.pid\necho \"secret: $(cat \"$MESH_SECRETS/token\")\"\nwait\n"
+	s, spec := supervisor(t, map[string]string{"stubborn": stubborn})
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("stubborn")}})
+	dir := filepath.Join(s.Dir, "stubborn")
+	var child int
+	r := waitFor(t, s, 10*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || r.Modules[0].State != host.StateRunning || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].PID == 0 {
+			return fmt.Errorf("report %+v", r)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "child.pid"))
+		if err != nil {
+			return err
+		}
+		child, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err
+	})
+	parent := r.Modules[0].Instances[0].PID
+	for _, f := range []string{"creds.nk", "secrets/token"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v, want a 0600 file", f, st, err)
+		}
+	}
+	start := time.Now()
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 2})
+	if alive(parent) || alive(child) {
+		t.Fatalf("after the stop: parent %d alive %v, child %d alive %v", parent, alive(parent), child, alive(child))
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("stopped in %s: the SIGTERM it ignores cannot have stopped it before the grace period", took)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the module's directory is still there: %v", err)
+	}
+}
+
+// TestSupervisor_CrashLoop: a process that exits at once is started again with a growing
+// back-off and reported crash-looping, with its exit status and restarts.
+func TestSupervisor_CrashLoop(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"broken": "#!/bin/sh\necho failing\nexit 3\n"})
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("broken")}})
+	r := waitFor(t, s, 20*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || r.Modules[0].State != host.StateCrashLooping {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	in := r.Modules[0].Instances[0]
+	if in.Restarts < host.CrashLoopAfter || in.Reason != "exit status 3" || in.PID != 0 {
+		t.Fatalf("instance %+v", in)
+	}
+}
+
+// TestSupervisor_BadArtifact: an artifact that cannot be fetched (a digest mismatch) leaves
+// the module failed with the reason, and nothing runs.
+func TestSupervisor_BadArtifact(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"ok": "#!/bin/sh\nexec sleep 600\n"})
+	s.Artifact = func(context.Context, deploy.Module, io.Writer) error { return errors.New("artifact digest mismatch") }
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("ok")}})
+	r := waitFor(t, s, 5*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || r.Modules[0].State != host.StateFailed || !strings.Contains(r.Modules[0].Reason, "digest") {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	if len(r.Modules[0].Instances) != 0 {
+		t.Fatalf("instances %+v, want none", r.Modules[0].Instances)
+	}
+}
