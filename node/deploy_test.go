@@ -116,6 +116,27 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
 		t.Fatalf("deploy to an unknown node: %v", err)
 	}
+	// The vault keeps the module's seed for its hosts, and gives it to none yet: no
+	// declaration runs the module. Nor does the operator read it, or see it listed.
+	kv, err := b.js.KeyValue(ctx, registry.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "identity.node.alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var alpha registry.NodeIdentity
+	json.Unmarshal(e.Value(), &alpha)
+	if _, err := vault.CallWith(ctx, b.op, nil, vault.VerbModule, vault.CallerNode, vault.Request{XKey: alpha.XKey, Node: "alpha", Owner: "ticker"}, nil); err == nil || !strings.Contains(err.Error(), "does not run module ticker") {
+		t.Fatalf("a module's credentials for a node that does not run it: %v", err)
+	}
+	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "ticker", Name: vault.SeedName}, &vault.Secret{}); err == nil || !strings.Contains(err.Error(), "mesh's own") {
+		t.Fatalf("the operator's fetch of a module's seed: %v", err)
+	}
+	if metas, err := b.vault(vault.VerbList, vault.Request{Owner: "ticker"}, nil); err != nil || len(metas) != 1 || metas[0].Name != "api-token" {
+		t.Fatalf("vault ls: %+v %v, want api-token alone", metas, err)
+	}
 	r := b.deploy("ticker", "1")
 	if len(r.Declared) != 1 || !r.Declared[0].Changed || r.Declared[0].Node != "alpha" {
 		t.Fatalf("deploy reply %+v", r)

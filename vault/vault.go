@@ -362,6 +362,8 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 	case verb != VerbList && verb != VerbEnrol && !nkeys.IsValidPublicCurveKey(req.XKey):
 		// Checked first, so nothing is written for a reply that could not be sealed.
 		err = errors.New("the request carries no xkey to seal the reply to: send your xkey public key (nkeys CreateCurveKeys) as xkey")
+	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
+		err = fmt.Errorf("secret %s of %s is the mesh's own (%s* names are kept for it)", req.Name, req.Owner, reservedPrefix)
 	case verb == VerbEnrol:
 		out, err = v.enrol(ctx, caller, req)
 	case verb == VerbFetch && isModule:
@@ -391,8 +393,6 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		err = fmt.Errorf("a module's credentials are sealed only to the recorded xkey of the server that runs it, and %q is not server %q's", req.XKey, req.Node)
 	case verb == VerbModule:
 		out, err = v.moduleCredentials(ctx, req)
-	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
-		err = fmt.Errorf("secret %s of %s is the mesh's own (%s* names are kept for it)", req.Name, req.Owner, reservedPrefix)
 	case verb == VerbServer && caller != CallerNode:
 		err = errors.New("only a server of the mesh receives the vault's credentials")
 	case verb == VerbServer && !v.serverXKey(req.Node, req.XKey):
