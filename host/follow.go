@@ -59,6 +59,21 @@ type Follower struct {
 	body    []byte // the applied declaration as published
 }
 
+// ReadApplied returns the declaration the node's store says it applied last (zero: none),
+// without opening a Follower: what a starting node resumes before anything else is open.
+func ReadApplied(db *bolt.DB) (deploy.Declaration, error) {
+	var d deploy.Declaration
+	err := db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucket); b != nil {
+			if v := b.Get(appliedKey); v != nil {
+				return json.Unmarshal(v, &d)
+			}
+		}
+		return nil
+	})
+	return d, err
+}
+
 // Open reads the declaration the node applied last (none on a new node).
 func Open(cfg Config) (*Follower, error) {
 	if cfg.Log == nil {

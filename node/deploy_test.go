@@ -19,6 +19,7 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -321,9 +322,11 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 }
 
 // TestDeploy_ResumesAfterRestart: a node that stops stops its modules, and starts them again
-// from its last applied declaration when it starts, without being told anything new.
+// from its last applied declaration when it starts, without being told anything new — on a
+// fixed client port, from disk before its bus is open.
 func TestDeploy_ResumesAfterRestart(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ClientAddr = testbed.FreeAddr(t)
 	b := newBedAt(t, cfg)
 	b.register("module: ticker\nrequires: [mesh-bus]\n")
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))

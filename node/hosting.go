@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"time"
 
@@ -33,7 +34,7 @@ func (n *Node) newSupervisor() {
 	n.supervisor = &host.Supervisor{
 		Dir:  filepath.Join(n.cfg.DataDir, "modules"),
 		Node: n.id.Name,
-		URL:  n.bus.ClientURL(),
+		URL:  fixedClientURL(n.cfg.ClientAddr),
 		Log:  n.log.With("component", "host"),
 		Artifact: func(ctx context.Context, m deploy.Module, w io.Writer) error {
 			obs, err := artifact.Lookup(ctx, n.bus.JetStream())
@@ -49,6 +50,31 @@ func (n *Node) newSupervisor() {
 			default:
 			}
 		},
+	}
+}
+
+// fixedClientURL is the URL the bus will answer on when addr fixes its port ("" when the port
+// is chosen at start): nats-server's ClientURL, which names loopback for an unspecified host.
+func fixedClientURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "0" || port == "" {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "nats://" + net.JoinHostPort(host, port)
+}
+
+// resume starts the modules of the declaration this node applied last, from disk.
+func (n *Node) resume(ctx context.Context) {
+	d, err := host.ReadApplied(n.db)
+	if err != nil {
+		n.log.Error("read the applied declaration; its modules start when the controller declares them again", "err", err)
+		return
+	}
+	if d.Revision > 0 {
+		n.supervisor.Resume(ctx, d)
 	}
 }
 

@@ -150,16 +150,25 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.newDirectory(&keys); err != nil {
 		return err
 	}
+	// The modules this node ran start again now, from disk, before its bus waits for the
+	// mesh — or, when the configuration does not fix the client port, as soon as the bus is
+	// up (their MESH_URL is not known before).
+	n.reportNow = make(chan struct{}, 1)
+	n.newSupervisor()
+	resumed := n.supervisor.URL != ""
+	if resumed {
+		n.resume(octx)
+	}
 	if err := n.openBus(octx, keys.responder); err != nil {
 		return err
 	}
-	// The modules this node ran start again now, from disk, before the mesh is reached.
-	n.reportNow = make(chan struct{}, 1)
-	n.newSupervisor()
 	if err := n.openHost(); err != nil {
 		return err
 	}
-	n.supervisor.Resume(octx, n.host.Applied())
+	if !resumed {
+		n.supervisor.URL = n.bus.ClientURL() // before any module starts: read by each start
+		n.resume(octx)
+	}
 	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
 	ctx, cancel := context.WithTimeout(octx, openTimeout)
 	defer cancel()
