@@ -48,7 +48,15 @@ type Config struct {
 	// Apply makes the node run what d declares; it is called with the applied declaration at
 	// start (from the store) and with each newer one.
 	Apply func(ctx context.Context, d deploy.Declaration)
+	// Holder returns the mesh-controller seat's lease as this node's mirror has it: the node
+	// holding it and its epoch; ok is false when the mirror has none.
+	Holder func() (node string, epoch uint64, ok bool)
 }
+
+// holderWait bounds how long a declaration naming a controller epoch newer than the lease
+// mirror's waits for the mirror (which lags the bucket by up to a few seconds) before it is
+// refused.
+const holderWait = 5 * time.Second
 
 // Follower follows one node's declaration.
 type Follower struct {
@@ -167,6 +175,12 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
 		return
 	}
+	if err := f.heldBy(ctx, d); err != nil {
+		f.cfg.Log.Warn("declaration refused", "revision", d.Revision, "applied", applied.Revision, "err", err)
+		f.cfg.Event(EventRefused, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "applied": applied.Revision,
+			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
+		return
+	}
 	if f.superseded(ctx, m) {
 		return // a newer one is on its way: this node never runs what is already replaced
 	}
@@ -207,4 +221,33 @@ func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
 		return true
 	}
 	return false
+}
+
+// heldBy checks d's controller against the mesh-controller seat's lease: the node that held
+// the seat at d's epoch signed it. An epoch newer than the mirror's is waited for (the mirror
+// lags); one the mirror never reaches, or an epoch the lease gives another node, is a
+// forgery. An older epoch was a previous holder's, which no lease history can confirm: a
+// revision newer than the applied one is the check that remains.
+func (f *Follower) heldBy(ctx context.Context, d deploy.Declaration) error {
+	if f.cfg.Holder == nil {
+		return nil
+	}
+	deadline := time.Now().Add(holderWait)
+	for {
+		node, epoch, ok := f.cfg.Holder()
+		switch {
+		case !ok:
+			return nil // no lease to say otherwise (the seat is between holders)
+		case epoch == d.Epoch && node != d.Controller:
+			return fmt.Errorf("%w: epoch %d of the controller seat is %s's, and %s signed it", deploy.ErrForged, epoch, node, d.Controller)
+		case epoch >= d.Epoch:
+			return nil
+		case time.Now().After(deadline) || ctx.Err() != nil:
+			return fmt.Errorf("%w: it names controller epoch %d, and the seat's lease is at %d", deploy.ErrForged, d.Epoch, epoch)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

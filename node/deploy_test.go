@@ -257,26 +257,58 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject("alpha"), Header: h, Data: body}); err != nil {
 		t.Fatal(err)
 	}
+	// Signed by another server of the mesh that does not hold the controller seat: at the
+	// seat's current epoch (held by alpha), and at an epoch the seat never reaches.
+	beta, _ := nkeys.CreateServer()
+	betaPub, _ := beta.PublicKey()
+	betaX, _ := nkeys.CreateCurveKeys()
+	betaXPub, _ := betaX.PublicKey()
+	b.kvPut(registry.Bucket, "identity.node.beta", fmt.Sprintf(`{"public_key":%q,"xkey":%q}`, betaPub, betaXPub))
 	var refused []audit.Record
-	retryUntil(t, 10*time.Second, func() error {
-		b.waitAudited(5 * time.Second)
-		refused = refused[:0]
-		for _, r := range b.auditAll("alpha") {
-			if r.Subject == manifest.NodeEventSubject("alpha", host.EventRefused) {
-				refused = append(refused, r)
+	refusals := func(want int) string {
+		retryUntil(t, 15*time.Second, func() error {
+			b.waitAudited(5 * time.Second)
+			refused = refused[:0]
+			for _, r := range b.auditAll("alpha") {
+				if r.Subject == manifest.NodeEventSubject("alpha", host.EventRefused) {
+					refused = append(refused, r)
+				}
 			}
+			if len(refused) < want {
+				return fmt.Errorf("%d refusals audited, want %d", len(refused), want)
+			}
+			return nil
+		})
+		reasons := ""
+		for _, r := range refused {
+			reasons += string(r.Body) + "\n"
 		}
-		if len(refused) < 2 {
-			return fmt.Errorf("%d refusals audited, want 2", len(refused))
-		}
-		return nil
-	})
-	reasons := ""
-	for _, r := range refused {
-		reasons += string(r.Body)
+		return reasons
 	}
-	if !strings.Contains(reasons, "stale declaration") || !strings.Contains(reasons, "not signed by the mesh's controller") {
+	if reasons := refusals(2); !strings.Contains(reasons, "stale declaration") || !strings.Contains(reasons, "not signed by the mesh's controller") {
 		t.Fatalf("refusals %s, want one stale and one forged", reasons)
+	}
+	d.Controller = "beta"
+	for _, tc := range []struct {
+		epoch uint64
+		want  string
+	}{{d.Epoch, "of the controller seat is alpha's"}, {d.Epoch + 50, "names controller epoch"}} {
+		d.Epoch = tc.epoch
+		// Published again (a new revision, a new message id) until the registry's mirror
+		// knows beta as a server and the refusal names the seat's holder.
+		retryUntil(t, 20*time.Second, func() error {
+			d.Revision++
+			body, _ := json.Marshal(d)
+			h, _ := deploy.Sign(beta, "beta", d, body)
+			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject("alpha"), Header: h, Data: body}); err != nil {
+				return err
+			}
+			reasons := refusals(len(refused) + 1)
+			if last := reasons[strings.LastIndex(strings.TrimSuffix(reasons, "\n"), "\n")+1:]; !strings.Contains(last, tc.want) {
+				return fmt.Errorf("the last refusal %s, want %q", last, tc.want)
+			}
+			return nil
+		})
 	}
 	// Still the newest applied: version 2 runs, nothing was stopped or started again.
 	if p := b.running(t, "ticker", "2", 0); p.Revision != second.Declared[0].Revision || p.Restarts != 0 {

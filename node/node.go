@@ -841,6 +841,13 @@ func (n *Node) openHost() (err error) {
 			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, name, meta, n.log)
 		},
 		Apply: n.apply,
+		Holder: func() (string, uint64, bool) {
+			if n.seats == nil {
+				return "", 0, false
+			}
+			l, ok := n.seats.store.Get(seats.Key(manifest.ControllerSeat, manifest.ScopeMesh, ""))
+			return l.Node, l.Epoch, ok
+		},
 	})
 	return err
 }
