@@ -64,6 +64,7 @@ func (v *validator) catalogue(catalogue []*Manifest, previous *Manifest) {
 	c.seats(v)
 	c.consumes(v)
 	c.consumers(v)
+	c.builds(v)
 	if previous != nil {
 		c.protocols(v, previous)
 	}
@@ -195,6 +196,68 @@ func (c *catalogueIndex) consumers(v *validator) {
 				Instead: "emit " + event + " as well, or correct " + name + "'s consumes first"})
 		}
 	}
+}
+
+// builds refuses a build.on naming a registered module the mesh does not build, a
+// registration that stops building a module others are built on, and a build.on that closes
+// a cycle across the catalogue (naming it): the cascade must have an order.
+func (c *catalogueIndex) builds(v *validator) {
+	m := v.m
+	for i, on := range m.BuildOn {
+		if o, ok := c.modules[on]; ok && !o.Built() {
+			v.refuse(Refusal{Code: CodeBuild, Field: fmt.Sprintf("build.on[%d]", i), Value: on,
+				Reason:  "names module " + on + ", which the mesh does not build (it declares no build.from)",
+				Instead: "remove it, or give " + on + " a build: {from: ..., run: ...} first"})
+		}
+	}
+	if !m.Built() {
+		for _, name := range c.names {
+			if slices.Contains(c.modules[name].BuildOn, m.Module) {
+				v.refuse(Refusal{Code: CodeBuild, Field: "build", Value: m.Module,
+					Reason:  "module " + name + " is built on " + m.Module + ", which would no longer be built",
+					Instead: "keep build.from and build.run, or remove " + m.Module + " from " + name + "'s build.on first"})
+			}
+		}
+	}
+	on := func(module string) []string {
+		if module == m.Module {
+			return m.BuildOn
+		}
+		if o, ok := c.modules[module]; ok {
+			return o.BuildOn
+		}
+		return nil
+	}
+	if cycle := buildCycle(m.Module, on); cycle != nil {
+		v.refuse(Refusal{Code: CodeBuildCycle, Field: "build.on", Value: strings.Join(m.BuildOn, ", "),
+			Reason:  "closes a cycle: " + strings.Join(cycle, " → ") + "; each module would wait for itself",
+			Instead: "remove one of these build.on entries"})
+	}
+}
+
+// buildCycle returns a cycle through start in the build.on graph (start … start), or nil.
+func buildCycle(start string, on func(string) []string) []string {
+	seen := map[string]bool{}
+	var path []string
+	var visit func(string) []string
+	visit = func(n string) []string {
+		path = append(path, n)
+		defer func() { path = path[:len(path)-1] }()
+		for _, next := range on(n) {
+			if next == start {
+				return append(slices.Clone(path), start)
+			}
+			if seen[next] {
+				continue
+			}
+			seen[next] = true
+			if c := visit(next); c != nil {
+				return c
+			}
+		}
+		return nil
+	}
+	return visit(start)
 }
 
 // seatEmits reports whether seat emits an event the consumed subject pattern matches.

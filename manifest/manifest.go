@@ -46,6 +46,12 @@ type Manifest struct {
 	Uses []string `json:"uses,omitempty"`
 	// Secrets lists the names of the secrets the module may fetch; never their values.
 	Secrets []string `json:"secrets,omitempty"`
+	// BuildFrom is where the module is built from (YAML build.from): <repository>/<path>, a
+	// repository name the mesh-git holder knows (never a host or URL) and a path in it.
+	BuildFrom string `json:"build_from,omitempty"`
+	// BuildRun is the command (YAML build.run) run by `sh -c` in that path of a checkout;
+	// it writes the artifact to the file $OUT.
+	BuildRun string `json:"build_run,omitempty"`
 	// BuildOn lists the modules whose artifact this module's is built on (YAML build.on).
 	BuildOn []string `json:"build_on,omitempty"`
 	// Seats lists the seats the module declares, in name order when parsed.
@@ -101,6 +107,19 @@ func (m *Manifest) Seat(name string) (Seat, bool) {
 	return Seat{}, false
 }
 
+// Built reports whether m is built by the mesh (it declares build.from).
+func (m *Manifest) Built() bool { return m.BuildFrom != "" }
+
+// BuildSource splits build.from into its repository and its path ("." for the repository's
+// root).
+func (m *Manifest) BuildSource() (repository, path string) {
+	repository, path, _ = strings.Cut(m.BuildFrom, "/")
+	if path == "" {
+		path = "."
+	}
+	return repository, path
+}
+
 // requiresBus reports whether m requires the mesh's bus.
 func (m *Manifest) requiresBus() bool { return slices.Contains(m.Requires, RequireBus) }
 
@@ -119,7 +138,9 @@ type rawManifest struct {
 }
 
 type rawBuild struct {
-	On []string `yaml:"on"`
+	From string   `yaml:"from"`
+	Run  string   `yaml:"run"`
+	On   []string `yaml:"on"`
 }
 
 type rawSeat struct {
@@ -145,7 +166,7 @@ var (
 	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
 	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "versions"}
 	versionKeys  = []string{"accepts", "emits", "serves", "shapes"}
-	buildKeys    = []string{"on"}
+	buildKeys    = []string{"from", "run", "on"}
 )
 
 // Parse decodes one manifest from YAML, strictly: an unknown key, a duplicate key, a value
@@ -198,7 +219,7 @@ func parse(data []byte) (*Manifest, Refusals) {
 		src:      data,
 	}
 	if raw.Build != nil {
-		m.BuildOn = raw.Build.On
+		m.BuildFrom, m.BuildRun, m.BuildOn = raw.Build.From, raw.Build.Run, raw.Build.On
 	}
 	for name, s := range raw.Seats {
 		for _, sh := range s.Shapes {

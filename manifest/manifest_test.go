@@ -17,7 +17,7 @@ consumes: [billing.order.placed, "*.download.completed", "builder.**"]
 tools: [status]
 uses: [mailer]
 secrets: [bot-token]
-build: {on: [base-image]}
+build: {from: bots/telegram, run: go build -o "$OUT" ., on: [base-image]}
 seats:
   zz-last:
     scope: node
@@ -68,8 +68,8 @@ func TestParse_Refused(t *testing.T) {
 			manifest.CodeUnknownKey, "emit", "emit", 3, "write emits"},
 		{"unknown seat key", "module: a\nrequires: [mesh-bus]\nseats:\n  s:\n    scope: mesh\n    retian: 7d\n",
 			manifest.CodeUnknownKey, "seats.s.retian", "retian", 6, "write retain"},
-		{"unknown build key", "module: a\nbuild:\n  from: [b]\n",
-			manifest.CodeUnknownKey, "build.from", "from", 3, "write on"},
+		{"unknown build key", "module: a\nbuild:\n  form: b\n",
+			manifest.CodeUnknownKey, "build.form", "form", 3, "write from"},
 		{"duplicate key", "module: a\nrequires: [mesh-bus]\nemits: [x]\nemits: [y]\n",
 			manifest.CodeDuplicate, "emits", "emits", 4, "merge"},
 		{"duplicate seat", "module: a\nrequires: [mesh-bus]\nseats:\n  s: {scope: mesh}\n  s: {scope: node}\n",

@@ -3,6 +3,7 @@ package manifest
 import (
 	"errors"
 	"fmt"
+	pathpkg "path"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,8 @@ const (
 	CodeModuleTwice  Code = "module-twice"  // 6: two manifests for one module in one check
 	CodeSize         Code = "size"          // issue 11: a manifest over MaxSize
 	CodePayloadShape Code = "payload-shape" // issue 14: a seat's shape that names nothing or is malformed
+	CodeBuild        Code = "build"         // issue 16: build.from, build.run or build.on that cannot be built
+	CodeBuildCycle   Code = "build-cycle"   // issue 16: build.on closing a cycle across the catalogue
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -166,6 +169,7 @@ func (v *validator) validate() {
 				Reason: "mesh-* names are the vault's own (it keeps the module's seed as mesh-seed)", Instead: "choose another name, e.g. " + strings.TrimPrefix(name, reservedSeatPrefix)})
 		}
 	}
+	v.build()
 	v.list("build.on", m.BuildOn, kindBuildOn)
 	for i, on := range m.BuildOn {
 		if on == m.Module && m.Module != "" {
@@ -185,6 +189,37 @@ func (v *validator) validate() {
 	}
 	v.consumes()
 	v.bus()
+}
+
+// build checks build.from and build.run: both or neither, a repository name and a clean
+// relative path, and a command; build.on needs them (only a built module is rebuilt).
+func (v *validator) build() {
+	m := v.m
+	switch {
+	case m.BuildFrom == "" && m.BuildRun == "" && len(m.BuildOn) > 0:
+		v.refuse(Refusal{Code: CodeBuild, Field: "build.on", Reason: "a module built on others must say how it is built",
+			Instead: "write build: {from: <repository>/<path>, run: <command>, on: [...]}"})
+	case m.BuildFrom == "" && m.BuildRun != "":
+		v.refuse(Refusal{Code: CodeBuild, Field: "build.from", Reason: "is missing; run needs a source to run in",
+			Instead: "write from: <repository>/<path>, e.g. from: shop/services/cart"})
+	case m.BuildFrom != "" && strings.TrimSpace(m.BuildRun) == "":
+		v.refuse(Refusal{Code: CodeBuild, Field: "build.run", Reason: "is missing; the builder runs it and it writes the artifact to $OUT",
+			Instead: "write run: go build -o \"$OUT\" ."})
+	}
+	if m.BuildFrom == "" {
+		return
+	}
+	repo, path := m.BuildSource()
+	if !ValidName(repo) {
+		reason := "must begin with a repository name the mesh-git holder knows (lower-case letters, digits and '-'), never a host or URL"
+		v.refuse(Refusal{Code: CodeBuild, Field: "build.from", Value: m.BuildFrom, Reason: reason,
+			Instead: "write <repository>/<path>, e.g. shop/services/cart"})
+		return
+	}
+	if clean := pathpkg.Clean(path); clean != path || strings.HasPrefix(path, "/") || path == ".." || strings.HasPrefix(path, "../") || strings.ContainsAny(path, "\\\x00") {
+		v.refuse(Refusal{Code: CodeBuild, Field: "build.from", Value: m.BuildFrom,
+			Reason: "its path must be a clean path inside the repository", Instead: "write " + repo + "/" + strings.TrimPrefix(pathpkg.Clean("/"+path), "/")})
+	}
 }
 
 func (v *validator) module() {

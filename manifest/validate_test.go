@@ -134,7 +134,7 @@ func TestManifest_Validate_Refusals(t *testing.T) {
 			manifest.CodeName, "secrets[0]", "Bot_Token", "write bot-token"},
 		{"requirement", "module: m\nrequires: [Postgres]\n",
 			manifest.CodeName, "requires[0]", "Postgres", "write postgres"},
-		{"built on itself", "module: m\nbuild: {on: [m]}\n",
+		{"built on itself", "module: m\nbuild: {from: r/m, run: make, on: [m]}\n",
 			manifest.CodeName, "build.on[0]", "m", "remove it"},
 		{"consumes a module, no event", head + "consumes: [billing]\n",
 			manifest.CodeName, "consumes[0]", "billing", "write billing.<event>, or billing.**"},
@@ -208,7 +208,7 @@ consumes: [billing.order.placed, "*.download.completed", "builder.**"]
 tools: [status]
 uses: [mailer]
 secrets: [bot-token]
-build: {on: [base-image]}
+build: {from: bots/telegram, run: go build -o "$OUT" ., on: [base-image]}
 seats:
   telegram-sender:
     scope: mesh
