@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -94,6 +95,12 @@ type Config struct {
 	// Every node is by default; a node left out of both still runs modules and serves the
 	// bus. In the environment and on the command line: comma-separated, "" for none.
 	MeshSeats []string `yaml:"mesh-seats"`
+	// GitRepos are the local bare git repositories this node serves to the build cascade,
+	// by the name manifests use in build.from; a node with any is a candidate for the
+	// mesh-git seat. In the environment and on the command line: name=path, comma-separated.
+	GitRepos map[string]string `yaml:"git-repos"`
+	// Builder makes the node a candidate for the mesh-build-machine seat: it runs build jobs.
+	Builder bool `yaml:"builder"`
 }
 
 // Holds reports whether the node is a candidate for the mesh's own seat.
@@ -198,6 +205,8 @@ func (c *Config) keys() map[string]any {
 		"max-event-bytes":  &c.MaxEventBytes,
 		"rate-limit":       &c.RateLimit,
 		"mesh-seats":       &c.MeshSeats,
+		"git-repos":        &c.GitRepos,
+		"builder":          &c.Builder,
 	}
 }
 
@@ -287,6 +296,27 @@ func (c *Config) Set(key, value string) error {
 				*p = append(*p, v)
 			}
 		}
+	case *bool:
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %q is not true or false", ErrInvalid, key, value)
+		}
+		*p = b
+	case *map[string]string:
+		*p = nil
+		for _, kv := range strings.Split(value, ",") {
+			if kv = strings.TrimSpace(kv); kv == "" {
+				continue
+			}
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return fmt.Errorf("%w: %s: %q is not name=path", ErrInvalid, key, kv)
+			}
+			if *p == nil {
+				*p = map[string]string{}
+			}
+			(*p)[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
 	}
 	return nil
 }
@@ -319,6 +349,14 @@ func (c Config) Validate() error {
 	case "text", "json":
 	default:
 		return fmt.Errorf("%w: log-format %q: write text or json", ErrInvalid, c.LogFormat)
+	}
+	for name, path := range c.GitRepos {
+		switch {
+		case !ValidName(name):
+			return fmt.Errorf("%w: git-repos: %q is not a repository name (lower-case letters, digits and '-'): manifests name it in build.from", ErrInvalid, name)
+		case !filepath.IsAbs(path):
+			return fmt.Errorf("%w: git-repos: %s=%q: write the bare repository's absolute path", ErrInvalid, name, path)
+		}
 	}
 	for _, seat := range c.MeshSeats {
 		if !slices.Contains(manifest.NodeHeldSeats, seat) {

@@ -45,6 +45,8 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
 	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
+	f.String("git-repos", "", "local bare git repositories this node serves to the build cascade, name=path, comma-separated (a candidate for mesh-git)")
+	f.String("builder", "false", "run build jobs (a candidate for mesh-build-machine)")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
