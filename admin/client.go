@@ -135,6 +135,18 @@ func Ps(ctx context.Context, nc *nats.Conn) ([]registry.Process, error) {
 	return reply.Processes, nil
 }
 
+// Builds asks the controller for the latest builds of the cascade.
+func Builds(ctx context.Context, nc *nats.Conn) ([]registry.Build, error) {
+	var reply registry.BuildsReply
+	if err := call(ctx, nc, registry.BuildsSubject, struct{}{}, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply.Builds, nil
+}
+
 // List asks the controller for every registered module, a page at a time.
 func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 	out := []registry.ModuleInfo{}

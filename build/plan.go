@@ -24,31 +24,34 @@ func FromCatalogue(catalogue []*manifest.Manifest) Graph {
 	return g
 }
 
-// Plan is what one changed module sets off: every module downstream of it, each with the
-// upstreams it waits for within the cascade.
+// Plan is what a change sets off: the modules whose own source changed (the roots), every
+// module downstream of them, each with the upstreams it waits for within the cascade.
 type Plan struct {
-	// Root is the module whose new artifact started the cascade.
-	Root string
-	// Order lists the downstream modules in an order that puts each after all its upstreams
-	// in the cascade (the root excluded).
+	// Roots are the modules the cascade starts from.
+	Roots []string
+	// Order lists every module of the cascade, the roots included, each after all its
+	// upstreams in the cascade.
 	Order []string
-	// Needs are, for each module of Order, the modules of the cascade (the root or others of
-	// Order) it is built on: its rebuild starts once each of them has been built.
+	// Needs are, for each module of Order, the modules of the cascade it is built on: its
+	// build starts once each of them has been built.
 	Needs map[string][]string
 }
 
-// PlanFrom plans the cascade of root's new artifact: the modules that are built, directly or
-// through others, on root. Modules on a cycle (which registration refuses) are left out.
-func (g Graph) PlanFrom(root string) Plan {
-	// Who is built on whom, the other way round.
-	down := map[string][]string{}
+// PlanFrom plans the cascade of roots: the roots and every module built, directly or through
+// others, on one of them — each once, a module built on two of them after both. Modules on a
+// cycle (which registration refuses) are left out.
+func (g Graph) PlanFrom(roots ...string) Plan {
+	down := map[string][]string{} // who is built on whom, the other way round
 	for m, ons := range g {
 		for _, on := range ons {
 			down[on] = append(down[on], m)
 		}
 	}
-	in := map[string]bool{root: true}
-	queue := []string{root}
+	in := map[string]bool{}
+	queue := slices.Clone(roots)
+	for _, r := range roots {
+		in[r] = true
+	}
 	for len(queue) > 0 {
 		n := queue[0]
 		queue = queue[1:]
@@ -59,12 +62,10 @@ func (g Graph) PlanFrom(root string) Plan {
 			}
 		}
 	}
-	p := Plan{Root: root, Needs: map[string][]string{}}
+	p := Plan{Roots: slices.Sorted(slices.Values(roots)), Needs: map[string][]string{}}
 	remaining := map[string]int{}
+	var ready []string
 	for m := range in {
-		if m == root {
-			continue
-		}
 		for _, on := range g[m] {
 			if in[on] {
 				p.Needs[m] = append(p.Needs[m], on)
@@ -72,27 +73,21 @@ func (g Graph) PlanFrom(root string) Plan {
 		}
 		slices.Sort(p.Needs[m])
 		remaining[m] = len(p.Needs[m])
+		if remaining[m] == 0 {
+			ready = append(ready, m)
+		}
 	}
-	// Kahn's order from the root, ties by name so that a plan is the same every time.
-	ready := []string{root}
-	done := map[string]bool{}
+	// Kahn's order, ties by name so that a plan is the same every time.
 	for len(ready) > 0 {
 		slices.Sort(ready)
 		n := ready[0]
 		ready = ready[1:]
-		if done[n] {
-			continue
-		}
-		done[n] = true
-		if n != root {
-			p.Order = append(p.Order, n)
-		}
+		p.Order = append(p.Order, n)
 		for _, d := range down[n] {
-			if !in[d] || done[d] {
-				continue
-			}
-			if remaining[d]--; remaining[d] == 0 {
-				ready = append(ready, d)
+			if in[d] {
+				if remaining[d]--; remaining[d] == 0 {
+					ready = append(ready, d)
+				}
 			}
 		}
 	}
@@ -100,7 +95,7 @@ func (g Graph) PlanFrom(root string) Plan {
 }
 
 // Ready returns the modules of the plan whose every upstream in the cascade is in built, and
-// which are not built or started themselves: the next rebuilds to submit.
+// which are neither built nor started themselves: the next builds to submit.
 func (p Plan) Ready(built, started map[string]bool) []string {
 	var out []string
 	for _, m := range p.Order {

@@ -39,9 +39,11 @@ type Deployment struct {
 	Instances int `json:"instances"`
 	// Env and Args are given to each process; secrets are never here (the manifest names
 	// them, the host fetches them from the vault at apply time).
-	Env     map[string]string `json:"env,omitempty"`
-	Args    []string          `json:"args,omitempty"`
-	Updated time.Time         `json:"updated"`
+	Env  map[string]string `json:"env,omitempty"`
+	Args []string          `json:"args,omitempty"`
+	// Auto deploys each new artifact the build cascade makes of the module, as it is built.
+	Auto    bool      `json:"auto,omitempty"`
+	Updated time.Time `json:"updated"`
 }
 
 // Targets reports whether d runs on node.

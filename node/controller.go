@@ -67,6 +67,8 @@ type controller struct {
 	hostsMu   sync.Mutex
 	hosts     map[string]host.Report
 	published map[string]deploy.Declaration
+	// casc are the build cascades under way and the latest builds (cascade_controller.go).
+	casc cascades
 
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
@@ -92,6 +94,7 @@ func (c *controller) start() error {
 		registry.DeploySubject:   body(c.handleDeploy),
 		registry.UndeploySubject: body(c.handleUndeploy),
 		registry.PsSubject:       body(c.handlePs),
+		registry.BuildsSubject:   body(c.handleBuilds),
 		manifest.WhoamiSubjects:  c.handleWhoami,
 		seats.ListSubject:        body(c.handleSeats),
 	} {
@@ -115,7 +118,11 @@ func (c *controller) start() error {
 	}
 	var sweep context.Context
 	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepers.Add(3)
+	c.sweepers.Add(4)
+	go func() {
+		defer c.sweepers.Done()
+		c.consumeCascade(sweep)
+	}()
 	go func() {
 		defer c.sweepers.Done()
 		c.sweepOutboxes(sweep)

@@ -93,6 +93,7 @@ type Node struct {
 	supervisor  *host.Supervisor // the modules it runs
 	reportNow   chan struct{}    // the supervisor's state changed: report it
 	logsSub     *nats.Subscription
+	gitSub      *nats.Subscription
 	auditSub    *nats.Subscription
 	dead        *deadLetters
 	members     *membership.Membership
@@ -186,6 +187,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	if n.logsSub, err = n.serveLogs(); err != nil {
+		return err
+	}
+	if n.gitSub, err = n.serveGitNotify(); err != nil {
 		return err
 	}
 	n.newHTTPServer()
@@ -358,6 +362,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		reports:   newReportCounts(),
 		hosts:     map[string]host.Report{},
 		published: map[string]deploy.Declaration{},
+		casc:      cascades{running: map[string]*cascade{}, lastCommit: map[string]string{}},
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
@@ -607,6 +612,10 @@ func (n *Node) Close() error {
 		n.logsSub.Unsubscribe()
 		n.logsSub = nil
 	}
+	if n.gitSub != nil {
+		n.gitSub.Unsubscribe()
+		n.gitSub = nil
+	}
 	if n.seats != nil {
 		n.seats.stop()
 		keep(n.seats.store.Close(), "seats")
@@ -773,6 +782,15 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	if n.vault != nil && n.cfg.Holds(manifest.VaultSeat) {
 		s.run.Add(seats.Candidate{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
+	// The cascade's seats, on the nodes configured for them (a module declaring one instead
+	// holds it as its own).
+	s.git, s.builder = &gitService{n: n, poke: make(chan struct{}, 1)}, &builderService{n: n}
+	if _, declared := n.reg.Declarer(GitSeat); len(n.cfg.GitRepos) > 0 && !declared {
+		s.run.Add(seats.Candidate{Seat: GitSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
+	if _, declared := n.reg.Declarer(BuilderSeat); n.cfg.Builder && !declared {
+		s.run.Add(seats.Candidate{Seat: BuilderSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
 	s.run.Acquire(ctx)
 	// The runner renews from here on, not from Run: what Open does next (the genesis
 	// hand-off) can take longer than a lease lives. It releases every lease when it stops
@@ -855,6 +873,16 @@ func (n *Node) openHost() (err error) {
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
+		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && (source == GitSeat || source == BuilderSeat) {
+			// The cascade's seats' events are signed by the node holding the seat.
+			if n.seats != nil {
+				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
+					if id, ok := n.reg.Node(l.Node); ok {
+						return id.PublicKey, true
+					}
+				}
+			}
+		}
 		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 			// A seat's event is signed by its holder: an instance of the declaring module.
 			if e, ok := n.reg.Declarer(source); ok {

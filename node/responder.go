@@ -27,6 +27,7 @@ func responderPermissions(node string) manifest.Permissions {
 		Subscribe: []manifest.Subscription{
 			{Subject: manifest.SeatToolSubject(manifest.ControllerSeat, ">")},
 			{Subject: manifest.SeatToolSubject(manifest.VaultSeat, ">")},
+			{Subject: manifest.SeatToolSubject(GitSeat, ">")}, // archive, changed
 			{Subject: manifest.NodeToolSubject(node, ">")}, // the seat, cluster and audit tools
 		},
 	}

@@ -37,6 +37,9 @@ type seatService struct {
 	run   *seats.Runner
 	ctrl  *controller
 	vault *vault.Vault
+	// git and builder are the cascade's seats' work on this node (cascade.go).
+	git     *gitService
+	builder *builderService
 	// onControl runs when this node has become the mesh-controller's holder.
 	onControl func()
 
@@ -141,6 +144,10 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 			return
 		}
 		start, stop = s.vault.Start, s.vault.Stop
+	case GitSeat:
+		start, stop = s.git.start, s.git.stop
+	case BuilderSeat:
+		start, stop = s.builder.start, s.builder.stop
 	default:
 		return
 	}
@@ -321,6 +328,10 @@ func (s *seatService) stop() {
 		s.cancel()
 	}
 	s.wg.Wait()
+	if s.git != nil {
+		s.git.close()
+		s.builder.close()
+	}
 }
 
 func (s *seatService) handle(module string, data []byte) seats.Reply {
@@ -413,6 +424,11 @@ func (s *seatService) status(ctx context.Context) []seats.Status {
 	}
 	add(seats.Status{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
 	add(seats.Status{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
+	for _, seat := range []string{GitSeat, BuilderSeat} {
+		if _, declared := s.reg.Declarer(seat); !declared {
+			add(seats.Status{Seat: seat, Scope: manifest.ScopeMesh}, seat)
+		}
+	}
 	users := map[string][]string{}
 	entries := s.reg.List()
 	for _, e := range entries {

@@ -23,6 +23,7 @@ var (
 	DeploySubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "deploy")
 	UndeploySubject = manifest.SeatToolSubject(manifest.ControllerSeat, "undeploy")
 	PsSubject       = manifest.SeatToolSubject(manifest.ControllerSeat, "ps")
+	BuildsSubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "builds")
 )
 
 // RegisterRequest registers or re-registers a module.
@@ -147,6 +148,30 @@ type Process struct {
 type PsReply struct {
 	Processes []Process `json:"processes"`
 	Error     string    `json:"error,omitempty"`
+}
+
+// Build is one build of the cascade, as `meshnode builds` lists it.
+type Build struct {
+	Module   string    `json:"module"`
+	Status   string    `json:"status"` // queued, built, failed
+	Version  string    `json:"version,omitempty"`
+	Digest   string    `json:"digest,omitempty"`
+	Commit   string    `json:"commit"`
+	Started  time.Time `json:"started"` // when its job was queued
+	Finished time.Time `json:"finished,omitzero"`
+	// Trigger says why it was built: "pushed <repository> <ref>", or "built <module>
+	// <version>" for a rebuild on a new upstream; Cascade is the event that started the
+	// cascade (its x-event-id), Cause the event that queued this build.
+	Trigger string `json:"trigger"`
+	Cascade string `json:"cascade"`
+	Cause   string `json:"cause"`
+	Reason  string `json:"reason,omitempty"` // a failed build's
+}
+
+// BuildsReply answers a BuildsSubject request: the latest builds, oldest first.
+type BuildsReply struct {
+	Builds []Build `json:"builds"`
+	Error  string  `json:"error,omitempty"`
 }
 
 // ModuleInfo is one registered module, as list reports it.

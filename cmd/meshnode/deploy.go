@@ -220,6 +220,7 @@ MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs wher
 	cmd.Flags().StringVar(&nodes, "nodes", "", "the nodes to run it on, comma-separated")
 	cmd.Flags().BoolVar(&d.All, "all", false, "run it on every node of the mesh")
 	cmd.Flags().IntVar(&d.Instances, "instances", 1, "processes per node")
+	cmd.Flags().BoolVar(&d.Auto, "auto", false, "also deploy each new artifact the build cascade makes of it")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
 	addClientFlags(cmd)

@@ -95,6 +95,8 @@ func newRootCmd() *cobra.Command {
 		newUndeployCmd(),
 		newPsCmd(),
 		newLogsCmd(),
+		newGitCmd(),
+		newBuildsCmd(),
 		newMembersCmd(),
 		newLeaveCmd(),
 		newNodeCmd(),

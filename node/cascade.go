@@ -1,0 +1,489 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The build cascade (DESIGN §7, §12) on a node: as holder of mesh-git (a node with
+// git-repos) it notices new commits and emits `pushed`, and serves `archive` and `changed`;
+// as holder of mesh-build-machine (builder: true) it runs `build` jobs and emits `built` or
+// `failed`; as holder of mesh-controller it turns `pushed` into build jobs and `built` into
+// the rebuilds of exactly the modules downstream (package build plans them), and deploys a
+// new artifact where the deployment says auto.
+
+// The mesh's own seats of the cascade, their verbs, tools and events.
+const (
+	GitSeat     = "mesh-git"
+	BuilderSeat = "mesh-build-machine"
+
+	// SourcesBucket is the object store of source archives the mesh-git holder exports for
+	// builders, by repository and commit (DESIGN §3: 7 days).
+	SourcesBucket = "mesh-sources"
+	sourcesTTL    = 7 * 24 * time.Hour
+
+	// GitNotifyTool is the node tool a post-receive hook pokes (`meshnode git notify`).
+	GitNotifyTool = "git-notify"
+	// gitCheckEvery is how often the mesh-git holder looks at its repositories' heads, so
+	// nothing is missed across restarts and without a hook.
+	gitCheckEvery = 30 * time.Second
+	// buildTimeout bounds one build.
+	buildTimeout = 10 * time.Minute
+)
+
+// ArchiveRequest asks the mesh-git holder to put a commit's tree into mesh-sources.
+type ArchiveRequest struct {
+	Repository string `json:"repository"`
+	Commit     string `json:"commit"`
+}
+
+// ChangedRequest asks which paths commit changed since before.
+type ChangedRequest struct {
+	Repository string `json:"repository"`
+	Before     string `json:"before,omitempty"`
+	Commit     string `json:"commit"`
+}
+
+// GitReply answers both: the object name, or the paths.
+type GitReply struct {
+	Object string   `json:"object,omitempty"`
+	Paths  []string `json:"paths,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+// sourceObject is a commit's archive's name in mesh-sources.
+func sourceObject(repository, commit string) string { return repository + "/" + commit + ".tar" }
+
+var gitBucket = []byte("git") // bbolt: "<repository> <ref>" → the commit last told
+
+// publishSeatEvent publishes an event of one of the mesh's own seats this node holds,
+// signed by the node, with x-source the seat.
+func (n *Node) publishSeatEvent(ctx context.Context, seat, event string, body any, causation string) (string, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return "", err
+	}
+	subject := manifest.SeatEventSubject(seat, event)
+	h, err := envelope.Stamp(n.ctrl.sign, seat, n.id.Name, subject, b, envelope.Options{Causation: causation})
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := n.bus.JetStream().PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: b}); err != nil {
+		return "", fmt.Errorf("publish %s: %w", subject, err)
+	}
+	return h.Get(envelope.EventID), nil
+}
+
+// sources opens mesh-sources.
+func (n *Node) sources(ctx context.Context) (jetstream.ObjectStore, error) {
+	return n.bus.JetStream().CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: SourcesBucket, Description: "meshnode: source archives for builders, by repository and commit",
+		TTL: sourcesTTL, Storage: jetstream.FileStorage, Replicas: n.replicas(),
+	})
+}
+
+// gitService is the mesh-git seat's work on this node, while it holds the seat.
+type gitService struct {
+	n      *Node
+	mu     sync.Mutex
+	subs   []*nats.Subscription
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	poke   chan struct{}
+}
+
+func (g *gitService) start() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cancel != nil {
+		return nil
+	}
+	n := g.n
+	for tool, h := range map[string]func(context.Context, []byte) GitReply{"archive": g.archive, "changed": g.changed} {
+		sub, err := n.respNC.QueueSubscribe(manifest.SeatToolSubject(GitSeat, tool), GitSeat, func(m *nats.Msg) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b, _ := json.Marshal(h(ctx, m.Data))
+			m.Respond(b)
+		})
+		if err != nil {
+			return err
+		}
+		g.subs = append(g.subs, sub)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g.cancel = cancel
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		tick := time.NewTicker(gitCheckEvery)
+		defer tick.Stop()
+		for {
+			g.check(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			case <-g.poke:
+			}
+		}
+	}()
+	return n.respNC.Flush()
+}
+
+func (g *gitService) stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, s := range g.subs {
+		s.Unsubscribe()
+	}
+	g.subs = nil
+	if g.cancel != nil {
+		g.cancel() // not waited for: stop runs in the seat's hooks (close waits)
+		g.cancel = nil
+	}
+}
+
+func (g *gitService) close() { g.stop(); g.wg.Wait() }
+
+// check emits `pushed` for each branch whose head moved since it was last told.
+func (g *gitService) check(ctx context.Context) {
+	n := g.n
+	for _, repo := range slices.Sorted(maps.Keys(n.cfg.GitRepos)) {
+		heads, err := build.Heads(ctx, n.cfg.GitRepos[repo])
+		if err != nil {
+			n.log.Warn("read a repository's heads", "repository", repo, "err", err)
+			continue
+		}
+		for _, ref := range slices.Sorted(maps.Keys(heads)) {
+			key := []byte(repo + " " + ref)
+			var before string
+			n.db.View(func(tx *bolt.Tx) error {
+				if b := tx.Bucket(gitBucket); b != nil {
+					before = string(b.Get(key))
+				}
+				return nil
+			})
+			if before == heads[ref] {
+				continue
+			}
+			p := build.Pushed{Repository: repo, Ref: ref, Commit: heads[ref], Before: before}
+			if _, err := n.publishSeatEvent(ctx, GitSeat, "pushed", p, ""); err != nil {
+				n.log.Warn("tell a push; told again at the next check", "repository", repo, "ref", ref, "err", err)
+				continue
+			}
+			n.db.Update(func(tx *bolt.Tx) error {
+				b, err := tx.CreateBucketIfNotExists(gitBucket)
+				if err != nil {
+					return err
+				}
+				return b.Put(key, []byte(heads[ref]))
+			})
+			n.log.Info("pushed", "repository", repo, "ref", ref, "commit", heads[ref], "before", before)
+		}
+	}
+}
+
+func (g *gitService) archive(ctx context.Context, data []byte) GitReply {
+	var req ArchiveRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return GitReply{Error: "not JSON"}
+	}
+	dir, ok := g.n.cfg.GitRepos[req.Repository]
+	if !ok {
+		return GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
+	}
+	obs, err := g.n.sources(ctx)
+	if err != nil {
+		return GitReply{Error: err.Error()}
+	}
+	name := sourceObject(req.Repository, req.Commit)
+	if _, err := obs.GetInfo(ctx, name); err == nil {
+		return GitReply{Object: name}
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(build.Archive(ctx, dir, req.Commit, pw)) }()
+	if _, err := obs.Put(ctx, jetstream.ObjectMeta{Name: name}, pr); err != nil {
+		pr.CloseWithError(err)
+		return GitReply{Error: err.Error()}
+	}
+	return GitReply{Object: name}
+}
+
+func (g *gitService) changed(ctx context.Context, data []byte) GitReply {
+	var req ChangedRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return GitReply{Error: "not JSON"}
+	}
+	dir, ok := g.n.cfg.GitRepos[req.Repository]
+	if !ok {
+		return GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
+	}
+	paths, err := build.Changed(ctx, dir, req.Before, req.Commit)
+	if err != nil {
+		return GitReply{Error: err.Error()}
+	}
+	return GitReply{Paths: paths}
+}
+
+// gitCall asks the mesh-git holder's tool and decodes its reply.
+func gitCall(ctx context.Context, nc *nats.Conn, tool string, req any) (GitReply, error) {
+	b, _ := json.Marshal(req)
+	msg, err := nc.RequestWithContext(ctx, manifest.SeatToolSubject(GitSeat, tool), b)
+	if err != nil {
+		return GitReply{}, fmt.Errorf("ask mesh-git for %s: %w", tool, err)
+	}
+	var r GitReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return GitReply{}, err
+	}
+	if r.Error != "" {
+		return r, errors.New(r.Error)
+	}
+	return r, nil
+}
+
+// builderService is the mesh-build-machine seat's work on this node, while it holds it.
+type builderService struct {
+	n      *Node
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (b *builderService) start() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		b.consume(ctx)
+	}()
+	return nil
+}
+
+func (b *builderService) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		b.cancel()
+		b.cancel = nil
+	}
+}
+
+func (b *builderService) close() { b.stop(); b.wg.Wait() }
+
+// consume takes build jobs one at a time until ctx ends.
+func (b *builderService) consume(ctx context.Context) {
+	n := b.n
+	con, ok, err := manifest.Builtin().SeatConsumer(BuilderSeat, n.id.Name)
+	if err != nil || !ok {
+		n.log.Error("the build queue is not derived", "err", err)
+		return
+	}
+	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
+	var cons jetstream.Consumer
+	for {
+		if cons, err = n.bus.JetStream().Consumer(ctx, con.Stream, con.Name); err == nil {
+			break
+		}
+		if wait.Wait(ctx) != nil {
+			return
+		}
+	}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			if wait.Wait(ctx) != nil {
+				return
+			}
+			continue
+		}
+		for m := range batch.Messages() {
+			b.build(ctx, m)
+		}
+	}
+}
+
+// build runs one job and tells how it went; the job is acked once its event is out.
+func (b *builderService) build(ctx context.Context, m jetstream.Msg) {
+	n := b.n
+	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
+	var job build.Job
+	if err == nil {
+		id, ok := n.reg.Node(ev.Source)
+		switch {
+		case !ok:
+			err = fmt.Errorf("a build job from %q, which is no server of the mesh", ev.Source)
+		case envelope.Verify(m.Headers(), m.Subject(), m.Data(), id.PublicKey) != nil:
+			err = errors.New("a build job whose signature is not its server's")
+		default:
+			err = json.Unmarshal(m.Data(), &job)
+		}
+	}
+	if err != nil {
+		n.log.Warn("build job refused", "err", err)
+		m.TermWithReason(err.Error())
+		return
+	}
+	// Kept in progress while it runs: a build outlasts the queue's ack wait.
+	progress, stopProgress := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-progress.Done():
+				return
+			case <-t.C:
+				m.InProgress()
+			}
+		}
+	}()
+	built, failure := b.run(ctx, job)
+	stopProgress()
+	if ctx.Err() != nil {
+		return // stopping: the job is redelivered to the next holder
+	}
+	// built and failed carry the job's cause (the pushed or built event that queued it), so
+	// that the audit log's events chain from the push to the last rebuild.
+	cause := m.Headers().Get(envelope.Causation)
+	if failure != nil {
+		failure.Cascade = job.Cascade
+		n.log.Warn("build failed", "module", job.Module, "commit", job.Commit, "reason", failure.Reason)
+		if _, err := n.publishSeatEvent(ctx, BuilderSeat, "failed", failure, cause); err != nil {
+			m.Nak()
+			return
+		}
+	} else {
+		built.Cascade = job.Cascade
+		n.log.Info("built", "module", built.Module, "version", built.Version, "digest", built.Digest)
+		if _, err := n.publishSeatEvent(ctx, BuilderSeat, "built", built, cause); err != nil {
+			m.Nak()
+			return
+		}
+	}
+	m.Ack()
+}
+
+// run builds one job: the module's source from mesh-git, its build.on artifacts, the
+// command; the artifact is stored as version <commit[:12]> (with its upstreams' digests
+// folded in, so a rebuild on new upstreams is a new version).
+func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, *build.Failed) {
+	n := b.n
+	fail := func(reason string, log []byte) (*build.Built, *build.Failed) {
+		return nil, &build.Failed{Module: job.Module, Commit: job.Commit, Reason: reason, Log: build.Tail(log)}
+	}
+	e, ok := n.reg.Get(job.Module)
+	if !ok || !e.Manifest.Built() {
+		return fail("module "+job.Module+" is not registered with a build.from", nil)
+	}
+	if _, err := gitCall(ctx, n.bus.Conn(), "archive", ArchiveRequest{Repository: job.Repository, Commit: job.Commit}); err != nil {
+		return fail(err.Error(), nil)
+	}
+	src, err := n.sources(ctx)
+	if err != nil {
+		return fail(err.Error(), nil)
+	}
+	res, err := src.Get(ctx, sourceObject(job.Repository, job.Commit))
+	if err != nil {
+		return fail("fetch the source: "+err.Error(), nil)
+	}
+	defer res.Close()
+	arts, err := artifact.Lookup(ctx, n.bus.JetStream())
+	if err != nil {
+		return fail(err.Error(), nil)
+	}
+	deps := map[string]io.Reader{}
+	var upstream []string
+	for _, on := range e.Manifest.BuildOn {
+		list, err := artifact.List(ctx, arts, on)
+		if err != nil || len(list) == 0 {
+			return fail("no artifact of "+on+", which "+job.Module+" is built on", nil)
+		}
+		var buf strings.Builder
+		if err := artifact.Fetch(ctx, arts, on, list[0].Version, list[0].Digest, &buf); err != nil {
+			return fail(err.Error(), nil)
+		}
+		deps[on] = strings.NewReader(buf.String())
+		upstream = append(upstream, list[0].Digest)
+	}
+	dir, err := os.MkdirTemp(filepath.Join(n.cfg.DataDir), "build-")
+	if err != nil {
+		return fail(err.Error(), nil)
+	}
+	defer os.RemoveAll(dir)
+	out, log, err := build.Run(ctx, dir, build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: res, Deps: deps, Timeout: buildTimeout})
+	if err != nil {
+		return fail(err.Error(), log)
+	}
+	version := job.Commit[:12]
+	if len(upstream) > 0 {
+		version += "-" + strings.TrimPrefix(digestOf(strings.Join(upstream, ",")), "sha256:")[:8]
+	}
+	info, err := artifact.Put(ctx, arts, job.Module, version, out)
+	if err != nil && !errors.Is(err, artifact.ErrExists) {
+		return fail("store the artifact: "+err.Error(), log)
+	}
+	if errors.Is(err, artifact.ErrExists) {
+		return fail("version "+version+" is stored with other content: the build is not reproducible", log)
+	}
+	return &build.Built{Module: job.Module, Version: info.Version, Digest: info.Digest, Commit: job.Commit}, nil
+}
+
+// digestOf is the sha256:<hex> of s.
+func digestOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// serveGitNotify answers the node's git-notify tool (the operator's, or a post-receive hook's
+// `meshnode git notify`): the mesh-git holder on this node looks at its repositories now.
+func (n *Node) serveGitNotify() (*nats.Subscription, error) {
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, GitNotifyTool), func(m *nats.Msg) {
+		reply := GitReply{}
+		var req ArchiveRequest // the repository alone
+		json.Unmarshal(m.Data, &req)
+		switch _, ok := n.cfg.GitRepos[req.Repository]; {
+		case !ok:
+			reply.Error = fmt.Sprintf("node %s serves no repository %q (git-repos: %v)", n.id.Name, req.Repository, slices.Sorted(maps.Keys(n.cfg.GitRepos)))
+		case n.seats == nil || n.seats.git == nil:
+			reply.Error = "this node does not run the mesh-git seat"
+		default:
+			select {
+			case n.seats.git.poke <- struct{}{}:
+			default:
+			}
+		}
+		b, _ := json.Marshal(reply)
+		m.Respond(b)
+	})
+}

@@ -1,0 +1,248 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
+)
+
+// gitRepo is a bare repository a node serves, and a work tree that pushes to it.
+type gitRepo struct {
+	t          *testing.T
+	bare, work string
+}
+
+func newGitRepo(t *testing.T) *gitRepo {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		testbed.Skip(t, "git is not installed: %v", err)
+	}
+	r := &gitRepo{t: t, bare: filepath.Join(t.TempDir(), "shop.git"), work: t.TempDir()}
+	r.git("", "init", "-q", "--bare", "-b", "main", r.bare)
+	r.git(r.work, "init", "-q", "-b", "main")
+	r.git(r.work, "remote", "add", "origin", r.bare)
+	return r
+}
+
+func (r *gitRepo) git(dir string, args ...string) string {
+	r.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		r.t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// push commits files (path → content) and pushes them.
+func (r *gitRepo) push(files map[string]string) string {
+	r.t.Helper()
+	for p, c := range files {
+		os.MkdirAll(filepath.Dir(filepath.Join(r.work, p)), 0o755)
+		if err := os.WriteFile(filepath.Join(r.work, p), []byte(c), 0o755); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.git(r.work, "add", "-A")
+	r.git(r.work, "commit", "-q", "-m", "change")
+	r.git(r.work, "push", "-q", "origin", "main")
+	return r.git(r.work, "rev-parse", "HEAD")
+}
+
+// buildScript is every module's build: an executable that says what it is and what it was
+// built on, then waits to be stopped.
+const buildScript = `#!/bin/sh
+{ echo '#!/bin/sh'; echo "echo $MODULE at $COMMIT on: $(ls "$DEPS" | tr '\n' ' ')"; echo 'exec sleep 600'; } > "$OUT"
+`
+
+// notify pokes the node's mesh-git holder, as a post-receive hook does.
+func (b *bed) notify(t *testing.T) {
+	t.Helper()
+	retryUntil(t, 10*time.Second, func() error {
+		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(msg.Data), "error") {
+			return fmt.Errorf("%s", msg.Data)
+		}
+		return nil
+	})
+}
+
+// builds waits until the controller lists want builds finished, and returns them.
+func (b *bed) builds(t *testing.T, want int) []registry.Build {
+	t.Helper()
+	var out []registry.Build
+	retryUntil(t, 60*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		all, err := admin.Builds(ctx, b.op)
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for _, x := range all {
+			if x.Status != "queued" {
+				out = append(out, x)
+			}
+		}
+		if len(out) < want || len(all) != len(out) {
+			return fmt.Errorf("%d builds finished of %d, want %d: %+v", len(out), len(all), want, all)
+		}
+		return nil
+	})
+	return out
+}
+
+// TestCascade_ExactlyTheDependents (DESIGN §12): a push builds the modules whose path it
+// changed; a new artifact of base rebuilds exactly a and b (built on it), not c, and d (on
+// both) once, after both; with deploy --auto the new d runs; a failing build emits failed
+// with its log tail and deploys nothing; the audit log chains every event to the push.
+func TestCascade_ExactlyTheDependents(t *testing.T) {
+	repo := newGitRepo(t)
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.GitRepos = map[string]string{"shop": repo.bare}
+	cfg.Builder = true
+	b := newBedAt(t, cfg)
+	for _, y := range []string{
+		"module: base\nbuild: {from: shop/services/base, run: sh build.sh}\n",
+		"module: a\nbuild: {from: shop/services/a, run: sh build.sh, on: [base]}\n",
+		"module: b\nbuild: {from: shop/services/b, run: sh build.sh, on: [base]}\n",
+		"module: c\nbuild: {from: shop/services/c, run: sh build.sh}\n",
+		"module: d\nrequires: [mesh-bus]\nbuild: {from: shop/services/d, run: sh build.sh, on: [a, b]}\n",
+	} {
+		b.register(y)
+	}
+	files := map[string]string{}
+	for _, m := range []string{"base", "a", "b", "c", "d"} {
+		files["services/"+m+"/build.sh"] = buildScript
+	}
+	first := repo.push(files)
+	b.notify(t)
+	builds := b.builds(t, 5)
+	byModule := func(bs []registry.Build) map[string][]registry.Build {
+		out := map[string][]registry.Build{}
+		for _, x := range bs {
+			out[x.Module] = append(out[x.Module], x)
+		}
+		return out
+	}
+	for m, bs := range byModule(builds) {
+		if len(bs) != 1 || bs[0].Status != "built" || bs[0].Commit != first {
+			t.Fatalf("the first push built %s %d times: %+v", m, len(bs), bs)
+		}
+	}
+
+	// Deployed with --auto: each new artifact of d runs at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dv := byModule(builds)["d"][0].Version
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "d", Deployment: deploy.Deployment{Version: dv, Nodes: []string{"alpha"}, Instances: 1, Auto: true}}); err != nil {
+		t.Fatal(err)
+	}
+	b.running(t, "d", dv, 0)
+
+	// A push changing only base: base, then exactly a and b, then d once after both.
+	second := repo.push(map[string]string{"services/base/VERSION": "2\n"})
+	b.notify(t)
+	builds = b.builds(t, 9)[5:]
+	got := byModule(builds)
+	if len(builds) != 4 || len(got["base"]) != 1 || len(got["a"]) != 1 || len(got["b"]) != 1 || len(got["d"]) != 1 || len(got["c"]) != 0 {
+		t.Fatalf("the push of base built %+v, want base, a, b and d once each", builds)
+	}
+	d := got["d"][0]
+	for _, up := range []string{"a", "b"} {
+		if d.Started.Before(got[up][0].Finished) {
+			t.Fatalf("d was queued at %s, before %s was built at %s", d.Started, up, got[up][0].Finished)
+		}
+	}
+	for _, x := range builds {
+		if x.Status != "built" || x.Cascade != builds[0].Cascade {
+			t.Fatalf("build %+v: want built, in one cascade", x)
+		}
+	}
+	if got["base"][0].Commit != second {
+		t.Fatalf("base built from %s, want %s", got["base"][0].Commit, second)
+	}
+	p := b.running(t, "d", d.Version, 0)
+	if p.Version == dv {
+		t.Fatalf("d still runs %s", dv)
+	}
+
+	// A push changing only c's path builds c alone (nothing is built on c).
+	repo.push(map[string]string{"services/c/VERSION": "2\n"})
+	b.notify(t)
+	if only := b.builds(t, 10)[9:]; len(only) != 1 || only[0].Module != "c" {
+		t.Fatalf("the push of c built %+v, want c alone", only)
+	}
+
+	// A failing build: failed, with its log, and nothing deployed.
+	repo.push(map[string]string{"services/d/build.sh": "#!/bin/sh\necho cannot build d >&2\nexit 3\n"})
+	b.notify(t)
+	failed := b.builds(t, 11)[10]
+	if failed.Module != "d" || failed.Status != "failed" || !strings.Contains(failed.Reason, "exit status 3") {
+		t.Fatalf("the failing build: %+v", failed)
+	}
+	if p := b.running(t, "d", d.Version, 0); p.Version != d.Version {
+		t.Fatalf("d runs %s after a failed build, want %s", p.Version, d.Version)
+	}
+
+	// The audit log holds the chain: each built event names the event that queued its build,
+	// back to the push.
+	b.waitAudited(10 * time.Second)
+	events := map[string]string{} // event id → its cause
+	subjects := map[string]string{}
+	for _, source := range []string{node.GitSeat, node.BuilderSeat} {
+		for _, r := range b.auditAll(source) {
+			if c := r.Headers[envelope.Causation]; len(c) > 0 {
+				events[r.EventID] = c[0]
+			}
+			subjects[r.EventID] = r.Subject
+			if !r.Signed || !r.SourceMatches {
+				t.Fatalf("audit record %s of %s: signed %v (%s), matches %v", r.EventID, r.Subject, r.Signed, r.SignatureError, r.SourceMatches)
+			}
+		}
+	}
+	var chain []string
+	var dBuilt string
+	for id, s := range subjects {
+		if s == manifest.SeatEventSubject(node.BuilderSeat, "built") && events[id] != "" && subjects[events[id]] == manifest.SeatEventSubject(node.BuilderSeat, "built") {
+			dBuilt = id // a built event caused by another built event: a rebuild
+		}
+	}
+	var failedLog bool
+	for _, r := range b.auditAll(node.BuilderSeat) {
+		failedLog = failedLog || r.Subject == manifest.SeatEventSubject(node.BuilderSeat, "failed") && strings.Contains(string(r.Body), "cannot build d")
+	}
+	if !failedLog {
+		t.Fatal("no failed event carries the failing build's log tail")
+	}
+	if dBuilt == "" {
+		t.Fatal("no rebuild in the audit log names the built event that caused it")
+	}
+	for id := dBuilt; id != ""; id = events[id] {
+		chain = append(chain, subjects[id])
+		if len(chain) > 10 {
+			break
+		}
+	}
+	if last := chain[len(chain)-1]; last != manifest.SeatEventSubject(node.GitSeat, "pushed") {
+		t.Fatalf("the causation chain %v does not end at the push", chain)
+	}
+}
