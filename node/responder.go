@@ -28,7 +28,7 @@ func responderPermissions(node string) manifest.Permissions {
 			{Subject: manifest.SeatToolSubject(manifest.ControllerSeat, ">")},
 			{Subject: manifest.SeatToolSubject(manifest.VaultSeat, ">")},
 			{Subject: manifest.SeatToolSubject(GitSeat, ">")}, // archive, changed
-			{Subject: manifest.NodeToolSubject(node, ">")}, // the seat, cluster and audit tools
+			{Subject: manifest.NodeToolSubject(node, ">")},    // the seat, cluster and audit tools
 		},
 	}
 }
