@@ -272,6 +272,17 @@ type builderService struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	sub    *nats.Subscription // the status tool
+	// current is the build running now (status); zero between builds.
+	current BuilderStatus
+}
+
+// BuilderStatus answers the mesh-build-machine seat's status tool: the build running now.
+type BuilderStatus struct {
+	Module  string    `json:"module,omitempty"`
+	Commit  string    `json:"commit,omitempty"`
+	Cascade string    `json:"cascade,omitempty"`
+	Since   time.Time `json:"since,omitzero"`
 }
 
 func (b *builderService) start() error {
@@ -280,6 +291,17 @@ func (b *builderService) start() error {
 	if b.cancel != nil {
 		return nil
 	}
+	sub, err := b.n.respNC.QueueSubscribe(manifest.SeatToolSubject(BuilderSeat, "status"), BuilderSeat, func(m *nats.Msg) {
+		b.mu.Lock()
+		st := b.current
+		b.mu.Unlock()
+		out, _ := json.Marshal(st)
+		m.Respond(out)
+	})
+	if err != nil {
+		return err
+	}
+	b.sub = sub
 	ctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
 	b.wg.Add(1)
@@ -287,12 +309,16 @@ func (b *builderService) start() error {
 		defer b.wg.Done()
 		b.consume(ctx)
 	}()
-	return nil
+	return b.n.respNC.Flush()
 }
 
 func (b *builderService) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.sub != nil {
+		b.sub.Unsubscribe()
+		b.sub = nil
+	}
 	if b.cancel != nil {
 		b.cancel()
 		b.cancel = nil
@@ -368,7 +394,13 @@ func (b *builderService) build(ctx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
+	b.mu.Lock()
+	b.current = BuilderStatus{Module: job.Module, Commit: job.Commit, Cascade: job.Cascade, Since: time.Now().UTC()}
+	b.mu.Unlock()
 	built, failure := b.run(ctx, job)
+	b.mu.Lock()
+	b.current = BuilderStatus{}
+	b.mu.Unlock()
 	stopProgress()
 	if ctx.Err() != nil {
 		return // stopping: the job is redelivered to the next holder

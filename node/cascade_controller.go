@@ -288,8 +288,22 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 	}
 }
 
-func (c *controller) handleBuilds(context.Context, []byte) any {
+// handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
+// is running rather than queued.
+func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
+	var running BuilderStatus
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(BuilderSeat, "status"), nil); err == nil {
+		json.Unmarshal(msg.Data, &running)
+	}
+	cancel()
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
-	return registry.BuildsReply{Builds: slices.Clone(c.casc.builds)}
+	out := slices.Clone(c.casc.builds)
+	for i := range out {
+		if out[i].Status == "queued" && out[i].Module == running.Module && out[i].Cascade == running.Cascade && running.Module != "" {
+			out[i].Status = "running"
+		}
+	}
+	return registry.BuildsReply{Builds: out}
 }

@@ -98,7 +98,7 @@ func (b *bed) builds(t *testing.T, want int) []registry.Build {
 		}
 		out = out[:0]
 		for _, x := range all {
-			if x.Status != "queued" {
+			if x.Status == "built" || x.Status == "failed" {
 				out = append(out, x)
 			}
 		}
@@ -185,10 +185,23 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 		t.Fatalf("d still runs %s", dv)
 	}
 
-	// A push changing only c's path builds c alone (nothing is built on c).
-	repo.push(map[string]string{"services/c/VERSION": "2\n"})
+	// A push changing only c's path builds c alone (nothing is built on c); while it builds
+	// (slowly), builds says it is running.
+	repo.push(map[string]string{"services/c/build.sh": "#!/bin/sh\nsleep 1\n" + strings.TrimPrefix(buildScript, "#!/bin/sh\n")})
 	b.notify(t)
-	if only := b.builds(t, 10)[9:]; len(only) != 1 || only[0].Module != "c" {
+	retryUntil(t, 20*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		all, err := admin.Builds(ctx, b.op)
+		if err != nil {
+			return err
+		}
+		if last := all[len(all)-1]; last.Module != "c" || last.Status != "running" {
+			return fmt.Errorf("the last build %+v, want c running", last)
+		}
+		return nil
+	})
+	if only := b.builds(t, 10)[9:]; len(only) != 1 || only[0].Module != "c" || only[0].Status != "built" {
 		t.Fatalf("the push of c built %+v, want c alone", only)
 	}
 

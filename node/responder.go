@@ -27,8 +27,9 @@ func responderPermissions(node string) manifest.Permissions {
 		Subscribe: []manifest.Subscription{
 			{Subject: manifest.SeatToolSubject(manifest.ControllerSeat, ">")},
 			{Subject: manifest.SeatToolSubject(manifest.VaultSeat, ">")},
-			{Subject: manifest.SeatToolSubject(GitSeat, ">")}, // archive, changed
-			{Subject: manifest.NodeToolSubject(node, ">")},    // the seat, cluster and audit tools
+			{Subject: manifest.SeatToolSubject(GitSeat, ">")},     // archive, changed
+			{Subject: manifest.SeatToolSubject(BuilderSeat, ">")}, // status
+			{Subject: manifest.NodeToolSubject(node, ">")},        // the seat, cluster and audit tools
 		},
 	}
 }
