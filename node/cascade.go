@@ -50,6 +50,9 @@ const (
 	gitCheckEvery = 30 * time.Second
 	// buildTimeout bounds one build.
 	buildTimeout = 10 * time.Minute
+	// gitToolTimeout bounds one archive or changed request on the mesh-git holder; a
+	// builder's request waits a little longer, then tries again.
+	gitToolTimeout = 20 * time.Second
 )
 
 // ArchiveRequest asks the mesh-git holder to put a commit's tree into mesh-sources.
@@ -97,11 +100,22 @@ func (n *Node) publishSeatEvent(ctx context.Context, seat, event string, body an
 	return h.Get(envelope.EventID), nil
 }
 
-// sources opens mesh-sources.
+// sources opens mesh-sources, which the controller makes (reconcileAll): looked up, not
+// updated, so that a source can be stored while a server of the mesh is away (an update of
+// an R3 stream's configuration waits for its peers).
 func (n *Node) sources(ctx context.Context) (jetstream.ObjectStore, error) {
-	return n.bus.JetStream().CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	obs, err := n.bus.JetStream().ObjectStore(ctx, SourcesBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return createSources(ctx, n.bus.JetStream(), n.replicas())
+	}
+	return obs, err
+}
+
+// createSources creates or updates mesh-sources.
+func createSources(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
+	return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket: SourcesBucket, Description: "meshnode: source archives for builders, by repository and commit",
-		TTL: sourcesTTL, Storage: jetstream.FileStorage, Replicas: n.replicas(),
+		TTL: sourcesTTL, Storage: jetstream.FileStorage, Replicas: replicas,
 	})
 }
 
@@ -124,10 +138,14 @@ func (g *gitService) start() error {
 	n := g.n
 	for tool, h := range map[string]func(context.Context, []byte) GitReply{"archive": g.archive, "changed": g.changed} {
 		sub, err := n.respNC.QueueSubscribe(manifest.SeatToolSubject(GitSeat, tool), GitSeat, func(m *nats.Msg) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			b, _ := json.Marshal(h(ctx, m.Data))
-			m.Respond(b)
+			// Each request on its own: an archive stuck on a stream whose leader went away
+			// must not hold up the next (which a builder's retry sends).
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), gitToolTimeout)
+				defer cancel()
+				b, _ := json.Marshal(h(ctx, m.Data))
+				m.Respond(b)
+			}()
 		})
 		if err != nil {
 			return err
@@ -397,13 +415,23 @@ func (b *builderService) build(ctx context.Context, m jetstream.Msg) {
 	b.mu.Lock()
 	b.current = BuilderStatus{Module: job.Module, Commit: job.Commit, Cascade: job.Cascade, Since: time.Now().UTC()}
 	b.mu.Unlock()
-	built, failure := b.run(ctx, job)
+	built, failure, transient := b.run(ctx, job)
 	b.mu.Lock()
 	b.current = BuilderStatus{}
 	b.mu.Unlock()
 	stopProgress()
+	if transient != nil && ctx.Err() == nil {
+		// Not the build's fault (a stream electing a leader, a seat between holders): the job
+		// is tried again, and after the queue's delivery limit it is a dead letter.
+		n.log.Warn("build interrupted; tried again", "module", job.Module, "err", transient)
+		m.NakWithDelay(2 * time.Second)
+		return
+	}
 	if ctx.Err() != nil {
-		return // stopping: the job is redelivered to the next holder
+		// Stopping (the seat moves): the next holder gets the job at once. A builder that
+		// dies instead has it redelivered when the queue's ack wait runs out.
+		m.Nak()
+		return
 	}
 	// built and failed carry the job's cause (the pushed or built event that queued it), so
 	// that the audit log's events chain from the push to the last rebuild.
@@ -428,31 +456,35 @@ func (b *builderService) build(ctx context.Context, m jetstream.Msg) {
 
 // run builds one job: the module's source from mesh-git, its build.on artifacts, the
 // command; the artifact is stored as version <commit[:12]> (with its upstreams' digests
-// folded in, so a rebuild on new upstreams is a new version).
-func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, *build.Failed) {
+// folded in, so a rebuild on new upstreams is a new version). A failure of the build is
+// Failed; one of the mesh around it (fetching, storing) is transient, to try again.
+func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, *build.Failed, error) {
 	n := b.n
-	fail := func(reason string, log []byte) (*build.Built, *build.Failed) {
-		return nil, &build.Failed{Module: job.Module, Commit: job.Commit, Reason: reason, Log: build.Tail(log)}
+	fail := func(reason string, log []byte) (*build.Built, *build.Failed, error) {
+		return nil, &build.Failed{Module: job.Module, Commit: job.Commit, Reason: reason, Log: build.Tail(log)}, nil
 	}
+	retry := func(err error) (*build.Built, *build.Failed, error) { return nil, nil, err }
 	e, ok := n.reg.Get(job.Module)
 	if !ok || !e.Manifest.Built() {
 		return fail("module "+job.Module+" is not registered with a build.from", nil)
 	}
-	if _, err := gitCall(ctx, n.bus.Conn(), "archive", ArchiveRequest{Repository: job.Repository, Commit: job.Commit}); err != nil {
-		return fail(err.Error(), nil)
+	gctx, cancel := context.WithTimeout(ctx, gitToolTimeout+5*time.Second)
+	defer cancel()
+	if _, err := gitCall(gctx, n.bus.Conn(), "archive", ArchiveRequest{Repository: job.Repository, Commit: job.Commit}); err != nil {
+		return retry(err)
 	}
 	src, err := n.sources(ctx)
 	if err != nil {
-		return fail(err.Error(), nil)
+		return retry(err)
 	}
 	res, err := src.Get(ctx, sourceObject(job.Repository, job.Commit))
 	if err != nil {
-		return fail("fetch the source: "+err.Error(), nil)
+		return retry(fmt.Errorf("fetch the source: %w", err))
 	}
 	defer res.Close()
 	arts, err := artifact.Lookup(ctx, n.bus.JetStream())
 	if err != nil {
-		return fail(err.Error(), nil)
+		return retry(err)
 	}
 	deps := map[string]io.Reader{}
 	var upstream []string
@@ -463,14 +495,14 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 		}
 		var buf strings.Builder
 		if err := artifact.Fetch(ctx, arts, on, list[0].Version, list[0].Digest, &buf); err != nil {
-			return fail(err.Error(), nil)
+			return retry(err)
 		}
 		deps[on] = strings.NewReader(buf.String())
 		upstream = append(upstream, list[0].Digest)
 	}
 	dir, err := os.MkdirTemp(filepath.Join(n.cfg.DataDir), "build-")
 	if err != nil {
-		return fail(err.Error(), nil)
+		return retry(err)
 	}
 	defer os.RemoveAll(dir)
 	out, log, err := build.Run(ctx, dir, build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: res, Deps: deps, Timeout: buildTimeout})
@@ -482,13 +514,13 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 		version += "-" + strings.TrimPrefix(digestOf(strings.Join(upstream, ",")), "sha256:")[:8]
 	}
 	info, err := artifact.Put(ctx, arts, job.Module, version, out)
-	if err != nil && !errors.Is(err, artifact.ErrExists) {
-		return fail("store the artifact: "+err.Error(), log)
-	}
 	if errors.Is(err, artifact.ErrExists) {
 		return fail("version "+version+" is stored with other content: the build is not reproducible", log)
 	}
-	return &build.Built{Module: job.Module, Version: info.Version, Digest: info.Digest, Commit: job.Commit}, nil
+	if err != nil {
+		return retry(fmt.Errorf("store the artifact: %w", err))
+	}
+	return &build.Built{Module: job.Module, Version: info.Version, Digest: info.Digest, Commit: job.Commit}, nil, nil
 }
 
 // digestOf is the sha256:<hex> of s.

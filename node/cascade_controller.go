@@ -141,7 +141,9 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 	for _, m := range catalogue {
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
-				r, err := gitCall(ctx, c.nc, "changed", ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				gctx, cancel := context.WithTimeout(ctx, gitToolTimeout+5*time.Second)
+				r, err := gitCall(gctx, c.nc, "changed", ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				cancel()
 				if err != nil {
 					return err // the event is delivered again
 				}
@@ -283,9 +285,9 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 			return
 		}
 	}
-	if status == "failed" {
-		c.casc.builds = append(c.casc.builds, registry.Build{Module: module, Status: status, Reason: reason, Cascade: cascadeID, Finished: time.Now().UTC()})
-	}
+	// Queued by another holder of the seat (this one took it over since): listed from now.
+	c.casc.builds = append(c.casc.builds, registry.Build{Module: module, Status: status, Version: version, Digest: digest,
+		Reason: reason, Cascade: cascadeID, Finished: time.Now().UTC()})
 }
 
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)

@@ -21,11 +21,11 @@ import (
 
 // gitRepo is a bare repository a node serves, and a work tree that pushes to it.
 type gitRepo struct {
-	t          *testing.T
+	t          testing.TB
 	bare, work string
 }
 
-func newGitRepo(t *testing.T) *gitRepo {
+func newGitRepo(t testing.TB) *gitRepo {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
 		testbed.Skip(t, "git is not installed: %v", err)
@@ -71,7 +71,7 @@ const buildScript = `#!/bin/sh
 `
 
 // notify pokes the node's mesh-git holder, as a post-receive hook does.
-func (b *bed) notify(t *testing.T) {
+func (b *bed) notify(t testing.TB) {
 	t.Helper()
 	retryUntil(t, 10*time.Second, func() error {
 		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
@@ -86,7 +86,7 @@ func (b *bed) notify(t *testing.T) {
 }
 
 // builds waits until the controller lists want builds finished, and returns them.
-func (b *bed) builds(t *testing.T, want int) []registry.Build {
+func (b *bed) builds(t testing.TB, want int) []registry.Build {
 	t.Helper()
 	var out []registry.Build
 	retryUntil(t, 60*time.Second, func() error {

@@ -34,8 +34,16 @@ func clusterConfig(t testing.TB, name string) config.Config {
 
 // openThree prepares a (genesis --expect 3) and b, c (the founding token), and opens the
 // three nodes at once; it returns when all three are open. The caller runs and closes them.
-func openThree(t testing.TB) ([]config.Config, []*node.Node) {
+func openThree(t testing.TB) ([]config.Config, []*node.Node) { return openThreeWith(t, nil) }
+
+// openThreeWith is openThree with each node's configuration changed by tweak first.
+func openThreeWith(t testing.TB, tweak func(i int, c *config.Config)) ([]config.Config, []*node.Node) {
 	cfgs := []config.Config{clusterConfig(t, "a"), clusterConfig(t, "b"), clusterConfig(t, "c")}
+	if tweak != nil {
+		for i := range cfgs {
+			tweak(i, &cfgs[i])
+		}
+	}
 	f, _, err := node.Prepare(cfgs[0], 3)
 	if err != nil {
 		t.Fatal(err)

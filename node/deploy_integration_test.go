@@ -4,6 +4,8 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,9 +23,11 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -38,8 +42,11 @@ type cluster struct {
 	js    jetstream.JetStream
 }
 
-func newCluster(t testing.TB) *cluster {
-	cfgs, nodes := openThree(t)
+func newCluster(t testing.TB) *cluster { return newClusterWith(t, nil) }
+
+// newClusterWith is newCluster with each node's configuration changed by tweak first.
+func newClusterWith(t testing.TB, tweak func(i int, c *config.Config)) *cluster {
+	cfgs, nodes := openThreeWith(t, tweak)
 	c := &cluster{t: t, cfgs: cfgs, nodes: nodes, stops: make([]func(), 3)}
 	for i := range nodes {
 		c.run(i)
@@ -370,4 +377,107 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkPushToRunning measures a push of a trivial Go module until its new build runs on
+// its node (deployed with --auto): git notices the push, the controller plans, the builder
+// runs go build, the controller deploys, the host starts it. p50 and max over b.N pushes
+// (run with -benchtime 5x); the Go build cache is the machine's, warmed by a first build.
+func BenchmarkPushToRunning(b *testing.B) {
+	gocache, err := exec.Command("go", "env", "GOCACHE").Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Setenv("GOCACHE", strings.TrimSpace(string(gocache)))
+	repo := newGitRepo(b)
+	cfg := testConfig(b.TempDir(), "alpha")
+	cfg.GitRepos = map[string]string{"shop": repo.bare}
+	cfg.Builder = true
+	bd := newBedAt(b, cfg)
+	bd.register("module: hello\nrequires: [mesh-bus]\nbuild: {from: shop/hello, run: go build -o \"$OUT\" .}\n")
+	push := func(n int) string {
+		return repo.push(map[string]string{"hello/go.mod": "module hello\n\ngo 1.22\n",
+			"hello/main.go": fmt.Sprintf("package main\n\nimport (\n\t\"fmt\"\n\t\"time\"\n)\n\nfunc main() {\n\tfmt.Println(\"hello %d\")\n\ttime.Sleep(time.Hour)\n}\n", n)})
+	}
+	push(0)
+	bd.notify(b)
+	first := bd.builds(b, 1)[0]
+	if first.Status != "built" {
+		b.Fatalf("the first build: %+v", first)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := admin.Deploy(ctx, bd.op, registry.DeployRequest{Module: "hello", Deployment: deploy.Deployment{Version: first.Version, All: true, Instances: 1, Auto: true}}); err != nil {
+		b.Fatal(err)
+	}
+	bd.running(b, "hello", first.Version, 0)
+	var took []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		commit := push(i + 1)
+		bd.notify(b)
+		bd.running(b, "hello", commit[:12], 0)
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(took[len(took)-1].Milliseconds()), "max-ms")
+}
+
+// TestIntegration_BuilderStopsMidBuild: the node running a build stops; the job goes to the
+// other builder, which holds the seat next, and the cascade completes.
+func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
+	repo := newGitRepo(t)
+	c := newClusterWith(t, func(i int, cfg *config.Config) {
+		if i == 0 {
+			cfg.GitRepos = map[string]string{"shop": repo.bare}
+		} else {
+			cfg.Builder = true
+		}
+	})
+	retryUntil(t, 20*time.Second, func() error {
+		_, err := admin.Register(c.ctx(), c.op, []byte("module: slow\nbuild: {from: shop/slow, run: sh build.sh}\n"))
+		return err
+	})
+	repo.push(map[string]string{"slow/build.sh": "#!/bin/sh\nsleep 3\necho built > \"$OUT\"\n"})
+	retryUntil(t, 10*time.Second, func() error {
+		msg, err := c.op.Request(manifest.NodeToolSubject("a", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
+		if err == nil && strings.Contains(string(msg.Data), "error") {
+			err = fmt.Errorf("%s", msg.Data)
+		}
+		return err
+	})
+	// The build runs: find its builder and stop it.
+	var holder string
+	retryUntil(t, 30*time.Second, func() error {
+		builds, err := admin.Builds(c.ctx(), c.op)
+		if err != nil || len(builds) == 0 || builds[len(builds)-1].Status != "running" {
+			return fmt.Errorf("builds %+v %v", builds, err)
+		}
+		msg, err := c.op.Request(seats.ListSubject, []byte("{}"), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		var reply seats.ListReply
+		json.Unmarshal(msg.Data, &reply)
+		for _, s := range reply.Seats {
+			if s.Seat == node.BuilderSeat {
+				holder = s.HolderAt
+			}
+		}
+		if holder == "" {
+			return errors.New("no builder holds the seat")
+		}
+		return nil
+	})
+	c.stop(slices.Index([]string{"a", "b", "c"}, holder))
+	retryUntil(t, 60*time.Second, func() error {
+		builds, err := admin.Builds(c.ctx(), c.op)
+		if err != nil || len(builds) != 1 || builds[0].Status != "built" {
+			return fmt.Errorf("builds %+v %v", builds, err)
+		}
+		return nil
+	})
 }

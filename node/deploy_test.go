@@ -83,7 +83,7 @@ func (b *bed) ps(module string) []registry.Process {
 }
 
 // running waits until module runs one process at version and returns it.
-func (b *bed) running(t *testing.T, module, version string, notPID int) registry.Process {
+func (b *bed) running(t testing.TB, module, version string, notPID int) registry.Process {
 	t.Helper()
 	var p registry.Process
 	retryUntil(t, 20*time.Second, func() error {
