@@ -478,7 +478,18 @@ func TestIntegration_StopWithPeersGone(t *testing.T) {
 // founding token; it returns once all three are ready.
 func formThree(t *testing.T) (nodes []*meshNode, meshID, token string) {
 	t.Helper()
+	return formThreeWith(t, nil)
+}
+
+// formThreeWith is formThree with flags added to node i's by extra.
+func formThreeWith(t *testing.T, extra func(i int) []string) (nodes []*meshNode, meshID, token string) {
+	t.Helper()
 	nodes = []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	if extra != nil {
+		for i, n := range nodes {
+			n.flags = append(n.flags, extra(i)...)
+		}
+	}
 	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
 	if r.code != 0 {
 		t.Fatalf("genesis: %s", r.stderr)
