@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -257,5 +258,35 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	}
 	if last := chain[len(chain)-1]; last != manifest.SeatEventSubject(node.GitSeat, "pushed") {
 		t.Fatalf("the causation chain %v does not end at the push", chain)
+	}
+}
+
+// TestCascade_SharedPath: a push builds every module built from a path it changed — two
+// built from the same path both — and none built from a path it did not touch.
+func TestCascade_SharedPath(t *testing.T) {
+	repo := newGitRepo(t)
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.GitRepos = map[string]string{"shop": repo.bare}
+	cfg.Builder = true
+	b := newBedAt(t, cfg)
+	for _, y := range []string{
+		"module: p\nbuild: {from: shop/svc/p, run: sh build.sh}\n",
+		"module: p-debug\nbuild: {from: shop/svc/p, run: sh build.sh}\n",
+		"module: q\nbuild: {from: shop/svc/q, run: sh build.sh}\n",
+	} {
+		b.register(y)
+	}
+	repo.push(map[string]string{"svc/p/build.sh": buildScript, "svc/q/build.sh": buildScript})
+	b.notify(t)
+	b.builds(t, 3)
+	repo.push(map[string]string{"svc/p/lib.txt": "shared by p and p-debug\n"})
+	b.notify(t)
+	var got []string
+	for _, x := range b.builds(t, 5)[3:] {
+		got = append(got, x.Module)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"p", "p-debug"}) {
+		t.Fatalf("the push of svc/p built %v, want p and p-debug", got)
 	}
 }
