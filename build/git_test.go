@@ -6,8 +6,6 @@ import (
 	"context"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,73 +15,28 @@ import (
 	"github.com/meshnode/meshnode/internal/testbed"
 )
 
-// repo is a bare repository and a work tree that pushes to it.
-type repo struct {
-	t          *testing.T
-	bare, work string
-}
-
-func newRepo(t *testing.T) *repo {
-	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		testbed.Skip(t, "git is not installed: %v", err)
-	}
-	r := &repo{t: t, bare: filepath.Join(t.TempDir(), "shop.git"), work: t.TempDir()}
-	r.run("", "init", "--bare", "-b", "main", r.bare)
-	r.run(r.work, "init", "-b", "main")
-	r.run(r.work, "remote", "add", "origin", r.bare)
-	return r
-}
-
-func (r *repo) run(dir string, args ...string) string {
-	r.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		r.t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// commit writes files (path → content) and pushes them; it returns the commit.
-func (r *repo) commit(files map[string]string) string {
-	r.t.Helper()
-	for p, c := range files {
-		os.MkdirAll(filepath.Dir(filepath.Join(r.work, p)), 0o755)
-		if err := os.WriteFile(filepath.Join(r.work, p), []byte(c), 0o644); err != nil {
-			r.t.Fatal(err)
-		}
-	}
-	r.run(r.work, "add", "-A")
-	r.run(r.work, "commit", "-q", "-m", "change")
-	r.run(r.work, "push", "-q", "origin", "main")
-	return r.run(r.work, "rev-parse", "HEAD")
-}
-
 func TestGit_HeadsChangedArchive(t *testing.T) {
 	ctx := context.Background()
-	r := newRepo(t)
-	first := r.commit(map[string]string{"services/a/main.go": "a1", "services/b/main.go": "b1", "shared/lib.go": "s1"})
-	heads, err := build.Heads(ctx, r.bare)
+	r := testbed.NewGitRepo(t)
+	first := r.Push(map[string]string{"services/a/main.go": "a1", "services/b/main.go": "b1", "shared/lib.go": "s1"})
+	heads, err := build.Heads(ctx, r.Bare)
 	if err != nil || heads["refs/heads/main"] != first {
 		t.Fatalf("heads %v %v, want main at %s", heads, err, first)
 	}
-	second := r.commit(map[string]string{"services/a/main.go": "a2"})
-	changed, err := build.Changed(ctx, r.bare, first, second)
+	second := r.Push(map[string]string{"services/a/main.go": "a2"})
+	changed, err := build.Changed(ctx, r.Bare, first, second)
 	if err != nil || !slices.Equal(changed, []string{"services/a/main.go"}) {
 		t.Fatalf("changed %v %v", changed, err)
 	}
 	if !build.Touches(changed, "services/a") || build.Touches(changed, "services/b") || build.Touches(changed, "services/ab") {
 		t.Fatal("Touches does not tell services/a from services/b or services/ab")
 	}
-	all, _ := build.Changed(ctx, r.bare, "", second)
+	all, _ := build.Changed(ctx, r.Bare, "", second)
 	if len(all) != 3 || !build.Touches(all, ".") {
 		t.Fatalf("a new branch's paths: %v", all)
 	}
 	var b bytes.Buffer
-	if err := build.Archive(ctx, r.bare, second, &b); err != nil {
+	if err := build.Archive(ctx, r.Bare, second, &b); err != nil {
 		t.Fatal(err)
 	}
 	tr := tar.NewReader(&b)
@@ -102,7 +55,7 @@ func TestGit_HeadsChangedArchive(t *testing.T) {
 	if found["services/a/main.go"] != "a2" || found["shared/lib.go"] != "s1" {
 		t.Fatalf("archive holds %v", found)
 	}
-	if err := build.Archive(ctx, r.bare, "HEAD; rm -rf /", &b); err == nil {
+	if err := build.Archive(ctx, r.Bare, "HEAD; rm -rf /", &b); err == nil {
 		t.Fatal("Archive took a commit that is no commit id")
 	}
 }
@@ -112,11 +65,11 @@ func TestGit_HeadsChangedArchive(t *testing.T) {
 // stopped at the time limit; a path out of the tree is refused.
 func TestRun(t *testing.T) {
 	ctx := context.Background()
-	r := newRepo(t)
-	commit := r.commit(map[string]string{"services/a/VERSION": "a1\n"})
+	r := testbed.NewGitRepo(t)
+	commit := r.Push(map[string]string{"services/a/VERSION": "a1\n"})
 	source := func() io.Reader {
 		var b bytes.Buffer
-		if err := build.Archive(ctx, r.bare, commit, &b); err != nil {
+		if err := build.Archive(ctx, r.Bare, commit, &b); err != nil {
 			t.Fatal(err)
 		}
 		return &b

@@ -3,9 +3,6 @@ package node_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,49 +17,12 @@ import (
 	"github.com/meshnode/meshnode/registry"
 )
 
-// gitRepo is a bare repository a node serves, and a work tree that pushes to it.
-type gitRepo struct {
-	t          testing.TB
-	bare, work string
-}
-
-func newGitRepo(t testing.TB) *gitRepo {
-	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		testbed.Skip(t, "git is not installed: %v", err)
-	}
-	r := &gitRepo{t: t, bare: filepath.Join(t.TempDir(), "shop.git"), work: t.TempDir()}
-	r.git("", "init", "-q", "--bare", "-b", "main", r.bare)
-	r.git(r.work, "init", "-q", "-b", "main")
-	r.git(r.work, "remote", "add", "origin", r.bare)
-	return r
-}
-
-func (r *gitRepo) git(dir string, args ...string) string {
-	r.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		r.t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// push commits files (path → content) and pushes them.
-func (r *gitRepo) push(files map[string]string) string {
-	r.t.Helper()
-	for p, c := range files {
-		os.MkdirAll(filepath.Dir(filepath.Join(r.work, p)), 0o755)
-		if err := os.WriteFile(filepath.Join(r.work, p), []byte(c), 0o755); err != nil {
-			r.t.Fatal(err)
-		}
-	}
-	r.git(r.work, "add", "-A")
-	r.git(r.work, "commit", "-q", "-m", "change")
-	r.git(r.work, "push", "-q", "origin", "main")
-	return r.git(r.work, "rev-parse", "HEAD")
+// newBuilderBed is a node that serves repo as "shop" and runs builds.
+func newBuilderBed(t testing.TB, repo *testbed.GitRepo) *bed {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.GitRepos = map[string]string{"shop": repo.Bare}
+	cfg.Builder = true
+	return newBedAt(t, cfg)
 }
 
 // buildScript is every module's build: an executable that says what it is and what it was
@@ -116,11 +76,8 @@ func (b *bed) builds(t testing.TB, want int) []registry.Build {
 // both) once, after both; with deploy --auto the new d runs; a failing build emits failed
 // with its log tail and deploys nothing; the audit log chains every event to the push.
 func TestCascade_ExactlyTheDependents(t *testing.T) {
-	repo := newGitRepo(t)
-	cfg := testConfig(t.TempDir(), "alpha")
-	cfg.GitRepos = map[string]string{"shop": repo.bare}
-	cfg.Builder = true
-	b := newBedAt(t, cfg)
+	repo := testbed.NewGitRepo(t)
+	b := newBuilderBed(t, repo)
 	for _, y := range []string{
 		"module: base\nbuild: {from: shop/services/base, run: sh build.sh}\n",
 		"module: a\nbuild: {from: shop/services/a, run: sh build.sh, on: [base]}\n",
@@ -134,7 +91,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	for _, m := range []string{"base", "a", "b", "c", "d"} {
 		files["services/"+m+"/build.sh"] = buildScript
 	}
-	first := repo.push(files)
+	first := repo.Push(files)
 	b.notify(t)
 	builds := b.builds(t, 5)
 	byModule := func(bs []registry.Build) map[string][]registry.Build {
@@ -160,7 +117,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	b.running(t, "d", dv, 0)
 
 	// A push changing only base: base, then exactly a and b, then d once after both.
-	second := repo.push(map[string]string{"services/base/VERSION": "2\n"})
+	second := repo.Push(map[string]string{"services/base/VERSION": "2\n"})
 	b.notify(t)
 	builds = b.builds(t, 9)[5:]
 	got := byModule(builds)
@@ -188,7 +145,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 
 	// A push changing only c's path builds c alone (nothing is built on c); while it builds
 	// (slowly), builds says it is running.
-	repo.push(map[string]string{"services/c/build.sh": "#!/bin/sh\nsleep 1\n" + strings.TrimPrefix(buildScript, "#!/bin/sh\n")})
+	repo.Push(map[string]string{"services/c/build.sh": "#!/bin/sh\nsleep 1\n" + strings.TrimPrefix(buildScript, "#!/bin/sh\n")})
 	b.notify(t)
 	retryUntil(t, 20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -207,7 +164,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	}
 
 	// A failing build: failed, with its log, and nothing deployed.
-	repo.push(map[string]string{"services/d/build.sh": "#!/bin/sh\necho cannot build d >&2\nexit 3\n"})
+	repo.Push(map[string]string{"services/d/build.sh": "#!/bin/sh\necho cannot build d >&2\nexit 3\n"})
 	b.notify(t)
 	failed := b.builds(t, 11)[10]
 	if failed.Module != "d" || failed.Status != "failed" || !strings.Contains(failed.Reason, "exit status 3") {
@@ -264,11 +221,8 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 // TestCascade_SharedPath: a push builds every module built from a path it changed — two
 // built from the same path both — and none built from a path it did not touch.
 func TestCascade_SharedPath(t *testing.T) {
-	repo := newGitRepo(t)
-	cfg := testConfig(t.TempDir(), "alpha")
-	cfg.GitRepos = map[string]string{"shop": repo.bare}
-	cfg.Builder = true
-	b := newBedAt(t, cfg)
+	repo := testbed.NewGitRepo(t)
+	b := newBuilderBed(t, repo)
 	for _, y := range []string{
 		"module: p\nbuild: {from: shop/svc/p, run: sh build.sh}\n",
 		"module: p-debug\nbuild: {from: shop/svc/p, run: sh build.sh}\n",
@@ -276,10 +230,10 @@ func TestCascade_SharedPath(t *testing.T) {
 	} {
 		b.register(y)
 	}
-	repo.push(map[string]string{"svc/p/build.sh": buildScript, "svc/q/build.sh": buildScript})
+	repo.Push(map[string]string{"svc/p/build.sh": buildScript, "svc/q/build.sh": buildScript})
 	b.notify(t)
 	b.builds(t, 3)
-	repo.push(map[string]string{"svc/p/lib.txt": "shared by p and p-debug\n"})
+	repo.Push(map[string]string{"svc/p/lib.txt": "shared by p and p-debug\n"})
 	b.notify(t)
 	var got []string
 	for _, x := range b.builds(t, 5)[3:] {

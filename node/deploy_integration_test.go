@@ -23,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -389,14 +390,11 @@ func BenchmarkPushToRunning(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Setenv("GOCACHE", strings.TrimSpace(string(gocache)))
-	repo := newGitRepo(b)
-	cfg := testConfig(b.TempDir(), "alpha")
-	cfg.GitRepos = map[string]string{"shop": repo.bare}
-	cfg.Builder = true
-	bd := newBedAt(b, cfg)
+	repo := testbed.NewGitRepo(b)
+	bd := newBuilderBed(b, repo)
 	bd.register("module: hello\nrequires: [mesh-bus]\nbuild: {from: shop/hello, run: go build -o \"$OUT\" .}\n")
 	push := func(n int) string {
-		return repo.push(map[string]string{"hello/go.mod": "module hello\n\ngo 1.22\n",
+		return repo.Push(map[string]string{"hello/go.mod": "module hello\n\ngo 1.22\n",
 			"hello/main.go": fmt.Sprintf("package main\n\nimport (\n\t\"fmt\"\n\t\"time\"\n)\n\nfunc main() {\n\tfmt.Println(\"hello %d\")\n\ttime.Sleep(time.Hour)\n}\n", n)})
 	}
 	push(0)
@@ -429,10 +427,10 @@ func BenchmarkPushToRunning(b *testing.B) {
 // TestIntegration_BuilderStopsMidBuild: the node running a build stops; the job goes to the
 // other builder, which holds the seat next, and the cascade completes.
 func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
-	repo := newGitRepo(t)
+	repo := testbed.NewGitRepo(t)
 	c := newClusterWith(t, func(i int, cfg *config.Config) {
 		if i == 0 {
-			cfg.GitRepos = map[string]string{"shop": repo.bare}
+			cfg.GitRepos = map[string]string{"shop": repo.Bare}
 		} else {
 			cfg.Builder = true
 		}
@@ -441,7 +439,7 @@ func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
 		_, err := admin.Register(c.ctx(), c.op, []byte("module: slow\nbuild: {from: shop/slow, run: sh build.sh}\n"))
 		return err
 	})
-	repo.push(map[string]string{"slow/build.sh": "#!/bin/sh\nsleep 3\necho built > \"$OUT\"\n"})
+	repo.Push(map[string]string{"slow/build.sh": "#!/bin/sh\nsleep 3\necho built > \"$OUT\"\n"})
 	retryUntil(t, 10*time.Second, func() error {
 		msg, err := c.op.Request(manifest.NodeToolSubject("a", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
 		if err == nil && strings.Contains(string(msg.Data), "error") {

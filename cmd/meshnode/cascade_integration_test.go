@@ -5,49 +5,29 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // TestIntegration_BuilderKilledMidBuild: kill -9 of the process running a build; its job is
 // redelivered to the other builder (the work queue's ack wait) and the cascade completes.
 func TestIntegration_BuilderKilledMidBuild(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Fatalf("git is not installed: %v", err)
-	}
-	bare, work := filepath.Join(t.TempDir(), "shop.git"), t.TempDir()
-	git := func(dir string, args ...string) {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	git("", "init", "-q", "--bare", "-b", "main", bare)
-	git(work, "init", "-q", "-b", "main")
-	git(work, "remote", "add", "origin", bare)
-
+	repo := testbed.NewGitRepo(t)
 	nodes, _, _ := formThreeWith(t, func(i int) []string {
 		if i == 0 {
-			return []string{"--git-repos", "shop=" + bare, "--mesh-seats", "mesh-controller,mesh-vault"}
+			return []string{"--git-repos", "shop=" + repo.Bare, "--mesh-seats", "mesh-controller,mesh-vault"}
 		}
 		return []string{"--builder", "true", "--mesh-seats", ""} // the controller stays on a
 	})
 	a := nodes[0]
 	op := filepath.Join(a.dir, "operator.nk")
 	registerModule(t, a.dir, "module: slow\nbuild: {from: shop/slow, run: sh build.sh}\n", "--creds", op)
-	os.MkdirAll(filepath.Join(work, "slow"), 0o755)
-	os.WriteFile(filepath.Join(work, "slow", "build.sh"), []byte("#!/bin/sh\nsleep 5\necho built > \"$OUT\"\n"), 0o755)
-	git(work, "add", "-A")
-	git(work, "commit", "-q", "-m", "slow")
-	git(work, "push", "-q", "origin", "main")
+	repo.Push(map[string]string{"slow/build.sh": "#!/bin/sh\nsleep 5\necho built > \"$OUT\"\n"})
 	if r := meshnode(t, nil, "git", "notify", "shop", "--data-dir", a.dir); r.code != 0 {
 		t.Fatalf("git notify: exit %d %s", r.code, r.stderr)
 	}
