@@ -82,22 +82,28 @@ var gitBucket = []byte("git") // bbolt: "<repository> <ref>" → the commit last
 
 // publishSeatEvent publishes an event of one of the mesh's own seats this node holds,
 // signed by the node, with x-source the seat.
-func (n *Node) publishSeatEvent(ctx context.Context, seat, event string, body any, causation string) (string, error) {
+func (n *Node) publishSeatEvent(ctx context.Context, seat, event string, body any, causation string) error {
 	b, err := json.Marshal(body)
 	if err != nil {
-		return "", err
+		return err
 	}
-	subject := manifest.SeatEventSubject(seat, event)
-	h, err := envelope.Stamp(n.ctrl.sign, seat, n.id.Name, subject, b, envelope.Options{Causation: causation})
+	return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, seat, n.id.Name, manifest.SeatEventSubject(seat, event), b, causation)
+}
+
+// publishSigned stamps body for subject — x-source source, x-node node, signed by key,
+// caused by causation ("": none) — and publishes it to JetStream, waiting for the stream's
+// ack at most 5 s: the node's own events, jobs and reports.
+func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Signer, source, node, subject string, body []byte, causation string) error {
+	h, err := envelope.Stamp(key, source, node, subject, body, envelope.Options{Causation: causation})
 	if err != nil {
-		return "", err
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := n.bus.JetStream().PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: b}); err != nil {
-		return "", fmt.Errorf("publish %s: %w", subject, err)
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		return fmt.Errorf("publish %s: %w", subject, err)
 	}
-	return h.Get(envelope.EventID), nil
+	return nil
 }
 
 // sources opens mesh-sources, which the controller makes (reconcileAll): looked up, not
@@ -209,7 +215,7 @@ func (g *gitService) check(ctx context.Context) {
 				continue
 			}
 			p := build.Pushed{Repository: repo, Ref: ref, Commit: heads[ref], Before: before}
-			if _, err := n.publishSeatEvent(ctx, GitSeat, "pushed", p, ""); err != nil {
+			if err := n.publishSeatEvent(ctx, GitSeat, "pushed", p, ""); err != nil {
 				n.log.Warn("tell a push; told again at the next check", "repository", repo, "ref", ref, "err", err)
 				continue
 			}
@@ -439,14 +445,14 @@ func (b *builderService) build(ctx context.Context, m jetstream.Msg) {
 	if failure != nil {
 		failure.Cascade = job.Cascade
 		n.log.Warn("build failed", "module", job.Module, "commit", job.Commit, "reason", failure.Reason)
-		if _, err := n.publishSeatEvent(ctx, BuilderSeat, "failed", failure, cause); err != nil {
+		if err := n.publishSeatEvent(ctx, BuilderSeat, "failed", failure, cause); err != nil {
 			m.Nak()
 			return
 		}
 	} else {
 		built.Cascade = job.Cascade
 		n.log.Info("built", "module", built.Module, "version", built.Version, "digest", built.Digest)
-		if _, err := n.publishSeatEvent(ctx, BuilderSeat, "built", built, cause); err != nil {
+		if err := n.publishSeatEvent(ctx, BuilderSeat, "built", built, cause); err != nil {
 			m.Nak()
 			return
 		}

@@ -13,7 +13,6 @@ import (
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -251,14 +250,7 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 // caused by the event that made it ready.
 func (c *controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
 	body, _ := json.Marshal(job)
-	subject := manifest.SeatAcceptSubject(BuilderSeat, "build")
-	h, err := envelope.Stamp(c.sign, c.node, c.node, subject, body, envelope.Options{Causation: cause})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, manifest.SeatAcceptSubject(BuilderSeat, "build"), body, cause); err != nil {
 		return fmt.Errorf("queue the build of %s: %w", job.Module, err)
 	}
 	return nil

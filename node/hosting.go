@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
@@ -161,19 +159,7 @@ func (n *Node) runReports(ctx context.Context) error {
 
 // sendReport publishes one report job, signed by this node.
 func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
-	h, err := envelope.Stamp(n.ctrl.sign, n.id.Name, n.id.Name, subject, body, envelope.Options{})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := n.bus.JetStream().PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		if errors.Is(err, context.Canceled) {
-			return err
-		}
-		return fmt.Errorf("send report: %w", err)
-	}
-	return nil
+	return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, n.id.Name, n.id.Name, subject, body, "")
 }
 
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into
