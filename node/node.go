@@ -873,17 +873,15 @@ func (n *Node) openHost() (err error) {
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
-		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && (source == GitSeat || source == BuilderSeat) {
-			// The cascade's seats' events are signed by the node holding the seat.
-			if n.seats != nil {
+		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
+			// The cascade's seats, held by a node, sign with the holding node's key.
+			if (source == GitSeat || source == BuilderSeat) && n.seats != nil {
 				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
 					if id, ok := n.reg.Node(l.Node); ok {
 						return id.PublicKey, true
 					}
 				}
 			}
-		}
-		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 			// A seat's event is signed by its holder: an instance of the declaring module.
 			if e, ok := n.reg.Declarer(source); ok {
 				return e.PublicKey, true
