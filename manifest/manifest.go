@@ -81,6 +81,10 @@ type Seat struct {
 	// Shapes are the JSON shapes of the payloads of its verbs, tools and events, by name;
 	// a name without a shape carries any JSON.
 	Shapes map[string]*Shape `json:"shapes,omitempty"`
+	// Provides lists the interfaces the seat's holder provisions for other modules (DESIGN
+	// §12: a module that requires one gets a resource and its credential from it); its
+	// protocol then serves create, remove and holds.
+	Provides []string `json:"provides,omitempty"`
 	// Versions are the seat's later protocol versions (v2 … v9), served beside the first
 	// (v1: the fields above) by the same holder, on mesh.seat.<seat>.<version>.…: a breaking
 	// change is made as a new version, and callers move to it by re-pinning. Sorted by name.
@@ -150,6 +154,7 @@ type rawSeat struct {
 	Emits    []string              `yaml:"emits"`
 	Serves   []string              `yaml:"serves"`
 	Shapes   map[string]*Shape     `yaml:"shapes"`
+	Provides []string              `yaml:"provides"`
 	Versions map[string]rawVersion `yaml:"versions"`
 }
 
@@ -164,7 +169,7 @@ type rawVersion struct {
 // unknown-key refusal lists them.
 var (
 	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
-	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "versions"}
+	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "provides", "versions"}
 	versionKeys  = []string{"accepts", "emits", "serves", "shapes"}
 	buildKeys    = []string{"from", "run", "on"}
 )
@@ -234,6 +239,7 @@ func parse(data []byte) (*Manifest, Refusals) {
 			Serves:  s.Serves,
 			Shapes:  s.Shapes,
 		}
+		seat.Provides = s.Provides
 		for vname, v := range s.Versions {
 			for _, sh := range v.Shapes {
 				sh.normalise()

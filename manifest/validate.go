@@ -33,6 +33,7 @@ const (
 	CodePayloadShape Code = "payload-shape" // issue 14: a seat's shape that names nothing or is malformed
 	CodeBuild        Code = "build"         // issue 16: build.from, build.run or build.on that cannot be built
 	CodeBuildCycle   Code = "build-cycle"   // issue 16: build.on closing a cycle across the catalogue
+	CodeProvider     Code = "provider"      // issue 17: a seat that provides an interface without the provisioner tools
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -323,6 +324,7 @@ func (v *validator) seat(s Seat) {
 		}
 	}
 	v.protocol(field, s.Accepts, s.Emits, s.Serves, s.Shapes)
+	v.provides(field, s)
 	for _, ver := range s.Versions {
 		f := field + ".versions." + ver.Name
 		switch {
@@ -338,6 +340,70 @@ func (v *validator) seat(s Seat) {
 		}
 		v.protocol(f, ver.Accepts, ver.Emits, ver.Serves, ver.Shapes)
 	}
+}
+
+// ProvisionerTools are what a provisioner seat's protocol serves (DESIGN §12): create a
+// consumer's resource, remove it, and say which it holds.
+var ProvisionerTools = []string{"create", "remove", "holds"}
+
+// MeshProvided are the interfaces the mesh provides itself; no seat may provide them.
+var MeshProvided = []string{RequireBus, "kv"}
+
+// provides checks a seat's provided interfaces: names, not the mesh's own, and a protocol that
+// serves every provisioner tool.
+func (v *validator) provides(field string, s Seat) {
+	if len(s.Provides) == 0 {
+		return
+	}
+	v.list(field+".provides", s.Provides, kindProvide)
+	for i, iface := range s.Provides {
+		if slices.Contains(MeshProvided, iface) {
+			v.refuse(Refusal{Code: CodeReserved, Field: fmt.Sprintf("%s.provides[%d]", field, i), Value: iface,
+				Reason: "is provided by the mesh itself", Instead: "provide another interface, e.g. " + iface + "-external"})
+		}
+	}
+	var missing []string
+	for _, t := range ProvisionerTools {
+		if !slices.Contains(s.Serves, t) {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		v.refuse(Refusal{Code: CodeProvider, Field: field + ".serves", Value: strings.Join(s.Serves, ", "),
+			Reason:  "a seat that provides " + strings.Join(s.Provides, ", ") + " is a provisioner, and lacks " + strings.Join(missing, ", "),
+			Instead: "serve create, remove and holds: serves: [create, remove, holds]"})
+	}
+}
+
+// Waiting returns the interfaces m requires that neither the mesh nor a seat of the
+// catalogue (or of m) provides: not an error — the module waits for a provider — but worth
+// saying when it is checked.
+func Waiting(m *Manifest, catalogue []*Manifest) []string {
+	var out []string
+	for _, req := range m.Requires {
+		if slices.Contains(MeshProvided, req) || len(Providers(req, append([]*Manifest{m}, catalogue...))) > 0 {
+			continue
+		}
+		out = append(out, req)
+	}
+	return out
+}
+
+// Providers returns the seats of the catalogue that provide iface, sorted.
+func Providers(iface string, catalogue []*Manifest) []string {
+	var out []string
+	for _, o := range catalogue {
+		if o == nil {
+			continue
+		}
+		for _, s := range o.Seats {
+			if slices.Contains(s.Provides, iface) && !slices.Contains(out, s.Name) {
+				out = append(out, s.Name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // protocol checks one version of a seat's protocol: its names, and shapes only for them.

@@ -23,6 +23,7 @@ const (
 	kindAccept                    // seats.S.accepts:
 	kindServe                     // seats.S.serves:
 	kindUses                      // uses:
+	kindProvide                   // seats.S.provides:
 )
 
 // dotted reports whether names of this kind may have several dot-separated parts.
@@ -53,6 +54,8 @@ func (k fieldKind) noun() string {
 		return "a verb"
 	case kindUses:
 		return "a seat name"
+	case kindProvide:
+		return "an interface name"
 	}
 	return "a name"
 }

@@ -84,7 +84,8 @@ type moduleFile struct {
 	valid    bool               // passed on its own, so it joins the others' catalogue
 	twice    bool               // another FILE before it declares the same module
 	refusals manifest.Refusals
-	err      error // the file could not be read
+	waiting  []string // required interfaces no module of the catalogue provides
+	err      error    // the file could not be read
 }
 
 func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir string) error {
@@ -137,6 +138,7 @@ func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir strin
 		}
 		_, err := manifest.Check(f.data, slices.Collect(maps.Values(catalogue)))
 		f.refusals = moduleRefusals(err)
+		f.waiting = manifest.Waiting(f.m, slices.Collect(maps.Values(catalogue)))
 		if f.twice {
 			f.refusals = append(f.refusals, manifest.Refusal{
 				Code: manifest.CodeModuleTwice, Field: "module", Value: f.m.Module,
@@ -159,6 +161,9 @@ func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir strin
 			printModuleRefusals(stderr, f.path, f.refusals)
 		default:
 			fmt.Fprintf(stdout, "%s: ok (module %s)\n", f.path, f.m.Module)
+			for _, iface := range f.waiting {
+				fmt.Fprintf(stdout, "%s: note: requires %s, which no module in the catalogue provides; deployed, it waits for a provider\n", f.path, iface)
+			}
 		}
 	}
 	if refused == 0 {

@@ -262,3 +262,15 @@ func TestModuleShow_Builtin(t *testing.T) {
 		t.Errorf("module show --builtin FILE: exit %d, want 2 (usage)", code)
 	}
 }
+
+// TestModuleCheck_WaitingInterface: a required interface nobody provides is no refusal, but
+// the check says the module will wait for it; one a checked provisioner provides is not.
+func TestModuleCheck_WaitingInterface(t *testing.T) {
+	dir := t.TempDir()
+	app := writeManifest(t, dir, "app.yaml", "module: app\nrequires: [mesh-bus, postgres, redis]\n")
+	pg := writeManifest(t, dir, "pg.yaml", "module: pg\nrequires: [mesh-bus]\nseats:\n  postgres: {scope: mesh, serves: [create, remove, holds], provides: [postgres]}\n")
+	stdout, stderr, code := runModule(t, "check", app, pg)
+	if code != exitOK || !strings.Contains(stdout, "app.yaml: note: requires redis") || strings.Contains(stdout, "requires postgres") {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+}
