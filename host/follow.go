@@ -45,8 +45,8 @@ type Config struct {
 	// Event publishes one of the node's own events (signed by the node): the audit log
 	// records every declaration the node applied or refused.
 	Event func(name string, meta map[string]any)
-	// Apply makes the node run what d declares; it is called with the applied declaration at
-	// start (from the store) and with each newer one.
+	// Apply makes the node run what d declares; it is called with each newer declaration
+	// (the one applied before the node stopped is resumed by the caller: ReadApplied).
 	Apply func(ctx context.Context, d deploy.Declaration)
 	// Holder returns the mesh-controller seat's lease as this node's mirror has it: the node
 	// holding it and its epoch; ok is false when the mirror has none.
@@ -112,12 +112,9 @@ func (f *Follower) Applied() deploy.Declaration {
 	return f.applied
 }
 
-// Run applies the stored declaration, then follows the node's subject on STATE until ctx
-// ends, starting over after any failure of the bus.
+// Run follows the node's subject on STATE until ctx ends, starting over after any failure of
+// the bus.
 func (f *Follower) Run(ctx context.Context) error {
-	if d := f.Applied(); d.Revision > 0 {
-		f.cfg.Apply(ctx, d) // the node's modules run again before the bus is asked
-	}
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		err := f.follow(ctx)

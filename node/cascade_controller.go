@@ -195,10 +195,7 @@ func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built)
 	if e, ok := c.reg.Get(b.Module); ok && e.Deployment != nil && e.Deployment.Auto {
 		d := *e.Deployment
 		d.Version = b.Version
-		c.mu.Unlock() // deploy takes the registry's lock itself
-		_, err := c.deploy(ctx, registry.DeployRequest{Module: b.Module, Deployment: d})
-		c.mu.Lock()
-		if err != nil {
+		if _, err := c.deployLocked(ctx, registry.DeployRequest{Module: b.Module, Deployment: d}); err != nil {
 			c.log.Error("deploy the new artifact", "module", b.Module, "version", b.Version, "err", err)
 		}
 	}

@@ -236,9 +236,6 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if err != nil {
 		return registry.RegisterReply{}, err
 	}
-	if err := m.Validate(); err != nil {
-		return registry.RegisterReply{}, err
-	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -74,14 +74,19 @@ func (c *controller) handleUndeploy(ctx context.Context, data []byte) any {
 // digest is taken from the store), every named node a server of the mesh. The nodes it ran
 // on and runs on now get new declarations.
 func (c *controller) deploy(ctx context.Context, req registry.DeployRequest) (registry.DeployReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deployLocked(ctx, req)
+}
+
+// deployLocked is deploy under c.mu (the cascade deploys a new artifact while it holds it).
+func (c *controller) deployLocked(ctx context.Context, req registry.DeployRequest) (registry.DeployReply, error) {
 	d := req.Deployment
 	slices.Sort(d.Nodes)
 	d.Nodes = slices.Compact(d.Nodes)
 	if err := d.Check(); err != nil {
 		return registry.DeployReply{}, fmt.Errorf("deploy %s: %w", req.Module, err)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
 		return registry.DeployReply{}, fmt.Errorf("deploy: module %q is not registered; register it first (`meshnode module register`)", req.Module)

@@ -102,17 +102,9 @@ func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.M
 // declared is the vault's check of what node runs: its declaration on STATE, signed by a
 // server of the mesh.
 func (n *Node) declared(ctx context.Context, node, module string) (deploy.Module, bool) {
-	st, err := n.bus.JetStream().Stream(ctx, manifest.StateStreamName)
-	if err != nil {
-		return deploy.Module{}, false
-	}
-	msg, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
-	if err != nil {
-		return deploy.Module{}, false
-	}
-	d, err := deploy.Check(node, msg.Subject, msg.Header, msg.Data, n.serverKey, deploy.Declaration{})
-	if err != nil {
-		return deploy.Module{}, false
+	d, _, _, err := deploy.Last(ctx, n.bus.JetStream(), node, n.serverKey)
+	if err != nil || d.Revision == 0 {
+		return deploy.Module{}, false // none, or no genuine one
 	}
 	return d.Module(module)
 }
