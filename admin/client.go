@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -189,4 +190,28 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 		return fmt.Errorf("%s answered %q: %w", subject, msg.Data, err)
 	}
 	return nil
+}
+
+// Provisions asks the controller for every deployed consumer's provisions.
+func Provisions(ctx context.Context, nc *nats.Conn) ([]provision.Record, error) {
+	var reply registry.ProvisionsReply
+	if err := call(ctx, nc, registry.ProvisionsSubject, struct{}{}, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply.Provisions, nil
+}
+
+// Provide chooses the seat that provides a module's required interface.
+func Provide(ctx context.Context, nc *nats.Conn, req registry.ProvideRequest) (registry.ProvideReply, error) {
+	var reply registry.ProvideReply
+	if err := call(ctx, nc, registry.ProvideSubject, req, &reply); err != nil {
+		return reply, err
+	}
+	if reply.Error != "" {
+		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply, nil
 }

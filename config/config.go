@@ -32,7 +32,9 @@ const (
 	DefaultLogLevel        = "info"
 	DefaultLogFormat       = "text"
 	DefaultShutdownTimeout = 5 * time.Second
-	DefaultEventsMaxAge    = 7 * 24 * time.Hour
+	// DefaultProvisionInterval is ProvisionInterval's default.
+	DefaultProvisionInterval = time.Minute
+	DefaultEventsMaxAge      = 7 * 24 * time.Hour
 
 	// FileName is the configuration file looked for in the data dir when --config is not given.
 	FileName = "meshnode.yaml"
@@ -101,6 +103,9 @@ type Config struct {
 	GitRepos map[string]string `yaml:"git-repos"`
 	// Builder makes the node a candidate for the mesh-build-machine seat: it runs build jobs.
 	Builder bool `yaml:"builder"`
+	// ProvisionInterval is how often the controller's holder asks every provider what it
+	// holds (DESIGN §12): a lost resource is created again, an orphan removed, within it.
+	ProvisionInterval Duration `yaml:"provision-interval"`
 }
 
 // Holds reports whether the node is a candidate for the mesh's own seat.
@@ -113,18 +118,19 @@ const DefaultRateLimit = 100
 // Up returns the defaults of `meshnode up`: a single node on loopback.
 func Up() Config {
 	return Config{
-		DataDir:         DefaultUpDataDir,
-		Name:            DefaultName(),
-		ClientAddr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClientPort)),
-		ClusterAddr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClusterPort)),
-		GossipAddr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultGossipPort)),
-		HTTPAddr:        net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultHTTPPort)),
-		LogLevel:        DefaultLogLevel,
-		LogFormat:       DefaultLogFormat,
-		ShutdownTimeout: Duration(DefaultShutdownTimeout),
-		EventsMaxAge:    Duration(DefaultEventsMaxAge),
-		RateLimit:       DefaultRateLimit,
-		MeshSeats:       slices.Clone(manifest.NodeHeldSeats),
+		DataDir:           DefaultUpDataDir,
+		Name:              DefaultName(),
+		ClientAddr:        net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClientPort)),
+		ClusterAddr:       net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultClusterPort)),
+		GossipAddr:        net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultGossipPort)),
+		HTTPAddr:          net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultHTTPPort)),
+		LogLevel:          DefaultLogLevel,
+		LogFormat:         DefaultLogFormat,
+		ShutdownTimeout:   Duration(DefaultShutdownTimeout),
+		ProvisionInterval: Duration(DefaultProvisionInterval),
+		EventsMaxAge:      Duration(DefaultEventsMaxAge),
+		RateLimit:         DefaultRateLimit,
+		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
 	}
 }
 
@@ -188,25 +194,26 @@ func (c *Config) LoadFile(path string, data []byte) error {
 // keys maps each configuration key to its field, for the environment and for error messages.
 func (c *Config) keys() map[string]any {
 	return map[string]any{
-		"data-dir":         &c.DataDir,
-		"name":             &c.Name,
-		"client-addr":      &c.ClientAddr,
-		"cluster-addr":     &c.ClusterAddr,
-		"gossip-addr":      &c.GossipAddr,
-		"http-addr":        &c.HTTPAddr,
-		"log-level":        &c.LogLevel,
-		"log-format":       &c.LogFormat,
-		"shutdown-timeout": &c.ShutdownTimeout,
-		"events-max-age":   &c.EventsMaxAge,
-		"audit-retention":  &c.AuditRetention,
-		"store-max-bytes":  &c.StoreMaxBytes,
-		"events-max-bytes": &c.EventsMaxBytes,
-		"dead-max-bytes":   &c.DeadMaxBytes,
-		"max-event-bytes":  &c.MaxEventBytes,
-		"rate-limit":       &c.RateLimit,
-		"mesh-seats":       &c.MeshSeats,
-		"git-repos":        &c.GitRepos,
-		"builder":          &c.Builder,
+		"data-dir":           &c.DataDir,
+		"name":               &c.Name,
+		"client-addr":        &c.ClientAddr,
+		"cluster-addr":       &c.ClusterAddr,
+		"gossip-addr":        &c.GossipAddr,
+		"http-addr":          &c.HTTPAddr,
+		"log-level":          &c.LogLevel,
+		"log-format":         &c.LogFormat,
+		"shutdown-timeout":   &c.ShutdownTimeout,
+		"events-max-age":     &c.EventsMaxAge,
+		"audit-retention":    &c.AuditRetention,
+		"store-max-bytes":    &c.StoreMaxBytes,
+		"events-max-bytes":   &c.EventsMaxBytes,
+		"dead-max-bytes":     &c.DeadMaxBytes,
+		"max-event-bytes":    &c.MaxEventBytes,
+		"rate-limit":         &c.RateLimit,
+		"mesh-seats":         &c.MeshSeats,
+		"git-repos":          &c.GitRepos,
+		"builder":            &c.Builder,
+		"provision-interval": &c.ProvisionInterval,
 	}
 }
 
@@ -363,6 +370,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: mesh-seats: %q is not a seat a node holds itself; write some of %s (other mesh-* seats are held by modules that declare them)",
 				ErrInvalid, seat, strings.Join(manifest.NodeHeldSeats, ", "))
 		}
+	}
+	if c.ProvisionInterval < Duration(time.Second) {
+		return fmt.Errorf("%w: provision-interval %s: at least 1s, e.g. 1m", ErrInvalid, c.ProvisionInterval)
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("%w: shutdown-timeout %s: must be positive, e.g. 5s", ErrInvalid, c.ShutdownTimeout)

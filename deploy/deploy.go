@@ -96,6 +96,24 @@ type Module struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Args      []string          `json:"args,omitempty"`
 	Secrets   []string          `json:"secrets,omitempty"`
+	// Provisions are the interfaces the module requires, each ready at its provider: the
+	// host fetches their credentials with the module's (a provider the mesh is has none).
+	Provisions []Provision `json:"provisions,omitempty"`
+	// Waiting names the first provision not ready ("postgres from postgres"): the host
+	// does not start the module, and reports it waiting on that.
+	Waiting string `json:"waiting,omitempty"`
+}
+
+// MeshProvider is the provider of the interfaces the mesh provides itself (kv).
+const MeshProvider = "mesh"
+
+// Provision is one ready provision of a module: the interface, the seat that provides it
+// (MeshProvider for the mesh's own), and its generation, which rises with each create, so a
+// re-created resource (a new credential) restarts the module.
+type Provision struct {
+	Interface  string `json:"interface"`
+	Provider   string `json:"provider"`
+	Generation uint64 `json:"generation"`
 }
 
 // Declaration is the whole set of modules one node must run, as the controller published it
@@ -126,6 +144,10 @@ type Deployed struct {
 	PublicKey  string
 	Secrets    []string
 	Deployment *Deployment
+	// Provisions are the module's ready provisions; Waiting the first one that is not
+	// ("postgres from postgres"), empty when none waits.
+	Provisions []Provision
+	Waiting    string
 }
 
 // Compose returns the modules node must run: every deployed module whose deployment targets
@@ -139,7 +161,7 @@ func Compose(node string, deployed []Deployed) []Module {
 		out = append(out, Module{
 			Module: d.Module, PublicKey: d.PublicKey, Version: d.Deployment.Version, Digest: d.Deployment.Digest,
 			Instances: d.Deployment.Instances, Env: d.Deployment.Env, Args: d.Deployment.Args,
-			Secrets: slices.Clone(d.Secrets),
+			Secrets: slices.Clone(d.Secrets), Provisions: slices.Clone(d.Provisions), Waiting: d.Waiting,
 		})
 	}
 	slices.SortFunc(out, func(a, b Module) int { return strings.Compare(a.Module, b.Module) })
@@ -151,7 +173,8 @@ func Compose(node string, deployed []Deployed) []Module {
 func SameModules(a, b []Module) bool {
 	return slices.EqualFunc(a, b, func(x, y Module) bool {
 		return x.Module == y.Module && x.PublicKey == y.PublicKey && x.Version == y.Version && x.Digest == y.Digest &&
-			x.Instances == y.Instances && maps.Equal(x.Env, y.Env) && slices.Equal(x.Args, y.Args) && slices.Equal(x.Secrets, y.Secrets)
+			x.Instances == y.Instances && maps.Equal(x.Env, y.Env) && slices.Equal(x.Args, y.Args) && slices.Equal(x.Secrets, y.Secrets) &&
+			slices.Equal(x.Provisions, y.Provisions) && x.Waiting == y.Waiting
 	})
 }
 
@@ -237,6 +260,11 @@ func decode(body []byte, d *Declaration) error {
 		for _, s := range m.Secrets {
 			if !manifest.ValidName(s) {
 				return fmt.Errorf("module %s: secret %q is not a secret name", m.Module, s)
+			}
+		}
+		for _, p := range m.Provisions {
+			if !manifest.ValidName(p.Interface) || (p.Provider != MeshProvider && !manifest.ValidName(p.Provider)) {
+				return fmt.Errorf("module %s: provision %q from %q is not an interface and a seat", m.Module, p.Interface, p.Provider)
 			}
 		}
 		seen[m.Module] = true

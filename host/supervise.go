@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -222,6 +223,13 @@ func (s *Supervisor) set(m *module, state, reason string) {
 // run prepares a module until it is ready (trying again after a failure), then runs its
 // instances until ctx ends.
 func (s *Supervisor) run(ctx context.Context, m *module) {
+	if m.spec.Waiting != "" {
+		// Not started until its provisions are ready: the controller declares it again
+		// then, and this module is replaced.
+		s.set(m, StateWaiting, "waiting on "+m.spec.Waiting)
+		<-ctx.Done()
+		return
+	}
 	wait := backoff.Backoff{First: time.Second, Max: MaxRestartWait}
 	var path string
 	for {
@@ -284,7 +292,46 @@ func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
 		return "", false
 	}
 	pub, _ := kp.PublicKey()
+	if needsProvisionFile(spec) {
+		if _, err := os.Stat(filepath.Join(s.Dir, spec.Module, provisionsFile)); err != nil {
+			return "", false
+		}
+	}
 	return path, pub == spec.PublicKey
+}
+
+// provisionsFile keeps a module's provisioned credentials (0600), read at each start.
+const provisionsFile = "provisions.json"
+
+// needsProvisionFile reports whether spec has a provision whose credential the vault keeps.
+func needsProvisionFile(spec deploy.Module) bool {
+	return slices.ContainsFunc(spec.Provisions, func(p deploy.Provision) bool { return p.Provider != deploy.MeshProvider })
+}
+
+// provisionEnv reads the module's provisioned credentials as environment variables, each
+// checked again against its interface's prefix: a provider names its own variables only.
+func provisionEnv(dir string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, provisionsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ps map[string]vault.Provisioned
+	if err := json.Unmarshal(b, &ps); err != nil {
+		return nil, fmt.Errorf("%s: %w", provisionsFile, err)
+	}
+	var env []string
+	for _, iface := range slices.Sorted(maps.Keys(ps)) {
+		if err := ps[iface].Check(iface); err != nil {
+			return nil, err
+		}
+		for _, k := range slices.Sorted(maps.Keys(ps[iface].Env)) {
+			env = append(env, k+"="+ps[iface].Env[k])
+		}
+	}
+	return env, nil
 }
 
 // prepare puts the module's artifact (checked against its digest) and its credentials under
@@ -332,6 +379,13 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 			if err := writeSecret(filepath.Join(secrets, name), value); err != nil {
 				return "", err
 			}
+		}
+	}
+	os.Remove(filepath.Join(dir, provisionsFile))
+	if len(creds.Provisions) > 0 {
+		b, _ := json.Marshal(creds.Provisions)
+		if err := writeSecret(filepath.Join(dir, provisionsFile), string(b)); err != nil {
+			return "", err
 		}
 	}
 	// Older artifacts of the module are not kept.
@@ -415,6 +469,11 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 	for _, k := range slices.Sorted(maps.Keys(m.spec.Env)) {
 		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
 	}
+	provisioned, err := provisionEnv(dir)
+	if err != nil {
+		return fmt.Errorf("provisioned credentials: %w", err)
+	}
+	cmd.Env = append(cmd.Env, provisioned...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}

@@ -88,6 +88,9 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	if len(m.Consumes) > 0 {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
 	}
+	if slices.Contains(m.Requires, RequireKV) {
+		p.Publish = append(p.Publish, kvPermissions(KVBucket(m.Module))...)
+	}
 	for _, s := range m.Uses {
 		v := pins[s] // the version the module speaks: only that one's subjects
 		p.Publish = append(p.Publish, seatAcceptAll(s, v), seatNodeAcceptAll(s, v))
@@ -104,6 +107,22 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 // dead subject: the node writes dead letters (from JetStream's advisories), and a client that
 // could write DEAD could forge what `dead replay` republishes. A client gives up on a message
 // by terminating it (+TERM with its reason), which its ack subject already allows.
+// kvPermissions are what a client needs of one JetStream key-value bucket, and nothing of
+// another: look it up, get, put, delete and purge keys, and list or watch them (an ordered
+// consumer delivered to the client's inbox, whose flow control it answers).
+func kvPermissions(bucket string) []string {
+	stream := "KV_" + bucket
+	return []string{
+		"$KV." + bucket + ".>",
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.FC." + stream + ".>",
+	}
+}
+
 func pullPermissions(stream, consumer string) []string {
 	return []string{
 		consumerInfoSubject(stream, consumer),

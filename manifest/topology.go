@@ -291,3 +291,7 @@ func durationString(d time.Duration) string {
 	}
 	return d.String()
 }
+
+// KVBucket is the key-value bucket the mesh provides module when it requires kv (its
+// stream is KV_<bucket>): the module's alone.
+func KVBucket(module string) string { return "mesh-kv-" + module }

@@ -346,8 +346,12 @@ func (v *validator) seat(s Seat) {
 // consumer's resource, remove it, and say which it holds.
 var ProvisionerTools = []string{"create", "remove", "holds"}
 
+// RequireKV is the interface of a key-value bucket of the module's own, which the mesh
+// provides (KVBucket names it; the module reaches it with its bus identity).
+const RequireKV = "kv"
+
 // MeshProvided are the interfaces the mesh provides itself; no seat may provide them.
-var MeshProvided = []string{RequireBus, "kv"}
+var MeshProvided = []string{RequireBus, RequireKV}
 
 // provides checks a seat's provided interfaces: names, not the mesh's own, and a protocol that
 // serves every provisioner tool.
@@ -357,9 +361,14 @@ func (v *validator) provides(field string, s Seat) {
 	}
 	v.list(field+".provides", s.Provides, kindProvide)
 	for i, iface := range s.Provides {
-		if slices.Contains(MeshProvided, iface) {
+		switch {
+		case slices.Contains(MeshProvided, iface):
 			v.refuse(Refusal{Code: CodeReserved, Field: fmt.Sprintf("%s.provides[%d]", field, i), Value: iface,
 				Reason: "is provided by the mesh itself", Instead: "provide another interface, e.g. " + iface + "-external"})
+		case iface == "mesh" || strings.HasPrefix(iface, "mesh-"):
+			v.refuse(Refusal{Code: CodeReserved, Field: fmt.Sprintf("%s.provides[%d]", field, i), Value: iface,
+				Reason:  "mesh-* names are the mesh's own (a consumer's variables would be MESH_*, which the host sets)",
+				Instead: "name the interface after what it is, e.g. postgres"})
 		}
 	}
 	var missing []string

@@ -69,6 +69,8 @@ type controller struct {
 	published map[string]deploy.Declaration
 	// casc are the build cascades under way and the latest builds (cascade_controller.go).
 	casc cascades
+	// prov is the provisioning of the deployed modules' requirements (provisions.go).
+	prov provisions
 
 	mu     sync.Mutex // serialises registrations
 	subsMu sync.Mutex
@@ -87,16 +89,18 @@ func (c *controller) start() error {
 		return func(ctx context.Context, m *nats.Msg) any { return h(ctx, m.Data) }
 	}
 	for subject, h := range map[string]func(context.Context, *nats.Msg) any{
-		registry.RegisterSubject: body(c.handleRegister),
-		registry.RemoveSubject:   body(c.handleRemove),
-		registry.ListSubject:     body(c.handleList),
-		registry.PinSubject:      body(c.handlePin),
-		registry.DeploySubject:   body(c.handleDeploy),
-		registry.UndeploySubject: body(c.handleUndeploy),
-		registry.PsSubject:       body(c.handlePs),
-		registry.BuildsSubject:   body(c.handleBuilds),
-		manifest.WhoamiSubjects:  c.handleWhoami,
-		seats.ListSubject:        body(c.handleSeats),
+		registry.RegisterSubject:   body(c.handleRegister),
+		registry.RemoveSubject:     body(c.handleRemove),
+		registry.ListSubject:       body(c.handleList),
+		registry.PinSubject:        body(c.handlePin),
+		registry.DeploySubject:     body(c.handleDeploy),
+		registry.UndeploySubject:   body(c.handleUndeploy),
+		registry.PsSubject:         body(c.handlePs),
+		registry.BuildsSubject:     body(c.handleBuilds),
+		registry.ProvisionsSubject: body(c.handleProvisions),
+		registry.ProvideSubject:    body(c.handleProvide),
+		manifest.WhoamiSubjects:    c.handleWhoami,
+		seats.ListSubject:          body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
@@ -118,7 +122,11 @@ func (c *controller) start() error {
 	}
 	var sweep context.Context
 	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepers.Add(4)
+	c.sweepers.Add(5)
+	go func() {
+		defer c.sweepers.Done()
+		c.keepProvisioned(sweep)
+	}()
 	go func() {
 		defer c.sweepers.Done()
 		c.consumeCascade(sweep)
@@ -324,6 +332,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		// Its key or its secrets may have changed: the nodes running it are told.
 		c.declare(ctx, targets(rec.Deployment, c.reg.Nodes()))
 	}
+	c.wakeProvisions() // its requirements, or the interfaces its seats provide, may have changed
 	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "rotated", reply.Rotated, "key", rec.PublicKey)
 	return reply, nil
 }
@@ -546,6 +555,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	if e.Deployment != nil {
 		c.declare(ctx, targets(e.Deployment, c.reg.Nodes())) // its nodes stop it
 	}
+	c.wakeProvisions() // its provisions are removed
 	c.log.Info("module removed", "module", e.Module, "seat_users", users)
 	return registry.RemoveReply{Module: e.Module, Kept: kept}
 }
@@ -617,7 +627,7 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	reply := registry.WhoamiReply{
 		Module: e.Module, Node: c.node,
 		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
-		Signers: c.reg.Signers(e.Manifest),
+		Requires: e.Manifest.Requires, Signers: c.reg.Signers(e.Manifest),
 	}
 	for _, s := range e.Manifest.Uses {
 		reply.Uses = append(reply.Uses, c.reg.SeatAt(e, s)) // the version it is pinned to

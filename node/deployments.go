@@ -118,6 +118,7 @@ func (c *controller) deployLocked(ctx context.Context, req registry.DeployReques
 	}
 	reply := registry.DeployReply{Module: e.Module, Deployment: &d}
 	reply.Declared = c.declare(ctx, union(before, targets(&d, servers)))
+	c.wakeProvisions()
 	c.collectArtifacts(ctx)
 	return reply, nil
 }
@@ -157,6 +158,7 @@ func (c *controller) undeploy(ctx context.Context, req registry.UndeployRequest)
 	}
 	reply := registry.DeployReply{Module: e.Module, Deployment: next}
 	reply.Declared = c.declare(ctx, before)
+	c.wakeProvisions()
 	c.collectArtifacts(ctx)
 	return reply, nil
 }
@@ -201,7 +203,9 @@ func (c *controller) deployed() []deploy.Deployed {
 	var out []deploy.Deployed
 	for _, e := range c.reg.List() {
 		if e.Deployment != nil {
-			out = append(out, deploy.Deployed{Module: e.Module, PublicKey: e.PublicKey, Secrets: e.Manifest.Secrets, Deployment: e.Deployment})
+			d := deploy.Deployed{Module: e.Module, PublicKey: e.PublicKey, Secrets: e.Manifest.Secrets, Deployment: e.Deployment}
+			d.Provisions, d.Waiting = c.provisionGate(e)
+			out = append(out, d)
 		}
 	}
 	return out

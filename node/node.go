@@ -363,6 +363,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		hosts:     map[string]host.Report{},
 		published: map[string]deploy.Declaration{},
 		casc:      cascades{running: map[string]*cascade{}, lastCommit: map[string]string{}},
+		prov:      provisions{interval: time.Duration(n.cfg.ProvisionInterval), wake: make(chan struct{}, 1)},
 	}
 	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err

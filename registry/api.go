@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/seats"
 )
 
@@ -24,6 +25,8 @@ var (
 	UndeploySubject = manifest.SeatToolSubject(manifest.ControllerSeat, "undeploy")
 	PsSubject       = manifest.SeatToolSubject(manifest.ControllerSeat, "ps")
 	BuildsSubject   = manifest.SeatToolSubject(manifest.ControllerSeat, "builds")
+	// ProvisionsSubject answers `meshnode provisions`.
+	ProvisionsSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "provisions")
 )
 
 // RegisterRequest registers or re-registers a module.
@@ -168,6 +171,32 @@ type Build struct {
 	Reason  string `json:"reason,omitempty"` // a failed build's
 }
 
+// ProvideSubject chooses the seat that provides a module's required interface.
+var ProvideSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "provide")
+
+// ProvideRequest chooses Provider (a seat) for Module's required Interface.
+type ProvideRequest struct {
+	Module    string `json:"module"`
+	Interface string `json:"interface"`
+	Provider  string `json:"provider"`
+}
+
+// ProvideReply answers ProvideRequest.
+type ProvideReply struct {
+	Module    string `json:"module,omitempty"`
+	Interface string `json:"interface,omitempty"`
+	Provider  string `json:"provider,omitempty"`
+	Previous  string `json:"previous,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// ProvisionsReply answers a ProvisionsSubject request: one record per deployed consumer and
+// interface it requires (besides mesh-bus), sorted.
+type ProvisionsReply struct {
+	Provisions []provision.Record `json:"provisions"`
+	Error      string             `json:"error,omitempty"`
+}
+
 // BuildsReply answers a BuildsSubject request: the latest builds, oldest first.
 type BuildsReply struct {
 	Builds []Build `json:"builds"`
@@ -239,6 +268,7 @@ type WhoamiReply struct {
 	Consumes []string     `json:"consumes,omitempty"`
 	Tools    []string     `json:"tools,omitempty"`
 	Secrets  []string     `json:"secrets,omitempty"`
+	Requires []string     `json:"requires,omitempty"`
 	Uses     []seats.Info `json:"uses,omitempty"`
 	Seats    []seats.Info `json:"seats,omitempty"`
 	// Signers are the keys of every source whose events the module consumes: what its

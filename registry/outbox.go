@@ -2,7 +2,8 @@ package registry
 
 // isAction reports whether name is one of the registry's events.
 func isAction(name string) bool {
-	return name == EventRegistered || name == EventRemoved || name == EventPinned || name == EventDeployed || name == EventUndeployed
+	return name == EventRegistered || name == EventRemoved || name == EventPinned || name == EventDeployed || name == EventUndeployed ||
+		name == EventProviderChosen
 }
 
 // The registry's outbox (package outbox): a registration or a removal and its event are one
@@ -21,6 +22,9 @@ const (
 	// EventDeployed and EventUndeployed: a module's deployment set or changed, and ended.
 	EventDeployed   = "module.deployed"
 	EventUndeployed = "module.undeployed"
+	// EventProviderChosen: the seat that provides one of a module's required interfaces was
+	// chosen (provisions pin).
+	EventProviderChosen = "module.provider-chosen"
 )
 
 // Pending returns the modules whose record holds events not yet published: registered ones,

@@ -77,6 +77,9 @@ type Record struct {
 	// Pins are the later protocol versions the module speaks, by seat (`meshnode seat pin`);
 	// a seat not listed is spoken at v1. Bound holds the pinned version's protocol.
 	Pins map[string]string `json:"pins,omitempty"`
+	// Providers are the seats chosen to provide the interfaces the module requires, by
+	// interface (`meshnode provisions pin`): needed when several seats provide one.
+	Providers map[string]string `json:"providers,omitempty"`
 	// Deployment is where and what the module runs (`meshnode deploy`); nil: it is not
 	// deployed (its instances are started by hand, if at all).
 	Deployment *deploy.Deployment `json:"deployment,omitempty"`

@@ -42,7 +42,19 @@ const (
 	// the module's seed and the secrets the declaration names — sealed to that server's
 	// recorded xkey. Only the nodes ask.
 	VerbModule = "module"
+	// VerbIntake answers the vault's intake xkey (public): a provider seals the credential
+	// it creates to it. VerbProvision hands the vault such a sealed credential to keep under
+	// its consumer; VerbUnprovision drops it. Only the nodes (the controller's holder) ask.
+	VerbIntake      = "intake"
+	VerbProvision   = "provision"
+	VerbUnprovision = "unprovision"
 )
+
+// nodeOnly reports whether only the nodes may ask verb (and need no xkey: nothing secret
+// is answered).
+func nodeOnly(verb string) bool {
+	return verb == VerbIntake || verb == VerbProvision || verb == VerbUnprovision
+}
 
 // ModuleCredentials is what a sealed module reply opens to: what a host gives the module's
 // processes (the seed as MESH_CREDS, the secrets as files).
@@ -51,6 +63,8 @@ type ModuleCredentials struct {
 	PublicKey string            `json:"public_key"`
 	Seed      string            `json:"seed"`
 	Secrets   map[string]string `json:"secrets,omitempty"`
+	// Provisions are the module's credentials of the interfaces it requires, by interface.
+	Provisions map[string]Provisioned `json:"provisions,omitempty"`
 }
 
 // ServerSecrets is what a sealed server reply opens to.
@@ -79,6 +93,9 @@ type Request struct {
 	Uses    int    `json:"uses,omitempty"`    // token: how many joins
 	Node    string `json:"node,omitempty"`    // enrol: the joining node's name
 	MeshID  string `json:"mesh_id,omitempty"` // enrol: the mesh the token names
+	// provision: the credential sealed to the vault's intake xkey, and who sealed it.
+	Sealed []byte `json:"sealed,omitempty"`
+	Sender string `json:"sender,omitempty"`
 }
 
 // Reply is any vault reply: Sealed (to the request's XKey, opened with Sender) when it

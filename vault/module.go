@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meshnode/meshnode/deploy"
+
 	"github.com/nats-io/nkeys"
 )
 
@@ -86,6 +88,17 @@ func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCred
 		}
 		out.Secrets[name] = s.Value
 	}
-	v.event(ctx, "module-credentials", map[string]any{"node": req.Node, "module": req.Owner, "secrets": m.Secrets})
+	var ifaces []string
+	for _, p := range m.Provisions {
+		if p.Provider != deploy.MeshProvider { // the mesh's own (kv) need no credential
+			ifaces = append(ifaces, p.Interface)
+		}
+	}
+	if len(ifaces) > 0 {
+		if out.Provisions, err = v.provisioned(ctx, req.Owner, ifaces); err != nil {
+			return nil, err
+		}
+	}
+	v.event(ctx, "module-credentials", map[string]any{"node": req.Node, "module": req.Owner, "secrets": m.Secrets, "provisions": ifaces})
 	return out, nil
 }

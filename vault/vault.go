@@ -75,13 +75,15 @@ type Config struct {
 
 // Vault is the mesh-vault seat's work on this node.
 type Vault struct {
-	cfg   Config
-	log   *slog.Logger
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	aead  cipher.AEAD
-	sign  *envelope.SigningKey
-	watch *mirror.Watch
+	cfg  Config
+	log  *slog.Logger
+	js   jetstream.JetStream
+	kv   jetstream.KeyValue
+	aead cipher.AEAD
+	// intake is the xkey providers seal credentials to (derived from the barrier key).
+	intake nkeys.KeyPair
+	sign   *envelope.SigningKey
+	watch  *mirror.Watch
 
 	mu      sync.RWMutex
 	tokens  map[string]tokenRecord // by public key: who may enrol
@@ -154,7 +156,11 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
 	}
-	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign,
+	intake, err := intakeKey(cfg.BarrierKey)
+	if err != nil {
+		return nil, err
+	}
+	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kv, aead: aead, sign: sign, intake: intake,
 		tokens: map[string]tokenRecord{}, records: map[string]recordEntry{},
 		events: make(chan event, eventQueue), done: make(chan struct{}), sweepNow: make(chan struct{}, 1)}
 	if v.log == nil {
@@ -358,8 +364,9 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 	var out any
 	var meta []Meta
 	var err error
+	var reply Reply
 	switch {
-	case verb != VerbList && verb != VerbEnrol && !nkeys.IsValidPublicCurveKey(req.XKey):
+	case verb != VerbList && verb != VerbEnrol && !nodeOnly(verb) && !nkeys.IsValidPublicCurveKey(req.XKey):
 		// Checked first, so nothing is written for a reply that could not be sealed.
 		err = errors.New("the request carries no xkey to seal the reply to: send your xkey public key (nkeys CreateCurveKeys) as xkey")
 	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
@@ -389,6 +396,14 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		out, err = v.token(ctx, req)
 	case verb == VerbIdentity:
 		out, err = v.identity(ctx, req)
+	case nodeOnly(verb) && caller != CallerNode:
+		err = fmt.Errorf("only the nodes (the controller's holder) %s provisions", verb)
+	case verb == VerbIntake:
+		reply.PublicKey, _ = v.intake.PublicKey()
+	case verb == VerbProvision:
+		meta, err = v.keepProvision(ctx, req)
+	case verb == VerbUnprovision:
+		err = v.dropProvision(ctx, req)
 	case verb == VerbModule && (caller != CallerNode || !v.serverXKey(req.Node, req.XKey)):
 		err = fmt.Errorf("a module's credentials are sealed only to the recorded xkey of the server that runs it, and %q is not server %q's", req.XKey, req.Node)
 	case verb == VerbModule:
@@ -419,7 +434,7 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		v.gate.Refused(caller, verb, err.Error())
 		return Reply{Error: err.Error()}, events
 	}
-	reply := Reply{Meta: meta}
+	reply.Meta = meta
 	if id, ok := out.(*Identity); ok {
 		reply.PublicKey = id.PublicKey
 	}

@@ -97,6 +97,7 @@ func newRootCmd() *cobra.Command {
 		newLogsCmd(),
 		newGitCmd(),
 		newBuildsCmd(),
+		newProvisionsCmd(),
 		newMembersCmd(),
 		newLeaveCmd(),
 		newNodeCmd(),

@@ -1,0 +1,213 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/provision"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// provisions returns the controller's provision rows, by consumer and interface.
+func (b *bed) provisions(t testing.TB) map[string]provision.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rs, err := admin.Provisions(ctx, b.op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]provision.Record{}
+	for _, r := range rs {
+		out[provision.Key(r.Consumer, r.Interface)] = r
+	}
+	return out
+}
+
+// controllerEvents returns the controller's provisioning events stored on EVENTS, in order.
+func (b *bed) controllerEvents(t testing.TB, action string) []map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	subject := manifest.SeatEventSubject(manifest.ControllerSeat, action)
+	cons, err := b.js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	last := info.CachedInfo().State.LastSeq
+	for {
+		msgs, err := cons.Fetch(100, jetstream.FetchMaxWait(200*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		done := false
+		for m := range msgs.Messages() {
+			n++
+			var meta map[string]any
+			json.Unmarshal(m.Data(), &meta)
+			out = append(out, meta)
+			if md, _ := m.Metadata(); md != nil && md.Sequence.Stream >= last {
+				done = true
+			}
+		}
+		if n == 0 || done {
+			return out
+		}
+	}
+}
+
+// TestProvision_KV: a module that requires kv is given a bucket of its own before it
+// starts, reads and writes it with its bus identity, and is refused another module's; a
+// bucket lost behind the mesh's back is created again within one reconcile period, with an
+// event saying so; undeployed, its bucket is removed, with an event.
+func TestProvision_KV(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ProvisionInterval = config.Duration(time.Second)
+	b := newBedAt(t, cfg)
+	storeSeed, _ := b.register("module: store\nrequires: [mesh-bus, kv]\n")
+	b.register("module: other\nrequires: [mesh-bus, kv]\n")
+	plainSeed, _ := b.register("module: plain\nrequires: [mesh-bus]\n")
+	for _, m := range []string{"store", "other"} {
+		b.putArtifact(m, "1", fmt.Sprintf(sleeper, "1"))
+		b.deploy(m, "1")
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		ps := b.provisions(t)
+		for _, m := range []string{"store", "other"} {
+			if r := ps[provision.Key(m, "kv")]; r.State != provision.StateReady || r.Provider != provision.MeshProvider || r.Generation != 1 {
+				return fmt.Errorf("%s: %+v", m, r)
+			}
+		}
+		return nil
+	})
+	b.running(t, "store", "1", 0)
+
+	// The module's own bucket, through the sdk and with its raw connection.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := b.client(storeSeed)
+	kv, err := c.KV(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "greeting", []byte("hello")); err != nil {
+		t.Fatalf("put into its own bucket: %v", err)
+	}
+	if e, err := kv.Get(ctx, "greeting"); err != nil || string(e.Value()) != "hello" {
+		t.Fatalf("get from its own bucket: %v", err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatalf("list its own keys: %v", err)
+	}
+	var listed []string
+	for k := range keys.Keys() {
+		listed = append(listed, k)
+	}
+	if !slices.Equal(listed, []string{"greeting"}) {
+		t.Fatalf("keys %v", listed)
+	}
+	// Another module's bucket is refused, whichever way it is asked.
+	// (A refused request is a permission violation the client hears only as a timeout.)
+	js, _ := jetstream.New(c.Conn())
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	if _, err := js.KeyValue(short, manifest.KVBucket("other")); err == nil {
+		t.Fatal("store opened other's bucket")
+	}
+	cancelShort()
+	short, cancelShort = context.WithTimeout(ctx, 2*time.Second)
+	if _, err := js.Publish(short, "$KV."+manifest.KVBucket("other")+".x", []byte("intrusion")); err == nil {
+		t.Fatal("store wrote into other's bucket")
+	}
+	cancelShort()
+	otherKV, err := b.js.KeyValue(ctx, manifest.KVBucket("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherKV.Get(ctx, "x"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("other's bucket holds x: %v", err)
+	}
+	// A module that does not require kv has no bucket, and the sdk says why.
+	if _, err := b.client(plainSeed).KV(ctx); err == nil {
+		t.Fatal("a module without requires: [kv] got a bucket")
+	}
+
+	// Lost behind the mesh's back: created again within a reconcile period, with an event.
+	if err := b.js.DeleteKeyValue(ctx, manifest.KVBucket("other")); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if r := b.provisions(t)[provision.Key("other", "kv")]; r.Generation != 2 || r.State != provision.StateReady {
+			return fmt.Errorf("other's kv %+v", r)
+		}
+		if _, err := b.js.KeyValue(ctx, manifest.KVBucket("other")); err != nil {
+			return err
+		}
+		return nil
+	})
+	evs := b.controllerEvents(t, "provisioned")
+	if !slices.ContainsFunc(evs, func(m map[string]any) bool {
+		return m["consumer"] == "other" && m["interface"] == "kv" && m["reason"] == "re-created: the provider no longer held it"
+	}) {
+		t.Fatalf("no provisioned event says other's kv was re-created: %v", evs)
+	}
+
+	// Undeployed: the bucket is gone, and an event says so.
+	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "store"}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if _, ok := b.provisions(t)[provision.Key("store", "kv")]; ok {
+			return errors.New("store's kv still listed")
+		}
+		if _, err := b.js.KeyValue(ctx, manifest.KVBucket("store")); !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("store's bucket: %v", err)
+		}
+		return nil
+	})
+	if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+		return m["consumer"] == "store" && m["interface"] == "kv"
+	}) {
+		t.Fatalf("no deprovisioned event for store's kv: %v", evs)
+	}
+}
+
+// TestProvision_WaitsForProvider: a module whose required interface nobody provides is
+// declared waiting and not started (ps says on what); `provisions` says why.
+func TestProvision_WaitsForProvider(t *testing.T) {
+	b := newBed(t)
+	b.register("module: app\nrequires: [mesh-bus, redis]\n")
+	b.putArtifact("app", "1", fmt.Sprintf(sleeper, "1"))
+	b.deploy("app", "1")
+	retryUntil(t, 10*time.Second, func() error {
+		ps := b.ps("app")
+		if len(ps) != 1 || ps[0].State != host.StateWaiting || ps[0].Reason != "waiting on redis from a provider" || ps[0].PID != 0 {
+			return fmt.Errorf("ps %+v", ps)
+		}
+		return nil
+	})
+	r := b.provisions(t)[provision.Key("app", "redis")]
+	if r.State != provision.StateWaiting || r.Reason != "no seat provides redis yet: register a module whose seat has provides: [redis]" {
+		t.Fatalf("provision %+v", r)
+	}
+	_ = deploy.MeshProvider
+	_ = nats.ErrNoResponders
+}

@@ -1,0 +1,177 @@
+package provision
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// KVStore keeps the records in the Bucket.
+type KVStore struct{ KV jetstream.KeyValue }
+
+// OpenStore creates or opens the Bucket with the mesh's replicas.
+func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int) (*KVStore, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: Bucket, Description: "meshnode: provisions (consumer, interface, provider, state; never a credential)",
+		Replicas: replicas, Storage: jetstream.FileStorage, History: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	return &KVStore{KV: kv}, nil
+}
+
+// All returns every record by key; one that does not decode is skipped (the next pass
+// writes it again).
+func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
+	out := map[string]Record{}
+	lister, err := s.KV.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer lister.Stop()
+	for key := range lister.Keys() {
+		e, err := s.KV.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var r Record
+		if json.Unmarshal(e.Value(), &r) != nil || Key(r.Consumer, r.Interface) != key {
+			continue
+		}
+		out[key] = r
+	}
+	return out, nil
+}
+
+// Put stores r.
+func (s *KVStore) Put(ctx context.Context, r Record) error {
+	b, _ := json.Marshal(r)
+	_, err := s.KV.Put(ctx, Key(r.Consumer, r.Interface), b)
+	return err
+}
+
+// Delete forgets a record.
+func (s *KVStore) Delete(ctx context.Context, key string) error {
+	err := s.KV.Purge(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	return err
+}
+
+// MeshKV is the mesh's own provider of kv: a JetStream key-value bucket per consumer
+// (manifest.KVBucket), which the consumer's derived permissions reach and no one else's do.
+// It needs no credential: the consumer uses its bus identity.
+type MeshKV struct {
+	JS       jetstream.JetStream
+	Replicas int
+}
+
+// Create makes the consumer's bucket when it is missing; an existing one is kept as it is.
+func (p MeshKV) Create(ctx context.Context, req CreateRequest) (CreateReply, error) {
+	bucket := manifest.KVBucket(req.Consumer)
+	if _, err := p.JS.KeyValue(ctx, bucket); err == nil {
+		return CreateReply{}, nil
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return CreateReply{}, err
+	}
+	_, err := p.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: bucket, Description: "meshnode: module " + req.Consumer + "'s own (requires: [kv])",
+		Replicas: p.Replicas, Storage: jetstream.FileStorage, History: 1,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return CreateReply{}, nil
+	}
+	return CreateReply{}, err
+}
+
+// Remove deletes the consumer's bucket and its keys.
+func (p MeshKV) Remove(ctx context.Context, req RemoveRequest) error {
+	err := p.JS.DeleteKeyValue(ctx, manifest.KVBucket(req.Consumer))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	return err
+}
+
+// Holds lists the consumers whose bucket exists.
+func (p MeshKV) Holds(ctx context.Context, _ string) ([]string, error) {
+	names := p.JS.KeyValueStoreNames(ctx)
+	prefix := manifest.KVBucket("")
+	var out []string
+	for name := range names.Name() {
+		if consumer, ok := strings.CutPrefix(name, prefix); ok && manifest.ValidName(consumer) {
+			out = append(out, consumer)
+		}
+	}
+	if err := names.Error(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Seat is a provider reached over the bus: the create, remove and holds tools of a seat
+// whose protocol provides the interface, answered by its holder (request/reply to the role).
+type Seat struct {
+	NC   *nats.Conn
+	Name string
+}
+
+// Header names of a tool's error reply (the NATS micro framework's, which the sdk writes).
+const serviceError = "Nats-Service-Error"
+
+func (p Seat) call(ctx context.Context, tool string, req, out any) error {
+	body, _ := json.Marshal(req)
+	subject := manifest.SeatToolSubject(p.Name, tool)
+	msg, err := p.NC.RequestWithContext(ctx, subject, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w: no holder of seat %s answers %s (is its module running?)", ErrUnavailable, p.Name, tool)
+	}
+	if err != nil {
+		return fmt.Errorf("seat %s %s: %w", p.Name, tool, err)
+	}
+	if e := msg.Header.Get(serviceError); e != "" {
+		return fmt.Errorf("seat %s refused %s: %s", p.Name, tool, e)
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return fmt.Errorf("seat %s answered %s with something that is not its reply: %w", p.Name, tool, err)
+	}
+	return nil
+}
+
+// Create calls the seat's create.
+func (p Seat) Create(ctx context.Context, req CreateRequest) (CreateReply, error) {
+	var out CreateReply
+	if err := p.call(ctx, ToolCreate, req, &out); err != nil {
+		return CreateReply{}, err
+	}
+	if len(out.Sealed) == 0 {
+		return CreateReply{}, fmt.Errorf("seat %s answered create with no sealed credential", p.Name)
+	}
+	return out, nil
+}
+
+// Remove calls the seat's remove.
+func (p Seat) Remove(ctx context.Context, req RemoveRequest) error {
+	var out struct{}
+	return p.call(ctx, ToolRemove, req, &out)
+}
+
+// Holds calls the seat's holds.
+func (p Seat) Holds(ctx context.Context, iface string) ([]string, error) {
+	var out HoldsReply
+	if err := p.call(ctx, ToolHolds, HoldsRequest{Interface: iface}, &out); err != nil {
+		return nil, err
+	}
+	return out.Consumers, nil
+}

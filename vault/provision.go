@@ -1,0 +1,172 @@
+package vault
+
+import (
+	"bytes"
+	"context"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nkeys"
+)
+
+// Provisioned is what a provider's sealed create reply opens to (DESIGN §12): what the
+// consumer of an interface is given — connection facts and the secret as environment
+// variables, each named <INTERFACE>_<NAME> in capitals (POSTGRES_URL): nothing else reaches
+// the consumer's process. The vault keeps it, barrier-encrypted, as the consumer's
+// ProvisionName(interface).
+type Provisioned struct {
+	Env map[string]string `json:"env"`
+}
+
+// maxProvisionedValue bounds one variable of a credential.
+const maxProvisionedValue = 4096
+
+var envSuffix = regexp.MustCompile(`^[A-Z0-9_]+$`)
+
+// EnvPrefix is the prefix of every variable of an interface's credential: POSTGRES_ for
+// postgres, MY_DB_ for my-db.
+func EnvPrefix(iface string) string {
+	return strings.ToUpper(strings.ReplaceAll(iface, "-", "_")) + "_"
+}
+
+// ProvisionName is the record, among a consumer's secrets, that keeps its credential of
+// iface.
+func ProvisionName(iface string) string { return reservedPrefix + "provision-" + iface }
+
+// Check refuses a credential a consumer could not be given: no variables, a name outside the
+// interface's prefix, or too large a value.
+func (p Provisioned) Check(iface string) error {
+	prefix := EnvPrefix(iface)
+	if len(p.Env) == 0 {
+		return fmt.Errorf("the %s credential has no variables: a provider answers at least %sURL", iface, prefix)
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+		if !strings.HasPrefix(k, prefix) || !envSuffix.MatchString(strings.TrimPrefix(k, prefix)) {
+			return fmt.Errorf("the %s credential names %q: its variables are %s<NAME>, in capitals, digits and '_'", iface, k, prefix)
+		}
+		if len(p.Env[k]) > maxProvisionedValue {
+			return fmt.Errorf("the %s credential's %s is %d bytes (at most %d)", iface, k, len(p.Env[k]), maxProvisionedValue)
+		}
+	}
+	return nil
+}
+
+// intakeInfo derives the vault's intake xkey from the barrier key: every server of the mesh
+// holds the same key, so a credential sealed to it opens at whichever server holds the
+// vault seat when it arrives.
+const intakeInfo = "meshnode vault intake xkey v1"
+
+// intakeKey returns the vault's intake xkey: providers seal credentials to its public key.
+func intakeKey(barrier []byte) (nkeys.KeyPair, error) {
+	seed, err := hkdf.Key(sha256.New, barrier, nil, intakeInfo, 32)
+	if err != nil {
+		return nil, err
+	}
+	return nkeys.CreateCurveKeysWithRand(bytes.NewReader(seed))
+}
+
+// keepProvision opens a provider's sealed credential for req.Owner's interface req.Name
+// and keeps it, barrier-encrypted, as the consumer's ProvisionName record (replacing an
+// earlier one). The credential is never seen in clear by the caller that carried it.
+func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) {
+	if err := checkNames(req.Owner, req.Name); err != nil {
+		return nil, err
+	}
+	plain, err := v.intake.Open(req.Sealed, req.Sender)
+	if err != nil {
+		return nil, fmt.Errorf("the %s credential for %s does not open with the vault's intake key: the provider must seal it to the request's xkey", req.Name, req.Owner)
+	}
+	var p Provisioned
+	if err := json.Unmarshal(plain, &p); err != nil {
+		return nil, fmt.Errorf("the %s credential for %s is not {\"env\": {…}}: %w", req.Name, req.Owner, err)
+	}
+	if err := p.Check(req.Name); err != nil {
+		return nil, err
+	}
+	name := ProvisionName(req.Name)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	prev, rev, err := v.load(ctx, req.Owner, name)
+	if err != nil {
+		return nil, err
+	}
+	next := 1
+	if prev != nil {
+		next = prev.Versions[len(prev.Versions)-1].Version + 1
+	}
+	nonce, ct, err := v.seal(req.Owner, name, next, string(plain))
+	if err != nil {
+		return nil, err
+	}
+	r := &secretRecord{Owner: req.Owner, Name: name, Versions: []version{{Version: next, Created: time.Now().UTC(), Nonce: nonce, Cipher: ct}}}
+	if prev != nil {
+		r.Outbox = prev.Outbox
+	}
+	if err := v.store(ctx, r, rev); err != nil {
+		return nil, err
+	}
+	v.event(ctx, "provision-kept", map[string]any{"owner": req.Owner, "interface": req.Name, "version": next})
+	return []Meta{meta(r)}, nil
+}
+
+// dropProvision forgets req.Owner's credential of interface req.Name, history included.
+func (v *Vault) dropProvision(ctx context.Context, req Request) error {
+	if err := checkNames(req.Owner, req.Name); err != nil {
+		return err
+	}
+	key := secretKey(req.Owner, ProvisionName(req.Name))
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	if r, _, _ := v.load(ctx, req.Owner, ProvisionName(req.Name)); r == nil {
+		return nil
+	}
+	if err := v.kv.Purge(ctx, key); err != nil {
+		return err
+	}
+	for {
+		v.mu.RLock()
+		_, ok := v.records[key]
+		v.mu.RUnlock()
+		if !ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vault mirror did not see %s dropped: %w", key, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	v.event(ctx, "provision-dropped", map[string]any{"owner": req.Owner, "interface": req.Name})
+	return nil
+}
+
+// provisioned returns owner's credentials of ifaces, by interface.
+func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) (map[string]Provisioned, error) {
+	out := map[string]Provisioned{}
+	for _, iface := range ifaces {
+		r, _, err := v.load(ctx, owner, ProvisionName(iface))
+		if err != nil {
+			return nil, err
+		}
+		if r == nil {
+			return nil, fmt.Errorf("the vault keeps no %s credential of %s yet: it is provisioned before the module starts (`meshnode provisions`)", iface, owner)
+		}
+		plain, err := v.unseal(r.Owner, r.Name, r.Versions[len(r.Versions)-1])
+		if err != nil {
+			return nil, err
+		}
+		var p Provisioned
+		if err := json.Unmarshal([]byte(plain), &p); err != nil {
+			return nil, fmt.Errorf("%s's %s credential: %w", owner, iface, err)
+		}
+		out[iface] = p
+	}
+	return out, nil
+}
