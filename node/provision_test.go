@@ -1,11 +1,16 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +21,10 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // provisions returns the controller's provision rows, by consumer and interface.
@@ -210,4 +217,112 @@ func TestProvision_WaitsForProvider(t *testing.T) {
 	}
 	_ = deploy.MeshProvider
 	_ = nats.ErrNoResponders
+}
+
+// streamsHolding returns where needle occurs in any message (body or headers) of any stream
+// of the mesh: STATE, EVENTS, every key-value bucket and object store.
+func (b *bed) streamsHolding(t testing.TB, needle []byte) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var found []string
+	names := b.js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := b.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := s.CachedInfo().State.LastSeq
+		if s.CachedInfo().State.Msgs == 0 {
+			continue
+		}
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for done := false; !done; {
+			msgs, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for m := range msgs.Messages() {
+				n++
+				hdr := fmt.Sprint(m.Headers())
+				if bytes.Contains(m.Data(), needle) || strings.Contains(hdr, string(needle)) {
+					found = append(found, name+" "+m.Subject())
+				}
+				if md, _ := m.Metadata(); md != nil && md.Sequence.Stream >= last {
+					done = true
+				}
+			}
+			if n == 0 {
+				done = true
+			}
+		}
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
+// filesHolding returns the files under dir that contain needle, but for those except allows.
+func filesHolding(t testing.TB, dir string, needle []byte, except func(path string) bool) []string {
+	t.Helper()
+	var found []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || except(path) {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, needle) {
+			found = append(found, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
+// TestVault_GivenValue: the operator gives a secret its value (sealed to the vault's intake
+// key on the way); the module fetches it; the value is in no stream and no file of the
+// data dir; a value sealed to another key is refused.
+func TestVault_GivenValue(t *testing.T) {
+	b := newBed(t)
+	b.register("module: shop\nrequires: [mesh-bus]\nsecrets: [admin-url]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	value := []byte("postgres://admin:" + strings.Repeat("s3cr3t", 4) + "@127.0.0.1:5432/postgres")
+	req := vault.Request{Owner: "shop", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, value); err != nil {
+		t.Fatal(err)
+	}
+	var s vault.Secret
+	if _, err := b.vault(vault.VerbMint, req, &s); err != nil || s.Value != string(value) {
+		t.Fatalf("mint with a given value: %q %v", s.Value, err)
+	}
+	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "shop", Name: "admin-url"}, &s); err != nil || s.Value != string(value) {
+		t.Fatalf("fetch: %q %v", s.Value, err)
+	}
+	other, _ := nkeys.CreateCurveKeys()
+	otherPub, _ := other.PublicKey()
+	sealed, sender, _ := vault.Seal(otherPub, []byte("x"))
+	if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: "shop", Name: "admin-url", Sealed: sealed, Sender: sender}, &s); err == nil || !strings.Contains(err.Error(), "intake key") {
+		t.Fatalf("a value sealed to another key: %v", err)
+	}
+	if got := b.streamsHolding(t, value); len(got) > 0 {
+		t.Fatalf("the value is in streams: %v", got)
+	}
+	if got := filesHolding(t, b.dir, value, func(string) bool { return false }); len(got) > 0 {
+		t.Fatalf("the value is in files: %v", got)
+	}
+	if got := filesHolding(t, b.dir, []byte("s3cr3ts3cr3t"), func(string) bool { return false }); len(got) > 0 {
+		t.Fatalf("part of the value is in files: %v", got)
+	}
 }

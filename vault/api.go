@@ -43,7 +43,8 @@ const (
 	// recorded xkey. Only the nodes ask.
 	VerbModule = "module"
 	// VerbIntake answers the vault's intake xkey (public): a provider seals the credential
-	// it creates to it. VerbProvision hands the vault such a sealed credential to keep under
+	// it creates to it, the operator a value it gives a secret (mint and rotate carry it
+	// sealed). The operator and the nodes ask. VerbProvision hands the vault such a sealed credential to keep under
 	// its consumer; VerbUnprovision drops it. Only the nodes (the controller's holder) ask.
 	VerbIntake      = "intake"
 	VerbProvision   = "provision"
@@ -52,9 +53,7 @@ const (
 
 // nodeOnly reports whether only the nodes may ask verb (and need no xkey: nothing secret
 // is answered).
-func nodeOnly(verb string) bool {
-	return verb == VerbIntake || verb == VerbProvision || verb == VerbUnprovision
-}
+func nodeOnly(verb string) bool { return verb == VerbProvision || verb == VerbUnprovision }
 
 // ModuleCredentials is what a sealed module reply opens to: what a host gives the module's
 // processes (the seed as MESH_CREDS, the secrets as files).
@@ -93,7 +92,8 @@ type Request struct {
 	Uses    int    `json:"uses,omitempty"`    // token: how many joins
 	Node    string `json:"node,omitempty"`    // enrol: the joining node's name
 	MeshID  string `json:"mesh_id,omitempty"` // enrol: the mesh the token names
-	// provision: the credential sealed to the vault's intake xkey, and who sealed it.
+	// provision, mint, rotate: a credential or value sealed to the vault's intake xkey, and
+	// who sealed it.
 	Sealed []byte `json:"sealed,omitempty"`
 	Sender string `json:"sender,omitempty"`
 }
@@ -196,4 +196,34 @@ func CallWith(ctx context.Context, nc *nats.Conn, xkp nkeys.KeyPair, verb, calle
 		}
 	}
 	return reply.Meta, nil
+}
+
+// IntakeKey asks the vault, as caller (the operator or a node), for its intake xkey.
+func IntakeKey(ctx context.Context, nc *nats.Conn, caller string) (string, error) {
+	msg, err := nc.RequestWithContext(ctx, ToolSubject(VerbIntake, caller), []byte("{}"))
+	if errors.Is(err, nats.ErrNoResponders) {
+		return "", fmt.Errorf("no vault answers %s: is the node ready (`meshnode status`)?", VerbIntake)
+	}
+	if err != nil {
+		return "", fmt.Errorf("vault %s: %w", VerbIntake, err)
+	}
+	var reply Reply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return "", fmt.Errorf("vault %s answered %q: %w", VerbIntake, msg.Data, err)
+	}
+	if reply.Error != "" || !nkeys.IsValidPublicCurveKey(reply.PublicKey) {
+		return "", fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	return reply.PublicKey, nil
+}
+
+// Give seals value to the vault's intake key into req, for a mint or rotate that sets it
+// instead of a random one: the value travels sealed, and no stream ever holds it.
+func Give(ctx context.Context, nc *nats.Conn, caller string, req *Request, value []byte) error {
+	key, err := IntakeKey(ctx, nc, caller)
+	if err != nil {
+		return err
+	}
+	req.Sealed, req.Sender, err = Seal(key, value)
+	return err
 }

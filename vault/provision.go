@@ -6,6 +6,7 @@ import (
 	"crypto/hkdf"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -169,4 +170,24 @@ func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) 
 		out[iface] = p
 	}
 	return out, nil
+}
+
+// maxGivenValue bounds a secret value the operator gives (mint or rotate with a value).
+const maxGivenValue = 16 << 10
+
+// newValue is a new secret version's value: the one the request carries sealed to the
+// intake key (an external secret the operator gives: `vault mint NAME --value-stdin`), or a
+// random one.
+func (v *Vault) newValue(req Request) (string, error) {
+	if len(req.Sealed) == 0 {
+		return randomValue()
+	}
+	plain, err := v.intake.Open(req.Sealed, req.Sender)
+	if err != nil {
+		return "", errors.New("the value does not open with the vault's intake key: seal it to the key the intake verb answers")
+	}
+	if len(plain) == 0 || len(plain) > maxGivenValue {
+		return "", fmt.Errorf("a secret's value is 1 to %d bytes, and this one is %d", maxGivenValue, len(plain))
+	}
+	return string(plain), nil
 }

@@ -180,7 +180,8 @@ func (v *Vault) store(ctx context.Context, r *secretRecord, rev uint64) error {
 // isRecordAction reports whether name is an action stored with a secret record's outbox.
 func isRecordAction(name string) bool { return name == "minted" || name == "rotated" }
 
-// mint creates a secret with a random value (version 1).
+// mint creates a secret (version 1) with a random value, or the one the request carries
+// sealed to the vault's intake key (newValue).
 func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
@@ -194,7 +195,7 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 	if prev != nil {
 		return nil, fmt.Errorf("secret %s of %s exists (version %d); rotate it instead", req.Name, req.Owner, meta(prev).Version)
 	}
-	value, err := randomValue()
+	value, err := v.newValue(req)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +250,7 @@ func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
 		}
 	}
 	next := r.Versions[len(r.Versions)-1].Version + 1
-	value, err := randomValue()
+	value, err := v.newValue(req)
 	if err != nil {
 		return nil, err
 	}

@@ -366,7 +366,7 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 	var err error
 	var reply Reply
 	switch {
-	case verb != VerbList && verb != VerbEnrol && !nodeOnly(verb) && !nkeys.IsValidPublicCurveKey(req.XKey):
+	case verb != VerbList && verb != VerbEnrol && verb != VerbIntake && !nodeOnly(verb) && !nkeys.IsValidPublicCurveKey(req.XKey):
 		// Checked first, so nothing is written for a reply that could not be sealed.
 		err = errors.New("the request carries no xkey to seal the reply to: send your xkey public key (nkeys CreateCurveKeys) as xkey")
 	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
@@ -398,7 +398,7 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		out, err = v.identity(ctx, req)
 	case nodeOnly(verb) && caller != CallerNode:
 		err = fmt.Errorf("only the nodes (the controller's holder) %s provisions", verb)
-	case verb == VerbIntake:
+	case verb == VerbIntake && admin:
 		reply.PublicKey, _ = v.intake.PublicKey()
 	case verb == VerbProvision:
 		meta, err = v.keepProvision(ctx, req)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,15 +38,40 @@ func addOwnerFlag(cmd *cobra.Command, owner *string) {
 	cmd.Flags().StringVar(owner, "owner", vault.CallerOperator, "the module the secret belongs to (or operator)")
 }
 
+// givenValue reads the value the operator gives on stdin (one trailing newline dropped)
+// and seals it into req for the vault's intake key.
+func givenValue(cmd *cobra.Command, req *vault.Request) error {
+	b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 1<<20))
+	if err != nil {
+		return err
+	}
+	b = bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
+	if len(b) == 0 {
+		return usagef("--value-stdin read nothing: pipe the value in, e.g. printf %%s \"$URL\" | meshnode vault mint NAME --value-stdin")
+	}
+	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		return vault.Give(ctx, nc, vault.CallerOperator, req, b)
+	})
+}
+
 func newVaultMintCmd() *cobra.Command {
 	var owner string
+	var given bool
 	cmd := &cobra.Command{
-		Use:   "mint NAME [--owner MODULE]",
-		Short: "Mint a secret with a random value (fetch prints it)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "mint NAME [--owner MODULE] [--value-stdin]",
+		Short: "Mint a secret with a random value, or one read from stdin (fetch prints it)",
+		Example: "  meshnode vault mint api-token --owner shop\n" +
+			"  printf %s \"$PG_ADMIN_URL\" | meshnode vault mint admin-url --owner postgres-provisioner --value-stdin",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s vault.Secret
-			if _, err := vaultCall(cmd, vault.VerbMint, vault.Request{Owner: owner, Name: args[0]}, &s); err != nil {
+			req := vault.Request{Owner: owner, Name: args[0]}
+			if given {
+				if err := givenValue(cmd, &req); err != nil {
+					return err
+				}
+			}
+			if _, err := vaultCall(cmd, vault.VerbMint, req, &s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "minted %s of %s, version %d\n", s.Name, s.Owner, s.Version)
@@ -53,19 +80,27 @@ func newVaultMintCmd() *cobra.Command {
 	}
 	addClientFlags(cmd)
 	addOwnerFlag(cmd, &owner)
+	cmd.Flags().BoolVar(&given, "value-stdin", false, "the value is read from stdin (sealed to the vault's key on the way), not random")
 	return cmd
 }
 
 func newVaultRotateCmd() *cobra.Command {
 	var owner string
+	var given bool
 	var grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "rotate NAME [--owner MODULE] [--grace 24h]",
-		Short: "Give a secret a new random version; the previous stays readable for --grace",
+		Short: "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s vault.Secret
-			if _, err := vaultCall(cmd, vault.VerbRotate, vault.Request{Owner: owner, Name: args[0], Grace: grace.String()}, &s); err != nil {
+			req := vault.Request{Owner: owner, Name: args[0], Grace: grace.String()}
+			if given {
+				if err := givenValue(cmd, &req); err != nil {
+					return err
+				}
+			}
+			if _, err := vaultCall(cmd, vault.VerbRotate, req, &s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "rotated %s of %s to version %d; readable versions %v\n", s.Name, s.Owner, s.Version, s.Versions)
@@ -75,6 +110,7 @@ func newVaultRotateCmd() *cobra.Command {
 	addClientFlags(cmd)
 	addOwnerFlag(cmd, &owner)
 	cmd.Flags().DurationVar(&grace, "grace", vault.DefaultGrace, "how long the previous version stays readable")
+	cmd.Flags().BoolVar(&given, "value-stdin", false, "the new value is read from stdin (sealed to the vault's key on the way), not random")
 	return cmd
 }
 
