@@ -10,6 +10,11 @@ package manifest
 // is a reserved module name, so no module's inbox is this one.
 const OperatorInbox = "_INBOX.operator"
 
+// ProvisionInbox is where the mesh-controller's holder hears provisioners' answers
+// (_INBOX._provision.<node>.…): the holder of a seat that provides an interface may answer
+// there, and no module may listen there (a module hears only its own inbox).
+const ProvisionInbox = "_INBOX._provision"
+
 // The mesh's own seats: the controller (registration, whoami, seats) and the vault. A module
 // key may reach their tools without declaring them.
 const (

@@ -156,5 +156,9 @@ func holderPermissions(s Seat, node string) Permissions {
 		p.AllowResponses = true
 		p.Publish = append(p.Publish, OperatorInbox+".>")
 	}
+	if len(s.Provides) > 0 {
+		// A provisioner answers the controller's create, remove and holds there.
+		p.Publish = append(p.Publish, ProvisionInbox+".>")
+	}
 	return p.normal()
 }

@@ -219,9 +219,9 @@ func TestProvision_WaitsForProvider(t *testing.T) {
 	_ = nats.ErrNoResponders
 }
 
-// streamsHolding returns where needle occurs in any message (body or headers) of any stream
-// of the mesh: STATE, EVENTS, every key-value bucket and object store.
-func (b *bed) streamsHolding(t testing.TB, needle []byte) []string {
+// streamsHolding returns where any of needles occurs in a message (body or headers) of any
+// stream of the mesh: STATE, EVENTS, every key-value bucket and object store.
+func (b *bed) streamsHolding(t testing.TB, needles ...[]byte) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -232,15 +232,15 @@ func (b *bed) streamsHolding(t testing.TB, needle []byte) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		last := s.CachedInfo().State.LastSeq
-		if s.CachedInfo().State.Msgs == 0 {
+		want := s.CachedInfo().State.Msgs
+		if want == 0 {
 			continue
 		}
 		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for done := false; !done; {
+		for seen := uint64(0); seen < want; {
 			msgs, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
 			if err != nil {
 				t.Fatal(err)
@@ -249,16 +249,16 @@ func (b *bed) streamsHolding(t testing.TB, needle []byte) []string {
 			for m := range msgs.Messages() {
 				n++
 				hdr := fmt.Sprint(m.Headers())
-				if bytes.Contains(m.Data(), needle) || strings.Contains(hdr, string(needle)) {
-					found = append(found, name+" "+m.Subject())
-				}
-				if md, _ := m.Metadata(); md != nil && md.Sequence.Stream >= last {
-					done = true
+				for _, needle := range needles {
+					if bytes.Contains(m.Data(), needle) || strings.Contains(hdr, string(needle)) {
+						found = append(found, name+" "+m.Subject())
+					}
 				}
 			}
 			if n == 0 {
-				done = true
+				break // what remains was removed meanwhile
 			}
+			seen += uint64(n)
 		}
 	}
 	if err := names.Err(); err != nil {
@@ -295,7 +295,7 @@ func filesHolding(t testing.TB, dir string, needle []byte, except func(path stri
 // data dir; a value sealed to another key is refused.
 func TestVault_GivenValue(t *testing.T) {
 	b := newBed(t)
-	b.register("module: shop\nrequires: [mesh-bus]\nsecrets: [admin-url]\n")
+	_, reg := b.register("module: shop\nrequires: [mesh-bus]\nsecrets: [admin-url]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	value := []byte("postgres://admin:" + strings.Repeat("s3cr3t", 4) + "@127.0.0.1:5432/postgres")
@@ -318,6 +318,10 @@ func TestVault_GivenValue(t *testing.T) {
 	}
 	if got := b.streamsHolding(t, value); len(got) > 0 {
 		t.Fatalf("the value is in streams: %v", got)
+	}
+	// The scans can see: the module's public key is in the registry's stream, on disk.
+	if len(b.streamsHolding(t, []byte(reg.PublicKey))) == 0 || len(filesHolding(t, b.dir, []byte(reg.PublicKey), func(string) bool { return false })) == 0 {
+		t.Fatal("the scans find not even the module's public key")
 	}
 	if got := filesHolding(t, b.dir, value, func(string) bool { return false }); len(got) > 0 {
 		t.Fatalf("the value is in files: %v", got)

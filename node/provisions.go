@@ -69,7 +69,7 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 			if seat == provision.MeshProvider {
 				return provision.MeshKV{JS: c.js, Replicas: c.topo.replicas}
 			}
-			return provision.Seat{NC: c.nc, Name: seat}
+			return provision.Seat{NC: c.nc, Name: seat, Node: c.node}
 		},
 		IntakeKey:   c.intakeKey,
 		Keep:        c.keepProvision,

@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // KVStore keeps the records in the Bucket.
@@ -125,6 +126,9 @@ func (p MeshKV) Holds(ctx context.Context, _ string) ([]string, error) {
 type Seat struct {
 	NC   *nats.Conn
 	Name string
+	// Node is the calling node: answers come to manifest.ProvisionInbox.<node>.…, where
+	// the provisioner's grant lets it answer.
+	Node string
 }
 
 // Header names of a tool's error reply (the NATS micro framework's, which the sdk writes).
@@ -133,7 +137,19 @@ const serviceError = "Nats-Service-Error"
 func (p Seat) call(ctx context.Context, tool string, req, out any) error {
 	body, _ := json.Marshal(req)
 	subject := manifest.SeatToolSubject(p.Name, tool)
-	msg, err := p.NC.RequestWithContext(ctx, subject, body)
+	inbox := manifest.ProvisionInbox + "." + p.Node + "." + nuid.Next()
+	sub, err := p.NC.SubscribeSync(inbox)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := p.NC.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Data: body}); err != nil {
+		return fmt.Errorf("seat %s %s: %w", p.Name, tool, err)
+	}
+	msg, err := sub.NextMsgWithContext(ctx)
+	if err == nil && len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+		err = nats.ErrNoResponders
+	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return fmt.Errorf("%w: no holder of seat %s answers %s (is its module running?)", ErrUnavailable, p.Name, tool)
 	}

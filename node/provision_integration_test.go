@@ -1,0 +1,270 @@
+//go:build integration
+
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/provision"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
+)
+
+// pgConsumer is a consumer module as a shell script: it records each start in its own
+// database, with the credential the host gave it, then waits to be stopped.
+const pgConsumer = `#!/bin/sh
+psql "$POSTGRES_URL" -v ON_ERROR_STOP=1 -qc "CREATE TABLE IF NOT EXISTS starts (at timestamptz DEFAULT now()); INSERT INTO starts DEFAULT VALUES;" || exit 1
+echo "connected to $POSTGRES_DATABASE as $POSTGRES_USER"
+exec sleep 600
+`
+
+// pgBed is a node, a real PostgreSQL and the example provisioner, registered with its
+// admin DSN given to the vault.
+type pgBed struct {
+	*bed
+	pg  *testbed.PG
+	su  *pgx.Conn // the superuser's, to the postgres database
+	bin string    // the provisioner's binary
+}
+
+func newPgBed(t *testing.T, interval time.Duration) *pgBed {
+	bin := filepath.Join(t.TempDir(), "postgres-provisioner")
+	if out, err := exec.Command("go", "build", "-o", bin, "../examples/postgres-provisioner").CombinedOutput(); err != nil {
+		t.Fatalf("build the example provisioner: %v\n%s", err, out)
+	}
+	pg := testbed.Postgres(t)
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ProvisionInterval = config.Duration(interval)
+	b := &pgBed{bed: newBedAt(t, cfg), pg: pg, su: pg.Connect(""), bin: bin}
+	m, err := os.ReadFile("../examples/postgres-provisioner/manifest.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.register(string(m))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := vault.Request{Owner: "postgres-provisioner", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, []byte(pg.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.vault(vault.VerbMint, req, &vault.Secret{}); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// startProvisioner deploys the provisioner on alpha.
+func (b *pgBed) startProvisioner() {
+	b.t.Helper()
+	content, err := os.ReadFile(b.bin)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.putArtifact("postgres-provisioner", "1", string(content))
+	b.deploy("postgres-provisioner", "1")
+}
+
+// database reports whether the database exists, and how many starts it recorded.
+func (b *pgBed) database(t testing.TB, name string) (bool, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int
+	if err := b.su.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		return false, 0
+	}
+	db, err := pgx.Connect(ctx, strings.Replace(b.pg.URL, "/postgres?", "/"+name+"?", 1))
+	if err != nil {
+		return false, 0 // dropped meanwhile
+	}
+	defer db.Close(ctx)
+	var starts int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM starts").Scan(&starts); err != nil {
+		return true, 0 // not started yet
+	}
+	return true, starts
+}
+
+// credential reads the credential the host gave consumer (its own 0600 file).
+func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
+	t.Helper()
+	path := filepath.Join(b.dir, "modules", consumer, "provisions.json")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s is %v, want 0600", path, fi.Mode().Perm())
+	}
+	raw, _ := os.ReadFile(path)
+	var ps map[string]vault.Provisioned
+	if err := json.Unmarshal(raw, &ps); err != nil {
+		t.Fatal(err)
+	}
+	return ps["postgres"]
+}
+
+// TestIntegration_ProvisionPostgres: a module requiring postgres deployed before its
+// provisioner runs is shown waiting and not started; once the provisioner runs, its
+// database is created and it starts, connects with its own credential, and that credential
+// opens no other consumer's database. Its environment holds the connection facts and
+// nothing else; no credential is in any stream or in any file but the module's own. A
+// database dropped behind the provisioner's back is created again within one reconcile
+// period, with an event, and the module restarts with its new credential; undeployed, its
+// database and role are gone.
+func TestIntegration_ProvisionPostgres(t *testing.T) {
+	b := newPgBed(t, 2*time.Second)
+	for _, m := range []string{"app-a", "app-b"} {
+		b.register("module: " + m + "\nrequires: [mesh-bus, postgres]\n")
+		b.putArtifact(m, "1", pgConsumer)
+		b.deploy(m, "1")
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		for _, m := range []string{"app-a", "app-b"} {
+			ps := b.ps(m)
+			if len(ps) != 1 || ps[0].State != host.StateWaiting || ps[0].Reason != "waiting on postgres from postgres" || ps[0].PID != 0 {
+				return fmt.Errorf("%s: ps %+v", m, ps)
+			}
+			if r := b.provisions(t)[provision.Key(m, "postgres")]; r.State != provision.StateWaiting || !strings.Contains(r.Reason, "no holder of seat postgres") {
+				return fmt.Errorf("%s: provision %+v", m, r)
+			}
+		}
+		return nil
+	})
+	if ok, _ := b.database(t, "mesh_app_a"); ok {
+		t.Fatal("a database exists before the provisioner runs")
+	}
+
+	b.startProvisioner()
+	var pidA int
+	retryUntil(t, 60*time.Second, func() error {
+		for _, m := range []string{"app-a", "app-b"} {
+			if ok, starts := b.database(t, "mesh_"+strings.ReplaceAll(m, "-", "_")); !ok || starts != 1 {
+				return fmt.Errorf("%s's database: exists %v, starts %d", m, ok, starts)
+			}
+			ps := b.ps(m)
+			if len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].PID == 0 {
+				return fmt.Errorf("%s: ps %+v", m, ps)
+			}
+			if m == "app-a" {
+				pidA = ps[0].PID
+			}
+		}
+		return nil
+	})
+
+	// Its own credential, and no other consumer's database with it.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	credA, credB := b.credential(t, "app-a"), b.credential(t, "app-b")
+	if credA.Env["POSTGRES_DATABASE"] != "mesh_app_a" || credA.Env["POSTGRES_PASSWORD"] == "" || credA.Env["POSTGRES_PASSWORD"] == credB.Env["POSTGRES_PASSWORD"] {
+		t.Fatalf("credentials %v / %v", credA.Env["POSTGRES_DATABASE"], credB.Env["POSTGRES_DATABASE"])
+	}
+	intoB := strings.Replace(credA.Env["POSTGRES_URL"], "/mesh_app_a?", "/mesh_app_b?", 1)
+	if conn, err := pgx.Connect(ctx, intoB); err == nil {
+		conn.Close(ctx)
+		t.Fatal("app-a's credential opened app-b's database")
+	}
+	// The process's environment: the host's, and the connection facts.
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pidA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range bytes.Split(bytes.TrimRight(environ, "\x00"), []byte{0}) {
+		if k := strings.SplitN(string(kv), "=", 2)[0]; k != "PWD" { // the shell's own
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	want := []string{"MESH_CREDS", "MESH_INSTANCE", "MESH_NODE", "MESH_SECRETS", "MESH_URL", "PATH",
+		"POSTGRES_DATABASE", "POSTGRES_HOST", "POSTGRES_PASSWORD", "POSTGRES_PORT", "POSTGRES_URL", "POSTGRES_USER"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("app-a's environment %v, want %v", keys, want)
+	}
+	// No credential in any stream (STATE included) or in any file but the module's own;
+	// the admin DSN only in the provisioner's own secret file.
+	secrets := map[string]string{"app-a": credA.Env["POSTGRES_PASSWORD"], "app-b": credB.Env["POSTGRES_PASSWORD"], "postgres-provisioner": b.pg.Password}
+	if got := b.streamsHolding(t, []byte(secrets["app-a"]), []byte(secrets["app-b"]), []byte(secrets["postgres-provisioner"])); len(got) > 0 {
+		t.Fatalf("a credential is in streams: %v", got)
+	}
+	for who, secret := range secrets {
+		own := filepath.Join(b.dir, "modules", who, "provisions.json")
+		if who == "postgres-provisioner" {
+			own = filepath.Join(b.dir, "modules", who, "secrets", "admin-url")
+		}
+		if got := filesHolding(t, b.dir, []byte(secret), func(p string) bool { return p == own }); len(got) > 0 {
+			t.Fatalf("%s's credential is in files other than %s: %v", who, own, got)
+		}
+	}
+
+	// Dropped behind the provisioner's back: created again within a reconcile period.
+	if _, err := b.su.Exec(ctx, "DROP DATABASE mesh_app_b WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	dropped := time.Now()
+	retryUntil(t, 30*time.Second, func() error {
+		if r := b.provisions(t)[provision.Key("app-b", "postgres")]; r.Generation != 2 || r.State != provision.StateReady {
+			return fmt.Errorf("app-b's provision %+v", r)
+		}
+		if ok, starts := b.database(t, "mesh_app_b"); !ok || starts != 1 {
+			return fmt.Errorf("app-b's database: exists %v, starts %d (its restart with the new credential records one)", ok, starts)
+		}
+		return nil
+	})
+	if took := time.Since(dropped); took > 3*2*time.Second {
+		t.Errorf("re-created after %s, more than a reconcile period (2s) and its work", took)
+	}
+	if evs := b.controllerEvents(t, "provisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+		return m["consumer"] == "app-b" && m["reason"] == "re-created: the provider no longer held it"
+	}) {
+		t.Fatalf("no event says app-b's database was re-created: %v", evs)
+	}
+	if b.credential(t, "app-b").Env["POSTGRES_PASSWORD"] == credB.Env["POSTGRES_PASSWORD"] {
+		t.Fatal("app-b kept its old credential")
+	}
+
+	// Undeployed: the database and the role are gone.
+	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "app-a"}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		var roles int
+		if err := b.su.QueryRow(ctx, "SELECT count(*) FROM pg_roles WHERE rolname = 'mesh_app_a'").Scan(&roles); err != nil {
+			return err
+		}
+		if ok, _ := b.database(t, "mesh_app_a"); ok || roles != 0 {
+			return fmt.Errorf("after undeploy: database %v, roles %d", ok, roles)
+		}
+		if _, ok := b.provisions(t)[provision.Key("app-a", "postgres")]; ok {
+			return errors.New("app-a's provision still listed")
+		}
+		return nil
+	})
+	if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+		return m["consumer"] == "app-a" && m["interface"] == "postgres" && m["provider"] == "postgres"
+	}) {
+		t.Fatalf("no deprovisioned event for app-a: %v", evs)
+	}
+	_ = deploy.MeshProvider
+}
