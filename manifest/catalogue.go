@@ -65,6 +65,7 @@ func (v *validator) catalogue(catalogue []*Manifest, previous *Manifest) {
 	c.consumes(v)
 	c.consumers(v)
 	c.builds(v)
+	c.provisioners(v)
 	if previous != nil {
 		c.protocols(v, previous)
 	}
@@ -201,6 +202,33 @@ func (c *catalogueIndex) consumers(v *validator) {
 // builds refuses a build.on naming a registered module the mesh does not build, a
 // registration that stops building a module others are built on, and a build.on that closes
 // a cycle across the catalogue (naming it): the cascade must have an order.
+// provisioners refuses a module that uses a seat providing an interface, and a seat that
+// provides one while modules use it: a provisioner's create, remove and holds are the
+// controller's alone — a module that could call create would be handed a credential for
+// any consumer it named. A module needing the resource requires the interface.
+func (c *catalogueIndex) provisioners(v *validator) {
+	m := v.m
+	for i, seat := range m.Uses {
+		owner, ok := c.seatOwner[seat]
+		if !ok {
+			continue
+		}
+		s, _ := c.modules[owner].Seat(seat)
+		if len(s.Provides) > 0 {
+			v.refuse(Refusal{Code: CodeProvider, Field: fmt.Sprintf("uses[%d]", i), Value: seat,
+				Reason:  "seat " + seat + " provides " + strings.Join(s.Provides, ", ") + ": its tools are the mesh-controller's alone",
+				Instead: "require what it provides instead: requires: [" + strings.Join(append([]string{RequireBus}, s.Provides...), ", ") + "]"})
+		}
+	}
+	for _, s := range m.Seats {
+		if users := c.users[s.Name]; len(s.Provides) > 0 && len(users) > 0 {
+			v.refuse(Refusal{Code: CodeProvider, Field: fmt.Sprintf("seats.%s.provides", s.Name), Value: strings.Join(s.Provides, ", "),
+				Reason:  "modules " + strings.Join(users, ", ") + " use seat " + s.Name + ", and a provisioner's tools are the mesh-controller's alone",
+				Instead: "have them require " + strings.Join(s.Provides, ", ") + " instead of using the seat, and re-register them first"})
+		}
+	}
+}
+
 func (c *catalogueIndex) builds(v *validator) {
 	m := v.m
 	for i, on := range m.BuildOn {

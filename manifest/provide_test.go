@@ -46,3 +46,23 @@ func TestProvides(t *testing.T) {
 		t.Fatalf("providers %v", got)
 	}
 }
+
+// TestProvides_ToolsAreTheControllers: no module may use a provisioner's seat (it could call
+// create for any consumer), nor may a seat that modules use become a provisioner.
+func TestProvides_ToolsAreTheControllers(t *testing.T) {
+	pg := mustParse(t, postgresProvisioner)
+	user := mustParse(t, "module: snoop\nrequires: [mesh-bus]\nuses: [postgres]\n")
+	_, err := manifest.Check([]byte("module: snoop\nrequires: [mesh-bus]\nuses: [postgres]\n"), []*manifest.Manifest{pg})
+	if rs := refusals(t, err); !slices.ContainsFunc(rs, func(r manifest.Refusal) bool {
+		return r.Field == "uses[0]" && strings.Contains(r.Instead, "requires: [mesh-bus, postgres]")
+	}) {
+		t.Fatalf("using a provisioner's seat: %v", rs)
+	}
+	_, err = manifest.Check([]byte(postgresProvisioner), []*manifest.Manifest{user})
+	if rs := refusals(t, err); !slices.ContainsFunc(rs, func(r manifest.Refusal) bool { return r.Field == "seats.postgres.provides" }) {
+		t.Fatalf("a used seat becoming a provisioner: %v", rs)
+	}
+	if _, err := manifest.Check([]byte("module: app\nrequires: [mesh-bus, postgres]\n"), []*manifest.Manifest{pg}); err != nil {
+		t.Fatalf("requiring what it provides: %v", err)
+	}
+}
