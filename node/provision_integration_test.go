@@ -44,7 +44,7 @@ type pgBed struct {
 	bin string    // the provisioner's binary
 }
 
-func newPgBed(t *testing.T, interval time.Duration) *pgBed {
+func newPgBed(t testing.TB, interval time.Duration) *pgBed {
 	bin := filepath.Join(t.TempDir(), "postgres-provisioner")
 	if out, err := exec.Command("go", "build", "-o", bin, "../examples/postgres-provisioner").CombinedOutput(); err != nil {
 		t.Fatalf("build the example provisioner: %v\n%s", err, out)
@@ -267,4 +267,63 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 		t.Fatalf("no deprovisioned event for app-a: %v", evs)
 	}
 	_ = deploy.MeshProvider
+}
+
+// BenchmarkProvisionToRunning measures, for one consumer of postgres on loopback, the time
+// from `deploy` to its process running with its credential (the provisioner already runs),
+// and the provisioner's own create alone, called directly; the difference is the mesh's
+// share (target: p50 ≤ 1 s). Run with -benchtime 20x.
+func BenchmarkProvisionToRunning(b *testing.B) {
+	pb := newPgBed(b, time.Minute)
+	pb.startProvisioner()
+	ctx := context.Background()
+	seat := provision.Seat{NC: pb.op, Name: "postgres", Node: "bench"}
+	retryUntil(b, 30*time.Second, func() error {
+		_, err := seat.Holds(ctx, "postgres") // its holder answers
+		return err
+	})
+	// The provider's own create, called as the controller calls it.
+	key, err := vault.IntakeKey(ctx, pb.op, vault.CallerOperator)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Each round: the provider's own create alone, then a deploy through the mesh, so both
+	// meet the server in the same state.
+	var creates, took []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		direct := fmt.Sprintf("direct-%d", i)
+		start := time.Now()
+		if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: direct, Interface: "postgres", XKey: key}); err != nil {
+			b.Fatal(err)
+		}
+		creates = append(creates, time.Since(start))
+		consumer := fmt.Sprintf("app-%d", i)
+		pb.register("module: " + consumer + "\nrequires: [mesh-bus, postgres]\n")
+		pb.putArtifact(consumer, "1", pgConsumer)
+		b.StartTimer()
+		start = time.Now()
+		pb.deploy(consumer, "1")
+		retryUntil(b, 30*time.Second, func() error {
+			if ps := pb.ps(consumer); len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].PID == 0 {
+				return fmt.Errorf("%s: %+v", consumer, ps)
+			}
+			return nil
+		})
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	p50, create := quantile(took, 0.5), quantile(creates, 0.5)
+	b.ReportMetric(float64(p50.Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(quantile(took, 0.99).Milliseconds()), "p99-ms")
+	b.ReportMetric(float64(create.Milliseconds()), "create-p50-ms")
+	b.ReportMetric(float64((p50 - create).Milliseconds()), "beyond-create-p50-ms")
+}
+
+// quantile returns the q-quantile of ds (nearest rank).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
