@@ -170,8 +170,8 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		t.Fatalf("seat ls after the pin: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
-	// The deploy path: an artifact, a deployment, ps, logs, undeploy.
-	runner := write("runner.yaml", "module: runner\nrequires: [mesh-bus]\n")
+	// The deploy path: an artifact, a deployment, ps, logs, provisions, undeploy.
+	runner := write("runner.yaml", "module: runner\nrequires: [mesh-bus, kv]\n")
 	script := write("runner.sh", "#!/bin/sh\necho \"hello from $MESH_NODE\"\nexec sleep 600\n")
 	os.Chmod(script, 0o755)
 	if r := meshnode(t, nil, append([]string{"module", "register", runner, "--creds-out", runner + ".nk"}, dd...)...); r.code != 0 {
@@ -208,12 +208,29 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		}
 		return nil
 	})
+	r = meshnode(t, nil, append([]string{"provisions", "--json"}, dd...)...)
+	var prov struct{ Consumer, Interface, Provider, State, Since string }
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &prov) != nil || prov.Consumer != "runner" || prov.Interface != "kv" || prov.Provider != "mesh" || prov.State != "ready" || prov.Since == "" {
+		t.Fatalf("provisions --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"provisions"}, dd...)...); r.code != 0 || !regexp.MustCompile(`(?m)^runner\s+kv\s+mesh\s+ready\s`).MatchString(r.stdout) {
+		t.Fatalf("provisions: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"provisions", "pin", "runner", "kv", "somewhere"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "does not require kv from a seat") {
+		t.Fatalf("provisions pin of the mesh's own kv: exit %d %s", r.code, r.stderr)
+	}
 	if r := meshnode(t, nil, append([]string{"artifact", "rm", "runner", "--version", "1"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "is deployed") {
 		t.Fatalf("artifact rm of a deployed version: exit %d %s", r.code, r.stderr)
 	}
 	if r := meshnode(t, nil, append([]string{"undeploy", "runner"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "undeployed runner") {
 		t.Fatalf("undeploy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	retryUntil(t, 10*time.Second, func() error {
+		if r := meshnode(t, nil, append([]string{"provisions", "--json"}, dd...)...); r.code != 0 || r.stdout != "" {
+			return fmt.Errorf("provisions after undeploy: exit %d %q %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
 
 	if r := meshnode(t, nil, append([]string{"module", "remove", "shop"}, dd...)...); r.code != 0 {
 		t.Fatalf("remove: exit %d %s", r.code, r.stderr)
