@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -329,4 +332,120 @@ func TestVault_GivenValue(t *testing.T) {
 	if got := filesHolding(t, b.dir, []byte("s3cr3ts3cr3t"), func(string) bool { return false }); len(got) > 0 {
 		t.Fatalf("part of the value is in files: %v", got)
 	}
+}
+
+// memProvider is a provisioner written with the sdk, keeping its resources in memory: what
+// it holds, and how often each tool was called.
+type memProvider struct {
+	mu      sync.Mutex
+	held    map[string]bool
+	creates int
+}
+
+func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
+	return sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{
+		"create": func(_ context.Context, r sdk.Request) ([]byte, error) {
+			var req provision.CreateRequest
+			if err := json.Unmarshal(r.Data, &req); err != nil {
+				return nil, err
+			}
+			p.mu.Lock()
+			p.held[req.Consumer] = true
+			p.creates++
+			p.mu.Unlock()
+			reply, err := provision.Seal(provision.Credential{Env: map[string]string{
+				vault.EnvPrefix(iface) + "URL": "cache://" + req.Consumer + ":pw-" + req.Consumer + "@127.0.0.1/"}}, req)
+			if err != nil {
+				return nil, err
+			}
+			return json.Marshal(reply)
+		},
+		"remove": func(_ context.Context, r sdk.Request) ([]byte, error) {
+			var req provision.RemoveRequest
+			json.Unmarshal(r.Data, &req)
+			p.mu.Lock()
+			delete(p.held, req.Consumer)
+			p.mu.Unlock()
+			return []byte("{}"), nil
+		},
+		"holds": func(context.Context, sdk.Request) ([]byte, error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return json.Marshal(provision.HoldsReply{Consumers: slices.Sorted(maps.Keys(p.held))})
+		},
+	}}
+}
+
+func (p *memProvider) holding() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(maps.Keys(p.held))
+}
+
+// TestProvision_ChooseAmongProviders: with two seats providing one interface, a consumer
+// waits until the operator chooses one; it then waits on that seat's holder, not started;
+// once a holder answers it starts with the credential in its environment. Removing the
+// consumer removes its resource at the provider.
+func TestProvision_ChooseAmongProviders(t *testing.T) {
+	b := newBed(t)
+	seedA, _ := b.register("module: cache-a\nrequires: [mesh-bus]\nseats:\n  cache-a:\n    scope: mesh\n    serves: [create, remove, holds]\n    provides: [cache]\n")
+	b.register("module: cache-b\nrequires: [mesh-bus]\nseats:\n  cache-b:\n    scope: mesh\n    serves: [create, remove, holds]\n    provides: [cache]\n")
+	b.register("module: app\nrequires: [mesh-bus, cache]\n")
+	b.putArtifact("app", "1", "#!/bin/sh\necho \"url=$CACHE_URL\"\nexec sleep 600\n")
+	b.deploy("app", "1")
+	retryUntil(t, 10*time.Second, func() error {
+		r := b.provisions(t)[provision.Key("app", "cache")]
+		if r.State != provision.StateWaiting || !strings.Contains(r.Reason, "seats cache-a, cache-b all provide cache: choose one with `meshnode provisions pin app cache SEAT`") {
+			return fmt.Errorf("provision %+v", r)
+		}
+		if ps := b.ps("app"); len(ps) != 1 || ps[0].Reason != "waiting on cache from a provider" {
+			return fmt.Errorf("ps %+v", ps)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-c"}); err == nil || !strings.Contains(err.Error(), "does not provide cache") {
+		t.Fatalf("choosing a seat that does not provide it: %v", err)
+	}
+	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-a"}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		r := b.provisions(t)[provision.Key("app", "cache")]
+		if r.State != provision.StateWaiting || r.Provider != "cache-a" || !strings.Contains(r.Reason, "no holder of seat cache-a answers") {
+			return fmt.Errorf("provision %+v", r)
+		}
+		if ps := b.ps("app"); len(ps) != 1 || ps[0].Reason != "waiting on cache from cache-a" || ps[0].PID != 0 {
+			return fmt.Errorf("ps %+v", ps)
+		}
+		return nil
+	})
+	p := &memProvider{held: map[string]bool{}}
+	if err := b.client(seedA).HoldSeat("cache-a", p.handlers("cache")); err != nil {
+		t.Fatal(err)
+	}
+	b.running(t, "app", "1", 0)
+	retryUntil(t, 10*time.Second, func() error {
+		out, err := os.ReadFile(filepath.Join(b.dir, "modules", "app", "output.log"))
+		if err != nil || !strings.Contains(string(out), "url=cache://app:pw-app@127.0.0.1/") {
+			return fmt.Errorf("output %q %v", out, err)
+		}
+		return nil
+	})
+	if got := p.holding(); !slices.Equal(got, []string{"app"}) {
+		t.Fatalf("the provider holds %v", got)
+	}
+	if got := b.streamsHolding(t, []byte("pw-app")); len(got) > 0 {
+		t.Fatalf("the credential is in streams: %v", got)
+	}
+	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if got := p.holding(); len(got) > 0 {
+			return fmt.Errorf("the provider still holds %v", got)
+		}
+		return nil
+	})
 }

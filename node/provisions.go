@@ -136,7 +136,7 @@ func (c *controller) provisionPass(ctx context.Context, holds bool) (bool, error
 	// A consumer whose gate opened or closed, or whose credential is new, is declared again.
 	moved := slices.Clone(res.Changed)
 	for key, r := range after {
-		if b, ok := before[key]; !ok || b.State != r.State || b.Generation != r.Generation {
+		if b, ok := before[key]; !ok || b.State != r.State || b.Generation != r.Generation || b.Provider != r.Provider {
 			moved = append(moved, r.Consumer)
 		}
 	}
