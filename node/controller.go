@@ -190,6 +190,9 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 	if _, err := createSources(ctx, c.js, c.topo.replicas); err != nil {
 		return fmt.Errorf("object store %s: %w", SourcesBucket, err)
 	}
+	if _, err := c.provisionStore(ctx); err != nil {
+		return err
+	}
 	for _, e := range c.reg.List() {
 		if err := c.topo.ensureModule(ctx, e.Derivation); err != nil {
 			return fmt.Errorf("module %s: %w", e.Module, err)

@@ -171,7 +171,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 	for _, want := range []string{
 		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 5", // the node, its responder, its dead-letter writer, the vault, this client
 		"meshnode_jetstream_messages", "meshnode_jetstream_bytes",
-		"meshnode_jetstream_streams 11", // OBJ_mesh-artifacts, OBJ_mesh-sources, EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats, KV_mesh-vault, SEAT_mesh-controller, SEAT_mesh-build-machine, T
+		"meshnode_jetstream_streams 12", // OBJ_mesh-artifacts, OBJ_mesh-sources, KV_mesh-provisions, EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats, KV_mesh-vault, SEAT_mesh-controller, SEAT_mesh-build-machine, T
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -179,7 +179,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 	}
 
 	st := n.Status(ctx)
-	if !st.Ready || st.Name != "alpha" || st.MeshID == "" || st.ClientURL != n.ClientURL() || st.JetStream.Messages < 1 || st.JetStream.Streams != 11 {
+	if !st.Ready || st.Name != "alpha" || st.MeshID == "" || st.ClientURL != n.ClientURL() || st.JetStream.Messages < 1 || st.JetStream.Streams != 12 {
 		t.Fatalf("status=%+v", st)
 	}
 
