@@ -92,13 +92,13 @@ func (c *controller) start() error {
 		registry.RegisterSubject:   body(c.handleRegister),
 		registry.RemoveSubject:     body(c.handleRemove),
 		registry.ListSubject:       body(c.handleList),
-		registry.PinSubject:        body(c.handlePin),
-		registry.DeploySubject:     body(c.handleDeploy),
-		registry.UndeploySubject:   body(c.handleUndeploy),
+		registry.PinSubject:        jsonTool("pin", c.pin),
+		registry.DeploySubject:     jsonTool("deploy", c.deploy),
+		registry.UndeploySubject:   jsonTool("undeploy", c.undeploy),
 		registry.PsSubject:         body(c.handlePs),
 		registry.BuildsSubject:     body(c.handleBuilds),
 		registry.ProvisionsSubject: body(c.handleProvisions),
-		registry.ProvideSubject:    body(c.handleProvide),
+		registry.ProvideSubject:    jsonTool("provisions pin", c.provide),
 		manifest.WhoamiSubjects:    c.handleWhoami,
 		seats.ListSubject:          body(c.handleSeats),
 	} {
@@ -144,6 +144,27 @@ func (c *controller) start() error {
 		c.consumeReports(sweep)
 	}()
 	return c.resp.Flush()
+}
+
+// jsonTool adapts a controller verb to its tool: the request decoded from JSON (one that is
+// not is refused in verb's reply), the verb's error set in its reply.
+func jsonTool[Req, Reply any, P interface {
+	*Reply
+	SetError(string)
+}](verb string, f func(context.Context, Req) (Reply, error)) func(context.Context, *nats.Msg) any {
+	return func(ctx context.Context, m *nats.Msg) any {
+		var req Req
+		var reply Reply
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			P(&reply).SetError(verb + ": the request is not JSON: " + err.Error())
+			return reply
+		}
+		reply, err := f(ctx, req)
+		if err != nil {
+			P(&reply).SetError(err.Error())
+		}
+		return reply
+	}
 }
 
 // stop unsubscribes: the node no longer holds the mesh-controller seat, or is stopping.
@@ -406,18 +427,6 @@ func (c *controller) bind(m *manifest.Manifest, pins map[string]string) map[stri
 		return nil
 	}
 	return out
-}
-
-func (c *controller) handlePin(ctx context.Context, data []byte) any {
-	var req registry.PinRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.PinReply{Error: "pin: the request is not JSON: " + err.Error()}
-	}
-	reply, err := c.pin(ctx, req)
-	if err != nil {
-		reply.Error = err.Error()
-	}
-	return reply
 }
 
 // pin moves a module to a version of a seat's protocol: it must speak to the seat, the seat

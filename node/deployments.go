@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -44,30 +43,6 @@ func (c *controller) artifacts(ctx context.Context) (jetstream.ObjectStore, erro
 	}
 	c.deps.obs = obs
 	return obs, nil
-}
-
-func (c *controller) handleDeploy(ctx context.Context, data []byte) any {
-	var req registry.DeployRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.DeployReply{Error: "deploy: the request is not JSON: " + err.Error()}
-	}
-	reply, err := c.deploy(ctx, req)
-	if err != nil {
-		reply.Error = err.Error()
-	}
-	return reply
-}
-
-func (c *controller) handleUndeploy(ctx context.Context, data []byte) any {
-	var req registry.UndeployRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.DeployReply{Error: "undeploy: the request is not JSON: " + err.Error()}
-	}
-	reply, err := c.undeploy(ctx, req)
-	if err != nil {
-		reply.Error = err.Error()
-	}
-	return reply
 }
 
 // deploy sets a module's deployment: the module is registered, its artifact stored (its

@@ -142,21 +142,78 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 			return err
 		}
 		_, err = kv.Get(ctx, MarkerKey)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			err = markerAtLeader(n.bus.Conn(), bucket)
+		}
 		switch {
 		case err == nil:
 			n.alarms.clear("bucket." + bucket)
+			if err := markerSeen(n.db, bucket); err != nil {
+				return err
+			}
 		case !errors.Is(err, jetstream.ErrKeyNotFound):
 			return err
-		case known:
+		case known && sawMarker(n.db, bucket):
+			// Gone only if this node saw it: a node that joined a forming mesh knows the
+			// bucket before the genesis node has marked it.
 			n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
 			n.log.Error("a mesh bucket lost its records", "bucket", bucket)
 		case mayMark != nil && mayMark(bucket):
 			if _, err := kv.Create(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 				return fmt.Errorf("mark %s: %w", bucket, err)
 			}
+			if err := markerSeen(n.db, bucket); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// markerSeenKey is the store key that says this node has seen bucket's marker.
+func markerSeenKey(bucket string) []byte { return []byte("marker-seen." + bucket) }
+
+// markerSeen records that this node has seen bucket's marker (once).
+func markerSeen(db *bolt.DB, bucket string) error {
+	if sawMarker(db, bucket) {
+		return nil
+	}
+	return db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketNode)
+		if err != nil {
+			return err
+		}
+		return b.Put(markerSeenKey(bucket), []byte(time.Now().UTC().Format(time.RFC3339)))
+	})
+}
+
+// sawMarker reports whether this node has seen bucket's marker.
+func sawMarker(db *bolt.DB, bucket string) bool {
+	var saw bool
+	db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNode); b != nil {
+			saw = b.Get(markerSeenKey(bucket)) != nil
+		}
+		return nil
+	})
+	return saw
+}
+
+// markerAtLeader asks the bucket's stream leader for the marker. A key-value get is a
+// direct get, which any replica answers: a replica still catching up (a node that has just
+// joined, a busy mesh forming) answers "not found" for a marker the bucket holds, and that
+// must not raise the alarm of a lost bucket. (nats.go's jetstream package turns every get of
+// a stream that allows direct gets into one; its older API asks the leader unless told.)
+func markerAtLeader(nc *nats.Conn, bucket string) error {
+	js, err := nc.JetStream()
+	if err != nil {
+		return err
+	}
+	_, err = js.GetLastMsg("KV_"+bucket, "$KV."+bucket+"."+MarkerKey)
+	if errors.Is(err, nats.ErrMsgNotFound) {
+		return jetstream.ErrKeyNotFound
+	}
+	return err
 }
 
 // lostBucketReason is the alarm of a kept bucket that is gone.

@@ -85,6 +85,17 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 // one waits, and asks the providers what they hold every interval, while this node holds
 // the controller seat (ctx).
 func (c *controller) keepProvisioned(ctx context.Context) {
+	// Another node may have held the seat since this one last did: its records are read
+	// again from the bucket.
+	if err := retryJS(ctx, func(ctx context.Context) error {
+		store, err := c.provisionStore(ctx)
+		if err != nil {
+			return err
+		}
+		return store.Load(ctx)
+	}); err != nil {
+		return // the seat was let go
+	}
 	holds := time.NewTicker(c.prov.interval)
 	defer holds.Stop()
 	retry := time.NewTimer(0)
@@ -272,18 +283,6 @@ func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
 	slices.SortFunc(reply.Provisions, func(a, b provision.Record) int {
 		return cmp.Or(strings.Compare(a.Consumer, b.Consumer), strings.Compare(a.Interface, b.Interface))
 	})
-	return reply
-}
-
-func (c *controller) handleProvide(ctx context.Context, data []byte) any {
-	var req registry.ProvideRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.ProvideReply{Error: "provisions pin: the request is not JSON: " + err.Error()}
-	}
-	reply, err := c.provide(ctx, req)
-	if err != nil {
-		reply.Error = err.Error()
-	}
 	return reply
 }
 

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
+	"sync"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -13,8 +15,16 @@ import (
 	"github.com/nats-io/nuid"
 )
 
-// KVStore keeps the records in the Bucket.
-type KVStore struct{ KV jetstream.KeyValue }
+// KVStore keeps the records in the Bucket, and a copy of them in memory: the controller's
+// holder is their only writer, so it reads them once (Load, when it takes the seat) and then
+// from memory — a listing of keys is an ephemeral consumer, whose deletion every node's drift
+// watch hears.
+type KVStore struct {
+	KV jetstream.KeyValue
+
+	mu      sync.Mutex
+	records map[string]Record // nil until loaded
+}
 
 // OpenStore creates or opens the Bucket with the mesh's replicas.
 func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int) (*KVStore, error) {
@@ -28,13 +38,13 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int) (*KVSt
 	return &KVStore{KV: kv}, nil
 }
 
-// All returns every record by key; one that does not decode is skipped (the next pass
-// writes it again).
-func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
+// Load reads every record from the bucket (a record that does not decode is skipped: the
+// next pass writes it again).
+func (s *KVStore) Load(ctx context.Context) error {
 	out := map[string]Record{}
 	lister, err := s.KV.ListKeys(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lister.Stop()
 	for key := range lister.Keys() {
@@ -43,7 +53,7 @@ func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var r Record
 		if json.Unmarshal(e.Value(), &r) != nil || Key(r.Consumer, r.Interface) != key {
@@ -51,23 +61,50 @@ func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
 		}
 		out[key] = r
 	}
-	return out, nil
+	s.mu.Lock()
+	s.records = out
+	s.mu.Unlock()
+	return nil
+}
+
+// All returns every record by key, loading them first if need be.
+func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
+	s.mu.Lock()
+	loaded := s.records != nil
+	s.mu.Unlock()
+	if !loaded {
+		if err := s.Load(ctx); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.records), nil
 }
 
 // Put stores r.
 func (s *KVStore) Put(ctx context.Context, r Record) error {
 	b, _ := json.Marshal(r)
-	_, err := s.KV.Put(ctx, Key(r.Consumer, r.Interface), b)
-	return err
+	if _, err := s.KV.Put(ctx, Key(r.Consumer, r.Interface), b); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.records != nil {
+		s.records[Key(r.Consumer, r.Interface)] = r
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // Delete forgets a record.
 func (s *KVStore) Delete(ctx context.Context, key string) error {
-	err := s.KV.Purge(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil
+	if err := s.KV.Purge(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
 	}
-	return err
+	s.mu.Lock()
+	delete(s.records, key)
+	s.mu.Unlock()
+	return nil
 }
 
 // MeshKV is the mesh's own provider of kv: a JetStream key-value bucket per consumer

@@ -293,3 +293,12 @@ const (
 
 // SignerKey is the key of a source in Signers: "<kind>:<name>".
 func SignerKey(kind, name string) string { return kind + ":" + name }
+
+// SetError sets the reply's refusal (the controller's tools).
+func (r *PinReply) SetError(e string) { r.Error = e }
+
+// SetError sets the reply's refusal.
+func (r *DeployReply) SetError(e string) { r.Error = e }
+
+// SetError sets the reply's refusal.
+func (r *ProvideReply) SetError(e string) { r.Error = e }
