@@ -18,14 +18,12 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/config"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -160,8 +158,12 @@ func TestProvision_KV(t *testing.T) {
 		t.Fatal("a module without requires: [kv] got a bucket")
 	}
 
-	// Lost behind the mesh's back: created again within a reconcile period, with an event.
+	// Lost behind the mesh's back: created again within a reconcile period, with an event;
+	// a bucket nobody requires (an orphan) is removed.
 	if err := b.js.DeleteKeyValue(ctx, manifest.KVBucket("other")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: manifest.KVBucket("ghost")}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
@@ -173,6 +175,17 @@ func TestProvision_KV(t *testing.T) {
 		}
 		return nil
 	})
+	retryUntil(t, 10*time.Second, func() error {
+		if _, err := b.js.KeyValue(ctx, manifest.KVBucket("ghost")); !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("the orphan bucket: %v", err)
+		}
+		return nil
+	})
+	if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+		return m["consumer"] == "ghost" && strings.HasPrefix(m["reason"].(string), "an orphan")
+	}) {
+		t.Fatalf("no deprovisioned event for the orphan: %v", evs)
+	}
 	evs := b.controllerEvents(t, "provisioned")
 	if !slices.ContainsFunc(evs, func(m map[string]any) bool {
 		return m["consumer"] == "other" && m["interface"] == "kv" && m["reason"] == "re-created: the provider no longer held it"
@@ -201,9 +214,14 @@ func TestProvision_KV(t *testing.T) {
 }
 
 // TestProvision_WaitsForProvider: a module whose required interface nobody provides is
-// declared waiting and not started (ps says on what); `provisions` says why.
+// declared waiting and not started (ps says on what); `provisions` says why. A module whose
+// seat has no holder starts all the same: seats are soft dependencies.
 func TestProvision_WaitsForProvider(t *testing.T) {
 	b := newBed(t)
+	b.register("module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    retain: 1h\n    accepts: [send]\n")
+	b.register("module: user\nrequires: [mesh-bus]\nuses: [mailer]\n")
+	b.putArtifact("user", "1", fmt.Sprintf(sleeper, "1"))
+	b.deploy("user", "1")
 	b.register("module: app\nrequires: [mesh-bus, redis]\n")
 	b.putArtifact("app", "1", fmt.Sprintf(sleeper, "1"))
 	b.deploy("app", "1")
@@ -218,8 +236,7 @@ func TestProvision_WaitsForProvider(t *testing.T) {
 	if r.State != provision.StateWaiting || r.Reason != "no seat provides redis yet: register a module whose seat has provides: [redis]" {
 		t.Fatalf("provision %+v", r)
 	}
-	_ = deploy.MeshProvider
-	_ = nats.ErrNoResponders
+	b.running(t, "user", "1", 0)
 }
 
 // streamsHolding returns where any of needles occurs in a message (body or headers) of any
