@@ -233,7 +233,11 @@ func EnvName(key string) string {
 }
 
 // envIgnored are MESHNODE_ variables that are not configuration keys but are read elsewhere.
-var envIgnored = map[string]bool{EnvPrefix + "CONFIG": true}
+var envIgnored = map[string]bool{EnvPrefix + "CONFIG": true, TokenEnv: true}
+
+// TokenEnv carries a join or founding token to `meshnode join` without a command line that
+// every user of the machine can read.
+const TokenEnv = EnvPrefix + "TOKEN"
 
 // LoadEnv applies MESHNODE_* variables from environ (os.Environ's form). A MESHNODE_ variable
 // that names no key is refused, so a typo does not silently do nothing.

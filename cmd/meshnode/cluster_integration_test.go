@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
@@ -30,6 +32,16 @@ import (
 // every node reports the same mesh and is ready; a fourth node joins later with a join token.
 func TestIntegration_FoundThree(t *testing.T) {
 	nodes, _, token := formThree(t)
+	// Neither founding node that joined shows the token in ps, nor was warned about it.
+	for _, n := range nodes[1:] {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n.p.cmd.Process.Pid))
+		if err != nil || len(cmdline) == 0 || strings.Contains(string(cmdline), token) || strings.Contains(string(cmdline), "MNF1.") {
+			t.Fatalf("node %s's command line %q (%v) shows the token", n.name, cmdline, err)
+		}
+		if strings.Contains(n.p.stderr.String(), "visible to every user") {
+			t.Fatalf("node %s was warned about a token it did not get on its command line", n.name)
+		}
+	}
 	r := meshnode(t, nil, "status", "--json", "--data-dir", nodes[1].dir)
 	if r.code != 0 || !strings.Contains(r.stdout, `"ready": true`) {
 		t.Fatalf("status of a founding node: exit %d %s %s", r.code, r.stdout, r.stderr)
@@ -414,9 +426,15 @@ func signalFormation(t *testing.T, after time.Duration) (lostPort bool) {
 	json.Unmarshal([]byte(r.stdout), &g)
 	token, _ := g["founding_token"].(string)
 	nodes[0].p = launch(t, "run", nodes[0].flags...)
-	for _, n := range nodes[1:] {
-		n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
+	// The token reaches b in a file and c in the environment: never on a command line.
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
+	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
+	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
+	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
+	nodes[2].p = launchCmd(t, cmd, "join")
 	time.Sleep(after) // a point of the formation to signal at, not a wait for a state
 	type result struct {
 		name string
@@ -503,9 +521,15 @@ func formThreeWith(t *testing.T, extra func(i int) []string) (nodes []*meshNode,
 	meshID, _ = g["mesh_id"].(string)
 	start := time.Now()
 	nodes[0].p = launch(t, "run", nodes[0].flags...)
-	for _, n := range nodes[1:] {
-		n.p = launch(t, "join", append([]string{"--token", token}, n.flags...)...)
+	// The token reaches b in a file and c in the environment: never on a command line.
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
+	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
+	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
+	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
+	nodes[2].p = launchCmd(t, cmd, "join")
 	for _, n := range nodes {
 		n.p.awaitReady(t, 90*time.Second)
 		if n.p.meshID != meshID {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,4 +91,38 @@ func logLevelForTests() string {
 		return "debug"
 	}
 	return "error"
+}
+
+// TestBinary_JoinToken: join takes its token from a file, the environment or (with a warning,
+// since ps shows it) the command line — one of them; none, or two, is a usage error.
+func TestBinary_JoinToken(t *testing.T) {
+	dir := t.TempDir()
+	flags := []string{"--data-dir", dir, "--name", "z"}
+	file := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(file, []byte("MNJ1.not-a-token\n"), 0o600)
+	empty := filepath.Join(t.TempDir(), "empty")
+	os.WriteFile(empty, []byte("\n"), 0o600)
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		args    []string
+		code    int
+		stderr  string
+		warning bool
+	}{
+		{"none", nil, nil, 2, "a token is required: --token-file FILE or MESHNODE_TOKEN", false},
+		{"two", nil, []string{"--token", "MNJ1.x", "--token-file", file}, 2, "--token and --token-file are given", false},
+		{"env and file", []string{"MESHNODE_TOKEN=MNJ1.x"}, []string{"--token-file", file}, 2, "--token-file and MESHNODE_TOKEN are given", false},
+		{"missing file", nil, []string{"--token-file", filepath.Join(dir, "nope")}, 1, "read the token", false},
+		{"empty file", nil, []string{"--token-file", empty}, 1, "is empty", false},
+		{"file", nil, []string{"--token-file", file}, 1, "token", false},
+		{"env", []string{"MESHNODE_TOKEN=MNJ1.not-a-token"}, nil, 1, "token", false},
+		{"command line", nil, []string{"--token", "MNJ1.not-a-token"}, 1, "token", true},
+	} {
+		r := meshnode(t, tc.env, append(append([]string{"join"}, tc.args...), flags...)...)
+		warned := strings.Contains(r.stderr, "visible to every user of this machine (ps)")
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.stderr) || warned != tc.warning {
+			t.Errorf("%s: exit %d, warned %v: %s", tc.name, r.code, warned, r.stderr)
+		}
+	}
 }

@@ -48,9 +48,9 @@ func newRunCmd() *cobra.Command {
 }
 
 func newJoinCmd() *cobra.Command {
-	var token string
+	var token, tokenFile string
 	cmd := &cobra.Command{
-		Use:   "join --token TOKEN --data-dir DIR --name NAME",
+		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME",
 		Short: "Join a mesh with a token, then run this node",
 		Long: `Join this node to a mesh and run it. Two kinds of token:
 
@@ -64,8 +64,9 @@ func newJoinCmd() *cobra.Command {
 Later restarts are meshnode run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if token == "" {
-				return usagef("--token is required: a join token (`meshnode token create` on a node of the mesh) or the founding token genesis --expect N printed")
+			token, err := joinToken(cmd, token, tokenFile)
+			if err != nil {
+				return err
 			}
 			cfg, err := loadConfig(cmd, config.Run())
 			if err != nil {
@@ -90,8 +91,47 @@ Later restarts are meshnode run.`,
 		},
 	}
 	addNodeFlags(cmd, config.Run())
-	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed")
+	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed (visible in ps: prefer --token-file or "+config.TokenEnv+")")
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "a file holding the token (the file is read, not kept)")
 	return cmd
+}
+
+// joinToken is the token join uses: from --token-file, MESHNODE_TOKEN or --token — exactly
+// one. A token carries the mesh's gossip key and route credential, and a command line is
+// visible to every user of the machine (ps), so --token is accepted with a warning.
+func joinToken(cmd *cobra.Command, flag, file string) (string, error) {
+	env, fromEnv := os.LookupEnv(config.TokenEnv)
+	var sources []string
+	for _, s := range []struct {
+		name string
+		set  bool
+	}{{"--token", flag != ""}, {"--token-file", file != ""}, {config.TokenEnv, fromEnv && env != ""}} {
+		if s.set {
+			sources = append(sources, s.name)
+		}
+	}
+	switch len(sources) {
+	case 0:
+		return "", usagef("a token is required: --token-file FILE or %s (a join token from `meshnode token create` on a node of the mesh, or the founding token genesis --expect N printed)", config.TokenEnv)
+	case 1:
+	default:
+		return "", usagef("the token comes from one of --token, --token-file and %s, and %s are given", config.TokenEnv, strings.Join(sources, " and "))
+	}
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("read the token: %w", err)
+		}
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("%s is empty: write the token genesis or `meshnode token create` printed into it", file)
+	case env != "":
+		return strings.TrimSpace(env), nil
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "meshnode: warning: a token on the command line is visible to every user of this machine (ps); use --token-file FILE or %s\n", config.TokenEnv)
+	return flag, nil
 }
 
 // runNode opens a node, announces it, and runs it until a signal.
