@@ -101,7 +101,9 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		}
 		progress := fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", "))
 		if progress != lastProgress {
-			// `meshnode status` reads it: the HTTP API starts with the bus.
+			n.setPhase(progress) // /readyz says it
+			// `meshnode status` also reads it from node.json, for a node whose HTTP address
+			// it does not know.
 			info := n.info()
 			info.Forming = progress
 			if err := writeInfo(n.cfg.DataDir, info); err != nil {

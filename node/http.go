@@ -54,6 +54,52 @@ type JetStreamStatus struct {
 	Bytes      uint64          `json:"bytes"`
 }
 
+// serveEarly serves the HTTP listener from the moment it is bound: while the node opens —
+// a founding node waiting for its peers, a restart waiting for a majority — /healthz says it
+// lives and /readyz says, at once, why it is not ready. newHTTPServer swaps in the full API.
+func (n *Node) serveEarly() {
+	n.setPhase("starting")
+	var h http.Handler = n.startHandler()
+	n.handlerNow.Store(&h)
+	n.httpSrv = &http.Server{ReadHeaderTimeout: 5 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*n.handlerNow.Load()).ServeHTTP(w, r) })}
+	n.httpDone = make(chan struct{})
+	srv, ln := n.httpSrv, n.httpLn
+	go func() {
+		n.httpErr = srv.Serve(ln)
+		close(n.httpDone)
+	}()
+}
+
+// setPhase records why the node is not ready yet ("" once it is open) and tells OnPhase.
+func (n *Node) setPhase(phase string) {
+	if p := n.phase.Load(); p != nil && *p == phase {
+		return
+	}
+	n.phase.Store(&phase)
+	if n.OnPhase != nil {
+		n.OnPhase(phase)
+	}
+}
+
+// startHandler answers while the node opens.
+func (n *Node) startHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
+	notReady := func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": *n.phase.Load()})
+	}
+	mux.HandleFunc("GET /readyz", notReady)
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, Status{Name: n.id.Name, MeshID: n.id.MeshID, Version: Version(), HTTPURL: n.HTTPURL(),
+			ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started,
+			UptimeSeconds: time.Since(n.started).Seconds(), Reason: *n.phase.Load()})
+	})
+	return mux
+}
+
 func (n *Node) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -112,7 +112,14 @@ type Node struct {
 	quitOnce    sync.Once
 	httpLn      net.Listener
 	httpSrv     *http.Server
-	metrics     *prometheus.Registry
+	httpDone    chan struct{} // closed when the server ends (serveEarly); httpErr says how
+	httpErr     error
+	handlerNow  atomic.Pointer[http.Handler] // what it answers with: startHandler, then handler
+	phase       atomic.Pointer[string]       // why the node is not ready yet while it opens
+	// OnPhase is told each phase of the start as it begins ("" once open): what systemd's
+	// STATUS says.
+	OnPhase func(phase string)
+	metrics *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -148,6 +155,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.listenHTTP(); err != nil {
 		return err
 	}
+	n.serveEarly()
 	if err := n.newDirectory(&keys); err != nil {
 		return err
 	}
@@ -160,6 +168,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if resumed {
 		n.resume(octx)
 	}
+	n.setPhase("starting the bus (a server of a mesh waits for its peers)")
 	if err := n.openBus(octx, keys.responder); err != nil {
 		return err
 	}
@@ -171,6 +180,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		n.resume(octx)
 	}
 	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
+	n.setPhase("opening the mesh's streams, buckets, vault and seats")
 	ctx, cancel := context.WithTimeout(octx, openTimeout)
 	defer cancel()
 	leases, err := n.openMeshState(ctx, keys)
@@ -193,6 +203,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.newHTTPServer()
+	n.setPhase("")
 	if err := n.announce(); err != nil {
 		return err
 	}
@@ -470,7 +481,8 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	return nil
 }
 
-// newHTTPServer makes the metrics and the HTTP server; Run serves it on the listener.
+// newHTTPServer makes the metrics and the HTTP API, which the server (serving since Open
+// bound its listener) answers with from now on.
 func (n *Node) newHTTPServer() {
 	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
 		func() AuditStatus { return n.auditStatus(context.Background()) },
@@ -481,7 +493,8 @@ func (n *Node) newHTTPServer() {
 			return 0
 		})
 	n.metrics.MustRegister(n.ctrl.reports)
-	n.httpSrv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
+	h := n.handler()
+	n.handlerNow.Store(&h)
 }
 
 // announce serves the cluster's tools and tells the mesh this node joined, on a node with
@@ -550,7 +563,9 @@ func (n *Node) Run(ctx context.Context) error {
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	g.Add(func() error {
-		if err := n.httpSrv.Serve(n.httpLn); !errors.Is(err, http.ErrServerClosed) {
+		// Served since Open bound it (serveEarly): this waits for it to end.
+		<-n.httpDone
+		if err := n.httpErr; !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
 		}
 		return nil
@@ -580,6 +595,7 @@ func (n *Node) Close() error {
 	}
 	if n.httpSrv != nil {
 		keep(n.httpSrv.Close(), "http")
+		<-n.httpDone
 	} else if n.httpLn != nil {
 		keep(n.httpLn.Close(), "http")
 	}

@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -62,13 +65,35 @@ func queryAuditIDs(t *testing.T, dir, creds, source string) (map[string]int, err
 }
 
 // TestBinary_FormationProgress: a founding node waiting for the others says so in `status`
-// (and exits 1, not ready), and stops promptly on SIGTERM while it waits.
+// (and exits 1, not ready) and on its HTTP address from the start — /healthz 200, /readyz
+// 503 with the reason, each within 100 ms — and stops promptly on SIGTERM while it waits.
 func TestBinary_FormationProgress(t *testing.T) {
 	a := newMeshNode(t, "a")
+	httpAddr := testbed.FreeAddr(t)
+	a.flags = append(a.flags, "--http-addr", httpAddr)
 	if r := meshnode(t, nil, append([]string{"genesis", "--expect", "3"}, a.flags...)...); r.code != 0 {
 		t.Fatalf("genesis: %s", r.stderr)
 	}
-	a.p = launch(t, "run", a.flags...)
+	// systemd's notify socket: the node says why it is not ready yet, and extends its start.
+	sock := filepath.Join(t.TempDir(), "notify")
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notify.Close()
+	cmd := exec.Command(binary, append([]string{"run"}, a.flags...)...)
+	cmd.Env = append(cleanEnv(), "NOTIFY_SOCKET="+sock)
+	a.p = launchCmd(t, cmd, "run")
+	notify.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for buf := make([]byte, 4096); ; {
+		n, err := notify.Read(buf)
+		if err != nil {
+			t.Fatalf("no STATUS of the formation on the notify socket: %v", err)
+		}
+		if msg := string(buf[:n]); strings.Contains(msg, "STATUS=waiting for 2 more node(s)") && strings.Contains(msg, "EXTEND_TIMEOUT_USEC=300000000") {
+			break
+		}
+	}
 	retryUntil(t, 20*time.Second, func() error {
 		r := meshnode(t, nil, "status", "--data-dir", a.dir)
 		if r.code != 1 || !strings.Contains(r.stderr, "is not ready: forming the mesh: waiting for 2 more node(s)") || !strings.Contains(r.stdout, "have a") {
@@ -76,6 +101,19 @@ func TestBinary_FormationProgress(t *testing.T) {
 		}
 		return nil
 	})
+	quick := &http.Client{Timeout: 100 * time.Millisecond}
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503} {
+		resp, err := quick.Get("http://" + httpAddr + path)
+		if err != nil {
+			t.Fatalf("%s while forming: %v", path, err)
+		}
+		var body struct{ Reason string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == 503 && (!strings.Contains(body.Reason, "waiting for 2 more node(s)") || !strings.Contains(body.Reason, "have a"))) {
+			t.Fatalf("%s while forming: %d %q", path, resp.StatusCode, body.Reason)
+		}
+	}
 	if code, took := a.p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("stop while forming: exit %d after %s\n%s", code, took, a.p.stderr)
 	}

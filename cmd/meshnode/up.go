@@ -134,6 +134,10 @@ func joinToken(cmd *cobra.Command, flag, file string) (string, error) {
 	return flag, nil
 }
 
+// startExtension is how much longer systemd waits for READY at each change of the start's
+// phase (formation progress included): a founding node may wait long for its peers.
+const startExtension = 5 * time.Minute
+
 // runNode opens a node, announces it, and runs it until a signal.
 func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	cfg, err := loadConfig(cmd, defaults)
@@ -165,6 +169,13 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	}()
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
+	n.OnPhase = func(phase string) {
+		if phase != "" {
+			// While it forms or waits for its peers, systemd hears why, and that the start
+			// takes longer than TimeoutStartSec: each change extends it.
+			sdNotify(fmt.Sprintf("STATUS=%s\nEXTEND_TIMEOUT_USEC=%d", phase, startExtension.Microseconds()))
+		}
+	}
 	n.OnStartMemory = func(err error) {
 		// nats-server's restore cannot be interrupted; the process ends with the reason.
 		fmt.Fprintln(os.Stderr, "meshnode:", err)
@@ -186,7 +197,7 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "meshnode ready: node %s, mesh %s, client %s, http %s\n",
 		id.Name, id.MeshID, n.ClientURL(), n.HTTPURL())
 	fmt.Fprintf(cmd.OutOrStdout(), "  try: meshnode status --data-dir %s\n", cfg.DataDir)
-	sdNotify("READY=1")
+	sdNotify("READY=1\nSTATUS=ready: node " + id.Name + ", mesh " + id.MeshID)
 	err = n.Run(ctx)
 	if ctx.Err() != nil {
 		log.Info("stopping", "reason", "signal")
