@@ -466,14 +466,16 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		"MESH_SECRETS=" + filepath.Join(dir, "secrets"),
 		"MESH_INSTANCE=" + strconv.Itoa(i),
 	}
-	for _, k := range slices.Sorted(maps.Keys(m.spec.Env)) {
-		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
-	}
 	provisioned, err := provisionEnv(dir)
 	if err != nil {
 		return fmt.Errorf("provisioned credentials: %w", err)
 	}
 	cmd.Env = append(cmd.Env, provisioned...)
+	// The operator's environment comes last: it wins over a provider's variable of the
+	// same name (exec uses the last).
+	for _, k := range slices.Sorted(maps.Keys(m.spec.Env)) {
+		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}

@@ -108,8 +108,10 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 // could write DEAD could forge what `dead replay` republishes. A client gives up on a message
 // by terminating it (+TERM with its reason), which its ack subject already allows.
 // kvPermissions are what a client needs of one JetStream key-value bucket, and nothing of
-// another: look it up, get, put, delete and purge keys, and list or watch them (an ordered
-// consumer delivered to the client's inbox, whose flow control it answers).
+// another: look it up, get, put, delete and purge keys. Not listing or watching keys: those
+// make a consumer, and whoever may create a consumer names its delivery subject in the
+// request's body, where no subject permission reaches — it could deliver its bucket's
+// messages as requests to any tool of the mesh.
 func kvPermissions(bucket string) []string {
 	stream := "KV_" + bucket
 	return []string{
@@ -117,9 +119,6 @@ func kvPermissions(bucket string) []string {
 		"$JS.API.STREAM.INFO." + stream,
 		"$JS.API.STREAM.MSG.GET." + stream,
 		"$JS.API.DIRECT.GET." + stream + ".>",
-		"$JS.API.CONSUMER.CREATE." + stream + ".>",
-		"$JS.API.CONSUMER.DELETE." + stream + ".>",
-		"$JS.FC." + stream + ".>",
 	}
 }
 

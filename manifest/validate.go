@@ -371,6 +371,11 @@ func (v *validator) provides(field string, s Seat) {
 				Instead: "name the interface after what it is, e.g. postgres"})
 		}
 	}
+	if s.Scope != ScopeMesh {
+		v.refuse(Refusal{Code: CodeProvider, Field: field + ".scope", Value: string(s.Scope),
+			Reason:  "a seat that provides " + strings.Join(s.Provides, ", ") + " has one holder for the whole mesh: the controller asks it what it holds",
+			Instead: "scope: mesh"})
+	}
 	var missing []string
 	for _, t := range ProvisionerTools {
 		if !slices.Contains(s.Serves, t) {

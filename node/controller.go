@@ -103,6 +103,12 @@ func (c *controller) start() error {
 		seats.ListSubject:          body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
+			if !strings.HasPrefix(m.Reply, "_INBOX.") {
+				// A request has an inbox to answer; a message without one is no caller's
+				// (a stream consumer's delivery aimed here, say), and changes nothing.
+				c.log.Debug("a controller tool message without an inbox is ignored", "subject", m.Subject, "reply", m.Reply)
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
 			defer cancel()
 			reply := h(ctx, m)
@@ -189,6 +195,7 @@ func (c *controller) unsubscribe() {
 		c.sweepStop() // not waited for: stop runs in the seat's hooks, which must be quick (close waits)
 		c.sweepStop = nil
 	}
+	c.forgetProvisions()
 }
 
 func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
@@ -306,7 +313,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	}
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
-		rec.Deployment = prev.Deployment
+		rec.Deployment, rec.Providers = prev.Deployment, prev.Providers
 	}
 	if !exists || req.RotateKey {
 		// A new module, or a new key for one whose seed was lost: the vault mints the

@@ -193,6 +193,16 @@ func (c *controller) declare(ctx context.Context, nodes []string) []registry.Dec
 	if c.publisher == nil {
 		return nil
 	}
+	if err := c.loadProvisions(ctx); err != nil {
+		// Composed without them, every module that requires anything would be declared
+		// waiting, and stopped: nothing is declared until they are read.
+		c.log.Error("declare: read the provisions", "err", err)
+		out := []registry.Declared{}
+		for _, n := range nodes {
+			out = append(out, registry.Declared{Node: n, Error: "the provisions could not be read: " + err.Error()})
+		}
+		return out
+	}
 	deployed := c.deployed()
 	epoch := c.epoch()
 	out := []registry.Declared{}

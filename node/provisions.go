@@ -39,8 +39,46 @@ type provisions struct {
 
 	mu      sync.Mutex
 	store   *provision.KVStore
-	records map[string]provision.Record // as the last pass left them
+	records map[string]provision.Record // as the last pass left them; nil: not read yet
 	rec     *provision.Reconciler
+}
+
+// loadProvisions reads the records from the bucket unless this holder has them: a
+// declaration is composed from them, and one composed without them would stop every module
+// that requires anything.
+func (c *controller) loadProvisions(ctx context.Context) error {
+	c.prov.mu.Lock()
+	loaded := c.prov.records != nil
+	c.prov.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	store, err := c.provisionStore(ctx)
+	if err != nil {
+		return err
+	}
+	if err := store.Load(ctx); err != nil {
+		return err
+	}
+	all, err := store.All(ctx)
+	if err != nil {
+		return err
+	}
+	c.prov.mu.Lock()
+	c.prov.records = all
+	c.prov.mu.Unlock()
+	return nil
+}
+
+// forgetProvisions drops what this holder knew of the records: another node may hold the
+// seat before this one holds it again.
+func (c *controller) forgetProvisions() {
+	c.prov.mu.Lock()
+	defer c.prov.mu.Unlock()
+	c.prov.records = nil
+	if c.prov.store != nil {
+		c.prov.store.Forget()
+	}
 }
 
 // wakeProvisions asks for a pass now: a deployment, registration or choice changed.
@@ -58,7 +96,7 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 	if c.prov.store != nil {
 		return c.prov.store, nil
 	}
-	s, err := provision.OpenStore(ctx, c.js, c.topo.replicas)
+	s, err := provision.OpenStore(ctx, c.js, c.topo.replicas, c.topo.budget.Seat)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +105,7 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 		Store: s,
 		Provider: func(seat string) provision.Provider {
 			if seat == provision.MeshProvider {
-				return provision.MeshKV{JS: c.js, Replicas: c.topo.replicas}
+				return provision.MeshKV{JS: c.js, Replicas: c.topo.replicas, MaxBytes: c.topo.budget.Seat}
 			}
 			return provision.Seat{NC: c.nc, Name: seat, Node: c.node}
 		},
@@ -86,14 +124,8 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 // the controller seat (ctx).
 func (c *controller) keepProvisioned(ctx context.Context) {
 	// Another node may have held the seat since this one last did: its records are read
-	// again from the bucket.
-	if err := retryJS(ctx, func(ctx context.Context) error {
-		store, err := c.provisionStore(ctx)
-		if err != nil {
-			return err
-		}
-		return store.Load(ctx)
-	}); err != nil {
+	// again from the bucket (unsubscribe forgot them).
+	if err := retryJS(ctx, c.loadProvisions); err != nil {
 		return // the seat was let go
 	}
 	holds := time.NewTicker(c.prov.interval)
@@ -142,7 +174,9 @@ func (c *controller) provisionPass(ctx context.Context, holds bool) (bool, error
 		return true, err
 	}
 	c.prov.mu.Lock()
-	c.prov.records = after
+	if ctx.Err() == nil { // the seat let go meanwhile: forgetProvisions has run, or will
+		c.prov.records = after
+	}
 	c.prov.mu.Unlock()
 	// A consumer whose gate opened or closed, or whose credential is new, is declared again.
 	moved := slices.Clone(res.Changed)

@@ -232,9 +232,12 @@ func TestCredentialCheck(t *testing.T) {
 	}{
 		{map[string]string{"POSTGRES_URL": "x"}, true},
 		{map[string]string{"MY_DB_URL": "x"}, false},
+		{map[string]string{"POSTGRES_DB_URL": "x"}, false},
 		{map[string]string{"PATH": "/tmp"}, false},
 		{map[string]string{"POSTGRES_": "x"}, false},
 		{map[string]string{"POSTGRES_url": "x"}, false},
+		{map[string]string{"POSTGRES_PRELOAD": "x"}, false},
+		{map[string]string{"POSTGRES_HOST": "h", "POSTGRES_PORT": "1", "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "p", "POSTGRES_DATABASE": "d"}, true},
 		{map[string]string{"POSTGRES_URL": strings.Repeat("x", 5000)}, false},
 		{nil, false},
 	} {

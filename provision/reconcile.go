@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -49,7 +50,24 @@ type Reconciler struct {
 	// RetryFailed is how long a failed provision waits before it is tried again.
 	RetryFailed time.Duration
 
+	// CallTimeout bounds each call to a provider or the vault (zero: DefaultCallTimeout): a
+	// holder that takes a call and never answers must not stop every other provision.
+	CallTimeout time.Duration
+
+	mu    sync.Mutex           // one pass at a time (a holder that let go and took the seat again)
 	tried map[string]time.Time // when each provision was last created, by key
+}
+
+// DefaultCallTimeout bounds a call to a provider or the vault.
+const DefaultCallTimeout = 30 * time.Second
+
+// bounded is ctx bounded by the call timeout.
+func (r *Reconciler) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := r.CallTimeout
+	if d == 0 {
+		d = DefaultCallTimeout
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // Result is what one pass changed: the consumers whose provisions changed (their nodes are
@@ -61,6 +79,8 @@ type Result struct {
 
 // Pass reconciles once. With holds it also asks every provider in use what it holds.
 func (r *Reconciler) Pass(ctx context.Context, wants []Want, holds bool) (Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	recs, err := r.Store.All(ctx)
 	if err != nil {
 		return Result{}, err
@@ -134,7 +154,9 @@ func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Re
 		}
 	}
 	for p, ws := range byPair {
-		held, err := r.Provider(p.provider).Holds(ctx, p.iface)
+		cctx, cancel := r.bounded(ctx)
+		held, err := r.Provider(p.provider).Holds(cctx, p.iface)
+		cancel()
 		if err != nil {
 			r.log().Warn("ask a provider what it holds; asked again at the next pass", "provider", p.provider, "interface", p.iface, "err", err)
 			continue
@@ -153,7 +175,12 @@ func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Re
 			if slices.ContainsFunc(ws, func(w Want) bool { return w.Consumer == consumer }) {
 				continue
 			}
-			err := r.Provider(p.provider).Remove(ctx, RemoveRequest{Consumer: consumer, Interface: p.iface})
+			if r, ok := recs[Key(consumer, p.iface)]; ok && r.Provider == p.provider {
+				continue // its consumer still has it (waiting for a choice, or moving away)
+			}
+			cctx, cancel := r.bounded(ctx)
+			err := r.Provider(p.provider).Remove(cctx, RemoveRequest{Consumer: consumer, Interface: p.iface})
+			cancel()
 			if err != nil {
 				r.log().Warn("remove an orphan; tried again at the next pass", "consumer", consumer, "interface", p.iface, "provider", p.provider, "err", err)
 				continue
@@ -193,6 +220,8 @@ func (r *Reconciler) create(ctx context.Context, w Want, prev Record, why string
 }
 
 func (r *Reconciler) createAt(ctx context.Context, w Want) error {
+	ctx, cancel := r.bounded(ctx) // the whole create: the provider's and the vault's work
+	defer cancel()
 	req := CreateRequest{Consumer: w.Consumer, Interface: w.Interface}
 	own := w.Provider == MeshProvider
 	if !own {
@@ -215,6 +244,8 @@ func (r *Reconciler) createAt(ctx context.Context, w Want) error {
 // deprovision removes rec's resource at its provider, has the vault forget its credential,
 // and deletes the record.
 func (r *Reconciler) deprovision(ctx context.Context, rec Record, reason string) error {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	if rec.Provider != "" {
 		err := r.Provider(rec.Provider).Remove(ctx, RemoveRequest{Consumer: rec.Consumer, Interface: rec.Interface})
 		if err != nil && !(errors.Is(err, ErrUnavailable) && rec.State != StateReady) {

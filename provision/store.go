@@ -26,11 +26,12 @@ type KVStore struct {
 	records map[string]Record // nil until loaded
 }
 
-// OpenStore creates or opens the Bucket with the mesh's replicas.
-func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int) (*KVStore, error) {
+// OpenStore creates or opens the Bucket with the mesh's replicas;
+// maxBytes bounds it (reserved with JetStream, like every bucket of the mesh).
+func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) (*KVStore, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "meshnode: provisions (consumer, interface, provider, state; never a credential)",
-		Replicas: replicas, Storage: jetstream.FileStorage, History: 1,
+		Replicas: replicas, Storage: jetstream.FileStorage, History: 1, MaxBytes: maxBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
@@ -65,6 +66,13 @@ func (s *KVStore) Load(ctx context.Context) error {
 	s.records = out
 	s.mu.Unlock()
 	return nil
+}
+
+// Forget drops the copy in memory: the next All reads the bucket again.
+func (s *KVStore) Forget() {
+	s.mu.Lock()
+	s.records = nil
+	s.mu.Unlock()
 }
 
 // All returns every record by key, loading them first if need be.
@@ -113,7 +121,13 @@ func (s *KVStore) Delete(ctx context.Context, key string) error {
 type MeshKV struct {
 	JS       jetstream.JetStream
 	Replicas int
+	// MaxBytes bounds each bucket (reserved with JetStream): one module cannot fill the
+	// store the mesh's own buckets need.
+	MaxBytes int64
 }
+
+// MaxKVValue bounds one value of a module's bucket.
+const MaxKVValue = 1 << 20
 
 // Create makes the consumer's bucket when it is missing; an existing one is kept as it is.
 func (p MeshKV) Create(ctx context.Context, req CreateRequest) (CreateReply, error) {
@@ -125,7 +139,7 @@ func (p MeshKV) Create(ctx context.Context, req CreateRequest) (CreateReply, err
 	}
 	_, err := p.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "meshnode: module " + req.Consumer + "'s own (requires: [kv])",
-		Replicas: p.Replicas, Storage: jetstream.FileStorage, History: 1,
+		Replicas: p.Replicas, Storage: jetstream.FileStorage, History: 1, MaxBytes: p.MaxBytes, MaxValueSize: MaxKVValue,
 	})
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		return CreateReply{}, nil

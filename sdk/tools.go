@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -68,6 +69,12 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 // error header.
 func (c *Client) toolResponder(tool string, h ToolHandler) nats.MsgHandler {
 	return func(m *nats.Msg) {
+		if !strings.HasPrefix(m.Reply, "_INBOX.") {
+			// A call has an inbox to answer; a message without one is no caller's (a stream
+			// consumer's delivery aimed at the tool, say), and is not handled.
+			c.log.Warn("a tool message without an inbox to answer is ignored", "tool", tool, "reply", m.Reply)
+			return
+		}
 		if !c.track() {
 			return
 		}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -29,7 +28,11 @@ type Provisioned struct {
 // maxProvisionedValue bounds one variable of a credential.
 const maxProvisionedValue = 4096
 
-var envSuffix = regexp.MustCompile(`^[A-Z0-9_]+$`)
+// EnvNames are the names a credential's variables may have after the interface's prefix:
+// connection facts and secrets, nothing a process or its runtime reads on its own
+// (LD_PRELOAD, NODE_OPTIONS, HTTP_PROXY, GIT_SSH_COMMAND …), and no name of another
+// interface's (MY_DB_URL is my-db's, not my's).
+var EnvNames = []string{"URL", "HOST", "PORT", "USER", "PASSWORD", "DATABASE", "TOKEN", "SECRET", "KEY", "NAME", "ENDPOINT", "REGION", "SSLMODE", "CA"}
 
 // EnvPrefix is the prefix of every variable of an interface's credential: POSTGRES_ for
 // postgres, MY_DB_ for my-db.
@@ -49,8 +52,8 @@ func (p Provisioned) Check(iface string) error {
 		return fmt.Errorf("the %s credential has no variables: a provider answers at least %sURL", iface, prefix)
 	}
 	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
-		if !strings.HasPrefix(k, prefix) || !envSuffix.MatchString(strings.TrimPrefix(k, prefix)) {
-			return fmt.Errorf("the %s credential names %q: its variables are %s<NAME>, in capitals, digits and '_'", iface, k, prefix)
+		if name, ok := strings.CutPrefix(k, prefix); !ok || !slices.Contains(EnvNames, name) {
+			return fmt.Errorf("the %s credential names %q: its variables are %s followed by one of %s", iface, k, prefix, strings.Join(EnvNames, ", "))
 		}
 		if len(p.Env[k]) > maxProvisionedValue {
 			return fmt.Errorf("the %s credential's %s is %d bytes (at most %d)", iface, k, len(p.Env[k]), maxProvisionedValue)
