@@ -465,3 +465,27 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 		return nil
 	})
 }
+
+// TestProvision_RestartKeepsConsumersRunning: a controller that starts (here: its node
+// restarts) declares its consumers from the provisions it reads first — not waiting, which
+// would stop them until the next reconcile period: the declaration stays the one before.
+func TestProvision_RestartKeepsConsumersRunning(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	b := newBedAt(t, cfg)
+	b.register("module: store\nrequires: [mesh-bus, kv]\n")
+	b.putArtifact("store", "1", fmt.Sprintf(sleeper, "1"))
+	b.deploy("store", "1")
+	before := b.running(t, "store", "1", 0).Declared
+	b.close()
+	b = newBedAt(t, cfg)
+	retryUntil(t, 10*time.Second, func() error {
+		ps := b.ps("store") // rows once the new holder has declared
+		if len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].Revision != ps[0].Declared {
+			return fmt.Errorf("ps after the restart %+v", ps)
+		}
+		if ps[0].Declared != before {
+			t.Fatalf("the restarted controller declared revision %d (was %d): it changed what store runs with", ps[0].Declared, before)
+		}
+		return nil
+	})
+}
