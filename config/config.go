@@ -103,6 +103,10 @@ type Config struct {
 	GitRepos map[string]string `yaml:"git-repos"`
 	// Builder makes the node a candidate for the mesh-build-machine seat: it runs build jobs.
 	Builder bool `yaml:"builder"`
+	// NameGiven says the name came from the file, the environment or a flag, not the host
+	// name: a node whose data dir holds another name refuses to start, where one started
+	// without a name takes the data dir's (a unit without --name on a renamed host).
+	NameGiven bool `yaml:"-"`
 	// ProvisionInterval is how often the controller's holder asks every provider what it
 	// holds (DESIGN §12): a lost resource is created again, an orphan removed, within it.
 	ProvisionInterval Duration `yaml:"provision-interval"`
@@ -182,6 +186,15 @@ func DefaultName() string {
 func (c *Config) LoadFile(path string, data []byte) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
+	name := c.Name
+	c.Name = "" // to see whether the file names the node
+	defer func() {
+		if c.Name == "" {
+			c.Name = name
+		} else {
+			c.NameGiven = true
+		}
+	}()
 	if err := dec.Decode(c); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
@@ -278,6 +291,9 @@ func (c *Config) Set(key, value string) error {
 	p, ok := c.keys()[key]
 	if !ok {
 		return fmt.Errorf("%w: unknown key %q", ErrInvalid, key)
+	}
+	if key == "name" {
+		c.NameGiven = true
 	}
 	switch p := p.(type) {
 	case *string:

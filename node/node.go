@@ -232,8 +232,12 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 	if n.Expect == 0 {
 		n.Expect = 1
 	}
-	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.CreateIdentity, n.Expect); err != nil {
+	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.cfg.NameGiven, n.CreateIdentity, n.Expect); err != nil {
 		return keys, err
+	}
+	if n.cfg.Name != n.id.Name {
+		n.log.Info("the node's name is the data dir's", "name", n.id.Name, "host_default", n.cfg.Name)
+		n.cfg.Name = n.id.Name
 	}
 	if err := checkNotLeft(n.db, n.id.Name); err != nil {
 		return keys, err

@@ -256,10 +256,18 @@ func TestNode_Open(t *testing.T) {
 	t.Run("NameMismatch", func(t *testing.T) {
 		dir := t.TempDir()
 		MustOpenNode(t, testConfig(dir, "alpha")).stop()
-		err := node.New(testConfig(dir, "beta"), nil).Open()
+		beta := testConfig(dir, "beta")
+		beta.NameGiven = true
+		err := node.New(beta, nil).Open()
 		if !errors.Is(err, node.ErrNameMismatch) || !strings.Contains(err.Error(), "--name alpha") {
 			t.Fatalf("err=%v, want ErrNameMismatch suggesting --name alpha", err)
 		}
+		// Not given (the host name's default): the data dir's name.
+		n := MustOpenNode(t, testConfig(dir, "beta"))
+		if n.Identity().Name != "alpha" {
+			t.Fatalf("a node started without a name on alpha's data dir is %q", n.Identity().Name)
+		}
+		n.stop()
 	})
 	t.Run("NoIdentity", func(t *testing.T) {
 		err := node.New(testConfig(t.TempDir(), "alpha"), nil).Open()

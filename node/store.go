@@ -98,11 +98,12 @@ func checkWritable(dir string) error {
 	return os.Remove(name)
 }
 
-// loadIdentity reads the node's identity from its store: the foundation genesis (or an
+// loadIdentity reads the node's identity from its store (a name not given — the host
+// name's default — yields to the one the store holds): the foundation genesis (or an
 // enrolment) kept there, and the operator's key once the vault has minted it. On a store
 // without a mesh, and with create set, it runs genesis for node name, expecting expect
 // servers.
-func loadIdentity(db *bolt.DB, dir, name string, create bool, expect int) (Identity, *genesis.Foundation, error) {
+func loadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect int) (Identity, *genesis.Foundation, error) {
 	g := genesis.New(db)
 	f, err := g.Foundation()
 	switch {
@@ -122,7 +123,7 @@ func loadIdentity(db *bolt.DB, dir, name string, create bool, expect int) (Ident
 	case err != nil:
 		return Identity{}, nil, fmt.Errorf("read foundation: %w (%v); move %s aside to start afresh", ErrCorruptStore, err, filepath.Join(dir, storeFile))
 	}
-	if f.Node != name {
+	if f.Node != name && nameGiven {
 		return Identity{}, nil, fmt.Errorf("%w: %s holds node %q, not %q; run with --name %s, or choose a fresh --data-dir for %s",
 			ErrNameMismatch, dir, f.Node, name, f.Node, name)
 	}

@@ -47,8 +47,9 @@ fi
 cat <<MSG
 
 Next:
-  1. create this machine's node once (Ctrl-C after the ready line):
-       sudo -u meshnode meshnode up --data-dir /var/lib/meshnode --name \$(hostname -s)
+  1. create the mesh with this machine as its first node (genesis mints and exits; a
+     machine joining a mesh runs join with --token-file instead):
+       sudo -u meshnode meshnode genesis --data-dir /var/lib/meshnode --name \$(hostname -s)
   2. run it as a service:
        sudo systemctl enable --now meshnode
        meshnode status --data-dir /var/lib/meshnode

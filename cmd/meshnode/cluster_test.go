@@ -164,3 +164,22 @@ func TestBinary_JoinToken(t *testing.T) {
 		}
 	}
 }
+
+// TestBinary_RunTakesTheDataDirsName: `run` without --name (the unit's way) is the node its
+// data dir holds, whatever the host is called; a --name that disagrees is refused, saying so.
+func TestBinary_RunTakesTheDataDirsName(t *testing.T) {
+	dir := t.TempDir()
+	addrs := []string{"--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--cluster-addr", testbed.FreeAddr(t), "--gossip-addr", testbed.FreeAddr(t)}
+	if r := meshnode(t, nil, append([]string{"genesis", "--data-dir", dir, "--name", "first-node"}, addrs...)...); r.code != 0 {
+		t.Fatalf("genesis: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"run", "--data-dir", dir, "--name", "other"}, addrs...)...); r.code != 1 || !strings.Contains(r.stderr, `holds node "first-node", not "other"`) {
+		t.Fatalf("run with another --name: exit %d %s", r.code, r.stderr)
+	}
+	p := startNode(t, "run", append([]string{"--data-dir", dir}, addrs...)...)
+	r := meshnode(t, nil, "status", "--json", "--data-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, `"name": "first-node"`) {
+		t.Fatalf("status of a node run without --name: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	p.stop(t, syscall.SIGTERM)
+}

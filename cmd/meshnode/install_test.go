@@ -16,6 +16,19 @@ func TestInstallScript(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install.sh: %v\n%s", err, out)
 	}
+	// The script and the README agree on how the first node is made.
+	if script, _ := os.ReadFile("../../scripts/install.sh"); !strings.Contains(string(script), "meshnode genesis --data-dir /var/lib/meshnode") {
+		t.Error("install.sh's next steps do not say genesis")
+	}
+	readme, _ := os.ReadFile("../../README.md")
+	if !strings.Contains(string(readme), "sudo -u meshnode meshnode genesis --data-dir /var/lib/meshnode") {
+		t.Error("the README's install section does not say genesis")
+	}
+	for _, want := range []string{"TimeoutStartSec=", "run --data-dir /var/lib/meshnode\n"} {
+		if u, _ := os.ReadFile("../../scripts/meshnode.service"); !strings.Contains(string(u), want) {
+			t.Errorf("the unit lacks %q (no --name: the node takes its data dir's)", want)
+		}
+	}
 	bin := filepath.Join(root, "usr/local/bin/meshnode")
 	v, err := exec.Command(bin, "version").Output()
 	if err != nil || !strings.HasPrefix(string(v), "meshnode v0.0.0-test ") {
