@@ -62,6 +62,10 @@ type Config struct {
 	ClusterAddr string `yaml:"cluster-addr"`
 	// GossipAddr is host:port for membership gossip.
 	GossipAddr string `yaml:"gossip-addr"`
+	// Advertise is the host (an IP address or DNS name) the other servers reach this node
+	// at, when its addresses bind every interface: its routes, client and gossip addresses
+	// are advertised with it. Empty: the bound addresses' hosts.
+	Advertise string `yaml:"advertise"`
 	// HTTPAddr is host:port for /healthz, /readyz, /metrics and the status API. Port 0 picks
 	// a free port.
 	HTTPAddr string `yaml:"http-addr"`
@@ -212,6 +216,7 @@ func (c *Config) keys() map[string]any {
 		"client-addr":        &c.ClientAddr,
 		"cluster-addr":       &c.ClusterAddr,
 		"gossip-addr":        &c.GossipAddr,
+		"advertise":          &c.Advertise,
 		"http-addr":          &c.HTTPAddr,
 		"log-level":          &c.LogLevel,
 		"log-format":         &c.LogFormat,
@@ -389,6 +394,11 @@ func (c Config) Validate() error {
 		if !slices.Contains(manifest.NodeHeldSeats, seat) {
 			return fmt.Errorf("%w: mesh-seats: %q is not a seat a node holds itself; write some of %s (other mesh-* seats are held by modules that declare them)",
 				ErrInvalid, seat, strings.Join(manifest.NodeHeldSeats, ", "))
+		}
+	}
+	if c.Advertise != "" {
+		if ip := net.ParseIP(c.Advertise); (ip == nil && !validHostname(c.Advertise)) || (ip != nil && ip.IsUnspecified()) {
+			return fmt.Errorf("%w: advertise %q: the IP address or DNS name the other servers reach this node at, e.g. 10.0.0.2", ErrInvalid, c.Advertise)
 		}
 	}
 	if c.ProvisionInterval < Duration(time.Second) {

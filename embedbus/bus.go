@@ -71,6 +71,8 @@ type Cluster struct {
 	Routes []string
 	// Secret authenticates routes: the mesh's route credential.
 	Secret string
+	// Advertise is host:port the other servers reach this one's routes at (empty: Addr).
+	Advertise string
 }
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
@@ -141,7 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		if err := probeListen(c.Addr); err != nil {
 			return nil, err
 		}
-		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret}
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise}
 		for _, r := range c.Routes {
 			u, err := url.Parse(r)
 			if err != nil {

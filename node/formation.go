@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -25,13 +26,21 @@ const formationReadyTimeout = 60 * time.Second
 // destroy one side's streams when they meet (DESIGN §6).
 func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	f := n.found
+	adv, err := advertised(n.cfg, f.Seeds)
+	if err != nil {
+		return nil, err
+	}
+	if n.cfg.Advertise == "" {
+		adv.gossip = "" // the bound address, whose port memberlist knows once bound
+	}
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
-			Route: "nats-route://" + n.cfg.ClusterAddr, Client: "nats://" + n.cfg.ClientAddr, Formed: f.Members},
-		BindAddr:  n.cfg.GossipAddr,
-		GossipKey: f.GossipKey,
-		Log:       n.log,
-		OnChange:  n.memberChanged,
+			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Formed: f.Members},
+		BindAddr:      n.cfg.GossipAddr,
+		AdvertiseAddr: adv.gossip,
+		GossipKey:     f.GossipKey,
+		Log:           n.log,
+		OnChange:      n.memberChanged,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gossip: %w; set --gossip-addr", err)
@@ -74,7 +83,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 			}
 		}
 		if len(alive) >= need {
-			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
+			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Advertise: adv.route, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
 			for _, x := range alive {
 				if x.Name != n.id.Name && x.Route != "" {
 					cluster.Routes = append(cluster.Routes, x.Route)
@@ -121,6 +130,49 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// addresses are what a server of a mesh tells the others to reach it at (host:port each).
+type addresses struct{ route, client, gossip string }
+
+// advertised returns the addresses this node advertises: its bound ones, with the host
+// --advertise names when set. A node that would advertise an address nobody else can use —
+// every interface (0.0.0.0), or loopback to peers elsewhere — refuses with the fix.
+func advertised(cfg config.Config, seeds []string) (addresses, error) {
+	var out addresses
+	for _, a := range []struct {
+		key, addr string
+		to        *string
+	}{{"cluster-addr", cfg.ClusterAddr, &out.route}, {"client-addr", cfg.ClientAddr, &out.client}, {"gossip-addr", cfg.GossipAddr, &out.gossip}} {
+		host, port, err := net.SplitHostPort(a.addr)
+		if err != nil {
+			return out, fmt.Errorf("%s %q: %w", a.key, a.addr, err)
+		}
+		if cfg.Advertise != "" {
+			host = cfg.Advertise
+		}
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			return out, fmt.Errorf("%s %s binds every interface, and the other servers must be told which address reaches this one: set --advertise to it (e.g. --advertise 10.0.0.2)", a.key, a.addr)
+		}
+		if isLoopback(host) {
+			for _, s := range seeds {
+				if sh, _, err := net.SplitHostPort(s); err == nil && !isLoopback(sh) {
+					return out, fmt.Errorf("this node would advertise %s (%s) to peers that are elsewhere (%s): set --advertise to an address they reach this machine at, or bind %s to one", net.JoinHostPort(host, port), a.key, s, a.key)
+				}
+			}
+		}
+		*a.to = net.JoinHostPort(host, port)
+	}
+	return out, nil
+}
+
+// isLoopback reports whether host is a loopback address or localhost.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func names(ms []membership.Member) []string {

@@ -183,3 +183,31 @@ func TestBinary_RunTakesTheDataDirsName(t *testing.T) {
 	}
 	p.stop(t, syscall.SIGTERM)
 }
+
+// TestBinary_Advertise: a founding node whose cluster address binds every interface is
+// refused until --advertise says which address reaches it; one that would advertise
+// loopback to peers elsewhere is refused too.
+func TestBinary_Advertise(t *testing.T) {
+	a := newMeshNode(t, "a")
+	cluster := testbed.FreeAddr(t)
+	_, port, _ := net.SplitHostPort(cluster)
+	a.flags = append(a.flags, "--cluster-addr", "0.0.0.0:"+port)
+	if r := meshnode(t, nil, append([]string{"genesis", "--expect", "3"}, a.flags...)...); r.code != 0 {
+		t.Fatalf("genesis: %s", r.stderr)
+	}
+	r := meshnode(t, nil, append([]string{"run"}, a.flags...)...)
+	if r.code != 1 || !strings.Contains(r.stderr, "cluster-addr 0.0.0.0:"+port+" binds every interface") || !strings.Contains(r.stderr, "--advertise") {
+		t.Fatalf("run binding 0.0.0.0 without --advertise: exit %d %s", r.code, r.stderr)
+	}
+	a.p = launch(t, "run", append(a.flags, "--advertise", "127.0.0.1")...)
+	retryUntil(t, 20*time.Second, func() error {
+		if r := meshnode(t, nil, "status", "--data-dir", a.dir); !strings.Contains(r.stdout+r.stderr, "waiting for 2 more node(s)") {
+			return fmt.Errorf("status with --advertise: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+	a.p.stop(t, syscall.SIGTERM)
+	if r := meshnode(t, nil, "run", "--advertise", "0.0.0.0", "--data-dir", a.dir); r.code != 2 || !strings.Contains(r.stderr, "advertise") {
+		t.Fatalf("--advertise 0.0.0.0: exit %d %s", r.code, r.stderr)
+	}
+}

@@ -33,6 +33,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("client-addr", defaults.ClientAddr, "host:port for NATS clients (port 0: any free port)")
 	f.String("cluster-addr", defaults.ClusterAddr, "host:port for routes between nodes")
 	f.String("gossip-addr", defaults.GossipAddr, "host:port for membership gossip")
+	f.String("advertise", defaults.Advertise, "the address (IP or DNS name) the other servers reach this node at, when its addresses bind every interface")
 	f.String("http-addr", defaults.HTTPAddr, "host:port for /healthz, /readyz, /metrics and the status API (port 0: any free port)")
 	f.String("log-level", defaults.LogLevel, "debug, info, warn or error")
 	f.String("log-format", defaults.LogFormat, "text or json")
@@ -47,6 +48,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
 	f.String("git-repos", "", "local bare git repositories this node serves to the build cascade, name=path, comma-separated (a candidate for mesh-git)")
 	f.String("builder", "false", "run build jobs (a candidate for mesh-build-machine)")
+	f.String("provision-interval", defaults.ProvisionInterval.String(), "how often the controller asks each provisioner what it holds")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
