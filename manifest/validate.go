@@ -170,6 +170,7 @@ func (v *validator) validate() {
 				Reason: "mesh-* names are the vault's own (it keeps the module's seed as mesh-seed)", Instead: "choose another name, e.g. " + strings.TrimPrefix(name, reservedSeatPrefix)})
 		}
 	}
+	v.selfProvided()
 	v.build()
 	v.list("build.on", m.BuildOn, kindBuildOn)
 	for i, on := range m.BuildOn {
@@ -386,6 +387,20 @@ func (v *validator) provides(field string, s Seat) {
 		v.refuse(Refusal{Code: CodeProvider, Field: field + ".serves", Value: strings.Join(s.Serves, ", "),
 			Reason:  "a seat that provides " + strings.Join(s.Provides, ", ") + " is a provisioner, and lacks " + strings.Join(missing, ", "),
 			Instead: "serve create, remove and holds: serves: [create, remove, holds]"})
+	}
+}
+
+// selfProvided refuses a module that requires what one of its own seats provides: it would
+// wait for a provision that only its own running instance can make.
+func (v *validator) selfProvided() {
+	for i, req := range v.m.Requires {
+		for _, s := range v.m.Seats {
+			if slices.Contains(s.Provides, req) {
+				v.refuse(Refusal{Code: CodeProvider, Field: fmt.Sprintf("requires[%d]", i), Value: req,
+					Reason:  "its own seat " + s.Name + " provides " + req + ": the module would wait for itself to start",
+					Instead: "provide it from another module, or drop it from requires:"})
+			}
+		}
 	}
 }
 

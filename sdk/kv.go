@@ -12,8 +12,9 @@ import (
 
 // KV returns the module's own key-value bucket, which the mesh provides when the module
 // requires kv (`requires: [mesh-bus, kv]`): a JetStream key-value bucket that only this
-// module's identity may read and write (DESIGN §12). The mesh creates it before the host
-// starts the module; a module run by hand waits for `meshnode provisions` to say ready.
+// module's identity may read and write (DESIGN §12): get, put, create, update, delete and
+// purge keys, not list or watch them. The mesh creates it when the module is deployed,
+// before its host starts it (`meshnode provisions` says when it is ready).
 func (c *Client) KV(ctx context.Context) (jetstream.KeyValue, error) {
 	self := c.declared()
 	if !slices.Contains(self.Requires, manifest.RequireKV) {
