@@ -69,7 +69,10 @@ func TestProvides_ToolsAreTheControllers(t *testing.T) {
 
 // TestProvides_NotToItself: a module may not require what its own seat provides.
 func TestProvides_NotToItself(t *testing.T) {
-	m := mustParse(t, strings.Replace(postgresProvisioner, "requires: [mesh-bus]", "requires: [mesh-bus, postgres]", 1))
+	m, err := manifest.Parse([]byte(strings.Replace(postgresProvisioner, "requires: [mesh-bus]", "requires: [mesh-bus, postgres]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if rs := refusals(t, m.Validate()); !slices.ContainsFunc(rs, func(r manifest.Refusal) bool { return r.Field == "requires[1]" }) {
 		t.Fatalf("requiring its own seat's interface: %v", rs)
 	}
