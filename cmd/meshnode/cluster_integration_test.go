@@ -425,16 +425,7 @@ func signalFormation(t *testing.T, after time.Duration) (lostPort bool) {
 	var g map[string]any
 	json.Unmarshal([]byte(r.stdout), &g)
 	token, _ := g["founding_token"].(string)
-	nodes[0].p = launch(t, "run", nodes[0].flags...)
-	// The token reaches b in a file and c in the environment: never on a command line.
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
-	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
-	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
-	nodes[2].p = launchCmd(t, cmd, "join")
+	launchFounders(t, nodes, token)
 	time.Sleep(after) // a point of the formation to signal at, not a wait for a state
 	type result struct {
 		name string
@@ -520,16 +511,7 @@ func formThreeWith(t *testing.T, extra func(i int) []string) (nodes []*meshNode,
 	}
 	meshID, _ = g["mesh_id"].(string)
 	start := time.Now()
-	nodes[0].p = launch(t, "run", nodes[0].flags...)
-	// The token reaches b in a file and c in the environment: never on a command line.
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
-	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
-	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
-	nodes[2].p = launchCmd(t, cmd, "join")
+	launchFounders(t, nodes, token)
 	for _, n := range nodes {
 		n.p.awaitReady(t, 90*time.Second)
 		if n.p.meshID != meshID {
@@ -574,4 +556,19 @@ func nodeEvents(t *testing.T, dir, creds string) string {
 		}
 	}
 	return strings.Join(subjects, " ")
+}
+
+// launchFounders starts three founding nodes: the genesis node with run, the others with
+// join — b given the token in a file, c in the environment: never on a command line.
+func launchFounders(t *testing.T, nodes []*meshNode, token string) {
+	t.Helper()
+	nodes[0].p = launch(t, "run", nodes[0].flags...)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
+	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
+	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
+	nodes[2].p = launchCmd(t, cmd, "join")
 }
