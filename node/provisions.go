@@ -251,18 +251,14 @@ func (c *controller) provisionGate(e *registry.Entry) ([]deploy.Provision, strin
 	return ready, ""
 }
 
-// intakeKey asks the vault for its intake xkey.
+// intakeKey asks the vault for its intake xkey; a vault that does not answer yet is a
+// provision that waits, not one that failed.
 func (c *controller) intakeKey(ctx context.Context) (string, error) {
-	b, _ := json.Marshal(vault.Request{})
-	msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIntake, vault.CallerNode), b)
-	if err != nil {
-		return "", fmt.Errorf("%w: the vault: %w", provision.ErrUnavailable, err)
+	key, err := vault.IntakeKey(ctx, c.nc, vault.CallerNode)
+	if err != nil && !errors.Is(err, vault.ErrRefused) {
+		return "", fmt.Errorf("%w: %w", provision.ErrUnavailable, err)
 	}
-	var reply vault.Reply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != "" || reply.PublicKey == "" {
-		return "", fmt.Errorf("the vault refused its intake key: %s%v", reply.Error, err)
-	}
-	return reply.PublicKey, nil
+	return key, err
 }
 
 // keepProvision hands the vault a provider's sealed credential for consumer.
