@@ -22,25 +22,33 @@ const (
 
 // keepSeed records seed as owner's SeedName, replacing any earlier one (a rotated key's).
 func (v *Vault) keepSeed(ctx context.Context, owner, seed string) error {
+	_, err := v.replace(ctx, owner, SeedName, seed)
+	return err
+}
+
+// replace keeps value as owner's secret name, one version only: the next number, the earlier
+// versions gone (the record's outbox kept). The mesh's own records (the seed, provisioned
+// credentials) have no grace period: their holders fetch the current one.
+func (v *Vault) replace(ctx context.Context, owner, name, value string) (*secretRecord, error) {
 	v.writeMu.Lock()
 	defer v.writeMu.Unlock()
-	prev, rev, err := v.load(ctx, owner, SeedName)
+	prev, rev, err := v.load(ctx, owner, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := 1
 	if prev != nil {
 		next = prev.Versions[len(prev.Versions)-1].Version + 1
 	}
-	nonce, ct, err := v.seal(owner, SeedName, next, seed)
+	nonce, ct, err := v.seal(owner, name, next, value)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r := &secretRecord{Owner: owner, Name: SeedName, Versions: []version{{Version: next, Created: time.Now().UTC(), Nonce: nonce, Cipher: ct}}}
+	r := &secretRecord{Owner: owner, Name: name, Versions: []version{{Version: next, Created: time.Now().UTC(), Nonce: nonce, Cipher: ct}}}
 	if prev != nil {
 		r.Outbox = prev.Outbox
 	}
-	return v.store(ctx, r, rev)
+	return r, v.store(ctx, r, rev)
 }
 
 // moduleCredentials answers a server's VerbModule: the module's seed and the secrets its

@@ -11,7 +11,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nkeys"
 )
@@ -94,29 +93,11 @@ func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) 
 	if err := p.Check(req.Name); err != nil {
 		return nil, err
 	}
-	name := ProvisionName(req.Name)
-	v.writeMu.Lock()
-	defer v.writeMu.Unlock()
-	prev, rev, err := v.load(ctx, req.Owner, name)
+	r, err := v.replace(ctx, req.Owner, ProvisionName(req.Name), string(plain))
 	if err != nil {
 		return nil, err
 	}
-	next := 1
-	if prev != nil {
-		next = prev.Versions[len(prev.Versions)-1].Version + 1
-	}
-	nonce, ct, err := v.seal(req.Owner, name, next, string(plain))
-	if err != nil {
-		return nil, err
-	}
-	r := &secretRecord{Owner: req.Owner, Name: name, Versions: []version{{Version: next, Created: time.Now().UTC(), Nonce: nonce, Cipher: ct}}}
-	if prev != nil {
-		r.Outbox = prev.Outbox
-	}
-	if err := v.store(ctx, r, rev); err != nil {
-		return nil, err
-	}
-	v.event(ctx, "provision-kept", map[string]any{"owner": req.Owner, "interface": req.Name, "version": next})
+	v.event(ctx, "provision-kept", map[string]any{"owner": req.Owner, "interface": req.Name, "version": r.Versions[0].Version})
 	return []Meta{meta(r)}, nil
 }
 
@@ -134,18 +115,8 @@ func (v *Vault) dropProvision(ctx context.Context, req Request) error {
 	if err := v.kv.Purge(ctx, key); err != nil {
 		return err
 	}
-	for {
-		v.mu.RLock()
-		_, ok := v.records[key]
-		v.mu.RUnlock()
-		if !ok {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("vault mirror did not see %s dropped: %w", key, ctx.Err())
-		case <-time.After(time.Millisecond):
-		}
+	if err := v.awaitMirror(ctx, key, func(_ recordEntry, ok bool) bool { return !ok }); err != nil {
+		return err
 	}
 	v.event(ctx, "provision-dropped", map[string]any{"owner": req.Owner, "interface": req.Name})
 	return nil

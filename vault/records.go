@@ -143,16 +143,21 @@ func (v *Vault) decodeRecord(key string, value []byte) (secretRecord, error) {
 
 // awaitRecord waits until the mirror holds revision rev of key.
 func (v *Vault) awaitRecord(ctx context.Context, key string, rev uint64) error {
+	return v.awaitMirror(ctx, key, func(e recordEntry, ok bool) bool { return ok && e.rev >= rev })
+}
+
+// awaitMirror waits until the mirror's entry of key (ok: there is one) is what done wants.
+func (v *Vault) awaitMirror(ctx context.Context, key string, done func(e recordEntry, ok bool) bool) error {
 	for {
 		v.mu.RLock()
 		e, ok := v.records[key]
 		v.mu.RUnlock()
-		if ok && e.rev >= rev {
+		if done(e, ok) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("vault mirror did not see %s: %w", key, ctx.Err())
+			return fmt.Errorf("vault mirror did not see %s change: %w", key, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}
