@@ -132,13 +132,7 @@ func (n *Node) leave(ctx context.Context) error {
 	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
 		n.log.Warn("forget this node's keys", "err", err)
 	}
-	return n.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketNode)
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte("left"), []byte(time.Now().UTC().Format(time.RFC3339)))
-	})
+	return markNodeNow(n.db, "left")
 }
 
 // stepDown hands the JetStream meta leadership to another server if this one has it: a
@@ -219,14 +213,7 @@ func (n *Node) reportUnreachable() {
 
 // checkNotLeft refuses a data dir whose node left its mesh.
 func checkNotLeft(db *bolt.DB, name string) error {
-	var when string
-	db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketNode); b != nil {
-			when = string(b.Get([]byte("left")))
-		}
-		return nil
-	})
-	if when != "" {
+	if when := nodeValue(db, "left"); when != "" {
 		return fmt.Errorf("%w at %s: node %s is no longer a server of it; to join again, use a fresh --data-dir and a new token (`meshnode token create`)", ErrLeft, when, name)
 	}
 	return nil

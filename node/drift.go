@@ -93,28 +93,11 @@ var keptBuckets = []string{registry.Bucket, vault.Bucket}
 
 // bucketsKnown is the store key that says this node has opened its mesh's buckets before:
 // from then on a missing registry or vault bucket is a loss, not a new mesh.
-var bucketsKnown = []byte("buckets-known")
+const bucketsKnown = "buckets-known"
 
-func markBucketsKnown(db *bolt.DB) error {
-	return db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketNode)
-		if err != nil {
-			return err
-		}
-		return b.Put(bucketsKnown, []byte(time.Now().UTC().Format(time.RFC3339)))
-	})
-}
+func markBucketsKnown(db *bolt.DB) error { return markNodeNow(db, bucketsKnown) }
 
-func knowsBuckets(db *bolt.DB) bool {
-	var known bool
-	db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketNode); b != nil {
-			known = b.Get(bucketsKnown) != nil
-		}
-		return nil
-	})
-	return known
-}
+func knowsBuckets(db *bolt.DB) bool { return nodeValue(db, bucketsKnown) != "" }
 
 // MarkerKey is the record every kept bucket holds from the day its mesh made it: the mesh's
 // id. A node that has known the buckets and finds the bucket, or its marker, gone knows the
@@ -171,33 +154,18 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 }
 
 // markerSeenKey is the store key that says this node has seen bucket's marker.
-func markerSeenKey(bucket string) []byte { return []byte("marker-seen." + bucket) }
+func markerSeenKey(bucket string) string { return "marker-seen." + bucket }
 
 // markerSeen records that this node has seen bucket's marker (once).
 func markerSeen(db *bolt.DB, bucket string) error {
 	if sawMarker(db, bucket) {
 		return nil
 	}
-	return db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketNode)
-		if err != nil {
-			return err
-		}
-		return b.Put(markerSeenKey(bucket), []byte(time.Now().UTC().Format(time.RFC3339)))
-	})
+	return markNodeNow(db, markerSeenKey(bucket))
 }
 
 // sawMarker reports whether this node has seen bucket's marker.
-func sawMarker(db *bolt.DB, bucket string) bool {
-	var saw bool
-	db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketNode); b != nil {
-			saw = b.Get(markerSeenKey(bucket)) != nil
-		}
-		return nil
-	})
-	return saw
-}
+func sawMarker(db *bolt.DB, bucket string) bool { return nodeValue(db, markerSeenKey(bucket)) != "" }
 
 // markerAtLeader asks the bucket's stream leader for the marker. A key-value get is a
 // direct get, which any replica answers: a replica still catching up (a node that has just

@@ -136,13 +136,8 @@ func loadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect 
 	if r, err := g.Record(); err == nil {
 		id.Created = r.Created
 	}
-	err = db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketNode); b != nil {
-			id.OperatorKey = string(b.Get([]byte("operator-key")))
-		}
-		return nil
-	})
-	return id, f, err
+	id.OperatorKey = nodeValue(db, "operator-key")
+	return id, f, nil
 }
 
 // meshData lists what of a mesh the data dir holds besides a node in its store: a JetStream
@@ -185,14 +180,34 @@ func checkNoMeshData(db *bolt.DB, dir string) error {
 }
 
 // keepOperator records the operator's public key (its seed went to operator.nk).
-func keepOperator(db *bolt.DB, pub string) error {
+func keepOperator(db *bolt.DB, pub string) error { return putNodeValue(db, "operator-key", pub) }
+
+// putNodeValue records one of the node's own values in its store.
+func putNodeValue(db *bolt.DB, key, value string) error {
 	return db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketNode)
 		if err != nil {
 			return err
 		}
-		return b.Put([]byte("operator-key"), []byte(pub))
+		return b.Put([]byte(key), []byte(value))
 	})
+}
+
+// markNodeNow records that something happened to the node, and when: a flag with its time.
+func markNodeNow(db *bolt.DB, key string) error {
+	return putNodeValue(db, key, time.Now().UTC().Format(time.RFC3339))
+}
+
+// nodeValue reads one of the node's own values ("" when it has none).
+func nodeValue(db *bolt.DB, key string) string {
+	var v string
+	db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketNode); b != nil {
+			v = string(b.Get([]byte(key)))
+		}
+		return nil
+	})
+	return v
 }
 
 // writeFileAtomic writes data to path through a temporary file and a rename, so a crash
