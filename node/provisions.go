@@ -229,24 +229,13 @@ func (c *controller) provisionGate(e *registry.Entry) ([]deploy.Provision, strin
 	c.prov.mu.Lock()
 	defer c.prov.mu.Unlock()
 	var ready []deploy.Provision
-	for _, iface := range e.Manifest.Requires {
-		if iface == manifest.RequireBus {
-			continue
-		}
-		r, ok := c.prov.records[provision.Key(e.Module, iface)]
+	for _, w := range provision.Resolve(e.Manifest, c.reg.Catalogue(e.Module), e.Providers) {
+		r, ok := c.prov.records[w.Key()]
 		if !ok || r.State != provision.StateReady {
-			from := r.Provider
-			if from == "" {
-				from = "a provider"
-				if iface == manifest.RequireKV {
-					from = provision.MeshProvider
-				} else if ps := manifest.Providers(iface, append(c.reg.Catalogue(e.Module), e.Manifest)); len(ps) == 1 {
-					from = ps[0]
-				}
-			}
-			return nil, iface + " from " + from
+			from := cmp.Or(r.Provider, w.Provider, "a provider")
+			return nil, w.Interface + " from " + from
 		}
-		ready = append(ready, deploy.Provision{Interface: iface, Provider: r.Provider, Generation: r.Generation})
+		ready = append(ready, deploy.Provision{Interface: w.Interface, Provider: r.Provider, Generation: r.Generation})
 	}
 	return ready, ""
 }
