@@ -314,16 +314,10 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 		took = append(took, time.Since(start))
 	}
 	b.StopTimer()
-	p50, create := quantile(took, 0.5), quantile(creates, 0.5)
+	p50, create := percentile(took, 50), percentile(creates, 50)
 	b.ReportMetric(float64(p50.Milliseconds()), "p50-ms")
-	b.ReportMetric(float64(quantile(took, 0.99).Milliseconds()), "p99-ms")
+	b.ReportMetric(float64(percentile(took, 99).Milliseconds()), "p99-ms")
 	b.ReportMetric(float64(create.Milliseconds()), "create-p50-ms")
 	b.ReportMetric(float64((p50 - create).Milliseconds()), "beyond-create-p50-ms")
 }
 
-// quantile returns the q-quantile of ds (nearest rank).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
