@@ -320,4 +320,3 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 	b.ReportMetric(float64(create.Milliseconds()), "create-p50-ms")
 	b.ReportMetric(float64((p50 - create).Milliseconds()), "beyond-create-p50-ms")
 }
-
