@@ -751,3 +751,33 @@ func TestStatus_StandaloneMode(t *testing.T) {
 		t.Fatalf("jetstream status %+v", js)
 	}
 }
+
+// eachMessage hands f every message stored in stream (on subject, when not empty), oldest
+// first, as they are when it starts.
+func (b *bed) eachMessage(t testing.TB, stream, subject string, f func(jetstream.Msg)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var cfg jetstream.OrderedConsumerConfig
+	if subject != "" {
+		cfg.FilterSubjects = []string{subject}
+	}
+	c, err := b.js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			f(m)
+		}
+		if got == 0 {
+			return
+		}
+	}
+}

@@ -200,27 +200,11 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 // eventWithID counts the messages on subject in EVENTS whose x-event-id is id.
 func eventWithID(t *testing.T, b *bed, subject, id string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := b.js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
-			t.Fatal(err)
+	b.eachMessage(t, manifest.EventsStreamName, subject, func(m jetstream.Msg) {
+		if m.Headers().Get(envelope.EventID) == id {
+			n++
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			if m.Headers().Get(envelope.EventID) == id {
-				n++
-			}
-		}
-		if got == 0 {
-			return n
-		}
-	}
+	})
+	return n
 }

@@ -47,39 +47,13 @@ func (b *bed) provisions(t testing.TB) map[string]provision.Record {
 // controllerEvents returns the controller's provisioning events stored on EVENTS, in order.
 func (b *bed) controllerEvents(t testing.TB, action string) []map[string]any {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	subject := manifest.SeatEventSubject(manifest.ControllerSeat, action)
-	cons, err := b.js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := b.js.Stream(ctx, manifest.EventsStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []map[string]any
-	last := info.CachedInfo().State.LastSeq
-	for {
-		msgs, err := cons.Fetch(100, jetstream.FetchMaxWait(200*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		done := false
-		for m := range msgs.Messages() {
-			n++
-			var meta map[string]any
-			json.Unmarshal(m.Data(), &meta)
-			out = append(out, meta)
-			if md, _ := m.Metadata(); md != nil && md.Sequence.Stream >= last {
-				done = true
-			}
-		}
-		if n == 0 || done {
-			return out
-		}
-	}
+	b.eachMessage(t, manifest.EventsStreamName, manifest.SeatEventSubject(manifest.ControllerSeat, action), func(m jetstream.Msg) {
+		var meta map[string]any
+		json.Unmarshal(m.Data(), &meta)
+		out = append(out, meta)
+	})
+	return out
 }
 
 // TestProvision_KV: a module that requires kv is given a bucket of its own before it
@@ -251,34 +225,17 @@ func (b *bed) streamsHolding(t testing.TB, needles ...[]byte) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := s.CachedInfo().State.Msgs
-		if want == 0 {
-			continue
+		if s.CachedInfo().State.Msgs == 0 {
+			continue // nothing to read (and a work queue's consumer must ack)
 		}
-		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for seen := uint64(0); seen < want; {
-			msgs, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := 0
-			for m := range msgs.Messages() {
-				n++
-				hdr := fmt.Sprint(m.Headers())
-				for _, needle := range needles {
-					if bytes.Contains(m.Data(), needle) || strings.Contains(hdr, string(needle)) {
-						found = append(found, name+" "+m.Subject())
-					}
+		b.eachMessage(t, name, "", func(m jetstream.Msg) {
+			hdr := fmt.Sprint(m.Headers())
+			for _, needle := range needles {
+				if bytes.Contains(m.Data(), needle) || strings.Contains(hdr, string(needle)) {
+					found = append(found, name+" "+m.Subject())
 				}
 			}
-			if n == 0 {
-				break // what remains was removed meanwhile
-			}
-			seen += uint64(n)
-		}
+		})
 	}
 	if err := names.Err(); err != nil {
 		t.Fatal(err)
