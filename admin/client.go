@@ -52,14 +52,12 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 	defer xkp.Wipe()
 	xpub, _ := xkp.PublicKey()
 	var reply registry.RegisterReply
-	if err := call(ctx, nc, registry.RegisterSubject, registry.RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply); err != nil {
-		return nil, err
+	err = call(ctx, nc, registry.RegisterSubject, registry.RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply)
+	if errors.Is(err, ErrRefused) && len(reply.Refusals) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrRefused, manifest.Refusals(reply.Refusals))
 	}
-	if reply.Error != "" {
-		if len(reply.Refusals) > 0 {
-			return nil, fmt.Errorf("%w: %w", ErrRefused, manifest.Refusals(reply.Refusals))
-		}
-		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	if err != nil {
+		return nil, err
 	}
 	out := &Registered{RegisterReply: reply}
 	if reply.Created || reply.Rotated {
@@ -82,25 +80,15 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 // Remove asks the controller to remove a module.
 func Remove(ctx context.Context, nc *nats.Conn, req registry.RemoveRequest) (registry.RemoveReply, error) {
 	var reply registry.RemoveReply
-	if err := call(ctx, nc, registry.RemoveSubject, req, &reply); err != nil {
-		return reply, err
-	}
-	if reply.Error != "" {
-		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
-	return reply, nil
+	err := call(ctx, nc, registry.RemoveSubject, req, &reply)
+	return reply, err
 }
 
 // Pin asks the controller to move a module to a version of a seat's protocol.
 func Pin(ctx context.Context, nc *nats.Conn, req registry.PinRequest) (registry.PinReply, error) {
 	var reply registry.PinReply
-	if err := call(ctx, nc, registry.PinSubject, req, &reply); err != nil {
-		return reply, err
-	}
-	if reply.Error != "" {
-		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
-	return reply, nil
+	err := call(ctx, nc, registry.PinSubject, req, &reply)
+	return reply, err
 }
 
 // Deploy asks the controller to set a module's deployment.
@@ -115,13 +103,8 @@ func Undeploy(ctx context.Context, nc *nats.Conn, req registry.UndeployRequest) 
 
 func deployCall(ctx context.Context, nc *nats.Conn, subject string, req any) (registry.DeployReply, error) {
 	var reply registry.DeployReply
-	if err := call(ctx, nc, subject, req, &reply); err != nil {
-		return reply, err
-	}
-	if reply.Error != "" {
-		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
-	return reply, nil
+	err := call(ctx, nc, subject, req, &reply)
+	return reply, err
 }
 
 // Ps asks the controller what runs where.
@@ -129,9 +112,6 @@ func Ps(ctx context.Context, nc *nats.Conn) ([]registry.Process, error) {
 	var reply registry.PsReply
 	if err := call(ctx, nc, registry.PsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
-	}
-	if reply.Error != "" {
-		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
 	}
 	return reply.Processes, nil
 }
@@ -141,9 +121,6 @@ func Builds(ctx context.Context, nc *nats.Conn) ([]registry.Build, error) {
 	var reply registry.BuildsReply
 	if err := call(ctx, nc, registry.BuildsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
-	}
-	if reply.Error != "" {
-		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
 	}
 	return reply.Builds, nil
 }
@@ -157,9 +134,6 @@ func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 		if err := call(ctx, nc, registry.ListSubject, registry.ListRequest{After: after}, &reply); err != nil {
 			return nil, err
 		}
-		if reply.Error != "" {
-			return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-		}
 		out = append(out, reply.Modules...)
 		if reply.Next == "" {
 			return out, nil
@@ -171,6 +145,8 @@ func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 	}
 }
 
+// call asks the controller's tool on subject and decodes its answer into reply; an answer
+// that says an error is ErrRefused, with reply decoded all the same.
 func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
 	b, err := json.Marshal(req)
 	if err != nil {
@@ -189,6 +165,13 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 	if err := json.Unmarshal(msg.Data, reply); err != nil {
 		return fmt.Errorf("%s answered %q: %w", subject, msg.Data, err)
 	}
+	// Every controller reply says a refusal in its "error" (reply holds the rest).
+	var refused struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(msg.Data, &refused) == nil && refused.Error != "" {
+		return fmt.Errorf("%w: %s", ErrRefused, refused.Error)
+	}
 	return nil
 }
 
@@ -198,20 +181,12 @@ func Provisions(ctx context.Context, nc *nats.Conn) ([]provision.Record, error) 
 	if err := call(ctx, nc, registry.ProvisionsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
 	}
-	if reply.Error != "" {
-		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
 	return reply.Provisions, nil
 }
 
 // Provide chooses the seat that provides a module's required interface.
 func Provide(ctx context.Context, nc *nats.Conn, req registry.ProvideRequest) (registry.ProvideReply, error) {
 	var reply registry.ProvideReply
-	if err := call(ctx, nc, registry.ProvideSubject, req, &reply); err != nil {
-		return reply, err
-	}
-	if reply.Error != "" {
-		return reply, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
-	}
-	return reply, nil
+	err := call(ctx, nc, registry.ProvideSubject, req, &reply)
+	return reply, err
 }
