@@ -26,6 +26,17 @@ func (v *Vault) keepSeed(ctx context.Context, owner, seed string) error {
 	return err
 }
 
+// current opens the current version of owner's secret name; found is false when there is
+// none. (No event: the mesh's own records are read for the hosts, which the caller records.)
+func (v *Vault) current(ctx context.Context, owner, name string) (value string, found bool, err error) {
+	r, _, err := v.load(ctx, owner, name)
+	if err != nil || r == nil {
+		return "", false, err
+	}
+	value, err = v.unseal(r.Owner, r.Name, r.Versions[len(r.Versions)-1])
+	return value, err == nil, err
+}
+
 // replace keeps value as owner's secret name, one version only: the next number, the earlier
 // versions gone (the record's outbox kept). The mesh's own records (the seed, provisioned
 // credentials) have no grace period: their holders fetch the current one.
@@ -62,16 +73,12 @@ func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCred
 	if !ok {
 		return nil, fmt.Errorf("node %s's declaration does not run module %s: a node receives only the credentials of the modules it runs", req.Node, req.Owner)
 	}
-	r, _, err := v.load(ctx, req.Owner, SeedName)
+	seed, found, err := v.current(ctx, req.Owner, SeedName)
 	if err != nil {
 		return nil, err
 	}
-	if r == nil {
+	if !found {
 		return nil, fmt.Errorf("the vault keeps no seed of module %s (it was registered before deployments existed): give it a new key with `meshnode module register FILE --rotate-key`, then deploy again", req.Owner)
-	}
-	seed, err := v.unseal(r.Owner, r.Name, r.Versions[len(r.Versions)-1])
-	if err != nil {
-		return nil, err
 	}
 	kp, err := nkeys.FromSeed([]byte(seed))
 	if err != nil {

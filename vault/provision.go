@@ -126,16 +126,12 @@ func (v *Vault) dropProvision(ctx context.Context, req Request) error {
 func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) (map[string]Provisioned, error) {
 	out := map[string]Provisioned{}
 	for _, iface := range ifaces {
-		r, _, err := v.load(ctx, owner, ProvisionName(iface))
+		plain, found, err := v.current(ctx, owner, ProvisionName(iface))
 		if err != nil {
 			return nil, err
 		}
-		if r == nil {
+		if !found {
 			return nil, fmt.Errorf("the vault keeps no %s credential of %s yet: it is provisioned before the module starts (`meshnode provisions`)", iface, owner)
-		}
-		plain, err := v.unseal(r.Owner, r.Name, r.Versions[len(r.Versions)-1])
-		if err != nil {
-			return nil, err
 		}
 		var p Provisioned
 		if err := json.Unmarshal([]byte(plain), &p); err != nil {
