@@ -88,6 +88,12 @@ func TestRun(t *testing.T) {
 	if !strings.Contains(string(out), "a at "+commit) || strings.Contains(string(out), "USER") {
 		t.Fatalf("output %q: want the job's environment and nothing of the node's", out)
 	}
+	// The source is read to its end, padding and all: an object store's reader checks its
+	// digest only there, and its writer waits until then.
+	whole := source().(*bytes.Buffer)
+	if _, _, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: whole, Run: "echo x > \"$OUT\""}); err != nil || whole.Len() != 0 {
+		t.Fatalf("build: %v; %d bytes of the source left unread", err, whole.Len())
+	}
 	if _, out, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: source(), Run: "echo oops; exit 2"}); err == nil || !strings.Contains(string(out), "oops") {
 		t.Fatalf("a failing build: %v %q", err, out)
 	}

@@ -134,7 +134,10 @@ func unpack(r io.Reader, dir string) error {
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			// The archive's end is not the stream's: reading the padding after it to the end
+			// lets the source's reader check the stored digest and finish its delivery.
+			_, err := io.Copy(io.Discard, r)
+			return err
 		}
 		if err != nil {
 			return err
