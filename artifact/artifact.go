@@ -209,6 +209,10 @@ func List(ctx context.Context, obs jetstream.ObjectStore, module string) ([]Info
 // Fetch writes module's version to w, checking that its content hashes to digest: a
 // mismatch is ErrDigest, and w then holds bytes that must not be used.
 func Fetch(ctx context.Context, obs jetstream.ObjectStore, module, version, digest string, w io.Writer) error {
+	// Get's own context ends with this fetch: a Get that fails after its chunks began to
+	// arrive leaves a writer that only a cancelled context stops.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	res, err := obs.Get(ctx, Name(module, version))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("%w: %s %s", ErrNotFound, module, version)

@@ -483,7 +483,11 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 	if err != nil {
 		return retry(err)
 	}
-	res, err := src.Get(ctx, sourceObject(job.Repository, job.Commit))
+	// Get's own context ends with this build: a Get that fails after its chunks began to
+	// arrive leaves a writer that only a cancelled context stops.
+	gctx, cancelGet := context.WithCancel(ctx)
+	defer cancelGet()
+	res, err := src.Get(gctx, sourceObject(job.Repository, job.Commit))
 	if err != nil {
 		return retry(fmt.Errorf("fetch the source: %w", err))
 	}
