@@ -51,8 +51,12 @@ type Logger struct {
 	log    *slog.Logger
 	// retention is how long records are kept; zero keeps everything.
 	retention time.Duration
+	// eventsMaxAge is how long EVENTS keeps an event: usage older than it is dropped. Zero
+	// keeps all usage.
+	eventsMaxAge time.Duration
 
 	records atomic.Uint64 // the number of records kept
+	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
 }
 
 // New returns the audit logger of node, writing to db.
@@ -62,12 +66,13 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	}
 	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta} {
+		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
+		l.usage.load(tx)
 		return nil
 	})
 	if err != nil {
@@ -75,6 +80,10 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	}
 	return l, nil
 }
+
+// SetEventsMaxAge tells the logger how long EVENTS keeps an event, so that usage older
+// than that is dropped (see Usage). Call it before Run.
+func (l *Logger) SetEventsMaxAge(d time.Duration) { l.eventsMaxAge = d }
 
 // ConsumerName is the node's audit consumer.
 func (l *Logger) ConsumerName() string { return manifest.AuditConsumer(l.node).Name }
@@ -107,6 +116,11 @@ func (l *Logger) Run(ctx context.Context) error {
 		select {
 		case <-prune.C:
 			l.prune()
+			if l.eventsMaxAge > 0 {
+				if err := l.pruneUsage(l.eventsMaxAge); err != nil {
+					l.log.Error("prune EVENTS usage", "err", err)
+				}
+			}
 		default:
 		}
 		fctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -160,8 +174,11 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	now := time.Now().UTC()
 	var added uint64
 	var lastSeq uint64
+	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
+		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
+		used = map[string]map[uint32]int64{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
 		for _, m := range msgs {
 			md, err := m.Metadata()
@@ -170,6 +187,12 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			}
 			if md.Sequence.Stream > lastSeq {
 				lastSeq = md.Sequence.Stream
+			}
+			if owner := Owner(m.Subject()); owner != "" && md.Sequence.Stream > stored {
+				if used[owner] == nil {
+					used[owner] = map[uint32]int64{}
+				}
+				used[owner][hourOf(md.Timestamp)] += size(m)
 			}
 			r := l.check(m, md.Sequence.Stream, now)
 			if first := ids.Get([]byte(r.EventID)); first != nil {
@@ -204,12 +227,16 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 		if lastSeq > h.Seq {
 			h.Seq = lastSeq
 		}
+		if err := l.usage.add(tx, used); err != nil {
+			return err
+		}
 		b, _ := json.Marshal(h)
 		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
 	})
 	if err != nil {
 		return err
 	}
+	l.usage.merge(used)
 	l.records.Add(added)
 	return nil
 }

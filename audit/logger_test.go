@@ -3,6 +3,7 @@ package audit
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/nats-io/nats.go"
@@ -18,13 +19,18 @@ type delivered struct {
 	header  nats.Header
 	data    []byte
 	seq     uint64
+	at      time.Time // the stream's time; zero: now
 }
 
 func (m delivered) Subject() string      { return m.subject }
 func (m delivered) Headers() nats.Header { return m.header }
 func (m delivered) Data() []byte         { return m.data }
 func (m delivered) Metadata() (*jetstream.MsgMetadata, error) {
-	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
+	at := m.at
+	if at.IsZero() {
+		at = time.Now()
+	}
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, Timestamp: at}, nil
 }
 
 // TestLogger_InvalidUTF8 is an emitter's header bomb: header values (and names) that are not

@@ -87,6 +87,10 @@ type Config struct {
 	// EventsMaxBytes is the most EVENTS keeps; past it new emits are refused (nothing accepted
 	// is evicted). Zero: half of the store.
 	EventsMaxBytes Bytes `yaml:"events-max-bytes"`
+	// ModuleEventsMaxBytes is the most of EVENTS one module may hold (its own events and its
+	// seats'); past it the module's emits are refused until its oldest events age out.
+	// Zero: a quarter of EVENTS.
+	ModuleEventsMaxBytes Bytes `yaml:"module-events-max-bytes"`
 	// DeadMaxBytes is the most DEAD keeps. Zero: a tenth of the store.
 	DeadMaxBytes Bytes `yaml:"dead-max-bytes"`
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
@@ -211,27 +215,28 @@ func (c *Config) LoadFile(path string, data []byte) error {
 // keys maps each configuration key to its field, for the environment and for error messages.
 func (c *Config) keys() map[string]any {
 	return map[string]any{
-		"data-dir":           &c.DataDir,
-		"name":               &c.Name,
-		"client-addr":        &c.ClientAddr,
-		"cluster-addr":       &c.ClusterAddr,
-		"gossip-addr":        &c.GossipAddr,
-		"advertise":          &c.Advertise,
-		"http-addr":          &c.HTTPAddr,
-		"log-level":          &c.LogLevel,
-		"log-format":         &c.LogFormat,
-		"shutdown-timeout":   &c.ShutdownTimeout,
-		"events-max-age":     &c.EventsMaxAge,
-		"audit-retention":    &c.AuditRetention,
-		"store-max-bytes":    &c.StoreMaxBytes,
-		"events-max-bytes":   &c.EventsMaxBytes,
-		"dead-max-bytes":     &c.DeadMaxBytes,
-		"max-event-bytes":    &c.MaxEventBytes,
-		"rate-limit":         &c.RateLimit,
-		"mesh-seats":         &c.MeshSeats,
-		"git-repos":          &c.GitRepos,
-		"builder":            &c.Builder,
-		"provision-interval": &c.ProvisionInterval,
+		"data-dir":                &c.DataDir,
+		"name":                    &c.Name,
+		"client-addr":             &c.ClientAddr,
+		"cluster-addr":            &c.ClusterAddr,
+		"gossip-addr":             &c.GossipAddr,
+		"advertise":               &c.Advertise,
+		"http-addr":               &c.HTTPAddr,
+		"log-level":               &c.LogLevel,
+		"log-format":              &c.LogFormat,
+		"shutdown-timeout":        &c.ShutdownTimeout,
+		"events-max-age":          &c.EventsMaxAge,
+		"audit-retention":         &c.AuditRetention,
+		"store-max-bytes":         &c.StoreMaxBytes,
+		"events-max-bytes":        &c.EventsMaxBytes,
+		"module-events-max-bytes": &c.ModuleEventsMaxBytes,
+		"dead-max-bytes":          &c.DeadMaxBytes,
+		"max-event-bytes":         &c.MaxEventBytes,
+		"rate-limit":              &c.RateLimit,
+		"mesh-seats":              &c.MeshSeats,
+		"git-repos":               &c.GitRepos,
+		"builder":                 &c.Builder,
+		"provision-interval":      &c.ProvisionInterval,
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 type storeBudget struct {
 	Store    int64 // the node's JetStream store limit
 	Events   int64 // EVENTS; past it new emits are refused
+	Module   int64 // the most of EVENTS one module may hold (quota.go)
 	Dead     int64 // DEAD
 	State    int64 // STATE
 	Seat     int64 // each SEAT_<S> work queue
@@ -59,6 +60,12 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 	}
 	if cfg.EventsMaxBytes > 0 {
 		b.Events = int64(cfg.EventsMaxBytes)
+	}
+	if b.Events > 0 { // zero: not sized, no quota unless one is set
+		b.Module = max(b.Events/4, 1<<20)
+	}
+	if cfg.ModuleEventsMaxBytes > 0 {
+		b.Module = int64(cfg.ModuleEventsMaxBytes)
 	}
 	if cfg.DeadMaxBytes > 0 {
 		b.Dead = int64(cfg.DeadMaxBytes)

@@ -42,8 +42,10 @@ type controller struct {
 	reg  *registry.Registry
 	topo *topology
 	node string
-	js   jetstream.JetStream  // publishes the registry's events
-	sign *envelope.SigningKey // the node's key: the registry's events are the node's own
+	// quotas are the modules over their EVENTS quota on this node, as whoami tells them.
+	quotas *quotas
+	js     jetstream.JetStream  // publishes the registry's events
+	sign   *envelope.SigningKey // the node's key: the registry's events are the node's own
 
 	// sweepStop ends the outbox sweeper, which runs while this node holds the seat;
 	// sweepers counts those still ending; sweepNow wakes it.
@@ -653,6 +655,10 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	}
 	for _, s := range e.Manifest.Seats {
 		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))
+	}
+	if q, over := c.quotas.Over(e.Module); over {
+		q.Hint = quotaHint(q, c.topo.eventsMaxAge)
+		reply.OverQuota = &q
 	}
 	return reply
 }

@@ -21,6 +21,7 @@ type directory struct {
 	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
 	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
+	quotas   *quotas                     // modules over their EVENTS quota: no emits
 }
 
 var _ embedbus.Directory = (*directory)(nil)
@@ -56,6 +57,9 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 				p = p.Merge(hp)
 			}
 		}
+	}
+	if _, over := d.quotas.Over(e.Module); over {
+		p = withoutEvents(p)
 	}
 	return embedbus.Identity{Name: moduleUser(e.Module), Permissions: &p}, true
 }

@@ -1,12 +1,14 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,65 +61,131 @@ const (
 	floodEmits              // events: each one stored and audited, like any other
 )
 
-// flood runs the attacker until stop is closed; it returns how many requests it sent.
+// flood runs the attacker in this process until stop is closed; it returns how many
+// requests it sent.
 func (f *floodBed) flood(tb testing.TB, stop <-chan struct{}, kind floodKind) func() int64 {
 	tb.Helper()
-	nc := connect(tb, f.b.n.ClientURL(), f.attackSeed, nats.CustomInboxPrefix(manifest.InboxPrefix("attacker")))
-	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
-	raw, err := os.ReadFile(f.attackSeed)
+	var sent int64
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sent, err = attack(f.b.n.ClientURL(), f.attackSeed, f.attackKey, kind, stop)
+	}()
+	return func() int64 {
+		<-done
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return sent
+	}
+}
+
+// floodAttackerEnv, when set to "URL SEED KEY KIND", makes the test binary the attacker's
+// process (see attackerProcess): a module is a program of its own, and an attacker inside
+// the node's process would share its heap and scheduler, which no real module does.
+const floodAttackerEnv = "MESHNODE_TEST_FLOOD_ATTACKER"
+
+// floodProcess runs the attacker as its own process until stop is closed; it returns how
+// many requests it sent.
+func (f *floodBed) floodProcess(tb testing.TB, stop <-chan struct{}, kind floodKind) func() int64 {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %d", floodAttackerEnv, f.b.n.ClientURL(), f.attackSeed, f.attackKey, kind))
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() { <-stop; in.Close() }()
+	return func() int64 {
+		if err := cmd.Wait(); err != nil {
+			tb.Fatalf("the attacker's process: %v\n%s", err, out.String())
+		}
+		var sent int64
+		if _, err := fmt.Sscan(out.String(), &sent); err != nil {
+			tb.Fatalf("the attacker's process printed %q", out.String())
+		}
+		return sent
+	}
+}
+
+// attackerProcess is the test binary started again as the attacker: it floods until its
+// standard input closes, then prints how many requests it sent.
+func attackerProcess() {
+	var url, seed, key string
+	var kind floodKind
+	if _, err := fmt.Sscan(os.Getenv(floodAttackerEnv), &url, &seed, &key, &kind); err != nil {
+		fmt.Fprintln(os.Stderr, "attacker: want URL SEED KEY KIND:", err)
+		os.Exit(2)
+	}
+	stop := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+	sent, err := attack(url, seed, key, kind, stop)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "attacker:", err)
+		os.Exit(1)
+	}
+	fmt.Println(sent)
+}
+
+// attack is the attacker: floodBatch of each kind of request every floodTick until stop is
+// closed; it returns how many it sent.
+func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}) (int64, error) {
+	raw, err := os.ReadFile(seedPath)
+	if err != nil {
+		return 0, err
 	}
 	kp, err := nkeys.ParseDecoratedNKey(raw)
 	if err != nil {
-		tb.Fatal(err)
+		return 0, err
 	}
+	nc, err := nats.Connect(url, nats.Nkey(key, kp.Sign), nats.CustomInboxPrefix(manifest.InboxPrefix("attacker")))
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
 	sk, _ := envelope.NewSigningKey(kp)
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: f.attackKey})
+	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: key})
 	fetch, _ := json.Marshal(vault.Request{XKey: xpub, Name: "key"})
 	undeclared, _ := json.Marshal(vault.Request{XKey: xpub, Name: "not-mine"})
 	inbox := manifest.InboxPrefix("attacker") + ".flood"
-	var sent atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		subject := manifest.EventSubject("attacker", "noise")
-		body := []byte(`{"noise":true}`)
-		// Bounded: floodBatch of each kind every floodTick, 2,000 a second of each — a
-		// hundred times the rate limits, not a saturation of the machine's cores by one
-		// connection, which no broker can keep from costing the others.
-		tick := time.NewTicker(floodTick)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			for range floodBatch {
-				if kind != floodEmits {
-					nc.PublishRequest(registry.WhoamiSubject(f.attackKey), inbox, whoami)
-					nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, fetch)
-					nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, undeclared)
-					sent.Add(3)
-				}
-				if kind != floodRequests {
-					h, _ := envelope.Stamp(sk, "attacker", "alpha", subject, body, envelope.Options{})
-					js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body})
-					sent.Add(1)
-				}
-			}
-			nc.Flush()
+	subject := manifest.EventSubject("attacker", "noise")
+	body := []byte(`{"noise":true}`)
+	var sent int64
+	// Bounded: floodBatch of each kind every floodTick, 2,000 a second of each — a hundred
+	// times the rate limits, not a saturation of the machine's cores by one connection,
+	// which no broker can keep from costing the others.
+	tick := time.NewTicker(floodTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			<-js.PublishAsyncComplete()
+			return sent, nil
+		case <-tick.C:
 		}
-	}()
-	return func() int64 {
-		wg.Wait()
-		<-js.PublishAsyncComplete()
-		nc.Close()
-		return sent.Load()
+		for range floodBatch {
+			if kind != floodEmits {
+				nc.PublishRequest(registry.WhoamiSubject(key), inbox, whoami)
+				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, fetch)
+				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, undeclared)
+				sent += 3
+			}
+			if kind != floodRequests {
+				h, _ := envelope.Stamp(sk, "attacker", "alpha", subject, body, envelope.Options{})
+				js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body})
+				sent++
+			}
+		}
+		nc.Flush()
 	}
 }
 
@@ -145,7 +213,8 @@ const victimPace = 20 * time.Millisecond
 
 // BenchmarkVictimUnderFlood measures the victim's connect, fetch and emit latency idle,
 // under a flood of requests (whoami and the vault) and under a flood of emits, reporting p50
-// and p99 of each (issue 11: the p99 under a flood should stay within 2× of idle).
+// and p99 of each (issue 11: the p99 under a flood should stay within 2× of idle). The
+// attacker is a process of its own, as every module is.
 // Run: go test ./node -run '^$' -bench VictimUnderFlood -benchtime 200x
 func BenchmarkVictimUnderFlood(b *testing.B) {
 	for _, name := range []string{"connect", "fetch", "emit"} {
@@ -161,7 +230,7 @@ func BenchmarkVictimUnderFlood(b *testing.B) {
 					if load == "emits" {
 						kind = floodEmits
 					}
-					done = f.flood(b, stop, kind)
+					done = f.floodProcess(b, stop, kind)
 				}
 				lat := make([]time.Duration, 0, b.N)
 				pace := time.NewTicker(victimPace)

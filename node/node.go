@@ -100,6 +100,7 @@ type Node struct {
 	regClosed   bool
 	reg         *registry.Registry
 	dir         *directory
+	quotas      quotas // modules over their EVENTS quota (quota.go)
 	ctrl        *controller
 	seats       *seatService
 	clusterSubs []*nats.Subscription
@@ -275,10 +276,12 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	if err != nil {
 		return err
 	}
+	n.quotas.over = map[string]Quota{}
 	n.dir = &directory{
 		node:   n.id.Name,
 		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},
 		reg:    n.reg,
+		quotas: &n.quotas,
 	}
 	n.dir.vaultKey.Store(keys.vaultPub)
 	n.dir.operator.Store(n.id.OperatorKey)
@@ -359,11 +362,12 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 // openServices.
 func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store, err error) {
 	n.ctrl = &controller{
-		log:  n.log.With("component", "controller"),
-		nc:   n.bus.Conn(),
-		resp: n.respNC,
-		gate: n.gate,
-		reg:  n.reg,
+		log:    n.log.With("component", "controller"),
+		nc:     n.bus.Conn(),
+		resp:   n.respNC,
+		gate:   n.gate,
+		reg:    n.reg,
+		quotas: &n.quotas,
 		topo: &topology{
 			js:           n.bus.JetStream(),
 			node:         n.id.Name,
@@ -566,6 +570,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("declaration follower", n.host.Run)
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
+	add("quotas", n.enforceQuotas)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.
 		<-n.httpDone
@@ -928,6 +933,7 @@ func (n *Node) openAudit() (err error) {
 	if err != nil {
 		return err
 	}
+	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
 	n.auditSub, err = audit.Serve(n.respNC, n.id.Name, n.audit)
 	return err
 }

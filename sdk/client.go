@@ -42,6 +42,9 @@ var (
 	ErrIncomplete = errors.New("seat protocol incomplete")
 	// ErrNotHolder means this instance does not hold the seat it would act for.
 	ErrNotHolder = errors.New("not the seat's holder")
+	// ErrOverQuota means the module holds more of EVENTS than its quota: the bus refuses its
+	// emits until its oldest events age out or the operator raises the quota.
+	ErrOverQuota = errors.New("over the module's EVENTS quota")
 )
 
 // DefaultRetryBackoff is the delay before each retry of a failed handler, one step per

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -169,6 +170,18 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 	return c.publishAs(ctx, c.Module(), subject, payload, opts)
 }
 
+// overQuota asks the bus, after a refused emit, whether the module is over its EVENTS
+// quota: nil if not, or if the bus does not say.
+func (c *Client) overQuota() *registry.Quota {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	self, err := askWhoami(ctx, c.nc, c.pub)
+	if err != nil {
+		return nil
+	}
+	return self.OverQuota
+}
+
 // publishAs stamps an envelope with source as x-source and publishes it to JetStream,
 // turning the bus's silences into errors that say why.
 func (c *Client) publishAs(ctx context.Context, source, subject string, payload any, opts []EmitOption) (string, error) {
@@ -204,6 +217,9 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
 	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
 		if r := Refused(ctx); r != nil {
+			if q := c.overQuota(); q != nil {
+				return id, fmt.Errorf("publish %s: %w: %s (%w)", subject, ErrOverQuota, q.Hint, r)
+			}
 			return id, fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
 		}
 		if dropped() {
