@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,17 +25,6 @@ import (
 
 // p99 is the 99th percentile of ds (the largest of fewer than 100).
 func p99(ds []time.Duration) time.Duration { return percentile(ds, 99) }
-
-// percentile is the nearest-rank p-th percentile of ds (0 for none).
-func percentile(ds []time.Duration, p int) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	i := (len(s)*p+99)/100 - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
 
 // flood runs n calls of f from workers goroutines, until done or ctx ends; it returns how
 // many succeeded and when the last one ended.
