@@ -62,6 +62,13 @@ type Foundation struct {
 	Formed bool `json:"formed,omitempty"`
 	// Members are the servers the mesh formed with.
 	Members []string `json:"members,omitempty"`
+	// GrowTo is set on a single node growing into a mesh of that many servers, and GrowPhase
+	// says how far it got (node/grow.go); both are cleared once it is a mesh.
+	GrowTo    int    `json:"grow_to,omitempty"`
+	GrowPhase string `json:"grow_phase,omitempty"`
+	// AwaitGrowth is set on a node that joined a growing single node: before it opens the
+	// mesh's buckets and streams it waits for the growing node to restore them.
+	AwaitGrowth bool `json:"await_growth,omitempty"`
 }
 
 // Minted is one credential in the genesis record: what, and a fingerprint (never a value).

@@ -227,7 +227,7 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 		return nil, err
 	}
 	if b.Expect == 1 {
-		return nil, fmt.Errorf("join token %s is of mesh %s, a single node: a node joins a mesh of 3 or more servers (growing one node to three is a migration, not built yet); the token is unused", b.ID, b.MeshID)
+		return nil, fmt.Errorf("join token %s is of mesh %s, a single node: a node joins a mesh of 3 or more servers; grow the single node first (`meshnode grow --expect 3` prints the token to join with); the token is unused", b.ID, b.MeshID)
 	}
 	return prepareMember(cfg, func() (*genesis.Foundation, error) {
 		f, err := genesis.Member(cfg.Name)
@@ -243,10 +243,14 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 			return nil, err
 		}
 		if e.Expect < 3 {
-			return nil, fmt.Errorf("mesh %s is a single node: a node joins a mesh of 3 or more servers (grow it by migration, see docs/contracts.md)", e.MeshID)
+			return nil, fmt.Errorf("mesh %s is a single node: a node joins a mesh of 3 or more servers; grow it first with `meshnode grow --expect 3`", e.MeshID)
 		}
 		f.MeshID, f.RouteSecret, f.GossipKey, f.BarrierKey = e.MeshID, e.RouteSecret, e.GossipKey, e.BarrierKey
 		f.Expect, f.Members, f.Seeds, f.Formed = e.Expect, e.Members, e.Seeds, true
+		if e.Growing {
+			// The mesh forms now, with the growing node: all of its servers meet first.
+			f.Formed, f.AwaitGrowth = false, true
+		}
 		return f, nil
 	})
 }
@@ -256,7 +260,14 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 func (n *Node) enrolment() vault.Enrolment {
 	e := vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
 		BarrierKey: n.found.BarrierKey, Expect: n.found.Expect, Members: n.found.Members}
-	if m := n.members; m != nil {
+	if to := n.growTo(); to > 0 {
+		e.Expect, e.Members, e.Growing = to, nil, true
+	}
+	m := n.members
+	if m == nil {
+		m = n.growMembers() // a single node growing: the joining nodes find it
+	}
+	if m != nil {
 		for _, x := range m.Members() {
 			if x.State == "alive" {
 				e.Seeds = append(e.Seeds, x.Addr)

@@ -25,7 +25,8 @@ type Status struct {
 	ClusterAddr   string          `json:"cluster_addr"`
 	GossipAddr    string          `json:"gossip_addr"`
 	Ready         bool            `json:"ready"`
-	Reason        string          `json:"reason,omitempty"` // why not ready
+	Reason        string          `json:"reason,omitempty"`  // why not ready
+	Growing       string          `json:"growing,omitempty"` // a single node growing into a mesh: how far
 	Started       time.Time       `json:"started"`
 	UptimeSeconds float64         `json:"uptime_seconds"`
 	Connections   int             `json:"connections"`
@@ -110,6 +111,10 @@ func (n *Node) handler() http.Handler {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
 			return
 		}
+		if g := n.Growing(); g != "" {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "growing": g})
+			return
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
@@ -146,6 +151,7 @@ func (n *Node) Status(ctx context.Context) Status {
 		Started:       n.started,
 		UptimeSeconds: time.Since(n.started).Seconds(),
 		Connections:   st.Connections,
+		Growing:       n.Growing(),
 		JetStream: JetStreamStatus{
 			Enabled:   true,
 			Mode:      "standalone",

@@ -74,29 +74,39 @@ type Node struct {
 	cfg config.Config
 	log *slog.Logger
 
-	started     time.Time
-	db          *bolt.DB
-	id          Identity
-	found       *genesis.Foundation
-	key         nkeys.KeyPair
-	bus         *embedbus.Bus
-	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
-	alarms      alarms             // standing reasons not to be ready (drift.go)
-	lossSub     *nats.Subscription // answers ToolAcceptLoss
-	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
-	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
-	gateStop    func()             // ends the gate's reports, the last one made
-	vault       *vault.Vault
-	vaultNC     *nats.Conn
-	audit       *audit.Logger
-	host        *host.Follower   // this node's declaration (hosting.go)
-	supervisor  *host.Supervisor // the modules it runs
-	reportNow   chan struct{}    // the supervisor's state changed: report it
-	logsSub     *nats.Subscription
-	gitSub      *nats.Subscription
-	auditSub    *nats.Subscription
-	dead        *deadLetters
-	members     *membership.Membership
+	started    time.Time
+	db         *bolt.DB
+	id         Identity
+	found      *genesis.Foundation
+	key        nkeys.KeyPair
+	bus        *embedbus.Bus
+	budget     storeBudget        // the byte limits of the mesh's streams and buckets on this node
+	alarms     alarms             // standing reasons not to be ready (drift.go)
+	lossSub    *nats.Subscription // answers ToolAcceptLoss
+	respNC     *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
+	gate       *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
+	gateStop   func()             // ends the gate's reports, the last one made
+	vault      *vault.Vault
+	vaultNC    *nats.Conn
+	audit      *audit.Logger
+	host       *host.Follower   // this node's declaration (hosting.go)
+	supervisor *host.Supervisor // the modules it runs
+	reportNow  chan struct{}    // the supervisor's state changed: report it
+	logsSub    *nats.Subscription
+	gitSub     *nats.Subscription
+	growSub    *nats.Subscription // a single node's grow tool
+	auditSub   *nats.Subscription
+	dead       *deadLetters
+	members    *membership.Membership
+	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
+	// serialises the growth's steps, growing is its progress, and restart makes Run end with
+	// ErrRestart (grow.go).
+	growGossip  *membership.Membership
+	growStop    chan struct{} // ends the count of growGossip's members
+	growWG      sync.WaitGroup
+	growMu      sync.Mutex
+	growing     atomic.Pointer[string]
+	restart     atomic.Bool
 	regClosed   bool
 	reg         *registry.Registry
 	dir         *directory
@@ -179,6 +189,11 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if !resumed {
 		n.supervisor.URL = n.bus.ClientURL() // before any module starts: read by each start
 		n.resume(octx)
+	}
+	if n.found.AwaitGrowth {
+		if err := n.awaitGrowth(octx); err != nil {
+			return err
+		}
 	}
 	// The JetStream phase: buckets, streams, the mirrors' loads, seats. octx ends it too.
 	n.setPhase("opening the mesh's streams, buckets, vault and seats")
@@ -317,20 +332,46 @@ func (n *Node) authorityChanged(old, new *registry.Entry) {
 }
 
 // openBus starts the embedded server — forming the cluster first on a founding node that
-// expects peers — and connects the responder.
+// expects peers, migrating first on a single node growing into a mesh (grow.go) — and
+// connects the responder.
 func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) {
-	var cluster *embedbus.Cluster
-	readyTimeout := embedbus.DefaultReadyTimeout
-	if n.found.Expect >= 3 {
-		if cluster, err = n.form(octx); err != nil {
+	switch {
+	case n.found.GrowTo > 0 && n.found.GrowPhase != growWaiting:
+		if err := n.grow(octx); err != nil {
 			return err
 		}
+	case n.found.Expect >= 3:
+		cluster, err := n.form(octx)
+		if err != nil {
+			return err
+		}
+		if err := n.startBus(octx, cluster, n.cfg.ClientAddr); err != nil {
+			return err
+		}
+	default:
+		if err := n.startBus(octx, nil, n.cfg.ClientAddr); err != nil {
+			return err
+		}
+	}
+	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
+		return fmt.Errorf("connect responder: %w", err)
+	}
+	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
+	n.newGate()
+	return nil
+}
+
+// startBus starts the embedded server on the node's store, clustered when cluster is set,
+// with clients on clientAddr.
+func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientAddr string) (err error) {
+	readyTimeout := embedbus.DefaultReadyTimeout
+	if cluster != nil {
 		readyTimeout = formationReadyTimeout
 	}
 	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
 		StoreDir:     filepath.Join(n.cfg.DataDir, jsDir),
-		ClientAddr:   n.cfg.ClientAddr,
+		ClientAddr:   clientAddr,
 		Logger:       n.log.With("component", "nats"),
 		Key:          n.key,
 		Directory:    n.dir,
@@ -347,11 +388,6 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 	if err != nil {
 		return fmt.Errorf("open bus: %w", err)
 	}
-	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
-		return fmt.Errorf("connect responder: %w", err)
-	}
-	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
-	n.newGate()
 	return nil
 }
 
@@ -509,6 +545,13 @@ func (n *Node) newHTTPServer() {
 // peers.
 func (n *Node) announce() (err error) {
 	if n.members == nil {
+		// A single node: it may grow into a mesh.
+		if n.growSub, err = n.serveGrow(); err != nil {
+			return fmt.Errorf("serve the grow tool: %w", err)
+		}
+		if n.found.GrowPhase == growWaiting {
+			return n.gossipToGrow()
+		}
 		return nil
 	}
 	n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
@@ -590,6 +633,9 @@ func (n *Node) Run(ctx context.Context) error {
 		n.log.Info("stopping", "reason", err.Error())
 		return nil
 	}
+	if err == nil && n.restart.Load() {
+		return ErrRestart
+	}
 	return err
 }
 
@@ -638,6 +684,10 @@ func (n *Node) Close() error {
 		n.logsSub.Unsubscribe()
 		n.logsSub = nil
 	}
+	if n.growSub != nil {
+		n.growSub.Unsubscribe()
+		n.growSub = nil
+	}
 	if n.gitSub != nil {
 		n.gitSub.Unsubscribe()
 		n.gitSub = nil
@@ -676,6 +726,16 @@ func (n *Node) Close() error {
 	if n.bus != nil {
 		keep(n.bus.Close(), "bus")
 		n.bus = nil
+	}
+	if m := n.growMembers(); m != nil {
+		n.growMu.Lock()
+		close(n.growStop)
+		n.growMu.Unlock()
+		n.growWG.Wait()
+		keep(m.Stop(time.Second), "membership")
+		n.growMu.Lock()
+		n.growGossip = nil
+		n.growMu.Unlock()
 	}
 	if n.members != nil {
 		keep(n.members.Stop(time.Second), "membership")

@@ -151,6 +151,9 @@ type Enrolment struct {
 	Expect  int      `json:"expect,omitempty"`
 	Members []string `json:"members,omitempty"`
 	Seeds   []string `json:"seeds,omitempty"`
+	// Growing is set when the mesh is a single node growing to Expect servers: the joining
+	// node forms the mesh with it, and waits for it to bring the mesh's state.
+	Growing bool `json:"growing,omitempty"`
 }
 
 // ErrRefused means the vault refused the request; the error says why.

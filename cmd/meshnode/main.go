@@ -100,6 +100,7 @@ func newRootCmd() *cobra.Command {
 		newProvisionsCmd(),
 		newMembersCmd(),
 		newLeaveCmd(),
+		newGrowCmd(),
 		newNodeCmd(),
 		newVaultCmd(),
 		newTokenCmd(),

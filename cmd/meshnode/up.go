@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -167,6 +168,21 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 			os.Exit(exitOK)
 		}
 	}()
+	for {
+		err := runOnce(ctx, cmd, cfg, log, create)
+		if errors.Is(err, node.ErrRestart) {
+			// Growing into a mesh: the node opens again on its data dir, and migrates.
+			log.Info("restarting to go on growing into a mesh")
+			continue
+		}
+		sdNotify("STOPPING=1")
+		return err
+	}
+}
+
+// runOnce opens the node on cfg, prints the ready line and runs it until ctx ends or it
+// stops; node.ErrRestart asks for another run.
+func runOnce(ctx context.Context, cmd *cobra.Command, cfg config.Config, log *slog.Logger, create bool) error {
 	n := node.New(cfg, log)
 	n.CreateIdentity = create
 	n.OnPhase = func(phase string) {
@@ -198,10 +214,9 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 		id.Name, id.MeshID, n.ClientURL(), n.HTTPURL())
 	fmt.Fprintf(cmd.OutOrStdout(), "  try: meshnode status --data-dir %s\n", cfg.DataDir)
 	sdNotify("READY=1\nSTATUS=ready: node " + id.Name + ", mesh " + id.MeshID)
-	err = n.Run(ctx)
+	err := n.Run(ctx)
 	if ctx.Err() != nil {
 		log.Info("stopping", "reason", "signal")
 	}
-	sdNotify("STOPPING=1")
 	return err
 }

@@ -1,0 +1,226 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// restartingNode runs a node the way `meshnode run` does: opened again on its data dir
+// whenever Run ends with node.ErrRestart (a single node growing into a mesh).
+type restartingNode struct {
+	mu      sync.Mutex
+	n       *node.Node
+	opened  chan struct{} // each open, once it is done
+	cancel  context.CancelFunc
+	done    chan error
+	restart int
+}
+
+func runRestarting(t *testing.T, cfg config.Config) *restartingNode {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &restartingNode{opened: make(chan struct{}, 8), cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		for {
+			n := node.New(cfg, testLog())
+			if err := n.OpenContext(ctx); err != nil {
+				r.done <- fmt.Errorf("open %s: %w", cfg.Name, err)
+				return
+			}
+			r.mu.Lock()
+			r.n = n
+			r.mu.Unlock()
+			r.opened <- struct{}{}
+			err := n.Run(ctx)
+			n.Close()
+			if errors.Is(err, node.ErrRestart) {
+				r.mu.Lock()
+				r.restart++
+				r.mu.Unlock()
+				continue
+			}
+			r.done <- err
+			return
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+func (r *restartingNode) node() *node.Node {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+// awaitOpen waits for the node's next open.
+func (r *restartingNode) awaitOpen(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-r.opened:
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("the node ended: %v", err)
+	case <-time.After(within):
+		t.Fatalf("the node did not open within %s", within)
+	}
+}
+
+// TestGrow_OneToThree: a single node with a registered module, a secret and events grows
+// into a mesh of three — `grow` on it, `join` with its token on two new nodes — and after it
+// every stream holds what it held, at 3 replicas; the module, its secret and its credential
+// work through a new node; the audit log of the grown node still verifies.
+func TestGrow_OneToThree(t *testing.T) {
+	cfgA := clusterConfig(t, "a")
+	if _, _, err := node.Prepare(cfgA, 1); err != nil {
+		t.Fatal(err)
+	}
+	a := runRestarting(t, cfgA)
+	a.awaitOpen(t, 30*time.Second)
+	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	reg, err := admin.Register(ctx, op, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nsecrets: [key]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(t.TempDir(), "shop.nk")
+	if err := os.WriteFile(seed, reg.Seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vault.Call(ctx, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, a.node().ClientURL(), seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := shop.Secret(ctx, "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := shop.Emit(ctx, "sold", map[string]int{"n": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shop.Close()
+	js, _ := jetstream.New(op)
+	before := streamStates(t, ctx, js)
+	if before["EVENTS"].Msgs < 20 {
+		t.Fatalf("EVENTS holds %d messages before growing", before["EVENTS"].Msgs)
+	}
+
+	// grow, then a token for the two new servers.
+	body, _ := json.Marshal(node.GrowRequest{Expect: 3})
+	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", node.ToolGrow), body)
+	if err != nil || !strings.Contains(string(msg.Data), `"ok":true`) {
+		t.Fatalf("grow: %v %s", err, msgData(msg))
+	}
+	var tok vault.Token
+	if _, err := vault.Call(ctx, op, vault.VerbToken, vault.CallerOperator, vault.Request{TTL: "1h", Uses: 2}, &tok); err != nil {
+		t.Fatal(err)
+	}
+	op.Close()
+	if got := a.node().Growing(); !strings.Contains(got, "waiting for 2 more") {
+		t.Fatalf("growing %q, want it waiting for 2 more", got)
+	}
+	var joined []*restartingNode
+	for _, name := range []string{"b", "c"} {
+		cfg := clusterConfig(t, name)
+		if _, err := node.Join(ctx, cfg, tok.Token); err != nil {
+			t.Fatalf("join %s: %v", name, err)
+		}
+		joined = append(joined, runRestarting(t, cfg))
+	}
+	// a restarts, migrates and opens again; b and c open once it has.
+	a.awaitOpen(t, 2*time.Minute)
+	for _, j := range joined {
+		j.awaitOpen(t, 2*time.Minute)
+	}
+
+	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	defer op.Close()
+	js, _ = jetstream.New(op)
+	after := streamStates(t, ctx, js)
+	for name, st := range before {
+		got, ok := after[name]
+		if !ok {
+			t.Errorf("stream %s is gone", name)
+			continue
+		}
+		// The streams go on (the new servers' events and records, leases renewed, jobs
+		// taken): none goes back, and what EVENTS and the vault held is all still there.
+		kept := (name == "EVENTS" || name == "KV_mesh-vault") && got.FirstSeq != st.FirstSeq
+		if kept || got.LastSeq < st.LastSeq {
+			t.Errorf("stream %s: sequences %d–%d, before %d–%d", name, got.FirstSeq, got.LastSeq, st.FirstSeq, st.LastSeq)
+		}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := s.CachedInfo().Config.Replicas; r != 3 {
+			t.Errorf("stream %s has %d replicas, want 3", name, r)
+		}
+	}
+	if _, err := admin.List(ctx, op); err != nil {
+		t.Fatalf("module ls after growing: %v", err)
+	}
+	shop, err = sdk.Connect(ctx, joined[1].node().ClientURL(), seed)
+	if err != nil {
+		t.Fatalf("the module's credential through a new server: %v", err)
+	}
+	defer shop.Close()
+	got, err := shop.Secret(ctx, "key")
+	if err != nil || string(got) != string(secret) {
+		t.Fatalf("the module's secret after growing: %q %v", got, err)
+	}
+	if _, err := shop.Emit(ctx, "sold", map[string]int{"n": 99}); err != nil {
+		t.Fatalf("emit after growing: %v", err)
+	}
+	if g := a.node().Growing(); g != "" {
+		t.Errorf("still growing: %q", g)
+	}
+	if members := a.node().Members(); len(members) != 3 {
+		t.Errorf("members %+v, want 3", members)
+	}
+	reply, err := audit.Call(ctx, op, "a", audit.Request{Op: "verify"})
+	if err != nil || reply.Verification == nil || !reply.Verification.OK() || reply.Verification.Records < 20 {
+		t.Errorf("the grown node's audit log: %+v %v", reply, err)
+	}
+}
+
+// streamStates is every stream's state, by name.
+func streamStates(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]jetstream.StreamState {
+	t.Helper()
+	out := map[string]jetstream.StreamState{}
+	for info := range js.ListStreams(ctx).Info() {
+		out[info.Config.Name] = info.State
+	}
+	return out
+}
+
+func msgData(m *nats.Msg) string {
+	if m == nil {
+		return ""
+	}
+	return string(m.Data)
+}
