@@ -32,16 +32,37 @@ type restartingNode struct {
 	cancel  context.CancelFunc
 	done    chan error
 	restart int
+	// interrupted counts the opens cut short.
+	interrupted int
 }
 
-func runRestarting(t *testing.T, cfg config.Config) *restartingNode {
+// runRestarting runs the node on cfg. With interrupt set, the first open that reaches a
+// phase beginning with it is cut short there (its context cancelled, as a stop would), and
+// the node is opened again.
+func runRestarting(t *testing.T, cfg config.Config, interrupt string) *restartingNode {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &restartingNode{opened: make(chan struct{}, 8), cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		for {
 			n := node.New(cfg, testLog())
-			if err := n.OpenContext(ctx); err != nil {
+			octx, cut := context.WithCancel(ctx)
+			var interrupted bool
+			n.OnPhase = func(phase string) {
+				if interrupt != "" && strings.HasPrefix(phase, interrupt) {
+					interrupt, interrupted = "", true
+					cut()
+				}
+			}
+			err := n.OpenContext(octx)
+			cut()
+			if err != nil && interrupted && ctx.Err() == nil {
+				r.mu.Lock()
+				r.interrupted++
+				r.mu.Unlock()
+				continue
+			}
+			if err != nil {
 				r.done <- fmt.Errorf("open %s: %w", cfg.Name, err)
 				return
 			}
@@ -49,7 +70,7 @@ func runRestarting(t *testing.T, cfg config.Config) *restartingNode {
 			r.n = n
 			r.mu.Unlock()
 			r.opened <- struct{}{}
-			err := n.Run(ctx)
+			err = n.Run(ctx)
 			n.Close()
 			if errors.Is(err, node.ErrRestart) {
 				r.mu.Lock()
@@ -88,12 +109,22 @@ func (r *restartingNode) awaitOpen(t *testing.T, within time.Duration) {
 // into a mesh of three — `grow` on it, `join` with its token on two new nodes — and after it
 // every stream holds what it held, at 3 replicas; the module, its secret and its credential
 // work through a new node; the audit log of the grown node still verifies.
-func TestGrow_OneToThree(t *testing.T) {
+func TestGrow_OneToThree(t *testing.T) { testGrow(t, "") }
+
+// TestGrow_Interrupted: the growing node's start is cut short while it restores EVENTS;
+// the next start goes on from there, and the mesh ends up whole.
+func TestGrow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS") }
+
+// TestGrow_InterruptedSnapshot: cut short as it takes its snapshots, the growing node
+// starts over from its untouched store.
+func TestGrow_InterruptedSnapshot(t *testing.T) { testGrow(t, "growing: taking a snapshot") }
+
+func testGrow(t *testing.T, interrupt string) {
 	cfgA := clusterConfig(t, "a")
 	if _, _, err := node.Prepare(cfgA, 1); err != nil {
 		t.Fatal(err)
 	}
-	a := runRestarting(t, cfgA)
+	a := runRestarting(t, cfgA, interrupt)
 	a.awaitOpen(t, 30*time.Second)
 	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -149,7 +180,7 @@ func TestGrow_OneToThree(t *testing.T) {
 		if _, err := node.Join(ctx, cfg, tok.Token); err != nil {
 			t.Fatalf("join %s: %v", name, err)
 		}
-		joined = append(joined, runRestarting(t, cfg))
+		joined = append(joined, runRestarting(t, cfg, ""))
 	}
 	// a restarts, migrates and opens again; b and c open once it has.
 	a.awaitOpen(t, 2*time.Minute)
@@ -195,6 +226,12 @@ func TestGrow_OneToThree(t *testing.T) {
 	}
 	if _, err := shop.Emit(ctx, "sold", map[string]int{"n": 99}); err != nil {
 		t.Fatalf("emit after growing: %v", err)
+	}
+	a.mu.Lock()
+	interrupted := a.interrupted
+	a.mu.Unlock()
+	if interrupt != "" && interrupted != 1 {
+		t.Errorf("the growing node was interrupted %d times, want once", interrupted)
 	}
 	if g := a.node().Growing(); g != "" {
 		t.Errorf("still growing: %q", g)
