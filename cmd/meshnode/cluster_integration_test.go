@@ -572,3 +572,66 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
 	nodes[2].p = launchCmd(t, cmd, "join")
 }
+
+// TestIntegration_GrowOneToThree: a single node (genesis, run) with a registered module
+// grows into a mesh of three processes — `grow --expect 3 --json` on it, `join` with its
+// token on two new ones. The single node restarts by itself, in the same process, and all
+// three become ready; the members are three JetStream peers, and the module registered on
+// the single node is listed by a new one.
+func TestIntegration_GrowOneToThree(t *testing.T) {
+	a := newMeshNode(t, "a")
+	if r := meshnode(t, nil, append([]string{"genesis"}, a.flags...)...); r.code != 0 {
+		t.Fatalf("genesis: exit %d %s", r.code, r.stderr)
+	}
+	a.p = startNode(t, "run", a.flags...)
+	op := filepath.Join(a.dir, "operator.nk")
+	shop := filepath.Join(t.TempDir(), "shop.yaml")
+	if err := os.WriteFile(shop, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := meshnode(t, nil, "module", "register", shop, "--creds-out", filepath.Join(t.TempDir(), "shop.nk"), "--data-dir", a.dir); r.code != 0 {
+		t.Fatalf("register: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "grow", "--expect", "2", "--data-dir", a.dir); r.code != 2 {
+		t.Fatalf("grow --expect 2: exit %d %s, want a usage error", r.code, r.stderr)
+	}
+	r := meshnode(t, nil, "grow", "--expect", "3", "--json", "--data-dir", a.dir)
+	var g struct {
+		Token string
+		Uses  int
+	}
+	if json.Unmarshal([]byte(r.stdout), &g); r.code != 0 || !strings.HasPrefix(g.Token, "MNJ1.") || g.Uses != 2 {
+		t.Fatalf("grow: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", a.dir); !strings.Contains(r.stdout, "waiting for 2 more to join") {
+		t.Fatalf("status while growing: %s %s", r.stdout, r.stderr)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(g.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, c := newMeshNode(t, "b"), newMeshNode(t, "c")
+	b.p = launch(t, "join", append([]string{"--token-file", tokenFile}, b.flags...)...)
+	c.p = launch(t, "join", append([]string{"--token-file", tokenFile}, c.flags...)...)
+	a.p.awaitReady(t, 2*time.Minute) // again: it restarted to migrate
+	b.p.awaitReady(t, 2*time.Minute)
+	c.p.awaitReady(t, 2*time.Minute)
+	retryUntil(t, 30*time.Second, func() error {
+		st, err := memberStates(t, a.dir)
+		if err != nil || len(st) != 3 {
+			return fmt.Errorf("members %v %v", st, err)
+		}
+		for name, s := range st {
+			if !strings.HasPrefix(s, "alive/") || strings.HasSuffix(s, "/standalone") || strings.HasSuffix(s, "/none") {
+				return fmt.Errorf("member %s is %s", name, s)
+			}
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, "module", "ls", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "shop") {
+		t.Fatalf("module ls on a new node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 0 || strings.Contains(r.stdout, "growing") {
+		t.Fatalf("status after growing: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -133,6 +133,9 @@ func printStatus(w io.Writer, st node.Status) {
 			st.JetStream.Mode, st.JetStream.Streams, st.JetStream.Consumers, st.JetStream.Messages, st.JetStream.Bytes)},
 		{"audit", fmt.Sprintf("%d records, lag %d", st.Audit.Records, st.Audit.Lag)},
 	}
+	if st.Growing != "" {
+		rows = append(rows, [2]string{"growing", st.Growing})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}
