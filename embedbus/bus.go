@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,6 +84,37 @@ type Bus struct {
 	srv    *server.Server
 	conn   *nats.Conn
 	js     jetstream.JetStream
+
+	optsMu sync.Mutex
+	opts   *server.Options // as started, less the routes dropped since (DropRoute)
+}
+
+// Routes are the host:port of every route the server is configured with (and retries).
+func (b *Bus) Routes() []string {
+	b.optsMu.Lock()
+	defer b.optsMu.Unlock()
+	var out []string
+	for _, r := range b.opts.Routes {
+		out = append(out, r.Host)
+	}
+	return out
+}
+
+// DropRoute removes the configured route to addr (host:port) by a configuration reload:
+// nats-server closes it and stops retrying it. It reports whether there was one.
+func (b *Bus) DropRoute(addr string) (bool, error) {
+	b.optsMu.Lock()
+	defer b.optsMu.Unlock()
+	opts := b.opts.Clone()
+	opts.Routes = slices.DeleteFunc(opts.Routes, func(u *url.URL) bool { return u.Host == addr })
+	if len(opts.Routes) == len(b.opts.Routes) {
+		return false, nil
+	}
+	if err := b.srv.ReloadOptions(opts.Clone()); err != nil {
+		return false, fmt.Errorf("drop the route to %s: %w", addr, err)
+	}
+	b.opts = opts
+	return true, nil
 }
 
 // Open starts the server, waits until it accepts connections and JetStream answers, and
@@ -208,7 +241,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		conn.Close()
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey}
+	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey, opts: opts}
 	// A clustered JetStream answers only once a meta leader exists, and a request sent
 	// before that is never answered: ask again, each time briefly, backing off, until ctx
 	// ends.

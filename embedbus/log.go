@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"sync"
 )
 
@@ -16,20 +17,30 @@ type logger struct {
 	fatal string
 }
 
-func (l *logger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
-func (l *logger) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
-func (l *logger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *logger) Noticef(format string, v ...any) { l.log.Info(redact(format, v)) }
+func (l *logger) Warnf(format string, v ...any)   { l.log.Warn(redact(format, v)) }
+func (l *logger) Errorf(format string, v ...any)  { l.log.Error(redact(format, v)) }
 func (l *logger) Debugf(format string, v ...any)  { l.debug(format, v...) }
 func (l *logger) Tracef(format string, v ...any)  { l.debug(format, v...) }
 
 func (l *logger) debug(format string, v ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
-		l.log.Debug(fmt.Sprintf(format, v...))
+		l.log.Debug(redact(format, v))
 	}
 }
 
+// userinfo is a URL's user and password: nats-server prints a route's URL whole ("Removed
+// route nats-route://route:<secret>@host:port"), and the secret is the mesh's route
+// credential.
+var userinfo = regexp.MustCompile(`://([^:/@\s]+):[^@/\s]+@`)
+
+// redact formats a nats-server message with every URL's password replaced.
+func redact(format string, v []any) string {
+	return userinfo.ReplaceAllString(fmt.Sprintf(format, v...), "://$1:REDACTED@")
+}
+
 func (l *logger) Fatalf(format string, v ...any) {
-	msg := fmt.Sprintf(format, v...)
+	msg := redact(format, v)
 	l.mu.Lock()
 	if l.fatal == "" {
 		l.fatal = msg

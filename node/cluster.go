@@ -87,6 +87,34 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 	}()
 }
 
+// dropRoutesOfGone drops this node's configured route to a server that left the mesh or was
+// removed from it, as the node events say: nats-server would retry it, and log it, for ever.
+func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
+	return n.bus.Conn().Subscribe(manifest.NodeEventSubject("*", "*"), func(m *nats.Msg) {
+		event := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		if event != "left" && event != "removed" {
+			return
+		}
+		var body struct {
+			Node string `json:"node"`
+		}
+		if json.Unmarshal(m.Data, &body) != nil || body.Node == "" || body.Node == n.id.Name {
+			return
+		}
+		addr := n.routeOf[body.Node]
+		if addr == "" {
+			return // a server that joined after this one started: its route is its own
+		}
+		dropped, err := n.bus.DropRoute(addr)
+		switch {
+		case err != nil:
+			n.log.Warn("keep retrying the route to a server that is gone", "node", body.Node, "route", addr, "err", err)
+		case dropped:
+			n.log.Info("dropped the route to a server that is gone", "node", body.Node, "route", addr, "why", event)
+		}
+	})
+}
+
 func respondCluster(m *nats.Msg, err error) {
 	r := ClusterReply{OK: err == nil}
 	if err != nil {

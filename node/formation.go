@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -84,9 +85,13 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		}
 		if len(alive) >= need {
 			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Advertise: adv.route, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
+			n.routeOf = map[string]string{}
 			for _, x := range alive {
 				if x.Name != n.id.Name && x.Route != "" {
 					cluster.Routes = append(cluster.Routes, x.Route)
+					if u, err := url.Parse(x.Route); err == nil {
+						n.routeOf[x.Name] = u.Host
+					}
 				}
 			}
 			n.log.Info("mesh formed", "members", names(alive))

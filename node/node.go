@@ -98,6 +98,7 @@ type Node struct {
 	auditSub   *nats.Subscription
 	dead       *deadLetters
 	members    *membership.Membership
+	routeOf    map[string]string // member → host:port of the route this node was started with (form)
 	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
 	// serialises the growth's steps, growing is its progress, and restart makes Run end with
 	// ErrRestart (grow.go).
@@ -558,6 +559,11 @@ func (n *Node) announce() (err error) {
 	if n.clusterSubs, err = n.serveCluster(); err != nil {
 		return fmt.Errorf("serve cluster tools: %w", err)
 	}
+	gone, err := n.dropRoutesOfGone()
+	if err != nil {
+		return fmt.Errorf("watch for servers gone: %w", err)
+	}
+	n.clusterSubs = append(n.clusterSubs, gone)
 	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
 		"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
 	}, n.log)

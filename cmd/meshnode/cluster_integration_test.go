@@ -352,6 +352,25 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 		}
 		return nil
 	})
+	// a drops its route to c, which it was started with, rather than retry it for ever: the
+	// errors of connecting to c's cluster address stop (an attempt of each pooled route
+	// connection may be under way).
+	cRoute := flagValue(c.flags, "--cluster-addr")
+	routeErrors := func() int {
+		n := 0
+		for line := range strings.Lines(a.p.stderr.String()) {
+			if strings.Contains(line, "Error trying to connect to route") && strings.Contains(line, cRoute) {
+				n++
+			}
+		}
+		return n
+	}
+	afterLeave := routeErrors()
+	defer func() {
+		if got := routeErrors(); got > afterLeave+2 {
+			t.Errorf("a logged %d more errors about the route to c (%s) after c left: it was not dropped\n%s", got-afterLeave, cRoute, a.p.stderr)
+		}
+	}()
 	if r := meshnode(t, nil, append([]string{"run"}, c.flags...)...); r.code != 1 || !strings.Contains(r.stderr, "left its mesh") {
 		t.Fatalf("run after leave: exit %d %s", r.code, r.stderr)
 	}
@@ -634,4 +653,14 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 0 || strings.Contains(r.stdout, "growing") {
 		t.Fatalf("status after growing: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+}
+
+// flagValue is the value after name in flags ("" if absent).
+func flagValue(flags []string, name string) string {
+	for i, f := range flags {
+		if f == name && i+1 < len(flags) {
+			return flags[i+1]
+		}
+	}
+	return ""
 }
