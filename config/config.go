@@ -91,6 +91,9 @@ type Config struct {
 	// seats'); past it the module's emits are refused until its oldest events age out.
 	// Zero: a quarter of EVENTS.
 	ModuleEventsMaxBytes Bytes `yaml:"module-events-max-bytes"`
+	// ClientTLS says when the client port is TLS, with the node's certificate from the mesh's
+	// CA: "auto" when client-addr is not a loopback address, "always" even then.
+	ClientTLS string `yaml:"client-tls"`
 	// DeadMaxBytes is the most DEAD keeps. Zero: a tenth of the store.
 	DeadMaxBytes Bytes `yaml:"dead-max-bytes"`
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
@@ -230,6 +233,7 @@ func (c *Config) keys() map[string]any {
 		"store-max-bytes":         &c.StoreMaxBytes,
 		"events-max-bytes":        &c.EventsMaxBytes,
 		"module-events-max-bytes": &c.ModuleEventsMaxBytes,
+		"client-tls":              &c.ClientTLS,
 		"dead-max-bytes":          &c.DeadMaxBytes,
 		"max-event-bytes":         &c.MaxEventBytes,
 		"rate-limit":              &c.RateLimit,
@@ -414,6 +418,11 @@ func (c Config) Validate() error {
 	}
 	if c.AuditRetention < 0 {
 		return fmt.Errorf("%w: audit-retention %s: zero keeps everything, or write e.g. 90d", ErrInvalid, c.AuditRetention)
+	}
+	switch c.ClientTLS {
+	case "", "auto", "always":
+	default:
+		return fmt.Errorf("%w: client-tls %q: auto (TLS when client-addr is not loopback) or always", ErrInvalid, c.ClientTLS)
 	}
 	if c.EventsMaxAge <= 0 {
 		return fmt.Errorf("%w: events-max-age %s: must be positive, e.g. 7d", ErrInvalid, c.EventsMaxAge)

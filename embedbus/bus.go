@@ -2,6 +2,7 @@ package embedbus
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,9 @@ import (
 // DefaultReadyTimeout bounds how long Open waits for the server to accept connections and
 // JetStream to answer.
 const DefaultReadyTimeout = 10 * time.Second
+
+// tlsTimeout bounds a TLS handshake, on routes and clients.
+const tlsTimeout = 5 * time.Second
 
 // ErrAddrInUse is returned by Open when the client address is taken by another process.
 var ErrAddrInUse = errors.New("address already in use")
@@ -46,6 +50,9 @@ type Config struct {
 	Key nkeys.KeyPair
 	// Cluster makes the server one of a clustered mesh; nil runs it standalone.
 	Cluster *Cluster
+	// ClientTLS makes the client port TLS only; nil: plain. In-process connections stay
+	// plain either way.
+	ClientTLS *tls.Config
 	// MaxStore is the most JetStream stores on this server, in bytes; zero lets nats-server
 	// size it from the disk (75% of what is free).
 	MaxStore int64
@@ -75,6 +82,8 @@ type Cluster struct {
 	Secret string
 	// Advertise is host:port the other servers reach this one's routes at (empty: Addr).
 	Advertise string
+	// TLS is the routes' TLS configuration (both ends verify each other); nil: plain.
+	TLS *tls.Config
 }
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
@@ -177,6 +186,9 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 			return nil, err
 		}
 		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise}
+		if c.TLS != nil {
+			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = c.TLS, tlsTimeout.Seconds()
+		}
 		for _, r := range c.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
@@ -185,6 +197,9 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 			u.User = url.UserPassword("route", c.Secret)
 			opts.Routes = append(opts.Routes, u)
 		}
+	}
+	if cfg.ClientTLS != nil {
+		opts.TLS, opts.TLSConfig, opts.TLSTimeout = true, cfg.ClientTLS, tlsTimeout.Seconds()
 	}
 	srv, err := server.NewServer(opts.Clone())
 	if err != nil {

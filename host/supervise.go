@@ -81,6 +81,9 @@ type Supervisor struct {
 	Node string
 	// URL is the bus address a module's process connects to (MESH_URL).
 	URL string
+	// CA is the mesh's CA certificate file a module's process trusts (MESH_CA), when the
+	// client port is TLS; "" otherwise.
+	CA string
 	// Artifact writes a module's artifact to w, checked against its digest.
 	Artifact func(ctx context.Context, m deploy.Module, w io.Writer) error
 	// Credentials fetches a module's seed and named secrets from the vault.
@@ -465,6 +468,9 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		"MESH_NODE=" + s.Node,
 		"MESH_SECRETS=" + filepath.Join(dir, "secrets"),
 		"MESH_INSTANCE=" + strconv.Itoa(i),
+	}
+	if s.CA != "" {
+		cmd.Env = append(cmd.Env, "MESH_CA="+s.CA)
 	}
 	provisioned, err := provisionEnv(dir)
 	if err != nil {

@@ -265,6 +265,9 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 func (n *Node) enrolment() vault.Enrolment {
 	e := vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
 		BarrierKey: n.found.BarrierKey, Expect: n.found.Expect, Members: n.found.Members}
+	if n.certCA != nil {
+		e.CA = n.certCA.Cert.Raw
+	}
 	if to := n.growTo(); to > 0 {
 		e.Expect, e.Members, e.Growing = to, nil, true
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
@@ -120,13 +121,17 @@ func TestGrow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS
 func TestGrow_InterruptedSnapshot(t *testing.T) { testGrow(t, "growing: taking a snapshot") }
 
 func testGrow(t *testing.T, interrupt string) {
+	// Every client port TLS, as off loopback: the new nodes enrol through it with the CA
+	// their token carries.
 	cfgA := clusterConfig(t, "a")
+	cfgA.ClientTLS = "always"
 	if _, _, err := node.Prepare(cfgA, 1); err != nil {
 		t.Fatal(err)
 	}
 	a := runRestarting(t, cfgA, interrupt)
 	a.awaitOpen(t, 30*time.Second)
-	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	ca := filepath.Join(cfgA.DataDir, meshca.CAFile)
+	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	reg, err := admin.Register(ctx, op, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nsecrets: [key]\n"))
@@ -140,7 +145,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if _, err := vault.Call(ctx, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	shop, err := sdk.Connect(ctx, a.node().ClientURL(), seed)
+	shop, err := sdk.Connect(ctx, a.node().ClientURL(), seed, sdk.RootCA(ca))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +182,7 @@ func testGrow(t *testing.T, interrupt string) {
 	var joined []*restartingNode
 	for _, name := range []string{"b", "c"} {
 		cfg := clusterConfig(t, name)
+		cfg.ClientTLS = "always"
 		if _, err := node.Join(ctx, cfg, tok.Token); err != nil {
 			t.Fatalf("join %s: %v", name, err)
 		}
@@ -188,7 +194,7 @@ func testGrow(t *testing.T, interrupt string) {
 		j.awaitOpen(t, 2*time.Minute)
 	}
 
-	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	defer op.Close()
 	js, _ = jetstream.New(op)
 	after := streamStates(t, ctx, js)
@@ -215,7 +221,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if _, err := admin.List(ctx, op); err != nil {
 		t.Fatalf("module ls after growing: %v", err)
 	}
-	shop, err = sdk.Connect(ctx, joined[1].node().ClientURL(), seed)
+	shop, err = sdk.Connect(ctx, joined[1].node().ClientURL(), seed, sdk.RootCA(ca))
 	if err != nil {
 		t.Fatalf("the module's credential through a new server: %v", err)
 	}

@@ -33,6 +33,7 @@ func (n *Node) newSupervisor() {
 		Dir:  filepath.Join(n.cfg.DataDir, "modules"),
 		Node: n.id.Name,
 		URL:  fixedClientURL(n.cfg.ClientAddr),
+		CA:   n.clientCAFile(),
 		Log:  n.log.With("component", "host"),
 		Artifact: func(ctx context.Context, m deploy.Module, w io.Writer) error {
 			obs, err := artifact.Lookup(ctx, n.bus.JetStream())

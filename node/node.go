@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
@@ -95,6 +97,9 @@ type Node struct {
 	logsSub    *nats.Subscription
 	gitSub     *nats.Subscription
 	growSub    *nats.Subscription // a single node's grow tool
+	certSub    *nats.Subscription // the cert-rotate tool
+	certs      *meshca.Keeper     // the node's certificate, for routes and TLS clients (tls.go)
+	certCA     *meshca.CA
 	auditSub   *nats.Subscription
 	dead       *deadLetters
 	members    *membership.Membership
@@ -336,6 +341,9 @@ func (n *Node) authorityChanged(old, new *registry.Entry) {
 // expects peers, migrating first on a single node growing into a mesh (grow.go) — and
 // connects the responder.
 func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) {
+	if err := n.openCerts(); err != nil {
+		return err
+	}
 	switch {
 	case n.found.GrowTo > 0 && n.found.GrowPhase != growWaiting:
 		if err := n.grow(octx); err != nil {
@@ -368,6 +376,11 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if cluster != nil {
 		readyTimeout = formationReadyTimeout
+		cluster.TLS = n.certs.RouteTLS()
+	}
+	var clientTLS *tls.Config
+	if n.clientTLSOn() {
+		clientTLS = n.certs.ClientTLS()
 	}
 	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
@@ -377,6 +390,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		Key:          n.key,
 		Directory:    n.dir,
 		Cluster:      cluster,
+		ClientTLS:    clientTLS,
 		ReadyTimeout: readyTimeout,
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
 
@@ -545,6 +559,9 @@ func (n *Node) newHTTPServer() {
 // announce serves the cluster's tools and tells the mesh this node joined, on a node with
 // peers.
 func (n *Node) announce() (err error) {
+	if n.certSub, err = n.serveCertRotate(); err != nil {
+		return fmt.Errorf("serve the cert-rotate tool: %w", err)
+	}
 	if n.members == nil {
 		// A single node: it may grow into a mesh.
 		if n.growSub, err = n.serveGrow(); err != nil {
@@ -693,6 +710,10 @@ func (n *Node) Close() error {
 	if n.growSub != nil {
 		n.growSub.Unsubscribe()
 		n.growSub = nil
+	}
+	if n.certSub != nil {
+		n.certSub.Unsubscribe()
+		n.certSub = nil
 	}
 	if n.gitSub != nil {
 		n.gitSub.Unsubscribe()

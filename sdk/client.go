@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -59,6 +61,44 @@ type options struct {
 	retry  []time.Duration
 	window time.Duration
 	shapes bool
+	ca     string // the mesh's CA certificate file; "": MESH_CA, if set
+}
+
+// RootCA makes the client trust the mesh's CA certificate in file (a node's
+// <data-dir>/ca.pem), to verify a node whose client port is TLS. Without it, the client
+// trusts the file MESH_CA names (set for the modules a node runs); "" changes nothing.
+func RootCA(file string) Option {
+	return func(o *options) {
+		if file != "" {
+			o.ca = file
+		}
+	}
+}
+
+// rootCA is the nats option of the CA the client trusts, if any.
+func (o options) rootCA() nats.Option {
+	ca := o.ca
+	if ca == "" {
+		ca = os.Getenv("MESH_CA")
+	}
+	if ca == "" {
+		return func(*nats.Options) error { return nil }
+	}
+	return TrustCA(ca)
+}
+
+// TrustCA is the nats option that verifies a TLS client port against the mesh's CA
+// certificate in file, and still connects plainly to a plain one (a node on loopback).
+// nats.RootCAs would refuse a plain port.
+func TrustCA(file string) nats.Option {
+	return func(o *nats.Options) error {
+		pool, err := meshca.RootCAs(file)
+		if err != nil {
+			return err
+		}
+		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		return nil
+	}
 }
 
 // WithLogger sets the logger for background problems (a handler error, a lost connection).
@@ -145,7 +185,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	}
 	pub, _ := kp.PublicKey()
 
-	self, err := whoami(ctx, url, kp, pub)
+	self, err := whoami(ctx, url, kp, pub, o.rootCA())
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +203,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
 	c.nc, err = nats.Connect(url,
+		o.rootCA(),
 		nats.Nkey(pub, kp.Sign),
 		nats.CustomInboxPrefix(manifest.InboxPrefix(self.Module)),
 		nats.Name(c.instance),
@@ -185,8 +226,8 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 
 // whoami asks the bus which module pub is, on a short-lived connection whose inbox is named
 // for the key (the only inbox a client that does not know its name may use).
-func whoami(ctx context.Context, url string, kp nkeys.KeyPair, pub string) (registry.WhoamiReply, error) {
-	nc, err := nats.Connect(url, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
+func whoami(ctx context.Context, url string, kp nkeys.KeyPair, pub string, ca nats.Option) (registry.WhoamiReply, error) {
+	nc, err := nats.Connect(url, ca, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
 		nats.Name("whoami"), nats.MaxReconnects(0))
 	if err != nil {
 		return registry.WhoamiReply{}, connectError(url, pub, err)

@@ -154,6 +154,8 @@ type Enrolment struct {
 	// Growing is set when the mesh is a single node growing to Expect servers: the joining
 	// node forms the mesh with it, and waits for it to bring the mesh's state.
 	Growing bool `json:"growing,omitempty"`
+	// CA is the mesh's CA certificate (DER), which join tokens carry.
+	CA []byte `json:"ca,omitempty"`
 }
 
 // ErrRefused means the vault refused the request; the error says why.

@@ -2,6 +2,8 @@ package vault
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -41,6 +43,9 @@ type Bearer struct {
 	// Expect is the number of servers the mesh was founded with: a joining node refuses a
 	// single-node mesh's token before it is spent.
 	Expect int `json:"expect,omitempty"`
+	// CA is the mesh's CA certificate (DER): a client port off loopback is TLS, and the
+	// joining node verifies it with this before it has anything else of the mesh.
+	CA []byte `json:"ca,omitempty"`
 }
 
 // ParseToken decodes a join token string.
@@ -186,7 +191,8 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 	v.event(ctx, "token-created", map[string]any{"id": r.ID, "expires": r.Expires, "uses": uses})
 	bearer := Bearer{MeshID: v.cfg.MeshID, ID: r.ID, Seed: string(seed), Addrs: v.cfg.Addrs()}
 	if v.cfg.Enrolment != nil {
-		bearer.Expect = v.cfg.Enrolment().Expect
+		e := v.cfg.Enrolment()
+		bearer.Expect, bearer.CA = e.Expect, e.CA
 	}
 	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
 }
@@ -260,7 +266,7 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 	xpub, _ := xkp.PublicKey()
 	var last, refused error // a refusal says more than an address that did not answer
 	for _, addr := range b.Addrs {
-		nc, err := nats.Connect(addr, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix("_INBOX."+pub),
+		nc, err := nats.Connect(addr, trustCA(b.CA), nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix("_INBOX."+pub),
 			nats.MaxReconnects(0), nats.Name("enrol-"+node))
 		if err != nil {
 			if errors.Is(err, nats.ErrAuthorization) {
@@ -285,4 +291,22 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 		last = fmt.Errorf("join token %s names no address to contact", b.ID)
 	}
 	return nil, last
+}
+
+// trustCA is the nats option that verifies a TLS client port against the CA certificate der
+// (a join token's), and connects plainly to a plain one; nothing without one.
+func trustCA(der []byte) nats.Option {
+	return func(o *nats.Options) error {
+		if len(der) == 0 {
+			return nil
+		}
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			return fmt.Errorf("join token is damaged: its CA certificate: %w", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AddCert(cert)
+		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		return nil
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
@@ -24,6 +25,34 @@ func addClientFlags(cmd *cobra.Command) {
 	addConfigFlags(cmd)
 	cmd.Flags().String("server", "", "NATS URL of the node (default: the node running on --data-dir, from its node.json)")
 	cmd.Flags().String("creds", "", "nkey seed file to connect with (default: the operator's, <data-dir>/operator.nk)")
+	cmd.Flags().String("ca", "", "the mesh's CA certificate, to verify a node whose client port is TLS (default: <data-dir>/ca.pem, when there is one)")
+}
+
+// clientCA is the CA certificate file a client verb trusts: --ca, or the data dir's ca.pem
+// when there is one; "" when neither (a loopback client port is plain).
+func clientCA(cmd *cobra.Command) string {
+	if ca, _ := cmd.Flags().GetString("ca"); ca != "" {
+		return ca
+	}
+	if dir, err := clientDataDir(cmd); err == nil {
+		if path := filepath.Join(dir, meshca.CAFile); fileExists(path) {
+			return path
+		}
+	}
+	return ""
+}
+
+// caOptions are the nats options of trusting clientCA.
+func caOptions(cmd *cobra.Command) []nats.Option {
+	if ca := clientCA(cmd); ca != "" {
+		return []nats.Option{sdk.TrustCA(ca)}
+	}
+	return nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // clientTarget resolves where a client verb connects and with which seed.
@@ -70,7 +99,7 @@ func dial(cmd *cobra.Command, opts ...nats.Option) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return dialWith(url, creds, opts...)
+	return dialWith(url, creds, append(caOptions(cmd), opts...)...)
 }
 
 // withBus runs f with a connection as the operator (or --creds) and a context bounded by
@@ -84,7 +113,7 @@ func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) erro
 	}
 	// No reconnect: a verb's one request waits for no node that went away (nats.go keeps a
 	// request through a reconnect until its timeout; closed, it fails at once).
-	nc, err := dialWith(url, creds, nats.NoReconnect())
+	nc, err := dialWith(url, creds, append(caOptions(cmd), nats.NoReconnect())...)
 	if err != nil {
 		return err
 	}
@@ -140,7 +169,7 @@ func withModule(cmd *cobra.Command, f func(ctx context.Context, c *sdk.Client) e
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	c, err := sdk.Connect(ctx, url, creds)
+	c, err := sdk.Connect(ctx, url, creds, sdk.RootCA(clientCA(cmd)))
 	if err != nil {
 		return err
 	}

@@ -328,7 +328,7 @@ func newLogsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nc, err := dialWith(url, creds)
+			nc, err := dialWith(url, creds, caOptions(cmd)...)
 			if err != nil {
 				return err
 			}

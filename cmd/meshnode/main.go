@@ -101,6 +101,7 @@ func newRootCmd() *cobra.Command {
 		newMembersCmd(),
 		newLeaveCmd(),
 		newGrowCmd(),
+		newCertCmd(),
 		newNodeCmd(),
 		newVaultCmd(),
 		newTokenCmd(),

@@ -1,0 +1,92 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
+	"github.com/nats-io/nats.go"
+)
+
+// Routes are always TLS, both ends verified against the mesh's CA; the client port is TLS
+// when it is not on loopback (or client-tls says always). The node's certificate is issued
+// by the node itself (meshca: the CA derives from the route credential), kept in the data
+// dir, renewed at start when due and by `meshnode cert rotate`, and swapped under running
+// connections: a handshake asks for the current one.
+
+// ToolCertRotate is the node's tool that renews its certificate: mesh.node.<node>.tool.cert-rotate.
+const ToolCertRotate = "cert-rotate"
+
+// clientTLSOn reports whether the client port is TLS.
+func (n *Node) clientTLSOn() bool {
+	if n.cfg.ClientTLS == "always" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(n.cfg.ClientAddr)
+	return err == nil && !isLoopback(host)
+}
+
+// clientCAFile is the CA certificate the node's modules trust (MESH_CA), "" when the
+// client port is plain.
+func (n *Node) clientCAFile() string {
+	if !n.clientTLSOn() {
+		return ""
+	}
+	return filepath.Join(n.cfg.DataDir, meshca.CAFile)
+}
+
+// certHosts are what the node's certificate covers.
+func (n *Node) certHosts() []string {
+	return meshca.Hosts(n.cfg.ClusterAddr, n.cfg.ClientAddr, n.cfg.Advertise)
+}
+
+// openCerts loads the node's certificate from its data dir, issuing a new one when there
+// is none or it is due, and writes the CA's certificate beside it.
+func (n *Node) openCerts() error {
+	ca, err := meshca.New(n.found.RouteSecret, n.id.MeshID)
+	if err != nil {
+		return err
+	}
+	cert, err := meshca.Load(n.cfg.DataDir)
+	if err != nil {
+		n.log.Warn("the node's certificate cannot be read; issuing a new one", "err", err)
+	}
+	if cert == nil || meshca.Due(*cert, n.certHosts(), time.Now()) {
+		c, err := ca.Issue(n.id.Name, n.certHosts(), time.Now())
+		if err != nil {
+			return fmt.Errorf("issue the node's certificate: %w", err)
+		}
+		cert = &c
+		n.log.Info("issued the node's certificate", "hosts", n.certHosts(), "not_after", c.Leaf.NotAfter)
+	}
+	if err := meshca.Save(n.cfg.DataDir, ca, *cert); err != nil {
+		return fmt.Errorf("keep the node's certificate: %w", err)
+	}
+	n.certs = meshca.NewKeeper(ca, *cert)
+	n.certCA = ca
+	return nil
+}
+
+// rotateCert issues the node a new certificate and presents it from the next handshake on.
+func (n *Node) rotateCert() error {
+	c, err := n.certCA.Issue(n.id.Name, n.certHosts(), time.Now())
+	if err != nil {
+		return err
+	}
+	if err := meshca.Save(n.cfg.DataDir, n.certCA, c); err != nil {
+		return err
+	}
+	n.certs.Set(c)
+	n.log.Info("rotated the node's certificate", "serial", c.Leaf.SerialNumber.Text(16), "not_after", c.Leaf.NotAfter)
+	return nil
+}
+
+// serveCertRotate answers the node's cert-rotate tool.
+func (n *Node) serveCertRotate() (*nats.Subscription, error) {
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolCertRotate), func(m *nats.Msg) {
+		respondCluster(m, n.rotateCert())
+	})
+}
