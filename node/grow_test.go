@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
@@ -22,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // restartingNode runs a node the way `meshnode run` does: opened again on its data dir
@@ -106,10 +108,12 @@ func (r *restartingNode) awaitOpen(t *testing.T, within time.Duration) {
 	}
 }
 
-// TestGrow_OneToThree: a single node with a registered module, a secret and events grows
-// into a mesh of three — `grow` on it, `join` with its token on two new nodes — and after it
-// every stream holds what it held, at 3 replicas; the module, its secret and its credential
-// work through a new node; the audit log of the grown node still verifies.
+// TestGrow_OneToThree: a single node with three registered modules, five secrets, 10,020
+// events, 100 jobs queued for a seat nobody holds and an audit log of it all grows into a
+// mesh of three — `grow` on it, `join` with its token on two new nodes — and after it every
+// stream holds what it held (counts, sequences, sampled contents), at 3 replicas; the
+// module's credential and secret work through a new node; the grown node's audit log
+// verifies; and with one of the three stopped, events, jobs and secrets all still read.
 func TestGrow_OneToThree(t *testing.T) { testGrow(t, "") }
 
 // TestGrow_Interrupted: the growing node's start is cut short while it restores EVENTS;
@@ -134,7 +138,21 @@ func testGrow(t *testing.T, interrupt string) {
 	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	reg, err := admin.Register(ctx, op, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nsecrets: [key]\n"))
+	if _, err := admin.Register(ctx, op, []byte("module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Register(ctx, op, []byte("module: billing\nrequires: [mesh-bus]\nsecrets: [k1, k2, k3, k4]\n")); err != nil {
+		t.Fatal(err)
+	}
+	minted := map[string]string{}
+	for _, k := range []string{"k1", "k2", "k3", "k4"} {
+		var m vault.Secret
+		if _, err := vault.Call(ctx, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "billing", Name: k}, &m); err != nil {
+			t.Fatal(err)
+		}
+		minted[k] = m.Value
+	}
+	reg, err := admin.Register(ctx, op, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nsecrets: [key]\nuses: [mail]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,8 +176,26 @@ func testGrow(t *testing.T, interrupt string) {
 			t.Fatal(err)
 		}
 	}
+	// 100 jobs wait in the seat's queue, its holder not running.
+	for i := range 100 {
+		if _, err := shop.Submit(ctx, "mail", "send", map[string]int{"n": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	shop.Close()
+	events := 20
+	if interrupt == "" {
+		events += emitMany(t, ctx, a.node().ClientURL(), seed, ca, 10000)
+	}
 	js, _ := jetstream.New(op)
+	sample := sampleEvents(t, ctx, js)
+	// The audit log has every event before the node grows.
+	retryUntil(t, 60*time.Second, func() error {
+		if st := a.node().Status(ctx); st.Audit.Lag != 0 || st.Audit.Records < uint64(events) {
+			return fmt.Errorf("audit: %+v", st.Audit)
+		}
+		return nil
+	})
 	before := streamStates(t, ctx, js)
 	if before["EVENTS"].Msgs < 20 {
 		t.Fatalf("EVENTS holds %d messages before growing", before["EVENTS"].Msgs)
@@ -179,6 +215,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if got := a.node().Growing(); !strings.Contains(got, "waiting for 2 more") {
 		t.Fatalf("growing %q, want it waiting for 2 more", got)
 	}
+	growing := time.Now()
 	var joined []*restartingNode
 	for _, name := range []string{"b", "c"} {
 		cfg := clusterConfig(t, name)
@@ -193,6 +230,7 @@ func testGrow(t *testing.T, interrupt string) {
 	for _, j := range joined {
 		j.awaitOpen(t, 2*time.Minute)
 	}
+	t.Logf("grew %d events, 100 queued jobs and 5 secrets into a mesh of three in %s (from the joins to all three open)", events, time.Since(growing).Round(time.Millisecond))
 
 	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	defer op.Close()
@@ -246,9 +284,50 @@ func testGrow(t *testing.T, interrupt string) {
 		t.Errorf("members %+v, want 3", members)
 	}
 	reply, err := audit.Call(ctx, op, "a", audit.Request{Op: "verify"})
-	if err != nil || reply.Verification == nil || !reply.Verification.OK() || reply.Verification.Records < 20 {
-		t.Errorf("the grown node's audit log: %+v %v", reply, err)
+	if err != nil || reply.Verification == nil || !reply.Verification.OK() || reply.Verification.Records < uint64(events) {
+		t.Errorf("the grown node's audit log: %+v %v", reply.Verification, err)
 	}
+	// With one of the three gone, everything still reads.
+	joined[0].cancel()
+	<-joined[0].done
+	joined[0].done <- nil // for the cleanup
+	op2 := connect(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	defer op2.Close()
+	js2, _ := jetstream.New(op2)
+	retryUntil(t, 30*time.Second, func() error {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer rcancel()
+		stream, err := js2.Stream(rctx, "EVENTS")
+		if err != nil {
+			return err
+		}
+		for seq, body := range sample {
+			m, err := stream.GetMsg(rctx, seq)
+			if err != nil {
+				return err
+			}
+			if string(m.Data) != body {
+				t.Fatalf("event %d reads %q after growing, was %q", seq, m.Data, body)
+			}
+		}
+		st, err := js2.Stream(rctx, "SEAT_mail")
+		if err != nil {
+			return err
+		}
+		if n := st.CachedInfo().State.Msgs; n != 100 {
+			t.Fatalf("the seat's queue holds %d jobs, want 100", n)
+		}
+		for _, k := range []string{"k1", "k2", "k3", "k4"} {
+			var got vault.Secret
+			if _, err := vault.Call(rctx, op2, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "billing", Name: k}, &got); err != nil {
+				return fmt.Errorf("secret %s: %w", k, err)
+			}
+			if got.Value != minted[k] {
+				t.Fatalf("secret %s reads %q after growing, was minted %q", k, got.Value, minted[k])
+			}
+		}
+		return nil
+	})
 }
 
 // streamStates is every stream's state, by name.
@@ -266,4 +345,59 @@ func msgData(m *nats.Msg) string {
 		return ""
 	}
 	return string(m.Data)
+}
+
+// emitMany publishes n signed events of the shop module at once (pipelined, as a module
+// may) and returns n.
+func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) int {
+	t.Helper()
+	raw, err := os.ReadFile(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk, _ := envelope.NewSigningKey(kp)
+	nc := connect(t, url, seed, nats.CustomInboxPrefix(manifest.InboxPrefix("shop")), sdk.TrustCA(ca))
+	defer nc.Close()
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(512))
+	subject := manifest.EventSubject("shop", "sold")
+	for i := range n {
+		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
+		h, err := envelope.Stamp(sk, "shop", "a", subject, body, envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("the events were not all acknowledged")
+	}
+	return n
+}
+
+// sampleEvents is a few of EVENTS' messages by sequence — first, middle, last — with
+// their bodies.
+func sampleEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) map[uint64]string {
+	t.Helper()
+	st, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := st.CachedInfo().State
+	out := map[uint64]string{}
+	for _, seq := range []uint64{info.FirstSeq, (info.FirstSeq + info.LastSeq) / 2, info.LastSeq} {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[seq] = string(m.Data)
+	}
+	return out
 }

@@ -587,11 +587,13 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 
 // TestIntegration_GrowOneToThree: a single node (genesis, run) with a registered module
 // grows into a mesh of three processes — `grow --expect 3 --json` on it, `join` with its
-// token on two new ones. The single node restarts by itself, in the same process, and all
-// three become ready; the members are three JetStream peers, and the module registered on
-// the single node is listed by a new one.
+// token on two new ones. The single node restarts by itself, in the same process; killed -9
+// while it snapshots and again while it restores, it starts again and goes on; all three
+// become ready, the members are three JetStream peers, and the module registered on the
+// single node is listed by a new one.
 func TestIntegration_GrowOneToThree(t *testing.T) {
 	a := newMeshNode(t, "a")
+	a.flags = append(a.flags, "--log-level", "info") // its phases, to kill it at
 	if r := meshnode(t, nil, append([]string{"genesis"}, a.flags...)...); r.code != 0 {
 		t.Fatalf("genesis: exit %d %s", r.code, r.stderr)
 	}
@@ -625,7 +627,20 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	b, c := newMeshNode(t, "b"), newMeshNode(t, "c")
 	b.p = launch(t, "join", append([]string{"--token-file", tokenFile}, b.flags...)...)
 	c.p = launch(t, "join", append([]string{"--token-file", tokenFile}, c.flags...)...)
-	a.p.awaitReady(t, 2*time.Minute) // again: it restarted to migrate
+	// kill -9 the growing node as it snapshots, and again as it restores: each time it
+	// starts again and goes on (the foundation records each phase before the next).
+	for _, at := range []string{"snapshot taken", "restored into the mesh"} {
+		retryUntil(t, 2*time.Minute, func() error {
+			if !strings.Contains(a.p.stderr.String(), at) {
+				return fmt.Errorf("a has not logged %q yet", at)
+			}
+			return nil
+		})
+		a.p.cmd.Process.Kill()
+		<-a.p.done
+		a.p = launch(t, "run", a.flags...)
+	}
+	a.p.awaitReady(t, 2*time.Minute)
 	b.p.awaitReady(t, 2*time.Minute)
 	c.p.awaitReady(t, 2*time.Minute)
 	retryUntil(t, 30*time.Second, func() error {

@@ -262,7 +262,10 @@ func TestIntegration_MinorityPartition(t *testing.T) {
 	helper := func(i int, role, seed string) *bufio.Scanner {
 		self, _ := os.Executable()
 		cmd := b.command(i, self)
-		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_"+role+"=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_"+role+"_SEED="+seed)
+		// The client port is off loopback, so TLS: the module trusts its node's ca.pem, as a
+		// module the node runs does (MESH_CA).
+		cmd.Env = append(cleanEnv(), "MESHNODE_TEST_"+role+"=nats://"+b.addr(i)+":4222", "MESHNODE_TEST_"+role+"_SEED="+seed,
+			"MESH_CA="+filepath.Join(nodes[i].dir, "ca.pem"))
 		out, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
