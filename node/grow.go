@@ -385,7 +385,7 @@ func snapshotAll(ctx context.Context, nc *nats.Conn, dir string, logf func(strin
 	if err != nil {
 		return err
 	}
-	return writeFileSync(filepath.Join(dir, "manifest.json"), b)
+	return writeFileAtomic(filepath.Join(dir, "manifest.json"), b, 0o600)
 }
 
 // snapshotStream writes the snapshot of stream name to dir/<name>.snap
@@ -578,21 +578,4 @@ func (n *Node) awaitGrowth(ctx context.Context) error {
 	}
 	*n.found = f
 	return nil
-}
-
-// writeFileSync writes b to path and syncs it.
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
