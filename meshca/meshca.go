@@ -57,7 +57,7 @@ func New(routeSecret []byte, meshID string) (*CA, error) {
 			return nil, err
 		}
 		key, _ = ecdsa.ParseRawPrivateKey(elliptic.P256(), d) // out of range: the next one
-		if i == 9 {
+		if key == nil && i == 9 {
 			return nil, errors.New("meshca: no key in range")
 		}
 	}

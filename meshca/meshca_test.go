@@ -4,10 +4,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/meshca"
+	"github.com/nats-io/nats.go"
 )
 
 func mustCA(t *testing.T, barrier, mesh string) *meshca.CA {
@@ -113,5 +115,26 @@ func TestSave_Load(t *testing.T) {
 	}
 	if _, err := got.Leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "a"}); err != nil {
 		t.Fatalf("verify against the saved CA: %v", err)
+	}
+}
+
+// TestClientOptions: a client of a node off loopback requires TLS (a plain answer would be
+// someone in between); of a node on loopback it verifies TLS when offered.
+func TestClientOptions(t *testing.T) {
+	ca := mustCA(t, "route-secret-32-bytes-long-.....,", "m1")
+	for url, secure := range map[string]bool{
+		"nats://10.0.0.2:4222":                          true,
+		"nats://node-b.example:4222":                    true,
+		"nats://127.0.0.1:4222":                         false,
+		"nats://localhost:4222":                         false,
+		"nats://[::1]:4222, nats://127.0.0.1:4223":      false,
+		"nats://127.0.0.1:4222,nats://192.168.1.9:4222": true,
+	} {
+		o := nats.GetDefaultOptions()
+		o.Servers = strings.Split(strings.ReplaceAll(url, " ", ""), ",")
+		meshca.ClientOptions(&o, ca.Pool())
+		if o.Secure != secure || o.TLSConfig == nil || o.TLSConfig.RootCAs == nil {
+			t.Errorf("%s: secure %v (want %v), TLS config %v", url, o.Secure, secure, o.TLSConfig)
+		}
 	}
 }

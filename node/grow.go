@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,12 +90,6 @@ func (n *Node) beginGrow(expect int) error {
 	if err := n.keepGrowth(expect); err != nil {
 		return err
 	}
-	n.growMu.Lock()
-	started := n.growGossip != nil
-	n.growMu.Unlock()
-	if started {
-		return nil // asked again: the same growth, a new token
-	}
 	n.log.Info("growing into a mesh: waiting for the other servers to join", "expect", expect, "gossip_addr", n.cfg.GossipAddr, "cluster_addr", n.cfg.ClusterAddr)
 	return n.gossipToGrow()
 }
@@ -128,6 +123,14 @@ func (n *Node) keepGrowth(expect int) error {
 // gossipToGrow starts the waiting node's gossip: the joining nodes find it with the
 // enrolment's seeds; once all are alive the node restarts to migrate.
 func (n *Node) gossipToGrow() error {
+	// Once: a grow request may come while the start begins it (announce), or again.
+	n.growMu.Lock()
+	started := n.growStarted
+	n.growStarted = true
+	n.growMu.Unlock()
+	if started {
+		return nil
+	}
 	adv, err := advertised(n.cfg, nil)
 	if err != nil {
 		return err
@@ -151,6 +154,9 @@ func (n *Node) gossipToGrow() error {
 		},
 	})
 	if err != nil {
+		n.growMu.Lock()
+		n.growStarted = false
+		n.growMu.Unlock()
 		return fmt.Errorf("gossip: %w; set --gossip-addr", err)
 	}
 	n.growMu.Lock()
@@ -443,12 +449,21 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 // restored again. It checks the count and the sequences against the snapshot's.
 func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) error {
 	name := s.Config.Name
+	// A stream whose messages age (max age, per-message TTLs: EVENTS, DEAD, the leases) may
+	// have lost its oldest between the snapshot and the restore, never its newest.
+	ages := s.Config.MaxAge > 0 || s.Config.AllowMsgTTL
 	same := func(st jetstream.StreamState) bool {
+		if ages {
+			return st.LastSeq == s.State.LastSeq && st.Msgs <= s.State.Msgs && (st.Msgs == 0 || st.FirstSeq >= s.State.FirstSeq)
+		}
 		return st.Msgs == s.State.Msgs && st.LastSeq == s.State.LastSeq && (st.Msgs == 0 || st.FirstSeq == s.State.FirstSeq)
 	}
 	if st, err := js.Stream(ctx, name); err == nil {
 		info := st.CachedInfo()
-		if same(info.State) && info.Config.Replicas == replicas {
+		if info.Config.Replicas == replicas {
+			// Restored and scaled by an earlier start: the mesh may have written to it
+			// since (the joining nodes go on once the registry is scaled), so it is kept
+			// as it is, never compared and restored again.
 			return nil
 		}
 		if !same(info.State) {
@@ -514,8 +529,11 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, dir string, s grownStre
 				return err
 			}
 		}
-		if err != nil {
+		if errors.Is(err, io.EOF) {
 			break
+		}
+		if err != nil {
+			return fmt.Errorf("read the snapshot of %s: %w", name, err)
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -108,6 +108,7 @@ type Node struct {
 	// serialises the growth's steps, growing is its progress, and restart makes Run end with
 	// ErrRestart (grow.go).
 	growGossip  *membership.Membership
+	growStarted bool          // gossipToGrow ran (under growMu)
 	growStop    chan struct{} // ends the count of growGossip's members
 	growWG      sync.WaitGroup
 	growMu      sync.Mutex
@@ -343,6 +344,16 @@ func (n *Node) authorityChanged(old, new *registry.Entry) {
 func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) {
 	if err := n.openCerts(); err != nil {
 		return err
+	}
+	if n.found.GrowTo == 0 {
+		// A growth that ended between its last record and the removal of its copies.
+		dir := filepath.Join(n.cfg.DataDir, growDir)
+		if _, err := os.Stat(dir); err == nil {
+			n.log.Info("removing what growing into a mesh left", "dir", dir)
+			if err := os.RemoveAll(dir); err != nil {
+				n.log.Warn("remove what growing left", "dir", dir, "err", err)
+			}
+		}
 	}
 	switch {
 	case n.found.GrowTo > 0 && n.found.GrowPhase != growWaiting:
@@ -637,6 +648,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	add("quotas", n.enforceQuotas)
+	add("certificate renewal", n.renewCerts)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.
 		<-n.httpDone

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -82,6 +83,29 @@ func (n *Node) rotateCert() error {
 	n.certs.Set(c)
 	n.log.Info("rotated the node's certificate", "serial", c.Leaf.SerialNumber.Text(16), "not_after", c.Leaf.NotAfter)
 	return nil
+}
+
+// certCheckInterval is how often a running node checks whether its certificate is due.
+const certCheckInterval = time.Hour
+
+// renewCerts renews the node's certificate while it runs, once it is due (a third of its
+// life left): a node up longer than its certificate's life keeps routes and clients able
+// to reconnect.
+func (n *Node) renewCerts(ctx context.Context) error {
+	t := time.NewTicker(certCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if meshca.Due(n.certs.Current(), n.certHosts(), time.Now()) {
+			if err := n.rotateCert(); err != nil {
+				n.log.Error("renew the node's certificate; trying again in an hour", "err", err)
+			}
+		}
+	}
 }
 
 // serveCertRotate answers the node's cert-rotate tool.

@@ -2,7 +2,6 @@ package sdk
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,15 +87,15 @@ func (o options) rootCA() nats.Option {
 }
 
 // TrustCA is the nats option that verifies a TLS client port against the mesh's CA
-// certificate in file, and still connects plainly to a plain one (a node on loopback).
-// nats.RootCAs would refuse a plain port.
+// certificate in file. A node off loopback must speak TLS (a plain answer there could be
+// someone in between, stripping it); one on loopback may be plain.
 func TrustCA(file string) nats.Option {
 	return func(o *nats.Options) error {
 		pool, err := meshca.RootCAs(file)
 		if err != nil {
 			return err
 		}
-		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		meshca.ClientOptions(o, pool)
 		return nil
 	}
 }

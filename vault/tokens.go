@@ -2,7 +2,6 @@ package vault
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -306,7 +306,7 @@ func trustCA(der []byte) nats.Option {
 		}
 		pool := x509.NewCertPool()
 		pool.AddCert(cert)
-		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		meshca.ClientOptions(o, pool)
 		return nil
 	}
 }
