@@ -464,7 +464,7 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			// Restored and scaled by an earlier start: the mesh may have written to it
 			// since (the joining nodes go on once the registry is scaled), so it is kept
 			// as it is, never compared and restored again.
-			return nil
+			return awaitReplicas(ctx, js, name, replicas)
 		}
 		if !same(info.State) {
 			if err := js.DeleteStream(ctx, name); err != nil {
@@ -497,7 +497,27 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			return fmt.Errorf("scale to %d replicas: %w", replicas, err)
 		}
 	}
-	return nil
+	return awaitReplicas(ctx, js, name, replicas)
+}
+
+// awaitReplicas waits until stream name has a leader and replicas-1 other replicas, all
+// current: scaled up, a stream is whole on the new servers only once they caught up, and
+// before that it cannot lose the server that held it alone.
+func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
+	for {
+		st, err := js.Stream(ctx, name)
+		if err == nil {
+			if c := st.CachedInfo().Cluster; c != nil && c.Leader != "" && len(c.Replicas) == replicas-1 &&
+				!slices.ContainsFunc(c.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current }) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s has not caught up on %d replicas: %w", name, replicas, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // restoreSnapshot sends dir/<name>.snap to $JS.API.STREAM.RESTORE: the chunks, each a

@@ -294,17 +294,18 @@ func testGrow(t *testing.T, interrupt string) {
 	op2 := connect(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	defer op2.Close()
 	js2, _ := jetstream.New(op2)
-	retryUntil(t, 30*time.Second, func() error {
+	// The stopped node's leaderships move (nats-server elects in 4–9 s) and so do its seats.
+	retryUntil(t, 90*time.Second, func() error {
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer rcancel()
 		stream, err := js2.Stream(rctx, "EVENTS")
 		if err != nil {
-			return err
+			return fmt.Errorf("EVENTS: %w", err)
 		}
 		for seq, body := range sample {
 			m, err := stream.GetMsg(rctx, seq)
 			if err != nil {
-				return err
+				return fmt.Errorf("event %d: %w", seq, err)
 			}
 			if string(m.Data) != body {
 				t.Fatalf("event %d reads %q after growing, was %q", seq, m.Data, body)
@@ -312,7 +313,7 @@ func testGrow(t *testing.T, interrupt string) {
 		}
 		st, err := js2.Stream(rctx, "SEAT_mail")
 		if err != nil {
-			return err
+			return fmt.Errorf("SEAT_mail: %w", err)
 		}
 		if n := st.CachedInfo().State.Msgs; n != 100 {
 			t.Fatalf("the seat's queue holds %d jobs, want 100", n)
