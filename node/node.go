@@ -298,7 +298,7 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	if err != nil {
 		return err
 	}
-	n.quotas.over = map[string]Quota{}
+	n.quotas.over = map[string]registry.Quota{}
 	n.dir = &directory{
 		node:   n.id.Name,
 		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},

@@ -24,17 +24,14 @@ import (
 // quotaInterval is how often usage is checked against the quota.
 const quotaInterval = time.Second
 
-// Quota is one module's use of EVENTS, as whoami tells it (registry.WhoamiReply.Quota).
-type Quota = registry.Quota
-
 // quotas is which modules are over their quota on this node.
 type quotas struct {
 	mu   sync.Mutex
-	over map[string]Quota // module → its use when it went over
+	over map[string]registry.Quota // module → its use when it went over
 }
 
 // Over reports whether module is over its quota, and its use then.
-func (q *quotas) Over(module string) (Quota, bool) {
+func (q *quotas) Over(module string) (registry.Quota, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	u, ok := q.over[module]
@@ -81,7 +78,7 @@ func (n *Node) enforceQuotas(ctx context.Context) error {
 			_, over := n.quotas.over[module]
 			switch {
 			case !over && used > limit:
-				n.quotas.over[module] = Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
+				n.quotas.over[module] = registry.Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
 			case over && used <= limit*9/10:
 				delete(n.quotas.over, module)
 			}
@@ -134,7 +131,7 @@ func withoutEvents(p manifest.Permissions) manifest.Permissions {
 }
 
 // quotaHint says what a module over its quota can do.
-func quotaHint(q Quota, maxAge time.Duration) string {
+func quotaHint(q registry.Quota, maxAge time.Duration) string {
 	return "module holds " + config.Bytes(q.Used).String() + " of EVENTS, over its quota of " + config.Bytes(q.Limit).String() +
 		": its emits are refused until its oldest events age out (events-max-age " + config.Duration(maxAge).String() +
 		") to below nine tenths of it, or the operator raises module-events-max-bytes"
