@@ -6,6 +6,7 @@
 package artifact
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -206,30 +207,72 @@ func List(ctx context.Context, obs jetstream.ObjectStore, module string) ([]Info
 	return out, nil
 }
 
-// Fetch writes module's version to w, checking that its content hashes to digest: a
-// mismatch is ErrDigest, and w then holds bytes that must not be used.
-func Fetch(ctx context.Context, obs jetstream.ObjectStore, module, version, digest string, w io.Writer) error {
-	// Get's own context ends with this fetch: a Get that fails after its chunks began to
-	// arrive leaves a writer that only a cancelled context stops.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	res, err := obs.Get(ctx, Name(module, version))
+// Fetch writes module's version from obs, the artifact store, to w, checking that its content
+// hashes to digest: a mismatch is ErrDigest, and w then holds bytes that must not be used.
+func Fetch(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, module, version, digest string, w io.Writer) error {
+	h := sha256.New()
+	err := ReadObject(ctx, js, obs, Bucket, Name(module, version), io.MultiWriter(w, h))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("%w: %s %s", ErrNotFound, module, version)
+	}
+	if errors.Is(err, jetstream.ErrDigestMismatch) {
+		return fmt.Errorf("%w: %s %s: the stored chunks do not match the store's own digest", ErrDigest, module, version)
 	}
 	if err != nil {
 		return fmt.Errorf("fetch artifact %s %s: %w", module, version, err)
 	}
-	defer res.Close()
-	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(w, h), res); err != nil {
-		if errors.Is(err, jetstream.ErrDigestMismatch) {
-			return fmt.Errorf("%w: %s %s: the stored chunks do not match the store's own digest", ErrDigest, module, version)
-		}
-		return fmt.Errorf("fetch artifact %s %s: %w", module, version, err)
-	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
 		return fmt.Errorf("%w: %s %s hashes to %s, want %s; it was damaged or replaced, and is not run", ErrDigest, module, version, got, digest)
+	}
+	return nil
+}
+
+// ReadObject writes the object name of obs, the object store bucket, to w and checks it
+// against the SHA-256 digest the store recorded with it (jetstream.ErrDigestMismatch when it
+// does not match). It reads the chunks with an ordered pull consumer rather than obs.Get:
+// Get's push callback writes each chunk into a pipe, and a Get that fails after its first
+// chunk arrived (a consumer create that times out under load) returns no reader, so nothing
+// ever reads or closes that pipe and the callback's goroutine blocks for good (nats.go
+// v1.55.0; goleak caught it in CI).
+func ReadObject(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string, w io.Writer) error {
+	info, err := obs.GetInfo(ctx, name)
+	if err != nil {
+		return err
+	}
+	want, err := jetstream.DecodeObjectDigest(info.Digest)
+	if err != nil {
+		return fmt.Errorf("object %s: %w", name, err)
+	}
+	h := sha256.New()
+	if info.Chunks > 0 {
+		cons, err := js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
+		})
+		if err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+		out := io.MultiWriter(w, h)
+		for left := int(info.Chunks); left > 0; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			batch, err := cons.Fetch(min(left, 64), jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				return fmt.Errorf("object %s: %w", name, err)
+			}
+			for m := range batch.Messages() {
+				if _, err := out.Write(m.Data()); err != nil {
+					return err
+				}
+				left--
+			}
+			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+				return fmt.Errorf("object %s: %w", name, err)
+			}
+		}
+	}
+	if !bytes.Equal(h.Sum(nil), want) {
+		return fmt.Errorf("object %s: %w", name, jetstream.ErrDigestMismatch)
 	}
 	return nil
 }

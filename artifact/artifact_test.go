@@ -3,8 +3,10 @@ package artifact_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,9 +16,10 @@ import (
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 )
 
-func store(t *testing.T) jetstream.ObjectStore {
+func store(t *testing.T) (jetstream.JetStream, jetstream.ObjectStore) {
 	t.Helper()
 	nc, err := nats.Connect(testbed.JetStream(t))
 	if err != nil {
@@ -28,7 +31,7 @@ func store(t *testing.T) jetstream.ObjectStore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return obs
+	return js, obs
 }
 
 func file(t *testing.T, content string) string {
@@ -46,7 +49,7 @@ func file(t *testing.T, content string) string {
 func TestPutFetch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	obs := store(t)
+	js, obs := store(t)
 	one := file(t, "#!/bin/sh\necho one\n")
 	info, err := artifact.Put(ctx, obs, "shop", "1.0", one)
 	if err != nil {
@@ -63,7 +66,7 @@ func TestPutFetch(t *testing.T) {
 		t.Fatalf("other content under 1.0: %v, want ErrExists", err)
 	}
 	var b bytes.Buffer
-	if err := artifact.Fetch(ctx, obs, "shop", "1.0", want, &b); err != nil || b.String() != "#!/bin/sh\necho one\n" {
+	if err := artifact.Fetch(ctx, js, obs, "shop", "1.0", want, &b); err != nil || b.String() != "#!/bin/sh\necho one\n" {
 		t.Fatalf("fetch: %q %v", b.String(), err)
 	}
 	// Replaced with a valid object of other content, under the old metadata: the digest the
@@ -73,10 +76,10 @@ func TestPutFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Reset()
-	if err := artifact.Fetch(ctx, obs, "shop", "1.0", want, &b); !errors.Is(err, artifact.ErrDigest) {
+	if err := artifact.Fetch(ctx, js, obs, "shop", "1.0", want, &b); !errors.Is(err, artifact.ErrDigest) {
 		t.Fatalf("fetch of replaced content: %v, want ErrDigest", err)
 	}
-	if err := artifact.Fetch(ctx, obs, "shop", "9", want, &b); !errors.Is(err, artifact.ErrNotFound) {
+	if err := artifact.Fetch(ctx, js, obs, "shop", "9", want, &b); !errors.Is(err, artifact.ErrNotFound) {
 		t.Fatalf("fetch of an absent version: %v", err)
 	}
 	for _, v := range []string{"", "../x", "a b", ".hidden"} {
@@ -91,7 +94,7 @@ func TestPutFetch(t *testing.T) {
 func TestCollect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	obs := store(t)
+	_, obs := store(t)
 	for _, v := range []string{"1", "2", "3", "4", "5"} {
 		if _, err := artifact.Put(ctx, obs, "shop", v, file(t, "shop "+v)); err != nil {
 			t.Fatal(err)
@@ -114,5 +117,58 @@ func TestCollect(t *testing.T) {
 	}
 	if want := "[mail 1 shop 5 shop 4 shop 3 shop 1]"; fmt.Sprint(got) != want {
 		t.Fatalf("left %v, want %s", got, want)
+	}
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestReadObject reads an object of many chunks whole and in order, refuses chunks that do
+// not match the digest the store recorded, and leaves no goroutine behind when its context
+// ends mid-read (goleak in TestMain).
+func TestReadObject(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, obs := store(t)
+	big := make([]byte, 1<<20+12345) // 9 chunks of nats.go's 128 KiB
+	if _, err := rand.Read(big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, "big", big); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := artifact.ReadObject(ctx, js, obs, artifact.Bucket, "big", &b); err != nil || !bytes.Equal(b.Bytes(), big) {
+		t.Fatalf("read %d bytes (%v), want the %d put", b.Len(), err, len(big))
+	}
+
+	// One chunk rewritten in place (same subject, other bytes): the store's digest refuses it.
+	info, _ := obs.GetInfo(ctx, "big")
+	chunks := "$O." + artifact.Bucket + ".C." + info.NUID
+	stream, err := js.Stream(ctx, "OBJ_"+artifact.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, m.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	forged := bytes.Clone(m.Data)
+	forged[0] ^= 0xff
+	if _, err := js.Publish(ctx, chunks, forged); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := artifact.ReadObject(ctx, js, obs, artifact.Bucket, "big", &b); !errors.Is(err, jetstream.ErrDigestMismatch) {
+		t.Fatalf("read of a rewritten chunk: %v, want ErrDigestMismatch", err)
+	}
+
+	// A read whose context has ended returns its error.
+	done, stop := context.WithCancel(ctx)
+	stop()
+	if err := artifact.ReadObject(done, js, obs, artifact.Bucket, "big", io.Discard); err == nil {
+		t.Fatal("a read under an ended context succeeded")
 	}
 }

@@ -483,15 +483,22 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 	if err != nil {
 		return retry(err)
 	}
-	// Get's own context ends with this build: a Get that fails after its chunks began to
-	// arrive leaves a writer that only a cancelled context stops.
-	gctx, cancelGet := context.WithCancel(ctx)
-	defer cancelGet()
-	res, err := src.Get(gctx, sourceObject(job.Repository, job.Commit))
+	dir, err := os.MkdirTemp(filepath.Join(n.cfg.DataDir), "build-")
 	if err != nil {
+		return retry(err)
+	}
+	defer os.RemoveAll(dir)
+	source, err := os.Create(filepath.Join(dir, "source.tar"))
+	if err != nil {
+		return retry(err)
+	}
+	defer source.Close()
+	if err := artifact.ReadObject(ctx, n.bus.JetStream(), src, SourcesBucket, sourceObject(job.Repository, job.Commit), source); err != nil {
 		return retry(fmt.Errorf("fetch the source: %w", err))
 	}
-	defer res.Close()
+	if _, err := source.Seek(0, io.SeekStart); err != nil {
+		return retry(err)
+	}
 	arts, err := artifact.Lookup(ctx, n.bus.JetStream())
 	if err != nil {
 		return retry(err)
@@ -504,18 +511,13 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 			return fail("no artifact of "+on+", which "+job.Module+" is built on", nil)
 		}
 		var buf strings.Builder
-		if err := artifact.Fetch(ctx, arts, on, list[0].Version, list[0].Digest, &buf); err != nil {
+		if err := artifact.Fetch(ctx, n.bus.JetStream(), arts, on, list[0].Version, list[0].Digest, &buf); err != nil {
 			return retry(err)
 		}
 		deps[on] = strings.NewReader(buf.String())
 		upstream = append(upstream, list[0].Digest)
 	}
-	dir, err := os.MkdirTemp(filepath.Join(n.cfg.DataDir), "build-")
-	if err != nil {
-		return retry(err)
-	}
-	defer os.RemoveAll(dir)
-	out, log, err := build.Run(ctx, dir, build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: res, Deps: deps, Timeout: buildTimeout})
+	out, log, err := build.Run(ctx, dir, build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: source, Deps: deps, Timeout: buildTimeout})
 	if err != nil {
 		return fail(err.Error(), log)
 	}

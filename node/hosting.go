@@ -40,7 +40,7 @@ func (n *Node) newSupervisor() {
 			if err != nil {
 				return err
 			}
-			return artifact.Fetch(ctx, obs, m.Module, m.Version, m.Digest, w)
+			return artifact.Fetch(ctx, n.bus.JetStream(), obs, m.Module, m.Version, m.Digest, w)
 		},
 		Credentials: n.moduleCredentials,
 		Changed: func() {
