@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -140,7 +141,7 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 // every record the bucket had. Run must then be running for the mirror to follow changes.
 // maxBytes bounds the bucket (reserved with JetStream); zero: no bound.
 func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensure.KeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      Bucket,
 		Description: "meshnode: registered modules, their manifests and identities",
 		History:     historyDepth,
@@ -228,14 +229,14 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 			r.bySeat[s.Name] = next
 		}
 	}
-	if kve.Revision() > r.rev {
-		r.rev = kve.Revision()
-	}
-	r.cond.Broadcast()
 	r.mu.Unlock()
+	// The change hook (which kicks connections whose authority changed) runs before the
+	// revision counts as applied: a write that waits for its revision (Put) returns only
+	// once this node has acted on it.
 	if prev != nil || next != nil {
 		r.onChange(prev, next)
 	}
+	r.advance(kve.Revision())
 }
 
 // decodeModule returns the module record kve holds, or, when that is bad, the newest
