@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -78,7 +79,7 @@ func CheckVersion(version string) error {
 
 // Open creates or updates the bucket with replicas.
 func Open(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
-	obs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	obs, err := ensure.ObjectStore(ctx, js, jetstream.ObjectStoreConfig{
 		Bucket:      Bucket,
 		Description: "meshnode: module artifacts, by module and version; the SHA-256 digest is the identity",
 		Storage:     jetstream.FileStorage,

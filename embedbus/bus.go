@@ -258,23 +258,38 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey, opts: opts}
 	// A clustered JetStream answers only once a meta leader exists, and a request sent
-	// before that is never answered: ask again, each time briefly, backing off, until ctx
-	// ends.
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		err := b.Ready(actx)
-		acancel()
-		if err == nil {
-			return b, nil
+	// before that is never answered: wait until the server's own meta group is current (a
+	// look in-process, every few milliseconds), then ask, each time briefly, until ctx ends.
+	err = errors.New("jetstream has no meta leader yet")
+	announced := false
+	for {
+		if !srv.JetStreamIsClustered() || srv.JetStreamIsCurrent() {
+			if srv.JetStreamIsClustered() && !announced {
+				b.announceStats()
+				announced = true
+			}
+			actx, acancel := context.WithTimeout(ctx, readyAsk)
+			err = b.Ready(actx)
+			acancel()
+			if err == nil {
+				return b, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			conn.Close()
 			return fail(fmt.Errorf("%w (%w)", err, context.Cause(ctx)))
-		case <-time.After(wait):
+		case <-time.After(metaPoll):
 		}
 	}
 }
+
+// metaPoll is how often Open looks whether a clustered server's meta group is current;
+// readyAsk bounds one readiness request once it is.
+const (
+	metaPoll = 10 * time.Millisecond
+	readyAsk = 500 * time.Millisecond
+)
 
 // readyPoll is how long one wait for the server to accept connections lasts, between looks
 // at the start's context.
@@ -459,6 +474,23 @@ func (b *Bus) StepDown(ctx context.Context) error {
 		return fmt.Errorf("meta leader step-down: %s", resp.Error.Description)
 	}
 	return nil
+}
+
+// announceStats asks every server of the cluster to send its statistics now. The meta leader
+// places a replicated stream only on servers whose statistics it has, and a server sends
+// them by itself 250 ms after its start (usually before its routes are up), then once a
+// second at most: left to that, a new mesh refuses its first streams for up to 1.5 s ("no
+// suitable peers for placement"). A ping without a reply subject makes each server
+// broadcast them at once (nats-server's statszReq).
+func (b *Bus) announceStats() {
+	pub, _ := b.sysKey.PublicKey()
+	nc, err := nats.Connect("", nats.InProcessServer(b.srv), nats.Name("system"), nats.Nkey(pub, b.sysKey.Sign))
+	if err != nil {
+		return // they come by themselves, later
+	}
+	defer nc.Close()
+	nc.Publish("$SYS.REQ.SERVER.PING", nil)
+	nc.Flush()
 }
 
 // sysRequest sends a request as the server's system account, which JetStream's cluster

@@ -74,6 +74,9 @@ type Membership struct {
 	d    *delegate
 	addr string
 
+	log     *slog.Logger
+	marking sync.WaitGroup // MarkFormed's broadcast, which Stop and Leave wait for
+
 	stop    sync.Once
 	stopErr error
 }
@@ -119,17 +122,25 @@ func Open(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("gossip on %s: %w", cfg.BindAddr, err)
 	}
 	self := ml.LocalNode()
-	return &Membership{ml: ml, d: d, addr: net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))}, nil
+	return &Membership{ml: ml, d: d, log: logger, addr: net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))}, nil
 }
 
 // MarkFormed records the servers the mesh formed with and tells the others, so a node that
-// comes later with the founding token is refused.
-func (m *Membership) MarkFormed(members []string) error {
+// comes later with the founding token is refused. It does not wait for the news to spread
+// (memberlist takes a few gossip rounds, 400 ms on loopback, which formation need not
+// spend): the others also learn it in every state exchange.
+func (m *Membership) MarkFormed(members []string) {
 	m.d.mu.Lock()
 	m.d.self.Formed = slices.Clone(members)
 	m.d.meta, _ = json.Marshal(m.d.self)
 	m.d.mu.Unlock()
-	return m.ml.UpdateNode(2 * time.Second)
+	m.marking.Add(1)
+	go func() {
+		defer m.marking.Done()
+		if err := m.ml.UpdateNode(2 * time.Second); err != nil {
+			m.log.Warn("tell the mesh it has formed", "err", err)
+		}
+	}()
 }
 
 // Addr is the gossip address the others reach this node at.
@@ -203,6 +214,7 @@ func (m *Membership) Stop(timeout time.Duration) error { return m.goodbye("stop"
 
 func (m *Membership) goodbye(why string, timeout time.Duration) error {
 	m.stop.Do(func() {
+		m.marking.Wait()
 		m.d.mu.Lock()
 		m.d.self.Bye = why
 		m.d.meta, _ = json.Marshal(m.d.self)
@@ -223,6 +235,7 @@ func (m *Membership) goodbye(why string, timeout time.Duration) error {
 // Close stops gossiping without a goodbye (the others see this node fail).
 func (m *Membership) Close() error {
 	m.stop.Do(func() { m.stopErr = m.ml.Shutdown() })
+	m.marking.Wait() // ends at its timeout, if not before
 	return m.stopErr
 }
 

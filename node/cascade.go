@@ -20,6 +20,7 @@ import (
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,7 +120,7 @@ func (n *Node) sources(ctx context.Context) (jetstream.ObjectStore, error) {
 
 // createSources creates or updates mesh-sources.
 func createSources(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
-	return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	return ensure.ObjectStore(ctx, js, jetstream.ObjectStoreConfig{
 		Bucket: SourcesBucket, Description: "meshnode: source archives for builders, by repository and commit",
 		TTL: sourcesTTL, Storage: jetstream.FileStorage, Replicas: replicas,
 	})

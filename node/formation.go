@@ -57,8 +57,12 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	var lastLog time.Time
 	var lastProgress string
 	keyErrs := 0
+	var lastJoin time.Time
 	for {
-		if len(seeds) > 0 {
+		// The members are looked at often (a founding node is ready sooner), the seeds
+		// contacted less so.
+		if len(seeds) > 0 && time.Since(lastJoin) >= formJoinEvery {
+			lastJoin = time.Now()
 			if err := m.Join(seeds); err != nil {
 				if errors.Is(err, membership.ErrForeign) || errors.Is(err, membership.ErrFoundingSpent) {
 					return nil, err
@@ -108,9 +112,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 			if err := genesis.New(n.db).Keep(f); err != nil {
 				return nil, fmt.Errorf("keep the mesh's members: %w", err)
 			}
-			if err := m.MarkFormed(f.Members); err != nil {
-				n.log.Warn("tell the mesh it has formed", "err", err)
-			}
+			m.MarkFormed(f.Members)
 			return cluster, nil
 		}
 		progress := fmt.Sprintf("waiting for %d more node(s) to form mesh %s: have %s", need-len(alive), f.MeshID, strings.Join(names(alive), ", "))
@@ -132,10 +134,16 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("formation of mesh %s stopped with %d of %d servers met: %w", f.MeshID, len(alive), need, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(formPoll):
 		}
 	}
 }
+
+// How often a forming node looks at its members, and how often it contacts its seeds.
+const (
+	formPoll      = 20 * time.Millisecond
+	formJoinEvery = 50 * time.Millisecond
+)
 
 // addresses are what a server of a mesh tells the others to reach it at (host:port each).
 type addresses struct{ route, client, gossip string }

@@ -148,6 +148,12 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	return &Node{cfg: cfg, log: log.With("node", cfg.Name)}
 }
 
+// startStep logs, at debug level, that a step of the start is done and how long after the
+// start: where a slow start spends its time.
+func (n *Node) startStep(step string) {
+	n.log.Debug("start step done", "step", step, "after", time.Since(n.started).Round(time.Millisecond))
+}
+
 // Open is OpenContext without a way to cancel.
 func (n *Node) Open() error { return n.OpenContext(context.Background()) }
 
@@ -206,19 +212,23 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	n.setPhase("opening the mesh's streams, buckets, vault and seats")
 	ctx, cancel := context.WithTimeout(octx, openTimeout)
 	defer cancel()
+	n.startStep("bus")
 	leases, err := n.openMeshState(ctx, keys)
 	if err != nil {
 		return err
 	}
+	n.startStep("mesh state")
 	if err := n.openServices(ctx, keys.vault, leases); err != nil {
 		return err
 	}
+	n.startStep("services")
 	if err := n.checkBuckets(ctx); err != nil {
 		return err
 	}
 	if err := n.openAudit(); err != nil {
 		return err
 	}
+	n.startStep("audit")
 	if n.logsSub, err = n.serveLogs(); err != nil {
 		return err
 	}
@@ -459,11 +469,13 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	}()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
+		defer n.startStep("registry")
 		return retryJS(gctx, func(ctx context.Context) error {
 			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
 		})
 	})
 	g.Go(func() error {
+		defer n.startStep("leases")
 		return retryJS(gctx, func(ctx context.Context) (err error) {
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
@@ -472,7 +484,10 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 			return err
 		})
 	})
-	g.Go(func() error { return retryJS(gctx, n.ctrl.topo.ensureMesh) })
+	g.Go(func() error {
+		defer n.startStep("mesh streams")
+		return retryJS(gctx, n.ctrl.topo.ensureMesh)
+	})
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
@@ -482,9 +497,11 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	if err := n.publishIdentity(ctx, keys.vaultPub); err != nil {
 		return nil, err
 	}
+	n.startStep("identity")
 	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
+	n.startStep("topology")
 	return leases, nil
 }
 
@@ -839,8 +856,8 @@ func (n *Node) enrolVault(ctx context.Context) error {
 // takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
 // stream placed on a busy cluster can take seconds to answer).
 func retryJS(ctx context.Context, f func(context.Context) error) error {
-	attempt := time.Second
-	pause := backoff.Backoff{First: 100 * time.Millisecond, Max: 2 * time.Second}
+	attempt := 250 * time.Millisecond
+	pause := backoff.Backoff{First: 20 * time.Millisecond, Max: 2 * time.Second}
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		err := f(actx)

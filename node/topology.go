@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -91,7 +92,7 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range streams {
 		g.Go(func() error {
-			if _, err := t.js.CreateOrUpdateStream(gctx, t.streamConfig(s)); err != nil {
+			if _, err := ensure.Stream(gctx, t.js, t.streamConfig(s)); err != nil {
 				return fmt.Errorf("reconcile stream %s: %w", s.Name, storeFullError(s.Name, t.budget, err))
 			}
 			return nil
@@ -124,7 +125,7 @@ func (t *topology) ensureModule(ctx context.Context, d *manifest.Derivation) err
 		if s.Stream == nil {
 			continue
 		}
-		if _, err := t.js.CreateOrUpdateStream(ctx, t.streamConfig(*s.Stream)); err != nil {
+		if _, err := ensure.Stream(ctx, t.js, t.streamConfig(*s.Stream)); err != nil {
 			return fmt.Errorf("reconcile seat stream %s: %w", s.Stream.Name, storeFullError(s.Stream.Name, t.budget, err))
 		}
 		c, ok, err := d.SeatConsumer(s.Name, t.node)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,7 +30,7 @@ type KVStore struct {
 // OpenStore creates or opens the Bucket with the mesh's replicas;
 // maxBytes bounds it (reserved with JetStream, like every bucket of the mesh).
 func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) (*KVStore, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensure.KeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "meshnode: provisions (consumer, interface, provider, state; never a credential)",
 		Replicas: replicas, Storage: jetstream.FileStorage, History: 1, MaxBytes: maxBytes,
 	})

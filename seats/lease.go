@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/nats-io/nats.go"
@@ -120,7 +121,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, ttl
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensure.KeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:         Bucket,
 		Description:    "meshnode: seat leases (one holder per scope)",
 		History:        1,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -145,7 +146,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensure.KeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      Bucket,
 		Description: "meshnode: vault records (barrier-encrypted secrets, identities, join tokens)",
 		History:     2,

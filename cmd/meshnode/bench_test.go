@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,4 +101,90 @@ func rssMiB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// BenchmarkFormation measures three fresh processes forming a mesh on loopback: from the
+// moment the founding node (`run` after `genesis --expect 3`) and its two peers (`join` with
+// the founding token) are started until all three print their ready line. It reports the
+// median and the slowest of the runs, and the median of each phase the nodes log (issue 18:
+// p50 ≤ 2 s over 10 runs).
+//
+//	go test -run '^$' -bench Formation -benchtime 10x ./cmd/meshnode/
+func BenchmarkFormation(b *testing.B) {
+	var took []time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		var nodes [3][]string
+		for j, name := range []string{"a", "b", "c"} {
+			dir := b.TempDir()
+			nodes[j] = []string{"--data-dir", dir, "--name", name, "--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+				"--cluster-addr", testbed.FreeAddr(b), "--gossip-addr", testbed.FreeAddr(b), "--log-level", "error"}
+		}
+		out, err := exec.Command(binary, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0]...)...).Output()
+		if err != nil {
+			b.Fatalf("genesis: %v", err)
+		}
+		var g struct {
+			Token string `json:"founding_token"`
+		}
+		if err := json.Unmarshal(out, &g); err != nil || g.Token == "" {
+			b.Fatalf("genesis printed no founding token: %s", out)
+		}
+		tokenFile := filepath.Join(b.TempDir(), "token")
+		if err := os.WriteFile(tokenFile, []byte(g.Token), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		cmds := []*exec.Cmd{
+			exec.Command(binary, append([]string{"run"}, nodes[0]...)...),
+			exec.Command(binary, append([]string{"join", "--token-file", tokenFile}, nodes[1]...)...),
+			exec.Command(binary, append([]string{"join", "--token-file", tokenFile}, nodes[2]...)...),
+		}
+		ready := make(chan error, len(cmds))
+		b.StartTimer()
+		start := time.Now()
+		for _, cmd := range cmds {
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			go func() {
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					if readyRE.MatchString(sc.Text()) {
+						ready <- nil
+						io.Copy(io.Discard, stdout)
+						return
+					}
+				}
+				ready <- fmt.Errorf("exited before ready: %s", stderr.String())
+			}()
+		}
+		for range cmds {
+			select {
+			case err := <-ready:
+				if err != nil {
+					b.Fatal(err)
+				}
+			case <-time.After(60 * time.Second):
+				b.Fatal("no mesh after 60s")
+			}
+		}
+		took = append(took, time.Since(start))
+		b.StopTimer()
+		for _, cmd := range cmds {
+			cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, cmd := range cmds {
+			cmd.Wait()
+		}
+		b.StartTimer()
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Milliseconds()), "ms-p50")
+	b.ReportMetric(float64(took[len(took)-1].Milliseconds()), "ms-max")
 }
