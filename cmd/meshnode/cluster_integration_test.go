@@ -585,12 +585,15 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 	nodes[2].p = launchCmd(t, cmd, "join")
 }
 
-// TestIntegration_GrowOneToThree: a single node (genesis, run) with a registered module
-// grows into a mesh of three processes — `grow --expect 3 --json` on it, `join` with its
-// token on two new ones. The single node restarts by itself, in the same process; killed -9
-// while it snapshots and again while it restores, it starts again and goes on; all three
-// become ready, the members are three JetStream peers, and the module registered on the
-// single node is listed by a new one.
+// TestIntegration_GrowOneToThree: a single node (genesis, run) with two registered modules,
+// five secrets, 10,000 events, 100 jobs queued for a seat nobody holds and an audit log of
+// it all grows into a mesh of three processes — `grow --expect 3 --json` on it, `join` with
+// its token on two new ones. The single node restarts by itself, in the same process;
+// killed -9 while it snapshots and again while it restores, it starts again and goes on; all
+// three become ready as three JetStream peers. Every event reaches a new node's audit log,
+// the jobs wait in the seat's queue and the secrets read the same; then one of the three is
+// killed -9 and the other two still read every secret and the queue, take a new event, and
+// the grown node's audit log verifies.
 func TestIntegration_GrowOneToThree(t *testing.T) {
 	a := newMeshNode(t, "a")
 	a.flags = append(a.flags, "--log-level", "info") // its phases, to kill it at
@@ -599,13 +602,51 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	}
 	a.p = startNode(t, "run", a.flags...)
 	op := filepath.Join(a.dir, "operator.nk")
-	shop := filepath.Join(t.TempDir(), "shop.yaml")
-	if err := os.WriteFile(shop, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n"), 0o600); err != nil {
+	registerModule(t, a.dir, "module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")
+	shop := registerModule(t, a.dir, "module: shop\nrequires: [mesh-bus]\nemits: [sold]\nuses: [mail]\nsecrets: [k1, k2, k3, k4, k5]\n")
+	secrets := map[string]string{}
+	for _, k := range []string{"k1", "k2", "k3", "k4", "k5"} {
+		if r := meshnode(t, nil, "vault", "mint", k, "--owner", "shop", "--data-dir", a.dir); r.code != 0 {
+			t.Fatalf("vault mint %s: exit %d %s", k, r.code, r.stderr)
+		}
+		r := meshnode(t, nil, "vault", "fetch", k, "--owner", "shop", "--data-dir", a.dir)
+		if r.code != 0 || r.stdout == "" {
+			t.Fatalf("vault fetch %s: exit %d %s", k, r.code, r.stderr)
+		}
+		secrets[k] = r.stdout
+	}
+	loader := exec.Command(os.Args[0])
+	loader.Env = append(cleanEnv(), "MESHNODE_TEST_LOADER="+a.p.clientURL, "MESHNODE_TEST_LOADER_SEED="+shop)
+	if out, err := loader.CombinedOutput(); err != nil || !strings.Contains(string(out), "loaded") {
+		t.Fatalf("load the single node: %v\n%s", err, out)
+	}
+	// The single node's audit log has every event before it grows.
+	retryUntil(t, time.Minute, func() error {
+		if n := len(auditIDs(t, a.dir, op, "shop")); n != loaderEvents {
+			return fmt.Errorf("a's audit log has %d of shop's %d events", n, loaderEvents)
+		}
+		return nil
+	})
+	backlog := func(dir string) error {
+		r := meshnode(t, nil, "seat", "ls", "--json", "--data-dir", dir, "--creds", op)
+		for line := range strings.Lines(r.stdout) {
+			var st struct {
+				Seat    string
+				Backlog uint64
+			}
+			if json.Unmarshal([]byte(line), &st) == nil && st.Seat == "mail" {
+				if st.Backlog != loaderJobs {
+					return fmt.Errorf("seat mail has %d jobs queued, want %d", st.Backlog, loaderJobs)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("seat ls: exit %d, no seat mail: %s %s", r.code, r.stdout, r.stderr)
+	}
+	if err := backlog(a.dir); err != nil {
 		t.Fatal(err)
 	}
-	if r := meshnode(t, nil, "module", "register", shop, "--creds-out", filepath.Join(t.TempDir(), "shop.nk"), "--data-dir", a.dir); r.code != 0 {
-		t.Fatalf("register: exit %d %s", r.code, r.stderr)
-	}
+
 	if r := meshnode(t, nil, "grow", "--expect", "2", "--data-dir", a.dir); r.code != 2 {
 		t.Fatalf("grow --expect 2: exit %d %s, want a usage error", r.code, r.stderr)
 	}
@@ -640,9 +681,9 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		<-a.p.done
 		a.p = launch(t, "run", a.flags...)
 	}
-	a.p.awaitReady(t, 2*time.Minute)
-	b.p.awaitReady(t, 2*time.Minute)
-	c.p.awaitReady(t, 2*time.Minute)
+	a.p.awaitReady(t, 3*time.Minute)
+	b.p.awaitReady(t, 3*time.Minute)
+	c.p.awaitReady(t, 3*time.Minute)
 	retryUntil(t, 30*time.Second, func() error {
 		st, err := memberStates(t, a.dir)
 		if err != nil || len(st) != 3 {
@@ -655,11 +696,58 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		}
 		return nil
 	})
-	if r := meshnode(t, nil, "module", "ls", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "shop") {
+	if r := meshnode(t, nil, "module", "ls", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "shop") || !strings.Contains(r.stdout, "mailer") {
 		t.Fatalf("module ls on a new node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 0 || strings.Contains(r.stdout, "growing") {
 		t.Fatalf("status after growing: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	// A new node's audit log is made from the restored EVENTS: every event, once.
+	retryUntil(t, 2*time.Minute, func() error {
+		ids, err := queryAuditIDs(t, c.dir, op, "shop")
+		if err != nil {
+			return err
+		}
+		if len(ids) != loaderEvents {
+			return fmt.Errorf("c's audit log has %d of shop's %d events", len(ids), loaderEvents)
+		}
+		for id, n := range ids {
+			if n != 1 {
+				return fmt.Errorf("c's audit log has event %s %d times", id, n)
+			}
+		}
+		return nil
+	})
+
+	// kill -9 one of the three: the other two read everything and take new events.
+	b.p.cmd.Process.Kill()
+	<-b.p.done
+	for _, dir := range []string{a.dir, c.dir} {
+		retryUntil(t, time.Minute, func() error { return backlog(dir) })
+		for k, want := range secrets {
+			retryUntil(t, time.Minute, func() error {
+				r := meshnode(t, nil, "vault", "fetch", k, "--data-dir", dir, "--creds", shop) // as the module
+				if r.code != 0 || r.stdout != want {
+					return fmt.Errorf("secret %s through %s with b killed: exit %d %q %s", k, dir, r.code, r.stdout, r.stderr)
+				}
+				return nil
+			})
+		}
+	}
+	retryUntil(t, time.Minute, func() error {
+		if r := meshnode(t, nil, "emit", "sold", `{"n":-1}`, "--data-dir", c.dir, "--creds", shop); r.code != 0 {
+			return fmt.Errorf("emit through c with b killed: exit %d %s", r.code, r.stderr)
+		}
+		return nil
+	})
+	retryUntil(t, time.Minute, func() error {
+		if n := len(auditIDs(t, a.dir, op, "shop")); n < loaderEvents+1 {
+			return fmt.Errorf("a's audit log has %d of shop's %d events", n, loaderEvents+1)
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, "audit", "verify", "--data-dir", a.dir, "--creds", op); r.code != 0 {
+		t.Fatalf("audit verify on the grown node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv("MESHNODE_TEST_EMITTER"); url != "" {
 		os.Exit(runEmitter(url, os.Getenv("MESHNODE_TEST_EMITTER_SEED")))
 	}
+	if url := os.Getenv("MESHNODE_TEST_LOADER"); url != "" {
+		os.Exit(runLoader(url, os.Getenv("MESHNODE_TEST_LOADER_SEED")))
+	}
 	dir, err := os.MkdirTemp("", "meshnode-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -102,6 +105,39 @@ func runEmitter(url, seed string) int {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// runLoader is the test binary run as the module shop: it emits loaderEvents "sold" events
+// and submits loaderJobs "send" jobs to the seat mail, then prints "loaded" and exits.
+func runLoader(url, seed string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := sdk.Connect(ctx, url, seed)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loader:", err)
+		return 1
+	}
+	defer c.Close()
+	for i := range loaderEvents {
+		if _, err := c.Emit(ctx, "sold", map[string]int{"n": i}); err != nil {
+			fmt.Fprintln(os.Stderr, "loader: emit:", err)
+			return 1
+		}
+	}
+	for i := range loaderJobs {
+		if _, err := c.Submit(ctx, "mail", "send", map[string]int{"n": i}); err != nil {
+			fmt.Fprintln(os.Stderr, "loader: submit:", err)
+			return 1
+		}
+	}
+	fmt.Println("loaded")
+	return 0
+}
+
+// What runLoader puts in the mesh.
+const (
+	loaderEvents = 10000
+	loaderJobs   = 100
+)
 
 // result is what a finished meshnode command did.
 type result struct {
