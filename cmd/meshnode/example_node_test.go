@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -145,7 +146,7 @@ func TestNodeExample_Module(t *testing.T) {
 	}
 
 	// The failing event: NAKed 5 times by module.js, dead-lettered by the node.
-	var letters []deadLetter
+	var letters []deadletter.Letter
 	retryUntil(t, 30*time.Second, func() error {
 		letters, err = deadLs(t, dir)
 		if err != nil || len(letters) != 1 {
