@@ -124,6 +124,7 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, n.Members())
 	})
+	n.serveUI(mux)
 	return mux
 }
 

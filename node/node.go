@@ -137,6 +137,11 @@ type Node struct {
 	// OnPhase is told each phase of the start as it begins ("" once open): what systemd's
 	// STATUS says.
 	OnPhase func(phase string)
+
+	ui      *uiState
+	uiStop  chan struct{} // closed when the node stops: the dashboard's streams end
+	uiOnce  sync.Once
+	uiWG    sync.WaitGroup
 	metrics *prometheus.Registry
 }
 
@@ -145,7 +150,18 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Node{cfg: cfg, log: log.With("node", cfg.Name)}
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState(), uiStop: make(chan struct{})}
+}
+
+// stopUI ends the dashboard's event streams and its snapshot loop.
+func (n *Node) stopUI() {
+	if n.uiStop == nil {
+		return
+	}
+	n.ui.watchMu.Lock() // no snapshot loop starts after this
+	n.uiOnce.Do(func() { close(n.uiStop) })
+	n.ui.watchMu.Unlock()
+	n.uiWG.Wait()
 }
 
 // startStep logs, at debug level, that a step of the start is done and how long after the
@@ -674,6 +690,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		return nil
 	}, func(error) {
+		n.stopUI() // its event streams never go idle: Shutdown would wait them out
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n.cfg.ShutdownTimeout)/2)
 		defer cancel()
 		n.httpSrv.Shutdown(ctx)
@@ -700,6 +717,7 @@ func (n *Node) Close() error {
 			first = fmt.Errorf("close %s: %w", part, err)
 		}
 	}
+	n.stopUI()
 	if n.httpSrv != nil {
 		keep(n.httpSrv.Close(), "http")
 		<-n.httpDone

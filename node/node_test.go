@@ -32,6 +32,10 @@ func TestMain(m *testing.M) {
 		attackerProcess()
 		return
 	}
+	if os.Getenv(uiHolderEnv) != "" {
+		uiHolder()
+		return
+	}
 	// nats.go v1.55.0's object store Put starts a publisher goroutine that reads its status
 	// channel after Put's deferred cleanup may have set it to nil, and then blocks for ever
 	// (jetstream/object.go: defer cleanupReplySub; publish.go: resetPendingAcksOnReconnect).

@@ -85,6 +85,7 @@ func newRootCmd() *cobra.Command {
 		newRunCmd(),
 		newJoinCmd(),
 		newStatusCmd(),
+		newUICmd(),
 		newModuleCmd(),
 		newEmitCmd(),
 		newListenCmd(),

@@ -1,0 +1,577 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/deadletter"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// The dashboard: static pages embedded in the binary (no build step), a JSON snapshot of the
+// mesh as this node sees it, the same snapshot pushed over server-sent events while it
+// changes, and the operator's actions on dead letters.
+//
+// Access: `meshnode ui` asks the node for a challenge (GET /ui/challenge), signs it with the
+// operator's seed and prints a one-time link (/ui/login?...). The node checks the signature
+// against the operator's registered key, spends the challenge and sets a session cookie
+// (HttpOnly, SameSite=Strict, 12 h). Nothing secret travels in a stream, and no password
+// exists. A read-only session sees; an operator session may also act, with the session's
+// CSRF token in a header and an Origin, when the browser sends one, of this very host.
+
+//go:embed ui
+var uiFiles embed.FS
+
+// Bounds of the dashboard.
+const (
+	uiChallengeTTL  = time.Minute
+	uiSessionTTL    = 12 * time.Hour
+	uiMaxChallenges = 64              // outstanding challenges; older ones are dropped
+	uiTick          = time.Second     // how often the snapshot is made while someone watches
+	uiAuditTail     = 50              // audit records in a snapshot
+	uiDeadShown     = 100             // dead letters in a snapshot (the newest)
+	uiCookie        = "meshnode_ui"   // the session cookie
+	uiCSRFHeader    = "X-CSRF-Token"  // an action's header
+	uiLoginPrefix   = "meshnode-ui:"  // what the operator's signature covers: prefix, mesh, nonce, mode
+	uiModeOperator  = "operator"      // may act
+	uiModeReadOnly  = "read-only"     // sees only
+	uiStateTimeout  = 5 * time.Second // one snapshot
+)
+
+// uiSession is one logged-in browser.
+type uiSession struct {
+	mode    string
+	csrf    string
+	expires time.Time
+}
+
+// uiState is the dashboard's sessions, challenges and watchers.
+type uiState struct {
+	mu         sync.Mutex
+	challenges map[string]time.Time // nonce → expiry
+	sessions   map[string]*uiSession
+
+	watchMu  sync.Mutex
+	watchers map[chan []byte]struct{}
+	last     []byte // the last snapshot sent
+	running  bool   // the snapshot loop runs while someone watches
+}
+
+func newUIState() *uiState {
+	return &uiState{challenges: map[string]time.Time{}, sessions: map[string]*uiSession{}, watchers: map[chan []byte]struct{}{}}
+}
+
+func randomToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// LoginMessage is what the operator signs to log in a browser: the mesh, the node's nonce
+// and the session's mode.
+func LoginMessage(meshID, nonce, mode string) []byte {
+	return []byte(uiLoginPrefix + meshID + ":" + nonce + ":" + mode)
+}
+
+// Challenge is GET /ui/challenge's answer.
+type Challenge struct {
+	Node   string `json:"node"`
+	MeshID string `json:"mesh_id"`
+	Nonce  string `json:"nonce"`
+}
+
+// LoginLink asks the node at httpURL for a challenge, signs it with key (the operator's) and
+// returns the one-time link that logs a browser in; readOnly makes a session that only sees.
+func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly bool) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(httpURL, "/")+"/ui/challenge", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("ask %s for a login challenge: %w", httpURL, err)
+	}
+	defer resp.Body.Close()
+	var ch Challenge
+	if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil || resp.StatusCode != http.StatusOK || ch.Nonce == "" {
+		return "", fmt.Errorf("ask %s for a login challenge: status %d: %v", httpURL, resp.StatusCode, err)
+	}
+	mode := uiModeOperator
+	if readOnly {
+		mode = uiModeReadOnly
+	}
+	sig, err := key.Sign(LoginMessage(ch.MeshID, ch.Nonce, mode))
+	if err != nil {
+		return "", err
+	}
+	q := url.Values{"nonce": {ch.Nonce}, "mode": {mode}, "sig": {base64.RawURLEncoding.EncodeToString(sig)}}
+	return strings.TrimSuffix(httpURL, "/") + "/ui/login?" + q.Encode(), nil
+}
+
+// serveUI adds the dashboard's routes to mux.
+func (n *Node) serveUI(mux *http.ServeMux) {
+	static, _ := fs.Sub(uiFiles, "ui")
+	files := http.FileServerFS(static)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
+	mux.Handle("GET /ui/", http.StripPrefix("/ui/", securityHeaders(files)))
+	mux.HandleFunc("GET /ui/challenge", n.uiChallenge)
+	mux.HandleFunc("GET /ui/login", n.uiLogin)
+	mux.HandleFunc("POST /ui/logout", n.uiSessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+		if c, err := r.Cookie(uiCookie); err == nil {
+			n.ui.mu.Lock()
+			delete(n.ui.sessions, c.Value)
+			n.ui.mu.Unlock()
+		}
+		http.SetCookie(w, &http.Cookie{Name: uiCookie, Path: "/ui", MaxAge: -1})
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	mux.HandleFunc("GET /ui/api/session", n.uiSessionOnly(false, func(w http.ResponseWriter, _ *http.Request, s *uiSession) {
+		writeJSON(w, http.StatusOK, map[string]string{"node": n.id.Name, "mesh_id": n.id.MeshID, "mode": s.mode, "csrf": s.csrf})
+	}))
+	mux.HandleFunc("GET /ui/api/state", n.uiSessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(n.uiSnapshot(r.Context()))
+	}))
+	mux.HandleFunc("GET /ui/api/events", n.uiSessionOnly(false, n.uiEvents))
+	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", n.uiSessionOnly(true, n.uiDeadAction))
+}
+
+// securityHeaders keeps the dashboard's pages from being framed or fed other scripts.
+func securityHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (n *Node) uiChallenge(w http.ResponseWriter, _ *http.Request) {
+	nonce := randomToken()
+	now := time.Now()
+	n.ui.mu.Lock()
+	for k, exp := range n.ui.challenges {
+		if now.After(exp) || len(n.ui.challenges) >= uiMaxChallenges {
+			delete(n.ui.challenges, k)
+		}
+	}
+	n.ui.challenges[nonce] = now.Add(uiChallengeTTL)
+	n.ui.mu.Unlock()
+	writeJSON(w, http.StatusOK, Challenge{Node: n.id.Name, MeshID: n.id.MeshID, Nonce: nonce})
+}
+
+func (n *Node) uiLogin(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	nonce, mode := q.Get("nonce"), q.Get("mode")
+	fail := func(why string) {
+		http.Error(w, "login refused: "+why+"; run `meshnode ui` on the node for a new link", http.StatusForbidden)
+	}
+	if mode != uiModeOperator && mode != uiModeReadOnly {
+		fail("unknown mode")
+		return
+	}
+	n.ui.mu.Lock()
+	exp, ok := n.ui.challenges[nonce]
+	delete(n.ui.challenges, nonce) // one use, good or bad
+	n.ui.mu.Unlock()
+	if !ok || time.Now().After(exp) {
+		fail("the link was used or has expired (they last a minute)")
+		return
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(q.Get("sig"))
+	op := n.reg.Operator()
+	if err != nil || op == "" {
+		fail("no signature, or no operator key known to this node yet")
+		return
+	}
+	pub, err := nkeys.FromPublicKey(op)
+	if err != nil || pub.Verify(LoginMessage(n.id.MeshID, nonce, mode), sig) != nil {
+		fail("the link is not signed by the mesh's operator")
+		return
+	}
+	id, s := randomToken(), &uiSession{mode: mode, csrf: randomToken(), expires: time.Now().Add(uiSessionTTL)}
+	n.ui.mu.Lock()
+	for k, old := range n.ui.sessions {
+		if time.Now().After(old.expires) {
+			delete(n.ui.sessions, k)
+		}
+	}
+	n.ui.sessions[id] = s
+	n.ui.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: uiCookie, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil, Expires: s.expires})
+	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
+}
+
+// uiSessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
+// token and, when the browser names one, an Origin of this host.
+func (n *Node) uiSessionOnly(act bool, h func(http.ResponseWriter, *http.Request, *uiSession)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, err := r.Cookie(uiCookie)
+		var s *uiSession
+		if err == nil {
+			n.ui.mu.Lock()
+			s = n.ui.sessions[c.Value]
+			n.ui.mu.Unlock()
+		}
+		if s == nil || time.Now().After(s.expires) {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "not logged in: run `meshnode ui` on the node and open the link it prints"})
+			return
+		}
+		if act {
+			if s.mode != uiModeOperator {
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": "this session is read-only: log in with `meshnode ui` (without --read-only) to act"})
+				return
+			}
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(uiCSRFHeader)), []byte(s.csrf)) != 1 {
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": "missing or wrong " + uiCSRFHeader})
+				return
+			}
+			if o := r.Header.Get("Origin"); o != "" {
+				if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+					writeJSON(w, http.StatusForbidden, map[string]string{"error": "cross-origin action refused"})
+					return
+				}
+			}
+		}
+		h(w, r, s)
+	}
+}
+
+// UIState is the dashboard's snapshot of the mesh as this node sees it.
+type UIState struct {
+	Node      string             `json:"node"`
+	MeshID    string             `json:"mesh_id"`
+	Time      time.Time          `json:"time"`
+	Members   []Member           `json:"members"`
+	Seats     []seats.Status     `json:"seats"`
+	Modules   []UIModule         `json:"modules"`
+	Edges     []UIEdge           `json:"edges"`
+	Streams   []UIStream         `json:"streams"`
+	Processes []registry.Process `json:"processes"`
+	Audit     []UIAudit          `json:"audit"`
+	Dead      []UIDead           `json:"dead"`
+	DeadTotal int                `json:"dead_total"`
+	Errors    []string           `json:"errors,omitempty"` // parts that could not be read now
+}
+
+// UIModule is a registered module and its derived authority.
+type UIModule struct {
+	Module   string   `json:"module"`
+	Emits    []string `json:"emits,omitempty"`
+	Consumes []string `json:"consumes,omitempty"`
+	Tools    []string `json:"tools,omitempty"`
+	Uses     []string `json:"uses,omitempty"`
+	Seats    []string `json:"seats,omitempty"`
+	Secrets  []string `json:"secrets,omitempty"`
+	Requires []string `json:"requires,omitempty"`
+}
+
+// UIEdge is who talks to whom: From's events reach To (kind "events"), or From sends work to
+// a seat To declares (kind "jobs").
+type UIEdge struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	Kind string `json:"kind"`
+	What string `json:"what"`
+}
+
+// UIStream is a stream and its consumers.
+type UIStream struct {
+	Name      string       `json:"name"`
+	Messages  uint64       `json:"messages"`
+	Bytes     uint64       `json:"bytes"`
+	Replicas  int          `json:"replicas"`
+	Consumers []UIConsumer `json:"consumers"`
+}
+
+// UIConsumer is a consumer's lag: messages not delivered yet, and delivered but not acked.
+type UIConsumer struct {
+	Name        string `json:"name"`
+	Pending     uint64 `json:"pending"`
+	AckPending  int    `json:"ack_pending"`
+	Redelivered int    `json:"redelivered"`
+}
+
+// UIAudit is one record of the audit tail.
+type UIAudit struct {
+	N        uint64    `json:"n"`
+	Received time.Time `json:"received"`
+	Event    string    `json:"event"`
+	Source   string    `json:"source"`
+	Signed   bool      `json:"signed"`
+	Body     string    `json:"body"`
+}
+
+// UIDead is one dead letter.
+type UIDead struct {
+	ID         uint64    `json:"id"`
+	Time       time.Time `json:"time"`
+	Event      string    `json:"event"`
+	Consumer   string    `json:"consumer"`
+	Reason     string    `json:"reason"`
+	Deliveries int       `json:"deliveries"`
+}
+
+// uiSnapshot returns the snapshot as JSON.
+func (n *Node) uiSnapshot(ctx context.Context) []byte {
+	ctx, cancel := context.WithTimeout(ctx, uiStateTimeout)
+	defer cancel()
+	st := UIState{Node: n.id.Name, MeshID: n.id.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: n.Members()}
+	failed := func(part string, err error) { st.Errors = append(st.Errors, part+": "+err.Error()) }
+	if n.seats != nil {
+		st.Seats = n.seats.status(ctx)
+	}
+	st.Modules, st.Edges = uiModules(n.reg.List())
+	js := n.bus.JetStream()
+	if err := uiStreams(ctx, js, &st); err != nil {
+		failed("streams", err)
+	}
+	if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
+		failed("processes", err)
+	} else {
+		st.Processes = ps
+	}
+	if recs, err := n.audit.Query(audit.Filter{Last: uiAuditTail}); err != nil {
+		failed("audit", err)
+	} else {
+		for _, r := range slices.Backward(recs) {
+			st.Audit = append(st.Audit, UIAudit{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
+				Source: r.Source, Signed: r.Signed, Body: clipBody(r.Body)})
+		}
+	}
+	if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
+		failed("dead letters", err)
+	} else if ds, err := deadletter.List(ctx, dead); err != nil {
+		failed("dead letters", err)
+	} else {
+		st.DeadTotal = len(ds)
+		for _, d := range slices.Backward(ds) {
+			if len(st.Dead) == uiDeadShown {
+				break
+			}
+			st.Dead = append(st.Dead, UIDead{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
+				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
+		}
+	}
+	b, _ := json.Marshal(st)
+	return b
+}
+
+func clipBody(b []byte) string {
+	const most = 200
+	if len(b) > most {
+		return string(b[:most]) + "…"
+	}
+	return string(b)
+}
+
+// uiModules lists the modules' authority and who talks to whom: an emitter's events reach
+// each module whose consumes match them, a seat's users send it work.
+func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
+	mods := make([]UIModule, 0, len(entries))
+	declarer := map[string]string{}
+	for _, e := range entries {
+		m := e.Manifest
+		um := UIModule{Module: e.Module, Emits: m.Emits, Consumes: m.Consumes, Tools: m.Tools, Uses: m.Uses, Secrets: m.Secrets, Requires: m.Requires}
+		for _, s := range m.Seats {
+			um.Seats = append(um.Seats, s.Name)
+			declarer[s.Name] = e.Module
+		}
+		mods = append(mods, um)
+	}
+	slices.SortFunc(mods, func(a, b UIModule) int { return strings.Compare(a.Module, b.Module) })
+	var edges []UIEdge
+	for _, to := range mods {
+		for _, pattern := range to.Consumes {
+			for _, from := range mods {
+				for _, ev := range from.Emits {
+					if manifest.Matches(pattern, from.Module+"."+ev) {
+						edges = append(edges, UIEdge{From: from.Module, To: to.Module, Kind: "events", What: ev})
+					}
+				}
+			}
+		}
+		for _, seat := range to.Uses {
+			if d, ok := declarer[seat]; ok {
+				edges = append(edges, UIEdge{From: to.Module, To: d, Kind: "jobs", What: seat})
+			}
+		}
+	}
+	return mods, edges
+}
+
+// uiStreams reads every stream and its consumers.
+func uiStreams(ctx context.Context, js jetstream.JetStream, st *UIState) error {
+	l := js.ListStreams(ctx)
+	for info := range l.Info() {
+		s := UIStream{Name: info.Config.Name, Messages: info.State.Msgs, Bytes: info.State.Bytes, Replicas: info.Config.Replicas}
+		if stream, err := js.Stream(ctx, info.Config.Name); err == nil {
+			cl := stream.ListConsumers(ctx)
+			for ci := range cl.Info() {
+				s.Consumers = append(s.Consumers, UIConsumer{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered})
+			}
+		}
+		st.Streams = append(st.Streams, s)
+	}
+	slices.SortFunc(st.Streams, func(a, b UIStream) int { return strings.Compare(a.Name, b.Name) })
+	return l.Err()
+}
+
+// uiEvents streams snapshots (server-sent events) while they change, until the browser
+// leaves or the node stops. One loop makes them for every watcher.
+func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	ch := make(chan []byte, 1)
+	n.ui.watchMu.Lock()
+	select {
+	case <-n.uiStop:
+		n.ui.watchMu.Unlock()
+		http.Error(w, "the node is stopping", http.StatusServiceUnavailable)
+		return
+	default:
+	}
+	n.ui.watchers[ch] = struct{}{}
+	if last := n.ui.last; last != nil {
+		ch <- last
+	}
+	if !n.ui.running {
+		n.ui.running = true
+		n.uiWG.Add(1)
+		go n.uiLoop()
+	}
+	n.ui.watchMu.Unlock()
+	defer func() {
+		n.ui.watchMu.Lock()
+		delete(n.ui.watchers, ch)
+		n.ui.watchMu.Unlock()
+	}()
+	fmt.Fprint(w, ": meshnode\n\n")
+	flusher.Flush()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-n.uiStop:
+			return
+		case b := <-ch:
+			fmt.Fprintf(w, "event: state\ndata: %s\n\n", b)
+			flusher.Flush()
+		}
+	}
+}
+
+// uiLoop makes a snapshot every uiTick while anyone watches, and sends it to each watcher
+// when it changed.
+func (n *Node) uiLoop() {
+	defer n.uiWG.Done()
+	t := time.NewTicker(uiTick)
+	defer t.Stop()
+	for {
+		n.ui.watchMu.Lock()
+		if len(n.ui.watchers) == 0 {
+			n.ui.running, n.ui.last = false, nil
+			n.ui.watchMu.Unlock()
+			return
+		}
+		n.ui.watchMu.Unlock()
+		b := n.uiSnapshot(context.Background())
+		n.ui.watchMu.Lock()
+		if !bytes.Equal(uiComparable(b), uiComparable(n.ui.last)) {
+			n.ui.last = b
+			for ch := range n.ui.watchers {
+				select {
+				case <-ch: // a slow watcher gets the newest only
+				default:
+				}
+				ch <- b
+			}
+		}
+		n.ui.watchMu.Unlock()
+		select {
+		case <-n.uiStop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// uiComparable is a snapshot without its time, which changes every second.
+func uiComparable(b []byte) []byte {
+	if i := bytes.Index(b, []byte(`"time":"`)); i >= 0 {
+		if j := bytes.IndexByte(b[i+8:], '"'); j >= 0 {
+			return append(b[:i:i], b[i+8+j:]...)
+		}
+	}
+	return b
+}
+
+// uiDeadAction replays or drops a dead letter, as `meshnode dead replay|drop` does.
+func (n *Node) uiDeadAction(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+	action := r.PathValue("action")
+	if err != nil || (action != "replay" && action != "drop") {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "POST /ui/api/dead/<id>/replay or /drop"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	defer cancel()
+	js := n.bus.JetStream()
+	dead, err := js.Stream(ctx, manifest.DeadStreamName)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	m, err := dead.GetMsg(ctx, id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no dead letter %d (replayed or dropped?)", id)})
+		return
+	}
+	if err == nil {
+		if action == "drop" {
+			err = dead.DeleteMsg(ctx, id)
+		} else {
+			var auth deadletter.Authority
+			if auth, err = deadletter.LoadAuthority(ctx, js); err == nil {
+				err = deadletter.Replay(ctx, js, dead, m, auth)
+			}
+		}
+	}
+	if errors.Is(err, deadletter.ErrNotReplayable) {
+		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+		return
+	}
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	n.log.Info("dead letter "+action+"ed from the dashboard", "id", id)
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "action": action})
+}

@@ -1,0 +1,159 @@
+// The meshnode dashboard: one snapshot of the mesh, pushed by the node (server-sent events)
+// whenever it changes, rendered with DOM calls only (text, never HTML, from the node).
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+let session = null;
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const c of cells) {
+    if (c instanceof Node) { const td = document.createElement("td"); td.appendChild(c); tr.appendChild(td); continue; }
+    const [text, cls] = Array.isArray(c) ? c : [c, ""];
+    tr.appendChild(el("td", text, cls));
+  }
+  return tr;
+}
+
+function fill(table, rows) {
+  const body = $(table + " tbody");
+  body.replaceChildren(...rows);
+}
+
+const list = (xs) => (xs && xs.length ? xs.join(", ") : "");
+const when = (t) => (t ? new Date(t).toLocaleTimeString() : "");
+
+function render(st) {
+  $("#where").textContent = `node ${st.node} · mesh ${st.mesh_id.slice(0, 12)}`;
+  const problems = $("#problems");
+  problems.hidden = !(st.errors && st.errors.length);
+  problems.textContent = st.errors ? "Not read just now: " + st.errors.join("; ") : "";
+  problems.className = "error";
+
+  $("#members-count").textContent = `${st.members.length}`;
+  fill("#members", st.members.map((m) => row([m.name, [m.state, m.state], [m.jetstream, m.jetstream], m.address, list(m.seats)])));
+
+  fill("#seats", (st.seats || []).map((s) => row([s.seat, s.scope + (s.node ? " " + s.node : ""), s.module || "mesh",
+    [s.holder || "unheld", s.holder ? "" : "no"], s.holder_node || "", [s.epoch || "", "num"], [s.backlog, "num"], list(s.users)])));
+
+  $("#modules-count").textContent = `${st.modules.length}`;
+  fill("#modules", st.modules.map((m) => row([m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets)])));
+  graph(st.modules, st.edges || []);
+
+  fill("#ps", (st.processes || []).map((p) => row([p.module, p.node, p.version, [p.state, p.state]])));
+
+  const srows = [];
+  for (const s of st.streams || []) {
+    srows.push(row([el("strong", s.name), [s.messages, "num"], [s.bytes, "num"], [s.replicas, "num"], "", "", ""]));
+    for (const c of s.consumers || []) {
+      srows.push(row(["  " + c.name, "", "", "", [c.pending, "num"], [c.ack_pending, "num"], [c.redelivered, "num"]]));
+    }
+  }
+  fill("#streams", srows);
+
+  $("#dead-count").textContent = `${st.dead_total}`;
+  fill("#dead", (st.dead || []).map((d) => {
+    const actions = document.createElement("span");
+    if (session && session.mode === "operator") {
+      const replay = el("button", "Replay", "replay");
+      replay.dataset.id = d.id;
+      replay.addEventListener("click", () => act(d.id, "replay"));
+      const drop = el("button", "Drop", "drop");
+      drop.dataset.id = d.id;
+      drop.addEventListener("click", () => { if (confirm(`Drop dead letter ${d.id} for good?`)) act(d.id, "drop"); });
+      actions.append(replay, " ", drop);
+    }
+    const tr = row([[d.id, "num"], when(d.time), d.event, d.consumer, [d.deliveries, "num"], d.reason, actions]);
+    tr.dataset.id = d.id;
+    return tr;
+  }));
+
+  fill("#audit", (st.audit || []).map((a) => row([[a.n, "num"], when(a.received), a.event, a.source, [a.signed ? "yes" : "no", a.signed ? "yes" : "no"], a.body])));
+}
+
+// graph draws who talks to whom: the modules that take part, on a circle; events solid,
+// jobs dashed.
+function graph(modules, edges) {
+  const svg = $("#graph");
+  const ns = "http://www.w3.org/2000/svg";
+  const names = [...new Set(edges.flatMap((e) => [e.from, e.to]))].slice(0, 200);
+  svg.replaceChildren();
+  svg.hidden = names.length === 0;
+  if (!names.length) return;
+  const w = svg.clientWidth || 800, h = svg.clientHeight || 320, r = Math.min(w, h) / 2 - 40;
+  const at = new Map(names.map((n, i) => {
+    const a = (2 * Math.PI * i) / names.length;
+    return [n, [w / 2 + r * Math.cos(a), h / 2 + r * Math.sin(a)]];
+  }));
+  for (const e of edges) {
+    const a = at.get(e.from), b = at.get(e.to);
+    if (!a || !b) continue;
+    const line = document.createElementNS(ns, "line");
+    line.setAttribute("x1", a[0]); line.setAttribute("y1", a[1]);
+    line.setAttribute("x2", b[0]); line.setAttribute("y2", b[1]);
+    line.setAttribute("class", e.kind);
+    const title = document.createElementNS(ns, "title");
+    title.textContent = `${e.from} → ${e.to}: ${e.kind} ${e.what}`;
+    line.appendChild(title);
+    svg.appendChild(line);
+  }
+  for (const [n, [x, y]] of at) {
+    const c = document.createElementNS(ns, "circle");
+    c.setAttribute("cx", x); c.setAttribute("cy", y); c.setAttribute("r", 5);
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", x + 8); t.setAttribute("y", y + 4);
+    t.textContent = n;
+    svg.append(c, t);
+  }
+}
+
+async function act(id, action) {
+  const err = $("#dead-error");
+  err.hidden = true;
+  const resp = await fetch(`/ui/api/dead/${id}/${action}`, { method: "POST", headers: { "X-CSRF-Token": session.csrf }, credentials: "same-origin" });
+  if (!resp.ok) {
+    const body = await resp.json().catch(() => ({}));
+    err.textContent = `${action} ${id}: ${body.error || resp.status}`;
+    err.hidden = false;
+    return;
+  }
+  const tr = document.querySelector(`#dead tbody tr[data-id="${id}"]`);
+  if (tr) {
+    tr.remove();
+    const count = $("#dead-count");
+    count.textContent = String(Math.max(0, Number(count.textContent) - 1));
+  }
+}
+
+function live() {
+  const src = new EventSource("/ui/api/events");
+  src.addEventListener("state", (e) => { $("#live").textContent = "live"; $("#live").className = "on"; render(JSON.parse(e.data)); });
+  src.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "off"; };
+}
+
+async function start() {
+  const resp = await fetch("/ui/api/session", { credentials: "same-origin" });
+  if (resp.status === 401) {
+    $("#login").hidden = false;
+    $("#live").textContent = "";
+    return;
+  }
+  session = await resp.json();
+  $("#mode").textContent = session.mode === "operator" ? "operator" : "read-only";
+  $("#app").hidden = false;
+  const first = await fetch("/ui/api/state", { credentials: "same-origin" });
+  if (first.ok) {
+    render(await first.json());
+    performance.mark("meshnode-rendered"); // the first view with data: what the bench times
+  }
+  live();
+}
+
+start();

@@ -1,0 +1,256 @@
+//go:build integration
+
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// chromium finds the browser the dashboard's bed drives (Debian's package chromium).
+func chromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	testbed.Skip(t, "no Chromium: apt-get install chromium")
+	return ""
+}
+
+// TestIntegration_Dashboard drives the dashboard in a real headless Chromium on a mesh of
+// three nodes: the `meshnode ui` link logs it in; it shows the three members; the seat's
+// holder, a module process, is killed -9 and the page shows the seat held by the other
+// instance; a dead letter is replayed with the page's button and leaves the list, and the
+// consumer gets the event again. On failure (or with MESHNODE_TEST_SCREENSHOT set) a
+// screenshot is saved in MESHNODE_TEST_ARTIFACTS or the temp dir; its path is logged.
+func TestIntegration_Dashboard(t *testing.T) {
+	browserPath := chromium(t)
+	cfgs, nodes := openThree(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs sync.WaitGroup
+	for _, n := range nodes {
+		runs.Add(1)
+		go func() { defer runs.Done(); n.Run(ctx) }()
+	}
+	t.Cleanup(func() {
+		cancel()
+		runs.Wait()
+		for _, n := range nodes {
+			n.Close()
+		}
+	})
+	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	defer op.Close()
+	seed := func(text string) string {
+		var path string
+		retryUntil(t, 30*time.Second, func() error {
+			var err error
+			path, err = registerOn(t, op, text)
+			return err
+		})
+		return path
+	}
+	mailerSeed := seed(mailerManifest)
+	shopSeed := seed("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\nemits: [order]\n")
+	sinkSeed := seed("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
+
+	// Two holder processes, on b and c.
+	holders := map[string]*exec.Cmd{}
+	for _, n := range nodes[1:] {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), uiHolderEnv+"="+n.ClientURL()+" "+mailerSeed)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil {
+			t.Fatalf("holder process: %v", err)
+		}
+		holders["mailer/"+strings.TrimSpace(line)] = cmd
+	}
+
+	// A consumer that gives the first event up (a dead letter) and takes it when replayed.
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer scancel()
+	sink, err := sdk.Connect(sctx, nodes[0].ClientURL(), sinkSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	var got atomic.Int32
+	if err := sink.On("shop.order", func(context.Context, sdk.Event) error {
+		if got.Add(1) == 1 {
+			return fmt.Errorf("%w: the first one is refused", sdk.ErrShape)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(sctx, nodes[0].ClientURL(), shopSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	if _, err := shop.Emit(sctx, "order", map[string]int{"n": 1}); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(op)
+	var deadID uint64
+	retryUntil(t, 30*time.Second, func() error {
+		s, err := js.Stream(sctx, manifest.DeadStreamName)
+		if err != nil {
+			return err
+		}
+		if st := s.CachedInfo().State; st.Msgs != 1 {
+			return fmt.Errorf("DEAD holds %d letters, want 1", st.Msgs)
+		} else {
+			deadID = st.LastSeq
+		}
+		return nil
+	})
+
+	// The browser.
+	alloc, acancel := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browserPath), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1280, 2000))...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(alloc)
+	defer bcancel()
+	// The browser starts with the first run on its context, and lives as long as the
+	// context of that run: bctx itself, not a per-step timeout.
+	if err := chromedp.Do(bctx); err != nil {
+		t.Fatalf("start %s: %v", browserPath, err)
+	}
+	defer func() { // before the browser's own deferred cancel
+		if !t.Failed() && os.Getenv("MESHNODE_TEST_SCREENSHOT") == "" {
+			return
+		}
+		sc, c := context.WithTimeout(bctx, 10*time.Second)
+		defer c()
+		if shot, err := chromedp.Run(sc, chromedp.FullScreenshot(100)); err == nil {
+			dir := os.Getenv("MESHNODE_TEST_ARTIFACTS")
+			if dir == "" {
+				dir = os.TempDir()
+			}
+			path := filepath.Join(dir, "dashboard-"+time.Now().Format("150405")+".png")
+			if err := os.WriteFile(path, shot, 0o644); err == nil {
+				t.Logf("screenshot of the dashboard: %s", path)
+			}
+		}
+	}()
+	run := func(actions ...chromedp.Action[chromedp.Void]) error {
+		c, cancel := context.WithTimeout(bctx, 10*time.Second)
+		defer cancel()
+		return chromedp.Do(c, actions...)
+	}
+
+	link, err := node.LoginLink(sctx, nodes[0].HTTPURL(), operatorKey(t, cfgs[0].DataDir), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(chromedp.Navigate(link), chromedp.WaitVisible(chromedp.ID("app"))); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	if paint, err := evalIn[float64](bctx, `(performance.getEntriesByType('paint').find(p => p.name === 'first-contentful-paint') || {startTime: -1}).startTime`); err == nil {
+		t.Logf("first contentful paint: %.0f ms", paint)
+	}
+
+	// Three members, all alive.
+	retryUntil(t, 30*time.Second, func() error {
+		alive, err := evalIn[int](bctx, `[...document.querySelectorAll('#members tbody tr')].filter(r => r.cells[1].textContent === 'alive').length`)
+		if err != nil {
+			return err
+		}
+		if alive != 3 {
+			return fmt.Errorf("the page shows %d alive members, want 3", alive)
+		}
+		return nil
+	})
+
+	// The seat's holder, as the page shows it; killed -9, the other instance holds it.
+	seatHolder := `(() => { const r = [...document.querySelectorAll('#seats tbody tr')].find(r => r.cells[0].textContent === 'mailer'); return r ? r.cells[3].textContent : ''; })()`
+	var first string
+	retryUntil(t, 30*time.Second, func() (err error) {
+		if first, err = evalIn[string](bctx, seatHolder); err != nil {
+			return err
+		}
+		if holders[first] == nil {
+			return fmt.Errorf("the page shows seat mailer held by %q, not by one of the holder processes", first)
+		}
+		return nil
+	})
+	holders[first].Process.Kill()
+	retryUntil(t, 60*time.Second, func() error {
+		now, err := evalIn[string](bctx, seatHolder)
+		if err != nil {
+			return err
+		}
+		if now == first || holders[now] == nil {
+			return fmt.Errorf("the page shows seat mailer held by %q (the killed holder was %s)", now, first)
+		}
+		return nil
+	})
+
+	// The dead letter: replayed with its button, it leaves the list and reaches the sink.
+	button := fmt.Sprintf(`#dead button.replay[data-id="%d"]`, deadID)
+	if err := run(chromedp.WaitVisible(chromedp.CSS(button)), chromedp.Click(chromedp.CSS(button))); err != nil {
+		t.Fatalf("replay button: %v", err)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		rows, err := evalIn[int](bctx, fmt.Sprintf(`document.querySelectorAll('#dead tbody tr[data-id="%d"]').length`, deadID))
+		if err != nil {
+			return err
+		}
+		shown, _ := evalIn[string](bctx, `document.querySelector('#dead-error').hidden ? '' : document.querySelector('#dead-error').textContent`)
+		if rows != 0 {
+			return fmt.Errorf("dead letter %d is still listed (%s)", deadID, shown)
+		}
+		if got.Load() < 2 {
+			return errors.New("the sink has not had the replayed event yet")
+		}
+		return nil
+	})
+}
+
+// registerOn registers a module through op and returns its seed file.
+func registerOn(t *testing.T, op *nats.Conn, text string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := admin.Register(ctx, op, []byte(text))
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(t.TempDir(), "seed.nk")
+	return path, os.WriteFile(path, reg.Seed, 0o600)
+}
+
+// evalIn evaluates a JavaScript expression in the page, for at most 10 s.
+func evalIn[T any](ctx context.Context, js string) (T, error) {
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return chromedp.Run(c, chromedp.Evaluate[T](js))
+}

@@ -1,0 +1,191 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nkeys"
+)
+
+// operatorKey reads the bed's operator seed.
+func operatorKey(t *testing.T, dir string) nkeys.KeyPair {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, node.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kp
+}
+
+// browser is an HTTP client with a cookie jar that does not follow redirects.
+func browser(t *testing.T) *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, Timeout: 10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func do(t *testing.T, c *http.Client, method, url string, header http.Header) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestUI_Access: the dashboard's pages are served to anyone, its data only to a session. A
+// login link is good once, only with the operator's signature over this mesh, this nonce and
+// this mode; a read-only session may not act; an operator's action needs the session's CSRF
+// token and no foreign Origin. A session's event stream pushes the snapshot.
+func TestUI_Access(t *testing.T) {
+	b := newBed(t)
+	base := b.n.HTTPURL()
+	ctx := context.Background()
+	key := operatorKey(t, b.dir)
+	anon := browser(t)
+	if code, body := do(t, anon, "GET", base+"/ui/", nil); code != 200 || !strings.Contains(body, "<title>meshnode</title>") {
+		t.Fatalf("GET /ui/: %d %.80s", code, body)
+	}
+	if code, _ := do(t, anon, "GET", base+"/", nil); code != http.StatusFound {
+		t.Fatalf("GET /: %d, want a redirect to /ui/", code)
+	}
+	for _, path := range []string{"/ui/api/state", "/ui/api/session", "/ui/api/events"} {
+		if code, body := do(t, anon, "GET", base+path, nil); code != http.StatusUnauthorized || !strings.Contains(body, "meshnode ui") {
+			t.Fatalf("GET %s without a session: %d %s", path, code, body)
+		}
+	}
+
+	// Links that must not log in: another key's signature, a changed mode, a spent nonce.
+	module, _ := nkeys.CreateUser()
+	forged, err := node.LoginLink(ctx, base, module, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := do(t, anon, "GET", forged, nil); code != http.StatusForbidden || !strings.Contains(body, "not signed by the mesh's operator") {
+		t.Fatalf("a link signed by another key: %d %s", code, body)
+	}
+	readOnly, err := node.LoginLink(ctx, base, key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := do(t, anon, "GET", strings.Replace(readOnly, "mode=read-only", "mode=operator", 1), nil); code != http.StatusForbidden {
+		t.Fatalf("a read-only link turned operator: %d", code)
+	}
+	if code, _ := do(t, anon, "GET", readOnly, nil); code != http.StatusForbidden {
+		t.Fatalf("a link whose nonce a refused login spent: %d", code)
+	}
+
+	login := func(readOnly bool) (*http.Client, string) {
+		link, err := node.LoginLink(ctx, base, key, readOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := browser(t)
+		if code, _ := do(t, c, "GET", link, nil); code != http.StatusSeeOther {
+			t.Fatalf("login: %d", code)
+		}
+		if code, _ := do(t, c, "GET", link, nil); code != http.StatusForbidden {
+			t.Fatalf("the same link again: %d, want refused", code)
+		}
+		code, body := do(t, c, "GET", base+"/ui/api/session", nil)
+		var s struct{ Mode, CSRF, Node string }
+		if json.Unmarshal([]byte(body), &s); code != 200 || s.CSRF == "" || s.Node != "alpha" {
+			t.Fatalf("session: %d %s", code, body)
+		}
+		return c, s.CSRF
+	}
+	ro, roCSRF := login(true)
+	code, body := do(t, ro, "GET", base+"/ui/api/state", nil)
+	var st node.UIState
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || len(st.Members) != 1 || st.Members[0].Name != "alpha" || len(st.Seats) == 0 {
+		t.Fatalf("state: %d %v %.300s", code, err, body)
+	}
+	if code, body := do(t, ro, "POST", base+"/ui/api/dead/1/replay", http.Header{"X-Csrf-Token": {roCSRF}}); code != http.StatusForbidden || !strings.Contains(body, "read-only") {
+		t.Fatalf("a read-only session's replay: %d %s", code, body)
+	}
+	opc, csrf := login(false)
+	for _, h := range []http.Header{nil, {"X-Csrf-Token": {"wrong"}}, {"X-Csrf-Token": {csrf}, "Origin": {"http://evil.example"}}} {
+		if code, _ := do(t, opc, "POST", base+"/ui/api/dead/1/replay", h); code != http.StatusForbidden {
+			t.Fatalf("an action with headers %v: %d, want refused", h, code)
+		}
+	}
+	u, _ := url.Parse(base)
+	if code, body := do(t, opc, "POST", base+"/ui/api/dead/1/replay", http.Header{"X-Csrf-Token": {csrf}, "Origin": {"http://" + u.Host}}); code != http.StatusNotFound || !strings.Contains(body, "no dead letter 1") {
+		t.Fatalf("an operator's replay of a letter that does not exist: %d %s", code, body)
+	}
+
+	// The event stream pushes the snapshot, and a module registered later shows in it.
+	req, _ := http.NewRequest("GET", base+"/ui/api/events", nil)
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	resp, err := opc.Do(req.WithContext(sctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b.register("module: later\nrequires: [mesh-bus]\nemits: [x]\n")
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(make([]byte, 1<<20), 1<<20)
+	for lines.Scan() {
+		data, ok := strings.CutPrefix(lines.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var st node.UIState
+		if err := json.Unmarshal([]byte(data), &st); err != nil {
+			t.Fatalf("event data: %v", err)
+		}
+		for _, m := range st.Modules {
+			if m.Module == "later" {
+				return
+			}
+		}
+	}
+	t.Fatalf("the event stream ended without the module registered later: %v", lines.Err())
+}
+
+// uiHolderEnv, when set ("URL SEED"), makes the test binary a module process for the
+// dashboard's browser bed: a candidate for its seat's "send" jobs that prints its instance
+// name and runs until killed.
+const uiHolderEnv = "MESHNODE_TEST_UI_HOLDER"
+
+func uiHolder() {
+	args := strings.Fields(os.Getenv(uiHolderEnv))
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "ui holder: want URL SEED")
+		os.Exit(2)
+	}
+	c, err := sdk.Connect(context.Background(), args[0], args[1])
+	if err == nil {
+		err = c.Accept("send", func(context.Context, sdk.Job) error { return nil })
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ui holder:", err)
+		os.Exit(1)
+	}
+	fmt.Println(c.Instance())
+	select {}
+}
