@@ -230,11 +230,14 @@ func Fetch(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStor
 
 // ReadObject writes the object name of obs, the object store bucket, to w and checks it
 // against the SHA-256 digest the store recorded with it (jetstream.ErrDigestMismatch when it
-// does not match). It reads the chunks with an ordered pull consumer rather than obs.Get:
-// Get's push callback writes each chunk into a pipe, and a Get that fails after its first
-// chunk arrived (a consumer create that times out under load) returns no reader, so nothing
-// ever reads or closes that pipe and the callback's goroutine blocks for good (nats.go
-// v1.55.0; goleak caught it in CI).
+// does not match). It reads the chunks one by one, each the next message on the object's
+// chunk subject (a direct get, under ctx), rather than with obs.Get: Get's push callback
+// writes each chunk into a pipe, and a Get that fails after its first chunk arrived (a
+// consumer create that times out under load) returns no reader, so nothing ever reads or
+// closes that pipe and the callback's goroutine blocks for good (nats.go v1.55.0; goleak
+// caught it in CI). An ordered consumer would not do either: its Fetch re-creates the
+// consumer with a background context, retrying for ever. A chunk that is gone (the object
+// was deleted or aged out while it was read) is an error, not a wait.
 func ReadObject(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string, w io.Writer) error {
 	info, err := obs.GetInfo(ctx, name)
 	if err != nil {
@@ -246,30 +249,23 @@ func ReadObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Objec
 	}
 	h := sha256.New()
 	if info.Chunks > 0 {
-		cons, err := js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
-		})
+		stream, err := js.Stream(ctx, "OBJ_"+bucket)
 		if err != nil {
 			return fmt.Errorf("object %s: %w", name, err)
 		}
-		out := io.MultiWriter(w, h)
-		for left := int(info.Chunks); left > 0; {
-			if err := ctx.Err(); err != nil {
+		out, subject, seq := io.MultiWriter(w, h), "$O."+bucket+".C."+info.NUID, uint64(1)
+		for n := range info.Chunks {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return fmt.Errorf("object %s: chunk %d of %d is gone (deleted or aged out while read)", name, n+1, info.Chunks)
+			}
+			if err != nil {
+				return fmt.Errorf("object %s: chunk %d of %d: %w", name, n+1, info.Chunks, err)
+			}
+			if _, err := out.Write(m.Data); err != nil {
 				return err
 			}
-			batch, err := cons.Fetch(min(left, 64), jetstream.FetchMaxWait(5*time.Second))
-			if err != nil {
-				return fmt.Errorf("object %s: %w", name, err)
-			}
-			for m := range batch.Messages() {
-				if _, err := out.Write(m.Data()); err != nil {
-					return err
-				}
-				left--
-			}
-			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-				return fmt.Errorf("object %s: %w", name, err)
-			}
+			seq = m.Sequence + 1
 		}
 	}
 	if !bytes.Equal(h.Sum(nil), want) {

@@ -6,9 +6,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,13 +123,13 @@ func TestCollect(t *testing.T) {
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestReadObject reads an object of many chunks whole and in order, refuses chunks that do
-// not match the digest the store recorded, and leaves no goroutine behind when its context
-// ends mid-read (goleak in TestMain).
+// not match the digest the store recorded, returns when its context ends mid-read or the
+// object is deleted under it, and leaves no goroutine behind (goleak in TestMain).
 func TestReadObject(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js, obs := store(t)
-	big := make([]byte, 1<<20+12345) // 9 chunks of nats.go's 128 KiB
+	big := make([]byte, 70<<17+12345) // 71 chunks of nats.go's 128 KiB
 	if _, err := rand.Read(big); err != nil {
 		t.Fatal(err)
 	}
@@ -165,10 +165,33 @@ func TestReadObject(t *testing.T) {
 		t.Fatalf("read of a rewritten chunk: %v, want ErrDigestMismatch", err)
 	}
 
-	// A read whose context has ended returns its error.
-	done, stop := context.WithCancel(ctx)
-	stop()
-	if err := artifact.ReadObject(done, js, obs, artifact.Bucket, "big", io.Discard); err == nil {
-		t.Fatal("a read under an ended context succeeded")
+	// A read whose context ends after its first chunk returns at once with that error.
+	if _, err := obs.PutBytes(ctx, "other", big); err != nil {
+		t.Fatal(err)
+	}
+	mid, stop := context.WithCancel(ctx)
+	defer stop()
+	start := time.Now()
+	err = artifact.ReadObject(mid, js, obs, artifact.Bucket, "other", writerFunc(func(p []byte) (int, error) { stop(); return len(p), nil }))
+	if !errors.Is(err, context.Canceled) || time.Since(start) > 5*time.Second {
+		t.Fatalf("a read whose context ended mid-way: %v after %s", err, time.Since(start))
+	}
+	// An object deleted under a read: an error that says so, not a wait.
+	deleted := false
+	err = artifact.ReadObject(ctx, js, obs, artifact.Bucket, "other", writerFunc(func(p []byte) (int, error) {
+		if !deleted {
+			deleted = true
+			if err := obs.Delete(ctx, "other"); err != nil {
+				return 0, err
+			}
+		}
+		return len(p), nil
+	}))
+	if err == nil || !strings.Contains(err.Error(), "is gone") {
+		t.Fatalf("a read of an object deleted under it: %v", err)
 	}
 }
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

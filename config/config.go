@@ -96,6 +96,10 @@ type Config struct {
 	ClientTLS string `yaml:"client-tls"`
 	// DeadMaxBytes is the most DEAD keeps. Zero: a tenth of the store.
 	DeadMaxBytes Bytes `yaml:"dead-max-bytes"`
+	// SeatMaxBytes is the most one seat's work queue keeps. Zero: a sixty-fourth of what the
+	// control plane, EVENTS and DEAD leave of the store (at most 1 GiB), so some sixty seats
+	// fit; a mesh with more seats sets it lower.
+	SeatMaxBytes Bytes `yaml:"seat-max-bytes"`
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
 	// bus's maximum message size.
 	MaxEventBytes Bytes `yaml:"max-event-bytes"`
@@ -235,6 +239,7 @@ func (c *Config) keys() map[string]any {
 		"module-events-max-bytes": &c.ModuleEventsMaxBytes,
 		"client-tls":              &c.ClientTLS,
 		"dead-max-bytes":          &c.DeadMaxBytes,
+		"seat-max-bytes":          &c.SeatMaxBytes,
 		"max-event-bytes":         &c.MaxEventBytes,
 		"rate-limit":              &c.RateLimit,
 		"mesh-seats":              &c.MeshSeats,

@@ -67,6 +67,27 @@ func List(ctx context.Context, dead jetstream.Stream) ([]Letter, error) {
 	return out, nil
 }
 
+// Newest reads the newest n dead letters, newest first, and how many DEAD holds: it walks
+// back from the last sequence, so a long history of replayed letters costs nothing.
+func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]Letter, int, error) {
+	info, err := dead.Info(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []Letter
+	for seq := info.State.LastSeq; seq >= info.State.FirstSeq && seq > 0 && len(out) < n && uint64(len(out)) < info.State.Msgs; seq-- {
+		m, err := dead.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // dropped or replayed
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, FromMsg(m))
+	}
+	return out, int(info.State.Msgs), nil
+}
+
 // LoadAuthority learns what every registered module, server and the vault may publish: what
 // Replay checks a letter against.
 func LoadAuthority(ctx context.Context, js jetstream.JetStream) (Authority, error) {

@@ -558,6 +558,46 @@ func (b *Bus) Stats() Stats {
 	return st
 }
 
+// StreamState is one stream as this server holds it, with its consumers.
+type StreamState struct {
+	Name      string
+	Messages  uint64
+	Bytes     uint64
+	Replicas  int
+	Consumers []ConsumerState
+}
+
+// ConsumerState is one consumer's lag.
+type ConsumerState struct {
+	Name        string
+	Pending     uint64 // not delivered yet
+	AckPending  int    // delivered, not acknowledged
+	Redelivered int
+}
+
+// Streams reads every stream this server holds, with its consumers, in-process: no JetStream
+// API request (the dashboard reads them every second).
+func (b *Bus) Streams() ([]StreamState, error) {
+	jsz, err := b.srv.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: true, Config: true})
+	if err != nil {
+		return nil, err
+	}
+	var out []StreamState
+	for _, acc := range jsz.AccountDetails {
+		for _, sd := range acc.Streams {
+			st := StreamState{Name: sd.Name, Messages: sd.State.Msgs, Bytes: sd.State.Bytes}
+			if sd.Config != nil {
+				st.Replicas = sd.Config.Replicas
+			}
+			for _, ci := range sd.Consumer {
+				st.Consumers = append(st.Consumers, ConsumerState{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered})
+			}
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
 // Close drains the in-process connection and shuts the server down, waiting until it has.
 func (b *Bus) Close() error {
 	b.conn.Close()

@@ -74,6 +74,9 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 		b.MaxEvent = int32(min(int64(cfg.MaxEventBytes), 1<<30))
 	}
 	b.Seat = share(b.left(), 64, 1<<20, 1<<30)
+	if cfg.SeatMaxBytes > 0 {
+		b.Seat = int64(cfg.SeatMaxBytes)
+	}
 	return b
 }
 
@@ -110,7 +113,7 @@ const jsErrStorageExceeded = jetstream.ErrorCode(server.JSStorageResourcesExceed
 func storeFullError(stream string, b storeBudget, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStorageExceeded {
-		return fmt.Errorf("the store has no room for %s (%s more; %s of the %s store is left for seat queues, about %d of them): raise store-max-bytes, or lower events-max-bytes or dead-max-bytes: %w",
+		return fmt.Errorf("the store has no room for %s (%s more; %s of the %s store is left for seat queues, about %d of them): raise store-max-bytes, lower events-max-bytes or dead-max-bytes, or lower seat-max-bytes for more, smaller seat queues: %w",
 			stream, config.Bytes(b.Seat), config.Bytes(b.left()), config.Bytes(b.Store), b.left()/max(b.Seat, 1), err)
 	}
 	return err

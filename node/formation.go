@@ -56,7 +56,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	}
 	var lastLog time.Time
 	var lastProgress string
-	keyErrs := 0
+	var keyErrSince time.Time // since when every join met a key nobody speaks
 	var lastJoin time.Time
 	for {
 		// The members are looked at often (a founding node is ready sooner), the seeds
@@ -67,15 +67,15 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 				if errors.Is(err, membership.ErrForeign) || errors.Is(err, membership.ErrFoundingSpent) {
 					return nil, err
 				}
-				// A founding node whose key nobody speaks, again and again, has a damaged or
-				// foreign token (once may be a peer that hung up while restarting); a formed
-				// node keeps trying (a seed's address may have been reused meanwhile).
-				if errors.Is(err, membership.ErrGossipKey) {
-					keyErrs++
-				} else {
-					keyErrs = 0
+				// A founding node whose key nobody speaks, again and again for a while, has a
+				// damaged or foreign token (once may be a peer that hung up while restarting);
+				// a formed node keeps trying (a seed's address may have been reused meanwhile).
+				if !errors.Is(err, membership.ErrGossipKey) {
+					keyErrSince = time.Time{}
+				} else if keyErrSince.IsZero() {
+					keyErrSince = time.Now()
 				}
-				if keyErrs >= 5 && !f.Formed {
+				if !keyErrSince.IsZero() && time.Since(keyErrSince) >= gossipKeyPatience && !f.Formed {
 					return nil, err
 				}
 				n.log.Debug("gossip join", "seeds", seeds, "err", err)
@@ -139,10 +139,12 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	}
 }
 
-// How often a forming node looks at its members, and how often it contacts its seeds.
+// How often a forming node looks at its members, how often it contacts its seeds, and how
+// long a founding node hears only gossip keys it does not speak before it gives up.
 const (
-	formPoll      = 20 * time.Millisecond
-	formJoinEvery = 50 * time.Millisecond
+	formPoll          = 20 * time.Millisecond
+	formJoinEvery     = 50 * time.Millisecond
+	gossipKeyPatience = 2 * time.Second
 )
 
 // addresses are what a server of a mesh tells the others to reach it at (host:port each).

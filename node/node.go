@@ -138,11 +138,11 @@ type Node struct {
 	// STATUS says.
 	OnPhase func(phase string)
 
-	ui      *uiState
-	uiStop  chan struct{} // closed when the node stops: the dashboard's streams end
-	uiOnce  sync.Once
-	uiWG    sync.WaitGroup
-	metrics *prometheus.Registry
+	ui       *uiState
+	uiCtx    context.Context // ends when the node stops: the dashboard's handlers and streams end
+	uiCancel context.CancelFunc
+	uiWG     sync.WaitGroup // the dashboard's handlers and snapshot loop
+	metrics  *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -150,16 +150,18 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState(), uiStop: make(chan struct{})}
+	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState()}
+	n.uiCtx, n.uiCancel = context.WithCancel(context.Background())
+	return n
 }
 
 // stopUI ends the dashboard's event streams and its snapshot loop.
 func (n *Node) stopUI() {
-	if n.uiStop == nil {
+	if n.uiCancel == nil {
 		return
 	}
-	n.ui.watchMu.Lock() // no snapshot loop starts after this
-	n.uiOnce.Do(func() { close(n.uiStop) })
+	n.ui.watchMu.Lock() // no handler or snapshot loop starts after this
+	n.uiCancel()
 	n.ui.watchMu.Unlock()
 	n.uiWG.Wait()
 }

@@ -411,6 +411,18 @@ func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []seats.Vers
 // status lists every seat: the mesh's own and every registered module's, with holders and
 // backlogs.
 func (s *seatService) status(ctx context.Context) []seats.Status {
+	return s.statusWith(func(stream string) (uint64, bool) {
+		st, err := s.topo.js.Stream(ctx, stream)
+		if err != nil {
+			return 0, false
+		}
+		return st.CachedInfo().State.Msgs, true
+	})
+}
+
+// statusWith is status with each seat's backlog read by backlog (the dashboard reads the
+// streams in-process).
+func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []seats.Status {
 	var out []seats.Status
 	add := func(st seats.Status, key string) {
 		if l, ok := s.store.Get(key); ok {
@@ -440,8 +452,8 @@ func (s *seatService) status(ctx context.Context) []seats.Status {
 		for _, seat := range e.Manifest.Seats {
 			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name],
 				Versions: versionStatus(seat, s.reg.Bindings(seat.Name, ""))}
-			if stream, err := s.topo.js.Stream(ctx, manifest.SeatStreamName(seat.Name)); err == nil {
-				st.Backlog = stream.CachedInfo().State.Msgs
+			if n, ok := backlog(manifest.SeatStreamName(seat.Name)); ok {
+				st.Backlog = n
 			}
 			if seat.Scope == manifest.ScopeNode {
 				st.Node = s.node

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
@@ -51,7 +52,7 @@ const (
 	uiTick          = time.Second     // how often the snapshot is made while someone watches
 	uiAuditTail     = 50              // audit records in a snapshot
 	uiDeadShown     = 100             // dead letters in a snapshot (the newest)
-	uiCookie        = "meshnode_ui"   // the session cookie
+	uiCookie        = "meshnode_ui_"  // the session cookie's name, before the node's (cookies ignore ports)
 	uiCSRFHeader    = "X-CSRF-Token"  // an action's header
 	uiLoginPrefix   = "meshnode-ui:"  // what the operator's signature covers: prefix, mesh, nonce, mode
 	uiModeOperator  = "operator"      // may act
@@ -61,9 +62,10 @@ const (
 
 // uiSession is one logged-in browser.
 type uiSession struct {
-	mode    string
-	csrf    string
-	expires time.Time
+	mode     string
+	csrf     string
+	expires  time.Time
+	operator string // the operator's key that signed it: a session ends when the key changes
 }
 
 // uiState is the dashboard's sessions, challenges and watchers.
@@ -71,6 +73,9 @@ type uiState struct {
 	mu         sync.Mutex
 	challenges map[string]time.Time // nonce → expiry
 	sessions   map[string]*uiSession
+	mods       []UIModule // the modules and edges of registry revision modsRev
+	edges      []UIEdge
+	modsRev    uint64
 
 	watchMu  sync.Mutex
 	watchers map[chan []byte]struct{}
@@ -88,10 +93,10 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// LoginMessage is what the operator signs to log in a browser: the mesh, the node's nonce
-// and the session's mode.
-func LoginMessage(meshID, nonce, mode string) []byte {
-	return []byte(uiLoginPrefix + meshID + ":" + nonce + ":" + mode)
+// LoginMessage is what the operator signs to log in a browser: the mesh, the node, the
+// node's nonce and the session's mode. A signature for one node logs in to no other.
+func LoginMessage(meshID, node, nonce, mode string) []byte {
+	return []byte(uiLoginPrefix + meshID + ":" + node + ":" + nonce + ":" + mode)
 }
 
 // Challenge is GET /ui/challenge's answer.
@@ -103,25 +108,38 @@ type Challenge struct {
 
 // LoginLink asks the node at httpURL for a challenge, signs it with key (the operator's) and
 // returns the one-time link that logs a browser in; readOnly makes a session that only sees.
-func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly bool) (string, error) {
+// want, when set, is the node the caller means: a challenge from any other (something else
+// listening on the address) is refused unsigned.
+func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly bool, want Challenge) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(httpURL, "/")+"/ui/challenge", nil)
 	if err != nil {
 		return "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("ask %s for a login challenge: %w", httpURL, err)
+		return "", fmt.Errorf("ask %s for a login challenge: %w; is the node running (`meshnode status`)?", httpURL, err)
 	}
 	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return "", fmt.Errorf("%s serves no dashboard: the node is still starting (`meshnode status` says why) or older than the dashboard", httpURL)
+	case resp.StatusCode != http.StatusOK:
+		return "", fmt.Errorf("ask %s for a login challenge: %s: %s", httpURL, resp.Status, strings.TrimSpace(string(body)))
+	}
 	var ch Challenge
-	if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil || resp.StatusCode != http.StatusOK || ch.Nonce == "" {
-		return "", fmt.Errorf("ask %s for a login challenge: status %d: %v", httpURL, resp.StatusCode, err)
+	if err := json.Unmarshal(body, &ch); err != nil || ch.Nonce == "" {
+		return "", fmt.Errorf("%s answered no login challenge (%q): is it a meshnode?", httpURL, body)
+	}
+	if (want.Node != "" && ch.Node != want.Node) || (want.MeshID != "" && ch.MeshID != want.MeshID) {
+		return "", fmt.Errorf("%s is node %s of mesh %s, not node %s of mesh %s: nothing signed (another process may hold the node's address)",
+			httpURL, ch.Node, ch.MeshID, want.Node, want.MeshID)
 	}
 	mode := uiModeOperator
 	if readOnly {
 		mode = uiModeReadOnly
 	}
-	sig, err := key.Sign(LoginMessage(ch.MeshID, ch.Nonce, mode))
+	sig, err := key.Sign(LoginMessage(ch.MeshID, ch.Node, ch.Nonce, mode))
 	if err != nil {
 		return "", err
 	}
@@ -138,12 +156,12 @@ func (n *Node) serveUI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ui/challenge", n.uiChallenge)
 	mux.HandleFunc("GET /ui/login", n.uiLogin)
 	mux.HandleFunc("POST /ui/logout", n.uiSessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *uiSession) {
-		if c, err := r.Cookie(uiCookie); err == nil {
+		if c, err := r.Cookie(uiCookie + n.id.Name); err == nil {
 			n.ui.mu.Lock()
 			delete(n.ui.sessions, c.Value)
 			n.ui.mu.Unlock()
 		}
-		http.SetCookie(w, &http.Cookie{Name: uiCookie, Path: "/ui", MaxAge: -1})
+		http.SetCookie(w, &http.Cookie{Name: uiCookie + n.id.Name, Path: "/ui", MaxAge: -1})
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	mux.HandleFunc("GET /ui/api/session", n.uiSessionOnly(false, func(w http.ResponseWriter, _ *http.Request, s *uiSession) {
@@ -172,9 +190,18 @@ func (n *Node) uiChallenge(w http.ResponseWriter, _ *http.Request) {
 	now := time.Now()
 	n.ui.mu.Lock()
 	for k, exp := range n.ui.challenges {
-		if now.After(exp) || len(n.ui.challenges) >= uiMaxChallenges {
+		if now.After(exp) {
 			delete(n.ui.challenges, k)
 		}
+	}
+	for len(n.ui.challenges) >= uiMaxChallenges { // the oldest goes
+		oldest := ""
+		for k, exp := range n.ui.challenges {
+			if oldest == "" || exp.Before(n.ui.challenges[oldest]) {
+				oldest = k
+			}
+		}
+		delete(n.ui.challenges, oldest)
 	}
 	n.ui.challenges[nonce] = now.Add(uiChallengeTTL)
 	n.ui.mu.Unlock()
@@ -206,11 +233,11 @@ func (n *Node) uiLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pub, err := nkeys.FromPublicKey(op)
-	if err != nil || pub.Verify(LoginMessage(n.id.MeshID, nonce, mode), sig) != nil {
+	if err != nil || pub.Verify(LoginMessage(n.id.MeshID, n.id.Name, nonce, mode), sig) != nil {
 		fail("the link is not signed by the mesh's operator")
 		return
 	}
-	id, s := randomToken(), &uiSession{mode: mode, csrf: randomToken(), expires: time.Now().Add(uiSessionTTL)}
+	id, s := randomToken(), &uiSession{mode: mode, csrf: randomToken(), expires: time.Now().Add(uiSessionTTL), operator: op}
 	n.ui.mu.Lock()
 	for k, old := range n.ui.sessions {
 		if time.Now().After(old.expires) {
@@ -219,23 +246,47 @@ func (n *Node) uiLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	n.ui.sessions[id] = s
 	n.ui.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: uiCookie, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+	http.SetCookie(w, &http.Cookie{Name: uiCookie + n.id.Name, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: r.TLS != nil, Expires: s.expires})
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
+// session returns the request's session while it holds: known, not expired, and signed by
+// the operator's key of now.
+func (n *Node) session(r *http.Request) *uiSession {
+	c, err := r.Cookie(uiCookie + n.id.Name)
+	if err != nil {
+		return nil
+	}
+	n.ui.mu.Lock()
+	s := n.ui.sessions[c.Value]
+	n.ui.mu.Unlock()
+	if s == nil || time.Now().After(s.expires) || s.operator != n.reg.Operator() {
+		return nil
+	}
+	return s
+}
+
 // uiSessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
-// token and, when the browser names one, an Origin of this host.
+// token and, when the browser names one, an Origin of this host. The handler's context ends
+// when the node stops, and the node's Close waits for it.
 func (n *Node) uiSessionOnly(act bool, h func(http.ResponseWriter, *http.Request, *uiSession)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c, err := r.Cookie(uiCookie)
-		var s *uiSession
-		if err == nil {
-			n.ui.mu.Lock()
-			s = n.ui.sessions[c.Value]
-			n.ui.mu.Unlock()
+		n.ui.watchMu.Lock()
+		if n.uiCtx.Err() != nil {
+			n.ui.watchMu.Unlock()
+			http.Error(w, "the node is stopping", http.StatusServiceUnavailable)
+			return
 		}
-		if s == nil || time.Now().After(s.expires) {
+		n.uiWG.Add(1)
+		n.ui.watchMu.Unlock()
+		defer n.uiWG.Done()
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(n.uiCtx, cancel)()
+		r = r.WithContext(ctx)
+		s := n.session(r)
+		if s == nil {
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "not logged in: run `meshnode ui` on the node and open the link it prints"})
 			return
 		}
@@ -340,14 +391,26 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	defer cancel()
 	st := UIState{Node: n.id.Name, MeshID: n.id.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: n.Members()}
 	failed := func(part string, err error) { st.Errors = append(st.Errors, part+": "+err.Error()) }
-	if n.seats != nil {
-		st.Seats = n.seats.status(ctx)
-	}
-	st.Modules, st.Edges = uiModules(n.reg.List())
-	js := n.bus.JetStream()
-	if err := uiStreams(ctx, js, &st); err != nil {
+	streams, err := n.bus.Streams()
+	if err != nil {
 		failed("streams", err)
 	}
+	backlog := map[string]uint64{}
+	for _, s := range streams {
+		backlog[s.Name] = s.Messages
+		us := UIStream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
+		for _, c := range s.Consumers {
+			us.Consumers = append(us.Consumers, UIConsumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
+		}
+		slices.SortFunc(us.Consumers, func(a, b UIConsumer) int { return strings.Compare(a.Name, b.Name) })
+		st.Streams = append(st.Streams, us)
+	}
+	slices.SortFunc(st.Streams, func(a, b UIStream) int { return strings.Compare(a.Name, b.Name) })
+	if n.seats != nil {
+		st.Seats = n.seats.statusWith(func(stream string) (uint64, bool) { v, ok := backlog[stream]; return v, ok })
+	}
+	st.Modules, st.Edges = n.ui.modules(n.reg)
+	js := n.bus.JetStream()
 	if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
 		failed("processes", err)
 	} else {
@@ -363,14 +426,11 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	}
 	if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
 		failed("dead letters", err)
-	} else if ds, err := deadletter.List(ctx, dead); err != nil {
+	} else if ds, total, err := deadletter.Newest(ctx, dead, uiDeadShown); err != nil {
 		failed("dead letters", err)
 	} else {
-		st.DeadTotal = len(ds)
-		for _, d := range slices.Backward(ds) {
-			if len(st.Dead) == uiDeadShown {
-				break
-			}
+		st.DeadTotal = total
+		for _, d := range ds {
 			st.Dead = append(st.Dead, UIDead{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
 				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
 		}
@@ -387,8 +447,21 @@ func clipBody(b []byte) string {
 	return string(b)
 }
 
+// modules returns uiModules of the registry, made again only when the registry changed.
+func (u *uiState) modules(reg *registry.Registry) ([]UIModule, []UIEdge) {
+	rev := reg.Revision()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.modsRev != rev || u.mods == nil {
+		u.mods, u.edges = uiModules(reg.List())
+		u.modsRev = rev
+	}
+	return u.mods, u.edges
+}
+
 // uiModules lists the modules' authority and who talks to whom: an emitter's events reach
-// each module whose consumes match them, a seat's users send it work.
+// each module whose consumes match them, a seat's users send it work. A pattern without a
+// wildcard is looked up; only wildcard patterns are matched against every event.
 func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
 	mods := make([]UIModule, 0, len(entries))
 	declarer := map[string]string{}
@@ -402,14 +475,28 @@ func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
 		mods = append(mods, um)
 	}
 	slices.SortFunc(mods, func(a, b UIModule) int { return strings.Compare(a.Module, b.Module) })
+	type emitted struct{ module, event string }
+	byKey := map[string]emitted{}
+	var all []emitted
+	for _, m := range mods {
+		for _, ev := range m.Emits {
+			e := emitted{m.Module, ev}
+			byKey[m.Module+"."+ev] = e
+			all = append(all, e)
+		}
+	}
 	var edges []UIEdge
 	for _, to := range mods {
 		for _, pattern := range to.Consumes {
-			for _, from := range mods {
-				for _, ev := range from.Emits {
-					if manifest.Matches(pattern, from.Module+"."+ev) {
-						edges = append(edges, UIEdge{From: from.Module, To: to.Module, Kind: "events", What: ev})
-					}
+			if !strings.Contains(pattern, "*") {
+				if e, ok := byKey[pattern]; ok {
+					edges = append(edges, UIEdge{From: e.module, To: to.Module, Kind: "events", What: e.event})
+				}
+				continue
+			}
+			for _, e := range all {
+				if manifest.Matches(pattern, e.module+"."+e.event) {
+					edges = append(edges, UIEdge{From: e.module, To: to.Module, Kind: "events", What: e.event})
 				}
 			}
 		}
@@ -420,23 +507,6 @@ func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
 		}
 	}
 	return mods, edges
-}
-
-// uiStreams reads every stream and its consumers.
-func uiStreams(ctx context.Context, js jetstream.JetStream, st *UIState) error {
-	l := js.ListStreams(ctx)
-	for info := range l.Info() {
-		s := UIStream{Name: info.Config.Name, Messages: info.State.Msgs, Bytes: info.State.Bytes, Replicas: info.Config.Replicas}
-		if stream, err := js.Stream(ctx, info.Config.Name); err == nil {
-			cl := stream.ListConsumers(ctx)
-			for ci := range cl.Info() {
-				s.Consumers = append(s.Consumers, UIConsumer{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered})
-			}
-		}
-		st.Streams = append(st.Streams, s)
-	}
-	slices.SortFunc(st.Streams, func(a, b UIStream) int { return strings.Compare(a.Name, b.Name) })
-	return l.Err()
 }
 
 // uiEvents streams snapshots (server-sent events) while they change, until the browser
@@ -451,13 +521,6 @@ func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 	w.Header().Set("Cache-Control", "no-store")
 	ch := make(chan []byte, 1)
 	n.ui.watchMu.Lock()
-	select {
-	case <-n.uiStop:
-		n.ui.watchMu.Unlock()
-		http.Error(w, "the node is stopping", http.StatusServiceUnavailable)
-		return
-	default:
-	}
 	n.ui.watchers[ch] = struct{}{}
 	if last := n.ui.last; last != nil {
 		ch <- last
@@ -477,11 +540,12 @@ func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 	flusher.Flush()
 	for {
 		select {
-		case <-r.Context().Done():
-			return
-		case <-n.uiStop:
+		case <-r.Context().Done(): // the browser left, or the node stops
 			return
 		case b := <-ch:
+			if n.session(r) == nil {
+				return // logged out, expired, or the operator's key changed
+			}
 			fmt.Fprintf(w, "event: state\ndata: %s\n\n", b)
 			flusher.Flush()
 		}
@@ -502,7 +566,7 @@ func (n *Node) uiLoop() {
 			return
 		}
 		n.ui.watchMu.Unlock()
-		b := n.uiSnapshot(context.Background())
+		b := n.uiSnapshot(n.uiCtx)
 		n.ui.watchMu.Lock()
 		if !bytes.Equal(uiComparable(b), uiComparable(n.ui.last)) {
 			n.ui.last = b
@@ -516,7 +580,7 @@ func (n *Node) uiLoop() {
 		}
 		n.ui.watchMu.Unlock()
 		select {
-		case <-n.uiStop:
+		case <-n.uiCtx.Done():
 			return
 		case <-t.C:
 		}

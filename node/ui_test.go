@@ -21,7 +21,7 @@ import (
 )
 
 // operatorKey reads the bed's operator seed.
-func operatorKey(t *testing.T, dir string) nkeys.KeyPair {
+func operatorKey(t testing.TB, dir string) nkeys.KeyPair {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(dir, node.OperatorSeedFile))
 	if err != nil {
@@ -78,16 +78,20 @@ func TestUI_Access(t *testing.T) {
 		}
 	}
 
+	// A challenge from another node than the one meant is not signed.
+	if _, err := node.LoginLink(ctx, base, key, false, node.Challenge{Node: "beta"}); err == nil || !strings.Contains(err.Error(), "nothing signed") {
+		t.Fatalf("a challenge of node alpha signed for beta: %v", err)
+	}
 	// Links that must not log in: another key's signature, a changed mode, a spent nonce.
 	module, _ := nkeys.CreateUser()
-	forged, err := node.LoginLink(ctx, base, module, false)
+	forged, err := node.LoginLink(ctx, base, module, false, node.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code, body := do(t, anon, "GET", forged, nil); code != http.StatusForbidden || !strings.Contains(body, "not signed by the mesh's operator") {
 		t.Fatalf("a link signed by another key: %d %s", code, body)
 	}
-	readOnly, err := node.LoginLink(ctx, base, key, true)
+	readOnly, err := node.LoginLink(ctx, base, key, true, node.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +103,7 @@ func TestUI_Access(t *testing.T) {
 	}
 
 	login := func(readOnly bool) (*http.Client, string) {
-		link, err := node.LoginLink(ctx, base, key, readOnly)
+		link, err := node.LoginLink(ctx, base, key, readOnly, node.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -409,6 +409,14 @@ func (r *Registry) Operator() string {
 	return r.operator
 }
 
+// Revision is the highest bucket revision the mirror has applied: it changes with every
+// change of the registry.
+func (r *Registry) Revision() uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.rev
+}
+
 // SetOperator records the operator's public key for every node. This node's mirror holds it
 // at once (genesis sets it before the watch runs); the others' when their watch sees it.
 func (r *Registry) SetOperator(ctx context.Context, publicKey string) error {

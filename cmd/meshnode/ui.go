@@ -32,6 +32,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
   meshnode ui --http http://127.0.0.1:8222 --creds operator.nk`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var want node.Challenge // the node meant, when the data dir says
 			if httpURL == "" || creds == "" {
 				dir, err := clientDataDir(cmd)
 				if err != nil {
@@ -42,7 +43,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 					if err != nil {
 						return fmt.Errorf("%w; or pass --http URL", err)
 					}
-					httpURL = info.HTTPURL
+					httpURL, want = info.HTTPURL, node.Challenge{Node: info.Name, MeshID: info.MeshID}
 				}
 				if creds == "" {
 					creds = filepath.Join(dir, node.OperatorSeedFile)
@@ -58,7 +59,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			link, err := node.LoginLink(ctx, httpURL, key, readOnly)
+			link, err := node.LoginLink(ctx, httpURL, key, readOnly, want)
 			if err != nil {
 				return err
 			}

@@ -135,7 +135,19 @@ async function act(id, action) {
 function live() {
   const src = new EventSource("/ui/api/events");
   src.addEventListener("state", (e) => { $("#live").textContent = "live"; $("#live").className = "on"; render(JSON.parse(e.data)); });
-  src.onerror = () => { $("#live").textContent = "reconnecting…"; $("#live").className = "off"; };
+  src.onerror = async () => {
+    $("#live").textContent = "reconnecting…";
+    $("#live").className = "off";
+    // A session the node no longer knows (it restarted, or the session ended) will not come
+    // back: say how to log in again instead of retrying for ever.
+    const resp = await fetch("/ui/api/session", { credentials: "same-origin" }).catch(() => null);
+    if (resp && resp.status === 401) {
+      src.close();
+      $("#app").hidden = true;
+      $("#login").hidden = false;
+      $("#live").textContent = "logged out";
+    }
+  };
 }
 
 async function start() {
@@ -155,5 +167,13 @@ async function start() {
   }
   live();
 }
+
+// A fault of this page shows where the node's own problems do.
+window.addEventListener("error", (e) => {
+  const p = $("#problems");
+  p.hidden = false;
+  p.className = "error";
+  p.textContent = "This page failed: " + e.message;
+});
 
 start();
