@@ -57,6 +57,11 @@ type Logger struct {
 
 	records atomic.Uint64 // the number of records kept
 	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
+
+	// Ingested, when set before Run, is told after each write how many new events of each
+	// namespace owner (a module, node or seat) reached the log, and their bytes: the node's
+	// metrics. A redelivered event is not told again.
+	Ingested func(owner string, events int, bytes int64)
 }
 
 // New returns the audit logger of node, writing to db.
@@ -175,10 +180,11 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	var added uint64
 	var lastSeq uint64
 	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
+	var counted map[string]int           // the batch's new events, by owner
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
-		used = map[string]map[uint32]int64{}
+		used, counted = map[string]map[uint32]int64{}, map[string]int{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
 		for _, m := range msgs {
 			md, err := m.Metadata()
@@ -193,6 +199,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 					used[owner] = map[uint32]int64{}
 				}
 				used[owner][hourOf(md.Timestamp)] += size(m)
+				counted[owner]++
 			}
 			r := l.check(m, md.Sequence.Stream, now)
 			if first := ids.Get([]byte(r.EventID)); first != nil {
@@ -238,6 +245,15 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	}
 	l.usage.merge(used)
 	l.records.Add(added)
+	if l.Ingested != nil {
+		for owner, n := range counted {
+			var bytes int64
+			for _, b := range used[owner] {
+				bytes += b
+			}
+			l.Ingested(owner, n, bytes)
+		}
+	}
 	return nil
 }
 

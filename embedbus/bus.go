@@ -573,6 +573,7 @@ type ConsumerState struct {
 	Pending     uint64 // not delivered yet
 	AckPending  int    // delivered, not acknowledged
 	Redelivered int
+	Durable     bool // a named consumer, not a watch's or a fetch's ephemeral one
 }
 
 // Streams reads every stream this server holds, with its consumers, in-process: no JetStream
@@ -590,7 +591,8 @@ func (b *Bus) Streams() ([]StreamState, error) {
 				st.Replicas = sd.Config.Replicas
 			}
 			for _, ci := range sd.Consumer {
-				st.Consumers = append(st.Consumers, ConsumerState{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered})
+				st.Consumers = append(st.Consumers, ConsumerState{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending,
+					Redelivered: ci.NumRedelivered, Durable: ci.Config != nil && ci.Config.Durable != ""})
 			}
 			out = append(out, st)
 		}

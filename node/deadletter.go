@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The node, not the client library, writes dead letters (DESIGN §3): a module in any
@@ -118,16 +119,18 @@ type deadLetters struct {
 	closed bool
 	wg     sync.WaitGroup
 	subs   []*nats.Subscription
+	// written counts each letter stored (not a duplicate) by stream and consumer.
+	written *prometheus.CounterVec
 }
 
 // startDeadLetters subscribes to the advisories on nc, which it owns from now on.
-func startDeadLetters(nc *nats.Conn, log *slog.Logger) (*deadLetters, error) {
+func startDeadLetters(nc *nats.Conn, log *slog.Logger, written *prometheus.CounterVec) (*deadLetters, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	d := &deadLetters{log: log, nc: nc, js: js}
+	d := &deadLetters{log: log, nc: nc, js: js, written: written}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	for _, prefix := range []string{advisoryMaxDeliveries, advisoryTerminated} {
 		sub, err := nc.Subscribe(prefix+".*.*", d.handle)
@@ -312,6 +315,7 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 		return fmt.Errorf("write DEAD: %w", err)
 	}
 	if !ack.Duplicate {
+		d.written.WithLabelValues(dd.stream, dd.consumer).Inc()
 		d.log.Warn("dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "subject", h.Get(envelope.DeadSubject), "seq", dd.seq,
 			"event", h.Get(envelope.EventID), "deliveries", dd.deliveries, "reason", dd.reason, "dead_seq", ack.Sequence)
 	}
@@ -428,7 +432,7 @@ func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadLetters, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect dead-letter writer: %w", err)
 	}
-	d, err := startDeadLetters(nc, n.log.With("component", "dead-letters"))
+	d, err := startDeadLetters(nc, n.log.With("component", "dead-letters"), n.meter.deadLetters)
 	if err != nil {
 		return nil, fmt.Errorf("start dead-letter writer: %w", err)
 	}

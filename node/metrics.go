@@ -2,9 +2,12 @@ package node
 
 import (
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -70,4 +73,128 @@ func (c *busCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descJSConsumers, prometheus.GaugeValue, float64(st.Consumers))
 	ch <- prometheus.MustNewConstMetric(descJSMessages, prometheus.GaugeValue, float64(st.Messages))
 	ch <- prometheus.MustNewConstMetric(descJSBytes, prometheus.GaugeValue, float64(st.Bytes))
+}
+
+// meter holds the node's counters and histograms, made with the node and registered with
+// its metrics; each is labelled by what is bounded by the registry — a module, node or
+// seat, a verb of the vault's — never by an event.
+type meter struct {
+	events        *prometheus.CounterVec // by owner of the event's namespace
+	eventBytes    *prometheus.CounterVec
+	deadLetters   *prometheus.CounterVec // by stream and consumer
+	holderChanges *prometheus.CounterVec // by seat
+	vacancy       prometheus.Histogram   // how long a seat was without a holder
+	vault         *prometheus.CounterVec // by verb and outcome
+	startSeconds  prometheus.Gauge
+	formSeconds   prometheus.Gauge
+
+	mu     sync.Mutex
+	vacant map[string]time.Time // by lease key: since when the seat has had no holder
+}
+
+func newMeter() *meter {
+	return &meter{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_events_total",
+			Help: "Events this node's audit log took in, by the owner of their namespace (mod.<module>, node.<node> or seat.<seat>)."}, []string{"owner"}),
+		eventBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_event_bytes_total",
+			Help: "Bytes of the events this node's audit log took in, by the owner of their namespace."}, []string{"owner"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_total",
+			Help: "Messages this node wrote to DEAD, by the stream and the consumer that gave them up."}, []string{"stream", "consumer"}),
+		holderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_seat_holder_changes_total",
+			Help: "New holders of a seat, as this node's watch of the leases saw them."}, []string{"seat"}),
+		vacancy: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_seat_vacancy_seconds",
+			Help:    "How long a seat was without a holder before the next took it (a failover, or a handoff).",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60}}),
+		vault: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_vault_requests_total",
+			Help: "Requests the vault on this node answered, by verb and outcome (ok, refused)."}, []string{"verb", "outcome"}),
+		startSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_start_duration_seconds",
+			Help: "How long this node took to open, from its start until it was ready."}),
+		formSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
+			Help: "How long this node waited for its mesh's servers before it started its bus (0: a single node)."}),
+		vacant: map[string]time.Time{},
+	}
+}
+
+func (m *meter) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.startSeconds, m.formSeconds}
+}
+
+// ingested counts the audit log's new events.
+func (m *meter) ingested(owner string, events int, bytes int64) {
+	m.events.WithLabelValues(owner).Add(float64(events))
+	m.eventBytes.WithLabelValues(owner).Add(float64(bytes))
+}
+
+// holderChanged counts a seat's new holder and how long it stood empty.
+func (m *meter) holderChanged(before, after *seats.Lease) {
+	key := func(l *seats.Lease) string { return seats.Key(l.Seat, l.Scope, l.Node) }
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if after == nil {
+		m.vacant[key(before)] = time.Now()
+		return
+	}
+	m.holderChanges.WithLabelValues(after.Seat).Inc()
+	if since, ok := m.vacant[key(after)]; ok {
+		m.vacancy.Observe(time.Since(since).Seconds())
+		delete(m.vacant, key(after))
+	}
+}
+
+// vaultVerbs are the verbs the vault's metrics name; any other is "other".
+var vaultVerbs = map[string]bool{vault.VerbMint: true, vault.VerbFetch: true, vault.VerbRotate: true, vault.VerbList: true,
+	vault.VerbToken: true, vault.VerbEnrol: true, vault.VerbIdentity: true, vault.VerbServer: true, vault.VerbModule: true,
+	vault.VerbIntake: true, vault.VerbProvision: true, vault.VerbUnprovision: true}
+
+// served counts a vault request.
+func (m *meter) served(verb string, refused bool) {
+	if !vaultVerbs[verb] {
+		verb = "other"
+	}
+	outcome := "ok"
+	if refused {
+		outcome = "refused"
+	}
+	m.vault.WithLabelValues(verb, outcome).Inc()
+}
+
+var (
+	descStreamMessages   = prometheus.NewDesc("meshnode_stream_messages", "Messages a stream holds on this node.", []string{"stream"}, nil)
+	descStreamBytes      = prometheus.NewDesc("meshnode_stream_bytes", "Bytes a stream holds on this node.", []string{"stream"}, nil)
+	descConsumerPending  = prometheus.NewDesc("meshnode_consumer_pending_messages", "Messages a durable consumer has not been delivered yet: its lag.", []string{"stream", "consumer"}, nil)
+	descConsumerUnacked  = prometheus.NewDesc("meshnode_consumer_ack_pending_messages", "Messages a durable consumer was delivered and has not acknowledged.", []string{"stream", "consumer"}, nil)
+	descConsumerRedelivd = prometheus.NewDesc("meshnode_consumer_redelivered_messages", "Messages a durable consumer has had delivered more than once and not yet acknowledged.", []string{"stream", "consumer"}, nil)
+)
+
+// streamCollector reads the streams and durable consumers in-process once per scrape
+// (ephemeral consumers, a watch's or a fetch's, come and go and are left out).
+type streamCollector struct{ bus func() *embedbus.Bus }
+
+func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descStreamMessages, descStreamBytes, descConsumerPending, descConsumerUnacked, descConsumerRedelivd} {
+		ch <- d
+	}
+}
+
+func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.bus()
+	if b == nil {
+		return
+	}
+	streams, err := b.Streams()
+	if err != nil {
+		return
+	}
+	for _, s := range streams {
+		ch <- prometheus.MustNewConstMetric(descStreamMessages, prometheus.GaugeValue, float64(s.Messages), s.Name)
+		ch <- prometheus.MustNewConstMetric(descStreamBytes, prometheus.GaugeValue, float64(s.Bytes), s.Name)
+		for _, cs := range s.Consumers {
+			if !cs.Durable {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(descConsumerPending, prometheus.GaugeValue, float64(cs.Pending), s.Name, cs.Name)
+			ch <- prometheus.MustNewConstMetric(descConsumerUnacked, prometheus.GaugeValue, float64(cs.AckPending), s.Name, cs.Name)
+			ch <- prometheus.MustNewConstMetric(descConsumerRedelivd, prometheus.GaugeValue, float64(cs.Redelivered), s.Name, cs.Name)
+		}
+	}
 }

@@ -138,6 +138,7 @@ type Node struct {
 	// STATUS says.
 	OnPhase func(phase string)
 
+	meter    *meter // the node's counters and histograms, registered with metrics
 	ui       *uiState
 	uiCtx    context.Context // ends when the node stops: the dashboard's handlers and streams end
 	uiCancel context.CancelFunc
@@ -150,7 +151,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState()}
+	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState(), meter: newMeter()}
 	n.uiCtx, n.uiCancel = context.WithCancel(context.Background())
 	return n
 }
@@ -263,6 +264,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := writeInfo(n.cfg.DataDir, info); err != nil {
 		return fmt.Errorf("write %s: %w", InfoFile, err)
 	}
+	n.meter.startSeconds.Set(time.Since(n.started).Seconds())
 	return nil
 }
 
@@ -389,10 +391,12 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 			return err
 		}
 	case n.found.Expect >= 3:
+		forming := time.Now()
 		cluster, err := n.form(octx)
 		if err != nil {
 			return err
 		}
+		n.meter.formSeconds.Set(time.Since(forming).Seconds())
 		if err := n.startBus(octx, cluster, n.cfg.ClientAddr); err != nil {
 			return err
 		}
@@ -498,6 +502,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
+				leases.OnHolderChange(n.meter.holderChanged)
 			}
 			return err
 		})
@@ -598,6 +603,8 @@ func (n *Node) newHTTPServer() {
 			return 0
 		})
 	n.metrics.MustRegister(n.ctrl.reports)
+	n.metrics.MustRegister(n.meter.collectors()...)
+	n.metrics.MustRegister(&streamCollector{bus: func() *embedbus.Bus { return n.bus }})
 	h := n.handler()
 	n.handlerNow.Store(&h)
 }
@@ -978,6 +985,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			Replicas:   n.replicas(),
 			MaxBytes:   n.budget.Vault,
 			RateLimit:  n.cfg.RateLimit,
+			Served:     n.meter.served,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {
@@ -1070,6 +1078,7 @@ func (n *Node) openAudit() (err error) {
 		return err
 	}
 	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
+	n.audit.Ingested = n.meter.ingested
 	n.auditSub, err = audit.Serve(n.respNC, n.id.Name, n.audit)
 	return err
 }

@@ -83,7 +83,14 @@ type Store struct {
 	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
 	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
 	closed  bool                        // under mu: Close has begun, no repair starts
+
+	holderHook atomic.Pointer[func(before, after *Lease)]
 }
+
+// OnHolderChange sets f to be told, on the watch's goroutine, each change of a seat's holder
+// the watch sees: the lease before (nil: the seat was free) and after (nil: it is free now).
+// A renewal by the same holder is no change.
+func (s *Store) OnHolderChange(f func(before, after *Lease)) { s.holderHook.Store(&f) }
 
 // SetLogger sets the logger the store reports refused lease records to (default:
 // slog.Default()).
@@ -218,16 +225,26 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
+	var before, after *Lease
+	if old, ok := s.leases[e.Key()]; ok {
+		before = &old.lease
+	}
 	if e.Operation() == jetstream.KeyValuePut && bad == nil {
 		if l.Epoch == 0 {
 			l.Epoch = e.Revision()
 		}
 		s.leases[e.Key()] = mirrored{lease: l, rev: e.Revision(), seen: time.Now()}
+		after = &l
 	} else {
 		delete(s.leases, e.Key())
 	}
 	notify := s.notify
 	s.mu.Unlock()
+	changed := (before == nil) != (after == nil) ||
+		before != nil && after != nil && (before.Instance != after.Instance || before.Module != after.Module)
+	if f := s.holderHook.Load(); f != nil && changed {
+		(*f)(before, after)
+	}
 	for _, ch := range notify {
 		select {
 		case ch <- e.Key():

@@ -57,6 +57,9 @@ type Config struct {
 	// RateLimit is how many requests a second one module or join token may make, with bursts
 	// of twice as many; zero: no limit.
 	RateLimit int
+	// Served, when set, is told each request the vault answered: its verb and whether it
+	// was refused (the node's metrics).
+	Served func(verb string, refused bool)
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
@@ -308,6 +311,9 @@ func (v *Vault) serve(m *nats.Msg) {
 	}
 	b, _ := json.Marshal(reply)
 	m.Respond(b)
+	if v.cfg.Served != nil {
+		v.cfg.Served(verb, reply.Error != "")
+	}
 	// The audit events go after the reply, off the caller's round trip: a worker publishes
 	// each with the stream's ack awaited, and logs a failure loudly.
 	v.queue(events...)

@@ -132,9 +132,33 @@ async function act(id, action) {
   }
 }
 
+// live keeps the page current. A browser opens at most six HTTP/1.1 connections to a host,
+// and each event stream holds one for good: so the open pages of one node share one stream.
+// The page that holds the node's lock (Web Locks) reads the stream and passes each snapshot
+// to the others (BroadcastChannel); when it closes, another takes the lock and the stream
+// over. Where the browser has neither (a plain-http address that is not loopback), each
+// page reads its own stream.
 function live() {
+  const name = "meshnode-ui-" + session.node;
+  const show = (data) => { $("#live").textContent = "live"; $("#live").className = "on"; render(JSON.parse(data)); };
+  if (!("locks" in navigator) || !("BroadcastChannel" in window)) {
+    stream(show, () => {});
+    return;
+  }
+  const channel = new BroadcastChannel(name);
+  channel.onmessage = (e) => show(e.data);
+  $("#live").textContent = "live";
+  $("#live").className = "on";
+  navigator.locks.request(name, () => new Promise((release) => {
+    stream((data) => { channel.postMessage(data); show(data); }, release);
+  }));
+}
+
+// stream reads the node's event stream, handing each snapshot to each; done is called when
+// the stream ends for good (the session is gone).
+function stream(each, done) {
   const src = new EventSource("/ui/api/events");
-  src.addEventListener("state", (e) => { $("#live").textContent = "live"; $("#live").className = "on"; render(JSON.parse(e.data)); });
+  src.addEventListener("state", (e) => each(e.data));
   src.onerror = async () => {
     $("#live").textContent = "reconnecting…";
     $("#live").className = "off";
@@ -146,6 +170,7 @@ function live() {
       $("#app").hidden = true;
       $("#login").hidden = false;
       $("#live").textContent = "logged out";
+      done();
     }
   };
 }

@@ -1,0 +1,178 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/vault"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape reads the node's /metrics: each family of meshnode's own by name.
+func scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	all, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range all {
+		if !strings.HasPrefix(name, "meshnode_") {
+			delete(all, name)
+		}
+	}
+	return all
+}
+
+// TestMetrics_Golden: after a little of everything — a module's events, a seat held, a dead
+// letter, vault requests — the node's own metric families are exactly those of
+// testdata/metrics.golden, with their types, named by Prometheus's conventions (counters end
+// in _total, durations are _seconds), and each labelled series is about a module, seat,
+// stream or consumer that exists.
+func TestMetrics_Golden(t *testing.T) {
+	b := newBed(t)
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order]\nsecrets: [key, unminted]\n")
+	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := vault.Call(ctx, b.op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	shop := b.client(shopSeed)
+	if _, err := shop.Secret(ctx, "key"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shop.Secret(ctx, "unminted"); err == nil {
+		t.Fatal("a secret never minted was fetched")
+	}
+	sink := b.client(sinkSeed)
+	if err := sink.On("shop.order", func(context.Context, sdk.Event) error {
+		return fmt.Errorf("%w: refused", sdk.ErrShape)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := shop.Emit(ctx, "order", map[string]int{"n": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "sink"), 3, nil)
+
+	var fams map[string]*dto.MetricFamily
+	retryUntil(t, 20*time.Second, func() error {
+		fams = scrape(t, b.n.HTTPURL())
+		for _, name := range []string{"meshnode_events_total", "meshnode_dead_letters_total", "meshnode_vault_requests_total"} {
+			if fams[name] == nil {
+				return errors.New(name + " not scraped yet")
+			}
+		}
+		if v := counter(fams, "meshnode_events_total", "owner", "mod.shop"); v != 3 {
+			return fmt.Errorf("meshnode_events_total{owner=mod.shop} %v, want 3", v)
+		}
+		return nil
+	})
+	var got []string
+	for name, f := range fams {
+		got = append(got, name+" "+strings.ToLower(f.GetType().String()))
+		switch {
+		case f.GetType() == dto.MetricType_COUNTER && !strings.HasSuffix(name, "_total"):
+			t.Errorf("counter %s does not end in _total", name)
+		case strings.Contains(name, "duration") && !strings.HasSuffix(name, "_seconds"):
+			t.Errorf("duration %s is not in seconds", name)
+		}
+	}
+	slices.Sort(got)
+	want, err := os.ReadFile("testdata/metrics.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, "\n") != strings.TrimSpace(string(want)) {
+		t.Fatalf("metric families differ from testdata/metrics.golden (update it with the change, and the README):\n%s", strings.Join(got, "\n"))
+	}
+	for _, c := range []struct {
+		family, label, value string
+		want                 float64
+	}{
+		{"meshnode_dead_letters_total", "consumer", "sink", 3},
+		{"meshnode_vault_requests_total", "verb", "fetch", 2},
+		{"meshnode_vault_requests_total", "outcome", "refused", 1},
+		{"meshnode_seat_holder_changes_total", "seat", manifest.ControllerSeat, 1},
+	} {
+		if v := counter(fams, c.family, c.label, c.value); v != c.want {
+			t.Errorf("%s{%s=%q} = %v, want %v", c.family, c.label, c.value, v, c.want)
+		}
+	}
+	if v := gauge(fams, "meshnode_consumer_pending_messages", "consumer", "sink"); v != 0 {
+		t.Errorf("consumer sink's lag %v, want 0 (it gave every event up)", v)
+	}
+}
+
+// counter sums family's counters whose label is value.
+func counter(fams map[string]*dto.MetricFamily, family, label, value string) float64 {
+	var sum float64
+	for _, m := range fams[family].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// gauge is counter for gauges; -1 when there is no such series.
+func gauge(fams map[string]*dto.MetricFamily, family, label, value string) float64 {
+	for _, m := range fams[family].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+// TestMetrics_GrafanaDashboard: the example dashboard in scripts/ queries only metrics the
+// node exports (testdata/metrics.golden).
+func TestMetrics_GrafanaDashboard(t *testing.T) {
+	golden, err := os.ReadFile("testdata/metrics.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for line := range strings.Lines(string(golden)) {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), " "); ok {
+			known[name] = true
+		}
+	}
+	dash, err := os.ReadFile("../scripts/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := regexp.MustCompile(`meshnode_[a-z_]+`).FindAllString(string(dash), -1)
+	if len(used) == 0 {
+		t.Fatal("the dashboard queries no meshnode metric")
+	}
+	for _, name := range used {
+		if !known[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")] {
+			t.Errorf("scripts/grafana-dashboard.json queries %s, which the node does not export", name)
+		}
+	}
+}
