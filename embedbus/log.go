@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"sync"
 )
 
@@ -17,7 +18,34 @@ type logger struct {
 	fatal string
 }
 
-func (l *logger) Noticef(format string, v ...any) { l.log.Info(redact(format, v)) }
+func (l *logger) Noticef(format string, v ...any) {
+	msg := redact(format, v)
+	if banner(msg) {
+		l.log.Debug(msg)
+		return
+	}
+	l.log.Info(msg)
+}
+
+// bannerStarts begin the lines nats-server prints at each start (its version, limits, store
+// and listeners): the node's own "node running" line says what an operator needs, so they
+// are logged at debug level, not as 24 lines of every start.
+var bannerStarts = []string{"Starting nats-server", "Starting JetStream", "Creating JetStream metadata controller",
+	"JetStream cluster bootstrapping", "https://docs.nats.io", "Took ", "Listening for ", "Server is ready",
+	"Cluster name is", "---", "    _ ", " _ |", "| |", " \\__"}
+
+// banner reports whether msg is one of the lines nats-server prints at start.
+func banner(msg string) bool {
+	if msg == "" || strings.HasPrefix(msg, "  ") {
+		return true // the banner's indented details and blank lines
+	}
+	for _, p := range bannerStarts {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
 func (l *logger) Warnf(format string, v ...any)   { l.log.Warn(redact(format, v)) }
 func (l *logger) Errorf(format string, v ...any)  { l.log.Error(redact(format, v)) }
 func (l *logger) Debugf(format string, v ...any)  { l.debug(format, v...) }

@@ -1,6 +1,8 @@
 package embedbus
 
 import (
+	"bytes"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -14,5 +16,23 @@ func TestLogger_RedactsPasswords(t *testing.T) {
 	}
 	if got := redact("Listening for route connections on %s:%d", []any{"0.0.0.0", 6222}); got != "Listening for route connections on 0.0.0.0:6222" {
 		t.Fatalf("logged %q", got)
+	}
+}
+
+// TestLogger_BannerAtDebug: nats-server's start banner goes to debug; what matters to an
+// operator (a route's error, a leader change) stays at info and above.
+func TestLogger_BannerAtDebug(t *testing.T) {
+	var buf bytes.Buffer
+	l := &logger{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	for _, line := range []string{"Starting nats-server", "  Version:  2.15.2", "", "    _ ___ _____ ___ _____ ___ ___   _   __  __",
+		"---------------- JETSTREAM ----------------", "Took 5.2ms to start JetStream", "Listening for client connections on 127.0.0.1:4222", "Server is ready"} {
+		l.Noticef("%s", line)
+	}
+	if buf.Len() != 0 {
+		t.Fatalf("the banner was logged at info:\n%s", buf.String())
+	}
+	l.Noticef("JetStream cluster new metadata leader: %s", "b")
+	if !strings.Contains(buf.String(), "new metadata leader: b") {
+		t.Fatalf("a leader change was not logged at info: %q", buf.String())
 	}
 }

@@ -26,12 +26,18 @@ func addClientFlags(cmd *cobra.Command) {
 	cmd.Flags().String("server", "", "NATS URL of the node (default: the node running on --data-dir, from its node.json)")
 	cmd.Flags().String("creds", "", "nkey seed file to connect with (default: the operator's, <data-dir>/operator.nk)")
 	cmd.Flags().String("ca", "", "the mesh's CA certificate, to verify a node whose client port is TLS (default: <data-dir>/ca.pem, when there is one)")
+	addContextFlag(cmd)
+}
+
+// addContextFlag adds --context: the saved context a client verb talks to.
+func addContextFlag(cmd *cobra.Command) {
+	cmd.Flags().String("context", "", "the saved context to use (`meshnode context ls`; env MESHNODE_CONTEXT; default: the selected one)")
 }
 
 // clientCA is the CA certificate file a client verb trusts: --ca, or the data dir's ca.pem
 // when there is one; "" when neither (a loopback client port is plain).
 func clientCA(cmd *cobra.Command) string {
-	if ca, _ := cmd.Flags().GetString("ca"); ca != "" {
+	if ca, _ := firstSet(cmd, "ca", envCA, func(c *cliContext) string { return c.CA }); ca != "" {
 		return ca
 	}
 	if dir, err := clientDataDir(cmd); err == nil {
@@ -57,8 +63,12 @@ func fileExists(path string) bool {
 
 // clientTarget resolves where a client verb connects and with which seed.
 func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
-	url, _ = cmd.Flags().GetString("server")
-	creds, _ = cmd.Flags().GetString("creds")
+	if url, err = firstSet(cmd, "server", envServer, func(c *cliContext) string { return c.Server }); err != nil {
+		return "", "", err
+	}
+	if creds, err = firstSet(cmd, "creds", envCreds, func(c *cliContext) string { return c.Creds }); err != nil {
+		return "", "", err
+	}
 	if url != "" && creds != "" {
 		return url, creds, nil
 	}

@@ -86,6 +86,7 @@ func newRootCmd() *cobra.Command {
 		newJoinCmd(),
 		newStatusCmd(),
 		newUICmd(),
+		newContextCmd(),
 		newModuleCmd(),
 		newEmitCmd(),
 		newListenCmd(),

@@ -45,6 +45,7 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	addConfigFlags(cmd)
+	addContextFlag(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -57,6 +58,13 @@ func clientDataDir(cmd *cobra.Command) (string, error) {
 	if explicit {
 		cfg, err := loadConfig(cmd, config.Up())
 		return cfg.DataDir, err
+	}
+	c, err := activeContext(cmd)
+	if err != nil {
+		return "", err
+	}
+	if c != nil && c.DataDir != "" {
+		return c.DataDir, nil
 	}
 	for _, dir := range []string{config.DefaultUpDataDir, config.DefaultRunDataDir} {
 		if _, err := os.Stat(filepath.Join(dir, node.InfoFile)); err == nil {

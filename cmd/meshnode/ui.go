@@ -68,6 +68,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 		},
 	}
 	addConfigFlags(cmd)
+	addContextFlag(cmd)
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "a session that sees, and may not act")
 	cmd.Flags().StringVar(&httpURL, "http", "", "the node's HTTP address (default: the node running on --data-dir, from its node.json)")
 	cmd.Flags().StringVar(&creds, "creds", "", "the operator's seed file (default: <data-dir>/operator.nk)")

@@ -4,6 +4,8 @@
 
 const $ = (sel) => document.querySelector(sel);
 let session = null;
+let last = null; // the last snapshot, for a change of what is shown
+const shown = { modules: 200, allConsumers: false }; // how much of the long lists is drawn
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -31,6 +33,7 @@ const list = (xs) => (xs && xs.length ? xs.join(", ") : "");
 const when = (t) => (t ? new Date(t).toLocaleTimeString() : "");
 
 function render(st) {
+  last = st;
   $("#where").textContent = `node ${st.node} · mesh ${st.mesh_id.slice(0, 12)}`;
   const problems = $("#problems");
   problems.hidden = !(st.errors && st.errors.length);
@@ -44,7 +47,11 @@ function render(st) {
     [s.holder || "unheld", s.holder ? "" : "no"], s.holder_node || "", [s.epoch || "", "num"], [s.backlog, "num"], list(s.users)])));
 
   $("#modules-count").textContent = `${st.modules.length}`;
-  fill("#modules", st.modules.map((m) => row([m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets)])));
+  const mods = st.modules.slice(0, shown.modules);
+  fill("#modules", mods.map((m) => row([m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets)])));
+  const more = $("#modules-more");
+  more.hidden = st.modules.length <= shown.modules;
+  more.textContent = `Show all ${st.modules.length} modules`;
   graph(st.modules, st.edges || []);
 
   fill("#ps", (st.processes || []).map((p) => row([p.module, p.node, p.version, [p.state, p.state]])));
@@ -53,6 +60,7 @@ function render(st) {
   for (const s of st.streams || []) {
     srows.push(row([el("strong", s.name), [s.messages, "num"], [s.bytes, "num"], [s.replicas, "num"], "", "", ""]));
     for (const c of s.consumers || []) {
+      if (!shown.allConsumers && !c.pending && !c.ack_pending && !c.redelivered) continue; // idle: on request
       srows.push(row(["  " + c.name, "", "", "", [c.pending, "num"], [c.ack_pending, "num"], [c.redelivered, "num"]]));
     }
   }
@@ -176,6 +184,10 @@ function stream(each, done) {
 }
 
 async function start() {
+  $("#modules-more").addEventListener("click", () => { shown.modules = Infinity; if (last) render(last); });
+  $("#all-consumers").addEventListener("change", (e) => { shown.allConsumers = e.target.checked; if (last) render(last); });
+  // Both at once: the snapshot is the page's first view, and a round trip less is most of it.
+  const stateReq = fetch("/ui/api/state", { credentials: "same-origin" });
   const resp = await fetch("/ui/api/session", { credentials: "same-origin" });
   if (resp.status === 401) {
     $("#login").hidden = false;
@@ -185,7 +197,7 @@ async function start() {
   session = await resp.json();
   $("#mode").textContent = session.mode === "operator" ? "operator" : "read-only";
   $("#app").hidden = false;
-  const first = await fetch("/ui/api/state", { credentials: "same-origin" });
+  const first = await stateReq;
   if (first.ok) {
     render(await first.json());
     performance.mark("meshnode-rendered"); // the first view with data: what the bench times
