@@ -46,10 +46,10 @@ func banner(msg string) bool {
 	}
 	return false
 }
-func (l *logger) Warnf(format string, v ...any)   { l.log.Warn(redact(format, v)) }
-func (l *logger) Errorf(format string, v ...any)  { l.log.Error(redact(format, v)) }
-func (l *logger) Debugf(format string, v ...any)  { l.debug(format, v...) }
-func (l *logger) Tracef(format string, v ...any)  { l.debug(format, v...) }
+func (l *logger) Warnf(format string, v ...any)  { l.log.Warn(redact(format, v)) }
+func (l *logger) Errorf(format string, v ...any) { l.log.Error(redact(format, v)) }
+func (l *logger) Debugf(format string, v ...any) { l.debug(format, v...) }
+func (l *logger) Tracef(format string, v ...any) { l.debug(format, v...) }
 
 func (l *logger) debug(format string, v ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {

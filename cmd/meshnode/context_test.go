@@ -17,7 +17,9 @@ func TestBinary_Contexts(t *testing.T) {
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	defer p.stop(t, syscall.SIGTERM)
 	home := []string{"XDG_CONFIG_HOME=" + t.TempDir()}
-	run := func(env []string, args ...string) result { return meshnode(t, append(append([]string{}, home...), env...), args...) }
+	run := func(env []string, args ...string) result {
+		return meshnode(t, append(append([]string{}, home...), env...), args...)
+	}
 
 	// Nothing selected, nothing at the default data dirs: module ls cannot find a node.
 	if r := run(nil, "module", "ls"); r.code == 0 {
