@@ -48,7 +48,10 @@ func newAuditQueryCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "query [--since T] [--until T] [--source S] [--event PATTERN] [--id ID] [--json]",
 		Short: "Print the audited events that match, oldest first",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode audit query --source shop --since 1h
+  meshnode audit query --event 'shop.order.*' --json
+  meshnode audit query --id 0193f7c2-…`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if f.Since, err = parseWhen(since); err != nil {
@@ -104,7 +107,9 @@ func newAuditTailCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tail [-f] [-n 20] [--source S] [--event PATTERN] [--json]",
 		Short: "Print the last audited events; -f keeps printing new ones",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode audit tail -n 50
+  meshnode audit tail -f --source shop`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			w := newRecordWriter(cmd.OutOrStdout(), asJSON)
 			// printNew prints what the filter finds and moves it past what was printed.

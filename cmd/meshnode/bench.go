@@ -24,6 +24,8 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the mesh against raw NATS on a throwaway node on this machine",
+		Example: `  meshnode bench
+  meshnode bench --events 20000 --json`,
 		Long: `Start a throwaway node in a temporary data dir on free loopback ports, measure what
 the mesh costs over raw NATS on its embedded server, print the figures and the ratios, and
 remove the node and its data. A running node is not touched.

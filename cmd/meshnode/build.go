@@ -25,8 +25,9 @@ func newGitCmd() *cobra.Command {
 
 func newGitNotifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "notify REPOSITORY",
-		Short: "Tell this node's mesh-git holder that a repository changed (a post-receive hook runs it)",
+		Use:     "notify REPOSITORY",
+		Short:   "Tell this node's mesh-git holder that a repository changed (a post-receive hook runs it)",
+		Example: `  meshnode git notify shop   # in the repository's post-receive hook`,
 		Long: `Tell this node that a repository it serves (git-repos) changed, so a new commit becomes a
 pushed event at once instead of at the next periodic check (every 30 s). Install it as the
 repository's hooks/post-receive:
@@ -69,7 +70,9 @@ func newBuildsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "builds",
 		Short: "The build cascade's latest builds: module, status, version, trigger",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode builds
+  meshnode builds --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var builds []registry.Build
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -20,7 +20,9 @@ func newCallCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "call TARGET TOOL [JSON]",
 		Short: "Call a tool of a module or seat and print the reply",
-		Args:  cobra.RangeArgs(2, 3),
+		Example: `  meshnode call shop catalogue '{"page":1}'
+  meshnode call mailer status --creds shop.nk`,
+		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			target, tool := args[0], args[1]
 			var body []byte

@@ -14,8 +14,9 @@ import (
 
 func newLeaveCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "leave",
-		Short: "Take the node running on --data-dir out of its mesh for good, gracefully",
+		Use:     "leave",
+		Short:   "Take the node running on --data-dir out of its mesh for good, gracefully",
+		Example: `  meshnode leave --data-dir /var/lib/meshnode`,
 		Long: `Take this node out of its mesh: it announces it, hands the seats it holds to other
 servers, says goodbye to the gossip, has the JetStream meta leader remove it as a peer, and
 stops. The data dir then refuses to run; to bring the machine back, join it again with a
@@ -42,8 +43,9 @@ To stop a node for a while (a reboot, an upgrade), stop its service instead.`,
 func newNodeCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "Administer the mesh's servers"}
 	remove := &cobra.Command{
-		Use:   "remove NAME",
-		Short: "Remove a dead server from the mesh (JetStream never removes one by itself)",
+		Use:     "remove NAME",
+		Short:   "Remove a dead server from the mesh (JetStream never removes one by itself)",
+		Example: `  meshnode node remove c`,
 		Long: `Remove a server that died for good: the node running on --data-dir asks the
 JetStream meta leader to drop it as a peer ($JS.API.SERVER.REMOVE) and forgets its keys, so
 the vault hands it nothing more. Refused while the server still answers gossip: stop it

@@ -44,7 +44,9 @@ func newDeadLsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [--json]",
 		Short: "List dead letters: id, when, consumer, event, reason, deliveries",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode dead ls
+  meshnode dead ls --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withDead(cmd, func(ctx context.Context, _ jetstream.JetStream, dead jetstream.Stream) error {
 				ds, err := deadletter.List(ctx, dead)
@@ -52,7 +54,11 @@ func newDeadLsCmd() *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSONLines(cmd.OutOrStdout(), ds)
+					rows := make([]map[string]any, len(ds))
+					for i, d := range ds {
+						rows[i] = deadJSON(d)
+					}
+					return writeJSONLines(cmd.OutOrStdout(), rows)
 				}
 				printDead(cmd.OutOrStdout(), ds)
 				return nil
@@ -62,6 +68,13 @@ func newDeadLsCmd() *cobra.Command {
 	addClientFlags(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per dead letter")
 	return cmd
+}
+
+// deadJSON is a dead letter as `dead ls --json` and `dead show` print it: the body as JSON
+// when it is (as a string when not), headers one value each.
+func deadJSON(d deadletter.Letter) map[string]any {
+	return map[string]any{"id": d.ID, "time": d.Time, "subject": d.Subject, "consumer": d.Consumer,
+		"reason": d.Reason, "deliveries": d.Deliveries, "event_id": d.EventID, "headers": flatHeaders(d.Headers), "body": bodyJSON(d.Body)}
 }
 
 func printDead(w io.Writer, ds []deadletter.Letter) {
@@ -101,16 +114,15 @@ func withDeadLetter(cmd *cobra.Command, arg string, f func(ctx context.Context, 
 
 func newDeadShowCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "Print one dead letter whole: headers, reason, body",
-		Args:  cobra.ExactArgs(1),
+		Use:     "show ID",
+		Short:   "Print one dead letter whole: headers, reason, body",
+		Example: `  meshnode dead show 42`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withDeadLetter(cmd, args[0], func(_ context.Context, _ jetstream.JetStream, _ jetstream.Stream, m *jetstream.RawStreamMsg) error {
-				d := deadletter.FromMsg(m)
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"id": d.ID, "time": d.Time, "subject": d.Subject, "consumer": d.Consumer,
-					"reason": d.Reason, "deliveries": d.Deliveries, "event_id": d.EventID, "headers": flatHeaders(d.Headers), "body": bodyJSON(d.Body)})
+				return enc.Encode(deadJSON(deadletter.FromMsg(m)))
 			})
 		},
 	}
@@ -123,6 +135,8 @@ func newDeadReplayCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replay ID|--all",
 		Short: "Deliver a dead letter's event again to the consumer that gave up on it, and remove it from DEAD",
+		Example: `  meshnode dead replay 42
+  meshnode dead replay --all`,
 		Long: `Deliver a dead letter's event again, with its original headers, x-event-id and signature, to
 the one consumer that gave up on it, and remove it from DEAD once the stream has stored it. No
 other consumer of the event sees it twice: the event is published on
@@ -187,9 +201,10 @@ may submit, signed by the source's registered key. Anything else is refused and 
 
 func newDeadDropCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "drop ID",
-		Short: "Delete a dead letter for good",
-		Args:  cobra.ExactArgs(1),
+		Use:     "drop ID",
+		Short:   "Delete a dead letter for good",
+		Example: `  meshnode dead drop 42`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withDeadLetter(cmd, args[0], func(ctx context.Context, _ jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) error {
 				if err := dead.DeleteMsg(ctx, m.Sequence); err != nil {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -22,19 +21,31 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
+// deadRow is one line of `meshnode dead ls --json`: the shape `dead show` prints too.
+type deadRow struct {
+	ID         uint64            `json:"id"`
+	Subject    string            `json:"subject"`
+	Consumer   string            `json:"consumer"`
+	Reason     string            `json:"reason"`
+	Deliveries int               `json:"deliveries"`
+	EventID    string            `json:"event_id"`
+	Headers    map[string]string `json:"headers"`
+	Body       json.RawMessage   `json:"body"`
+}
+
 // deadLs is `meshnode dead ls --json`, decoded.
-func deadLs(t *testing.T, dir string) ([]deadletter.Letter, error) {
+func deadLs(t *testing.T, dir string) ([]deadRow, error) {
 	t.Helper()
 	r := meshnode(t, nil, "dead", "ls", "--json", "--data-dir", dir)
 	if r.code != 0 {
 		return nil, errors.New(r.stderr)
 	}
-	var out []deadletter.Letter
+	var out []deadRow
 	for line := range strings.SplitSeq(strings.TrimSpace(r.stdout), "\n") {
 		if line == "" {
 			continue
 		}
-		var d deadletter.Letter
+		var d deadRow
 		if err := json.Unmarshal([]byte(line), &d); err != nil {
 			return nil, err
 		}
@@ -169,9 +180,9 @@ func failedOrder(t *testing.T, shopEmits string) (dir string, p *process, id str
 }
 
 // awaitNewLetter waits for a dead letter other than the one numbered not.
-func awaitNewLetter(t *testing.T, dir string, not uint64) deadletter.Letter {
+func awaitNewLetter(t *testing.T, dir string, not uint64) deadRow {
 	t.Helper()
-	var got deadletter.Letter
+	var got deadRow
 	retryUntil(t, 20*time.Second, func() error {
 		ls, err := deadLs(t, dir)
 		if err != nil {
@@ -237,7 +248,7 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var letter deadletter.Letter
+	var letter deadRow
 	retryUntil(t, 20*time.Second, func() error {
 		ls, err := deadLs(t, dir)
 		if err != nil || len(ls) != 1 {
@@ -298,7 +309,7 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 // the event) and keeps it.
 func TestBinary_DeadReplayRefusedWhenConsumesChanged(t *testing.T) {
 	dir, _, _ := failedOrder(t, "[order.placed, order.paid]")
-	letters := []deadletter.Letter{awaitNewLetter(t, dir, 0)}
+	letters := []deadRow{awaitNewLetter(t, dir, 0)}
 	registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.paid]\n")
 	r := meshnode(t, nil, "dead", "replay", fmt.Sprint(letters[0].ID), "--data-dir", dir)
 	if r.code != 1 || !strings.Contains(r.stderr, "no longer consumes shop.order.placed") || !strings.Contains(r.stderr, "kept") {

@@ -93,7 +93,9 @@ func newArtifactLsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [MODULE]",
 		Short: "List the stored artifacts, newest first per module",
-		Args:  cobra.MaximumNArgs(1),
+		Example: `  meshnode artifact ls
+  meshnode artifact ls shop --json`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			module := ""
 			if len(args) == 1 {
@@ -126,9 +128,10 @@ func newArtifactLsCmd() *cobra.Command {
 func newArtifactRmCmd() *cobra.Command {
 	var version string
 	cmd := &cobra.Command{
-		Use:   "rm MODULE --version V",
-		Short: "Remove a stored artifact that no deployment names",
-		Args:  cobra.ExactArgs(1),
+		Use:     "rm MODULE --version V",
+		Short:   "Remove a stored artifact that no deployment names",
+		Example: `  meshnode artifact rm shop --version 1.4.0`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := artifact.CheckVersion(version); err != nil {
 				return usagef("--version: %v", err)
@@ -280,7 +283,9 @@ func newPsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ps",
 		Short: "What runs where: each deployed module's processes, per node, and which nodes are behind",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode ps
+  meshnode ps --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var ps []registry.Process
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

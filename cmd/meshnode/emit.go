@@ -11,10 +11,13 @@ import (
 
 func newEmitCmd() *cobra.Command {
 	var causation, schema string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "emit EVENT JSON --creds SEEDFILE",
 		Short: "Emit one event as the module whose seed is --creds (EVENT is local: order.placed)",
-		Args:  cobra.ExactArgs(2),
+		Example: `  meshnode emit order.placed '{"id":7}' --creds shop.nk
+  meshnode emit order.placed '{"id":7}' --creds shop.nk --json`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("creds") {
 				return usagef("emit speaks for a module: pass --creds with the seed written by `meshnode module register`")
@@ -34,6 +37,9 @@ func newEmitCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]string{"event_id": id, "event": args[0]})
+				}
 				fmt.Fprintln(cmd.OutOrStdout(), id)
 				return nil
 			})
@@ -42,5 +48,6 @@ func newEmitCmd() *cobra.Command {
 	addClientFlags(cmd)
 	cmd.Flags().StringVar(&causation, "causation", "", "x-causation-id: the event that caused this one")
 	cmd.Flags().StringVar(&schema, "schema", "", "x-schema: the payload's schema")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: event_id, event")
 	return cmd
 }

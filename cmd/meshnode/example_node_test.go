@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -146,7 +145,7 @@ func TestNodeExample_Module(t *testing.T) {
 	}
 
 	// The failing event: NAKed 5 times by module.js, dead-lettered by the node.
-	var letters []deadletter.Letter
+	var letters []deadRow
 	retryUntil(t, 30*time.Second, func() error {
 		letters, err = deadLs(t, dir)
 		if err != nil || len(letters) != 1 {

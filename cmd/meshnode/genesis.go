@@ -18,6 +18,8 @@ func newGenesisCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "genesis --data-dir DIR --name NAME [--expect 1|3|…]",
 		Short: "Create a new mesh with this node as its first",
+		Example: `  meshnode genesis --data-dir /var/lib/meshnode --name a
+  meshnode genesis --data-dir /var/lib/meshnode --name a --expect 3 --json`,
 		Long: `Create a new mesh: mint its foundation (mesh id, this node's keys, the route credential,
 the gossip key, the vault's barrier key and bus identity), raise store, bus and vault, and
 hand off to the vault, which mints the operator's credential. Then start the node with

@@ -20,6 +20,8 @@ func newListenCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "listen PATTERN",
 		Short: "Print events as they happen; PATTERN is written as consumes: is (billing.**, *.order.placed, **)",
+		Example: `  meshnode listen 'shop.**'
+  meshnode listen '**' --json --count 10`,
 		Long: `Print events live, as the operator: a core subscription, so it sees what is published
 while it runs and consumes nothing (modules' durable consumers are untouched).`,
 		Args: cobra.ExactArgs(1),

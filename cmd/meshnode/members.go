@@ -18,7 +18,9 @@ func newMembersCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "members [--json]",
 		Short: "List the mesh's servers: name, address, state, JetStream role, seats held",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode members
+  meshnode members --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dataDir, err := clientDataDir(cmd)
 			if err != nil {

@@ -50,8 +50,9 @@ remove change and read the running mesh's registry.`,
 
 func newModuleCheckCmd() *cobra.Command {
 	var catalogueDir string
+	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "check FILE... [--catalogue DIR]",
+		Use:   "check FILE... [--catalogue DIR] [--json]",
 		Short: "Validate manifests and print every refusal",
 		Long: `Validate manifests and print every refusal, one per line, naming the file, line, field
 and value and what to write instead. Exit 0 when every manifest passes, 1 otherwise.
@@ -69,10 +70,11 @@ a checked module, seat protocol changes that break the modules using the seat.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runModuleCheck(cmd.OutOrStdout(), cmd.ErrOrStderr(), args, catalogueDir)
+			return runModuleCheck(cmd.OutOrStdout(), cmd.ErrOrStderr(), args, catalogueDir, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&catalogueDir, "catalogue", "", "check against the registered manifests in `DIR` (*.yaml, *.yml)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per FILE: file, module, ok, refusals, waiting, error")
 	return cmd
 }
 
@@ -88,7 +90,17 @@ type moduleFile struct {
 	err      error    // the file could not be read
 }
 
-func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir string) error {
+// moduleCheckResult is one FILE of `module check --json`.
+type moduleCheckResult struct {
+	File     string             `json:"file"`
+	Module   string             `json:"module,omitempty"`
+	OK       bool               `json:"ok"`
+	Refusals []manifest.Refusal `json:"refusals,omitempty"`
+	Waiting  []string           `json:"waiting,omitempty"` // required interfaces no module provides
+	Error    string             `json:"error,omitempty"`   // the file could not be read
+}
+
+func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir string, asJSON bool) error {
 	var registered map[string]moduleCatalogueEntry
 	if catalogueDir != "" {
 		var err error
@@ -149,6 +161,29 @@ func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir strin
 	}
 
 	var refused, count int
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, f := range files {
+			r := moduleCheckResult{File: f.path, Refusals: f.refusals, Waiting: f.waiting}
+			if f.m != nil {
+				r.Module = f.m.Module
+			}
+			if f.err != nil {
+				r.Error = moduleReadCause(f.err).Error()
+			}
+			r.OK = f.err == nil && len(f.refusals) == 0
+			if !r.OK {
+				refused++
+			}
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		if refused > 0 {
+			return errReported
+		}
+		return nil
+	}
 	for _, f := range files {
 		switch {
 		case f.err != nil:

@@ -167,7 +167,9 @@ func newModuleLsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List the registered modules",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode module ls
+  meshnode module ls --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var mods []registry.ModuleInfo
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
@@ -214,6 +216,8 @@ func newModuleRemoveCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "remove NAME [--force]",
 		Short: "Remove a registered module: its key stops working and its consumer is deleted",
+		Example: `  meshnode module remove shop
+  meshnode module remove mailer --force`,
 		Long: `Remove a registered module: its key stops working and its consumer is deleted. A module that
 declares a seat other modules use is refused (their work would have no holder, and the next
 declaration of the seat could break the protocol they are bound to) unless --force; the

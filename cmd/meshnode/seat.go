@@ -72,7 +72,9 @@ func newSeatLsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List every seat: scope, holder, epoch, since, backlog, users",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode seat ls
+  meshnode seat ls --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var msg *nats.Msg
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -22,7 +22,9 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the running node's state",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode status
+  meshnode status --json --data-dir /var/lib/meshnode`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dataDir, err := clientDataDir(cmd)
 			if err != nil {

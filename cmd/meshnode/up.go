@@ -21,6 +21,8 @@ func newUpCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run a single node on this machine, on loopback, creating it on first run",
+		Example: `  meshnode up
+  meshnode up --data-dir ./mesh --http-addr 127.0.0.1:8422`,
 		Long: `Run a single node on this machine, everything on loopback: the quickest way to try
 meshnode. On an empty data dir (default ./meshnode-data) it creates the node and its mesh;
 later runs restart the same node with its data.`,
@@ -35,8 +37,9 @@ later runs restart the same node with its data.`,
 
 func newRunCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "run",
-		Short: "Run this machine's node as a service (the systemd unit runs this)",
+		Use:     "run",
+		Short:   "Run this machine's node as a service (the systemd unit runs this)",
+		Example: `  meshnode run --data-dir /var/lib/meshnode   # what the systemd unit runs`,
 		Long: `Run an existing node as a service: listening on every interface, data in
 /var/lib/meshnode by default. The data dir must already hold a node (made by up).`,
 		Args: cobra.NoArgs,
@@ -53,6 +56,8 @@ func newJoinCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME",
 		Short: "Join a mesh with a token, then run this node",
+		Example: `  meshnode join --token-file /root/token --data-dir /var/lib/meshnode --name b --cluster-addr 10.0.0.3:6222 --gossip-addr 10.0.0.3:7946
+  MESHNODE_TOKEN=MNJ1.… meshnode join --data-dir /var/lib/meshnode --name c`,
 		Long: `Join this node to a mesh and run it. Two kinds of token:
 
   MNF1. (founding token, printed by meshnode genesis --expect N): this node is one of the

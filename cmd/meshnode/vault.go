@@ -89,9 +89,10 @@ func newVaultRotateCmd() *cobra.Command {
 	var given bool
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:   "rotate NAME [--owner MODULE] [--grace 24h]",
-		Short: "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
-		Args:  cobra.ExactArgs(1),
+		Use:     "rotate NAME [--owner MODULE] [--grace 24h]",
+		Short:   "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
+		Example: `  meshnode vault rotate api-token --owner shop --grace 24h`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s vault.Secret
 			req := vault.Request{Owner: owner, Name: args[0], Grace: grace.String()}
@@ -120,7 +121,9 @@ func newVaultFetchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fetch NAME [--owner MODULE] [--version N]",
 		Short: "Print a secret's value alone (as the operator, or with --creds as its module)",
-		Args:  cobra.ExactArgs(1),
+		Example: `  meshnode vault fetch api-token --owner shop
+  meshnode vault fetch api-token --creds shop.nk   # as the module`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var value string
 			if cmd.Flags().Changed("creds") {
@@ -157,7 +160,9 @@ func newVaultLsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [--owner MODULE]",
 		Short: "List secrets: owner, name, versions — never values",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode vault ls
+  meshnode vault ls --owner shop --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			metas, err := vaultCall(cmd, vault.VerbList, vault.Request{Owner: owner}, nil)
 			if err != nil {
@@ -192,7 +197,9 @@ func newTokenCmd() *cobra.Command {
 	create := &cobra.Command{
 		Use:   "create [--ttl 1h] [--uses 1]",
 		Short: "Mint a join token (it pins the mesh and names the node to contact)",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode token create
+  meshnode token create --ttl 24h --uses 2 --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if uses < 1 {
 				return usagef("--uses %d: a token is used at least once", uses)

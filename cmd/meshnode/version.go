@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"runtime"
 
@@ -10,13 +11,21 @@ import (
 )
 
 func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the meshnode version",
-		Args:  cobra.NoArgs,
+		Example: `  meshnode version
+  meshnode version --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]string{"version": node.Version(), "go_version": runtime.Version()})
+			}
 			fmt.Fprintln(cmd.OutOrStdout(), "meshnode", node.Version(), runtime.Version())
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: version, go_version")
+	return cmd
 }
