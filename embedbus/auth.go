@@ -15,7 +15,16 @@ type Identity struct {
 	// Permissions is what the connection may publish and subscribe to. Nil means everything:
 	// only the node itself and the operator hold such keys.
 	Permissions *manifest.Permissions
+	// System admits the key to the server's system account when it connects under the name
+	// SystemConnection: the operator's, so NATS's own tools (`nats server report jetstream`)
+	// work with it.
+	System bool
 }
+
+// SystemConnection is the connection name under which a key the Directory marks System
+// connects to the system account instead: `nats --nkey operator.nk --connection-name
+// meshnode-system server report jetstream`.
+const SystemConnection = "meshnode-system"
 
 // Directory answers who a public key is. The bus asks it under nats-server's locks, for every
 // connection: it must answer from memory and never make a NATS call. name is the connection's
@@ -73,6 +82,10 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	id, ok := a.dir.Identity(opts.Nkey, opts.Name)
 	if !ok {
 		return false
+	}
+	if id.System && opts.Name == SystemConnection {
+		c.RegisterUser(&server.User{Username: id.Name + "-system", Account: a.sysAccount()})
+		return true
 	}
 	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions)})
 	return true

@@ -35,10 +35,10 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		return embedbus.Identity{Name: "vault", Permissions: &p}, true
 	}
 	if op, _ := d.operator.Load().(string); op != "" && op == publicKey {
-		return embedbus.Identity{Name: "operator"}, true
+		return embedbus.Identity{Name: "operator", System: true}, true
 	}
 	if op := d.reg.Operator(); op != "" && op == publicKey {
-		return embedbus.Identity{Name: "operator"}, true // admitted on every node of the mesh
+		return embedbus.Identity{Name: "operator", System: true}, true // admitted on every node of the mesh
 	}
 	if v := d.vault.Load(); v != nil {
 		if id, ok := v.TokenID(publicKey); ok {

@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -174,5 +178,36 @@ func TestMetrics_GrafanaDashboard(t *testing.T) {
 		if !known[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")] {
 			t.Errorf("scripts/grafana-dashboard.json queries %s, which the node does not export", name)
 		}
+	}
+}
+
+// TestOperator_SystemAccount: the operator's key, connecting under the name
+// embedbus.SystemConnection, is in the server's system account, where NATS's own tools ask
+// servers for their state (`nats server report jetstream`); a module's key under that name
+// is not, and the operator's under any other name is in the mesh's account as always.
+func TestOperator_SystemAccount(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
+	ask := func(seedFile string) error {
+		nc := connect(t, b.n.ClientURL(), seedFile, nats.Name(embedbus.SystemConnection))
+		defer nc.Close()
+		msg, err := nc.Request("$SYS.REQ.SERVER.PING.JSZ", nil, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(msg.Data), `"name":"alpha"`) {
+			return fmt.Errorf("JSZ answered %.200s", msg.Data)
+		}
+		return nil
+	}
+	if err := ask(filepath.Join(b.dir, node.OperatorSeedFile)); err != nil {
+		t.Fatalf("the operator's system connection: %v", err)
+	}
+	if err := ask(seed); err == nil {
+		t.Fatal("a module's key reached the system account")
+	}
+	// The operator's usual connection still speaks the mesh's API.
+	if _, err := b.js.AccountInfo(context.Background()); err != nil {
+		t.Fatalf("the operator's own connection: %v", err)
 	}
 }
