@@ -78,7 +78,11 @@ func (n *Node) resume(ctx context.Context) {
 }
 
 // apply hands a declaration to the supervisor.
-func (n *Node) apply(ctx context.Context, d deploy.Declaration) { n.supervisor.Apply(ctx, d) }
+func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
+	start := time.Now()
+	n.supervisor.Apply(ctx, d)
+	n.meter.apply.Observe(time.Since(start).Seconds())
+}
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
 // xkey: the vault gives them only to a node whose declaration runs the module.

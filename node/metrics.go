@@ -85,6 +85,7 @@ type meter struct {
 	holderChanges *prometheus.CounterVec // by seat
 	vacancy       prometheus.Histogram   // how long a seat was without a holder
 	vault         *prometheus.CounterVec // by verb and outcome
+	apply         prometheus.Histogram   // a host's applying of a declaration
 	startSeconds  prometheus.Gauge
 	formSeconds   prometheus.Gauge
 
@@ -107,6 +108,9 @@ func newMeter() *meter {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60}}),
 		vault: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_vault_requests_total",
 			Help: "Requests the vault on this node answered, by verb and outcome (ok, refused)."}, []string{"verb", "outcome"}),
+		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_declaration_apply_duration_seconds",
+			Help:    "How long this node took to apply a declaration: stop what it no longer runs, start what it now does.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30}}),
 		startSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_start_duration_seconds",
 			Help: "How long this node took to open, from its start until it was ready."}),
 		formSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
@@ -116,7 +120,7 @@ func newMeter() *meter {
 }
 
 func (m *meter) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.startSeconds, m.formSeconds}
+	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.apply, m.startSeconds, m.formSeconds}
 }
 
 // ingested counts the audit log's new events.
