@@ -45,6 +45,13 @@ type seatService struct {
 
 	sub *nats.Subscription
 
+	// versions caches each seat's protocol versions and their bound modules for one registry
+	// revision: working them out reads every module for every seat (seat ls, the dashboard
+	// each second).
+	versionsMu  sync.Mutex
+	versionsRev uint64
+	versions    map[string][]seats.VersionStatus
+
 	nodeMu  sync.Mutex // serialises starting and stopping the mesh's own seats
 	grantMu sync.Mutex
 	granted map[string]seats.Lease // lease key → the lease whose instance has the holder's grant
@@ -420,6 +427,22 @@ func (s *seatService) status(ctx context.Context) []seats.Status {
 	})
 }
 
+// versionsOf is versionStatus of seat's bindings, worked out once per registry revision.
+func (s *seatService) versionsOf(seat manifest.Seat) []seats.VersionStatus {
+	rev := s.reg.Revision()
+	s.versionsMu.Lock()
+	defer s.versionsMu.Unlock()
+	if s.versions == nil || s.versionsRev != rev {
+		s.versions, s.versionsRev = map[string][]seats.VersionStatus{}, rev
+	}
+	v, ok := s.versions[seat.Name]
+	if !ok {
+		v = versionStatus(seat, s.reg.Bindings(seat.Name, ""))
+		s.versions[seat.Name] = v
+	}
+	return v
+}
+
 // statusWith is status with each seat's backlog read by backlog (the dashboard reads the
 // streams in-process).
 func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []seats.Status {
@@ -451,7 +474,7 @@ func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []s
 	for _, e := range entries {
 		for _, seat := range e.Manifest.Seats {
 			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name],
-				Versions: versionStatus(seat, s.reg.Bindings(seat.Name, ""))}
+				Versions: s.versionsOf(seat)}
 			if n, ok := backlog(manifest.SeatStreamName(seat.Name)); ok {
 				st.Backlog = n
 			}

@@ -73,8 +73,7 @@ type uiState struct {
 	mu         sync.Mutex
 	challenges map[string]time.Time // nonce → expiry
 	sessions   map[string]*uiSession
-	mods       []UIModule // the modules and edges of registry revision modsRev
-	edges      []UIEdge
+	mods       encodedModules // the modules and edges of registry revision modsRev
 	modsRev    uint64
 
 	watchMu  sync.Mutex
@@ -409,7 +408,7 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	if n.seats != nil {
 		st.Seats = n.seats.statusWith(func(stream string) (uint64, bool) { v, ok := backlog[stream]; return v, ok })
 	}
-	st.Modules, st.Edges = n.ui.modules(n.reg)
+	mods := n.ui.modules(n.reg)
 	js := n.bus.JetStream()
 	if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
 		failed("processes", err)
@@ -435,7 +434,13 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
 		}
 	}
-	b, _ := json.Marshal(st)
+	// The modules and edges go in as encoded once per registry revision: most of the bytes,
+	// and they change least.
+	b, _ := json.Marshal(struct {
+		UIState
+		Modules json.RawMessage `json:"modules"`
+		Edges   json.RawMessage `json:"edges"`
+	}{st, mods.modules, mods.edges})
 	return b
 }
 
@@ -447,16 +452,25 @@ func clipBody(b []byte) string {
 	return string(b)
 }
 
-// modules returns uiModules of the registry, made again only when the registry changed.
-func (u *uiState) modules(reg *registry.Registry) ([]UIModule, []UIEdge) {
+// encodedModules are a snapshot's modules and edges, JSON-encoded.
+type encodedModules struct{ modules, edges json.RawMessage }
+
+// modules returns uiModules of the registry, encoded, made again only when the registry
+// changed.
+func (u *uiState) modules(reg *registry.Registry) encodedModules {
 	rev := reg.Revision()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.modsRev != rev || u.mods == nil {
-		u.mods, u.edges = uiModules(reg.List())
+	if u.modsRev != rev || u.mods.modules == nil {
+		mods, edges := uiModules(reg.List())
+		if edges == nil {
+			edges = []UIEdge{}
+		}
+		u.mods.modules, _ = json.Marshal(mods)
+		u.mods.edges, _ = json.Marshal(edges)
 		u.modsRev = rev
 	}
-	return u.mods, u.edges
+	return u.mods
 }
 
 // uiModules lists the modules' authority and who talks to whom: an emitter's events reach
