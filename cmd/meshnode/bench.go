@@ -38,7 +38,8 @@ remove the node and its data. A running node is not touched.
   connect    register --modules generated modules, then time sdk.Connect and a raw
              nkey nats.Connect of one of them, and the registration itself.
 
-A count of 0 skips that measurement. Progress goes to stderr, figures to stdout.`,
+A count of 0 skips that measurement. Figures go to stdout; progress goes to stderr when it is
+a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("bench takes no arguments, only flags (see meshnode bench --help)")
@@ -81,9 +82,14 @@ func runBench(ctx context.Context, cfg bench.Config, asJSON bool, stdout, stderr
 		return err
 	}
 	defer closeNode()
-	target.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("bench", "meshnode")
+	// Progress on a terminal only: piped or redirected, stderr keeps the warnings and errors.
+	progress := io.Discard
+	if isTerminal(stderr) {
+		progress = stderr
+	}
+	target.Log = slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelInfo})).With("bench", "meshnode")
 
-	fmt.Fprintf(stderr, "meshnode bench: a throwaway node at %s (%s/%s, %d CPUs, %s)\n",
+	fmt.Fprintf(progress, "meshnode bench: a throwaway node at %s (%s/%s, %d CPUs, %s)\n",
 		target.URL, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), node.Version())
 	res, err := bench.Run(ctx, target, cfg)
 	if err != nil {
@@ -123,7 +129,9 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	closeNode = func() {
 		// JetStream stops durable consumers one by one, ~10 ms each: after the connect
 		// measurement this takes seconds, so say what the pause is.
-		fmt.Fprintln(stderr, "meshnode bench: stopping the throwaway node and removing its data")
+		if isTerminal(stderr) {
+			fmt.Fprintln(stderr, "meshnode bench: stopping the throwaway node and removing its data")
+		}
 		cancel()
 		if err := <-done; err != nil {
 			log.Warn("throwaway node stopped with an error", "err", err)
@@ -134,4 +142,14 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	}
 	t = bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, node.OperatorSeedFile), Dir: seeds}
 	return t, closeNode, nil
+}
+
+// isTerminal reports whether w is a terminal (a character device), where progress belongs.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -90,3 +90,15 @@ func TestBinary_EveryVerb(t *testing.T) {
 		t.Fatalf("module check --json: exit %d %+v", r.code, results)
 	}
 }
+
+// TestBinary_BenchQuietWhenPiped: bench prints its figures on stdout and, with stderr not a
+// terminal, no progress there.
+func TestBinary_BenchQuietWhenPiped(t *testing.T) {
+	r := meshnode(t, nil, "bench", "--events", "50", "--calls", "50", "--modules", "0")
+	if r.code != 0 || !strings.Contains(r.stdout, "emit→on") {
+		t.Fatalf("bench: exit %d %q %s", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stderr, "throwaway node at") || strings.Contains(r.stderr, "level=INFO") {
+		t.Fatalf("bench printed progress into a pipe: %s", r.stderr)
+	}
+}
