@@ -185,6 +185,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
+		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
 		for _, m := range msgs {
 			md, err := m.Metadata()
@@ -194,7 +195,8 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			if md.Sequence.Stream > lastSeq {
 				lastSeq = md.Sequence.Stream
 			}
-			if owner := Owner(m.Subject()); owner != "" && md.Sequence.Stream > stored {
+			if owner := Owner(m.Subject()); owner != "" && md.Sequence.Stream > stored && !counting[md.Sequence.Stream] {
+				counting[md.Sequence.Stream] = true // once, were it twice in the batch
 				if used[owner] == nil {
 					used[owner] = map[uint32]int64{}
 				}

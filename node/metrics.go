@@ -2,6 +2,7 @@ package node
 
 import (
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,7 +92,12 @@ type meter struct {
 
 	mu     sync.Mutex
 	vacant map[string]time.Time // by lease key: since when the seat has had no holder
+	holder map[string]string    // by lease key: the holding instance last seen
 }
+
+// vacancyMost bounds a vacancy the histogram records: a seat left free on purpose (its
+// holder undeployed) and taken days later is no failover.
+const vacancyMost = 10 * time.Minute
 
 func newMeter() *meter {
 	return &meter{
@@ -107,7 +113,7 @@ func newMeter() *meter {
 			Help:    "How long a seat was without a holder before the next took it (a failover, or a handoff).",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60}}),
 		vault: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_vault_requests_total",
-			Help: "Requests the vault on this node answered, by verb and outcome (ok, refused)."}, []string{"verb", "outcome"}),
+			Help: "Requests the vault on this node took, by verb and outcome (ok, refused, rate_limited)."}, []string{"verb", "outcome"}),
 		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_declaration_apply_duration_seconds",
 			Help:    "How long this node took to apply a declaration: stop what it no longer runs, start what it now does.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30}}),
@@ -116,6 +122,7 @@ func newMeter() *meter {
 		formSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
 			Help: "How long this node waited for its mesh's servers before it started its bus (0: a single node)."}),
 		vacant: map[string]time.Time{},
+		holder: map[string]string{},
 	}
 }
 
@@ -123,8 +130,12 @@ func (m *meter) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.apply, m.startSeconds, m.formSeconds}
 }
 
-// ingested counts the audit log's new events.
+// ingested counts the audit log's new events. A replay (owner replay.<consumer>) is an event
+// counted when first emitted.
 func (m *meter) ingested(owner string, events int, bytes int64) {
+	if strings.HasPrefix(owner, "replay.") {
+		return
+	}
 	m.events.WithLabelValues(owner).Add(float64(events))
 	m.eventBytes.WithLabelValues(owner).Add(float64(bytes))
 }
@@ -136,12 +147,20 @@ func (m *meter) holderChanged(before, after *seats.Lease) {
 	defer m.mu.Unlock()
 	if after == nil {
 		m.vacant[key(before)] = time.Now()
+		delete(m.holder, key(before))
 		return
 	}
+	k, who := key(after), after.Module+"/"+after.Instance
+	if m.holder[k] == who {
+		return // the same holder seen again (the watch of the leases began anew)
+	}
+	m.holder[k] = who
 	m.holderChanges.WithLabelValues(after.Seat).Inc()
-	if since, ok := m.vacant[key(after)]; ok {
-		m.vacancy.Observe(time.Since(since).Seconds())
-		delete(m.vacant, key(after))
+	if since, ok := m.vacant[k]; ok {
+		if d := time.Since(since); d <= vacancyMost {
+			m.vacancy.Observe(d.Seconds())
+		}
+		delete(m.vacant, k)
 	}
 }
 
@@ -160,6 +179,14 @@ func (m *meter) served(verb string, refused bool) {
 		outcome = "refused"
 	}
 	m.vault.WithLabelValues(verb, outcome).Inc()
+}
+
+// rateLimited counts a vault request dropped past the caller's rate limit.
+func (m *meter) rateLimited(verb string) {
+	if !vaultVerbs[verb] {
+		verb = "other"
+	}
+	m.vault.WithLabelValues(verb, "rate_limited").Inc()
 }
 
 var (

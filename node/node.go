@@ -975,17 +975,18 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	}
 	err = retryJS(ctx, func(ctx context.Context) (err error) {
 		n.vault, err = vault.Open(ctx, vault.Config{
-			Log:        n.log.With("component", "vault"),
-			MeshID:     n.id.MeshID,
-			Node:       n.id.Name,
-			Conn:       n.vaultNC,
-			Responder:  n.respNC,
-			Key:        key,
-			BarrierKey: n.found.BarrierKey,
-			Replicas:   n.replicas(),
-			MaxBytes:   n.budget.Vault,
-			RateLimit:  n.cfg.RateLimit,
-			Served:     n.meter.served,
+			Log:         n.log.With("component", "vault"),
+			MeshID:      n.id.MeshID,
+			Node:        n.id.Name,
+			Conn:        n.vaultNC,
+			Responder:   n.respNC,
+			Key:         key,
+			BarrierKey:  n.found.BarrierKey,
+			Replicas:    n.replicas(),
+			MaxBytes:    n.budget.Vault,
+			RateLimit:   n.cfg.RateLimit,
+			Served:      n.meter.served,
+			RateLimited: n.meter.rateLimited,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {

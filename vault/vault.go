@@ -60,6 +60,8 @@ type Config struct {
 	// Served, when set, is told each request the vault answered: its verb and whether it
 	// was refused (the node's metrics).
 	Served func(verb string, refused bool)
+	// RateLimited, when set, is told each request dropped past its caller's rate limit.
+	RateLimited func(verb string)
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
@@ -292,6 +294,9 @@ func (v *Vault) serve(m *nats.Msg) {
 	}
 	if !isAdmin(caller) {
 		if ok, tell := v.gate.Allow(caller); !ok {
+			if v.cfg.RateLimited != nil {
+				v.cfg.RateLimited(verb)
+			}
 			if tell { // once a second; the others are dropped, so a flood costs no replies
 				b, _ := json.Marshal(Reply{Error: fmt.Sprintf("%s: too many vault requests (more than %d a second, the node's rate-limit); slow down and retry", caller, v.cfg.RateLimit)})
 				m.Respond(b)

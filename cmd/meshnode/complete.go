@@ -68,7 +68,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 	if err != nil {
 		return nil
 	}
-	nc, err := dialWith(url, creds, append(caOptions(cmd), nats.NoReconnect(), nats.Timeout(time.Second))...)
+	nc, err := dialWith(url, creds, append(caOptions(cmd), nats.NoReconnect(), nats.Timeout(500*time.Millisecond))...)
 	if err != nil {
 		return nil
 	}

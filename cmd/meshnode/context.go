@@ -23,7 +23,9 @@ import (
 //
 // A client verb finds its node from, first to last: --server/--creds/--ca; MESHNODE_SERVER,
 // MESHNODE_CREDS, MESHNODE_CA; the context (--context, MESHNODE_CONTEXT, or the selected
-// one); the data dir (--data-dir, MESHNODE_DATA_DIR, --config, or the default ones).
+// one); the data dir (--data-dir, MESHNODE_DATA_DIR, --config, or the default ones). A verb
+// that names its node by data dir or by server uses no context at all: a context's seed and
+// CA are never offered to another node.
 
 // cliContext is one saved context.
 type cliContext struct {
@@ -117,6 +119,20 @@ func activeContext(cmd *cobra.Command) (*cliContext, error) {
 	return &c, nil
 }
 
+// contextOf is the context a client verb's target comes from: none when the verb names its
+// node otherwise — a data dir (flag, configuration, environment) or a server (--server,
+// MESHNODE_SERVER) — so a saved context never lends its seed or CA to another node, nor its
+// server to a data dir's node.
+func contextOf(cmd *cobra.Command) (*cliContext, error) {
+	if explicitDataDir(cmd) || os.Getenv(envServer) != "" {
+		return nil, nil
+	}
+	if v, _ := cmd.Flags().GetString("server"); v != "" {
+		return nil, nil
+	}
+	return activeContext(cmd)
+}
+
 // firstSet is the first of the flag, the environment variable and the context's value that
 // is set.
 func firstSet(cmd *cobra.Command, flag, env string, fromContext func(*cliContext) string) (string, error) {
@@ -126,7 +142,7 @@ func firstSet(cmd *cobra.Command, flag, env string, fromContext func(*cliContext
 	if v := os.Getenv(env); v != "" {
 		return v, nil
 	}
-	c, err := activeContext(cmd)
+	c, err := contextOf(cmd)
 	if err != nil || c == nil {
 		return "", err
 	}

@@ -47,12 +47,27 @@ func TestBinary_Contexts(t *testing.T) {
 			t.Fatalf("seat ls through context remote (%v %v): exit %d %s", tc.env, tc.args, r.code, r.stderr)
 		}
 	}
-	// The environment wins over the context, and a flag over both.
-	if r := run([]string{envServer + "=nats://127.0.0.1:1"}, "module", "ls"); r.code == 0 || !strings.Contains(r.stderr, "127.0.0.1:1") {
-		t.Fatalf("MESHNODE_SERVER over the context: exit %d %s", r.code, r.stderr)
+	// A verb that names its node otherwise uses no context at all: MESHNODE_SERVER does not
+	// borrow the context's seed, and a flag wins over the environment.
+	if r := run([]string{envContext + "=remote", envServer + "=nats://127.0.0.1:1"}, "module", "ls"); r.code == 0 || !strings.Contains(r.stderr, "no operator seed") {
+		t.Fatalf("MESHNODE_SERVER with a context: exit %d %s, want the context's seed not lent", r.code, r.stderr)
 	}
-	if r := run([]string{envServer + "=nats://127.0.0.1:1"}, "module", "ls", "--server", p.clientURL); r.code != 0 {
+	if r := run([]string{envServer + "=nats://127.0.0.1:1"}, "module", "ls", "--server", p.clientURL, "--creds", op); r.code != 0 {
 		t.Fatalf("--server over MESHNODE_SERVER: exit %d %s", r.code, r.stderr)
+	}
+	// An explicit data dir wins over a selected server context; a verb that reads a data dir
+	// refuses a server context rather than fall back to the local default.
+	if r := run(nil, "context", "use", "remote"); r.code != 0 {
+		t.Fatalf("context use remote: %s", r.stderr)
+	}
+	if r := run(nil, "status", "--json", "--data-dir", dir); r.code != 0 || !strings.Contains(r.stdout, `"name": "alpha"`) {
+		t.Fatalf("status --data-dir with a server context selected: exit %d %s", r.code, r.stderr)
+	}
+	if r := run(nil, "status"); r.code != 1 || !strings.Contains(r.stderr, "context remote names a server") {
+		t.Fatalf("status through a server context: exit %d %s", r.code, r.stderr)
+	}
+	if r := run(nil, "context", "use", "here"); r.code != 0 {
+		t.Fatalf("context use here: %s", r.stderr)
 	}
 	r := run(nil, "context", "ls", "--json")
 	var rows []contextRow

@@ -71,10 +71,14 @@ func newDeadLsCmd() *cobra.Command {
 }
 
 // deadJSON is a dead letter as `dead ls --json` and `dead show` print it: the body as JSON
-// when it is (as a string when not), headers one value each.
+// when it is (as text when not, with body_base64 the bytes exactly), headers one value each.
 func deadJSON(d deadletter.Letter) map[string]any {
-	return map[string]any{"id": d.ID, "time": d.Time, "subject": d.Subject, "consumer": d.Consumer,
+	out := map[string]any{"id": d.ID, "time": d.Time, "subject": d.Subject, "consumer": d.Consumer,
 		"reason": d.Reason, "deliveries": d.Deliveries, "event_id": d.EventID, "headers": flatHeaders(d.Headers), "body": bodyJSON(d.Body)}
+	if !json.Valid(d.Body) {
+		out["body_base64"] = d.Body // the bytes exactly, where "body" is text
+	}
+	return out
 }
 
 func printDead(w io.Writer, ds []deadletter.Letter) {

@@ -38,6 +38,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "meshnode")
+	// No saved context of whoever runs the tests reaches the binary under test.
+	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build meshnode: %v\n%s", err, out)

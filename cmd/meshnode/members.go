@@ -58,6 +58,7 @@ func newMembersCmd() *cobra.Command {
 		},
 	}
 	addConfigFlags(cmd)
+	addContextFlag(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member")
 	return cmd
 }

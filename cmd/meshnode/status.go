@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -55,17 +56,20 @@ func newStatusCmd() *cobra.Command {
 // clientDataDir finds the data dir of the node a client verb talks to: --data-dir, the
 // configuration, else the `up` default if a node runs there, else the `run` default.
 func clientDataDir(cmd *cobra.Command) (string, error) {
-	explicit := cmd.Flags().Changed("data-dir") || cmd.Flags().Changed("config") ||
-		os.Getenv(config.EnvName("data-dir")) != "" || os.Getenv(config.EnvPrefix+"CONFIG") != ""
-	if explicit {
+	if explicitDataDir(cmd) {
 		cfg, err := loadConfig(cmd, config.Up())
 		return cfg.DataDir, err
 	}
-	c, err := activeContext(cmd)
+	c, err := contextOf(cmd)
 	if err != nil {
 		return "", err
 	}
-	if c != nil && c.DataDir != "" {
+	if c != nil {
+		if c.DataDir == "" {
+			// Never the local default instead: the name and seed there are another node's.
+			return "", fmt.Errorf("context %s names a server, and meshnode %s reads a node's data dir: pass --data-dir, or use a context made with --data-dir",
+				c.Name, strings.TrimPrefix(cmd.CommandPath(), "meshnode "))
+		}
 		return c.DataDir, nil
 	}
 	for _, dir := range []string{config.DefaultUpDataDir, config.DefaultRunDataDir} {
@@ -74,6 +78,13 @@ func clientDataDir(cmd *cobra.Command) (string, error) {
 		}
 	}
 	return config.DefaultUpDataDir, nil
+}
+
+// explicitDataDir reports whether the data dir is given (flag, configuration or
+// environment): then no saved context applies.
+func explicitDataDir(cmd *cobra.Command) bool {
+	return cmd.Flags().Changed("data-dir") || cmd.Flags().Changed("config") ||
+		os.Getenv(config.EnvName("data-dir")) != "" || os.Getenv(config.EnvPrefix+"CONFIG") != ""
 }
 
 // fetchStatus asks the node running on dataDir for its status over its HTTP API.

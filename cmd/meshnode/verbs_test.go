@@ -23,6 +23,10 @@ var noJSON = map[string]string{
 	"module remove": "a confirmation",
 }
 
+// nodeVerbs run or make a node on their data dir, or save one in a context: no context
+// names it.
+var nodeVerbs = map[string]bool{"up": true, "run": true, "join": true, "genesis": true, "context add": true}
+
 // leaves returns every runnable command without subcommands, by path after "meshnode ".
 func leaves(c *cobra.Command) map[string]*cobra.Command {
 	out := map[string]*cobra.Command{}
@@ -55,6 +59,9 @@ func TestBinary_EveryVerb(t *testing.T) {
 		}
 		if c.Flags().Lookup("json") == nil && noJSON[path] == "" {
 			t.Errorf("meshnode %s prints without --json (or add it to noJSON, saying why)", path)
+		}
+		if c.Flags().Lookup("data-dir") != nil && c.Flags().Lookup("context") == nil && !nodeVerbs[path] {
+			t.Errorf("meshnode %s finds its node by data dir but takes no --context", path)
 		}
 		if r := meshnode(t, nil, append(strings.Fields(path), "--no-such-flag")...); r.code != 2 || !strings.Contains(r.stderr, "unknown flag") {
 			t.Errorf("meshnode %s --no-such-flag: exit %d %q, want 2", path, r.code, r.stderr)
