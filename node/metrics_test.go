@@ -128,14 +128,20 @@ func TestMetrics_Golden(t *testing.T) {
 	}
 }
 
-// counter sums family's counters whose label is value.
-func counter(fams map[string]*dto.MetricFamily, family, label, value string) float64 {
+// counter sums family's counters whose labels have the values given, in name, value pairs.
+func counter(fams map[string]*dto.MetricFamily, family string, labels ...string) float64 {
 	var sum float64
 	for _, m := range fams[family].GetMetric() {
+		has := map[string]string{}
 		for _, l := range m.GetLabel() {
-			if l.GetName() == label && l.GetValue() == value {
-				sum += m.GetCounter().GetValue()
-			}
+			has[l.GetName()] = l.GetValue()
+		}
+		match := true
+		for i := 0; i+1 < len(labels); i += 2 {
+			match = match && has[labels[i]] == labels[i+1]
+		}
+		if match {
+			sum += m.GetCounter().GetValue()
 		}
 	}
 	return sum

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,16 +24,7 @@ import (
 // reportCount reads the node's count of modules' report jobs with outcome from /metrics.
 func reportCount(t *testing.T, b *bed, outcome string) int {
 	t.Helper()
-	code, body := httpGet(t, b.n.HTTPURL()+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d", code)
-	}
-	m := regexp.MustCompile(`(?m)^meshnode_controller_reports_total\{from="module",outcome="` + outcome + `"\} (\d+)$`).FindStringSubmatch(body)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
+	return int(counter(scrape(t, b.n.HTTPURL()), "meshnode_controller_reports_total", "from", "module", "outcome", outcome))
 }
 
 // TestProtocol_ReportReachesTheController: the mesh's own seats carry their protocol from
