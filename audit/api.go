@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -25,12 +26,16 @@ func ToolSubject(node string) string { return manifest.NodeToolSubject(node, "au
 type Request struct {
 	Op     string `json:"op"`
 	Filter Filter `json:"filter"`
+	// Progress asks a verify to answer with how far it has got, about once a second, before
+	// its verification (see CallProgress).
+	Progress bool `json:"progress,omitempty"`
 }
 
 // Reply answers Request.
 type Reply struct {
 	Records      []Record      `json:"records,omitempty"`
 	Verification *Verification `json:"verification,omitempty"`
+	Progress     *Progress     `json:"progress,omitempty"` // an interim answer: more follows
 	Error        string        `json:"error,omitempty"`
 }
 
@@ -50,7 +55,14 @@ func Serve(nc *nats.Conn, node string, l *Logger) (*nats.Subscription, error) {
 					reply.Error = err.Error()
 				}
 			case "verify":
-				v, err := l.Verify()
+				var progress func(Progress)
+				if req.Progress {
+					progress = func(p Progress) {
+						b, _ := json.Marshal(Reply{Progress: &p})
+						m.Respond(b)
+					}
+				}
+				v, err := l.VerifyProgress(progress)
 				reply.Verification = &v
 				if err != nil {
 					reply.Error = err.Error()
@@ -130,6 +142,51 @@ func elide(r Record) Record {
 }
 
 // Call asks node's audit log over nc.
+// CallProgress asks node's audit log as Call does, with the request's Progress set: each
+// interim answer goes to progress, and the wait for the final one is bounded by idle between
+// answers rather than by ctx's deadline alone, so a verify of any size completes.
+func CallProgress(ctx context.Context, nc *nats.Conn, node string, req Request, idle time.Duration, progress func(Progress)) (Reply, error) {
+	var reply Reply
+	req.Progress = true
+	b, _ := json.Marshal(req)
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return reply, fmt.Errorf("audit: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(ToolSubject(node), inbox, b); err != nil {
+		return reply, fmt.Errorf("audit: %w", err)
+	}
+	for {
+		wait, cancel := context.WithTimeout(ctx, idle)
+		msg, err := sub.NextMsgWithContext(wait)
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders) || err == nil && len(msg.Data) == 0 && msg.Header.Get("Status") == "503":
+			return reply, fmt.Errorf("node %s does not answer its audit tool: is it running?", node)
+		case err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return reply, fmt.Errorf("audit: node %s said nothing for %s: is it still running? (meshnode status)", node, idle)
+		case err != nil:
+			return reply, fmt.Errorf("audit: %w", err)
+		}
+		reply = Reply{}
+		if err := json.Unmarshal(msg.Data, &reply); err != nil {
+			return reply, fmt.Errorf("audit answered %q: %w", msg.Data, err)
+		}
+		if reply.Progress != nil {
+			if progress != nil {
+				progress(*reply.Progress)
+			}
+			continue
+		}
+		if reply.Error != "" {
+			return reply, errors.New(reply.Error)
+		}
+		return reply, nil
+	}
+}
+
 func Call(ctx context.Context, nc *nats.Conn, node string, req Request) (Reply, error) {
 	var reply Reply
 	b, _ := json.Marshal(req)

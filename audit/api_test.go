@@ -1,12 +1,17 @@
 package audit
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestFit: one module's events — a body near the bus's 1 MiB limit, or many events with
@@ -82,5 +87,69 @@ func TestFit(t *testing.T) {
 	want, _ := json.Marshal(small)
 	if got := fit(small); string(got) != string(want) {
 		t.Errorf("a small answer was changed: %s", got)
+	}
+}
+
+// TestCallProgress: a verify asked for progress answers with how far it has got before its
+// verification, through a real nats-server; a node that does not answer is an error at once.
+func TestCallProgress(t *testing.T) {
+	db, l := openLog(t)
+	l.progressEvery = 0 // every 1,024 records
+	const records = 3000
+	err := db.Update(func(tx *bolt.Tx) error {
+		var prev string
+		for i := range records {
+			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: "a",
+				EventID: fmt.Sprintf("id%d", i), Prev: prev, Signed: true, SourceMatches: true}
+			r.Hash = r.computeHash()
+			prev = r.Hash
+			b, _ := json.Marshal(r)
+			if err := tx.Bucket(bucketRecords).Put(u64(r.N), b); err != nil {
+				return err
+			}
+		}
+		b, _ := json.Marshal(head{N: records, Hash: prev, Seq: records})
+		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := Serve(nc, "n", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var told []Progress
+	reply, err := CallProgress(ctx, nc, "n", Request{Op: "verify"}, 5*time.Second, func(p Progress) { told = append(told, p) })
+	if err != nil || reply.Verification == nil || reply.Verification.Records != records || reply.Verification.Broken != nil {
+		t.Fatalf("verify: %+v %v", reply.Verification, err)
+	}
+	if len(told) != 2 || told[0] != (Progress{Done: 1024, Total: records}) || told[1] != (Progress{Done: 2048, Total: records}) {
+		t.Errorf("progress told %+v, want 1024 and 2048 of %d", told, records)
+	}
+	// Call, which asks for no progress, hears none.
+	reply, err = Call(ctx, nc, "n", Request{Op: "verify"})
+	if err != nil || reply.Verification == nil || reply.Verification.Records != records {
+		t.Fatalf("verify without progress: %+v %v", reply.Verification, err)
+	}
+	if _, err := CallProgress(ctx, nc, "elsewhere", Request{Op: "verify"}, 5*time.Second, nil); err == nil || !strings.Contains(err.Error(), "does not answer") {
+		t.Errorf("a node that does not answer: %v", err)
 	}
 }

@@ -49,6 +49,8 @@ type Logger struct {
 	keys   Keys
 	owners Owners
 	log    *slog.Logger
+	// progressEvery is how often a verify tells its progress (a second; tests shorten it).
+	progressEvery time.Duration
 	// retention is how long records are kept; zero keeps everything.
 	retention time.Duration
 	// eventsMaxAge is how long EVENTS keeps an event: usage older than it is dropped. Zero
@@ -69,7 +71,7 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention}
+	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second}
 	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {

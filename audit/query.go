@@ -235,7 +235,17 @@ func (v Verification) OK() bool { return v.Broken == nil && v.FlaggedTotal == 0 
 
 // Verify walks the whole log: every record's hash must be its content's, and link to the
 // record before it.
-func (l *Logger) Verify() (Verification, error) {
+func (l *Logger) Verify() (Verification, error) { return l.VerifyProgress(nil) }
+
+// Progress is how far a verify has got: Done of Total records.
+type Progress struct {
+	Done  uint64 `json:"done"`
+	Total uint64 `json:"total"`
+}
+
+// VerifyProgress is Verify telling progress, when set, how far it has got about once a
+// second: a log of millions of records takes a while.
+func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 	var v Verification
 	err := l.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRecords).Cursor()
@@ -249,9 +259,15 @@ func (l *Logger) Verify() (Verification, error) {
 		flagBytes := 0
 		var lastN uint64
 		var lastHash string
+		total := readHead(tx).N - min(anchor.N, readHead(tx).N)
+		told := time.Now()
 		for k, raw := c.First(); k != nil; k, raw = c.Next() {
 			n := binary.BigEndian.Uint64(k)
 			v.Records++
+			if progress != nil && v.Records%1024 == 0 && time.Since(told) >= l.progressEvery {
+				progress(Progress{Done: v.Records, Total: max(total, v.Records)})
+				told = time.Now()
+			}
 			var r Record
 			if err := json.Unmarshal(raw, &r); err != nil {
 				v.Broken = &Problem{N: n, Reason: "record is unreadable: " + err.Error()}

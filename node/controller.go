@@ -56,6 +56,9 @@ type controller struct {
 	// seats lists every seat for the seats tool.
 	seats func(context.Context) []seats.Status
 
+	// answered, when set, is told how long each answered tool took (the node's metrics).
+	answered func(subject string, took time.Duration)
+
 	// reports counts the report jobs taken from the seat's work queue (reports.go).
 	reports *prometheus.CounterVec
 
@@ -111,6 +114,7 @@ func (c *controller) start() error {
 				c.log.Debug("a controller tool message without an inbox is ignored", "subject", m.Subject, "reply", m.Reply)
 				return
 			}
+			arrived := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
 			defer cancel()
 			reply := h(ctx, m)
@@ -120,6 +124,9 @@ func (c *controller) start() error {
 			b, _ := json.Marshal(reply)
 			if err := m.Respond(b); err != nil {
 				c.log.Warn("controller reply failed", "subject", m.Subject, "err", err)
+			}
+			if c.answered != nil {
+				c.answered(m.Subject, time.Since(arrived))
 			}
 		})
 		if err != nil {

@@ -15,12 +15,14 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -313,7 +315,7 @@ func testGrow(t *testing.T, interrupt string) {
 		}
 		st, err := js2.Stream(rctx, "SEAT_mail")
 		if err != nil {
-			return fmt.Errorf("SEAT_mail: %w", err)
+			return fmt.Errorf("SEAT_mail: %w (each server's view: %s)", err, streamViews(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), ca, "SEAT_mail"))
 		}
 		if n := st.CachedInfo().State.Msgs; n != 100 {
 			t.Fatalf("the seat's queue holds %d jobs, want 100", n)
@@ -401,4 +403,51 @@ func sampleEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) map
 		out[seq] = string(m.Data)
 	}
 	return out
+}
+
+// streamViews is what every server says of stream name (its leader, its replicas and how
+// current each is, its raft group), asked through the system account: what a stream that
+// does not answer needs to be told apart.
+func streamViews(t *testing.T, url, seed, ca, name string) string {
+	t.Helper()
+	nc := connect(t, url, seed, nats.Name(embedbus.SystemConnection), sdk.TrustCA(ca))
+	defer nc.Close()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return err.Error()
+	}
+	defer sub.Unsubscribe()
+	req, _ := json.Marshal(server.JSzOptions{Accounts: true, Streams: true, RaftGroups: true})
+	if err := nc.PublishRequest("$SYS.REQ.SERVER.PING.JSZ", inbox, req); err != nil {
+		return err.Error()
+	}
+	var views []string
+	for {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			break
+		}
+		var resp server.ServerAPIJszResponse
+		if err := json.Unmarshal(m.Data, &resp); err != nil || resp.Data == nil {
+			views = append(views, fmt.Sprintf("unreadable %q", m.Data))
+			continue
+		}
+		view := resp.Server.Name + ": not placed here"
+		for _, acc := range resp.Data.AccountDetails {
+			for _, sd := range acc.Streams {
+				if sd.Name == name {
+					b, _ := json.Marshal(struct {
+						Cluster any    `json:"cluster"`
+						Group   string `json:"raft_group"`
+						Msgs    uint64 `json:"msgs"`
+						Last    uint64 `json:"last_seq"`
+					}{sd.Cluster, sd.RaftGroup, sd.State.Msgs, sd.State.LastSeq})
+					view = resp.Server.Name + ": " + string(b)
+				}
+			}
+		}
+		views = append(views, view)
+	}
+	return strings.Join(views, "; ")
 }

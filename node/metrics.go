@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,11 +83,12 @@ func (c *busCollector) Collect(ch chan<- prometheus.Metric) {
 type meter struct {
 	events        *prometheus.CounterVec // by owner of the event's namespace
 	eventBytes    *prometheus.CounterVec
-	deadLetters   *prometheus.CounterVec // by stream and consumer
-	holderChanges *prometheus.CounterVec // by seat
-	vacancy       prometheus.Histogram   // how long a seat was without a holder
-	vault         *prometheus.CounterVec // by verb and outcome
-	apply         prometheus.Histogram   // a host's applying of a declaration
+	deadLetters   *prometheus.CounterVec   // by stream and consumer
+	holderChanges *prometheus.CounterVec   // by seat
+	vacancy       prometheus.Histogram     // how long a seat was without a holder
+	vault         *prometheus.CounterVec   // by verb and outcome
+	tools         *prometheus.HistogramVec // the mesh's own seats' tools this node answered, by seat and tool
+	apply         prometheus.Histogram     // a host's applying of a declaration
 	startSeconds  prometheus.Gauge
 	formSeconds   prometheus.Gauge
 
@@ -114,6 +116,9 @@ func newMeter() *meter {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60}}),
 		vault: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_vault_requests_total",
 			Help: "Requests the vault on this node took, by verb and outcome (ok, refused, rate_limited)."}, []string{"verb", "outcome"}),
+		tools: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meshnode_tool_call_duration_seconds",
+			Help:    "How long this node took to answer a tool of the mesh's own seats (mesh-controller, mesh-vault), from the request's arrival to the reply sent. Modules' tools go from caller to server without passing the node and are not measured here.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"seat", "tool"}),
 		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_declaration_apply_duration_seconds",
 			Help:    "How long this node took to apply a declaration: stop what it no longer runs, start what it now does.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30}}),
@@ -127,7 +132,7 @@ func newMeter() *meter {
 }
 
 func (m *meter) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.apply, m.startSeconds, m.formSeconds}
+	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.tools, m.apply, m.startSeconds, m.formSeconds}
 }
 
 // ingested counts the audit log's new events. A replay (owner replay.<consumer>) is an event
@@ -169,8 +174,8 @@ var vaultVerbs = map[string]bool{vault.VerbMint: true, vault.VerbFetch: true, va
 	vault.VerbToken: true, vault.VerbEnrol: true, vault.VerbIdentity: true, vault.VerbServer: true, vault.VerbModule: true,
 	vault.VerbIntake: true, vault.VerbProvision: true, vault.VerbUnprovision: true}
 
-// served counts a vault request.
-func (m *meter) served(verb string, refused bool) {
+// served counts a vault request and times its answer.
+func (m *meter) served(verb string, refused bool, took time.Duration) {
 	if !vaultVerbs[verb] {
 		verb = "other"
 	}
@@ -179,6 +184,18 @@ func (m *meter) served(verb string, refused bool) {
 		outcome = "refused"
 	}
 	m.vault.WithLabelValues(verb, outcome).Inc()
+	m.tools.WithLabelValues(manifest.VaultSeat, verb).Observe(took.Seconds())
+}
+
+// answered times a tool of the controller's seat. tool is the subject's word after "tool."
+// (whoami.<key> is whoami): bounded by the registry's tools, never by a caller.
+func (m *meter) answered(subject string, took time.Duration) {
+	_, tool, ok := strings.Cut(subject, ".tool.")
+	if !ok {
+		return
+	}
+	tool, _, _ = strings.Cut(tool, ".")
+	m.tools.WithLabelValues(manifest.ControllerSeat, tool).Observe(took.Seconds())
 }
 
 // rateLimited counts a vault request dropped past the caller's rate limit.

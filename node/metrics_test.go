@@ -123,6 +123,13 @@ func TestMetrics_Golden(t *testing.T) {
 			t.Errorf("%s{%s=%q} = %v, want %v", c.family, c.label, c.value, v, c.want)
 		}
 	}
+	// Every vault request is timed, and the controller's whoami (each connect asks it).
+	if n := samples(fams, "meshnode_tool_call_duration_seconds", "seat", manifest.VaultSeat, "tool", "fetch"); n != 2 {
+		t.Errorf("meshnode_tool_call_duration_seconds{seat=mesh-vault,tool=fetch} has %d samples, want 2", n)
+	}
+	if n := samples(fams, "meshnode_tool_call_duration_seconds", "seat", manifest.ControllerSeat, "tool", "whoami"); n < 1 {
+		t.Errorf("meshnode_tool_call_duration_seconds{seat=mesh-controller,tool=whoami} has %d samples, want some", n)
+	}
 	if v := gauge(fams, "meshnode_consumer_pending_messages", "consumer", "sink"); v != 0 {
 		t.Errorf("consumer sink's lag %v, want 0 (it gave every event up)", v)
 	}
@@ -145,6 +152,25 @@ func counter(fams map[string]*dto.MetricFamily, family string, labels ...string)
 		}
 	}
 	return sum
+}
+
+// samples is how many observations family's histograms with the labels given hold.
+func samples(fams map[string]*dto.MetricFamily, family string, labels ...string) uint64 {
+	var n uint64
+	for _, m := range fams[family].GetMetric() {
+		has := map[string]string{}
+		for _, l := range m.GetLabel() {
+			has[l.GetName()] = l.GetValue()
+		}
+		match := true
+		for i := 0; i+1 < len(labels); i += 2 {
+			match = match && has[labels[i]] == labels[i+1]
+		}
+		if match {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
 }
 
 // gauge is counter for gauges; -1 when there is no such series.

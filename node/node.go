@@ -456,12 +456,13 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 // openServices.
 func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store, err error) {
 	n.ctrl = &controller{
-		log:    n.log.With("component", "controller"),
-		nc:     n.bus.Conn(),
-		resp:   n.respNC,
-		gate:   n.gate,
-		reg:    n.reg,
-		quotas: &n.quotas,
+		log:      n.log.With("component", "controller"),
+		answered: n.meter.answered,
+		nc:       n.bus.Conn(),
+		resp:     n.respNC,
+		gate:     n.gate,
+		reg:      n.reg,
+		quotas:   &n.quotas,
 		topo: &topology{
 			js:           n.bus.JetStream(),
 			node:         n.id.Name,

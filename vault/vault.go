@@ -57,9 +57,10 @@ type Config struct {
 	// RateLimit is how many requests a second one module or join token may make, with bursts
 	// of twice as many; zero: no limit.
 	RateLimit int
-	// Served, when set, is told each request the vault answered: its verb and whether it
+	// Served, when set, is told each request the vault answered: its verb, how long the
+	// answer took from the request's arrival, and whether it
 	// was refused (the node's metrics).
-	Served func(verb string, refused bool)
+	Served func(verb string, refused bool, took time.Duration)
 	// RateLimited, when set, is told each request dropped past its caller's rate limit.
 	RateLimited func(verb string)
 	// Secrets returns the secret names a registered module declares.
@@ -281,6 +282,7 @@ func (v *Vault) Stop() {
 
 // serve answers one request: mesh.seat.mesh-vault.tool.<verb>.<caller>.
 func (v *Vault) serve(m *nats.Msg) {
+	arrived := time.Now()
 	parts := strings.SplitN(m.Subject, ".", 6)
 	if len(parts) < 6 {
 		return
@@ -317,7 +319,7 @@ func (v *Vault) serve(m *nats.Msg) {
 	b, _ := json.Marshal(reply)
 	m.Respond(b)
 	if v.cfg.Served != nil {
-		v.cfg.Served(verb, reply.Error != "")
+		v.cfg.Served(verb, reply.Error != "", time.Since(arrived))
 	}
 	// The audit events go after the reply, off the caller's round trip: a worker publishes
 	// each with the stream's ack awaited, and logs a failure loudly.

@@ -173,7 +173,22 @@ Two different questions, answered apart:
   meshnode audit verify --json | jq '.flagged[] | select(.kind == "bad-signature")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			reply, err := auditCall(cmd, audit.Request{Op: "verify"})
+			// Progress on a terminal, about once a second; piped, nothing but the answer.
+			stderr := cmd.ErrOrStderr()
+			shown := false
+			var reply audit.Reply
+			err := withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) (err error) {
+				reply, err = audit.CallProgress(ctx, nc, nc.ConnectedServerName(), audit.Request{Op: "verify"}, requestTimeout, func(p audit.Progress) {
+					if isTerminal(stderr) {
+						fmt.Fprintf(stderr, "\rverifying: %d of %d records (%d%%)", p.Done, p.Total, 100*p.Done/max(p.Total, 1))
+						shown = true
+					}
+				})
+				return err
+			})
+			if shown {
+				fmt.Fprint(stderr, "\r\033[K") // the progress line goes
+			}
 			if err != nil {
 				return err
 			}

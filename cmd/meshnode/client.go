@@ -117,6 +117,12 @@ func dial(cmd *cobra.Command, opts ...nats.Option) (*nats.Conn, error) {
 // alone, so any permission violation on it is the verb's failure: it ends the context at
 // once (nats.go would leave the request waiting for its timeout) and becomes the error.
 func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) error) error {
+	return withBusFor(cmd, requestTimeout, f)
+}
+
+// withBusFor is withBus with the verb's whole time bounded by timeout, or by nothing when
+// it is 0 (a verb that hears from the node as it goes bounds its waits itself).
+func withBusFor(cmd *cobra.Command, timeout time.Duration, f func(ctx context.Context, nc *nats.Conn) error) error {
 	url, creds, err := clientTarget(cmd)
 	if err != nil {
 		return err
@@ -130,7 +136,10 @@ func withBus(cmd *cobra.Command, f func(ctx context.Context, nc *nats.Conn) erro
 	defer nc.Close()
 	refusals := sdk.NewRefusals(strings.TrimSuffix(nats.InboxPrefix, "."))
 	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refusals.Handle(err) })
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	ctx, cancel := context.WithCancel(context.Background())
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), timeout)
+	}
 	defer cancel()
 	ctx, stop := refusals.Watch(ctx, "")
 	defer stop()

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -172,17 +174,22 @@ func newDeployCmd() *cobra.Command {
 	var nodes string
 	var env []string
 	var asJSON bool
+	var wait time.Duration
 	cmd := &cobra.Command{
-		Use:               "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [-- ARGS...]",
+		Use:               "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [--wait D] [-- ARGS...]",
 		ValidArgsFunction: completeArgs(namesModule),
 		Short:             "Run a registered module's stored artifact on some nodes, or all",
 		Long: `Run a registered module's stored artifact on some nodes, or on all. The controller composes each
 affected node's whole declaration and publishes it as state; each node applies the newest one:
 it fetches the artifact (digest checked), the module's credentials and the secrets its manifest
 declares from the vault, and supervises the processes (MESH_URL, MESH_CREDS, MESH_NODE and
-MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs where.`,
+MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs where.
+
+With --wait, deploy stays until every instance it declared runs (progress on a terminal), and
+fails at once if one cannot be prepared or crash-loops, with its reason.`,
 		Example: `  meshnode deploy shop --version 1.4.0 --all
-  meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs`,
+  meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs
+  meshnode deploy shop --version 1.4.1 --all --wait 2m`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
@@ -217,7 +224,10 @@ MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs wher
 			if err != nil {
 				return err
 			}
-			return printDeployed(cmd.OutOrStdout(), "deployed", reply, asJSON)
+			if err := printDeployed(cmd.OutOrStdout(), "deployed", reply, asJSON); err != nil || wait <= 0 {
+				return err
+			}
+			return awaitRunning(cmd, reply, wait, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&d.Version, "version", "", "the artifact's version (required)")
@@ -227,8 +237,76 @@ MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs wher
 	cmd.Flags().BoolVar(&d.Auto, "auto", false, "also deploy each new artifact the build cascade makes of it")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "stay until every instance runs, at most this long (e.g. 2m)")
 	addClientFlags(cmd)
 	return cmd
+}
+
+// awaitRunning asks ps until every instance reply declared runs at the declared revision,
+// at most within: done with a line per node (with --json nothing more: exit 0 says it);
+// an error at once, with its reason, for an instance that failed to be prepared or
+// crash-loops. Progress goes to a terminal only.
+func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Duration, asJSON bool) error {
+	want := map[string]uint64{} // node → the declaration's revision
+	for _, d := range reply.Declared {
+		if d.Error == "" {
+			want[d.Node] = d.Revision
+		}
+	}
+	instances := 1
+	if reply.Deployment != nil && reply.Deployment.Instances > 0 {
+		instances = reply.Deployment.Instances
+	}
+	stderr := cmd.ErrOrStderr()
+	shown := false
+	defer func() {
+		if shown {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+	}()
+	deadline := time.Now().Add(within)
+	for {
+		var ps []registry.Process
+		err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
+			ps, err = admin.Ps(ctx, nc)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		running, states := 0, map[string]string{}
+		for _, p := range ps {
+			rev, ok := want[p.Node]
+			if p.Module != reply.Module || !ok || p.Revision < rev {
+				continue
+			}
+			states[p.Node] = p.State
+			switch p.State {
+			case host.StateRunning:
+				running++
+			case host.StateFailed, host.StateCrashLooping:
+				return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
+			}
+		}
+		total := instances * len(want)
+		if running >= total {
+			if asJSON {
+				return nil // the deploy's answer was the one record; the exit status says the rest
+			}
+			for _, node := range slices.Sorted(maps.Keys(want)) {
+				fmt.Fprintf(cmd.OutOrStdout(), "  %s: running (%d of %d)\n", node, instances, instances)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s, %d of %d instances of %s run (%v); meshnode ps shows where it stands", within, running, total, reply.Module, states)
+		}
+		if isTerminal(stderr) {
+			fmt.Fprintf(stderr, "\rwaiting: %d of %d instances of %s running", running, total, reply.Module)
+			shown = true
+		}
+		time.Sleep(250 * time.Millisecond) // a poll of ps: nothing tells a change
+	}
 }
 
 func newUndeployCmd() *cobra.Command {

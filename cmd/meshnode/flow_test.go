@@ -186,10 +186,11 @@ func TestBinary_ModuleFlow(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"artifact", "ls", "--json"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, `"digest":"sha256:`) {
 		t.Fatalf("artifact ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := meshnode(t, nil, append([]string{"deploy", "runner", "--version", "1", "--all"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "alpha: declaration revision") {
+	// --wait returns once the process runs (ps says so at once after it).
+	if r := meshnode(t, nil, append([]string{"deploy", "runner", "--version", "1", "--all", "--wait", "30s"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "alpha: declaration revision") || !strings.Contains(r.stdout, "alpha: running (1 of 1)") {
 		t.Fatalf("deploy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	retryUntil(t, 20*time.Second, func() error {
+	{
 		r := meshnode(t, nil, append([]string{"ps", "--json"}, dd...)...)
 		var p struct {
 			Module, Node, Version, State string
@@ -198,10 +199,9 @@ func TestBinary_ModuleFlow(t *testing.T) {
 			Restarts                     int
 		}
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &p) != nil || p.Module != "runner" || p.Node != "alpha" || p.State != "running" || p.PID == 0 || p.Revision == 0 {
-			return fmt.Errorf("ps: exit %d %s%s", r.code, r.stdout, r.stderr)
+			t.Fatalf("ps after deploy --wait: exit %d %s%s", r.code, r.stdout, r.stderr)
 		}
-		return nil
-	})
+	}
 	retryUntil(t, 10*time.Second, func() error {
 		if r := meshnode(t, nil, append([]string{"logs", "runner"}, dd...)...); r.code != 0 || !strings.Contains(r.stdout, "hello from alpha") {
 			return fmt.Errorf("logs: exit %d %q %s", r.code, r.stdout, r.stderr)
