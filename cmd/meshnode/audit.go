@@ -29,7 +29,7 @@ func newAuditCmd() *cobra.Command {
 func auditFilterFlags(cmd *cobra.Command, f *audit.Filter, asJSON *bool) {
 	cmd.Flags().StringVar(&f.Source, "source", "", "only events whose x-source is this")
 	cmd.Flags().StringVar(&f.Event, "event", "", "only events matching this pattern, as consumes: writes it (billing.**)")
-	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: subject, headers, body, checks, hashes")
+	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?")
 }
 
 // auditCall asks the audit log of the node the CLI is connected to.
@@ -227,7 +227,7 @@ Two different questions, answered apart:
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verification as one JSON object: records, broken, flagged, flagged_total")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verification as one JSON object: records, broken?, flagged?, flagged_total?")
 	return cmd
 }
 

@@ -62,7 +62,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	f.IntVar(&cfg.Events, "events", bench.DefaultEvents, "events sent on each side of emit→on (0: skip)")
 	f.IntVar(&cfg.Calls, "calls", bench.DefaultCalls, "tool calls made on each side (0: skip)")
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
-	f.BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: emit_on?, tool_call?, connect?")
 	return cmd
 }
 

@@ -97,7 +97,7 @@ func newBuildsCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per build")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per build: module, status, commit, started, trigger, cascade, cause, version?, digest?, finished?, reason?")
 	addClientFlags(cmd)
 	return cmd
 }

@@ -34,6 +34,7 @@ func TestIntegration_BuilderKilledMidBuild(t *testing.T) {
 
 	builds := func() []map[string]any {
 		r := meshnode(t, nil, "builds", "--json", "--data-dir", a.dir)
+		checkJSON(t, "builds", r.stdout)
 		var out []map[string]any
 		for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 			var b map[string]any

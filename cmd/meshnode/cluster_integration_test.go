@@ -651,6 +651,7 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		t.Fatalf("grow --expect 2: exit %d %s, want a usage error", r.code, r.stderr)
 	}
 	r := meshnode(t, nil, "grow", "--expect", "3", "--json", "--data-dir", a.dir)
+	checkJSON(t, "grow", r.stdout)
 	var g struct {
 		Token string
 		Uses  int

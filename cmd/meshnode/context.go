@@ -330,6 +330,6 @@ func newContextLsCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per context")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per context: name, selected, server?, creds?, ca?, data_dir?, description?")
 	return cmd
 }

@@ -66,7 +66,7 @@ func newDeadLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per dead letter")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per dead letter: id, time, subject, consumer, reason, deliveries, event_id, headers, body, body_base64?")
 	return cmd
 }
 

@@ -85,7 +85,7 @@ same file again changes nothing, another file under a stored version is refused.
 		},
 	}
 	cmd.Flags().StringVar(&version, "version", "", "the version to store it as (required)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the stored artifact as one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the stored artifact as one JSON object: module, version, digest, size, stored")
 	addClientFlags(cmd)
 	return cmd
 }
@@ -122,7 +122,7 @@ func newArtifactLsCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per artifact")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per artifact: module, version, digest, size, stored")
 	addClientFlags(cmd)
 	return cmd
 }
@@ -236,7 +236,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 	cmd.Flags().IntVar(&d.Instances, "instances", 1, "processes per node")
 	cmd.Flags().BoolVar(&d.Auto, "auto", false, "also deploy each new artifact the build cascade makes of it")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object: module, deployment, declared")
 	cmd.Flags().DurationVar(&wait, "wait", 0, "stay until every instance runs, at most this long (e.g. 2m)")
 	addClientFlags(cmd)
 	return cmd
@@ -335,7 +335,7 @@ func newUndeployCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&nodes, "nodes", "", "stop it only on these nodes, comma-separated")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object: module, declared")
 	addClientFlags(cmd)
 	return cmd
 }
@@ -394,7 +394,7 @@ func newPsCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per process")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per process: module, node, version, instance, revision, declared, state, restarts, pid?, since?, reason?, reported?")
 	addClientFlags(cmd)
 	return cmd
 }

@@ -72,6 +72,6 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 	}
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 or more")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: mesh_id, operator_creds, founding_token (expect ≥ 3)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?")
 	return cmd
 }

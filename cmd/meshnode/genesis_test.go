@@ -18,6 +18,7 @@ func TestBinary_GenesisVaultToken(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("genesis: exit %d %s", r.code, r.stderr)
 	}
+	checkJSON(t, "genesis", r.stdout)
 	var out map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("genesis --json: %v %q", err, r.stdout)

@@ -60,6 +60,6 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 	addClientFlags(cmd)
 	cmd.Flags().IntVar(&expect, "expect", 0, "the servers of the mesh, this one included (3 or more)")
 	cmd.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the join token is valid")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object with token")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses, expect")
 	return cmd
 }

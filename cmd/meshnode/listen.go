@@ -67,7 +67,7 @@ while it runs and consumes nothing (modules' durable consumers are untouched).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per event: subject, headers, body")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per event: subject, key, headers, body, body_base64?")
 	cmd.Flags().IntVar(&count, "count", 0, "exit after this many events (0: until interrupted)")
 	return cmd
 }

@@ -116,11 +116,15 @@ func newRootCmd() *cobra.Command {
 	return root
 }
 
+// groupAnnotation marks a command that only groups others (argsAreUsage gives it a RunE).
+const groupAnnotation = "meshnode-group"
+
 // argsAreUsage makes every wrong argument a usage error (exit 2, with the usage line): each
 // command's argument check, and an unknown subcommand of a command that only groups others
 // (cobra calls that an unknown command, with exit 1, or prints the help and exits 0).
 func argsAreUsage(c *cobra.Command) {
 	if !c.Runnable() && c.HasSubCommands() {
+		c.Annotations = map[string]string{groupAnnotation: "true"}
 		c.Args = cobra.ArbitraryArgs
 		c.RunE = func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {

@@ -59,6 +59,6 @@ func newMembersCmd() *cobra.Command {
 	}
 	addConfigFlags(cmd)
 	addContextFlag(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member: name, address, state, jetstream, seats, client?")
 	return cmd
 }

@@ -31,6 +31,7 @@ A manifest names things locally (events, tools, seats); the mesh derives every s
 stream, consumer and permission from it. check refuses what the mesh would refuse; show
 prints what the bus will make of a manifest before it is registered; register, ls and
 remove change and read the running mesh's registry.`,
+		Annotations:   map[string]string{groupAnnotation: "true"},
 		Args:          cobra.ArbitraryArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -74,7 +75,7 @@ a checked module, seat protocol changes that break the modules using the seat.`,
 		},
 	}
 	cmd.Flags().StringVar(&catalogueDir, "catalogue", "", "check against the registered manifests in `DIR` (*.yaml, *.yml)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per FILE: file, module, ok, refusals, waiting, error")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per FILE: file, ok, module?, refusals?, waiting?, error?")
 	return cmd
 }
 
@@ -280,7 +281,7 @@ A manifest that is refused prints its refusals, as module check does, and exits 
 			return runModuleShow(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], asJSON)
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: file, manifest and derivation")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: file, manifest, derivation")
 	cmd.Flags().BoolVar(&builtin, "builtin", false, "show the built-in manifest of the mesh's own seats")
 	return cmd
 }

@@ -118,7 +118,7 @@ no longer works), and the new seed is written to --creds-out.`,
 	addClientFlags(cmd)
 	cmd.Flags().StringVar(&credsOut, "creds-out", "", "where to write a new module's nkey seed (default: <module>.nk); its directory must exist and the file must not")
 	cmd.Flags().BoolVar(&rotateKey, "rotate-key", false, "give a registered module a new key (a lost seed): the old key stops working")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: module, public_key, created, rotated, creds, kept")
 	return cmd
 }
 
@@ -190,7 +190,7 @@ func newModuleLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per module")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per module: module, public_key, emits, consumes, tools, uses, seats, registered, updated, revision, manifest, fingerprints?, pins?, deployment?")
 	return cmd
 }
 

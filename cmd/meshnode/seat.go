@@ -64,7 +64,7 @@ a version nobody is bound to as retirable; nothing is removed automatically.`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object: module, seat, version, previous")
 	return cmd
 }
 
@@ -100,7 +100,7 @@ func newSeatLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per seat")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per seat: seat, scope, backlog, module?, node?, holder?, holder_node?, epoch?, since?, users?, versions?")
 	return cmd
 }
 

@@ -49,7 +49,7 @@ func newStatusCmd() *cobra.Command {
 	}
 	addConfigFlags(cmd)
 	addContextFlag(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?")
 	return cmd
 }
 

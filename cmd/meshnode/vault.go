@@ -187,7 +187,7 @@ func newVaultLsCmd() *cobra.Command {
 	}
 	addClientFlags(cmd)
 	cmd.Flags().StringVar(&owner, "owner", "", "only this owner's secrets")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per secret")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per secret: owner, name, version, created, versions?")
 	return cmd
 }
 
@@ -224,7 +224,7 @@ func newTokenCmd() *cobra.Command {
 	addClientFlags(create)
 	create.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the token is valid")
 	create.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
-	create.Flags().BoolVar(&asJSON, "json", false, "print one JSON object with token")
+	create.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses")
 	cmd.AddCommand(create)
 	return cmd
 }

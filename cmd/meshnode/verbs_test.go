@@ -27,20 +27,20 @@ var noJSON = map[string]string{
 // names it.
 var nodeVerbs = map[string]bool{"up": true, "run": true, "join": true, "genesis": true, "context add": true}
 
-// leaves returns every runnable command without subcommands, by path after "meshnode ".
+// leaves returns every runnable command (one with subcommands too: provisions), by path
+// after "meshnode ".
 func leaves(c *cobra.Command) map[string]*cobra.Command {
 	out := map[string]*cobra.Command{}
 	for _, s := range c.Commands() {
 		if s.Hidden || s.Name() == "help" || s.Name() == "completion" {
 			continue
 		}
-		if s.HasSubCommands() {
-			for k, v := range leaves(s) {
-				out[k] = v
-			}
-			continue
+		for k, v := range leaves(s) {
+			out[k] = v
 		}
-		out[strings.TrimPrefix(s.CommandPath(), "meshnode ")] = s
+		if s.Runnable() && s.Annotations[groupAnnotation] == "" {
+			out[strings.TrimPrefix(s.CommandPath(), "meshnode ")] = s
+		}
 	}
 	return out
 }
@@ -59,6 +59,11 @@ func TestBinary_EveryVerb(t *testing.T) {
 		}
 		if c.Flags().Lookup("json") == nil && noJSON[path] == "" {
 			t.Errorf("meshnode %s prints without --json (or add it to noJSON, saying why)", path)
+		}
+		if c.Flags().Lookup("json") != nil {
+			if _, _, err := jsonKeys(path); err != nil {
+				t.Error(err) // TestBinary_JSON checks the output against them
+			}
 		}
 		if c.Flags().Lookup("data-dir") != nil && c.Flags().Lookup("context") == nil && !nodeVerbs[path] {
 			t.Errorf("meshnode %s finds its node by data dir but takes no --context", path)
