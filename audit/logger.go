@@ -58,6 +58,7 @@ type Logger struct {
 	eventsMaxAge time.Duration
 
 	records atomic.Uint64 // the number of records kept
+	changes atomic.Uint64 // writes and prunes since New (Changes)
 	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
@@ -97,6 +98,10 @@ func (l *Logger) ConsumerName() string { return manifest.AuditConsumer(l.node).N
 
 // Records is the number of records kept.
 func (l *Logger) Records() uint64 { return l.records.Load() }
+
+// Changes counts the writes and prunes of the log since it opened: while it stands still,
+// a query answers as it did.
+func (l *Logger) Changes() uint64 { return l.changes.Load() }
 
 // Run consumes EVENTS until ctx ends: each batch is written in one transaction, and acked
 // only after it commits.
@@ -249,6 +254,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	}
 	l.usage.merge(used)
 	l.records.Add(added)
+	l.changes.Add(1)
 	if l.Ingested != nil {
 		for owner, n := range counted {
 			var bytes int64
@@ -387,6 +393,7 @@ func (l *Logger) prune() {
 	}
 	if dropped > 0 {
 		l.records.Add(^(dropped - 1))
+		l.changes.Add(1)
 		l.log.Info("audit log pruned", "records", dropped, "older_than", cutoff)
 	}
 }

@@ -576,10 +576,11 @@ type ConsumerState struct {
 	Durable     bool // a named consumer, not a watch's or a fetch's ephemeral one
 }
 
-// Streams reads every stream this server holds, with its consumers, in-process: no JetStream
-// API request (the dashboard reads them every second).
-func (b *Bus) Streams() ([]StreamState, error) {
-	jsz, err := b.srv.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: true, Config: true})
+// Streams reads every stream this server holds, with its consumers when asked, in-process:
+// no JetStream API request. The consumers are most of the cost (a thousand modules' consumers
+// take tens of milliseconds), so the dashboard asks for them less often than for the streams.
+func (b *Bus) Streams(consumers bool) ([]StreamState, error) {
+	jsz, err := b.srv.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: consumers, Config: true})
 	if err != nil {
 		return nil, err
 	}

@@ -229,7 +229,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	if b == nil {
 		return
 	}
-	streams, err := b.Streams()
+	streams, err := b.Streams(true)
 	if err != nil {
 		return
 	}

@@ -74,7 +74,7 @@ func TestIntegration_MetricsCardinality(t *testing.T) {
 		}
 		return nil
 	})
-	streams, err := bd.n.Bus().Streams()
+	streams, err := bd.n.Bus().Streams(true)
 	if err != nil {
 		t.Fatal(err)
 	}

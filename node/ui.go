@@ -46,18 +46,19 @@ var uiFiles embed.FS
 
 // Bounds of the dashboard.
 const (
-	uiChallengeTTL  = time.Minute
-	uiSessionTTL    = 12 * time.Hour
-	uiMaxChallenges = 64              // outstanding challenges; older ones are dropped
-	uiTick          = time.Second     // how often the snapshot is made while someone watches
-	uiAuditTail     = 50              // audit records in a snapshot
-	uiDeadShown     = 100             // dead letters in a snapshot (the newest)
-	uiCookie        = "meshnode_ui_"  // the session cookie's name, before the node's (cookies ignore ports)
-	uiCSRFHeader    = "X-CSRF-Token"  // an action's header
-	uiLoginPrefix   = "meshnode-ui:"  // what the operator's signature covers: prefix, mesh, nonce, mode
-	uiModeOperator  = "operator"      // may act
-	uiModeReadOnly  = "read-only"     // sees only
-	uiStateTimeout  = 5 * time.Second // one snapshot
+	uiChallengeTTL   = time.Minute
+	uiSessionTTL     = 12 * time.Hour
+	uiMaxChallenges  = 64              // outstanding challenges; older ones are dropped
+	uiTick           = time.Second     // how often the snapshot is made while someone watches
+	uiAuditTail      = 50              // audit records in a snapshot
+	uiConsumersEvery = 5 * time.Second // how often a snapshot reads every consumer's lag again
+	uiDeadShown      = 100             // dead letters in a snapshot (the newest)
+	uiCookie         = "meshnode_ui_"  // the session cookie's name, before the node's (cookies ignore ports)
+	uiCSRFHeader     = "X-CSRF-Token"  // an action's header
+	uiLoginPrefix    = "meshnode-ui:"  // what the operator's signature covers: prefix, mesh, nonce, mode
+	uiModeOperator   = "operator"      // may act
+	uiModeReadOnly   = "read-only"     // sees only
+	uiStateTimeout   = 5 * time.Second // one snapshot
 )
 
 // uiSession is one logged-in browser.
@@ -75,6 +76,13 @@ type uiState struct {
 	sessions   map[string]*uiSession
 	mods       encodedModules // the modules and edges of registry revision modsRev
 	modsRev    uint64
+	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
+	// read again only when the log changed.
+	audit   []UIAudit
+	auditAt uint64
+	// consumers are every stream's consumers as read at consumersAt (consumersDue).
+	consumers   map[string][]UIConsumer
+	consumersAt time.Time
 
 	watchMu  sync.Mutex
 	watchers map[chan []byte]struct{}
@@ -316,8 +324,8 @@ type UIState struct {
 	Time      time.Time          `json:"time"`
 	Members   []Member           `json:"members"`
 	Seats     []seats.Status     `json:"seats"`
-	Modules   []UIModule         `json:"modules"`
-	Edges     []UIEdge           `json:"edges"`
+	Modules   []UIModule         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	Edges     []UIEdge           `json:"edges,omitempty"`
 	Streams   []UIStream         `json:"streams"`
 	Processes []registry.Process `json:"processes"`
 	Audit     []UIAudit          `json:"audit"`
@@ -390,19 +398,30 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	defer cancel()
 	st := UIState{Node: n.id.Name, MeshID: n.id.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: n.Members()}
 	failed := func(part string, err error) { st.Errors = append(st.Errors, part+": "+err.Error()) }
-	streams, err := n.bus.Streams()
+	consumers := n.ui.consumersDue()
+	streams, err := n.bus.Streams(consumers)
 	if err != nil {
 		failed("streams", err)
 	}
 	backlog := map[string]uint64{}
+	byStream := map[string][]UIConsumer{}
 	for _, s := range streams {
 		backlog[s.Name] = s.Messages
 		us := UIStream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
-		for _, c := range s.Consumers {
-			us.Consumers = append(us.Consumers, UIConsumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
+		if consumers {
+			us.Consumers = []UIConsumer{}
+			for _, c := range s.Consumers {
+				us.Consumers = append(us.Consumers, UIConsumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
+			}
+			slices.SortFunc(us.Consumers, func(a, b UIConsumer) int { return strings.Compare(a.Name, b.Name) })
+			byStream[s.Name] = us.Consumers
 		}
-		slices.SortFunc(us.Consumers, func(a, b UIConsumer) int { return strings.Compare(a.Name, b.Name) })
 		st.Streams = append(st.Streams, us)
+	}
+	if consumers && err == nil {
+		n.ui.keepConsumers(byStream)
+	} else {
+		n.ui.fillConsumers(st.Streams)
 	}
 	slices.SortFunc(st.Streams, func(a, b UIStream) int { return strings.Compare(a.Name, b.Name) })
 	if n.seats != nil {
@@ -415,13 +434,10 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	} else {
 		st.Processes = ps
 	}
-	if recs, err := n.audit.Query(audit.Filter{Last: uiAuditTail}); err != nil {
+	if tail, err := n.ui.auditTail(n.audit); err != nil {
 		failed("audit", err)
 	} else {
-		for _, r := range slices.Backward(recs) {
-			st.Audit = append(st.Audit, UIAudit{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
-				Source: r.Source, Signed: r.Signed, Body: clipBody(r.Body)})
-		}
+		st.Audit = tail
 	}
 	if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
 		failed("dead letters", err)
@@ -435,13 +451,64 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 		}
 	}
 	// The modules and edges go in as encoded once per registry revision: most of the bytes,
-	// and they change least.
-	b, _ := json.Marshal(struct {
-		UIState
-		Modules json.RawMessage `json:"modules"`
-		Edges   json.RawMessage `json:"edges"`
-	}{st, mods.modules, mods.edges})
-	return b
+	// and they change least. They are spliced in, not marshalled as json.RawMessage, which
+	// would check and compact them again each time.
+	b, _ := json.Marshal(st)
+	out := make([]byte, 0, len(b)+len(mods.modules)+len(mods.edges)+32)
+	out = append(out, b[:len(b)-1]...)
+	out = append(out, `,"modules":`...)
+	out = append(out, mods.modules...)
+	out = append(out, `,"edges":`...)
+	out = append(out, mods.edges...)
+	return append(out, '}')
+}
+
+// consumersDue says whether a snapshot reads the consumers again (every uiConsumersEvery;
+// between, it shows the last it read).
+func (u *uiState) consumersDue() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.consumers == nil || time.Since(u.consumersAt) >= uiConsumersEvery
+}
+
+func (u *uiState) keepConsumers(byStream map[string][]UIConsumer) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.consumers, u.consumersAt = byStream, time.Now()
+}
+
+// fillConsumers gives each stream the consumers last read of it.
+func (u *uiState) fillConsumers(streams []UIStream) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i := range streams {
+		streams[i].Consumers = u.consumers[streams[i].Name]
+	}
+}
+
+// auditTail returns the newest uiAuditTail records of l, newest first, read again only
+// when l changed since the last time.
+func (u *uiState) auditTail(l *audit.Logger) ([]UIAudit, error) {
+	at := l.Changes()
+	u.mu.Lock()
+	if u.audit != nil && u.auditAt == at {
+		defer u.mu.Unlock()
+		return u.audit, nil
+	}
+	u.mu.Unlock()
+	recs, err := l.Query(audit.Filter{Last: uiAuditTail})
+	if err != nil {
+		return nil, err
+	}
+	tail := []UIAudit{}
+	for _, r := range slices.Backward(recs) {
+		tail = append(tail, UIAudit{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
+			Source: r.Source, Signed: r.Signed, Body: clipBody(r.Body)})
+	}
+	u.mu.Lock()
+	u.audit, u.auditAt = tail, at
+	u.mu.Unlock()
+	return tail, nil
 }
 
 func clipBody(b []byte) string {
@@ -564,6 +631,13 @@ func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 			flusher.Flush()
 		}
 	}
+}
+
+// UIWatchers is how many dashboard pages' live streams the node is serving now.
+func (n *Node) UIWatchers() int {
+	n.ui.watchMu.Lock()
+	defer n.ui.watchMu.Unlock()
+	return len(n.ui.watchers)
 }
 
 // uiLoop makes a snapshot every uiTick while anyone watches, and sends it to each watcher

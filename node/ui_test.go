@@ -127,6 +127,23 @@ func TestUI_Access(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || len(st.Members) != 1 || st.Members[0].Name != "alpha" || len(st.Seats) == 0 {
 		t.Fatalf("state: %d %v %.300s", code, err, body)
 	}
+	// Each key once: the modules and edges are spliced into the encoded state.
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.Token() // {
+	keys := map[string]int{}
+	for dec.More() {
+		k, _ := dec.Token()
+		keys[fmt.Sprint(k)]++
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("state: %v", err)
+		}
+	}
+	for _, k := range []string{"node", "members", "seats", "modules", "edges", "streams", "audit", "dead"} {
+		if keys[k] != 1 {
+			t.Errorf("the state has %q %d times, want once: %v", k, keys[k], keys)
+		}
+	}
 	if code, body := do(t, ro, "POST", base+"/ui/api/dead/1/replay", http.Header{"X-Csrf-Token": {roCSRF}}); code != http.StatusForbidden || !strings.Contains(body, "read-only") {
 		t.Fatalf("a read-only session's replay: %d %s", code, body)
 	}

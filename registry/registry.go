@@ -110,6 +110,8 @@ type Registry struct {
 	mu       sync.RWMutex
 	cond     *sync.Cond // broadcast when rev advances
 	byModule map[string]*Entry
+	listed   []*Entry // byModule sorted by name (List); nil after a change
+	changes  uint64   // changes to byModule, for List to know its sort is still the newest
 	// leaving holds removed modules' records that wait for their event (Record.Removed).
 	leaving  map[string]*Entry
 	byKey    map[string]*Entry
@@ -199,6 +201,7 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	} else {
 		delete(r.leaving, name)
 	}
+	r.listed, r.changes = nil, r.changes+1 // List sorts again
 	prev := r.byModule[name]
 	if prev != nil {
 		delete(r.byKey, prev.PublicKey)
@@ -508,13 +511,23 @@ func (r *Registry) Get(name string) (*Entry, bool) {
 // List returns every registered module, by name.
 func (r *Registry) List() []*Entry {
 	r.mu.RLock()
+	if listed := r.listed; listed != nil {
+		r.mu.RUnlock()
+		return slices.Clone(listed)
+	}
 	out := make([]*Entry, 0, len(r.byModule))
 	for _, e := range r.byModule {
 		out = append(out, e)
 	}
+	at := r.changes
 	r.mu.RUnlock()
 	slices.SortFunc(out, func(a, b *Entry) int { return strings.Compare(a.Module, b.Module) })
-	return out
+	r.mu.Lock()
+	if r.changes == at {
+		r.listed = out // asked every second by the dashboard and the quotas: sorted once per change
+	}
+	r.mu.Unlock()
+	return slices.Clone(out)
 }
 
 // Declarer returns the registered module that declares seat.

@@ -167,6 +167,9 @@ function live() {
 function stream(each, done) {
   const src = new EventSource("/ui/api/events");
   src.addEventListener("state", (e) => each(e.data));
+  // A page left for another keeps no stream open (a page the browser keeps for its Back
+  // button would hold one, and the node's snapshots, for nothing); coming back reloads it.
+  addEventListener("pagehide", () => src.close());
   src.onerror = async () => {
     $("#live").textContent = "reconnecting…";
     $("#live").className = "off";
@@ -182,6 +185,8 @@ function stream(each, done) {
     }
   };
 }
+
+addEventListener("pageshow", (e) => { if (e.persisted) location.reload(); });
 
 async function start() {
   $("#modules-more").addEventListener("click", () => { shown.modules = Infinity; if (last) render(last); });
