@@ -124,3 +124,74 @@ func TestEmit_TraceFollowsTheEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestEmit_Pipelined: EmitAsync sends 3,000 events (past MaxInFlight, so its bound is met
+// and freed) without waiting for each; Flush returns once JetStream has answered all; each
+// Pending reports its event stored; EVENTS holds every one, once; a consumer hears each; the
+// audit log has every one, signed.
+func TestEmit_Pipelined(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [a.order.placed]\n")
+	c := b.client(seed)
+	sink := b.client(sinkSeed)
+	const n = 3000
+	heard := make(chan string, n)
+	if err := sink.On("a.order.placed", func(_ context.Context, e sdk.Event) error {
+		heard <- e.ID
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sent := make([]*sdk.Pending, 0, n)
+	for i := range n {
+		p, err := c.EmitAsync(ctx, "order.placed", map[string]int{"order": i})
+		if err != nil {
+			t.Fatalf("EmitAsync %d: %v", i, err)
+		}
+		sent = append(sent, p)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	ids := map[string]bool{}
+	for _, p := range sent {
+		select {
+		case <-p.Done():
+		default:
+			t.Fatalf("event %s not answered after Flush", p.ID())
+		}
+		if p.Err() != nil {
+			t.Fatalf("event %s: %v", p.ID(), p.Err())
+		}
+		ids[p.ID()] = true
+	}
+	if len(ids) != n {
+		t.Fatalf("%d distinct ids for %d events", len(ids), n)
+	}
+	if got := eventsOn(t, b, manifest.EventSubject("a", "order.placed")); got != n {
+		t.Fatalf("EVENTS holds %d events, want %d", got, n)
+	}
+	for range n {
+		select {
+		case id := <-heard:
+			if !ids[id] {
+				t.Fatalf("the consumer heard %s, which was not sent", id)
+			}
+		case <-ctx.Done():
+			t.Fatal("the consumer did not hear every event")
+		}
+	}
+	b.waitAudited(30 * time.Second)
+	recs := b.auditAll("a")
+	if len(recs) != n {
+		t.Fatalf("the audit log has %d of a's events, want %d", len(recs), n)
+	}
+	for _, r := range recs {
+		if !r.Signed || !ids[r.EventID] {
+			t.Fatalf("audit record %d: signed %v, id %s", r.N, r.Signed, r.EventID)
+		}
+	}
+}

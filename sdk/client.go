@@ -140,6 +140,8 @@ type Client struct {
 
 	refusals *Refusals // fed by asyncError: ends a refused request at once
 
+	pipeline pipeline // EmitAsync's (pipeline.go)
+
 	// connCtx lives while the connection is up: a request to this node that must not outlive
 	// it (nats.go keeps a request through a reconnect until its timeout) derives from it.
 	connMu  sync.Mutex
@@ -292,6 +294,14 @@ func (c *Client) node() string {
 // Close stops handlers and subscriptions, waits for running handlers, and closes the
 // connection after flushing what was published.
 func (c *Client) Close() error {
+	// Events EmitAsync sent get their answers first (a little while): their failures are
+	// Close's error, as Flush's would be.
+	var flushed error
+	if c.pipeline.used.Load() && c.nc.IsConnected() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		flushed = c.Flush(ctx)
+		cancel()
+	}
 	if c.nc.IsConnected() {
 		c.releaseSeats() // else the node frees them when it sees the connection gone
 	}
@@ -318,7 +328,8 @@ func (c *Client) Close() error {
 		err = nil
 	}
 	c.nc.Close()
-	return err
+	c.abandonInflight() // nats.go settles no pending ack of a closed connection
+	return errors.Join(flushed, err)
 }
 
 // onConnection returns ctx ended also when the connection drops, and whether it was that.

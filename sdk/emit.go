@@ -182,12 +182,11 @@ func (c *Client) overQuota() *registry.Quota {
 	return self.OverQuota
 }
 
-// publishAs stamps an envelope with source as x-source and publishes it to JetStream,
-// turning the bus's silences into errors that say why.
-func (c *Client) publishAs(ctx context.Context, source, subject string, payload any, opts []EmitOption) (string, error) {
+// stamp encodes payload and stamps its envelope: source as x-source, signed by the client.
+func (c *Client) stamp(ctx context.Context, source, subject string, payload any, opts []EmitOption) (nats.Header, []byte, error) {
 	body, err := encode(payload)
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	var o envelope.Options
 	for _, opt := range opts {
@@ -196,11 +195,18 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	causedBy(ctx, &o)
 	if o.ID != "" {
 		if id, err := envelope.ParseID(o.ID); err == nil && time.Since(envelope.IDTime(id)) > envelope.MaxResendAge {
-			return "", fmt.Errorf("Retry(%s): the event is older than %s, and consumers would refuse its x-time as a replay; emit it as a new event, with sdk.CausedBy(%q) if it helps to name the first",
+			return nil, nil, fmt.Errorf("Retry(%s): the event is older than %s, and consumers would refuse its x-time as a replay; emit it as a new event, with sdk.CausedBy(%q) if it helps to name the first",
 				o.ID, envelope.MaxResendAge, o.ID)
 		}
 	}
 	h, err := envelope.Stamp(c.key, source, c.node(), subject, body, o)
+	return h, body, err
+}
+
+// publishAs stamps an envelope with source as x-source and publishes it to JetStream,
+// turning the bus's silences into errors that say why.
+func (c *Client) publishAs(ctx context.Context, source, subject string, payload any, opts []EmitOption) (string, error) {
+	h, body, err := c.stamp(ctx, source, subject, payload, opts)
 	if err != nil {
 		return "", err
 	}

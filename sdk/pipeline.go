@@ -1,0 +1,210 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MaxInFlight bounds the events EmitAsync has sent and JetStream has not answered yet: past
+// it, EmitAsync waits for an answer (or its context) before it sends the next.
+const MaxInFlight = 1024
+
+// asyncAckTimeout is how long an event EmitAsync sent waits for JetStream's answer before it
+// is reported as failed (it may still have been stored: Retry(id) makes trying again safe).
+const asyncAckTimeout = 10 * time.Second
+
+// Pending is an event EmitAsync sent: its id at once, JetStream's answer when it comes.
+type Pending struct {
+	id   string
+	done chan struct{}
+	err  error
+}
+
+// ID is the event's x-event-id.
+func (p *Pending) ID() string { return p.id }
+
+// Done is closed when JetStream has answered (or the wait for it ended): then Err is the
+// outcome.
+func (p *Pending) Done() <-chan struct{} { return p.done }
+
+// Err is nil once the event is stored, the reason it is not otherwise; nil also while it is
+// not Done.
+func (p *Pending) Err() error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+		return nil
+	}
+}
+
+// Wait waits until the event is Done, or ctx ends, and returns Err.
+func (p *Pending) Wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return fmt.Errorf("event %s: %w", p.id, ctx.Err())
+	}
+}
+
+// pipeline is the client's pipelined publishing: one JetStream context whose answers are
+// handed back here, the events in flight by message, and the failures Flush reports.
+type pipeline struct {
+	once  sync.Once
+	used  atomic.Bool // once EmitAsync was called
+	js    jetstream.JetStream
+	slots chan struct{} // one per event in flight
+
+	mu       sync.Mutex
+	inflight map[*nats.Msg]*Pending
+	drained  chan struct{} // closed when inflight empties; nil while nobody waits
+	failed   []error       // since the last Flush
+}
+
+// EmitAsync publishes one of the module's declared events as Emit does, without waiting for
+// JetStream's answer: it returns once the event is sent, with its x-event-id and a Pending
+// that reports the answer. At most MaxInFlight events are unanswered at once; past that
+// EmitAsync waits, within ctx, for a slot. Flush waits for every answer and reports the
+// events that were not stored. The event is signed before EmitAsync returns.
+func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts ...EmitOption) (*Pending, error) {
+	self := c.declared()
+	if !slices.Contains(self.Emits, event) {
+		return nil, fmt.Errorf("%w: module %s does not emit %q (it emits %v); add it to emits: in its manifest and re-register",
+			ErrNotDeclared, self.Module, event, self.Emits)
+	}
+	subject := manifest.EventSubject(self.Module, event)
+	h, body, err := c.stamp(ctx, self.Module, subject, payload, opts)
+	if err != nil {
+		return nil, err
+	}
+	pl := c.pipelined()
+	select {
+	case pl.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("EmitAsync %s: %d events unanswered, waiting for a slot: %w", event, MaxInFlight, ctx.Err())
+	}
+	msg := &nats.Msg{Subject: subject, Header: h, Data: body}
+	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{})}
+	pl.mu.Lock()
+	pl.inflight[msg] = p
+	pl.mu.Unlock()
+	if _, err := pl.js.PublishMsgAsync(msg); err != nil {
+		c.answered(msg, fmt.Errorf("publish %s (event %s): %w", subject, p.id, err))
+		return nil, p.err
+	}
+	return p, nil
+}
+
+// Flush waits until JetStream has answered every event EmitAsync sent, or ctx ends, and
+// returns the failures since the last Flush, joined: each names its event's id, which
+// Retry(id) sends again safely.
+func (c *Client) Flush(ctx context.Context) error {
+	pl := c.pipelined()
+	for {
+		pl.mu.Lock()
+		if len(pl.inflight) == 0 {
+			failed := pl.failed
+			pl.failed = nil
+			pl.mu.Unlock()
+			return errors.Join(failed...)
+		}
+		if pl.drained == nil {
+			pl.drained = make(chan struct{})
+		}
+		drained := pl.drained
+		pl.mu.Unlock()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			pl.mu.Lock()
+			n := len(pl.inflight)
+			pl.mu.Unlock()
+			return fmt.Errorf("flush: %d events not answered yet: %w", n, ctx.Err())
+		}
+	}
+}
+
+// pipelined returns the client's pipeline, made on first use.
+func (c *Client) pipelined() *pipeline {
+	pl := &c.pipeline
+	pl.once.Do(func() {
+		pl.used.Store(true)
+		pl.slots = make(chan struct{}, MaxInFlight)
+		pl.inflight = map[*nats.Msg]*Pending{}
+		pl.js, _ = jetstream.New(c.nc,
+			jetstream.WithPublishAsyncMaxPending(MaxInFlight+1), // the slots bound it; nats.go never stalls
+			jetstream.WithPublishAsyncTimeout(asyncAckTimeout),
+			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
+				c.answered(m, nil)
+			}),
+			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+				c.answered(m, c.asyncEmitError(m, err))
+			}))
+	})
+	return pl
+}
+
+// answered settles msg's Pending with err and frees its slot.
+func (c *Client) answered(m *nats.Msg, err error) {
+	pl := &c.pipeline
+	pl.mu.Lock()
+	p := pl.inflight[m]
+	if p == nil {
+		pl.mu.Unlock()
+		return
+	}
+	delete(pl.inflight, m)
+	if err != nil {
+		pl.failed = append(pl.failed, err)
+	}
+	if len(pl.inflight) == 0 && pl.drained != nil {
+		close(pl.drained)
+		pl.drained = nil
+	}
+	pl.mu.Unlock()
+	p.err = err
+	close(p.done)
+	<-pl.slots
+}
+
+// abandonInflight settles every event still in flight as not known to be stored: the
+// connection closed before JetStream answered.
+func (c *Client) abandonInflight() {
+	pl := &c.pipeline
+	pl.mu.Lock()
+	msgs := make([]*nats.Msg, 0, len(pl.inflight))
+	for m := range pl.inflight {
+		msgs = append(msgs, m)
+	}
+	pl.mu.Unlock()
+	for _, m := range msgs {
+		c.answered(m, fmt.Errorf("publish %s (event %s): the client closed before JetStream answered; it may have been stored: retry with sdk.Retry(id)",
+			m.Subject, m.Header.Get(envelope.EventID)))
+	}
+}
+
+// asyncEmitError says why an event EmitAsync sent was not stored, as publishAs does for Emit.
+func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
+	id := m.Header.Get(envelope.EventID)
+	if r := c.refusal(m.Subject); r != nil {
+		if q := c.overQuota(); q != nil {
+			return fmt.Errorf("publish %s (event %s): %w: %s (%w)", m.Subject, id, ErrOverQuota, q.Hint, r)
+		}
+		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it?", m.Subject, id, r)
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("publish %s (event %s): %w: no stream captures it", m.Subject, id, err)
+	}
+	return fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", m.Subject, id, err)
+}

@@ -1,0 +1,104 @@
+package sdk
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// TestEmitAsync_Bounded: against a real nats-server where the event's subject is heard and
+// never answered (no stream), EmitAsync sends MaxInFlight events, then waits for a slot and
+// gives up with its context; Flush says how many are unanswered; Close settles every one
+// with an error naming its event.
+func TestEmitAsync_Bounded(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	var heard atomic.Int64
+	if _, err := sink.Subscribe("mesh.mod.a.event.x", func(*nats.Msg) { heard.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	sink.Flush()
+	kp, _ := nkeys.CreateUser()
+	key, err := envelope.NewSigningKey(kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{nc: nc, key: key, self: registry.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+
+	ctx := context.Background()
+	var sent []*Pending
+	for i := range MaxInFlight {
+		p, err := c.EmitAsync(ctx, "x", map[string]int{"n": i})
+		if err != nil {
+			t.Fatalf("EmitAsync %d: %v", i, err)
+		}
+		sent = append(sent, p)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.EmitAsync(short, "x", "{}"); err == nil || !strings.Contains(err.Error(), "waiting for a slot") {
+		t.Fatalf("EmitAsync past MaxInFlight: %v, want it to wait for a slot and give up", err)
+	}
+	if _, err := c.EmitAsync(ctx, "y", "{}"); err == nil || !strings.Contains(err.Error(), "does not emit") {
+		t.Errorf("EmitAsync of an undeclared event: %v", err)
+	}
+	for _, p := range sent {
+		if p.Err() != nil {
+			t.Fatalf("event %s failed before any answer: %v", p.ID(), p.Err())
+		}
+	}
+	if err := c.Flush(short); err == nil || !strings.Contains(err.Error(), "1024 events not answered") {
+		t.Errorf("Flush with nothing answered: %v", err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Every event was sent, not just queued: the subscriber heard each.
+	for deadline := time.Now().Add(10 * time.Second); heard.Load() < MaxInFlight; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the subject heard %d of %d events", heard.Load(), MaxInFlight)
+		}
+		if err := sink.Flush(); err != nil { // a round trip: what the server had sent is in
+			t.Fatal(err)
+		}
+	}
+	c.nc.Close()
+	c.abandonInflight()
+	for _, p := range sent {
+		select {
+		case <-p.Done():
+		default:
+			t.Fatalf("event %s not settled after Close", p.ID())
+		}
+		if err := p.Wait(ctx); err == nil || !strings.Contains(err.Error(), p.ID()) {
+			t.Fatalf("event %s after Close: %v, want an error naming it", p.ID(), err)
+		}
+	}
+	c.cancel()
+}
