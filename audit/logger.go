@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +33,10 @@ var (
 
 // batchSize is how many events one bbolt transaction takes at most.
 const batchSize = 1024
+
+// batchWait is how long a batch gathers events after its first: the audit log is at most
+// this much behind EVENTS for the sake of writing many events per transaction.
+const batchWait = 20 * time.Millisecond
 
 // Keys tells the logger the public key of an event's source, to verify x-signature: a
 // module's registered key, a node's, the vault's; for a seat's event (source the seat) the key
@@ -104,7 +111,8 @@ func (l *Logger) Records() uint64 { return l.records.Load() }
 func (l *Logger) Changes() uint64 { return l.changes.Load() }
 
 // Run consumes EVENTS until ctx ends: each batch is written in one transaction, and acked
-// only after it commits.
+// only after it commits. It is a pipeline: nats.go pulls the next events while a batch is
+// checked and written, and a batch's signatures are checked on every core (check.go).
 func (l *Logger) Run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
@@ -122,10 +130,45 @@ func (l *Logger) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+	// The events arrive on in, pulled batchSize ahead: while one batch is written, the next
+	// is on its way.
+	it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
+	if err != nil {
+		return fmt.Errorf("audit: consume EVENTS: %w", err)
+	}
+	in := make(chan jetstream.Msg, batchSize)
+	pulled := make(chan struct{})
+	go func() {
+		defer close(pulled)
+		for {
+			m, err := it.Next()
+			switch {
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, nats.ErrConnectionClosed) || ctx.Err() != nil:
+				return
+			case err != nil:
+				l.log.Warn("audit consume", "err", err) // a missed heartbeat: nats.go pulls again
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			select {
+			case in <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() { it.Stop(); <-pulled }()
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
-	for ctx.Err() == nil {
+	for {
+		var first jetstream.Msg
 		select {
+		case <-ctx.Done():
+			return nil
 		case <-prune.C:
 			l.prune()
 			if l.eventsMaxAge > 0 {
@@ -133,26 +176,25 @@ func (l *Logger) Run(ctx context.Context) error {
 					l.log.Error("prune EVENTS usage", "err", err)
 				}
 			}
-		default:
+			continue
+		case first = <-in:
 		}
-		fctx, cancel := context.WithTimeout(ctx, time.Second)
-		batch, err := cons.Fetch(batchSize, jetstream.FetchContext(fctx))
-		if err != nil {
-			cancel()
-			if ctx.Err() != nil {
-				return nil
+		// A batch is what arrives within batchWait of its first event, up to batchSize: a
+		// transaction (and its fsync) per event would cost more than the events.
+		msgs := []jetstream.Msg{first}
+		window := time.NewTimer(batchWait)
+	more:
+		for len(msgs) < batchSize {
+			select {
+			case m := <-in:
+				msgs = append(msgs, m)
+			case <-window.C:
+				break more
+			case <-ctx.Done():
+				break more
 			}
-			l.log.Warn("audit fetch", "err", err)
-			continue
 		}
-		var msgs []jetstream.Msg
-		for m := range batch.Messages() {
-			msgs = append(msgs, m)
-		}
-		cancel()
-		if len(msgs) == 0 {
-			continue
-		}
+		window.Stop()
 		if err := l.write(msgs); err != nil {
 			// Not acked: JetStream redelivers, and the dedup index keeps a retry from
 			// recording twice.
@@ -163,7 +205,6 @@ func (l *Logger) Run(ctx context.Context) error {
 			m.Ack()
 		}
 	}
-	return nil
 }
 
 // head is the end of the chain.
@@ -184,21 +225,22 @@ func readHead(tx *bolt.Tx) head {
 // write records a batch in one transaction, skipping events already recorded.
 func (l *Logger) write(msgs []jetstream.Msg) error {
 	now := time.Now().UTC()
+	checked, err := l.checkAll(msgs, now)
+	if err != nil {
+		return err
+	}
 	var added uint64
 	var lastSeq uint64
 	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
 	var counted map[string]int           // the batch's new events, by owner
-	err := l.db.Update(func(tx *bolt.Tx) error {
+	err = l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
-		for _, m := range msgs {
-			md, err := m.Metadata()
-			if err != nil {
-				return err
-			}
+		for i, m := range msgs {
+			md := checked[i].md
 			if md.Sequence.Stream > lastSeq {
 				lastSeq = md.Sequence.Stream
 			}
@@ -210,7 +252,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				used[owner][hourOf(md.Timestamp)] += size(m)
 				counted[owner]++
 			}
-			r := l.check(m, md.Sequence.Stream, now)
+			r := checked[i].rec
 			if first := ids.Get([]byte(r.EventID)); first != nil {
 				var prev Record
 				if json.Unmarshal(recs.Get(first), &prev) == nil && sameEvent(prev, r) {
@@ -288,6 +330,47 @@ func index(tx *bolt.Tx, r Record) error {
 	}
 	return tx.Bucket(bucketByTime).Put(append(u64(uint64(r.Received.UnixNano())), key...), nil)
 }
+
+// checkedMsg is an event's record before it joins the chain, and its stream metadata.
+type checkedMsg struct {
+	rec Record
+	md  *jetstream.MsgMetadata
+}
+
+// checkAll checks each event of a batch (its signature most of the cost: an Ed25519
+// verification each) on every core, before the batch's transaction.
+func (l *Logger) checkAll(msgs []jetstream.Msg, now time.Time) ([]checkedMsg, error) {
+	out := make([]checkedMsg, len(msgs))
+	errs := make([]error, len(msgs))
+	do := func(i int) {
+		md, err := msgs[i].Metadata()
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		out[i] = checkedMsg{rec: l.check(msgs[i], md.Sequence.Stream, now), md: md}
+	}
+	workers := min(runtime.GOMAXPROCS(0), (len(msgs)+minPerWorker-1)/minPerWorker)
+	if workers <= 1 {
+		for i := range msgs {
+			do(i)
+		}
+		return out, errors.Join(errs...)
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(msgs); i += workers {
+				do(i)
+			}
+		})
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// minPerWorker is the fewest events worth a goroutine of their own in checkAll.
+const minPerWorker = 16
 
 // check builds the record of one event: its envelope, its signature, its source.
 func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {

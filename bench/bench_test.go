@@ -197,6 +197,38 @@ func BenchmarkEmitOn(b *testing.B) {
 	b.ReportMetric(mesh.PerSecond/raw.PerSecond, "mesh/raw")
 }
 
+// BenchmarkEmitOnPipelined times b.N events through the mesh with sdk EmitAsync and Flush,
+// then b.N raw async publishes with one more drained consumer, and b.N bare, untimed, for
+// the ratios.
+func BenchmarkEmitOnPipelined(b *testing.B) {
+	t := nodes.target(b)
+	ctx := context.Background()
+	s, err := bench.OpenEmitOn(ctx, t)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	b.ResetTimer()
+	mesh, err := s.Pipelined(ctx, b.N)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	audited, err := s.RawAsync(ctx, b.N, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bare, err := s.RawAsync(ctx, b.N, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reportSeries(b, "", mesh, "events/s")
+	b.ReportMetric(audited.PerSecond, "raw-audited-events/s")
+	b.ReportMetric(bare.PerSecond, "raw-events/s")
+	b.ReportMetric(mesh.PerSecond/audited.PerSecond, "mesh/raw-audited")
+	b.ReportMetric(mesh.PerSecond/bare.PerSecond, "mesh/raw")
+}
+
 // BenchmarkEmitOnRaw times b.N events through raw JetStream: publish, durable pull consumer.
 func BenchmarkEmitOnRaw(b *testing.B) {
 	t := nodes.target(b)

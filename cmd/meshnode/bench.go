@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/meshnode/meshnode/bench"
@@ -21,22 +23,32 @@ import (
 func newBenchCmd() *cobra.Command {
 	var cfg bench.Config
 	var asJSON bool
+	var prof profiles
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the mesh against raw NATS on a throwaway node on this machine",
 		Example: `  meshnode bench
-  meshnode bench --events 20000 --json`,
+  meshnode bench --events 20000 --json
+  meshnode bench --calls 0 --modules 0 --cpuprofile cpu.pprof --memprofile mem.pprof   # then: go tool pprof -top cpu.pprof`,
 		Long: `Start a throwaway node in a temporary data dir on free loopback ports, measure what
 the mesh costs over raw NATS on its embedded server, print the figures and the ratios, and
 remove the node and its data. A running node is not touched.
 
   emit→on    --events persistent 256-byte events, sdk Emit → sdk On, against raw
              JetStream publish → durable pull consumer (one synchronous publish at a time
-             on both sides): throughput and p50/p99 latency; target mesh ≥ 0.8× raw.
+             on both sides): throughput and p50/p99 latency; target mesh ≥ 0.65× raw.
+             Then pipelined: sdk EmitAsync + Flush against raw async publishes (up to
+             1,024 unanswered on both sides), bare and with one more durable consumer
+             drained alongside (what an audit log costs the broker): targets ≥ 0.65× and
+             ≥ 0.8×.
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
              subscriber on a plain subject: p50/p99; target mesh ≤ 1.2× raw.
   connect    register --modules generated modules, then time sdk.Connect and a raw
              nkey nats.Connect of one of them, and the registration itself.
+
+--cpuprofile and --memprofile write Go profiles of the whole run: the node, the modules and
+the raw clients share the process (pprof's -focus tells their code apart; a count of 0 leaves
+a measurement out of it). docs/performance.md reads them.
 
 A count of 0 skips that measurement. Figures go to stdout; progress goes to stderr when it is
 a terminal (piped or redirected, stderr keeps only warnings and errors).`,
@@ -55,15 +67,57 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 			case cfg.Events == 0 && cfg.Calls == 0 && cfg.Modules == 0:
 				return usagef("nothing to measure: --events, --calls and --modules are all 0")
 			}
-			return runBench(cmd.Context(), cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			stopProfiles, err := prof.start()
+			if err != nil {
+				return err
+			}
+			err = runBench(cmd.Context(), cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return errors.Join(err, stopProfiles())
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Events, "events", bench.DefaultEvents, "events sent on each side of emit→on (0: skip)")
 	f.IntVar(&cfg.Calls, "calls", bench.DefaultCalls, "tool calls made on each side (0: skip)")
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
+	f.StringVar(&prof.cpu, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.StringVar(&prof.mem, "memprofile", "", "write an allocation profile of the run to this file")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: emit_on?, tool_call?, connect?")
 	return cmd
+}
+
+// profiles are the Go profiles bench writes, when asked.
+type profiles struct{ cpu, mem string }
+
+// start starts the CPU profile; stop ends it and writes the allocation profile.
+func (p profiles) start() (stop func() error, err error) {
+	var cpu *os.File
+	if p.cpu != "" {
+		if cpu, err = os.Create(p.cpu); err != nil {
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			cpu.Close()
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+	}
+	if p.mem != "" {
+		runtime.MemProfileRate = 64 << 10 // a sample each 64 KiB allocated (512 KiB by default)
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			errs = append(errs, cpu.Close())
+		}
+		if p.mem != "" {
+			f, err := os.Create(p.mem)
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("--memprofile: %w", err))...)
+			}
+			errs = append(errs, pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
+		}
+		return errors.Join(errs...)
+	}, nil
 }
 
 // runBench runs the measurements on a throwaway node and prints the results.
