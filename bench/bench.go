@@ -29,6 +29,7 @@ const (
 const (
 	TargetEmitOnRatio   = 0.65 // synchronous: mesh events/s ≥ 0.65 × raw JetStream (the signature is on the critical path)
 	TargetToolCallRatio = 1.2  // mesh p50 round trip ≤ 1.2 × raw request/reply
+	TargetConnectRatio  = 1.3  // sdk.Connect as the module ≤ 1.3 × a raw nkey connect
 	// Pipelined (sdk.EmitAsync against raw async publishes): ≥ 0.8 × raw JetStream with one
 	// more drained durable consumer (the least an audit log of every event costs the broker),
 	// ≥ 0.65 × bare raw JetStream.

@@ -293,7 +293,7 @@ func BenchmarkToolCallRaw(b *testing.B) {
 func BenchmarkConnect1000(b *testing.B) {
 	f := nodes.fleetOf(b, 1000)
 	b.ResetTimer()
-	sdkS, rawS, err := f.Connects(context.Background(), b.N)
+	sdkS, unnamed, rawS, err := f.Connects(context.Background(), b.N)
 	b.StopTimer()
 	if err != nil {
 		b.Fatal(err)
@@ -303,6 +303,7 @@ func BenchmarkConnect1000(b *testing.B) {
 	b.ReportMetric(float64(sdkS.P99)/float64(time.Microsecond), "sdk-p99-µs")
 	b.ReportMetric(float64(rawS.P50)/float64(time.Microsecond), "raw-p50-µs")
 	b.ReportMetric(float64(sdkS.P50)/float64(rawS.P50), "sdk/raw-p50")
+	b.ReportMetric(float64(unnamed.P50)/float64(rawS.P50), "unnamed/raw-p50")
 	b.ReportMetric(float64(f.Took)/float64(time.Millisecond)/float64(f.Len()), "register-ms/module")
 }
 

@@ -28,15 +28,20 @@ type ConnectResult struct {
 	PerRegister time.Duration `json:"per_register_ns"`
 	// Connects is how many connects each series made.
 	Connects int `json:"connects"`
-	// SDK is sdk.Connect (a bootstrap connection asking whoami, then the module's
-	// connection); Raw is nats.Connect with the module's nkey. Both with Modules registered.
-	SDK Series `json:"sdk"`
-	Raw Series `json:"raw"`
+	// SDK is sdk.Connect named for its module (sdk.AsModule, or MESH_MODULE as a node's
+	// host sets it: one connection, whoami asked on it); SDKUnnamed is sdk.Connect with the
+	// seed alone (a bootstrap connection asking whoami, then the module's connection); Raw
+	// is nats.Connect with the module's nkey. All with Modules registered.
+	SDK        Series `json:"sdk"`
+	SDKUnnamed Series `json:"sdk_unnamed"`
+	Raw        Series `json:"raw"`
 	// SDKFew and RawFew are the same with two modules registered.
 	SDKFew Series `json:"sdk_few"`
 	RawFew Series `json:"raw_few"`
-	// Ratio is SDK.P50 / Raw.P50: what the whoami round trip adds.
-	Ratio float64 `json:"ratio"`
+	// Ratio is SDK.P50 / Raw.P50: what the whoami round trip adds (target ≤ 1.3);
+	// RatioUnnamed is SDKUnnamed.P50 / Raw.P50.
+	Ratio        float64 `json:"ratio"`
+	RatioUnnamed float64 `json:"ratio_unnamed"`
 	// Growth is SDK.P50 / SDKFew.P50: what a full registry adds.
 	Growth float64 `json:"growth"`
 }
@@ -54,7 +59,7 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	}
 	defer f.Close()
 	res := ConnectResult{Modules: modules, Connects: connects}
-	if res.SDKFew, res.RawFew, err = f.Connects(ctx, connects); err != nil {
+	if res.SDKFew, _, res.RawFew, err = f.Connects(ctx, connects); err != nil {
 		return res, err
 	}
 	t.log().Info("registering modules", "modules", modules)
@@ -64,10 +69,11 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	res.Register = f.Took
 	res.PerRegister = f.Took / time.Duration(f.Len())
 	t.log().Info("connects", "modules", modules, "connects", connects)
-	if res.SDK, res.Raw, err = f.Connects(ctx, connects); err != nil {
+	if res.SDK, res.SDKUnnamed, res.Raw, err = f.Connects(ctx, connects); err != nil {
 		return res, err
 	}
 	res.Ratio = ratio(float64(res.SDK.P50), float64(res.Raw.P50))
+	res.RatioUnnamed = ratio(float64(res.SDKUnnamed.P50), float64(res.Raw.P50))
 	res.Growth = ratio(float64(res.SDK.P50), float64(res.SDKFew.P50))
 	return res, nil
 }
@@ -130,12 +136,13 @@ func (f *Fleet) Grow(ctx context.Context, total int) error {
 	return nil
 }
 
-// Connects times n sdk connects and n raw connects of the probe, alternating.
-func (f *Fleet) Connects(ctx context.Context, n int) (sdkS, rawS Series, err error) {
+// Connects times n connects of the probe each way, in turn: sdk.Connect named for its module,
+// sdk.Connect with the seed alone, and a raw nkey nats.Connect.
+func (f *Fleet) Connects(ctx context.Context, n int) (named, unnamed, raw Series, err error) {
 	if n <= 0 {
-		return sdkS, rawS, errors.New("no connects to make")
+		return named, unnamed, raw, errors.New("no connects to make")
 	}
-	return connects2(ctx, f.t, f.probe, f.seed, n)
+	return connects3(ctx, f.t, f.probe, f.seed, n)
 }
 
 // Close closes the fleet's operator connection; the modules stay registered.
@@ -146,35 +153,46 @@ func (f *Fleet) Close() error {
 	return nil
 }
 
-// connects2 times n sdk connects and n raw connects of module, alternating.
-func connects2(ctx context.Context, t Target, module, seedFile string, n int) (sdkS, rawS Series, err error) {
+// connects3 times n connects of module each way (see Connects).
+func connects3(ctx context.Context, t Target, module, seedFile string, n int) (named, unnamed, raw Series, err error) {
 	opt, err := nats.NkeyOptionFromSeed(seedFile)
 	if err != nil {
-		return sdkS, rawS, err
+		return named, unnamed, raw, err
 	}
-	sl, rl := make([]time.Duration, 0, n), make([]time.Duration, 0, n)
-	for range n {
+	sdkConnect := func(opts ...sdk.Option) (time.Duration, error) {
 		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
 		start := time.Now()
-		c, err := sdk.Connect(cctx, t.URL, seedFile)
+		c, err := sdk.Connect(cctx, t.URL, seedFile, opts...)
 		d := time.Since(start)
-		cancel()
 		if err != nil {
-			return sdkS, rawS, fmt.Errorf("sdk.Connect: %w", err)
+			return d, fmt.Errorf("sdk.Connect: %w", err)
 		}
 		c.Close()
-		sl = append(sl, d)
+		return d, nil
+	}
+	nl, ul, rl := make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n)
+	for range n {
+		d, err := sdkConnect(sdk.AsModule(module))
+		if err != nil {
+			return named, unnamed, raw, err
+		}
+		nl = append(nl, d)
+		if d, err = sdkConnect(); err != nil {
+			return named, unnamed, raw, err
+		}
+		ul = append(ul, d)
 
-		start = time.Now()
+		start := time.Now()
 		nc, err := nats.Connect(t.URL, opt, nats.CustomInboxPrefix(manifest.InboxPrefix(module)), nats.MaxReconnects(0))
 		d = time.Since(start)
 		if err != nil {
-			return sdkS, rawS, fmt.Errorf("nats.Connect: %w", err)
+			return named, unnamed, raw, fmt.Errorf("nats.Connect: %w", err)
 		}
 		nc.Close()
 		rl = append(rl, d)
 	}
-	return newSeries(sl, sum(sl)), newSeries(rl, sum(rl)), nil
+	return newSeries(nl, sum(nl)), newSeries(ul, sum(ul)), newSeries(rl, sum(rl)), nil
 }
 
 // generator writes the manifests of the connect measurement.

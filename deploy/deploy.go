@@ -78,7 +78,7 @@ func (d *Deployment) Check() error {
 		case !envName.MatchString(k):
 			return fmt.Errorf("environment name %q: letters, digits and '_', not starting with a digit", k)
 		case strings.HasPrefix(k, "MESH_"):
-			return fmt.Errorf("environment name %s: MESH_* are the host's own (MESH_URL, MESH_CREDS, MESH_NODE, MESH_SECRETS)", k)
+			return fmt.Errorf("environment name %s: MESH_* are the host's own (MESH_URL, MESH_CREDS, MESH_NODE, MESH_MODULE, MESH_SECRETS, MESH_INSTANCE, MESH_CA)", k)
 		}
 	}
 	return nil

@@ -171,6 +171,11 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		StoreDir:   cfg.StoreDir,
 		// Zero is "size it from the disk" to nats-server only while unset.
 		JetStreamMaxStore: cfg.MaxStore,
+		// nats-server 2.12 and later cap a stream at 1,000 consumers unless told otherwise,
+		// and every module that consumes is a durable consumer on EVENTS: a mesh of a
+		// thousand modules would refuse the next registration. The mesh bounds its
+		// consumers itself (one per declared consumes, per node for the audit).
+		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
 		// The HTTP API is the node's own; nats-server's monitoring stays off.
 		HTTPPort: 0,
 		// Every client proves an nkey by signing the nonce; Check maps it to permissions.

@@ -69,3 +69,18 @@ func TestEd25519_AsTheStandardLibrary(t *testing.T) {
 		t.Fatal("a malformed key verifies")
 	}
 }
+
+// TestSigningKey_PublicKey: the expanded key's public key is the nkey's, for each kind.
+func TestSigningKey_PublicKey(t *testing.T) {
+	for _, create := range []func() (nkeys.KeyPair, error){nkeys.CreateUser, nkeys.CreateServer, nkeys.CreateOperator} {
+		kp, _ := create()
+		want, _ := kp.PublicKey()
+		k, err := envelope.NewSigningKey(kp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := k.PublicKey(); err != nil || got != want {
+			t.Fatalf("PublicKey %s %v, want %s", got, err, want)
+		}
+	}
+}

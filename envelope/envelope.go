@@ -59,7 +59,10 @@ type Signer interface {
 }
 
 // SigningKey is a Signer holding the expanded Ed25519 private key of an nkey.
-type SigningKey struct{ priv ed25519.PrivateKey }
+type SigningKey struct {
+	priv   ed25519.PrivateKey
+	prefix nkeys.PrefixByte // the kind of key: a user's, a server's…
+}
 
 // NewSigningKey expands kp's seed once for fast signing.
 func NewSigningKey(kp nkeys.KeyPair) (*SigningKey, error) {
@@ -67,11 +70,17 @@ func NewSigningKey(kp nkeys.KeyPair) (*SigningKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
-	_, raw, err := nkeys.DecodeSeed(seed)
+	prefix, raw, err := nkeys.DecodeSeed(seed)
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
-	return &SigningKey{priv: ed25519.NewKeyFromSeed(raw)}, nil
+	return &SigningKey{priv: ed25519.NewKeyFromSeed(raw), prefix: prefix}, nil
+}
+
+// PublicKey is the key's nkey public key ("U…" for a user's), without expanding it again.
+func (k *SigningKey) PublicKey() (string, error) {
+	b, err := nkeys.Encode(k.prefix, k.priv.Public().(ed25519.PublicKey))
+	return string(b), err
 }
 
 // Sign signs input with the key. Ed25519 signatures are deterministic: curve25519-voi's

@@ -466,6 +466,7 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		"MESH_URL=" + s.URL,
 		"MESH_CREDS=" + filepath.Join(dir, "creds.nk"),
 		"MESH_NODE=" + s.Node,
+		"MESH_MODULE=" + m.spec.Module, // sdk.Connect then needs one connection, not two
 		"MESH_SECRETS=" + filepath.Join(dir, "secrets"),
 		"MESH_INSTANCE=" + strconv.Itoa(i),
 	}

@@ -111,7 +111,8 @@ type Registry struct {
 	cond     *sync.Cond // broadcast when rev advances
 	byModule map[string]*Entry
 	listed   []*Entry // byModule sorted by name (List); nil after a change
-	changes  uint64   // changes to byModule, for List to know its sort is still the newest
+	changes  uint64   // changes to what the registry holds (changed), for the caches to know theirs is the newest
+	signers  map[string]signersAt // Signers' answers, by module
 	// leaving holds removed modules' records that wait for their event (Record.Removed).
 	leaving  map[string]*Entry
 	byKey    map[string]*Entry
@@ -201,7 +202,7 @@ func (r *Registry) apply(kve jetstream.KeyValueEntry) {
 	} else {
 		delete(r.leaving, name)
 	}
-	r.listed, r.changes = nil, r.changes+1 // List sorts again
+	r.changed()
 	prev := r.byModule[name]
 	if prev != nil {
 		delete(r.byKey, prev.PublicKey)
@@ -294,6 +295,7 @@ func (r *Registry) applyIdentity(kve jetstream.KeyValueEntry) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.changed()
 	switch {
 	case key == operatorKey:
 		r.operator = ""
@@ -428,6 +430,7 @@ func (r *Registry) SetOperator(ctx context.Context, publicKey string) error {
 	}
 	r.mu.Lock()
 	r.operator = publicKey
+	r.changed()
 	r.mu.Unlock()
 	return nil
 }
@@ -446,6 +449,7 @@ func (r *Registry) SetVault(ctx context.Context, publicKey string) error {
 	}
 	r.mu.Lock()
 	r.vault = publicKey
+	r.changed()
 	r.mu.Unlock()
 	return nil
 }
@@ -469,6 +473,7 @@ func (r *Registry) SetNode(ctx context.Context, name string, id NodeIdentity) er
 		r.nodes = map[string]NodeIdentity{}
 	}
 	r.nodes[name] = id
+	r.changed()
 	r.mu.Unlock()
 	return nil
 }
@@ -481,6 +486,7 @@ func (r *Registry) RemoveNode(ctx context.Context, name string) error {
 	}
 	r.mu.Lock()
 	delete(r.nodes, name)
+	r.changed()
 	r.mu.Unlock()
 	return nil
 }
@@ -579,6 +585,40 @@ func (r *Registry) SeatAt(e *Entry, seat string) seats.Info {
 // when a pattern reaches the servers' events (only "**" does) every server's key and the
 // vault's, and every module that may submit jobs to a seat m declares (its users, and m).
 func (r *Registry) Signers(m *manifest.Manifest) Signers {
+	r.mu.RLock()
+	at := r.changes
+	if c, ok := r.signers[m.Module]; ok && c.at == at && c.manifest == m {
+		r.mu.RUnlock()
+		return maps.Clone(c.out)
+	}
+	r.mu.RUnlock()
+	out := r.signersOf(m)
+	r.mu.Lock()
+	if r.changes == at { // nothing changed while it was worked out
+		if r.signers == nil || len(r.signers) > 1<<16 {
+			r.signers = map[string]signersAt{}
+		}
+		r.signers[m.Module] = signersAt{at: at, manifest: m, out: out}
+	}
+	r.mu.Unlock()
+	return maps.Clone(out)
+}
+
+// signersAt is Signers' answer for a manifest as the registry stood at change at: every
+// connect asks it (whoami), and working it out walks every module.
+type signersAt struct {
+	at       uint64
+	manifest *manifest.Manifest
+	out      Signers
+}
+
+// changed marks a change to what the registry holds, under r.mu: the caches start again.
+func (r *Registry) changed() {
+	r.changes++
+	r.listed = nil
+}
+
+func (r *Registry) signersOf(m *manifest.Manifest) Signers {
 	var patterns []string
 	for _, c := range m.Consumes {
 		if s, err := manifest.ConsumeSubject(c); err == nil {

@@ -61,7 +61,15 @@ type options struct {
 	window time.Duration
 	shapes bool
 	ca     string // the mesh's CA certificate file; "": MESH_CA, if set
+	module string // the module the seed is registered as; "": MESH_MODULE, if set
 }
+
+// AsModule names the module the seed is registered as, so that Connect needs one connection:
+// it asks the bus which module the seed is on the module's own connection (and refuses a
+// name that is not the seed's). Without it Connect uses MESH_MODULE (set for the modules a
+// node runs); with neither, it asks first on a short-lived connection of its own, which
+// costs a second connect.
+func AsModule(name string) Option { return func(o *options) { o.module = name } }
 
 // RootCA makes the client trust the mesh's CA certificate in file (a node's
 // <data-dir>/ca.pem), to verify a node whose client port is TLS. Without it, the client
@@ -123,8 +131,10 @@ type Client struct {
 	cancel context.CancelFunc
 
 	instance string        // this connection's name: the unit that holds a seat
+	xkeyOnce sync.Once     // xkeys makes the xkey on first use
 	xkey     nkeys.KeyPair // this client's xkey: what the vault seals its replies to
 	xpub     string
+	xkeyErr  error
 
 	mu   sync.Mutex
 	self registry.WhoamiReply
@@ -184,28 +194,54 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, fmt.Errorf("seed file %s: %w; it should hold the seed written by `meshnode module register --creds-out`", seedFile, err)
 	}
-	pub, _ := kp.PublicKey()
-
-	self, err := whoami(ctx, url, kp, pub, o.rootCA())
-	if err != nil {
-		return nil, err
-	}
+	// One expansion of the seed: nkeys' key pair expands it again for each signature and
+	// each PublicKey, the connect's nonce included.
 	key, err := envelope.NewSigningKey(kp)
 	if err != nil {
 		return nil, err
 	}
-	xkey, err := nkeys.CreateCurveKeys()
+	pub, err := key.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("seed file %s: %w", seedFile, err)
+	}
+	named := o.module
+	if named == "" {
+		named = os.Getenv("MESH_MODULE")
+	}
+	// Named: one connection, and whoami asked on it. The name is only a hint: a refused
+	// inbox (the seed is another module's) or another answer falls back to asking first.
+	if named != "" {
+		c, err := dialModule(ctx, url, pub, key, o, registry.WhoamiReply{Module: named})
+		if err == nil {
+			self, err := askWhoamiWatched(ctx, c, pub)
+			if err == nil && self.Module == named {
+				c.self = self
+				return c, nil
+			}
+			c.close()
+		}
+	}
+	self, err := whoami(ctx, url, key, pub, o.rootCA())
 	if err != nil {
 		return nil, err
 	}
-	xpub, _ := xkey.PublicKey()
-	c := &Client{key: key, pub: pub, xkey: xkey, xpub: xpub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, self: self,
+	if named != "" && self.Module != named {
+		return nil, fmt.Errorf("the seed in %s is module %s's, not %s's (AsModule or MESH_MODULE): connect without the name, or with the seed of %s", seedFile, self.Module, named, named)
+	}
+	return dialModule(ctx, url, pub, key, o, self)
+}
+
+// dialModule makes the client of module self.Module on its own connection, with what it
+// knows of itself so far.
+func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, o options, self registry.WhoamiReply) (*Client, error) {
+	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+	var err error
 	c.nc, err = nats.Connect(url,
 		o.rootCA(),
-		nats.Nkey(pub, kp.Sign),
+		nats.Nkey(pub, key.Sign),
 		nats.CustomInboxPrefix(manifest.InboxPrefix(self.Module)),
 		nats.Name(c.instance),
 		nats.MaxReconnects(-1),
@@ -225,10 +261,36 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	return c, nil
 }
 
+// askWhoamiWatched is askWhoami on the client's own connection, ended at once if the bus
+// refuses its inbox (the client was named for another module).
+func askWhoamiWatched(ctx context.Context, c *Client, pub string) (registry.WhoamiReply, error) {
+	ctx, stop := c.watch(ctx, "")
+	defer stop()
+	return askWhoami(ctx, c.nc, pub)
+}
+
+// close ends a client Connect made and will not return.
+func (c *Client) close() {
+	c.nc.Close()
+	c.cancel()
+}
+
+// xkeys returns the client's xkey, what the vault seals its replies to, made on first use:
+// an X25519 key costs a connect a tenth of its time, and most modules fetch no secret.
+func (c *Client) xkeys() (nkeys.KeyPair, string, error) {
+	c.xkeyOnce.Do(func() {
+		c.xkey, c.xkeyErr = nkeys.CreateCurveKeys()
+		if c.xkeyErr == nil {
+			c.xpub, c.xkeyErr = c.xkey.PublicKey()
+		}
+	})
+	return c.xkey, c.xpub, c.xkeyErr
+}
+
 // whoami asks the bus which module pub is, on a short-lived connection whose inbox is named
 // for the key (the only inbox a client that does not know its name may use).
-func whoami(ctx context.Context, url string, kp nkeys.KeyPair, pub string, ca nats.Option) (registry.WhoamiReply, error) {
-	nc, err := nats.Connect(url, ca, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
+func whoami(ctx context.Context, url string, key *envelope.SigningKey, pub string, ca nats.Option) (registry.WhoamiReply, error) {
+	nc, err := nats.Connect(url, ca, nats.Nkey(pub, key.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
 		nats.Name("whoami"), nats.MaxReconnects(0))
 	if err != nil {
 		return registry.WhoamiReply{}, connectError(url, pub, err)

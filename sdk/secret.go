@@ -27,8 +27,12 @@ func (c *Client) SecretVersion(ctx context.Context, name string, version int) (s
 	defer cancel()
 	ctx, stop := c.watch(ctx, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(self.Module)))
 	defer stop()
+	xkey, xpub, err := c.xkeys()
+	if err != nil {
+		return "", err
+	}
 	var s vault.Secret
-	if _, err := vault.CallWith(ctx, c.nc, c.xkey, vault.VerbFetch, vault.ModuleCaller(self.Module), vault.Request{XKey: c.xpub, Name: name, Version: version}, &s); err != nil {
+	if _, err := vault.CallWith(ctx, c.nc, xkey, vault.VerbFetch, vault.ModuleCaller(self.Module), vault.Request{XKey: xpub, Name: name, Version: version}, &s); err != nil {
 		if r := Refused(ctx); r != nil {
 			return "", fmt.Errorf("fetch secret %s: %w; does the manifest declare secrets:?", name, r)
 		}
