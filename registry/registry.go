@@ -110,8 +110,8 @@ type Registry struct {
 	mu       sync.RWMutex
 	cond     *sync.Cond // broadcast when rev advances
 	byModule map[string]*Entry
-	listed   []*Entry // byModule sorted by name (List); nil after a change
-	changes  uint64   // changes to what the registry holds (changed), for the caches to know theirs is the newest
+	listed   []*Entry             // byModule sorted by name (List); nil after a change
+	changes  uint64               // changes to what the registry holds (changed), for the caches to know theirs is the newest
 	signers  map[string]signersAt // Signers' answers, by module
 	// leaving holds removed modules' records that wait for their event (Record.Removed).
 	leaving  map[string]*Entry
