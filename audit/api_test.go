@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
 )
@@ -114,15 +114,7 @@ func TestCallProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := testbed.NATSServer(t, nil)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)

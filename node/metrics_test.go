@@ -135,9 +135,9 @@ func TestMetrics_Golden(t *testing.T) {
 	}
 }
 
-// counter sums family's counters whose labels have the values given, in name, value pairs.
-func counter(fams map[string]*dto.MetricFamily, family string, labels ...string) float64 {
-	var sum float64
+// matching are family's series whose labels have the values given, in name, value pairs.
+func matching(fams map[string]*dto.MetricFamily, family string, labels ...string) []*dto.Metric {
+	var out []*dto.Metric
 	for _, m := range fams[family].GetMetric() {
 		has := map[string]string{}
 		for _, l := range m.GetLabel() {
@@ -148,8 +148,17 @@ func counter(fams map[string]*dto.MetricFamily, family string, labels ...string)
 			match = match && has[labels[i]] == labels[i+1]
 		}
 		if match {
-			sum += m.GetCounter().GetValue()
+			out = append(out, m)
 		}
+	}
+	return out
+}
+
+// counter sums family's counters whose labels have the values given, in name, value pairs.
+func counter(fams map[string]*dto.MetricFamily, family string, labels ...string) float64 {
+	var sum float64
+	for _, m := range matching(fams, family, labels...) {
+		sum += m.GetCounter().GetValue()
 	}
 	return sum
 }
@@ -157,18 +166,8 @@ func counter(fams map[string]*dto.MetricFamily, family string, labels ...string)
 // samples is how many observations family's histograms with the labels given hold.
 func samples(fams map[string]*dto.MetricFamily, family string, labels ...string) uint64 {
 	var n uint64
-	for _, m := range fams[family].GetMetric() {
-		has := map[string]string{}
-		for _, l := range m.GetLabel() {
-			has[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			match = match && has[labels[i]] == labels[i+1]
-		}
-		if match {
-			n += m.GetHistogram().GetSampleCount()
-		}
+	for _, m := range matching(fams, family, labels...) {
+		n += m.GetHistogram().GetSampleCount()
 	}
 	return n
 }

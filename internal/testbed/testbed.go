@@ -76,3 +76,24 @@ func JetStream(t testing.TB) string {
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	return srv.ClientURL()
 }
+
+// NATSServer starts a plain nats-server for t on a random loopback port, with opts' other
+// settings (JetStream, say; nil for none), shut down when t ends.
+func NATSServer(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	o := server.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	o.Host, o.Port, o.NoSigs, o.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
+	srv, err := server.NewServer(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return srv
+}
