@@ -114,54 +114,15 @@ func (l *Logger) Changes() uint64 { return l.changes.Load() }
 // only after it commits. It is a pipeline: nats.go pulls the next events while a batch is
 // checked and written, and a batch's signatures are checked on every core (check.go).
 func (l *Logger) Run(ctx context.Context) error {
-	var cons jetstream.Consumer
-	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
-	for {
-		var err error
-		cons, err = l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		l.log.Warn("audit consumer not ready; retrying", "err", err)
-		if wait.Wait(ctx) != nil {
-			return nil
-		}
-	}
 	// The events arrive on in, pulled batchSize ahead: while one batch is written, the next
 	// is on its way.
-	it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
-	if err != nil {
-		return fmt.Errorf("audit: consume EVENTS: %w", err)
-	}
 	in := make(chan jetstream.Msg, batchSize)
 	pulled := make(chan struct{})
 	go func() {
 		defer close(pulled)
-		for {
-			m, err := it.Next()
-			switch {
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, nats.ErrConnectionClosed) || ctx.Err() != nil:
-				return
-			case err != nil:
-				l.log.Warn("audit consume", "err", err) // a missed heartbeat: nats.go pulls again
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
-			}
-			select {
-			case in <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
+		l.pull(ctx, in)
 	}()
-	defer func() { it.Stop(); <-pulled }()
+	defer func() { <-pulled }()
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
 	for {
@@ -203,6 +164,60 @@ func (l *Logger) Run(ctx context.Context) error {
 		}
 		for _, m := range msgs {
 			m.Ack()
+		}
+	}
+}
+
+// pull feeds in with EVENTS' events through the audit consumer until ctx ends. When the
+// consumer goes (deleted: the node's drift check makes it again) or the connection closes
+// under it, pull finds the consumer again and goes on.
+func (l *Logger) pull(ctx context.Context, in chan<- jetstream.Msg) {
+	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
+	for ctx.Err() == nil {
+		cons, err := l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
+		if err != nil {
+			if ctx.Err() == nil {
+				l.log.Warn("audit consumer not ready; retrying", "err", err)
+				wait.Wait(ctx)
+			}
+			continue
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
+		if err != nil {
+			l.log.Warn("audit: consume EVENTS; retrying", "err", err)
+			wait.Wait(ctx)
+			continue
+		}
+		wait.Reset()
+		stop := context.AfterFunc(ctx, it.Stop)
+		l.drain(ctx, it, in)
+		stop()
+		it.Stop()
+	}
+}
+
+// drain passes it's messages to in until it ends (stopped, its consumer gone, its
+// connection closed) or ctx does.
+func (l *Logger) drain(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
+	for {
+		m, err := it.Next()
+		switch {
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, nats.ErrConnectionClosed) ||
+			errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || ctx.Err() != nil:
+			return
+		case err != nil:
+			l.log.Warn("audit consume", "err", err) // a missed heartbeat: nats.go pulls again
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			return
 		}
 	}
 }

@@ -204,3 +204,34 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 		return nil
 	})
 }
+
+// TestDrift_AuditGoesOnAfterItsConsumerIsRecreated: the audit consumer deleted, the node
+// makes it again, and the audit log goes on recording: the logger finds its consumer again.
+func TestDrift_AuditGoesOnAfterItsConsumerIsRecreated(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
+	c := b.client(seed)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Emit(ctx, "sold", map[string]int{"n": 1}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitAudited(20 * time.Second)
+	audit := manifest.AuditConsumer(b.n.Identity().Name).Name
+	if err := b.js.DeleteConsumer(ctx, manifest.EventsStreamName, audit); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		_, err := b.js.Consumer(ctx, manifest.EventsStreamName, audit)
+		return err
+	})
+	if _, err := c.Emit(ctx, "sold", map[string]int{"n": 2}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		if n := len(b.auditAll("shop")); n != 2 {
+			return fmt.Errorf("the audit log has %d of shop's 2 events", n)
+		}
+		return nil
+	})
+}
