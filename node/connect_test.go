@@ -12,9 +12,10 @@ import (
 )
 
 // TestConnect_AsModule: a client named for its module (sdk.AsModule, or MESH_MODULE as a
-// node's host sets it) connects and knows its declarations as one asked first does; a name
-// that is not the seed's module is refused, saying whose seed it is; an empty name changes
-// nothing.
+// node's host sets it) connects and knows its declarations as one asked first does; an
+// AsModule name that is not the seed's module is refused at once, saying whose seed it is,
+// while a wrong MESH_MODULE (inherited by a process a module starts) is only a hint; an
+// empty name changes nothing.
 func TestConnect_AsModule(t *testing.T) {
 	b := newBed(t)
 	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
@@ -34,14 +35,17 @@ func TestConnect_AsModule(t *testing.T) {
 		t.Fatalf("MESH_MODULE client's module %q", c.Module())
 	}
 	for _, wrong := range []string{"other", "nobody"} {
-		t.Setenv("MESH_MODULE", wrong)
 		start := time.Now()
-		_, err := sdk.Connect(ctx, b.n.ClientURL(), seed)
+		_, err := sdk.Connect(ctx, b.n.ClientURL(), seed, sdk.AsModule(wrong))
 		if err == nil || !strings.Contains(err.Error(), "is module a's, not "+wrong+"'s") {
-			t.Fatalf("MESH_MODULE=%s with a's seed: %v", wrong, err)
+			t.Fatalf("AsModule(%s) with a's seed: %v", wrong, err)
 		}
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("the refusal of a wrong name took %s", took)
+		}
+		t.Setenv("MESH_MODULE", wrong)
+		if c := b.client(seed); c.Module() != "a" {
+			t.Fatalf("MESH_MODULE=%s with a's seed: module %q", wrong, c.Module())
 		}
 	}
 	t.Setenv("MESH_MODULE", "")

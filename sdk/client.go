@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -66,9 +67,9 @@ type options struct {
 
 // AsModule names the module the seed is registered as, so that Connect needs one connection:
 // it asks the bus which module the seed is on the module's own connection (and refuses a
-// name that is not the seed's). Without it Connect uses MESH_MODULE (set for the modules a
-// node runs); with neither, it asks first on a short-lived connection of its own, which
-// costs a second connect.
+// name that is not the seed's). Without it Connect takes MESH_MODULE (set for the modules a
+// node runs) as a hint, and a wrong one costs a second connect; with neither, it asks first
+// on a short-lived connection of its own, which costs a second connect.
 func AsModule(name string) Option { return func(o *options) { o.module = name } }
 
 // RootCA makes the client trust the mesh's CA certificate in file (a node's
@@ -130,9 +131,9 @@ type Client struct {
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
 
-	instance string        // this connection's name: the unit that holds a seat
-	xkeyOnce sync.Once     // xkeys makes the xkey on first use
-	xkey     nkeys.KeyPair // this client's xkey: what the vault seals its replies to
+	instance string               // this connection's name: the unit that holds a seat
+	xkeyOnce sync.Once            // xkeys makes the xkey on first use
+	xkey     *vault.CachingOpener // this client's xkey: what the vault seals its replies to
 	xpub     string
 	xkeyErr  error
 
@@ -204,18 +205,22 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, fmt.Errorf("seed file %s: %w", seedFile, err)
 	}
+	// Named: one connection, and whoami asked on it. A refused inbox (the seed is another
+	// module's) or another answer falls back to asking first; a name given with AsModule
+	// must then be the seed's, while MESH_MODULE, inherited by whatever a module starts, is
+	// a hint only.
 	named := o.module
 	if named == "" {
 		named = os.Getenv("MESH_MODULE")
 	}
-	// Named: one connection, and whoami asked on it. The name is only a hint: a refused
-	// inbox (the seed is another module's) or another answer falls back to asking first.
 	if named != "" {
 		c, err := dialModule(ctx, url, pub, key, o, registry.WhoamiReply{Module: named})
 		if err == nil {
 			self, err := askWhoamiWatched(ctx, c, pub)
 			if err == nil && self.Module == named {
+				c.mu.Lock()
 				c.self = self
+				c.mu.Unlock()
 				return c, nil
 			}
 			c.close()
@@ -225,8 +230,8 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 	if err != nil {
 		return nil, err
 	}
-	if named != "" && self.Module != named {
-		return nil, fmt.Errorf("the seed in %s is module %s's, not %s's (AsModule or MESH_MODULE): connect without the name, or with the seed of %s", seedFile, self.Module, named, named)
+	if o.module != "" && self.Module != o.module {
+		return nil, fmt.Errorf("the seed in %s is module %s's, not %s's (sdk.AsModule): connect without the name, or with the seed of %s", seedFile, self.Module, o.module, o.module)
 	}
 	return dialModule(ctx, url, pub, key, o, self)
 }
@@ -277,12 +282,13 @@ func (c *Client) close() {
 
 // xkeys returns the client's xkey, what the vault seals its replies to, made on first use:
 // an X25519 key costs a connect a tenth of its time, and most modules fetch no secret.
-func (c *Client) xkeys() (nkeys.KeyPair, string, error) {
+func (c *Client) xkeys() (*vault.CachingOpener, string, error) {
 	c.xkeyOnce.Do(func() {
-		c.xkey, c.xkeyErr = nkeys.CreateCurveKeys()
-		if c.xkeyErr == nil {
-			c.xpub, c.xkeyErr = c.xkey.PublicKey()
+		kp, err := nkeys.CreateCurveKeys()
+		if err == nil {
+			c.xpub, err = kp.PublicKey()
 		}
+		c.xkey, c.xkeyErr = vault.NewCachingOpener(kp), err
 	})
 	return c.xkey, c.xpub, c.xkeyErr
 }
@@ -356,17 +362,10 @@ func (c *Client) node() string {
 // Close stops handlers and subscriptions, waits for running handlers, and closes the
 // connection after flushing what was published.
 func (c *Client) Close() error {
-	// Events EmitAsync sent get their answers first (a little while): their failures are
-	// Close's error, as Flush's would be.
-	var flushed error
-	if c.pipeline.used.Load() && c.nc.IsConnected() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		flushed = c.Flush(ctx)
-		cancel()
-	}
 	if c.nc.IsConnected() {
 		c.releaseSeats() // else the node frees them when it sees the connection gone
 	}
+	// Then the handlers: what they emit is part of what is flushed.
 	c.mu.Lock()
 	if c.consume != nil {
 		c.consume.Stop()
@@ -380,6 +379,13 @@ func (c *Client) Close() error {
 	c.closing.Unlock()
 	c.cancel()
 	c.wg.Wait()
+	// Events EmitAsync sent get their answers (a little while): their failures, and those of
+	// the ones still unanswered when the connection closes, are Close's error.
+	if c.pipeline.used.Load() && c.nc.IsConnected() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c.flushAnswers(ctx)
+		cancel()
+	}
 	var err error
 	if c.nc.IsConnected() {
 		err = c.nc.FlushTimeout(2 * time.Second)
@@ -391,7 +397,7 @@ func (c *Client) Close() error {
 	}
 	c.nc.Close()
 	c.abandonInflight() // nats.go settles no pending ack of a closed connection
-	return errors.Join(flushed, err)
+	return errors.Join(c.failures(), err)
 }
 
 // onConnection returns ctx ended also when the connection drops, and whether it was that.

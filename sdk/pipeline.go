@@ -100,8 +100,9 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 	pl.inflight[msg] = p
 	pl.mu.Unlock()
 	if _, err := pl.js.PublishMsgAsync(msg); err != nil {
-		c.answered(msg, fmt.Errorf("publish %s (event %s): %w", subject, p.id, err))
-		return nil, p.err
+		err = fmt.Errorf("publish %s (event %s): %w", subject, p.id, err)
+		c.answered(msg, err)
+		return nil, err
 	}
 	return p, nil
 }
@@ -110,14 +111,20 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 // returns the failures since the last Flush, joined: each names its event's id, which
 // Retry(id) sends again safely.
 func (c *Client) Flush(ctx context.Context) error {
+	if err := c.flushAnswers(ctx); err != nil {
+		return errors.Join(err, c.failures())
+	}
+	return c.failures()
+}
+
+// flushAnswers waits until nothing EmitAsync sent is unanswered, or ctx ends.
+func (c *Client) flushAnswers(ctx context.Context) error {
 	pl := c.pipelined()
 	for {
 		pl.mu.Lock()
 		if len(pl.inflight) == 0 {
-			failed := pl.failed
-			pl.failed = nil
 			pl.mu.Unlock()
-			return errors.Join(failed...)
+			return nil
 		}
 		if pl.drained == nil {
 			pl.drained = make(chan struct{})
@@ -139,11 +146,14 @@ func (c *Client) Flush(ctx context.Context) error {
 func (c *Client) pipelined() *pipeline {
 	pl := &c.pipeline
 	pl.once.Do(func() {
-		pl.used.Store(true)
 		pl.slots = make(chan struct{}, MaxInFlight)
+		pl.mu.Lock()
 		pl.inflight = map[*nats.Msg]*Pending{}
+		pl.mu.Unlock()
 		pl.js, _ = jetstream.New(c.nc,
-			jetstream.WithPublishAsyncMaxPending(MaxInFlight+1), // the slots bound it; nats.go never stalls
+			// The slots bound what is in flight; nats.go's own bound is wider (it may keep an
+			// answered no-responders retry a moment), so it never stalls a slot's holder.
+			jetstream.WithPublishAsyncMaxPending(2*MaxInFlight),
 			jetstream.WithPublishAsyncTimeout(asyncAckTimeout),
 			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
 				c.answered(m, nil)
@@ -151,6 +161,7 @@ func (c *Client) pipelined() *pipeline {
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
 				c.answered(m, c.asyncEmitError(m, err))
 			}))
+		pl.used.Store(true)
 	})
 	return pl
 }
@@ -182,6 +193,9 @@ func (c *Client) answered(m *nats.Msg, err error) {
 // connection closed before JetStream answered.
 func (c *Client) abandonInflight() {
 	pl := &c.pipeline
+	if !pl.used.Load() {
+		return
+	}
 	pl.mu.Lock()
 	msgs := make([]*nats.Msg, 0, len(pl.inflight))
 	for m := range pl.inflight {
@@ -194,14 +208,22 @@ func (c *Client) abandonInflight() {
 	}
 }
 
-// asyncEmitError says why an event EmitAsync sent was not stored, as publishAs does for Emit.
+// failures returns and forgets the failures not yet reported by a Flush.
+func (c *Client) failures() error {
+	pl := &c.pipeline
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	failed := pl.failed
+	pl.failed = nil
+	return errors.Join(failed...)
+}
+
+// asyncEmitError says why an event EmitAsync sent was not stored, as publishAs does for
+// Emit, but without asking the bus anything: nats.go calls it holding its publisher's lock.
 func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
 	id := m.Header.Get(envelope.EventID)
 	if r := c.refusal(m.Subject); r != nil {
-		if q := c.overQuota(); q != nil {
-			return fmt.Errorf("publish %s (event %s): %w: %s (%w)", m.Subject, id, ErrOverQuota, q.Hint, r)
-		}
-		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it?", m.Subject, id, r)
+		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it, and within its EVENTS quota (a synchronous Emit says)?", m.Subject, id, r)
 	}
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 		return fmt.Errorf("publish %s (event %s): %w: no stream captures it", m.Subject, id, err)

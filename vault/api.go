@@ -174,7 +174,7 @@ func Call(ctx context.Context, nc *nats.Conn, verb, caller string, req Request, 
 }
 
 // CallWith is Call with the caller's own xkey (req.XKey must be its public key).
-func CallWith(ctx context.Context, nc *nats.Conn, xkp nkeys.KeyPair, verb, caller string, req Request, out any) ([]Meta, error) {
+func CallWith(ctx context.Context, nc *nats.Conn, xkp Opener, verb, caller string, req Request, out any) ([]Meta, error) {
 	b, _ := json.Marshal(req)
 	subject := ToolSubject(verb, caller)
 	msg, err := nc.RequestWithContext(ctx, subject, b)

@@ -42,31 +42,87 @@ func Seal(recipient string, data []byte) (sealed []byte, sender string, err erro
 	return box.SealAfterPrecomputation(out, data, &nonce, &k.shared), k.sender, nil
 }
 
-// Unseal decrypts what Seal sealed for kp, given the sender key Seal returned. The key kp
-// and the sender agree on is kept for the next reply from the same sender.
-func Unseal(kp nkeys.KeyPair, sender string, sealed []byte) ([]byte, error) {
-	shared, err := openers.get(kp, sender)
+// Opener opens what was sealed to its xkey: an nkeys xkey pair is one, and so is a
+// CachingOpener.
+type Opener interface {
+	Open(sealed []byte, sender string) ([]byte, error)
+}
+
+// Unseal decrypts what Seal sealed for o, given the sender key Seal returned.
+func Unseal(o Opener, sender string, sealed []byte) ([]byte, error) {
+	data, err := o.Open(sealed, sender)
 	if err != nil {
 		return nil, fmt.Errorf("open sealed reply: %w", err)
 	}
+	return data, nil
+}
+
+// CachingOpener is an Opener for a long-lived xkey (an sdk client's): it keeps the key it
+// agrees on with each sender, so a second reply from the same vault costs no X25519
+// agreement. It holds the xkey for as long as it lives; a one-time xkey needs none.
+type CachingOpener struct {
+	kp     nkeys.KeyPair
+	mu     sync.Mutex
+	shared map[string][32]byte // by sender
+}
+
+// NewCachingOpener returns a CachingOpener for kp, an xkey pair.
+func NewCachingOpener(kp nkeys.KeyPair) *CachingOpener {
+	return &CachingOpener{kp: kp, shared: map[string][32]byte{}}
+}
+
+// Open opens sealed, from sender, in nkeys' xkey format.
+func (o *CachingOpener) Open(sealed []byte, sender string) ([]byte, error) {
+	shared, err := o.agreed(sender)
+	if err != nil {
+		return nil, err
+	}
 	head := len(nkeys.XKeyVersionV1) + 24
 	if len(sealed) <= head || string(sealed[:len(nkeys.XKeyVersionV1)]) != nkeys.XKeyVersionV1 {
-		return nil, fmt.Errorf("open sealed reply: %w", nkeys.ErrInvalidEncrypted)
+		return nil, nkeys.ErrInvalidEncrypted
 	}
 	var nonce [24]byte
 	copy(nonce[:], sealed[len(nkeys.XKeyVersionV1):head])
 	data, ok := box.OpenAfterPrecomputation(nil, sealed[head:], &nonce, &shared)
 	if !ok {
-		return nil, fmt.Errorf("open sealed reply: %w", nkeys.ErrCouldNotDecrypt)
+		return nil, nkeys.ErrCouldNotDecrypt
 	}
 	return data, nil
+}
+
+func (o *CachingOpener) agreed(sender string) ([32]byte, error) {
+	o.mu.Lock()
+	shared, ok := o.shared[sender]
+	o.mu.Unlock()
+	if ok {
+		return shared, nil
+	}
+	raw, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(sender))
+	if err != nil || len(raw) != 32 {
+		return shared, nkeys.ErrInvalidSender
+	}
+	priv, err := curveSeed(o.kp)
+	if err != nil {
+		return shared, err
+	}
+	var spub [32]byte
+	copy(spub[:], raw)
+	box.Precompute(&shared, &spub, &priv)
+	clear(priv[:])
+	o.mu.Lock()
+	if len(o.shared) >= openersMost {
+		clear(o.shared)
+	}
+	o.shared[sender] = shared
+	o.mu.Unlock()
+	return shared, nil
 }
 
 // sealersMost and openersMost bound the keys kept; past them, all are forgotten at once
 // (a flood of requests with new xkeys costs agreements, never memory).
 const (
 	sealersMost = 4096
-	openersMost = 1024
+	openersMost = 64 // a client's vaults: one per server that held the seat
 )
 
 type sealKey struct {
@@ -118,47 +174,6 @@ func (c *sealCache) get(recipient string) (*sealKey, error) {
 	return k, nil
 }
 
-type openKey struct {
-	kp     nkeys.KeyPair
-	sender string
-}
-
-var openers = openCache{m: map[openKey][32]byte{}}
-
-type openCache struct {
-	mu sync.Mutex
-	m  map[openKey][32]byte
-}
-
-func (c *openCache) get(kp nkeys.KeyPair, sender string) ([32]byte, error) {
-	key := openKey{kp, sender}
-	c.mu.Lock()
-	shared, ok := c.m[key]
-	c.mu.Unlock()
-	if ok {
-		return shared, nil
-	}
-	raw, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(sender))
-	if err != nil || len(raw) != 32 {
-		return shared, nkeys.ErrInvalidSender
-	}
-	priv, err := curveSeed(kp)
-	if err != nil {
-		return shared, err
-	}
-	var spub [32]byte
-	copy(spub[:], raw)
-	box.Precompute(&shared, &spub, &priv)
-	clear(priv[:])
-	c.mu.Lock()
-	if len(c.m) >= openersMost {
-		clear(c.m)
-	}
-	c.m[key] = shared
-	c.mu.Unlock()
-	return shared, nil
-}
-
 // curveSeed is the raw X25519 private key of an xkey pair.
 func curveSeed(kp nkeys.KeyPair) ([32]byte, error) {
 	var priv [32]byte
@@ -166,10 +181,12 @@ func curveSeed(kp nkeys.KeyPair) ([32]byte, error) {
 	if err != nil {
 		return priv, err
 	}
+	defer clear(seed)
 	prefix, raw, err := nkeys.DecodeSeed(seed)
 	if err != nil || prefix != nkeys.PrefixByteCurve || len(raw) != 32 {
 		return priv, nkeys.ErrInvalidCurveKey
 	}
 	copy(priv[:], raw)
+	clear(raw)
 	return priv, nil
 }
