@@ -55,18 +55,24 @@ func Serve(nc *nats.Conn, node string, l *Logger) (*nats.Subscription, error) {
 					reply.Error = err.Error()
 				}
 			case "verify":
-				var progress func(Progress)
-				if req.Progress {
-					progress = func(p Progress) {
-						b, _ := json.Marshal(Reply{Progress: &p})
-						m.Respond(b)
+				// Its own goroutine: a verify of a large log takes a while, and another
+				// asked meanwhile (only the operator may) tells its progress at once.
+				go func() {
+					var progress func(Progress)
+					if req.Progress {
+						progress = func(p Progress) {
+							b, _ := json.Marshal(Reply{Progress: &p})
+							m.Respond(b)
+						}
 					}
-				}
-				v, err := l.VerifyProgress(progress)
-				reply.Verification = &v
-				if err != nil {
-					reply.Error = err.Error()
-				}
+					v, err := l.VerifyProgress(progress)
+					reply := Reply{Verification: &v}
+					if err != nil {
+						reply.Error = err.Error()
+					}
+					m.Respond(fit(reply))
+				}()
+				return
 			default:
 				reply.Error = fmt.Sprintf("unknown audit op %q: query or verify", req.Op)
 			}

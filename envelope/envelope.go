@@ -221,7 +221,8 @@ func (k *expandedKeys) expanded(publicKey string) (*voied.ExpandedPublicKey, err
 		return nil, err
 	}
 	if x, err = voied.NewExpandedPublicKey(voied.PublicKey(raw)); err != nil {
-		return nil, err
+		// Not a point on the curve: nothing verifies against it, as crypto/ed25519 says.
+		return nil, fmt.Errorf("%w: %w", ErrBadSignature, err)
 	}
 	k.mu.Lock()
 	if len(k.m) >= keysMost {

@@ -453,7 +453,10 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	// The modules and edges go in as encoded once per registry revision: most of the bytes,
 	// and they change least. They are spliced in, not marshalled as json.RawMessage, which
 	// would check and compact them again each time.
-	b, _ := json.Marshal(st)
+	b, err := json.Marshal(st)
+	if err != nil || len(b) < 2 {
+		b = []byte(`{"errors":["the snapshot could not be encoded"]}`)
+	}
 	out := make([]byte, 0, len(b)+len(mods.modules)+len(mods.edges)+32)
 	out = append(out, b[:len(b)-1]...)
 	out = append(out, `,"modules":`...)

@@ -249,14 +249,19 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Duration, asJSON bool) error {
 	want := map[string]uint64{} // node → the declaration's revision
 	for _, d := range reply.Declared {
-		if d.Error == "" {
-			want[d.Node] = d.Revision
+		if d.Error != "" {
+			return fmt.Errorf("%s on %s is not declared yet (%s): --wait would wait for nothing there; meshnode ps shows it once the next change or controller start declares it", reply.Module, d.Node, d.Error)
 		}
+		want[d.Node] = d.Revision
+	}
+	if len(want) == 0 {
+		return fmt.Errorf("%s is declared on no node: nothing to wait for", reply.Module)
 	}
 	instances := 1
 	if reply.Deployment != nil && reply.Deployment.Instances > 0 {
 		instances = reply.Deployment.Instances
 	}
+	total := instances * len(want)
 	stderr := cmd.ErrOrStderr()
 	shown := false
 	defer func() {
@@ -265,48 +270,57 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 		}
 	}()
 	deadline := time.Now().Add(within)
-	for {
-		var ps []registry.Process
-		err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-			ps, err = admin.Ps(ctx, nc)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		running, states := 0, map[string]string{}
-		for _, p := range ps {
-			rev, ok := want[p.Node]
-			if p.Module != reply.Module || !ok || p.Revision < rev {
-				continue
+	// One connection for the whole wait; a ps that fails (the controller moving, say) is
+	// asked again until the deadline.
+	return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
+		var last error
+		for {
+			running, states := 0, map[string]string{}
+			pctx, cancel := context.WithTimeout(ctx, requestTimeout)
+			ps, err := admin.Ps(pctx, nc)
+			cancel()
+			if err != nil {
+				last = err
 			}
-			states[p.Node] = p.State
-			switch p.State {
-			case host.StateRunning:
-				running++
-			case host.StateFailed, host.StateCrashLooping:
-				return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
+			for _, p := range ps {
+				rev, ok := want[p.Node]
+				if p.Module != reply.Module || !ok || p.Revision < rev {
+					continue
+				}
+				states[p.Node] = p.State
+				switch p.State {
+				case host.StateRunning:
+					running++
+				case host.StateFailed, host.StateCrashLooping:
+					return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
+				}
+			}
+			if err == nil && running >= total {
+				if asJSON {
+					return nil // the deploy's answer was the one record; the exit status says the rest
+				}
+				for _, node := range slices.Sorted(maps.Keys(want)) {
+					fmt.Fprintf(cmd.OutOrStdout(), "  %s: running (%d of %d)\n", node, instances, instances)
+				}
+				return nil
+			}
+			if time.Now().After(deadline) {
+				if err != nil {
+					return fmt.Errorf("after %s, ps does not answer: %w", within, last)
+				}
+				return fmt.Errorf("after %s, %d of %d instances of %s run (%v); meshnode ps shows where it stands", within, running, total, reply.Module, states)
+			}
+			if isTerminal(stderr) {
+				fmt.Fprintf(stderr, "\rwaiting: %d of %d instances of %s running", running, total, reply.Module)
+				shown = true
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond): // a poll of ps: nothing tells a change
 			}
 		}
-		total := instances * len(want)
-		if running >= total {
-			if asJSON {
-				return nil // the deploy's answer was the one record; the exit status says the rest
-			}
-			for _, node := range slices.Sorted(maps.Keys(want)) {
-				fmt.Fprintf(cmd.OutOrStdout(), "  %s: running (%d of %d)\n", node, instances, instances)
-			}
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %s, %d of %d instances of %s run (%v); meshnode ps shows where it stands", within, running, total, reply.Module, states)
-		}
-		if isTerminal(stderr) {
-			fmt.Fprintf(stderr, "\rwaiting: %d of %d instances of %s running", running, total, reply.Module)
-			shown = true
-		}
-		time.Sleep(250 * time.Millisecond) // a poll of ps: nothing tells a change
-	}
+	})
 }
 
 func newUndeployCmd() *cobra.Command {

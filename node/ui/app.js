@@ -169,7 +169,8 @@ function stream(each, done) {
   src.addEventListener("state", (e) => each(e.data));
   // A page left for another keeps no stream open (a page the browser keeps for its Back
   // button would hold one, and the node's snapshots, for nothing); coming back reloads it.
-  addEventListener("pagehide", () => src.close());
+  // The lock goes too, so that another open page takes the stream over.
+  addEventListener("pagehide", () => { src.close(); done(); });
   src.onerror = async () => {
     $("#live").textContent = "reconnecting…";
     $("#live").className = "off";
