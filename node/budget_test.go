@@ -22,6 +22,9 @@ import (
 func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.StoreMaxBytes = 64 << 20
+	// The module's own quota (a quarter of EVENTS by default) would refuse its emits first,
+	// as soon as the audit log has counted them: here EVENTS itself is to fill.
+	cfg.ModuleEventsMaxBytes = cfg.StoreMaxBytes
 	b := newBedAt(t, cfg)
 	seed, _ := b.register("module: flood\nrequires: [mesh-bus]\nemits: [big]\n")
 	c := b.client(seed)
