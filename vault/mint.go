@@ -3,8 +3,8 @@ package vault
 import (
 	"crypto/rand"
 	"fmt"
-	"sync"
 
+	"github.com/meshnode/meshnode/internal/boundedmap"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/crypto/nacl/box"
 )
@@ -27,9 +27,9 @@ func MintUser() (nkeys.KeyPair, error) {
 // The sender key is made once per recipient and kept in memory only, with the key the two
 // agree on (an X25519 agreement, most of a fetch's cost): a client's next fetch with the
 // same xkey costs no agreement on either side. A client's xkey lives as long as its
-// connection; the vault forgets senders past sealersMost recipients.
+// connection; the vault forgets senders past 4,096 recipients.
 func Seal(recipient string, data []byte) (sealed []byte, sender string, err error) {
-	k, err := sealers.get(recipient)
+	k, err := sealerFor(recipient)
 	if err != nil {
 		return nil, "", err
 	}
@@ -62,20 +62,23 @@ func Unseal(o Opener, sender string, sealed []byte) ([]byte, error) {
 // agreement. It holds the xkey for as long as it lives; a one-time xkey needs none.
 type CachingOpener struct {
 	kp     nkeys.KeyPair
-	mu     sync.Mutex
-	shared map[string][32]byte // by sender
+	shared *boundedmap.Map[string, [32]byte] // by sender: a client's vaults, one per server that held the seat
 }
 
 // NewCachingOpener returns a CachingOpener for kp, an xkey pair.
 func NewCachingOpener(kp nkeys.KeyPair) *CachingOpener {
-	return &CachingOpener{kp: kp, shared: map[string][32]byte{}}
+	return &CachingOpener{kp: kp, shared: boundedmap.New[string, [32]byte](64)}
 }
 
 // Open opens sealed, from sender, in nkeys' xkey format.
 func (o *CachingOpener) Open(sealed []byte, sender string) ([]byte, error) {
-	shared, err := o.agreed(sender)
-	if err != nil {
-		return nil, err
+	shared, ok := o.shared.Get(sender)
+	if !ok {
+		var err error
+		if shared, err = agree(o.kp, sender); err != nil {
+			return nil, err
+		}
+		o.shared.Put(sender, shared)
 	}
 	head := len(nkeys.XKeyVersionV1) + 24
 	if len(sealed) <= head || string(sealed[:len(nkeys.XKeyVersionV1)]) != nkeys.XKeyVersionV1 {
@@ -90,62 +93,21 @@ func (o *CachingOpener) Open(sealed []byte, sender string) ([]byte, error) {
 	return data, nil
 }
 
-func (o *CachingOpener) agreed(sender string) ([32]byte, error) {
-	o.mu.Lock()
-	shared, ok := o.shared[sender]
-	o.mu.Unlock()
-	if ok {
-		return shared, nil
-	}
-	raw, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(sender))
-	if err != nil || len(raw) != 32 {
-		return shared, nkeys.ErrInvalidSender
-	}
-	priv, err := curveSeed(o.kp)
-	if err != nil {
-		return shared, err
-	}
-	var spub [32]byte
-	copy(spub[:], raw)
-	box.Precompute(&shared, &spub, &priv)
-	clear(priv[:])
-	o.mu.Lock()
-	if len(o.shared) >= openersMost {
-		clear(o.shared)
-	}
-	o.shared[sender] = shared
-	o.mu.Unlock()
-	return shared, nil
-}
-
-// sealersMost and openersMost bound the keys kept; past them, all are forgotten at once
-// (a flood of requests with new xkeys costs agreements, never memory).
-const (
-	sealersMost = 4096
-	openersMost = 64 // a client's vaults: one per server that held the seat
-)
-
+// sealKey is the vault's side of one recipient: its sender key and the key they agree on.
 type sealKey struct {
 	sender string
 	shared [32]byte
 }
 
-var sealers = sealCache{m: map[string]*sealKey{}}
+// sealers are the vault's sender keys, by recipient xkey; past 4,096 they start again (a
+// flood of requests with new xkeys costs agreements, never memory).
+var sealers = boundedmap.New[string, *sealKey](4096)
 
-type sealCache struct {
-	mu sync.Mutex
-	m  map[string]*sealKey
-}
-
-func (c *sealCache) get(recipient string) (*sealKey, error) {
-	c.mu.Lock()
-	k := c.m[recipient]
-	c.mu.Unlock()
-	if k != nil {
+func sealerFor(recipient string) (*sealKey, error) {
+	if k, ok := sealers.Get(recipient); ok {
 		return k, nil
 	}
-	raw, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(recipient))
-	if err != nil || len(raw) != 32 {
+	if !nkeys.IsValidPublicCurveKey(recipient) { // before a key is made for it
 		return nil, fmt.Errorf("seal: %q is not an xkey public key", recipient)
 	}
 	kp, err := nkeys.CreateCurveKeys()
@@ -153,25 +115,32 @@ func (c *sealCache) get(recipient string) (*sealKey, error) {
 		return nil, fmt.Errorf("seal: %w", err)
 	}
 	defer kp.Wipe()
-	priv, err := curveSeed(kp)
-	if err != nil {
-		return nil, fmt.Errorf("seal: %w", err)
-	}
-	k = &sealKey{}
+	k := &sealKey{}
 	if k.sender, err = kp.PublicKey(); err != nil {
 		return nil, fmt.Errorf("seal: %w", err)
 	}
-	var rpub [32]byte
-	copy(rpub[:], raw)
-	box.Precompute(&k.shared, &rpub, &priv)
-	clear(priv[:])
-	c.mu.Lock()
-	if len(c.m) >= sealersMost {
-		clear(c.m)
+	if k.shared, err = agree(kp, recipient); err != nil {
+		return nil, fmt.Errorf("seal: %q is not an xkey public key: %w", recipient, err)
 	}
-	c.m[recipient] = k
-	c.mu.Unlock()
+	sealers.Put(recipient, k)
 	return k, nil
+}
+
+// agree is the key kp and the xkey peer agree on (X25519, as nacl/box precomputes it).
+func agree(kp nkeys.KeyPair, peer string) (shared [32]byte, err error) {
+	raw, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(peer))
+	if err != nil || len(raw) != 32 {
+		return shared, nkeys.ErrInvalidCurveKey
+	}
+	priv, err := curveSeed(kp)
+	if err != nil {
+		return shared, err
+	}
+	var pub [32]byte
+	copy(pub[:], raw)
+	box.Precompute(&shared, &pub, &priv)
+	clear(priv[:])
+	return shared, nil
 }
 
 // curveSeed is the raw X25519 private key of an xkey pair.
