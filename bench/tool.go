@@ -25,7 +25,7 @@ type ToolCallResult struct {
 	// Mesh and Raw are the two sides.
 	Mesh Series `json:"mesh"`
 	Raw  Series `json:"raw"`
-	// Ratio is Mesh.P50 / Raw.P50 (issue 4's target: ≤ 1.2).
+	// Ratio is Mesh.P50 / Raw.P50 (issue 20's target: ≤ 1.1).
 	Ratio float64 `json:"ratio"`
 	// RatioP99 is Mesh.P99 / Raw.P99.
 	RatioP99 float64 `json:"ratio_p99"`

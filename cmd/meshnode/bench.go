@@ -42,7 +42,7 @@ remove the node and its data. A running node is not touched.
              drained alongside (what an audit log costs the broker): targets ≥ 0.65× and
              ≥ 0.8×.
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
-             subscriber on a plain subject: p50/p99; target mesh ≤ 1.2× raw.
+             subscriber on a plain subject: p50/p99; target mesh ≤ 1.1× raw.
   connect    register --modules generated modules, then time sdk.Connect and a raw
              nkey nats.Connect of one of them, and the registration itself.
 
