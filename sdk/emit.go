@@ -65,12 +65,22 @@ func Retry(id string) EmitOption { return func(o *envelope.Options) { o.ID = id 
 // any error after it: an Emit that timed out may still have been stored, and passing the id
 // back with Retry(id) makes trying again safe.
 func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...EmitOption) (string, error) {
+	subject, err := c.emitSubject(event)
+	if err != nil {
+		return "", err
+	}
+	return c.publish(ctx, subject, payload, opts)
+}
+
+// emitSubject is the subject of one of the module's declared events, or ErrNotDeclared
+// saying what to declare.
+func (c *Client) emitSubject(event string) (string, error) {
 	self := c.declared()
 	if !slices.Contains(self.Emits, event) {
 		return "", fmt.Errorf("%w: module %s does not emit %q (it emits %v); add it to emits: in its manifest and re-register",
 			ErrNotDeclared, self.Module, event, self.Emits)
 	}
-	return c.publish(ctx, manifest.EventSubject(self.Module, event), payload, opts)
+	return manifest.EventSubject(self.Module, event), nil
 }
 
 // Submit sends a job to a seat the module uses: it waits in the seat's work queue until the

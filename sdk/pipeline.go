@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -78,13 +76,11 @@ type pipeline struct {
 // EmitAsync waits, within ctx, for a slot. Flush waits for every answer and reports the
 // events that were not stored. The event is signed before EmitAsync returns.
 func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts ...EmitOption) (*Pending, error) {
-	self := c.declared()
-	if !slices.Contains(self.Emits, event) {
-		return nil, fmt.Errorf("%w: module %s does not emit %q (it emits %v); add it to emits: in its manifest and re-register",
-			ErrNotDeclared, self.Module, event, self.Emits)
+	subject, err := c.emitSubject(event)
+	if err != nil {
+		return nil, err
 	}
-	subject := manifest.EventSubject(self.Module, event)
-	h, body, err := c.stamp(ctx, self.Module, subject, payload, opts)
+	h, body, err := c.stamp(ctx, c.Module(), subject, payload, opts)
 	if err != nil {
 		return nil, err
 	}
