@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/membership"
 	"go.uber.org/goleak"
 )
@@ -39,20 +40,7 @@ func open(t *testing.T, name, mesh string, k []byte) *membership.Membership {
 	return m
 }
 
-func retryUntil(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var retryUntil = testbed.RetryUntil
 
 func TestMembership_Form(t *testing.T) {
 	k := key(t)

@@ -9,10 +9,14 @@ package mirror
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshnode/meshnode/internal/backoff"
 )
 
 // ErrClosed means the watch ended on its own: before the bucket's current values were all
@@ -25,11 +29,14 @@ type Watch struct {
 	subjects []string // the keys watched; none: all
 	apply    func(jetstream.KeyValueEntry)
 
-	rewatching sync.Mutex // one Rewatch at a time
+	rewatching sync.Mutex     // one Rewatch or Resume at a time
+	stopping   sync.WaitGroup // the stops of watches Resume replaced
 
 	mu    sync.Mutex
-	w     jetstream.KeyWatcher // the current watcher: Rewatch replaces it
+	w     jetstream.KeyWatcher // the current watcher: Rewatch and Resume replace it
 	ended jetstream.KeyWatcher // the watcher whose end Run last reported
+	last  uint64               // the highest revision applied
+	floor uint64               // the current watcher's entries at or below it are applied already
 }
 
 // Open watches kv's keys (all of them when keys is empty) and applies every current value
@@ -51,19 +58,27 @@ func (m *Watch) start(ctx context.Context) (jetstream.KeyWatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := load(ctx, w, m.apply); err != nil {
+	if err := load(ctx, w, m.applyLoaded); err != nil {
 		w.Stop()
 		return nil, err
 	}
 	return w, nil
 }
 
+// applyLoaded applies an entry of a watch's load, which has Run wait (rewatching).
+func (m *Watch) applyLoaded(e jetstream.KeyValueEntry) {
+	m.apply(e)
+	m.mu.Lock()
+	m.last = max(m.last, e.Revision())
+	m.mu.Unlock()
+}
+
 // watch starts a new watcher of the bucket's keys.
-func (m *Watch) watch() (jetstream.KeyWatcher, error) {
+func (m *Watch) watch(opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
 	if len(m.subjects) == 0 {
-		return m.kv.WatchAll(context.Background())
+		return m.kv.WatchAll(context.Background(), opts...)
 	}
-	return m.kv.WatchFiltered(context.Background(), m.subjects)
+	return m.kv.WatchFiltered(context.Background(), m.subjects, opts...)
 }
 
 // current is the watcher Run follows now.
@@ -103,8 +118,9 @@ func (m *Watch) applyFrom(w jetstream.KeyWatcher) func(jetstream.KeyValueEntry) 
 	return func(e jetstream.KeyValueEntry) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.w == w {
+		if m.w == w && e.Revision() > m.floor {
 			m.apply(e)
+			m.last = max(m.last, e.Revision())
 		}
 	}
 }
@@ -144,19 +160,75 @@ func (m *Watch) rewatch(ctx context.Context, reset func()) error {
 	}
 	m.mu.Lock() // waits for an entry of the old watch being applied
 	old := m.w
-	m.w = w
+	m.w, m.last, m.floor = w, 0, 0 // a new bucket counts its revisions from 1
 	m.mu.Unlock()
 	stop(old) // its follow ends; Run takes the new watch up once it is loaded
 	reset()
-	if err := load(ctx, w, m.apply); err != nil {
+	if err := load(ctx, w, m.applyLoaded); err != nil {
 		w.Stop() // Run ends with ErrClosed on it: the owner retakes
 		return err
 	}
 	return nil
 }
 
+// Resume replaces the watch with one that starts after the last revision applied, keeping
+// the mirror as it is. The watch's consumer is an ordered consumer: one replica, on the server
+// that led the stream when it was made, and lost with that server. nats.go makes a new one
+// only after two missed heartbeats, 10 to 20 s, during which the mirror is blind; an owner
+// that waits for its own write to arrive (Awaiting) need not wait that long. If the stream
+// has no leader yet, nothing changes and the error says why.
+func (m *Watch) Resume() error {
+	m.rewatching.Lock()
+	defer m.rewatching.Unlock()
+	m.mu.Lock()
+	from := m.last + 1
+	m.mu.Unlock()
+	w, err := m.watch(jetstream.ResumeFromRevision(from))
+	if err != nil {
+		return fmt.Errorf("watch %s again from revision %d: %w", m.kv.Bucket(), from, err)
+	}
+	m.mu.Lock()
+	old := m.w
+	m.w, m.floor = w, m.last // what the old watch applied meanwhile is not applied twice
+	m.mu.Unlock()
+	// Its follow ends at once; the stop then asks to delete its consumer, which may wait for
+	// a server that is gone.
+	m.stopping.Add(1)
+	go func() {
+		defer m.stopping.Done()
+		stop(old)
+	}()
+	return nil
+}
+
+// Stall is how long an owner's wait for its own write lasts before the watch is resumed.
+const Stall = time.Second
+
+// Awaiting covers an owner's wait for a write of its own to reach the mirror, until the
+// returned func is called: once the wait has lasted Stall, and again after growing waits,
+// the watch is resumed (Resume), and report is told the outcome.
+func (m *Watch) Awaiting(ctx context.Context, report func(error)) (done func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		b := backoff.Backoff{First: Stall, Max: 4 * Stall}
+		for b.Wait(ctx) == nil {
+			report(m.Resume())
+		}
+	}()
+	return func() {
+		cancel()
+		<-finished
+	}
+}
+
 // Close stops the watch; the owner's mirror keeps its last state.
-func (m *Watch) Close() error { return stop(m.current()) }
+func (m *Watch) Close() error {
+	err := stop(m.current())
+	m.stopping.Wait()
+	return err
+}
 
 // load applies every entry w delivers until the bucket's current values are all in (the
 // watch's nil marker). If ctx ends first it stops w and returns ctx's error.

@@ -101,20 +101,7 @@ func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 }
 
 // retryUntil polls f until it returns nil or the timeout passes.
-func retryUntil(tb testing.TB, timeout time.Duration, f func() error) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var retryUntil = testbed.RetryUntil
 
 // connect opens a client connection authenticated with the nkey seed in seedFile.
 func connect(tb testing.TB, url, seedFile string, opts ...nats.Option) *nats.Conn {

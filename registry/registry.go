@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/ensure"
+	"github.com/meshnode/meshnode/internal/kvretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -156,7 +157,7 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 		return fmt.Errorf("open %s: %w", Bucket, err)
 	}
 	// The watch outlives ctx, which only bounds the start: Close stops it.
-	r.kv = kv
+	r.kv = kvretry.Wrap(kv)
 	if r.watch, err = mirror.Open(ctx, kv, r.apply); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
@@ -775,7 +776,19 @@ func (r *Registry) Delete(ctx context.Context, name string, revision uint64) err
 
 // waitRevision blocks until the mirror has applied revision rev.
 func (r *Registry) waitRevision(ctx context.Context, rev uint64) error {
+	defer r.watch.Awaiting(ctx, r.resumed(rev))()
 	return r.waitFor(ctx, func() bool { return r.rev >= rev })
+}
+
+// resumed logs a resumption of the watch while a write at rev waited for it.
+func (r *Registry) resumed(rev uint64) func(error) {
+	return func(err error) {
+		if err != nil {
+			r.log.Warn("the registry's watch has not delivered a write; it cannot be resumed yet", "revision", rev, "err", err)
+			return
+		}
+		r.log.Warn("the registry's watch had not delivered a write; resumed", "revision", rev)
+	}
 }
 
 // waitFor blocks until cond (called with r.mu held) is true or ctx ends.

@@ -148,6 +148,13 @@ func (v *Vault) awaitRecord(ctx context.Context, key string, rev uint64) error {
 
 // awaitMirror waits until the mirror's entry of key (ok: there is one) is what done wants.
 func (v *Vault) awaitMirror(ctx context.Context, key string, done func(e recordEntry, ok bool) bool) error {
+	defer v.watch.Awaiting(ctx, func(err error) {
+		if err != nil {
+			v.log.Warn("the vault's watch has not delivered a write; it cannot be resumed yet", "key", key, "err", err)
+			return
+		}
+		v.log.Warn("the vault's watch had not delivered a write; resumed", "key", key)
+	})()
 	for {
 		v.mu.RLock()
 		e, ok := v.records[key]

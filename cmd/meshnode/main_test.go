@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sdk"
 )
 
@@ -286,17 +287,4 @@ func (b *syncBuffer) String() string {
 }
 
 // retryUntil polls f until it returns nil or the timeout passes.
-func retryUntil(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var retryUntil = testbed.RetryUntil

@@ -97,3 +97,20 @@ func NATSServer(t testing.TB, opts *server.Options) *server.Server {
 	}
 	return srv
 }
+
+// RetryUntil polls f until it returns nil, and fails tb with f's last error once timeout has
+// passed: how a test waits for a state.
+func RetryUntil(tb testing.TB, timeout time.Duration, f func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
