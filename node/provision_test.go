@@ -419,6 +419,11 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 		if got := p.holding(); len(got) > 0 {
 			return fmt.Errorf("the provider still holds %v", got)
 		}
+		if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+			return m["consumer"] == "app" && m["interface"] == "cache" && m["provider"] == "cache-a"
+		}) {
+			return fmt.Errorf("no deprovisioned event for the removed app: %v", evs)
+		}
 		return nil
 	})
 }

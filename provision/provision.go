@@ -118,7 +118,7 @@ type Record struct {
 	Provider string    `json:"provider"`
 	State    string    `json:"state"`
 	Since    time.Time `json:"since"`
-	Reason   string    `json:"reason,omitempty"`
+	Reason   string    `json:"reason"` // why it waits or failed; empty when ready
 	// Generation rises with each create: a consumer restarts with a new credential.
 	Generation uint64 `json:"generation"`
 }

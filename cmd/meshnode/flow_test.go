@@ -219,6 +219,45 @@ func TestBinary_ModuleFlow(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"provisions", "pin", "runner", "kv", "somewhere"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "does not require kv from a seat") {
 		t.Fatalf("provisions pin of the mesh's own kv: exit %d %s", r.code, r.stderr)
 	}
+	// A module requiring what no seat provides waits, not started, and says why.
+	waiter := write("waiter.yaml", "module: waiter\nrequires: [mesh-bus, postgres]\n")
+	for _, args := range [][]string{{"module", "register", waiter, "--creds-out", waiter + ".nk"}, {"artifact", "put", "waiter", script, "--version", "1"}, {"deploy", "waiter", "--version", "1", "--all"}} {
+		if r := meshnode(t, nil, append(args, dd...)...); r.code != 0 {
+			t.Fatalf("%s: exit %d\n%s%s", args[0], r.code, r.stdout, r.stderr)
+		}
+	}
+	noSeat := "no seat provides postgres yet: register a module whose seat has provides: [postgres]"
+	retryUntil(t, 10*time.Second, func() error {
+		r := meshnode(t, nil, append([]string{"provisions", "--json"}, dd...)...)
+		var rows []map[string]any
+		for line := range strings.Lines(r.stdout) {
+			var row map[string]any
+			if err := json.Unmarshal([]byte(line), &row); err != nil {
+				return fmt.Errorf("provisions --json: %q: %v", line, err)
+			}
+			rows = append(rows, row)
+		}
+		if r.code != 0 || len(rows) != 2 || rows[1]["consumer"] != "waiter" || rows[1]["state"] != "waiting" || rows[1]["provider"] != "" || rows[1]["reason"] != noSeat || rows[0]["reason"] != "" {
+			return fmt.Errorf("provisions --json with a waiting module: exit %d %q %s", r.code, r.stdout, r.stderr)
+		}
+		if r := meshnode(t, nil, append([]string{"provisions"}, dd...)...); r.code != 0 || !regexp.MustCompile(`(?m)^waiter\s+postgres\s+-\s+waiting\s.*`+regexp.QuoteMeta(noSeat)).MatchString(r.stdout) {
+			return fmt.Errorf("provisions with a waiting module: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		r = meshnode(t, nil, append([]string{"ps", "--json"}, dd...)...)
+		for line := range strings.Lines(r.stdout) {
+			var p struct {
+				Module, State, Reason string
+				PID                   int
+			}
+			if json.Unmarshal([]byte(line), &p) == nil && p.Module == "waiter" && p.State == "waiting" && p.PID == 0 && strings.Contains(p.Reason, "postgres") {
+				return nil
+			}
+		}
+		return fmt.Errorf("ps has no waiting waiter: exit %d %q %s", r.code, r.stdout, r.stderr)
+	})
+	if r := meshnode(t, nil, append([]string{"undeploy", "waiter"}, dd...)...); r.code != 0 {
+		t.Fatalf("undeploy waiter: exit %d %s", r.code, r.stderr)
+	}
 	if r := meshnode(t, nil, append([]string{"artifact", "rm", "runner", "--version", "1"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "is deployed") {
 		t.Fatalf("artifact rm of a deployed version: exit %d %s", r.code, r.stderr)
 	}
