@@ -305,6 +305,19 @@ func envNames() []string {
 	return out
 }
 
+// Get returns the value of a text-valued configuration key (an address, a name).
+func (c *Config) Get(key string) (string, error) {
+	p, ok := c.keys()[key]
+	if !ok {
+		return "", fmt.Errorf("%w: unknown key %q", ErrInvalid, key)
+	}
+	s, ok := p.(*string)
+	if !ok {
+		return "", fmt.Errorf("%w: %s is not a text key", ErrInvalid, key)
+	}
+	return *s, nil
+}
+
 // Set assigns a value given as text to the configuration key.
 func (c *Config) Set(key, value string) error {
 	p, ok := c.keys()[key]

@@ -24,9 +24,15 @@ func ClientOptions(o *nats.Options, pool *x509.CertPool) {
 		if err != nil {
 			continue
 		}
-		host := u.Hostname()
-		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		if !Loopback(u.Hostname()) {
 			o.Secure = true
 		}
 	}
+}
+
+// Loopback reports whether host (a name or an IP address, no port) is localhost or a
+// loopback address: reachable from this machine only.
+func Loopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/membership"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -169,9 +170,9 @@ func advertised(cfg config.Config, seeds []string) (addresses, error) {
 		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 			return out, fmt.Errorf("%s %s binds every interface, and the other servers must be told which address reaches this one: set --advertise to it (e.g. --advertise 10.0.0.2)", a.key, a.addr)
 		}
-		if isLoopback(host) {
+		if meshca.Loopback(host) {
 			for _, s := range seeds {
-				if sh, _, err := net.SplitHostPort(s); err == nil && !isLoopback(sh) {
+				if sh, _, err := net.SplitHostPort(s); err == nil && !meshca.Loopback(sh) {
 					return out, fmt.Errorf("this node would advertise %s (%s) to peers that are elsewhere (%s): set --advertise to an address they reach this machine at, or bind %s to one", net.JoinHostPort(host, port), a.key, s, a.key)
 				}
 			}
@@ -179,15 +180,6 @@ func advertised(cfg config.Config, seeds []string) (addresses, error) {
 		*a.to = net.JoinHostPort(host, port)
 	}
 	return out, nil
-}
-
-// isLoopback reports whether host is a loopback address or localhost.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func names(ms []membership.Member) []string {

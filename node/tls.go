@@ -27,7 +27,7 @@ func (n *Node) clientTLSOn() bool {
 		return true
 	}
 	host, _, err := net.SplitHostPort(n.cfg.ClientAddr)
-	return err == nil && !isLoopback(host)
+	return err == nil && !meshca.Loopback(host)
 }
 
 // clientCAFile is the CA certificate the node's modules trust (MESH_CA), "" when the

@@ -51,6 +51,20 @@ func TestIntegration_FoundThree(t *testing.T) {
 	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
 		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// join kept c's addresses beside its data dir: restarted as the unit starts it (the data
+	// dir alone), it comes back into the mesh.
+	c := nodes[2]
+	if code, _ := c.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("stop c: exit %d", code)
+	}
+	c.p = startNode(t, "run", "--data-dir", c.dir, "--log-level", logLevelForTests())
+	retryUntil(t, 30*time.Second, func() error {
+		r := meshnode(t, nil, "members", "--json", "--data-dir", nodes[0].dir)
+		if strings.Count(r.stdout, `"state":"alive"`) != 3 {
+			return fmt.Errorf("members after c's restart with its data dir alone: %s %s", r.stdout, r.stderr)
+		}
+		return nil
+	})
 	// The founding token is spent once the mesh has formed.
 	if r := meshnode(t, nil, append([]string{"join", "--token", token}, newMeshNode(t, "late").flags...)...); r.code != 1 || !strings.Contains(r.stderr, "founding token is spent") {
 		t.Fatalf("a fourth node with the founding token: exit %d %s", r.code, r.stderr)
@@ -659,6 +673,9 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	if json.Unmarshal([]byte(r.stdout), &g); r.code != 0 || !strings.HasPrefix(g.Token, "MNJ1.") || g.Uses != 2 {
 		t.Fatalf("grow: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	if !strings.Contains(r.stderr, "listens on loopback only") || !strings.Contains(r.stderr, "--advertise") {
+		t.Fatalf("grow of a node on loopback does not say that only this machine can join it: %s", r.stderr)
+	}
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); !strings.Contains(r.stdout, "waiting for 2 more to join") {
 		t.Fatalf("status while growing: %s %s", r.stdout, r.stderr)
 	}
@@ -750,14 +767,4 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	if r := meshnode(t, nil, "audit", "verify", "--data-dir", a.dir, "--creds", op); r.code != 0 {
 		t.Fatalf("audit verify on the grown node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
-}
-
-// flagValue is the value after name in flags ("" if absent).
-func flagValue(flags []string, name string) string {
-	for i, f := range flags {
-		if f == name && i+1 < len(flags) {
-			return flags[i+1]
-		}
-	}
-	return ""
 }

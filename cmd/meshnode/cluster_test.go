@@ -120,6 +120,30 @@ func TestBinary_FormationProgress(t *testing.T) {
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 1 || !strings.Contains(r.stderr, "no meshnode is running") {
 		t.Fatalf("status after the stop: exit %d %s", r.code, r.stderr)
 	}
+
+	// genesis kept the addresses it was given beside the data dir, so the unit's command —
+	// run with the data dir alone — starts the same server: the same HTTP address answers,
+	// still waiting for the same peers.
+	kept, err := os.ReadFile(filepath.Join(a.dir, "meshnode.yaml"))
+	if st, _ := os.Stat(filepath.Join(a.dir, "meshnode.yaml")); err != nil || st.Mode().Perm() != 0o600 ||
+		!strings.Contains(string(kept), "cluster-addr: "+flagValue(a.flags, "--cluster-addr")) || !strings.Contains(string(kept), "http-addr: "+httpAddr) {
+		t.Fatalf("meshnode.yaml after genesis: %v\n%s", err, kept)
+	}
+	a.p = launch(t, "run", "--data-dir", a.dir, "--log-level", "error")
+	retryUntil(t, 20*time.Second, func() error {
+		resp, err := quick.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		var body struct{ Reason string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || !strings.Contains(body.Reason, "waiting for 2 more node(s)") {
+			return fmt.Errorf("/readyz of run --data-dir alone: %d %q", resp.StatusCode, body.Reason)
+		}
+		return nil
+	})
+	a.p.stop(t, syscall.SIGTERM)
 }
 
 // logLevelForTests is the log level of a test mesh's nodes: debug with MESHNODE_TEST_LOG set
@@ -210,4 +234,14 @@ func TestBinary_Advertise(t *testing.T) {
 	if r := meshnode(t, nil, "run", "--advertise", "0.0.0.0", "--data-dir", a.dir); r.code != 2 || !strings.Contains(r.stderr, "advertise") {
 		t.Fatalf("--advertise 0.0.0.0: exit %d %s", r.code, r.stderr)
 	}
+}
+
+// flagValue is the value after name in flags ("" if absent).
+func flagValue(flags []string, name string) string {
+	for i, f := range flags {
+		if f == name && i+1 < len(flags) {
+			return flags[i+1]
+		}
+	}
+	return ""
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 )
 
 // addConfigFlags adds the flags every verb takes: --config and --data-dir.
@@ -116,4 +117,56 @@ func newLogger(cfg config.Config, w *os.File) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// addressKeys are the configuration keys that say where a node listens and how the others
+// reach it: what a later `meshnode run --data-dir DIR` (the systemd unit's command) needs
+// to start the same server.
+var addressKeys = []string{"client-addr", "cluster-addr", "gossip-addr", "http-addr", "advertise", "client-tls"}
+
+// keepAddresses writes the addresses given to genesis or join (by flag or environment) to
+// meshnode.yaml in the data dir, so that the node's later starts — `meshnode run --data-dir`,
+// the unit — listen and advertise as it was founded; otherwise a clustered node restarted
+// without them binds 0.0.0.0 and refuses to advertise it. Nothing is written when a
+// configuration file was given or the data dir has one already (the operator's own), or when
+// no address was given. It returns the file written, if any.
+func keepAddresses(cmd *cobra.Command, cfg config.Config) (string, error) {
+	explicit, _ := cmd.Flags().GetString("config")
+	if explicit != "" || os.Getenv(config.EnvPrefix+"CONFIG") != "" {
+		return "", nil
+	}
+	values := map[string]string{}
+	for _, key := range addressKeys {
+		fl := cmd.Flags().Lookup(key)
+		_, inEnv := os.LookupEnv(config.EnvName(key))
+		if (fl == nil || !fl.Changed) && !inEnv {
+			continue
+		}
+		v, err := cfg.Get(key)
+		if err != nil {
+			return "", err
+		}
+		values[key] = v
+	}
+	if len(values) == 0 {
+		return "", nil
+	}
+	b, err := yaml.Marshal(values)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(cfg.DataDir, config.FileName)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return "", nil // the operator's own file: theirs to keep
+	}
+	if err != nil {
+		return "", fmt.Errorf("keep this node's addresses: %w", err)
+	}
+	b = append([]byte("# Written by meshnode genesis/join: the addresses this node was founded with, for\n# `meshnode run --data-dir` and the service. Edit them here; flags override them.\n"), b...)
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return "", fmt.Errorf("keep this node's addresses: %w", err)
+	}
+	return path, f.Close()
 }

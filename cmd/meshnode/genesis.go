@@ -44,6 +44,13 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 				return err
 			}
 			out["mesh_id"] = r.MeshID
+			kept, err := keepAddresses(cmd, cfg)
+			if err != nil {
+				return fmt.Errorf("mesh %s was created, but %w; write them to %s yourself", r.MeshID, err, filepath.Join(cfg.DataDir, config.FileName))
+			}
+			if kept != "" {
+				out["config"] = kept
+			}
 			if expect >= 3 {
 				out["founding_token"] = f.FoundingToken(expect, []string{cfg.GossipAddr})
 			} else {
@@ -60,6 +67,9 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "mesh %s created; node %s is its first server\n", out["mesh_id"], cfg.Name)
+			if kept != "" {
+				fmt.Fprintf(w, "its addresses are kept in %s: `meshnode run --data-dir %s` and the service start it with them\n", kept, cfg.DataDir)
+			}
 			if expect >= 3 {
 				fmt.Fprintf(w, "founding token (for the other %d founding nodes; it carries the mesh's route credential and gossip key — keep it secret):\n  %s\n", expect-1, out["founding_token"])
 				fmt.Fprintf(w, "the operator credential will be %s once the founding nodes have met\n", out["operator_creds"])
@@ -72,6 +82,6 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 	}
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 or more")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?, config?")
 	return cmd
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"time"
 
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
@@ -48,6 +50,11 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 			if _, err := vaultCall(cmd, vault.VerbToken, vault.Request{TTL: ttl.String(), Uses: expect - 1}, &t); err != nil {
 				return fmt.Errorf("node %s is growing, but its join token was not made (%w); make one with `meshnode token create --uses %d`", info.Name, err, expect-1)
 			}
+			if onLoopback(info.ClusterAddr) && onLoopback(info.GossipAddr) {
+				// The token's seed is this address: a joiner on another machine would wait for ever.
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: node %s listens on loopback only (cluster %s, gossip %s): only servers on this machine can join it; to grow across machines, restart it with --cluster-addr and --gossip-addr (or --advertise) the new machines reach, then run grow again\n",
+					info.Name, info.ClusterAddr, info.GossipAddr)
+			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"token": t.Token, "id": t.ID, "expires": t.Expires, "uses": t.Uses, "expect": expect})
 			}
@@ -62,4 +69,10 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 	cmd.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the join token is valid")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses, expect")
 	return cmd
+}
+
+// onLoopback reports whether addr (host:port) is on a loopback address or localhost.
+func onLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && meshca.Loopback(host)
 }

@@ -78,6 +78,13 @@ Later restarts are meshnode run.`,
 			if err != nil {
 				return err
 			}
+			keep := func() error {
+				kept, err := keepAddresses(cmd, cfg)
+				if kept != "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "its addresses are kept in %s: `meshnode run --data-dir %s` and the service start it with them\n", kept, cfg.DataDir)
+				}
+				return err
+			}
 			if strings.HasPrefix(strings.TrimSpace(token), vault.TokenPrefix) {
 				ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 				f, err := node.Join(ctx, cfg, token)
@@ -86,6 +93,9 @@ Later restarts are meshnode run.`,
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "node %s enrolled in mesh %s; joining its members\n", cfg.Name, f.MeshID)
+				if err := keep(); err != nil {
+					return err
+				}
 				return runNode(cmd, config.Run(), false)
 			}
 			f, err := node.Found(cfg, token)
@@ -93,6 +103,9 @@ Later restarts are meshnode run.`,
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s founds mesh %s (%d servers); waiting for the others\n", cfg.Name, f.MeshID, f.Expect)
+			if err := keep(); err != nil {
+				return err
+			}
 			return runNode(cmd, config.Run(), false)
 		},
 	}
