@@ -251,6 +251,9 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 		nats.Name(c.instance),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
+		// A node refuses every module while it restarts, until its registry is read again:
+		// nats.go would give up for good at the second refusal in a row.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ErrorHandler(c.asyncError),
 		nats.ReconnectHandler(c.reconnected),
 		nats.DisconnectErrHandler(func(*nats.Conn, error) { c.disconnected() }),

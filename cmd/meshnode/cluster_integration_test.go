@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 )
@@ -599,25 +602,46 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 	nodes[2].p = launchCmd(t, cmd, "join")
 }
 
-// TestIntegration_GrowOneToThree: a single node (genesis, run) with two registered modules,
-// five secrets, 10,000 events, 100 jobs queued for a seat nobody holds and an audit log of
-// it all grows into a mesh of three processes — `grow --expect 3 --json` on it, `join` with
-// its token on two new ones. The single node restarts by itself, in the same process;
-// killed -9 while it snapshots and again while it restores, it starts again and goes on; all
-// three become ready as three JetStream peers. Every event reaches a new node's audit log,
-// the jobs wait in the seat's queue and the secrets read the same; then one of the three is
-// killed -9 and the other two still read every secret and the queue, take a new event, and
-// the grown node's audit log verifies.
+// TestIntegration_GrowOneToThree: a single node (genesis, run) with three registered
+// modules, five secrets, 10,000 events, a seat held by a process that handles none of its 100
+// queued jobs yet, and an audit log of it all grows into a mesh of three processes —
+// `grow --expect 3 --json` on it (/readyz says what it waits for), `join` with its
+// token on two new ones. The single node restarts by itself, in the same process; killed -9
+// while it snapshots and again while it restores, it starts again and goes on; all three
+// become ready as three JetStream peers. Every event reaches a new node's audit log, the
+// jobs wait in the seat's queue under its holder and the secrets read the same; then one of
+// the three is killed -9 and the other two still read every secret and the queue, take a
+// new event, and the grown node's audit log verifies; last, the holder handles every job.
 func TestIntegration_GrowOneToThree(t *testing.T) {
 	a := newMeshNode(t, "a")
-	a.flags = append(a.flags, "--log-level", "info") // its phases, to kill it at
+	// Its phases, to kill it at; fixed client and HTTP ports, for the seat's holder to come
+	// back to across its restarts and for /readyz.
+	httpA := testbed.FreeAddr(t)
+	a.flags = append(a.flags, "--log-level", "info", "--client-addr", testbed.FreeAddr(t), "--http-addr", httpA)
 	if r := meshnode(t, nil, append([]string{"genesis"}, a.flags...)...); r.code != 0 {
 		t.Fatalf("genesis: exit %d %s", r.code, r.stderr)
 	}
 	a.p = startNode(t, "run", a.flags...)
 	op := filepath.Join(a.dir, "operator.nk")
-	registerModule(t, a.dir, "module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")
+	mailer := registerModule(t, a.dir, "module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")
 	shop := registerModule(t, a.dir, "module: shop\nrequires: [mesh-bus]\nemits: [sold]\nuses: [mail]\nsecrets: [k1, k2, k3, k4, k5]\n")
+	registerModule(t, a.dir, "module: ledger\nrequires: [mesh-bus]\nconsumes: [shop.sold]\n") // a durable consumer of every event, to carry over
+	// mailer holds the seat, and handles no job until the gate opens: the jobs stay queued.
+	gate := filepath.Join(t.TempDir(), "gate")
+	holderOut := &syncBuffer{}
+	holder := exec.Command(os.Args[0])
+	holder.Env = append(cleanEnv(), "MESHNODE_TEST_HOLDER="+a.p.clientURL, "MESHNODE_TEST_HOLDER_SEED="+mailer, "MESHNODE_TEST_HOLDER_GATE="+gate)
+	holder.Stdout, holder.Stderr = holderOut, holderOut
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	retryUntil(t, 30*time.Second, func() error {
+		if !strings.Contains(holderOut.String(), "held ") {
+			return fmt.Errorf("mailer does not hold seat mail: %s", holderOut)
+		}
+		return nil
+	})
 	secrets := map[string]string{}
 	for _, k := range []string{"k1", "k2", "k3", "k4", "k5"} {
 		if r := meshnode(t, nil, "vault", "mint", k, "--owner", "shop", "--data-dir", a.dir); r.code != 0 {
@@ -645,12 +669,12 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		r := meshnode(t, nil, "seat", "ls", "--json", "--data-dir", dir, "--creds", op)
 		for line := range strings.Lines(r.stdout) {
 			var st struct {
-				Seat    string
-				Backlog uint64
+				Seat, Holder string
+				Backlog      uint64
 			}
 			if json.Unmarshal([]byte(line), &st) == nil && st.Seat == "mail" {
-				if st.Backlog != loaderJobs {
-					return fmt.Errorf("seat mail has %d jobs queued, want %d", st.Backlog, loaderJobs)
+				if st.Backlog != loaderJobs || st.Holder == "" {
+					return fmt.Errorf("seat mail has %d jobs queued (want %d), holder %q (want mailer's instance; it said %q)", st.Backlog, loaderJobs, st.Holder, holderOut)
 				}
 				return nil
 			}
@@ -678,6 +702,10 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	}
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); !strings.Contains(r.stdout, "waiting for 2 more to join") {
 		t.Fatalf("status while growing: %s %s", r.stdout, r.stderr)
+	}
+	// Still serving while it waits, and saying what it waits for.
+	if code, body := readyz(t, httpA); code != 200 || !strings.Contains(body.Growing, "waiting for 2 more to join") {
+		t.Fatalf("/readyz while growing: %d %+v", code, body)
 	}
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(g.Token), 0o600); err != nil {
@@ -714,9 +742,13 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		}
 		return nil
 	})
-	if r := meshnode(t, nil, "module", "ls", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "shop") || !strings.Contains(r.stdout, "mailer") {
+	if r := meshnode(t, nil, "module", "ls", "--data-dir", c.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, "shop") || !strings.Contains(r.stdout, "mailer") || !strings.Contains(r.stdout, "ledger") {
 		t.Fatalf("module ls on a new node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	if code, body := readyz(t, httpA); code != 200 || body.Growing != "" {
+		t.Fatalf("/readyz of the grown node: %d %+v", code, body)
+	}
+	retryUntil(t, time.Minute, func() error { return backlog(c.dir) }) // held through the growth
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 0 || strings.Contains(r.stdout, "growing") {
 		t.Fatalf("status after growing: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
@@ -767,4 +799,39 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	if r := meshnode(t, nil, "audit", "verify", "--data-dir", a.dir, "--creds", op); r.code != 0 {
 		t.Fatalf("audit verify on the grown node: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// The gate opens: the holder, which held the seat through the growth, handles every job
+	// queued before it, each with the body it was submitted with.
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 2*time.Minute, func() error {
+		seen := map[string]bool{}
+		for line := range strings.Lines(holderOut.String()) {
+			if n, ok := strings.CutPrefix(strings.TrimSpace(line), "job "); ok {
+				seen[n] = true
+			}
+		}
+		for i := range loaderJobs {
+			if !seen[strconv.Itoa(i)] {
+				return fmt.Errorf("the holder has handled %d of the %d jobs; job %d not yet", len(seen), loaderJobs, i)
+			}
+		}
+		return nil
+	})
+}
+
+// readyzBody is what /readyz answers.
+type readyzBody struct{ Status, Reason, Growing string }
+
+// readyz asks the node on HTTP address addr for /readyz.
+func readyz(t *testing.T, addr string) (int, readyzBody) {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz: %v", err)
+	}
+	defer resp.Body.Close()
+	var body readyzBody
+	json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body
 }

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +34,9 @@ func TestMain(m *testing.M) {
 	}
 	if url := os.Getenv("MESHNODE_TEST_LOADER"); url != "" {
 		os.Exit(runLoader(url, os.Getenv("MESHNODE_TEST_LOADER_SEED")))
+	}
+	if url := os.Getenv("MESHNODE_TEST_HOLDER"); url != "" {
+		os.Exit(runHolder(url, os.Getenv("MESHNODE_TEST_HOLDER_SEED"), os.Getenv("MESHNODE_TEST_HOLDER_GATE")))
 	}
 	dir, err := os.MkdirTemp("", "meshnode-bin-")
 	if err != nil {
@@ -134,6 +139,59 @@ func runLoader(url, seed string) int {
 	}
 	fmt.Println("loaded")
 	return 0
+}
+
+// runHolder is the test binary run as the module mailer: it holds the seat mail (printing
+// "held EPOCH" at each new epoch) and handles its "send" jobs only once the file gate exists,
+// printing "job N" for each, until killed. Until then the jobs stay queued under a held seat.
+func runHolder(url, seed, gate string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	c, err := sdk.Connect(ctx, url, seed, sdk.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "holder:", err)
+		return 1
+	}
+	var out sync.Mutex
+	err = c.Accept("send", func(ctx context.Context, j sdk.Job) error {
+		for {
+			if _, err := os.Stat(gate); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		var body struct{ N int }
+		if err := json.Unmarshal(j.Data, &body); err != nil {
+			return err
+		}
+		out.Lock()
+		fmt.Printf("job %d\n", body.N)
+		out.Unlock()
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "holder:", err)
+		return 1
+	}
+	var was uint64
+	for {
+		if held, epoch := c.Holding("mail"); held && epoch != was {
+			out.Lock()
+			fmt.Printf("held %d\n", epoch)
+			out.Unlock()
+			was = epoch
+		} else if !held && was != 0 {
+			out.Lock()
+			fmt.Printf("free\n")
+			out.Unlock()
+			was = 0
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // What runLoader puts in the mesh.

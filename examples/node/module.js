@@ -40,7 +40,9 @@ async function main() {
   await boot.close();
   const module = self.module;
 
-  const nc = await connect({ ...auth, inboxPrefix: `_INBOX.${module}`, name: `${module}-node-${process.pid}` });
+  // Reconnect for ever, through the refusals a restarting node gives until its registry is read.
+  const nc = await connect({ ...auth, inboxPrefix: `_INBOX.${module}`, name: `${module}-node-${process.pid}`,
+    maxReconnectAttempts: -1, ignoreAuthErrorAbort: true });
   nc.closed().then((err) => err && log("connection closed:", err.message));
   const js = nc.jetstream();
   const stats = { handled: 0, failed: 0, refused: 0, emitted: 0 };
