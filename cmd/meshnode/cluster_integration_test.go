@@ -607,7 +607,8 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 // queued jobs yet, and an audit log of it all grows into a mesh of three processes —
 // `grow --expect 3 --json` on it (/readyz says what it waits for), `join` with its
 // token on two new ones. The single node restarts by itself, in the same process; killed -9
-// while it snapshots and again while it restores, it starts again and goes on; all three
+// while it waits, as it restarts, while it snapshots and while it restores, it starts again
+// and goes on; all three
 // become ready as three JetStream peers. Every event reaches a new node's audit log, the
 // jobs wait in the seat's queue under its holder and the secrets read the same; then one of
 // the three is killed -9 and the other two still read every secret and the queue, take a
@@ -707,6 +708,13 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	if code, body := readyz(t, httpA); code != 200 || !strings.Contains(body.Growing, "waiting for 2 more to join") {
 		t.Fatalf("/readyz while growing: %d %+v", code, body)
 	}
+	// kill -9 while it waits for the new servers: it starts again, serving and still waiting.
+	a.p.cmd.Process.Kill()
+	<-a.p.done
+	a.p = startNode(t, "run", a.flags...)
+	if r := meshnode(t, nil, "status", "--data-dir", a.dir); !strings.Contains(r.stdout, "waiting for 2 more to join") {
+		t.Fatalf("status after a kill while waiting to grow: %s %s", r.stdout, r.stderr)
+	}
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(g.Token), 0o600); err != nil {
 		t.Fatal(err)
@@ -714,9 +722,10 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	b, c := newMeshNode(t, "b"), newMeshNode(t, "c")
 	b.p = launch(t, "join", append([]string{"--token-file", tokenFile}, b.flags...)...)
 	c.p = launch(t, "join", append([]string{"--token-file", tokenFile}, c.flags...)...)
-	// kill -9 the growing node as it snapshots, and again as it restores: each time it
-	// starts again and goes on (the foundation records each phase before the next).
-	for _, at := range []string{"snapshot taken", "restored into the mesh"} {
+	// kill -9 the growing node as it restarts to migrate, as it snapshots, and as it
+	// restores: each time it starts again and goes on (the foundation records each phase
+	// before the next).
+	for _, at := range []string{"every server of the mesh is here", "snapshot taken", "restored into the mesh"} {
 		retryUntil(t, 2*time.Minute, func() error {
 			if !strings.Contains(a.p.stderr.String(), at) {
 				return fmt.Errorf("a has not logged %q yet", at)
