@@ -243,6 +243,12 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: old.Subject, Header: old.Header, Data: old.Data}); err != nil {
 		t.Fatal(err)
 	}
+	refusals := b.declarationRefusals(t)
+	// STATE keeps one declaration per node: the next one published before the node read
+	// this one would replace it unseen.
+	if reasons := refusals(1); !strings.Contains(reasons, "stale declaration") {
+		t.Fatalf("refusals %s, want the stale one", reasons)
+	}
 	// Forged: a newer revision, signed by the operator's key under the controller's name.
 	var d deploy.Declaration
 	json.Unmarshal(old.Data, &d)
@@ -264,8 +270,43 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	betaX, _ := nkeys.CreateCurveKeys()
 	betaXPub, _ := betaX.PublicKey()
 	b.kvPut(registry.Bucket, "identity.node.beta", fmt.Sprintf(`{"public_key":%q,"xkey":%q}`, betaPub, betaXPub))
-	var refused []audit.Record
-	refusals := func(want int) string {
+	if reasons := refusals(2); !strings.Contains(reasons, "stale declaration") || !strings.Contains(reasons, "not signed by the mesh's controller") {
+		t.Fatalf("refusals %s, want one stale and one forged", reasons)
+	}
+	d.Controller = "beta"
+	for _, tc := range []struct {
+		epoch uint64
+		want  string
+	}{{d.Epoch, "of the controller seat is alpha's"}, {d.Epoch + 50, "names controller epoch"}} {
+		d.Epoch = tc.epoch
+		// Published again (a new revision, a new message id) until the registry's mirror
+		// knows beta as a server and the refusal names the seat's holder.
+		retryUntil(t, 20*time.Second, func() error {
+			before := strings.Count(refusals(0), "\n")
+			d.Revision++
+			body, _ := json.Marshal(d)
+			h, _ := deploy.Sign(beta, "beta", d, body)
+			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject("alpha"), Header: h, Data: body}); err != nil {
+				return err
+			}
+			reasons := refusals(before + 1)
+			if last := reasons[strings.LastIndex(strings.TrimSuffix(reasons, "\n"), "\n")+1:]; !strings.Contains(last, tc.want) {
+				return fmt.Errorf("the last refusal %s, want %q", last, tc.want)
+			}
+			return nil
+		})
+	}
+	// Still the newest applied: version 2 runs, nothing was stopped or started again.
+	if p := b.running(t, "ticker", "2", 0); p.Revision != second.Declared[0].Revision || p.Restarts != 0 {
+		t.Fatalf("after the refusals: %+v, want revision %d unchanged", p, second.Declared[0].Revision)
+	}
+}
+
+// declarationRefusals returns a wait for at least want refusals of a declaration by node
+// alpha in its audit log, which returns their bodies, one a line.
+func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
+	return func(want int) string {
+		var refused []audit.Record
 		retryUntil(t, 15*time.Second, func() error {
 			b.waitAudited(5 * time.Second)
 			refused = refused[:0]
@@ -284,35 +325,6 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 			reasons += string(r.Body) + "\n"
 		}
 		return reasons
-	}
-	if reasons := refusals(2); !strings.Contains(reasons, "stale declaration") || !strings.Contains(reasons, "not signed by the mesh's controller") {
-		t.Fatalf("refusals %s, want one stale and one forged", reasons)
-	}
-	d.Controller = "beta"
-	for _, tc := range []struct {
-		epoch uint64
-		want  string
-	}{{d.Epoch, "of the controller seat is alpha's"}, {d.Epoch + 50, "names controller epoch"}} {
-		d.Epoch = tc.epoch
-		// Published again (a new revision, a new message id) until the registry's mirror
-		// knows beta as a server and the refusal names the seat's holder.
-		retryUntil(t, 20*time.Second, func() error {
-			d.Revision++
-			body, _ := json.Marshal(d)
-			h, _ := deploy.Sign(beta, "beta", d, body)
-			if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject("alpha"), Header: h, Data: body}); err != nil {
-				return err
-			}
-			reasons := refusals(len(refused) + 1)
-			if last := reasons[strings.LastIndex(strings.TrimSuffix(reasons, "\n"), "\n")+1:]; !strings.Contains(last, tc.want) {
-				return fmt.Errorf("the last refusal %s, want %q", last, tc.want)
-			}
-			return nil
-		})
-	}
-	// Still the newest applied: version 2 runs, nothing was stopped or started again.
-	if p := b.running(t, "ticker", "2", 0); p.Revision != second.Declared[0].Revision || p.Restarts != 0 {
-		t.Fatalf("after the refusals: %+v, want revision %d unchanged", p, second.Declared[0].Revision)
 	}
 }
 
