@@ -125,8 +125,7 @@ func rssMiB(pid int) (float64, error) {
 // BenchmarkFormation measures three fresh processes forming a mesh on loopback: from the
 // moment the founding node (`run` after `genesis --expect 3`) and its two peers (`join` with
 // the founding token) are started until all three print their ready line. It reports the
-// median and the slowest of the runs, and the median of each phase the nodes log (issue 18:
-// p50 ≤ 2 s over 10 runs).
+// median and the slowest of the runs (issue 18: p50 ≤ 2 s over 10 runs).
 //
 //	go test -run '^$' -bench Formation -benchtime 10x ./cmd/meshnode/
 func BenchmarkFormation(b *testing.B) {
