@@ -37,6 +37,7 @@ var (
 	duplicateKeyRE = regexp.MustCompile(`^line (\d+): mapping key "(.*)" already defined at line (\d+)$`)
 	wrongShapeRE   = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
 	syntaxLineRE   = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+	requirementRE  = regexp.MustCompile(`^line (\d+): (a requirement is .*)$`)
 )
 
 // decodeRefusals turns a yaml.v3 decoding error into refusals that name the field, line and
@@ -102,7 +103,7 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 		field, value := idx.valueAt(line, sm[2], sm[3])
 		r := Refusal{Code: CodeShape, Field: field, Value: value, Line: line}
 		switch into := sm[4]; {
-		case into == "[]string":
+		case into == "[]string" || into == "[]manifest.rawRequirement":
 			r.Reason = "must be a list of names"
 			r.Instead = "write " + lastKey(field) + ": [" + value + "]"
 			if sm[2] != "str" || value == "" {
@@ -131,6 +132,11 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 			r.Instead = "write module: <name> and the keys it needs"
 		}
 		return r
+	}
+	if sm := requirementRE.FindStringSubmatch(msg); sm != nil {
+		line, _ := strconv.Atoi(sm[1])
+		return Refusal{Code: CodeShape, Field: "requires", Line: line, Reason: sm[2],
+			Instead: `write - postgres, or - postgres: {connection-limit: "5"}`}
 	}
 	return Refusal{Code: CodeYAML, Reason: msg, Instead: "fix the YAML"}
 }

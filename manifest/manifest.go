@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -35,6 +36,10 @@ type Manifest struct {
 	// Requires lists the interfaces the module needs delivered: RequireBus to speak on the
 	// mesh, and provisions such as postgres.
 	Requires []string `json:"requires,omitempty"`
+	// Options are what a required interface is asked for, by interface (YAML: the
+	// requirement written as a one-key mapping, `- postgres: {connection-limit: "5"}`): the
+	// provider's create receives them, and a change of them creates the resource again.
+	Options map[string]map[string]string `json:"options,omitempty"`
 	// Emits lists the events the module publishes under its own name, e.g. order.placed.
 	Emits []string `json:"emits,omitempty"`
 	// Consumes lists the events the module reacts to, as <emitter>.<event> patterns: * is
@@ -131,7 +136,7 @@ func (m *Manifest) requiresBus() bool { return slices.Contains(m.Requires, Requi
 // Seats are a mapping keyed by name in YAML and a list in Manifest; hence the two types.
 type rawManifest struct {
 	Module   string             `yaml:"module"`
-	Requires []string           `yaml:"requires"`
+	Requires []rawRequirement   `yaml:"requires"`
 	Emits    []string           `yaml:"emits"`
 	Consumes []string           `yaml:"consumes"`
 	Tools    []string           `yaml:"tools"`
@@ -139,6 +144,30 @@ type rawManifest struct {
 	Secrets  []string           `yaml:"secrets"`
 	Build    *rawBuild          `yaml:"build"`
 	Seats    map[string]rawSeat `yaml:"seats"`
+}
+
+// rawRequirement is one item of requires: an interface's name, or a one-key mapping from the
+// name to its options (text values).
+type rawRequirement struct {
+	Interface string
+	Options   map[string]string
+}
+
+func (r *rawRequirement) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		return n.Decode(&r.Interface)
+	}
+	var m map[string]map[string]string
+	if n.Kind != yaml.MappingNode || len(n.Content) != 2 || n.Decode(&m) != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a requirement is an interface's name, or one name with a mapping of its options", n.Line)}}
+	}
+	for iface, opts := range m {
+		r.Interface, r.Options = iface, opts
+		if r.Options == nil {
+			r.Options = map[string]string{}
+		}
+	}
+	return nil
 }
 
 type rawBuild struct {
@@ -215,13 +244,21 @@ func parse(data []byte) (*Manifest, Refusals) {
 
 	m := &Manifest{
 		Module:   raw.Module,
-		Requires: raw.Requires,
 		Emits:    raw.Emits,
 		Consumes: raw.Consumes,
 		Tools:    raw.Tools,
 		Uses:     raw.Uses,
 		Secrets:  raw.Secrets,
 		src:      data,
+	}
+	for _, r := range raw.Requires {
+		m.Requires = append(m.Requires, r.Interface)
+		if r.Options != nil {
+			if m.Options == nil {
+				m.Options = map[string]map[string]string{}
+			}
+			m.Options[r.Interface] = r.Options
+		}
 	}
 	if raw.Build != nil {
 		m.BuildFrom, m.BuildRun, m.BuildOn = raw.Build.From, raw.Build.Run, raw.Build.On

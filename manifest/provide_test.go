@@ -77,3 +77,49 @@ func TestProvides_NotToItself(t *testing.T) {
 		t.Fatalf("requiring its own seat's interface: %v", rs)
 	}
 }
+
+// TestRequires_Options: a requirement may carry options, as a one-key mapping from the
+// interface to text values; they are kept by interface. Options of the mesh's own
+// interfaces, of an interface not required, bad option names, long values and a requirement
+// of another shape are refused, each saying what to write.
+func TestRequires_Options(t *testing.T) {
+	m := mustParse(t, "module: app\nrequires:\n  - mesh-bus\n  - postgres: {connection-limit: 5, schema: app}\n  - redis\n")
+	if !slices.Equal(m.Requires, []string{"mesh-bus", "postgres", "redis"}) {
+		t.Fatalf("requires %v", m.Requires)
+	}
+	if got := m.Options["postgres"]; len(m.Options) != 1 || got["connection-limit"] != "5" || got["schema"] != "app" {
+		t.Fatalf("options %v", m.Options)
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("valid options refused: %v", err)
+	}
+	for _, tc := range []struct{ name, yaml, field, reason string }{
+		{"the mesh's kv", "module: app\nrequires: [mesh-bus, {kv: {history: 5}}]\n", "requires.kv", "takes no options"},
+		{"a bad option name", "module: app\nrequires: [mesh-bus, {postgres: {Limit: 5}}]\n", "requires.postgres.Limit", "named like any name"},
+		{"a long value", "module: app\nrequires: [mesh-bus, {postgres: {schema: " + strings.Repeat("x", manifest.MaxOptionBytes+1) + "}}]\n", "requires.postgres.schema", "at most"},
+	} {
+		m, err := manifest.Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		rs := refusals(t, m.Validate())
+		if !slices.ContainsFunc(rs, func(r manifest.Refusal) bool { return r.Field == tc.field && strings.Contains(r.Reason, tc.reason) }) {
+			t.Errorf("%s: refusals %v, want one at %s saying %q", tc.name, rs, tc.field, tc.reason)
+		}
+	}
+	// Built by hand (as a registry record holds it): options of an interface not required.
+	hand := &manifest.Manifest{Module: "app", Requires: []string{"mesh-bus"}, Options: map[string]map[string]string{"postgres": {"schema": "app"}}}
+	if rs := refusals(t, hand.Validate()); !slices.ContainsFunc(rs, func(r manifest.Refusal) bool { return r.Field == "requires.postgres" }) {
+		t.Errorf("options of an interface not required: %v", rs)
+	}
+	for _, tc := range []struct{ name, yaml, instead string }{
+		{"options as a list", "module: app\nrequires: [mesh-bus, {postgres: [a]}]\n", "- postgres: {connection-limit"},
+		{"two interfaces in one item", "module: app\nrequires: [mesh-bus, {postgres: {a: b}, redis: {}}]\n", "- postgres: {connection-limit"},
+		{"a name, not a list", "module: app\nrequires: postgres\n", "requires: [postgres]"},
+	} {
+		_, err := manifest.Parse([]byte(tc.yaml))
+		if rs := refusals(t, err); len(rs) != 1 || !strings.Contains(rs[0].Instead, tc.instead) || rs[0].Line == 0 {
+			t.Errorf("%s: refusals %v, want one with a line saying %q", tc.name, rs, tc.instead)
+		}
+	}
+}

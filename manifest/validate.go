@@ -3,6 +3,7 @@ package manifest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	pathpkg "path"
 	"slices"
 	"strconv"
@@ -159,6 +160,7 @@ func (v *validator) validate() {
 	}
 	v.module()
 	v.list("requires", m.Requires, kindRequire)
+	v.options()
 	v.list("emits", m.Emits, kindEmit)
 	v.list("consumes", m.Consumes, kindConsume)
 	v.list("tools", m.Tools, kindTool)
@@ -340,6 +342,44 @@ func (v *validator) seat(s Seat) {
 			continue
 		}
 		v.protocol(f, ver.Accepts, ver.Emits, ver.Serves, ver.Shapes)
+	}
+}
+
+// The bounds of a requirement's options: a provider is asked for a resource, not sent data.
+const (
+	MaxOptions     = 16
+	MaxOptionBytes = 256
+)
+
+// options checks the options of the requirements: each for an interface the module requires
+// and some provider makes (not the mesh's own), named like any name, text within bounds.
+func (v *validator) options() {
+	for _, iface := range slices.Sorted(maps.Keys(v.m.Options)) {
+		opts := v.m.Options[iface]
+		field := "requires." + iface
+		switch {
+		case !slices.Contains(v.m.Requires, iface):
+			v.refuse(Refusal{Code: CodeShape, Field: field, Value: iface, Reason: "has options but is not required",
+				Instead: "add it to requires:, or drop its options"})
+			continue
+		case slices.Contains(MeshProvided, iface):
+			v.refuse(Refusal{Code: CodeReserved, Field: field, Value: iface, Reason: "is the mesh's own and takes no options",
+				Instead: "write - " + iface})
+			continue
+		case len(opts) > MaxOptions:
+			v.refuse(Refusal{Code: CodeSize, Field: field, Value: strconv.Itoa(len(opts)) + " options",
+				Reason: "more than " + strconv.Itoa(MaxOptions) + " options", Instead: "ask the provider for less"})
+		}
+		for _, key := range slices.Sorted(maps.Keys(opts)) {
+			if !ValidName(key) {
+				v.refuse(Refusal{Code: CodeName, Field: field + "." + key, Value: key,
+					Reason: "an option is named like any name: lower-case letters, digits and -", Instead: "e.g. connection-limit"})
+			}
+			if len(opts[key]) > MaxOptionBytes {
+				v.refuse(Refusal{Code: CodeSize, Field: field + "." + key, Value: strconv.Itoa(len(opts[key])) + " bytes",
+					Reason: "an option's value is at most " + strconv.Itoa(MaxOptionBytes) + " bytes", Instead: "give the provider a name or a number, not data"})
+			}
+		}
 	}
 }
 

@@ -135,8 +135,9 @@ func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
 // database and role are gone.
 func TestIntegration_ProvisionPostgres(t *testing.T) {
 	b := newPgBed(t, 2*time.Second)
+	requires := map[string]string{"app-a": "[mesh-bus, postgres: {connection-limit: 3}]", "app-b": "[mesh-bus, postgres]"}
 	for _, m := range []string{"app-a", "app-b"} {
-		b.register("module: " + m + "\nrequires: [mesh-bus, postgres]\n")
+		b.register("module: " + m + "\nrequires: " + requires[m] + "\n")
 		b.putArtifact(m, "1", pgConsumer)
 		b.deploy(m, "1")
 	}
@@ -272,6 +273,27 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 	// The new credential travels as the first did: in no stream, in no other file.
 	secrets["app-b"] = credB2.Env["POSTGRES_PASSWORD"]
 	noLeaks()
+
+	// app-a's options reached the provider; changed, its role is made again with them.
+	connLimit := func() (n int) {
+		if err := b.su.QueryRow(ctx, "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'mesh_app_a'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := connLimit(); n != 3 {
+		t.Fatalf("app-a's role has connection limit %d, want its option's 3", n)
+	}
+	b.register("module: app-a\nrequires: [mesh-bus, postgres: {connection-limit: 4}]\n")
+	retryUntil(t, 30*time.Second, func() error {
+		if r := b.provisions(t)[provision.Key("app-a", "postgres")]; r.Generation != 2 || r.State != provision.StateReady || r.Options["connection-limit"] != "4" {
+			return fmt.Errorf("app-a's provision after its options changed: %+v", r)
+		}
+		if n := connLimit(); n != 4 {
+			return fmt.Errorf("app-a's role has connection limit %d, want 4", n)
+		}
+		return nil
+	})
 
 	// Undeployed: the database and the role are gone.
 	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "app-a"}); err != nil {

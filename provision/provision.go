@@ -119,6 +119,9 @@ type Record struct {
 	State    string    `json:"state"`
 	Since    time.Time `json:"since"`
 	Reason   string    `json:"reason"` // why it waits or failed; empty when ready
+	// Options are what the resource was asked for (the manifest's): another set creates it
+	// again.
+	Options map[string]string `json:"options,omitempty"`
 	// Generation rises with each create: a consumer restarts with a new credential.
 	Generation uint64 `json:"generation"`
 }
@@ -134,6 +137,7 @@ const Bucket = "mesh-provisions"
 type Want struct {
 	Consumer  string
 	Interface string
+	Options   map[string]string // the manifest's, for the provider's create
 	Provider  string
 	Problem   string
 }
@@ -150,7 +154,7 @@ func Resolve(m *manifest.Manifest, catalogue []*manifest.Manifest, choices map[s
 		if iface == manifest.RequireBus {
 			continue
 		}
-		w := Want{Consumer: m.Module, Interface: iface}
+		w := Want{Consumer: m.Module, Interface: iface, Options: m.Options[iface]}
 		providers := manifest.Providers(iface, append([]*manifest.Manifest{m}, catalogue...))
 		choice, chosen := choices[iface]
 		switch {

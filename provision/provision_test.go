@@ -33,14 +33,16 @@ func provider(name, iface string) string {
 // one of them; none waits, saying what to register.
 func TestResolve(t *testing.T) {
 	a, b := parse(t, provider("pg-a", "postgres")), parse(t, provider("pg-b", "postgres"))
-	app := parse(t, "module: app\nrequires: [mesh-bus, kv, postgres, redis]\n")
+	app := parse(t, "module: app\nrequires: [mesh-bus, kv, postgres: {connection-limit: 5}, redis]\n")
 	got := provision.Resolve(app, []*manifest.Manifest{a}, nil)
 	want := []provision.Want{
 		{Consumer: "app", Interface: "kv", Provider: provision.MeshProvider},
-		{Consumer: "app", Interface: "postgres", Provider: "pg-a"},
+		{Consumer: "app", Interface: "postgres", Provider: "pg-a", Options: map[string]string{"connection-limit": "5"}},
 		{Consumer: "app", Interface: "redis", Problem: "no seat provides redis yet: register a module whose seat has provides: [redis]"},
 	}
-	if !slices.Equal(got, want) {
+	if !slices.EqualFunc(got, want, func(a, b provision.Want) bool {
+		return a.Consumer == b.Consumer && a.Interface == b.Interface && a.Provider == b.Provider && a.Problem == b.Problem && maps.Equal(a.Options, b.Options)
+	}) {
 		t.Fatalf("resolve %+v\nwant %+v", got, want)
 	}
 	two := provision.Resolve(app, []*manifest.Manifest{a, b}, nil)[1]
@@ -85,6 +87,7 @@ type fakeProvider struct {
 	down    bool
 	refuse  error
 	creates int
+	options map[string]map[string]string // the options of each consumer's last create
 }
 
 func (p *fakeProvider) Create(_ context.Context, req provision.CreateRequest) (provision.CreateReply, error) {
@@ -96,6 +99,10 @@ func (p *fakeProvider) Create(_ context.Context, req provision.CreateRequest) (p
 	}
 	p.held[req.Consumer] = true
 	p.creates++
+	if p.options == nil {
+		p.options = map[string]map[string]string{}
+	}
+	p.options[req.Consumer] = req.Options
 	return provision.Seal(provision.Credential{Env: map[string]string{"POSTGRES_URL": "postgres://" + req.Consumer}}, req)
 }
 func (p *fakeProvider) Remove(_ context.Context, req provision.RemoveRequest) error {
@@ -221,6 +228,37 @@ func TestReconciler(t *testing.T) {
 	wantEvents := []string{"provisioned app", "provisioned app", "deprovisioned ghost", "deprovisioned app"}
 	if !slices.Equal(g.events, wantEvents) {
 		t.Fatalf("events %v, want %v", g.events, wantEvents)
+	}
+}
+
+// TestReconciler_Options: the provider's create receives the requirement's options; the same
+// options create nothing again, other options create the resource again (a new generation,
+// an event saying why).
+func TestReconciler_Options(t *testing.T) {
+	g := newRig(t)
+	want := []provision.Want{{Consumer: "app", Interface: "postgres", Provider: "pg", Options: map[string]string{"connection-limit": "5"}}}
+	g.pass(t, want, false)
+	if got := g.pg.options["app"]; got["connection-limit"] != "5" || len(got) != 1 {
+		t.Fatalf("the provider's create got options %v", got)
+	}
+	if r := g.state("app.postgres"); r.Generation != 1 || r.Options["connection-limit"] != "5" {
+		t.Fatalf("record %+v", r)
+	}
+	g.pass(t, want, true)
+	if g.pg.creates != 1 {
+		t.Fatalf("%d creates with the same options, want 1", g.pg.creates)
+	}
+	want[0].Options = map[string]string{"connection-limit": "9"}
+	if res := g.pass(t, want, false); !slices.Equal(res.Changed, []string{"app"}) {
+		t.Fatalf("options changed: %+v", res)
+	}
+	if r := g.state("app.postgres"); g.pg.creates != 2 || r.Generation != 2 || r.Options["connection-limit"] != "9" || g.pg.options["app"]["connection-limit"] != "9" {
+		t.Fatalf("after the change: %d creates, record %+v", g.pg.creates, r)
+	}
+	want[0].Options = nil
+	g.pass(t, want, false)
+	if r := g.state("app.postgres"); g.pg.creates != 3 || r.Options != nil {
+		t.Fatalf("options dropped: %d creates, record %+v", g.pg.creates, r)
 	}
 }
 

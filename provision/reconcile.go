@@ -118,9 +118,9 @@ func (r *Reconciler) Pass(ctx context.Context, wants []Want, holds bool) (Result
 			pending = true
 			r.put(ctx, rec, ok, Record{Consumer: w.Consumer, Interface: w.Interface, State: StateWaiting, Reason: w.Problem, Generation: rec.Generation})
 			continue
-		case ok && rec.State == StateReady:
+		case ok && rec.State == StateReady && maps.Equal(rec.Options, w.Options):
 			continue
-		case ok && rec.State == StateFailed && time.Since(r.tried[w.Key()]) < r.RetryFailed:
+		case ok && rec.State == StateFailed && maps.Equal(rec.Options, w.Options) && time.Since(r.tried[w.Key()]) < r.RetryFailed:
 			pending = true
 			continue
 		}
@@ -128,7 +128,11 @@ func (r *Reconciler) Pass(ctx context.Context, wants []Want, holds bool) (Result
 			r.tried = map[string]time.Time{}
 		}
 		r.tried[w.Key()] = time.Now()
-		next := r.create(ctx, w, rec, "created")
+		why := "created"
+		if ok && rec.State == StateReady {
+			why = "created again: its options changed"
+		}
+		next := r.create(ctx, w, rec, why)
 		if next.State == StateReady {
 			changed[w.Consumer] = true
 		} else {
@@ -194,7 +198,7 @@ func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Re
 // create asks w's provider for the resource and has the vault keep its credential; the
 // record it returns (and stored) says how that went.
 func (r *Reconciler) create(ctx context.Context, w Want, prev Record, why string) Record {
-	next := Record{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, Generation: prev.Generation}
+	next := Record{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, Generation: prev.Generation, Options: w.Options}
 	err := r.createAt(ctx, w)
 	switch {
 	case errors.Is(err, ErrUnavailable):
@@ -222,7 +226,7 @@ func (r *Reconciler) create(ctx context.Context, w Want, prev Record, why string
 func (r *Reconciler) createAt(ctx context.Context, w Want) error {
 	ctx, cancel := r.bounded(ctx) // the whole create: the provider's and the vault's work
 	defer cancel()
-	req := CreateRequest{Consumer: w.Consumer, Interface: w.Interface}
+	req := CreateRequest{Consumer: w.Consumer, Interface: w.Interface, Options: w.Options}
 	own := w.Provider == MeshProvider
 	if !own {
 		xkey, err := r.IntakeKey(ctx)
@@ -270,7 +274,7 @@ func (r *Reconciler) deprovision(ctx context.Context, rec Record, reason string)
 // put stores next unless it says what prev (when had) says already; Since is kept while
 // the state is.
 func (r *Reconciler) put(ctx context.Context, prev Record, had bool, next Record) Record {
-	if had && prev.State == next.State && prev.Reason == next.Reason && prev.Provider == next.Provider && prev.Generation == next.Generation {
+	if had && prev.State == next.State && prev.Reason == next.Reason && prev.Provider == next.Provider && prev.Generation == next.Generation && maps.Equal(prev.Options, next.Options) {
 		return prev
 	}
 	next.Since = time.Now().UTC()

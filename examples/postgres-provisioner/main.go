@@ -17,6 +17,9 @@
 // reached over TCP at the address consumers reach too:
 // postgres://USER:PASSWORD@HOST:PORT/postgres?sslmode=disable. The host writes it to
 // $MESH_SECRETS/admin-url; run by hand, PG_ADMIN_URL gives it instead.
+//
+// It takes one option, connection-limit, the most connections a consumer's role may hold
+// (requires: [mesh-bus, postgres: {connection-limit: 5}]); without it there is no limit.
 package main
 
 import (

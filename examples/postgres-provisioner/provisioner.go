@@ -112,6 +112,10 @@ func (p *provisioner) create(ctx context.Context, req provision.CreateRequest) (
 	if err := checkRequest(req.Consumer, req.Interface); err != nil {
 		return provision.CreateReply{}, err
 	}
+	limit, err := connectionLimit(req.Options)
+	if err != nil {
+		return provision.CreateReply{}, err
+	}
 	conn, err := p.connect(ctx)
 	if err != nil {
 		return provision.CreateReply{}, err
@@ -136,7 +140,7 @@ func (p *provisioner) create(ctx context.Context, req provision.CreateRequest) (
 	if err != nil {
 		return provision.CreateReply{}, err
 	}
-	if err := ensureRole(ctx, conn, name, req.Consumer, verifier, role == missing); err != nil {
+	if err := ensureRole(ctx, conn, name, req.Consumer, verifier, limit, role == missing); err != nil {
 		return provision.CreateReply{}, err
 	}
 	if err := ensureDatabase(ctx, conn, name, req.Consumer, db == missing); err != nil {
@@ -306,14 +310,32 @@ func databaseState(ctx context.Context, conn *pgx.Conn, name, consumer string) (
 	return foreign, nil
 }
 
+// connectionLimit reads the one option this provisioner takes: connection-limit, the most
+// connections the consumer's role may hold at once (-1, the default, for no limit).
+func connectionLimit(options map[string]string) (int, error) {
+	limit := -1
+	for key, value := range options {
+		if key != "connection-limit" {
+			return 0, fmt.Errorf("option %s is not one this provisioner knows: it takes connection-limit", key)
+		}
+		n, err := strconv.Atoi(value)
+		if err != nil || n < -1 {
+			return 0, fmt.Errorf("option connection-limit %q: want a number of connections, or -1 for no limit", value)
+		}
+		limit = n
+	}
+	return limit, nil
+}
+
 // ensureRole creates the consumer's role, or sets a new password on it, and marks it, in one
 // transaction: a role without its mark would be refused from then on. The admin is made a
 // member so that a non-superuser admin may create and drop the role's database.
-func ensureRole(ctx context.Context, conn *pgx.Conn, name, consumer, verifier string, create bool) error {
+func ensureRole(ctx context.Context, conn *pgx.Conn, name, consumer, verifier string, limit int, create bool) error {
 	ident := pgx.Identifier{name}.Sanitize()
-	stmt := "ALTER ROLE " + ident + " WITH LOGIN PASSWORD '" + verifier + "'"
+	with := " WITH LOGIN CONNECTION LIMIT " + strconv.Itoa(limit) + " PASSWORD '" + verifier + "'"
+	stmt := "ALTER ROLE " + ident + with
 	if create {
-		stmt = "CREATE ROLE " + ident + " WITH LOGIN PASSWORD '" + verifier + "'"
+		stmt = "CREATE ROLE " + ident + with
 	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for _, s := range []string{stmt, "COMMENT ON ROLE " + ident + " IS " + mark(consumer), "GRANT " + ident + " TO CURRENT_USER"} {

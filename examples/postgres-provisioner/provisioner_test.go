@@ -62,12 +62,18 @@ func call(t *testing.T, p *provisioner, tool string, req any) ([]byte, error) {
 // create asks for consumer's credential, sealed to a fresh xkey as the vault's, and opens it.
 func create(t *testing.T, p *provisioner, consumer string) provision.Credential {
 	t.Helper()
+	return createWith(t, p, consumer, nil)
+}
+
+// createWith is create with the requirement's options.
+func createWith(t *testing.T, p *provisioner, consumer string, options map[string]string) provision.Credential {
+	t.Helper()
 	kp, err := nkeys.CreateCurveKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	xkey, _ := kp.PublicKey()
-	out, err := call(t, p, provision.ToolCreate, provision.CreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey})
+	out, err := call(t, p, provision.ToolCreate, provision.CreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey, Options: options})
 	if err != nil {
 		t.Fatalf("create %s: %v", consumer, err)
 	}
@@ -279,6 +285,37 @@ func TestProvisioner_Remove(t *testing.T) {
 	}
 	remove(t, b.p, "app-a") // gone already: not an error
 	remove(t, b.p, "never-made")
+}
+
+// TestProvisioner_Options: connection-limit sets the role's limit, a create with other options
+// changes it, and an unknown option or a bad number is refused, saying what it takes.
+func TestProvisioner_Options(t *testing.T) {
+	b := newBed(t)
+	admin := b.pg.Connect("")
+	limit := func() int {
+		var n int
+		if err := admin.QueryRow(t.Context(), "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'mesh_app_a'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	createWith(t, b.p, "app-a", map[string]string{"connection-limit": "3"})
+	if n := limit(); n != 3 {
+		t.Fatalf("connection limit %d, want 3", n)
+	}
+	createWith(t, b.p, "app-a", nil)
+	if n := limit(); n != -1 {
+		t.Fatalf("connection limit %d after a create without options, want -1 (none)", n)
+	}
+	kp, _ := nkeys.CreateCurveKeys()
+	xkey, _ := kp.PublicKey()
+	for options, want := range map[string]string{"size": "takes connection-limit", "connection-limit=many": "want a number"} {
+		key, value, _ := strings.Cut(options, "=")
+		_, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: "app-b", Interface: "postgres", XKey: xkey, Options: map[string]string{key: value}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("create with %s: %v, want a refusal saying %q", options, err, want)
+		}
+	}
 }
 
 func TestProvisioner_Refuses(t *testing.T) {
