@@ -51,7 +51,7 @@ shown: the vault keeps them, and the host hands them to the module's process.`,
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per provision: consumer, interface, provider, state, since, generation, reason")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per provision: consumer, interface, provider, state, since, generation, reason, options?")
 	addClientFlags(cmd)
 	cmd.AddCommand(newProvisionsPinCmd())
 	return cmd
