@@ -274,6 +274,29 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 	secrets["app-b"] = credB2.Env["POSTGRES_PASSWORD"]
 	noLeaks()
 
+	// An orphan on the real server — made through the provisioner for a consumer no module
+	// is — is removed at the next holds pass, with an event.
+	intake, err := vault.IntakeKey(ctx, b.op, vault.CallerOperator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seat := provision.Seat{NC: b.op, Name: "postgres", Node: "bed"}
+	if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: "ghost", Interface: "postgres", XKey: intake}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.database(t, "mesh_ghost"); !ok {
+		t.Fatal("the orphan's database was not made")
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		if ok, _ := b.database(t, "mesh_ghost"); ok {
+			return errors.New("the orphan's database is still there")
+		}
+		if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool { return m["consumer"] == "ghost" }) {
+			return fmt.Errorf("no deprovisioned event for the orphan: %v", evs)
+		}
+		return nil
+	})
+
 	// app-a's options reached the provider; changed, its role is made again with them.
 	connLimit := func() (n int) {
 		if err := b.su.QueryRow(ctx, "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'mesh_app_a'").Scan(&n); err != nil {
