@@ -158,7 +158,14 @@ func (r *rawRequirement) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&r.Interface)
 	}
 	var m map[string]map[string]string
-	if n.Kind != yaml.MappingNode || len(n.Content) != 2 || n.Decode(&m) != nil {
+	err := errors.New("not one interface")
+	if n.Kind == yaml.MappingNode && len(n.Content) == 2 {
+		err = n.Decode(&m)
+		if te := (*yaml.TypeError)(nil); errors.As(err, &te) && strings.Contains(te.Error(), "already defined") {
+			return err // a duplicate option: the refusal names it
+		}
+	}
+	if err != nil {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a requirement is an interface's name, or one name with a mapping of its options", n.Line)}}
 	}
 	for iface, opts := range m {

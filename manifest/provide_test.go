@@ -123,3 +123,12 @@ func TestRequires_Options(t *testing.T) {
 		}
 	}
 }
+
+// TestRequires_DuplicateOption: an option written twice is the duplicate-key refusal, with
+// its line.
+func TestRequires_DuplicateOption(t *testing.T) {
+	_, err := manifest.Parse([]byte("module: app\nrequires:\n  - mesh-bus\n  - postgres: {schema: a, schema: b}\n"))
+	if rs := refusals(t, err); len(rs) != 1 || rs[0].Code != manifest.CodeDuplicate || rs[0].Line != 4 {
+		t.Fatalf("a duplicate option: %v", rs)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,11 +33,12 @@ type Watch struct {
 	rewatching sync.Mutex     // one Rewatch or Resume at a time
 	stopping   sync.WaitGroup // the stops of watches Resume replaced
 
-	mu    sync.Mutex
-	w     jetstream.KeyWatcher // the current watcher: Rewatch and Resume replace it
-	ended jetstream.KeyWatcher // the watcher whose end Run last reported
-	last  uint64               // the highest revision applied
-	floor uint64               // the current watcher's entries at or below it are applied already
+	mu     sync.Mutex
+	w      jetstream.KeyWatcher // the current watcher: Rewatch and Resume replace it
+	ended  jetstream.KeyWatcher // the watcher whose end Run last reported
+	last   uint64               // the highest revision applied
+	floor  uint64               // the current watcher's entries at or below it are applied already
+	closed bool                 // Close was called: Rewatch and Resume make no new watch
 }
 
 // Open watches kv's keys (all of them when keys is empty) and applies every current value
@@ -78,7 +80,8 @@ func (m *Watch) watch(opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) 
 	if len(m.subjects) == 0 {
 		return m.kv.WatchAll(context.Background(), opts...)
 	}
-	return m.kv.WatchFiltered(context.Background(), m.subjects, opts...)
+	// A copy: nats.go rewrites the keys it is given into subjects, in place.
+	return m.kv.WatchFiltered(context.Background(), slices.Clone(m.subjects), opts...)
 }
 
 // current is the watcher Run follows now.
@@ -154,6 +157,12 @@ func (m *Watch) Retake(ctx context.Context, reset func()) error {
 // rewatch is Rewatch under m.rewatching. A bucket that does not answer yet leaves the watch
 // and the mirror as they were.
 func (m *Watch) rewatch(ctx context.Context, reset func()) error {
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	w, err := m.watch()
 	if err != nil {
 		return err
@@ -181,8 +190,11 @@ func (m *Watch) Resume() error {
 	m.rewatching.Lock()
 	defer m.rewatching.Unlock()
 	m.mu.Lock()
-	from := m.last + 1
+	from, closed := m.last+1, m.closed
 	m.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	w, err := m.watch(jetstream.ResumeFromRevision(from))
 	if err != nil {
 		return fmt.Errorf("watch %s again from revision %d: %w", m.kv.Bucket(), from, err)
@@ -225,7 +237,17 @@ func (m *Watch) Awaiting(ctx context.Context, report func(error)) (done func()) 
 
 // Close stops the watch; the owner's mirror keeps its last state.
 func (m *Watch) Close() error {
-	err := stop(m.current())
+	first := m.current()
+	err := stop(first)  // ends a load under way, too
+	m.rewatching.Lock() // then no Rewatch or Resume is under way, and none starts after
+	m.mu.Lock()
+	m.closed = true
+	last := m.w
+	m.mu.Unlock()
+	m.rewatching.Unlock()
+	if last != first {
+		err = stop(last)
+	}
 	m.stopping.Wait()
 	return err
 }

@@ -20,8 +20,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestAwaiting_ResumesALostConsumer: the watch's ordered consumer is deleted under it, as it
 // is when its server dies. nats.go would notice only after two missed heartbeats (10–20 s);
 // an owner awaiting its write gets the watch resumed after Stall, and its write arrives, once,
-// with the entries before it untouched.
+// with the entries before it untouched: for a watch of the whole bucket and for one of keys
+// (nats.go rewrites a filter's keys in place: the resumed watch must not get them twice).
 func TestAwaiting_ResumesALostConsumer(t *testing.T) {
+	t.Run("all", func(t *testing.T) { testResume(t) })
+	t.Run("keys", func(t *testing.T) { testResume(t, "a", "b", "c") })
+}
+
+func testResume(t *testing.T, keys ...string) {
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
@@ -50,7 +56,7 @@ func TestAwaiting_ResumesALostConsumer(t *testing.T) {
 		mu.Lock()
 		applied[e.Key()] = append(applied[e.Key()], string(e.Value()))
 		mu.Unlock()
-	})
+	}, keys...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +67,9 @@ func TestAwaiting_ResumesALostConsumer(t *testing.T) {
 		stopRun()
 		<-ran
 		w.Close()
+		if err := w.Resume(); err != ErrClosed {
+			t.Errorf("Resume after Close: %v, want ErrClosed", err)
+		}
 	}()
 
 	// The consumer goes, as with its server.

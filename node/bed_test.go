@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -693,10 +694,20 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A client of the module: refused from the removal on, it gives up after its patience
+	// (a node's restart refuses it too, for a while, and it rides that out).
+	patient := b.client(seed, sdk.WithAuthPatience(300*time.Millisecond))
+
 	reply, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	retryUntil(t, 10*time.Second, func() error {
+		if !patient.Conn().IsClosed() {
+			return fmt.Errorf("the removed module's client is still %v", patient.Conn().Status())
+		}
+		return nil
+	})
 	if len(reply.Kept) != 1 || !strings.Contains(reply.Kept[0], "SEAT_work keeps 1") {
 		t.Fatalf("kept=%v, want SEAT_work kept for its job", reply.Kept)
 	}

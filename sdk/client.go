@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
@@ -63,7 +64,13 @@ type options struct {
 	shapes bool
 	ca     string // the mesh's CA certificate file; "": MESH_CA, if set
 	module string // the module the seed is registered as; "": MESH_MODULE, if set
+	// authPatience is how long the key may be refused before the client gives up.
+	authPatience time.Duration
 }
+
+// WithAuthPatience sets how long the client goes on reconnecting while the node refuses the
+// module's key (default AuthPatience) before it closes the connection.
+func WithAuthPatience(d time.Duration) Option { return func(o *options) { o.authPatience = d } }
 
 // AsModule names the module the seed is registered as, so that Connect needs one connection:
 // it asks the bus which module the seed is on the module's own connection (and refuses a
@@ -128,6 +135,9 @@ type Client struct {
 	window time.Duration // the replay window of the checks (check.go)
 	shapes bool          // check the payloads sent to seats against their shapes (shape.go)
 
+	refusedSince atomic.Int64  // unix ns of the first refusal of the key since the last connect; 0: none
+	authPatience time.Duration // how long a refused key is tried again
+
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
 
@@ -180,7 +190,7 @@ func (c *Client) track() bool {
 // Connect connects to the bus at url as the module whose nkey seed is in seedFile. It asks
 // the bus which module the seed is, then connects as that module with its own inbox.
 func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client, error) {
-	o := options{log: slog.New(slog.DiscardHandler), retry: DefaultRetryBackoff, window: DefaultReplayWindow}
+	o := options{log: slog.New(slog.DiscardHandler), retry: DefaultRetryBackoff, window: DefaultReplayWindow, authPatience: AuthPatience}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -239,7 +249,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 // dialModule makes the client of module self.Module on its own connection, with what it
 // knows of itself so far.
 func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, o options, self registry.WhoamiReply) (*Client, error) {
-	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, self: self,
+	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, authPatience: o.authPatience, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
@@ -252,7 +262,8 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		// A node refuses every module while it restarts, until its registry is read again:
-		// nats.go would give up for good at the second refusal in a row.
+		// nats.go would give up for good at the second refusal in a row. A key refused for
+		// longer than a restart (AuthPatience) is given up (asyncError).
 		nats.IgnoreAuthErrorAbort(),
 		nats.ErrorHandler(c.asyncError),
 		nats.ReconnectHandler(c.reconnected),
@@ -415,7 +426,12 @@ func (c *Client) onConnection(ctx context.Context) (context.Context, func() bool
 
 // reconnected refreshes what the module declared: the bus kicks a module's connections when
 // its registration changes, and they come back under the new authority.
+// AuthPatience is how long the sdk goes on reconnecting while the node refuses the module's
+// key: longer than a node's restart, or a single node's growth into a mesh.
+const AuthPatience = 2 * time.Minute
+
 func (c *Client) reconnected(nc *nats.Conn) {
+	c.refusedSince.Store(0)
 	c.connMu.Lock()
 	c.connEnd()
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
@@ -435,7 +451,20 @@ func (c *Client) reconnected(nc *nats.Conn) {
 
 // asyncError hands permission violations to the requests waiting on them, so a refused call
 // fails at once and says the bus refused it.
-func (c *Client) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+func (c *Client) asyncError(nc *nats.Conn, _ *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrAuthorization) {
+		now := time.Now().UnixNano()
+		if c.refusedSince.CompareAndSwap(0, now) {
+			c.log.Warn("the node refuses this module's key; trying again (a restarting node does so until it has read its registry)", "err", err)
+			return
+		}
+		if since := time.Duration(now - c.refusedSince.Load()); since > c.authPatience {
+			c.log.Error("the node has refused this module's key for longer than a restart: it was removed, or its key was rotated; the connection is closed",
+				"refused_for", since.Round(time.Second))
+			go nc.Close() // not from nats.go's callback goroutine
+		}
+		return
+	}
 	c.refusals.Handle(err)
 	if r := AsRefusal(err); r != nil && strings.HasPrefix(r.Subject, "_INBOX.") && r.Op == RefusedPublish {
 		// A tool's answer to an inbox the bus does not let this module answer into: the

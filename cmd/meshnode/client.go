@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -209,11 +208,10 @@ func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {
 		nats.CustomInboxPrefix(manifest.OperatorInbox)}, opts...)...)
 	if err != nil {
 		var unknownCA x509.UnknownAuthorityError
-		var badCert *tls.CertificateVerificationError
 		switch {
 		case errors.Is(err, nats.ErrAuthorization):
 			return nil, fmt.Errorf("the bus at %s refused the key in %s: it is neither the operator's nor a registered module's", url, creds)
-		case errors.As(err, &unknownCA) || errors.As(err, &badCert):
+		case errors.As(err, &unknownCA):
 			return nil, fmt.Errorf("connect to %s: %w; its client port is TLS with a certificate from the mesh's CA: trust that CA with --ca FILE (or %s), FILE being ca.pem in any node's data dir", url, err, envCA)
 		case errors.Is(err, nats.ErrSecureConnRequired):
 			return nil, fmt.Errorf("connect to %s: %w; its client port is TLS: connect to tls://%s and trust the mesh's CA with --ca FILE (ca.pem in any node's data dir)", url, err, strings.TrimPrefix(url, "nats://"))

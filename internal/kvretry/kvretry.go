@@ -50,21 +50,23 @@ func try[T any](ctx context.Context, write func(context.Context) (T, error)) (T,
 	}
 	start := time.Now()
 	b := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
-	var leaderless error // the last attempt's, once one found no leader
+	leaderless := false // an attempt found no leader
 	for {
 		v, err := write(ctx)
 		switch {
 		case err == nil:
 			return v, nil
 		case Leaderless(err):
-			leaderless = err
-		case leaderless == nil || ctx.Err() == nil:
+			leaderless = true
+		case !leaderless || ctx.Err() == nil:
 			return v, err
 		}
-		// Time ran out (in nats.go's own wait, or in ours): the reason is the missing leader.
+		// Time ran out (in nats.go's own wait, or in ours) after the stream had no leader: the
+		// last error is returned as it is (the last attempt may have been stored, unless it
+		// too found no leader), with the missing leader said.
 		if ctx.Err() != nil || b.Wait(ctx) != nil {
 			return v, fmt.Errorf("the bucket's stream had no leader for %s (is a majority of its servers up?): %w",
-				time.Since(start).Round(time.Millisecond), leaderless)
+				time.Since(start).Round(time.Millisecond), err)
 		}
 	}
 }
