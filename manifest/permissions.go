@@ -85,6 +85,9 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 		p.Publish = append(p.Publish, OperatorInbox+".>")
 	}
 	p.Subscribe = append(p.Subscribe, Subscription{Subject: InboxPrefix(m.Module) + ".>"})
+	if m.answersCalls() {
+		p.Publish = append(p.Publish, StatsSubject(m.Module)) // its tools' latency, to its node
+	}
 	if len(m.Consumes) > 0 {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)
 	}
@@ -101,6 +104,16 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 		}
 	}
 	return p.normal()
+}
+
+// answersCalls reports whether m answers tool calls: its own tools, or a seat's it may hold.
+func (m *Manifest) answersCalls() bool {
+	if len(m.Tools) > 0 {
+		return true
+	}
+	return slices.ContainsFunc(m.Seats, func(s Seat) bool {
+		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v SeatVersion) bool { return len(v.Serves) > 0 })
+	})
 }
 
 // pullPermissions are the publish subjects needed to pull and ack one consumer. Never its

@@ -50,6 +50,10 @@ func EventSubject(module, event string) string { return "mesh.mod." + module + "
 // ToolSubject is where module answers tool: mesh.mod.<module>.tool.<tool>.
 func ToolSubject(module, tool string) string { return "mesh.mod." + module + ".tool." + tool }
 
+// StatsSubject is where a module's instances report the latency of the tools they answer
+// (package toolstats) to their node: core NATS, never stored.
+func StatsSubject(module string) string { return "mesh.mod." + module + ".stats" }
+
 // seatBase is the subject prefix of version of seat: mesh.seat.<seat> for v1 (or ""),
 // mesh.seat.<seat>.<version> for a later one.
 func seatBase(seat, version string) string {

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/toolstats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
@@ -79,6 +81,41 @@ func TestMetrics_Golden(t *testing.T) {
 	}
 	awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "sink"), 3, nil)
 
+	// A module's own tool and its seat's, timed by its sdk and reported at its close.
+	deskSeed, _ := b.register("module: desk\nrequires: [mesh-bus]\ntools: [status]\nseats:\n  help: {scope: mesh, serves: [ask]}\n")
+	askerSeed, _ := b.register("module: asker\nrequires: [mesh-bus]\nuses: [help]\n")
+	desk := b.client(deskSeed)
+	answer := func(context.Context, sdk.Request) ([]byte, error) { return []byte(`"ok"`), nil }
+	if err := desk.Serve("status", answer); err != nil {
+		t.Fatal(err)
+	}
+	if err := desk.HoldSeat("help", sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{"ask": answer}}); err != nil {
+		t.Fatal(err)
+	}
+	answered := 0 // the holder's grant reconnects it: calls find no responder meanwhile
+	retryUntil(t, 10*time.Second, func() error {
+		for answered < 4 {
+			if _, err := b.op.RequestWithContext(ctx, manifest.ToolSubject("desk", "status"), nil); err != nil {
+				return err
+			}
+			answered++
+		}
+		return nil
+	})
+	asker := b.client(askerSeed)
+	retryUntil(t, 10*time.Second, func() error {
+		_, err := asker.Call(ctx, "help", "ask", nil) // once the seat is held
+		return err
+	})
+	// Reports the node does not take: another node's instance, an undeclared tool.
+	forged := func(node, tool string) []byte {
+		b, _ := json.Marshal(toolstats.Report{Instance: "x", Node: node, Tools: map[string]toolstats.Tool{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
+		return b
+	}
+	b.op.Publish(manifest.StatsSubject("desk"), forged("elsewhere", "status"))
+	b.op.Publish(manifest.StatsSubject("desk"), forged("alpha", "undeclared"))
+	desk.Close()
+
 	var fams map[string]*dto.MetricFamily
 	retryUntil(t, 20*time.Second, func() error {
 		fams = scrape(t, b.n.HTTPURL())
@@ -89,6 +126,9 @@ func TestMetrics_Golden(t *testing.T) {
 		}
 		if v := counter(fams, "meshnode_events_total", "owner", "mod.shop"); v != 3 {
 			return fmt.Errorf("meshnode_events_total{owner=mod.shop} %v, want 3", v)
+		}
+		if len(matching(fams, "meshnode_module_tool_call_duration_seconds", "module", "desk")) == 0 {
+			return errors.New("desk's tool latency not reported yet")
 		}
 		return nil
 	})
@@ -129,6 +169,15 @@ func TestMetrics_Golden(t *testing.T) {
 	}
 	if n := samples(fams, "meshnode_tool_call_duration_seconds", "seat", manifest.ControllerSeat, "tool", "whoami"); n < 1 {
 		t.Errorf("meshnode_tool_call_duration_seconds{seat=mesh-controller,tool=whoami} has %d samples, want some", n)
+	}
+	if n := samples(fams, "meshnode_module_tool_call_duration_seconds", "module", "desk", "tool", "status"); n != 4 {
+		t.Errorf("meshnode_module_tool_call_duration_seconds{module=desk,tool=status} has %d samples, want 4", n)
+	}
+	if n := samples(fams, "meshnode_module_tool_call_duration_seconds", "module", "desk", "tool", "seat.help.ask"); n < 1 {
+		t.Errorf("meshnode_module_tool_call_duration_seconds{module=desk,tool=seat.help.ask} has %d samples, want the calls that were answered", n)
+	}
+	if n := len(matching(fams, "meshnode_module_tool_call_duration_seconds", "tool", "undeclared")); n != 0 {
+		t.Errorf("an undeclared tool's forged report was taken")
 	}
 	if v := gauge(fams, "meshnode_consumer_pending_messages", "consumer", "sink"); v != 0 {
 		t.Errorf("consumer sink's lag %v, want 0 (it gave every event up)", v)

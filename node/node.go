@@ -98,7 +98,9 @@ type Node struct {
 	gitSub     *nats.Subscription
 	growSub    *nats.Subscription // a single node's grow tool
 	certSub    *nats.Subscription // the cert-rotate tool
-	certs      *meshca.Keeper     // the node's certificate, for routes and TLS clients (tls.go)
+	statsSub   *nats.Subscription // the modules' tool latency reports (toolstats.go)
+	toolStats  *moduleToolStats
+	certs      *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
 	certCA     *meshca.CA
 	auditSub   *nats.Subscription
 	dead       *deadLetters
@@ -606,6 +608,11 @@ func (n *Node) newHTTPServer() {
 	n.metrics.MustRegister(n.ctrl.reports)
 	n.metrics.MustRegister(n.meter.collectors()...)
 	n.metrics.MustRegister(&streamCollector{bus: func() *embedbus.Bus { return n.bus }})
+	n.toolStats = newModuleToolStats(n.id.Name, func(module, tool string) bool {
+		e, ok := n.reg.Get(module)
+		return ok && declaresTool(e.Manifest, tool)
+	})
+	n.metrics.MustRegister(n.toolStats)
 	h := n.handler()
 	n.handlerNow.Store(&h)
 }
@@ -615,6 +622,9 @@ func (n *Node) newHTTPServer() {
 func (n *Node) announce() (err error) {
 	if n.certSub, err = n.serveCertRotate(); err != nil {
 		return fmt.Errorf("serve the cert-rotate tool: %w", err)
+	}
+	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*"), n.toolStats.take); err != nil {
+		return fmt.Errorf("take the modules' tool latency: %w", err)
 	}
 	if n.members == nil {
 		// A single node: it may grow into a mesh.
@@ -767,6 +777,10 @@ func (n *Node) Close() error {
 	if n.growSub != nil {
 		n.growSub.Unsubscribe()
 		n.growSub = nil
+	}
+	if n.statsSub != nil {
+		n.statsSub.Unsubscribe()
+		n.statsSub = nil
 	}
 	if n.certSub != nil {
 		n.certSub.Unsubscribe()

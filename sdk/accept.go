@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -375,7 +376,7 @@ func (c *Client) serveSeatTools(st *seatState) error {
 			if shape := v.Shapes[tool]; shape != nil {
 				h = shapedTool(shape, "seat "+st.seat+" "+versioned(v.Version, "tool "+tool), h)
 			}
-			sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, h))
+			sub, err := c.nc.QueueSubscribe(subject, st.seat, c.toolResponder(tool, toolstats.SeatTool(st.seat, tool), h))
 			if err != nil {
 				return fmt.Errorf("serve %s of seat %s: %w", versioned(v.Version, tool), st.seat, err)
 			}

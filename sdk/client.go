@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/toolstats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -135,8 +136,10 @@ type Client struct {
 	window time.Duration // the replay window of the checks (check.go)
 	shapes bool          // check the payloads sent to seats against their shapes (shape.go)
 
-	refusedSince atomic.Int64  // unix ns of the first refusal of the key since the last connect; 0: none
-	authPatience time.Duration // how long a refused key is tried again
+	stats        toolstats.Recorder // how long its tool handlers take (report.go)
+	reporting    sync.WaitGroup     // the stats reporter
+	refusedSince atomic.Int64       // unix ns of the first refusal of the key since the last connect; 0: none
+	authPatience time.Duration      // how long a refused key is tried again
 
 	ctx    context.Context // ended by Close; handlers receive it
 	cancel context.CancelFunc
@@ -277,6 +280,7 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 		return nil, connectError(url, pub, err)
 	}
 	c.js, _ = jetstream.New(c.nc)
+	c.startReporting()
 	return c, nil
 }
 
@@ -377,6 +381,7 @@ func (c *Client) node() string {
 // connection after flushing what was published.
 func (c *Client) Close() error {
 	if c.nc.IsConnected() {
+		c.report()       // the tools' latency since the last report, while the bus still takes it
 		c.releaseSeats() // else the node frees them when it sees the connection gone
 	}
 	// Then the handlers: what they emit is part of what is flushed.
@@ -393,6 +398,7 @@ func (c *Client) Close() error {
 	c.closing.Unlock()
 	c.cancel()
 	c.wg.Wait()
+	c.reporting.Wait() // its last report is flushed below
 	// Events EmitAsync sent get their answers (a little while): their failures, and those of
 	// the ones still unanswered when the connection closes, are Close's error.
 	if c.pipeline.used.Load() && c.nc.IsConnected() {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -48,7 +49,7 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 			ErrNotDeclared, self.Module, tool, self.Tools)
 	}
 	subject := manifest.ToolSubject(self.Module, tool)
-	sub, err := c.nc.QueueSubscribe(subject, self.Module, c.toolResponder(tool, h))
+	sub, err := c.nc.QueueSubscribe(subject, self.Module, c.toolResponder(tool, tool, h))
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", tool, err)
 	}
@@ -67,7 +68,8 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 
 // toolResponder answers each request of tool with h's reply, or its error as a service
 // error header.
-func (c *Client) toolResponder(tool string, h ToolHandler) nats.MsgHandler {
+// Each call's time, from its arrival to its answer, is recorded under label (toolstats).
+func (c *Client) toolResponder(tool, label string, h ToolHandler) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		if !strings.HasPrefix(m.Reply, "_INBOX.") {
 			// A call has an inbox to answer; a message without one is no caller's (a stream
@@ -79,6 +81,8 @@ func (c *Client) toolResponder(tool string, h ToolHandler) nats.MsgHandler {
 			return
 		}
 		defer c.wg.Done()
+		start := time.Now()
+		defer func() { c.stats.Observe(label, time.Since(start)) }()
 		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
 		out := &nats.Msg{Data: resp, Header: nats.Header{}}
 		if err != nil {

@@ -1,0 +1,125 @@
+package node
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/toolstats"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// toolStatsStale is how long an instance's last report counts after it stopped reporting:
+// an instance reports while it serves calls, so one silent this long has gone (or idles, and
+// its counts come back with its next call).
+const toolStatsStale = 5 * time.Minute
+
+// moduleToolStats is the latency of the modules' own tools, as the instances connected to
+// this node report it (toolstats), summed per module and tool:
+// meshnode_module_tool_call_duration_seconds{module,tool}. Only tools the module declares
+// are kept, so the series are bounded by the registrations.
+type moduleToolStats struct {
+	node     string
+	declares func(module, tool string) bool
+
+	mu      sync.Mutex
+	reports map[string]map[string]instanceReport // module → instance → its last report
+}
+
+type instanceReport struct {
+	tools map[string]toolstats.Tool
+	at    time.Time
+}
+
+var moduleToolDesc = prometheus.NewDesc("meshnode_module_tool_call_duration_seconds",
+	"How long modules' own tools (and their seats' tools, as seat.<seat>.<tool>) take to answer, as the instances connected to this node time their handlers.",
+	[]string{"module", "tool"}, nil)
+
+func newModuleToolStats(node string, declares func(module, tool string) bool) *moduleToolStats {
+	return &moduleToolStats{node: node, declares: declares, reports: map[string]map[string]instanceReport{}}
+}
+
+// take is the handler of manifest.StatsSubject("*"): the bus lets only a module publish its
+// own, so the subject names the reporter; the report is untrusted input all the same.
+func (s *moduleToolStats) take(m *nats.Msg) {
+	module, ok := strings.CutSuffix(strings.TrimPrefix(m.Subject, "mesh.mod."), ".stats")
+	if !ok || len(m.Data) > toolstats.MaxBytes {
+		return
+	}
+	var r toolstats.Report
+	if json.Unmarshal(m.Data, &r) != nil || r.Node != s.node || r.Instance == "" || len(r.Instance) > 128 || r.Check() != nil {
+		return // another node's instance, or not a report
+	}
+	for tool := range r.Tools {
+		if !s.declares(module, tool) {
+			delete(r.Tools, tool)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reports[module] == nil {
+		s.reports[module] = map[string]instanceReport{}
+	}
+	s.reports[module][r.Instance] = instanceReport{tools: r.Tools, at: time.Now()}
+}
+
+func (s *moduleToolStats) Describe(ch chan<- *prometheus.Desc) { ch <- moduleToolDesc }
+
+func (s *moduleToolStats) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, module := range slices.Sorted(maps.Keys(s.reports)) {
+		sums := map[string]*toolstats.Tool{}
+		for instance, r := range s.reports[module] {
+			if time.Since(r.at) > toolStatsStale {
+				delete(s.reports[module], instance)
+				continue
+			}
+			for tool, t := range r.tools {
+				sum := sums[tool]
+				if sum == nil {
+					sum = &toolstats.Tool{Buckets: make([]uint64, len(toolstats.Buckets))}
+					sums[tool] = sum
+				}
+				sum.Count += t.Count
+				sum.Sum += t.Sum
+				for i, n := range t.Buckets {
+					sum.Buckets[i] += n
+				}
+			}
+		}
+		if len(s.reports[module]) == 0 {
+			delete(s.reports, module)
+		}
+		for tool, t := range sums {
+			buckets := make(map[float64]uint64, len(t.Buckets))
+			for i, n := range t.Buckets {
+				buckets[toolstats.Buckets[i]] = n
+			}
+			ch <- prometheus.MustNewConstHistogram(moduleToolDesc, t.Count, t.Sum, buckets, module, tool)
+		}
+	}
+}
+
+// declaresTool reports whether module declares tool: one of its tools, or seat.<seat>.<tool>
+// for a tool one of its seats serves (in any version).
+func declaresTool(m *manifest.Manifest, tool string) bool {
+	if slices.Contains(m.Tools, tool) {
+		return true
+	}
+	rest, ok := strings.CutPrefix(tool, "seat.")
+	if !ok {
+		return false
+	}
+	seat, name, ok := strings.Cut(rest, ".")
+	if !ok {
+		return false
+	}
+	s, ok := m.Seat(seat)
+	return ok && (slices.Contains(s.Serves, name) || slices.ContainsFunc(s.Versions, func(v manifest.SeatVersion) bool { return slices.Contains(v.Serves, name) }))
+}

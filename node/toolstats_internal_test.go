@@ -1,0 +1,55 @@
+package node
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/toolstats"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestModuleToolStats: two instances' reports sum per tool; a later report of an instance
+// replaces its earlier one; an instance silent for toolStatsStale is forgotten.
+func TestModuleToolStats(t *testing.T) {
+	s := newModuleToolStats("alpha", func(module, tool string) bool { return module == "desk" && tool == "status" })
+	report := func(instance string, count uint64) {
+		var r toolstats.Recorder
+		for range count {
+			r.Observe("status", time.Millisecond)
+		}
+		tools, _ := r.Snapshot()
+		b, _ := json.Marshal(toolstats.Report{Instance: instance, Node: "alpha", Tools: tools})
+		s.take(&nats.Msg{Subject: "mesh.mod.desk.stats", Data: b})
+	}
+	collect := func() (count uint64, series int) {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(s)
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			for _, m := range f.GetMetric() {
+				series++
+				count += m.GetHistogram().GetSampleCount()
+			}
+		}
+		return count, series
+	}
+	report("desk-1", 2)
+	report("desk-2", 3)
+	report("desk-1", 5) // cumulative: replaces its 2
+	if count, series := collect(); count != 8 || series != 1 {
+		t.Fatalf("count %d in %d series, want 8 in 1", count, series)
+	}
+	s.mu.Lock()
+	r := s.reports["desk"]["desk-2"]
+	r.at = time.Now().Add(-toolStatsStale - time.Second)
+	s.reports["desk"]["desk-2"] = r
+	s.mu.Unlock()
+	if count, _ := collect(); count != 5 {
+		t.Fatalf("count %d after desk-2 went silent, want desk-1's 5", count)
+	}
+}
