@@ -19,6 +19,9 @@ import (
 // its counts come back with its next call).
 const toolStatsStale = 5 * time.Minute
 
+// maxReportingInstances bounds the instances of one module whose reports a node keeps.
+const maxReportingInstances = 256
+
 // moduleToolStats is the latency of the modules' own tools, as the instances connected to
 // this node report it (toolstats), summed per module and tool:
 // meshnode_module_tool_call_duration_seconds{module,tool}. Only tools the module declares
@@ -60,10 +63,16 @@ func (s *moduleToolStats) take(m *nats.Msg) {
 			delete(r.Tools, tool)
 		}
 	}
+	if len(r.Tools) == 0 {
+		return // nothing it declares (nor a module registered)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.reports[module] == nil {
 		s.reports[module] = map[string]instanceReport{}
+	}
+	if _, known := s.reports[module][r.Instance]; !known && len(s.reports[module]) >= maxReportingInstances {
+		return // a module inventing instances gets no more memory
 	}
 	s.reports[module][r.Instance] = instanceReport{tools: r.Tools, at: time.Now()}
 }

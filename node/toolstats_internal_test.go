@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -51,5 +52,12 @@ func TestModuleToolStats(t *testing.T) {
 	s.mu.Unlock()
 	if count, _ := collect(); count != 5 {
 		t.Fatalf("count %d after desk-2 went silent, want desk-1's 5", count)
+	}
+	// A module inventing instances is kept to maxReportingInstances of them.
+	for i := range maxReportingInstances + 10 {
+		report("forged-"+strconv.Itoa(i), 1)
+	}
+	if n := len(s.reports["desk"]); n != maxReportingInstances {
+		t.Fatalf("%d instances kept, want %d", n, maxReportingInstances)
 	}
 }
