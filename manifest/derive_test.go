@@ -124,7 +124,7 @@ seats:
 			"$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
 			"_INBOX.operator.>",
 			"mesh.mod.telegram.event.message.received",
-			"mesh.mod.telegram.stats",
+			"mesh.mod.telegram.stats.*",
 			"mesh.seat.mailer.accept.>",
 			"mesh.seat.mailer.node.*.accept.>",
 			"mesh.seat.mailer.tool.>",

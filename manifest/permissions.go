@@ -86,7 +86,7 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	}
 	p.Subscribe = append(p.Subscribe, Subscription{Subject: InboxPrefix(m.Module) + ".>"})
 	if m.answersCalls() {
-		p.Publish = append(p.Publish, StatsSubject(m.Module)) // its tools' latency, to its node
+		p.Publish = append(p.Publish, StatsSubject(m.Module, "*")) // its tools' latency, to its node
 	}
 	if len(m.Consumes) > 0 {
 		p.Publish = append(p.Publish, pullPermissions(EventsStreamName, m.Module)...)

@@ -49,7 +49,7 @@ func TestProperty_PermissionsStayHome(t *testing.T) {
 		}
 
 		publishOK := func(p string) bool {
-			if within("mesh.mod."+mod+".event.>", p) || p == manifest.StatsSubject(mod) {
+			if within("mesh.mod."+mod+".event.>", p) || p == manifest.StatsSubject(mod, "*") {
 				return true
 			}
 			for _, s := range m.Seats {

@@ -50,9 +50,9 @@ func EventSubject(module, event string) string { return "mesh.mod." + module + "
 // ToolSubject is where module answers tool: mesh.mod.<module>.tool.<tool>.
 func ToolSubject(module, tool string) string { return "mesh.mod." + module + ".tool." + tool }
 
-// StatsSubject is where a module's instances report the latency of the tools they answer
-// (package toolstats) to their node: core NATS, never stored.
-func StatsSubject(module string) string { return "mesh.mod." + module + ".stats" }
+// StatsSubject is where a module's instances connected to node report the latency of the
+// tools they answer (package toolstats): core NATS, never stored; only that node listens.
+func StatsSubject(module, node string) string { return "mesh.mod." + module + ".stats." + node }
 
 // seatBase is the subject prefix of version of seat: mesh.seat.<seat> for v1 (or ""),
 // mesh.seat.<seat>.<version> for a later one.

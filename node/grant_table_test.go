@@ -13,64 +13,64 @@ import (
 // by hand rather than computed: a bed that compared the bus with the function the bus uses
 // would stay green with a wrong grant. KEY stands for the module's public key. Publish and
 // subscribe are nats-server's allow lists ("subject queue" where a queue is required);
-// "_INBOX.operator.>" on publish is how a module answers its tools, and "mesh.mod.<module>.stats"
+// "_INBOX.operator.>" on publish is how a module answers its tools, and "mesh.mod.<module>.stats.*"
 // how it reports their latency (every catalogue module answers calls). A module that does not require
 // mesh-bus has no entry: the bus refuses its key.
 var catalogueGrants = map[string]struct{ pub, sub []string }{
 	"auditor": {
-		pub: []string{"mesh.mod.auditor.stats", "$JS.ACK.EVENTS.auditor.>", "$JS.API.CONSUMER.INFO.EVENTS.auditor", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.auditor",
+		pub: []string{"mesh.mod.auditor.stats.*", "$JS.ACK.EVENTS.auditor.>", "$JS.API.CONSUMER.INFO.EVENTS.auditor", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.auditor",
 			"mesh.seat.mesh-controller.tool.whoami.KEY", "mesh.seat.mesh-vault.tool.fetch.mod.auditor", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.auditor.>", "mesh.mod.auditor.tool.query auditor", "mesh.mod.auditor.tool.status auditor"},
 	},
 	"billing": {
-		pub: []string{"mesh.mod.billing.stats", "$JS.ACK.EVENTS.billing.>", "$JS.API.CONSUMER.INFO.EVENTS.billing", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.billing",
+		pub: []string{"mesh.mod.billing.stats.*", "$JS.ACK.EVENTS.billing.>", "$JS.API.CONSUMER.INFO.EVENTS.billing", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.billing",
 			"mesh.mod.billing.event.invoice.issued", "mesh.mod.billing.event.order.paid", "mesh.mod.billing.event.order.placed",
 			"mesh.mod.billing.event.order.refunded", "mesh.seat.mailer.accept.>", "mesh.seat.mailer.node.*.accept.>",
 			"mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami.KEY", "mesh.seat.mesh-vault.tool.fetch.mod.billing", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.billing.>", "mesh.mod.billing.tool.invoice billing", "mesh.mod.billing.tool.status billing"},
 	},
 	"builder": {
-		pub: []string{"mesh.mod.builder.stats", "mesh.mod.builder.event.build.failed", "mesh.mod.builder.event.built", "mesh.node.*.tool.seat.builder",
+		pub: []string{"mesh.mod.builder.stats.*", "mesh.mod.builder.event.build.failed", "mesh.mod.builder.event.built", "mesh.node.*.tool.seat.builder",
 			"mesh.seat.mesh-controller.tool.whoami.KEY", "mesh.seat.mesh-vault.tool.fetch.mod.builder", "mesh.seat.registry-index.accept.>",
 			"mesh.seat.registry-index.node.*.accept.>", "mesh.seat.registry-index.tool.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.builder.>"},
 	},
 	"downloader": {
-		pub: []string{"mesh.mod.downloader.stats", "mesh.mod.downloader.event.download.completed", "mesh.mod.downloader.event.download.failed",
+		pub: []string{"mesh.mod.downloader.stats.*", "mesh.mod.downloader.event.download.completed", "mesh.mod.downloader.event.download.failed",
 			"mesh.mod.downloader.event.download.started", "mesh.node.*.tool.seat.downloader", "mesh.seat.mesh-controller.tool.whoami.KEY", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.downloader.>", "mesh.mod.downloader.tool.status downloader"},
 	},
 	"git": {
-		pub: []string{"mesh.mod.git.stats", "mesh.mod.git.event.branch.deleted", "mesh.mod.git.event.pushed", "mesh.mod.git.event.tag.created",
+		pub: []string{"mesh.mod.git.stats.*", "mesh.mod.git.event.branch.deleted", "mesh.mod.git.event.pushed", "mesh.mod.git.event.tag.created",
 			"mesh.node.*.tool.seat.git", "mesh.seat.mesh-controller.tool.whoami.KEY", "mesh.seat.mesh-vault.tool.fetch.mod.git", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.git.>", "mesh.mod.git.tool.refs git", "mesh.mod.git.tool.status git"},
 	},
 	"mailer": {
-		pub: []string{"mesh.mod.mailer.stats", "mesh.mod.mailer.event.bounce.received", "mesh.node.*.tool.seat.mailer", "mesh.seat.mesh-controller.tool.whoami.KEY",
+		pub: []string{"mesh.mod.mailer.stats.*", "mesh.mod.mailer.event.bounce.received", "mesh.node.*.tool.seat.mailer", "mesh.seat.mesh-controller.tool.whoami.KEY",
 			"mesh.seat.mesh-vault.tool.fetch.mod.mailer", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.mailer.>", "mesh.mod.mailer.tool.status mailer"},
 	},
 	"registry": {
-		pub: []string{"mesh.mod.registry.stats", "mesh.mod.registry.event.image.deleted", "mesh.mod.registry.event.image.pushed", "mesh.node.*.tool.seat.registry",
+		pub: []string{"mesh.mod.registry.stats.*", "mesh.mod.registry.event.image.deleted", "mesh.mod.registry.event.image.pushed", "mesh.node.*.tool.seat.registry",
 			"mesh.seat.mesh-controller.tool.whoami.KEY", "mesh.seat.mesh-vault.tool.fetch.mod.registry", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.registry.>", "mesh.mod.registry.tool.status registry"},
 	},
 	"release": {
-		pub: []string{"mesh.mod.release.stats", "$JS.ACK.EVENTS.release.>", "$JS.API.CONSUMER.INFO.EVENTS.release", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.release",
+		pub: []string{"mesh.mod.release.stats.*", "$JS.ACK.EVENTS.release.>", "$JS.API.CONSUMER.INFO.EVENTS.release", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.release",
 			"mesh.mod.release.event.rollout.completed", "mesh.mod.release.event.rollout.started", "mesh.seat.build-machine.accept.>",
 			"mesh.seat.build-machine.node.*.accept.>", "mesh.seat.build-machine.tool.>", "mesh.seat.mesh-controller.tool.whoami.KEY",
 			"mesh.seat.registry-index.accept.>", "mesh.seat.registry-index.node.*.accept.>", "mesh.seat.registry-index.tool.>", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.release.>", "mesh.mod.release.tool.plan release", "mesh.mod.release.tool.status release"},
 	},
 	"shop": {
-		pub: []string{"mesh.mod.shop.stats", "$JS.ACK.EVENTS.shop.>", "$JS.API.CONSUMER.INFO.EVENTS.shop", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.shop",
+		pub: []string{"mesh.mod.shop.stats.*", "$JS.ACK.EVENTS.shop.>", "$JS.API.CONSUMER.INFO.EVENTS.shop", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.shop",
 			"mesh.mod.shop.event.cart.checked-out", "mesh.mod.shop.event.product.updated", "mesh.seat.mailer.accept.>",
 			"mesh.seat.mailer.node.*.accept.>", "mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami.KEY",
 			"mesh.seat.mesh-vault.tool.fetch.mod.shop", "_INBOX.operator.>"},
 		sub: []string{"_INBOX.KEY.>", "_INBOX.shop.>", "mesh.mod.shop.tool.catalogue shop", "mesh.mod.shop.tool.status shop"},
 	},
 	"telegram": {
-		pub: []string{"mesh.mod.telegram.stats", "$JS.ACK.EVENTS.telegram.>", "$JS.API.CONSUMER.INFO.EVENTS.telegram", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
+		pub: []string{"mesh.mod.telegram.stats.*", "$JS.ACK.EVENTS.telegram.>", "$JS.API.CONSUMER.INFO.EVENTS.telegram", "$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
 			"mesh.mod.telegram.event.message.received", "mesh.node.*.tool.seat.telegram", "mesh.seat.mailer.accept.>",
 			"mesh.seat.mailer.node.*.accept.>", "mesh.seat.mailer.tool.>", "mesh.seat.mesh-controller.tool.whoami.KEY",
 			"mesh.seat.mesh-vault.tool.fetch.mod.telegram", "_INBOX.operator.>"},

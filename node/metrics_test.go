@@ -112,8 +112,8 @@ func TestMetrics_Golden(t *testing.T) {
 		b, _ := json.Marshal(toolstats.Report{Instance: "x", Node: node, Tools: map[string]toolstats.Tool{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
 		return b
 	}
-	b.op.Publish(manifest.StatsSubject("desk"), forged("elsewhere", "status"))
-	b.op.Publish(manifest.StatsSubject("desk"), forged("alpha", "undeclared"))
+	b.op.Publish(manifest.StatsSubject("desk", "alpha"), forged("elsewhere", "status"))
+	b.op.Publish(manifest.StatsSubject("desk", "alpha"), forged("alpha", "undeclared"))
 	desk.Close()
 
 	var fams map[string]*dto.MetricFamily

@@ -623,7 +623,7 @@ func (n *Node) announce() (err error) {
 	if n.certSub, err = n.serveCertRotate(); err != nil {
 		return fmt.Errorf("serve the cert-rotate tool: %w", err)
 	}
-	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*"), n.toolStats.take); err != nil {
+	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*", n.id.Name), n.toolStats.take); err != nil {
 		return fmt.Errorf("take the modules' tool latency: %w", err)
 	}
 	if n.members == nil {

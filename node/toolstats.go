@@ -32,6 +32,9 @@ type moduleToolStats struct {
 
 	mu      sync.Mutex
 	reports map[string]map[string]instanceReport // module → instance → its last report
+	// retired are the counts of the instances forgotten (silent for toolStatsStale), by
+	// module and tool: added to the live ones, so that the exported counts never decrease.
+	retired map[string]map[string]toolstats.Tool
 }
 
 type instanceReport struct {
@@ -44,13 +47,14 @@ var moduleToolDesc = prometheus.NewDesc("meshnode_module_tool_call_duration_seco
 	[]string{"module", "tool"}, nil)
 
 func newModuleToolStats(node string, declares func(module, tool string) bool) *moduleToolStats {
-	return &moduleToolStats{node: node, declares: declares, reports: map[string]map[string]instanceReport{}}
+	return &moduleToolStats{node: node, declares: declares, reports: map[string]map[string]instanceReport{},
+		retired: map[string]map[string]toolstats.Tool{}}
 }
 
 // take is the handler of manifest.StatsSubject("*"): the bus lets only a module publish its
 // own, so the subject names the reporter; the report is untrusted input all the same.
 func (s *moduleToolStats) take(m *nats.Msg) {
-	module, ok := strings.CutSuffix(strings.TrimPrefix(m.Subject, "mesh.mod."), ".stats")
+	module, ok := strings.CutSuffix(strings.TrimPrefix(m.Subject, "mesh.mod."), ".stats."+s.node)
 	if !ok || len(m.Data) > toolstats.MaxBytes {
 		return
 	}
@@ -72,45 +76,81 @@ func (s *moduleToolStats) take(m *nats.Msg) {
 		s.reports[module] = map[string]instanceReport{}
 	}
 	if _, known := s.reports[module][r.Instance]; !known && len(s.reports[module]) >= maxReportingInstances {
-		return // a module inventing instances gets no more memory
+		s.retire(module)
+		if len(s.reports[module]) >= maxReportingInstances {
+			return // a module inventing instances gets no more memory
+		}
 	}
 	s.reports[module][r.Instance] = instanceReport{tools: r.Tools, at: time.Now()}
 }
 
 func (s *moduleToolStats) Describe(ch chan<- *prometheus.Desc) { ch <- moduleToolDesc }
 
+// retire forgets module's instances silent for toolStatsStale, keeping their counts. Under mu.
+func (s *moduleToolStats) retire(module string) {
+	for instance, r := range s.reports[module] {
+		if time.Since(r.at) <= toolStatsStale {
+			continue
+		}
+		if s.retired[module] == nil {
+			s.retired[module] = map[string]toolstats.Tool{}
+		}
+		for tool, t := range r.tools {
+			s.retired[module][tool] = add(s.retired[module][tool], t)
+		}
+		delete(s.reports[module], instance)
+	}
+	if len(s.reports[module]) == 0 {
+		delete(s.reports, module)
+	}
+}
+
+// add returns the histogram of a and b together.
+func add(a, b toolstats.Tool) toolstats.Tool {
+	out := toolstats.Tool{Count: a.Count + b.Count, Sum: a.Sum + b.Sum, Buckets: make([]uint64, len(toolstats.Buckets))}
+	for i := range out.Buckets {
+		if i < len(a.Buckets) {
+			out.Buckets[i] += a.Buckets[i]
+		}
+		out.Buckets[i] += b.Buckets[i]
+	}
+	return out
+}
+
 func (s *moduleToolStats) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, module := range slices.Sorted(maps.Keys(s.reports)) {
-		sums := map[string]*toolstats.Tool{}
-		for instance, r := range s.reports[module] {
-			if time.Since(r.at) > toolStatsStale {
-				delete(s.reports[module], instance)
-				continue
-			}
-			for tool, t := range r.tools {
-				sum := sums[tool]
-				if sum == nil {
-					sum = &toolstats.Tool{Buckets: make([]uint64, len(toolstats.Buckets))}
-					sums[tool] = sum
-				}
-				sum.Count += t.Count
-				sum.Sum += t.Sum
-				for i, n := range t.Buckets {
-					sum.Buckets[i] += n
-				}
-			}
+	modules := map[string]bool{}
+	for module := range s.reports {
+		modules[module] = true
+	}
+	for module := range s.retired {
+		modules[module] = true
+	}
+	for _, module := range slices.Sorted(maps.Keys(modules)) {
+		s.retire(module)
+		sums := map[string]toolstats.Tool{}
+		for tool, t := range s.retired[module] {
+			sums[tool] = t
 		}
-		if len(s.reports[module]) == 0 {
-			delete(s.reports, module)
+		for _, r := range s.reports[module] {
+			for tool, t := range r.tools {
+				sums[tool] = add(sums[tool], t)
+			}
 		}
 		for tool, t := range sums {
+			if !s.declares(module, tool) {
+				delete(s.retired[module], tool) // removed, or no longer declared: not exported
+				continue
+			}
 			buckets := make(map[float64]uint64, len(t.Buckets))
 			for i, n := range t.Buckets {
 				buckets[toolstats.Buckets[i]] = n
 			}
 			ch <- prometheus.MustNewConstHistogram(moduleToolDesc, t.Count, t.Sum, buckets, module, tool)
+		}
+		if len(s.retired[module]) == 0 {
+			delete(s.retired, module)
 		}
 	}
 }

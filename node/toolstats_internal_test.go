@@ -12,7 +12,8 @@ import (
 )
 
 // TestModuleToolStats: two instances' reports sum per tool; a later report of an instance
-// replaces its earlier one; an instance silent for toolStatsStale is forgotten.
+// replaces its earlier one; an instance silent for toolStatsStale is forgotten, its counts
+// kept; a module inventing instances is bounded.
 func TestModuleToolStats(t *testing.T) {
 	s := newModuleToolStats("alpha", func(module, tool string) bool { return module == "desk" && tool == "status" })
 	report := func(instance string, count uint64) {
@@ -22,7 +23,7 @@ func TestModuleToolStats(t *testing.T) {
 		}
 		tools, _ := r.Snapshot()
 		b, _ := json.Marshal(toolstats.Report{Instance: instance, Node: "alpha", Tools: tools})
-		s.take(&nats.Msg{Subject: "mesh.mod.desk.stats", Data: b})
+		s.take(&nats.Msg{Subject: "mesh.mod.desk.stats.alpha", Data: b})
 	}
 	collect := func() (count uint64, series int) {
 		reg := prometheus.NewRegistry()
@@ -50,8 +51,11 @@ func TestModuleToolStats(t *testing.T) {
 	r.at = time.Now().Add(-toolStatsStale - time.Second)
 	s.reports["desk"]["desk-2"] = r
 	s.mu.Unlock()
-	if count, _ := collect(); count != 5 {
-		t.Fatalf("count %d after desk-2 went silent, want desk-1's 5", count)
+	if count, _ := collect(); count != 8 {
+		t.Fatalf("count %d after desk-2 went silent, want 8 still (its 3 retired, not lost: a count never decreases)", count)
+	}
+	if len(s.reports["desk"]) != 1 {
+		t.Fatalf("instances kept %v, want desk-1 alone", s.reports["desk"])
 	}
 	// A module inventing instances is kept to maxReportingInstances of them.
 	for i := range maxReportingInstances + 10 {

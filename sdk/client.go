@@ -374,14 +374,14 @@ func (c *Client) node() string {
 	if n := c.nc.ConnectedServerName(); n != "" {
 		return n
 	}
-	return c.self.Node
+	return c.declared().Node
 }
 
 // Close stops handlers and subscriptions, waits for running handlers, and closes the
 // connection after flushing what was published.
 func (c *Client) Close() error {
 	if c.nc.IsConnected() {
-		c.report()       // the tools' latency since the last report, while the bus still takes it
+		c.report(false)  // the tools' latency since the last report, while the bus still takes it
 		c.releaseSeats() // else the node frees them when it sees the connection gone
 	}
 	// Then the handlers: what they emit is part of what is flushed.
@@ -398,7 +398,7 @@ func (c *Client) Close() error {
 	c.closing.Unlock()
 	c.cancel()
 	c.wg.Wait()
-	c.reporting.Wait() // its last report is flushed below
+	c.reporting.Wait()
 	// Events EmitAsync sent get their answers (a little while): their failures, and those of
 	// the ones still unanswered when the connection closes, are Close's error.
 	if c.pipeline.used.Load() && c.nc.IsConnected() {

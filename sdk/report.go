@@ -11,51 +11,57 @@ import (
 	"github.com/meshnode/meshnode/toolstats"
 )
 
-// startReporting starts the reporter of the tools' latency, for a module that answers calls:
-// every toolstats.Interval in which a handler answered, and once more at Close, it publishes
-// the instance's cumulative histograms on the module's stats subject for its node.
+// startReporting starts the reporter of the tools' latency: every toolstats.Interval in
+// which a handler answered a call — and every toolstats.Heartbeat once it answered any, so
+// that its node does not take it for gone — it publishes the instance's cumulative
+// histograms to its node. Close sends the last report. It runs for every client: whether the
+// module answers calls is asked at each report (a re-registration may add tools).
 func (c *Client) startReporting() {
-	if !answersCalls(c.declared()) {
-		return // the bus would refuse the subject: it has no tools to time
-	}
 	c.reporting.Add(1)
 	go func() {
 		defer c.reporting.Done()
 		t := time.NewTicker(toolstats.Interval)
 		defer t.Stop()
+		var sent time.Time
 		for {
 			select {
 			case <-c.ctx.Done():
-				c.report()
 				return
 			case <-t.C:
-				c.report()
+				if c.report(time.Since(sent) >= toolstats.Heartbeat) {
+					sent = time.Now()
+				}
 			}
 		}
 	}()
 }
 
-// report publishes the histograms if a call was answered since the last report.
-func (c *Client) report() {
-	if !answersCalls(c.declared()) {
-		return
+// report publishes the histograms if a call was answered since the last report, or, with
+// anyway, if any call ever was; it reports whether it sent one.
+func (c *Client) report(anyway bool) bool {
+	self := c.declared()
+	if !answersCalls(self) {
+		return false // the bus would refuse the subject: it has no tools to time
 	}
 	tools, changed := c.stats.Snapshot()
-	if !changed {
-		return
+	if len(tools) == 0 || !changed && !anyway {
+		return false
 	}
-	b, err := json.Marshal(toolstats.Report{Instance: c.instance, Node: c.node(), Tools: tools})
+	node := c.node()
+	b, err := json.Marshal(toolstats.Report{Instance: c.instance, Node: node, Tools: tools})
 	if err != nil || len(b) > toolstats.MaxBytes {
 		c.log.Warn("the tools' latency report is not sent", "bytes", len(b), "err", err)
-		return
+		return false
 	}
-	if err := c.nc.Publish(manifest.StatsSubject(c.declared().Module), b); err != nil {
+	if err := c.nc.Publish(manifest.StatsSubject(self.Module, node), b); err != nil {
 		c.log.Debug("the tools' latency report is not sent", "err", err)
+		return false
 	}
+	return true
 }
 
 // answersCalls reports whether the module answers tool calls: its own tools, or a seat's it
-// may hold (the bus grants its stats subject to exactly these).
+// may hold (the bus grants its stats subjects to exactly these).
 func answersCalls(self registry.WhoamiReply) bool {
 	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s seats.Info) bool {
 		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v seats.Info) bool { return len(v.Serves) > 0 })

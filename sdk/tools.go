@@ -82,8 +82,8 @@ func (c *Client) toolResponder(tool, label string, h ToolHandler) nats.MsgHandle
 		}
 		defer c.wg.Done()
 		start := time.Now()
-		defer func() { c.stats.Observe(label, time.Since(start)) }()
 		resp, err := serveOne(c.ctx, h, Request{Subject: m.Subject, Data: m.Data, Header: m.Header})
+		c.stats.Observe(label, time.Since(start)) // before the answer: a caller answered is counted
 		out := &nats.Msg{Data: resp, Header: nats.Header{}}
 		if err != nil {
 			out.Data = nil

@@ -21,6 +21,10 @@ var Buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 // Interval is how often an instance that served calls reports.
 const Interval = 10 * time.Second
 
+// Heartbeat is how often an instance that answered any call reports even when it answered
+// none since: its node keeps an instance's counts while it hears from it.
+const Heartbeat = time.Minute
+
 // MaxBytes bounds a report: a node reads no larger one.
 const MaxBytes = 64 << 10
 
