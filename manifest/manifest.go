@@ -160,10 +160,18 @@ func (r *rawRequirement) UnmarshalYAML(n *yaml.Node) error {
 	var m map[string]map[string]string
 	err := errors.New("not one interface")
 	if n.Kind == yaml.MappingNode && len(n.Content) == 2 {
-		err = n.Decode(&m)
-		if te := (*yaml.TypeError)(nil); errors.As(err, &te) && strings.Contains(te.Error(), "already defined") {
-			return err // a duplicate option: the refusal names it
+		if opts := n.Content[1]; opts.Kind == yaml.MappingNode {
+			// A duplicate option is the duplicate-key refusal (yaml.v3's own words), naming it.
+			seen := map[string]int{}
+			for i := 0; i+1 < len(opts.Content); i += 2 {
+				k := opts.Content[i]
+				if line, dup := seen[k.Value]; dup {
+					return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: mapping key %q already defined at line %d", k.Line, k.Value, line)}}
+				}
+				seen[k.Value] = k.Line
+			}
 		}
+		err = n.Decode(&m)
 	}
 	if err != nil {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a requirement is an interface's name, or one name with a mapping of its options", n.Line)}}
