@@ -568,6 +568,7 @@ type StreamState struct {
 	Name      string
 	Messages  uint64
 	Bytes     uint64
+	LastSeq   uint64
 	Replicas  int
 	Consumers []ConsumerState
 }
@@ -592,7 +593,7 @@ func (b *Bus) Streams(consumers bool) ([]StreamState, error) {
 	var out []StreamState
 	for _, acc := range jsz.AccountDetails {
 		for _, sd := range acc.Streams {
-			st := StreamState{Name: sd.Name, Messages: sd.State.Msgs, Bytes: sd.State.Bytes}
+			st := StreamState{Name: sd.Name, Messages: sd.State.Msgs, Bytes: sd.State.Bytes, LastSeq: sd.State.LastSeq}
 			if sd.Config != nil {
 				st.Replicas = sd.Config.Replicas
 			}

@@ -52,6 +52,7 @@ const (
 	uiTick           = time.Second     // how often the snapshot is made while someone watches
 	uiAuditTail      = 50              // audit records in a snapshot
 	uiConsumersEvery = 5 * time.Second // how often a snapshot reads every consumer's lag again
+	uiProcessesEvery = 2 * time.Second // how often a snapshot asks the controller for ps again
 	uiDeadShown      = 100             // dead letters in a snapshot (the newest)
 	uiCookie         = "meshnode_ui_"  // the session cookie's name, before the node's (cookies ignore ports)
 	uiCSRFHeader     = "X-CSRF-Token"  // an action's header
@@ -83,6 +84,14 @@ type uiState struct {
 	// consumers are every stream's consumers as read at consumersAt (consumersDue).
 	consumers   map[string][]UIConsumer
 	consumersAt time.Time
+	// processes are ps as the controller answered at processesAt (every uiProcessesEvery).
+	processes   []registry.Process
+	processesAt time.Time
+	// dead are the newest dead letters and their total while DEAD stands at deadAt (its
+	// messages and last sequence): read again only when it changed.
+	dead      []UIDead
+	deadTotal int
+	deadAt    [2]uint64
 
 	watchMu  sync.Mutex
 	watchers map[chan []byte]struct{}
@@ -405,8 +414,12 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	}
 	backlog := map[string]uint64{}
 	byStream := map[string][]UIConsumer{}
+	var deadNow [2]uint64
 	for _, s := range streams {
 		backlog[s.Name] = s.Messages
+		if s.Name == manifest.DeadStreamName {
+			deadNow = [2]uint64{s.Messages, s.LastSeq}
+		}
 		us := UIStream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
 		if consumers {
 			us.Consumers = []UIConsumer{}
@@ -429,17 +442,22 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 	}
 	mods := n.ui.modules(n.reg)
 	js := n.bus.JetStream()
-	if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
+	if ps, ok := n.ui.cachedProcesses(); ok {
+		st.Processes = ps
+	} else if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
 		failed("processes", err)
 	} else {
 		st.Processes = ps
+		n.ui.keepProcesses(ps)
 	}
 	if tail, err := n.ui.auditTail(n.audit); err != nil {
 		failed("audit", err)
 	} else {
 		st.Audit = tail
 	}
-	if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
+	if ds, total, ok := n.ui.cachedDead(deadNow); ok {
+		st.Dead, st.DeadTotal = ds, total // DEAD has not changed
+	} else if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
 		failed("dead letters", err)
 	} else if ds, total, err := deadletter.Newest(ctx, dead, uiDeadShown); err != nil {
 		failed("dead letters", err)
@@ -449,6 +467,7 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 			st.Dead = append(st.Dead, UIDead{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
 				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
 		}
+		n.ui.keepDead(st.Dead, total, deadNow)
 	}
 	// The modules and edges go in as encoded once per registry revision: most of the bytes,
 	// and they change least. They are spliced in, not marshalled as json.RawMessage, which
@@ -478,6 +497,36 @@ func (u *uiState) keepConsumers(byStream map[string][]UIConsumer) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.consumers, u.consumersAt = byStream, time.Now()
+}
+
+// cachedProcesses returns ps as last read, unless it is uiProcessesEvery old.
+func (u *uiState) cachedProcesses() ([]registry.Process, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.processes, u.processes != nil && time.Since(u.processesAt) < uiProcessesEvery
+}
+
+func (u *uiState) keepProcesses(ps []registry.Process) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if ps == nil {
+		ps = []registry.Process{}
+	}
+	u.processes, u.processesAt = ps, time.Now()
+}
+
+// cachedDead returns the dead letters as last read, if DEAD still stands as it did then
+// (its messages and last sequence: at).
+func (u *uiState) cachedDead(at [2]uint64) ([]UIDead, int, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.dead, u.deadTotal, at != [2]uint64{} && at == u.deadAt
+}
+
+func (u *uiState) keepDead(dead []UIDead, total int, at [2]uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.dead, u.deadTotal, u.deadAt = dead, total, at
 }
 
 // fillConsumers gives each stream the consumers last read of it.
