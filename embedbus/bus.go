@@ -579,7 +579,9 @@ type ConsumerState struct {
 	Pending     uint64 // not delivered yet
 	AckPending  int    // delivered, not acknowledged
 	Redelivered int
-	Durable     bool // a named consumer, not a watch's or a fetch's ephemeral one
+	Delivered   uint64 // deliveries made, redeliveries included (the consumer sequence)
+	Acked       uint64 // deliveries acknowledged, up to the ack floor
+	Durable     bool   // a named consumer, not a watch's or a fetch's ephemeral one
 }
 
 // Streams reads every stream this server holds, with its consumers when asked, in-process:
@@ -599,7 +601,8 @@ func (b *Bus) Streams(consumers bool) ([]StreamState, error) {
 			}
 			for _, ci := range sd.Consumer {
 				st.Consumers = append(st.Consumers, ConsumerState{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending,
-					Redelivered: ci.NumRedelivered, Durable: ci.Config != nil && ci.Config.Durable != ""})
+					Redelivered: ci.NumRedelivered, Delivered: ci.Delivered.Consumer, Acked: ci.AckFloor.Consumer,
+					Durable: ci.Config != nil && ci.Config.Durable != ""})
 			}
 			out = append(out, st)
 		}

@@ -207,11 +207,13 @@ func (m *meter) rateLimited(verb string) {
 }
 
 var (
-	descStreamMessages   = prometheus.NewDesc("meshnode_stream_messages", "Messages a stream holds on this node.", []string{"stream"}, nil)
-	descStreamBytes      = prometheus.NewDesc("meshnode_stream_bytes", "Bytes a stream holds on this node.", []string{"stream"}, nil)
-	descConsumerPending  = prometheus.NewDesc("meshnode_consumer_pending_messages", "Messages a durable consumer has not been delivered yet: its lag.", []string{"stream", "consumer"}, nil)
-	descConsumerUnacked  = prometheus.NewDesc("meshnode_consumer_ack_pending_messages", "Messages a durable consumer was delivered and has not acknowledged.", []string{"stream", "consumer"}, nil)
-	descConsumerRedelivd = prometheus.NewDesc("meshnode_consumer_redelivered_messages", "Messages a durable consumer has had delivered more than once and not yet acknowledged.", []string{"stream", "consumer"}, nil)
+	descStreamMessages    = prometheus.NewDesc("meshnode_stream_messages", "Messages a stream holds on this node.", []string{"stream"}, nil)
+	descStreamBytes       = prometheus.NewDesc("meshnode_stream_bytes", "Bytes a stream holds on this node.", []string{"stream"}, nil)
+	descConsumerPending   = prometheus.NewDesc("meshnode_consumer_pending_messages", "Messages a durable consumer has not been delivered yet: its lag.", []string{"stream", "consumer"}, nil)
+	descConsumerUnacked   = prometheus.NewDesc("meshnode_consumer_ack_pending_messages", "Messages a durable consumer was delivered and has not acknowledged.", []string{"stream", "consumer"}, nil)
+	descConsumerRedelivd  = prometheus.NewDesc("meshnode_consumer_redelivered_messages", "Messages a durable consumer has had delivered more than once and not yet acknowledged.", []string{"stream", "consumer"}, nil)
+	descConsumerDelivered = prometheus.NewDesc("meshnode_consumer_delivered_total", "Deliveries a durable consumer has made, redeliveries included (its consumer sequence; a consumer made again starts over).", []string{"stream", "consumer"}, nil)
+	descConsumerAcked     = prometheus.NewDesc("meshnode_consumer_acked_total", "Deliveries a durable consumer has had acknowledged, up to its ack floor: what a module consumed (EVENTS' consumer is named after it).", []string{"stream", "consumer"}, nil)
 )
 
 // streamCollector reads the streams and durable consumers in-process once per scrape
@@ -219,7 +221,7 @@ var (
 type streamCollector struct{ bus func() *embedbus.Bus }
 
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStreamMessages, descStreamBytes, descConsumerPending, descConsumerUnacked, descConsumerRedelivd} {
+	for _, d := range []*prometheus.Desc{descStreamMessages, descStreamBytes, descConsumerPending, descConsumerUnacked, descConsumerRedelivd, descConsumerDelivered, descConsumerAcked} {
 		ch <- d
 	}
 }
@@ -243,6 +245,8 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descConsumerPending, prometheus.GaugeValue, float64(cs.Pending), s.Name, cs.Name)
 			ch <- prometheus.MustNewConstMetric(descConsumerUnacked, prometheus.GaugeValue, float64(cs.AckPending), s.Name, cs.Name)
 			ch <- prometheus.MustNewConstMetric(descConsumerRedelivd, prometheus.GaugeValue, float64(cs.Redelivered), s.Name, cs.Name)
+			ch <- prometheus.MustNewConstMetric(descConsumerDelivered, prometheus.CounterValue, float64(cs.Delivered), s.Name, cs.Name)
+			ch <- prometheus.MustNewConstMetric(descConsumerAcked, prometheus.CounterValue, float64(cs.Acked), s.Name, cs.Name)
 		}
 	}
 }

@@ -179,6 +179,11 @@ func TestMetrics_Golden(t *testing.T) {
 	if n := len(matching(fams, "meshnode_module_tool_call_duration_seconds", "tool", "undeclared")); n != 0 {
 		t.Errorf("an undeclared tool's forged report was taken")
 	}
+	// sink was delivered each event (the sdk gives a refused shape up at once: terminated,
+	// which acknowledges it): what it consumed.
+	if d, a := counter(fams, "meshnode_consumer_delivered_total", "consumer", "sink"), counter(fams, "meshnode_consumer_acked_total", "consumer", "sink"); d != 3 || a != 3 {
+		t.Errorf("consumer sink delivered %v, acked %v; want 3 and 3", d, a)
+	}
 	if v := gauge(fams, "meshnode_consumer_pending_messages", "consumer", "sink"); v != 0 {
 		t.Errorf("consumer sink's lag %v, want 0 (it gave every event up)", v)
 	}
