@@ -23,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/deadletter"
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -189,6 +190,65 @@ func (n *Node) serveUI(mux *http.ServeMux) {
 	}))
 	mux.HandleFunc("GET /ui/api/events", n.uiSessionOnly(false, n.uiEvents))
 	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", n.uiSessionOnly(true, n.uiDeadAction))
+	mux.HandleFunc("POST /ui/api/deploy", n.uiSessionOnly(true, n.uiDeploy))
+	mux.HandleFunc("POST /ui/api/undeploy", n.uiSessionOnly(true, n.uiUndeploy))
+}
+
+// UIDeployRequest is the dashboard's deploy form: what `meshnode deploy` takes.
+type UIDeployRequest struct {
+	Module    string   `json:"module"`
+	Version   string   `json:"version"`
+	Nodes     []string `json:"nodes,omitempty"` // none: every node
+	Instances int      `json:"instances,omitempty"`
+}
+
+// uiDeploy deploys a module's artifact version, as `meshnode deploy` does: the controller
+// checks it and answers.
+func (n *Node) uiDeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+	var req UIDeployRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" || req.Version == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/deploy {"module", "version", "nodes"?: [...], "instances"?: n}: module and version are required`})
+		return
+	}
+	d := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
+	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	defer cancel()
+	reply, err := admin.Deploy(ctx, n.bus.Conn(), registry.DeployRequest{Module: req.Module, Deployment: d})
+	if err != nil {
+		writeJSON(w, uiActionStatus(err), map[string]string{"error": err.Error()})
+		return
+	}
+	n.log.Info("deployed from the dashboard", "module", req.Module, "version", req.Version, "nodes", req.Nodes)
+	n.ui.forgetProcesses() // the next snapshot asks for ps again
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// uiUndeploy stops a module everywhere, as `meshnode undeploy` does.
+func (n *Node) uiUndeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+	var req registry.UndeployRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	defer cancel()
+	reply, err := admin.Undeploy(ctx, n.bus.Conn(), req)
+	if err != nil {
+		writeJSON(w, uiActionStatus(err), map[string]string{"error": err.Error()})
+		return
+	}
+	n.log.Info("undeployed from the dashboard", "module", req.Module, "nodes", req.Nodes)
+	n.ui.forgetProcesses()
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// uiActionStatus is the HTTP status of a controller's answer to an action: its refusal is
+// the request's fault (409), anything else the mesh's (503).
+func uiActionStatus(err error) int {
+	if errors.Is(err, admin.ErrRefused) {
+		return http.StatusConflict
+	}
+	return http.StatusServiceUnavailable
 }
 
 // securityHeaders keeps the dashboard's pages from being framed or fed other scripts.
@@ -504,6 +564,13 @@ func (u *uiState) cachedProcesses() ([]registry.Process, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.processes, u.processes != nil && time.Since(u.processesAt) < uiProcessesEvery
+}
+
+// forgetProcesses has the next snapshot ask for ps, after an action changed it.
+func (u *uiState) forgetProcesses() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.processesAt = time.Time{}
 }
 
 func (u *uiState) keepProcesses(ps []registry.Process) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nkeys"
@@ -54,6 +55,95 @@ func do(t *testing.T, c *http.Client, method, url string, header http.Header) (i
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// uiLogin logs a browser into b's node's dashboard, operator or read-only, checking the link
+// is good once; it returns the browser and its session's CSRF token.
+func uiLogin(t *testing.T, b *bed, readOnly bool) (*http.Client, string) {
+	t.Helper()
+	base := b.n.HTTPURL()
+	link, err := node.LoginLink(context.Background(), base, operatorKey(t, b.dir), readOnly, node.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := browser(t)
+	if code, _ := do(t, c, "GET", link, nil); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	if code, _ := do(t, c, "GET", link, nil); code != http.StatusForbidden {
+		t.Fatalf("the same link again: %d, want refused", code)
+	}
+	code, body := do(t, c, "GET", base+"/ui/api/session", nil)
+	var s struct{ Mode, CSRF, Node string }
+	if json.Unmarshal([]byte(body), &s); code != 200 || s.CSRF == "" || s.Node != "alpha" {
+		t.Fatalf("session: %d %s", code, body)
+	}
+	return c, s.CSRF
+}
+
+// TestUI_Deploy: an operator session deploys a module's artifact from the dashboard and sees
+// it run, then undeploys it; the controller's refusal reaches the page; a read-only session,
+// or a request without the CSRF token, may not deploy.
+func TestUI_Deploy(t *testing.T) {
+	b := newBed(t)
+	base := b.n.HTTPURL()
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	post := func(c *http.Client, csrf, path, body string) (int, string) {
+		req, _ := http.NewRequest("POST", base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if csrf != "" {
+			req.Header.Set("X-Csrf-Token", csrf)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	ro, roCSRF := uiLogin(t, b, true)
+	if code, body := post(ro, roCSRF, "/ui/api/deploy", `{"module":"ticker","version":"1"}`); code != http.StatusForbidden || !strings.Contains(body, "read-only") {
+		t.Fatalf("a read-only session's deploy: %d %s", code, body)
+	}
+	op, csrf := uiLogin(t, b, false)
+	if code, _ := post(op, "", "/ui/api/deploy", `{"module":"ticker","version":"1"}`); code != http.StatusForbidden {
+		t.Fatalf("a deploy without the CSRF token: %d, want refused", code)
+	}
+	if code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker"}`); code != http.StatusBadRequest || !strings.Contains(body, "version are required") {
+		t.Fatalf("a deploy without a version: %d %s", code, body)
+	}
+	if code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"9"}`); code != http.StatusConflict || !strings.Contains(body, "9") {
+		t.Fatalf("a deploy of a version never stored: %d %s, want the controller's refusal", code, body)
+	}
+	if code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"1","instances":2}`); code != 200 {
+		t.Fatalf("deploy: %d %s", code, body)
+	}
+	running := func(want int) func() error {
+		return func() error {
+			_, body := do(t, op, "GET", base+"/ui/api/state", nil)
+			var st node.UIState
+			if err := json.Unmarshal([]byte(body), &st); err != nil {
+				return err
+			}
+			n := 0
+			for _, p := range st.Processes {
+				if p.Module == "ticker" && p.State == host.StateRunning {
+					n++
+				}
+			}
+			if n != want {
+				return fmt.Errorf("the dashboard shows %d ticker processes running, want %d: %+v", n, want, st.Processes)
+			}
+			return nil
+		}
+	}
+	retryUntil(t, 20*time.Second, running(2))
+	if code, body := post(op, csrf, "/ui/api/undeploy", `{"module":"ticker"}`); code != 200 {
+		t.Fatalf("undeploy: %d %s", code, body)
+	}
+	retryUntil(t, 20*time.Second, running(0))
 }
 
 // TestUI_Access: the dashboard's pages are served to anyone, its data only to a session. A
@@ -102,25 +192,7 @@ func TestUI_Access(t *testing.T) {
 		t.Fatalf("a link whose nonce a refused login spent: %d", code)
 	}
 
-	login := func(readOnly bool) (*http.Client, string) {
-		link, err := node.LoginLink(ctx, base, key, readOnly, node.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := browser(t)
-		if code, _ := do(t, c, "GET", link, nil); code != http.StatusSeeOther {
-			t.Fatalf("login: %d", code)
-		}
-		if code, _ := do(t, c, "GET", link, nil); code != http.StatusForbidden {
-			t.Fatalf("the same link again: %d, want refused", code)
-		}
-		code, body := do(t, c, "GET", base+"/ui/api/session", nil)
-		var s struct{ Mode, CSRF, Node string }
-		if json.Unmarshal([]byte(body), &s); code != 200 || s.CSRF == "" || s.Node != "alpha" {
-			t.Fatalf("session: %d %s", code, body)
-		}
-		return c, s.CSRF
-	}
+	login := func(readOnly bool) (*http.Client, string) { return uiLogin(t, b, readOnly) }
 	ro, roCSRF := login(true)
 	code, body := do(t, ro, "GET", base+"/ui/api/state", nil)
 	var st node.UIState

@@ -54,7 +54,18 @@ function render(st) {
   more.textContent = `Show all ${st.modules.length} modules`;
   graph(st.modules, st.edges || []);
 
-  fill("#ps", (st.processes || []).map((p) => row([p.module, p.node, p.version, [p.state, p.state]])));
+  const operator = session && session.mode === "operator";
+  $("#deploy").hidden = !operator;
+  fill("#ps", (st.processes || []).map((p) => {
+    const actions = document.createElement("span");
+    if (operator) {
+      const stop = el("button", "Undeploy", "undeploy");
+      stop.dataset.module = p.module;
+      stop.addEventListener("click", () => { if (confirm(`Undeploy ${p.module} everywhere?`)) deployAction("undeploy", { module: p.module }); });
+      actions.append(stop);
+    }
+    return row([p.module, p.node, p.version, [p.state, p.state], actions]);
+  }));
 
   const srows = [];
   for (const s of st.streams || []) {
@@ -121,6 +132,27 @@ function graph(modules, edges) {
     svg.append(c, t);
   }
 }
+
+// deployAction deploys or undeploys, as the CLI does; the next snapshot shows the outcome.
+async function deployAction(action, body) {
+  const err = $("#deploy-error");
+  err.hidden = true;
+  const resp = await fetch(`/ui/api/${action}`, { method: "POST", credentials: "same-origin",
+    headers: { "X-CSRF-Token": session.csrf, "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  if (!resp.ok) {
+    const reply = await resp.json().catch(() => ({}));
+    err.textContent = `${action} ${body.module}: ${reply.error || resp.status}`;
+    err.hidden = false;
+  }
+  return resp.ok;
+}
+
+$("#deploy").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = new FormData(ev.target);
+  const nodes = String(f.get("nodes") || "").split(",").map((s) => s.trim()).filter(Boolean);
+  await deployAction("deploy", { module: f.get("module"), version: f.get("version"), nodes, instances: Number(f.get("instances")) || 1 });
+});
 
 async function act(id, action) {
   const err = $("#dead-error");
