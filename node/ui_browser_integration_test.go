@@ -21,6 +21,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -44,7 +45,8 @@ func chromium(t testing.TB) string {
 // three nodes: the `meshnode ui` link logs it in; it shows the three members; the seat's
 // holder, a module process, is killed -9 and the page shows the seat held by the other
 // instance; a dead letter is replayed with the page's button and leaves the list, and the
-// consumer gets the event again. On failure (or with MESHNODE_TEST_SCREENSHOT set) a
+// consumer gets the event again; a module deployed with the page's form shows running on
+// every node. On failure (or with MESHNODE_TEST_SCREENSHOT set) a
 // screenshot is saved in MESHNODE_TEST_ARTIFACTS or the temp dir; its path is logged.
 func TestIntegration_Dashboard(t *testing.T) {
 	browserPath := chromium(t)
@@ -234,6 +236,39 @@ func TestIntegration_Dashboard(t *testing.T) {
 		}
 		if got.Load() < 2 {
 			return errors.New("the sink has not had the replayed event yet")
+		}
+		return nil
+	})
+
+	// Deployed with the page's form: the module's process shows running on every node.
+	seed("module: ticker\nrequires: [mesh-bus]\n")
+	script := filepath.Join(t.TempDir(), "ticker")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	obs, lerr := artifact.Lookup(actx, js)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if _, err := artifact.Put(actx, obs, "ticker", "1", script); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(chromedp.WaitVisible(chromedp.CSS(`#deploy`)),
+		chromedp.SendKeys(`#deploy input[name="module"]`, "ticker"),
+		chromedp.SendKeys(`#deploy input[name="version"]`, "1"),
+		chromedp.Click(chromedp.CSS(`#deploy button[type="submit"]`))); err != nil {
+		t.Fatalf("deploy form: %v", err)
+	}
+	retryUntil(t, 60*time.Second, func() error {
+		n, err := evalIn[int](bctx, `[...document.querySelectorAll('#ps tbody tr')].filter((tr) => tr.cells[0].textContent === 'ticker' && tr.cells[3].textContent === 'running').length`)
+		if err != nil {
+			return err
+		}
+		shown, _ := evalIn[string](bctx, `document.querySelector('#deploy-error').hidden ? '' : document.querySelector('#deploy-error').textContent`)
+		if n != 3 {
+			return fmt.Errorf("the page shows ticker running on %d nodes, want 3 (%s)", n, shown)
 		}
 		return nil
 	})
