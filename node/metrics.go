@@ -212,8 +212,8 @@ var (
 	descConsumerPending   = prometheus.NewDesc("meshnode_consumer_pending_messages", "Messages a durable consumer has not been delivered yet: its lag.", []string{"stream", "consumer"}, nil)
 	descConsumerUnacked   = prometheus.NewDesc("meshnode_consumer_ack_pending_messages", "Messages a durable consumer was delivered and has not acknowledged.", []string{"stream", "consumer"}, nil)
 	descConsumerRedelivd  = prometheus.NewDesc("meshnode_consumer_redelivered_messages", "Messages a durable consumer has had delivered more than once and not yet acknowledged.", []string{"stream", "consumer"}, nil)
-	descConsumerDelivered = prometheus.NewDesc("meshnode_consumer_delivered_total", "Deliveries a durable consumer has made, redeliveries included (its consumer sequence; a consumer made again starts over).", []string{"stream", "consumer"}, nil)
-	descConsumerAcked     = prometheus.NewDesc("meshnode_consumer_acked_total", "Deliveries a durable consumer has had acknowledged, up to its ack floor: what a module consumed (EVENTS' consumer is named after it).", []string{"stream", "consumer"}, nil)
+	descConsumerDelivered = prometheus.NewDesc("meshnode_consumer_delivered_total", "Deliveries a durable consumer has made, redeliveries included (its consumer sequence, current on the consumer's leader: across a mesh take the max; a consumer made again starts over).", []string{"stream", "consumer"}, nil)
+	descConsumerAcked     = prometheus.NewDesc("meshnode_consumer_acked_total", "Deliveries a durable consumer has had acknowledged, redeliveries included, up to its ack floor: how far a module has consumed (EVENTS' consumer is named after it); current on the consumer's leader: across a mesh take the max.", []string{"stream", "consumer"}, nil)
 )
 
 // streamCollector reads the streams and durable consumers in-process once per scrape

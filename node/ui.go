@@ -49,18 +49,19 @@ var uiFiles embed.FS
 const (
 	uiChallengeTTL   = time.Minute
 	uiSessionTTL     = 12 * time.Hour
-	uiMaxChallenges  = 64              // outstanding challenges; older ones are dropped
-	uiTick           = time.Second     // how often the snapshot is made while someone watches
-	uiAuditTail      = 50              // audit records in a snapshot
-	uiConsumersEvery = 5 * time.Second // how often a snapshot reads every consumer's lag again
-	uiProcessesEvery = 2 * time.Second // how often a snapshot asks the controller for ps again
-	uiDeadShown      = 100             // dead letters in a snapshot (the newest)
-	uiCookie         = "meshnode_ui_"  // the session cookie's name, before the node's (cookies ignore ports)
-	uiCSRFHeader     = "X-CSRF-Token"  // an action's header
-	uiLoginPrefix    = "meshnode-ui:"  // what the operator's signature covers: prefix, mesh, nonce, mode
-	uiModeOperator   = "operator"      // may act
-	uiModeReadOnly   = "read-only"     // sees only
-	uiStateTimeout   = 5 * time.Second // one snapshot
+	uiMaxChallenges  = 64               // outstanding challenges; older ones are dropped
+	uiTick           = time.Second      // how often the snapshot is made while someone watches
+	uiAuditTail      = 50               // audit records in a snapshot
+	uiConsumersEvery = 5 * time.Second  // how often a snapshot reads every consumer's lag again
+	uiProcessesEvery = 2 * time.Second  // how often a snapshot asks the controller for ps again
+	uiActionTimeout  = 30 * time.Second // a deploy or undeploy, as long as the CLI waits
+	uiDeadShown      = 100              // dead letters in a snapshot (the newest)
+	uiCookie         = "meshnode_ui_"   // the session cookie's name, before the node's (cookies ignore ports)
+	uiCSRFHeader     = "X-CSRF-Token"   // an action's header
+	uiLoginPrefix    = "meshnode-ui:"   // what the operator's signature covers: prefix, mesh, nonce, mode
+	uiModeOperator   = "operator"       // may act
+	uiModeReadOnly   = "read-only"      // sees only
+	uiStateTimeout   = 5 * time.Second  // one snapshot
 )
 
 // uiSession is one logged-in browser.
@@ -211,7 +212,11 @@ func (n *Node) uiDeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 		return
 	}
 	d := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
-	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	if e, ok := n.reg.Get(req.Module); ok && e.Deployment != nil {
+		// The form sets where, what and how many; the rest stays as the CLI last set it.
+		d.Env, d.Args, d.Auto = e.Deployment.Env, e.Deployment.Args, e.Deployment.Auto
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
 	defer cancel()
 	reply, err := admin.Deploy(ctx, n.bus.Conn(), registry.DeployRequest{Module: req.Module, Deployment: d})
 	if err != nil {
@@ -230,7 +235,7 @@ func (n *Node) uiUndeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) 
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
 	defer cancel()
 	reply, err := admin.Undeploy(ctx, n.bus.Conn(), req)
 	if err != nil {

@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nkeys"
 )
@@ -117,8 +120,17 @@ func TestUI_Deploy(t *testing.T) {
 	if code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"9"}`); code != http.StatusConflict || !strings.Contains(body, "9") {
 		t.Fatalf("a deploy of a version never stored: %d %s, want the controller's refusal", code, body)
 	}
-	if code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"1","instances":2}`); code != 200 {
-		t.Fatalf("deploy: %d %s", code, body)
+	// A deployment with an environment, as the CLI makes one.
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer dcancel()
+	if _, err := admin.Deploy(dctx, b.op, registry.DeployRequest{Module: "ticker",
+		Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1, Env: map[string]string{"GREETING": "hi"}}}); err != nil {
+		t.Fatal(err)
+	}
+	code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"1","instances":2}`)
+	var reply registry.DeployReply
+	if json.Unmarshal([]byte(body), &reply); code != 200 || reply.Deployment == nil || reply.Deployment.Env["GREETING"] != "hi" || reply.Deployment.Instances != 2 {
+		t.Fatalf("deploy, keeping the CLI's environment: %d %s", code, body)
 	}
 	running := func(want int) func() error {
 		return func() error {

@@ -138,7 +138,8 @@ async function deployAction(action, body) {
   const err = $("#deploy-error");
   err.hidden = true;
   const resp = await fetch(`/ui/api/${action}`, { method: "POST", credentials: "same-origin",
-    headers: { "X-CSRF-Token": session.csrf, "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    headers: { "X-CSRF-Token": session.csrf, "Content-Type": "application/json" }, body: JSON.stringify(body) })
+    .catch((e) => ({ ok: false, status: e.message, json: async () => ({}) }));
   if (!resp.ok) {
     const reply = await resp.json().catch(() => ({}));
     err.textContent = `${action} ${body.module}: ${reply.error || resp.status}`;
