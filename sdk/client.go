@@ -430,12 +430,12 @@ func (c *Client) onConnection(ctx context.Context) (context.Context, func() bool
 	return ctx, func() bool { return conn.Err() != nil }, func() { stop(); cancel() }
 }
 
-// reconnected refreshes what the module declared: the bus kicks a module's connections when
-// its registration changes, and they come back under the new authority.
 // AuthPatience is how long the sdk goes on reconnecting while the node refuses the module's
 // key: longer than a node's restart, or a single node's growth into a mesh.
 const AuthPatience = 2 * time.Minute
 
+// reconnected refreshes what the module declared: the bus kicks a module's connections when
+// its registration changes, and they come back under the new authority.
 func (c *Client) reconnected(nc *nats.Conn) {
 	c.refusedSince.Store(0)
 	c.connMu.Lock()
