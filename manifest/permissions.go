@@ -111,9 +111,7 @@ func (m *Manifest) answersCalls() bool {
 	if len(m.Tools) > 0 {
 		return true
 	}
-	return slices.ContainsFunc(m.Seats, func(s Seat) bool {
-		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v SeatVersion) bool { return len(v.Serves) > 0 })
-	})
+	return slices.ContainsFunc(m.Seats, Seat.ServesCalls)
 }
 
 // pullPermissions are the publish subjects needed to pull and ack one consumer. Never its

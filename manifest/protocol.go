@@ -143,6 +143,16 @@ type versioned struct {
 	seat Seat
 }
 
+// ServesTool reports whether any version of s serves tool.
+func (s Seat) ServesTool(tool string) bool {
+	return slices.Contains(s.Serves, tool) || slices.ContainsFunc(s.Versions, func(v SeatVersion) bool { return slices.Contains(v.Serves, tool) })
+}
+
+// ServesCalls reports whether any version of s serves a tool.
+func (s Seat) ServesCalls() bool {
+	return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v SeatVersion) bool { return len(v.Serves) > 0 })
+}
+
 // AcceptsWork reports whether any version of s accepts work: whether it has a work queue.
 func (s Seat) AcceptsWork() bool {
 	return len(s.Accepts) > 0 || slices.ContainsFunc(s.Versions, func(v SeatVersion) bool { return len(v.Accepts) > 0 })

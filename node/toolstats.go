@@ -170,5 +170,5 @@ func declaresTool(m *manifest.Manifest, tool string) bool {
 		return false
 	}
 	s, ok := m.Seat(seat)
-	return ok && (slices.Contains(s.Serves, name) || slices.ContainsFunc(s.Versions, func(v manifest.SeatVersion) bool { return slices.Contains(v.Serves, name) }))
+	return ok && s.ServesTool(name)
 }
