@@ -341,7 +341,13 @@ func TestIntegration_LoseOne(t *testing.T) {
 // cannot be removed; a killed one is reported unreachable and then removed. Each shows in
 // members and in the audit log.
 func TestIntegration_LeaveAndRemove(t *testing.T) {
-	nodes, _, _ := formThree(t)
+	// a logs at info level: what it did about c's route, once.
+	nodes, _, _ := formThreeWith(t, func(i int) []string {
+		if i == 0 {
+			return []string{"--log-level", "info"}
+		}
+		return nil
+	})
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	op := filepath.Join(a.dir, "operator.nk")
 	r := meshnode(t, nil, "token", "create", "--json", "--data-dir", a.dir)
@@ -384,6 +390,19 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 	}
 	noRetries(a, c, "left")
 	noRetries(b, c, "left")
+	dropped := regexp.MustCompile(`msg="dropped the route to a server that is gone" .*node=c `)
+	droppedOnce := func() error {
+		if n := len(dropped.FindAllString(a.p.stderr.String(), -1)); n != 1 {
+			return fmt.Errorf("a logged the drop of c's route %d times, want once", n)
+		}
+		return nil
+	}
+	retryUntil(t, 10*time.Second, droppedOnce)
+	t.Cleanup(func() { // and not again, to the end of the bed
+		if err := droppedOnce(); err != nil {
+			t.Error(err)
+		}
+	})
 	if r := meshnode(t, nil, append([]string{"run"}, c.flags...)...); r.code != 1 || !strings.Contains(r.stderr, "left its mesh") {
 		t.Fatalf("run after leave: exit %d %s", r.code, r.stderr)
 	}
