@@ -13,8 +13,12 @@ type Identity struct {
 	// Name is how the connection appears in server events and logs, e.g. "module:billing".
 	Name string
 	// Permissions is what the connection may publish and subscribe to. Nil means everything:
-	// only the node itself and the operator hold such keys.
+	// only the operator holds such a key.
 	Permissions *manifest.Permissions
+	// PublishDeny are subjects the connection may never publish on, whatever Permissions
+	// allow (a deny wins in nats-server): how a wide allow, such as the node's own JetStream
+	// API, is kept off what belongs to another part (the vault's bucket).
+	PublishDeny []string
 	// System admits the key to the server's system account when it connects under the name
 	// SystemConnection: the operator's, so NATS's own tools (`nats server report jetstream`)
 	// work with it.
@@ -87,13 +91,14 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 		c.RegisterUser(&server.User{Username: id.Name + "-system", Account: a.sysAccount()})
 		return true
 	}
-	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions)})
+	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions, id.PublishDeny)})
 	return true
 }
 
 // serverPermissions turns derived permissions into nats-server's. Allow lists only: anything
 // not listed is denied, the JetStream API included.
-func serverPermissions(p *manifest.Permissions) *server.Permissions {
+// deny is added to the publish deny list.
+func serverPermissions(p *manifest.Permissions, deny []string) *server.Permissions {
 	if p == nil {
 		return nil
 	}
@@ -114,6 +119,8 @@ func serverPermissions(p *manifest.Permissions) *server.Permissions {
 	if len(sp.Publish.Allow) == 0 {
 		// An empty allow list means "no restriction" to nats-server; deny everything instead.
 		sp.Publish = &server.SubjectPermission{Deny: []string{">"}}
+	} else if len(deny) > 0 {
+		sp.Publish.Deny = append([]string{}, deny...)
 	}
 	if len(sp.Subscribe.Allow) == 0 {
 		sp.Subscribe = &server.SubjectPermission{Deny: []string{">"}}

@@ -45,9 +45,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Directory says who may connect and with what permissions. Required.
 	Directory Directory
-	// Key is the node's own nkey: the in-process connection authenticates with it, so the
-	// Directory must give it full permissions.
+	// Key is the node's own nkey: the in-process connection authenticates with it, and the
+	// Directory gives it what the node's own work needs (the JetStream API and InboxPrefix
+	// at least).
 	Key nkeys.KeyPair
+	// InboxPrefix is the in-process connection's inbox prefix ("" is nats.go's _INBOX): one
+	// of its own, so its permissions can name its replies and nobody else's.
+	InboxPrefix string
 	// Cluster makes the server one of a clustered mesh; nil runs it standalone.
 	Cluster *Cluster
 	// ClientTLS makes the client port TLS only; nil: plain. In-process connections stay
@@ -251,8 +255,12 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	if err != nil {
 		return fail(fmt.Errorf("node key: %w", err))
 	}
-	conn, err := nats.Connect("", nats.InProcessServer(srv), nats.Name(cfg.Name+"-node"),
-		nats.MaxReconnects(-1), nats.Nkey(pub, cfg.Key.Sign))
+	copts := []nats.Option{nats.InProcessServer(srv), nats.Name(cfg.Name + "-node"),
+		nats.MaxReconnects(-1), nats.Nkey(pub, cfg.Key.Sign), nats.ErrorHandler(refusedOwn(lg.log))}
+	if cfg.InboxPrefix != "" {
+		copts = append(copts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
+	conn, err := nats.Connect("", copts...)
 	if err != nil {
 		return fail(fmt.Errorf("connect in-process: %w", err))
 	}
@@ -374,7 +382,7 @@ func (b *Bus) Grant(publicKey, name string) (p *server.Permissions, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	return serverPermissions(id.Permissions), true
+	return serverPermissions(id.Permissions, id.PublishDeny), true
 }
 
 // Kick disconnects every connection of a key, so it reconnects and is checked again against
@@ -619,3 +627,20 @@ func (b *Bus) Close() error {
 }
 
 func isAddrInUse(err error) bool { return errors.Is(err, syscall.EADDRINUSE) }
+
+// refusedOwn is the node's own connection's error handler: the bus refusing the node
+// something is a defect of the node (its permissions miss what its work needs, or its work
+// strays where it never should), so it is logged as an error that says so.
+func refusedOwn(log *slog.Logger) nats.ErrHandler {
+	return func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		subject := ""
+		if sub != nil {
+			subject = sub.Subject
+		}
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			log.Error("the bus refused the node's own connection: a defect of meshnode, please report it", "subject", subject, "err", err)
+			return
+		}
+		log.Warn("the node's own connection", "subject", subject, "err", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -428,4 +429,58 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestAttack_NodeConnectionIsBounded: the node's own connection — the registry, the leases,
+// the audit log, the controller — is refused by the server wherever a defect could send it
+// and its work never goes: the vault's bucket, a module's events, tools and inbox, dead
+// letters, replies into anyone's inbox. What it must do still passes (the positive control,
+// and every other bed of this package, which runs on it).
+func TestAttack_NodeConnectionIsBounded(t *testing.T) {
+	b := newBed(t)
+	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\ntools: [status]\n")
+	refused := []string{
+		"$KV.mesh-vault.secret.operator.stolen",
+		"$KV.mesh-vault.meta.mesh",
+		manifest.EventSubject("victim", "order.placed"),
+		manifest.ToolSubject("victim", "status"),
+		"_INBOX.victim.stolen",
+		"_INBOX.operator.stolen",
+		manifest.DeadSubject("EVENTS", "victim"),
+		"$JS.API.STREAM.PURGE.KV_mesh-vault",
+		"$JS.API.STREAM.MSG.DELETE.KV_mesh-vault",
+	}
+	control := manifest.SeatToolSubject(manifest.ControllerSeat, "probe-control")
+	s := newSpy(t, b, append(slices.Clone(refused), control))
+	nc := b.n.Bus().Conn()
+	for _, subj := range refused {
+		if err := nc.Publish(subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server handles a connection's messages in order: once the control has arrived,
+	// every publish above has been decided.
+	if err := nc.Publish(control, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.seen[control] == 0 {
+			return errors.New("the control has not arrived")
+		}
+		delete(s.seen, control)
+		return nil
+	})
+	s.none(t, "the node's own connection")
+
+	grant, ok := b.n.Bus().Grant(b.n.Identity().PublicKey, "")
+	if !ok || grant == nil || grant.Publish == nil || len(grant.Publish.Allow) == 0 {
+		t.Fatalf("the node's key has grant %+v, %v; want a bounded one", grant, ok)
+	}
+	for _, subj := range grant.Publish.Allow {
+		if subj == ">" || strings.HasPrefix(subj, "_INBOX") || strings.HasPrefix(subj, "mesh.mod.") || strings.HasPrefix(subj, "mesh.dead") {
+			t.Errorf("the node's own connection may publish on %s", subj)
+		}
+	}
 }

@@ -142,7 +142,14 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 			n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
 			n.log.Error("a mesh bucket lost its records", "bucket", bucket)
 		case mayMark != nil && mayMark(bucket):
-			if _, err := kv.Create(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			w, err := n.markerWriter(ctx, bucket)
+			if errors.Is(err, errNoVaultConn) {
+				continue // not this node's to mark
+			}
+			if err != nil {
+				return fmt.Errorf("mark %s: %w", bucket, err)
+			}
+			if _, err := w.Create(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 				return fmt.Errorf("mark %s: %w", bucket, err)
 			}
 			if err := markerSeen(n.db, bucket); err != nil {
@@ -151,6 +158,27 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 		}
 	}
 	return nil
+}
+
+// errNoVaultConn: this node does not hold the vault's credentials, so it has no connection
+// that may write the vault's bucket.
+var errNoVaultConn = errors.New("this node does not hold the vault's credentials, and only the vault's own connection writes its bucket")
+
+// markerWriter is a handle on bucket for writing its marker: the vault's bucket through the
+// vault's own connection (the node's own may not write it), the registry's through the
+// node's.
+func (n *Node) markerWriter(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	if bucket != vault.Bucket {
+		return n.bus.JetStream().KeyValue(ctx, bucket)
+	}
+	if n.vaultNC == nil {
+		return nil, errNoVaultConn
+	}
+	js, err := jetstream.New(n.vaultNC)
+	if err != nil {
+		return nil, err
+	}
+	return js.KeyValue(ctx, bucket)
 }
 
 // markerSeenKey is the store key that says this node has seen bucket's marker.
@@ -430,9 +458,12 @@ func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
 	if !slices.Contains(keptBuckets, req.Bucket) {
 		return fmt.Errorf("%q is not a bucket whose loss is accepted: name %s", req.Bucket, strings.Join(keptBuckets, " or "))
 	}
-	kv, err := n.bus.JetStream().KeyValue(ctx, req.Bucket)
+	kv, err := n.markerWriter(ctx, req.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return fmt.Errorf("bucket %s does not exist: restart a node (it makes the bucket again, empty), then accept its loss", req.Bucket)
+	}
+	if errors.Is(err, errNoVaultConn) {
+		return fmt.Errorf("%w yet (a server asks the vault for them at start): ask another node of the mesh", err)
 	}
 	if err != nil {
 		return err

@@ -331,9 +331,10 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 		return err
 	}
 	n.quotas.over = map[string]registry.Quota{}
+	own := nodePermissions(n.id.Name)
 	n.dir = &directory{
 		node:   n.id.Name,
-		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name}, respPub: respID},
+		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name, Permissions: &own, PublishDeny: nodeDeny()}, respPub: respID},
 		reg:    n.reg,
 		quotas: &n.quotas,
 	}
@@ -433,6 +434,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		ClientAddr:   clientAddr,
 		Logger:       n.log.With("component", "nats"),
 		Key:          n.key,
+		InboxPrefix:  nodeInbox(n.id.Name),
 		Directory:    n.dir,
 		Cluster:      cluster,
 		ClientTLS:    clientTLS,

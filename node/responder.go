@@ -85,3 +85,51 @@ func vaultPermissions(node string) manifest.Permissions {
 		Subscribe: []manifest.Subscription{{Subject: partInbox("vault", node) + ".>"}},
 	}
 }
+
+// The node's own connection — the registry, the leases, the audit log, the controller's
+// streams and consumers, deployments, drift, growth — needs the JetStream API, which is the
+// whole store, but nothing of the modules' namespaces and nothing of the other parts': a
+// defect that sent a requester's subject through it would still be refused by the server.
+
+// nodeInbox is the node's own connection's inbox prefix: its replies, nobody else's.
+func nodeInbox(node string) string { return partInbox("node", node) }
+
+// nodePermissions are the node's own connection's: the JetStream API and what JetStream
+// hands back (acks, flow control, snapshots), the buckets and object stores through their
+// subjects, node events and STATE, the mesh's own seats' events and work, requests to seats'
+// and nodes' tools, its own inbox, and what it listens to (node events, modules' tool
+// statistics for this node, JetStream's advisories). Not: a module's events, tools or inbox,
+// dead letters (the dead-letter writer's), replies to anyone (the responder's).
+func nodePermissions(node string) manifest.Permissions {
+	pub := []string{
+		"$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$JS.SNAPSHOT.>",
+		"$KV.>", "$O.>",
+		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
+		manifest.NodeToolSubject("*", ">"),  // other nodes' seat and cluster tools
+		manifest.StateSubject("*"),          // the controller declares every node
+		manifest.SeatToolSubject("*", ">"),  // the controller's, the vault's, git's, providers'
+		manifest.ReplayEvents,               // the dashboard's replay, of what the letter's source could publish
+	}
+	for _, seat := range []string{manifest.ControllerSeat, GitSeat, BuilderSeat} {
+		pub = append(pub, "mesh.seat."+seat+".>") // its events, work, versions
+	}
+	return manifest.Permissions{
+		Publish: pub,
+		Subscribe: []manifest.Subscription{
+			{Subject: nodeInbox(node) + ".>"},
+			{Subject: manifest.NodeEventSubject("*", ">")},
+			{Subject: manifest.StatsSubject("*", node)},
+			{Subject: manifest.ProvisionInbox + "." + node + ".>"}, // providers' answers to the controller
+			{Subject: "$JS.EVENT.ADVISORY.>"},
+		},
+	}
+}
+
+// nodeDeny keeps the node's own connection off the vault's records, which its JetStream API
+// and bucket allows would otherwise include: the vault writes them through its own
+// connection. The stream as a whole is not denied: growing into a mesh deletes, restores
+// and rescales every stream, the vault's too, from this connection.
+func nodeDeny() []string {
+	kv := "KV_" + vault.Bucket
+	return []string{"$KV." + vault.Bucket + ".>", "$JS.API.STREAM.PURGE." + kv, "$JS.API.STREAM.MSG.DELETE." + kv}
+}
