@@ -16,8 +16,9 @@ func TestRefusedOwn(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	refused := refusedOwn(log)
-	refused(nil, &nats.Subscription{Subject: "_INBOX.x"}, fmt.Errorf("%w: Permissions Violation for Subscription to %q", nats.ErrPermissionViolation, "_INBOX.x"))
-	if got := buf.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "a defect of meshnode") || !strings.Contains(got, "subject=_INBOX.x") {
+	// As nats.go hands it over: no subscription, the subject in the error.
+	refused(nil, nil, fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, "mesh.mod.x.event.y"))
+	if got := buf.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "a defect of meshnode") || !strings.Contains(got, "mesh.mod.x.event.y") {
 		t.Errorf("a permission violation logged as %q", got)
 	}
 	buf.Reset()

@@ -633,14 +633,16 @@ func isAddrInUse(err error) bool { return errors.Is(err, syscall.EADDRINUSE) }
 // strays where it never should), so it is logged as an error that says so.
 func refusedOwn(log *slog.Logger) nats.ErrHandler {
 	return func(_ *nats.Conn, sub *nats.Subscription, err error) {
-		subject := ""
+		// nats.go hands a permission violation over without its subscription: the error
+		// names the subject.
+		attrs := []any{"err", err}
 		if sub != nil {
-			subject = sub.Subject
+			attrs = append(attrs, "subject", sub.Subject)
 		}
 		if errors.Is(err, nats.ErrPermissionViolation) {
-			log.Error("the bus refused the node's own connection: a defect of meshnode, please report it", "subject", subject, "err", err)
+			log.Error("the bus refused the node's own connection: a defect of meshnode, please report it", attrs...)
 			return
 		}
-		log.Warn("the node's own connection", "subject", subject, "err", err)
+		log.Warn("the node's own connection", attrs...)
 	}
 }

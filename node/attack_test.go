@@ -447,6 +447,12 @@ func TestAttack_NodeConnectionIsBounded(t *testing.T) {
 		"_INBOX.victim.stolen",
 		"_INBOX.operator.stolen",
 		manifest.DeadSubject("EVENTS", "victim"),
+		"$KV.mesh-kv-victim.key",                        // a module's own bucket
+		manifest.NodeToolSubject("beta", "remove"),      // another node's tools
+		manifest.NodeSeatToolSubject("alpha", "victim"), // a module's seat tool, in its name
+		vault.ToolSubject(vault.VerbFetch, "operator"),  // the vault as someone else
+		manifest.SeatToolSubject("desk", "status"),      // a module's seat's tools
+		manifest.SeatEventSubject("desk", "done"),       // a module's seat's events
 		"$JS.API.STREAM.PURGE.KV_mesh-vault",
 		"$JS.API.STREAM.MSG.DELETE.KV_mesh-vault",
 	}
@@ -479,7 +485,8 @@ func TestAttack_NodeConnectionIsBounded(t *testing.T) {
 		t.Fatalf("the node's key has grant %+v, %v; want a bounded one", grant, ok)
 	}
 	for _, subj := range grant.Publish.Allow {
-		if subj == ">" || strings.HasPrefix(subj, "_INBOX") || strings.HasPrefix(subj, "mesh.mod.") || strings.HasPrefix(subj, "mesh.dead") {
+		if subj == ">" || subj == "$KV.>" || strings.HasPrefix(subj, "_INBOX") || strings.HasPrefix(subj, "mesh.mod.") ||
+			strings.HasPrefix(subj, "mesh.dead") || strings.HasPrefix(subj, "mesh.node.*.tool") {
 			t.Errorf("the node's own connection may publish on %s", subj)
 		}
 	}

@@ -1,8 +1,12 @@
 package node
 
 import (
+	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/provision"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
@@ -95,23 +99,34 @@ func vaultPermissions(node string) manifest.Permissions {
 func nodeInbox(node string) string { return partInbox("node", node) }
 
 // nodePermissions are the node's own connection's: the JetStream API and what JetStream
-// hands back (acks, flow control, snapshots), the buckets and object stores through their
-// subjects, node events and STATE, the mesh's own seats' events and work, requests to seats'
-// and nodes' tools, its own inbox, and what it listens to (node events, modules' tool
-// statistics for this node, JetStream's advisories). Not: a module's events, tools or inbox,
-// dead letters (the dead-letter writer's), replies to anyone (the responder's).
+// hands back (acks, flow control, snapshots); the mesh's buckets and object stores through
+// their subjects; node events and STATE; the tools it calls (the mesh's own seats', the
+// vault's as a node, providers' provisioning); the mesh's own seats' events; seats' work
+// (its reports and builds, and the dashboard's replay of a job); replays of events; its own
+// inbox, and what it listens to (node events, modules' tool statistics for this node,
+// providers' answers, JetStream's advisories). Not: a module's events, tools, bucket or
+// inbox, other nodes' tools, dead letters (the dead-letter writer's), replies to anyone
+// (the responder's).
 func nodePermissions(node string) manifest.Permissions {
 	pub := []string{
 		"$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$JS.SNAPSHOT.>",
-		"$KV.>", "$O.>",
+		"$KV." + registry.Bucket + ".>", "$KV." + seats.Bucket + ".>", "$KV." + provision.Bucket + ".>",
+		"$O." + artifact.Bucket + ".>", "$O." + SourcesBucket + ".>",
 		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
-		manifest.NodeToolSubject("*", ">"),  // other nodes' seat and cluster tools
 		manifest.StateSubject("*"),          // the controller declares every node
-		manifest.SeatToolSubject("*", ">"),  // the controller's, the vault's, git's, providers'
-		manifest.ReplayEvents,               // the dashboard's replay, of what the letter's source could publish
+		manifest.SeatToolSubject(manifest.ControllerSeat, ">"),
+		vault.ToolSubject("*", vault.CallerNode),
+		manifest.SeatToolSubject(GitSeat, ">"),     // archive, changed
+		manifest.SeatToolSubject(BuilderSeat, ">"), // status
+		manifest.SeatEventSubject(manifest.ControllerSeat, ">"),
+		manifest.SeatEventSubject(GitSeat, "pushed"),
+		manifest.SeatEventSubject(BuilderSeat, "built"), manifest.SeatEventSubject(BuilderSeat, "failed"),
+		"mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", // work, and versions' work:
+		"mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
+		manifest.ReplayEvents, // the dashboard's replay, of what the letter's source could publish
 	}
-	for _, seat := range []string{manifest.ControllerSeat, GitSeat, BuilderSeat} {
-		pub = append(pub, "mesh.seat."+seat+".>") // its events, work, versions
+	for _, tool := range []string{provision.ToolCreate, provision.ToolRemove, provision.ToolHolds} {
+		pub = append(pub, manifest.SeatToolSubject("*", tool))
 	}
 	return manifest.Permissions{
 		Publish: pub,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,12 +13,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
@@ -293,4 +296,41 @@ func uiHolder() {
 	}
 	fmt.Println(c.Instance())
 	select {}
+}
+
+// TestUI_ReplayJob: the dashboard replays a seat's dead job back into the seat's work queue
+// (the node's own connection may publish there; the CLI's replay is the operator's), and the
+// holder handles it.
+func TestUI_ReplayJob(t *testing.T) {
+	b := newBed(t)
+	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")
+	var fixed, handled atomic.Bool
+	w := b.client(seedW, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err := w.Accept("run", func(context.Context, sdk.Job) error {
+		if !fixed.Load() {
+			return errors.New("printer on fire")
+		}
+		handled.Store(true)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "jobs", w)
+	submit(t, b.client(seedS), "jobs", "run", 1)
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.SeatStreamName("jobs"), manifest.SeatConsumerName("jobs", manifest.ScopeMesh, "")), 1, nil)
+	fixed.Store(true)
+
+	op, csrf := uiLogin(t, b, false)
+	u, _ := url.Parse(b.n.HTTPURL())
+	path := fmt.Sprintf("%s/ui/api/dead/%d/replay", b.n.HTTPURL(), letters[0].Sequence)
+	if code, body := do(t, op, "POST", path, http.Header{"X-Csrf-Token": {csrf}, "Origin": {"http://" + u.Host}}); code != http.StatusOK {
+		t.Fatalf("the dashboard's replay of a dead job: %d %s", code, body)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if !handled.Load() {
+			return errors.New("the replayed job has not been handled")
+		}
+		return nil
+	})
 }
