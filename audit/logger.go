@@ -269,16 +269,14 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			}
 			r := checked[i].rec
 			if first := ids.Get([]byte(r.EventID)); first != nil {
-				var prev Record
-				if json.Unmarshal(recs.Get(first), &prev) == nil && sameEvent(prev, r) {
+				if prev, _, err := decodeRecord(recs.Get(first)); err == nil && sameEvent(prev, r) {
 					continue // a redelivery or a re-publish of the same event: recorded once
 				}
 				// Another event under a used id: kept, and flagged.
 				r.ReusedID = binary.BigEndian.Uint64(first)
 			}
 			r.N, r.Prev = h.N+1, h.Hash
-			r.Hash = r.computeHash()
-			b, err := json.Marshal(r)
+			b, err := encodeRecord(&r) // sets r.Hash
 			if err != nil {
 				return err
 			}
@@ -461,8 +459,7 @@ func (l *Logger) prune() {
 		for _, k := range old {
 			n := k[8:]
 			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil {
-				var last Record
-				if json.Unmarshal(raw, &last) == nil {
+				if last, _, err := decodeRecord(raw); err == nil {
 					// The chain now starts after this record: verify checks the first kept
 					// record against it.
 					b, _ := json.Marshal(head{N: last.N, Hash: last.Hash})
@@ -471,8 +468,7 @@ func (l *Logger) prune() {
 					}
 				}
 			}
-			var r Record
-			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil && json.Unmarshal(raw, &r) == nil {
+			if r, _, err := decodeRecord(tx.Bucket(bucketRecords).Get(n)); err == nil {
 				tx.Bucket(bucketIDs).Delete([]byte(r.EventID))
 				tx.Bucket(bucketBySource).Delete(append([]byte(r.Source+"\x00"), n...))
 				tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))

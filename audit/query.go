@@ -56,9 +56,8 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 	err := l.db.View(func(tx *bolt.Tx) error {
 		recs := tx.Bucket(bucketRecords)
 		get := func(n []byte) (Record, bool) {
-			var r Record
-			raw := recs.Get(n)
-			return r, raw != nil && json.Unmarshal(raw, &r) == nil
+			r, _, err := decodeRecord(recs.Get(n))
+			return r, err == nil
 		}
 		// Each visit returns false to stop. f.Last reads backwards and reverses.
 		visit := func(n []byte) bool {
@@ -268,8 +267,8 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 				progress(Progress{Done: v.Records, Total: max(total, v.Records)})
 				told = time.Now()
 			}
-			var r Record
-			if err := json.Unmarshal(raw, &r); err != nil {
+			r, hashOK, err := decodeRecord(raw)
+			if err != nil {
 				v.Broken = &Problem{N: n, Reason: "record is unreadable: " + err.Error()}
 				return nil
 			}
@@ -278,7 +277,7 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record claims to be %d", r.N)}
 			case n != wantN:
 				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record %d is missing: records were removed", wantN)}
-			case r.computeHash() != r.Hash:
+			case !hashOK:
 				v.Broken = &Problem{N: n, Reason: "content does not match its hash: the record was altered"}
 			case r.Prev != prev:
 				v.Broken = &Problem{N: n, Reason: "does not link to the record before it: a record was altered, removed or inserted"}

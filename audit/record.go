@@ -37,8 +37,9 @@ type Record struct {
 	Elided string `json:"elided,omitempty"`
 }
 
-// computeHash is SHA-256 over the record's JSON without its own hash: it covers the previous
-// hash, so a change anywhere breaks every hash after it.
+// computeHash is the hash of a record stored as JSON (logs written before the compact
+// encoding, encoding.go): SHA-256 over the record's JSON without its own hash. It covers the
+// previous hash, so a change anywhere breaks every hash after it.
 func (r Record) computeHash() string {
 	r.Hash = ""
 	b, _ := json.Marshal(r)
