@@ -214,6 +214,71 @@ func BenchmarkWrite(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*batch), "µs/event")
+			var stored, n int
+			db.View(func(tx *bolt.Tx) error {
+				return tx.Bucket(bucketRecords).ForEach(func(_, v []byte) error { stored, n = stored+len(v), n+1; return nil })
+			})
+			b.ReportMetric(float64(stored)/float64(max(n, 1)), "B/record")
 		})
+	}
+}
+
+// TestLogger_Missed: the stream sequences the log never got (events evicted or deleted
+// before it read them) are counted, once, across batches and reopening; a redelivery, or a
+// fresh log starting past the stream's first sequence, is no gap.
+func TestLogger_Missed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	keys := func(_, source string) (string, bool) { return pub, source == "m" }
+	owners := func(subject, source string) bool { return source == "m" }
+	l, err := New(db, nil, "n", keys, owners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "mesh.mod.m.event.tick"
+	msgs := map[uint64]jetstream.Msg{}
+	event := func(seq uint64) jetstream.Msg {
+		if m, ok := msgs[seq]; ok {
+			return m // the same event, delivered again
+		}
+		h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs[seq] = delivered{subject: subject, header: h, data: []byte("{}"), seq: seq}
+		return msgs[seq]
+	}
+	for _, step := range []struct {
+		batch  []uint64
+		missed uint64
+	}{
+		{[]uint64{40, 41}, 0},     // a new log: EVENTS had aged out 1–39 before it began
+		{[]uint64{42, 45, 44}, 1}, // 43 is gone
+		{[]uint64{41, 46}, 1},     // 41 again: a redelivery
+		{[]uint64{50}, 4},         // 47–49 are gone
+	} {
+		var batch []jetstream.Msg
+		for _, s := range step.batch {
+			batch = append(batch, event(s))
+		}
+		if err := l.write(batch); err != nil {
+			t.Fatal(err)
+		}
+		if got := l.Missed(); got != step.missed {
+			t.Fatalf("after %v: missed %d, want %d", step.batch, got, step.missed)
+		}
+	}
+	db.Close()
+	if db, err = bolt.Open(path, 0o600, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if l, err = New(db, nil, "n", keys, owners, 0, nil); err != nil || l.Missed() != 4 {
+		t.Fatalf("reopened: missed %d, %v; want 4", l.Missed(), err)
 	}
 }

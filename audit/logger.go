@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,8 @@ type Logger struct {
 
 	records atomic.Uint64 // the number of records kept
 	changes atomic.Uint64 // writes and prunes since New (Changes)
+	missed  atomic.Uint64 // events that left EVENTS before the log read them (Missed)
+	gaps    gapLog        // when a gap was last logged
 	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
@@ -87,6 +90,7 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 			}
 		}
 		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
+		l.missed.Store(readHead(tx).Missed)
 		l.usage.load(tx)
 		return nil
 	})
@@ -227,6 +231,9 @@ type head struct {
 	N    uint64 `json:"n"`
 	Hash string `json:"hash"`
 	Seq  uint64 `json:"seq"`
+	// Missed counts the events that left EVENTS before the log read them: the gaps in the
+	// stream sequences it was first to see.
+	Missed uint64 `json:"missed,omitempty"`
 }
 
 func readHead(tx *bolt.Tx) head {
@@ -244,13 +251,15 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	var added uint64
+	var added, missed uint64
 	var lastSeq uint64
 	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
 	var counted map[string]int           // the batch's new events, by owner
 	err = l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
+		missed = gapsAfter(stored, checked)
+		h.Missed += missed
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
@@ -292,7 +301,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			if err := index(tx, r); err != nil {
 				return err
 			}
-			h = head{N: r.N, Hash: r.Hash, Seq: max(h.Seq, r.Seq)}
+			h.N, h.Hash, h.Seq = r.N, r.Hash, max(h.Seq, r.Seq)
 			added++
 		}
 		if lastSeq > h.Seq {
@@ -309,6 +318,13 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	}
 	l.usage.merge(used)
 	l.records.Add(added)
+	if missed > 0 {
+		total := l.missed.Add(missed)
+		if n, ok := l.gaps.due(missed); ok {
+			l.log.Warn("events left EVENTS before this node's audit log read them: the log has a gap (EVENTS' per-subject cap or age limit evicted them, or they were deleted); the audit log falls behind the emitters",
+				"events", n, "missed_total", total)
+		}
+	}
 	l.changes.Add(1)
 	if l.Ingested != nil {
 		for owner, n := range counted {
@@ -497,3 +513,53 @@ func u64(n uint64) []byte {
 	binary.BigEndian.PutUint64(b, n)
 	return b
 }
+
+// gapsAfter counts the stream sequences missing between seen (the last the log had seen
+// of EVENTS; 0: none yet, so nothing before the first counts) and the new ones of a batch:
+// the log reads EVENTS whole, so a sequence it never got left the stream before it read it.
+func gapsAfter(seen uint64, batch []checkedMsg) uint64 {
+	var news []uint64
+	for _, c := range batch {
+		if s := c.md.Sequence.Stream; s > seen {
+			news = append(news, s)
+		}
+	}
+	slices.Sort(news)
+	var missed uint64
+	last := seen
+	for _, s := range news {
+		if last > 0 && s > last+1 {
+			missed += s - last - 1
+		}
+		last = max(last, s)
+	}
+	return missed
+}
+
+// gapLog spaces the warnings about gaps: one every gapLogEvery at most, with the count
+// since the last.
+type gapLog struct {
+	mu      sync.Mutex
+	last    time.Time
+	pending uint64
+}
+
+const gapLogEvery = 10 * time.Second
+
+// due adds n missed events and reports whether to log now, and how many since the last.
+func (g *gapLog) due(n uint64) (uint64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pending += n
+	if time.Since(g.last) < gapLogEvery {
+		return 0, false
+	}
+	g.last = time.Now()
+	n, g.pending = g.pending, 0
+	return n, true
+}
+
+// Missed is how many events left EVENTS before this log read them (evicted by the
+// stream's per-subject cap or age limit while the log was behind, or deleted): each is a
+// gap in the record.
+func (l *Logger) Missed() uint64 { return l.missed.Load() }

@@ -39,6 +39,9 @@ type AuditStatus struct {
 	Records uint64 `json:"records"` // records kept
 	Audited uint64 `json:"audited"` // every EVENTS sequence up to this one is in the log (the consumer's ack floor)
 	Lag     uint64 `json:"lag"`     // EVENTS' last sequence − Audited
+	// Missed counts events that left EVENTS before the log read them (its per-subject cap or
+	// age limit evicted them while the log was behind, or they were deleted): gaps.
+	Missed uint64 `json:"missed"`
 }
 
 // JetStreamStatus is the JetStream part of Status.
@@ -179,7 +182,7 @@ func (n *Node) auditStatus(ctx context.Context) AuditStatus {
 	if n.audit == nil {
 		return AuditStatus{}
 	}
-	st := AuditStatus{Records: n.audit.Records()}
+	st := AuditStatus{Records: n.audit.Records(), Missed: n.audit.Missed()}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	// The ack floor, not the last sequence written: after a crash the batch that was in

@@ -39,6 +39,10 @@ func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditS
 			Name: "meshnode_audit_lag",
 			Help: "Events in EVENTS not yet in this node's audit log (last sequence - audited sequence).",
 		}, func() float64 { return float64(audit().Lag) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "meshnode_audit_missed_total",
+			Help: "Events that left EVENTS before this node's audit log read them (evicted by the stream's per-subject cap or age limit while the log was behind, or deleted): gaps in the log.",
+		}, func() float64 { return float64(audit().Missed) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_store_bytes",
 			Help: "Size of the node's bbolt file (identity, foundation, audit log).",

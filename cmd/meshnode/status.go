@@ -152,7 +152,7 @@ func printStatus(w io.Writer, st node.Status) {
 		{"connections", fmt.Sprint(st.Connections)},
 		{"jetstream", fmt.Sprintf("%s, %d streams, %d consumers, %d messages, %d bytes",
 			st.JetStream.Mode, st.JetStream.Streams, st.JetStream.Consumers, st.JetStream.Messages, st.JetStream.Bytes)},
-		{"audit", fmt.Sprintf("%d records, lag %d", st.Audit.Records, st.Audit.Lag)},
+		{"audit", auditLine(st.Audit)},
 	}
 	if st.Growing != "" {
 		rows = append(rows, [2]string{"growing", st.Growing})
@@ -161,4 +161,13 @@ func printStatus(w io.Writer, st node.Status) {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}
 	tw.Flush()
+}
+
+// auditLine is the status's audit row: records and lag, and the gaps if there are any.
+func auditLine(a node.AuditStatus) string {
+	line := fmt.Sprintf("%d records, lag %d", a.Records, a.Lag)
+	if a.Missed > 0 {
+		line += fmt.Sprintf(", %d events missed (they left EVENTS before the log read them: see the node's log)", a.Missed)
+	}
+	return line
 }
