@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -19,15 +18,21 @@ import (
 // hashed then (Record.computeHash).
 const compactFormat = 0x02
 
+// prevText is the flag of a record whose link is not a hash (a head damaged on disk): the
+// link is kept as text.
+const prevText = 4
+
 // hashLen is the length of a compact record's hash, and of its link to the previous one.
 const hashLen = sha256.Size
 
-// encodeRecord is r's stored form, with its hash, which it also sets in r (r.Prev must be
-// a hash the log made, or "" for the first record).
-func encodeRecord(r *Record) ([]byte, error) {
+// encodeRecord is r's stored form, with its hash, which it also sets in r.
+func encodeRecord(r *Record) []byte {
+	var flags byte
 	prev, err := hex.DecodeString(r.Prev)
 	if err != nil || len(prev) != 0 && len(prev) != hashLen {
-		return nil, fmt.Errorf("record %d links to %q, which is not a hash", r.N, r.Prev)
+		// A head damaged on disk: the record links to it as it reads, verify reports the
+		// broken link there, and the log goes on.
+		prev, flags = []byte(r.Prev), flags|prevText
 	}
 	b := make([]byte, 0, 128+len(r.Subject)+len(r.Body)+64*len(r.Headers))
 	b = append(b, compactFormat)
@@ -51,7 +56,6 @@ func encodeRecord(r *Record) ([]byte, error) {
 	b = binary.AppendVarint(b, r.Received.UnixNano())
 	b = appendString(b, r.EventID)
 	b = appendString(b, r.Source)
-	var flags byte
 	if r.Signed {
 		flags |= 1
 	}
@@ -64,7 +68,7 @@ func encodeRecord(r *Record) ([]byte, error) {
 	b = appendString(b, string(prev))
 	sum := sha256.Sum256(b)
 	r.Hash = hex.EncodeToString(sum[:])
-	return append(b, sum[:]...), nil
+	return append(b, sum[:]...)
 }
 
 func appendString(b []byte, s string) []byte {
@@ -92,14 +96,14 @@ func decodeRecord(raw []byte) (r Record, hashOK bool, err error) {
 	r.Seq = d.uvarint()
 	r.Subject = d.string()
 	if n := d.uvarint(); n > 0 && d.err == nil {
-		if n > uint64(len(d.b)) {
+		if n > uint64(len(d.b))/2 { // a header is two bytes at least
 			return Record{}, false, errDamaged
 		}
 		r.Headers = make(map[string][]string, n)
 		for range n {
 			k := d.string()
 			vn := d.uvarint()
-			if vn > uint64(len(d.b)) {
+			if vn > uint64(len(d.b)) { // a value is a byte at least
 				return Record{}, false, errDamaged
 			}
 			vs := make([]string, 0, vn)
@@ -119,7 +123,9 @@ func decodeRecord(raw []byte) (r Record, hashOK bool, err error) {
 	r.Signed, r.SourceMatches = flags&1 != 0, flags&2 != 0
 	r.SignatureError = d.string()
 	r.ReusedID = d.uvarint()
-	if prev := d.string(); prev != "" {
+	if prev := d.string(); flags&prevText != 0 {
+		r.Prev = prev
+	} else if prev != "" {
 		r.Prev = hex.EncodeToString([]byte(prev))
 	}
 	if d.err != nil || len(d.b) != 0 {

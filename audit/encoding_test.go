@@ -35,10 +35,7 @@ func sampleRecords() []Record {
 func TestEncoding_RoundTrip(t *testing.T) {
 	for _, want := range sampleRecords() {
 		r := want
-		raw, err := encodeRecord(&r)
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := encodeRecord(&r)
 		if len(r.Hash) != 2*hashLen {
 			t.Fatalf("record %d: hash %q", r.N, r.Hash)
 		}
@@ -65,9 +62,11 @@ func TestEncoding_RoundTrip(t *testing.T) {
 			t.Errorf("record %d: a truncated record decodes", r.N)
 		}
 	}
-	bad := Record{N: 1, Prev: "not a hash"}
-	if _, err := encodeRecord(&bad); err == nil {
-		t.Error("a record linking to something that is not a hash encoded")
+	// A damaged head: the record links to it as it reads, and decodes as it was.
+	damaged := Record{N: 1, Prev: "not a hash", Received: time.Unix(0, 0).UTC()}
+	raw := encodeRecord(&damaged)
+	if got, ok, err := decodeRecord(raw); err != nil || !ok || got.Prev != "not a hash" {
+		t.Errorf("a record linking to a damaged head: %+v, %v, %v", got, ok, err)
 	}
 }
 
@@ -223,9 +222,11 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
-// TestLogger_Missed: the stream sequences the log never got (events evicted or deleted
-// before it read them) are counted, once, across batches and reopening; a redelivery, or a
-// fresh log starting past the stream's first sequence, is no gap.
+// TestLogger_Missed: a stream sequence the log never gets (an event evicted or deleted
+// before it read it) counts once its gap has stayed open gapConfirm; a late one (delivered
+// again after newer ones were written) fills its gap and never counts; a new log's start, and
+// what came before the sequence it began counting at, are no gap; the count survives
+// reopening.
 func TestLogger_Missed(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "a.db")
 	db, err := bolt.Open(path, 0o600, nil)
@@ -240,6 +241,9 @@ func TestLogger_Missed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	now := time.Date(2026, 12, 2, 6, 0, 0, 0, time.UTC)
+	l.clock = func() time.Time { return now }
+	l.since.Store(30) // EVENTS' last sequence when the log began
 	subject := "mesh.mod.m.event.tick"
 	msgs := map[uint64]jetstream.Msg{}
 	event := func(seq uint64) jetstream.Msg {
@@ -255,13 +259,19 @@ func TestLogger_Missed(t *testing.T) {
 	}
 	for _, step := range []struct {
 		batch  []uint64
+		after  time.Duration // the clock moves on before the batch
 		missed uint64
 	}{
-		{[]uint64{40, 41}, 0},     // a new log: EVENTS had aged out 1–39 before it began
-		{[]uint64{42, 45, 44}, 1}, // 43 is gone
-		{[]uint64{41, 46}, 1},     // 41 again: a redelivery
-		{[]uint64{50}, 4},         // 47–49 are gone
+		{[]uint64{10, 11}, 0, 0},           // a new log reads the stream's history
+		{[]uint64{20, 28}, 0, 0},           // holes in the history, before sequence 30: not this log's
+		{[]uint64{29, 31, 32, 36}, 0, 0},   // 30 and 33–35 open (30 is history: never counts)
+		{[]uint64{34}, time.Second, 0},     // 34 is late, not gone
+		{[]uint64{37}, gapConfirm, 2},      // 33 and 35 stayed open: missed
+		{[]uint64{40}, time.Second, 2},     // 38–39 open
+		{[]uint64{38, 41}, gapConfirm, 3},  // 38 late; 39 missed
+		{[]uint64{41, 42}, time.Minute, 3}, // a redelivery, and nothing open
 	} {
+		now = now.Add(step.after)
 		var batch []jetstream.Msg
 		for _, s := range step.batch {
 			batch = append(batch, event(s))
@@ -270,15 +280,47 @@ func TestLogger_Missed(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got := l.Missed(); got != step.missed {
-			t.Fatalf("after %v: missed %d, want %d", step.batch, got, step.missed)
+			t.Fatalf("after %v: missed %d, want %d (open %v)", step.batch, got, step.missed, l.open)
 		}
+	}
+	// A gap no batch comes to settle counts at the next tick.
+	if err := l.write([]jetstream.Msg{event(45)}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(gapConfirm)
+	l.settleGaps()
+	if got := l.Missed(); got != 5 {
+		t.Fatalf("after the tick: missed %d, want 5", got)
 	}
 	db.Close()
 	if db, err = bolt.Open(path, 0o600, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if l, err = New(db, nil, "n", keys, owners, 0, nil); err != nil || l.Missed() != 4 {
-		t.Fatalf("reopened: missed %d, %v; want 4", l.Missed(), err)
+	if l, err = New(db, nil, "n", keys, owners, 0, nil); err != nil || l.Missed() != 5 {
+		t.Fatalf("reopened: missed %d, %v; want 5", l.Missed(), err)
+	}
+}
+
+// TestGaps: filling splits a gap, and past maxOpenGaps the oldest count at once.
+func TestGaps(t *testing.T) {
+	at := time.Now()
+	g := gaps{}.see(10, 0, []uint64{20}, at) // 11–19
+	for _, s := range []uint64{15, 11, 19, 16} {
+		g = g.fill(s)
+	}
+	if want := (gaps{{lo: 12, hi: 14, since: at}, {lo: 17, hi: 18, since: at}}); !reflect.DeepEqual(g, want) {
+		t.Fatalf("gaps %v, want %v", g, want)
+	}
+	if _, missed := g.settle(at.Add(gapConfirm - time.Second)); missed != 0 {
+		t.Fatalf("settled %d before gapConfirm", missed)
+	}
+	var many gaps
+	for i := range uint64(maxOpenGaps + 2) {
+		many = many.see(2*i+1, 0, []uint64{2*i + 3}, at) // 2i+2 open
+	}
+	left, missed := many.settle(at)
+	if len(left) != maxOpenGaps || missed != 2 || left[0].lo != 6 {
+		t.Fatalf("past the bound: %d open, %d missed, first %v", len(left), missed, left[0])
 	}
 }

@@ -68,7 +68,10 @@ type Logger struct {
 	records atomic.Uint64 // the number of records kept
 	changes atomic.Uint64 // writes and prunes since New (Changes)
 	missed  atomic.Uint64 // events that left EVENTS before the log read them (Missed)
-	gaps    gapLog        // when a gap was last logged
+	gapLog  gapLog        // when a gap was last logged
+	since   atomic.Uint64 // EVENTS' last sequence when the log began counting gaps (head.Since)
+	open    gaps          // the gaps not yet counted (gaps.go); Run's alone
+	clock   func() time.Time
 	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
@@ -82,7 +85,7 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second}
+	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second, clock: time.Now}
 	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -135,6 +138,7 @@ func (l *Logger) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-prune.C:
+			l.settleGaps()
 			l.prune()
 			if l.eventsMaxAge > 0 {
 				if err := l.pruneUsage(l.eventsMaxAge); err != nil {
@@ -176,6 +180,7 @@ func (l *Logger) Run(ctx context.Context) error {
 // consumer goes (deleted: the node's drift check makes it again) or the connection closes
 // under it, pull finds the consumer again and goes on.
 func (l *Logger) pull(ctx context.Context, in chan<- jetstream.Msg) {
+	l.startCounting(ctx) // before the first event: gaps count from here
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for ctx.Err() == nil {
 		cons, err := l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
@@ -234,6 +239,10 @@ type head struct {
 	// Missed counts the events that left EVENTS before the log read them: the gaps in the
 	// stream sequences it was first to see.
 	Missed uint64 `json:"missed,omitempty"`
+	// Since is EVENTS' last sequence when the log began counting gaps: what came before (a
+	// new node reading the stream's history, with the holes the stream's limits made long
+	// ago) is not this log's to miss.
+	Since uint64 `json:"since,omitempty"`
 }
 
 func readHead(tx *bolt.Tx) head {
@@ -246,19 +255,27 @@ func readHead(tx *bolt.Tx) head {
 
 // write records a batch in one transaction, skipping events already recorded.
 func (l *Logger) write(msgs []jetstream.Msg) error {
-	now := time.Now().UTC()
+	now := l.clock().UTC()
 	checked, err := l.checkAll(msgs, now)
 	if err != nil {
 		return err
 	}
 	var added, missed uint64
+	var open gaps
 	var lastSeq uint64
 	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
 	var counted map[string]int           // the batch's new events, by owner
 	err = l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
-		missed = gapsAfter(stored, checked)
+		if h.Since == 0 {
+			h.Since = l.since.Load()
+		}
+		seqs := make([]uint64, len(checked))
+		for i, c := range checked {
+			seqs[i] = c.md.Sequence.Stream
+		}
+		open, missed = slices.Clone(l.open).see(stored, h.Since, seqs, now).settle(now)
 		h.Missed += missed
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
 		counting := map[uint64]bool{}
@@ -285,10 +302,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				r.ReusedID = binary.BigEndian.Uint64(first)
 			}
 			r.N, r.Prev = h.N+1, h.Hash
-			b, err := encodeRecord(&r) // sets r.Hash
-			if err != nil {
-				return err
-			}
+			b := encodeRecord(&r) // sets r.Hash
 			key := u64(r.N)
 			if err := recs.Put(key, b); err != nil {
 				return err
@@ -318,13 +332,8 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 	}
 	l.usage.merge(used)
 	l.records.Add(added)
-	if missed > 0 {
-		total := l.missed.Add(missed)
-		if n, ok := l.gaps.due(missed); ok {
-			l.log.Warn("events left EVENTS before this node's audit log read them: the log has a gap (EVENTS' per-subject cap or age limit evicted them, or they were deleted); the audit log falls behind the emitters",
-				"events", n, "missed_total", total)
-		}
-	}
+	l.open = open
+	l.noteMissed(missed)
 	l.changes.Add(1)
 	if l.Ingested != nil {
 		for owner, n := range counted {
@@ -514,28 +523,6 @@ func u64(n uint64) []byte {
 	return b
 }
 
-// gapsAfter counts the stream sequences missing between seen (the last the log had seen
-// of EVENTS; 0: none yet, so nothing before the first counts) and the new ones of a batch:
-// the log reads EVENTS whole, so a sequence it never got left the stream before it read it.
-func gapsAfter(seen uint64, batch []checkedMsg) uint64 {
-	var news []uint64
-	for _, c := range batch {
-		if s := c.md.Sequence.Stream; s > seen {
-			news = append(news, s)
-		}
-	}
-	slices.Sort(news)
-	var missed uint64
-	last := seen
-	for _, s := range news {
-		if last > 0 && s > last+1 {
-			missed += s - last - 1
-		}
-		last = max(last, s)
-	}
-	return missed
-}
-
 // gapLog spaces the warnings about gaps: one every gapLogEvery at most, with the count
 // since the last.
 type gapLog struct {
@@ -551,7 +538,7 @@ func (g *gapLog) due(n uint64) (uint64, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.pending += n
-	if time.Since(g.last) < gapLogEvery {
+	if g.pending == 0 || time.Since(g.last) < gapLogEvery {
 		return 0, false
 	}
 	g.last = time.Now()
@@ -563,3 +550,53 @@ func (g *gapLog) due(n uint64) (uint64, bool) {
 // stream's per-subject cap or age limit while the log was behind, or deleted): each is a
 // gap in the record.
 func (l *Logger) Missed() uint64 { return l.missed.Load() }
+
+// noteMissed counts missed events, and logs them at most every gapLogEvery (with what the
+// last interval held back).
+func (l *Logger) noteMissed(missed uint64) {
+	total := l.missed.Add(missed)
+	if n, ok := l.gapLog.due(missed); ok {
+		l.log.Warn("events left EVENTS before this node's audit log read them: the log has a gap (EVENTS' per-subject cap or age limit evicted them while the log was behind, or they were deleted)",
+			"events", n, "missed_total", total)
+	}
+}
+
+// settleGaps counts the gaps that stayed open past gapConfirm while no batch came to
+// count them.
+func (l *Logger) settleGaps() {
+	open, missed := slices.Clone(l.open).settle(l.clock())
+	if missed > 0 {
+		err := l.db.Update(func(tx *bolt.Tx) error {
+			h := readHead(tx)
+			h.Missed += missed
+			b, _ := json.Marshal(h)
+			return tx.Bucket(bucketMeta).Put([]byte("head"), b)
+		})
+		if err != nil {
+			l.log.Error("audit: record missed events", "err", err)
+			return
+		}
+		l.open = open
+	}
+	l.noteMissed(missed)
+}
+
+// startCounting sets where the log begins counting gaps, when its head has not: EVENTS'
+// last sequence now, asked until it answers or ctx ends.
+func (l *Logger) startCounting(ctx context.Context) {
+	var since uint64
+	l.db.View(func(tx *bolt.Tx) error { since = readHead(tx).Since; return nil })
+	if since > 0 {
+		l.since.Store(since)
+		return
+	}
+	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
+	for ctx.Err() == nil {
+		s, err := l.js.Stream(ctx, manifest.EventsStreamName)
+		if err == nil {
+			l.since.Store(max(s.CachedInfo().State.LastSeq, 1))
+			return
+		}
+		wait.Wait(ctx)
+	}
+}

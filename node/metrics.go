@@ -16,7 +16,7 @@ import (
 
 // newMetrics builds the node's registry: no package globals, so nodes in one process keep
 // separate counts.
-func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditStatus, storeBytes func() int64) *prometheus.Registry {
+func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditStatus, auditMissed func() uint64, storeBytes func() int64) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -42,7 +42,7 @@ func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditS
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "meshnode_audit_missed_total",
 			Help: "Events that left EVENTS before this node's audit log read them (evicted by the stream's per-subject cap or age limit while the log was behind, or deleted): gaps in the log.",
-		}, func() float64 { return float64(audit().Missed) }),
+		}, func() float64 { return float64(auditMissed()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_store_bytes",
 			Help: "Size of the node's bbolt file (identity, foundation, audit log).",

@@ -601,6 +601,12 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 func (n *Node) newHTTPServer() {
 	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
 		func() AuditStatus { return n.auditStatus(context.Background()) },
+		func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
+			if n.audit == nil {
+				return 0
+			}
+			return n.audit.Missed()
+		},
 		func() int64 {
 			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, storeFile)); err == nil {
 				return st.Size()
