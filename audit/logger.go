@@ -65,14 +65,14 @@ type Logger struct {
 	// keeps all usage.
 	eventsMaxAge time.Duration
 
-	records atomic.Uint64 // the number of records kept
-	changes atomic.Uint64 // writes and prunes since New (Changes)
-	missed  atomic.Uint64 // events that left EVENTS before the log read them (Missed)
-	gapLog  gapLog        // when a gap was last logged
-	since   atomic.Uint64 // EVENTS' last sequence when the log began counting gaps (head.Since)
-	open    gaps          // the gaps not yet counted (gaps.go); Run's alone
-	clock   func() time.Time
-	usage   usage         // bytes of EVENTS by namespace owner and hour (usage.go)
+	records atomic.Uint64    // the number of records kept
+	changes atomic.Uint64    // writes and prunes since New (Changes)
+	missed  atomic.Uint64    // events that left EVENTS before the log read them (Missed)
+	gapLog  gapLog           // when a gap was last logged
+	since   atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
+	open    gaps             // the gaps not yet counted (gaps.go); Run's alone
+	clock   func() time.Time // time.Now; tests move it
+	usage   usage            // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
 	// namespace owner (a module, node or seat) reached the log, and their bytes: the node's
