@@ -12,7 +12,6 @@ import (
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -74,19 +73,7 @@ func TestEncoding_RoundTrip(t *testing.T) {
 // the new one; verify reads both, the chain links across, and a change to a record of either
 // form is found.
 func TestEncoding_LogFromBeforeIt(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	kp, _ := nkeys.CreateUser()
-	pub, _ := kp.PublicKey()
-	keys := func(_, source string) (string, bool) { return pub, source == "m" }
-	owners := func(subject, source string) bool { return source == "m" }
-	l, err := New(db, nil, "n", keys, owners, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, db, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
 	subject := "mesh.mod.m.event.tick"
 	event := func(seq int) jetstream.Msg {
 		body := []byte(fmt.Sprintf(`{"n":%d}`, seq))
@@ -98,7 +85,7 @@ func TestEncoding_LogFromBeforeIt(t *testing.T) {
 	}
 	// Three records as the JSON log wrote them.
 	var old []jetstream.Msg
-	err = db.Update(func(tx *bolt.Tx) error {
+	err := db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		for seq := 1; seq <= 3; seq++ {
 			m := event(seq)
@@ -171,19 +158,7 @@ func BenchmarkWrite(b *testing.B) {
 			name = "signed"
 		}
 		b.Run(name, func(b *testing.B) {
-			db, err := bolt.Open(filepath.Join(b.TempDir(), "a.db"), 0o600, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
-			kp, _ := nkeys.CreateUser()
-			pub, _ := kp.PublicKey()
-			keys := func(_, source string) (string, bool) { return pub, source == "m" }
-			owners := func(subject, source string) bool { return source == "m" }
-			l, err := New(db, nil, "n", keys, owners, 0, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l, db, kp := testLogger(b, filepath.Join(b.TempDir(), "a.db"), nil)
 			sk, err := envelope.NewSigningKey(kp)
 			if err != nil {
 				b.Fatal(err)
@@ -229,18 +204,7 @@ func BenchmarkWrite(b *testing.B) {
 // reopening.
 func TestLogger_Missed(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "a.db")
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, _ := nkeys.CreateUser()
-	pub, _ := kp.PublicKey()
-	keys := func(_, source string) (string, bool) { return pub, source == "m" }
-	owners := func(subject, source string) bool { return source == "m" }
-	l, err := New(db, nil, "n", keys, owners, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, db, kp := testLogger(t, path, nil)
 	now := time.Date(2026, 12, 2, 6, 0, 0, 0, time.UTC)
 	l.clock = func() time.Time { return now }
 	l.since.Store(30) // EVENTS' last sequence when the log began
@@ -293,12 +257,8 @@ func TestLogger_Missed(t *testing.T) {
 		t.Fatalf("after the tick: missed %d, want 5", got)
 	}
 	db.Close()
-	if db, err = bolt.Open(path, 0o600, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if l, err = New(db, nil, "n", keys, owners, 0, nil); err != nil || l.Missed() != 5 {
-		t.Fatalf("reopened: missed %d, %v; want 5", l.Missed(), err)
+	if l, _, _ = testLogger(t, path, kp); l.Missed() != 5 {
+		t.Fatalf("reopened: missed %d; want 5", l.Missed())
 	}
 }
 

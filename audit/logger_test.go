@@ -37,19 +37,7 @@ func (m delivered) Metadata() (*jetstream.MsgMetadata, error) {
 // UTF-8. JSON stores such a byte as U+FFFD, so a record hashed over the bytes as received
 // would read back as a different record, and verify would call a genuine event altered.
 func TestLogger_InvalidUTF8(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	kp, _ := nkeys.CreateUser()
-	pub, _ := kp.PublicKey()
-	keys := func(_, source string) (string, bool) { return pub, source == "m" }
-	owners := func(subject, source string) bool { return source == "m" }
-	l, err := New(db, nil, "n", keys, owners, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
 	subject := "mesh.mod.m.event.tick"
 	var msgs []jetstream.Msg
 	for i, bad := range []string{"\xff\xfe", "a\xc3\x28b", "\xed\xa0\x80", "ok \x00 nul"} {
@@ -81,4 +69,26 @@ func TestLogger_InvalidUTF8(t *testing.T) {
 	if got := recs[0].Headers["x-bad"]; len(got) != 1 || got[0] != "\uFFFD" {
 		t.Errorf("an invalid header value is recorded as %q, want U+FFFD in its place", got)
 	}
+}
+
+// testLogger opens the log of node n in the bbolt file at path (closed when the test ends),
+// whose one known source is module m, with key kp (a new one when nil).
+func testLogger(tb testing.TB, path string, kp nkeys.KeyPair) (*Logger, *bolt.DB, nkeys.KeyPair) {
+	tb.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	if kp == nil {
+		kp, _ = nkeys.CreateUser()
+	}
+	pub, _ := kp.PublicKey()
+	keys := func(_, source string) (string, bool) { return pub, source == "m" }
+	owners := func(subject, source string) bool { return source == "m" }
+	l, err := New(db, nil, "n", keys, owners, 0, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l, db, kp
 }
