@@ -272,6 +272,10 @@ func TestGaps(t *testing.T) {
 	if want := (gaps{{lo: 12, hi: 14, since: at}, {lo: 17, hi: 18, since: at}}); !reflect.DeepEqual(g, want) {
 		t.Fatalf("gaps %v, want %v", g, want)
 	}
+	// A new log that began counting after sequence 100: 101–109 went before it read them.
+	if fresh := (gaps{}).see(0, 100, []uint64{110, 111}, at); len(fresh) != 1 || fresh[0].lo != 101 || fresh[0].hi != 109 {
+		t.Fatalf("a new log's first batch past its floor: %v", fresh)
+	}
 	if _, missed := g.settle(at.Add(gapConfirm - time.Second)); missed != 0 {
 		t.Fatalf("settled %d before gapConfirm", missed)
 	}

@@ -31,14 +31,17 @@ type gap struct {
 // gaps are the open gaps, in order.
 type gaps []gap
 
-// see takes a batch's stream sequences. seen is the highest the log had seen before it
-// (0: none, so nothing before the first opens a gap), floor the highest that never counts
-// (the stream's last sequence when the log began counting). A sequence at or below seen fills
+// see takes a batch's stream sequences. seen is the highest the log had seen before it,
+// floor the highest that never counts (the stream's last sequence when the log began
+// counting; with both 0, nothing before the first sequence opens a gap). A sequence at or below seen fills
 // an open gap; one above opens the gap behind it.
 func (g gaps) see(seen, floor uint64, seqs []uint64, now time.Time) gaps {
 	seqs = slices.Clone(seqs)
 	slices.Sort(seqs)
 	last := seen
+	if last == 0 {
+		last = floor // a new log: what came after it began counting does count
+	}
 	for _, s := range seqs {
 		if s <= last {
 			g = g.fill(s)

@@ -2,7 +2,9 @@ package audit
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,7 +257,8 @@ func readHead(tx *bolt.Tx) head {
 
 // write records a batch in one transaction, skipping events already recorded.
 func (l *Logger) write(msgs []jetstream.Msg) error {
-	now := l.clock().UTC()
+	clock := l.clock() // with its monotonic reading, for the gaps' ages
+	now := clock.UTC()
 	checked, err := l.checkAll(msgs, now)
 	if err != nil {
 		return err
@@ -275,7 +278,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 		for i, c := range checked {
 			seqs[i] = c.md.Sequence.Stream
 		}
-		open, missed = slices.Clone(l.open).see(stored, h.Since, seqs, now).settle(now)
+		open, missed = slices.Clone(l.open).see(stored, h.Since, seqs, clock).settle(clock)
 		h.Missed += missed
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
 		counting := map[uint64]bool{}
@@ -294,7 +297,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				counted[owner]++
 			}
 			r := checked[i].rec
-			if first := ids.Get([]byte(r.EventID)); first != nil {
+			if first := ids.Get(keyPart(r.EventID)); first != nil {
 				if prev, _, err := decodeRecord(recs.Get(first)); err == nil && sameEvent(prev, r) {
 					continue // a redelivery or a re-publish of the same event: recorded once
 				}
@@ -308,7 +311,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				return err
 			}
 			if r.ReusedID == 0 {
-				if err := ids.Put([]byte(r.EventID), key); err != nil {
+				if err := ids.Put(keyPart(r.EventID), key); err != nil {
 					return err
 				}
 			}
@@ -360,7 +363,7 @@ func sameEvent(a, b Record) bool {
 
 func index(tx *bolt.Tx, r Record) error {
 	key := u64(r.N)
-	if err := tx.Bucket(bucketBySource).Put(append([]byte(r.Source+"\x00"), key...), nil); err != nil {
+	if err := tx.Bucket(bucketBySource).Put(append(append(keyPart(r.Source), 0), key...), nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil); err != nil {
@@ -494,8 +497,8 @@ func (l *Logger) prune() {
 				}
 			}
 			if r, _, err := decodeRecord(tx.Bucket(bucketRecords).Get(n)); err == nil {
-				tx.Bucket(bucketIDs).Delete([]byte(r.EventID))
-				tx.Bucket(bucketBySource).Delete(append([]byte(r.Source+"\x00"), n...))
+				tx.Bucket(bucketIDs).Delete(keyPart(r.EventID))
+				tx.Bucket(bucketBySource).Delete(append(append(keyPart(r.Source), 0), n...))
 				tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
 			}
 			tx.Bucket(bucketRecords).Delete(n)
@@ -599,4 +602,19 @@ func (l *Logger) startCounting(ctx context.Context) {
 		}
 		wait.Wait(ctx)
 	}
+}
+
+// maxKeyPart is the longest emitter-chosen value (x-event-id, x-source) an index key holds
+// as it is; bbolt refuses keys over 32 KiB, and a refused key would fail its batch on every
+// redelivery, stopping the log.
+const maxKeyPart = 1024
+
+// keyPart is s as the first part of an index key: itself, or past maxKeyPart its SHA-256
+// after a 0xff byte (which valid UTF-8, as validUTF8 makes every value, never holds).
+func keyPart(s string) []byte {
+	if len(s) <= maxKeyPart {
+		return []byte(s)
+	}
+	sum := sha256.Sum256([]byte(s))
+	return append([]byte{0xff}, hex.EncodeToString(sum[:])...)
 }

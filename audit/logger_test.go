@@ -2,6 +2,7 @@ package audit
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +92,33 @@ func testLogger(tb testing.TB, path string, kp nkeys.KeyPair) (*Logger, *bolt.DB
 		tb.Fatal(err)
 	}
 	return l, db, kp
+}
+
+// TestLogger_HugeHeaders: an emitter's x-event-id and x-source of 40 KiB, past bbolt's key
+// limit, used to fail their batch on every redelivery and stop the log; now the event is
+// written, found by id and by source, and recorded once when it comes again.
+func TestLogger_HugeHeaders(t *testing.T) {
+	l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	subject := "mesh.mod.m.event.tick"
+	h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, source := strings.Repeat("i", 40<<10), strings.Repeat("s", 40<<10)
+	h.Set(envelope.EventID, id)
+	h.Set(envelope.Source, source)
+	m := delivered{subject: subject, header: h, data: []byte("{}"), seq: 1}
+	for range 2 {
+		if err := l.write([]jetstream.Msg{m, delivered{subject: subject, header: h, data: []byte("{}"), seq: 2}}); err != nil {
+			t.Fatalf("a batch with a 40 KiB id and source: %v", err)
+		}
+	}
+	if l.Records() != 1 {
+		t.Fatalf("%d records, want 1 (the same event, delivered four times)", l.Records())
+	}
+	for _, f := range []Filter{{ID: id}, {Source: source}} {
+		if recs, err := l.Query(f); err != nil || len(recs) != 1 || recs[0].EventID != id {
+			t.Fatalf("query by %.20s…: %d records, %v", f.ID+f.Source, len(recs), err)
+		}
+	}
 }

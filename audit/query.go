@@ -68,11 +68,11 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 		}
 		switch {
 		case f.ID != "":
-			if n := tx.Bucket(bucketIDs).Get([]byte(f.ID)); n != nil {
+			if n := tx.Bucket(bucketIDs).Get(keyPart(f.ID)); n != nil {
 				visit(n)
 			}
 		case f.Source != "":
-			scanPrefix(tx.Bucket(bucketBySource), []byte(f.Source+"\x00"), f.After, f.Last > 0, visit)
+			scanPrefix(tx.Bucket(bucketBySource), append(keyPart(f.Source), 0), f.After, f.Last > 0, visit)
 		case pattern != "":
 			// The index orders by subject, then number: gather the numbers, then visit in
 			// log order, so paging and "last" mean the same as elsewhere.
