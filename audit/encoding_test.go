@@ -288,3 +288,32 @@ func TestGaps(t *testing.T) {
 		t.Fatalf("past the bound: %d open, %d missed, first %v", len(left), missed, left[0])
 	}
 }
+
+// TestLogger_LateEventsCount: an event written after newer ones (a redelivery that filled a
+// gap) is new bytes and a new event for its owner's usage, once.
+func TestLogger_LateEventsCount(t *testing.T) {
+	l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	var events int
+	l.Ingested = func(_ string, n int, _ int64) { events += n }
+	subject := "mesh.mod.m.event.tick"
+	msgs := map[uint64]jetstream.Msg{}
+	for seq := uint64(1); seq <= 7; seq++ {
+		h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs[seq] = delivered{subject: subject, header: h, data: []byte("{}"), seq: seq}
+	}
+	for _, batch := range [][]uint64{{1, 2, 3}, {6, 7}, {4, 5}, {4, 7}} {
+		var b []jetstream.Msg
+		for _, s := range batch {
+			b = append(b, msgs[s])
+		}
+		if err := l.write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if events != 7 || l.Records() != 7 {
+		t.Fatalf("usage counted %d events, %d records; want 7 and 7", events, l.Records())
+	}
+}

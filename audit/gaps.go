@@ -55,6 +55,12 @@ func (g gaps) see(seen, floor uint64, seqs []uint64, now time.Time) gaps {
 	return g
 }
 
+// contains reports whether s is in an open gap: not seen yet, though newer ones were.
+func (g gaps) contains(s uint64) bool {
+	i := sort.Search(len(g), func(i int) bool { return g[i].hi >= s })
+	return i < len(g) && g[i].lo <= s
+}
+
 // fill removes s from the open gap that holds it, if any.
 func (g gaps) fill(s uint64) gaps {
 	i := sort.Search(len(g), func(i int) bool { return g[i].hi >= s })

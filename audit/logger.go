@@ -288,8 +288,10 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			if md.Sequence.Stream > lastSeq {
 				lastSeq = md.Sequence.Stream
 			}
-			if owner := Owner(m.Subject()); owner != "" && md.Sequence.Stream > stored && !counting[md.Sequence.Stream] {
-				counting[md.Sequence.Stream] = true // once, were it twice in the batch
+			// New bytes: past what the log had seen, or a late one filling an open gap.
+			seq := md.Sequence.Stream
+			if owner := Owner(m.Subject()); owner != "" && (seq > stored || l.open.contains(seq)) && !counting[seq] {
+				counting[seq] = true // once, were it twice in the batch
 				if used[owner] == nil {
 					used[owner] = map[uint32]int64{}
 				}
