@@ -299,7 +299,8 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				counted[owner]++
 			}
 			r := checked[i].rec
-			if first := ids.Get(keyPart(r.EventID)); first != nil {
+			idKey := keyPart(r.EventID)
+			if first := ids.Get(idKey); first != nil {
 				if prev, _, err := decodeRecord(recs.Get(first)); err == nil && sameEvent(prev, r) {
 					continue // a redelivery or a re-publish of the same event: recorded once
 				}
@@ -313,7 +314,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 				return err
 			}
 			if r.ReusedID == 0 {
-				if err := ids.Put(keyPart(r.EventID), key); err != nil {
+				if err := ids.Put(idKey, key); err != nil {
 					return err
 				}
 			}
@@ -365,7 +366,7 @@ func sameEvent(a, b Record) bool {
 
 func index(tx *bolt.Tx, r Record) error {
 	key := u64(r.N)
-	if err := tx.Bucket(bucketBySource).Put(append(append(keyPart(r.Source), 0), key...), nil); err != nil {
+	if err := tx.Bucket(bucketBySource).Put(append(sourcePrefix(r.Source), key...), nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil); err != nil {
@@ -488,19 +489,15 @@ func (l *Logger) prune() {
 		}
 		for _, k := range old {
 			n := k[8:]
-			if raw := tx.Bucket(bucketRecords).Get(n); raw != nil {
-				if last, _, err := decodeRecord(raw); err == nil {
-					// The chain now starts after this record: verify checks the first kept
-					// record against it.
-					b, _ := json.Marshal(head{N: last.N, Hash: last.Hash})
-					if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
-						return err
-					}
-				}
-			}
 			if r, _, err := decodeRecord(tx.Bucket(bucketRecords).Get(n)); err == nil {
+				// The chain now starts after this record: verify checks the first kept
+				// record against it.
+				b, _ := json.Marshal(head{N: r.N, Hash: r.Hash})
+				if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
+					return err
+				}
 				tx.Bucket(bucketIDs).Delete(keyPart(r.EventID))
-				tx.Bucket(bucketBySource).Delete(append(append(keyPart(r.Source), 0), n...))
+				tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
 				tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
 			}
 			tx.Bucket(bucketRecords).Delete(n)
@@ -610,6 +607,9 @@ func (l *Logger) startCounting(ctx context.Context) {
 // as it is; bbolt refuses keys over 32 KiB, and a refused key would fail its batch on every
 // redelivery, stopping the log.
 const maxKeyPart = 1024
+
+// sourcePrefix is what every by-source index key of source begins with.
+func sourcePrefix(source string) []byte { return append(keyPart(source), 0) }
 
 // keyPart is s as the first part of an index key: itself, or past maxKeyPart its SHA-256
 // after a 0xff byte (which valid UTF-8, as validUTF8 makes every value, never holds).

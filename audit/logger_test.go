@@ -122,3 +122,44 @@ func TestLogger_HugeHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestLogger_Prune: records past the retention go with their index entries, and the chain
+// verifies from the first kept record, against the anchor the prune left.
+func TestLogger_Prune(t *testing.T) {
+	l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	l.retention = time.Hour
+	subject := "mesh.mod.m.event.tick"
+	var ids []string
+	batch := func(at time.Time, seqs ...uint64) {
+		l.clock = func() time.Time { return at }
+		var msgs []jetstream.Msg
+		for _, seq := range seqs {
+			h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, h.Get(envelope.EventID))
+			msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: seq})
+		}
+		if err := l.write(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch(time.Now().Add(-2*time.Hour), 1, 2)
+	batch(time.Now(), 3)
+	l.prune()
+	if l.Records() != 1 {
+		t.Fatalf("%d records after the prune, want 1", l.Records())
+	}
+	if v, err := l.Verify(); err != nil || !v.OK() || v.Records != 1 {
+		t.Fatalf("verify after the prune: %+v, %v", v, err)
+	}
+	for i, want := range []int{0, 0, 1} {
+		if recs, err := l.Query(Filter{ID: ids[i]}); err != nil || len(recs) != want {
+			t.Fatalf("event %d by id: %d records, %v; want %d", i+1, len(recs), err, want)
+		}
+	}
+	if recs, err := l.Query(Filter{Source: "m"}); err != nil || len(recs) != 1 || recs[0].EventID != ids[2] {
+		t.Fatalf("by source after the prune: %+v, %v", recs, err)
+	}
+}

@@ -72,7 +72,7 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 				visit(n)
 			}
 		case f.Source != "":
-			scanPrefix(tx.Bucket(bucketBySource), append(keyPart(f.Source), 0), f.After, f.Last > 0, visit)
+			scanPrefix(tx.Bucket(bucketBySource), sourcePrefix(f.Source), f.After, f.Last > 0, visit)
 		case pattern != "":
 			// The index orders by subject, then number: gather the numbers, then visit in
 			// log order, so paging and "last" mean the same as elsewhere.
