@@ -2,6 +2,8 @@ package embedbus
 
 import (
 	"encoding/base64"
+	"sync"
+	"time"
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
@@ -48,7 +50,16 @@ type authenticator struct {
 	// start, never leaves the process); sysAccount is the server's system account.
 	sysKey     string
 	sysAccount func() *server.Account
+	// complete, hold and closed hold an unknown key at the door while the directory is
+	// incomplete (Config.Complete); closed ends every hold (the bus closes).
+	complete <-chan struct{}
+	hold     time.Duration
+	closed   chan struct{}
+	stopOnce sync.Once
 }
+
+// stop ends every hold: the bus closes (nats-server's Shutdown waits for a held Check).
+func (a *authenticator) stop() { a.stopOnce.Do(func() { close(a.closed) }) }
 
 var _ server.Authentication = (*authenticator)(nil)
 
@@ -84,6 +95,9 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 		return true
 	}
 	id, ok := a.dir.Identity(opts.Nkey, opts.Name)
+	if !ok && a.wait() {
+		id, ok = a.dir.Identity(opts.Nkey, opts.Name)
+	}
 	if !ok {
 		return false
 	}
@@ -93,6 +107,31 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	}
 	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions, id.PublishDeny)})
 	return true
+}
+
+// wait waits, up to the hold, for the directory to be complete, and reports whether it is.
+// It blocks only the connecting client's own read loop: nats-server stopped the client's
+// authentication timer when its CONNECT arrived, and the client's own connect timeout
+// usually ends the attempt first (nats.go 2 s, async-nats 5 s), which it retries like a
+// server that is not there.
+func (a *authenticator) wait() bool {
+	if a.complete == nil {
+		return false
+	}
+	select {
+	case <-a.complete:
+		return true
+	default:
+	}
+	t := time.NewTimer(a.hold)
+	defer t.Stop()
+	select {
+	case <-a.complete:
+		return true
+	case <-t.C:
+	case <-a.closed:
+	}
+	return false
 }
 
 // serverPermissions turns derived permissions into nats-server's. Allow lists only: anything

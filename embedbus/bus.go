@@ -25,6 +25,10 @@ import (
 // JetStream to answer.
 const DefaultReadyTimeout = 10 * time.Second
 
+// DefaultHoldUnknown is how long an unknown key's connect waits for an incomplete Directory
+// at most: longer than most clients' connect timeouts, and than a node's JetStream phase.
+const DefaultHoldUnknown = 30 * time.Second
+
 // tlsTimeout bounds a TLS handshake, on routes and clients.
 const tlsTimeout = 5 * time.Second
 
@@ -66,6 +70,15 @@ type Config struct {
 	// StartMemoryLimit bounds the heap while the server starts, in bytes; zero means
 	// DefaultStartMemoryLimit.
 	StartMemoryLimit uint64
+	// Complete is closed once the Directory knows every key it will admit (a node's, once it
+	// has read its registry). Until then a key it does not know is held at the door — its
+	// connect waits up to HoldUnknown for Complete — instead of refused at once: most NATS
+	// clients give up for good at the second refusal in a row, and every one rides out a
+	// connect that times out. nil: the Directory is complete from the start.
+	Complete <-chan struct{}
+	// HoldUnknown bounds how long an unknown key's connect waits for Complete; zero means
+	// DefaultHoldUnknown.
+	HoldUnknown time.Duration
 	// OnStartMemory is called (once) when the start grows past StartMemoryLimit, with an
 	// *ErrStartMemory. nats-server's restore cannot be interrupted: a process that owns its
 	// fate (the meshnode binary) exits here; nil only logs.
@@ -160,7 +173,11 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	if cfg.Directory == nil || cfg.Key == nil {
 		return nil, errors.New("embedbus: a Directory and the node's Key are required")
 	}
+	if cfg.HoldUnknown == 0 {
+		cfg.HoldUnknown = DefaultHoldUnknown
+	}
 	auth := newAuthenticator(cfg.Directory)
+	auth.complete, auth.hold, auth.closed = cfg.Complete, cfg.HoldUnknown, make(chan struct{})
 	sysKey, err := nkeys.CreateUser()
 	if err != nil {
 		return nil, err
@@ -229,6 +246,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	defer close(started) // the watch covers the readiness wait below as well
 
 	fail := func(err error) (*Bus, error) {
+		auth.stop()
 		srv.Shutdown()
 		srv.WaitForShutdown()
 		return nil, err
@@ -621,6 +639,7 @@ func (b *Bus) Streams(consumers bool) ([]StreamState, error) {
 // Close drains the in-process connection and shuts the server down, waiting until it has.
 func (b *Bus) Close() error {
 	b.conn.Close()
+	b.auth.stop() // a held connect's Check ends, or Shutdown waits for it
 	b.srv.Shutdown()
 	b.srv.WaitForShutdown()
 	return nil

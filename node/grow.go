@@ -32,7 +32,9 @@ import (
 // the snapshot, and scales it to 3 replicas — the mesh's registry last, which is what the
 // joining nodes wait for. Each phase is recorded in the foundation before the next begins:
 // a node interrupted while snapshotting starts over from its untouched store; one
-// interrupted while restoring resumes, keeping the streams already restored whole.
+// interrupted while restoring resumes, keeping the streams already restored whole. Until
+// every stream is restored the node's clients find its port closed (the bus listens on a
+// free loopback port), and then it starts its bus again on the node's port.
 
 // ToolGrow is the single node's tool that starts growing it: mesh.node.<node>.tool.grow.
 const ToolGrow = "grow"
@@ -292,7 +294,11 @@ func (n *Node) grow(octx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := n.startBus(octx, cluster, n.cfg.ClientAddr); err != nil {
+	// Clients on a free loopback port while the streams are restored (minutes, for a large
+	// store): the node cannot tell modules apart before it reads the restored registry, and
+	// on its own port it would hold each connect and then refuse it; a closed port is what
+	// every client waits out. The bus starts again on the node's port once restored.
+	if err := n.startBus(octx, cluster, "127.0.0.1:0"); err != nil {
 		return err
 	}
 	// Every server a JetStream peer first: a stream is placed, and scaled, only on peers
@@ -354,7 +360,10 @@ func (n *Node) grow(octx context.Context) error {
 		n.log.Warn("remove the snapshots and the standalone store", "dir", dir, "err", err)
 	}
 	n.log.Info("grown into a mesh", "mesh_id", n.id.MeshID, "members", n.found.Members, "streams", len(man.Streams))
-	return nil
+	n.setPhase("grown into a mesh: starting the bus on the node's client port")
+	n.bus.Close()
+	n.bus = nil
+	return n.startBus(octx, cluster, n.cfg.ClientAddr)
 }
 
 // snapshotAll writes a snapshot of every stream of the account into dir, and the manifest,

@@ -119,6 +119,10 @@ type Node struct {
 	regClosed   bool
 	reg         *registry.Registry
 	dir         *directory
+	// dirComplete is closed once dir knows every key it will admit (the registry, the
+	// vault's tokens and the seats are read): until then the bus holds an unknown key's
+	// connect instead of refusing it (embedbus.Config.Complete).
+	dirComplete chan struct{}
 	quotas      quotas // modules over their EVENTS quota (quota.go)
 	ctrl        *controller
 	seats       *seatService
@@ -243,6 +247,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.startStep("services")
+	close(n.dirComplete)
 	if err := n.checkBuckets(ctx); err != nil {
 		return err
 	}
@@ -326,6 +331,7 @@ func (n *Node) listenHTTP() (err error) {
 // the bus authenticates against: the node's own keys, its parts' keys, and the registry.
 func (n *Node) newDirectory(keys *partKeys) (err error) {
 	n.reg = registry.New(n.log.With("component", "registry"), n.authorityChanged)
+	n.dirComplete = make(chan struct{})
 	respKey, respPub, respID, err := newPartIdentity("node-responder:"+n.id.Name, responderPermissions(n.id.Name))
 	if err != nil {
 		return err
@@ -439,6 +445,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		Cluster:      cluster,
 		ClientTLS:    clientTLS,
 		ReadyTimeout: readyTimeout,
+		Complete:     n.dirComplete,
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
 
 		OnStartMemory:    n.OnStartMemory,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -374,5 +375,70 @@ func TestNode_Status_JSONKeys(t *testing.T) {
 		if _, ok := m[k]; !ok {
 			t.Errorf("status lacks %q: %s", k, body)
 		}
+	}
+}
+
+// TestNode_RestartRefusesNoModule: a restarting node holds the connect of a key it has not
+// read yet until it has read its registry, so a module that tries it all through the
+// restart finds no server, then connects that time out, then its connection — never a
+// refusal (after which most NATS clients give up for good). A plain nats.go client with its
+// default options rides the restart out.
+func TestNode_RestartRefusesNoModule(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ClientAddr = testbed.FreeAddr(t)
+	b := newBedAt(t, cfg)
+	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	plain := b.raw(seed, "a")
+	b.close()
+
+	key, err := nats.NkeyOptionFromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	probed := make(chan error, 1)
+	go func() {
+		tries := 0
+		for {
+			tries++
+			nc, err := nats.Connect("nats://"+cfg.ClientAddr, key, nats.MaxReconnects(0), nats.Timeout(time.Second))
+			if err == nil {
+				nc.Close()
+				probed <- nil
+				return
+			}
+			if errors.Is(err, nats.ErrAuthorization) {
+				probed <- fmt.Errorf("try %d: %w", tries, err)
+				return
+			}
+			select {
+			case <-stop:
+				probed <- fmt.Errorf("no connection in %d tries, the last: %w", tries, err)
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	MustOpenNode(t, cfg)
+	select {
+	case err := <-probed:
+		if err != nil {
+			t.Fatalf("a module trying the restarting node: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		close(stop)
+		t.Fatalf("the restarted node: %v", <-probed)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		if !plain.IsConnected() {
+			return fmt.Errorf("the plain client is %v (last error %v)", plain.Status(), plain.LastError())
+		}
+		return nil
+	})
+	if err := plain.Publish("mesh.mod.a.event.x", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Flush(); err != nil || plain.LastError() != nil {
+		t.Fatalf("publish after the restart: %v %v", err, plain.LastError())
 	}
 }

@@ -264,9 +264,10 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 		nats.Name(c.instance),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
-		// A node refuses every module while it restarts, until its registry is read again:
+		// A starting node holds a connect until it has read its registry, but a module
+		// registered through another node may reach this one before its record does:
 		// nats.go would give up for good at the second refusal in a row. A key refused for
-		// longer than a restart (AuthPatience) is given up (asyncError).
+		// longer than AuthPatience is given up (asyncError).
 		nats.IgnoreAuthErrorAbort(),
 		nats.ErrorHandler(c.asyncError),
 		nats.ReconnectHandler(c.reconnected),
@@ -431,7 +432,8 @@ func (c *Client) onConnection(ctx context.Context) (context.Context, func() bool
 }
 
 // AuthPatience is how long the sdk goes on reconnecting while the node refuses the module's
-// key: longer than a node's restart, or a single node's growth into a mesh.
+// key: far longer than a registration takes to reach every node. (A restarting node refuses
+// nobody it has not read yet: it holds their connects until it has read its registry.)
 const AuthPatience = 2 * time.Minute
 
 // reconnected refreshes what the module declared: the bus kicks a module's connections when
@@ -461,7 +463,7 @@ func (c *Client) asyncError(nc *nats.Conn, _ *nats.Subscription, err error) {
 	if errors.Is(err, nats.ErrAuthorization) {
 		now := time.Now().UnixNano()
 		if c.refusedSince.CompareAndSwap(0, now) {
-			c.log.Warn("the node refuses this module's key; trying again (a restarting node does so until it has read its registry)", "err", err)
+			c.log.Warn("the node refuses this module's key; trying again (a registration made through another node takes a moment to reach this one)", "err", err)
 			return
 		}
 		if since := time.Duration(now - c.refusedSince.Load()); since > c.authPatience {

@@ -784,6 +784,11 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		t.Fatalf("/readyz of the grown node: %d %+v", code, body)
 	}
 	retryUntil(t, time.Minute, func() error { return backlog(c.dir) }) // held through the growth
+	// Through four kills and the growth the node never refused the holder's key: it holds a
+	// connect until it has read its registry, and its port is closed while it restores.
+	if strings.Contains(holderOut.String(), "refuses this module's key") {
+		t.Fatalf("the node refused the holder's key while it restarted or grew:\n%s", holderOut)
+	}
 	if r := meshnode(t, nil, "status", "--data-dir", a.dir); r.code != 0 || strings.Contains(r.stdout, "growing") {
 		t.Fatalf("status after growing: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
