@@ -99,6 +99,10 @@ type Cluster struct {
 	Secret string
 	// Advertise is host:port the other servers reach this one's routes at (empty: Addr).
 	Advertise string
+	// NoAdvertise keeps this server's client URL from its peers, which would hand it to their
+	// clients (and theirs from its own clients): for a bus whose client port is not the
+	// node's (a growing node's, while it restores).
+	NoAdvertise bool
 	// TLS is the routes' TLS configuration (both ends verify each other); nil: plain.
 	TLS *tls.Config
 }
@@ -211,7 +215,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		if err := probeListen(c.Addr); err != nil {
 			return nil, err
 		}
-		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise}
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise, NoAdvertise: c.NoAdvertise}
 		if c.TLS != nil {
 			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = c.TLS, tlsTimeout.Seconds()
 		}

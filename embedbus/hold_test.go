@@ -3,6 +3,7 @@ package embedbus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -15,16 +16,32 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// keys is a Directory that admits its keys with every permission; keys may be added.
+// keys is a Directory that admits its keys with every permission; keys may be added, and
+// asked counts the questions about each key (a connect's Check asks before it holds).
 type keys struct {
-	mu  sync.Mutex
-	pub map[string]bool
+	mu    sync.Mutex
+	pub   map[string]bool
+	asked map[string]int
 }
 
 func (k *keys) Identity(pub, _ string) (Identity, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.asked[pub]++
 	return Identity{Name: "test"}, k.pub[pub]
+}
+
+// awaitAsked waits until the directory was asked about pub n times.
+func (k *keys) awaitAsked(t *testing.T, pub string, n int) {
+	t.Helper()
+	retryUntil(t, 10*time.Second, func() error {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.asked[pub] < n {
+			return fmt.Errorf("asked about the key %d times, want %d", k.asked[pub], n)
+		}
+		return nil
+	})
 }
 
 func (k *keys) add(pub string) {
@@ -48,7 +65,7 @@ func newUser(t *testing.T) (nkeys.KeyPair, string) {
 func openIncomplete(t *testing.T, hold time.Duration) (*Bus, *keys, chan struct{}) {
 	t.Helper()
 	kp, pub := newUser(t)
-	dir := &keys{pub: map[string]bool{pub: true}}
+	dir := &keys{pub: map[string]bool{pub: true}, asked: map[string]int{}}
 	complete := make(chan struct{})
 	b, err := Open(context.Background(), Config{Name: "n", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Directory: dir, Key: kp,
 		Complete: complete, HoldUnknown: hold})
@@ -80,12 +97,7 @@ func TestHoldUnknown(t *testing.T) {
 	}
 	held := make(chan error, 1)
 	go func() { held <- dial(b, kp, 10*time.Second) }()
-	retryUntil(t, 10*time.Second, func() error {
-		if n := b.srv.NumClients(); n < 3 { // the node's own, the timed-out one and this one
-			return errors.New("the connect is not held yet")
-		}
-		return nil
-	})
+	dir.awaitAsked(t, pub, 2) // the timed-out connect and this one, each held after asking
 	dir.add(pub)
 	close(complete)
 	if err := <-held; err != nil {
@@ -110,15 +122,11 @@ func TestHoldUnknown_Bounded(t *testing.T) {
 		t.Fatalf("an unknown key past the hold: %v, want refused", err)
 	}
 
-	long, _, _ := openIncomplete(t, time.Hour)
+	long, dir, _ := openIncomplete(t, time.Hour)
 	held := make(chan error, 1)
 	go func() { held <- dial(long, kp, time.Hour) }()
-	retryUntil(t, 10*time.Second, func() error {
-		if n := long.srv.NumClients(); n < 2 {
-			return errors.New("the connect is not held yet")
-		}
-		return nil
-	})
+	pub, _ := kp.PublicKey()
+	dir.awaitAsked(t, pub, 1)
 	closed := make(chan struct{})
 	go func() { long.Close(); close(closed) }()
 	select {

@@ -297,8 +297,11 @@ func (n *Node) grow(octx context.Context) error {
 	// Clients on a free loopback port while the streams are restored (minutes, for a large
 	// store): the node cannot tell modules apart before it reads the restored registry, and
 	// on its own port it would hold each connect and then refuse it; a closed port is what
-	// every client waits out. The bus starts again on the node's port once restored.
-	if err := n.startBus(octx, cluster, "127.0.0.1:0"); err != nil {
+	// every client waits out. The bus starts again on the node's port once restored. Its
+	// peers must not hand that port to their clients.
+	restoring := *cluster
+	restoring.NoAdvertise = true
+	if err := n.startBus(octx, &restoring, "127.0.0.1:0"); err != nil {
 		return err
 	}
 	// Every server a JetStream peer first: a stream is placed, and scaled, only on peers

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -396,6 +397,9 @@ func TestNode_RestartRefusesNoModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }) }
+	t.Cleanup(end) // a failed start must not leave the probe going
 	probed := make(chan error, 1)
 	go func() {
 		tries := 0
@@ -426,7 +430,7 @@ func TestNode_RestartRefusesNoModule(t *testing.T) {
 			t.Fatalf("a module trying the restarting node: %v", err)
 		}
 	case <-time.After(10 * time.Second):
-		close(stop)
+		end()
 		t.Fatalf("the restarted node: %v", <-probed)
 	}
 	retryUntil(t, 30*time.Second, func() error {

@@ -467,7 +467,7 @@ func (c *Client) asyncError(nc *nats.Conn, _ *nats.Subscription, err error) {
 			return
 		}
 		if since := time.Duration(now - c.refusedSince.Load()); since > c.authPatience {
-			c.log.Error("the node has refused this module's key for longer than a restart: it was removed, or its key was rotated; the connection is closed",
+			c.log.Error("the node has refused this module's key for longer than a registration takes to reach it: the module was removed, or its key was rotated; the connection is closed",
 				"refused_for", since.Round(time.Second))
 			go nc.Close() // not from nats.go's callback goroutine
 		}
