@@ -473,6 +473,9 @@ func TestIntegration_SignalDuringFormation(t *testing.T) {
 func signalFormation(t *testing.T, after time.Duration) (lostPort bool) {
 	t.Helper()
 	nodes := []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	for _, n := range nodes {
+		n.flags = append(n.flags, "--log-level", "info") // the last one given counts
+	}
 	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
 	if r.code != 0 {
 		t.Fatalf("genesis: %s", r.stderr)
@@ -481,6 +484,17 @@ func signalFormation(t *testing.T, after time.Duration) (lostPort bool) {
 	json.Unmarshal([]byte(r.stdout), &g)
 	token, _ := g["founding_token"].(string)
 	launchFounders(t, nodes, token)
+	// From the first line each process logs (info: the node's certificate, within
+	// milliseconds of its start), which it does after it catches signals: before
+	// its main starts (tens of milliseconds on a loaded machine) a signal kills any process.
+	retryUntil(t, 30*time.Second, func() error {
+		for _, n := range nodes {
+			if n.p.stderr.String() == "" {
+				return fmt.Errorf("%s has logged nothing yet", n.name)
+			}
+		}
+		return nil
+	})
 	time.Sleep(after) // a point of the formation to signal at, not a wait for a state
 	type result struct {
 		name string

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -38,7 +41,31 @@ func usagef(format string, args ...any) error {
 var errReported = errors.New("failure already reported")
 
 func main() {
+	catchEarly(os.Args[1:])
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// nodeCommands are the commands that run a node until a signal (runNode).
+var nodeCommands = map[string]bool{"up": true, "run": true, "join": true}
+
+// early holds the SIGINT and SIGTERM a node's command caught from main's first instruction:
+// one that arrived while it read its flags, founded its mesh or asked for its credentials
+// would otherwise have killed it with the default action, not stopped it (exit 0). nil for
+// the other commands, which a signal ends as usual. runNode takes them over.
+var early chan os.Signal
+
+// catchEarly starts catching signals when args name a node's command.
+func catchEarly(args []string) {
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			continue // a flag before the command
+		}
+		if nodeCommands[a] {
+			early = make(chan os.Signal, 1)
+			signal.Notify(early, os.Interrupt, syscall.SIGTERM)
+		}
+		return
+	}
 }
 
 // run executes the CLI with args and returns the process exit code.

@@ -163,10 +163,21 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	if err != nil {
 		return err
 	}
-	// Catch SIGINT and SIGTERM from here on: a signal that arrived between the ready line and
-	// the run loop would otherwise kill the process with the default action.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Catch SIGINT and SIGTERM from here on (from main's start, for the node's commands): a
+	// signal that arrived before the run loop would otherwise kill the process with the
+	// default action.
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := context.WithCancel(sigCtx)
+	defer cancel()
+	if early != nil {
+		select {
+		case <-early: // before this: stop at once
+			cancel()
+		default:
+		}
+		signal.Stop(early)
+	}
 	log := newLogger(cfg, os.Stderr)
 	// A requested stop ends within shutdown-timeout whatever the node is doing (opening, a
 	// release nobody answers once the peers are gone): what is left is cut short, which the

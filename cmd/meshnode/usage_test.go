@@ -1,8 +1,12 @@
 package main
 
 import (
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -40,5 +44,37 @@ func TestUsageErrorsExit2(t *testing.T) {
 	walk(newRootCmd())
 	if checked < 50 {
 		t.Fatalf("only %d calls checked: the walk missed the commands", checked)
+	}
+}
+
+// TestCatchEarly: a node's command catches SIGTERM from main's start (a signal before its
+// run loop stops it, exit 0, instead of killing it); another command does not.
+func TestCatchEarly(t *testing.T) {
+	defer func() {
+		if early != nil {
+			signal.Stop(early)
+		}
+		early = nil
+	}()
+	for _, args := range [][]string{{"status", "--json"}, {"--log-level", "info"}, {}, {"module", "run"}} {
+		catchEarly(args)
+		if early != nil {
+			t.Fatalf("%q catches signals early", args)
+		}
+	}
+	catchEarly([]string{"--config=x", "run", "--data-dir", "d"})
+	if early == nil {
+		t.Fatal("run does not catch signals early")
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-early:
+		if s != syscall.SIGTERM {
+			t.Fatalf("caught %v", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM was not caught")
 	}
 }
