@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -41,40 +42,38 @@ func usagef(format string, args ...any) error {
 var errReported = errors.New("failure already reported")
 
 func main() {
-	catchEarly(os.Args[1:])
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // nodeCommands are the commands that run a node until a signal (runNode).
 var nodeCommands = map[string]bool{"up": true, "run": true, "join": true}
 
-// early holds the SIGINT and SIGTERM a node's command caught from main's first instruction:
-// one that arrived while it read its flags, founded its mesh or asked for its credentials
-// would otherwise have killed it with the default action, not stopped it (exit 0). nil for
-// the other commands, which a signal ends as usual. runNode takes them over.
-var early chan os.Signal
-
-// catchEarly starts catching signals when args name a node's command.
-func catchEarly(args []string) {
+// commandContext is the context a command runs in: for a node's command, one that SIGINT
+// and SIGTERM end, caught from the start (a signal while it reads its flags, founds its mesh
+// or asks for its credentials would otherwise kill it with the default action instead of
+// stopping it, exit 0); for the others the background, which a signal ends as usual.
+func commandContext(args []string) (context.Context, context.CancelFunc) {
 	for _, a := range args {
 		if strings.HasPrefix(a, "-") {
 			continue // a flag before the command
 		}
 		if nodeCommands[a] {
-			early = make(chan os.Signal, 1)
-			signal.Notify(early, os.Interrupt, syscall.SIGTERM)
+			return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		}
-		return
+		break
 	}
+	return context.Background(), func() {}
 }
 
 // run executes the CLI with args and returns the process exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := commandContext(args)
+	defer stop()
 	root := newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	return exitCode(err, stderr)
 }
 

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/meshnode/meshnode/config"
@@ -89,6 +87,10 @@ Later restarts are meshnode run.`,
 				ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 				f, err := node.Join(ctx, cfg, token)
 				cancel()
+				if err != nil && cmd.Context().Err() != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), "meshnode: stopped by a signal before enrolling:", err)
+					return nil // a requested stop
+				}
 				if err != nil {
 					return err
 				}
@@ -163,21 +165,8 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	if err != nil {
 		return err
 	}
-	// Catch SIGINT and SIGTERM from here on (from main's start, for the node's commands): a
-	// signal that arrived before the run loop would otherwise kill the process with the
-	// default action.
-	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithCancel(sigCtx)
-	defer cancel()
-	if early != nil {
-		select {
-		case <-early: // before this: stop at once
-			cancel()
-		default:
-		}
-		signal.Stop(early)
-	}
+	// SIGINT and SIGTERM end ctx, caught since the command started (commandContext).
+	ctx := cmd.Context()
 	log := newLogger(cfg, os.Stderr)
 	// A requested stop ends within shutdown-timeout whatever the node is doing (opening, a
 	// release nobody answers once the peers are gone): what is left is cut short, which the
