@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -472,10 +473,10 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 	}
 	if st, err := js.Stream(ctx, name); err == nil {
 		info := st.CachedInfo()
-		if info.Config.Replicas == replicas {
-			// Restored and scaled by an earlier start: the mesh may have written to it
-			// since (the joining nodes go on once the registry is scaled), so it is kept
-			// as it is, never compared and restored again.
+		if info.Config.Replicas == replicas && info.Config.Metadata[restoringMeta] == "" {
+			// Restored and checked by an earlier start: the mesh may have written to it
+			// since (the joining nodes go on once the registry is), so it is kept as it
+			// is, never compared and restored again.
 			return awaitReplicas(ctx, js, name, replicas)
 		}
 		if !same(info.State) {
@@ -485,6 +486,17 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		}
 	}
 	if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Restored at its replicas: the restoring server takes the snapshot and the others
+		// catch up through the stream's group. Restored alone and scaled after, a work
+		// queue's stream (a seat's) waits 10 s for its consumers to scale with it, which
+		// they do only once it has (nats-server 2.15's waitOnConsumerAssignments).
+		// Marked until its messages are checked against the snapshot's.
+		s.Config.Replicas = replicas
+		s.Config.Metadata = maps.Clone(s.Config.Metadata)
+		if s.Config.Metadata == nil {
+			s.Config.Metadata = map[string]string{}
+		}
+		s.Config.Metadata[restoringMeta] = "true"
 		if err := restoreSnapshot(ctx, nc, dir, s); err != nil {
 			var apiErr *server.ApiError
 			if errors.As(err, &apiErr) && apiErr.ErrCode == uint16(server.JSStreamNameExistRestoreFailedErr) {
@@ -503,30 +515,60 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		return fmt.Errorf("restored %d messages, sequences %d–%d; the snapshot had %d, %d–%d", got.Msgs, got.FirstSeq, got.LastSeq, s.State.Msgs, s.State.FirstSeq, s.State.LastSeq)
 	}
 	cfg := st.CachedInfo().Config
-	if cfg.Replicas != replicas {
+	if cfg.Replicas != replicas || cfg.Metadata[restoringMeta] != "" {
+		// Checked: unmarked, and scaled if an earlier start restored it alone.
 		cfg.Replicas = replicas
+		delete(cfg.Metadata, restoringMeta)
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("scale to %d replicas: %w", replicas, err)
+			return fmt.Errorf("mark restored, at %d replicas: %w", replicas, err)
 		}
 	}
 	return awaitReplicas(ctx, js, name, replicas)
 }
 
-// awaitReplicas waits until stream name has a leader and replicas-1 other replicas, all
-// current: scaled up, a stream is whole on the new servers only once they caught up, and
-// before that it cannot lose the server that held it alone.
+// restoringMeta marks a stream's configuration from its restore until its messages are
+// checked against the snapshot's: an interrupted growth's next start compares a marked
+// stream again, and the joining nodes wait for the registry's mark to go.
+const restoringMeta = "meshnode.restoring"
+
+// awaitReplicas waits until stream name and each of its consumers have a leader and
+// replicas-1 other replicas, all current: a stream is whole on the new servers only once
+// they caught up, and before that it cannot lose the server that restored it; a consumer
+// left on that server alone would lose a seat's queue with it.
 func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
+	whole := func(c *jetstream.ClusterInfo) bool {
+		return c != nil && c.Leader != "" && len(c.Replicas) == replicas-1 &&
+			!slices.ContainsFunc(c.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current })
+	}
+	behind := name
 	for {
-		st, err := js.Stream(ctx, name)
-		if err == nil {
-			if c := st.CachedInfo().Cluster; c != nil && c.Leader != "" && len(c.Replicas) == replicas-1 &&
-				!slices.ContainsFunc(c.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current }) {
+		if st, err := js.Stream(ctx, name); err == nil && whole(st.CachedInfo().Cluster) {
+			behind = ""
+			// Each consumer's own info, asked briefly: a consumer list waits 4 s for any
+			// consumer that has no leader yet, where one is elected within a second.
+			names := st.ConsumerNames(ctx)
+			for c := range names.Name() { // to the end: nats.go's lister blocks on an unread name
+				if behind != "" {
+					continue
+				}
+				cctx, cancel := context.WithTimeout(ctx, time.Second)
+				info, err := st.Consumer(cctx, c)
+				cancel()
+				// An ephemeral (a watcher's) stays on one server.
+				if err != nil || info.CachedInfo().Config.Durable != "" && !whole(info.CachedInfo().Cluster) {
+					behind = name + "'s consumer " + c
+				}
+			}
+			if names.Err() != nil {
+				behind = name + "'s consumers"
+			}
+			if behind == "" {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s has not caught up on %d replicas: %w", name, replicas, ctx.Err())
+			return fmt.Errorf("%s has not caught up on %d replicas: %w", behind, replicas, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -612,7 +654,7 @@ func (n *Node) awaitGrowth(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := js.Stream(rctx, "KV_"+registry.Bucket)
 		cancel()
-		if err == nil && st.CachedInfo().Config.Replicas >= n.replicas() {
+		if err == nil && st.CachedInfo().Config.Replicas >= n.replicas() && st.CachedInfo().Config.Metadata[restoringMeta] == "" {
 			break
 		}
 		select {

@@ -257,6 +257,20 @@ func testGrow(t *testing.T, interrupt string) {
 		if r := s.CachedInfo().Config.Replicas; r != 3 {
 			t.Errorf("stream %s has %d replicas, want 3", name, r)
 		}
+		if _, marked := s.CachedInfo().Config.Metadata["meshnode.restoring"]; marked {
+			t.Errorf("stream %s is still marked as restoring", name)
+		}
+		// Its durable consumers too: a seat's queue kept on the growing server alone
+		// would go with it.
+		consumers := s.ListConsumers(ctx)
+		for ci := range consumers.Info() {
+			if c := ci.Cluster; ci.Config.Durable != "" && (c == nil || len(c.Replicas) != 2) {
+				t.Errorf("consumer %s > %s: cluster %+v, want a leader and 2 replicas", name, ci.Name, c)
+			}
+		}
+		if err := consumers.Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := admin.List(ctx, op); err != nil {
 		t.Fatalf("module ls after growing: %v", err)
