@@ -377,3 +377,59 @@ func TestVault_ServerCredentials(t *testing.T) {
 		t.Fatalf("a key that is not the server's asked for the barrier key: %v", err)
 	}
 }
+
+// TestVault_FetchesCounted: a module fetching in a loop gets every fetch recorded, but as
+// at most one "fetched" event a second per secret version, with a count: the first at once,
+// the rest counted.
+func TestVault_FetchesCounted(t *testing.T) {
+	b := newBed(t)
+	seed, _ := b.register("module: looper\nrequires: [mesh-bus]\nsecrets: [key]\n")
+	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "looper", Name: "key"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := b.client(seed)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const fetches = 30
+	for range fetches {
+		if _, err := c.Secret(ctx, "key"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events, err := b.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counts []int
+	retryUntil(t, 10*time.Second, func() error {
+		counts = nil
+		total := 0
+		var seq uint64
+		for {
+			m, err := events.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(vault.EventSubject("fetched")))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			seq = m.Sequence
+			var meta struct {
+				Owner string `json:"owner"`
+				Count int    `json:"count"`
+			}
+			if err := json.Unmarshal(m.Data, &meta); err != nil || meta.Owner != "looper" {
+				t.Fatalf("fetched event %d: %s %v", seq, m.Data, err)
+			}
+			counts = append(counts, max(meta.Count, 1))
+			total += max(meta.Count, 1)
+		}
+		if total != fetches {
+			return fmt.Errorf("fetched events count %d fetches (%v), want %d", total, counts, fetches)
+		}
+		return nil
+	})
+	if counts[0] != 1 || len(counts) > 3 {
+		t.Fatalf("fetched events with counts %v: want the first alone, then at most one a second", counts)
+	}
+}

@@ -229,20 +229,57 @@ const closeGrace = time.Second
 // wait rather than lose a record.
 const eventQueue = 1024
 
-// record publishes queued events, in order, until Close.
+// record publishes queued events, in order, until Close; "fetched" events of a version
+// fetched again within FetchedEvery of its last are counted into one (fetchTally).
 func (v *Vault) record() {
 	defer close(v.done)
-	for e := range v.events {
-		if e.flush != "" {
-			ctx, cancel := context.WithTimeout(v.recordCtx, requestTimeout)
-			if err := v.flushOutbox(ctx, e.flush); err != nil {
-				v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
-				outbox.Wake(v.sweepNow)
-			}
-			cancel()
-			continue
+	tally := newFetchTally(FetchedEvery)
+	var due *time.Timer
+	var dueC <-chan time.Time
+	arm := func() {
+		if dueC != nil {
+			return
 		}
-		v.publish(e)
+		if at, ok := tally.next(); ok {
+			due = time.NewTimer(time.Until(at))
+			dueC = due.C
+		}
+	}
+	defer func() {
+		if due != nil {
+			due.Stop()
+		}
+	}()
+	for {
+		select {
+		case <-dueC:
+			dueC = nil
+			for _, e := range tally.due(time.Now(), false) {
+				v.publish(e)
+			}
+			arm()
+			continue
+		case e, ok := <-v.events:
+			if !ok {
+				for _, e := range tally.due(time.Now(), true) {
+					v.publish(e)
+				}
+				return
+			}
+			switch {
+			case e.flush != "":
+				ctx, cancel := context.WithTimeout(v.recordCtx, requestTimeout)
+				if err := v.flushOutbox(ctx, e.flush); err != nil {
+					v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
+					outbox.Wake(v.sweepNow)
+				}
+				cancel()
+			case e.action == "fetched" && tally.add(e, time.Now()):
+				arm()
+			default:
+				v.publish(e)
+			}
+		}
 	}
 }
 
