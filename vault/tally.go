@@ -20,6 +20,8 @@ type fetchTally struct {
 	every time.Duration
 	sent  map[string]time.Time // a version's last event
 	held  map[string]*heldFetches
+	// sweepAt is the size of sent past which add forgets what it can.
+	sweepAt int
 }
 
 // heldFetches are fetches counted since a version's last event.
@@ -30,20 +32,26 @@ type heldFetches struct {
 }
 
 func newFetchTally(every time.Duration) *fetchTally {
-	return &fetchTally{every: every, sent: map[string]time.Time{}, held: map[string]*heldFetches{}}
+	return &fetchTally{every: every, sent: map[string]time.Time{}, held: map[string]*heldFetches{}, sweepAt: minSweep}
 }
 
+// minSweep is the fewest versions remembered before add forgets any.
+const minSweep = 1024
+
 // add reports whether e, a "fetched" event at now, is held: false means publish it now.
+// A fetch of a version with fetches held joins them, even past FetchedEvery (they are due
+// then): published apart, it would come before the older ones.
 func (t *fetchTally) add(e event, now time.Time) bool {
 	key := fmt.Sprint(e.meta["owner"], "/", e.meta["name"], "/", e.meta["version"])
-	if last, ok := t.sent[key]; !ok || now.Sub(last) >= t.every {
+	h := t.held[key]
+	if last, ok := t.sent[key]; h == nil && (!ok || now.Sub(last) >= t.every) {
 		t.sent[key] = now
-		if len(t.sent) > 1024 {
+		if len(t.sent) > t.sweepAt {
 			t.forget(now)
+			t.sweepAt = max(minSweep, 2*len(t.sent))
 		}
 		return false
 	}
-	h := t.held[key]
 	if h == nil {
 		h = &heldFetches{meta: e.meta, first: now}
 		t.held[key] = h

@@ -53,9 +53,91 @@ func TestFetchTally(t *testing.T) {
 	if tally.add(fetched(1), at(2700)) {
 		t.Fatal("a fetch after a quiet second was held")
 	}
+	// A fetch of a version with fetches held joins them, even once they are due: published
+	// apart, it would come before them.
+	tally.add(fetched(1), at(2800))
+	if !tally.add(fetched(1), at(3800)) {
+		t.Fatal("a fetch of a version with fetches held was not held")
+	}
+	if got := tally.due(at(3800), false); len(got) != 1 || got[0].meta["count"] != 2 {
+		t.Fatalf("due: %+v, want the two held fetches as one", got)
+	}
 	// Versions nothing is held for are forgotten once a second old.
-	tally.forget(at(4000))
+	tally.forget(at(4900))
 	if len(tally.sent) != 0 {
 		t.Fatalf("remembered %v", tally.sent)
+	}
+}
+
+// TestRecordEvents: the loop publishes a version's counted fetches when its second has
+// passed even while another version's come due later (the timer moves sooner), a fetch of
+// a version with fetches held joins them, other events pass at once, and closing publishes
+// everything held.
+func TestRecordEvents(t *testing.T) {
+	const every = 200 * time.Millisecond
+	events := make(chan event)
+	type published struct {
+		e  event
+		at time.Duration
+	}
+	out := make(chan published, 16)
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		recordEvents(events, every, func(e event) { out <- published{e, time.Since(start)} }, func(string) {})
+	}()
+	fetched := func(name string) event {
+		return event{action: "fetched", meta: map[string]any{"owner": "api", "name": name, "version": 1}}
+	}
+	next := func() published {
+		t.Helper()
+		select {
+		case p := <-out:
+			return p
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing published")
+			return published{}
+		}
+	}
+	sendAt := func(at time.Duration, e event) {
+		time.Sleep(time.Until(start.Add(at)))
+		events <- e
+	}
+	sendAt(0, fetched("b")) // b's event, at once
+	if p := next(); p.e.meta["name"] != "b" || p.e.meta["count"] != nil {
+		t.Fatalf("first: %+v", p.e)
+	}
+	sendAt(100*time.Millisecond, fetched("a")) // a's event, at once
+	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != nil {
+		t.Fatalf("second: %+v", p.e)
+	}
+	sendAt(110*time.Millisecond, fetched("a"))                                    // held: due at 300 ms
+	sendAt(120*time.Millisecond, fetched("b"))                                    // held: due at 200 ms, sooner
+	sendAt(130*time.Millisecond, event{action: "minted", meta: map[string]any{}}) // not held
+	if p := next(); p.e.action != "minted" {
+		t.Fatalf("third: %+v", p.e)
+	}
+	p := next()
+	if p.e.meta["name"] != "b" || p.e.meta["count"] != 1 {
+		t.Fatalf("fourth: %+v, want b's counted fetch", p.e)
+	}
+	if p.at >= 290*time.Millisecond {
+		t.Fatalf("b's counted fetch came at %v, due at 200 ms: it waited for a's timer", p.at)
+	}
+	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 1 {
+		t.Fatalf("fifth: %+v, want a's counted fetch", p.e)
+	}
+	// Held, then closed: published at once.
+	sendAt(350*time.Millisecond, fetched("a"))
+	close(events)
+	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 1 {
+		t.Fatalf("at close: %+v", p.e)
+	}
+	<-done
+	select {
+	case p := <-out:
+		t.Fatalf("published after close: %+v", p.e)
+	default:
 	}
 }

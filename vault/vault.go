@@ -233,17 +233,36 @@ const eventQueue = 1024
 // fetched again within FetchedEvery of its last are counted into one (fetchTally).
 func (v *Vault) record() {
 	defer close(v.done)
-	tally := newFetchTally(FetchedEvery)
+	recordEvents(v.events, FetchedEvery, v.publish, func(key string) {
+		ctx, cancel := context.WithTimeout(v.recordCtx, requestTimeout)
+		defer cancel()
+		if err := v.flushOutbox(ctx, key); err != nil {
+			v.log.Warn("vault events wait in their record; the sweep tries again", "key", key, "err", err)
+			outbox.Wake(v.sweepNow)
+		}
+	})
+}
+
+// recordEvents is record's loop: each event published or its outbox flushed in turn, the
+// fetches held by a fetchTally of every published when due, and all of them once events
+// closes.
+func recordEvents(events <-chan event, every time.Duration, publish func(event), flush func(key string)) {
+	tally := newFetchTally(every)
 	var due *time.Timer
 	var dueC <-chan time.Time
+	var dueAt time.Time
+	// arm sets the timer for the earliest held fetches, sooner if they are due sooner than
+	// it was set for (another version's).
 	arm := func() {
-		if dueC != nil {
+		at, ok := tally.next()
+		if !ok || dueC != nil && !at.Before(dueAt) {
 			return
 		}
-		if at, ok := tally.next(); ok {
-			due = time.NewTimer(time.Until(at))
-			dueC = due.C
+		if due != nil {
+			due.Stop() // Go 1.23's timers: no stale tick left in the channel
 		}
+		due, dueAt = time.NewTimer(time.Until(at)), at
+		dueC = due.C
 	}
 	defer func() {
 		if due != nil {
@@ -255,29 +274,23 @@ func (v *Vault) record() {
 		case <-dueC:
 			dueC = nil
 			for _, e := range tally.due(time.Now(), false) {
-				v.publish(e)
+				publish(e)
 			}
 			arm()
-			continue
-		case e, ok := <-v.events:
+		case e, ok := <-events:
 			if !ok {
 				for _, e := range tally.due(time.Now(), true) {
-					v.publish(e)
+					publish(e)
 				}
 				return
 			}
 			switch {
 			case e.flush != "":
-				ctx, cancel := context.WithTimeout(v.recordCtx, requestTimeout)
-				if err := v.flushOutbox(ctx, e.flush); err != nil {
-					v.log.Warn("vault events wait in their record; the sweep tries again", "key", e.flush, "err", err)
-					outbox.Wake(v.sweepNow)
-				}
-				cancel()
+				flush(e.flush)
 			case e.action == "fetched" && tally.add(e, time.Now()):
 				arm()
 			default:
-				v.publish(e)
+				publish(e)
 			}
 		}
 	}
