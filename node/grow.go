@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,6 +74,8 @@ type growManifest struct {
 type grownStream struct {
 	Config server.StreamConfig `json:"config"`
 	State  server.StreamState  `json:"state"`
+	// Consumers are the stream's durable consumers, whose state the snapshot holds.
+	Consumers []string `json:"consumers,omitempty"`
 }
 
 // serveGrow answers the single node's grow tool.
@@ -454,12 +457,34 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 	if err := f.Sync(); err != nil {
 		return grownStream{}, err
 	}
-	return grownStream{Config: *resp.Config, State: *resp.State}, nil
+	// Its durable consumers, which the restore must bring back: on the standalone server
+	// nothing else changes them while it snapshots.
+	g := grownStream{Config: *resp.Config, State: *resp.State}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return grownStream{}, err
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return grownStream{}, err
+	}
+	consumers := st.ListConsumers(ctx)
+	for ci := range consumers.Info() {
+		if ci.Config.Durable != "" {
+			g.Consumers = append(g.Consumers, ci.Name)
+		}
+	}
+	if err := consumers.Err(); err != nil {
+		return grownStream{}, fmt.Errorf("list the consumers of %s: %w", name, err)
+	}
+	slices.Sort(g.Consumers)
+	return g, nil
 }
 
 // restoreStream restores s from dir into the clustered JetStream with replicas, unless it is
 // there already, whole: a stream half restored by an interrupted start is deleted and
-// restored again. It checks the count and the sequences against the snapshot's.
+// restored again. It checks the count and the sequences against the snapshot's, and waits
+// for the stream and the snapshot's durable consumers to be caught up on their replicas.
 func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) error {
 	name := s.Config.Name
 	// A stream whose messages age (max age, per-message TTLs: EVENTS, DEAD, the leases) may
@@ -475,11 +500,18 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		info := st.CachedInfo()
 		if info.Config.Replicas == replicas && info.Config.Metadata[restoringMeta] == "" {
 			// Restored and checked by an earlier start: the mesh may have written to it
-			// since (the joining nodes go on once the registry is), so it is kept as it
-			// is, never compared and restored again.
-			return awaitReplicas(ctx, js, name, replicas)
+			// (and removed consumers) since — the joining nodes go on once the registry
+			// is — so it is kept as it is, never compared and restored again.
+			return awaitReplicas(ctx, js, name, replicas, nil)
 		}
-		if !same(info.State) {
+		// Marked, or restored alone by an earlier version: its messages and its consumers
+		// (a restarting server drops restored consumers the mesh had not registered yet)
+		// are the snapshot's, or it is restored again.
+		missing, err := missingConsumers(ctx, st, s.Consumers)
+		if err != nil {
+			return err
+		}
+		if !same(info.State) || len(missing) > 0 {
 			if err := js.DeleteStream(ctx, name); err != nil {
 				return err
 			}
@@ -490,7 +522,7 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		// catch up through the stream's group. Restored alone and scaled after, a work
 		// queue's stream (a seat's) waits 10 s for its consumers to scale with it, which
 		// they do only once it has (nats-server 2.15's waitOnConsumerAssignments).
-		// Marked until its messages are checked against the snapshot's.
+		// Marked until it is checked and caught up.
 		s.Config.Replicas = replicas
 		s.Config.Metadata = maps.Clone(s.Config.Metadata)
 		if s.Config.Metadata == nil {
@@ -506,6 +538,11 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			}
 			return err
 		}
+		if restoredHook != nil {
+			if err := restoredHook(name); err != nil {
+				return err
+			}
+		}
 	}
 	st, err := js.Stream(ctx, name)
 	if err != nil {
@@ -515,52 +552,117 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		return fmt.Errorf("restored %d messages, sequences %d–%d; the snapshot had %d, %d–%d", got.Msgs, got.FirstSeq, got.LastSeq, s.State.Msgs, s.State.FirstSeq, s.State.LastSeq)
 	}
 	cfg := st.CachedInfo().Config
-	if cfg.Replicas != replicas || cfg.Metadata[restoringMeta] != "" {
-		// Checked: unmarked, and scaled if an earlier start restored it alone.
+	if cfg.Replicas != replicas {
+		// Restored alone by an earlier version of this code: scaled now.
 		cfg.Replicas = replicas
-		delete(cfg.Metadata, restoringMeta)
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("mark restored, at %d replicas: %w", replicas, err)
+			return fmt.Errorf("scale to %d replicas: %w", replicas, err)
 		}
 	}
-	return awaitReplicas(ctx, js, name, replicas)
+	if err := awaitReplicas(ctx, js, name, replicas, s.Consumers); err != nil {
+		return err
+	}
+	if _, marked := cfg.Metadata[restoringMeta]; marked {
+		delete(cfg.Metadata, restoringMeta)
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("mark %s restored: %w", name, err)
+		}
+	}
+	return nil
 }
 
+// restoredHook, when set (by a test), is called as a stream's restore has been answered,
+// before it is checked: an error returned ends the attempt there.
+var restoredHook func(stream string) error
+
 // restoringMeta marks a stream's configuration from its restore until its messages are
-// checked against the snapshot's: an interrupted growth's next start compares a marked
-// stream again, and the joining nodes wait for the registry's mark to go.
+// checked against the snapshot's and it and its consumers are caught up: an interrupted
+// growth's next start compares a marked stream again, and the joining nodes wait for the
+// registry's mark to go.
 const restoringMeta = "meshnode.restoring"
 
-// awaitReplicas waits until stream name and each of its consumers have a leader and
-// replicas-1 other replicas, all current: a stream is whole on the new servers only once
-// they caught up, and before that it cannot lose the server that restored it; a consumer
-// left on that server alone would lose a seat's queue with it.
-func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
-	whole := func(c *jetstream.ClusterInfo) bool {
-		return c != nil && c.Leader != "" && len(c.Replicas) == replicas-1 &&
+// consumerInfo is the info of st's consumer name, pull or push (a KV watcher's).
+func consumerInfo(ctx context.Context, st jetstream.Stream, name string) (*jetstream.ConsumerInfo, error) {
+	c, err := st.Consumer(ctx, name)
+	if errors.Is(err, jetstream.ErrNotPullConsumer) {
+		pc, err := st.PushConsumer(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return pc.CachedInfo(), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.CachedInfo(), nil
+}
+
+// missingConsumers returns which of names st does not have (yet).
+func missingConsumers(ctx context.Context, st jetstream.Stream, names []string) ([]string, error) {
+	have := map[string]bool{}
+	lister := st.ConsumerNames(ctx)
+	for c := range lister.Name() {
+		have[c] = true
+	}
+	if err := lister.Err(); err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, c := range names {
+		if !have[c] {
+			missing = append(missing, c)
+		}
+	}
+	return missing, nil
+}
+
+// awaitReplicas waits until stream name, each of its durable consumers and each of want
+// have a leader and their other replicas caught up: before that the new servers cannot
+// stand in for the one that restored them, and a consumer on it alone (a seat's queue)
+// would go with it. The mesh registers a restored consumer a moment after the restore's
+// answer (nats-server retries every 5 s), so want names those the snapshot had. A peer
+// counts as caught up when its log is current, which is as far as nats-server reports.
+func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int, want []string) error {
+	whole := func(c *jetstream.ClusterInfo, replicas int) bool {
+		if c == nil {
+			return replicas <= 1 // a server of its own (not clustered) says nothing
+		}
+		return c.Leader != "" && len(c.Replicas) == replicas-1 &&
 			!slices.ContainsFunc(c.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current })
 	}
 	behind := name
 	for {
-		if st, err := js.Stream(ctx, name); err == nil && whole(st.CachedInfo().Cluster) {
+		if st, err := js.Stream(ctx, name); err == nil && whole(st.CachedInfo().Cluster, replicas) {
 			behind = ""
 			// Each consumer's own info, asked briefly: a consumer list waits 4 s for any
 			// consumer that has no leader yet, where one is elected within a second.
+			listed := map[string]bool{}
 			names := st.ConsumerNames(ctx)
 			for c := range names.Name() { // to the end: nats.go's lister blocks on an unread name
+				listed[c] = true
 				if behind != "" {
 					continue
 				}
 				cctx, cancel := context.WithTimeout(ctx, time.Second)
-				info, err := st.Consumer(cctx, c)
+				info, err := consumerInfo(cctx, st, c)
 				cancel()
-				// An ephemeral (a watcher's) stays on one server.
-				if err != nil || info.CachedInfo().Config.Durable != "" && !whole(info.CachedInfo().Cluster) {
+				if err != nil {
+					behind = name + "'s consumer " + c
+					continue
+				}
+				// An ephemeral (a watcher's) stays on one server; a durable has the
+				// stream's replicas unless it set its own.
+				if info.Config.Durable != "" && !whole(info.Cluster, cmp.Or(info.Config.Replicas, replicas)) {
 					behind = name + "'s consumer " + c
 				}
 			}
 			if names.Err() != nil {
 				behind = name + "'s consumers"
+			}
+			for _, c := range want {
+				if behind == "" && !listed[c] {
+					behind = name + "'s consumer " + c + " (not registered yet)"
+				}
 			}
 			if behind == "" {
 				return nil

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,9 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestRestoreStream_Marked: a stream still marked as restoring (a growth's start cut short
-// between its restore and its check) is compared with the snapshot again, and restored
-// again when it differs; an unmarked one is kept as the mesh left it.
+// TestRestoreStream_Marked: a restore marks its stream until it is checked, so a start cut
+// short between the two compares it again at the next: a marked stream like the snapshot
+// (messages and durable consumers) is kept and unmarked, one unlike it is restored again;
+// an unmarked one is kept as the mesh left it.
 func TestRestoreStream_Marked(t *testing.T) {
 	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -31,8 +34,10 @@ func TestRestoreStream_Marked(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
-	if err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
 	publish := func(n int) {
@@ -48,35 +53,91 @@ func TestRestoreStream_Marked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := func() (uint64, bool) {
-		info, err := st.Info(ctx)
+	if !slices.Equal(snap.Consumers, []string{"d"}) {
+		t.Fatalf("the snapshot's consumers: %v, want [d]", snap.Consumers)
+	}
+	type state struct {
+		msgs    uint64
+		marked  bool
+		created time.Time
+		d       bool // consumer d is there
+	}
+	now := func() state {
+		t.Helper()
+		st, err := js.Stream(ctx, "S")
 		if err != nil {
 			t.Fatal(err)
 		}
+		info := st.CachedInfo()
 		_, marked := info.Config.Metadata[restoringMeta]
-		return info.State.Msgs, marked
+		_, err = st.Consumer(ctx, "d")
+		return state{info.State.Msgs, marked, info.Created, err == nil}
+	}
+	mark := func() {
+		t.Helper()
+		st, _ := js.Stream(ctx, "S")
+		cfg := st.CachedInfo().Config
+		cfg.Metadata = map[string]string{restoringMeta: "true"}
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 
-	// Marked, and two messages the snapshot does not have: restored from the snapshot.
+	// A start cut short as its restore is answered leaves the stream marked.
+	if err := js.DeleteStream(ctx, "S"); err != nil {
+		t.Fatal(err)
+	}
+	cut := errors.New("cut short")
+	restoredHook = func(string) error { return cut }
+	err = restoreStream(ctx, nc, js, dir, snap, 1)
+	restoredHook = nil
+	if !errors.Is(err, cut) {
+		t.Fatalf("restore cut short: %v", err)
+	}
+	restored := now()
+	if restored.msgs != 3 || !restored.marked || !restored.d {
+		t.Fatalf("after a restore cut short: %+v, want the snapshot's 3 messages and d, marked", restored)
+	}
+	// The next start finds it like the snapshot: kept, and unmarked.
+	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := now(); got.msgs != 3 || got.marked || !got.d || !got.created.Equal(restored.created) {
+		t.Fatalf("a marked stream like the snapshot: %+v, want it kept (created %v) and unmarked", got, restored.created)
+	}
+
+	// Marked, with two messages the snapshot does not have: restored from the snapshot.
 	publish(2)
-	cfg := st.CachedInfo().Config
-	cfg.Metadata = map[string]string{restoringMeta: "true"}
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+	mark()
+	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := now(); got.msgs != 3 || got.marked || !got.d {
+		t.Fatalf("a marked stream with more messages: %+v; want the snapshot's 3 and d, unmarked", got)
+	}
+
+	// Marked, without the snapshot's consumer (a restarting server drops a restored
+	// consumer the mesh had not registered): restored again, the consumer with it.
+	if err := js.DeleteConsumer(ctx, "S", "d"); err != nil {
+		t.Fatal(err)
+	}
+	mark()
+	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := now(); got.msgs != 3 || got.marked || !got.d {
+		t.Fatalf("a marked stream without its consumer: %+v; want d back, unmarked", got)
+	}
+
+	// Unmarked: what the mesh wrote since is kept, and a consumer it removed stays gone.
+	publish(2)
+	if err := js.DeleteConsumer(ctx, "S", "d"); err != nil {
 		t.Fatal(err)
 	}
 	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
-	if msgs, marked := state(); msgs != 3 || marked {
-		t.Fatalf("a marked stream: %d messages, marked %v after the restore; want the snapshot's 3, unmarked", msgs, marked)
-	}
-
-	// Unmarked: what the mesh wrote since is kept.
-	publish(2)
-	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
-		t.Fatal(err)
-	}
-	if msgs, marked := state(); msgs != 5 || marked {
-		t.Fatalf("an unmarked stream: %d messages, marked %v; want the 5 it holds, unmarked", msgs, marked)
+	if got := now(); got.msgs != 5 || got.marked || got.d {
+		t.Fatalf("an unmarked stream: %+v; want the 5 it holds and no d, unmarked", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -199,6 +200,13 @@ func testGrow(t *testing.T, interrupt string) {
 		return nil
 	})
 	before := streamStates(t, ctx, js)
+	beforeDurables, err := durables(ctx, js, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := beforeDurables["SEAT_mail > seat-mail"]; !ok || len(beforeDurables) < 3 {
+		t.Fatalf("durable consumers before growing: %v", beforeDurables)
+	}
 	if before["EVENTS"].Msgs < 20 {
 		t.Fatalf("EVENTS holds %d messages before growing", before["EVENTS"].Msgs)
 	}
@@ -260,16 +268,20 @@ func testGrow(t *testing.T, interrupt string) {
 		if _, marked := s.CachedInfo().Config.Metadata["meshnode.restoring"]; marked {
 			t.Errorf("stream %s is still marked as restoring", name)
 		}
-		// Its durable consumers too: a seat's queue kept on the growing server alone
-		// would go with it.
-		consumers := s.ListConsumers(ctx)
-		for ci := range consumers.Info() {
-			if c := ci.Cluster; ci.Config.Durable != "" && (c == nil || len(c.Replicas) != 2) {
-				t.Errorf("consumer %s > %s: cluster %+v, want a leader and 2 replicas", name, ci.Name, c)
-			}
-		}
-		if err := consumers.Err(); err != nil {
-			t.Fatal(err)
+	}
+	// Every durable consumer came along, on 3 replicas, its acks kept (a seat's queue kept
+	// on the growing server alone would go with it; one restored empty would deliver again).
+	var afterDurables map[string]uint64
+	retryUntil(t, 30*time.Second, func() error { // those made since (the new nodes' audit) may be electing
+		afterDurables, err = durables(ctx, js, true)
+		return err
+	})
+	for c, floor := range beforeDurables {
+		got, ok := afterDurables[c]
+		if !ok {
+			t.Errorf("consumer %s is gone", c)
+		} else if got < floor {
+			t.Errorf("consumer %s: ack floor %d, was %d before growing", c, got, floor)
 		}
 	}
 	if _, err := admin.List(ctx, op); err != nil {
@@ -355,6 +367,42 @@ func streamStates(t *testing.T, ctx context.Context, js jetstream.JetStream) map
 		out[info.Config.Name] = info.State
 	}
 	return out
+}
+
+// durables returns each stream's durable consumers ("STREAM > name") with their ack floor,
+// each asked for itself (a consumer list leaves out a consumer without a leader); with
+// whole, each must have a leader and 2 current replicas.
+func durables(ctx context.Context, js jetstream.JetStream, whole bool) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for name := range js.StreamNames(ctx).Name() {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for c := range st.ConsumerNames(ctx).Name() {
+			names = append(names, c)
+		}
+		for _, c := range names {
+			cons, err := st.Consumer(ctx, c)
+			if errors.Is(err, jetstream.ErrNotPullConsumer) {
+				continue // a watcher's: ephemeral
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s > %s: %w", name, c, err)
+			}
+			info := cons.CachedInfo()
+			if info.Config.Durable == "" {
+				continue
+			}
+			if cl := info.Cluster; whole && (cl == nil || cl.Leader == "" || len(cl.Replicas) != 2 ||
+				slices.ContainsFunc(cl.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current })) {
+				return nil, fmt.Errorf("%s > %s: cluster %+v, want a leader and 2 current replicas", name, c, cl)
+			}
+			out[name+" > "+c] = info.AckFloor.Stream
+		}
+	}
+	return out, nil
 }
 
 func msgData(m *nats.Msg) string {
