@@ -341,9 +341,13 @@ func (n *Node) grow(octx context.Context) error {
 		// may still complete — the next attempt finds the stream and checks it.
 		for attempt := 1; ; attempt++ {
 			ctx, cancel := context.WithTimeout(octx, restoreTimeout)
-			err := restoreStream(ctx, n.bus.Conn(), n.bus.JetStream(), dir, s, n.replicas())
+			lost, err := restoreStream(ctx, n.bus.Conn(), n.bus.JetStream(), dir, s, n.replicas())
 			cancel()
 			if err == nil {
+				if len(lost) > 0 {
+					n.log.Warn("restored without consumers the mesh never registered; the mesh's own are made again, their deliveries from the start",
+						"stream", s.Config.Name, "consumers", lost, "waited", registerWait)
+				}
 				break
 			}
 			if octx.Err() != nil || attempt == restoreAttempts {
@@ -470,7 +474,9 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 	}
 	consumers := st.ListConsumers(ctx)
 	for ci := range consumers.Info() {
-		if ci.Config.Durable != "" {
+		// One that may go when idle (its own inactivity threshold, or the stream's) may
+		// rightly be gone by the time the mesh registers it.
+		if ci.Config.Durable != "" && ci.Config.InactiveThreshold == 0 && resp.Config.ConsumerLimits.InactiveThreshold == 0 {
 			g.Consumers = append(g.Consumers, ci.Name)
 		}
 	}
@@ -485,7 +491,7 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 // there already, whole: a stream half restored by an interrupted start is deleted and
 // restored again. It checks the count and the sequences against the snapshot's, and waits
 // for the stream and the snapshot's durable consumers to be caught up on their replicas.
-func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) error {
+func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) (lost []string, err error) {
 	name := s.Config.Name
 	// A stream whose messages age (max age, per-message TTLs: EVENTS, DEAD, the leases) may
 	// have lost its oldest between the snapshot and the restore, never its newest.
@@ -509,11 +515,11 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		// are the snapshot's, or it is restored again.
 		missing, err := missingConsumers(ctx, st, s.Consumers)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if !same(info.State) || len(missing) > 0 {
 			if err := js.DeleteStream(ctx, name); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
@@ -536,39 +542,39 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 				// clears it for the next attempt.
 				js.DeleteStream(ctx, name)
 			}
-			return err
+			return nil, err
 		}
 		if restoredHook != nil {
 			if err := restoredHook(name); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	st, err := js.Stream(ctx, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if got := st.CachedInfo().State; !same(got) {
-		return fmt.Errorf("restored %d messages, sequences %d–%d; the snapshot had %d, %d–%d", got.Msgs, got.FirstSeq, got.LastSeq, s.State.Msgs, s.State.FirstSeq, s.State.LastSeq)
+		return nil, fmt.Errorf("restored %d messages, sequences %d–%d; the snapshot had %d, %d–%d", got.Msgs, got.FirstSeq, got.LastSeq, s.State.Msgs, s.State.FirstSeq, s.State.LastSeq)
 	}
 	cfg := st.CachedInfo().Config
 	if cfg.Replicas != replicas {
 		// Restored alone by an earlier version of this code: scaled now.
 		cfg.Replicas = replicas
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("scale to %d replicas: %w", replicas, err)
+			return nil, fmt.Errorf("scale to %d replicas: %w", replicas, err)
 		}
 	}
-	if err := awaitReplicas(ctx, js, name, replicas, s.Consumers); err != nil {
-		return err
+	if lost, err = awaitReplicas(ctx, js, name, replicas, s.Consumers); err != nil {
+		return nil, err
 	}
 	if _, marked := cfg.Metadata[restoringMeta]; marked {
 		delete(cfg.Metadata, restoringMeta)
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("mark %s restored: %w", name, err)
+			return nil, fmt.Errorf("mark %s restored: %w", name, err)
 		}
 	}
-	return nil
+	return lost, nil
 }
 
 // restoredHook, when set (by a test), is called as a stream's restore has been answered,
@@ -622,7 +628,11 @@ func missingConsumers(ctx context.Context, st jetstream.Stream, names []string) 
 // would go with it. The mesh registers a restored consumer a moment after the restore's
 // answer (nats-server retries every 5 s), so want names those the snapshot had. A peer
 // counts as caught up when its log is current, which is as far as nats-server reports.
-func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int, want []string) error {
+//
+// A wanted consumer still not registered registerWait after the stream is whole is given up
+// (returned as lost): it may have gone for good (an inactivity threshold, a client), and
+// restoring the stream again for it would go round for ever.
+func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int, want []string) (lost []string, err error) {
 	whole := func(c *jetstream.ClusterInfo, replicas int) bool {
 		if c == nil {
 			return replicas <= 1 // a server of its own (not clustered) says nothing
@@ -631,8 +641,12 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			!slices.ContainsFunc(c.Replicas, func(p *jetstream.PeerInfo) bool { return !p.Current })
 	}
 	behind := name
+	var wholeSince time.Time // when the stream was first seen whole
 	for {
 		if st, err := js.Stream(ctx, name); err == nil && whole(st.CachedInfo().Cluster, replicas) {
+			if wholeSince.IsZero() {
+				wholeSince = time.Now()
+			}
 			behind = ""
 			// Each consumer's own info, asked briefly: a consumer list waits 4 s for any
 			// consumer that has no leader yet, where one is elected within a second.
@@ -643,9 +657,12 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 				if behind != "" {
 					continue
 				}
-				cctx, cancel := context.WithTimeout(ctx, time.Second)
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				info, err := consumerInfo(cctx, st, c)
 				cancel()
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					continue // gone since the list
+				}
 				if err != nil {
 					behind = name + "'s consumer " + c
 					continue
@@ -659,22 +676,30 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			if names.Err() != nil {
 				behind = name + "'s consumers"
 			}
+			var missing []string
 			for _, c := range want {
-				if behind == "" && !listed[c] {
-					behind = name + "'s consumer " + c + " (not registered yet)"
+				if !listed[c] {
+					missing = append(missing, c)
 				}
 			}
+			if behind == "" && len(missing) > 0 && time.Since(wholeSince) < registerWait {
+				behind = name + "'s consumer " + missing[0] + " (not registered yet)"
+			}
 			if behind == "" {
-				return nil
+				return missing, nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s has not caught up on %d replicas: %w", behind, replicas, ctx.Err())
+			return nil, fmt.Errorf("%s has not caught up on %d replicas: %w", behind, replicas, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
+
+// registerWait is how long awaitReplicas waits for a restored consumer to be registered
+// once its stream is whole: nats-server asks for it every 5 s. A variable for a test.
+var registerWait = 20 * time.Second
 
 // restoreSnapshot sends dir/<name>.snap to $JS.API.STREAM.RESTORE: the chunks, each a
 // request, then an empty message, answered with the stream's creation.

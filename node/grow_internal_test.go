@@ -75,7 +75,10 @@ func TestRestoreStream_Marked(t *testing.T) {
 	}
 	mark := func() {
 		t.Helper()
-		st, _ := js.Stream(ctx, "S")
+		st, err := js.Stream(ctx, "S")
+		if err != nil {
+			t.Fatal(err)
+		}
 		cfg := st.CachedInfo().Config
 		cfg.Metadata = map[string]string{restoringMeta: "true"}
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -89,7 +92,8 @@ func TestRestoreStream_Marked(t *testing.T) {
 	}
 	cut := errors.New("cut short")
 	restoredHook = func(string) error { return cut }
-	err = restoreStream(ctx, nc, js, dir, snap, 1)
+	t.Cleanup(func() { restoredHook = nil })
+	_, err = restoreStream(ctx, nc, js, dir, snap, 1)
 	restoredHook = nil
 	if !errors.Is(err, cut) {
 		t.Fatalf("restore cut short: %v", err)
@@ -99,7 +103,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 		t.Fatalf("after a restore cut short: %+v, want the snapshot's 3 messages and d, marked", restored)
 	}
 	// The next start finds it like the snapshot: kept, and unmarked.
-	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+	if _, err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d || !got.created.Equal(restored.created) {
@@ -109,7 +113,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	// Marked, with two messages the snapshot does not have: restored from the snapshot.
 	publish(2)
 	mark()
-	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+	if _, err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d {
@@ -122,11 +126,27 @@ func TestRestoreStream_Marked(t *testing.T) {
 		t.Fatal(err)
 	}
 	mark()
-	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+	if _, err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d {
 		t.Fatalf("a marked stream without its consumer: %+v; want d back, unmarked", got)
+	}
+
+	// A recorded consumer that never comes (gone for good) is given up once the stream is
+	// whole for registerWait, and named: restoring again for it would go round for ever.
+	wait := registerWait
+	registerWait = 200 * time.Millisecond
+	t.Cleanup(func() { registerWait = wait })
+	ghostly := snap
+	ghostly.Consumers = []string{"d", "ghost"}
+	mark()
+	lost, err := restoreStream(ctx, nc, js, dir, ghostly, 1)
+	if err != nil || !slices.Equal(lost, []string{"ghost"}) {
+		t.Fatalf("a consumer that never comes: lost %v, %v; want [ghost]", lost, err)
+	}
+	if got := now(); got.msgs != 3 || got.marked || !got.d {
+		t.Fatalf("after giving a consumer up: %+v; want the snapshot's 3 and d, unmarked", got)
 	}
 
 	// Unmarked: what the mesh wrote since is kept, and a consumer it removed stays gone.
@@ -134,7 +154,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, "S", "d"); err != nil {
 		t.Fatal(err)
 	}
-	if err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
+	if _, err := restoreStream(ctx, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 5 || got.marked || got.d {

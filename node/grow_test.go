@@ -271,19 +271,22 @@ func testGrow(t *testing.T, interrupt string) {
 	}
 	// Every durable consumer came along, on 3 replicas, its acks kept (a seat's queue kept
 	// on the growing server alone would go with it; one restored empty would deliver again).
-	var afterDurables map[string]uint64
 	retryUntil(t, 30*time.Second, func() error { // those made since (the new nodes' audit) may be electing
-		afterDurables, err = durables(ctx, js, true)
-		return err
-	})
-	for c, floor := range beforeDurables {
-		got, ok := afterDurables[c]
-		if !ok {
-			t.Errorf("consumer %s is gone", c)
-		} else if got < floor {
-			t.Errorf("consumer %s: ack floor %d, was %d before growing", c, got, floor)
+		after, err := durables(ctx, js, true)
+		if err != nil {
+			return err
 		}
-	}
+		for c, floor := range beforeDurables {
+			got, ok := after[c]
+			if !ok {
+				return fmt.Errorf("consumer %s is gone", c)
+			}
+			if got < floor {
+				t.Fatalf("consumer %s: ack floor %d, was %d before growing", c, got, floor)
+			}
+		}
+		return nil
+	})
 	if _, err := admin.List(ctx, op); err != nil {
 		t.Fatalf("module ls after growing: %v", err)
 	}
@@ -373,17 +376,31 @@ func streamStates(t *testing.T, ctx context.Context, js jetstream.JetStream) map
 // each asked for itself (a consumer list leaves out a consumer without a leader); with
 // whole, each must have a leader and 2 current replicas.
 func durables(ctx context.Context, js jetstream.JetStream, whole bool) (map[string]uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // one unanswered request must not hold a retry
+	defer cancel()
 	out := map[string]uint64{}
-	for name := range js.StreamNames(ctx).Name() {
+	streams := js.StreamNames(ctx)
+	var names []string
+	for name := range streams.Name() {
+		names = append(names, name)
+	}
+	if err := streams.Err(); err != nil {
+		return nil, err
+	}
+	for _, name := range names {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			return nil, err
 		}
-		var names []string
-		for c := range st.ConsumerNames(ctx).Name() {
-			names = append(names, c)
+		lister := st.ConsumerNames(ctx)
+		var consumers []string
+		for c := range lister.Name() {
+			consumers = append(consumers, c)
 		}
-		for _, c := range names {
+		if err := lister.Err(); err != nil {
+			return nil, fmt.Errorf("%s's consumers: %w", name, err)
+		}
+		for _, c := range consumers {
 			cons, err := st.Consumer(ctx, c)
 			if errors.Is(err, jetstream.ErrNotPullConsumer) {
 				continue // a watcher's: ephemeral
