@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -54,10 +55,11 @@ const (
 )
 
 // restoreTimeout bounds one attempt at restoring a stream, and restoreAttempts how many
-// are made before the start fails (and the next start goes on).
+// are made, restorePause apart, before the start fails (and the next start goes on).
 const (
 	restoreTimeout  = 2 * time.Minute
 	restoreAttempts = 10
+	restorePause    = time.Second
 )
 
 // growDir holds the snapshots and the standalone store while the node grows.
@@ -337,27 +339,13 @@ func (n *Node) grow(octx context.Context) error {
 	}
 	for _, s := range man.Streams {
 		n.setPhase("growing: restoring " + s.Config.Name)
-		// Not retryJS's short attempts: a restore is several requests, and one cut short
-		// may still complete — the next attempt finds the stream and checks it.
-		for attempt := 1; ; attempt++ {
-			ctx, cancel := context.WithTimeout(octx, restoreTimeout)
-			lost, err := restoreStream(ctx, n.bus.Conn(), n.bus.JetStream(), dir, s, n.replicas())
-			cancel()
-			if err == nil {
-				if len(lost) > 0 {
-					n.log.Warn("restored without consumers the mesh never registered; the mesh's own are made again, their deliveries from the start",
-						"stream", s.Config.Name, "consumers", lost, "waited", registerWait)
-				}
-				break
-			}
-			if octx.Err() != nil || attempt == restoreAttempts {
-				return fmt.Errorf("grow: restore %s: %w; the next start goes on (the standalone store is in %s)", s.Config.Name, err, aside)
-			}
-			n.log.Info("restore again", "stream", s.Config.Name, "err", err)
-			select {
-			case <-octx.Done():
-			case <-time.After(time.Second):
-			}
+		lost, err := restoreRetrying(octx, n.log, n.bus.Conn(), n.bus.JetStream(), dir, s, n.replicas())
+		if err != nil {
+			return fmt.Errorf("grow: restore %s: %w; the next start goes on (the standalone store is in %s)", s.Config.Name, err, aside)
+		}
+		if len(lost) > 0 {
+			n.log.Warn("restored without consumers the mesh never registered; the mesh's own are made again, their deliveries from the start",
+				"stream", s.Config.Name, "consumers", lost, "waited", registerWait)
 		}
 		n.log.Info("restored into the mesh", "stream", s.Config.Name, "messages", s.State.Msgs, "last_seq", s.State.LastSeq, "replicas", n.replicas())
 	}
@@ -485,6 +473,29 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 	}
 	slices.Sort(g.Consumers)
 	return g, nil
+}
+
+// restoreRetrying restores s as restoreStream does, again after a pause when an attempt
+// fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is several
+// requests, and one cut short may still complete — the next attempt finds the stream and
+// checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
+// files in the background, and a restore of the same name at once may find them half gone
+// (its store directory, or the old blocks, seen in 2.15.2).
+func restoreRetrying(ctx context.Context, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) (lost []string, err error) {
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, restoreTimeout)
+		lost, err = restoreStream(actx, nc, js, dir, s, replicas)
+		cancel()
+		if err == nil || ctx.Err() != nil || attempt == restoreAttempts {
+			return lost, err
+		}
+		log.Info("restore again", "stream", s.Config.Name, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(restorePause):
+		}
+	}
 }
 
 // restoreStream restores s from dir into the clustered JetStream with replicas, unless it is
