@@ -187,8 +187,10 @@ func TestCluster_FoundingThree(t *testing.T) {
 	<-firstDone
 	nodes[0].Close()
 	nodes = nodes[1:]
+	// Its leaderships move (nats-server elects in 4–9 s each, under -race on 2 cores more),
+	// then its seats' leases lapse: the same patience as growth's failover.
 	var got vault.Secret
-	retryUntil(t, 30*time.Second, func() error {
+	retryUntil(t, 90*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, err := vault.Call(ctx, opB, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "m", Name: "k"}, &got)
@@ -197,7 +199,7 @@ func TestCluster_FoundingThree(t *testing.T) {
 	if got.Value != minted.Value {
 		t.Fatalf("after losing a node the vault answered %q, want %q", got.Value, minted.Value)
 	}
-	retryUntil(t, 30*time.Second, func() error {
+	retryUntil(t, 90*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, err := admin.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))

@@ -73,7 +73,8 @@ func awaitDeadFor(t *testing.T, b *bed, subject string, n int, d time.Duration, 
 // consumerIdle fails unless the consumer has nothing pending or unacked.
 func consumerIdle(t *testing.T, b *bed, stream, consumer string) {
 	t.Helper()
-	retryUntil(t, 5*time.Second, func() error {
+	// Patient: it may wait for a thousand deliveries, each verified, under -race on 2 cores.
+	retryUntil(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		c, err := b.js.Consumer(ctx, stream, consumer)

@@ -148,23 +148,23 @@ func TestProvision_KV(t *testing.T) {
 		}
 		return nil
 	})
+	// The events follow what they report (the reconciler publishes after it acts).
 	retryUntil(t, 10*time.Second, func() error {
 		if _, err := b.js.KeyValue(ctx, manifest.KVBucket("ghost")); !errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("the orphan bucket: %v", err)
 		}
+		if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+			return m["consumer"] == "ghost" && strings.HasPrefix(m["reason"].(string), "an orphan")
+		}) {
+			return fmt.Errorf("no deprovisioned event for the orphan: %v", evs)
+		}
+		if evs := b.controllerEvents(t, "provisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+			return m["consumer"] == "other" && m["interface"] == "kv" && m["reason"] == "re-created: the provider no longer held it"
+		}) {
+			return fmt.Errorf("no provisioned event says other's kv was re-created: %v", evs)
+		}
 		return nil
 	})
-	if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
-		return m["consumer"] == "ghost" && strings.HasPrefix(m["reason"].(string), "an orphan")
-	}) {
-		t.Fatalf("no deprovisioned event for the orphan: %v", evs)
-	}
-	evs := b.controllerEvents(t, "provisioned")
-	if !slices.ContainsFunc(evs, func(m map[string]any) bool {
-		return m["consumer"] == "other" && m["interface"] == "kv" && m["reason"] == "re-created: the provider no longer held it"
-	}) {
-		t.Fatalf("no provisioned event says other's kv was re-created: %v", evs)
-	}
 
 	// Undeployed: the bucket is gone, and an event says so.
 	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "store"}); err != nil {
@@ -177,13 +177,13 @@ func TestProvision_KV(t *testing.T) {
 		if _, err := b.js.KeyValue(ctx, manifest.KVBucket("store")); !errors.Is(err, jetstream.ErrBucketNotFound) {
 			return fmt.Errorf("store's bucket: %v", err)
 		}
+		if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
+			return m["consumer"] == "store" && m["interface"] == "kv"
+		}) {
+			return fmt.Errorf("no deprovisioned event for store's kv: %v", evs)
+		}
 		return nil
 	})
-	if evs := b.controllerEvents(t, "deprovisioned"); !slices.ContainsFunc(evs, func(m map[string]any) bool {
-		return m["consumer"] == "store" && m["interface"] == "kv"
-	}) {
-		t.Fatalf("no deprovisioned event for store's kv: %v", evs)
-	}
 }
 
 // TestProvision_WaitsForProvider: a module whose required interface nobody provides is

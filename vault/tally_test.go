@@ -74,7 +74,7 @@ func TestFetchTally(t *testing.T) {
 // a version with fetches held joins them, other events pass at once, and closing publishes
 // everything held.
 func TestRecordEvents(t *testing.T) {
-	const every = 200 * time.Millisecond
+	const every = time.Second // long enough that a stalled goroutine (-race, 2 cores) cannot reorder it
 	events := make(chan event)
 	type published struct {
 		e  event
@@ -108,13 +108,13 @@ func TestRecordEvents(t *testing.T) {
 	if p := next(); p.e.meta["name"] != "b" || p.e.meta["count"] != nil {
 		t.Fatalf("first: %+v", p.e)
 	}
-	sendAt(100*time.Millisecond, fetched("a")) // a's event, at once
+	sendAt(500*time.Millisecond, fetched("a")) // a's event, at once
 	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != nil {
 		t.Fatalf("second: %+v", p.e)
 	}
-	sendAt(110*time.Millisecond, fetched("a"))                                    // held: due at 300 ms
-	sendAt(120*time.Millisecond, fetched("b"))                                    // held: due at 200 ms, sooner
-	sendAt(130*time.Millisecond, event{action: "minted", meta: map[string]any{}}) // not held
+	sendAt(550*time.Millisecond, fetched("a"))                                    // held: due at 1.5 s
+	sendAt(600*time.Millisecond, fetched("b"))                                    // held: due at 1 s, sooner
+	sendAt(650*time.Millisecond, event{action: "minted", meta: map[string]any{}}) // not held
 	if p := next(); p.e.action != "minted" {
 		t.Fatalf("third: %+v", p.e)
 	}
@@ -122,14 +122,14 @@ func TestRecordEvents(t *testing.T) {
 	if p.e.meta["name"] != "b" || p.e.meta["count"] != 1 {
 		t.Fatalf("fourth: %+v, want b's counted fetch", p.e)
 	}
-	if p.at >= 290*time.Millisecond {
-		t.Fatalf("b's counted fetch came at %v, due at 200 ms: it waited for a's timer", p.at)
+	if p.at >= 1450*time.Millisecond {
+		t.Fatalf("b's counted fetch came at %v, due at 1 s: it waited for a's timer", p.at)
 	}
 	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 1 {
 		t.Fatalf("fifth: %+v, want a's counted fetch", p.e)
 	}
 	// Held, then closed: published at once.
-	sendAt(350*time.Millisecond, fetched("a"))
+	sendAt(1750*time.Millisecond, fetched("a"))
 	close(events)
 	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 1 {
 		t.Fatalf("at close: %+v", p.e)

@@ -73,6 +73,11 @@ func TestEnsure_LargeOnStandalone(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
+	// Not the account's only stream: nats-server removes an emptied streams directory in the
+	// background after a delete, racing the next create (2.15.2).
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "keep", Subjects: []string{"keep"}}); err != nil {
+		t.Fatal(err)
+	}
 	const big = 700 << 20
 	for _, age := range []time.Duration{time.Hour, 2 * time.Hour} {
 		if _, err := ensure.Stream(ctx, js, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, MaxBytes: big, MaxAge: age}); err != nil {
