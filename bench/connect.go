@@ -2,15 +2,19 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // seatEvery is how often a generated module declares a seat the following ones use.
@@ -35,6 +39,11 @@ type ConnectResult struct {
 	SDK        Series `json:"sdk"`
 	SDKUnnamed Series `json:"sdk_unnamed"`
 	Raw        Series `json:"raw"`
+	// RawAsk is nats.Connect with the module's nkey and then one whoami request with
+	// nats.go alone: the floor of any connect that learns the module's declarations, which
+	// the sdk must (what it emits and consumes, whose signatures it checks, the seat
+	// versions it is pinned to).
+	RawAsk Series `json:"raw_ask"`
 	// SDKFew and RawFew are the same with two modules registered.
 	SDKFew Series `json:"sdk_few"`
 	RawFew Series `json:"raw_few"`
@@ -42,6 +51,8 @@ type ConnectResult struct {
 	// RatioUnnamed is SDKUnnamed.P50 / Raw.P50.
 	Ratio        float64 `json:"ratio"`
 	RatioUnnamed float64 `json:"ratio_unnamed"`
+	// Floor is RawAsk.P50 / Raw.P50: the least Ratio can be with one question asked.
+	Floor float64 `json:"floor"`
 	// Growth is SDK.P50 / SDKFew.P50: what a full registry adds.
 	Growth float64 `json:"growth"`
 }
@@ -59,9 +70,11 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	}
 	defer f.Close()
 	res := ConnectResult{Modules: modules, Connects: connects}
-	if res.SDKFew, _, res.RawFew, err = f.Connects(ctx, connects); err != nil {
+	few, err := f.Connects(ctx, connects)
+	if err != nil {
 		return res, err
 	}
+	res.SDKFew, res.RawFew = few.Named, few.Raw
 	t.log().Info("registering modules", "modules", modules)
 	if err := f.Grow(ctx, modules); err != nil {
 		return res, err
@@ -69,11 +82,14 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	res.Register = f.Took
 	res.PerRegister = f.Took / time.Duration(f.Len())
 	t.log().Info("connects", "modules", modules, "connects", connects)
-	if res.SDK, res.SDKUnnamed, res.Raw, err = f.Connects(ctx, connects); err != nil {
+	all, err := f.Connects(ctx, connects)
+	if err != nil {
 		return res, err
 	}
+	res.SDK, res.SDKUnnamed, res.Raw, res.RawAsk = all.Named, all.Unnamed, all.Raw, all.RawAsk
 	res.Ratio = ratio(float64(res.SDK.P50), float64(res.Raw.P50))
 	res.RatioUnnamed = ratio(float64(res.SDKUnnamed.P50), float64(res.Raw.P50))
+	res.Floor = ratio(float64(res.RawAsk.P50), float64(res.Raw.P50))
 	res.Growth = ratio(float64(res.SDK.P50), float64(res.SDKFew.P50))
 	return res, nil
 }
@@ -137,12 +153,18 @@ func (f *Fleet) Grow(ctx context.Context, total int) error {
 }
 
 // Connects times n connects of the probe each way, in turn: sdk.Connect named for its module,
-// sdk.Connect with the seed alone, and a raw nkey nats.Connect.
-func (f *Fleet) Connects(ctx context.Context, n int) (named, unnamed, raw Series, err error) {
+// sdk.Connect with the seed alone, a raw nkey nats.Connect, and the raw connect with one
+// whoami request.
+func (f *Fleet) Connects(ctx context.Context, n int) (ConnectSeries, error) {
 	if n <= 0 {
-		return named, unnamed, raw, errors.New("no connects to make")
+		return ConnectSeries{}, errors.New("no connects to make")
 	}
-	return connects3(ctx, f.t, f.probe, f.seed, n)
+	return connects(ctx, f.t, f.probe, f.seed, n)
+}
+
+// ConnectSeries are the connects of one Fleet.Connects: see ConnectResult.
+type ConnectSeries struct {
+	Named, Unnamed, Raw, RawAsk Series
 }
 
 // Close closes the fleet's operator connection; the modules stay registered.
@@ -153,11 +175,31 @@ func (f *Fleet) Close() error {
 	return nil
 }
 
-// connects3 times n connects of module each way (see Connects).
-func connects3(ctx context.Context, t Target, module, seedFile string, n int) (named, unnamed, raw Series, err error) {
+// connects times n connects of module each way (see Connects).
+func connects(ctx context.Context, t Target, module, seedFile string, n int) (ConnectSeries, error) {
 	opt, err := nats.NkeyOptionFromSeed(seedFile)
 	if err != nil {
-		return named, unnamed, raw, err
+		return ConnectSeries{}, err
+	}
+	seed, err := os.ReadFile(seedFile)
+	if err != nil {
+		return ConnectSeries{}, err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(seed)
+	if err != nil {
+		return ConnectSeries{}, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return ConnectSeries{}, err
+	}
+	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: pub})
+	rawConnect := func() (*nats.Conn, error) {
+		nc, err := nats.Connect(t.URL, opt, nats.CustomInboxPrefix(manifest.InboxPrefix(module)), nats.MaxReconnects(0))
+		if err != nil {
+			return nil, fmt.Errorf("nats.Connect: %w", err)
+		}
+		return nc, nil
 	}
 	sdkConnect := func(opts ...sdk.Option) (time.Duration, error) {
 		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -171,28 +213,40 @@ func connects3(ctx context.Context, t Target, module, seedFile string, n int) (n
 		c.Close()
 		return d, nil
 	}
-	nl, ul, rl := make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n)
+	nl, ul, rl, al := make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n)
 	for range n {
 		d, err := sdkConnect(sdk.AsModule(module))
 		if err != nil {
-			return named, unnamed, raw, err
+			return ConnectSeries{}, err
 		}
 		nl = append(nl, d)
 		if d, err = sdkConnect(); err != nil {
-			return named, unnamed, raw, err
+			return ConnectSeries{}, err
 		}
 		ul = append(ul, d)
 
 		start := time.Now()
-		nc, err := nats.Connect(t.URL, opt, nats.CustomInboxPrefix(manifest.InboxPrefix(module)), nats.MaxReconnects(0))
+		nc, err := rawConnect()
 		d = time.Since(start)
 		if err != nil {
-			return named, unnamed, raw, fmt.Errorf("nats.Connect: %w", err)
+			return ConnectSeries{}, err
 		}
 		nc.Close()
 		rl = append(rl, d)
+
+		start = time.Now()
+		if nc, err = rawConnect(); err != nil {
+			return ConnectSeries{}, err
+		}
+		_, err = nc.Request(manifest.WhoamiSubject(pub), whoami, requestTimeout)
+		d = time.Since(start)
+		nc.Close()
+		if err != nil {
+			return ConnectSeries{}, fmt.Errorf("whoami with nats.go: %w", err)
+		}
+		al = append(al, d)
 	}
-	return newSeries(nl, sum(nl)), newSeries(ul, sum(ul)), newSeries(rl, sum(rl)), nil
+	return ConnectSeries{Named: newSeries(nl, sum(nl)), Unnamed: newSeries(ul, sum(ul)), Raw: newSeries(rl, sum(rl)), RawAsk: newSeries(al, sum(al))}, nil
 }
 
 // generator writes the manifests of the connect measurement.

@@ -53,6 +53,7 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(tw, "  p50 (sdk.Connect as the module vs nats.Connect)\t%s\t%s\t%.2f×\t%s\t\n", dur(c.SDK.P50), dur(c.Raw.P50), c.Ratio,
 			verdict(c.Ratio <= TargetConnectRatio, fmt.Sprintf("≤ %.1f×", TargetConnectRatio)))
 		fmt.Fprintf(tw, "  p50, seed alone (a whoami connection first)\t%s\t%s\t%.2f×\t\t\n", dur(c.SDKUnnamed.P50), dur(c.Raw.P50), c.RatioUnnamed)
+		fmt.Fprintf(tw, "  p50, floor: nats.Connect, then whoami with nats.go\t%s\t%s\t%.2f×\t\t\n", dur(c.RawAsk.P50), dur(c.Raw.P50), c.Floor)
 		fmt.Fprintf(tw, "  p99\t%s\t%s\t%.2f×\t\t\n", dur(c.SDK.P99), dur(c.Raw.P99), ratio(float64(c.SDK.P99), float64(c.Raw.P99)))
 		fmt.Fprintf(tw, "  p50 with 2 modules registered\t%s\t%s\t%.2f×\t\t\n", dur(c.SDKFew.P50), dur(c.RawFew.P50),
 			ratio(float64(c.SDKFew.P50), float64(c.RawFew.P50)))
