@@ -213,39 +213,45 @@ func connects(ctx context.Context, t Target, module, seedFile string, n int) (Co
 		c.Close()
 		return d, nil
 	}
-	nl, ul, rl, al := make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n)
-	for range n {
-		d, err := sdkConnect(sdk.AsModule(module))
-		if err != nil {
-			return ConnectSeries{}, err
-		}
-		nl = append(nl, d)
-		if d, err = sdkConnect(); err != nil {
-			return ConnectSeries{}, err
-		}
-		ul = append(ul, d)
-
-		start := time.Now()
-		nc, err := rawConnect()
-		d = time.Since(start)
-		if err != nil {
-			return ConnectSeries{}, err
-		}
-		nc.Close()
-		rl = append(rl, d)
-
-		start = time.Now()
-		if nc, err = rawConnect(); err != nil {
-			return ConnectSeries{}, err
-		}
-		_, err = nc.Request(manifest.WhoamiSubject(pub), whoami, requestTimeout)
-		d = time.Since(start)
-		nc.Close()
-		if err != nil {
-			return ConnectSeries{}, fmt.Errorf("whoami with nats.go: %w", err)
-		}
-		al = append(al, d)
+	// Each connect is timed after another's close, whose end the server is still handling:
+	// the order turns each round, so that every way follows every other as often.
+	timed := [4][]time.Duration{}
+	ways := [4]func() (time.Duration, error){
+		func() (time.Duration, error) { return sdkConnect(sdk.AsModule(module)) },
+		func() (time.Duration, error) { return sdkConnect() },
+		func() (time.Duration, error) {
+			start := time.Now()
+			nc, err := rawConnect()
+			d := time.Since(start)
+			if err == nil {
+				nc.Close()
+			}
+			return d, err
+		},
+		func() (time.Duration, error) {
+			start := time.Now()
+			nc, err := rawConnect()
+			if err != nil {
+				return 0, err
+			}
+			defer nc.Close()
+			if _, err = nc.Request(manifest.WhoamiSubject(pub), whoami, requestTimeout); err != nil {
+				return 0, fmt.Errorf("whoami with nats.go: %w", err)
+			}
+			return time.Since(start), nil
+		},
 	}
+	for i := range n {
+		for k := range ways {
+			w := (i + k) % len(ways)
+			d, err := ways[w]()
+			if err != nil {
+				return ConnectSeries{}, err
+			}
+			timed[w] = append(timed[w], d)
+		}
+	}
+	nl, ul, rl, al := timed[0], timed[1], timed[2], timed[3]
 	return ConnectSeries{Named: newSeries(nl, sum(nl)), Unnamed: newSeries(ul, sum(ul)), Raw: newSeries(rl, sum(rl)), RawAsk: newSeries(al, sum(al))}, nil
 }
 
