@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -29,12 +28,7 @@ func TestAwaiting_ResumesALostConsumer(t *testing.T) {
 
 func testResume(t *testing.T, keys ...string) {
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testbed.Connect(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})

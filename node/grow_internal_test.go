@@ -11,7 +11,6 @@ import (
 
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,12 +20,7 @@ import (
 // an unmarked one is kept as the mesh left it.
 func TestRestoreStream_Marked(t *testing.T) {
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testbed.Connect(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A mesh has other streams: with S its only one, nats-server removes the emptied

@@ -67,12 +67,7 @@ func TestEnsure_LargeOnStandalone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, JetStreamMaxStore: 1 << 30, StoreDir: t.TempDir()})
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testbed.Connect(t, srv)
 	// Not the account's only stream: nats-server removes an emptied streams directory in the
 	// background after a delete, racing the next create (2.15.2).
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "keep", Subjects: []string{"keep"}}); err != nil {
@@ -97,7 +92,7 @@ func TestEnsure_LargeOnStandalone(t *testing.T) {
 		}
 	}
 	var apiErr *jetstream.APIError
-	_, err = ensure.Stream(ctx, js, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, MaxBytes: big})
+	_, err := ensure.Stream(ctx, js, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, MaxBytes: big})
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.ErrorCode(server.JSStorageResourcesExceededErr) {
 		t.Fatalf("a stream that does not fit: %v, want the server's insufficient storage", err)
 	}

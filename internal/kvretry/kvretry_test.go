@@ -24,12 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestKV_RidesThroughAnOutage(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: dir})
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testbed.Connect(t, srv, nats.MaxReconnects(-1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	raw, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})

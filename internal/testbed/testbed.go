@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // MustRunEnv is the environment variable CI sets to MustRun: then no bed may skip.
@@ -64,17 +66,7 @@ const (
 // JetStream, without a node.
 func JetStream(t testing.TB) string {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
-		StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	return NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()}).ClientURL()
 }
 
 // NATSServer starts a plain nats-server for t on a random loopback port, with opts' other
@@ -96,6 +88,22 @@ func NATSServer(t testing.TB, opts *server.Options) *server.Server {
 		t.Fatal("nats-server not ready")
 	}
 	return srv
+}
+
+// Connect connects to srv (a NATSServer) and returns the connection, closed when tb ends,
+// and its JetStream context.
+func Connect(tb testing.TB, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(srv.ClientURL(), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc, js
 }
 
 // RetryUntil polls f until it returns nil, and fails tb with f's last error once timeout has
