@@ -363,14 +363,14 @@ func TestBench_Smoke(t *testing.T) {
 		if got, want := c.Modules, 12; got != want {
 			t.Errorf("modules=%d, want %d", got, want)
 		}
-		for name, s := range map[string]bench.Series{"sdk": c.SDK, "raw": c.Raw, "raw and whoami": c.RawAsk, "sdk few": c.SDKFew, "raw few": c.RawFew} {
+		for name, s := range map[string]bench.Series{"sdk": c.SDK, "sdk unnamed": c.SDKUnnamed, "raw": c.Raw, "raw and whoami": c.RawAsk, "sdk few": c.SDKFew, "raw few": c.RawFew} {
 			if got, want := s.Count, 5; got != want {
 				t.Errorf("%s: %d connects, want %d", name, got, want)
 			}
 			checkSeries(t, name, s)
 		}
-		if !(c.Ratio > 0) || !(c.Floor > 0) || !(c.Growth > 0) || c.Register <= 0 || c.PerRegister <= 0 {
-			t.Errorf("ratio %v, floor %v, growth %v, register %v (%v each), want all > 0", c.Ratio, c.Floor, c.Growth, c.Register, c.PerRegister)
+		if !(c.Ratio > 0) || !(c.RatioUnnamed > 0) || !(c.Floor > 0) || !(c.Growth > 0) || c.Register <= 0 || c.PerRegister <= 0 {
+			t.Errorf("ratio %v, unnamed %v, floor %v, growth %v, register %v (%v each), want all > 0", c.Ratio, c.RatioUnnamed, c.Floor, c.Growth, c.Register, c.PerRegister)
 		}
 	})
 	t.Run("Table", func(t *testing.T) {

@@ -51,14 +51,15 @@ type ConnectResult struct {
 	// RatioUnnamed is SDKUnnamed.P50 / Raw.P50.
 	Ratio        float64 `json:"ratio"`
 	RatioUnnamed float64 `json:"ratio_unnamed"`
-	// Floor is RawAsk.P50 / Raw.P50: the least Ratio can be with one question asked.
+	// Floor is RawAsk.P50 / Raw.P50: the same connect and question with nats.go alone, in
+	// the same run.
 	Floor float64 `json:"floor"`
 	// Growth is SDK.P50 / SDKFew.P50: what a full registry adds.
 	Growth float64 `json:"growth"`
 }
 
 // Connect registers modules generated modules and measures connects of one of them
-// (connects on each side, alternating sdk and raw), first with two modules registered, then
+// (connects each way, in turn: see Fleet.Connects), first with two modules registered, then
 // with all of them. The modules stay registered: use a throwaway node.
 func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResult, error) {
 	if modules < 2 {
@@ -214,7 +215,7 @@ func connects(ctx context.Context, t Target, module, seedFile string, n int) (Co
 		return d, nil
 	}
 	// Each connect is timed after another's close, whose end the server is still handling:
-	// the order turns each round, so that every way follows every other as often.
+	// the order (turns) puts each way after every other as often.
 	timed := [4][]time.Duration{}
 	ways := [4]func() (time.Duration, error){
 		func() (time.Duration, error) { return sdkConnect(sdk.AsModule(module)) },
@@ -235,24 +236,46 @@ func connects(ctx context.Context, t Target, module, seedFile string, n int) (Co
 				return 0, err
 			}
 			defer nc.Close()
-			if _, err = nc.Request(manifest.WhoamiSubject(pub), whoami, requestTimeout); err != nil {
+			m, err := nc.Request(manifest.WhoamiSubject(pub), whoami, requestTimeout)
+			d := time.Since(start)
+			if err != nil {
 				return 0, fmt.Errorf("whoami with nats.go: %w", err)
 			}
-			return time.Since(start), nil
+			var self registry.WhoamiReply
+			if err := json.Unmarshal(m.Data, &self); err != nil || self.Error != "" || self.Module != module {
+				return 0, fmt.Errorf("whoami with nats.go answered %q (%v), not module %s", m.Data, err, module)
+			}
+			return d, nil
 		},
 	}
-	for i := range n {
-		for k := range ways {
-			w := (i + k) % len(ways)
-			d, err := ways[w]()
-			if err != nil {
-				return ConnectSeries{}, err
-			}
-			timed[w] = append(timed[w], d)
+	for _, w := range turns(n) {
+		d, err := ways[w]()
+		if err != nil {
+			return ConnectSeries{}, err
 		}
+		timed[w] = append(timed[w], d)
 	}
 	nl, ul, rl, al := timed[0], timed[1], timed[2], timed[3]
 	return ConnectSeries{Named: newSeries(nl, sum(nl)), Unnamed: newSeries(ul, sum(ul)), Raw: newSeries(rl, sum(rl)), RawAsk: newSeries(al, sum(al))}, nil
+}
+
+// fourWays is an order of 4 ways in which each follows each other exactly once, counting
+// the last followed by the first (an Eulerian circuit of the complete directed graph).
+var fourWays = []int{0, 1, 2, 3, 0, 2, 1, 3, 2, 0, 3, 1}
+
+// turns is the order of n turns of each of 4 ways: fourWays again and again, a way left out
+// once it has had its n. With n a multiple of 3 each way follows every other n/3 times (the
+// first turn follows nothing, and one pair n/3-1 times).
+func turns(n int) []int {
+	had := make([]int, 4)
+	var out []int
+	for i := 0; len(out) < 4*n; i++ {
+		if w := fourWays[i%len(fourWays)]; had[w] < n {
+			had[w]++
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // generator writes the manifests of the connect measurement.

@@ -376,6 +376,9 @@ func streamStates(t *testing.T, ctx context.Context, js jetstream.JetStream) map
 				continue
 			}
 			st, err := js.Stream(ctx, name)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				continue // deleted since it was listed
+			}
 			if err != nil {
 				return fmt.Errorf("stream %s: %w", name, err)
 			}

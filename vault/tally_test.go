@@ -115,6 +115,7 @@ func TestRecordEvents(t *testing.T) {
 	sendAt(550*time.Millisecond, fetched("a"))                                    // held: due at 1.5 s
 	sendAt(600*time.Millisecond, fetched("b"))                                    // held: due at 1 s, sooner
 	sendAt(650*time.Millisecond, event{action: "minted", meta: map[string]any{}}) // not held
+	sendAt(700*time.Millisecond, fetched("a"))                                    // joins a's held fetch
 	if p := next(); p.e.action != "minted" {
 		t.Fatalf("third: %+v", p.e)
 	}
@@ -122,11 +123,11 @@ func TestRecordEvents(t *testing.T) {
 	if p.e.meta["name"] != "b" || p.e.meta["count"] != 1 {
 		t.Fatalf("fourth: %+v, want b's counted fetch", p.e)
 	}
-	if p.at >= 1450*time.Millisecond {
-		t.Fatalf("b's counted fetch came at %v, due at 1 s: it waited for a's timer", p.at)
+	if p.at < every || p.at >= 1450*time.Millisecond {
+		t.Fatalf("b's counted fetch came at %v, due at 1 s: early, or it waited for a's timer", p.at)
 	}
-	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 1 {
-		t.Fatalf("fifth: %+v, want a's counted fetch", p.e)
+	if p := next(); p.e.meta["name"] != "a" || p.e.meta["count"] != 2 || p.at < 1500*time.Millisecond {
+		t.Fatalf("fifth: %+v at %v, want a's two counted fetches, not before 1.5 s", p.e, p.at)
 	}
 	// Held, then closed: published at once.
 	sendAt(1750*time.Millisecond, fetched("a"))

@@ -66,7 +66,7 @@ func queryAuditIDs(t *testing.T, dir, creds, source string) (map[string]int, err
 
 // TestBinary_FormationProgress: a founding node waiting for the others says so in `status`
 // (and exits 1, not ready) and on its HTTP address from the start — /healthz 200, /readyz
-// 503 with the reason, each within 100 ms — and stops promptly on SIGTERM while it waits.
+// 503 with the reason, answered while it waits — and stops promptly on SIGTERM.
 func TestBinary_FormationProgress(t *testing.T) {
 	a := newMeshNode(t, "a")
 	httpAddr := testbed.FreeAddr(t)
