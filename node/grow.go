@@ -479,8 +479,9 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 // fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is several
 // requests, and one cut short may still complete — the next attempt finds the stream and
 // checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
-// files in the background, and a restore of the same name at once may find them half gone
-// (its store directory, or the old blocks, seen in 2.15.2).
+// files, and an emptied streams directory, in the background, and a restore of the same
+// name at once failed now and then in 2.15.2 ("could not create storage directory",
+// "expected sequence does not match store"); the next attempt went through.
 func restoreRetrying(ctx context.Context, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) (lost []string, err error) {
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, restoreTimeout)
