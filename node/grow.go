@@ -625,13 +625,12 @@ func missingConsumers(ctx context.Context, st jetstream.Stream, names []string) 
 	if err := lister.Err(); err != nil {
 		return nil, err
 	}
-	var missing []string
-	for _, c := range names {
-		if !have[c] {
-			missing = append(missing, c)
-		}
-	}
-	return missing, nil
+	return notIn(names, have), nil
+}
+
+// notIn returns which of names have does not hold.
+func notIn(names []string, have map[string]bool) []string {
+	return slices.DeleteFunc(slices.Clone(names), func(c string) bool { return have[c] })
 }
 
 // awaitReplicas waits until stream name, each of its durable consumers and each of want
@@ -688,12 +687,7 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			if names.Err() != nil {
 				behind = name + "'s consumers"
 			}
-			var missing []string
-			for _, c := range want {
-				if !listed[c] {
-					missing = append(missing, c)
-				}
-			}
+			missing := notIn(want, listed)
 			if behind == "" && len(missing) > 0 && time.Since(wholeSince) < registerWait {
 				behind = name + "'s consumer " + missing[0] + " (not registered yet)"
 			}
