@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/registry"
@@ -55,12 +56,17 @@ const (
 )
 
 // restoreTimeout bounds one attempt at restoring a stream, and restoreAttempts how many
-// are made, restorePause apart, before the start fails (and the next start goes on).
+// are made, from restorePause apart doubling to 10 times that (a minute in all), before the
+// start fails (and the next start goes on).
 const (
 	restoreTimeout  = 2 * time.Minute
 	restoreAttempts = 10
 	restorePause    = time.Second
 )
+
+// apiWait bounds each JetStream request of a restore but the snapshot's upload and the
+// waits for replicas (see restoreStream). A variable for a test.
+var apiWait = 10 * time.Second
 
 // growDir holds the snapshots and the standalone store while the node grows.
 const growDir = "grow"
@@ -475,14 +481,15 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 	return g, nil
 }
 
-// restoreRetrying restores s as restoreStream does, again after a pause when an attempt
-// fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is several
+// restoreRetrying restores s as restoreStream does, again after a growing pause when an
+// attempt fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is several
 // requests, and one cut short may still complete — the next attempt finds the stream and
 // checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
 // files, and an emptied streams directory, in the background, and a restore of the same
 // name at once failed now and then in 2.15.2 ("could not create storage directory",
 // "expected sequence does not match store"); the next attempt went through.
 func restoreRetrying(ctx context.Context, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) (lost []string, err error) {
+	pause := backoff.Backoff{First: restorePause, Max: 10 * restorePause}
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		lost, err = restoreStream(actx, nc, js, dir, s, replicas)
@@ -491,10 +498,8 @@ func restoreRetrying(ctx context.Context, log *slog.Logger, nc *nats.Conn, js je
 			return lost, err
 		}
 		log.Info("restore again", "stream", s.Config.Name, "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
+		if pause.Wait(ctx) != nil {
 			return nil, err
-		case <-time.After(restorePause):
 		}
 	}
 }
@@ -514,7 +519,29 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		}
 		return st.Msgs == s.State.Msgs && st.LastSeq == s.State.LastSeq && (st.Msgs == 0 || st.FirstSeq == s.State.FirstSeq)
 	}
-	if st, err := js.Stream(ctx, name); err == nil {
+	// Each request but the upload and the waits is bounded by apiWait: nats.go waits for an
+	// answer as long as ctx allows, and a server just restarted into the mesh leaves one
+	// unanswered now and then where the next is answered at once.
+	brief := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, apiWait) }
+	stream := func() (jetstream.Stream, error) {
+		bctx, cancel := brief()
+		defer cancel()
+		st, err := js.Stream(bctx, name)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("stream info: %w", err)
+		}
+		return st, err
+	}
+	remove := func() error {
+		bctx, cancel := brief()
+		defer cancel()
+		if err := js.DeleteStream(bctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete: %w", err)
+		}
+		return nil
+	}
+	st, err := stream()
+	if err == nil {
 		info := st.CachedInfo()
 		if info.Config.Replicas == replicas && info.Config.Metadata[restoringMeta] == "" {
 			// Restored and checked by an earlier start: the mesh may have written to it
@@ -525,17 +552,23 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		// Marked, or restored alone by an earlier version: its messages and its consumers
 		// (a restarting server drops restored consumers the mesh had not registered yet)
 		// are the snapshot's, or it is restored again.
-		missing, err := missingConsumers(ctx, st, s.Consumers)
-		if err != nil {
-			return nil, err
+		bctx, cancel := brief()
+		missing, lerr := missingConsumers(bctx, st, s.Consumers)
+		cancel()
+		// Answered by its leader and not found by the meta leader, which lists consumers:
+		// the meta leader's own create of it failed, after a restart cut its restore short.
+		broken := errors.Is(lerr, jetstream.ErrStreamNotFound)
+		if lerr != nil && !broken {
+			return nil, fmt.Errorf("list consumers: %w", lerr)
 		}
-		if !same(info.State) || len(missing) > 0 {
-			if err := js.DeleteStream(ctx, name); err != nil {
+		if broken || !same(info.State) || len(missing) > 0 {
+			if err := remove(); err != nil {
 				return nil, err
 			}
+			st, err = stream()
 		}
 	}
-	if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Restored at its replicas: the restoring server takes the snapshot and the others
 		// catch up through the stream's group. Restored alone and scaled after, a work
 		// queue's stream (a seat's) waits 10 s for its consumers to scale with it, which
@@ -552,17 +585,19 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			if errors.As(err, &apiErr) && apiErr.ErrCode == uint16(server.JSStreamNameExistRestoreFailedErr) {
 				// A restore cut short holds the name without a stream: deleting the name
 				// clears it for the next attempt.
-				js.DeleteStream(ctx, name)
+				remove()
 			}
-			return nil, err
+			return nil, fmt.Errorf("restore: %w", err)
 		}
 		if restoredHook != nil {
 			if err := restoredHook(name); err != nil {
 				return nil, err
 			}
 		}
+		if st, err = stream(); err != nil {
+			err = fmt.Errorf("after the restore: %w", err)
+		}
 	}
-	st, err := js.Stream(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -573,7 +608,10 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 	if cfg.Replicas != replicas {
 		// Restored alone by an earlier version of this code: scaled now.
 		cfg.Replicas = replicas
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		bctx, cancel := brief()
+		_, err := js.UpdateStream(bctx, cfg)
+		cancel()
+		if err != nil {
 			return nil, fmt.Errorf("scale to %d replicas: %w", replicas, err)
 		}
 	}
@@ -582,7 +620,10 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 	}
 	if _, marked := cfg.Metadata[restoringMeta]; marked {
 		delete(cfg.Metadata, restoringMeta)
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		bctx, cancel := brief()
+		_, err := js.UpdateStream(bctx, cfg)
+		cancel()
+		if err != nil {
 			return nil, fmt.Errorf("mark %s restored: %w", name, err)
 		}
 	}
@@ -654,7 +695,10 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 	behind := name
 	var wholeSince time.Time // when the stream was first seen whole
 	for {
-		if st, err := js.Stream(ctx, name); err == nil && whole(st.CachedInfo().Cluster, replicas) {
+		bctx, cancel := context.WithTimeout(ctx, apiWait)
+		st, err := js.Stream(bctx, name)
+		cancel()
+		if err == nil && whole(st.CachedInfo().Cluster, replicas) {
 			if wholeSince.IsZero() {
 				wholeSince = time.Now()
 			}
@@ -662,7 +706,8 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			// Each consumer's own info, asked briefly: a consumer list waits 4 s for any
 			// consumer that has no leader yet, where one is elected within a second.
 			listed := map[string]bool{}
-			names := st.ConsumerNames(ctx)
+			lctx, cancel := context.WithTimeout(ctx, apiWait)
+			names := st.ConsumerNames(lctx)
 			for c := range names.Name() { // to the end: nats.go's lister blocks on an unread name
 				listed[c] = true
 				if behind != "" {
@@ -687,6 +732,7 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			if names.Err() != nil {
 				behind = name + "'s consumers"
 			}
+			cancel()
 			missing := notIn(want, listed)
 			if behind == "" && len(missing) > 0 && time.Since(wholeSince) < registerWait {
 				behind = name + "'s consumer " + missing[0] + " (not registered yet)"
@@ -712,9 +758,11 @@ var registerWait = 20 * time.Second
 func restoreSnapshot(ctx context.Context, nc *nats.Conn, dir string, s grownStream) error {
 	name := s.Config.Name
 	req, _ := json.Marshal(server.JSApiStreamRestoreRequest{Config: s.Config, State: s.State})
-	msg, err := nc.RequestWithContext(ctx, fmt.Sprintf(server.JSApiStreamRestoreT, name), req)
+	rctx, cancel := context.WithTimeout(ctx, apiWait)
+	msg, err := nc.RequestWithContext(rctx, fmt.Sprintf(server.JSApiStreamRestoreT, name), req)
+	cancel()
 	if err != nil {
-		return err
+		return fmt.Errorf("restore request: %w", err)
 	}
 	var resp server.JSApiStreamRestoreResponse
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
@@ -743,9 +791,9 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, dir string, s grownStre
 			return fmt.Errorf("read the snapshot of %s: %w", name, err)
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ectx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	msg, err = nc.RequestWithContext(rctx, resp.DeliverSubject, nil)
+	msg, err = nc.RequestWithContext(ectx, resp.DeliverSubject, nil)
 	if err != nil {
 		return fmt.Errorf("restore end: %w", err)
 	}

@@ -160,3 +160,32 @@ func TestRestoreStream_Marked(t *testing.T) {
 		t.Fatalf("an unmarked stream: %+v; want the 5 it holds and no d, unmarked", got)
 	}
 }
+
+// TestRestoreStream_Unanswered: a JetStream request nobody answers (a server just restarted
+// into the mesh drops one now and then) ends the attempt after apiWait with the step named,
+// not when the attempt's minutes are up, so the next attempt asks again at once.
+func TestRestoreStream_Unanswered(t *testing.T) {
+	srv := testbed.NATSServer(t, nil)
+	nc, js := testbed.Connect(t, srv)
+	// A subscriber that takes every JetStream request and answers none.
+	sub, err := nc.SubscribeSync("$JS.API.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wait := apiWait
+	apiWait = 100 * time.Millisecond
+	t.Cleanup(func() { apiWait = wait })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = restoreStream(ctx, nc, js, t.TempDir(), grownStream{Config: server.StreamConfig{Name: "S"}}, 1)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "stream info") || ctx.Err() != nil {
+		t.Fatalf("restore with nobody answering: %v (the attempt's context: %v); want the stream info request's own deadline", err, ctx.Err())
+	}
+	if m, err := sub.NextMsg(time.Second); err != nil || m.Subject != "$JS.API.STREAM.INFO.S" {
+		t.Fatalf("the request nobody answered: %v %v", m, err)
+	}
+}

@@ -774,6 +774,13 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		})
 		a.p.cmd.Process.Kill()
 		<-a.p.done
+		// A start that fails says what the one killed before it did.
+		killed := a.p.stderr
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("a's start killed after %q:\n%s", at, killed)
+			}
+		})
 		a.p = launch(t, "run", a.flags...)
 	}
 	a.p.awaitReady(t, 3*time.Minute)
