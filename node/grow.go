@@ -482,9 +482,9 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 }
 
 // restoreRetrying restores s as restoreStream does, again after a growing pause when an
-// attempt fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is several
-// requests, and one cut short may still complete — the next attempt finds the stream and
-// checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
+// attempt fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is
+// several requests, and one cut short may still complete — the next attempt finds the
+// stream and checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
 // files, and an emptied streams directory, in the background, and a restore of the same
 // name at once failed now and then in 2.15.2 ("could not create storage directory",
 // "expected sequence does not match store"); the next attempt went through.
@@ -555,8 +555,8 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 		bctx, cancel := brief()
 		missing, lerr := missingConsumers(bctx, st, s.Consumers)
 		cancel()
-		// Answered by its leader and not found by the meta leader, which lists consumers:
-		// the meta leader's own create of it failed, after a restart cut its restore short.
+		// Its leader answers, and the meta leader, which lists consumers, holds it with an
+		// error or not at all (nats-server says "stream not found" for both): restored again.
 		broken := errors.Is(lerr, jetstream.ErrStreamNotFound)
 		if lerr != nil && !broken {
 			return nil, fmt.Errorf("list consumers: %w", lerr)
