@@ -565,7 +565,11 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			if err := remove(); err != nil {
 				return nil, err
 			}
-			st, err = stream()
+			// Gone now, or this attempt ends: a stream still answering after its delete
+			// (a member yet to apply it) is not one to check against the snapshot.
+			if _, err = stream(); err == nil {
+				return nil, errors.New("still answers after its delete")
+			}
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -708,10 +712,16 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 			listed := map[string]bool{}
 			lctx, cancel := context.WithTimeout(ctx, apiWait)
 			names := st.ConsumerNames(lctx)
-			for c := range names.Name() { // to the end: nats.go's lister blocks on an unread name
+			for c := range names.Name() {
 				listed[c] = true
+			}
+			if names.Err() != nil {
+				behind = name + "'s consumers"
+			}
+			cancel()
+			for c := range listed {
 				if behind != "" {
-					continue
+					break
 				}
 				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				info, err := consumerInfo(cctx, st, c)
@@ -729,10 +739,6 @@ func awaitReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 					behind = name + "'s consumer " + c
 				}
 			}
-			if names.Err() != nil {
-				behind = name + "'s consumers"
-			}
-			cancel()
 			missing := notIn(want, listed)
 			if behind == "" && len(missing) > 0 && time.Since(wholeSince) < registerWait {
 				behind = name + "'s consumer " + missing[0] + " (not registered yet)"
@@ -758,7 +764,9 @@ var registerWait = 20 * time.Second
 func restoreSnapshot(ctx context.Context, nc *nats.Conn, dir string, s grownStream) error {
 	name := s.Config.Name
 	req, _ := json.Marshal(server.JSApiStreamRestoreRequest{Config: s.Config, State: s.State})
-	rctx, cancel := context.WithTimeout(ctx, apiWait)
+	// Answered once the meta group has placed the stream and its restoring server listens:
+	// longer than apiWait, short of the attempt.
+	rctx, cancel := context.WithTimeout(ctx, 3*apiWait)
 	msg, err := nc.RequestWithContext(rctx, fmt.Sprintf(server.JSApiStreamRestoreT, name), req)
 	cancel()
 	if err != nil {
