@@ -484,9 +484,9 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 // restoreRetrying restores s as restoreStream does, again after a growing pause when an
 // attempt fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is
 // several requests, and one cut short may still complete — the next attempt finds the
-// stream and checks it. Nor is a failure always the mesh's: nats-server removes a deleted stream's
-// files, and an emptied streams directory, in the background, and a restore of the same
-// name at once failed now and then in 2.15.2 ("could not create storage directory",
+// stream and checks it. Nor is a failure always the mesh's: nats-server removes a deleted
+// stream's files, and an emptied streams directory, in the background, and a restore of the
+// same name at once failed now and then in 2.15.2 ("could not create storage directory",
 // "expected sequence does not match store"); the next attempt went through.
 func restoreRetrying(ctx context.Context, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, dir string, s grownStream, replicas int) (lost []string, err error) {
 	pause := backoff.Backoff{First: restorePause, Max: 10 * restorePause}
@@ -539,6 +539,12 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 			return fmt.Errorf("delete: %w", err)
 		}
 		return nil
+	}
+	update := func(cfg jetstream.StreamConfig) error {
+		bctx, cancel := brief()
+		defer cancel()
+		_, err := js.UpdateStream(bctx, cfg)
+		return err
 	}
 	st, err := stream()
 	if err == nil {
@@ -612,10 +618,7 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 	if cfg.Replicas != replicas {
 		// Restored alone by an earlier version of this code: scaled now.
 		cfg.Replicas = replicas
-		bctx, cancel := brief()
-		_, err := js.UpdateStream(bctx, cfg)
-		cancel()
-		if err != nil {
+		if err := update(cfg); err != nil {
 			return nil, fmt.Errorf("scale to %d replicas: %w", replicas, err)
 		}
 	}
@@ -624,10 +627,7 @@ func restoreStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, d
 	}
 	if _, marked := cfg.Metadata[restoringMeta]; marked {
 		delete(cfg.Metadata, restoringMeta)
-		bctx, cancel := brief()
-		_, err := js.UpdateStream(bctx, cfg)
-		cancel()
-		if err != nil {
+		if err := update(cfg); err != nil {
 			return nil, fmt.Errorf("mark %s restored: %w", name, err)
 		}
 	}
