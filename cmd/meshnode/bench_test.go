@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,49 +22,44 @@ import (
 	"github.com/meshnode/meshnode/internal/testbed"
 )
 
+// startupIdle is how long BenchmarkStartup lets a started process sit idle before it reads
+// its RSS.
+var startupIdle = flag.Duration("startup-idle", time.Second, "how long BenchmarkStartup lets a process idle before reading its RSS")
+
 // BenchmarkStartup measures, for a fresh data dir and for one a node ran on before, the time
 // from process start until the readiness endpoint answers 200, and the resident memory after
-// it has sat idle for MESHNODE_BENCH_IDLE (default 1s). The baseline is nats-server embedded
-// with JetStream and nothing else (testdata/rawnats), polled on its own /healthz, in the same
-// run. Both are built as scripts/install.sh builds meshnode (static, trimmed, stripped): the
-// binary an operator runs. Targets (issue 20): ready ≤ 100 ms fresh, ≤ 60 ms existing, idle
-// RSS ≤ 30 MiB.
+// it has sat idle for -startup-idle (default 1s). The baseline is nats-server embedded with
+// JetStream and nothing else (testdata/rawnats), polled on its own /healthz, in the same run.
+// Both are built with scripts/install.sh's build flags (static, trimmed, stripped; less its
+// version stamp): the binary an operator runs. Targets (issue 20): ready ≤ 100 ms fresh,
+// ≤ 60 ms existing, idle RSS ≤ 30 MiB.
 //
 //	go test -run '^$' -bench Startup -benchtime 10x ./cmd/meshnode/
-//	MESHNODE_BENCH_IDLE=2m go test -run '^$' -bench 'Startup/(meshnode|raw-nats)$' -benchtime 3x ./cmd/meshnode/
+//	go test -run '^$' -bench 'Startup/(meshnode|raw-nats)$' -benchtime 3x ./cmd/meshnode/ -startup-idle 2m
 func BenchmarkStartup(b *testing.B) {
-	idle := time.Second
-	if v := os.Getenv("MESHNODE_BENCH_IDLE"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			b.Fatalf("MESHNODE_BENCH_IDLE=%q: %v (a duration, like 2m)", v, err)
-		}
-		idle = d
-	}
 	dir := filepath.Dir(binary)
 	installed, raw := filepath.Join(dir, "meshnode-installed"), filepath.Join(dir, "rawnats")
 	buildInstalled(b, installed, ".")
 	buildInstalled(b, raw, "./testdata/rawnats")
-	// The node refuses a MESHNODE_ variable it does not know: the benchmark's own stay here.
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "MESHNODE_BENCH_") })
 	mesh := func(dir, httpAddr string) *exec.Cmd {
 		cmd := exec.Command(installed, "up", "--data-dir", dir, "--name", "bench",
 			"--client-addr", "127.0.0.1:0", "--http-addr", httpAddr, "--log-level", "error")
-		cmd.Env = env
+		cmd.Env = cleanEnv() // the node's settings are the flags', not the caller's MESHNODE_ variables
 		return cmd
 	}
 	rawNATS := func(dir, httpAddr string) *exec.Cmd {
 		_, port, _ := net.SplitHostPort(httpAddr)
 		return exec.Command(raw, "--store-dir", dir, "--http-port", port)
 	}
-	b.Run("meshnode", func(b *testing.B) { benchStartup(b, mesh, "/readyz", false, idle) })
-	b.Run("raw-nats", func(b *testing.B) { benchStartup(b, rawNATS, "/healthz", false, idle) })
-	b.Run("meshnode-existing", func(b *testing.B) { benchStartup(b, mesh, "/readyz", true, idle) })
-	b.Run("raw-nats-existing", func(b *testing.B) { benchStartup(b, rawNATS, "/healthz", true, idle) })
+	b.Run("meshnode", func(b *testing.B) { benchStartup(b, mesh, "/readyz", false) })
+	b.Run("raw-nats", func(b *testing.B) { benchStartup(b, rawNATS, "/healthz", false) })
+	b.Run("meshnode-existing", func(b *testing.B) { benchStartup(b, mesh, "/readyz", true) })
+	b.Run("raw-nats-existing", func(b *testing.B) { benchStartup(b, rawNATS, "/healthz", true) })
 }
 
-// buildInstalled builds the main package pkg into out with scripts/install.sh's flags.
+// buildInstalled builds the main package pkg into out with scripts/install.sh's build flags.
 func buildInstalled(b *testing.B, out, pkg string) {
+	b.Helper()
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := build.CombinedOutput(); err != nil {
@@ -72,8 +68,8 @@ func buildInstalled(b *testing.B, out, pkg string) {
 }
 
 // benchStartup times b.N starts; with existing, each on a data dir a first, untimed, start
-// made and stopped. Each started process sits idle for idle before its RSS is read.
-func benchStartup(b *testing.B, command func(dir, httpAddr string) *exec.Cmd, path string, existing bool, idle time.Duration) {
+// made and stopped. Each started process sits idle for -startup-idle before its RSS is read.
+func benchStartup(b *testing.B, command func(dir, httpAddr string) *exec.Cmd, path string, existing bool) {
 	var readyTotal time.Duration
 	var rssTotal float64
 	for i := 0; i < b.N; i++ {
@@ -81,43 +77,35 @@ func benchStartup(b *testing.B, command func(dir, httpAddr string) *exec.Cmd, pa
 		if existing {
 			b.StopTimer()
 			httpAddr := testbed.FreeAddr(b)
-			first := command(dir, httpAddr)
-			if err := first.Start(); err != nil {
-				b.Fatal(err)
-			}
-			awaitHTTP(b, first, "http://"+httpAddr+path, time.Now(), nil)
-			first.Process.Signal(syscall.SIGTERM)
-			first.Wait()
+			first := launchCmd(b, command(dir, httpAddr), "up")
+			first.awaitHTTP(b, "http://"+httpAddr+path, time.Now())
+			first.stop(b, syscall.SIGTERM)
 			b.StartTimer()
 		}
 		httpAddr := testbed.FreeAddr(b)
-		cmd := command(dir, httpAddr)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr // what a start that never gets ready said
 		start := time.Now()
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		awaitHTTP(b, cmd, "http://"+httpAddr+path, start, &stderr)
+		p := launchCmd(b, command(dir, httpAddr), "up")
+		p.awaitHTTP(b, "http://"+httpAddr+path, start)
 		readyTotal += time.Since(start)
 		b.StopTimer()
-		time.Sleep(idle) // let it sit idle: the figure is the idle footprint
-		rss, err := rssMiB(cmd.Process.Pid)
+		time.Sleep(*startupIdle) // let it sit idle: the figure is the idle footprint
+		rss, err := rssMiB(p.cmd.Process.Pid)
 		if err != nil {
 			b.Fatal(err)
 		}
 		rssTotal += rss
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
+		p.stop(b, syscall.SIGTERM)
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(readyTotal.Milliseconds())/float64(b.N), "ms-to-ready")
 	b.ReportMetric(rssTotal/float64(b.N), "MiB-idle-rss")
 }
 
-// awaitHTTP polls url every 2 ms until it answers 200 (the benchmark's figure is when). If it
-// never does, the failure shows stderr (when given), read after the kill.
-func awaitHTTP(b *testing.B, cmd *exec.Cmd, url string, start time.Time, stderr *bytes.Buffer) {
+// awaitHTTP polls url every 2 ms until it answers 200 (the benchmark's figure is when). A
+// process that ends first, or is not ready within 30 s, fails the benchmark with what it
+// said.
+func (p *process) awaitHTTP(b *testing.B, url string, start time.Time) {
+	b.Helper()
 	for {
 		resp, err := http.Get(url)
 		if err == nil {
@@ -127,15 +115,15 @@ func awaitHTTP(b *testing.B, cmd *exec.Cmd, url string, start time.Time, stderr 
 			}
 		}
 		if time.Since(start) > 30*time.Second {
-			cmd.Process.Kill()
-			cmd.Wait()
-			said := "(not kept)"
-			if stderr != nil {
-				said = stderr.String()
-			}
-			b.Fatalf("%s not ready after 30s; the process said:\n%s", url, said)
+			p.cmd.Process.Kill()
+			<-p.done
+			b.Fatalf("%s not ready after 30s; the process said:\n%s", url, p.stderr)
 		}
-		time.Sleep(2 * time.Millisecond)
+		select {
+		case err := <-p.done:
+			b.Fatalf("%s: the process ended (%v) before it was ready; it said:\n%s", url, err, p.stderr)
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 }
 

@@ -268,7 +268,7 @@ func launch(t *testing.T, verb string, args ...string) *process {
 }
 
 // launchCmd is launch for a prepared command (one run in a network namespace).
-func launchCmd(t *testing.T, cmd *exec.Cmd, verb string) *process {
+func launchCmd(t testing.TB, cmd *exec.Cmd, verb string) *process {
 	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -312,7 +312,7 @@ func (p *process) awaitReady(t *testing.T, timeout time.Duration) {
 }
 
 // stop sends sig and returns the exit code and how long the process took to exit.
-func (p *process) stop(t *testing.T, sig syscall.Signal) (int, time.Duration) {
+func (p *process) stop(t testing.TB, sig syscall.Signal) (int, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	if err := p.cmd.Process.Signal(sig); err != nil {

@@ -2,75 +2,78 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
-// TestTrimIdleMemory: a period in which the collector ran at most once ends with a trim; a
-// busy one (the collector ran more) does not, and a trim's own collection does not make the
-// next period look busy.
-func TestTrimIdleMemory(t *testing.T) {
-	var gcs, reads, trims atomic.Uint64
-	var busy atomic.Bool
-	collections := func() uint64 {
-		reads.Add(1)
-		if busy.Load() {
-			return gcs.Add(2) // two collections since the last look: a busy period
+// TestTrimmer_Periods: a period ends with a trim when the node's process collected at most
+// once in it, not counting the last trim's own collection; a busier one does not.
+func TestTrimmer_Periods(t *testing.T) {
+	var gcs, trims uint64
+	tr := &trimmer{
+		collections: func() uint64 { return gcs },
+		trim:        func() { gcs++; trims++ }, // FreeOSMemory collects
+	}
+	for i, p := range []struct {
+		own  uint64 // collections the node made in the period
+		trim bool
+	}{
+		{0, true},
+		{1, true}, // after a trim: its collection is not counted
+		{1, true},
+		{2, false},
+		{1, true}, // after a busy period
+		{0, true},
+		{40, false},
+		{0, true},
+	} {
+		gcs += p.own
+		before := trims
+		if got := tr.period(); got != p.trim || (trims-before == 1) != p.trim {
+			t.Fatalf("period %d with %d collections of its own: trimmed %v (%d trims), want %v", i, p.own, got, trims-before, p.trim)
 		}
-		return gcs.Load()
 	}
-	trim := func() {
-		gcs.Add(1) // FreeOSMemory collects
-		trims.Add(1)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { trimIdleMemory(ctx, 5*time.Millisecond, collections, trim) })
-	defer func() { cancel(); wg.Wait() }()
-	// awaitReads waits for n more looks at the collector (a look per period, two after a trim).
-	awaitReads := func(n uint64) {
-		target := reads.Load() + n
-		retryUntil(t, 10*time.Second, func() error {
-			if r := reads.Load(); r < target {
-				return fmt.Errorf("%d looks at the collector, waiting for %d", r, target)
-			}
-			return nil
-		})
-	}
-
-	// Idle: nothing collected but the trims' own collections, and a trim every period.
-	retryUntil(t, 10*time.Second, func() error {
-		if n := trims.Load(); n < 3 {
-			return fmt.Errorf("%d trims of an idle process, want 3", n)
-		}
-		return nil
-	})
-	// Busy: once a whole period has passed under load, no period ends with a trim.
-	busy.Store(true)
-	awaitReads(3)
-	before := trims.Load()
-	awaitReads(10)
-	if n := trims.Load() - before; n != 0 {
-		t.Fatalf("%d trims over ten busy periods", n)
-	}
-	// Idle again: the trims come back.
-	busy.Store(false)
-	retryUntil(t, 10*time.Second, func() error {
-		if n := trims.Load() - before; n < 2 {
-			return fmt.Errorf("%d trims since the load ended, want 2", n)
-		}
-		return nil
-	})
 }
 
-// TestGCCycles: the count the trim reads is the runtime's.
-func TestGCCycles(t *testing.T) {
-	before := gcCycles()
-	freeOSMemory()
-	if after := gcCycles(); after <= before {
+// TestTrimIdleMemory: the loop ends a period at each tick until its context ends.
+func TestTrimIdleMemory(t *testing.T) {
+	var trims atomic.Uint64
+	ticks := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		trimIdleMemory(ctx, ticks, &trimmer{collections: func() uint64 { return 0 }, trim: func() { trims.Add(1) }})
+	})
+	for range 3 {
+		ticks <- time.Now()
+	}
+	cancel()
+	wg.Wait()
+	// The third tick's period may have ended before or after the cancel was seen.
+	if n := trims.Load(); n < 2 || n > 3 {
+		t.Fatalf("%d trims for three idle periods", n)
+	}
+}
+
+// TestStartTrimming: the runtime counts its collections, a forced one included, and a
+// started trimmer stops when told to.
+func TestStartTrimming(t *testing.T) {
+	before, ok := gcCycles()
+	if !ok {
+		t.Fatal("the runtime does not count its collections: nothing would be trimmed")
+	}
+	debug.FreeOSMemory()
+	after, _ := gcCycles()
+	if after <= before {
 		t.Fatalf("collections %d then %d across a forced collection", before, after)
 	}
+	others := goleak.IgnoreCurrent()
+	stop := startTrimming(context.Background())
+	stop()
+	goleak.VerifyNone(t, others) // stopped, its goroutine ends
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/config"
@@ -187,11 +186,7 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 			os.Exit(exitOK)
 		}
 	}()
-	// An idle node hands back the memory it freed (trimIdleMemory).
-	trimCtx, trimStop := context.WithCancel(ctx)
-	var trimming sync.WaitGroup
-	trimming.Go(func() { trimIdleMemory(trimCtx, trimEvery, gcCycles, freeOSMemory) })
-	defer func() { trimStop(); trimming.Wait() }()
+	defer startTrimming(ctx)() // an idle node hands back the memory it freed
 	for {
 		err := runOnce(ctx, cmd, cfg, log, create)
 		if errors.Is(err, node.ErrRestart) {
