@@ -112,7 +112,7 @@ func TestEncoding_LogFromBeforeIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Two more through the logger, and a redelivery of a JSON-era event (recorded once).
-	if err := l.write([]jetstream.Msg{old[1], event(4), event(5)}); err != nil {
+	if _, err := l.write([]jetstream.Msg{old[1], event(4), event(5)}); err != nil {
 		t.Fatal(err)
 	}
 	v, err := l.Verify()
@@ -183,7 +183,7 @@ func BenchmarkWrite(b *testing.B) {
 			}
 			b.ResetTimer()
 			for i := range b.N {
-				if err := l.write(batches[i]); err != nil {
+				if _, err := l.write(batches[i]); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -240,7 +240,7 @@ func TestLogger_Missed(t *testing.T) {
 		for _, s := range step.batch {
 			batch = append(batch, event(s))
 		}
-		if err := l.write(batch); err != nil {
+		if _, err := l.write(batch); err != nil {
 			t.Fatal(err)
 		}
 		if got := l.Missed(); got != step.missed {
@@ -248,7 +248,7 @@ func TestLogger_Missed(t *testing.T) {
 		}
 	}
 	// A gap no batch comes to settle counts at the next tick.
-	if err := l.write([]jetstream.Msg{event(45)}); err != nil {
+	if _, err := l.write([]jetstream.Msg{event(45)}); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(gapConfirm)
@@ -309,7 +309,7 @@ func TestLogger_LateEventsCount(t *testing.T) {
 		for _, s := range batch {
 			b = append(b, msgs[s])
 		}
-		if err := l.write(b); err != nil {
+		if _, err := l.write(b); err != nil {
 			t.Fatal(err)
 		}
 	}

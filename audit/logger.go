@@ -124,22 +124,26 @@ func (l *Logger) Records() uint64 { return l.records.Load() }
 func (l *Logger) Changes() uint64 { return l.changes.Load() }
 
 // Run consumes EVENTS until ctx ends: each batch is written in one transaction, and acked
-// only after it commits. It is a pipeline: nats.go pulls the next events while a batch is
-// checked and written, and a batch's signatures are checked on every core (check.go).
+// with one ack, of its last event, after it commits (acks.go says when that is safe). It is a
+// pipeline: nats.go pulls the next events while a batch is checked and written, and a
+// batch's signatures are checked on every core (check.go).
 func (l *Logger) Run(ctx context.Context) error {
 	// The events arrive on in, pulled batchSize ahead: while one batch is written, the next
-	// is on its way.
-	in := make(chan jetstream.Msg, batchSize)
+	// is on its way. A run the log cannot ack past goes on resync, and pull starts another.
+	in := make(chan delivery, batchSize)
+	resync := make(chan uint64, 1)
 	pulled := make(chan struct{})
 	go func() {
 		defer close(pulled)
-		l.pull(ctx, in)
+		l.pull(ctx, in, resync)
 	}()
 	defer func() { <-pulled }()
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
+	var acks acker
+	failed := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
-		var first jetstream.Msg
+		var first delivery
 		select {
 		case <-ctx.Done():
 			return nil
@@ -154,15 +158,20 @@ func (l *Logger) Run(ctx context.Context) error {
 			continue
 		case first = <-in:
 		}
+		if acks.dropped(first) {
+			continue
+		}
 		// A batch is what arrives within batchWait of its first event, up to batchSize: a
 		// transaction (and its fsync) per event would cost more than the events.
-		msgs := []jetstream.Msg{first}
+		batch := []delivery{first}
 		window := time.NewTimer(batchWait)
 	more:
-		for len(msgs) < batchSize {
+		for len(batch) < batchSize {
 			select {
-			case m := <-in:
-				msgs = append(msgs, m)
+			case d := <-in:
+				if !acks.dropped(d) {
+					batch = append(batch, d)
+				}
 			case <-window.C:
 				break more
 			case <-ctx.Done():
@@ -170,24 +179,48 @@ func (l *Logger) Run(ctx context.Context) error {
 			}
 		}
 		window.Stop()
-		if err := l.write(msgs); err != nil {
-			// Not acked: JetStream redelivers, and the dedup index keeps a retry from
-			// recording twice.
-			l.log.Error("audit write failed; the batch will be redelivered", "events", len(msgs), "err", err)
+		msgs := make([]jetstream.Msg, len(batch))
+		for i, d := range batch {
+			msgs[i] = d.Msg
+		}
+		mds, err := l.write(msgs)
+		if err != nil {
+			// Not acked, and the run is over: the next one delivers the batch again, and the
+			// dedup index keeps a retry from recording twice.
+			l.log.Error("audit write failed; the batch will be delivered again", "events", len(batch), "err", err)
+			acks.fail(batch)
+			askResync(resync, acks.run)
+			failed.Wait(ctx)
 			continue
 		}
-		for _, m := range msgs {
-			m.Ack()
+		failed.Reset()
+		ack, broke := acks.written(batch, mds)
+		if ack != nil {
+			ack.Ack()
+		}
+		if broke {
+			l.log.Warn("audit: a delivery of EVENTS went missing; reading again from the last ack")
+			askResync(resync, acks.run)
 		}
 	}
 }
 
-// pull feeds in with EVENTS' events through the audit consumer until ctx ends. When the
-// consumer goes (deleted: the node's drift check makes it again) or the connection closes
-// under it, pull finds the consumer again and goes on.
-func (l *Logger) pull(ctx context.Context, in chan<- jetstream.Msg) {
+// askResync asks pull to end run and start another, unless it has already.
+func askResync(resync chan uint64, run uint64) {
+	select {
+	case resync <- run:
+	default: // a request is waiting already
+	}
+}
+
+// pull feeds in with EVENTS' events through the audit consumer until ctx ends, in runs
+// (acks.go). A run ends when Run asks for another on resync, or when the consumer goes
+// (deleted: the node's drift check makes it again) or the connection closes under it; then
+// pull finds the consumer again, resets it to its ack floor and goes on.
+func (l *Logger) pull(ctx context.Context, in chan<- delivery, resync <-chan uint64) {
 	l.startCounting(ctx) // before the first event: gaps count from here
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
+	var run uint64
 	for ctx.Err() == nil {
 		cons, err := l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
 		if err != nil {
@@ -197,6 +230,20 @@ func (l *Logger) pull(ctx context.Context, in chan<- jetstream.Msg) {
 			}
 			continue
 		}
+		if p := cons.CachedInfo().Config.AckPolicy; p != jetstream.AckAllPolicy {
+			// Acking a batch's last event would leave the others to come again for ever.
+			l.log.Warn("audit consumer does not ack all; waiting for the node to make it again", "ack_policy", p.String())
+			wait.Wait(ctx)
+			continue
+		}
+		if _, err := l.js.ResetConsumer(ctx, manifest.EventsStreamName, l.ConsumerName()); err != nil {
+			if ctx.Err() == nil {
+				l.log.Warn("audit: reset the consumer to its ack floor; retrying", "err", err)
+				wait.Wait(ctx)
+			}
+			continue
+		}
+		run++
 		it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
 		if err != nil {
 			l.log.Warn("audit: consume EVENTS; retrying", "err", err)
@@ -204,16 +251,33 @@ func (l *Logger) pull(ctx context.Context, in chan<- jetstream.Msg) {
 			continue
 		}
 		wait.Reset()
-		stop := context.AfterFunc(ctx, it.Stop)
-		l.drain(ctx, it, in)
+		runCtx, end := context.WithCancel(ctx)
+		stop := context.AfterFunc(runCtx, it.Stop)
+		var watched sync.WaitGroup
+		watched.Go(func() {
+			for {
+				select {
+				case r := <-resync:
+					if r >= run { // a request for an earlier run was answered by this one
+						end()
+						return
+					}
+				case <-runCtx.Done():
+					return
+				}
+			}
+		})
+		l.drain(runCtx, it, in, run)
+		end()
+		watched.Wait()
 		stop()
 		it.Stop()
 	}
 }
 
-// drain passes it's messages to in until it ends (stopped, its consumer gone, its
-// connection closed) or ctx does.
-func (l *Logger) drain(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
+// drain passes it's messages to in, as deliveries of run, until it ends (stopped, its
+// consumer gone, its connection closed) or ctx does.
+func (l *Logger) drain(ctx context.Context, it jetstream.MessagesContext, in chan<- delivery, run uint64) {
 	for {
 		m, err := it.Next()
 		switch {
@@ -230,7 +294,7 @@ func (l *Logger) drain(ctx context.Context, it jetstream.MessagesContext, in cha
 			continue
 		}
 		select {
-		case in <- m:
+		case in <- delivery{Msg: m, run: run}:
 		case <-ctx.Done():
 			return
 		}
@@ -259,13 +323,14 @@ func readHead(tx *bolt.Tx) head {
 	return h
 }
 
-// write records a batch in one transaction, skipping events already recorded.
-func (l *Logger) write(msgs []jetstream.Msg) error {
+// write records a batch in one transaction, skipping events already recorded, and returns
+// each event's stream metadata.
+func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	clock := l.clock() // with its monotonic reading, for the gaps' ages
 	now := clock.UTC()
 	checked, err := l.checkAll(msgs, now)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var added, missed uint64
 	var open gaps
@@ -338,7 +403,7 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	l.usage.merge(used)
 	l.records.Add(added)
@@ -354,7 +419,11 @@ func (l *Logger) write(msgs []jetstream.Msg) error {
 			l.Ingested(owner, n, bytes)
 		}
 	}
-	return nil
+	mds := make([]*jetstream.MsgMetadata, len(checked))
+	for i, c := range checked {
+		mds[i] = c.md
+	}
+	return mds, nil
 }
 
 // sameEvent reports whether two records are the same event: subject, body and signature.

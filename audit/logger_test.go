@@ -50,7 +50,7 @@ func TestLogger_InvalidUTF8(t *testing.T) {
 		h[envelope.Causation] = []string{bad, "valid"}
 		msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: uint64(i + 1)})
 	}
-	if err := l.write(msgs); err != nil {
+	if _, err := l.write(msgs); err != nil {
 		t.Fatal(err)
 	}
 	v, err := l.Verify()
@@ -109,7 +109,7 @@ func TestLogger_HugeHeaders(t *testing.T) {
 	h.Set(envelope.Source, source)
 	m := delivered{subject: subject, header: h, data: []byte("{}"), seq: 1}
 	for range 2 {
-		if err := l.write([]jetstream.Msg{m, delivered{subject: subject, header: h, data: []byte("{}"), seq: 2}}); err != nil {
+		if _, err := l.write([]jetstream.Msg{m, delivered{subject: subject, header: h, data: []byte("{}"), seq: 2}}); err != nil {
 			t.Fatalf("a batch with a 40 KiB id and source: %v", err)
 		}
 	}
@@ -141,7 +141,7 @@ func TestLogger_Prune(t *testing.T) {
 			ids = append(ids, h.Get(envelope.EventID))
 			msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: seq})
 		}
-		if err := l.write(msgs); err != nil {
+		if _, err := l.write(msgs); err != nil {
 			t.Fatal(err)
 		}
 	}

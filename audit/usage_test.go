@@ -35,10 +35,10 @@ func TestLogger_Usage(t *testing.T) {
 		event(3, "mesh.mod.b.event.tick", "0", now),
 		event(4, "mesh.seat.mailer.event.sent", "01", now),
 	}
-	if err := l.write(batch); err != nil {
+	if _, err := l.write(batch); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.write(batch[:2]); err != nil { // redelivered
+	if _, err := l.write(batch[:2]); err != nil { // redelivered
 		t.Fatal(err)
 	}
 	cost := func(m jetstream.Msg) int64 { return size(m) }

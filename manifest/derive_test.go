@@ -238,7 +238,7 @@ func TestManifest_Derive_Consumers(t *testing.T) {
 		t.Fatalf("seat consumer %+v", sc)
 	}
 	audit := manifest.AuditConsumer("n1")
-	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || len(audit.FilterSubjects) != 0 {
+	if audit.Name != "audit-n1" || audit.Stream != "EVENTS" || len(audit.FilterSubjects) != 0 || audit.AckPolicy != manifest.AckAll {
 		t.Fatalf("audit consumer %+v", audit)
 	}
 

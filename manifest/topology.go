@@ -20,9 +20,15 @@ const (
 // AckPolicy says how a consumer's messages are acknowledged.
 type AckPolicy string
 
-// AckExplicit is the ack policy of every derived consumer: each message is acked on its
-// own, after the handler has done its work.
-const AckExplicit AckPolicy = "explicit"
+// The ack policies of derived consumers.
+const (
+	// AckExplicit is the ack policy of every module's and seat's consumer: each message is
+	// acked on its own, after the handler has done its work.
+	AckExplicit AckPolicy = "explicit"
+	// AckAll is the audit consumer's: one ack, of the last event of a batch the log wrote,
+	// acks every event before it in the stream.
+	AckAll AckPolicy = "all"
+)
 
 // DeliverPolicy says where a new consumer starts in its stream.
 type DeliverPolicy string
@@ -102,7 +108,7 @@ type Consumer struct {
 	FilterSubjects []string
 	// DeliverPolicy is where a new consumer starts.
 	DeliverPolicy DeliverPolicy
-	// AckPolicy is always AckExplicit.
+	// AckPolicy is AckExplicit, but AckAll for the audit consumer.
 	AckPolicy AckPolicy
 	// MaxAckPending is the prefetch: MaxAckPending.
 	MaxAckPending int
@@ -179,6 +185,9 @@ func AuditConsumer(node string) Consumer {
 	// A batch is written in milliseconds; a node killed mid-batch has its batch redelivered
 	// after this, not after a module's 30 s.
 	c.BackOff = []time.Duration{AuditAckWait}
+	// One ack a batch, not one an event: the log writes in stream order and acks a batch
+	// only once every event before its last is written (audit.Logger).
+	c.AckPolicy = AckAll
 	return c
 }
 

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -227,4 +228,72 @@ func mustSigner(t *testing.T, seedFile string) *envelope.SigningKey {
 		t.Fatal(err)
 	}
 	return sk
+}
+
+// TestAudit_AnEarlierNodesConsumerAcksAll: a node of an earlier version made its audit
+// consumer ack each event on its own, and JetStream cannot change an ack policy in place.
+// The node makes the consumer again to ack all, from where the old one's acks had reached:
+// the log neither reads EVENTS again from its start nor loses what it had not acked.
+func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	b := newBedAt(t, cfg)
+	seed, _ := b.register("module: m\nrequires: [mesh-bus]\nemits: [tick]\n")
+	publishRaw(t, b, seed, "m", "tick", 40, 0)
+	b.waitAudited(20 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := manifest.AuditConsumer("alpha").Name
+	// The consumer as an earlier node made it (the drift check may make it again between
+	// the delete and the create, so both are retried).
+	var old jetstream.Consumer
+	retryUntil(t, 20*time.Second, func() error {
+		if err := b.js.DeleteConsumer(ctx, manifest.EventsStreamName, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return err
+		}
+		var err error
+		old, err = b.js.CreateConsumer(ctx, manifest.EventsStreamName, jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: manifest.AuditAckWait,
+			MaxAckPending: manifest.AuditMaxAckPending, MaxDeliver: -1,
+		})
+		return err
+	})
+	// It had acked the first half of EVENTS.
+	total := old.CachedInfo().NumPending
+	batch, err := old.Fetch(int(total / 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := old.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := info.AckFloor.Stream
+	if floor < total/2 {
+		t.Fatalf("the earlier consumer acked to %d of %d", floor, total)
+	}
+	b.close()
+
+	b = newBedAt(t, cfg)
+	b.waitAudited(20 * time.Second)
+	c, err := b.js.Consumer(ctx, manifest.EventsStreamName, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info = c.CachedInfo()
+	if info.Config.AckPolicy != jetstream.AckAllPolicy {
+		t.Fatalf("the audit consumer acks %s", info.Config.AckPolicy)
+	}
+	// The log's run starts at the ack floor: it was delivered what came after the old
+	// consumer's floor, not EVENTS from its start.
+	if read := info.Delivered.Consumer; read > info.Delivered.Stream-floor {
+		t.Fatalf("the log read %d events of EVENTS' %d after the old floor %d: it started again", read, info.Delivered.Stream, floor)
+	}
+	if n := len(b.auditAll("m")); n != 40 {
+		t.Fatalf("the log holds %d of m's 40 events", n)
+	}
 }

@@ -55,6 +55,9 @@ func consumerConfig(c manifest.Consumer) jetstream.ConsumerConfig {
 	if len(c.BackOff) > 0 {
 		cfg.AckWait = c.BackOff[0]
 	}
+	if c.AckPolicy == manifest.AckAll {
+		cfg.AckPolicy = jetstream.AckAllPolicy
+	}
 	if c.DeliverPolicy == manifest.DeliverNew {
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
 	}
@@ -107,8 +110,31 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 // ensureAudit creates or updates this node's audit consumer on EVENTS.
 func (t *topology) ensureAudit(ctx context.Context) error {
 	audit := manifest.AuditConsumer(t.node)
-	if _, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, consumerConfig(audit)); err != nil {
+	cfg := consumerConfig(audit)
+	_, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, cfg)
+	if err == nil {
+		return nil
+	}
+	// A node of an earlier version acked each event on its own, and JetStream cannot change
+	// a consumer's ack policy in place: the consumer is made again, and set back to where
+	// the old one's acks had reached, so that the log neither reads EVENTS again from its
+	// start nor skips what it had not acked. (A node stopped between the two reads EVENTS
+	// from its start once: the log's dedup index keeps each event once.)
+	old, oerr := t.js.Consumer(ctx, audit.Stream, audit.Name)
+	if oerr != nil || old.CachedInfo().Config.AckPolicy == cfg.AckPolicy {
 		return fmt.Errorf("reconcile consumer %s: %w", audit.Name, err)
+	}
+	floor := old.CachedInfo().AckFloor.Stream
+	if err := t.js.DeleteConsumer(ctx, audit.Stream, audit.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
+	}
+	if _, err := t.js.CreateConsumer(ctx, audit.Stream, cfg); err != nil {
+		return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
+	}
+	if floor > 0 {
+		if _, err := t.js.ResetConsumerToSequence(ctx, audit.Stream, audit.Name, floor+1); err != nil {
+			return fmt.Errorf("set consumer %s back to stream sequence %d: %w", audit.Name, floor+1, err)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,95 @@
+package audit
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ackBatch builds a written batch: each element is {run, delivery sequence, stream sequence}.
+func ackBatch(ds ...[3]uint64) ([]delivery, []*jetstream.MsgMetadata) {
+	batch := make([]delivery, len(ds))
+	mds := make([]*jetstream.MsgMetadata, len(ds))
+	for i, d := range ds {
+		batch[i] = delivery{Msg: delivered{seq: d[2]}, run: d[0]}
+		mds[i] = &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Consumer: d[1], Stream: d[2]}}
+	}
+	return batch, mds
+}
+
+// ackedSeq is the stream sequence of the delivery written picked to ack; 0 for none.
+func ackedSeq(m jetstream.Msg) uint64 {
+	if m == nil {
+		return 0
+	}
+	return m.(delivered).seq
+}
+
+// TestAcker_AcksTheLastOfAWholeRun: a run's deliveries written without a hole are acked
+// with the one of the highest stream sequence, a redelivery (a lower stream sequence, a
+// later delivery) included.
+func TestAcker_AcksTheLastOfAWholeRun(t *testing.T) {
+	var a acker
+	ack, broke := a.written(ackBatch([3]uint64{1, 1, 10}, [3]uint64{1, 2, 11}, [3]uint64{1, 3, 12}))
+	if ackedSeq(ack) != 12 || broke {
+		t.Fatalf("ack %d, broke %v; want 12, false", ackedSeq(ack), broke)
+	}
+	// The next batch: a new event, then one redelivered after the ack wait.
+	ack, broke = a.written(ackBatch([3]uint64{1, 4, 13}, [3]uint64{1, 5, 11}))
+	if ackedSeq(ack) != 13 || broke {
+		t.Fatalf("ack %d, broke %v; want 13, false", ackedSeq(ack), broke)
+	}
+}
+
+// TestAcker_AMissingDeliveryBreaksTheRun: a delivery sequence skipped (a delivery that went
+// to a stale pull, say) stops the acks at the hole: what came after it in the stream may
+// lie behind the missing event. Nothing more of that run is acked or written, and the next
+// run is followed from its first delivery.
+func TestAcker_AMissingDeliveryBreaksTheRun(t *testing.T) {
+	var a acker
+	ack, broke := a.written(ackBatch([3]uint64{1, 1, 10}, [3]uint64{1, 2, 11}, [3]uint64{1, 4, 13}, [3]uint64{1, 5, 14}))
+	if ackedSeq(ack) != 11 || !broke {
+		t.Fatalf("ack %d, broke %v; want 11 (before the hole), true", ackedSeq(ack), broke)
+	}
+	if !a.dropped(delivery{run: 1}) {
+		t.Fatal("a broken run's next delivery is written")
+	}
+	ack, broke = a.written(ackBatch([3]uint64{1, 3, 12}))
+	if ack != nil || broke {
+		t.Fatalf("a broken run acked %d (broke %v)", ackedSeq(ack), broke)
+	}
+	if a.dropped(delivery{run: 2}) {
+		t.Fatal("the next run's delivery is dropped")
+	}
+	ack, broke = a.written(ackBatch([3]uint64{2, 1, 12}, [3]uint64{2, 2, 13}, [3]uint64{2, 3, 14}))
+	if ackedSeq(ack) != 14 || broke {
+		t.Fatalf("ack %d, broke %v; want 14, false", ackedSeq(ack), broke)
+	}
+	// A delivery sequence that goes back (a consumer leader that numbered again) breaks
+	// it too.
+	ack, broke = a.written(ackBatch([3]uint64{2, 2, 15}))
+	if ack != nil || !broke {
+		t.Fatalf("ack %d, broke %v; want none, true", ackedSeq(ack), broke)
+	}
+}
+
+// TestAcker_AFailedWriteBreaksTheRun: after a batch that was not written, a following batch
+// of the same run is not acked though its delivery sequence goes on without a hole: its ack
+// would ack the unwritten batch.
+func TestAcker_AFailedWriteBreaksTheRun(t *testing.T) {
+	var a acker
+	failed, _ := ackBatch([3]uint64{1, 1, 10}, [3]uint64{1, 2, 11})
+	a.fail(failed)
+	if !a.dropped(delivery{run: 1}) {
+		t.Fatal("the failed run's next delivery is written")
+	}
+	if ack, _ := a.written(ackBatch([3]uint64{1, 3, 12})); ack != nil {
+		t.Fatalf("acked %d after a failed write", ackedSeq(ack))
+	}
+	// A batch holding the end of the broken run and the start of the next acks the
+	// next's.
+	ack, broke := a.written(ackBatch([3]uint64{1, 4, 13}, [3]uint64{2, 1, 10}, [3]uint64{2, 2, 11}))
+	if ackedSeq(ack) != 11 || broke {
+		t.Fatalf("ack %d, broke %v; want 11, false", ackedSeq(ack), broke)
+	}
+}
