@@ -224,19 +224,25 @@ func (s *EmitOnSession) Pipelined(ctx context.Context, n int) (Series, error) {
 // RawAsync sends n events with jetstream async publishes (at most sdk.MaxInFlight
 // unanswered, as EmitAsync) and waits until the raw consumer has seen each of them. With
 // audited, a second durable consumer drains the stream alongside, as the audit log drains
-// EVENTS.
+// EVENTS: acking all, with an ack every rawAuditAckEvery events and at the stream's end.
 func (s *EmitOnSession) RawAsync(ctx context.Context, n int, audited bool) (Series, error) {
 	if audited {
 		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
 		cons, err := s.subJS.CreateOrUpdateConsumer(cctx, s.rawStream, jetstream.ConsumerConfig{
-			Durable: "bench-raw-audit", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: manifest.MaxAckPending,
+			Durable: "bench-raw-audit", AckPolicy: jetstream.AckAllPolicy, MaxAckPending: manifest.AuditMaxAckPending,
 			AckWait: 30 * time.Second, DeliverPolicy: jetstream.DeliverNewPolicy,
 		})
 		if err != nil {
 			return Series{}, fmt.Errorf("create the raw audit consumer: %w", err)
 		}
-		drain, err := cons.Consume(func(m jetstream.Msg) { m.Ack() }, jetstream.PullMaxMessages(manifest.MaxAckPending))
+		var drained int // Consume calls its handler on one goroutine
+		drain, err := cons.Consume(func(m jetstream.Msg) {
+			drained++
+			if md, err := m.Metadata(); err != nil || md.NumPending == 0 || drained%rawAuditAckEvery == 0 {
+				m.Ack()
+			}
+		}, jetstream.PullMaxMessages(rawAuditAckEvery))
 		if err != nil {
 			return Series{}, fmt.Errorf("consume raw audit: %w", err)
 		}
@@ -259,6 +265,10 @@ func (s *EmitOnSession) RawAsync(ctx context.Context, n int, audited bool) (Seri
 		}
 	})
 }
+
+// rawAuditAckEvery is how many events the raw baseline's drained consumer acks at once: the
+// audit log's largest batch.
+const rawAuditAckEvery = 1024
 
 // Raw sends n events with a jetstream publish and waits until the raw consumer has seen
 // each of them.
