@@ -138,6 +138,7 @@ type Client struct {
 
 	stats        toolstats.Recorder // how long its tool handlers take (report.go)
 	reporting    sync.WaitGroup     // the stats reporter
+	reportOnce   sync.Once          // starts it, with the first tool served
 	refusedSince atomic.Int64       // unix ns of the first refusal of the key since the last connect; 0: none
 	authPatience time.Duration      // how long a refused key is tried again
 
@@ -281,7 +282,6 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 		return nil, connectError(url, pub, err)
 	}
 	c.js, _ = jetstream.New(c.nc)
-	c.startReporting()
 	return c, nil
 }
 

@@ -11,16 +11,27 @@ import (
 	"github.com/meshnode/meshnode/toolstats"
 )
 
+// reportEvery is how often the reporter looks whether to report: toolstats.Interval (tests
+// shorten it).
+var reportEvery = toolstats.Interval
+
 // startReporting starts the reporter of the tools' latency: every toolstats.Interval in
 // which a handler answered a call — and every toolstats.Heartbeat once it answered any, so
 // that its node does not take it for gone — it publishes the instance's cumulative
-// histograms to its node. Close sends the last report. It runs for every client: whether the
-// module answers calls is asked at each report (a re-registration may add tools).
+// histograms to its node. Close sends the last report. It starts with the first tool the
+// client serves (a module's or a seat's; nothing else is timed), once, and not once the
+// client is closing; whether the module answers calls is asked at each report (a
+// re-registration may take its tools away).
 func (c *Client) startReporting() {
+	c.closing.RLock()
+	defer c.closing.RUnlock()
+	if c.closed {
+		return
+	}
 	c.reporting.Add(1)
 	go func() {
 		defer c.reporting.Done()
-		t := time.NewTicker(toolstats.Interval)
+		t := time.NewTicker(reportEvery)
 		defer t.Stop()
 		var sent time.Time
 		for {

@@ -70,6 +70,7 @@ func (c *Client) Serve(tool string, h ToolHandler) error {
 // error header.
 // Each call's time, from its arrival to its answer, is recorded under label (toolstats).
 func (c *Client) toolResponder(tool, label string, h ToolHandler) nats.MsgHandler {
+	c.reportOnce.Do(c.startReporting)
 	return func(m *nats.Msg) {
 		if !strings.HasPrefix(m.Reply, "_INBOX.") {
 			// A call has an inbox to answer; a message without one is no caller's (a stream
