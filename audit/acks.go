@@ -1,6 +1,11 @@
 package audit
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -12,7 +17,8 @@ import (
 // has written every delivery of its run up to it: every event before it in the stream was
 // delivered first, earlier in the run, or was acked before the run began. A delivery that
 // went missing (a restart of the iteration, a reconnection, a consumer leader that moved)
-// breaks the run: nothing more of it is acked, and the log asks for a new one.
+// breaks the run: nothing past the hole is acked, no later batch of the run is written, and
+// the log asks for a new run.
 
 // delivery is an event as the audit consumer delivered it, and the run it came in.
 type delivery struct {
@@ -50,10 +56,77 @@ func (a *acker) fail(batch []delivery) {
 	a.broken = true
 }
 
+// runs is what Run's writer and pull share of the consumer's runs.
+type runs struct {
+	// mu keeps an ack and a reset apart. A run's ack is confirmed before the next reset,
+	// and no run's ack is sent after a newer one's reset: the server would take it for
+	// the newer run's, and set the floor of delivery sequences to it, far past the newer
+	// run's own (JetStream ignores an ack at or below that floor).
+	mu      sync.Mutex
+	current atomic.Uint64 // the run pull reads, 0 before the first
+	ended   atomic.Uint64 // the newest run the writer asked to end
+	wake    chan struct{} // tells the watcher of the current run that one was asked to end
+}
+
+func newRuns() *runs { return &runs{wake: make(chan struct{}, 1)} }
+
+// start resets the consumer with reset and returns the new run's number.
+func (r *runs) start(ctx context.Context, reset func(context.Context) error) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := reset(ctx); err != nil {
+		return 0, err
+	}
+	return r.current.Add(1), nil
+}
+
+// ack acks d and waits for the server to confirm it, unless a newer run has begun: that
+// one starts at the ack floor and acks its own.
+func (r *runs) ack(ctx context.Context, d delivery) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.run != r.current.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, manifest.AuditAckWait)
+	defer cancel()
+	return d.DoubleAck(ctx)
+}
+
+// end asks pull to end run (and start another) if it is still reading it. The newest
+// request wins: one for an older run, still waiting, does not hide it.
+func (r *runs) end(run uint64) {
+	for {
+		was := r.ended.Load()
+		if run <= was || r.ended.CompareAndSwap(was, run) {
+			break
+		}
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default: // the watcher has a wake-up waiting, and reads ended when it takes it
+	}
+}
+
+// watch calls end once run is asked to end, until ctx ends.
+func (r *runs) watch(ctx context.Context, run uint64, end func()) {
+	for {
+		select {
+		case <-r.wake:
+			if r.ended.Load() >= run {
+				end()
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // written takes a batch the log wrote, in the order it was delivered, with the metadata of
 // each delivery. It returns the delivery to ack (nil: none), and whether the run it follows
 // broke on this batch: then pull must start another.
-func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack jetstream.Msg, broke bool) {
+func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack *delivery, broke bool) {
 	var ackSeq uint64
 	for i, d := range batch {
 		a.follow(d.run)
@@ -66,7 +139,7 @@ func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack jet
 		}
 		a.next++
 		if s := mds[i].Sequence.Stream; ack == nil || s > ackSeq {
-			ack, ackSeq = d.Msg, s
+			ack, ackSeq = &batch[i], s
 		}
 	}
 	return ack, broke

@@ -1,7 +1,11 @@
 package audit
 
 import (
+	"context"
+	"errors"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,11 +22,11 @@ func ackBatch(ds ...[3]uint64) ([]delivery, []*jetstream.MsgMetadata) {
 }
 
 // ackedSeq is the stream sequence of the delivery written picked to ack; 0 for none.
-func ackedSeq(m jetstream.Msg) uint64 {
-	if m == nil {
+func ackedSeq(d *delivery) uint64 {
+	if d == nil {
 		return 0
 	}
-	return m.(delivered).seq
+	return d.Msg.(delivered).seq
 }
 
 // TestAcker_AcksTheLastOfAWholeRun: a run's deliveries written without a hole are acked
@@ -91,5 +95,74 @@ func TestAcker_AFailedWriteBreaksTheRun(t *testing.T) {
 	ack, broke := a.written(ackBatch([3]uint64{1, 4, 13}, [3]uint64{2, 1, 10}, [3]uint64{2, 2, 11}))
 	if ackedSeq(ack) != 11 || broke {
 		t.Fatalf("ack %d, broke %v; want 11, false", ackedSeq(ack), broke)
+	}
+}
+
+// counted is a delivery whose confirmed acks are counted.
+type counted struct {
+	jetstream.Msg
+	acks *int
+}
+
+func (m counted) DoubleAck(context.Context) error { *m.acks++; return nil }
+
+// TestRuns_NoAckOfAnOlderRun: once pull has reset the consumer for a newer run, an ack of
+// an older run's event is not sent: the server would take its delivery sequence for the
+// newer run's floor. The current run's acks are.
+func TestRuns_NoAckOfAnOlderRun(t *testing.T) {
+	r := newRuns()
+	ctx := context.Background()
+	resets := 0
+	reset := func(context.Context) error { resets++; return nil }
+	first, _ := r.start(ctx, reset)
+	second, _ := r.start(ctx, reset)
+	if first != 1 || second != 2 || resets != 2 {
+		t.Fatalf("runs %d, %d after %d resets", first, second, resets)
+	}
+	var acks int
+	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks}, run: first}); err != nil || acks != 0 {
+		t.Fatalf("an older run's ack was sent (%d, %v)", acks, err)
+	}
+	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks}, run: second}); err != nil || acks != 1 {
+		t.Fatalf("the current run's ack: %d sent, %v", acks, err)
+	}
+	// A failed reset starts no run.
+	if _, err := r.start(ctx, func(context.Context) error { return errors.New("no") }); err == nil || r.current.Load() != second {
+		t.Fatalf("a failed reset: err %v, current run %d", err, r.current.Load())
+	}
+}
+
+// TestRuns_TheNewestEndWins: the writer asks to end an older run, and before the watcher
+// takes it, the current one: the current run's watcher ends it. (With one request slot that
+// kept the first, the second was dropped and the run never ended.)
+func TestRuns_TheNewestEndWins(t *testing.T) {
+	r := newRuns()
+	r.end(1)
+	r.end(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ended := make(chan struct{})
+	go r.watch(ctx, 2, func() { close(ended) })
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("run 2 was asked to end and its watcher did not end it")
+	}
+	// A request for an older run does not end a newer one.
+	r.end(1)
+	ended3 := make(chan struct{})
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { r.watch(wctx, 3, func() { close(ended3) }); close(done) }()
+	r.end(1)
+	for len(r.wake) > 0 && wctx.Err() == nil { // until the watcher has taken the wake-up
+		runtime.Gosched()
+	}
+	wcancel()
+	<-done
+	select {
+	case <-ended3:
+		t.Fatal("a request to end run 1 ended run 3")
+	default:
 	}
 }

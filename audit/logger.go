@@ -129,13 +129,14 @@ func (l *Logger) Changes() uint64 { return l.changes.Load() }
 // batch's signatures are checked on every core (check.go).
 func (l *Logger) Run(ctx context.Context) error {
 	// The events arrive on in, pulled batchSize ahead: while one batch is written, the next
-	// is on its way. A run the log cannot ack past goes on resync, and pull starts another.
+	// is on its way. A run the log cannot ack past is ended through runs, and pull starts
+	// another.
 	in := make(chan delivery, batchSize)
-	resync := make(chan uint64, 1)
+	r := newRuns()
 	pulled := make(chan struct{})
 	go func() {
 		defer close(pulled)
-		l.pull(ctx, in, resync)
+		l.pull(ctx, in, r)
 	}()
 	defer func() { <-pulled }()
 	prune := time.NewTicker(time.Minute)
@@ -189,38 +190,31 @@ func (l *Logger) Run(ctx context.Context) error {
 			// dedup index keeps a retry from recording twice.
 			l.log.Error("audit write failed; the batch will be delivered again", "events", len(batch), "err", err)
 			acks.fail(batch)
-			askResync(resync, acks.run)
+			r.end(acks.run)
 			failed.Wait(ctx)
 			continue
 		}
 		failed.Reset()
 		ack, broke := acks.written(batch, mds)
 		if ack != nil {
-			ack.Ack()
+			if err := r.ack(ctx, *ack); err != nil && ctx.Err() == nil {
+				l.log.Debug("audit ack not confirmed; a later one covers it", "err", err)
+			}
 		}
 		if broke {
 			l.log.Warn("audit: a delivery of EVENTS went missing; reading again from the last ack")
-			askResync(resync, acks.run)
+			r.end(acks.run)
 		}
-	}
-}
-
-// askResync asks pull to end run and start another, unless it has already.
-func askResync(resync chan uint64, run uint64) {
-	select {
-	case resync <- run:
-	default: // a request is waiting already
 	}
 }
 
 // pull feeds in with EVENTS' events through the audit consumer until ctx ends, in runs
-// (acks.go). A run ends when Run asks for another on resync, or when the consumer goes
+// (acks.go). A run ends when Run asks for another through r, or when the consumer goes
 // (deleted: the node's drift check makes it again) or the connection closes under it; then
 // pull finds the consumer again, resets it to its ack floor and goes on.
-func (l *Logger) pull(ctx context.Context, in chan<- delivery, resync <-chan uint64) {
+func (l *Logger) pull(ctx context.Context, in chan<- delivery, r *runs) {
 	l.startCounting(ctx) // before the first event: gaps count from here
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
-	var run uint64
 	for ctx.Err() == nil {
 		cons, err := l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
 		if err != nil {
@@ -236,14 +230,17 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, resync <-chan uin
 			wait.Wait(ctx)
 			continue
 		}
-		if _, err := l.js.ResetConsumer(ctx, manifest.EventsStreamName, l.ConsumerName()); err != nil {
+		run, err := r.start(ctx, func(ctx context.Context) error {
+			_, err := l.js.ResetConsumer(ctx, manifest.EventsStreamName, l.ConsumerName())
+			return err
+		})
+		if err != nil {
 			if ctx.Err() == nil {
 				l.log.Warn("audit: reset the consumer to its ack floor; retrying", "err", err)
 				wait.Wait(ctx)
 			}
 			continue
 		}
-		run++
 		it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
 		if err != nil {
 			l.log.Warn("audit: consume EVENTS; retrying", "err", err)
@@ -254,19 +251,7 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, resync <-chan uin
 		runCtx, end := context.WithCancel(ctx)
 		stop := context.AfterFunc(runCtx, it.Stop)
 		var watched sync.WaitGroup
-		watched.Go(func() {
-			for {
-				select {
-				case r := <-resync:
-					if r >= run { // a request for an earlier run was answered by this one
-						end()
-						return
-					}
-				case <-runCtx.Done():
-					return
-				}
-			}
-		})
+		watched.Go(func() { r.watch(runCtx, run, end) })
 		l.drain(runCtx, it, in, run)
 		end()
 		watched.Wait()

@@ -233,7 +233,8 @@ func mustSigner(t *testing.T, seedFile string) *envelope.SigningKey {
 // TestAudit_AnEarlierNodesConsumerAcksAll: a node of an earlier version made its audit
 // consumer ack each event on its own, and JetStream cannot change an ack policy in place.
 // The node makes the consumer again to ack all, from where the old one's acks had reached:
-// the log neither reads EVENTS again from its start nor loses what it had not acked.
+// the log neither reads EVENTS again from its start nor loses what it had not read (ten
+// events published after the old floor, while the log waited).
 func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
 	b := newBedAt(t, cfg)
@@ -276,6 +277,9 @@ func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
 	if floor < total/2 {
 		t.Fatalf("the earlier consumer acked to %d of %d", floor, total)
 	}
+	// Events past the floor the log has not read: the log does not read a consumer that
+	// does not ack all.
+	publishRaw(t, b, seed, "m", "tick", 10, 0)
 	b.close()
 
 	b = newBedAt(t, cfg)
@@ -293,7 +297,7 @@ func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
 	if read := info.Delivered.Consumer; read > info.Delivered.Stream-floor {
 		t.Fatalf("the log read %d events of EVENTS' %d after the old floor %d: it started again", read, info.Delivered.Stream, floor)
 	}
-	if n := len(b.auditAll("m")); n != 40 {
-		t.Fatalf("the log holds %d of m's 40 events", n)
+	if n := len(b.auditAll("m")); n != 50 {
+		t.Fatalf("the log holds %d of m's 50 events", n)
 	}
 }

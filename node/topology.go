@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/ensure"
@@ -76,6 +77,11 @@ type topology struct {
 	replicas     int
 	eventsMaxAge time.Duration
 	budget       storeBudget // byte limits; zero: none
+	// auditFloor is the ack floor of the explicit audit consumer ensureAudit is replacing,
+	// kept until the new one is set back to it: an attempt that times out after the delete
+	// leaves the next attempt a consumer that reads EVENTS from its start.
+	auditFloor uint64
+	auditMu    sync.Mutex // one ensureAudit at a time (start-up, the controller, drift repair)
 }
 
 // streamConfig is the JetStream configuration of a derived stream on this mesh, within the
@@ -109,32 +115,35 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 
 // ensureAudit creates or updates this node's audit consumer on EVENTS.
 func (t *topology) ensureAudit(ctx context.Context) error {
+	t.auditMu.Lock()
+	defer t.auditMu.Unlock()
 	audit := manifest.AuditConsumer(t.node)
 	cfg := consumerConfig(audit)
 	_, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, cfg)
-	if err == nil {
-		return nil
-	}
-	// A node of an earlier version acked each event on its own, and JetStream cannot change
-	// a consumer's ack policy in place: the consumer is made again, and set back to where
-	// the old one's acks had reached, so that the log neither reads EVENTS again from its
-	// start nor skips what it had not acked. (A node stopped between the two reads EVENTS
-	// from its start once: the log's dedup index keeps each event once.)
-	old, oerr := t.js.Consumer(ctx, audit.Stream, audit.Name)
-	if oerr != nil || old.CachedInfo().Config.AckPolicy == cfg.AckPolicy {
-		return fmt.Errorf("reconcile consumer %s: %w", audit.Name, err)
-	}
-	floor := old.CachedInfo().AckFloor.Stream
-	if err := t.js.DeleteConsumer(ctx, audit.Stream, audit.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
-	}
-	if _, err := t.js.CreateConsumer(ctx, audit.Stream, cfg); err != nil {
-		return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
-	}
-	if floor > 0 {
-		if _, err := t.js.ResetConsumerToSequence(ctx, audit.Stream, audit.Name, floor+1); err != nil {
-			return fmt.Errorf("set consumer %s back to stream sequence %d: %w", audit.Name, floor+1, err)
+	if err != nil {
+		// A node of an earlier version acked each event on its own, and JetStream cannot
+		// change a consumer's ack policy in place: the consumer is made again, and set back
+		// to where the old one's acks had reached, so that the log neither reads EVENTS
+		// again from its start nor skips what it had not acked. (A node stopped between the
+		// delete and the reset reads EVENTS from its start once: the log's dedup index keeps
+		// each event once.)
+		old, oerr := t.js.Consumer(ctx, audit.Stream, audit.Name)
+		if oerr != nil || old.CachedInfo().Config.AckPolicy == cfg.AckPolicy {
+			return fmt.Errorf("reconcile consumer %s: %w", audit.Name, err)
 		}
+		t.auditFloor = max(t.auditFloor, old.CachedInfo().AckFloor.Stream)
+		if err := t.js.DeleteConsumer(ctx, audit.Stream, audit.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
+		}
+		if _, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, cfg); err != nil {
+			return fmt.Errorf("remake consumer %s with ack policy %s: %w", audit.Name, cfg.AckPolicy, err)
+		}
+	}
+	if t.auditFloor > 0 {
+		if _, err := t.js.ResetConsumerToSequence(ctx, audit.Stream, audit.Name, t.auditFloor+1); err != nil {
+			return fmt.Errorf("set consumer %s back to stream sequence %d: %w", audit.Name, t.auditFloor+1, err)
+		}
+		t.auditFloor = 0
 	}
 	return nil
 }
