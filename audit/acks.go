@@ -81,17 +81,30 @@ func (r *runs) start(ctx context.Context, reset func(context.Context) error) (ui
 }
 
 // ack acks d and waits for the server to confirm it, unless a newer run has begun: that
-// one starts at the ack floor and acks its own.
+// one starts at the ack floor and acks its own. An ack not confirmed may still be waiting in
+// the consumer's queue, to be applied after a later reset: it is sent again, up to
+// ackTries times, since the server takes one connection's acks in order, so a copy
+// confirmed means the first was applied.
 func (r *runs) ack(ctx context.Context, d delivery) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d.run != r.current.Load() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, manifest.AuditAckWait)
-	defer cancel()
-	return d.DoubleAck(ctx)
+	var err error
+	for range ackTries {
+		actx, cancel := context.WithTimeout(ctx, manifest.AuditAckWait)
+		err = d.DoubleAck(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
+
+// ackTries is how many times ack sends an ack the server does not confirm.
+const ackTries = 3
 
 // end asks pull to end run (and start another) if it is still reading it. The newest
 // request wins: one for an older run, still waiting, does not hide it.

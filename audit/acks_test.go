@@ -98,13 +98,25 @@ func TestAcker_AFailedWriteBreaksTheRun(t *testing.T) {
 	}
 }
 
-// counted is a delivery whose confirmed acks are counted.
+// counted is a delivery whose acks are counted; the server confirms none of the first
+// unconfirmed, and calls during each.
 type counted struct {
 	jetstream.Msg
-	acks *int
+	acks        *int
+	unconfirmed int
+	during      func()
 }
 
-func (m counted) DoubleAck(context.Context) error { *m.acks++; return nil }
+func (m counted) DoubleAck(context.Context) error {
+	*m.acks++
+	if m.during != nil {
+		m.during()
+	}
+	if *m.acks <= m.unconfirmed {
+		return errors.New("timeout")
+	}
+	return nil
+}
 
 // TestRuns_NoAckOfAnOlderRun: once pull has reset the consumer for a newer run, an ack of
 // an older run's event is not sent: the server would take its delivery sequence for the
@@ -123,11 +135,27 @@ func TestRuns_NoAckOfAnOlderRun(t *testing.T) {
 	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks}, run: first}); err != nil || acks != 0 {
 		t.Fatalf("an older run's ack was sent (%d, %v)", acks, err)
 	}
-	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks}, run: second}); err != nil || acks != 1 {
+	// An ack and a reset never overlap: the server could apply a reset between an ack's
+	// arrival and its processing.
+	locked := func() {
+		if r.mu.TryLock() {
+			r.mu.Unlock()
+			t.Error("an ack or a reset ran without the runs' lock")
+		}
+	}
+	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks, during: locked}, run: second}); err != nil || acks != 1 {
 		t.Fatalf("the current run's ack: %d sent, %v", acks, err)
 	}
+	// An ack the server does not confirm is sent again until one is.
+	acks = 0
+	if err := r.ack(ctx, delivery{Msg: counted{acks: &acks, unconfirmed: 2}, run: second}); err != nil || acks != 3 {
+		t.Fatalf("an ack confirmed at the third try: %d sent, %v", acks, err)
+	}
+	if _, err := r.start(ctx, func(context.Context) error { locked(); return nil }); err != nil {
+		t.Fatal(err)
+	}
 	// A failed reset starts no run.
-	if _, err := r.start(ctx, func(context.Context) error { return errors.New("no") }); err == nil || r.current.Load() != second {
+	if _, err := r.start(ctx, func(context.Context) error { return errors.New("no") }); err == nil || r.current.Load() != second+1 {
 		t.Fatalf("a failed reset: err %v, current run %d", err, r.current.Load())
 	}
 }
