@@ -1,13 +1,11 @@
 package audit
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,24 +26,7 @@ type runBed struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	cons jetstream.Consumer
-	logs *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *testbed.SyncBuffer
 }
 
 func newRunBed(t *testing.T) *runBed {
@@ -73,7 +54,7 @@ func newRunBed(t *testing.T) *runBed {
 	t.Cleanup(func() { db.Close() })
 	kp, _ := nkeys.CreateUser()
 	pub, _ := kp.PublicKey()
-	logs := &syncBuffer{}
+	logs := &testbed.SyncBuffer{}
 	l, err := New(db, js, "n", func(_, source string) (string, bool) { return pub, source == "m" },
 		func(_, source string) bool { return source == "m" }, 0, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {

@@ -1,35 +1,17 @@
 package embedbus
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
-// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestWatchStart_LogsProgress(t *testing.T) {
-	var buf syncBuffer
+	var buf testbed.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	done := make(chan struct{})
 	finished := make(chan struct{})

@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -390,7 +390,7 @@ func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
 func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
 	b := newBed(t)
 	seed, _ := b.register("module: served\nrequires: [mesh-bus]\ntools: [status]\n")
-	var log syncBuffer
+	var log testbed.SyncBuffer
 	c := b.client(seed, sdk.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	if err := c.Serve("status", func(context.Context, sdk.Request) ([]byte, error) { return []byte("{}"), nil }); err != nil {
 		t.Fatal(err)
@@ -411,24 +411,6 @@ func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
 	if _, err := op.Request(manifest.ToolSubject("served", "status"), []byte("{}"), 5*time.Second); err != nil {
 		t.Fatalf("the operator's inbox: %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a logger may write from another goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestAttack_NodeConnectionIsBounded: the node's own connection — the registry, the leases,

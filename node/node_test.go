@@ -68,7 +68,7 @@ func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 	if os.Getenv("MESHNODE_TEST_LOG") != "" { // the node's whole log, when debugging a test
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	} else { // its log from Info up, printed if the test fails
-		buf := &syncBuffer{}
+		buf := &testbed.SyncBuffer{}
 		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		tb.Cleanup(func() {
 			if tb.Failed() {

@@ -669,7 +669,7 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 	registerModule(t, a.dir, "module: ledger\nrequires: [mesh-bus]\nconsumes: [shop.sold]\n") // a durable consumer of every event, to carry over
 	// mailer holds the seat, and handles no job until the gate opens: the jobs stay queued.
 	gate := filepath.Join(t.TempDir(), "gate")
-	holderOut := &syncBuffer{}
+	holderOut := &testbed.SyncBuffer{}
 	holder := exec.Command(os.Args[0])
 	holder.Env = append(cleanEnv(), "MESHNODE_TEST_HOLDER="+a.p.clientURL, "MESHNODE_TEST_HOLDER_SEED="+mailer, "MESHNODE_TEST_HOLDER_GATE="+gate)
 	holder.Stdout, holder.Stderr = holderOut, holderOut

@@ -244,7 +244,7 @@ type process struct {
 	clientURL string
 	httpURL   string
 	meshID    string
-	stderr    *syncBuffer
+	stderr    *testbed.SyncBuffer
 	done      chan error
 }
 
@@ -274,7 +274,7 @@ func launchCmd(t testing.TB, cmd *exec.Cmd, verb string) *process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, verb: verb, stderr: &syncBuffer{}, done: make(chan error, 1), ready: make(chan []string, 1)}
+	p := &process{cmd: cmd, verb: verb, stderr: &testbed.SyncBuffer{}, done: make(chan error, 1), ready: make(chan []string, 1)}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -324,24 +324,6 @@ func (p *process) stop(t testing.TB, sig syscall.Signal) (int, time.Duration) {
 		t.Fatalf("meshnode did not exit 20s after %v\n%s", sig, p.stderr)
 	}
 	return p.cmd.ProcessState.ExitCode(), time.Since(start)
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // retryUntil polls f until it returns nil or the timeout passes.

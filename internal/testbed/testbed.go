@@ -4,11 +4,13 @@
 package testbed
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,4 +123,23 @@ func RetryUntil(tb testing.TB, timeout time.Duration, f func() error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// SyncBuffer is a bytes.Buffer safe for a writer (a logger, a process's stderr) and a
+// reader in different goroutines.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
