@@ -56,6 +56,28 @@ func (a *acker) fail(batch []delivery) {
 	a.broken = true
 }
 
+// written takes a batch the log wrote, in the order it was delivered, with the metadata of
+// each delivery. It returns the delivery to ack (nil: none), and whether the run it follows
+// broke on this batch: then pull must start another.
+func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack *delivery, broke bool) {
+	var ackSeq uint64
+	for i, d := range batch {
+		a.follow(d.run)
+		if d.run < a.run || a.broken {
+			continue
+		}
+		if mds[i].Sequence.Consumer != a.next {
+			a.broken, broke = true, true
+			continue
+		}
+		a.next++
+		if s := mds[i].Sequence.Stream; ack == nil || s > ackSeq {
+			ack, ackSeq = &batch[i], s
+		}
+	}
+	return ack, broke
+}
+
 // runs is what Run's writer and pull share of the consumer's runs.
 type runs struct {
 	// mu keeps an ack and a reset apart. A run's ack is confirmed before the next reset,
@@ -134,26 +156,4 @@ func (r *runs) watch(ctx context.Context, run uint64, end func()) {
 			return
 		}
 	}
-}
-
-// written takes a batch the log wrote, in the order it was delivered, with the metadata of
-// each delivery. It returns the delivery to ack (nil: none), and whether the run it follows
-// broke on this batch: then pull must start another.
-func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack *delivery, broke bool) {
-	var ackSeq uint64
-	for i, d := range batch {
-		a.follow(d.run)
-		if d.run < a.run || a.broken {
-			continue
-		}
-		if mds[i].Sequence.Consumer != a.next {
-			a.broken, broke = true, true
-			continue
-		}
-		a.next++
-		if s := mds[i].Sequence.Stream; ack == nil || s > ackSeq {
-			ack, ackSeq = &batch[i], s
-		}
-	}
-	return ack, broke
 }

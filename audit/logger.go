@@ -124,7 +124,7 @@ func (l *Logger) Records() uint64 { return l.records.Load() }
 func (l *Logger) Changes() uint64 { return l.changes.Load() }
 
 // Run consumes EVENTS until ctx ends: each batch is written in one transaction, and acked
-// with one ack, of its last event, after it commits (acks.go says when that is safe). It is a
+// with one ack, of its newest event, after it commits (acks.go says when that is safe). It is a
 // pipeline: nats.go pulls the next events while a batch is checked and written, and a
 // batch's signatures are checked on every core (check.go).
 func (l *Logger) Run(ctx context.Context) error {
@@ -226,7 +226,8 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, r *runs) {
 		}
 		if p := cons.CachedInfo().Config.AckPolicy; p != jetstream.AckAllPolicy {
 			// Acking a batch's last event would leave the others to come again for ever.
-			l.log.Warn("audit consumer does not ack all; waiting for the node to make it again", "ack_policy", p.String())
+			l.log.Warn("audit consumer does not ack all (an earlier meshnode made it?); waiting: delete it and the node's drift check makes it again",
+				"consumer", l.ConsumerName(), "ack_policy", p.String())
 			wait.Wait(ctx)
 			continue
 		}
