@@ -62,8 +62,7 @@ func (a *acker) fail(batch []delivery) {
 func (a *acker) written(batch []delivery, mds []*jetstream.MsgMetadata) (ack *delivery, broke bool) {
 	var ackSeq uint64
 	for i, d := range batch {
-		a.follow(d.run)
-		if d.run < a.run || a.broken {
+		if a.dropped(d) {
 			continue
 		}
 		if mds[i].Sequence.Consumer != a.next {
