@@ -94,6 +94,8 @@ func TestConfig_Validate(t *testing.T) {
 		{"name", "Alpha"},
 		{"name", "-a"},
 		{"name", ""},
+		{"name", strings.Repeat("a", 64)},
+		{"gossip-addr", strings.Repeat("a", 254) + ":1"},
 		{"client-addr", "localhost"},
 		{"client-addr", "127.0.0.1:99999"},
 		{"http-addr", "127.0.0.1:http"},
@@ -131,6 +133,20 @@ func TestParseDuration(t *testing.T) {
 		if _, err := config.ParseDuration(in); err == nil {
 			t.Errorf("ParseDuration(%q) succeeded, want an error", in)
 		}
+	}
+}
+
+// TestConfig_ValidateLongest: a name of 63 characters and a host name of 253, the longest
+// allowed, pass.
+func TestConfig_ValidateLongest(t *testing.T) {
+	c := config.Up()
+	for key, value := range map[string]string{"name": strings.Repeat("a", 63), "gossip-addr": strings.Repeat("a", 253) + ":1"} {
+		if err := c.Set(key, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate()=%v, want nil", err)
 	}
 }
 

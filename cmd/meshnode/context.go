@@ -45,7 +45,9 @@ const (
 	envContext = "MESHNODE_CONTEXT"
 )
 
-var contextName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+// contextName is a context name's characters; its length, at most 64, is checked apart
+// (a counted repetition compiles to a copy of the class for each count).
+var contextName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 func contextsDir() (string, error) {
 	dir, err := os.UserConfigDir()
@@ -56,7 +58,7 @@ func contextsDir() (string, error) {
 }
 
 func contextPath(name string) (string, error) {
-	if !contextName.MatchString(name) {
+	if len(name) > 64 || !contextName.MatchString(name) {
 		return "", usagef("%q is not a context name: letters, digits, '.', '_' and '-', up to 64", name)
 	}
 	dir, err := contextsDir()

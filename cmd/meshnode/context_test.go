@@ -92,6 +92,7 @@ func TestBinary_Contexts(t *testing.T) {
 		{[]string{"context", "add", "x", "--server", "http://h:1", "--creds", op}, 2, "want nats://HOST:PORT"},
 		{[]string{"context", "add", "x", "--server", "nats://h:1"}, 2, "needs --creds"},
 		{[]string{"context", "add", "bad/name", "--data-dir", dir}, 2, "is not a context name"},
+		{[]string{"context", "add", strings.Repeat("a", 65), "--data-dir", dir}, 2, "is not a context name"},
 		{[]string{"context", "add", "x", "--data-dir", filepath.Join(dir, "nope")}, 1, "no such file"},
 		{[]string{"context", "use", "nope"}, 1, "no context \"nope\""},
 		{[]string{"module", "ls", "--context", "nope"}, 1, "meshnode context ls"},
