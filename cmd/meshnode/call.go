@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/manifest"
@@ -56,21 +55,15 @@ func newCallCmd() *cobra.Command {
 	return cmd
 }
 
-// callAsOperator calls a module's tool if a module of that name is registered, else the
-// seat's.
+// callAsOperator calls a module's tool or a seat's (see operatorToolSubject).
 func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, body []byte) ([]byte, error) {
 	mods, err := admin.List(ctx, nc)
 	if err != nil {
 		return nil, err
 	}
-	subject := manifest.SeatToolSubject(target, tool)
-	if i := slices.IndexFunc(mods, func(m registry.ModuleInfo) bool { return m.Module == target }); i >= 0 {
-		if !slices.Contains(mods[i].Tools, tool) {
-			return nil, fmt.Errorf("module %s declares no tool %q (it declares %v)", target, tool, mods[i].Tools)
-		}
-		subject = manifest.ToolSubject(target, tool)
-	} else if !strings.HasPrefix(target, "mesh-") && !slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return slices.Contains(m.Seats, target) }) {
-		return nil, fmt.Errorf("no module or seat named %q is registered; `meshnode module ls` and `meshnode seat ls` list them", target)
+	subject, err := operatorToolSubject(mods, target, tool)
+	if err != nil {
+		return nil, err
 	}
 	msg, err := nc.RequestWithContext(ctx, subject, body)
 	if errors.Is(err, nats.ErrNoResponders) {
@@ -83,4 +76,47 @@ func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, bod
 		return nil, fmt.Errorf("%s.%s failed: %s (code %s)", target, tool, e, msg.Header.Get("Nats-Service-Error-Code"))
 	}
 	return msg.Data, nil
+}
+
+// operatorToolSubject is the subject of target's tool: the module's, when a module named
+// target declares the tool; else the seat's, when target is a seat a module declares (it
+// may share its module's name) or one of the mesh's own, in the first protocol version that
+// serves the tool.
+func operatorToolSubject(mods []registry.ModuleInfo, target, tool string) (string, error) {
+	var module *registry.ModuleInfo
+	seat, isSeat := manifest.BuiltinSeat(target)
+	for i := range mods {
+		if mods[i].Module == target {
+			module = &mods[i]
+		}
+		if !isSeat && slices.Contains(mods[i].Seats, target) {
+			if m, err := manifest.Parse([]byte(mods[i].Manifest)); err == nil {
+				seat, isSeat = m.Seat(target)
+			}
+		}
+	}
+	if module != nil && slices.Contains(module.Tools, tool) {
+		return manifest.ToolSubject(target, tool), nil
+	}
+	if isSeat {
+		if target == manifest.ControllerSeat && tool == "whoami" {
+			return "", errors.New("whoami answers a module about its own key, not the operator: call it with the module's seed (--creds), or see a module's declarations with `meshnode module ls`")
+		}
+		var served []string
+		for _, version := range seat.VersionNames() {
+			at, _ := seat.At(version)
+			if slices.Contains(at.Serves, tool) {
+				return manifest.SeatToolSubjectAt(target, version, tool), nil
+			}
+			served = append(served, at.Serves...)
+		}
+		if module != nil {
+			return "", fmt.Errorf("neither module %s nor its seat %s declares a tool %q (the module declares %v, the seat serves %v)", target, target, tool, module.Tools, served)
+		}
+		return "", fmt.Errorf("seat %s serves no tool %q (it serves %v)", target, tool, served)
+	}
+	if module != nil {
+		return "", fmt.Errorf("module %s declares no tool %q (it declares %v)", target, tool, module.Tools)
+	}
+	return "", fmt.Errorf("no module or seat named %q is registered; `meshnode module ls` and `meshnode seat ls` list them", target)
 }

@@ -144,6 +144,33 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		t.Fatalf("call: exit %d %q %s", r.code, r.stdout, r.stderr)
 	}
 
+	// A seat that shares its module's name (as the README's mailer does): the operator's call
+	// reaches the seat's holder, not the module, which declares no tools.
+	notifierSeed := filepath.Join(work, "notifier.nk")
+	notifier := write("notifier.yaml", "module: notifier\nrequires: [mesh-bus]\nseats:\n  notifier:\n    scope: mesh\n    retain: 7d\n    accepts: [send]\n    serves: [status]\n")
+	if r := meshnode(t, nil, append([]string{"module", "register", notifier, "--creds-out", notifierSeed}, dd...)...); r.code != 0 {
+		t.Fatalf("register notifier: exit %d %s", r.code, r.stderr)
+	}
+	holder, err := sdk.Connect(ctx, p.clientURL, notifierSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	err = holder.HoldSeat("notifier", sdk.SeatHandlers{
+		Accepts: map[string]sdk.JobHandler{"send": func(context.Context, sdk.Job) error { return nil }},
+		Serves:  map[string]sdk.ToolHandler{"status": func(context.Context, sdk.Request) ([]byte, error) { return []byte(`{"held":true}`), nil }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		r := meshnode(t, nil, append([]string{"call", "notifier", "status"}, dd...)...)
+		if r.code != 0 || strings.TrimSpace(r.stdout) != `{"held":true}` {
+			return fmt.Errorf("call notifier status: exit %d %q %s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
+
 	// seat ls shows the mesh's own controller seat, held by this node.
 	r = meshnode(t, nil, append([]string{"seat", "ls", "--json"}, dd...)...)
 	if r.code != 0 || !strings.Contains(r.stdout, `"seat":"mesh-controller"`) || !strings.Contains(r.stdout, `"holder":"alpha"`) {
