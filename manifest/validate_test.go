@@ -46,6 +46,8 @@ func TestManifest_Validate_Refusals(t *testing.T) {
 			manifest.CodeSubject, "consumes[0]", ">", "write **"},
 		{"NATS wildcard after emitter", head + "consumes: [\"billing.>\"]\n",
 			manifest.CodeSubject, "consumes[0]", "billing.>", "write billing.**"},
+		{"every subject of a module", head + "consumes: [\"mesh.mod.billing.>\"]\n",
+			manifest.CodeSubject, "consumes[0]", "mesh.mod.billing.>", "write billing.**"},
 		{"seat accept in consumes", head + "consumes: [mesh.seat.mailer.accept.send]\n",
 			manifest.CodeSubject, "consumes[0]", "mesh.seat.mailer.accept.send", "write uses: [mailer]"},
 		{"tool in consumes", head + "consumes: [mesh.mod.billing.tool.status]\n",

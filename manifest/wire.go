@@ -156,6 +156,11 @@ func readSubject(toks []string) wire {
 		w.kind, w.rest = toks[i], toks[i+1:]
 		return w
 	}
+	if w.ns != "" && !slices.ContainsFunc(toks[i:], isKindToken) {
+		// mesh.mod.<module>.>: every subject of one owner, whatever its kind.
+		w.rest = toks[i:]
+		return w
+	}
 	if w.ns == "" && w.owner != "" && !slices.ContainsFunc(toks, isKindToken) {
 		// mesh.<emitter>.<event>: the old bus's routing key with origin mesh.
 		w.kind, w.rest = "event", toks[1:]

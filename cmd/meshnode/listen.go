@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -35,6 +39,11 @@ while it runs and consumes nothing (modules' durable consumers are untouched).`,
 				return err
 			}
 			defer nc.Close()
+			if mods, err := admin.List(cmd.Context(), nc); err == nil {
+				if warning := unheardEmitter(mods, args[0]); warning != "" {
+					fmt.Fprintln(cmd.ErrOrStderr(), "meshnode: "+warning)
+				}
+			}
 			msgs := make(chan *nats.Msg, 256)
 			sub, err := nc.ChanSubscribe(subject, msgs)
 			if err != nil {
@@ -70,6 +79,29 @@ while it runs and consumes nothing (modules' durable consumers are untouched).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per event: subject, key, headers, body, body_base64?")
 	cmd.Flags().IntVar(&count, "count", 0, "exit after this many events (0: until interrupted)")
 	return cmd
+}
+
+// unheardEmitter warns when pattern names an emitter no registered module is: a module, or
+// a seat (seat.<seat>.…) no module declares. The listen goes on (the emitter may be
+// registered while it runs), but a misspelt one is said, not left silent.
+func unheardEmitter(mods []registry.ModuleInfo, pattern string) string {
+	toks := strings.Split(pattern, ".")
+	if toks[0] == "*" || toks[0] == "**" {
+		return ""
+	}
+	if toks[0] == "seat" && len(toks) > 1 {
+		if toks[1] == "*" || toks[1] == "**" || slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return slices.Contains(m.Seats, toks[1]) }) {
+			return ""
+		}
+		if _, ok := manifest.BuiltinSeat(toks[1]); ok {
+			return ""
+		}
+		return fmt.Sprintf("no registered module declares a seat %q: nothing is heard until one does; `meshnode seat ls` lists the seats", toks[1])
+	}
+	if slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return m.Module == toks[0] }) {
+		return ""
+	}
+	return fmt.Sprintf("no module %q is registered: nothing is heard until it is; `meshnode module ls` lists the modules (a pattern starts with the emitting module's name, e.g. shop.**)", toks[0])
 }
 
 // eventJSON is an event as `--json` prints it: subject, key, headers and body (as JSON when
