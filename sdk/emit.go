@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
@@ -77,6 +78,10 @@ func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...Em
 func (c *Client) emitSubject(event string) (string, error) {
 	self := c.declared()
 	if !slices.Contains(self.Emits, event) {
+		if local, ok := strings.CutPrefix(event, self.Module+"."); ok && slices.Contains(self.Emits, local) {
+			return "", fmt.Errorf("%w: module %s emits %q, named without the module (consumers write %s.%s): write %q",
+				ErrNotDeclared, self.Module, local, self.Module, local, local)
+		}
 		return "", fmt.Errorf("%w: module %s does not emit %q (it emits %v); add it to emits: in its manifest and re-register",
 			ErrNotDeclared, self.Module, event, self.Emits)
 	}

@@ -1,9 +1,12 @@
 package sdk
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
 )
 
 func TestMatches(t *testing.T) {
@@ -40,6 +43,24 @@ func TestSubjectCovers(t *testing.T) {
 	} {
 		if got := subjectCovers(tc.a, tc.b); got != tc.want {
 			t.Errorf("subjectCovers(%q, %q)=%v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestClient_EmitSubject: an event named with its own module's name in front is refused
+// saying to drop it, not to declare it (which would declare another event).
+func TestClient_EmitSubject(t *testing.T) {
+	c := &Client{self: registry.WhoamiReply{Module: "shop", Emits: []string{"order.placed"}}}
+	if got, err := c.emitSubject("order.placed"); err != nil || got != manifest.EventSubject("shop", "order.placed") {
+		t.Fatalf("emitSubject(order.placed)=%q, %v", got, err)
+	}
+	for event, says := range map[string]string{
+		"shop.order.placed": `write "order.placed"`,
+		"order.cancelled":   `does not emit "order.cancelled" (it emits [order.placed]); add it to emits:`,
+	} {
+		_, err := c.emitSubject(event)
+		if !errors.Is(err, ErrNotDeclared) || !strings.Contains(err.Error(), says) {
+			t.Errorf("emitSubject(%q): %v, want ErrNotDeclared saying %q", event, err, says)
 		}
 	}
 }
