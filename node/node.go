@@ -73,8 +73,9 @@ type Node struct {
 	// StartMemoryLimit bounds the heap while the bus starts; zero: the bus's default.
 	StartMemoryLimit uint64
 
-	cfg config.Config
-	log *slog.Logger
+	cfg     config.Config
+	log     *slog.Logger // with the node's name
+	rootLog *slog.Logger // as New was given it: log again once the data dir names the node
 
 	started    time.Time
 	db         *bolt.DB
@@ -157,7 +158,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), ui: newUIState(), meter: newMeter()}
+	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, ui: newUIState(), meter: newMeter()}
 	n.uiCtx, n.uiCancel = context.WithCancel(context.Background())
 	return n
 }
@@ -296,7 +297,8 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 		return keys, err
 	}
 	if n.cfg.Name != n.id.Name {
-		n.log.Info("the node's name is the data dir's", "name", n.id.Name, "host_default", n.cfg.Name)
+		n.log = n.rootLog.With("node", n.id.Name)
+		n.log.Info("the node's name is the data dir's", "host_default", n.cfg.Name)
 		n.cfg.Name = n.id.Name
 	}
 	if err := checkNotLeft(n.db, n.id.Name); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/internal/testbed"
 )
 
@@ -208,6 +209,10 @@ func TestBinary_RunTakesTheDataDirsName(t *testing.T) {
 		t.Fatalf("status of a node run without --name: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
 	p.stop(t, syscall.SIGTERM)
+	// Its log names it too: every line, not the host's default name it started with.
+	if out := p.stderr.String(); !strings.Contains(out, "node=first-node") || strings.Contains(out, "node="+config.DefaultName()+" ") {
+		t.Fatalf("the log of a node run without --name does not name it first-node throughout:\n%s", out)
+	}
 }
 
 // TestBinary_Advertise: a founding node whose cluster address binds every interface is
