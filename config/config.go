@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/suggest"
 	"github.com/meshnode/meshnode/manifest"
 	"go.yaml.in/yaml/v3"
 )
@@ -216,9 +217,35 @@ func (c *Config) LoadFile(path string, data []byte) error {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
 		}
-		return fmt.Errorf("%w: %s: %v", ErrInvalid, path, strings.TrimPrefix(err.Error(), "yaml: "))
+		return fmt.Errorf("%w: %s: %s", ErrInvalid, path, decodeError(err))
 	}
 	return nil
+}
+
+// unknownKeyRE is yaml.v3's message for a key KnownFields refuses: the only way it names
+// the key and its line.
+var unknownKeyRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type config\.Config$`)
+
+// decodeError says what is wrong with a configuration file without a Go type's name: an
+// unknown key with the key it is probably a typo of, or the list of keys.
+func decodeError(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return strings.TrimPrefix(err.Error(), "yaml: ")
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, msg := range te.Errors {
+		if sm := unknownKeyRE.FindStringSubmatch(msg); sm != nil {
+			keys := Keys()
+			slices.Sort(keys)
+			msg = fmt.Sprintf("line %s: unknown key %s; write one of %s", sm[1], sm[2], strings.Join(keys, ", "))
+			if near := suggest.Nearest(sm[2], keys); near != "" {
+				msg = fmt.Sprintf("line %s: unknown key %s; write %s", sm[1], sm[2], near)
+			}
+		}
+		msgs = append(msgs, msg)
+	}
+	return strings.Join(msgs, "; ")
 }
 
 // keys maps each configuration key to its field, for the environment and for error messages.
@@ -287,6 +314,9 @@ func (c *Config) LoadEnv(environ []string) error {
 		}
 		key, ok := byEnv[name]
 		if !ok {
+			if near := suggest.Nearest(name, envNames()); near != "" {
+				return fmt.Errorf("%w: environment variable %s names no configuration key; write %s", ErrInvalid, name, near)
+			}
 			return fmt.Errorf("%w: environment variable %s names no configuration key (known: %s)",
 				ErrInvalid, name, strings.Join(envNames(), ", "))
 		}

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -33,8 +34,16 @@ func TestConfig_LoadFile(t *testing.T) {
 		if !errors.Is(err, config.ErrInvalid) {
 			t.Fatalf("err=%v, want ErrInvalid", err)
 		}
-		if !strings.Contains(err.Error(), "client-adr") || !strings.Contains(err.Error(), "line 2") {
-			t.Fatalf("err=%q, want it to name the key and its line", err)
+		if got, want := err.Error(), "line 2: unknown key client-adr; write client-addr"; !strings.Contains(got, want) {
+			t.Fatalf("err=%q, want it to say %q", got, want)
+		}
+		if strings.Contains(err.Error(), "config.Config") {
+			t.Fatalf("err=%q names a Go type", err)
+		}
+		// A key far from every known one: the list of keys.
+		err = c.LoadFile("meshnode.yaml", []byte("colour: blue\n"))
+		if got, want := fmt.Sprint(err), "line 1: unknown key colour; write one of advertise, audit-retention,"; !strings.Contains(got, want) {
+			t.Fatalf("err=%q, want it to say %q", got, want)
 		}
 	})
 	t.Run("BadDuration", func(t *testing.T) {
@@ -68,8 +77,12 @@ func TestConfig_LoadEnv(t *testing.T) {
 	t.Run("UnknownVariable", func(t *testing.T) {
 		c := config.Up()
 		err := c.LoadEnv([]string{"MESHNODE_NAEM=gamma"})
-		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "MESHNODE_NAEM") {
-			t.Fatalf("err=%v, want ErrInvalid naming the variable", err)
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "MESHNODE_NAEM names no configuration key; write MESHNODE_NAME") {
+			t.Fatalf("err=%v, want ErrInvalid naming the variable and the one it is a typo of", err)
+		}
+		err = c.LoadEnv([]string{"MESHNODE_COLOUR=blue"})
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "known: MESHNODE_") {
+			t.Fatalf("err=%v, want ErrInvalid listing the variables", err)
 		}
 	})
 	t.Run("BadDuration", func(t *testing.T) {

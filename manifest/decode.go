@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshnode/meshnode/internal/suggest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -75,7 +76,7 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 			known = versionKeys
 		}
 		instead := "write one of " + strings.Join(known, ", ")
-		if near := nearest(key, known); near != "" {
+		if near := suggest.Nearest(key, known); near != "" {
 			instead = "write " + near + " (or one of " + strings.Join(known, ", ") + ")"
 		}
 		return Refusal{
@@ -160,38 +161,6 @@ func lastKey(field string) string {
 		return field[i+1:]
 	}
 	return field
-}
-
-// nearest returns the known key closest to key by edit distance, if it is close enough to
-// be a typo.
-func nearest(key string, known []string) string {
-	best, bestD := "", 3
-	for _, k := range known {
-		if d := editDistance(key, k); d < bestD {
-			best, bestD = k, d
-		}
-	}
-	return best
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // lineIndex maps the field paths of a YAML manifest ("consumes[1]",
