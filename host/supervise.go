@@ -77,7 +77,7 @@ type InstanceReport struct {
 // Supervisor runs the modules a node's declaration names as processes, each in its own
 // process group under Dir/<module>, and keeps them running.
 type Supervisor struct {
-	Dir  string // <data-dir>/modules
+	Dir  string // <data-dir>/modules, absolute: a process runs in its module's directory
 	Node string
 	// URL is the bus address a module's process connects to (MESH_URL).
 	URL string

@@ -386,3 +386,38 @@ func TestDeploy_ResumesAfterRestart(t *testing.T) {
 		t.Fatalf("after the restart: %+v, want revision %d", again, r.Declared[0].Revision)
 	}
 }
+
+// TestDeploy_ResumesWithItsFilesIncomplete: a module whose artifact is gone from disk when
+// its node starts (a kill -9 during its download, say) is prepared again once the bus is
+// open; the node, which resumes its modules before its bus, used to panic on the nil bus.
+func TestDeploy_ResumesWithItsFilesIncomplete(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ClientAddr = testbed.FreeAddr(t)
+	b := newBedAt(t, cfg)
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.deploy("ticker", "1")
+	first := b.running(t, "ticker", "1", 0)
+	b.close()
+	files, _ := filepath.Glob(filepath.Join(cfg.DataDir, "modules", "ticker", "artifact-*"))
+	if len(files) != 1 {
+		t.Fatalf("artifacts on disk: %v, want one", files)
+	}
+	if err := os.Remove(files[0]); err != nil {
+		t.Fatal(err)
+	}
+	b = newBedAt(t, cfg)
+	b.running(t, "ticker", "1", first.PID)
+}
+
+// TestDeploy_RunsFromARelativeDataDir: `meshnode up`'s data dir is relative
+// (./meshnode-data); a module's process, which runs in its own directory, is still found
+// and given paths that reach its files.
+func TestDeploy_RunsFromARelativeDataDir(t *testing.T) {
+	t.Chdir(t.TempDir())
+	b := newBedAt(t, testConfig("meshnode-data", "alpha"))
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.deploy("ticker", "1")
+	b.running(t, "ticker", "1", 0)
+}

@@ -29,6 +29,7 @@ const reportEvery = 30 * time.Second
 
 // newSupervisor makes the node's supervisor of modules.
 func (n *Node) newSupervisor() {
+	n.busUp = make(chan struct{})
 	n.supervisor = &host.Supervisor{
 		Dir:  filepath.Join(n.cfg.DataDir, "modules"),
 		Node: n.id.Name,
@@ -36,6 +37,9 @@ func (n *Node) newSupervisor() {
 		CA:   n.clientCAFile(),
 		Log:  n.log.With("component", "host"),
 		Artifact: func(ctx context.Context, m deploy.Module, w io.Writer) error {
+			if err := n.waitBus(ctx); err != nil {
+				return err
+			}
 			obs, err := artifact.Lookup(ctx, n.bus.JetStream())
 			if err != nil {
 				return err
@@ -65,6 +69,17 @@ func fixedClientURL(addr string) string {
 	return "nats://" + net.JoinHostPort(host, port)
 }
 
+// waitBus waits until the bus is open: a module the node resumes before its bus, whose files
+// on disk are not complete, is prepared once it is.
+func (n *Node) waitBus(ctx context.Context) error {
+	select {
+	case <-n.busUp:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // resume starts the modules of the declaration this node applied last, from disk.
 func (n *Node) resume(ctx context.Context) {
 	d, err := host.ReadApplied(n.db)
@@ -87,6 +102,9 @@ func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
 // xkey: the vault gives them only to a node whose declaration runs the module.
 func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+	if err := n.waitBus(ctx); err != nil {
+		return nil, err
+	}
 	xkp, err := n.found.NodeXKey()
 	if err != nil {
 		return nil, err

@@ -94,6 +94,7 @@ type Node struct {
 	audit      *audit.Logger
 	host       *host.Follower   // this node's declaration (hosting.go)
 	supervisor *host.Supervisor // the modules it runs
+	busUp      chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
 	reportNow  chan struct{}    // the supervisor's state changed: report it
 	logsSub    *nats.Subscription
 	gitSub     *nats.Subscription
@@ -192,6 +193,10 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.cfg.Validate(); err != nil {
 		return err
 	}
+	// Absolute: a module's process runs in its own directory, and is given paths under it.
+	if n.cfg.DataDir, err = filepath.Abs(n.cfg.DataDir); err != nil {
+		return fmt.Errorf("data dir %s: %w", n.cfg.DataDir, err)
+	}
 	n.started = time.Now()
 	defer func() {
 		if err != nil {
@@ -222,6 +227,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.openBus(octx, keys.responder); err != nil {
 		return err
 	}
+	close(n.busUp)
 	if err := n.openHost(); err != nil {
 		return err
 	}
