@@ -100,6 +100,21 @@ func Lookup(ctx context.Context, js jetstream.JetStream) (jetstream.ObjectStore,
 	return obs, err
 }
 
+// ValidDigest reports whether d is a digest as FileDigest writes it: sha256: and 64 lower-case
+// hex digits. A host names the artifact's file after it, so nothing else may pass.
+func ValidDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != sha256.Size*2 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // FileDigest returns the sha256:<hex> digest of the file at path and its size.
 func FileDigest(path string) (string, int64, error) {
 	f, err := os.Open(path)
@@ -164,7 +179,7 @@ func Put(ctx context.Context, obs jetstream.ObjectStore, module, version, path s
 // infoOf reads an object's artifact metadata.
 func infoOf(oi *jetstream.ObjectInfo) (Info, error) {
 	info := Info{Module: oi.Metadata[metaModule], Version: oi.Metadata[metaVersion], Digest: oi.Metadata[metaDigest], Size: oi.Size, Stored: oi.ModTime}
-	if info.Module == "" || info.Version == "" || !strings.HasPrefix(info.Digest, "sha256:") || oi.Name != Name(info.Module, info.Version) {
+	if info.Module == "" || info.Version == "" || !ValidDigest(info.Digest) || oi.Name != Name(info.Module, info.Version) {
 		return Info{}, fmt.Errorf("object %q in %s is not an artifact (no module, version and sha256 metadata matching its name)", oi.Name, Bucket)
 	}
 	return info, nil

@@ -247,7 +247,7 @@ func decode(body []byte, d *Declaration) error {
 		switch {
 		case !manifest.ValidName(m.Module) || seen[m.Module]:
 			return fmt.Errorf("module %q is not a module name, or declared twice", m.Module)
-		case !strings.HasPrefix(m.Digest, "sha256:") || len(m.Digest) != len("sha256:")+64:
+		case !artifact.ValidDigest(m.Digest):
 			return fmt.Errorf("module %s: digest %q is not sha256:<hex>", m.Module, m.Digest)
 		case m.Instances < 1 || m.Instances > MaxInstances:
 			return fmt.Errorf("module %s: instances %d", m.Module, m.Instances)

@@ -120,9 +120,13 @@ func TestCheck(t *testing.T) {
 		t.Errorf("a declaration for gamma on alpha's subject: %v", err)
 	}
 	d.Node = "alpha"
-	d.Modules[0].Digest = "md5:x"
-	h, body = sign(ctrl, "beta", d)
-	if _, err := deploy.Check("alpha", subject, h, body, servers, deploy.Declaration{}); err == nil || !strings.Contains(err.Error(), "digest") {
-		t.Errorf("a module with a bad digest: %v", err)
+	// A host names the artifact's file after the digest: one that is not hex could name a
+	// path outside the module's directory.
+	for _, bad := range []string{"md5:x", "sha256:/../../../plant1" + strings.Repeat("0", 48), "sha256:" + strings.Repeat("A", 64), "sha256:" + strings.Repeat("0", 63)} {
+		d.Modules[0].Digest = bad
+		h, body = sign(ctrl, "beta", d)
+		if _, err := deploy.Check("alpha", subject, h, body, servers, deploy.Declaration{}); err == nil || !strings.Contains(err.Error(), "digest") {
+			t.Errorf("a module with digest %q: %v", bad, err)
+		}
 	}
 }
