@@ -492,12 +492,15 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 	s.set(m, StateRunning, "")
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	pgid := -cmd.Process.Pid
 	select {
 	case err := <-exited:
+		// What it started in its group ends with it: a restart would add another copy, and
+		// an undeploy stops only the running group.
+		syscall.Kill(pgid, syscall.SIGKILL)
 		return exitReason(err)
 	case <-ctx.Done():
 	}
-	pgid := -cmd.Process.Pid
 	syscall.Kill(pgid, syscall.SIGTERM)
 	grace := s.Grace
 	if grace == 0 {

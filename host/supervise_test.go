@@ -156,3 +156,41 @@ func TestSupervisor_BadArtifact(t *testing.T) {
 		t.Fatalf("instances %+v, want none", r.Modules[0].Instances)
 	}
 }
+
+// TestSupervisor_ExitKillsTheGroup: a process that exits on its own takes what it started in
+// its process group with it; restarts do not pile up copies that outlive an undeploy.
+func TestSupervisor_ExitKillsTheGroup(t *testing.T) {
+	leaver := "#!/bin/sh\nsleep 600 &\necho $! >> children.pid\nexit 1\n"
+	s, spec := supervisor(t, map[string]string{"leaver": leaver})
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("leaver")}})
+	dir := filepath.Join(s.Dir, "leaver")
+	var children []int
+	waitFor(t, s, 20*time.Second, func(r host.Report) error {
+		b, err := os.ReadFile(filepath.Join(dir, "children.pid"))
+		if err != nil {
+			return err
+		}
+		children = children[:0]
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				return err
+			}
+			children = append(children, pid)
+		}
+		if len(children) < 2 || len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].Restarts < 1 {
+			return fmt.Errorf("%d children started, report %+v", len(children), r)
+		}
+		return nil
+	})
+	// Every start's child but perhaps the latest's (its parent may be exiting now) is gone.
+	deadline := time.Now().Add(2 * time.Second)
+	for _, child := range children[:len(children)-1] {
+		for alive(child) {
+			if time.Now().After(deadline) {
+				t.Fatalf("child %d of an exited process still runs", child)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
