@@ -123,7 +123,8 @@ type instance struct {
 // Resume starts what d — the declaration the node applied before it stopped — declares, from
 // what is on disk: a module whose artifact and credentials (for its declared key) are there
 // starts without the bus; any other is prepared as Apply would. A node's modules run again
-// before its bus reaches the mesh.
+// before its bus reaches the mesh. First it ends what the node's earlier run left: its
+// modules' processes still running, and the directories of modules d does not declare.
 func (s *Supervisor) Resume(ctx context.Context, d deploy.Declaration) { s.apply(ctx, d, true) }
 
 // Apply makes the supervisor run exactly what d declares: modules no longer declared, or
@@ -137,6 +138,9 @@ func (s *Supervisor) apply(ctx context.Context, d deploy.Declaration, resume boo
 	defer s.mu.Unlock()
 	if s.mods == nil {
 		s.mods = map[string]*module{}
+	}
+	if resume {
+		s.sweep(d)
 	}
 	s.revision = d.Revision
 	for _, name := range slices.Sorted(maps.Keys(s.mods)) {

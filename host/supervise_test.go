@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,4 +195,66 @@ func TestSupervisor_ExitKillsTheGroup(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// TestSupervisor_ResumeEndsWhatWasLeft: a node killed with kill -9 leaves its modules'
+// processes running and, during an undeploy, a module's directory with its seed. Resume
+// kills the processes — a module never runs twice with the same credentials — and removes
+// the directory of a module the declaration no longer names.
+func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"kept": "#!/bin/sh\nexec sleep 600\n"})
+	leftover := func(module string) <-chan error {
+		dir := filepath.Join(s.Dir, module)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "creds.nk"), []byte("SU…"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sleep", "600")
+		cmd.Env = []string{"MESH_CREDS=" + filepath.Join(dir, "creds.nk")}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited, done := make(chan error, 1), make(chan struct{})
+		go func() {
+			exited <- cmd.Wait()
+			close(done)
+		}()
+		t.Cleanup(func() { cmd.Process.Kill(); <-done })
+		return exited
+	}
+	gone, kept := leftover("gone"), leftover("kept")
+	// Another process's environment that does not match is left alone.
+	bystander := exec.Command("sleep", "600")
+	bystander.Env = []string{"MESH_CREDS=" + filepath.Join(t.TempDir(), "gone", "creds.nk")}
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
+
+	s.Resume(context.Background(), deploy.Declaration{Node: "alpha", Revision: 3, Modules: []deploy.Module{spec("kept")}})
+	for name, exited := range map[string]<-chan error{"gone": gone, "kept": kept} {
+		select {
+		case err := <-exited:
+			if err == nil {
+				t.Fatalf("the leftover process of %s exited by itself, not killed", name)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the leftover process of %s still runs after Resume", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "gone")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the undeclared module's directory is still there: %v", err)
+	}
+	if !alive(bystander.Process.Pid) {
+		t.Fatal("a process whose MESH_CREDS is outside the supervisor's directory was killed")
+	}
+	waitFor(t, s, 10*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || r.Modules[0].Module != "kept" || r.Modules[0].State != host.StateRunning || r.Modules[0].Instances[0].PID == 0 {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
 }
