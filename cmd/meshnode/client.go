@@ -32,7 +32,7 @@ func addClientFlags(cmd *cobra.Command) {
 
 // addContextFlag adds --context: the saved context a client verb talks to.
 func addContextFlag(cmd *cobra.Command) {
-	cmd.Flags().String("context", "", "the saved context to use (`meshnode context ls`; env MESHNODE_CONTEXT; default: the selected one)")
+	cmd.Flags().String("context", "", "the saved context to use, by `name` (meshnode context ls lists them; env MESHNODE_CONTEXT; default: the selected one)")
 }
 
 // clientCA is the CA certificate file a client verb trusts: --ca, or the data dir's ca.pem

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // TestUsageErrorsExit2: every mistake in how a command is called — an unknown command, an
@@ -66,5 +67,27 @@ func TestCommandContext(t *testing.T) {
 	case <-ctx.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("SIGTERM did not end run's context")
+	}
+}
+
+// TestFlagValueNames: pflag takes a flag usage's first back-quoted text as its value's
+// name in --help; a command there (`meshnode context ls`) garbled every client verb's help.
+func TestFlagValueNames(t *testing.T) {
+	var walk func(c *cobra.Command)
+	checked := 0
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			checked++
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " ;(") {
+				t.Errorf("%s --%s: its value is named %q in --help", c.CommandPath(), f.Name, name)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	if checked < 50 {
+		t.Fatalf("checked %d flags: the walk missed the commands", checked)
 	}
 }
