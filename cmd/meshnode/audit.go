@@ -61,7 +61,7 @@ func newAuditQueryCmd() *cobra.Command {
 				return usagef("--until: %v", err)
 			}
 			w := newRecordWriter(cmd.OutOrStdout(), asJSON)
-			for {
+			for found := 0; ; {
 				f.Limit = audit.DefaultLimit
 				reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
 				if err != nil {
@@ -70,7 +70,11 @@ func newAuditQueryCmd() *cobra.Command {
 				for _, r := range reply.Records {
 					w.write(r)
 				}
+				found += len(reply.Records)
 				if len(reply.Records) < f.Limit || f.ID != "" {
+					if found == 0 && !asJSON {
+						fmt.Fprintln(cmd.ErrOrStderr(), noMatch(f))
+					}
 					return w.flush()
 				}
 				f.After = reply.Records[len(reply.Records)-1].N
@@ -237,6 +241,17 @@ type recordWriter struct {
 	enc  *json.Encoder
 	tw   *tabwriter.Writer
 	head bool
+}
+
+// noMatch says that nothing matched f, and how the likeliest mistakes are put right.
+func noMatch(f audit.Filter) string {
+	switch {
+	case f.ID != "":
+		return "no audited event has id " + f.ID + ": --id takes the whole x-event-id (`meshnode audit query --json` shows them)"
+	case f.Event != "":
+		return "no audited event matches " + f.Event + ": the pattern is written as consumes: is, the emitter first (shop.**, *.order.placed)"
+	}
+	return "no audited event matches; `meshnode audit tail` shows the latest"
 }
 
 func newRecordWriter(w io.Writer, asJSON bool) *recordWriter {

@@ -302,6 +302,11 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 	if n := strings.Count(strings.TrimSpace(r.stdout), "\n") + 1; r.code != 0 || n != 1 || !strings.Contains(r.stdout, id) {
 		t.Errorf("audit query: the event %s is recorded %d times, want once (exit %d)\n%s%s", id, n, r.code, r.stdout, r.stderr)
 	}
+	// A prefix of an id matches nothing, and says so rather than print nothing.
+	r = meshnode(t, nil, "audit", "query", "--id", id[:8], "--data-dir", dir)
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "--id takes the whole x-event-id") {
+		t.Errorf("audit query of an id's prefix: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }
 
 // TestBinary_DeadReplayRefusedWhenConsumesChanged: billing gave up on an event and was then
