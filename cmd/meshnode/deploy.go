@@ -288,6 +288,9 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 					continue
 				}
 				states[p.Node] = p.State
+				if p.Reason != "" {
+					states[p.Node] += " (" + p.Reason + ")"
+				}
 				switch p.State {
 				case host.StateRunning:
 					running++
@@ -308,7 +311,15 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 				if err != nil {
 					return fmt.Errorf("after %s, ps does not answer: %w", within, last)
 				}
-				return fmt.Errorf("after %s, %d of %d instances of %s run (%v); meshnode ps shows where it stands", within, running, total, reply.Module, states)
+				var where []string
+				for _, node := range slices.Sorted(maps.Keys(want)) {
+					state, ok := states[node]
+					if !ok {
+						state = "has not applied the declaration yet"
+					}
+					where = append(where, node+": "+state)
+				}
+				return fmt.Errorf("after %s, %d of %d instances of %s run (%s); meshnode ps shows where it stands", within, running, total, reply.Module, strings.Join(where, "; "))
 			}
 			if isTerminal(stderr) {
 				fmt.Fprintf(stderr, "\rwaiting: %d of %d instances of %s running", running, total, reply.Module)
