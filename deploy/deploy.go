@@ -190,6 +190,11 @@ var (
 	// ErrStale means the declaration is not newer than the one the node applied last: a
 	// replay, or a controller behind.
 	ErrStale = errors.New("stale declaration")
+	// ErrOlderEpoch is the ErrStale of a declaration newer than the one applied but signed
+	// at an older controller epoch: a deposed controller's — or, when the seat's lease says
+	// its signer holds the seat at that epoch now, the current holder's after the leases'
+	// bucket was made again and its epochs began again (the host accepts it then).
+	ErrOlderEpoch = fmt.Errorf("%w: older controller epoch", ErrStale)
 	// ErrForged means the declaration is not signed by a server of the mesh, or not for
 	// this node.
 	ErrForged = errors.New("declaration not signed by the mesh's controller")
@@ -227,7 +232,7 @@ func Check(node, subject string, h nats.Header, body []byte, servers ServerKey, 
 	case d.Revision <= last.Revision:
 		return d, fmt.Errorf("%w: revision %d, and revision %d is applied", ErrStale, d.Revision, last.Revision)
 	case d.Epoch < last.Epoch:
-		return d, fmt.Errorf("%w: controller epoch %d, older than the %d of revision %d", ErrStale, d.Epoch, last.Epoch, last.Revision)
+		return d, fmt.Errorf("%w: %d, and revision %d was at %d", ErrOlderEpoch, d.Epoch, last.Revision, last.Epoch)
 	}
 	return d, nil
 }

@@ -95,7 +95,7 @@ func TestCheck(t *testing.T) {
 	}{
 		"a replay of the applied one": {subject, h, body, deploy.Declaration{Revision: 5}, deploy.ErrStale},
 		"an older one":                {subject, h, body, deploy.Declaration{Revision: 6}, deploy.ErrStale},
-		"an older controller epoch":   {subject, h, body, deploy.Declaration{Revision: 1, Epoch: 4}, deploy.ErrStale},
+		"an older controller epoch":   {subject, h, body, deploy.Declaration{Revision: 1, Epoch: 4}, deploy.ErrOlderEpoch},
 		"another node's subject":      {manifest.StateSubject("gamma"), h, body, deploy.Declaration{}, deploy.ErrForged},
 		"an altered body":             {subject, h, []byte(strings.Replace(string(body), `"revision":5`, `"revision":9`, 1)), deploy.Declaration{}, deploy.ErrForged},
 	} {

@@ -48,17 +48,37 @@ type Publisher struct {
 // maxConflicts bounds how often Publish composes again after another writer got in first.
 const maxConflicts = 5
 
+// RepublishAfter is how long after a declaration was composed its node may still report an
+// older revision before Publish declares it again: the node refused it for a reason that
+// has passed (a lease mirror behind), or it was signed at an epoch the node cannot accept.
+const RepublishAfter = 10 * time.Second
+
+// Applied is what a node last reported of its declarations: the revision it applied and
+// when it said so (zero: it has not reported to this controller).
+type Applied struct {
+	Revision uint64
+	Reported time.Time
+}
+
+// behind reports whether a's node, reporting well after last was composed, still has not
+// applied it.
+func (a Applied) behind(last Declaration) bool {
+	return a.Revision < last.Revision && a.Reported.After(last.Composed.Add(RepublishAfter))
+}
+
 // Publish declares modules for node, unless the declaration published last declares the same
-// (then it returns that one and false). The revision is one past both the last revision for
-// node and STATE's last sequence: a replayed old declaration (which takes a new sequence but
-// keeps its revision) never makes the next revision one a node has applied already.
-func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modules []Module) (Declaration, bool, error) {
+// and the node has not reported itself behind it (then it returns that one and false). The
+// revision is one past the last revision for node, STATE's last sequence and the revision
+// the node reports applied: a replayed old declaration (which takes a new sequence but keeps
+// its revision), or a STATE made again after it was lost (whose sequences begin again),
+// never makes the next revision one a node has applied already.
+func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modules []Module, applied Applied) (Declaration, bool, error) {
 	for range maxConflicts {
 		last, seq, ok, err := Last(ctx, p.JS, node, p.Servers)
 		if err != nil {
 			return Declaration{}, false, err
 		}
-		if ok && last.Revision > 0 && SameModules(last.Modules, modules) {
+		if ok && last.Revision > 0 && SameModules(last.Modules, modules) && !applied.behind(last) {
 			return last, false, nil
 		}
 		st, err := p.JS.Stream(ctx, manifest.StateStreamName)
@@ -66,7 +86,7 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 			return Declaration{}, false, err
 		}
 		// The stream's last sequence is past every revision ever written, forged ones too.
-		d := Declaration{Node: node, Revision: max(last.Revision, st.CachedInfo().State.LastSeq) + 1, Epoch: epoch,
+		d := Declaration{Node: node, Revision: max(last.Revision, st.CachedInfo().State.LastSeq, applied.Revision) + 1, Epoch: epoch,
 			Controller: p.Controller, Composed: time.Now().UTC(), Modules: modules}
 		body, err := json.Marshal(d)
 		if err != nil {

@@ -53,6 +53,11 @@ type Config struct {
 	Holder func() (node string, epoch uint64, ok bool)
 }
 
+// remadeCheckEvery is how often a follower asks whether STATE was made again (lost, and
+// recreated by a drift repair on any node): its ordered consumer would go on from the old
+// stream's sequence, past everything the new one holds.
+var remadeCheckEvery = 5 * time.Second
+
 // holderWait bounds how long a declaration naming a controller epoch newer than the lease
 // mirror's waits for the mirror (which lags the bucket by up to a few seconds) before it is
 // refused.
@@ -131,7 +136,11 @@ func (f *Follower) Run(ctx context.Context) error {
 // follow reads the node's subject from its last message on, handling each, until the
 // consumer fails or ctx ends.
 func (f *Follower) follow(ctx context.Context) error {
-	cons, err := f.cfg.JS.OrderedConsumer(ctx, manifest.StateStreamName, jetstream.OrderedConsumerConfig{
+	st, err := f.cfg.JS.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		return err
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{manifest.StateSubject(f.cfg.Node)},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
@@ -144,15 +153,47 @@ func (f *Follower) follow(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, msgs.Stop)
 	defer stop()
+	remade := make(chan struct{})
+	watchCtx, endWatch := context.WithCancel(ctx)
+	defer endWatch()
+	go func() {
+		if f.watchRemade(watchCtx, st, st.CachedInfo().Created) {
+			close(remade)
+			msgs.Stop()
+		}
+	}()
 	for {
 		m, err := msgs.Next()
 		if err != nil {
+			select {
+			case <-remade:
+				return fmt.Errorf("%s was made again: following it from its last declaration", manifest.StateStreamName)
+			default:
+			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		f.handle(ctx, m)
+	}
+}
+
+// watchRemade reports, once it sees it, that STATE is not the stream created at created (it
+// was deleted, or deleted and made again); false when ctx ends first.
+func (f *Follower) watchRemade(ctx context.Context, st jetstream.Stream, created time.Time) bool {
+	tick := time.NewTicker(remadeCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+		info, err := st.Info(ctx)
+		if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !info.Created.Equal(created)) {
+			return true
+		}
 	}
 }
 
@@ -166,6 +207,12 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	d, err := deploy.Check(f.cfg.Node, m.Subject(), m.Headers(), m.Data(), f.cfg.Servers, applied)
+	if errors.Is(err, deploy.ErrOlderEpoch) && f.holdsNow(ctx, d) {
+		// Its signer holds the controller seat now, at d's epoch: the leases' bucket was
+		// made again, and its epochs began again.
+		f.cfg.Log.Info("declaration at an older controller epoch taken from the seat's holder", "revision", d.Revision, "epoch", d.Epoch, "applied_epoch", applied.Epoch)
+		err = nil
+	}
 	if err != nil {
 		f.cfg.Log.Warn("declaration refused", "revision", d.Revision, "applied", applied.Revision, "err", err)
 		f.cfg.Event(EventRefused, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "applied": applied.Revision,
@@ -218,6 +265,28 @@ func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
 		return true
 	}
 	return false
+}
+
+// holdsNow reports whether the mesh-controller seat's lease says d's controller holds the
+// seat now, at d's epoch; the mirror of the leases, which may lag, is waited for as heldBy
+// does.
+func (f *Follower) holdsNow(ctx context.Context, d deploy.Declaration) bool {
+	if f.cfg.Holder == nil {
+		return false
+	}
+	deadline := time.Now().Add(holderWait)
+	for {
+		if node, epoch, ok := f.cfg.Holder(); ok && node == d.Controller && epoch == d.Epoch {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // heldBy checks d's controller against the mesh-controller seat's lease: the node that held

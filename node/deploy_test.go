@@ -421,3 +421,85 @@ func TestDeploy_RunsFromARelativeDataDir(t *testing.T) {
 	b.deploy("ticker", "1")
 	b.running(t, "ticker", "1", 0)
 }
+
+// controllerEpoch waits until the controller seat is held and ok accepts its epoch.
+func controllerEpoch(t *testing.T, b *bed, ok func(uint64) bool) uint64 {
+	t.Helper()
+	var epoch uint64
+	retryUntil(t, 30*time.Second, func() error {
+		list, err := askSeats(b)
+		if err != nil {
+			return err
+		}
+		for _, s := range list {
+			if s.Seat == manifest.ControllerSeat && s.Holder != "" && ok(s.Epoch) {
+				epoch = s.Epoch
+				return nil
+			}
+		}
+		return fmt.Errorf("seats %+v", list)
+	})
+	return epoch
+}
+
+// TestDeploy_GoesOnAfterStateIsMadeAgain: STATE lost and made again by the drift repair
+// begins its sequences again, below the revision the host applied; the next deploy still
+// reaches the host (its reported revision is the publisher's floor).
+func TestDeploy_GoesOnAfterStateIsMadeAgain(t *testing.T) {
+	b := newBed(t)
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	for _, v := range []string{"1", "2", "1"} { // a few revisions, so the lost ones are above 1
+		b.deploy("ticker", v)
+		b.running(t, "ticker", v, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.js.DeleteStream(ctx, manifest.StateStreamName); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		_, err := b.js.Stream(ctx, manifest.StateStreamName)
+		return err
+	})
+	b.deploy("ticker", "2")
+	b.running(t, "ticker", "2", 0)
+}
+
+// TestDeploy_GoesOnAfterTheLeasesAreMadeAgain: the leases' bucket lost and made again begins
+// its revisions, the controller's epochs, again; the host, which applied a declaration at a
+// higher epoch, takes the next one from the seat's holder now.
+func TestDeploy_GoesOnAfterTheLeasesAreMadeAgain(t *testing.T) {
+	b := newBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// A high epoch: the bucket's revisions pushed up, then the controller's lease taken
+	// away, so that the seat is taken again at a revision past them.
+	kv, err := b.js.KeyValue(ctx, "mesh-seats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if _, err := kv.Put(ctx, fmt.Sprintf("filler-%d", i), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Delete(ctx, manifest.ControllerSeat); err != nil {
+		t.Fatal(err)
+	}
+	high := controllerEpoch(t, b, func(e uint64) bool { return e > 40 })
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	b.deploy("ticker", "1")
+	b.running(t, "ticker", "1", 0)
+
+	if err := b.js.DeleteKeyValue(ctx, "mesh-seats"); err != nil {
+		t.Fatal(err)
+	}
+	low := controllerEpoch(t, b, func(e uint64) bool { return e < high })
+	t.Logf("controller epoch %d, then %d in the bucket made again", high, low)
+	b.deploy("ticker", "2")
+	b.running(t, "ticker", "2", 0)
+}

@@ -203,11 +203,24 @@ func (c *controller) declare(ctx context.Context, nodes []string) []registry.Dec
 		}
 		return out
 	}
-	deployed := c.deployed()
 	epoch := c.epoch()
+	if epoch == 0 {
+		// The seat was lost meanwhile: a declaration at epoch 0 every host refuses, and the
+		// next holder, finding the same modules declared, would leave it there.
+		out := []registry.Declared{}
+		for _, n := range nodes {
+			out = append(out, registry.Declared{Node: n, Error: "this node no longer holds the controller seat; its next holder declares"})
+		}
+		return out
+	}
+	deployed := c.deployed()
 	out := []registry.Declared{}
 	for _, n := range nodes {
-		d, changed, err := c.publisher.Publish(ctx, n, epoch, deploy.Compose(n, deployed))
+		c.hostsMu.Lock()
+		report := c.hosts[n]
+		c.hostsMu.Unlock()
+		applied := deploy.Applied{Revision: report.Revision, Reported: report.Time}
+		d, changed, err := c.publisher.Publish(ctx, n, epoch, deploy.Compose(n, deployed), applied)
 		r := registry.Declared{Node: n, Revision: d.Revision, Changed: changed}
 		if err == nil {
 			c.hostsMu.Lock()
