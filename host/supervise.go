@@ -143,16 +143,21 @@ func (s *Supervisor) apply(ctx context.Context, d deploy.Declaration, resume boo
 		s.sweep(d)
 	}
 	s.revision = d.Revision
+	// Every module that goes is told to stop first, and then waited for: N processes that
+	// use their grace period take one period, not N.
+	var stopping []string
 	for _, name := range slices.Sorted(maps.Keys(s.mods)) {
 		m := s.mods[name]
-		next, declared := d.Module(name)
-		if declared && deploy.SameModules([]deploy.Module{m.spec}, []deploy.Module{next}) {
+		if next, declared := d.Module(name); declared && deploy.SameModules([]deploy.Module{m.spec}, []deploy.Module{next}) {
 			continue
 		}
 		m.cancel()
-		<-m.done
+		stopping = append(stopping, name)
+	}
+	for _, name := range stopping {
+		<-s.mods[name].done
 		delete(s.mods, name)
-		if !declared {
+		if _, declared := d.Module(name); !declared {
 			if err := os.RemoveAll(filepath.Join(s.Dir, name)); err != nil {
 				s.log().Error("remove a stopped module's directory", "module", name, "err", err)
 			}

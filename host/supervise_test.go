@@ -258,3 +258,42 @@ func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSupervisor_ApplyStopsAtOnce: the modules a declaration drops are all told to stop
+// before any is waited for, so N that use their whole grace period take one period, not N
+// (while Apply holds the supervisor, reports wait).
+func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
+	stubborn := "#!/bin/sh\ntrap 'touch termed' TERM\nwhile :; do sleep 1; done\n"
+	s, spec := supervisor(t, map[string]string{"a-stub": stubborn, "b-stub": stubborn})
+	s.Grace = 5 * time.Second
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("a-stub"), spec("b-stub")}})
+	r := waitFor(t, s, 10*time.Second, func(r host.Report) error {
+		for _, m := range r.Modules {
+			if m.State != host.StateRunning || len(m.Instances) != 1 || m.Instances[0].PID == 0 {
+				return fmt.Errorf("report %+v", r)
+			}
+		}
+		if len(r.Modules) != 2 {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	first := r.Modules[0].Instances[0].PID // a-stub's: stopped first
+	applied := make(chan struct{})
+	go func() {
+		s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 2})
+		close(applied)
+	}()
+	termed := func(module string) bool {
+		_, err := os.Stat(filepath.Join(s.Dir, module, "termed"))
+		return err == nil
+	}
+	deadline := time.Now().Add(s.Grace)
+	for !(termed("a-stub") && termed("b-stub")) {
+		if !alive(first) || time.Now().After(deadline) {
+			t.Fatalf("b-stub was not told to stop while a-stub (pid %d) used its grace period (a termed %v, b termed %v)", first, termed("a-stub"), termed("b-stub"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-applied
+}
