@@ -106,6 +106,8 @@ type module struct {
 
 	resume bool // start from what is on disk, if it is all there
 
+	out *outputLog // its instances' stdout and stderr, while they run
+
 	mu     sync.Mutex
 	state  string
 	reason string
@@ -265,6 +267,17 @@ func (s *Supervisor) run(ctx context.Context, m *module) {
 			return
 		}
 	}
+	out, err := openOutputLog(filepath.Join(filepath.Dir(path), "output.log"), maxLog)
+	for err != nil {
+		s.log().Error("module not started: its output log", "module", m.spec.Module, "err", err)
+		s.set(m, StateFailed, "output log: "+err.Error())
+		if wait.Wait(ctx) != nil {
+			return
+		}
+		out, err = openOutputLog(filepath.Join(filepath.Dir(path), "output.log"), maxLog)
+	}
+	defer out.Close()
+	m.out = out
 	m.mu.Lock()
 	m.insts = make([]*instance, m.spec.Instances)
 	for i := range m.insts {
@@ -461,14 +474,12 @@ func (s *Supervisor) supervise(ctx context.Context, m *module, i int, path strin
 // ends: SIGTERM to its process group, SIGKILL after the grace period.
 func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int, path string) error {
 	dir := filepath.Dir(path)
-	out, err := openLog(filepath.Join(dir, "output.log"))
-	if err != nil {
-		return err
-	}
-	defer out.Close()
 	cmd := exec.Command(path, m.spec.Args...)
 	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = out, out
+	// Through a pipe, so the log rotates while the process runs; what holds the pipe after
+	// the process ended (a child outside its group) is not waited for past a second.
+	cmd.Stdout, cmd.Stderr = m.out, m.out
+	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
@@ -538,12 +549,4 @@ func exitReason(err error) error {
 		return errors.New("exit status 0")
 	}
 	return err
-}
-
-// openLog opens a module's output log for appending, rotating it first when it is large.
-func openLog(path string) (*os.File, error) {
-	if st, err := os.Stat(path); err == nil && st.Size() > maxLog {
-		os.Rename(path, path+".1")
-	}
-	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 }
