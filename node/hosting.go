@@ -147,8 +147,9 @@ func (n *Node) runReports(ctx context.Context) error {
 	defer tick.Stop()
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
+		// The supervisor's revision, not the follower's: the follower records a declaration
+		// before the supervisor has stopped what it replaces.
 		r := n.supervisor.Report()
-		r.Revision = n.host.Applied().Revision
 		body, _ := json.Marshal(r)
 		err := n.sendReport(ctx, subject, body)
 		switch {

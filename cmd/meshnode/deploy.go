@@ -242,6 +242,10 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 	return cmd
 }
 
+// waitSteady is how long deploy --wait must see an instance's process running before it
+// counts: longer than a crashing process runs before its first restart's back-off (1 s).
+const waitSteady = 1500 * time.Millisecond
+
 // awaitRunning asks ps until every instance reply declared runs at the declared revision,
 // at most within: done with a line per node (with --json nothing more: exit 0 says it);
 // an error at once, with its reason, for an instance that failed to be prepared or
@@ -272,6 +276,13 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 	deadline := time.Now().Add(within)
 	// One connection for the whole wait; a ps that fails (the controller moving, say) is
 	// asked again until the deadline.
+	// An instance counts as running once ps has shown the same process running for
+	// waitSteady: one that dies at once (and is started again after a back-off) does not.
+	type seen struct {
+		pid, restarts int
+		since         time.Time
+	}
+	steady := map[string]seen{} // node/instance → the process first seen running
 	return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
 		var last error
 		for {
@@ -293,7 +304,13 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 				}
 				switch p.State {
 				case host.StateRunning:
-					running++
+					key := fmt.Sprintf("%s/%d", p.Node, p.Instance)
+					if was, ok := steady[key]; !ok || was.pid != p.PID || was.restarts != p.Restarts {
+						steady[key] = seen{p.PID, p.Restarts, time.Now()}
+					}
+					if time.Since(steady[key].since) >= waitSteady {
+						running++
+					}
 				case host.StateFailed, host.StateCrashLooping:
 					return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
 				}

@@ -246,6 +246,21 @@ func TestBinary_ModuleFlow(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"provisions", "pin", "runner", "kv", "somewhere"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "does not require kv from a seat") {
 		t.Fatalf("provisions pin of the mesh's own kv: exit %d %s", r.code, r.stderr)
 	}
+	// --wait does not take a process that dies soon after it starts for a running one.
+	crasher := write("crasher.yaml", "module: crasher\nrequires: [mesh-bus]\n")
+	dies := write("crasher.sh", "#!/bin/sh\nsleep 0.3\nexit 3\n")
+	os.Chmod(dies, 0o755)
+	for _, args := range [][]string{{"module", "register", crasher, "--creds-out", crasher + ".nk"}, {"artifact", "put", "crasher", dies, "--version", "1"}} {
+		if r := meshnode(t, nil, append(args, dd...)...); r.code != 0 {
+			t.Fatalf("%s: exit %d\n%s%s", args[0], r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := meshnode(t, nil, append([]string{"deploy", "crasher", "--version", "1", "--all", "--wait", "60s"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "is crash-looping: exit status 3") {
+		t.Fatalf("deploy --wait of a module that dies: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"undeploy", "crasher"}, dd...)...); r.code != 0 {
+		t.Fatalf("undeploy crasher: exit %d %s", r.code, r.stderr)
+	}
 	// A module requiring what no seat provides waits, not started, and says why.
 	waiter := write("waiter.yaml", "module: waiter\nrequires: [mesh-bus, postgres]\n")
 	for _, args := range [][]string{{"module", "register", waiter, "--creds-out", waiter + ".nk"}, {"artifact", "put", "waiter", script, "--version", "1"}, {"deploy", "waiter", "--version", "1", "--all"}} {
