@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/vault"
@@ -106,7 +107,8 @@ type module struct {
 
 	resume bool // start from what is on disk, if it is all there
 
-	out *outputLog // its instances' stdout and stderr, while they run
+	out    *outputLog // its instances' stdout and stderr, while they run
+	prepMu sync.Mutex // one instance at a time prepares its files again (restartFiles)
 
 	mu     sync.Mutex
 	state  string
@@ -305,8 +307,11 @@ func (s *Supervisor) artifactPath(spec deploy.Module) string {
 // declared key are on disk already.
 func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
 	path := s.artifactPath(spec)
-	if _, err := os.Stat(path); err != nil {
-		return "", false
+	if b, err := os.ReadFile(filepath.Join(s.Dir, spec.Module, preparedFile)); err != nil || string(b) != prepared(spec) {
+		return "", false // never prepared completely, or for another spec
+	}
+	if digest, _, err := artifact.FileDigest(path); err != nil || digest != spec.Digest {
+		return "", false // gone or damaged on disk: fetched again
 	}
 	seed, err := os.ReadFile(filepath.Join(s.Dir, spec.Module, "creds.nk"))
 	if err != nil {
@@ -324,6 +329,13 @@ func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
 	}
 	return path, pub == spec.PublicKey
 }
+
+// preparedFile is written last by prepare, and removed first: its files are complete for
+// the spec it names (what onDisk trusts at a start without the bus).
+const preparedFile = "prepared"
+
+// prepared is preparedFile's content for spec.
+func prepared(spec deploy.Module) string { return spec.Digest + " " + spec.PublicKey + "\n" }
 
 // provisionsFile keeps a module's provisioned credentials (0600), read at each start.
 const provisionsFile = "provisions.json"
@@ -366,8 +378,12 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
+	if err := os.Remove(filepath.Join(dir, preparedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
 	path := s.artifactPath(spec)
-	if _, err := os.Stat(path); err != nil {
+	if digest, _, err := artifact.FileDigest(path); err != nil || digest != spec.Digest {
+		os.Remove(path) // damaged on disk, if there
 		tmp, err := os.CreateTemp(dir, ".artifact-*")
 		if err != nil {
 			return "", err
@@ -420,6 +436,9 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 			os.Remove(old)
 		}
 	}
+	if err := writeSecret(filepath.Join(dir, preparedFile), prepared(spec)); err != nil {
+		return "", err
+	}
 	return path, nil
 }
 
@@ -441,6 +460,15 @@ func (s *Supervisor) supervise(ctx context.Context, m *module, i int, path strin
 		err := s.runOnce(ctx, m, in, i, path)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errStart) {
+			// Its files cannot be run (the artifact deleted or damaged on disk): fetched
+			// again before the next start, which would fail the same way.
+			if p, perr := s.restartFiles(ctx, m); perr == nil {
+				path = p
+			} else {
+				err = fmt.Errorf("%w; preparing it again: %w", err, perr)
+			}
 		}
 		reason := "exited"
 		if err != nil {
@@ -504,7 +532,7 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start: %w", err)
+		return fmt.Errorf("%w: %w", errStart, err)
 	}
 	m.mu.Lock()
 	in.pid, in.state, in.since = cmd.Process.Pid, StateRunning, time.Now().UTC()
@@ -534,6 +562,19 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 	}
 	syscall.Kill(pgid, syscall.SIGKILL) // its children too, had any outlived it
 	return nil
+}
+
+// errStart is a process that could not be started at all.
+var errStart = errors.New("start")
+
+// restartFiles prepares m's files again, its artifact fetched anew, after a start failed.
+func (s *Supervisor) restartFiles(ctx context.Context, m *module) (string, error) {
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
+	if path, ok := s.onDisk(m.spec); ok {
+		return path, nil // another instance did it, or the failure was not the files'
+	}
+	return s.prepare(ctx, m.spec) // a damaged artifact is fetched again
 }
 
 // exitReason says how a process ended.

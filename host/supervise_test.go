@@ -297,3 +297,47 @@ func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
 	}
 	<-applied
 }
+
+// runningPID waits until module runs one process other than notPID and returns its pid.
+func runningPID(t *testing.T, s *host.Supervisor, module string, notPID int) int {
+	t.Helper()
+	r := waitFor(t, s, 20*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || r.Modules[0].Module != module || r.Modules[0].State != host.StateRunning ||
+			len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].PID == 0 || r.Modules[0].Instances[0].PID == notPID {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	return r.Modules[0].Instances[0].PID
+}
+
+// TestSupervisor_DamagedFilesAreFetchedAgain: an artifact deleted while its module runs is
+// fetched again when the next start fails, and one damaged on disk while the node was down
+// is not run at the next start but fetched again (its digest is checked, not only its
+// presence).
+func TestSupervisor_DamagedFilesAreFetchedAgain(t *testing.T) {
+	script := "#!/bin/sh\nexec sleep 600\n"
+	s, spec := supervisor(t, map[string]string{"ok": script})
+	d := deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("ok")}}
+	s.Apply(context.Background(), d)
+	pid := runningPID(t, s, "ok", 0)
+	artifacts, _ := filepath.Glob(filepath.Join(s.Dir, "ok", "artifact-*"))
+	if len(artifacts) != 1 {
+		t.Fatalf("artifacts %v", artifacts)
+	}
+	if err := os.Remove(artifacts[0]); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	pid = runningPID(t, s, "ok", pid)
+
+	s.Stop()
+	if err := os.WriteFile(artifacts[0], []byte("#!/bin/sh\necho tampered\nexec sleep 600\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s.Resume(context.Background(), d)
+	runningPID(t, s, "ok", pid)
+	if b, err := os.ReadFile(artifacts[0]); err != nil || string(b) != script {
+		t.Fatalf("the artifact on disk is %q (%v), want the one its digest names", b, err)
+	}
+}
