@@ -551,7 +551,11 @@ func (n *Node) serveGitNotify() (*nats.Subscription, error) {
 		json.Unmarshal(m.Data, &req)
 		switch _, ok := n.cfg.GitRepos[req.Repository]; {
 		case !ok:
-			reply.Error = fmt.Sprintf("node %s serves no repository %q (git-repos: %v)", n.id.Name, req.Repository, slices.Sorted(maps.Keys(n.cfg.GitRepos)))
+			served := "none"
+			if len(n.cfg.GitRepos) > 0 {
+				served = strings.Join(slices.Sorted(maps.Keys(n.cfg.GitRepos)), ", ")
+			}
+			reply.Error = fmt.Sprintf("it serves no repository %q (its git-repos: %s); give the node git-repos: {%s: /path/to/%s.git} (or --git-repos %s=PATH) and restart it", req.Repository, served, req.Repository, req.Repository, req.Repository)
 		case n.seats == nil || n.seats.git == nil:
 			reply.Error = "this node does not run the mesh-git seat"
 		default:

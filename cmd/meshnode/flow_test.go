@@ -177,6 +177,11 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		t.Fatalf("seat ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
+	// git notify on a node that serves no repositories says how to serve one.
+	if r := meshnode(t, nil, append([]string{"git", "notify", "shop"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, `node alpha: it serves no repository "shop" (its git-repos: none); give the node git-repos: {shop: /path/to/shop.git} (or --git-repos shop=PATH)`) {
+		t.Fatalf("git notify without repositories: exit %d %s", r.code, r.stderr)
+	}
+
 	// seat pin moves a user to v2 of a seat's protocol; seat ls then marks v1 retirable.
 	mail := write("mail.yaml", "module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    retain: 1h\n    accepts: [send]\n    versions: {v2: {accepts: [send]}}\n")
 	user := write("user.yaml", "module: user\nrequires: [mesh-bus]\nuses: [mailer]\n")

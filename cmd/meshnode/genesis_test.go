@@ -69,6 +69,13 @@ func TestBinary_GenesisVaultToken(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"vault", "fetch", "nope"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "does not exist") {
 		t.Fatalf("vault fetch of nothing: exit %d %s", r.code, r.stderr)
 	}
+	// A module's secret fetched without --owner: the refusal names its owner.
+	if r := meshnode(t, nil, append([]string{"vault", "mint", "api-key", "--owner", "shop"}, dd...)...); r.code != 0 {
+		t.Fatalf("vault mint --owner shop: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, append([]string{"vault", "fetch", "api-key"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "A secret api-key is shop's: add --owner shop") {
+		t.Fatalf("vault fetch of a module's secret without --owner: exit %d %s", r.code, r.stderr)
+	}
 	r = meshnode(t, nil, append([]string{"token", "create", "--ttl", "10m", "--json"}, dd...)...)
 	if r.code != 0 || !strings.Contains(r.stdout, `"token":"MNJ1.`) {
 		t.Fatalf("token create: exit %d %s %s", r.code, r.stdout, r.stderr)

@@ -142,6 +142,9 @@ func newVaultFetchCmd() *cobra.Command {
 			} else {
 				var s vault.Secret
 				if _, err := vaultCall(cmd, vault.VerbFetch, vault.Request{Owner: owner, Name: args[0], Version: ver}, &s); err != nil {
+					if !cmd.Flags().Changed("owner") {
+						return withOwners(cmd, args[0], err)
+					}
 					return err
 				}
 				value = s.Value
@@ -154,6 +157,25 @@ func newVaultFetchCmd() *cobra.Command {
 	addOwnerFlag(cmd, &owner)
 	cmd.Flags().IntVar(&ver, "version", 0, "a readable earlier version (default: the current one)")
 	return cmd
+}
+
+// withOwners adds to err, a fetch of the operator's own secret name that failed, which
+// modules own a secret of that name: --owner was likely forgotten.
+func withOwners(cmd *cobra.Command, name string, err error) error {
+	metas, lerr := vaultCall(cmd, vault.VerbList, vault.Request{}, nil)
+	if lerr != nil {
+		return err
+	}
+	var owners []string
+	for _, m := range metas {
+		if m.Name == name && m.Owner != vault.CallerOperator {
+			owners = append(owners, m.Owner)
+		}
+	}
+	if len(owners) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w\nA secret %s is %s's: add --owner %s", err, name, strings.Join(owners, "'s and "), owners[0])
 }
 
 func newVaultLsCmd() *cobra.Command {
