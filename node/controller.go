@@ -605,8 +605,8 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 			continue
 		}
 		info := registry.ModuleInfo{
-			Module: e.Module, PublicKey: e.PublicKey,
-			Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Uses: e.Manifest.Uses,
+			Module: e.Module, PublicKey: e.PublicKey, Seats: []string{},
+			Emits: nonNil(e.Manifest.Emits), Consumes: nonNil(e.Manifest.Consumes), Tools: nonNil(e.Manifest.Tools), Uses: nonNil(e.Manifest.Uses),
 			Fingerprints: e.Fingerprints, Pins: e.Pins, Deployment: e.Deployment, Registered: e.Registered, Updated: e.Updated,
 			Revision: e.Revision, Manifest: e.Record.Manifest,
 		}
@@ -668,6 +668,14 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 		reply.OverQuota = &q
 	}
 	return reply
+}
+
+// nonNil is s, or an empty list for nil: a reply's list prints as [], not null.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 func plural(n int, one, many string) string {

@@ -68,8 +68,10 @@ func checkJSON(t *testing.T, path, out string) []map[string]json.RawMessage {
 		}
 		records = append(records, rec)
 		for _, k := range required {
-			if _, ok := rec[k]; !ok {
+			if v, ok := rec[k]; !ok {
 				t.Errorf("meshnode %s --json: a record has no %q, which its help documents: %s", path, k, compact(rec))
+			} else if string(v) == "null" {
+				t.Errorf("meshnode %s --json: a record's %q is null (an empty list is [], an absent value is left out with ? in the help): %s", path, k, compact(rec))
 			}
 		}
 		for k := range rec {

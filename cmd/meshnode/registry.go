@@ -97,8 +97,9 @@ no longer works), and the new seed is written to --creds-out.`,
 				credsOut = ""
 			}
 			if asJSON {
+				kept := append([]string{}, reg.Kept...) // [] when none, not null
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{
-					"module": reg.Module, "public_key": reg.PublicKey, "created": reg.Created, "rotated": reg.Rotated, "creds": credsOut, "kept": reg.Kept,
+					"module": reg.Module, "public_key": reg.PublicKey, "created": reg.Created, "rotated": reg.Rotated, "creds": credsOut, "kept": kept,
 				})
 			}
 			switch {
@@ -180,9 +181,6 @@ func newModuleLsCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				for i := range mods {
-					mods[i].Manifest = ""
-				}
 				return writeJSONLines(cmd.OutOrStdout(), mods)
 			}
 			printModules(cmd.OutOrStdout(), mods)
