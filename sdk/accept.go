@@ -59,10 +59,14 @@ func accepts(info seats.Info, verb string) error {
 
 // serves refuses a tool the seat does not serve: for a holder and for a caller.
 func serves(info seats.Info, tool string) error {
-	if !slices.Contains(info.Serves, tool) {
+	if slices.Contains(info.Serves, tool) {
+		return nil
+	}
+	if info.Version == "" || info.Version == manifest.V1 {
 		return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, info.Seat, info.Serves, tool)
 	}
-	return nil
+	return fmt.Errorf("%w: seat %s's %s, the version this module is pinned to, serves %v, not %q (`meshnode seat ls` shows the versions; `meshnode seat pin` moves a module to another)",
+		ErrNotDeclared, info.Seat, info.Version, info.Serves, tool)
 }
 
 // versioned is the key of a verb or tool of a version of a seat's protocol in seatState's

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 )
 
 func TestMatches(t *testing.T) {
@@ -61,6 +62,22 @@ func TestClient_EmitSubject(t *testing.T) {
 		_, err := c.emitSubject(event)
 		if !errors.Is(err, ErrNotDeclared) || !strings.Contains(err.Error(), says) {
 			t.Errorf("emitSubject(%q): %v, want ErrNotDeclared saying %q", event, err, says)
+		}
+	}
+}
+
+// TestServes: a tool the seat does not serve is refused naming the version the module is
+// pinned to, when it is not v1 (v2 may serve less than the manifest's v1 shows).
+func TestServes(t *testing.T) {
+	if err := serves(seats.Info{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	for info, says := range map[*seats.Info]string{
+		{Seat: "mailer", Serves: []string{"status"}}:        `seat mailer serves [status], not "queue"`,
+		{Seat: "mailer", Version: "v2", Serves: []string{}}: `seat mailer's v2, the version this module is pinned to, serves [], not "queue"`,
+	} {
+		if err := serves(*info, "queue"); !errors.Is(err, ErrNotDeclared) || !strings.Contains(err.Error(), says) {
+			t.Errorf("serves(%+v, queue): %v, want it to say %q", *info, err, says)
 		}
 	}
 }
