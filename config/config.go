@@ -217,22 +217,33 @@ func (c *Config) LoadFile(path string, data []byte) error {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
 		}
-		return fmt.Errorf("%w: %s: %s", ErrInvalid, path, decodeError(err))
+		return fmt.Errorf("%w: %s: %s", ErrInvalid, path, decodeError(err, data))
 	}
 	return nil
 }
 
-// unknownKeyRE is yaml.v3's message for a key KnownFields refuses: the only way it names
-// the key and its line.
-var unknownKeyRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type config\.Config$`)
+// yaml.v3's messages for a key KnownFields refuses and for a value of the wrong form: the
+// only way it names the line.
+var (
+	unknownKeyRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type config\.Config$`)
+	wrongFormRE  = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `.*`)? into (.+)$")
+)
 
-// decodeError says what is wrong with a configuration file without a Go type's name: an
-// unknown key with the key it is probably a typo of, or the list of keys.
-func decodeError(err error) string {
+// forms says what a value of a configuration field's Go type is written as.
+var forms = map[string]string{
+	"string": "a single value", "int": "a whole number", "bool": "true or false",
+	"[]string": "a list, e.g. [a, b]", "map[string]string": "a mapping, e.g. {name: /path}",
+}
+
+// decodeError says what is wrong with a configuration file in its terms, not a Go type's:
+// an unknown key with the key it is probably a typo of (or the list of keys), a value of the
+// wrong form with the form its key takes.
+func decodeError(err error, data []byte) string {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return strings.TrimPrefix(err.Error(), "yaml: ")
 	}
+	lines := strings.Split(string(data), "\n")
 	msgs := make([]string, 0, len(te.Errors))
 	for _, msg := range te.Errors {
 		if sm := unknownKeyRE.FindStringSubmatch(msg); sm != nil {
@@ -242,10 +253,34 @@ func decodeError(err error) string {
 			if near := suggest.Nearest(sm[2], keys); near != "" {
 				msg = fmt.Sprintf("line %s: unknown key %s; write %s", sm[1], sm[2], near)
 			}
+		} else if sm := wrongFormRE.FindStringSubmatch(msg); sm != nil {
+			msg = fmt.Sprintf("line %s: a configuration file is key: value lines, e.g. name: alpha", sm[1])
+			n, _ := strconv.Atoi(sm[1])
+			if form, ok := forms[sm[3]]; ok && n >= 1 && n <= len(lines) {
+				key, _, _ := strings.Cut(strings.TrimSpace(lines[n-1]), ":")
+				msg = fmt.Sprintf("line %s: %s takes %s, not %s", sm[1], key, form, tagName(sm[2]))
+			}
 		}
 		msgs = append(msgs, msg)
 	}
 	return strings.Join(msgs, "; ")
+}
+
+// tagName names a YAML tag's value as a user writes it.
+func tagName(tag string) string {
+	switch tag {
+	case "seq":
+		return "a list"
+	case "map":
+		return "a mapping"
+	case "str":
+		return "text"
+	case "int", "float":
+		return "a number"
+	case "bool":
+		return "true or false"
+	}
+	return "!!" + tag
 }
 
 // keys maps each configuration key to its field, for the environment and for error messages.
@@ -293,8 +328,13 @@ func EnvName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
 }
 
-// envIgnored are MESHNODE_ variables that are not configuration keys but are read elsewhere.
-var envIgnored = map[string]bool{EnvPrefix + "CONFIG": true, TokenEnv: true}
+// envIgnored are MESHNODE_ variables that are not configuration keys but are read elsewhere:
+// the configuration file, a join token, and the client verbs' server, seed, CA and context
+// (cmd/meshnode), which a shell may export for every verb.
+var envIgnored = map[string]bool{
+	EnvPrefix + "CONFIG": true, TokenEnv: true,
+	EnvPrefix + "SERVER": true, EnvPrefix + "CREDS": true, EnvPrefix + "CA": true, EnvPrefix + "CONTEXT": true,
+}
 
 // TokenEnv carries a join or founding token to `meshnode join` without a command line that
 // every user of the machine can read.

@@ -46,6 +46,22 @@ func TestConfig_LoadFile(t *testing.T) {
 			t.Fatalf("err=%q, want it to say %q", got, want)
 		}
 	})
+	t.Run("WrongForm", func(t *testing.T) {
+		for text, want := range map[string]string{
+			"name: [a]\n":                        "line 1: name takes a single value, not a list",
+			"log-level: info\nrate-limit: abc\n": "line 2: rate-limit takes a whole number, not text",
+			"builder: maybe\n":                   "line 1: builder takes true or false, not text",
+			"git-repos: x\n":                     "line 1: git-repos takes a mapping, e.g. {name: /path}, not text",
+			"mesh-seats: {a: b}\n":               "line 1: mesh-seats takes a list, e.g. [a, b], not a mapping",
+			"hello\n":                            "line 1: a configuration file is key: value lines",
+		} {
+			c := config.Up()
+			err := c.LoadFile("meshnode.yaml", []byte(text))
+			if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "config.Config") {
+				t.Errorf("%q: err=%v, want ErrInvalid saying %q and no Go type", text, err, want)
+			}
+		}
+	})
 	t.Run("BadDuration", func(t *testing.T) {
 		c := config.Up()
 		err := c.LoadFile("meshnode.yaml", []byte("shutdown-timeout: soon\n"))
@@ -67,7 +83,9 @@ func TestConfig_LoadFile(t *testing.T) {
 func TestConfig_LoadEnv(t *testing.T) {
 	t.Run("Overrides", func(t *testing.T) {
 		c := config.Up()
-		if err := c.LoadEnv([]string{"PATH=/bin", "MESHNODE_NAME=gamma", "MESHNODE_SHUTDOWN_TIMEOUT=9s", "MESHNODE_CONFIG=x.yaml"}); err != nil {
+		// MESHNODE_CONFIG and the client verbs' variables are read elsewhere, and pass.
+		if err := c.LoadEnv([]string{"PATH=/bin", "MESHNODE_NAME=gamma", "MESHNODE_SHUTDOWN_TIMEOUT=9s", "MESHNODE_CONFIG=x.yaml",
+			"MESHNODE_SERVER=nats://h:4222", "MESHNODE_CREDS=op.nk", "MESHNODE_CA=ca.pem", "MESHNODE_CONTEXT=prod"}); err != nil {
 			t.Fatal(err)
 		}
 		if c.Name != "gamma" || time.Duration(c.ShutdownTimeout) != 9*time.Second {

@@ -141,6 +141,8 @@ func readSubject(toks []string) wire {
 	}
 	i := 0
 	switch {
+	case len(toks) == 2 && slices.Contains([]string{"mod", "seat", "node", "*"}, toks[0]) && toks[1] == "**":
+		return wire{ns: toks[0], owner: "*", rest: []string{"**"}} // mesh.mod.>: every owner's
 	case len(toks) > 2 && slices.Contains([]string{"mod", "seat", "node", "*"}, toks[0]):
 		w.ns, w.owner, i = toks[0], toks[1], 2
 	case len(toks) > 1:
@@ -194,8 +196,10 @@ func (w wire) instead(k fieldKind) string {
 			return "to send work to seat " + w.owner + ", write uses: [" + w.owner + "]"
 		case w.kind == "tool":
 			return "remove it: a tool is called, not consumed"
+		case w.ns == "seat" && w.owner != "" && rest != "":
+			return "write seat." + w.owner + "." + rest // a seat's events, by its name
 		case w.ns == "seat":
-			return "remove it: a seat's events cannot be consumed by name yet (** alone includes them)"
+			return "write seat.<seat>.<event>, e.g. seat.mailer.delivered"
 		case w.ns == "node":
 			return "remove it: node events are the mesh's own (** alone includes them)"
 		case w.owner != "" && rest != "":

@@ -65,8 +65,17 @@ func serves(info seats.Info, tool string) error {
 	if info.Version == "" || info.Version == manifest.V1 {
 		return fmt.Errorf("%w: seat %s serves %v, not %q", ErrNotDeclared, info.Seat, info.Serves, tool)
 	}
-	return fmt.Errorf("%w: seat %s's %s, the version this module is pinned to, serves %v, not %q (`meshnode seat ls` shows the versions; `meshnode seat pin` moves a module to another)",
-		ErrNotDeclared, info.Seat, info.Version, info.Serves, tool)
+	return fmt.Errorf("%w: seat %s's %s serves %v, not %q", ErrNotDeclared, info.Seat, info.Version, info.Serves, tool)
+}
+
+// callable is serves for a module that uses the seat: a later version is the one it is
+// pinned to, which may serve less than v1.
+func callable(info seats.Info, tool string) error {
+	err := serves(info, tool)
+	if err != nil && info.Version != "" && info.Version != manifest.V1 {
+		return fmt.Errorf("%w (the version this module is pinned to; `meshnode seat ls` shows the versions, `meshnode seat pin` moves a module to another)", err)
+	}
+	return err
 }
 
 // versioned is the key of a verb or tool of a version of a seat's protocol in seatState's

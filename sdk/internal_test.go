@@ -66,18 +66,26 @@ func TestClient_EmitSubject(t *testing.T) {
 	}
 }
 
-// TestServes: a tool the seat does not serve is refused naming the version the module is
-// pinned to, when it is not v1 (v2 may serve less than the manifest's v1 shows).
+// TestServes: a tool the seat does not serve is refused naming the version; a caller is told
+// it is the one it is pinned to (v2 may serve less than the manifest's v1 shows), a holder
+// is not (it is not pinned).
 func TestServes(t *testing.T) {
-	if err := serves(seats.Info{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
+	if err := callable(seats.Info{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
 		t.Fatal(err)
 	}
-	for info, says := range map[*seats.Info]string{
-		{Seat: "mailer", Serves: []string{"status"}}:        `seat mailer serves [status], not "queue"`,
-		{Seat: "mailer", Version: "v2", Serves: []string{}}: `seat mailer's v2, the version this module is pinned to, serves [], not "queue"`,
+	v1, v2 := seats.Info{Seat: "mailer", Serves: []string{"status"}}, seats.Info{Seat: "mailer", Version: "v2", Serves: []string{}}
+	for _, tc := range []struct {
+		check     func(seats.Info, string) error
+		info      seats.Info
+		says, not string
+	}{
+		{callable, v1, `seat mailer serves [status], not "queue"`, "pinned"},
+		{callable, v2, `seat mailer's v2 serves [], not "queue" (the version this module is pinned to;`, "never said"},
+		{serves, v2, `seat mailer's v2 serves [], not "queue"`, "pinned"},
 	} {
-		if err := serves(*info, "queue"); !errors.Is(err, ErrNotDeclared) || !strings.Contains(err.Error(), says) {
-			t.Errorf("serves(%+v, queue): %v, want it to say %q", *info, err, says)
+		err := tc.check(tc.info, "queue")
+		if !errors.Is(err, ErrNotDeclared) || !strings.Contains(err.Error(), tc.says) || strings.Contains(err.Error(), tc.not) {
+			t.Errorf("%+v, queue: %v, want it to say %q and not %q", tc.info, err, tc.says, tc.not)
 		}
 	}
 }

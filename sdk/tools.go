@@ -118,7 +118,7 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 	case slices.ContainsFunc(self.Uses, func(s seats.Info) bool { return s.Seat == target }):
 		info, _ := c.usedSeat(ctx, target)
 		if info.Scope != "" {
-			if err := serves(info, tool); err != nil {
+			if err := callable(info, tool); err != nil {
 				return nil, err
 			}
 		}

@@ -247,7 +247,7 @@ type recordWriter struct {
 func noMatch(f audit.Filter) string {
 	switch {
 	case f.ID != "":
-		return "no audited event has id " + f.ID + ": --id takes the whole x-event-id (`meshnode audit query --json` shows them)"
+		return "no audited event has id " + f.ID + ": --id takes the whole x-event-id (`meshnode audit query --json` shows them), and an event is found once the log has read it (`meshnode status` shows its lag)"
 	case f.Event != "":
 		return "no audited event matches " + f.Event + ": the pattern is written as consumes: is, the emitter first (shop.**, *.order.placed)"
 	}

@@ -84,19 +84,30 @@ func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, bod
 // serves the tool.
 func operatorToolSubject(mods []registry.ModuleInfo, target, tool string) (string, error) {
 	var module *registry.ModuleInfo
-	seat, isSeat := manifest.BuiltinSeat(target)
+	var seat manifest.Seat
+	isSeat, unread := false, false
 	for i := range mods {
 		if mods[i].Module == target {
 			module = &mods[i]
 		}
 		if !isSeat && slices.Contains(mods[i].Seats, target) {
-			if m, err := manifest.Parse([]byte(mods[i].Manifest)); err == nil {
+			// The declaring module's protocol: a module holding one of the mesh's own
+			// seats may serve more than the built-in one.
+			m, err := manifest.Parse([]byte(mods[i].Manifest))
+			if err == nil {
 				seat, isSeat = m.Seat(target)
 			}
+			unread = !isSeat
 		}
+	}
+	if !isSeat && !unread {
+		seat, isSeat = manifest.BuiltinSeat(target)
 	}
 	if module != nil && slices.Contains(module.Tools, tool) {
 		return manifest.ToolSubject(target, tool), nil
+	}
+	if unread {
+		return manifest.SeatToolSubject(target, tool), nil // its manifest no longer reads: v1's, as the holder may serve it
 	}
 	if isSeat {
 		if target == manifest.ControllerSeat && tool == "whoami" {
@@ -108,7 +119,11 @@ func operatorToolSubject(mods []registry.ModuleInfo, target, tool string) (strin
 			if slices.Contains(at.Serves, tool) {
 				return manifest.SeatToolSubjectAt(target, version, tool), nil
 			}
-			served = append(served, at.Serves...)
+			for _, t := range at.Serves {
+				if !slices.Contains(served, t) {
+					served = append(served, t)
+				}
+			}
 		}
 		if module != nil {
 			return "", fmt.Errorf("neither module %s nor its seat %s declares a tool %q (the module declares %v, the seat serves %v)", target, target, tool, module.Tools, served)

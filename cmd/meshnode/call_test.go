@@ -23,9 +23,12 @@ seats:
         accepts: [send]
         serves: [status, queue]
 `
+	builder := "module: builder\nrequires: [mesh-bus]\nseats:\n  mesh-build-machine:\n    scope: mesh\n    retain: 7d\n    accepts: [build]\n    emits: [built, failed]\n    serves: [status, queue]\n"
 	mods := []registry.ModuleInfo{
 		{Module: "mailer", Seats: []string{"mailer"}, Manifest: mailer},
 		{Module: "billing", Tools: []string{"status"}},
+		{Module: "builder", Seats: []string{"mesh-build-machine"}, Manifest: builder},
+		{Module: "odd", Seats: []string{"odd"}, Manifest: "module: odd\nunknown: key\n"},
 	}
 	for _, tc := range []struct {
 		target, tool, subject string
@@ -34,6 +37,10 @@ seats:
 		{"mailer", "status", manifest.SeatToolSubject("mailer", "status")},
 		{"mailer", "queue", manifest.SeatToolSubjectAt("mailer", "v2", "queue")},
 		{"mesh-controller", "list", manifest.SeatToolSubject("mesh-controller", "list")},
+		// A module holding one of the mesh's own seats may serve more than the built-in.
+		{"mesh-build-machine", "queue", manifest.SeatToolSubject("mesh-build-machine", "queue")},
+		// A declaring module whose manifest no longer reads: v1's subject, not a refusal.
+		{"odd", "status", manifest.SeatToolSubject("odd", "status")},
 	} {
 		got, err := operatorToolSubject(mods, tc.target, tc.tool)
 		if err != nil || got != tc.subject {
@@ -43,7 +50,7 @@ seats:
 	for _, tc := range []struct {
 		target, tool, says string
 	}{
-		{"mailer", "nope", "neither module mailer nor its seat mailer declares a tool \"nope\""},
+		{"mailer", "nope", "neither module mailer nor its seat mailer declares a tool \"nope\" (the module declares [], the seat serves [status queue])"},
 		{"billing", "nope", "module billing declares no tool \"nope\" (it declares [status])"},
 		{"mesh-controller", "nope", "seat mesh-controller serves no tool \"nope\""},
 		{"mesh-controller", "whoami", "call it with the module's seed (--creds)"},

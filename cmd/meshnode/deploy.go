@@ -286,7 +286,8 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 	return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
 		var last error
 		for {
-			running, states := 0, map[string]string{}
+			running := 0
+			states := map[string][]string{} // node → "instance N: state (reason)", each of its instances
 			pctx, cancel := context.WithTimeout(ctx, requestTimeout)
 			ps, err := admin.Ps(pctx, nc)
 			cancel()
@@ -298,9 +299,9 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 				if p.Module != reply.Module || !ok || p.Revision < rev {
 					continue
 				}
-				states[p.Node] = p.State
+				state := p.State
 				if p.Reason != "" {
-					states[p.Node] += " (" + p.Reason + ")"
+					state += " (" + p.Reason + ")"
 				}
 				switch p.State {
 				case host.StateRunning:
@@ -310,10 +311,13 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 					}
 					if time.Since(steady[key].since) >= waitSteady {
 						running++
+					} else {
+						state = fmt.Sprintf("running for under %s (restarts %d)", waitSteady, p.Restarts)
 					}
 				case host.StateFailed, host.StateCrashLooping:
 					return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
 				}
+				states[p.Node] = append(states[p.Node], fmt.Sprintf("instance %d: %s", p.Instance, state))
 			}
 			if err == nil && running >= total {
 				if asJSON {
@@ -330,8 +334,8 @@ func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Du
 				}
 				var where []string
 				for _, node := range slices.Sorted(maps.Keys(want)) {
-					state, ok := states[node]
-					if !ok {
+					state := strings.Join(states[node], ", ")
+					if state == "" {
 						state = "has not applied the declaration yet"
 					}
 					where = append(where, node+": "+state)

@@ -303,7 +303,7 @@ func TestBinary_ModuleFlow(t *testing.T) {
 		return fmt.Errorf("ps has no waiting waiter: exit %d %q %s", r.code, r.stdout, r.stderr)
 	})
 	// --wait gives up saying where each node stands and why.
-	if r := meshnode(t, nil, append([]string{"deploy", "waiter", "--version", "1", "--all", "--wait", "1s"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "0 of 1 instances of waiter run (alpha: waiting (waiting on postgres") {
+	if r := meshnode(t, nil, append([]string{"deploy", "waiter", "--version", "1", "--all", "--wait", "1s"}, dd...)...); r.code != 1 || !strings.Contains(r.stderr, "0 of 1 instances of waiter run (alpha: instance 0: waiting (waiting on postgres") {
 		t.Fatalf("deploy --wait of a waiting module: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := meshnode(t, nil, append([]string{"undeploy", "waiter"}, dd...)...); r.code != 0 {

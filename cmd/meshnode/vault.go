@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -142,8 +143,8 @@ func newVaultFetchCmd() *cobra.Command {
 			} else {
 				var s vault.Secret
 				if _, err := vaultCall(cmd, vault.VerbFetch, vault.Request{Owner: owner, Name: args[0], Version: ver}, &s); err != nil {
-					if !cmd.Flags().Changed("owner") {
-						return withOwners(cmd, args[0], err)
+					if !cmd.Flags().Changed("owner") && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
+						return withOwners(cmd, args[0], err) // the vault answered: ask it which owners have the name
 					}
 					return err
 				}
