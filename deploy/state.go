@@ -61,9 +61,10 @@ type Applied struct {
 }
 
 // behind reports whether a's node, reporting well after last was composed, still has not
-// applied it.
+// applied it: it applied an older one, or a newer one than last (STATE was made again, and
+// last, at a revision its sequences began again from, was refused).
 func (a Applied) behind(last Declaration) bool {
-	return a.Revision < last.Revision && a.Reported.After(last.Composed.Add(RepublishAfter))
+	return a.Revision != last.Revision && a.Reported.After(last.Composed.Add(RepublishAfter))
 }
 
 // Publish declares modules for node, unless the declaration published last declares the same

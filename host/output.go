@@ -1,6 +1,7 @@
 package host
 
 import (
+	"errors"
 	"os"
 	"sync"
 )
@@ -35,24 +36,29 @@ func openOutputLog(path string, max int64) (*outputLog, error) {
 	return l, nil
 }
 
-// Write appends p, rotating the log first when p would take it past its bound. A log that
-// cannot be rotated is written on: output is never lost to a full log.
+// Write appends p, rotating the log first when p would take it past its bound (or starting
+// it again where it was deleted by hand). It never fails: a write the disk refuses (full,
+// say) drops p, for an error here would end the copy from the processes' pipe, and their
+// next write would kill them with SIGPIPE.
 func (l *outputLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.size > 0 && l.size+int64(len(p)) > l.max {
-		if err := os.Rename(l.path, l.path+".1"); err == nil {
-			if f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600); err == nil {
+		renamed := os.Rename(l.path, l.path+".1")
+		if renamed == nil || errors.Is(renamed, os.ErrNotExist) {
+			f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+			switch {
+			case err == nil:
 				l.f.Close()
 				l.f, l.size = f, 0
-			} else {
-				os.Rename(l.path+".1", l.path) // written on where the logs tool reads it
+			case renamed == nil:
+				os.Rename(l.path+".1", l.path) // back: written on where the logs tool reads it
 			}
 		}
 	}
-	n, err := l.f.Write(p)
+	n, _ := l.f.Write(p)
 	l.size += int64(n)
-	return n, err
+	return len(p), nil
 }
 
 // Close closes the log's file.

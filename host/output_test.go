@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // TestOutputLog_RotatesWhileWritten: a log past its bound is rotated at the write that would
@@ -50,5 +52,40 @@ func TestOutputLog_RotatesWhileWritten(t *testing.T) {
 	l.Close()
 	if got := read(path); got != "f\n" {
 		t.Fatalf("output.log after a reopen past its bound = %q", got)
+	}
+}
+
+// TestOutputLog_NeverFails: a write the disk refuses is dropped, not returned: an error would
+// end the copy from the processes' pipe and kill them with SIGPIPE at their next write.
+func TestOutputLog_NeverFails(t *testing.T) {
+	l := &outputLog{path: "/dev/full", max: 1 << 20}
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		testbed.Skip(t, "no /dev/full: %v", err)
+	}
+	l.f = f
+	defer l.Close()
+	if n, err := l.Write([]byte("lost\n")); n != 5 || err != nil {
+		t.Fatalf("Write to a full disk = %d, %v; want 5, nil", n, err)
+	}
+}
+
+// TestOutputLog_DeletedByHand: a log an operator deleted is started again at the next
+// rotation, instead of growing unlinked for ever.
+func TestOutputLog_DeletedByHand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	l, err := openOutputLog(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Write([]byte(strings.Repeat("a", 60)))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	l.Write([]byte(strings.Repeat("b", 60)))
+	b, err := os.ReadFile(path)
+	if err != nil || string(b) != strings.Repeat("b", 60) {
+		t.Fatalf("output.log after it was deleted: %q, %v", b, err)
 	}
 }

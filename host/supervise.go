@@ -307,8 +307,14 @@ func (s *Supervisor) artifactPath(spec deploy.Module) string {
 // declared key are on disk already.
 func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
 	path := s.artifactPath(spec)
-	if b, err := os.ReadFile(filepath.Join(s.Dir, spec.Module, preparedFile)); err != nil || string(b) != prepared(spec) {
-		return "", false // never prepared completely, or for another spec
+	dir := filepath.Join(s.Dir, spec.Module)
+	if _, err := os.Stat(filepath.Join(dir, preparingFile)); err == nil {
+		return "", false // a preparation that did not finish
+	}
+	b, err := os.ReadFile(filepath.Join(dir, preparedFile))
+	older := errors.Is(err, os.ErrNotExist) // prepared by a version that wrote neither marker
+	if !older && (err != nil || string(b) != prepared(spec)) {
+		return "", false // prepared for another spec
 	}
 	if digest, _, err := artifact.FileDigest(path); err != nil || digest != spec.Digest {
 		return "", false // gone or damaged on disk: fetched again
@@ -327,12 +333,23 @@ func (s *Supervisor) onDisk(spec deploy.Module) (string, bool) {
 			return "", false
 		}
 	}
-	return path, pub == spec.PublicKey
+	if pub != spec.PublicKey {
+		return "", false
+	}
+	if older {
+		writeSecret(filepath.Join(dir, preparedFile), prepared(spec)) // best effort: checked alone again otherwise
+	}
+	return path, true
 }
 
-// preparedFile is written last by prepare, and removed first: its files are complete for
-// the spec it names (what onDisk trusts at a start without the bus).
-const preparedFile = "prepared"
+// preparingFile is written first by prepare and removed last, and preparedFile written last
+// and removed first: a module directory with preparingFile is incomplete, one with
+// preparedFile complete for the spec it names (what onDisk trusts at a start without the
+// bus). One with neither was prepared by a version before them, and is checked alone.
+const (
+	preparingFile = "preparing"
+	preparedFile  = "prepared"
+)
 
 // prepared is preparedFile's content for spec.
 func prepared(spec deploy.Module) string { return spec.Digest + " " + spec.PublicKey + "\n" }
@@ -376,6 +393,9 @@ func provisionEnv(dir string) ([]string, error) {
 func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, error) {
 	dir := filepath.Join(s.Dir, spec.Module)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := writeSecret(filepath.Join(dir, preparingFile), prepared(spec)); err != nil {
 		return "", err
 	}
 	if err := os.Remove(filepath.Join(dir, preparedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -437,6 +457,9 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 		}
 	}
 	if err := writeSecret(filepath.Join(dir, preparedFile), prepared(spec)); err != nil {
+		return "", err
+	}
+	if err := os.Remove(filepath.Join(dir, preparingFile)); err != nil {
 		return "", err
 	}
 	return path, nil
@@ -546,6 +569,13 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		// What it started in its group ends with it: a restart would add another copy, and
 		// an undeploy stops only the running group.
 		syscall.Kill(pgid, syscall.SIGKILL)
+		if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil {
+			// It exited while a child still held its output: its own status is the reason.
+			err = nil
+			if !cmd.ProcessState.Success() {
+				err = &exec.ExitError{ProcessState: cmd.ProcessState}
+			}
+		}
 		return exitReason(err)
 	case <-ctx.Done():
 	}

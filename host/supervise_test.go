@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -162,7 +163,7 @@ func TestSupervisor_BadArtifact(t *testing.T) {
 // TestSupervisor_ExitKillsTheGroup: a process that exits on its own takes what it started in
 // its process group with it; restarts do not pile up copies that outlive an undeploy.
 func TestSupervisor_ExitKillsTheGroup(t *testing.T) {
-	leaver := "#!/bin/sh\nsleep 600 &\necho $! >> children.pid\nexit 1\n"
+	leaver := "#!/bin/sh\nsleep 600 &\necho $! >> children.pid\nexit 0\n"
 	s, spec := supervisor(t, map[string]string{"leaver": leaver})
 	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("leaver")}})
 	dir := filepath.Join(s.Dir, "leaver")
@@ -182,6 +183,10 @@ func TestSupervisor_ExitKillsTheGroup(t *testing.T) {
 		}
 		if len(children) < 2 || len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].Restarts < 1 {
 			return fmt.Errorf("%d children started, report %+v", len(children), r)
+		}
+		// The reason is its own exit status, though its child held its output past it.
+		if got := r.Modules[0].Instances[0].Reason; got != "exit status 0" {
+			t.Fatalf("the exit's reason is %q, want exit status 0", got)
 		}
 		return nil
 	})
@@ -212,6 +217,7 @@ func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := exec.Command("sleep", "600")
+		cmd.Dir = dir
 		cmd.Env = []string{"MESH_CREDS=" + filepath.Join(dir, "creds.nk")}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := cmd.Start(); err != nil {
@@ -226,13 +232,18 @@ func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
 		return exited
 	}
 	gone, kept := leftover("gone"), leftover("kept")
-	// Another process's environment that does not match is left alone.
-	bystander := exec.Command("sleep", "600")
-	bystander.Env = []string{"MESH_CREDS=" + filepath.Join(t.TempDir(), "gone", "creds.nk")}
-	if err := bystander.Start(); err != nil {
-		t.Fatal(err)
+	// A process whose environment does not match is left alone, and so is one that has the
+	// variable but runs elsewhere (an operator's shell running a module by hand).
+	bystanders := []*exec.Cmd{exec.Command("sleep", "600"), exec.Command("sleep", "600")}
+	bystanders[0].Env = []string{"MESH_CREDS=" + filepath.Join(t.TempDir(), "gone", "creds.nk")}
+	bystanders[1].Env = []string{"MESH_CREDS=" + filepath.Join(s.Dir, "gone", "creds.nk")}
+	bystanders[1].SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	for _, b := range bystanders {
+		if err := b.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Process.Kill(); b.Wait() })
 	}
-	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
 
 	s.Resume(context.Background(), deploy.Declaration{Node: "alpha", Revision: 3, Modules: []deploy.Module{spec("kept")}})
 	for name, exited := range map[string]<-chan error{"gone": gone, "kept": kept} {
@@ -248,8 +259,10 @@ func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.Dir, "gone")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the undeclared module's directory is still there: %v", err)
 	}
-	if !alive(bystander.Process.Pid) {
-		t.Fatal("a process whose MESH_CREDS is outside the supervisor's directory was killed")
+	for i, b := range bystanders {
+		if !alive(b.Process.Pid) {
+			t.Fatalf("bystander %d (not a module's process) was killed", i)
+		}
 	}
 	waitFor(t, s, 10*time.Second, func(r host.Report) error {
 		if len(r.Modules) != 1 || r.Modules[0].Module != "kept" || r.Modules[0].State != host.StateRunning || r.Modules[0].Instances[0].PID == 0 {
@@ -263,7 +276,7 @@ func TestSupervisor_ResumeEndsWhatWasLeft(t *testing.T) {
 // before any is waited for, so N that use their whole grace period take one period, not N
 // (while Apply holds the supervisor, reports wait).
 func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
-	stubborn := "#!/bin/sh\ntrap 'touch termed' TERM\nwhile :; do sleep 1; done\n"
+	stubborn := "#!/bin/sh\ntrap 'touch termed' TERM\ntouch ready\nwhile :; do sleep 1; done\n"
 	s, spec := supervisor(t, map[string]string{"a-stub": stubborn, "b-stub": stubborn})
 	s.Grace = 5 * time.Second
 	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("a-stub"), spec("b-stub")}})
@@ -275,6 +288,11 @@ func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
 		}
 		if len(r.Modules) != 2 {
 			return fmt.Errorf("report %+v", r)
+		}
+		for _, m := range r.Modules { // its trap is set: a SIGTERM before it would end it at once
+			if _, err := os.Stat(filepath.Join(s.Dir, m.Module, "ready")); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -288,7 +306,7 @@ func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
 		_, err := os.Stat(filepath.Join(s.Dir, module, "termed"))
 		return err == nil
 	}
-	deadline := time.Now().Add(s.Grace)
+	deadline := time.Now().Add(s.Grace) // a-stub's grace: it is killed then, and its directory removed
 	for !(termed("a-stub") && termed("b-stub")) {
 		if !alive(first) || time.Now().After(deadline) {
 			t.Fatalf("b-stub was not told to stop while a-stub (pid %d) used its grace period (a termed %v, b termed %v)", first, termed("a-stub"), termed("b-stub"))
@@ -339,5 +357,43 @@ func TestSupervisor_DamagedFilesAreFetchedAgain(t *testing.T) {
 	runningPID(t, s, "ok", pid)
 	if b, err := os.ReadFile(artifacts[0]); err != nil || string(b) != script {
 		t.Fatalf("the artifact on disk is %q (%v), want the one its digest names", b, err)
+	}
+}
+
+// TestSupervisor_ResumeFromAnOlderVersionsFiles: a module directory an earlier version
+// prepared (no markers) starts from disk without the bus when its files check out; one whose
+// preparation was cut short (the preparing marker left) is prepared again.
+func TestSupervisor_ResumeFromAnOlderVersionsFiles(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"ok": "#!/bin/sh\nexec sleep 600\n"})
+	d := deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("ok")}}
+	s.Apply(context.Background(), d)
+	pid := runningPID(t, s, "ok", 0)
+	s.Stop()
+	var asked atomic.Int32
+	credentials := s.Credentials
+	s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+		asked.Add(1)
+		return credentials(ctx, m)
+	}
+	dir := filepath.Join(s.Dir, "ok")
+	if err := os.Remove(filepath.Join(dir, "prepared")); err != nil {
+		t.Fatal(err)
+	}
+	s.Resume(context.Background(), d)
+	pid = runningPID(t, s, "ok", pid)
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("an older version's complete files were prepared again (%d credential requests)", n)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "prepared")); err != nil {
+		t.Fatalf("the files checked out, and no marker was written: %v", err)
+	}
+	s.Stop()
+	if err := os.WriteFile(filepath.Join(dir, "preparing"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.Resume(context.Background(), d)
+	runningPID(t, s, "ok", pid)
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("a preparation cut short was not prepared again (%d credential requests)", n)
 	}
 }

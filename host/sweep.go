@@ -12,8 +12,9 @@ import (
 
 // sweep ends what an earlier run of the node left behind, before Resume starts anything:
 //   - processes of its modules that still run (the node was killed, and nothing stopped
-//     them): found by the MESH_CREDS a process was started with, their groups are killed,
-//     so a module never runs twice with the same credentials;
+//     them): found by the MESH_CREDS a process was started with and its working directory,
+//     the module's, their groups are killed, so a module never runs twice with the same
+//     credentials;
 //   - the directories of modules d no longer declares (the node stopped during their
 //     undeploy): their seeds and secrets are removed.
 func (s *Supervisor) sweep(d deploy.Declaration) {
@@ -28,7 +29,12 @@ func (s *Supervisor) sweep(d deploy.Declaration) {
 		}
 	}
 	for pid, module := range processesWith(creds) {
-		if pgid, err := syscall.Getpgid(pid); err == nil && pgid > 1 {
+		// A module's process runs in its directory: a shell that merely has the variable
+		// (an operator running the module by hand) is left alone, as is the node's group.
+		if cwd, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "cwd")); err != nil || cwd != filepath.Join(s.Dir, module) {
+			continue
+		}
+		if pgid, err := syscall.Getpgid(pid); err == nil && pgid > 1 && pgid != syscall.Getpgrp() {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 			s.log().Warn("killed a process an earlier run of the node left running", "module", module, "pid", pid, "pgid", pgid)
 		}
