@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"go.uber.org/goleak"
@@ -140,3 +141,27 @@ func TestHoldUnknown_Bounded(t *testing.T) {
 }
 
 var retryUntil = testbed.RetryUntil
+
+// TestClosedConnectionsBounded: the server remembers at most maxClosedClients closed
+// connections, not nats-server's 10,000 (0.8 KB of heap each).
+func TestClosedConnectionsBounded(t *testing.T) {
+	b, dir, complete := openIncomplete(t, time.Second)
+	close(complete)
+	kp, pub := newUser(t)
+	dir.add(pub)
+	for range maxClosedClients + 50 {
+		if err := dial(b, kp, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		cz, err := b.srv.Connz(&server.ConnzOptions{State: server.ConnClosed})
+		if err != nil {
+			return err
+		}
+		if cz.Total != maxClosedClients {
+			return fmt.Errorf("%d closed connections remembered, want %d", cz.Total, maxClosedClients)
+		}
+		return nil
+	})
+}
