@@ -16,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
@@ -62,6 +63,14 @@ func (b *bed) deploy(module, version string) registry.DeployReply {
 		b.t.Fatalf("deploy %s %s: %v", module, version, err)
 	}
 	return r
+}
+
+// ticker registers module ticker and stores its versions 1 and 2.
+func (b *bed) ticker() {
+	b.t.Helper()
+	b.register("module: ticker\nrequires: [mesh-bus]\n")
+	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
+	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
 }
 
 // ps returns the controller's `ps` rows of module.
@@ -217,9 +226,7 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 // keeps what it applied, and the refusal is audited.
 func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	b := newBed(t)
-	b.register("module: ticker\nrequires: [mesh-bus]\n")
-	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	b.ticker()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	b.deploy("ticker", "1")
@@ -365,17 +372,25 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 	}
 }
 
-// TestDeploy_ResumesAfterRestart: a node that stops stops its modules, and starts them again
-// from its last applied declaration when it starts, without being told anything new — on a
-// fixed client port, from disk before its bus is open.
-func TestDeploy_ResumesAfterRestart(t *testing.T) {
+// restartableTicker starts a node on a fixed client port (a restart keeps it) that runs
+// ticker's version 1, and returns its configuration, the bed, the deploy's reply and the
+// process.
+func restartableTicker(t *testing.T) (config.Config, *bed, registry.DeployReply, registry.Process) {
+	t.Helper()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ClientAddr = testbed.FreeAddr(t)
 	b := newBedAt(t, cfg)
 	b.register("module: ticker\nrequires: [mesh-bus]\n")
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
 	r := b.deploy("ticker", "1")
-	first := b.running(t, "ticker", "1", 0)
+	return cfg, b, r, b.running(t, "ticker", "1", 0)
+}
+
+// TestDeploy_ResumesAfterRestart: a node that stops stops its modules, and starts them again
+// from its last applied declaration when it starts, without being told anything new — on a
+// fixed client port, from disk before its bus is open.
+func TestDeploy_ResumesAfterRestart(t *testing.T) {
+	cfg, b, r, first := restartableTicker(t)
 	b.close()
 	if err := syscall.Kill(first.PID, 0); err == nil {
 		t.Fatalf("process %d outlived its node", first.PID)
@@ -391,13 +406,7 @@ func TestDeploy_ResumesAfterRestart(t *testing.T) {
 // its node starts (a kill -9 during its download, say) is prepared again once the bus is
 // open; the node, which resumes its modules before its bus, used to panic on the nil bus.
 func TestDeploy_ResumesWithItsFilesIncomplete(t *testing.T) {
-	cfg := testConfig(t.TempDir(), "alpha")
-	cfg.ClientAddr = testbed.FreeAddr(t)
-	b := newBedAt(t, cfg)
-	b.register("module: ticker\nrequires: [mesh-bus]\n")
-	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	b.deploy("ticker", "1")
-	first := b.running(t, "ticker", "1", 0)
+	cfg, b, _, first := restartableTicker(t)
 	b.close()
 	files, _ := filepath.Glob(filepath.Join(cfg.DataDir, "modules", "ticker", "artifact-*"))
 	if len(files) != 1 {
@@ -447,9 +456,7 @@ func controllerEpoch(t *testing.T, b *bed, ok func(uint64) bool) uint64 {
 // reaches the host (its reported revision is the publisher's floor).
 func TestDeploy_GoesOnAfterStateIsMadeAgain(t *testing.T) {
 	b := newBed(t)
-	b.register("module: ticker\nrequires: [mesh-bus]\n")
-	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	b.ticker()
 	for _, v := range []string{"1", "2", "1"} { // a few revisions, so the lost ones are above 1
 		b.deploy("ticker", v)
 		b.running(t, "ticker", v, 0)
@@ -489,9 +496,7 @@ func TestDeploy_GoesOnAfterTheLeasesAreMadeAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	high := controllerEpoch(t, b, func(e uint64) bool { return e > 40 })
-	b.register("module: ticker\nrequires: [mesh-bus]\n")
-	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	b.putArtifact("ticker", "2", fmt.Sprintf(sleeper, "2"))
+	b.ticker()
 	b.deploy("ticker", "1")
 	b.running(t, "ticker", "1", 0)
 
