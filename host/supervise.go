@@ -269,14 +269,15 @@ func (s *Supervisor) run(ctx context.Context, m *module) {
 			return
 		}
 	}
-	out, err := openOutputLog(filepath.Join(filepath.Dir(path), "output.log"), maxLog)
+	logPath := filepath.Join(filepath.Dir(path), "output.log")
+	out, err := openOutputLog(logPath, maxLog)
 	for err != nil {
 		s.log().Error("module not started: its output log", "module", m.spec.Module, "err", err)
 		s.set(m, StateFailed, "output log: "+err.Error())
 		if wait.Wait(ctx) != nil {
 			return
 		}
-		out, err = openOutputLog(filepath.Join(filepath.Dir(path), "output.log"), maxLog)
+		out, err = openOutputLog(logPath, maxLog)
 	}
 	defer out.Close()
 	m.out = out
