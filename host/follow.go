@@ -49,8 +49,9 @@ type Config struct {
 	// (the one applied before the node stopped is resumed by the caller: ReadApplied).
 	Apply func(ctx context.Context, d deploy.Declaration)
 	// Holder returns the mesh-controller seat's lease as this node's mirror has it: the node
-	// holding it and its epoch; ok is false when the mirror has none.
-	Holder func() (node string, epoch uint64, ok bool)
+	// holding it, its epoch and when that node took it (by its clock); ok is false when the
+	// mirror has none.
+	Holder func() (node string, epoch uint64, since time.Time, ok bool)
 }
 
 // remadeCheckEvery is how often a follower asks whether STATE was made again (lost, and
@@ -268,15 +269,16 @@ func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
 }
 
 // holdsNow reports whether the mesh-controller seat's lease says d's controller holds the
-// seat now, at d's epoch; the mirror of the leases, which may lag, is waited for as heldBy
-// does.
+// seat now, at d's epoch, and composed d while it did (after it took the lease, by its own
+// clock: an epoch number of a bucket made again may repeat one a refused declaration
+// carries); the mirror of the leases, which may lag, is waited for as heldBy does.
 func (f *Follower) holdsNow(ctx context.Context, d deploy.Declaration) bool {
 	if f.cfg.Holder == nil {
 		return false
 	}
 	deadline := time.Now().Add(holderWait)
 	for {
-		if node, epoch, ok := f.cfg.Holder(); ok && node == d.Controller && epoch == d.Epoch {
+		if node, epoch, since, ok := f.cfg.Holder(); ok && node == d.Controller && epoch == d.Epoch && !d.Composed.Before(since) {
 			return true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -300,7 +302,7 @@ func (f *Follower) heldBy(ctx context.Context, d deploy.Declaration) error {
 	}
 	deadline := time.Now().Add(holderWait)
 	for {
-		node, epoch, ok := f.cfg.Holder()
+		node, epoch, _, ok := f.cfg.Holder()
 		switch {
 		case !ok:
 			return nil // no lease to say otherwise (the seat is between holders)

@@ -1068,12 +1068,12 @@ func (n *Node) openHost() (err error) {
 			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, name, meta, n.log)
 		},
 		Apply: n.apply,
-		Holder: func() (string, uint64, bool) {
+		Holder: func() (string, uint64, time.Time, bool) {
 			if n.seats == nil {
-				return "", 0, false
+				return "", 0, time.Time{}, false
 			}
 			l, ok := n.seats.store.Get(seats.Key(manifest.ControllerSeat, manifest.ScopeMesh, ""))
-			return l.Node, l.Epoch, ok
+			return l.Node, l.Epoch, l.Since, ok
 		},
 	})
 	return err
