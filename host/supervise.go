@@ -431,10 +431,12 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 	if err := writeSecret(filepath.Join(dir, "creds.nk"), creds.Seed); err != nil {
 		return "", err
 	}
+	// Each file is replaced in place (written aside, renamed over), and only then are the
+	// ones no longer given removed: an instance starting meanwhile (a sibling of one whose
+	// start failed) never finds a secret or its provisions missing.
 	secrets := filepath.Join(dir, "secrets")
-	os.RemoveAll(secrets)
 	if len(creds.Secrets) > 0 {
-		if err := os.Mkdir(secrets, 0o700); err != nil {
+		if err := os.MkdirAll(secrets, 0o700); err != nil {
 			return "", err
 		}
 		for name, value := range creds.Secrets {
@@ -442,13 +444,22 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 				return "", err
 			}
 		}
+		stale, _ := os.ReadDir(secrets)
+		for _, e := range stale {
+			if _, given := creds.Secrets[e.Name()]; !given {
+				os.RemoveAll(filepath.Join(secrets, e.Name()))
+			}
+		}
+	} else {
+		os.RemoveAll(secrets)
 	}
-	os.Remove(filepath.Join(dir, provisionsFile))
 	if len(creds.Provisions) > 0 {
 		b, _ := json.Marshal(creds.Provisions)
 		if err := writeSecret(filepath.Join(dir, provisionsFile), string(b)); err != nil {
 			return "", err
 		}
+	} else {
+		os.Remove(filepath.Join(dir, provisionsFile))
 	}
 	// Older artifacts of the module are not kept.
 	olds, _ := filepath.Glob(filepath.Join(dir, "artifact-*"))

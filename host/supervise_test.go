@@ -397,3 +397,35 @@ func TestSupervisor_ResumeFromAnOlderVersionsFiles(t *testing.T) {
 		t.Fatalf("a preparation cut short was not prepared again (%d credential requests)", n)
 	}
 }
+
+// TestSupervisor_SecretsReplacedInPlace: preparing a module again writes the secrets it is
+// given over the old ones and removes those no longer given.
+func TestSupervisor_SecretsReplacedInPlace(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"ok": "#!/bin/sh\nexec sleep 600\n"})
+	given := func(secrets map[string]string) {
+		credentials := s.Credentials
+		s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+			c, err := credentials(ctx, m)
+			if err == nil {
+				c.Secrets = secrets
+			}
+			return c, err
+		}
+	}
+	given(map[string]string{"token": "one", "old": "x"})
+	first := spec("ok")
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{first}})
+	pid := runningPID(t, s, "ok", 0)
+	given(map[string]string{"token": "two"})
+	second := first
+	second.Env = map[string]string{"CHANGED": "1"} // another spec: prepared again
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 2, Modules: []deploy.Module{second}})
+	runningPID(t, s, "ok", pid)
+	dir := filepath.Join(s.Dir, "ok", "secrets")
+	if b, err := os.ReadFile(filepath.Join(dir, "token")); err != nil || string(b) != "two" {
+		t.Fatalf("secrets/token = %q, %v; want two", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "old")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("secrets/old, no longer given, is still there: %v", err)
+	}
+}
