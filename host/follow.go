@@ -57,7 +57,7 @@ type Config struct {
 // remadeCheckEvery is how often a follower asks whether STATE was made again (lost, and
 // recreated by a drift repair on any node): its ordered consumer would go on from the old
 // stream's sequence, past everything the new one holds.
-var remadeCheckEvery = 5 * time.Second
+const remadeCheckEvery = 5 * time.Second
 
 // holderWait bounds how long a declaration naming a controller epoch newer than the lease
 // mirror's waits for the mirror (which lags the bucket by up to a few seconds) before it is
@@ -273,12 +273,17 @@ func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
 // clock: an epoch number of a bucket made again may repeat one a refused declaration
 // carries); the mirror of the leases, which may lag, is waited for as heldBy does.
 func (f *Follower) holdsNow(ctx context.Context, d deploy.Declaration) bool {
-	if f.cfg.Holder == nil {
-		return false
-	}
+	return f.cfg.Holder != nil && f.pollHolder(ctx, func(node string, epoch uint64, since time.Time, ok bool) bool {
+		return ok && node == d.Controller && epoch == d.Epoch && !d.Composed.Before(since)
+	})
+}
+
+// pollHolder asks the leases' mirror for the controller seat's lease until decide has its
+// answer, for at most holderWait (the mirror lags the bucket); false if it never had.
+func (f *Follower) pollHolder(ctx context.Context, decide func(node string, epoch uint64, since time.Time, ok bool) bool) bool {
 	deadline := time.Now().Add(holderWait)
 	for {
-		if node, epoch, since, ok := f.cfg.Holder(); ok && node == d.Controller && epoch == d.Epoch && !d.Composed.Before(since) {
+		if decide(f.cfg.Holder()) {
 			return true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -300,22 +305,21 @@ func (f *Follower) heldBy(ctx context.Context, d deploy.Declaration) error {
 	if f.cfg.Holder == nil {
 		return nil
 	}
-	deadline := time.Now().Add(holderWait)
-	for {
-		node, epoch, _, ok := f.cfg.Holder()
+	var err error
+	var seen uint64 // the mirror's epoch, last asked
+	decided := f.pollHolder(ctx, func(node string, epoch uint64, _ time.Time, ok bool) bool {
+		seen = epoch
 		switch {
 		case !ok:
-			return nil // no lease to say otherwise (the seat is between holders)
+			return true // no lease to say otherwise (the seat is between holders)
 		case epoch == d.Epoch && node != d.Controller:
-			return fmt.Errorf("%w: epoch %d of the controller seat is %s's, and %s signed it", deploy.ErrForged, epoch, node, d.Controller)
-		case epoch >= d.Epoch:
-			return nil
-		case time.Now().After(deadline) || ctx.Err() != nil:
-			return fmt.Errorf("%w: it names controller epoch %d, and the seat's lease is at %d", deploy.ErrForged, d.Epoch, epoch)
+			err = fmt.Errorf("%w: epoch %d of the controller seat is %s's, and %s signed it", deploy.ErrForged, epoch, node, d.Controller)
+			return true
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
+		return epoch >= d.Epoch
+	})
+	if !decided {
+		return fmt.Errorf("%w: it names controller epoch %d, and the seat's lease is at %d", deploy.ErrForged, d.Epoch, seen)
 	}
+	return err
 }

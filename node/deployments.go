@@ -197,21 +197,13 @@ func (c *controller) declare(ctx context.Context, nodes []string) []registry.Dec
 		// Composed without them, every module that requires anything would be declared
 		// waiting, and stopped: nothing is declared until they are read.
 		c.log.Error("declare: read the provisions", "err", err)
-		out := []registry.Declared{}
-		for _, n := range nodes {
-			out = append(out, registry.Declared{Node: n, Error: "the provisions could not be read: " + err.Error()})
-		}
-		return out
+		return undeclared(nodes, "the provisions could not be read: "+err.Error())
 	}
 	epoch := c.epoch()
 	if epoch == 0 {
 		// The seat was lost meanwhile: a declaration at epoch 0 every host refuses, and the
 		// next holder, finding the same modules declared, would leave it there.
-		out := []registry.Declared{}
-		for _, n := range nodes {
-			out = append(out, registry.Declared{Node: n, Error: "this node no longer holds the controller seat; its next holder declares"})
-		}
-		return out
+		return undeclared(nodes, "this node no longer holds the controller seat; its next holder declares")
 	}
 	deployed := c.deployed()
 	out := []registry.Declared{}
@@ -234,6 +226,15 @@ func (c *controller) declare(ctx context.Context, nodes []string) []registry.Dec
 			c.log.Info("node declared", "node", n, "revision", d.Revision, "modules", len(d.Modules))
 		}
 		out = append(out, r)
+	}
+	return out
+}
+
+// undeclared is declare's answer when it declares none of nodes, for why.
+func undeclared(nodes []string, why string) []registry.Declared {
+	out := []registry.Declared{}
+	for _, n := range nodes {
+		out = append(out, registry.Declared{Node: n, Error: why})
 	}
 	return out
 }
