@@ -1,0 +1,289 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/sandbox"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.Launcher() // the sandbox starts this test binary as its launcher
+	goleak.VerifyTestMain(m)
+}
+
+// bed is one sandbox, with a module-like directory: work (its own, read-write), a secret it
+// may read, and a secret of the node's beside them that it must not.
+type bed struct {
+	sb                    *sandbox.Sandbox
+	dir, work, mine, node string
+	user                  *sandbox.User
+}
+
+func newBed(t *testing.T) *bed {
+	t.Helper()
+	dir := t.TempDir()
+	os.Chmod(dir, 0o711) // a module user must reach its directory, never list the node's
+	for p := filepath.Dir(dir); p != "/"; p = filepath.Dir(p) {
+		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o001 == 0 {
+			os.Chmod(p, st.Mode().Perm()|0o001)
+		}
+	}
+	b := &bed{dir: dir, work: filepath.Join(dir, "work"), mine: filepath.Join(dir, "mine.nk"), node: filepath.Join(dir, "operator.nk")}
+	os.Mkdir(b.work, 0o700)
+	os.WriteFile(b.mine, []byte("SUMINE"), 0o400)
+	os.WriteFile(b.node, []byte("SUOPERATOR"), 0o600)
+	cfg := sandbox.Config{Name: "test-" + strconv.Itoa(os.Getpid()) + "-" + filepath.Base(dir)}
+	if os.Geteuid() == 0 {
+		users, err := sandbox.OpenUsers(filepath.Join(dir, "users.json"), sandbox.DefaultFirstUID, sandbox.DefaultLastUID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Users = users
+		if b.user, err = users.For("m"); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(b.work, b.user.UID, b.user.GID)
+		os.Chown(b.mine, b.user.UID, b.user.GID)
+	}
+	sb, err := sandbox.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Check(); err != nil {
+		testbed.Skip(t, "full isolation cannot be had here: %v", err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	b.sb = sb
+	return b
+}
+
+// run starts script under sh in the sandbox, as the bed's module.
+func (b *bed) start(t *testing.T, name, script string, lim sandbox.Limits) (*sandbox.Process, *bytes.Buffer) {
+	t.Helper()
+	var out bytes.Buffer
+	p, err := b.sb.Start(sandbox.Proc{
+		Name: name, Path: "/bin/sh", Args: []string{"-c", script},
+		Env: []string{"PATH=/usr/bin:/bin", "NODE_PID=" + strconv.Itoa(os.Getpid()), "MINE=" + b.mine, "NODE_SECRET=" + b.node, "HOME=" + b.work},
+		Dir: b.work, Read: []string{b.mine}, Write: []string{b.work}, User: b.user, Limits: lim, DiskDir: b.work,
+		Stdout: &syncBuffer{b: &out}, Stderr: &syncBuffer{b: &out}, WaitDelay: time.Second,
+	})
+	if err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	return p, &out
+}
+
+func (b *bed) run(t *testing.T, script string) string {
+	t.Helper()
+	p, out := b.start(t, "run", script, sandbox.Limits{})
+	p.Wait()
+	return out.String()
+}
+
+func TestSandbox_FilesystemIsItsOwn(t *testing.T) {
+	b := newBed(t)
+	out := b.run(t, `
+cat "$MINE" && echo " read-mine"
+cat "$NODE_SECRET" 2>/dev/null && echo "read-node-secret"
+cat /proc/$NODE_PID/environ 2>/dev/null | tr '\0' '\n' | head -1 | grep . && echo "read-node-environ"
+ls /proc/$NODE_PID/cwd/ 2>/dev/null && echo "listed-node-cwd"
+ls /proc/$NODE_PID/root/tmp 2>/dev/null && echo "listed-node-root"
+find / -name '*.nk' 2>/dev/null | grep -v "^$MINE$"
+echo written > ./file && cat ./file
+echo x > /tmp/escape 2>/dev/null && echo "wrote-tmp"
+echo x > "$(dirname "$MINE")/planted" 2>/dev/null && echo "wrote-beside"
+echo done`)
+	for _, bad := range []string{"SUOPERATOR", "read-node-secret", "read-node-environ", "listed-node-cwd", "listed-node-root", "operator.nk", "wrote-tmp", "wrote-beside"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("the sandboxed process got to %q:\n%s", bad, out)
+		}
+	}
+	for _, good := range []string{"SUMINE read-mine", "written", "done"} {
+		if !strings.Contains(out, good) {
+			t.Errorf("the sandboxed process could not do %q:\n%s", good, out)
+		}
+	}
+}
+
+func TestSandbox_CannotSignalTheNode(t *testing.T) {
+	b := newBed(t)
+	out := b.run(t, `kill -0 $NODE_PID 2>/dev/null && echo signalled || echo refused`)
+	if !strings.Contains(out, "refused") {
+		t.Fatalf("the sandboxed process could signal the node: %s", out)
+	}
+}
+
+// TestSandbox_NothingOutlivesIt: processes that left the process's group and session
+// (setsid, a double fork) end with it.
+func TestSandbox_NothingOutlivesIt(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "escaper", `setsid sh -c 'exec sleep 4242' & (sh -c 'sleep 4243 &') ; sleep 4244`, sandbox.Limits{})
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if n := len(sleepers()); n < 3 {
+			return fmt.Errorf("%d of 3 sleeps started", n)
+		}
+		return nil
+	})
+	exited := make(chan error, 1)
+	go func() { exited <- p.Wait() }()
+	p.Signal(syscall.SIGKILL)
+	<-exited
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if s := sleepers(); len(s) > 0 {
+			return fmt.Errorf("left running: %v", s)
+		}
+		return nil
+	})
+}
+
+// sleepers are this test's escaped processes still running.
+func sleepers() []string {
+	var found []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.HasPrefix(b, []byte("sleep\x00424")) {
+			found = append(found, e.Name()+":"+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return found
+}
+
+func TestSandbox_ForkBombIsEnded(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "bomb", `b() { b | b & }; b; sleep 100`, sandbox.Limits{Processes: 64})
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.Kill()
+		t.Fatal("the fork bomb was not ended")
+	}
+	if got, want := p.Cause(), sandbox.CauseForks; got != want {
+		t.Fatalf("Cause()=%q, want %q", got, want)
+	}
+}
+
+func TestSandbox_OutOfMemoryIsReported(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "hog", `x=a; while :; do x="$x$x"; done`, sandbox.Limits{Memory: 32 << 20})
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.Kill()
+		t.Fatal("the memory hog was not ended")
+	}
+	if got, want := p.Cause(), sandbox.CauseOOM; got != want {
+		t.Fatalf("Cause()=%q, want %q", got, want)
+	}
+}
+
+func TestSandbox_DiskShareIsBounded(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "filler", `while :; do head -c 1048576 /dev/zero >> ./fill; done`, sandbox.Limits{Disk: 8 << 20})
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.Kill()
+		t.Fatal("the disk filler was not ended")
+	}
+	if got, want := p.Cause(), sandbox.CauseDisk; got != want {
+		t.Fatalf("Cause()=%q, want %q", got, want)
+	}
+}
+
+// TestSandbox_IsolationIsReadBack: what ps shows comes from the kernel.
+func TestSandbox_IsolationIsReadBack(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "idle", `sleep 30`, sandbox.Limits{})
+	defer func() { p.Kill(); p.Wait() }()
+	iso, ok := p.Isolation()
+	if !ok {
+		t.Fatal("Isolation() of a running process: not running")
+	}
+	if !iso.NoNewPrivs || !strings.HasPrefix(iso.Landlock, "abi ") || iso.Cgroup == "" {
+		t.Fatalf("Isolation()=%+v, want no_new_privs, a Landlock ABI and a cgroup", iso)
+	}
+	if b.user != nil {
+		if got, want := iso.User, fmt.Sprintf("uid %d", b.user.UID); got != want {
+			t.Errorf("User=%q, want %q", got, want)
+		}
+		if got, want := iso.CapEff, "0000000000000000"; got != want {
+			t.Errorf("CapEff=%q, want %q", got, want)
+		}
+	}
+	cg, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.Pid), "cgroup"))
+	if !strings.Contains(string(cg), iso.Cgroup) {
+		t.Errorf("cgroup %q is not the process's:\n%s", iso.Cgroup, cg)
+	}
+}
+
+func TestSandbox_AMissingProgramIsErrExec(t *testing.T) {
+	b := newBed(t)
+	_, err := b.sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(b.dir, "nothing"), Dir: b.work, Stdout: os.Stderr, Stderr: os.Stderr})
+	if !errors.Is(err, sandbox.ErrExec) {
+		t.Fatalf("Start of a missing program: %v, want ErrExec", err)
+	}
+}
+
+// syncBuffer is a buffer two pipes' copiers may write at once.
+type syncBuffer struct{ b *bytes.Buffer }
+
+func (s *syncBuffer) Write(p []byte) (int, error) { return s.b.Write(p) }
+
+// TestSandbox_WithoutACgroup: where the node has no cgroup it may write, full isolation is
+// refused, and `isolation: reduced` runs the process with the node as its subreaper, which
+// still ends what escaped its group.
+func TestSandbox_WithoutACgroup(t *testing.T) {
+	dir := t.TempDir()
+	cfg := sandbox.Config{Name: "nocg", Cgroup: filepath.Join(dir, "not-a-cgroup")}
+	sb, err := sandbox.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sb.Check()
+	sb.Close()
+	if !errors.Is(err, sandbox.ErrReduced) || !strings.Contains(err.Error(), "isolation: reduced") {
+		t.Fatalf("Check() without a cgroup: %v, want ErrReduced naming `isolation: reduced`", err)
+	}
+	cfg.Isolation = sandbox.Reduced
+	if sb, err = sandbox.Open(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	b := &bed{sb: sb, dir: dir, work: dir}
+	p, _ := b.start(t, "escaper", `setsid sh -c 'exec sleep 4245' & (sh -c 'sleep 4246 &') ; sleep 4247`, sandbox.Limits{})
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if n := len(sleepers()); n < 3 {
+			return fmt.Errorf("%d of 3 sleeps started", n)
+		}
+		return nil
+	})
+	if iso, _ := p.Isolation(); !iso.Subreaper || iso.Cgroup != "" || len(iso.Reduced) == 0 {
+		t.Errorf("Isolation()=%+v, want the subreaper, no cgroup, and what is reduced", iso)
+	}
+	p.Kill()
+	p.Wait()
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if s := sleepers(); len(s) > 0 {
+			return fmt.Errorf("left running: %v", s)
+		}
+		return nil
+	})
+}
