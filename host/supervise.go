@@ -22,6 +22,7 @@ import (
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
@@ -73,6 +74,8 @@ type InstanceReport struct {
 	Restarts int       `json:"restarts"`
 	Since    time.Time `json:"since"`
 	Reason   string    `json:"reason,omitempty"` // the last exit
+	// Isolation is what the running process got, read back from the kernel.
+	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
 }
 
 // Supervisor runs the modules a node's declaration names as processes, each in its own
@@ -93,6 +96,12 @@ type Supervisor struct {
 	Changed func()
 	Log     *slog.Logger
 	Grace   time.Duration // 0: DefaultGrace
+	// Sandbox starts every process isolated (DESIGN §13); Users, when the node is root,
+	// gives each module a uid of its own.
+	Sandbox *sandbox.Sandbox
+	Users   *sandbox.Users
+	// Limits are what each instance may use when its deployment sets none.
+	Limits sandbox.Limits
 
 	mu       sync.Mutex
 	revision uint64
@@ -117,6 +126,7 @@ type module struct {
 }
 
 type instance struct {
+	proc     *sandbox.Process // while it runs
 	pid      int
 	state    string
 	restarts int
@@ -164,6 +174,8 @@ func (s *Supervisor) apply(ctx context.Context, d deploy.Declaration, resume boo
 		if _, declared := d.Module(name); !declared {
 			if err := os.RemoveAll(filepath.Join(s.Dir, name)); err != nil {
 				s.log().Error("remove a stopped module's directory", "module", name, "err", err)
+			} else if s.Users != nil {
+				s.Users.Release(name)
 			}
 			s.log().Info("module stopped: no longer declared", "module", name)
 		}
@@ -207,7 +219,13 @@ func (s *Supervisor) Report() Report {
 		m.mu.Lock()
 		mr := ModuleReport{Module: name, Version: m.spec.Version, State: m.state, Reason: m.reason}
 		for _, in := range m.insts {
-			mr.Instances = append(mr.Instances, InstanceReport{PID: in.pid, State: in.state, Restarts: in.restarts, Since: in.since, Reason: in.reason})
+			ir := InstanceReport{PID: in.pid, State: in.state, Restarts: in.restarts, Since: in.since, Reason: in.reason}
+			if in.proc != nil {
+				if iso, ok := in.proc.Isolation(); ok {
+					ir.Isolation = &iso
+				}
+			}
+			mr.Instances = append(mr.Instances, ir)
 		}
 		m.mu.Unlock()
 		r.Modules = append(r.Modules, mr)
@@ -253,12 +271,16 @@ func (s *Supervisor) run(ctx context.Context, m *module) {
 		if m.resume {
 			var ok bool
 			if path, ok = s.onDisk(m.spec); ok {
-				break
+				if err = s.own(m.spec.Module); err == nil {
+					break
+				}
 			}
 			m.resume = false
 		}
 		if path, err = s.prepare(ctx, m.spec); err == nil {
-			break
+			if err = s.own(m.spec.Module); err == nil { // its files, its user's
+				break
+			}
 		}
 		if ctx.Err() != nil {
 			return
@@ -417,7 +439,7 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 		if err != nil {
 			return "", fmt.Errorf("artifact %s %s: %w", spec.Module, spec.Version, err)
 		}
-		if err := os.Chmod(tmp.Name(), 0o700); err != nil {
+		if err := os.Chmod(tmp.Name(), 0o555); err != nil { // the module's user reads and runs it
 			return "", err
 		}
 		if err := os.Rename(tmp.Name(), path); err != nil {
@@ -533,19 +555,23 @@ func (s *Supervisor) supervise(ctx context.Context, m *module, i int, path strin
 	}
 }
 
-// runOnce starts one process of the module and waits for it to exit, or stops it when ctx
-// ends: SIGTERM to its process group, SIGKILL after the grace period.
+// runOnce starts one process of the module, sandboxed, and waits for it to exit, or stops
+// it when ctx ends: SIGTERM to its process group, then everything in its cgroup is killed
+// after the grace period.
 func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int, path string) error {
 	dir := filepath.Dir(path)
-	cmd := exec.Command(path, m.spec.Args...)
-	cmd.Dir = dir
-	// Through a pipe, so the log rotates while the process runs; what holds the pipe after
-	// the process ended (a child outside its group) is not waited for past a second.
-	cmd.Stdout, cmd.Stderr = m.out, m.out
-	cmd.WaitDelay = time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Env = []string{
+	u, err := s.user(m.spec.Module)
+	if err != nil {
+		return err
+	}
+	work, err := s.workDir(dir, u)
+	if err != nil {
+		return fmt.Errorf("its working directory: %w", err)
+	}
+	env := []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"HOME=" + work,
+		"TMPDIR=" + filepath.Join(work, "tmp"),
 		"MESH_URL=" + s.URL,
 		"MESH_CREDS=" + filepath.Join(dir, "creds.nk"),
 		"MESH_NODE=" + s.Node,
@@ -553,45 +579,68 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 		"MESH_SECRETS=" + filepath.Join(dir, "secrets"),
 		"MESH_INSTANCE=" + strconv.Itoa(i),
 	}
+	read := []string{filepath.Join(dir, "creds.nk"), filepath.Join(dir, "secrets")}
 	if s.CA != "" {
-		cmd.Env = append(cmd.Env, "MESH_CA="+s.CA)
+		ca, err := placeCA(s.CA, dir)
+		if err != nil {
+			return fmt.Errorf("the mesh's CA: %w", err)
+		}
+		env = append(env, "MESH_CA="+ca)
+		read = append(read, ca)
 	}
 	provisioned, err := provisionEnv(dir)
 	if err != nil {
 		return fmt.Errorf("provisioned credentials: %w", err)
 	}
-	cmd.Env = append(cmd.Env, provisioned...)
+	env = append(env, provisioned...)
 	// The operator's environment comes last: it wins over a provider's variable of the
 	// same name (exec uses the last).
 	for _, k := range slices.Sorted(maps.Keys(m.spec.Env)) {
-		cmd.Env = append(cmd.Env, k+"="+m.spec.Env[k])
+		env = append(env, k+"="+m.spec.Env[k])
 	}
-	if err := cmd.Start(); err != nil {
+	if s.Sandbox == nil {
+		return errors.New("the node has no sandbox to run it in")
+	}
+	// Through a pipe, so the log rotates while the process runs; what holds the pipe after
+	// the process ended is not waited for past a second.
+	p, err := s.Sandbox.Start(sandbox.Proc{
+		Name: m.spec.Module + "." + strconv.Itoa(i), Path: path, Args: m.spec.Args, Env: env, Dir: work,
+		Read: read, Write: []string{work}, User: u, Limits: s.Limits, DiskDir: work,
+		Stdout: m.out, Stderr: m.out, WaitDelay: time.Second,
+	})
+	if errors.Is(err, sandbox.ErrExec) {
 		return fmt.Errorf("%w: %w", errStart, err)
 	}
+	if err != nil {
+		return fmt.Errorf("not started: %w", err)
+	}
 	m.mu.Lock()
-	in.pid, in.state, in.since = cmd.Process.Pid, StateRunning, time.Now().UTC()
+	in.proc, in.pid, in.state, in.since = p, p.Pid, StateRunning, time.Now().UTC()
 	m.mu.Unlock()
 	s.set(m, StateRunning, "")
+	defer func() {
+		m.mu.Lock()
+		in.proc = nil
+		m.mu.Unlock()
+	}()
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	pgid := -cmd.Process.Pid
+	go func() { exited <- p.Wait() }() // what it started ends with it: its cgroup is killed
 	select {
 	case err := <-exited:
-		// What it started in its group ends with it: a restart would add another copy, and
-		// an undeploy stops only the running group.
-		syscall.Kill(pgid, syscall.SIGKILL)
-		if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil {
+		if cause := p.Cause(); cause != "" {
+			return errors.New(cause)
+		}
+		if errors.Is(err, exec.ErrWaitDelay) && p.ProcessState() != nil {
 			// It exited while a child still held its output: its own status is the reason.
 			err = nil
-			if !cmd.ProcessState.Success() {
-				err = &exec.ExitError{ProcessState: cmd.ProcessState}
+			if !p.ProcessState().Success() {
+				err = &exec.ExitError{ProcessState: p.ProcessState()}
 			}
 		}
 		return exitReason(err)
 	case <-ctx.Done():
 	}
-	syscall.Kill(pgid, syscall.SIGTERM)
+	p.Signal(syscall.SIGTERM)
 	grace := s.Grace
 	if grace == 0 {
 		grace = DefaultGrace
@@ -599,10 +648,9 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 	select {
 	case <-exited:
 	case <-time.After(grace):
-		syscall.Kill(pgid, syscall.SIGKILL)
+		p.Kill()
 		<-exited
 	}
-	syscall.Kill(pgid, syscall.SIGKILL) // its children too, had any outlived it
 	return nil
 }
 

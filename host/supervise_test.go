@@ -29,8 +29,11 @@ func supervisor(t *testing.T, scripts map[string]string) (*host.Supervisor, func
 	kp, _ := nkeys.CreateUser()
 	seed, _ := kp.Seed()
 	pub, _ := kp.PublicKey()
+	root := t.TempDir()
+	sb, users := openSandbox(t, root)
 	s := &host.Supervisor{
-		Dir:   filepath.Join(t.TempDir(), "modules"),
+		Sandbox: sb, Users: users,
+		Dir:   filepath.Join(root, "modules"),
 		Node:  "alpha",
 		URL:   "nats://127.0.0.1:1",
 		Grace: 300 * time.Millisecond,
@@ -92,7 +95,7 @@ func TestSupervisor_StopKillsTheGroup(t *testing.T) {
 		if len(r.Modules) != 1 || r.Modules[0].State != host.StateRunning || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].PID == 0 {
 			return fmt.Errorf("report %+v", r)
 		}
-		b, err := os.ReadFile(filepath.Join(dir, "child.pid"))
+		b, err := os.ReadFile(filepath.Join(dir, "work", "child.pid"))
 		if err != nil {
 			return err
 		}
@@ -100,9 +103,13 @@ func TestSupervisor_StopKillsTheGroup(t *testing.T) {
 		return err
 	})
 	parent := r.Modules[0].Instances[0].PID
+	want := os.FileMode(0o600) // the node's user's, and so the module's
+	if os.Geteuid() == 0 {
+		want = 0o400 // the module's own uid's
+	}
 	for _, f := range []string{"creds.nk", "secrets/token"} {
-		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
-			t.Fatalf("%s: %v %v, want a 0600 file", f, st, err)
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != want {
+			t.Fatalf("%s: %v %v, want a %o file", f, st, err, want)
 		}
 	}
 	start := time.Now()
@@ -169,7 +176,7 @@ func TestSupervisor_ExitKillsTheGroup(t *testing.T) {
 	dir := filepath.Join(s.Dir, "leaver")
 	var children []int
 	waitFor(t, s, 20*time.Second, func(r host.Report) error {
-		b, err := os.ReadFile(filepath.Join(dir, "children.pid"))
+		b, err := os.ReadFile(filepath.Join(dir, "work", "children.pid"))
 		if err != nil {
 			return err
 		}
@@ -290,7 +297,7 @@ func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
 			return fmt.Errorf("report %+v", r)
 		}
 		for _, m := range r.Modules { // its trap is set: a SIGTERM before it would end it at once
-			if _, err := os.Stat(filepath.Join(s.Dir, m.Module, "ready")); err != nil {
+			if _, err := os.Stat(filepath.Join(s.Dir, m.Module, "work", "ready")); err != nil {
 				return err
 			}
 		}
@@ -303,7 +310,7 @@ func TestSupervisor_ApplyStopsAtOnce(t *testing.T) {
 		close(applied)
 	}()
 	termed := func(module string) bool {
-		_, err := os.Stat(filepath.Join(s.Dir, module, "termed"))
+		_, err := os.Stat(filepath.Join(s.Dir, module, "work", "termed"))
 		return err == nil
 	}
 	deadline := time.Now().Add(s.Grace) // a-stub's grace: it is killed then, and its directory removed

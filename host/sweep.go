@@ -12,8 +12,10 @@ import (
 
 // sweep ends what an earlier run of the node left behind, before Resume starts anything:
 //   - processes of its modules that still run (the node was killed, and nothing stopped
-//     them): found by the MESH_CREDS a process was started with and its working directory,
-//     the module's, their groups are killed, so a module never runs twice with the same
+//     them). The sandbox ended those in its cgroups, and those of its module users, when it
+//     opened; what is left are processes a version of the node before the sandbox started:
+//     found by the MESH_CREDS a process was started with and its working directory, the
+//     module's, their groups are killed, so a module never runs twice with the same
 //     credentials;
 //   - the directories of modules d no longer declares (the node stopped during their
 //     undeploy): their seeds and secrets are removed.
@@ -31,7 +33,8 @@ func (s *Supervisor) sweep(d deploy.Declaration) {
 	for pid, module := range processesWith(creds) {
 		// A module's process runs in its directory: a shell that merely has the variable
 		// (an operator running the module by hand) is left alone, as is the node's group.
-		if cwd, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "cwd")); err != nil || cwd != filepath.Join(s.Dir, module) {
+		dir := filepath.Join(s.Dir, module)
+		if cwd, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "cwd")); err != nil || (cwd != dir && cwd != filepath.Join(dir, workDirName)) {
 			continue
 		}
 		if pgid, err := syscall.Getpgid(pid); err == nil && pgid > 1 && pgid != syscall.Getpgrp() {

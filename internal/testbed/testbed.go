@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -142,4 +143,21 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Traversable lets any user pass through dir and the directories above it (o+x, not o+r), as
+// a node running as root makes its data dir: a module's own uid must reach its directory.
+func Traversable(t testing.TB, dir string) {
+	t.Helper()
+	for p := dir; p != "/" && p != "."; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
