@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"fmt"
+	"github.com/meshnode/meshnode/sandbox"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,7 @@ import (
 // report the ratio; the Raw benchmarks run the baseline alone.
 
 func TestMain(m *testing.M) {
+	sandbox.Launcher() // a node in this test binary starts the binary as its launcher
 	code := m.Run()
 	nodes.close()
 	if code == 0 {

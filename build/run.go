@@ -2,17 +2,18 @@ package build
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meshnode/meshnode/sandbox"
 )
 
 // Job is the mesh-build-machine seat's `build` verb: build Module from Path of Repository at
@@ -56,13 +57,27 @@ type Spec struct {
 	Source  io.Reader
 	Deps    map[string]io.Reader
 	Timeout time.Duration
+	// Sandbox runs the command isolated (DESIGN §13), as User (nil: the node's user). The
+	// build reads its tree, its deps, the system's runtime and Read (a toolchain's paths),
+	// and writes its tree, $OUT, $HOME and Cache (a cache of the builder's own, kept
+	// between builds: GOCACHE, GOMODCACHE, npm's).
+	Sandbox *sandbox.Sandbox
+	User    *sandbox.User
+	Read    []string
+	Cache   string
+	Limits  sandbox.Limits
 }
 
-// Run builds spec in a fresh directory under dir: the tree is unpacked, the deps are put in
-// $DEPS/<module>, and run is executed by sh in the module's path with a clean environment
-// (PATH, HOME, OUT, MODULE, COMMIT, DEPS), in its own process group, killed at the time
-// limit. It returns the artifact's path (inside dir; the caller removes dir) and the output.
+// Run builds spec in a fresh directory under dir: the tree is unpacked beneath dir/src (no
+// entry, and no chain of links, lands outside it), the deps are put in $DEPS/<module>, and
+// run is executed by sh in the module's path, sandboxed, with a clean environment (PATH,
+// HOME, OUT, MODULE, COMMIT, DEPS, TMPDIR, and the Go toolchain's caches in Cache), killed
+// with everything it started at the time limit. It returns the artifact's path (inside dir,
+// a file of the node's; the caller removes dir) and the end of the output.
 func Run(ctx context.Context, dir string, spec Spec) (artifact string, output []byte, err error) {
+	if spec.Sandbox == nil {
+		return "", nil, errors.New("the node has no sandbox to build in")
+	}
 	src := filepath.Join(dir, "src")
 	if err := unpack(spec.Source, src); err != nil {
 		return "", nil, fmt.Errorf("unpack the source of %s at %s: %w", spec.Job.Repository, spec.Job.Commit, err)
@@ -80,56 +95,184 @@ func Run(ctx context.Context, dir string, spec Spec) (artifact string, output []
 	if rel, err := filepath.Rel(src, work); err != nil || strings.HasPrefix(rel, "..") {
 		return "", nil, fmt.Errorf("path %q leaves the repository", spec.Job.Path)
 	}
-	if st, err := os.Stat(work); err != nil || !st.IsDir() {
+	if st, err := os.Lstat(work); err != nil || !st.IsDir() {
 		return "", nil, fmt.Errorf("%s has no directory %s at %s", spec.Job.Repository, spec.Job.Path, spec.Job.Commit)
 	}
-	out := filepath.Join(dir, "out", "artifact")
-	os.MkdirAll(filepath.Dir(out), 0o700)
-	home := filepath.Join(dir, "home")
-	os.MkdirAll(home, 0o700)
+	outDir, home := filepath.Join(dir, "out"), filepath.Join(dir, "home")
+	for _, d := range []string{outDir, home, filepath.Join(home, "tmp")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return "", nil, err
+		}
+	}
+	write := []string{src, outDir, home}
+	if err := giveTree(dir, spec.User, write, []string{deps}); err != nil {
+		return "", nil, fmt.Errorf("give the build its files: %w", err)
+	}
+	if spec.Cache != "" {
+		if err := os.MkdirAll(spec.Cache, 0o700); err != nil {
+			return "", nil, err
+		}
+		if spec.User != nil {
+			if err := os.Lchown(spec.Cache, spec.User.UID, spec.User.GID); err != nil {
+				return "", nil, err
+			}
+		}
+		write = append(write, spec.Cache)
+	}
 	timeout := spec.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Minute
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, "/bin/sh", "-c", spec.Run)
-	cmd.Dir = work
-	cmd.Env = []string{"PATH=/usr/local/go/bin:/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "OUT=" + out,
-		"MODULE=" + spec.Job.Module, "COMMIT=" + spec.Job.Commit, "DEPS=" + deps}
-	if gocache := os.Getenv("GOCACHE"); gocache != "" {
-		cmd.Env = append(cmd.Env, "GOCACHE="+gocache) // a Go toolchain's build cache, when the node has one
+	env := []string{"PATH=/usr/local/go/bin:/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "TMPDIR=" + filepath.Join(home, "tmp"),
+		"OUT=" + filepath.Join(outDir, "artifact"), "MODULE=" + spec.Job.Module, "COMMIT=" + spec.Job.Commit, "DEPS=" + deps}
+	if spec.Cache != "" {
+		env = append(env, "GOCACHE="+filepath.Join(spec.Cache, "go-build"), "GOMODCACHE="+filepath.Join(spec.Cache, "go-mod"),
+			"GOPATH="+filepath.Join(spec.Cache, "go"), "npm_config_cache="+filepath.Join(spec.Cache, "npm"))
 	}
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	err = cmd.Run()
-	switch {
-	case cctx.Err() == context.DeadlineExceeded:
+	var buf tail
+	p, err := spec.Sandbox.Start(sandbox.Proc{
+		Name: "build-" + filepath.Base(dir), Path: "/bin/sh", Args: []string{"-c", spec.Run}, Env: env, Dir: work,
+		Read: append([]string{deps}, spec.Read...), Write: write, User: spec.User, Limits: spec.Limits, DiskDir: dir,
+		Stdout: &buf, Stderr: &buf, WaitDelay: time.Second,
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("start the build: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.Wait() }()
+	select {
+	case err = <-exited:
+	case <-cctx.Done():
+		p.Kill()
+		<-exited
 		return "", buf.Bytes(), fmt.Errorf("the build took longer than %s", timeout)
-	case err != nil:
+	}
+	if cause := p.Cause(); cause != "" {
+		return "", buf.Bytes(), fmt.Errorf("the build was ended: %s", cause)
+	}
+	if err != nil {
 		return "", buf.Bytes(), fmt.Errorf("run %q: %w", spec.Run, err)
 	}
-	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
-		return "", buf.Bytes(), errors.New("the build wrote no artifact to $OUT")
-	}
-	if err := os.Chmod(out, 0o755); err != nil {
+	artifact = filepath.Join(dir, "artifact")
+	if err := takeArtifact(outDir, artifact); err != nil {
 		return "", buf.Bytes(), err
 	}
-	return out, buf.Bytes(), nil
+	return artifact, buf.Bytes(), nil
 }
 
-// Tail returns the end of a build's output, at most LogTail bytes.
+// takeArtifact copies $OUT/artifact, which the build wrote, to a file of the node's at dst.
+// The build may have left anything there — a link to a seed of the node's, a directory, a
+// fifo — so the file is opened beneath out without following a link, and must be a regular
+// file.
+func takeArtifact(out, dst string) error {
+	root, err := os.OpenRoot(out)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if st, err := root.Lstat("artifact"); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+		return errors.New("the build wrote no artifact to $OUT (a regular file, not empty, not a link)")
+	}
+	f, err := root.OpenFile("artifact", os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("open the artifact: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return errors.New("the build's $OUT/artifact is not a regular file")
+	}
+	return writeFile(dst, f, 0o755)
+}
+
+// giveTree makes the build's writable directories its user's (every entry beneath them,
+// links themselves, not their targets), and lets it pass through dir and read ro.
+func giveTree(dir string, u *sandbox.User, rw, ro []string) error {
+	if u == nil {
+		return nil
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
+	for _, top := range rw {
+		err := filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(path, u.UID, u.GID)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, top := range ro {
+		err := filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return os.Chmod(path, 0o755)
+			}
+			return os.Chmod(path, 0o555)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tail keeps the last LogTail bytes written to it, and how many it dropped before them: a
+// build that prints without end costs the node no more.
+type tail struct {
+	mu      sync.Mutex
+	buf     []byte
+	dropped int64
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - LogTail; over > 0 {
+		t.dropped += int64(over)
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+// Bytes is the kept end, after a line saying how much came before it, if any was cut.
+func (t *tail) Bytes() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.dropped == 0 {
+		return append([]byte(nil), t.buf...)
+	}
+	return append([]byte(fmt.Sprintf("[%d earlier bytes of output cut; the last %d follow]\n", t.dropped, len(t.buf))), t.buf...)
+}
+
+// Tail returns the end of a build's output, at most LogTail bytes (and a line saying so when
+// it was cut).
 func Tail(output []byte) string {
-	if len(output) > LogTail {
-		output = output[len(output)-LogTail:]
+	if len(output) > LogTail+128 {
+		return fmt.Sprintf("[%d earlier bytes of output cut; the last %d follow]\n", len(output)-LogTail, LogTail) + string(output[len(output)-LogTail:])
 	}
 	return string(output)
 }
 
-// unpack extracts a tar archive into dir, refusing entries that would land outside it.
+// unpack extracts a tar archive into dir, beneath it: every entry is made through an
+// os.Root, so no entry — and no chain of links however built, relative, absolute or through
+// "..", — reaches outside dir. A link that names a path outside the tree is refused at once.
 func unpack(r io.Reader, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -142,33 +285,55 @@ func unpack(r io.Reader, dir string) error {
 		if err != nil {
 			return err
 		}
-		target := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if rel, err := filepath.Rel(dir, target); err != nil || strings.HasPrefix(rel, "..") {
+		name := filepath.Clean(filepath.FromSlash(h.Name))
+		if !filepath.IsLocal(name) {
 			return fmt.Errorf("entry %q leaves the tree", h.Name)
 		}
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o700); err != nil {
-				return err
+			if err := root.MkdirAll(name, 0o700); err != nil {
+				return fmt.Errorf("entry %q: %w", h.Name, err)
 			}
 		case tar.TypeReg:
 			mode := os.FileMode(0o600)
 			if h.Mode&0o111 != 0 {
 				mode = 0o700
 			}
-			if err := writeFile(target, tr, mode); err != nil {
-				return err
+			if err := rootWrite(root, name, tr, mode); err != nil {
+				return fmt.Errorf("entry %q: %w", h.Name, err)
 			}
 		case tar.TypeSymlink:
-			if filepath.IsAbs(h.Linkname) || strings.HasPrefix(filepath.Clean(filepath.Join(filepath.Dir(h.Name), h.Linkname)), "..") {
+			if filepath.IsAbs(h.Linkname) || !filepath.IsLocal(filepath.Join(filepath.Dir(name), h.Linkname)) {
 				return fmt.Errorf("link %q leaves the tree", h.Name)
 			}
-			os.MkdirAll(filepath.Dir(target), 0o700)
-			if err := os.Symlink(h.Linkname, target); err != nil {
-				return err
+			if d := filepath.Dir(name); d != "." {
+				if err := root.MkdirAll(d, 0o700); err != nil {
+					return fmt.Errorf("entry %q: %w", h.Name, err)
+				}
+			}
+			if err := root.Symlink(h.Linkname, name); err != nil {
+				return fmt.Errorf("entry %q: %w", h.Name, err)
 			}
 		}
 	}
+}
+
+// rootWrite writes r to name beneath root.
+func rootWrite(root *os.Root, name string, r io.Reader, mode os.FileMode) error {
+	if d := filepath.Dir(name); d != "." {
+		if err := root.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	f, err := root.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func writeFile(path string, r io.Reader, mode os.FileMode) error {

@@ -126,6 +126,50 @@ type Config struct {
 	// ProvisionInterval is how often the controller's holder asks every provider what it
 	// holds (DESIGN §12): a lost resource is created again, an orphan removed, within it.
 	ProvisionInterval Duration `yaml:"provision-interval"`
+	// Isolation is how isolated modules and builds must run (DESIGN §13): "full" refuses
+	// to start one without Landlock's scoping and a cgroup v2 to contain its processes;
+	// "reduced" starts it with what the machine gives, and says what is missing.
+	Isolation string `yaml:"isolation"`
+	// Cgroup is the cgroup v2 beneath which the node makes its modules' cgroups: a path in
+	// the v2 hierarchy, or "" for the node's own (delegated by systemd's Delegate=yes; any
+	// cgroup when the node is root).
+	Cgroup string `yaml:"cgroup"`
+	// ModuleUIDs is the range of uids, first-last, a node running as root gives its
+	// modules, one each.
+	ModuleUIDs string `yaml:"module-uids"`
+	// ModuleMemory is the most memory one module instance may use (memory.max); zero: no limit.
+	ModuleMemory Bytes `yaml:"module-memory"`
+	// ModuleProcesses is the most processes one module instance may have (pids.max); zero:
+	// no limit.
+	ModuleProcesses int `yaml:"module-processes"`
+	// ModuleDisk is the most one module instance may keep in its work directory; past it
+	// the instance is ended and reported. Zero: no limit.
+	ModuleDisk Bytes `yaml:"module-disk"`
+}
+
+// Isolation's values.
+const (
+	IsolationFull    = "full"
+	IsolationReduced = "reduced"
+)
+
+// Module limits' defaults: enough for a runtime with its threads and a working set of files,
+// few enough that a fork bomb or a runaway log is ended long before the node suffers.
+const (
+	DefaultModuleProcesses = 512
+	DefaultModuleDisk      = 1 << 30
+	DefaultModuleUIDs      = "61184-65519"
+)
+
+// UIDRange parses ModuleUIDs.
+func (c Config) UIDRange() (first, last int, err error) {
+	a, b, ok := strings.Cut(c.ModuleUIDs, "-")
+	first, err1 := strconv.Atoi(strings.TrimSpace(a))
+	last, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || first <= 0 || last < first {
+		return 0, 0, fmt.Errorf("%w: module-uids %q: a range of unprivileged uids, first-last, e.g. %s", ErrInvalid, c.ModuleUIDs, DefaultModuleUIDs)
+	}
+	return first, last, nil
 }
 
 // Holds reports whether the node is a candidate for the mesh's own seat.
@@ -151,6 +195,10 @@ func Up() Config {
 		EventsMaxAge:      Duration(DefaultEventsMaxAge),
 		RateLimit:         DefaultRateLimit,
 		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
+		Isolation:         IsolationFull,
+		ModuleUIDs:        DefaultModuleUIDs,
+		ModuleProcesses:   DefaultModuleProcesses,
+		ModuleDisk:        DefaultModuleDisk,
 	}
 }
 
@@ -310,6 +358,12 @@ func (c *Config) keys() map[string]any {
 		"git-repos":               &c.GitRepos,
 		"builder":                 &c.Builder,
 		"provision-interval":      &c.ProvisionInterval,
+		"isolation":               &c.Isolation,
+		"cgroup":                  &c.Cgroup,
+		"module-uids":             &c.ModuleUIDs,
+		"module-memory":           &c.ModuleMemory,
+		"module-processes":        &c.ModuleProcesses,
+		"module-disk":             &c.ModuleDisk,
 	}
 }
 
@@ -525,6 +579,19 @@ func (c Config) Validate() error {
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("%w: rate-limit %d: requests a second, ≥ 0 (0: no limit)", ErrInvalid, c.RateLimit)
+	}
+	switch c.Isolation {
+	case "", IsolationFull, IsolationReduced:
+	default:
+		return fmt.Errorf("%w: isolation %q: full (modules run only fully isolated) or reduced (with what the machine gives)", ErrInvalid, c.Isolation)
+	}
+	if c.ModuleUIDs != "" {
+		if _, _, err := c.UIDRange(); err != nil {
+			return err
+		}
+	}
+	if c.ModuleMemory != 0 && c.ModuleMemory < 8<<20 {
+		return fmt.Errorf("%w: module-memory %s: at least 8MiB, or 0 for no limit", ErrInvalid, c.ModuleMemory)
 	}
 	if c.MaxEventBytes != 0 && c.MaxEventBytes < 1024 {
 		return fmt.Errorf("%w: max-event-bytes %s: at least 1KiB (an event's headers alone take a few hundred bytes)", ErrInvalid, c.MaxEventBytes)

@@ -22,6 +22,7 @@ import (
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sandbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
@@ -51,6 +52,11 @@ const (
 	gitCheckEvery = 30 * time.Second
 	// buildTimeout bounds one build.
 	buildTimeout = 10 * time.Minute
+	// buildCacheDir, in the data dir, is the builder's own cache (Go's build and module
+	// caches, npm's), kept between builds and written by builds alone: never the node's.
+	buildCacheDir = "build-cache"
+	// buildUser is the key of the uid builds run as, when the node is root.
+	buildUser = "@build" // no module name starts with @
 	// gitToolTimeout bounds one archive or changed request on the mesh-git holder; a
 	// builder's request waits a little longer, then tries again.
 	gitToolTimeout = 20 * time.Second
@@ -518,7 +524,15 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 		deps[on] = strings.NewReader(buf.String())
 		upstream = append(upstream, list[0].Digest)
 	}
-	out, log, err := build.Run(ctx, dir, build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: source, Deps: deps, Timeout: buildTimeout})
+	spec := build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: source, Deps: deps, Timeout: buildTimeout,
+		Sandbox: n.sandbox, Cache: filepath.Join(n.cfg.DataDir, buildCacheDir),
+		Limits: sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses}}
+	if n.moduleUsers != nil {
+		if spec.User, err = n.moduleUsers.For(buildUser); err != nil {
+			return retry(err)
+		}
+	}
+	out, log, err := build.Run(ctx, dir, spec)
 	if err != nil {
 		return fail(err.Error(), log)
 	}

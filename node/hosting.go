@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/artifact"
@@ -14,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 )
@@ -27,15 +30,71 @@ import (
 // the seat over learns what runs where within this.
 const reportEvery = 30 * time.Second
 
+// openSandbox opens what isolates the node's modules and builds (DESIGN §13) and says at
+// start what full isolation lacks on this machine. A node running as root gives each module
+// a uid of its own, and its data dir is passed through by them (0711), never listed; an
+// unprivileged node's data dir is its own alone (0700).
+func (n *Node) openSandbox() error {
+	cfg := sandbox.Config{Isolation: n.cfg.Isolation, Name: sandbox.SubtreeName(n.id.Name, n.cfg.DataDir), Cgroup: n.cfg.Cgroup, Log: n.log.With("component", "sandbox")}
+	mode := os.FileMode(0o700)
+	if above := unpassable(n.cfg.DataDir); os.Geteuid() == 0 && above != "" {
+		n.log.Warn("modules run as the node's user, kept apart by Landlock alone: "+above+" lets no other user pass; chmod o+x it, or put the data dir elsewhere, to give each module a uid of its own", "data_dir", n.cfg.DataDir)
+	} else if os.Geteuid() == 0 {
+		mode = 0o711
+		first, last, err := n.cfg.UIDRange()
+		if err != nil {
+			return err
+		}
+		if cfg.Users, err = sandbox.OpenUsers(filepath.Join(n.cfg.DataDir, usersFile), first, last); err != nil {
+			return fmt.Errorf("module users: %w", err)
+		}
+	}
+	if err := os.Chmod(n.cfg.DataDir, mode); err != nil {
+		return err
+	}
+	sb, err := sandbox.Open(cfg)
+	if err != nil {
+		return fmt.Errorf("open the sandbox: %w", err)
+	}
+	n.sandbox, n.moduleUsers = sb, cfg.Users
+	if missing := sb.Missing(); len(missing) > 0 {
+		if err := sb.Check(); err != nil {
+			n.log.Error("modules and builds will not start: "+err.Error(), "isolation", n.cfg.Isolation)
+		} else {
+			n.log.Warn("modules and builds run with reduced isolation", "missing", strings.Join(missing, "; "))
+		}
+	}
+	return nil
+}
+
+// unpassable returns the first directory above dir that users other than its owner may not
+// pass through (no o+x), or "".
+func unpassable(dir string) string {
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o001 == 0 {
+			return p
+		}
+		if p == "/" || p == "." {
+			return ""
+		}
+	}
+}
+
+// usersFile records the uid each module runs as (sandbox.Users).
+const usersFile = "module-users.json"
+
 // newSupervisor makes the node's supervisor of modules.
 func (n *Node) newSupervisor() {
 	n.busUp = make(chan struct{})
 	n.supervisor = &host.Supervisor{
-		Dir:  filepath.Join(n.cfg.DataDir, "modules"),
-		Node: n.id.Name,
-		URL:  fixedClientURL(n.cfg.ClientAddr),
-		CA:   n.clientCAFile(),
-		Log:  n.log.With("component", "host"),
+		Sandbox: n.sandbox,
+		Users:   n.moduleUsers,
+		Limits:  sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
+		Dir:     filepath.Join(n.cfg.DataDir, "modules"),
+		Node:    n.id.Name,
+		URL:     fixedClientURL(n.cfg.ClientAddr),
+		CA:      n.clientCAFile(),
+		Log:     n.log.With("component", "host"),
 		Artifact: func(ctx context.Context, m deploy.Module, w io.Writer) error {
 			if err := n.waitBus(ctx); err != nil {
 				return err

@@ -27,6 +27,7 @@ import (
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
@@ -77,37 +78,39 @@ type Node struct {
 	log     *slog.Logger // with the node's name
 	rootLog *slog.Logger // as New was given it: log again once the data dir names the node
 
-	started    time.Time
-	db         *bolt.DB
-	id         Identity
-	found      *genesis.Foundation
-	key        nkeys.KeyPair
-	bus        *embedbus.Bus
-	budget     storeBudget        // the byte limits of the mesh's streams and buckets on this node
-	alarms     alarms             // standing reasons not to be ready (drift.go)
-	lossSub    *nats.Subscription // answers ToolAcceptLoss
-	respNC     *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
-	gate       *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
-	gateStop   func()             // ends the gate's reports, the last one made
-	vault      *vault.Vault
-	vaultNC    *nats.Conn
-	audit      *audit.Logger
-	host       *host.Follower   // this node's declaration (hosting.go)
-	supervisor *host.Supervisor // the modules it runs
-	busUp      chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
-	reportNow  chan struct{}    // the supervisor's state changed: report it
-	logsSub    *nats.Subscription
-	gitSub     *nats.Subscription
-	growSub    *nats.Subscription // a single node's grow tool
-	certSub    *nats.Subscription // the cert-rotate tool
-	statsSub   *nats.Subscription // the modules' tool latency reports (toolstats.go)
-	toolStats  *moduleToolStats
-	certs      *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
-	certCA     *meshca.CA
-	auditSub   *nats.Subscription
-	dead       *deadLetters
-	members    *membership.Membership
-	routeOf    map[string]string // member → host:port of the route this node was started with (form)
+	started     time.Time
+	db          *bolt.DB
+	id          Identity
+	found       *genesis.Foundation
+	key         nkeys.KeyPair
+	bus         *embedbus.Bus
+	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
+	alarms      alarms             // standing reasons not to be ready (drift.go)
+	lossSub     *nats.Subscription // answers ToolAcceptLoss
+	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
+	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
+	gateStop    func()             // ends the gate's reports, the last one made
+	vault       *vault.Vault
+	vaultNC     *nats.Conn
+	audit       *audit.Logger
+	host        *host.Follower   // this node's declaration (hosting.go)
+	supervisor  *host.Supervisor // the modules it runs
+	sandbox     *sandbox.Sandbox // isolates its modules and builds (DESIGN §13)
+	moduleUsers *sandbox.Users   // the uid each module runs as, when the node is root
+	busUp       chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
+	reportNow   chan struct{}    // the supervisor's state changed: report it
+	logsSub     *nats.Subscription
+	gitSub      *nats.Subscription
+	growSub     *nats.Subscription // a single node's grow tool
+	certSub     *nats.Subscription // the cert-rotate tool
+	statsSub    *nats.Subscription // the modules' tool latency reports (toolstats.go)
+	toolStats   *moduleToolStats
+	certs       *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
+	certCA      *meshca.CA
+	auditSub    *nats.Subscription
+	dead        *deadLetters
+	members     *membership.Membership
+	routeOf     map[string]string // member → host:port of the route this node was started with (form)
 	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
 	// serialises the growth's steps, growing is its progress, and restart makes Run end with
 	// ErrRestart (grow.go).
@@ -218,6 +221,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	// mesh — or, when the configuration does not fix the client port, as soon as the bus is
 	// up (their MESH_URL is not known before).
 	n.reportNow = make(chan struct{}, 1)
+	if err := n.openSandbox(); err != nil {
+		return err
+	}
 	n.newSupervisor()
 	resumed := n.supervisor.URL != ""
 	if resumed {
@@ -770,6 +776,7 @@ func (n *Node) Close() error {
 	if n.supervisor != nil {
 		n.supervisor.Stop() // the modules stop with their node
 	}
+	keep(n.sandbox.Close(), "sandbox")
 	n.eventConn.Store(nil)
 	if n.lossSub != nil {
 		n.lossSub.Unsubscribe()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"log/slog"
 	"net"
@@ -25,6 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	sandbox.Launcher() // a node in this test binary starts the binary as its launcher
 	if os.Getenv(crashingHolderEnv) != "" {
 		// This test binary, started again by a bed, is a module process.
 		crashingHolder()

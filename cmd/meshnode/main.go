@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"os"
 	"os/signal"
@@ -42,6 +43,7 @@ func usagef(format string, args ...any) error {
 var errReported = errors.New("failure already reported")
 
 func main() {
+	sandbox.Launcher() // started by a node as its modules' launcher: never returns
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

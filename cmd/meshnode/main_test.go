@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"log/slog"
 	"os"
@@ -26,6 +27,7 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	sandbox.Launcher() // a node in this test binary starts the binary as its launcher
 	if url := os.Getenv("MESHNODE_TEST_WORKER"); url != "" {
 		os.Exit(runWorker(url, os.Getenv("MESHNODE_TEST_WORKER_SEED")))
 	}
