@@ -318,7 +318,7 @@ func (c *controller) handlePs(ctx context.Context, _ []byte) any {
 			}
 			for n, in := range mr.Instances {
 				p := row
-				p.Instance, p.State, p.PID, p.Restarts, p.Since, p.Reason = n, in.State, in.PID, in.Restarts, in.Since, in.Reason
+				p.Instance, p.State, p.PID, p.Restarts, p.Since, p.Reason, p.Isolation = n, in.State, in.PID, in.Restarts, in.Since, in.Reason, in.Isolation
 				reply.Processes = append(reply.Processes, p)
 			}
 		}

@@ -38,7 +38,7 @@ func (n *Node) openSandbox() error {
 	cfg := sandbox.Config{Isolation: n.cfg.Isolation, Name: sandbox.SubtreeName(n.id.Name, n.cfg.DataDir), Cgroup: n.cfg.Cgroup, Log: n.log.With("component", "sandbox")}
 	mode := os.FileMode(0o700)
 	if above := unpassable(n.cfg.DataDir); os.Geteuid() == 0 && above != "" {
-		n.log.Warn("modules run as the node's user, kept apart by Landlock alone: "+above+" lets no other user pass; chmod o+x it, or put the data dir elsewhere, to give each module a uid of its own", "data_dir", n.cfg.DataDir)
+		n.log.Warn("modules run as the node's user with no capabilities, kept apart by Landlock alone: "+above+" lets no other user pass; chmod o+x it, or put the data dir elsewhere, to give each module a uid of its own", "data_dir", n.cfg.DataDir)
 	} else if os.Geteuid() == 0 {
 		mode = 0o711
 		first, last, err := n.cfg.UIDRange()

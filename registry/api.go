@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"github.com/meshnode/meshnode/sandbox"
 	"time"
 
 	"github.com/meshnode/meshnode/deploy"
@@ -145,6 +146,9 @@ type Process struct {
 	Since    time.Time `json:"since,omitzero"`
 	Reason   string    `json:"reason,omitempty"`
 	Reported time.Time `json:"reported,omitzero"`
+	// Isolation is what the running process got, read back from the kernel when its node
+	// last reported (DESIGN §13).
+	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
 }
 
 // PsReply answers a PsSubject request.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -84,6 +85,9 @@ func (l launch) apply() (string, error) {
 			return "", fmt.Errorf("join cgroup %s: %w", procs, err)
 		}
 	}
+	if err := os.Chdir(l.Dir); err != nil {
+		return "", fmt.Errorf("enter %s: %w", l.Dir, err)
+	}
 	if l.UID >= 0 {
 		// Go applies these to every thread; after the last one no uid is 0, so the
 		// kernel clears every capability.
@@ -97,14 +101,19 @@ func (l launch) apply() (string, error) {
 			return "", fmt.Errorf("become uid %d: %w", l.UID, err)
 		}
 	}
+	if l.UID < 0 && os.Geteuid() == 0 {
+		// A root node that cannot give the module a uid of its own (its data dir's parents
+		// let no other user pass) runs it as root with no capability at all, now or after
+		// exec: with Landlock, no more than an unprivileged node's module.
+		if err := dropCapabilities(); err != nil {
+			return "", fmt.Errorf("drop capabilities: %w", err)
+		}
+	}
 	if l.FileSize > 0 {
 		lim := unix.Rlimit{Cur: uint64(l.FileSize), Max: uint64(l.FileSize)}
 		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &lim); err != nil {
 			return "", fmt.Errorf("limit file size: %w", err)
 		}
-	}
-	if err := os.Chdir(l.Dir); err != nil {
-		return "", fmt.Errorf("enter %s: %w", l.Dir, err)
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return "", fmt.Errorf("set no_new_privs: %w", err)
@@ -163,4 +172,26 @@ func pathRule(p string, write bool) landlock.Rule {
 	default:
 		return landlock.ROFiles(p).IgnoreIfMissing()
 	}
+}
+
+// dropCapabilities empties this thread's capability bounding set (so exec grants none, even
+// to uid 0), its ambient set, and its effective, permitted and inheritable sets.
+func dropCapabilities() error {
+	last := 40
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = n
+		}
+	}
+	for c := 0; c <= last; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("bounding set, capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("ambient set: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	return unix.Capset(&hdr, &data[0])
 }

@@ -287,3 +287,18 @@ func TestSandbox_WithoutACgroup(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSandbox_RootWithoutAUserHasNoCapabilities: a root node that runs a module as itself
+// (no uid of its own could be given) leaves it no capability, before or after an exec.
+func TestSandbox_RootWithoutAUserHasNoCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a root node's case")
+	}
+	b := newBed(t)
+	b.user = nil
+	os.Chown(b.work, 0, 0)
+	out := b.run(t, `grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status; sh -c "grep -E '^CapEff:' /proc/self/status"`)
+	if strings.Count(out, "0000000000000000") != 6 {
+		t.Fatalf("capabilities left:\n%s", out)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"maps"
 	"os"
@@ -425,7 +426,7 @@ func newPsCmd() *cobra.Command {
 				return writeJSONLines(cmd.OutOrStdout(), ps)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "MODULE\tNODE\tVERSION\tREVISION\tSTATE\tPID\tRESTARTS\tREASON")
+			fmt.Fprintln(tw, "MODULE\tNODE\tVERSION\tREVISION\tSTATE\tPID\tRESTARTS\tISOLATION\tREASON")
 			for _, p := range ps {
 				rev := fmt.Sprint(p.Revision)
 				if p.Revision < p.Declared {
@@ -435,14 +436,38 @@ func newPsCmd() *cobra.Command {
 				if p.PID > 0 {
 					pid = fmt.Sprint(p.PID)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", p.Module, p.Node, p.Version, rev, p.State, pid, p.Restarts, p.Reason)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Module, p.Node, p.Version, rev, p.State, pid, p.Restarts, isolationSummary(p.Isolation), p.Reason)
 			}
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per process: module, node, version, instance, revision, declared, state, restarts, pid?, since?, reason?, reported?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per process (isolation as docs/isolation.md says): module, node, version, instance, revision, declared, state, restarts, pid?, since?, reason?, reported?, isolation?")
 	addClientFlags(cmd)
 	return cmd
+}
+
+// isolationSummary is a running process's isolation in a few words: its user, its Landlock
+// ABI, how its processes are contained, and a "reduced" mark when the machine gave less.
+func isolationSummary(iso *sandbox.Isolation) string {
+	if iso == nil {
+		return "-"
+	}
+	user := iso.User
+	if strings.HasPrefix(user, "the node's") {
+		user = "node's uid"
+	}
+	contained := "no containment"
+	switch {
+	case iso.Cgroup != "":
+		contained = "cgroup"
+	case iso.Subreaper:
+		contained = "subreaper"
+	}
+	s := user + " · landlock " + strings.TrimPrefix(iso.Landlock, "abi ") + " · " + contained
+	if len(iso.Reduced) > 0 {
+		s += " (reduced)"
+	}
+	return s
 }
 
 func newLogsCmd() *cobra.Command {

@@ -64,7 +64,7 @@ function render(st) {
       stop.addEventListener("click", () => { if (confirm(`Undeploy ${p.module} everywhere?`)) deployAction("undeploy", { module: p.module }); });
       actions.append(stop);
     }
-    return row([p.module, p.node, p.version, [p.state, p.state], actions]);
+    return row([p.module, p.node, p.version, [p.state, p.state], isolation(p.isolation), actions]);
   }));
 
   const srows = [];
@@ -253,3 +253,15 @@ window.addEventListener("error", (e) => {
 });
 
 start();
+
+// isolation is a running process's isolation in a few words (DESIGN §13), the whole of it in
+// the title: its user, its Landlock ABI, how its processes are contained.
+function isolation(iso) {
+  if (!iso) return "-";
+  const user = iso.user.startsWith("the node's") ? "node's uid" : iso.user;
+  const contained = iso.cgroup ? "cgroup" : iso.subreaper ? "subreaper" : "no containment";
+  const text = `${user} · landlock ${iso.landlock.replace("abi ", "")} · ${contained}` + (iso.reduced ? " (reduced)" : "");
+  const span = el("span", text, iso.reduced ? "reduced" : "isolated");
+  span.title = JSON.stringify(iso, null, 1);
+  return span;
+}
