@@ -1,0 +1,317 @@
+//go:build integration
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/sandbox"
+)
+
+// nobody is the user the unprivileged beds run the node as.
+const nobody = 65534
+
+// isolationBed is a node started as an operator would, in one of two modes: as root (each
+// module its own uid), or as an unprivileged user in a cgroup v2 delegated to it (Landlock
+// alone, as under systemd's User= with Delegate=yes).
+type isolationBed struct {
+	dir    string
+	args   []string
+	p      *process
+	uid    int
+	deleg  *os.File // the delegated cgroup, unprivileged
+	binary string
+}
+
+func newIsolationBed(t *testing.T, unprivileged bool) *isolationBed {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testbed.Skip(t, "the isolation beds start nodes as root and as another user")
+	}
+	base := t.TempDir()
+	testbed.Traversable(t, base)
+	b := &isolationBed{dir: filepath.Join(base, "data"), binary: binary}
+	b.args = append([]string{"--data-dir", b.dir, "--name", "alpha"}, loopback...)
+	if unprivileged {
+		b.uid = nobody
+		// The binary, where the user can run it.
+		bin := filepath.Join(base, "meshnode")
+		data, err := os.ReadFile(binary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b.binary = bin
+		if err := os.Mkdir(b.dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(b.dir, nobody, nobody)
+		v2 := "/sys/fs/cgroup/unified"
+		if _, err := os.Stat(filepath.Join(v2, "cgroup.procs")); err != nil {
+			v2 = "/sys/fs/cgroup"
+		}
+		deleg := filepath.Join(v2, "meshnode-bed-"+strconv.Itoa(os.Getpid())+"-"+filepath.Base(base))
+		if err := os.Mkdir(deleg, 0o755); err != nil {
+			testbed.Skip(t, "no cgroup v2 to delegate: %v", err)
+		}
+		t.Cleanup(func() { os.Remove(deleg) })
+		for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"} {
+			if err := os.Chown(filepath.Join(deleg, f), nobody, nobody); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if b.deleg, err = os.Open(deleg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.deleg.Close() })
+	}
+	b.start(t)
+	return b
+}
+
+// start starts (or starts again) the bed's node.
+func (b *isolationBed) start(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(b.binary, append([]string{"up"}, b.args...)...)
+	cmd.Env = cleanEnv()
+	if b.uid != 0 {
+		cmd.Env = append(cmd.Env, "HOME="+filepath.Dir(b.dir))
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Credential:  &syscall.Credential{Uid: uint32(b.uid), Gid: uint32(b.uid)},
+			UseCgroupFD: true, CgroupFD: int(b.deleg.Fd()),
+		}
+	}
+	b.p = launchCmd(t, cmd, "up")
+	b.p.awaitReady(t, 30*time.Second)
+}
+
+// op runs a client verb against the bed's node as the operator.
+func (b *isolationBed) op(t *testing.T, args ...string) result {
+	t.Helper()
+	return meshnode(t, nil, append(args, "--data-dir", b.dir)...)
+}
+
+// deploy registers module, stores script as its artifact, and deploys it, waiting until it
+// runs.
+func (b *isolationBed) deploy(t *testing.T, module, script string) {
+	b.deployWith(t, module, script, "--wait", "60s")
+}
+
+// deployWith is deploy with more flags for the deploy verb.
+func (b *isolationBed) deployWith(t *testing.T, module, script string, flags ...string) {
+	t.Helper()
+	dir := t.TempDir()
+	manifest := filepath.Join(dir, module+".yaml")
+	os.WriteFile(manifest, []byte("module: "+module+"\nrequires: [mesh-bus]\n"), 0o600)
+	art := filepath.Join(dir, module+".sh")
+	os.WriteFile(art, []byte(script), 0o755)
+	for _, args := range [][]string{
+		{"module", "register", manifest, "--creds-out", manifest + ".nk"},
+		{"artifact", "put", module, art, "--version", "1"},
+		append([]string{"deploy", module, "--version", "1", "--all"}, flags...),
+	} {
+		if r := b.op(t, args...); r.code != 0 {
+			t.Fatalf("%s %s: exit %d\n%s%s\n%s", args[0], module, r.code, r.stdout, r.stderr, b.p.stderr)
+		}
+	}
+}
+
+// logs is what module printed so far.
+func (b *isolationBed) logs(t *testing.T, module string) string {
+	t.Helper()
+	return b.op(t, "logs", module).stdout
+}
+
+// ps is the bed's processes by module.
+func (b *isolationBed) ps(t *testing.T) map[string]psRow {
+	t.Helper()
+	r := b.op(t, "ps", "--json")
+	rows := map[string]psRow{}
+	for line := range strings.Lines(r.stdout) {
+		var p psRow
+		if json.Unmarshal([]byte(line), &p) == nil {
+			rows[p.Module] = p
+		}
+	}
+	return rows
+}
+
+type psRow struct {
+	Module, State, Reason string
+	PID                   int
+	Restarts              int
+	Isolation             *sandbox.Isolation
+}
+
+// attacker tries every way the issue's attacker read the node's secrets, and prints GOT
+// for each that worked and DENIED for each that did not; OWN for its own seed (which it
+// must read). D is the node's data dir.
+const attacker = `#!/bin/sh
+D=%q
+try() { out=$(sh -c "$1" 2>/dev/null); if [ -n "$out" ]; then echo "GOT $2: $(echo "$out" | head -c 80)"; else echo "DENIED $2"; fi; }
+try 'cat "$MESH_CREDS"' OWN-creds
+try 'cat ../../../operator.nk' relative-operator
+try "cat $D/operator.nk" absolute-operator
+try "head -c 64 $D/meshnode.db" store
+try "cat $D/node.json" node-json
+try "cat $D/modules/victim/creds.nk" victim-creds
+try "cat $D/modules/victim/secrets/* $D/modules/victim/work/*" victim-files
+try "cat /proc/$PPID/root$D/operator.nk" proc-root
+try "ls /proc/$PPID/cwd/" proc-cwd
+try "tr '\0' '\n' < /proc/$PPID/environ" proc-environ
+try "find / -name '*.nk' 2>/dev/null | grep -v '^'\"$MESH_CREDS\"'$'" find-seeds
+try "kill -0 $PPID && echo signalled" signal-node
+V=$(grep -l victim-marker /proc/[0-9]*/cmdline 2>/dev/null | head -1 | cut -d/ -f3)
+try "kill -0 $V && echo signalled $V" signal-victim
+echo "victim pid ${V:-none}"
+echo ATTACK-DONE
+exec sleep 600
+`
+
+// victim is a module whose secrets the attacker goes for.
+const victim = "#!/bin/sh\necho victim-secret > work-file\nexec sh -c 'exec sleep 600' victim-marker\n"
+
+func testIsolationAttack(t *testing.T, unprivileged bool) {
+	b := newIsolationBed(t, unprivileged)
+	b.deploy(t, "victim", victim)
+	b.deploy(t, "attacker", fmt.Sprintf(attacker, b.dir))
+	var out string
+	retryUntil(t, 30*time.Second, func() error {
+		if out = b.logs(t, "attacker"); !strings.Contains(out, "ATTACK-DONE") {
+			return fmt.Errorf("the attacker has not finished: %q", out)
+		}
+		return nil
+	})
+	if !strings.Contains(out, "GOT OWN-creds: SU") {
+		t.Fatalf("the module cannot read its own seed:\n%s", out)
+	}
+	if strings.Contains(out, "victim pid none") {
+		t.Fatalf("the attacker did not find the victim to signal:\n%s", out)
+	}
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "GOT ") && !strings.HasPrefix(line, "GOT OWN-") {
+			t.Errorf("the attacker got through: %s", line)
+		}
+	}
+	// What ps says the attacker got, read back from the kernel.
+	iso := b.ps(t)["attacker"].Isolation
+	if iso == nil || !iso.NoNewPrivs || iso.Landlock == "none" || iso.Cgroup == "" || iso.CapEff != "0000000000000000" {
+		t.Fatalf("ps isolation %+v, want no_new_privs, Landlock, a cgroup and no capabilities", iso)
+	}
+	if !unprivileged && !strings.HasPrefix(iso.User, "uid ") {
+		t.Fatalf("ps isolation user %q, want a uid of its own", iso.User)
+	}
+	t.Logf("attacker's isolation: %+v\n%s", *iso, out)
+}
+
+func TestIntegration_IsolationAttackAsRoot(t *testing.T)        { testIsolationAttack(t, false) }
+func TestIntegration_IsolationAttackUnprivileged(t *testing.T)  { testIsolationAttack(t, true) }
+func TestIntegration_IsolationEscapesAsRoot(t *testing.T)       { testIsolationEscapes(t, false) }
+func TestIntegration_IsolationEscapesUnprivileged(t *testing.T) { testIsolationEscapes(t, true) }
+
+// escaper leaves processes behind by every way a process leaves its group: setsid, a
+// double fork.
+const escaper = "#!/bin/sh\nsetsid sh -c 'exec sleep 4242' &\n(sh -c 'sleep 4243 &')\nexec sleep 4244\n"
+
+// escaped are the escaper's processes that run.
+func escaped() []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.HasPrefix(b, []byte("sleep\x00424")) {
+			pid, _ := strconv.Atoi(e.Name())
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// testIsolationEscapes: nothing a module started outlives its undeploy, or a kill -9 of its
+// node and the restart; copies never pile up.
+func testIsolationEscapes(t *testing.T, unprivileged bool) {
+	b := newIsolationBed(t, unprivileged)
+	if n := len(escaped()); n != 0 {
+		t.Fatalf("%d escaped sleeps run before the bed", n)
+	}
+	b.deploy(t, "escaper", escaper)
+	retryUntil(t, 10*time.Second, func() error {
+		if n := len(escaped()); n != 3 {
+			return fmt.Errorf("%d of 3 processes run", n)
+		}
+		return nil
+	})
+	if r := b.op(t, "undeploy", "escaper"); r.code != 0 {
+		t.Fatalf("undeploy: exit %d %s", r.code, r.stderr)
+	}
+	retryUntil(t, 15*time.Second, func() error {
+		if pids := escaped(); len(pids) != 0 {
+			return fmt.Errorf("after undeploy, still running: %v", pids)
+		}
+		return nil
+	})
+	// Deployed again, then the node is killed and started again: what ran before is ended,
+	// and exactly one copy runs after.
+	b.deploy(t, "escaper", escaper)
+	var before []int
+	retryUntil(t, 10*time.Second, func() error {
+		if before = escaped(); len(before) != 3 {
+			return fmt.Errorf("%d of 3 processes run", len(before))
+		}
+		return nil
+	})
+	b.p.stop(t, syscall.SIGKILL)
+	b.start(t)
+	retryUntil(t, 30*time.Second, func() error {
+		now := escaped()
+		for _, pid := range before {
+			for _, p := range now {
+				if p == pid {
+					return fmt.Errorf("process %d of the killed node's run still runs (now: %v)", pid, now)
+				}
+			}
+		}
+		if len(now) != 3 {
+			return fmt.Errorf("%d processes run after the restart, want the new run's 3: %v", len(now), now)
+		}
+		return nil
+	})
+}
+
+// TestIntegration_IsolationForkBomb: a fork bomb hits pids.max, is ended and reported as
+// too many processes, and the node and another module keep working.
+func TestIntegration_IsolationForkBomb(t *testing.T) {
+	b := newIsolationBed(t, false)
+	b.deploy(t, "victim", victim)
+	b.deployWith(t, "bomber", "#!/bin/sh\nb() { b | b & }\nb\nexec sleep 600\n")
+	retryUntil(t, 60*time.Second, func() error {
+		p := b.ps(t)["bomber"]
+		if !strings.Contains(p.Reason, sandbox.CauseForks) {
+			return fmt.Errorf("bomber: %+v", p)
+		}
+		return nil
+	})
+	v := b.ps(t)["victim"]
+	if v.State != "running" || v.Restarts != 0 {
+		t.Fatalf("the other module after the bomb: %+v", v)
+	}
+	if r := b.op(t, "status"); r.code != 0 {
+		t.Fatalf("the node after the bomb: exit %d %s", r.code, r.stderr)
+	}
+	if r := b.op(t, "undeploy", "bomber"); r.code != 0 {
+		t.Fatalf("undeploy: exit %d %s", r.code, r.stderr)
+	}
+}
