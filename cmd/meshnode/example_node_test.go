@@ -35,7 +35,7 @@ func nodeExample(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "nats")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", ".bin", "esbuild")); err != nil {
 		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
 		cmd.Dir = dir
 		if out, err := cmd.CombinedOutput(); err != nil {

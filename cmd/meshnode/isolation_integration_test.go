@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sandbox"
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // nobody is the user the unprivileged beds run the node as.
@@ -113,11 +115,17 @@ func (b *isolationBed) deploy(t *testing.T, module, script string) {
 // deployWith is deploy with more flags for the deploy verb.
 func (b *isolationBed) deployWith(t *testing.T, module, script string, flags ...string) {
 	t.Helper()
-	dir := t.TempDir()
-	manifest := filepath.Join(dir, module+".yaml")
-	os.WriteFile(manifest, []byte("module: "+module+"\nrequires: [mesh-bus]\n"), 0o600)
-	art := filepath.Join(dir, module+".sh")
+	art := filepath.Join(t.TempDir(), module+".sh")
 	os.WriteFile(art, []byte(script), 0o755)
+	b.deployFile(t, "module: "+module+"\nrequires: [mesh-bus]\n", art, flags...)
+}
+
+// deployFile registers the module of manifest and deploys the file art as its artifact.
+func (b *isolationBed) deployFile(t *testing.T, manifestText, art string, flags ...string) {
+	t.Helper()
+	module := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(manifestText, "\n", 2)[0], "module:"))
+	manifest := filepath.Join(t.TempDir(), module+".yaml")
+	os.WriteFile(manifest, []byte(manifestText), 0o600)
 	for _, args := range [][]string{
 		{"module", "register", manifest, "--creds-out", manifest + ".nk"},
 		{"artifact", "put", module, art, "--version", "1"},
@@ -313,5 +321,61 @@ func TestIntegration_IsolationForkBomb(t *testing.T) {
 	}
 	if r := b.op(t, "undeploy", "bomber"); r.code != 0 {
 		t.Fatalf("undeploy: exit %d %s", r.code, r.stderr)
+	}
+}
+
+// TestIntegration_NodeExampleSandboxed: the Node.js example, bundled into one file by its
+// own `npm run bundle`, stored with artifact put and deployed, runs under the sandbox with
+// no read path beyond a module's own — V8's JIT included — and does its work: it consumes
+// a Go module's event and emits its note, which a Go reader's sdk checks.
+func TestIntegration_NodeExampleSandboxed(t *testing.T) {
+	exampleDir := nodeExample(t)
+	bundle := exec.Command("npm", "run", "bundle")
+	bundle.Dir = exampleDir
+	if out, err := bundle.CombinedOutput(); err != nil {
+		t.Fatalf("npm run bundle: %v\n%s", err, out)
+	}
+	b := newIsolationBed(t, false)
+	shopSeed := registerModule(t, b.dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	readerSeed := registerModule(t, b.dir, "module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n")
+	b.deployFile(t, "module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\ntools: [status]\n",
+		filepath.Join(exampleDir, "dist", "module.js"), "--wait", "60s")
+	retryUntil(t, 30*time.Second, func() error {
+		if out := b.logs(t, "notes"); !strings.Contains(out, " ready notes") {
+			return fmt.Errorf("notes has not said it is ready: %q", out)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := make(chan sdk.Event, 1)
+	reader, err := sdk.Connect(ctx, b.p.clientURL, readerSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if err := reader.On("notes.note.written", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, b.p.clientURL, shopSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	id, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-got:
+		if e.Source != "notes" || e.Causation != id {
+			t.Fatalf("the note: source %q, causation %q; want notes, %s", e.Source, e.Causation, id)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no note from the sandboxed Node.js module:\n%s", b.logs(t, "notes"))
+	}
+	iso := b.ps(t)["notes"].Isolation
+	if iso == nil || !strings.HasPrefix(iso.User, "uid ") || iso.Landlock == "none" || iso.Cgroup == "" {
+		t.Fatalf("notes' isolation: %+v", iso)
 	}
 }

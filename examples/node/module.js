@@ -4,6 +4,9 @@
 //
 //   MESHNODE_URL=nats://127.0.0.1:4222 MESHNODE_SEED=notes.nk node module.js
 //
+// Deployed, it reads what its node gives every module: MESH_URL and MESH_CREDS. `npm run
+// bundle` makes it one file, dist/module.js, that `meshnode artifact put` stores as is.
+//
 // What it does with an event, to show the delivery contract: a body with "fail": true is
 // NAKed every time, so after 5 deliveries the node dead-letters it; any other is acked and
 // answered with the module's first declared event, caused by it. An event that fails the
@@ -15,8 +18,8 @@ const { connect, headers, nkeyAuthenticator, AckPolicy } = require("nats");
 const nkeys = require("nkeys.js");
 const env = require("./envelope");
 
-const url = process.env.MESHNODE_URL || "nats://127.0.0.1:4222";
-const seed = fs.readFileSync(process.env.MESHNODE_SEED || "module.nk", "utf8").trim();
+const url = process.env.MESH_URL || process.env.MESHNODE_URL || "nats://127.0.0.1:4222";
+const seed = fs.readFileSync(process.env.MESH_CREDS || process.env.MESHNODE_SEED || "module.nk", "utf8").trim();
 const kp = nkeys.fromSeed(Buffer.from(seed));
 const pub = kp.getPublicKey();
 const REPLAY_WINDOW_MS = 10 * 60 * 1000;
