@@ -102,6 +102,8 @@ type Module struct {
 	// Waiting names the first provision not ready ("postgres from postgres"): the host
 	// does not start the module, and reports it waiting on that.
 	Waiting string `json:"waiting,omitempty"`
+	// Limits are its manifest's limits on each instance; a zero field is the node's default.
+	Limits manifest.Limits `json:"limits,omitzero"`
 }
 
 // MeshProvider is the provider of the interfaces the mesh provides itself (kv).
@@ -148,6 +150,7 @@ type Deployed struct {
 	// ("postgres from postgres"), empty when none waits.
 	Provisions []Provision
 	Waiting    string
+	Limits     manifest.Limits
 }
 
 // Compose returns the modules node must run: every deployed module whose deployment targets
@@ -161,7 +164,7 @@ func Compose(node string, deployed []Deployed) []Module {
 		out = append(out, Module{
 			Module: d.Module, PublicKey: d.PublicKey, Version: d.Deployment.Version, Digest: d.Deployment.Digest,
 			Instances: d.Deployment.Instances, Env: d.Deployment.Env, Args: d.Deployment.Args,
-			Secrets: slices.Clone(d.Secrets), Provisions: slices.Clone(d.Provisions), Waiting: d.Waiting,
+			Secrets: slices.Clone(d.Secrets), Provisions: slices.Clone(d.Provisions), Waiting: d.Waiting, Limits: d.Limits,
 		})
 	}
 	slices.SortFunc(out, func(a, b Module) int { return strings.Compare(a.Module, b.Module) })
@@ -174,7 +177,7 @@ func SameModules(a, b []Module) bool {
 	return slices.EqualFunc(a, b, func(x, y Module) bool {
 		return x.Module == y.Module && x.PublicKey == y.PublicKey && x.Version == y.Version && x.Digest == y.Digest &&
 			x.Instances == y.Instances && maps.Equal(x.Env, y.Env) && slices.Equal(x.Args, y.Args) && slices.Equal(x.Secrets, y.Secrets) &&
-			slices.Equal(x.Provisions, y.Provisions) && x.Waiting == y.Waiting
+			slices.Equal(x.Provisions, y.Provisions) && x.Waiting == y.Waiting && x.Limits == y.Limits
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
 )
 
@@ -152,4 +153,23 @@ func (s *Supervisor) own(module string) error {
 		}
 	}
 	return give(filepath.Join(dir, "creds.nk"), u)
+}
+
+// limits are an instance's limits: its manifest's, and the node's defaults where the
+// manifest sets none.
+func (s *Supervisor) limits(m manifest.Limits) sandbox.Limits {
+	l := s.Limits
+	if m.Memory > 0 {
+		l.Memory = int64(m.Memory)
+	}
+	if m.Processes > 0 {
+		l.Processes = m.Processes
+	}
+	if m.CPUWeight > 0 {
+		l.CPUWeight = m.CPUWeight
+	}
+	if m.Disk > 0 {
+		l.Disk = int64(m.Disk)
+	}
+	return l
 }

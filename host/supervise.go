@@ -605,7 +605,7 @@ func (s *Supervisor) runOnce(ctx context.Context, m *module, in *instance, i int
 	// the process ended is not waited for past a second.
 	p, err := s.Sandbox.Start(sandbox.Proc{
 		Name: m.spec.Module + "." + strconv.Itoa(i), Path: path, Args: m.spec.Args, Env: env, Dir: work,
-		Read: read, Write: []string{work}, User: u, Limits: s.Limits, DiskDir: work,
+		Read: read, Write: []string{work}, User: u, Limits: s.limits(m.spec.Limits), DiskDir: work,
 		Stdout: m.out, Stderr: m.out, WaitDelay: time.Second,
 	})
 	if errors.Is(err, sandbox.ErrExec) {

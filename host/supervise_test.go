@@ -19,6 +19,8 @@ import (
 
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
@@ -434,5 +436,81 @@ func TestSupervisor_SecretsReplacedInPlace(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "old")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("secrets/old, no longer given, is still there: %v", err)
+	}
+}
+
+// TestSupervisor_LimitsEndAndReport: an instance past its manifest's limits — a fork bomb
+// past processes, a writer past disk, a hog past memory — is ended, and the report says why;
+// it is restarted with back-off as a crash is, and the node's defaults apply where the
+// manifest sets no limit.
+func TestSupervisor_LimitsEndAndReport(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{
+		"bomb":   "#!/bin/sh\nb() { b | b & }\nb\nexec sleep 600\n",
+		"filler": "#!/bin/sh\nwhile :; do head -c 1048576 /dev/zero >> fill; done\n",
+		"hog":    "#!/bin/sh\nx=a; while :; do x=\"$x$x\"; done\n",
+	})
+	s.Limits = sandbox.Limits{Processes: 32} // the node's default: the bomb's own is below
+	bomb, filler, hog := spec("bomb"), spec("filler"), spec("hog")
+	bomb.Limits = manifest.Limits{Processes: 16}
+	filler.Limits = manifest.Limits{Disk: 4 << 20}
+	hog.Limits = manifest.Limits{Memory: 32 << 20}
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{bomb, filler, hog}})
+	want := map[string]string{"bomb": sandbox.CauseForks, "filler": sandbox.CauseDisk, "hog": sandbox.CauseOOM}
+	r := waitFor(t, s, 30*time.Second, func(r host.Report) error {
+		for _, m := range r.Modules {
+			if len(m.Instances) != 1 || m.Instances[0].Reason != want[m.Module] {
+				return fmt.Errorf("%s: %+v, want the reason %q", m.Module, m.Instances, want[m.Module])
+			}
+		}
+		return nil
+	})
+	for _, m := range r.Modules {
+		if m.Instances[0].Restarts < 1 {
+			t.Errorf("%s was not restarted: %+v", m.Module, m.Instances[0])
+		}
+	}
+}
+
+// TestSupervisor_PlantedLinksAreNotFollowed: a module replaces what it may in its own work
+// directory with links to a file of the node's (its tmp, files the disk check walks) and
+// tries to plant them beside its seed and output log; restarted, the node follows none of
+// them: the node's file keeps its owner and mode, and the module's directory is as the node
+// made it.
+func TestSupervisor_PlantedLinksAreNotFollowed(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "node-secret")
+	if err := os.WriteFile(outside, []byte("SUNODE"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	planter := "#!/bin/sh\nrm -rf tmp; ln -s " + outside + " tmp\nln -s / root\nln -s " + outside + " fill\n" +
+		"ln -sf " + outside + " ../output.log 2>/dev/null && echo planted-log\nln -s " + outside + " ../secrets/x 2>/dev/null && echo planted-secret\n" +
+		"rm -f ../creds.nk 2>/dev/null && echo removed-creds\nsleep 1\nexit 1\n"
+	s, spec := supervisor(t, map[string]string{"planter": planter})
+	s.Limits = sandbox.Limits{Disk: 1 << 20}
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("planter")}})
+	waitFor(t, s, 30*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].Restarts < 2 {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	st, err := os.Stat(outside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := st.Sys().(*syscall.Stat_t); st.Mode().Perm() != 0o600 || int(sys.Uid) != os.Geteuid() {
+		t.Fatalf("the node's file is now %v, uid %d", st.Mode(), sys.Uid)
+	}
+	dir := filepath.Join(s.Dir, "planter")
+	for _, name := range []string{"output.log", "creds.nk"} {
+		if st, err := os.Lstat(filepath.Join(dir, name)); err != nil || !st.Mode().IsRegular() {
+			t.Fatalf("%s: %v %v, want the node's own file", name, st, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "secrets", "x")); err == nil {
+		t.Fatal("a link was planted among its secrets")
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "output.log"))
+	if strings.Contains(string(log), "planted") || strings.Contains(string(log), "removed-creds") || strings.Contains(string(log), "SUNODE") {
+		t.Fatalf("the module wrote outside its work directory:\n%s", log)
 	}
 }

@@ -74,6 +74,8 @@ func decodeRefusal(msg string, idx *lineIndex) Refusal {
 			known = buildKeys
 		case "Version":
 			known = versionKeys
+		case "Limits":
+			known = limitsKeys
 		}
 		instead := "write one of " + strings.Join(known, ", ")
 		if near := suggest.Nearest(key, known); near != "" {

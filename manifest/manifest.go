@@ -61,10 +61,23 @@ type Manifest struct {
 	BuildOn []string `json:"build_on,omitempty"`
 	// Seats lists the seats the module declares, in name order when parsed.
 	Seats []Seat `json:"seats,omitempty"`
+	// Limits bound what one instance of the module may use on its node (DESIGN §13); a
+	// zero field is the node's default.
+	Limits Limits `json:"limits,omitzero"`
 
 	// src is the YAML the manifest was parsed from, nil when built by hand. Validate reads
 	// it only to put line numbers on refusals.
 	src []byte
+}
+
+// Limits bound one instance of a module on its node: memory (memory.max), processes
+// (pids.max), CPU weight (cpu.weight, 100 the default share) and what its work directory
+// may hold. Zero is the node's default (module-memory, module-processes, module-disk).
+type Limits struct {
+	Memory    Size `json:"memory,omitempty"`
+	Processes int  `json:"processes,omitempty"`
+	CPUWeight int  `json:"cpu_weight,omitempty"`
+	Disk      Size `json:"disk,omitempty"`
 }
 
 // Seat is a role a module declares, with the protocol the role carries. Exactly one
@@ -144,6 +157,14 @@ type rawManifest struct {
 	Secrets  []string           `yaml:"secrets"`
 	Build    *rawBuild          `yaml:"build"`
 	Seats    map[string]rawSeat `yaml:"seats"`
+	Limits   *rawLimits         `yaml:"limits"`
+}
+
+type rawLimits struct {
+	Memory    Size `yaml:"memory"`
+	Processes int  `yaml:"processes"`
+	CPUWeight int  `yaml:"cpu-weight"`
+	Disk      Size `yaml:"disk"`
 }
 
 // rawRequirement is one item of requires: an interface's name, or a one-key mapping from the
@@ -212,7 +233,8 @@ type rawVersion struct {
 // The keys each level of a manifest knows, in the order a manifest writes them; an
 // unknown-key refusal lists them.
 var (
-	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats"}
+	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats", "limits"}
+	limitsKeys   = []string{"memory", "processes", "cpu-weight", "disk"}
 	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "provides", "versions"}
 	versionKeys  = []string{"accepts", "emits", "serves", "shapes"}
 	buildKeys    = []string{"from", "run", "on"}
@@ -277,6 +299,9 @@ func parse(data []byte) (*Manifest, Refusals) {
 	}
 	if raw.Build != nil {
 		m.BuildFrom, m.BuildRun, m.BuildOn = raw.Build.From, raw.Build.Run, raw.Build.On
+	}
+	if raw.Limits != nil {
+		m.Limits = Limits{Memory: raw.Limits.Memory, Processes: raw.Limits.Processes, CPUWeight: raw.Limits.CPUWeight, Disk: raw.Limits.Disk}
 	}
 	for name, s := range raw.Seats {
 		for _, sh := range s.Shapes {

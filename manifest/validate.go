@@ -35,6 +35,7 @@ const (
 	CodeBuild        Code = "build"         // issue 16: build.from, build.run or build.on that cannot be built
 	CodeBuildCycle   Code = "build-cycle"   // issue 16: build.on closing a cycle across the catalogue
 	CodeProvider     Code = "provider"      // issue 17: a seat that provides an interface without the provisioner tools
+	CodeLimits       Code = "limits"        // issue 33: a limit outside what a module can run within
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -193,6 +194,37 @@ func (v *validator) validate() {
 	}
 	v.consumes()
 	v.bus()
+	v.limits()
+}
+
+// The bounds of a manifest's limits: below them no runtime starts; above them a limit means
+// nothing (cpu.weight's own range).
+const (
+	MinMemoryLimit    = 8 << 20
+	MinProcessesLimit = 4
+	MinDiskLimit      = 1 << 20
+	MaxCPUWeight      = 10000
+)
+
+// limits checks the limits: each zero (the node's default) or within what a process can
+// run with.
+func (v *validator) limits() {
+	l := v.m.Limits
+	refuse := func(field string, value any, reason, instead string) {
+		v.refuse(Refusal{Code: CodeLimits, Field: "limits." + field, Value: fmt.Sprint(value), Reason: reason, Instead: instead})
+	}
+	if l.Memory != 0 && l.Memory < MinMemoryLimit {
+		refuse("memory", l.Memory, "is below 8MiB, which no runtime starts in", "write at least 8MiB, e.g. 256MiB, or leave it out for the node's default")
+	}
+	if l.Processes < 0 || (l.Processes > 0 && l.Processes < MinProcessesLimit) {
+		refuse("processes", l.Processes, "is below 4: a shell and the program it runs need more", "write at least 4, e.g. 64, or leave it out for the node's default")
+	}
+	if l.CPUWeight < 0 || l.CPUWeight > MaxCPUWeight {
+		refuse("cpu-weight", l.CPUWeight, "is a share from 1 to 10000 (100 is every module's default)", "write e.g. 200 for twice the default share")
+	}
+	if l.Disk != 0 && l.Disk < MinDiskLimit {
+		refuse("disk", l.Disk, "is below 1MiB", "write at least 1MiB, e.g. 1GiB, or leave it out for the node's default")
+	}
 }
 
 // build checks build.from and build.run: both or neither, a repository name and a clean

@@ -152,6 +152,13 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 		t.Fatalf("deploy reply %+v", r)
 	}
 	p := b.running(t, "ticker", "1", 0)
+	// examples/ticker runs sandboxed (DESIGN §13): ps says so from the kernel's word.
+	if iso := p.Isolation; iso == nil || !iso.NoNewPrivs || iso.Landlock == "none" || iso.Cgroup == "" || iso.CapEff != "0000000000000000" {
+		t.Fatalf("the ticker's isolation %+v, want no_new_privs, Landlock, a cgroup, no capabilities", iso)
+	}
+	if status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID)); !bytes.Contains(status, []byte("NoNewPrivs:\t1")) {
+		t.Fatalf("the ticker's status:\n%s", status)
+	}
 
 	dir := filepath.Join(b.dir, "modules", "ticker")
 	creds := filepath.Join(dir, "creds.nk")

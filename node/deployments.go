@@ -178,7 +178,7 @@ func (c *controller) deployed() []deploy.Deployed {
 	var out []deploy.Deployed
 	for _, e := range c.reg.List() {
 		if e.Deployment != nil {
-			d := deploy.Deployed{Module: e.Module, PublicKey: e.PublicKey, Secrets: e.Manifest.Secrets, Deployment: e.Deployment}
+			d := deploy.Deployed{Module: e.Module, PublicKey: e.PublicKey, Secrets: e.Manifest.Secrets, Deployment: e.Deployment, Limits: e.Manifest.Limits}
 			d.Provisions, d.Waiting = c.provisionGate(e)
 			out = append(out, d)
 		}
