@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -62,12 +61,11 @@ func Launcher() {
 	}
 	fmt.Fprintf(report, "ok %s\n", applied)
 	err = syscall.Exec(l.Path, l.Args, os.Environ())
-	fail(report, fmt.Errorf("%w: exec %s: %w", errExec, l.Path, err))
+	// "exec": the program could not be run (missing, not executable), and the node's
+	// supervisor fetches its artifact again; "error": anything else.
+	fmt.Fprintf(report, "exec %s: %s\n", l.Path, err)
+	os.Exit(launcherFailed)
 }
-
-// errExec marks a program the launcher could not exec (missing, not executable): the
-// node's supervisor fetches its artifact again.
-var errExec = errors.New("exec")
 
 func fail(report *os.File, err error) {
 	fmt.Fprintf(report, "error %s\n", err)

@@ -315,8 +315,8 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 		if detail == "" {
 			detail = "the launcher ended without a word"
 		}
-		if strings.HasPrefix(detail, errExec.Error()+":") {
-			return nil, fmt.Errorf("%w: %s", ErrExec, strings.TrimPrefix(detail, errExec.Error()+": "))
+		if what == "exec" {
+			return nil, fmt.Errorf("%w: %s", ErrExec, detail)
 		}
 		return nil, fmt.Errorf("sandbox: %s", detail)
 	}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build meshnode from this checkout and install it as a service: the binary, a system user,
-# the data dir and a hardened systemd unit.
+# Build meshnode from this checkout and install it as a service: the binary, the data dir and
+# a hardened systemd unit.
 #
 #   sudo scripts/install.sh                 # install and reload systemd
 #   scripts/install.sh --root /tmp/stage    # stage into a directory (no users, no systemctl)
@@ -31,15 +31,13 @@ install -m 0644 "$src/scripts/meshnode.service" "$unit"
 echo "installed $bin and $unit"
 
 if [ -n "$root" ]; then
-  echo "staged under $root: no user created, systemd not touched"
+  echo "staged under $root: no data dir made, systemd not touched"
   exit 0
 fi
 
-if ! id meshnode >/dev/null 2>&1; then
-  useradd --system --home-dir /var/lib/meshnode --shell /usr/sbin/nologin meshnode
-  echo "created system user meshnode"
-fi
-install -d -m 0700 -o meshnode -g meshnode /var/lib/meshnode
+# The node runs as root with only the capabilities its sandbox needs, and each module as a
+# uid of its own (docs/isolation.md); its data dir is passed through by them, listed by none.
+install -d -m 0711 -o root -g root /var/lib/meshnode
 if command -v systemctl >/dev/null 2>&1; then
   systemctl daemon-reload
 fi
@@ -49,7 +47,7 @@ cat <<MSG
 Next:
   1. create the mesh with this machine as its first node (genesis mints and exits; a
      machine joining a mesh runs join with --token-file instead):
-       sudo -u meshnode meshnode genesis --data-dir /var/lib/meshnode --name \$(hostname -s)
+       sudo meshnode genesis --data-dir /var/lib/meshnode --name \$(hostname -s)
   2. run it as a service:
        sudo systemctl enable --now meshnode
        meshnode status --data-dir /var/lib/meshnode

@@ -17,11 +17,11 @@ func TestInstallScript(t *testing.T) {
 		t.Fatalf("install.sh: %v\n%s", err, out)
 	}
 	// The script and the README agree on how the first node is made.
-	if script, _ := os.ReadFile("../../scripts/install.sh"); !strings.Contains(string(script), "meshnode genesis --data-dir /var/lib/meshnode") {
+	if script, _ := os.ReadFile("../../scripts/install.sh"); !strings.Contains(string(script), "sudo meshnode genesis --data-dir /var/lib/meshnode") {
 		t.Error("install.sh's next steps do not say genesis")
 	}
 	readme, _ := os.ReadFile("../../README.md")
-	if !strings.Contains(string(readme), "sudo -u meshnode meshnode genesis --data-dir /var/lib/meshnode") {
+	if !strings.Contains(string(readme), "sudo meshnode genesis --data-dir /var/lib/meshnode") {
 		t.Error("the README's install section does not say genesis")
 	}
 	for _, want := range []string{"TimeoutStartSec=", "run --data-dir /var/lib/meshnode\n"} {
@@ -40,7 +40,7 @@ func TestInstallScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"Type=notify", "User=meshnode", "ProtectSystem=strict", "ReadWritePaths=/var/lib/meshnode",
+		"Type=notify", "User=root", "Delegate=yes", "StateDirectoryMode=0711", "ProtectSystem=strict", "ReadWritePaths=/var/lib/meshnode",
 		"NoNewPrivileges=true", "ExecStart=/usr/local/bin/meshnode run --data-dir /var/lib/meshnode",
 	} {
 		if !strings.Contains(string(unit), want) {

@@ -231,8 +231,8 @@ func TestIntegration_IsolationEscapesAsRoot(t *testing.T)       { testIsolationE
 func TestIntegration_IsolationEscapesUnprivileged(t *testing.T) { testIsolationEscapes(t, true) }
 
 // escaper leaves processes behind by every way a process leaves its group: setsid, a
-// double fork.
-const escaper = "#!/bin/sh\nsetsid sh -c 'exec sleep 4242' &\n(sh -c 'sleep 4243 &')\nexec sleep 4244\n"
+// double fork. Each sleep's fraction is this test binary's pid: escaped finds this run's.
+var escaper = strings.ReplaceAll("#!/bin/sh\nsetsid sh -c 'exec sleep 4242.P' &\n(sh -c 'sleep 4243.P &')\nexec sleep 4244.P\n", "P", strconv.Itoa(os.Getpid()))
 
 // escaped are the escaper's processes that run.
 func escaped() []int {
@@ -240,7 +240,7 @@ func escaped() []int {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.HasPrefix(b, []byte("sleep\x00424")) {
+		if err == nil && bytes.HasPrefix(b, []byte("sleep\x00424")) && bytes.HasSuffix(b, []byte("."+strconv.Itoa(os.Getpid())+"\x00")) {
 			pid, _ := strconv.Atoi(e.Name())
 			pids = append(pids, pid)
 		}
