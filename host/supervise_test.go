@@ -514,3 +514,27 @@ func TestSupervisor_PlantedLinksAreNotFollowed(t *testing.T) {
 		t.Fatalf("the module wrote outside its work directory:\n%s", log)
 	}
 }
+
+// TestSupervisor_RefusedWithoutIsolation: a node whose machine cannot give full isolation
+// (here: no cgroup it may write) and that was not told `isolation: reduced` starts no
+// module, and the report says why and what to do.
+func TestSupervisor_RefusedWithoutIsolation(t *testing.T) {
+	s, spec := supervisor(t, map[string]string{"m": "#!/bin/sh\nexec sleep 600\n"})
+	sb, err := sandbox.Open(sandbox.Config{Name: "refused", Cgroup: filepath.Join(t.TempDir(), "not-a-cgroup")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	s.Sandbox = sb
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("m")}})
+	waitFor(t, s, 10*time.Second, func(r host.Report) error {
+		if len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 {
+			return fmt.Errorf("report %+v", r)
+		}
+		in := r.Modules[0].Instances[0]
+		if in.PID != 0 || !strings.Contains(in.Reason, "full isolation is not available") || !strings.Contains(in.Reason, "isolation: reduced") {
+			return fmt.Errorf("instance %+v, want it refused with the reason", in)
+		}
+		return nil
+	})
+}

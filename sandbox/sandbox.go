@@ -264,6 +264,9 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 		return nil, err
 	}
 	l.Join = leaf.join
+	// No one file may outgrow the disk share: the kernel refuses the write (SIGXFSZ) at
+	// once, where the share itself is checked every few seconds.
+	l.FileSize = p.Limits.Disk
 	spec, _ := json.Marshal(l)
 	cmd := exec.Command(s.exe, LauncherArg, string(spec))
 	cmd.Env, cmd.Dir = p.Env, p.Dir
@@ -334,6 +337,13 @@ func (p *Process) Wait() error {
 	err := p.cmd.Wait()
 	close(p.done)
 	p.judge(false) // what the kernel refused it before it exited
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGXFSZ {
+		p.mu.Lock()
+		if p.cause == "" {
+			p.cause = CauseDisk // a file outgrew the share
+		}
+		p.mu.Unlock()
+	}
 	p.Kill()
 	p.leaf.remove()
 	p.s.forget(p.Pid)
@@ -396,7 +406,7 @@ func (p *Process) judge(disk bool) bool {
 		cause = CauseOOM
 	case forks > 0:
 		cause = CauseForks
-	case disk && p.lim.Disk > 0 && p.diskDir != "" && diskUse(p.diskDir) > p.lim.Disk:
+	case disk && p.lim.Disk > 0 && p.diskDir != "" && diskUse(p.diskDir) >= p.lim.Disk:
 		cause = CauseDisk
 	}
 	p.mu.Lock()

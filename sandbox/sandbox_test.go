@@ -200,6 +200,20 @@ func TestSandbox_OutOfMemoryIsReported(t *testing.T) {
 	}
 }
 
+// TestSandbox_OneFileCannotOutgrowTheShare: the kernel refuses a write that takes one file
+// past the disk share, at once (RLIMIT_FSIZE), and the process is reported for it.
+func TestSandbox_OneFileCannotOutgrowTheShare(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "grower", `exec dd if=/dev/zero of=big bs=1M count=64 2>/dev/null`, sandbox.Limits{Disk: 4 << 20})
+	p.Wait()
+	if got, want := p.Cause(), sandbox.CauseDisk; got != want {
+		t.Fatalf("Cause()=%q, want %q", got, want)
+	}
+	if st, err := os.Stat(filepath.Join(b.work, "big")); err != nil || st.Size() > 4<<20 {
+		t.Fatalf("the file: %v %v, want at most 4MiB", st, err)
+	}
+}
+
 func TestSandbox_DiskShareIsBounded(t *testing.T) {
 	b := newBed(t)
 	p, _ := b.start(t, "filler", `while :; do head -c 1048576 /dev/zero >> ./fill; done`, sandbox.Limits{Disk: 8 << 20})
