@@ -230,25 +230,32 @@ func (l *leaf) v1dir(cg *cgroups, ctl string) string {
 	return ""
 }
 
-// events counts what the kernel refused the leaf: forks past pids.max, and OOM kills.
-func (l *leaf) events(cg *cgroups) (forks, ooms int64) {
-	if cg.v2Ctl["pids"] {
+// events counts what the kernel refused the leaf under lim: forks past pids.max, and OOM
+// kills past memory.max (a limit not set is not read).
+func (l *leaf) events(cg *cgroups, lim Limits) (forks, ooms int64) {
+	switch d := l.v1dir(cg, "pids"); {
+	case lim.Processes == 0:
+	case cg.v2Ctl["pids"]:
 		forks = eventCount(filepath.Join(l.v2, "pids.events"), "max")
-	} else if d := l.v1dir(cg, "pids"); d != "" {
+	case d != "":
 		forks = eventCount(filepath.Join(d, "pids.events"), "max")
 	}
-	if cg.v2Ctl["memory"] {
+	switch d := l.v1dir(cg, "memory"); {
+	case lim.Memory == 0:
+	case cg.v2Ctl["memory"]:
 		ooms = eventCount(filepath.Join(l.v2, "memory.events"), "oom_kill")
-	} else if d := l.v1dir(cg, "memory"); d != "" {
+	case d != "":
 		ooms = eventCount(filepath.Join(d, "memory.oom_control"), "oom_kill")
 	}
 	return forks, ooms
 }
 
-// kill ends every process in the leaf.
+// kill ends every process in the leaf: through v2, which holds them all, where there is
+// one; else through each v1 cgroup.
 func (l *leaf) kill() {
 	if l.v2 != "" {
 		killTree(l.v2)
+		return
 	}
 	for _, d := range l.v1 {
 		killProcs(d)
@@ -304,7 +311,7 @@ func procs(dir string) []int {
 // rmdirEmptied removes a cgroup once its killed processes are gone (they leave it when the
 // kernel has reaped them, which can take a moment after the kill).
 func rmdirEmptied(dir string) {
-	for range 250 {
+	for range 1000 {
 		err := os.Remove(dir)
 		if err == nil || errors.Is(err, os.ErrNotExist) {
 			return
@@ -312,7 +319,7 @@ func rmdirEmptied(dir string) {
 		if !errors.Is(err, unix.EBUSY) {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
