@@ -69,19 +69,19 @@ func newBed(t *testing.T) *bed {
 }
 
 // run starts script under sh in the sandbox, as the bed's module.
-func (b *bed) start(t *testing.T, name, script string, lim sandbox.Limits) (*sandbox.Process, *bytes.Buffer) {
+func (b *bed) start(t *testing.T, name, script string, lim sandbox.Limits) (*sandbox.Process, *testbed.SyncBuffer) {
 	t.Helper()
-	var out bytes.Buffer
+	out := &testbed.SyncBuffer{}
 	p, err := b.sb.Start(sandbox.Proc{
 		Name: name, Path: "/bin/sh", Args: []string{"-c", script},
 		Env: []string{"PATH=/usr/bin:/bin", "NODE_PID=" + strconv.Itoa(os.Getpid()), "MINE=" + b.mine, "NODE_SECRET=" + b.node, "HOME=" + b.work},
 		Dir: b.work, Read: []string{b.mine}, Write: []string{b.work}, User: b.user, Limits: lim, DiskDir: b.work,
-		Stdout: &syncBuffer{b: &out}, Stderr: &syncBuffer{b: &out}, WaitDelay: time.Second,
+		Stdout: out, Stderr: out, WaitDelay: time.Second,
 	})
 	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	return p, &out
+	return p, out
 }
 
 func (b *bed) run(t *testing.T, script string) string {
@@ -265,66 +265,5 @@ func TestSandbox_AMissingProgramIsErrExec(t *testing.T) {
 	_, err := b.sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(b.dir, "nothing"), Dir: b.work, Stdout: os.Stderr, Stderr: os.Stderr})
 	if !errors.Is(err, sandbox.ErrExec) {
 		t.Fatalf("Start of a missing program: %v, want ErrExec", err)
-	}
-}
-
-// syncBuffer is a buffer two pipes' copiers may write at once.
-type syncBuffer struct{ b *bytes.Buffer }
-
-func (s *syncBuffer) Write(p []byte) (int, error) { return s.b.Write(p) }
-
-// TestSandbox_WithoutACgroup: where the node has no cgroup it may write, full isolation is
-// refused, and `isolation: reduced` runs the process with the node as its subreaper, which
-// still ends what escaped its group.
-func TestSandbox_WithoutACgroup(t *testing.T) {
-	dir := t.TempDir()
-	cfg := sandbox.Config{Name: "nocg", Cgroup: filepath.Join(dir, "not-a-cgroup")}
-	sb, err := sandbox.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = sb.Check()
-	sb.Close()
-	if !errors.Is(err, sandbox.ErrReduced) || !strings.Contains(err.Error(), "isolation: reduced") {
-		t.Fatalf("Check() without a cgroup: %v, want ErrReduced naming `isolation: reduced`", err)
-	}
-	cfg.Isolation = sandbox.Reduced
-	if sb, err = sandbox.Open(cfg); err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Close()
-	b := &bed{sb: sb, dir: dir, work: dir}
-	p, _ := b.start(t, "escaper", escaper("4245", "4246", "4247"), sandbox.Limits{})
-	testbed.RetryUntil(t, 5*time.Second, func() error {
-		if n := len(sleepers()); n < 3 {
-			return fmt.Errorf("%d of 3 sleeps started", n)
-		}
-		return nil
-	})
-	if iso, _ := p.Isolation(); !iso.Subreaper || iso.Cgroup != "" || len(iso.Reduced) == 0 {
-		t.Errorf("Isolation()=%+v, want the subreaper, no cgroup, and what is reduced", iso)
-	}
-	p.Kill()
-	p.Wait()
-	testbed.RetryUntil(t, 5*time.Second, func() error {
-		if s := sleepers(); len(s) > 0 {
-			return fmt.Errorf("left running: %v", s)
-		}
-		return nil
-	})
-}
-
-// TestSandbox_RootWithoutAUserHasNoCapabilities: a root node that runs a module as itself
-// (no uid of its own could be given) leaves it no capability, before or after an exec.
-func TestSandbox_RootWithoutAUserHasNoCapabilities(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testbed.Skip(t, "a root node's case: run the tests as root")
-	}
-	b := newBed(t)
-	b.user = nil
-	os.Chown(b.work, 0, 0)
-	out := b.run(t, `grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status; sh -c "grep -E '^CapEff:' /proc/self/status"`)
-	if strings.Count(out, "0000000000000000") != 6 {
-		t.Fatalf("capabilities left:\n%s", out)
 	}
 }
