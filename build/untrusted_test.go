@@ -183,3 +183,22 @@ func TestRun_LogIsCapped(t *testing.T) {
 		t.Fatalf("output of %d bytes, want at most %d with a note of the cut and the end:\n%.300s", len(out), build.LogTail+200, out)
 	}
 }
+
+// TestRun_PathThatIsALinkIsRefused: a module's build path that the repository makes a link
+// (to the tree's root, or out of it) is not entered.
+func TestRun_PathThatIsALinkIsRefused(t *testing.T) {
+	sb, u := openSandbox(t)
+	_, _, dir := seedDir(t)
+	job := build.Job{Module: "a", Repository: "shop", Path: "svc", Commit: strings.Repeat("e", 40)}
+	_, _, err := build.Run(context.Background(), dir, build.Spec{Job: job, Source: tarball(t, [][2]string{{"real/f", "x"}, {"svc", "-> real"}}),
+		Sandbox: sb, User: u, Run: `echo x > "$OUT"`})
+	if err == nil || !strings.Contains(err.Error(), "has no directory svc") {
+		t.Fatalf("a build path that is a link: %v, want it refused", err)
+	}
+}
+
+// TestRun_Unprivileged runs the build beds again as a builder node of an unprivileged user
+// runs them: Landlock alone, in a cgroup delegated to it.
+func TestRun_Unprivileged(t *testing.T) {
+	testbed.RunTestsAsNobody(t, "^TestRun_(ChainedLinksReadNothingOutside|PlantedOutputIsNotFollowed|AsItsOwnUser|LogIsCapped|PathThatIsALinkIsRefused)$")
+}

@@ -21,9 +21,6 @@ import (
 	"github.com/meshnode/meshnode/sdk"
 )
 
-// nobody is the user the unprivileged beds run the node as.
-const nobody = 65534
-
 // isolationBed is a node started as an operator would, in one of two modes: as root (each
 // module its own uid), or as an unprivileged user in a cgroup v2 delegated to it (Landlock
 // alone, as under systemd's User= with Delegate=yes).
@@ -46,7 +43,7 @@ func newIsolationBed(t *testing.T, unprivileged bool) *isolationBed {
 	b := &isolationBed{dir: filepath.Join(base, "data"), binary: binary}
 	b.args = append([]string{"--data-dir", b.dir, "--name", "alpha"}, loopback...)
 	if unprivileged {
-		b.uid = nobody
+		b.uid = testbed.Nobody
 		// The binary, where the user can run it.
 		bin := filepath.Join(base, "meshnode")
 		data, err := os.ReadFile(binary)
@@ -60,25 +57,8 @@ func newIsolationBed(t *testing.T, unprivileged bool) *isolationBed {
 		if err := os.Mkdir(b.dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		os.Chown(b.dir, nobody, nobody)
-		v2 := "/sys/fs/cgroup/unified"
-		if _, err := os.Stat(filepath.Join(v2, "cgroup.procs")); err != nil {
-			v2 = "/sys/fs/cgroup"
-		}
-		deleg := filepath.Join(v2, "meshnode-bed-"+strconv.Itoa(os.Getpid())+"-"+filepath.Base(base))
-		if err := os.Mkdir(deleg, 0o755); err != nil {
-			testbed.Skip(t, "no cgroup v2 to delegate: %v", err)
-		}
-		t.Cleanup(func() { os.Remove(deleg) })
-		for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"} {
-			if err := os.Chown(filepath.Join(deleg, f), nobody, nobody); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if b.deleg, err = os.Open(deleg); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.deleg.Close() })
+		os.Chown(b.dir, testbed.Nobody, testbed.Nobody)
+		b.deleg = testbed.DelegatedCgroup(t)
 	}
 	b.start(t)
 	return b

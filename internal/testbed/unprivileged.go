@@ -1,0 +1,85 @@
+package testbed
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+)
+
+// Nobody is the unprivileged user beds run a node, or a test binary, as.
+const Nobody = 65534
+
+// DelegatedCgroup makes a cgroup v2 that Nobody may manage (made as root, then chowned, as
+// systemd's Delegate=yes does) and returns it opened, for a process started in it with
+// SysProcAttr.UseCgroupFD. It is removed when the test ends.
+func DelegatedCgroup(t testing.TB) *os.File {
+	t.Helper()
+	v2 := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(v2, "cgroup.procs")); err != nil {
+		v2 = "/sys/fs/cgroup"
+	}
+	dir := filepath.Join(v2, "meshnode-bed-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(int(cgroupSeq.Add(1))))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		Skip(t, "no cgroup v2 to delegate: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"} {
+		if err := os.Chown(filepath.Join(dir, f), Nobody, Nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fd, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fd.Close() })
+	return fd
+}
+
+// RunTestsAsNobody runs this test binary's tests matching pattern again as Nobody, in a
+// cgroup delegated to it, where every bed must run, and fails t with their output if any
+// fails: a package's beds, as an unprivileged node meets them.
+func RunTestsAsNobody(t *testing.T, pattern string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skip(t, "the bed starts a process as another user: run the tests as root")
+	}
+	deleg := DelegatedCgroup(t)
+	dir := t.TempDir()
+	Traversable(t, dir)
+	os.Chmod(dir, 0o755)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, filepath.Base(exe))
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	os.Mkdir(tmp, 0o700)
+	os.Chown(tmp, Nobody, Nobody)
+	cmd := exec.Command(bin, "-test.count=1", "-test.v", "-test.run", pattern)
+	cmd.Dir = tmp
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp, MustRunEnv + "=" + MustRun}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: Nobody, Gid: Nobody},
+		UseCgroupFD: true, CgroupFD: int(deleg.Fd()),
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the beds as uid %d: %v\n%s", Nobody, err, out)
+	}
+	t.Logf("the beds as uid %d:\n%s", Nobody, out)
+}
+
+// cgroupSeq tells apart the cgroups one test binary delegates.
+var cgroupSeq atomic.Int64
