@@ -24,26 +24,14 @@ func TestMain(m *testing.M) {
 // openSandbox opens a sandbox as a builder's node would, with a uid for builds when root.
 func openSandbox(t *testing.T) (*sandbox.Sandbox, *sandbox.User) {
 	t.Helper()
-	dir := t.TempDir()
-	var users *sandbox.Users
-	var u *sandbox.User
-	if os.Geteuid() == 0 {
-		var err error
-		if users, err = sandbox.OpenUsers(filepath.Join(dir, "users.json"), sandbox.DefaultFirstUID, sandbox.DefaultLastUID); err != nil {
-			t.Fatal(err)
-		}
-		if u, err = users.For("@build"); err != nil {
-			t.Fatal(err)
-		}
+	sb, users := testbed.Sandbox(t, "builder", t.TempDir())
+	if users == nil {
+		return sb, nil
 	}
-	sb, err := sandbox.Open(sandbox.Config{Name: sandbox.SubtreeName("builder", dir), Users: users})
+	u, err := users.For("@build")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.Check(); err != nil {
-		testbed.Skip(t, "%v", err)
-	}
-	t.Cleanup(func() { sb.Close() })
 	return sb, u
 }
 

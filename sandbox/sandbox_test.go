@@ -171,33 +171,13 @@ func sleepers() []string {
 func TestSandbox_ForkBombIsEnded(t *testing.T) {
 	b := newBed(t)
 	p, _ := b.start(t, "bomb", `b() { b | b & }; b; sleep 100`, sandbox.Limits{Processes: 64})
-	done := make(chan struct{})
-	go func() { p.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		p.Kill()
-		t.Fatal("the fork bomb was not ended")
-	}
-	if got, want := p.Cause(), sandbox.CauseForks; got != want {
-		t.Fatalf("Cause()=%q, want %q", got, want)
-	}
+	endedFor(t, p, sandbox.CauseForks, "fork bomb")
 }
 
 func TestSandbox_OutOfMemoryIsReported(t *testing.T) {
 	b := newBed(t)
 	p, _ := b.start(t, "hog", `x=a; while :; do x="$x$x"; done`, sandbox.Limits{Memory: 32 << 20})
-	done := make(chan struct{})
-	go func() { p.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		p.Kill()
-		t.Fatal("the memory hog was not ended")
-	}
-	if got, want := p.Cause(), sandbox.CauseOOM; got != want {
-		t.Fatalf("Cause()=%q, want %q", got, want)
-	}
+	endedFor(t, p, sandbox.CauseOOM, "memory hog")
 }
 
 // TestSandbox_OneFileCannotOutgrowTheShare: the kernel refuses a write that takes one file
@@ -217,16 +197,22 @@ func TestSandbox_OneFileCannotOutgrowTheShare(t *testing.T) {
 func TestSandbox_DiskShareIsBounded(t *testing.T) {
 	b := newBed(t)
 	p, _ := b.start(t, "filler", `while :; do head -c 1048576 /dev/zero >> ./fill; done`, sandbox.Limits{Disk: 8 << 20})
+	endedFor(t, p, sandbox.CauseDisk, "disk filler")
+}
+
+// endedFor waits until the sandbox ended p, within 30 s, and checks why.
+func endedFor(t *testing.T, p *sandbox.Process, cause, what string) {
+	t.Helper()
 	done := make(chan struct{})
 	go func() { p.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		p.Kill()
-		t.Fatal("the disk filler was not ended")
+		t.Fatalf("the %s was not ended", what)
 	}
-	if got, want := p.Cause(), sandbox.CauseDisk; got != want {
-		t.Fatalf("Cause()=%q, want %q", got, want)
+	if got := p.Cause(); got != cause {
+		t.Fatalf("Cause()=%q, want %q", got, cause)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"github.com/meshnode/meshnode/sandbox"
 )
 
 // Nobody is the unprivileged user beds run a node, or a test binary, as.
@@ -83,3 +85,26 @@ func RunTestsAsNobody(t *testing.T, pattern string) {
 
 // cgroupSeq tells apart the cgroups one test binary delegates.
 var cgroupSeq atomic.Int64
+
+// Sandbox opens a sandbox as a node whose data dir is dir opens one: module users (recorded
+// in dir) when the test runs as root, its own cgroup subtree. A machine that cannot give
+// full isolation skips the bed (fails it in CI).
+func Sandbox(t testing.TB, node, dir string) (*sandbox.Sandbox, *sandbox.Users) {
+	t.Helper()
+	var users *sandbox.Users
+	if os.Geteuid() == 0 {
+		var err error
+		if users, err = sandbox.OpenUsers(filepath.Join(dir, "users.json"), sandbox.DefaultFirstUID, sandbox.DefaultLastUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := sandbox.Open(sandbox.Config{Name: sandbox.SubtreeName(node, dir), Users: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	if err := sb.Check(); err != nil {
+		Skip(t, "%v", err)
+	}
+	return sb, users
+}
