@@ -199,8 +199,8 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 		}
 	}
 	slices.Sort(keys)
-	want := []string{"MESH_CREDS", "MESH_INSTANCE", "MESH_MODULE", "MESH_NODE", "MESH_SECRETS", "MESH_URL", "PATH",
-		"POSTGRES_DATABASE", "POSTGRES_HOST", "POSTGRES_PASSWORD", "POSTGRES_PORT", "POSTGRES_URL", "POSTGRES_USER"}
+	want := []string{"HOME", "MESH_CREDS", "MESH_INSTANCE", "MESH_MODULE", "MESH_NODE", "MESH_SECRETS", "MESH_URL", "PATH",
+		"POSTGRES_DATABASE", "POSTGRES_HOST", "POSTGRES_PASSWORD", "POSTGRES_PORT", "POSTGRES_URL", "POSTGRES_USER", "TMPDIR"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("app-a's environment %v, want %v", keys, want)
 	}
