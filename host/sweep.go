@@ -48,6 +48,9 @@ func (s *Supervisor) sweep(d deploy.Declaration) {
 				s.log().Error("remove an undeclared module's directory", "module", e.Name(), "err", err)
 				continue
 			}
+			if s.Users != nil {
+				s.Users.Release(e.Name())
+			}
 			s.log().Info("removed the directory of a module no longer declared", "module", e.Name())
 		}
 	}
