@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +16,7 @@ import (
 //
 //	artifact-<digest>  its program: read and executed (0555)
 //	creds.nk           its seed: 0400, its uid's
-//	secrets/           its secrets: 0500 and 0400, its uid's
+//	secrets/           its secrets: the directory 0550 the node's (its group the module's), each 0400 its uid's
 //	ca.pem             the mesh's CA, when the bus is TLS (0444)
 //	work/              its own (0700, its uid's): working directory, HOME, TMPDIR=work/tmp
 //	output.log, provisions.json, preparing, prepared: the node's alone
@@ -114,20 +115,22 @@ func (s *Supervisor) workDir(dir string, u *sandbox.User) (string, error) {
 // placeCA copies the mesh's CA certificate into the module's directory, where its sandbox
 // lets it read it (the node's own copy is in the data dir, which it may not), and returns
 // the copy's path.
+//
+// An unchanged copy is left as it is: a running instance's Landlock rule names the file it
+// was started with, and a new file in its place would be one it may not read.
 func placeCA(ca, dir string) (string, error) {
 	b, err := os.ReadFile(ca)
 	if err != nil {
 		return "", err
 	}
 	path := filepath.Join(dir, "ca.pem")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o444); err != nil {
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, b) {
+		return path, nil
+	}
+	if err := writeSecret(path, string(b)); err != nil {
 		return "", err
 	}
-	if err := os.Chmod(tmp, 0o444); err != nil {
-		return "", err
-	}
-	return path, os.Rename(tmp, path)
+	return path, os.Chmod(path, 0o444)
 }
 
 // own gives a prepared module's directory, seed and secrets to its user, when it has one.
@@ -148,7 +151,12 @@ func (s *Supervisor) own(module string) error {
 		}
 	}
 	if len(entries) > 0 {
-		if err := give(secrets, u); err != nil {
+		// The directory stays the node's (its group the module's): the module lists and
+		// reads its secrets, and can neither plant nor remove an entry, nor change its mode.
+		if err := os.Lchown(secrets, 0, u.GID); err != nil {
+			return err
+		}
+		if err := os.Chmod(secrets, 0o550); err != nil {
 			return err
 		}
 	}

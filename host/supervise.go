@@ -499,13 +499,25 @@ func (s *Supervisor) prepare(ctx context.Context, spec deploy.Module) (string, e
 	return path, nil
 }
 
-// writeSecret writes value to path, readable by the node's user alone.
+// writeSecret writes value to path, readable by the node's user alone: to a fresh file
+// beside it (made with O_EXCL: nothing planted there is followed, and two writers never
+// share one), then renamed over it.
 func writeSecret(path, value string) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(value), 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
 }
 
 // supervise runs instance i of m until ctx ends, restarting it with back-off.
@@ -664,7 +676,11 @@ func (s *Supervisor) restartFiles(ctx context.Context, m *module) (string, error
 	if path, ok := s.onDisk(m.spec); ok {
 		return path, nil // another instance did it, or the failure was not the files'
 	}
-	return s.prepare(ctx, m.spec) // a damaged artifact is fetched again
+	path, err := s.prepare(ctx, m.spec) // a damaged artifact is fetched again
+	if err != nil {
+		return "", err
+	}
+	return path, s.own(m.spec.Module) // its seed and secrets written anew: its user's again
 }
 
 // exitReason says how a process ended.

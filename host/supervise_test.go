@@ -343,7 +343,8 @@ func runningPID(t *testing.T, s *host.Supervisor, module string, notPID int) int
 // is not run at the next start but fetched again (its digest is checked, not only its
 // presence).
 func TestSupervisor_DamagedFilesAreFetchedAgain(t *testing.T) {
-	script := "#!/bin/sh\nexec sleep 600\n"
+	// It must read its seed at each start: prepared again, the seed is still its user's.
+	script := "#!/bin/sh\ncat \"$MESH_CREDS\" >/dev/null || exit 7\ntouch read-by-$$\nexec sleep 600\n"
 	s, spec := supervisor(t, map[string]string{"ok": script})
 	d := deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("ok")}}
 	s.Apply(context.Background(), d)
@@ -357,6 +358,10 @@ func TestSupervisor_DamagedFilesAreFetchedAgain(t *testing.T) {
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 	pid = runningPID(t, s, "ok", pid)
+	waitFor(t, s, 10*time.Second, func(host.Report) error { // it read its seed, prepared anew
+		_, err := os.Stat(filepath.Join(s.Dir, "ok", "work", fmt.Sprintf("read-by-%d", pid)))
+		return err
+	})
 
 	s.Stop()
 	if err := os.WriteFile(artifacts[0], []byte("#!/bin/sh\necho tampered\nexec sleep 600\n"), 0o700); err != nil {

@@ -163,8 +163,15 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	dir := filepath.Join(b.dir, "modules", "ticker")
 	creds := filepath.Join(dir, "creds.nk")
 	st, err := os.Stat(creds)
-	if err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("credentials %v %v, want a 0600 file", st, err)
+	wantMode, wantUser := os.FileMode(0o600), "the node's"
+	if os.Geteuid() == 0 { // a root node's module runs as a uid of its own, which alone reads it
+		wantMode, wantUser = 0o400, strings.TrimPrefix(p.Isolation.User, "uid ")
+	}
+	if err != nil || st.Mode().Perm() != wantMode {
+		t.Fatalf("credentials %v %v, want a %o file", st, err, wantMode)
+	}
+	if uid := fmt.Sprint(st.Sys().(*syscall.Stat_t).Uid); os.Geteuid() == 0 && uid != wantUser {
+		t.Fatalf("credentials owned by uid %s, want the module's (%s)", uid, wantUser)
 	}
 	want, _ := os.ReadFile(seedFile)
 	got, _ := os.ReadFile(creds)

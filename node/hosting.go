@@ -38,7 +38,10 @@ func (n *Node) openSandbox() error {
 	cfg := sandbox.Config{Isolation: n.cfg.Isolation, Name: sandbox.SubtreeName(n.id.Name, n.cfg.DataDir), Cgroup: n.cfg.Cgroup, Log: n.log.With("component", "sandbox")}
 	mode := os.FileMode(0o700)
 	if above := unpassable(n.cfg.DataDir); os.Geteuid() == 0 && above != "" {
-		n.log.Warn("modules run as the node's user with no capabilities, kept apart by Landlock alone: "+above+" lets no other user pass; chmod o+x it, or put the data dir elsewhere, to give each module a uid of its own", "data_dir", n.cfg.DataDir)
+		// A root node runs nothing as root (sandbox.Start says why), and its modules' own
+		// uids cannot reach their directories through above.
+		cfg.NoUsers = fmt.Sprintf("%s lets no other user pass, so no module's own uid reaches its directory in %s; chmod o+x %s, or use a data dir under a directory others may pass (e.g. /var/lib/meshnode)", above, n.cfg.DataDir, above)
+		n.log.Error("modules and builds will not start: " + cfg.NoUsers)
 	} else if os.Geteuid() == 0 {
 		mode = 0o711
 		first, last, err := n.cfg.UIDRange()

@@ -49,6 +49,7 @@ func TestMain(m *testing.M) {
 
 // testConfig returns a single-node configuration on free loopback ports in dir.
 func testConfig(dir, name string) config.Config {
+	testbed.Passable(dir) // a root node's modules run as uids of their own, which must reach it
 	c := config.Up()
 	c.DataDir = dir
 	c.Name = name

@@ -87,7 +87,9 @@ func openCgroups(parent, name string, root bool) (*cgroups, string) {
 		missing = "no cgroup v2 hierarchy is mounted"
 	default:
 		if parent == "" {
-			parent = ownV2()
+			// The node's own cgroup: where enableV2 moved the node into a leaf of its own
+			// (a grow restarts the node in the same process), the one above it.
+			parent = strings.TrimSuffix(ownV2(), "/"+selfLeaf)
 		}
 		if !strings.HasPrefix(parent, v2+"/") {
 			parent = filepath.Join(v2, parent)
@@ -131,7 +133,7 @@ func (cg *cgroups) enableV2(parent string) {
 	line := []byte(strings.Join(want, " "))
 	err := os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), line, 0)
 	if errors.Is(err, unix.EBUSY) {
-		self := filepath.Join(parent, "node")
+		self := filepath.Join(parent, selfLeaf)
 		os.Mkdir(self, 0o755)
 		if os.WriteFile(filepath.Join(self, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0) == nil {
 			err = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), line, 0)
@@ -147,6 +149,10 @@ func (cg *cgroups) enableV2(parent string) {
 		cg.v2Ctl[c] = true
 	}
 }
+
+// selfLeaf is the cgroup, beside its subtree, that a node moves itself into so that its own
+// cgroup may pass controllers down.
+const selfLeaf = "meshnode-node"
 
 // leaf is one process's cgroups.
 type leaf struct {
@@ -179,6 +185,14 @@ func (cg *cgroups) makeLeaf(name string, lim Limits) (*leaf, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// dirs are the leaf's directories.
+func (l *leaf) dirs() []string {
+	if l.v2 == "" {
+		return l.v1
+	}
+	return append([]string{l.v2}, l.v1...)
 }
 
 // limit writes lim's limits, each through v2 where its controller is enabled, else v1.

@@ -86,6 +86,13 @@ func (l launch) apply() (string, error) {
 	if err := os.Chdir(l.Dir); err != nil {
 		return "", fmt.Errorf("enter %s: %w", l.Dir, err)
 	}
+	if os.Geteuid() == 0 {
+		// No capability survives, even in the bounding set: a later exec of a file with
+		// capabilities, or of a setuid one, gains none (no_new_privs holds the rest).
+		if err := dropCapabilities(); err != nil {
+			return "", fmt.Errorf("drop capabilities: %w", err)
+		}
+	}
 	if l.UID >= 0 {
 		// Go applies these to every thread; after the last one no uid is 0, so the
 		// kernel clears every capability.
@@ -97,14 +104,6 @@ func (l launch) apply() (string, error) {
 		}
 		if err := syscall.Setresuid(l.UID, l.UID, l.UID); err != nil {
 			return "", fmt.Errorf("become uid %d: %w", l.UID, err)
-		}
-	}
-	if l.UID < 0 && os.Geteuid() == 0 {
-		// A root node that cannot give the module a uid of its own (its data dir's parents
-		// let no other user pass) runs it as root with no capability at all, now or after
-		// exec: with Landlock, no more than an unprivileged node's module.
-		if err := dropCapabilities(); err != nil {
-			return "", fmt.Errorf("drop capabilities: %w", err)
 		}
 	}
 	if l.FileSize > 0 {
@@ -162,7 +161,9 @@ func pathRule(p string, write bool) landlock.Rule {
 	dir := err == nil && st.IsDir()
 	switch {
 	case dir && write:
-		return landlock.RWDirs(p).IgnoreIfMissing()
+		// Refer: moving a file between its own directories (TMPDIR into work/) is a
+		// rename across directories, which Landlock refuses without it.
+		return landlock.RWDirs(p).WithRefer().IgnoreIfMissing()
 	case dir:
 		return landlock.RODirs(p).IgnoreIfMissing()
 	case write:
@@ -172,8 +173,9 @@ func pathRule(p string, write bool) landlock.Rule {
 	}
 }
 
-// dropCapabilities empties this thread's capability bounding set (so exec grants none, even
-// to uid 0), its ambient set, and its effective, permitted and inheritable sets.
+// dropCapabilities empties this thread's capability bounding set (so no exec grants one,
+// whatever the file) and its ambient set. The effective and permitted sets stay until the
+// uid changes, which clears them: the change itself needs CAP_SETUID.
 func dropCapabilities() error {
 	last := 40
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
@@ -189,7 +191,5 @@ func dropCapabilities() error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("ambient set: %w", err)
 	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	return unix.Capset(&hdr, &data[0])
+	return nil
 }

@@ -41,10 +41,11 @@ var ErrReduced = errors.New("full isolation is not available on this machine")
 // scoping keeps to the process's own domain for environ, root and cwd).
 var System = []string{
 	"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
-	"/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/resolv.conf", "/etc/hosts",
-	"/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf", "/etc/ld.so.cache",
-	"/etc/localtime", "/etc/passwd", "/etc/group", "/etc/mime.types",
-	"/proc",
+	// Certificates, not /etc/ssl or /etc/pki whole: their private/ holds the host's keys.
+	"/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/pki/tls/certs", "/etc/pki/ca-trust",
+	"/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
+	"/etc/services", "/etc/protocols", "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group",
+	"/etc/mime.types", "/proc",
 }
 
 // Devices are the device files every sandboxed process may read and write.
@@ -62,6 +63,9 @@ type Config struct {
 	Cgroup string
 	// Users is where module uids are allocated and recorded; nil when the node is not root.
 	Users *Users
+	// NoUsers says why a root node has no Users (its data dir cannot be reached by them):
+	// such a node starts nothing, since it runs nothing as root.
+	NoUsers string
 	// Exe is the launcher's binary: "" is this process's own (os.Executable).
 	Exe string
 	Log *slog.Logger
@@ -238,7 +242,10 @@ type Process struct {
 	leaf     *leaf
 	lim      Limits
 	diskDir  string
-	done     chan struct{}
+	done     chan struct{} // closed when it exited
+	watched  chan struct{} // closed when its watch ended
+	// forks0 and ooms0 are the leaf's counts when it started.
+	forks0, ooms0 int64
 
 	mu    sync.Mutex
 	cause string
@@ -249,6 +256,16 @@ type Process struct {
 func (s *Sandbox) Start(p Proc) (*Process, error) {
 	if err := s.Check(); err != nil {
 		return nil, err
+	}
+	if s.root && p.User == nil {
+		// Landlock does not stop a process changing the mode or owner of files its uid owns,
+		// nor (below ABI 9) reaching UNIX sockets by path: as root, without a capability, it
+		// could still chmod the node's seed or talk to systemd. Never.
+		why := s.cfg.NoUsers
+		if why == "" {
+			why = "the node was given no module users"
+		}
+		return nil, fmt.Errorf("sandbox: a root node runs %s only as a user of its own: %s", p.Name, why)
 	}
 	l := launch{Path: p.Path, Args: append([]string{p.Path}, p.Args...), Dir: p.Dir, UID: -1, GID: -1}
 	if p.User != nil {
@@ -264,6 +281,11 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 		return nil, err
 	}
 	l.Join = leaf.join
+	if l.Landlock {
+		// Its own cgroups, read: runtimes size their heaps and threads from memory.max and
+		// cpu.max (V8, the JVM, Go), and would size them for the whole machine.
+		l.Read = append(l.Read, leaf.dirs()...)
+	}
 	// No one file may outgrow the disk share: the kernel refuses the write (SIGXFSZ) at
 	// once, where the share itself is checked every few seconds.
 	l.FileSize = p.Limits.Disk
@@ -291,16 +313,18 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 	cmd.ExtraFiles = []*os.File{wr}
 	if s.reaper != nil {
 		s.reaper.mu.Lock() // the pid is known before the reaper could see it as an orphan
-		defer s.reaper.mu.Unlock()
 	}
 	err = cmd.Start()
+	if s.reaper != nil {
+		if err == nil {
+			s.reaper.known[cmd.Process.Pid] = true
+		}
+		s.reaper.mu.Unlock()
+	}
 	wr.Close()
 	if err != nil {
 		leaf.remove()
 		return nil, fmt.Errorf("start the launcher %s: %w", s.exe, err)
-	}
-	if s.reaper != nil {
-		s.reaper.known[cmd.Process.Pid] = true
 	}
 	// The launcher says "ok <landlock>" before it execs and "error <why>" if it then cannot;
 	// the pipe closes on exec.
@@ -323,7 +347,11 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 		}
 		return nil, fmt.Errorf("sandbox: %s", detail)
 	}
-	proc := &Process{Pid: cmd.Process.Pid, Landlock: detail, cmd: cmd, s: s, leaf: leaf, lim: p.Limits, diskDir: p.DiskDir, done: make(chan struct{})}
+	proc := &Process{Pid: cmd.Process.Pid, Landlock: detail, cmd: cmd, s: s, leaf: leaf, lim: p.Limits, diskDir: p.DiskDir,
+		done: make(chan struct{}), watched: make(chan struct{})}
+	// What the leaf counted before (a leaf an earlier run could not remove) is not this
+	// process's doing.
+	proc.forks0, proc.ooms0 = leaf.events(s.cg, p.Limits)
 	go proc.watch()
 	return proc, nil
 }
@@ -336,6 +364,7 @@ var ErrExec = errors.New("cannot execute")
 func (p *Process) Wait() error {
 	err := p.cmd.Wait()
 	close(p.done)
+	<-p.watched    // no Kill of the watch's after this returns
 	p.judge(false) // what the kernel refused it before it exited
 	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGXFSZ {
 		p.mu.Lock()
@@ -359,6 +388,10 @@ func (p *Process) Signal(sig syscall.Signal) { syscall.Kill(-p.Pid, sig) }
 // Kill ends the process and everything it started: its cgroup, its group, and (without a
 // cgroup) every descendant.
 func (p *Process) Kill() {
+	if p.leaf.v2 != "" {
+		p.leaf.kill() // everything, and no pid or group that may be reused once reaped
+		return
+	}
 	syscall.Kill(-p.Pid, syscall.SIGKILL)
 	p.leaf.kill()
 	if p.s.reaper != nil {
@@ -382,6 +415,7 @@ const watchEvery = 2 * time.Second
 // not stopped by the refusals alone), when it was OOM-killed anywhere in its cgroup, or
 // when its directory outgrew its disk share.
 func (p *Process) watch() {
+	defer close(p.watched)
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
 	for {
@@ -404,9 +438,9 @@ func (p *Process) judge(disk bool) bool {
 	forks, ooms := p.leaf.events(p.s.cg, p.lim)
 	cause := ""
 	switch {
-	case ooms > 0:
+	case ooms > p.ooms0:
 		cause = CauseOOM
-	case forks > 0:
+	case forks > p.forks0:
 		cause = CauseForks
 	case disk && p.lim.Disk > 0 && p.diskDir != "" && diskUse(p.diskDir) >= p.lim.Disk:
 		cause = CauseDisk

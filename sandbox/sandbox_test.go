@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,39 +34,43 @@ type bed struct {
 func newBed(t *testing.T) *bed {
 	t.Helper()
 	dir := t.TempDir()
-	os.Chmod(dir, 0o711) // a module user must reach its directory, never list the node's
-	for p := filepath.Dir(dir); p != "/"; p = filepath.Dir(p) {
-		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o001 == 0 {
-			os.Chmod(p, st.Mode().Perm()|0o001)
-		}
-	}
+	testbed.Traversable(t, dir) // a module user must reach its directory, never list the node's
 	b := &bed{dir: dir, work: filepath.Join(dir, "work"), mine: filepath.Join(dir, "mine.nk"), node: filepath.Join(dir, "operator.nk")}
 	os.Mkdir(b.work, 0o700)
 	os.WriteFile(b.mine, []byte("SUMINE"), 0o400)
 	os.WriteFile(b.node, []byte("SUOPERATOR"), 0o600)
-	cfg := sandbox.Config{Name: "test-" + strconv.Itoa(os.Getpid()) + "-" + filepath.Base(dir)}
-	if os.Geteuid() == 0 {
-		users, err := sandbox.OpenUsers(filepath.Join(dir, "users.json"), sandbox.DefaultFirstUID, sandbox.DefaultLastUID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Users = users
-		if b.user, err = users.For("m"); err != nil {
-			t.Fatal(err)
-		}
-		os.Chown(b.work, b.user.UID, b.user.GID)
-		os.Chown(b.mine, b.user.UID, b.user.GID)
-	}
-	sb, err := sandbox.Open(cfg)
+	users, u := moduleUser(t, dir, b.work, b.mine)
+	sb, err := sandbox.Open(sandbox.Config{Name: sandbox.SubtreeName("test", dir), Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { sb.Close() })
 	if err := sb.Check(); err != nil {
 		testbed.Skip(t, "full isolation cannot be had here: %v", err)
 	}
-	t.Cleanup(func() { sb.Close() })
-	b.sb = sb
+	b.sb, b.user = sb, u
 	return b
+}
+
+// moduleUser is, when the test runs as root, the module users of a node whose data dir is
+// dir, and the bed's module's user, who is given owns; nil, nil otherwise.
+func moduleUser(t *testing.T, dir string, owns ...string) (*sandbox.Users, *sandbox.User) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	users, err := sandbox.OpenUsers(filepath.Join(dir, "users.json"), sandbox.DefaultFirstUID, sandbox.DefaultLastUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := users.For("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range owns {
+		os.Chown(p, u.UID, u.GID)
+	}
+	return users, u
 }
 
 // run starts script under sh in the sandbox, as the bed's module.
@@ -101,6 +106,7 @@ ls /proc/$NODE_PID/cwd/ 2>/dev/null && echo "listed-node-cwd"
 ls /proc/$NODE_PID/root/tmp 2>/dev/null && echo "listed-node-root"
 find / -name '*.nk' 2>/dev/null | grep -v "^$MINE$"
 echo written > ./file && cat ./file
+mkdir -p tmp data && echo r > tmp/x && mv tmp/x data/x && ln data/x data/y && echo moved-within
 echo x > /tmp/escape 2>/dev/null && echo "wrote-tmp"
 echo x > "$(dirname "$MINE")/planted" 2>/dev/null && echo "wrote-beside"
 echo done`)
@@ -109,7 +115,7 @@ echo done`)
 			t.Errorf("the sandboxed process got to %q:\n%s", bad, out)
 		}
 	}
-	for _, good := range []string{"SUMINE read-mine", "written", "done"} {
+	for _, good := range []string{"SUMINE read-mine", "written", "moved-within", "done"} {
 		if !strings.Contains(out, good) {
 			t.Errorf("the sandboxed process could not do %q:\n%s", good, out)
 		}
@@ -248,8 +254,76 @@ func TestSandbox_IsolationIsReadBack(t *testing.T) {
 
 func TestSandbox_AMissingProgramIsErrExec(t *testing.T) {
 	b := newBed(t)
-	_, err := b.sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(b.dir, "nothing"), Dir: b.work, Stdout: os.Stderr, Stderr: os.Stderr})
+	_, err := b.sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(b.dir, "nothing"), Dir: b.work, User: b.user, Stdout: os.Stderr, Stderr: os.Stderr})
 	if !errors.Is(err, sandbox.ErrExec) {
 		t.Fatalf("Start of a missing program: %v, want ErrExec", err)
+	}
+}
+
+// TestSandbox_WithoutACgroup: where the node has no cgroup it may write, full isolation is
+// refused, and `isolation: reduced` runs the process with the node as its subreaper, which
+// still ends what escaped its group.
+func TestSandbox_WithoutACgroup(t *testing.T) {
+	dir := t.TempDir()
+	testbed.Traversable(t, dir)
+	users, u := moduleUser(t, dir, dir)
+	cfg := sandbox.Config{Name: "nocg", Cgroup: filepath.Join(dir, "not-a-cgroup"), Users: users}
+	sb, err := sandbox.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sb.Check()
+	sb.Close()
+	if !errors.Is(err, sandbox.ErrReduced) || !strings.Contains(err.Error(), "isolation: reduced") {
+		t.Fatalf("Check() without a cgroup: %v, want ErrReduced naming `isolation: reduced`", err)
+	}
+	cfg.Isolation = sandbox.Reduced
+	if sb, err = sandbox.Open(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	b := &bed{sb: sb, dir: dir, work: dir, user: u}
+	p, _ := b.start(t, "escaper", escaper("4245", "4246", "4247"), sandbox.Limits{})
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if n := len(sleepers()); n < 3 {
+			return fmt.Errorf("%d of 3 sleeps started", n)
+		}
+		return nil
+	})
+	if iso, _ := p.Isolation(); !iso.Subreaper || iso.Cgroup != "" || len(iso.Reduced) == 0 {
+		t.Errorf("Isolation()=%+v, want the subreaper, no cgroup, and what is reduced", iso)
+	}
+	p.Kill()
+	p.Wait()
+	testbed.RetryUntil(t, 5*time.Second, func() error {
+		if s := sleepers(); len(s) > 0 {
+			return fmt.Errorf("left running: %v", s)
+		}
+		return nil
+	})
+	// A start that fails (the artifact is gone) returns, and the next start still works.
+	if _, err := sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(dir, "nothing"), Dir: dir, User: u, Stdout: io.Discard, Stderr: io.Discard}); !errors.Is(err, sandbox.ErrExec) {
+		t.Fatalf("a missing program without a cgroup: %v, want ErrExec", err)
+	}
+	p, _ = b.start(t, "again", "exit 0", sandbox.Limits{})
+	p.Wait()
+}
+
+// TestSandbox_RootRunsNothingAsRoot: a root node runs a module or build only as a user of
+// its own — never as root, whose files Landlock does not stop it chmod-ing and whose sockets
+// it does not stop it reaching — and says why it will not; and the user it runs as has no
+// capability left, its bounding set included.
+func TestSandbox_RootRunsNothingAsRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testbed.Skip(t, "a root node's case: run the tests as root")
+	}
+	b := newBed(t)
+	_, err := b.sb.Start(sandbox.Proc{Name: "as-root", Path: "/bin/true", Dir: b.work, Stdout: io.Discard, Stderr: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "user of its own") {
+		t.Fatalf("a start as root: %v, want it refused", err)
+	}
+	out := b.run(t, `grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status`)
+	if strings.Count(out, "0000000000000000") != 5 {
+		t.Fatalf("capabilities left:\n%s", out)
 	}
 }

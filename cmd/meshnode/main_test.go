@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -272,6 +273,10 @@ func launch(t *testing.T, verb string, args ...string) *process {
 // launchCmd is launch for a prepared command (one run in a network namespace).
 func launchCmd(t testing.TB, cmd *exec.Cmd, verb string) *process {
 	t.Helper()
+	// A root node's modules run as uids of their own, which must pass through to its data dir.
+	if i := slices.Index(cmd.Args, "--data-dir"); i > 0 && i+1 < len(cmd.Args) {
+		testbed.Passable(cmd.Args[i+1])
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -145,6 +145,19 @@ func (b *SyncBuffer) String() string {
 	return b.buf.String()
 }
 
+// Passable is Traversable for a helper that has no test at hand: it lets any user pass
+// through dir and the directories above it, as far as it can.
+func Passable(dir string) {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	for p := dir; p != "/" && p != "."; p = filepath.Dir(p) {
+		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o001 == 0 {
+			os.Chmod(p, st.Mode().Perm()|0o001)
+		}
+	}
+}
+
 // Traversable lets any user pass through dir and the directories above it (o+x, not o+r), as
 // a node running as root makes its data dir: a module's own uid must reach its directory.
 func Traversable(t testing.TB, dir string) {
