@@ -65,7 +65,8 @@ func TestGit_HeadsChangedArchive(t *testing.T) {
 // stopped at the time limit; a path out of the tree is refused.
 func TestRun(t *testing.T) {
 	ctx := context.Background()
-	sb, _ := openSandbox(t)
+	sb, u := openSandbox(t)
+	dir := func() string { d := t.TempDir(); testbed.Traversable(t, d); return d }
 	r := testbed.NewGitRepo(t)
 	commit := r.Push(map[string]string{"services/a/VERSION": "a1\n"})
 	source := func() io.Reader {
@@ -76,7 +77,7 @@ func TestRun(t *testing.T) {
 		return &b
 	}
 	job := build.Job{Module: "a", Repository: "shop", Path: "services/a", Commit: commit}
-	art, out, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: source(), Sandbox: sb,
+	art, out, err := build.Run(ctx, dir(), build.Spec{Job: job, Source: source(), Sandbox: sb, User: u,
 		Run:  `cat "$DEPS/base" VERSION > "$OUT"; echo "$MODULE at $COMMIT"; env | sort | cut -d= -f1 | tr '\n' ' '`,
 		Deps: map[string]io.Reader{"base": strings.NewReader("base-v7\n")}})
 	if err != nil {
@@ -92,17 +93,17 @@ func TestRun(t *testing.T) {
 	// The source is read to its end, padding and all: an object store's reader checks its
 	// digest only there, and its writer waits until then.
 	whole := source().(*bytes.Buffer)
-	if _, _, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: whole, Sandbox: sb, Run: "echo x > \"$OUT\""}); err != nil || whole.Len() != 0 {
+	if _, _, err := build.Run(ctx, dir(), build.Spec{Job: job, Source: whole, Sandbox: sb, User: u, Run: "echo x > \"$OUT\""}); err != nil || whole.Len() != 0 {
 		t.Fatalf("build: %v; %d bytes of the source left unread", err, whole.Len())
 	}
-	if _, out, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: source(), Sandbox: sb, Run: "echo oops; exit 2"}); err == nil || !strings.Contains(string(out), "oops") {
+	if _, out, err := build.Run(ctx, dir(), build.Spec{Job: job, Source: source(), Sandbox: sb, User: u, Run: "echo oops; exit 2"}); err == nil || !strings.Contains(string(out), "oops") {
 		t.Fatalf("a failing build: %v %q", err, out)
 	}
-	if _, _, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: source(), Sandbox: sb, Run: "sleep 5", Timeout: 200 * time.Millisecond}); err == nil || !strings.Contains(err.Error(), "longer than") {
+	if _, _, err := build.Run(ctx, dir(), build.Spec{Job: job, Source: source(), Sandbox: sb, User: u, Run: "sleep 5", Timeout: 200 * time.Millisecond}); err == nil || !strings.Contains(err.Error(), "longer than") {
 		t.Fatalf("a slow build: %v", err)
 	}
 	job.Path = "../../etc"
-	if _, _, err := build.Run(ctx, t.TempDir(), build.Spec{Job: job, Source: source(), Sandbox: sb, Run: "true"}); err == nil {
+	if _, _, err := build.Run(ctx, dir(), build.Spec{Job: job, Source: source(), Sandbox: sb, User: u, Run: "true"}); err == nil {
 		t.Fatal("a path out of the tree was built")
 	}
 }

@@ -95,6 +95,11 @@ func Run(ctx context.Context, dir string, spec Spec) (artifact string, output []
 	if rel, err := filepath.Rel(src, work); err != nil || strings.HasPrefix(rel, "..") {
 		return "", nil, fmt.Errorf("path %q leaves the repository", spec.Job.Path)
 	}
+	// The path as the kernel resolves it, through any link the tree holds, must be a
+	// directory of the tree: the launcher enters it before it drops to the build's user.
+	if real, err := filepath.EvalSymlinks(work); err != nil || !within(src, real) {
+		return "", nil, fmt.Errorf("%s has no directory %s at %s (a link out of the tree is not followed)", spec.Job.Repository, spec.Job.Path, spec.Job.Commit)
+	}
 	if st, err := os.Lstat(work); err != nil || !st.IsDir() {
 		return "", nil, fmt.Errorf("%s has no directory %s at %s", spec.Job.Repository, spec.Job.Path, spec.Job.Commit)
 	}
@@ -113,6 +118,10 @@ func Run(ctx context.Context, dir string, spec Spec) (artifact string, output []
 			return "", nil, err
 		}
 		if spec.User != nil {
+			// The caches' directory: passed through by each module's build user, listed by none.
+			if err := os.Chmod(filepath.Dir(spec.Cache), 0o711); err != nil {
+				return "", nil, err
+			}
 			if err := os.Lchown(spec.Cache, spec.User.UID, spec.User.GID); err != nil {
 				return "", nil, err
 			}
@@ -160,6 +169,16 @@ func Run(ctx context.Context, dir string, spec Spec) (artifact string, output []
 		return "", buf.Bytes(), err
 	}
 	return artifact, buf.Bytes(), nil
+}
+
+// within reports whether path is dir or beneath it (both with no link left in them).
+func within(dir, path string) bool {
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return false
+	}
+	rel, err := filepath.Rel(realDir, path)
+	return err == nil && filepath.IsLocal(rel) || rel == "."
 }
 
 // takeArtifact copies $OUT/artifact, which the build wrote, to a file of the node's at dst.
@@ -263,7 +282,9 @@ func Tail(output []byte) string {
 
 // unpack extracts a tar archive into dir, beneath it: every entry is made through an
 // os.Root, so no entry — and no chain of links however built, relative, absolute or through
-// "..", — reaches outside dir. A link that names a path outside the tree is refused at once.
+// "..", — reaches outside dir. A link whose target, read as written, leaves the tree is
+// refused at once; one that leaves it only through another link is made, and the build,
+// under Landlock, cannot read what it names.
 func unpack(r io.Reader, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

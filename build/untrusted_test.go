@@ -183,6 +183,18 @@ func TestRun_PathThatIsALinkIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "has no directory svc") {
 		t.Fatalf("a build path that is a link: %v, want it refused", err)
 	}
+	// A path through a link that leaves the tree only through another link: a/b is the
+	// tree's root, so a/b/k/k/k/t, read as written, stays in the tree; made through a/b it is
+	// k/k/k/t, and names the directory above the build's (the data dir).
+	os.RemoveAll(dir)
+	os.Mkdir(dir, 0o700)
+	job.Path = "k/k/k/t/" + filepath.Base(dir) // through t, a directory that is there: the build's own
+	_, _, err = build.Run(context.Background(), dir, build.Spec{Job: job,
+		Source:  tarball(t, [][2]string{{"a/", "/"}, {"a/b", "-> .."}, {"a/b/k/k/k/", "/"}, {"a/b/k/k/k/t", "-> ../../../../.."}}),
+		Sandbox: sb, User: u, Run: `echo x > "$OUT"`})
+	if err == nil || !strings.Contains(err.Error(), "a link out of the tree") {
+		t.Fatalf("a build path through a link out of the tree: %v, want it refused", err)
+	}
 }
 
 // TestRun_Unprivileged runs the build beds again as a builder node of an unprivileged user

@@ -135,7 +135,8 @@ type Config struct {
 	// cgroup when the node is root).
 	Cgroup string `yaml:"cgroup"`
 	// ModuleUIDs is the range of uids, first-last, a node running as root gives its
-	// modules, one each.
+	// modules, one each. "": 1,024 uids of the node's own, drawn by its data dir
+	// (sandbox.NodeUIDs), so two nodes on one machine never share one.
 	ModuleUIDs string `yaml:"module-uids"`
 	// ModuleMemory is the most memory one module instance may use (memory.max); zero: no limit.
 	ModuleMemory Bytes `yaml:"module-memory"`
@@ -158,16 +159,18 @@ const (
 const (
 	DefaultModuleProcesses = 512
 	DefaultModuleDisk      = 1 << 30
-	DefaultModuleUIDs      = "61184-65519"
 )
 
-// UIDRange parses ModuleUIDs.
+// UIDRange parses ModuleUIDs: 0, 0 when it is "" (the node's own range).
 func (c Config) UIDRange() (first, last int, err error) {
+	if c.ModuleUIDs == "" {
+		return 0, 0, nil
+	}
 	a, b, ok := strings.Cut(c.ModuleUIDs, "-")
 	first, err1 := strconv.Atoi(strings.TrimSpace(a))
 	last, err2 := strconv.Atoi(strings.TrimSpace(b))
 	if !ok || err1 != nil || err2 != nil || first <= 0 || last < first {
-		return 0, 0, fmt.Errorf("%w: module-uids %q: a range of unprivileged uids, first-last, e.g. %s", ErrInvalid, c.ModuleUIDs, DefaultModuleUIDs)
+		return 0, 0, fmt.Errorf("%w: module-uids %q: a range of unprivileged uids, first-last, e.g. 200000-201023 (or leave it out: the node draws 1,024 of its own)", ErrInvalid, c.ModuleUIDs)
 	}
 	return first, last, nil
 }
@@ -196,7 +199,6 @@ func Up() Config {
 		RateLimit:         DefaultRateLimit,
 		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
 		Isolation:         IsolationFull,
-		ModuleUIDs:        DefaultModuleUIDs,
 		ModuleProcesses:   DefaultModuleProcesses,
 		ModuleDisk:        DefaultModuleDisk,
 	}

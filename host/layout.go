@@ -163,21 +163,23 @@ func (s *Supervisor) own(module string) error {
 	return give(filepath.Join(dir, "creds.nk"), u)
 }
 
-// limits are an instance's limits: its manifest's, and the node's defaults where the
-// manifest sets none.
+// limits are an instance's limits: the node's, lowered where its manifest asks for less. A
+// manifest never raises one: the node's values (module-memory, module-processes,
+// module-disk) are the most any module may use. Its cpu-weight is its share among the
+// node's modules, which together have the share of one.
 func (s *Supervisor) limits(m manifest.Limits) sandbox.Limits {
+	lower := func(node, asked int64) int64 {
+		if asked > 0 && (node == 0 || asked < node) {
+			return asked
+		}
+		return node
+	}
 	l := s.Limits
-	if m.Memory > 0 {
-		l.Memory = int64(m.Memory)
-	}
-	if m.Processes > 0 {
-		l.Processes = m.Processes
-	}
+	l.Memory = lower(l.Memory, int64(m.Memory))
+	l.Processes = int(lower(int64(l.Processes), int64(m.Processes)))
+	l.Disk = lower(l.Disk, int64(m.Disk))
 	if m.CPUWeight > 0 {
 		l.CPUWeight = m.CPUWeight
-	}
-	if m.Disk > 0 {
-		l.Disk = int64(m.Disk)
 	}
 	return l
 }

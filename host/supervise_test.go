@@ -453,16 +453,33 @@ func TestSupervisor_LimitsEndAndReport(t *testing.T) {
 		"bomb":   "#!/bin/sh\nb() { b | b & }\nb\nexec sleep 600\n",
 		"filler": "#!/bin/sh\nwhile :; do head -c 1048576 /dev/zero >> fill; done\n",
 		"hog":    "#!/bin/sh\nx=a; while :; do x=\"$x$x\"; done\n",
+		"greedy": "#!/bin/sh\nexec sleep 600\n",
 	})
 	s.Limits = sandbox.Limits{Processes: 32} // the node's default: the bomb's own is below
 	bomb, filler, hog := spec("bomb"), spec("filler"), spec("hog")
 	bomb.Limits = manifest.Limits{Processes: 16}
 	filler.Limits = manifest.Limits{Disk: 4 << 20}
 	hog.Limits = manifest.Limits{Memory: 32 << 20}
-	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{bomb, filler, hog}})
-	want := map[string]string{"bomb": sandbox.CauseForks, "filler": sandbox.CauseDisk, "hog": sandbox.CauseOOM}
+	greedy := spec("greedy") // asks for more than the node gives any module
+	greedy.Limits = manifest.Limits{Processes: 1 << 20}
+	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{bomb, filler, greedy, hog}})
+	waitFor(t, s, 10*time.Second, func(r host.Report) error {
+		for _, m := range r.Modules {
+			if m.Module == "greedy" && len(m.Instances) == 1 && m.Instances[0].Isolation != nil {
+				if got := m.Instances[0].Isolation.Limits.Processes; got != 32 {
+					t.Fatalf("greedy's processes limit is %d, want the node's 32", got)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("greedy does not run: %+v", r)
+	})
+	want := map[string]string{"bomb": sandbox.CauseForks, "filler": sandbox.CauseDisk, "hog": sandbox.CauseOOM, "greedy": ""}
 	r := waitFor(t, s, 30*time.Second, func(r host.Report) error {
 		for _, m := range r.Modules {
+			if m.Module == "greedy" {
+				continue
+			}
 			if len(m.Instances) != 1 || m.Instances[0].Reason != want[m.Module] {
 				return fmt.Errorf("%s: %+v, want the reason %q", m.Module, m.Instances, want[m.Module])
 			}
@@ -470,7 +487,7 @@ func TestSupervisor_LimitsEndAndReport(t *testing.T) {
 		return nil
 	})
 	for _, m := range r.Modules {
-		if m.Instances[0].Restarts < 1 {
+		if m.Module != "greedy" && m.Instances[0].Restarts < 1 {
 			t.Errorf("%s was not restarted: %+v", m.Module, m.Instances[0])
 		}
 	}

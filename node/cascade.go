@@ -52,11 +52,13 @@ const (
 	gitCheckEvery = 30 * time.Second
 	// buildTimeout bounds one build.
 	buildTimeout = 10 * time.Minute
-	// buildCacheDir, in the data dir, is the builder's own cache (Go's build and module
-	// caches, npm's), kept between builds and written by builds alone: never the node's.
+	// buildCacheDir, in the data dir, holds the builder's caches (Go's build and module
+	// caches, npm's), one for each module's builds, kept between builds and written by
+	// builds alone: never the node's.
 	buildCacheDir = "build-cache"
-	// buildUser is the key of the uid builds run as, when the node is root.
-	buildUser = "@build" // no module name starts with @
+	// buildUser and the module's name are the key of the uid a module's builds run as, when
+	// the node is root (no module's name starts with @).
+	buildUser = "@build:"
 	// gitToolTimeout bounds one archive or changed request on the mesh-git holder; a
 	// builder's request waits a little longer, then tries again.
 	gitToolTimeout = 20 * time.Second
@@ -524,11 +526,13 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 		deps[on] = strings.NewReader(buf.String())
 		upstream = append(upstream, list[0].Digest)
 	}
+	// Each module's builds have a cache and (as root) a uid of their own: a repository's
+	// build that rewrote a shared GOMODCACHE would be linked into every other module's.
 	spec := build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: source, Deps: deps, Timeout: buildTimeout,
-		Sandbox: n.sandbox, Cache: filepath.Join(n.cfg.DataDir, buildCacheDir),
-		Limits: sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses}}
+		Sandbox: n.sandbox, Cache: filepath.Join(n.cfg.DataDir, buildCacheDir, job.Module),
+		Limits: sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)}}
 	if n.moduleUsers != nil {
-		if spec.User, err = n.moduleUsers.For(buildUser); err != nil {
+		if spec.User, err = n.moduleUsers.For(buildUser + job.Module); err != nil {
 			return retry(err)
 		}
 	}

@@ -48,6 +48,9 @@ func (n *Node) openSandbox() error {
 		if err != nil {
 			return err
 		}
+		if first == 0 {
+			first, last = sandbox.NodeUIDs(n.cfg.DataDir)
+		}
 		if cfg.Users, err = sandbox.OpenUsers(filepath.Join(n.cfg.DataDir, usersFile), first, last); err != nil {
 			return fmt.Errorf("module users: %w", err)
 		}

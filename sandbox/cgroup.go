@@ -65,14 +65,23 @@ func mounts() (v2 string, v1 map[string]string) {
 }
 
 // ownV2 is this process's cgroup in the v2 hierarchy, relative to its mount ("/" at the top).
-func ownV2() string {
+func ownV2() string { return ownCgroup("") }
+
+// ownCgroup is this process's cgroup in the hierarchy of controller ("" the v2 one),
+// relative to its mount.
+func ownCgroup(controller string) string {
 	b, _ := os.ReadFile("/proc/self/cgroup")
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			return rest
+		// hierarchy-id:controller-list:path
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if (controller == "" && f[0] == "0" && f[1] == "") || (controller != "" && slices.Contains(strings.Split(f[1], ","), controller)) {
+			return f[2]
 		}
 	}
-	return ""
+	return "/"
 }
 
 // openCgroups makes the node's subtrees, named name, beneath parent (a v2 cgroup the node
@@ -107,7 +116,9 @@ func openCgroups(parent, name string, root bool) (*cgroups, string) {
 			if cg.v2Ctl[c] || v1[c] == "" {
 				continue
 			}
-			dir := filepath.Join(v1[c], name)
+			// Beneath the node's own v1 cgroup: the limits its service or container sets
+			// (systemd's MemoryMax, TasksMax) hold its modules too.
+			dir := filepath.Join(v1[c], ownCgroup(c), name)
 			if err := os.Mkdir(dir, 0o755); err == nil || errors.Is(err, os.ErrExist) {
 				cg.v1[c] = dir
 			}

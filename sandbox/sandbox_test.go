@@ -246,6 +246,10 @@ func TestSandbox_IsolationIsReadBack(t *testing.T) {
 	if got, want := len(iso.Unenforced) == 0, os.Geteuid() == 0; got != want {
 		t.Errorf("Unenforced=%v as uid %d", iso.Unenforced, os.Geteuid())
 	}
+	// Its v1 cgroups lie beneath the node's own: the node's service limits hold it too.
+	if mine, its := v1Path("self", "memory"), v1Path(strconv.Itoa(p.Pid), "memory"); mine != "" && os.Geteuid() == 0 && !strings.HasPrefix(its, strings.TrimSuffix(mine, "/")+"/") {
+		t.Errorf("its memory cgroup %q is not beneath the node's %q", its, mine)
+	}
 	cg, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.Pid), "cgroup"))
 	if !strings.Contains(string(cg), iso.Cgroup) {
 		t.Errorf("cgroup %q is not the process's:\n%s", iso.Cgroup, cg)
@@ -326,4 +330,15 @@ func TestSandbox_RootRunsNothingAsRoot(t *testing.T) {
 	if strings.Count(out, "0000000000000000") != 5 {
 		t.Fatalf("capabilities left:\n%s", out)
 	}
+}
+
+// v1Path is a process's cgroup in controller's v1 hierarchy ("" without one).
+func v1Path(pid, controller string) string {
+	b, _ := os.ReadFile(filepath.Join("/proc", pid, "cgroup"))
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[1] == controller {
+			return f[2]
+		}
+	}
+	return ""
 }

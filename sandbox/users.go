@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,13 +16,32 @@ import (
 	"syscall"
 )
 
-// The uids a root node gives its modules when not configured otherwise: systemd's range for
-// dynamic users, whose uids no package or person owns. A uid that /etc/passwd names, or that
-// a process runs as, is skipped.
+// The uids a root node gives its modules when not configured otherwise are 1,024 of its
+// own (NodeUIDs), drawn by its data dir from 0x70000000–0x7FA3FFFF: above systemd's
+// container ranges (which end at 0x6FFFFFFF), below its foreign range (0x7FFE0000) and below
+// 2^31, where tools that keep a uid signed break. Two nodes on one machine do not share
+// uids — one's restart would end the other's modules — unless their data dirs' hashes meet
+// (one chance in 250,000). Within a range a uid that /etc/passwd names, or that a process
+// runs as, is skipped.
+const (
+	nodeUIDBase   = 0x70000000
+	nodeUIDRanges = 250000
+	nodeUIDRange  = 1024
+)
+
+// The range the tests use: systemd's for dynamic users, whose uids no package owns.
 const (
 	DefaultFirstUID = 61184
 	DefaultLastUID  = 65519
 )
+
+// NodeUIDs is the default range of uids of the node whose data dir is dataDir.
+func NodeUIDs(dataDir string) (first, last int) {
+	sum := sha256.Sum256([]byte(dataDir))
+	n := int(binary.BigEndian.Uint32(sum[:4]) % nodeUIDRanges)
+	first = nodeUIDBase + n*nodeUIDRange
+	return first, first + nodeUIDRange - 1
+}
 
 // User is the uid and gid a module runs as (gid = uid: a group of its own).
 type User struct {

@@ -54,7 +54,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("provision-interval", defaults.ProvisionInterval.String(), "how often the controller asks each provisioner what it holds")
 	f.String("isolation", defaults.Isolation, "full (modules and builds run only fully isolated) or reduced (with what the machine gives; says what is missing)")
 	f.String("cgroup", "", "the cgroup v2 the node makes its modules' cgroups in (default: its own)")
-	f.String("module-uids", defaults.ModuleUIDs, "the uids, first-last, a node running as root gives its modules")
+	f.String("module-uids", "", "the uids, first-last, a node running as root gives its modules (default: 1,024 of its own, drawn by its data dir)")
 	f.String("module-memory", "0", "the most memory one module instance may use, e.g. 512MiB (0: no limit)")
 	f.String("module-processes", strconv.Itoa(defaults.ModuleProcesses), "the most processes one module instance may have (0: no limit)")
 	f.String("module-disk", defaults.ModuleDisk.String(), "the most one module instance may keep in its work directory (0: no limit)")
