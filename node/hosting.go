@@ -63,6 +63,9 @@ func (n *Node) openSandbox() error {
 		return fmt.Errorf("open the sandbox: %w", err)
 	}
 	n.sandbox, n.moduleUsers = sb, cfg.Users
+	if none := sb.Unenforceable(); len(none) > 0 {
+		n.log.Warn("module limits the kernel will not hold here: no cgroup controller for them (a v2 cgroup with them enabled, or run the node as root)", "limits", strings.Join(none, ", "))
+	}
 	if missing := sb.Missing(); len(missing) > 0 {
 		if err := sb.Check(); err != nil {
 			n.log.Error("modules and builds will not start: "+err.Error(), "isolation", n.cfg.Isolation)

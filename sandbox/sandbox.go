@@ -141,6 +141,19 @@ func Open(cfg Config) (*Sandbox, error) {
 // Missing says what full isolation lacks on this machine (nothing: full).
 func (s *Sandbox) Missing() []string { return s.missing }
 
+// Unenforceable names the limits this node has no controller for ("memory", "processes",
+// "cpu"): with none of the v2 controllers enabled and no v1 ones it may use (an unprivileged
+// node on a hybrid mount), the kernel holds none of them.
+func (s *Sandbox) Unenforceable() []string {
+	var out []string
+	for _, c := range []struct{ name, ctl string }{{"memory", "memory"}, {"processes", "pids"}, {"cpu", "cpu"}} {
+		if !s.cg.v2Ctl[c.ctl] && s.cg.v1[c.ctl] == "" {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
 // Check says whether the node may start modules: with full isolation, or with less when it
 // was configured `isolation: reduced`.
 func (s *Sandbox) Check() error {

@@ -246,6 +246,9 @@ func TestSandbox_IsolationIsReadBack(t *testing.T) {
 	if got, want := len(iso.Unenforced) == 0, os.Geteuid() == 0; got != want {
 		t.Errorf("Unenforced=%v as uid %d", iso.Unenforced, os.Geteuid())
 	}
+	if got, want := len(b.sb.Unenforceable()) == 0, os.Geteuid() == 0; got != want {
+		t.Errorf("Unenforceable()=%v as uid %d", b.sb.Unenforceable(), os.Geteuid())
+	}
 	// Its v1 cgroups lie beneath the node's own: the node's service limits hold it too.
 	if mine, its := v1Path("self", "memory"), v1Path(strconv.Itoa(p.Pid), "memory"); mine != "" && os.Geteuid() == 0 && !strings.HasPrefix(its, strings.TrimSuffix(mine, "/")+"/") {
 		t.Errorf("its memory cgroup %q is not beneath the node's %q", its, mine)
