@@ -39,6 +39,10 @@ type launch struct {
 	Write    []string `json:"write,omitempty"` // read, write, create, remove, beneath each
 	// FileSize bounds each file the process writes (RLIMIT_FSIZE, bytes; 0: none).
 	FileSize int64 `json:"file_size,omitempty"`
+	// Tasks bounds the processes and threads its uid may have more than it has now
+	// (RLIMIT_NPROC, which counts the uid's, not the process's): where no pids controller
+	// holds a fork bomb, the kernel still refuses its forks. 0: none.
+	Tasks int `json:"tasks,omitempty"`
 }
 
 // Launcher runs the launcher when this process was started as one (argv[1] is LauncherArg),
@@ -104,6 +108,12 @@ func (l launch) apply() (string, error) {
 		}
 		if err := syscall.Setresuid(l.UID, l.UID, l.UID); err != nil {
 			return "", fmt.Errorf("become uid %d: %w", l.UID, err)
+		}
+	}
+	if l.Tasks > 0 {
+		n := uint64(uidTasks(os.Getuid()) + l.Tasks)
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return "", fmt.Errorf("limit processes: %w", err)
 		}
 	}
 	if l.FileSize > 0 {
@@ -192,4 +202,19 @@ func dropCapabilities() error {
 		return fmt.Errorf("ambient set: %w", err)
 	}
 	return nil
+}
+
+// uidTasks counts the tasks (threads) that processes of uid have now, as RLIMIT_NPROC does.
+func uidTasks(uid int) int {
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if st, ok := procStatus(e.Name()); ok && st.uid == uid {
+			n += st.threads
+		}
+	}
+	return n
 }

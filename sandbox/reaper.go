@@ -131,6 +131,7 @@ func killDescendants(pid int) {
 // status is what the sandbox reads of a process in /proc/<pid>/status.
 type status struct {
 	uid, ppid, pgid int
+	threads         int
 	noNewPrivs      bool
 	capEff          string
 }
@@ -156,6 +157,8 @@ func procStatus(pid string) (status, bool) {
 			st.uid, _ = strconv.Atoi(f[0])
 		case "PPid":
 			st.ppid, _ = strconv.Atoi(f[0])
+		case "Threads":
+			st.threads, _ = strconv.Atoi(f[0])
 		case "NoNewPrivs":
 			st.noNewPrivs = f[0] == "1"
 		case "CapEff":

@@ -302,6 +302,13 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 	// No one file may outgrow the disk share: the kernel refuses the write (SIGXFSZ) at
 	// once, where the share itself is checked every few seconds.
 	l.FileSize = p.Limits.Disk
+	if p.Limits.Processes > 0 && !s.cg.v2Ctl["pids"] && s.cg.v1["pids"] == "" {
+		// No pids controller: the uid's task limit refuses a fork bomb's forks, and the
+		// watch counts the cgroup's tasks to end it. The uid's count includes the node's
+		// threads, which come and go: the limit leaves room above the one the watch ends
+		// the process at.
+		l.Tasks = p.Limits.Processes + 64 + p.Limits.Processes/8
+	}
 	spec, _ := json.Marshal(l)
 	cmd := exec.Command(s.exe, LauncherArg, string(spec))
 	cmd.Env, cmd.Dir = p.Env, p.Dir
@@ -449,6 +456,10 @@ func (p *Process) watch() {
 // directory outgrew its share.
 func (p *Process) judge(disk bool) bool {
 	forks, ooms := p.leaf.events(p.s.cg, p.lim)
+	if p.lim.Processes > 0 && !p.s.cg.v2Ctl["pids"] && p.leaf.v1dir(p.s.cg, "pids") == "" && p.leaf.v2 != "" &&
+		len(strings.Fields(readString(filepath.Join(p.leaf.v2, "cgroup.threads")))) >= p.lim.Processes {
+		forks = p.forks0 + 1 // at its limit with no controller to hold it: a fork bomb's count
+	}
 	cause := ""
 	switch {
 	case ooms > p.ooms0:

@@ -176,7 +176,8 @@ func sleepers() []string {
 
 func TestSandbox_ForkBombIsEnded(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "bomb", `b() { b | b & }; b; sleep 100`, sandbox.Limits{Processes: 64})
+	// Sleeps that stay, then the classic bomb: it reaches its limit and is held there.
+	p, _ := b.start(t, "bomb", `for i in $(seq 200); do sleep 1000 & done; b() { b | b & }; b; sleep 100`, sandbox.Limits{Processes: 64})
 	endedFor(t, p, sandbox.CauseForks, "fork bomb")
 }
 

@@ -279,12 +279,17 @@ func testIsolationEscapes(t *testing.T, unprivileged bool) {
 	})
 }
 
-// TestIntegration_IsolationForkBomb: a fork bomb hits pids.max, is ended and reported as
-// too many processes, and the node and another module keep working.
-func TestIntegration_IsolationForkBomb(t *testing.T) {
-	b := newIsolationBed(t, false)
+func TestIntegration_IsolationForkBombAsRoot(t *testing.T)       { testIsolationForkBomb(t, false) }
+func TestIntegration_IsolationForkBombUnprivileged(t *testing.T) { testIsolationForkBomb(t, true) }
+
+// testIsolationForkBomb: a fork bomb is held at its limit (pids.max; without a pids
+// controller, as an unprivileged node on this machine has none, its uid's RLIMIT_NPROC),
+// ended and reported as too many processes, and the node and another module keep working.
+// Its sleeps stay, so the bomb stays at its limit rather than dying out when refused.
+func testIsolationForkBomb(t *testing.T, unprivileged bool) {
+	b := newIsolationBed(t, unprivileged)
 	b.deploy(t, "victim", victim)
-	b.deployWith(t, "bomber", "#!/bin/sh\nb() { b | b & }\nb\nexec sleep 600\n")
+	b.deployWith(t, "bomber", "#!/bin/sh\nfor i in $(seq 2000); do sleep 1000 & done\nb() { b | b & }\nb\nexec sleep 600\n")
 	retryUntil(t, 60*time.Second, func() error {
 		p := b.ps(t)["bomber"]
 		if !strings.Contains(p.Reason, sandbox.CauseForks) {

@@ -301,6 +301,10 @@ func launchCmd(t testing.TB, cmd *exec.Cmd, verb string) *process {
 			cmd.Process.Kill()
 			<-p.done
 		}
+		// Its modules outlive a SIGKILL (its next start would end them): ended here.
+		if i := slices.Index(cmd.Args, "--data-dir"); i > 0 && i+1 < len(cmd.Args) {
+			testbed.EndNodeCgroups(cmd.Args[i+1])
+		}
 	})
 	return p
 }

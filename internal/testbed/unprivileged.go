@@ -5,9 +5,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/sandbox"
 )
@@ -107,4 +109,44 @@ func Sandbox(t testing.TB, node, dir string) (*sandbox.Sandbox, *sandbox.Users) 
 		Skip(t, "%v", err)
 	}
 	return sb, users
+}
+
+// EndNodeCgroups ends every process left in the cgroups of the node whose data dir is
+// dataDir, and removes them: a bed that kills a node with SIGKILL and never starts it again
+// leaves its modules running, by design, for the node's next start to end.
+func EndNodeCgroups(dataDir string) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return
+	}
+	suffix := strings.TrimPrefix(sandbox.SubtreeName("", abs), "meshnode-")
+	for _, root := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if name := d.Name(); strings.HasPrefix(name, "meshnode-") && strings.HasSuffix(name, suffix) {
+				endTree(path)
+				return filepath.SkipDir
+			}
+			return nil
+		})
+	}
+}
+
+// endTree kills what a cgroup holds and removes it and its children, deepest first.
+func endTree(dir string) {
+	var dirs []string
+	filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		os.WriteFile(filepath.Join(dirs[i], "cgroup.kill"), []byte("1"), 0)
+		for deadline := time.Now().Add(5 * time.Second); os.Remove(dirs[i]) != nil && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond) // the killed leave it once reaped
+		}
+	}
 }
