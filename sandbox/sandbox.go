@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -466,7 +467,7 @@ func (p *Process) judge(disk bool) bool {
 		cause = CauseOOM
 	case forks > p.forks0:
 		cause = CauseForks
-	case disk && p.lim.Disk > 0 && p.diskDir != "" && diskUse(p.diskDir) >= p.lim.Disk:
+	case disk && p.lim.Disk > 0 && p.diskDir != "" && diskUse(p.diskDir)+p.deletedUse() >= p.lim.Disk:
 		cause = CauseDisk
 	}
 	p.mu.Lock()
@@ -489,6 +490,39 @@ func diskUse(dir string) int64 {
 		}
 		return nil
 	})
+	return n
+}
+
+// deletedUse is the bytes of files the process's cgroup (or, without one, the process)
+// holds open after they were removed: space the walk of its directory does not see, and
+// that a module could otherwise fill a disk with.
+func (p *Process) deletedUse() int64 {
+	pids := []int{p.Pid}
+	if p.leaf.v2 != "" {
+		pids = procs(p.leaf.v2)
+	}
+	var n int64
+	seen := map[string]bool{}
+	for _, pid := range pids {
+		fds := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+		entries, _ := os.ReadDir(fds)
+		for _, e := range entries {
+			fd := filepath.Join(fds, e.Name())
+			target, err := os.Readlink(fd)
+			if err != nil || !strings.HasSuffix(target, " (deleted)") || !strings.HasPrefix(target, "/") {
+				continue
+			}
+			st, err := os.Stat(fd) // the open file itself
+			if err != nil || !st.Mode().IsRegular() {
+				continue
+			}
+			sys, ok := st.Sys().(*syscall.Stat_t)
+			if key := fmt.Sprint(sys.Dev, ":", sys.Ino); ok && !seen[key] {
+				seen[key] = true
+				n += sys.Blocks * 512
+			}
+		}
+	}
 	return n
 }
 

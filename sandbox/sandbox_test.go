@@ -223,6 +223,14 @@ func endedFor(t *testing.T, p *sandbox.Process, cause, what string) {
 	}
 }
 
+// TestSandbox_DeletedFilesCountToo: files a module removed while it keeps them open still
+// take their space, and count toward its share.
+func TestSandbox_DeletedFilesCountToo(t *testing.T) {
+	b := newBed(t)
+	p, _ := b.start(t, "hider", `i=0; while :; do i=$((i+1)); exec 3>hidden$i; head -c 1048576 /dev/zero >&3; rm hidden$i; sleep 1000 3>&3 & exec 3>&-; done`, sandbox.Limits{Disk: 6 << 20})
+	endedFor(t, p, sandbox.CauseDisk, "process hiding its files")
+}
+
 // TestSandbox_IsolationIsReadBack: what ps shows comes from the kernel.
 func TestSandbox_IsolationIsReadBack(t *testing.T) {
 	b := newBed(t)

@@ -10,5 +10,5 @@ import (
 // as a node started by an operator's own user (or under systemd's User= with Delegate=yes)
 // runs: Landlock alone, in a v2 cgroup delegated to it.
 func TestSandbox_Unprivileged(t *testing.T) {
-	testbed.RunTestsAsNobody(t, "^TestSandbox_(FilesystemIsItsOwn|CannotSignalTheNode|NothingOutlivesIt|ForkBombIsEnded|OneFileCannotOutgrowTheShare|DiskShareIsBounded|IsolationIsReadBack|AMissingProgramIsErrExec)$")
+	testbed.RunTestsAsNobody(t, "^TestSandbox_(FilesystemIsItsOwn|CannotSignalTheNode|NothingOutlivesIt|ForkBombIsEnded|OneFileCannotOutgrowTheShare|DiskShareIsBounded|DeletedFilesCountToo|IsolationIsReadBack|AMissingProgramIsErrExec)$")
 }
