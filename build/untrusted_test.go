@@ -202,3 +202,30 @@ func TestRun_PathThatIsALinkIsRefused(t *testing.T) {
 func TestRun_Unprivileged(t *testing.T) {
 	testbed.RunTestsAsNobody(t, "^TestRun_(ChainedLinksReadNothingOutside|PlantedOutputIsNotFollowed|AsItsOwnUser|LogIsCapped|PathThatIsALinkIsRefused)$")
 }
+
+// TestRun_ReadsItsToolchainPaths: a build reads the directories its node's build-paths names
+// (a toolchain outside /usr), and not without them.
+func TestRun_ReadsItsToolchainPaths(t *testing.T) {
+	sb, u := openSandbox(t)
+	_, _, dir := seedDir(t)
+	tool := t.TempDir()
+	testbed.Traversable(t, tool)
+	os.WriteFile(filepath.Join(tool, "compiler"), []byte("#!/bin/sh\necho compiled > \"$OUT\"\n"), 0o755)
+	job := build.Job{Module: "a", Repository: "shop", Path: "svc", Commit: strings.Repeat("f", 40)}
+	run := func(read []string) error {
+		os.RemoveAll(dir)
+		os.Mkdir(dir, 0o700)
+		_, out, err := build.Run(context.Background(), dir, build.Spec{Job: job, Source: tarball(t, [][2]string{{"svc/f", "x"}}), Sandbox: sb, User: u,
+			Read: read, Run: tool + "/compiler"})
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := run([]string{tool}); err != nil {
+		t.Fatalf("a build with its toolchain's path: %v", err)
+	}
+	if err := run(nil); err == nil {
+		t.Fatal("a build ran a toolchain outside its paths")
+	}
+}

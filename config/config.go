@@ -146,6 +146,10 @@ type Config struct {
 	// ModuleDisk is the most one module instance may keep in its work directory; past it
 	// the instance is ended and reported. Zero: no limit.
 	ModuleDisk Bytes `yaml:"module-disk"`
+	// BuildPaths are the directories, absolute, a build may read (and run from) besides its
+	// tree and the system's runtime: toolchains installed outside /usr (a JDK in /opt, an
+	// SDK in a home). In the environment and on the command line: comma-separated.
+	BuildPaths []string `yaml:"build-paths"`
 }
 
 // Isolation's values.
@@ -366,6 +370,7 @@ func (c *Config) keys() map[string]any {
 		"module-memory":           &c.ModuleMemory,
 		"module-processes":        &c.ModuleProcesses,
 		"module-disk":             &c.ModuleDisk,
+		"build-paths":             &c.BuildPaths,
 	}
 }
 
@@ -590,6 +595,11 @@ func (c Config) Validate() error {
 	if c.ModuleUIDs != "" {
 		if _, _, err := c.UIDRange(); err != nil {
 			return err
+		}
+	}
+	for _, p := range c.BuildPaths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+			return fmt.Errorf("%w: build-paths %q: an absolute directory a build may read, not the root, e.g. /opt/jdk-21", ErrInvalid, p)
 		}
 	}
 	if c.ModuleMemory != 0 && c.ModuleMemory < 8<<20 {

@@ -252,3 +252,19 @@ func TestConfig_MeshSeats(t *testing.T) {
 		t.Fatalf("mesh-git in mesh-seats: %v", err)
 	}
 }
+
+func TestConfig_BuildPaths(t *testing.T) {
+	c := config.Up()
+	if err := c.Set("build-paths", "/opt/jdk, /srv/sdk"); err != nil || len(c.BuildPaths) != 2 || c.BuildPaths[1] != "/srv/sdk" {
+		t.Fatalf("build-paths: %v %v", c.BuildPaths, err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"opt/jdk", "/"} {
+		c.Set("build-paths", bad)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "absolute directory") {
+			t.Errorf("build-paths %q: %v, want refused", bad, err)
+		}
+	}
+}

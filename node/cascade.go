@@ -529,7 +529,7 @@ func (b *builderService) run(ctx context.Context, job build.Job) (*build.Built, 
 	// Each module's builds have a cache and (as root) a uid of their own: a repository's
 	// build that rewrote a shared GOMODCACHE would be linked into every other module's.
 	spec := build.Spec{Job: job, Run: e.Manifest.BuildRun, Source: source, Deps: deps, Timeout: buildTimeout,
-		Sandbox: n.sandbox, Cache: filepath.Join(n.cfg.DataDir, buildCacheDir, job.Module),
+		Sandbox: n.sandbox, Cache: filepath.Join(n.cfg.DataDir, buildCacheDir, job.Module), Read: n.cfg.BuildPaths,
 		Limits: sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)}}
 	if n.moduleUsers != nil {
 		if spec.User, err = n.moduleUsers.For(buildUser + job.Module); err != nil {

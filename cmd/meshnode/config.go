@@ -58,6 +58,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("module-memory", "0", "the most memory one module instance may use, e.g. 512MiB (0: no limit)")
 	f.String("module-processes", strconv.Itoa(defaults.ModuleProcesses), "the most processes one module instance may have (0: no limit)")
 	f.String("module-disk", defaults.ModuleDisk.String(), "the most one module instance may keep in its work directory (0: no limit)")
+	f.String("build-paths", "", "directories a build may read besides its tree and the system's runtime (toolchains outside /usr), comma-separated")
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
