@@ -350,11 +350,7 @@ func rootWrite(root *os.Root, name string, r io.Reader, mode os.FileMode) error 
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return copyInto(f, r)
 }
 
 func writeFile(path string, r io.Reader, mode os.FileMode) error {
@@ -365,6 +361,11 @@ func writeFile(path string, r io.Reader, mode os.FileMode) error {
 	if err != nil {
 		return err
 	}
+	return copyInto(f, r)
+}
+
+// copyInto copies r into f, and closes it.
+func copyInto(f *os.File, r io.Reader) error {
 	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		return err
