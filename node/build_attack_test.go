@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -64,6 +65,19 @@ func TestCascade_BuildsReadNothingOutside(t *testing.T) {
 		if x.Status != "failed" {
 			t.Errorf("build of %s: %+v, want failed", x.Module, x)
 		}
+	}
+	// Each module's builds had a cache (and, as root, a uid) of their own: what one build
+	// wrote there is never another module's build's input.
+	owners := map[uint32]bool{}
+	for _, m := range []string{"evil", "planter"} {
+		st, err := os.Stat(filepath.Join(b.dir, "build-cache", m))
+		if err != nil {
+			t.Fatalf("no build cache of %s's own: %v", m, err)
+		}
+		owners[st.Sys().(*syscall.Stat_t).Uid] = true
+	}
+	if os.Geteuid() == 0 && len(owners) != 2 {
+		t.Errorf("the two modules' build caches have owners %v, want two uids", owners)
 	}
 	b.close() // everything it stored is on disk
 
