@@ -207,12 +207,8 @@ func dropCapabilities() error {
 // uidTasks counts the tasks (threads) that processes of uid have now, as RLIMIT_NPROC does.
 func uidTasks(uid int) int {
 	n := 0
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		if st, ok := procStatus(e.Name()); ok && st.uid == uid {
+	for _, st := range processes() {
+		if st.uid == uid {
 			n += st.threads
 		}
 	}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"iter"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -87,13 +88,8 @@ func (r *reaper) reap() {
 // children are the pids whose parent is ppid.
 func children(ppid int) []int {
 	var kids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := procStatus(e.Name()); ok && st.ppid == ppid {
+	for pid, st := range processes() {
+		if st.ppid == ppid {
 			kids = append(kids, pid)
 		}
 	}
@@ -105,15 +101,8 @@ func killDescendants(pid int) {
 	for range 20 {
 		found := false
 		tree := map[int][]int{}
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			p, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			if st, ok := procStatus(e.Name()); ok {
-				tree[st.ppid] = append(tree[st.ppid], p)
-			}
+		for p, st := range processes() {
+			tree[st.ppid] = append(tree[st.ppid], p)
 		}
 		queue := append([]int{}, tree[pid]...)
 		for len(queue) > 0 {
@@ -124,6 +113,23 @@ func killDescendants(pid int) {
 		}
 		if !found {
 			return
+		}
+	}
+}
+
+// processes yields every process of the machine with its status; one gone meanwhile is
+// skipped.
+func processes() iter.Seq2[int, status] {
+	return func(yield func(int, status) bool) {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if st, ok := procStatus(e.Name()); ok && !yield(pid, st) {
+				return
+			}
 		}
 	}
 }

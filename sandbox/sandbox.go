@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,7 +187,7 @@ func (s *Sandbox) Close() error {
 // killed, and nothing stopped its modules) and, as root, every process running as one of the
 // module users it recorded, then removes the leaves.
 func (s *Sandbox) endLeftovers() {
-	for _, sub := range append([]string{s.cg.v2}, mapValues(s.cg.v1)...) {
+	for _, sub := range append([]string{s.cg.v2}, slices.Collect(maps.Values(s.cg.v1))...) {
 		if sub == "" {
 			continue
 		}
@@ -532,12 +534,4 @@ func (s *Sandbox) forget(pid int) {
 		delete(s.reaper.known, pid)
 		s.reaper.mu.Unlock()
 	}
-}
-
-func mapValues(m map[string]string) []string {
-	var vs []string
-	for _, v := range m {
-		vs = append(vs, v)
-	}
-	return vs
 }

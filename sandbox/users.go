@@ -140,14 +140,8 @@ func (u *Users) save() error {
 // processUIDs are the real uids processes run as now.
 func processUIDs() map[int]bool {
 	uids := map[int]bool{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		if st, ok := procStatus(e.Name()); ok {
-			uids[st.uid] = true
-		}
+	for _, st := range processes() {
+		uids[st.uid] = true
 	}
 	return uids
 }
@@ -165,13 +159,8 @@ func killUsers(uids []int) int {
 	killed := 0
 	for range 50 {
 		found := 0
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			if st, ok := procStatus(e.Name()); ok && want[st.uid] {
+		for pid, st := range processes() {
+			if want[st.uid] {
 				syscall.Kill(pid, syscall.SIGKILL)
 				found++
 			}
