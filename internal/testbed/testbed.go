@@ -145,32 +145,27 @@ func (b *SyncBuffer) String() string {
 	return b.buf.String()
 }
 
-// Passable is Traversable for a helper that has no test at hand: it lets any user pass
-// through dir and the directories above it, as far as it can.
-func Passable(dir string) {
+// Passable lets any user pass through dir and the directories above it (o+x, not o+r), as
+// a node running as root makes its data dir: a module's own uid must reach its directory.
+// It is Traversable for a helper with no test at hand, and returns the first error.
+func Passable(dir string) error {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
 	for p := dir; p != "/" && p != "."; p = filepath.Dir(p) {
 		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o001 == 0 {
-			os.Chmod(p, st.Mode().Perm()|0o001)
-		}
-	}
-}
-
-// Traversable lets any user pass through dir and the directories above it (o+x, not o+r), as
-// a node running as root makes its data dir: a module's own uid must reach its directory.
-func Traversable(t testing.TB, dir string) {
-	t.Helper()
-	for p := dir; p != "/" && p != "."; p = filepath.Dir(p) {
-		st, err := os.Stat(p)
-		if err != nil {
-			continue
-		}
-		if st.Mode().Perm()&0o001 == 0 {
 			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
-				t.Fatal(err)
+				return err
 			}
 		}
+	}
+	return nil
+}
+
+// Traversable is Passable that fails t.
+func Traversable(t testing.TB, dir string) {
+	t.Helper()
+	if err := Passable(dir); err != nil {
+		t.Fatal(err)
 	}
 }
