@@ -113,20 +113,7 @@ func TestNodeExample_Module(t *testing.T) {
 	}
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
-	got := make(chan sdk.Event, 4)
-	reader, err := sdk.Connect(ctx, p.clientURL, readerSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	if err := reader.On("notes.note.written", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	shop, err := sdk.Connect(ctx, p.clientURL, shopSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shop.Close()
+	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
 	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)
@@ -211,4 +198,25 @@ func mustSeed(t *testing.T, seedFile string) nkeys.KeyPair {
 		t.Fatal(err)
 	}
 	return kp
+}
+
+// notesPair is the Go side of the Node.js example's beds: a reader of notes' events, each
+// sent on the channel, and shop, which emits what notes consumes. Both close with the test.
+func notesPair(ctx context.Context, t *testing.T, url, readerSeed, shopSeed string) (<-chan sdk.Event, *sdk.Client) {
+	t.Helper()
+	got := make(chan sdk.Event, 4)
+	reader, err := sdk.Connect(ctx, url, readerSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close() })
+	if err := reader.On("notes.note.written", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, url, shopSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shop.Close() })
+	return got, shop
 }

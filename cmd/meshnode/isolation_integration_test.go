@@ -18,7 +18,6 @@ import (
 
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sandbox"
-	"github.com/meshnode/meshnode/sdk"
 )
 
 // isolationBed is a node started as an operator would, in one of two modes: as root (each
@@ -333,20 +332,7 @@ func TestIntegration_NodeExampleSandboxed(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	got := make(chan sdk.Event, 1)
-	reader, err := sdk.Connect(ctx, b.p.clientURL, readerSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	if err := reader.On("notes.note.written", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	shop, err := sdk.Connect(ctx, b.p.clientURL, shopSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shop.Close()
+	got, shop := notesPair(ctx, t, b.p.clientURL, readerSeed, shopSeed)
 	id, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)
