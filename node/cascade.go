@@ -37,8 +37,8 @@ import (
 
 // The mesh's own seats of the cascade, their verbs, tools and events.
 const (
-	GitSeat     = "mesh-git"
-	BuilderSeat = "mesh-build-machine"
+	GitSeat     = build.GitSeat
+	BuilderSeat = build.BuilderSeat
 
 	// SourcesBucket is the object store of source archives the mesh-git holder exports for
 	// builders, by repository and commit (DESIGN §3: 7 days).
@@ -96,7 +96,7 @@ func (n *Node) publishSeatEvent(ctx context.Context, seat, event string, body an
 	if err != nil {
 		return err
 	}
-	return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, seat, n.id.Name, manifest.SeatEventSubject(seat, event), b, causation)
+	return publishSigned(ctx, n.bus.JetStream(), n.sign, seat, n.id.Name, manifest.SeatEventSubject(seat, event), b, causation)
 }
 
 // publishSigned stamps body for subject — x-source source, x-node node, signed by key,

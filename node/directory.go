@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -21,7 +22,7 @@ type directory struct {
 	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
 	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
-	quotas   *quotas                     // modules over their EVENTS quota: no emits
+	quotas   *controller.Quotas          // modules over their EVENTS quota: no emits
 }
 
 var _ embedbus.Directory = (*directory)(nil)

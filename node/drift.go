@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -337,16 +338,16 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.seats.store.Rewatch)
 	}
 	if controller {
-		steps = append(steps, n.ctrl.topo.ensureMesh,
-			func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, manifest.Builtin()) })
+		steps = append(steps, n.ctrl.Topology().EnsureMesh,
+			func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, manifest.Builtin()) })
 		for _, e := range n.reg.List() {
-			steps = append(steps, func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, e.Derivation) })
+			steps = append(steps, func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, e.Derivation) })
 		}
 	} else {
-		steps = append(steps, n.ctrl.topo.ensureAudit)
+		steps = append(steps, n.ctrl.Topology().EnsureAudit)
 	}
 	for _, step := range steps {
-		if err = retryJS(ctx, step); err != nil {
+		if err = jsretry.Do(ctx, step); err != nil {
 			break
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
@@ -210,7 +211,7 @@ func (n *Node) serverKey(name string) (string, bool) {
 // and every reportEvery, until ctx ends; a report that cannot be sent is retried (a newer
 // one replaces it).
 func (n *Node) runReports(ctx context.Context) error {
-	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, ReportVerb)
+	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, controller.ReportVerb)
 	tick := time.NewTicker(reportEvery)
 	defer tick.Stop()
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
@@ -243,7 +244,7 @@ func (n *Node) runReports(ctx context.Context) error {
 
 // sendReport publishes one report job, signed by this node.
 func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
-	return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, n.id.Name, n.id.Name, subject, body, "")
+	return publishSigned(ctx, n.bus.JetStream(), n.sign, n.id.Name, n.id.Name, subject, body, "")
 }
 
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into

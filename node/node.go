@@ -17,12 +17,13 @@ import (
 
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
-	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
@@ -31,9 +32,7 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,7 +83,7 @@ type Node struct {
 	found       *genesis.Foundation
 	key         nkeys.KeyPair
 	bus         *embedbus.Bus
-	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
+	budget      controller.Budget  // the byte limits of the mesh's streams and buckets on this node
 	alarms      alarms             // standing reasons not to be ready (drift.go)
 	lossSub     *nats.Subscription // answers ToolAcceptLoss
 	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
@@ -128,8 +127,9 @@ type Node struct {
 	// vault's tokens and the seats are read): until then the bus holds an unknown key's
 	// connect instead of refusing it (embedbus.Config.Complete).
 	dirComplete chan struct{}
-	quotas      quotas // modules over their EVENTS quota (quota.go)
-	ctrl        *controller
+	quotas      controller.Quotas // modules over their EVENTS quota (quota.go)
+	ctrl        *controller.Controller
+	sign        *envelope.SigningKey // the node's key as a signer: its events, jobs and declarations
 	seats       *seatService
 	clusterSubs []*nats.Subscription
 	clusterCtx  context.Context // ends at Close: a leave or removal in progress gives up
@@ -350,7 +350,6 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	if err != nil {
 		return err
 	}
-	n.quotas.over = map[string]registry.Quota{}
 	own := nodePermissions(n.id.Name)
 	n.dir = &directory{
 		node:   n.id.Name,
@@ -431,7 +430,7 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
 		return fmt.Errorf("connect responder: %w", err)
 	}
-	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
+	n.budget = controller.NewBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
 	return nil
 }
@@ -480,35 +479,10 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 // identity in the registry, and every module's streams. The leases' store is returned for
 // openServices.
 func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store, err error) {
-	n.ctrl = &controller{
-		log:      n.log.With("component", "controller"),
-		answered: n.meter.answered,
-		nc:       n.bus.Conn(),
-		resp:     n.respNC,
-		gate:     n.gate,
-		reg:      n.reg,
-		quotas:   &n.quotas,
-		topo: &topology{
-			js:           n.bus.JetStream(),
-			node:         n.id.Name,
-			replicas:     n.replicas(),
-			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
-			budget:       n.budget,
-		},
-		node:      n.id.Name,
-		js:        n.bus.JetStream(),
-		sweepNow:  make(chan struct{}, 1),
-		reports:   newReportCounts(),
-		hosts:     map[string]host.Report{},
-		published: map[string]deploy.Declaration{},
-		casc:      cascades{running: map[string]*cascade{}, lastCommit: map[string]string{}},
-		prov:      provisions{interval: time.Duration(n.cfg.ProvisionInterval), wake: make(chan struct{}, 1)},
-	}
-	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
+	if n.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
 	}
-	n.ctrl.publisher = &deploy.Publisher{JS: n.bus.JetStream(), Key: n.ctrl.sign, Controller: n.id.Name, Servers: n.serverKey}
-	n.ctrl.epoch = func() uint64 { return 0 } // the seat's, once the leases are open (openSeats)
+	n.ctrl = n.newController()
 	var leases *seats.Store
 	defer func() {
 		if err != nil && leases != nil {
@@ -518,13 +492,13 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		defer n.startStep("registry")
-		return retryJS(gctx, func(ctx context.Context) error {
+		return jsretry.Do(gctx, func(ctx context.Context) error {
 			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
 		})
 	})
 	g.Go(func() error {
 		defer n.startStep("leases")
-		return retryJS(gctx, func(ctx context.Context) (err error) {
+		return jsretry.Do(gctx, func(ctx context.Context) (err error) {
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
@@ -535,7 +509,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	})
 	g.Go(func() error {
 		defer n.startStep("mesh streams")
-		return retryJS(gctx, n.ctrl.topo.ensureMesh)
+		return jsretry.Do(gctx, n.ctrl.Topology().EnsureMesh)
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -547,7 +521,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		return nil, err
 	}
 	n.startStep("identity")
-	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
+	if err := jsretry.Do(ctx, n.ctrl.ReconcileAll); err != nil {
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
 	n.startStep("topology")
@@ -562,7 +536,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	if err := retryJS(ctx, func(ctx context.Context) error {
+	if err := jsretry.Do(ctx, func(ctx context.Context) error {
 		return n.reg.SetNode(ctx, n.id.Name, registry.NodeIdentity{PublicKey: n.id.PublicKey, XKey: xpub})
 	}); err != nil {
 		return err
@@ -570,7 +544,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 	if vaultPub == "" {
 		return nil
 	}
-	return retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
+	return jsretry.Do(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
 }
 
 // openServices starts what the node serves: the vault (only a node with the vault's
@@ -602,7 +576,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
 	mayMark := func(string) bool { return genesisErr == nil }
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
+	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}
 	if !known {
@@ -634,7 +608,7 @@ func (n *Node) newHTTPServer() {
 			}
 			return 0
 		})
-	n.metrics.MustRegister(n.ctrl.reports)
+	n.metrics.MustRegister(n.ctrl.Reports())
 	n.metrics.MustRegister(n.meter.collectors()...)
 	n.metrics.MustRegister(&streamCollector{bus: func() *embedbus.Bus { return n.bus }})
 	n.toolStats = newModuleToolStats(n.id.Name, func(module, tool string) bool {
@@ -826,7 +800,7 @@ func (n *Node) Close() error {
 		n.seats = nil
 	}
 	if n.ctrl != nil {
-		n.ctrl.close()
+		keep(n.ctrl.Close(), "controller")
 		n.ctrl = nil
 	}
 	if n.vault != nil {
@@ -921,71 +895,17 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	return n.vault.Watch(ctx)
 }
 
-// retryJS runs f with a fresh context until it succeeds or ctx ends. A clustered JetStream
-// drops an API request sent while it has no leader for the asset (the meta group's, or a new
-// stream's) — the request is never answered — so a step of Open asks again rather than wait
-// out its whole budget on one lost request. The first attempts are short (an answered request
-// takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
-// stream placed on a busy cluster can take seconds to answer).
-func retryJS(ctx context.Context, f func(context.Context) error) error {
-	attempt := 250 * time.Millisecond
-	pause := backoff.Backoff{First: 20 * time.Millisecond, Max: 2 * time.Second}
-	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
-		err := f(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-		if !retryableJS(err) {
-			return err
-		}
-		attempt = min(2*attempt, 5*time.Second)
-		if pause.Wait(ctx) != nil {
-			return err
-		}
-	}
-}
-
-// retryableJS reports whether a JetStream request's error is one a clustered JetStream gives
-// while it settles (no leader yet, no peers placed yet, a peer change in flight), told by type
-// and by nats-server's error code, never by text.
-func retryableJS(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, embedbus.ErrChangeInFlight) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch server.ErrorIdentifier(apiErr.ErrorCode) {
-		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
-			return true
-		case server.JSStreamNameExistErr:
-			// Two nodes created a stream at once with configurations that differ (each sizes
-			// the mesh's streams from its own store): asked again, the update path settles it.
-			return true
-		}
-	}
-	return false
-}
-
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
-		bus: n.bus, resp: n.respNC, gate: n.gate, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
+		bus: n.bus, resp: n.respNC, gate: n.gate, reg: n.reg, topo: n.ctrl.Topology(), store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	s.onControl = n.reportUnreachable
 	n.seats = s
 	n.dir.seats.Store(s)
-	n.ctrl.seats = s.status
-	n.ctrl.epoch = func() uint64 {
-		// The runner's own record of the lease it holds: the lease bucket's mirror can lag.
-		l, _ := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
-		return l.Epoch
-	}
 	if err := s.start(); err != nil {
 		return err
 	}
@@ -1018,7 +938,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if n.vaultNC, err = n.bus.Connect(key, "vault", nats.CustomInboxPrefix(partInbox("vault", n.id.Name))); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
-	err = retryJS(ctx, func(ctx context.Context) (err error) {
+	err = jsretry.Do(ctx, func(ctx context.Context) (err error) {
 		n.vault, err = vault.Open(ctx, vault.Config{
 			Log:         n.log.With("component", "vault"),
 			MeshID:      n.id.MeshID,

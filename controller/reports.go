@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -38,7 +38,7 @@ var errReportRefused = errors.New("report refused")
 
 // consumeReports takes report jobs from the controller's work queue until ctx ends: while
 // this node holds mesh-controller.
-func (c *controller) consumeReports(ctx context.Context) {
+func (c *Controller) consumeReports(ctx context.Context) {
 	con, ok, err := manifest.Builtin().SeatConsumer(manifest.ControllerSeat, c.node)
 	if err != nil || !ok {
 		c.log.Error("the controller's work queue is not derived", "err", err)
@@ -65,7 +65,7 @@ func (c *controller) consumeReports(ctx context.Context) {
 }
 
 // takeReport checks one report job and keeps it (ack), or terminates it with the reason.
-func (c *controller) takeReport(m jetstream.Msg) {
+func (c *Controller) takeReport(m jetstream.Msg) {
 	source, err := c.checkReport(m)
 	from := "module"
 	if _, ok := c.reg.Node(source); ok {
@@ -83,7 +83,7 @@ func (c *controller) takeReport(m jetstream.Msg) {
 	}
 }
 
-func (c *controller) checkReport(m jetstream.Msg) (source string, err error) {
+func (c *Controller) checkReport(m jetstream.Msg) (source string, err error) {
 	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", errReportRefused, err)

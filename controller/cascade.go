@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -26,9 +26,9 @@ func cascadeConsumer() manifest.Consumer {
 	return manifest.Consumer{
 		Stream: manifest.EventsStreamName, Name: "controller",
 		FilterSubjects: []string{
-			manifest.SeatEventSubject(GitSeat, "pushed"),
-			manifest.SeatEventSubject(BuilderSeat, "built"),
-			manifest.SeatEventSubject(BuilderSeat, "failed"),
+			manifest.SeatEventSubject(build.GitSeat, "pushed"),
+			manifest.SeatEventSubject(build.BuilderSeat, "built"),
+			manifest.SeatEventSubject(build.BuilderSeat, "failed"),
 		},
 		DeliverPolicy: manifest.DeliverNew, AckPolicy: manifest.AckExplicit,
 		MaxAckPending: manifest.MaxAckPending, MaxDeliver: manifest.MaxDeliver, BackOff: manifest.BackOff(),
@@ -59,7 +59,7 @@ type cascade struct {
 
 // consumeCascade takes the cascade's events until ctx ends: while this node holds the
 // controller seat.
-func (c *controller) consumeCascade(ctx context.Context) {
+func (c *Controller) consumeCascade(ctx context.Context) {
 	con := cascadeConsumer()
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	var cons jetstream.Consumer
@@ -91,7 +91,7 @@ func (c *controller) consumeCascade(ctx context.Context) {
 
 // onCascadeEvent handles one pushed, built or failed event, signed by the node that holds
 // the seat it names (x-node, a server of the mesh).
-func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error {
+func (c *Controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error {
 	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
 	if err != nil {
 		m.TermWithReason(err.Error())
@@ -105,19 +105,19 @@ func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error 
 	c.mu.Lock() // registrations and deployments do not change under a cascade's step
 	defer c.mu.Unlock()
 	switch m.Subject() {
-	case manifest.SeatEventSubject(GitSeat, "pushed"):
+	case manifest.SeatEventSubject(build.GitSeat, "pushed"):
 		var p build.Pushed
 		if json.Unmarshal(m.Data(), &p) != nil {
 			return nil
 		}
 		return c.onPushed(ctx, ev.ID, p)
-	case manifest.SeatEventSubject(BuilderSeat, "built"):
+	case manifest.SeatEventSubject(build.BuilderSeat, "built"):
 		var b build.Built
 		if json.Unmarshal(m.Data(), &b) != nil {
 			return nil
 		}
 		return c.onBuilt(ctx, ev.ID, b)
-	case manifest.SeatEventSubject(BuilderSeat, "failed"):
+	case manifest.SeatEventSubject(build.BuilderSeat, "failed"):
 		var f build.Failed
 		if json.Unmarshal(m.Data(), &f) != nil {
 			return nil
@@ -129,7 +129,7 @@ func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error 
 
 // onPushed starts a cascade from the modules built from the pushed repository whose path the
 // push changed.
-func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushed) error {
+func (c *Controller) onPushed(ctx context.Context, eventID string, p build.Pushed) error {
 	c.casc.mu.Lock()
 	c.casc.lastCommit[p.Repository] = p.Commit
 	c.casc.mu.Unlock()
@@ -140,13 +140,11 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 	for _, m := range catalogue {
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
-				gctx, cancel := context.WithTimeout(ctx, gitToolTimeout+5*time.Second)
-				r, err := gitCall(gctx, c.nc, "changed", ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
-				cancel()
+				changed, err := c.changed(ctx, p.Repository, p.Before, p.Commit)
 				if err != nil {
 					return err // the event is delivered again
 				}
-				paths, asked = r.Paths, true
+				paths, asked = changed, true
 			}
 			if build.Touches(paths, path) {
 				roots = append(roots, m.Module)
@@ -171,7 +169,7 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 
 // onBuilt records a build and advances its cascade — or, for an artifact built outside one,
 // starts the cascade of what is built on it — and deploys it where its deployment says auto.
-func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built) error {
+func (c *Controller) onBuilt(ctx context.Context, eventID string, b build.Built) error {
 	c.casc.mu.Lock()
 	cs := c.casc.running[b.Cascade]
 	c.casc.mu.Unlock()
@@ -203,7 +201,7 @@ func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built)
 }
 
 // advance submits the cascade's builds that are ready, and forgets a cascade that is done.
-func (c *controller) advance(ctx context.Context, cs *cascade) error {
+func (c *Controller) advance(ctx context.Context, cs *cascade) error {
 	c.casc.mu.Lock()
 	ready := cs.plan.Ready(cs.built, cs.started)
 	c.casc.mu.Unlock()
@@ -245,16 +243,16 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 
 // submitBuild queues one build job for the mesh-build-machine holder, signed by this node,
 // caused by the event that made it ready.
-func (c *controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
+func (c *Controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
 	body, _ := json.Marshal(job)
-	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, manifest.SeatAcceptSubject(BuilderSeat, "build"), body, cause); err != nil {
+	if err := c.publish(ctx, manifest.SeatAcceptSubject(build.BuilderSeat, "build"), body, cause); err != nil {
 		return fmt.Errorf("queue the build of %s: %w", job.Module, err)
 	}
 	return nil
 }
 
 // record keeps a build for `meshnode builds`.
-func (c *controller) record(b registry.Build) {
+func (c *Controller) record(b registry.Build) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	c.casc.builds = append(c.casc.builds, b)
@@ -264,7 +262,7 @@ func (c *controller) record(b registry.Build) {
 }
 
 // finish marks the queued build of module in cascade as done.
-func (c *controller) finish(cascadeID, module, status, version, digest, reason string) {
+func (c *Controller) finish(cascadeID, module, status, version, digest, reason string) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	for i := len(c.casc.builds) - 1; i >= 0; i-- {
@@ -281,18 +279,13 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
-func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
-	var running BuilderStatus
-	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(BuilderSeat, "status"), nil); err == nil {
-		json.Unmarshal(msg.Data, &running)
-	}
-	cancel()
+func (c *Controller) handleBuilds(ctx context.Context, _ []byte) any {
+	module, cascade := c.building(ctx)
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	out := slices.Clone(c.casc.builds)
 	for i := range out {
-		if out[i].Status == "queued" && out[i].Module == running.Module && out[i].Cascade == running.Cascade && running.Module != "" {
+		if out[i].Status == "queued" && out[i].Module == module && out[i].Cascade == cascade && module != "" {
 			out[i].Status = "running"
 		}
 	}
