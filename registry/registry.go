@@ -14,7 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/ensure"
-	"github.com/meshnode/meshnode/internal/kvretry"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -157,7 +157,7 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 		return fmt.Errorf("open %s: %w", Bucket, err)
 	}
 	// The watch outlives ctx, which only bounds the start: Close stops it.
-	r.kv = kvretry.Wrap(kv)
+	r.kv = jsretry.Wrap(kv)
 	if r.watch, err = mirror.Open(ctx, kv, r.apply); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}

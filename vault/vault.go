@@ -18,7 +18,7 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/ensure"
-	"github.com/meshnode/meshnode/internal/kvretry"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -168,7 +168,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kvretry.Wrap(kv), aead: aead, sign: sign, intake: intake,
+	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: jsretry.Wrap(kv), aead: aead, sign: sign, intake: intake,
 		tokens: map[string]tokenRecord{}, records: map[string]recordEntry{},
 		events: make(chan event, eventQueue), done: make(chan struct{}), sweepNow: make(chan struct{}, 1)}
 	if v.log == nil {

@@ -1,12 +1,4 @@
-// Package kvretry lets a key-value bucket's writes ride through its stream's leader election.
-//
-// When a clustered stream loses its leader (its server was killed, or restarts), a write to it
-// finds no responder until the remaining peers elect another: nats.go tries twice, 250 ms
-// apart, and returns jetstream.ErrNoStreamResponse. An election after a kill on a loaded
-// machine takes longer than that (seconds), and an operator's `module register` then failed
-// with "no response from stream" although the mesh had quorum. A write that found no
-// responder was stored nowhere, so trying it again is safe, for a Create or an Update too.
-package kvretry
+package jsretry
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package kvretry_test
+package jsretry_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/meshnode/meshnode/internal/kvretry"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/testbed"
 )
 
@@ -31,7 +31,7 @@ func TestKV_RidesThroughAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := kvretry.Wrap(raw)
+	kv := jsretry.Wrap(raw)
 	if _, err := kv.Put(ctx, "k", []byte("before")); err != nil {
 		t.Fatalf("put with the stream up: %v", err)
 	}
