@@ -64,11 +64,9 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 		return
 	}
 	// The work takes seconds: answer from a goroutine, not the connection's. Close waits
-	// for it, after cancelling it.
-	n.clusterWG.Add(1)
-	go func() {
-		defer n.clusterWG.Done()
-		ctx, cancel := context.WithTimeout(n.clusterCtx, clusterTimeout)
+	// for it, after cancelling it; a request that comes while the node closes is not taken.
+	started := n.clusterWork.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 		defer cancel()
 		if tool == ToolRemove {
 			respondCluster(m, n.removeServer(ctx, req.Node))
@@ -84,7 +82,10 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 			n.bus.Conn().Flush()
 			n.requestStop()
 		}
-	}()
+	})
+	if !started {
+		respondCluster(m, errors.New("the node is stopping: ask another node"))
+	}
 }
 
 // dropRoutesOfGone drops this node's configured route to a server that left the mesh or was

@@ -23,6 +23,7 @@ import (
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
@@ -132,9 +133,7 @@ type Node struct {
 	ctrl        *controller
 	seats       *seatService
 	clusterSubs []*nats.Subscription
-	clusterCtx  context.Context // ends at Close: a leave or removal in progress gives up
-	clusterStop context.CancelFunc
-	clusterWG   sync.WaitGroup
+	clusterWork *lifecycle.Group          // a leave or removal in progress: Close ends and waits for it
 	eventConn   atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
 	left        atomic.Bool               // the node left its mesh
 	quit        chan struct{}
@@ -665,7 +664,7 @@ func (n *Node) announce() (err error) {
 		}
 		return nil
 	}
-	n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
+	n.clusterWork = lifecycle.NewGroup(context.Background())
 	if n.clusterSubs, err = n.serveCluster(); err != nil {
 		return fmt.Errorf("serve cluster tools: %w", err)
 	}
@@ -786,9 +785,8 @@ func (n *Node) Close() error {
 		s.Unsubscribe()
 	}
 	n.clusterSubs = nil
-	if n.clusterStop != nil {
-		n.clusterStop()
-		n.clusterWG.Wait()
+	if n.clusterWork != nil {
+		n.clusterWork.Close()
 	}
 	if n.members != nil && n.bus != nil && !n.left.Load() {
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)

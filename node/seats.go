@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -65,27 +66,24 @@ type seatService struct {
 	leasesStop context.CancelFunc
 	leasesDone chan struct{}
 
-	// ctx ends at stop; wg counts the releases running after their reply and the worker.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// work ends at stop: the worker and the releases running after their reply.
+	group *lifecycle.Group
 }
 
 // do queues f to run after every effect queued before it.
 func (s *seatService) do(f func()) {
 	select {
 	case s.work <- f:
-	case <-s.ctx.Done():
+	case <-s.group.Context().Done():
 	}
 }
 
-func (s *seatService) worker() {
-	defer s.wg.Done()
+func (s *seatService) worker(ctx context.Context) {
 	for {
 		select {
 		case f := <-s.work:
 			f()
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -176,7 +174,7 @@ func (s *seatService) moduleGained(l seats.Lease) bool {
 	}
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
-		ctx, cancel := context.WithTimeout(s.ctx, consumerReadyTimeout)
+		ctx, cancel := context.WithTimeout(s.group.Context(), consumerReadyTimeout)
 		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.redeliverNow(ctx, c) })
 		cancel()
 		if err != nil {
@@ -285,10 +283,9 @@ func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta 
 
 // start subscribes to this node's seat tool.
 func (s *seatService) start() error {
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.group = lifecycle.NewGroup(context.Background())
 	s.work = make(chan func(), 256)
-	s.wg.Add(1)
-	go s.worker()
+	s.group.Go(s.worker)
 	sub, err := s.resp.Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !manifest.InInbox(m.Reply, manifest.InboxPrefix(module)) {
@@ -331,10 +328,9 @@ func (s *seatService) stop() {
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 	}
-	if s.cancel != nil {
-		s.cancel()
+	if s.group != nil {
+		s.group.Close()
 	}
-	s.wg.Wait()
 	if s.git != nil {
 		s.git.close()
 		s.builder.close()
@@ -367,13 +363,11 @@ func (s *seatService) handle(module string, data []byte) seats.Reply {
 		s.run.Add(c)
 	case "release":
 		// Released after the reply: releasing kicks the asking connection.
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			ctx, cancel := context.WithTimeout(s.ctx, releaseTimeout)
+		s.group.Go(func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 			defer cancel()
 			s.run.Remove(ctx, c)
-		}()
+		})
 		return reply
 	default:
 		reply.Error = fmt.Sprintf("unknown seat action %q: candidate or release", req.Action)
