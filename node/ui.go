@@ -534,9 +534,13 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 		}
 		n.ui.keepDead(st.Dead, total, deadNow)
 	}
-	// The modules and edges go in as encoded once per registry revision: most of the bytes,
-	// and they change least. They are spliced in, not marshalled as json.RawMessage, which
-	// would check and compact them again each time.
+	return st.encode(mods)
+}
+
+// encode is the snapshot as JSON, mods spliced in. The modules and edges go in as encoded
+// once per registry revision: most of the bytes, and they change least. They are spliced
+// in, not marshalled as json.RawMessage, which would check and compact them again each time.
+func (st UIState) encode(mods encodedModules) []byte {
 	b, err := json.Marshal(st)
 	if err != nil || len(b) < 2 {
 		b = []byte(`{"errors":["the snapshot could not be encoded"]}`)
@@ -653,15 +657,21 @@ func (u *uiState) modules(reg *registry.Registry) encodedModules {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.modsRev != rev || u.mods.modules == nil {
-		mods, edges := uiModules(reg.List())
-		if edges == nil {
-			edges = []UIEdge{}
-		}
-		u.mods.modules, _ = json.Marshal(mods)
-		u.mods.edges, _ = json.Marshal(edges)
-		u.modsRev = rev
+		u.mods, u.modsRev = encodeModules(reg.List()), rev
 	}
 	return u.mods
+}
+
+// encodeModules is uiModules of entries, encoded.
+func encodeModules(entries []*registry.Entry) encodedModules {
+	mods, edges := uiModules(entries)
+	if edges == nil {
+		edges = []UIEdge{}
+	}
+	var enc encodedModules
+	enc.modules, _ = json.Marshal(mods)
+	enc.edges, _ = json.Marshal(edges)
+	return enc
 }
 
 // uiModules lists the modules' authority and who talks to whom: an emitter's events reach
