@@ -1,4 +1,4 @@
-package node
+package dashboard
 
 import (
 	"bytes"
@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
@@ -43,66 +42,33 @@ import (
 // CSRF token in a header and an Origin, when the browser sends one, of this very host.
 
 //go:embed ui
-var uiFiles embed.FS
+var files embed.FS
 
 // Bounds of the dashboard.
 const (
-	uiChallengeTTL   = time.Minute
-	uiSessionTTL     = 12 * time.Hour
-	uiMaxChallenges  = 64               // outstanding challenges; older ones are dropped
-	uiTick           = time.Second      // how often the snapshot is made while someone watches
-	uiAuditTail      = 50               // audit records in a snapshot
-	uiConsumersEvery = 5 * time.Second  // how often a snapshot reads every consumer's lag again
-	uiProcessesEvery = 2 * time.Second  // how often a snapshot asks the controller for ps again
-	uiActionTimeout  = 30 * time.Second // a deploy or undeploy, as long as the CLI waits
-	uiDeadShown      = 100              // dead letters in a snapshot (the newest)
-	uiCookie         = "meshnode_ui_"   // the session cookie's name, before the node's (cookies ignore ports)
-	uiCSRFHeader     = "X-CSRF-Token"   // an action's header
-	uiLoginPrefix    = "meshnode-ui:"   // what the operator's signature covers: prefix, mesh, nonce, mode
-	uiModeOperator   = "operator"       // may act
-	uiModeReadOnly   = "read-only"      // sees only
-	uiStateTimeout   = 5 * time.Second  // one snapshot
+	challengeTTL   = time.Minute
+	sessionTTL     = 12 * time.Hour
+	maxChallenges  = 64               // outstanding challenges; older ones are dropped
+	tick           = time.Second      // how often the snapshot is made while someone watches
+	auditShown     = 50               // audit records in a snapshot
+	consumersEvery = 5 * time.Second  // how often a snapshot reads every consumer's lag again
+	processesEvery = 2 * time.Second  // how often a snapshot asks the controller for ps again
+	actionTimeout  = 30 * time.Second // a deploy or undeploy, as long as the CLI waits
+	deadShown      = 100              // dead letters in a snapshot (the newest)
+	cookiePrefix   = "meshnode_ui_"   // the session cookie's name, before the node's (cookies ignore ports)
+	csrfHeader     = "X-CSRF-Token"   // an action's header
+	loginPrefix    = "meshnode-ui:"   // what the operator's signature covers: prefix, mesh, nonce, mode
+	modeOperator   = "operator"       // may act
+	modeReadOnly   = "read-only"      // sees only
+	stateTimeout   = 5 * time.Second  // one snapshot
 )
 
-// uiSession is one logged-in browser.
-type uiSession struct {
+// session is one logged-in browser.
+type session struct {
 	mode     string
 	csrf     string
 	expires  time.Time
 	operator string // the operator's key that signed it: a session ends when the key changes
-}
-
-// uiState is the dashboard's sessions, challenges and watchers.
-type uiState struct {
-	mu         sync.Mutex
-	challenges map[string]time.Time // nonce → expiry
-	sessions   map[string]*uiSession
-	mods       encodedModules // the modules and edges of registry revision modsRev
-	modsRev    uint64
-	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
-	// read again only when the log changed.
-	audit   []UIAudit
-	auditAt uint64
-	// consumers are every stream's consumers as read at consumersAt (consumersDue).
-	consumers   map[string][]UIConsumer
-	consumersAt time.Time
-	// processes are ps as the controller answered at processesAt (every uiProcessesEvery).
-	processes   []registry.Process
-	processesAt time.Time
-	// dead are the newest dead letters and their total while DEAD stands at deadAt (its
-	// messages and last sequence): read again only when it changed.
-	dead      []UIDead
-	deadTotal int
-	deadAt    [2]uint64
-
-	watchMu  sync.Mutex
-	watchers map[chan []byte]struct{}
-	last     []byte // the last snapshot sent
-	running  bool   // the snapshot loop runs while someone watches
-}
-
-func newUIState() *uiState {
-	return &uiState{challenges: map[string]time.Time{}, sessions: map[string]*uiSession{}, watchers: map[chan []byte]struct{}{}}
 }
 
 func randomToken() string {
@@ -114,7 +80,7 @@ func randomToken() string {
 // LoginMessage is what the operator signs to log in a browser: the mesh, the node, the
 // node's nonce and the session's mode. A signature for one node logs in to no other.
 func LoginMessage(meshID, node, nonce, mode string) []byte {
-	return []byte(uiLoginPrefix + meshID + ":" + node + ":" + nonce + ":" + mode)
+	return []byte(loginPrefix + meshID + ":" + node + ":" + nonce + ":" + mode)
 }
 
 // Challenge is GET /ui/challenge's answer.
@@ -153,9 +119,9 @@ func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly 
 		return "", fmt.Errorf("%s is node %s of mesh %s, not node %s of mesh %s: nothing signed (another process may hold the node's address)",
 			httpURL, ch.Node, ch.MeshID, want.Node, want.MeshID)
 	}
-	mode := uiModeOperator
+	mode := modeOperator
 	if readOnly {
-		mode = uiModeReadOnly
+		mode = modeReadOnly
 	}
 	sig, err := key.Sign(LoginMessage(ch.MeshID, ch.Node, ch.Nonce, mode))
 	if err != nil {
@@ -165,95 +131,104 @@ func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly 
 	return strings.TrimSuffix(httpURL, "/") + "/ui/login?" + q.Encode(), nil
 }
 
-// serveUI adds the dashboard's routes to mux.
-func (n *Node) serveUI(mux *http.ServeMux) {
-	static, _ := fs.Sub(uiFiles, "ui")
+// routes adds the dashboard's routes to mux.
+func (d *Dashboard) routes(mux *http.ServeMux) {
+	static, _ := fs.Sub(files, "ui")
 	files := http.FileServerFS(static)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
 	mux.Handle("GET /ui/", http.StripPrefix("/ui/", securityHeaders(files)))
-	mux.HandleFunc("GET /ui/challenge", n.uiChallenge)
-	mux.HandleFunc("GET /ui/login", n.uiLogin)
-	mux.HandleFunc("POST /ui/logout", n.uiSessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *uiSession) {
-		if c, err := r.Cookie(uiCookie + n.id.Name); err == nil {
-			n.ui.mu.Lock()
-			delete(n.ui.sessions, c.Value)
-			n.ui.mu.Unlock()
+	mux.HandleFunc("GET /ui/challenge", d.challenge)
+	mux.HandleFunc("GET /ui/login", d.login)
+	mux.HandleFunc("POST /ui/logout", d.sessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *session) {
+		if c, err := r.Cookie(cookiePrefix + d.cfg.Node); err == nil {
+			d.mu.Lock()
+			delete(d.sessions, c.Value)
+			d.mu.Unlock()
 		}
-		http.SetCookie(w, &http.Cookie{Name: uiCookie + n.id.Name, Path: "/ui", MaxAge: -1})
+		http.SetCookie(w, &http.Cookie{Name: cookiePrefix + d.cfg.Node, Path: "/ui", MaxAge: -1})
 		w.WriteHeader(http.StatusNoContent)
 	}))
-	mux.HandleFunc("GET /ui/api/session", n.uiSessionOnly(false, func(w http.ResponseWriter, _ *http.Request, s *uiSession) {
-		writeJSON(w, http.StatusOK, map[string]string{"node": n.id.Name, "mesh_id": n.id.MeshID, "mode": s.mode, "csrf": s.csrf})
+	mux.HandleFunc("GET /ui/api/session", d.sessionOnly(false, func(w http.ResponseWriter, _ *http.Request, s *session) {
+		writeJSON(w, http.StatusOK, map[string]string{"node": d.cfg.Node, "mesh_id": d.cfg.MeshID, "mode": s.mode, "csrf": s.csrf})
 	}))
-	mux.HandleFunc("GET /ui/api/state", n.uiSessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+	mux.HandleFunc("GET /ui/api/state", d.sessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *session) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(n.uiSnapshot(r.Context()))
+		w.Write(d.snapshot(r.Context()))
 	}))
-	mux.HandleFunc("GET /ui/api/events", n.uiSessionOnly(false, n.uiEvents))
-	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", n.uiSessionOnly(true, n.uiDeadAction))
-	mux.HandleFunc("POST /ui/api/deploy", n.uiSessionOnly(true, n.uiDeploy))
-	mux.HandleFunc("POST /ui/api/undeploy", n.uiSessionOnly(true, n.uiUndeploy))
+	mux.HandleFunc("GET /ui/api/events", d.sessionOnly(false, d.events))
+	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", d.sessionOnly(true, d.deadAction))
+	mux.HandleFunc("POST /ui/api/deploy", d.sessionOnly(true, d.deployModule))
+	mux.HandleFunc("POST /ui/api/undeploy", d.sessionOnly(true, d.undeploy))
 }
 
-// UIDeployRequest is the dashboard's deploy form: what `meshnode deploy` takes.
-type UIDeployRequest struct {
+// DeployRequest is the dashboard's deploy form: what `meshnode deploy` takes.
+type DeployRequest struct {
 	Module    string   `json:"module"`
 	Version   string   `json:"version"`
 	Nodes     []string `json:"nodes,omitempty"` // none: every node
 	Instances int      `json:"instances,omitempty"`
 }
 
-// uiDeploy deploys a module's artifact version, as `meshnode deploy` does: the controller
+// deployModule deploys a module's artifact version, as `meshnode deploy` does: the controller
 // checks it and answers.
-func (n *Node) uiDeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) {
-	var req UIDeployRequest
+func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *session) {
+	var req DeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" || req.Version == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/deploy {"module", "version", "nodes"?: [...], "instances"?: n}: module and version are required`})
 		return
 	}
-	d := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
-	if e, ok := n.reg.Get(req.Module); ok && e.Deployment != nil {
+	dep := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
+	if e, ok := d.cfg.Registry.Get(req.Module); ok && e.Deployment != nil {
 		// The form sets where, what and how many; the rest stays as the CLI last set it.
-		d.Env, d.Args, d.Auto = e.Deployment.Env, e.Deployment.Args, e.Deployment.Auto
+		dep.Env, dep.Args, dep.Auto = e.Deployment.Env, e.Deployment.Args, e.Deployment.Auto
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
-	reply, err := admin.Deploy(ctx, n.bus.Conn(), registry.DeployRequest{Module: req.Module, Deployment: d})
+	reply, err := admin.Deploy(ctx, d.cfg.Conn, registry.DeployRequest{Module: req.Module, Deployment: dep})
 	if err != nil {
-		writeJSON(w, uiActionStatus(err), map[string]string{"error": err.Error()})
+		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
 	}
-	n.log.Info("deployed from the dashboard", "module", req.Module, "version", req.Version, "nodes", req.Nodes)
-	n.ui.forgetProcesses() // the next snapshot asks for ps again
+	d.cfg.Log.Info("deployed from the dashboard", "module", req.Module, "version", req.Version, "nodes", req.Nodes)
+	d.forgetProcesses() // the next snapshot asks for ps again
 	writeJSON(w, http.StatusOK, reply)
 }
 
-// uiUndeploy stops a module everywhere, as `meshnode undeploy` does.
-func (n *Node) uiUndeploy(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+// undeploy stops a module everywhere, as `meshnode undeploy` does.
+func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session) {
 	var req registry.UndeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
-	reply, err := admin.Undeploy(ctx, n.bus.Conn(), req)
+	reply, err := admin.Undeploy(ctx, d.cfg.Conn, req)
 	if err != nil {
-		writeJSON(w, uiActionStatus(err), map[string]string{"error": err.Error()})
+		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
 	}
-	n.log.Info("undeployed from the dashboard", "module", req.Module, "nodes", req.Nodes)
-	n.ui.forgetProcesses()
+	d.cfg.Log.Info("undeployed from the dashboard", "module", req.Module, "nodes", req.Nodes)
+	d.forgetProcesses()
 	writeJSON(w, http.StatusOK, reply)
 }
 
-// uiActionStatus is the HTTP status of a controller's answer to an action: its refusal is
+// actionStatus is the HTTP status of a controller's answer to an action: its refusal is
 // the request's fault (409), anything else the mesh's (503).
-func uiActionStatus(err error) int {
+func actionStatus(err error) int {
 	if errors.Is(err, admin.ErrRefused) {
 		return http.StatusConflict
 	}
 	return http.StatusServiceUnavailable
+}
+
+// writeJSON answers v, indented, as the node's API does.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
 }
 
 // securityHeaders keeps the dashboard's pages from being framed or fed other scripts.
@@ -266,118 +241,118 @@ func securityHeaders(h http.Handler) http.Handler {
 	})
 }
 
-func (n *Node) uiChallenge(w http.ResponseWriter, _ *http.Request) {
+func (d *Dashboard) challenge(w http.ResponseWriter, _ *http.Request) {
 	nonce := randomToken()
 	now := time.Now()
-	n.ui.mu.Lock()
-	for k, exp := range n.ui.challenges {
+	d.mu.Lock()
+	for k, exp := range d.challenges {
 		if now.After(exp) {
-			delete(n.ui.challenges, k)
+			delete(d.challenges, k)
 		}
 	}
-	for len(n.ui.challenges) >= uiMaxChallenges { // the oldest goes
+	for len(d.challenges) >= maxChallenges { // the oldest goes
 		oldest := ""
-		for k, exp := range n.ui.challenges {
-			if oldest == "" || exp.Before(n.ui.challenges[oldest]) {
+		for k, exp := range d.challenges {
+			if oldest == "" || exp.Before(d.challenges[oldest]) {
 				oldest = k
 			}
 		}
-		delete(n.ui.challenges, oldest)
+		delete(d.challenges, oldest)
 	}
-	n.ui.challenges[nonce] = now.Add(uiChallengeTTL)
-	n.ui.mu.Unlock()
-	writeJSON(w, http.StatusOK, Challenge{Node: n.id.Name, MeshID: n.id.MeshID, Nonce: nonce})
+	d.challenges[nonce] = now.Add(challengeTTL)
+	d.mu.Unlock()
+	writeJSON(w, http.StatusOK, Challenge{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Nonce: nonce})
 }
 
-func (n *Node) uiLogin(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	nonce, mode := q.Get("nonce"), q.Get("mode")
 	fail := func(why string) {
 		http.Error(w, "login refused: "+why+"; run `meshnode ui` on the node for a new link", http.StatusForbidden)
 	}
-	if mode != uiModeOperator && mode != uiModeReadOnly {
+	if mode != modeOperator && mode != modeReadOnly {
 		fail("unknown mode")
 		return
 	}
-	n.ui.mu.Lock()
-	exp, ok := n.ui.challenges[nonce]
-	delete(n.ui.challenges, nonce) // one use, good or bad
-	n.ui.mu.Unlock()
+	d.mu.Lock()
+	exp, ok := d.challenges[nonce]
+	delete(d.challenges, nonce) // one use, good or bad
+	d.mu.Unlock()
 	if !ok || time.Now().After(exp) {
 		fail("the link was used or has expired (they last a minute)")
 		return
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(q.Get("sig"))
-	op := n.reg.Operator()
+	op := d.cfg.Registry.Operator()
 	if err != nil || op == "" {
 		fail("no signature, or no operator key known to this node yet")
 		return
 	}
 	pub, err := nkeys.FromPublicKey(op)
-	if err != nil || pub.Verify(LoginMessage(n.id.MeshID, n.id.Name, nonce, mode), sig) != nil {
+	if err != nil || pub.Verify(LoginMessage(d.cfg.MeshID, d.cfg.Node, nonce, mode), sig) != nil {
 		fail("the link is not signed by the mesh's operator")
 		return
 	}
-	id, s := randomToken(), &uiSession{mode: mode, csrf: randomToken(), expires: time.Now().Add(uiSessionTTL), operator: op}
-	n.ui.mu.Lock()
-	for k, old := range n.ui.sessions {
+	id, s := randomToken(), &session{mode: mode, csrf: randomToken(), expires: time.Now().Add(sessionTTL), operator: op}
+	d.mu.Lock()
+	for k, old := range d.sessions {
 		if time.Now().After(old.expires) {
-			delete(n.ui.sessions, k)
+			delete(d.sessions, k)
 		}
 	}
-	n.ui.sessions[id] = s
-	n.ui.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: uiCookie + n.id.Name, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+	d.sessions[id] = s
+	d.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: cookiePrefix + d.cfg.Node, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: r.TLS != nil, Expires: s.expires})
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
-// session returns the request's session while it holds: known, not expired, and signed by
+// sessionOf returns the request's session while it holds: known, not expired, and signed by
 // the operator's key of now.
-func (n *Node) session(r *http.Request) *uiSession {
-	c, err := r.Cookie(uiCookie + n.id.Name)
+func (d *Dashboard) sessionOf(r *http.Request) *session {
+	c, err := r.Cookie(cookiePrefix + d.cfg.Node)
 	if err != nil {
 		return nil
 	}
-	n.ui.mu.Lock()
-	s := n.ui.sessions[c.Value]
-	n.ui.mu.Unlock()
-	if s == nil || time.Now().After(s.expires) || s.operator != n.reg.Operator() {
+	d.mu.Lock()
+	s := d.sessions[c.Value]
+	d.mu.Unlock()
+	if s == nil || time.Now().After(s.expires) || s.operator != d.cfg.Registry.Operator() {
 		return nil
 	}
 	return s
 }
 
-// uiSessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
+// sessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
 // token and, when the browser names one, an Origin of this host. The handler's context ends
-// when the node stops, and the node's Close waits for it.
-func (n *Node) uiSessionOnly(act bool, h func(http.ResponseWriter, *http.Request, *uiSession)) http.HandlerFunc {
+// when the dashboard closes, and Close waits for it.
+func (d *Dashboard) sessionOnly(act bool, h func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		n.ui.watchMu.Lock()
-		if n.uiCtx.Err() != nil {
-			n.ui.watchMu.Unlock()
+		d.watchMu.Lock()
+		if d.ctx.Err() != nil {
+			d.watchMu.Unlock()
 			http.Error(w, "the node is stopping", http.StatusServiceUnavailable)
 			return
 		}
-		n.uiWG.Add(1)
-		n.ui.watchMu.Unlock()
-		defer n.uiWG.Done()
+		d.wg.Add(1)
+		d.watchMu.Unlock()
+		defer d.wg.Done()
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
-		defer context.AfterFunc(n.uiCtx, cancel)()
+		defer context.AfterFunc(d.ctx, cancel)()
 		r = r.WithContext(ctx)
-		s := n.session(r)
+		s := d.sessionOf(r)
 		if s == nil {
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "not logged in: run `meshnode ui` on the node and open the link it prints"})
 			return
 		}
 		if act {
-			if s.mode != uiModeOperator {
+			if s.mode != modeOperator {
 				writeJSON(w, http.StatusForbidden, map[string]string{"error": "this session is read-only: log in with `meshnode ui` (without --read-only) to act"})
 				return
 			}
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get(uiCSRFHeader)), []byte(s.csrf)) != 1 {
-				writeJSON(w, http.StatusForbidden, map[string]string{"error": "missing or wrong " + uiCSRFHeader})
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(csrfHeader)), []byte(s.csrf)) != 1 {
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": "missing or wrong " + csrfHeader})
 				return
 			}
 			if o := r.Header.Get("Origin"); o != "" {
@@ -391,25 +366,35 @@ func (n *Node) uiSessionOnly(act bool, h func(http.ResponseWriter, *http.Request
 	}
 }
 
-// UIState is the dashboard's snapshot of the mesh as this node sees it.
-type UIState struct {
+// State is the dashboard's snapshot of the mesh as this node sees it.
+type State struct {
 	Node      string             `json:"node"`
 	MeshID    string             `json:"mesh_id"`
 	Time      time.Time          `json:"time"`
 	Members   []Member           `json:"members"`
 	Seats     []seats.Status     `json:"seats"`
-	Modules   []UIModule         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
-	Edges     []UIEdge           `json:"edges,omitempty"`
-	Streams   []UIStream         `json:"streams"`
+	Modules   []Module           `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	Edges     []Edge             `json:"edges,omitempty"`
+	Streams   []Stream           `json:"streams"`
 	Processes []registry.Process `json:"processes"`
-	Audit     []UIAudit          `json:"audit"`
-	Dead      []UIDead           `json:"dead"`
+	Audit     []AuditRecord      `json:"audit"`
+	Dead      []DeadLetter       `json:"dead"`
 	DeadTotal int                `json:"dead_total"`
 	Errors    []string           `json:"errors,omitempty"` // parts that could not be read now
 }
 
-// UIModule is a registered module and its derived authority.
-type UIModule struct {
+// Member is one server of the mesh, as the node's /v1/members shows it.
+type Member struct {
+	Name      string   `json:"name"`
+	Address   string   `json:"address"`   // gossip address; the client URL for a single node
+	State     string   `json:"state"`     // alive, suspect, dead, left
+	JetStream string   `json:"jetstream"` // leader, follower, offline, none or standalone
+	Seats     []string `json:"seats"`     // the seats held by this node or its modules
+	Client    string   `json:"client,omitempty"`
+}
+
+// Module is a registered module and its derived authority.
+type Module struct {
 	Module   string   `json:"module"`
 	Emits    []string `json:"emits,omitempty"`
 	Consumes []string `json:"consumes,omitempty"`
@@ -420,34 +405,34 @@ type UIModule struct {
 	Requires []string `json:"requires,omitempty"`
 }
 
-// UIEdge is who talks to whom: From's events reach To (kind "events"), or From sends work to
+// Edge is who talks to whom: From's events reach To (kind "events"), or From sends work to
 // a seat To declares (kind "jobs").
-type UIEdge struct {
+type Edge struct {
 	From string `json:"from"`
 	To   string `json:"to"`
 	Kind string `json:"kind"`
 	What string `json:"what"`
 }
 
-// UIStream is a stream and its consumers.
-type UIStream struct {
-	Name      string       `json:"name"`
-	Messages  uint64       `json:"messages"`
-	Bytes     uint64       `json:"bytes"`
-	Replicas  int          `json:"replicas"`
-	Consumers []UIConsumer `json:"consumers"`
+// Stream is a stream and its consumers.
+type Stream struct {
+	Name      string     `json:"name"`
+	Messages  uint64     `json:"messages"`
+	Bytes     uint64     `json:"bytes"`
+	Replicas  int        `json:"replicas"`
+	Consumers []Consumer `json:"consumers"`
 }
 
-// UIConsumer is a consumer's lag: messages not delivered yet, and delivered but not acked.
-type UIConsumer struct {
+// Consumer is a consumer's lag: messages not delivered yet, and delivered but not acked.
+type Consumer struct {
 	Name        string `json:"name"`
 	Pending     uint64 `json:"pending"`
 	AckPending  int    `json:"ack_pending"`
 	Redelivered int    `json:"redelivered"`
 }
 
-// UIAudit is one record of the audit tail.
-type UIAudit struct {
+// AuditRecord is one record of the audit tail.
+type AuditRecord struct {
 	N        uint64    `json:"n"`
 	Received time.Time `json:"received"`
 	Event    string    `json:"event"`
@@ -456,8 +441,8 @@ type UIAudit struct {
 	Body     string    `json:"body"`
 }
 
-// UIDead is one dead letter.
-type UIDead struct {
+// DeadLetter is one dead letter.
+type DeadLetter struct {
 	ID         uint64    `json:"id"`
 	Time       time.Time `json:"time"`
 	Event      string    `json:"event"`
@@ -466,73 +451,71 @@ type UIDead struct {
 	Deliveries int       `json:"deliveries"`
 }
 
-// uiSnapshot returns the snapshot as JSON.
-func (n *Node) uiSnapshot(ctx context.Context) []byte {
-	ctx, cancel := context.WithTimeout(ctx, uiStateTimeout)
+// snapshot returns the snapshot as JSON.
+func (d *Dashboard) snapshot(ctx context.Context) []byte {
+	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
-	st := UIState{Node: n.id.Name, MeshID: n.id.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: n.Members()}
+	st := State{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: d.cfg.Mesh.Members()}
 	failed := func(part string, err error) { st.Errors = append(st.Errors, part+": "+err.Error()) }
-	consumers := n.ui.consumersDue()
-	streams, err := n.bus.Streams(consumers)
+	consumers := d.consumersDue()
+	streams, err := d.cfg.Mesh.Streams(consumers)
 	if err != nil {
 		failed("streams", err)
 	}
 	backlog := map[string]uint64{}
-	byStream := map[string][]UIConsumer{}
+	byStream := map[string][]Consumer{}
 	var deadNow [2]uint64
 	for _, s := range streams {
 		backlog[s.Name] = s.Messages
 		if s.Name == manifest.DeadStreamName {
 			deadNow = [2]uint64{s.Messages, s.LastSeq}
 		}
-		us := UIStream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
+		us := Stream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
 		if consumers {
-			us.Consumers = []UIConsumer{}
+			us.Consumers = []Consumer{}
 			for _, c := range s.Consumers {
-				us.Consumers = append(us.Consumers, UIConsumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
+				us.Consumers = append(us.Consumers, Consumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
 			}
-			slices.SortFunc(us.Consumers, func(a, b UIConsumer) int { return strings.Compare(a.Name, b.Name) })
+			slices.SortFunc(us.Consumers, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
 			byStream[s.Name] = us.Consumers
 		}
 		st.Streams = append(st.Streams, us)
 	}
 	if consumers && err == nil {
-		n.ui.keepConsumers(byStream)
+		d.keepConsumers(byStream)
 	} else {
-		n.ui.fillConsumers(st.Streams)
+		d.fillConsumers(st.Streams)
 	}
-	slices.SortFunc(st.Streams, func(a, b UIStream) int { return strings.Compare(a.Name, b.Name) })
-	if n.seats != nil {
-		st.Seats = n.seats.statusWith(func(stream string) (uint64, bool) { v, ok := backlog[stream]; return v, ok })
-	}
-	mods := n.ui.modules(n.reg)
-	js := n.bus.JetStream()
-	if ps, ok := n.ui.cachedProcesses(); ok {
+	slices.SortFunc(st.Streams, func(a, b Stream) int { return strings.Compare(a.Name, b.Name) })
+	st.Seats = d.cfg.Mesh.Seats(func(stream string) (uint64, bool) { v, ok := backlog[stream]; return v, ok })
+	mods := d.modules()
+	js := d.cfg.JetStream
+	if ps, ok := d.cachedProcesses(); ok {
 		st.Processes = ps
-	} else if ps, err := admin.Ps(ctx, n.bus.Conn()); err != nil {
+	} else if ps, err := admin.Ps(ctx, d.cfg.Conn); err != nil {
 		failed("processes", err)
 	} else {
 		st.Processes = ps
-		n.ui.keepProcesses(ps)
+		d.keepProcesses(ps)
 	}
-	if tail, err := n.ui.auditTail(n.audit); err != nil {
+	if tail, err := d.auditTail(); err != nil {
 		failed("audit", err)
 	} else {
 		st.Audit = tail
 	}
-	if ds, total, ok := n.ui.cachedDead(deadNow); ok {
+	if ds, total, ok := d.cachedDead(deadNow); ok {
 		st.Dead, st.DeadTotal = ds, total // DEAD has not changed
 	} else if dead, err := js.Stream(ctx, manifest.DeadStreamName); err != nil {
 		failed("dead letters", err)
-	} else if ds, total, err := deadletter.Newest(ctx, dead, uiDeadShown); err != nil {
+	} else if ds, total, err := deadletter.Newest(ctx, dead, deadShown); err != nil {
 		failed("dead letters", err)
 	} else {
 		st.DeadTotal = total
 		for _, d := range ds {
-			st.Dead = append(st.Dead, UIDead{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
+			st.Dead = append(st.Dead, DeadLetter{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
 				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
 		}
-		n.ui.keepDead(st.Dead, total, deadNow)
+		d.keepDead(st.Dead, total, deadNow)
 	}
 	return st.encode(mods)
 }
@@ -540,7 +523,7 @@ func (n *Node) uiSnapshot(ctx context.Context) []byte {
 // encode is the snapshot as JSON, mods spliced in. The modules and edges go in as encoded
 // once per registry revision: most of the bytes, and they change least. They are spliced
 // in, not marshalled as json.RawMessage, which would check and compact them again each time.
-func (st UIState) encode(mods encodedModules) []byte {
+func (st State) encode(mods encodedModules) []byte {
 	b, err := json.Marshal(st)
 	if err != nil || len(b) < 2 {
 		b = []byte(`{"errors":["the snapshot could not be encoded"]}`)
@@ -554,88 +537,88 @@ func (st UIState) encode(mods encodedModules) []byte {
 	return append(out, '}')
 }
 
-// consumersDue says whether a snapshot reads the consumers again (every uiConsumersEvery;
+// consumersDue says whether a snapshot reads the consumers again (every consumersEvery;
 // between, it shows the last it read).
-func (u *uiState) consumersDue() bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.consumers == nil || time.Since(u.consumersAt) >= uiConsumersEvery
+func (d *Dashboard) consumersDue() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.consumers == nil || time.Since(d.consumersAt) >= consumersEvery
 }
 
-func (u *uiState) keepConsumers(byStream map[string][]UIConsumer) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.consumers, u.consumersAt = byStream, time.Now()
+func (d *Dashboard) keepConsumers(byStream map[string][]Consumer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.consumers, d.consumersAt = byStream, time.Now()
 }
 
-// cachedProcesses returns ps as last read, unless it is uiProcessesEvery old.
-func (u *uiState) cachedProcesses() ([]registry.Process, bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.processes, u.processes != nil && time.Since(u.processesAt) < uiProcessesEvery
+// cachedProcesses returns ps as last read, unless it is processesEvery old.
+func (d *Dashboard) cachedProcesses() ([]registry.Process, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.processes, d.processes != nil && time.Since(d.processesAt) < processesEvery
 }
 
 // forgetProcesses has the next snapshot ask for ps, after an action changed it.
-func (u *uiState) forgetProcesses() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.processesAt = time.Time{}
+func (d *Dashboard) forgetProcesses() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.processesAt = time.Time{}
 }
 
-func (u *uiState) keepProcesses(ps []registry.Process) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (d *Dashboard) keepProcesses(ps []registry.Process) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if ps == nil {
 		ps = []registry.Process{}
 	}
-	u.processes, u.processesAt = ps, time.Now()
+	d.processes, d.processesAt = ps, time.Now()
 }
 
 // cachedDead returns the dead letters as last read, if DEAD still stands as it did then
 // (its messages and last sequence: at).
-func (u *uiState) cachedDead(at [2]uint64) ([]UIDead, int, bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.dead, u.deadTotal, at != [2]uint64{} && at == u.deadAt
+func (d *Dashboard) cachedDead(at [2]uint64) ([]DeadLetter, int, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dead, d.deadTotal, at != [2]uint64{} && at == d.deadAt
 }
 
-func (u *uiState) keepDead(dead []UIDead, total int, at [2]uint64) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.dead, u.deadTotal, u.deadAt = dead, total, at
+func (d *Dashboard) keepDead(dead []DeadLetter, total int, at [2]uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dead, d.deadTotal, d.deadAt = dead, total, at
 }
 
 // fillConsumers gives each stream the consumers last read of it.
-func (u *uiState) fillConsumers(streams []UIStream) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (d *Dashboard) fillConsumers(streams []Stream) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for i := range streams {
-		streams[i].Consumers = u.consumers[streams[i].Name]
+		streams[i].Consumers = d.consumers[streams[i].Name]
 	}
 }
 
-// auditTail returns the newest uiAuditTail records of l, newest first, read again only
-// when l changed since the last time.
-func (u *uiState) auditTail(l *audit.Logger) ([]UIAudit, error) {
-	at := l.Changes()
-	u.mu.Lock()
-	if u.audit != nil && u.auditAt == at {
-		defer u.mu.Unlock()
-		return u.audit, nil
+// auditTail returns the newest auditShown records of the audit log, newest first, read
+// again only when the log changed since the last time.
+func (d *Dashboard) auditTail() ([]AuditRecord, error) {
+	at := d.cfg.Audit.Changes()
+	d.mu.Lock()
+	if d.audit != nil && d.auditAt == at {
+		defer d.mu.Unlock()
+		return d.audit, nil
 	}
-	u.mu.Unlock()
-	recs, err := l.Query(audit.Filter{Last: uiAuditTail})
+	d.mu.Unlock()
+	recs, err := d.cfg.Audit.Query(audit.Filter{Last: auditShown})
 	if err != nil {
 		return nil, err
 	}
-	tail := []UIAudit{}
+	tail := []AuditRecord{}
 	for _, r := range slices.Backward(recs) {
-		tail = append(tail, UIAudit{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
+		tail = append(tail, AuditRecord{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
 			Source: r.Source, Signed: r.Signed, Body: clipBody(r.Body)})
 	}
-	u.mu.Lock()
-	u.audit, u.auditAt = tail, at
-	u.mu.Unlock()
+	d.mu.Lock()
+	d.audit, d.auditAt = tail, at
+	d.mu.Unlock()
 	return tail, nil
 }
 
@@ -650,23 +633,23 @@ func clipBody(b []byte) string {
 // encodedModules are a snapshot's modules and edges, JSON-encoded.
 type encodedModules struct{ modules, edges json.RawMessage }
 
-// modules returns uiModules of the registry, encoded, made again only when the registry
+// modules returns moduleGraph of the registry, encoded, made again only when the registry
 // changed.
-func (u *uiState) modules(reg *registry.Registry) encodedModules {
-	rev := reg.Revision()
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.modsRev != rev || u.mods.modules == nil {
-		u.mods, u.modsRev = encodeModules(reg.List()), rev
+func (d *Dashboard) modules() encodedModules {
+	rev := d.cfg.Registry.Revision()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.modsRev != rev || d.mods.modules == nil {
+		d.mods, d.modsRev = encodeModules(d.cfg.Registry.List()), rev
 	}
-	return u.mods
+	return d.mods
 }
 
-// encodeModules is uiModules of entries, encoded.
+// encodeModules is moduleGraph of entries, encoded.
 func encodeModules(entries []*registry.Entry) encodedModules {
-	mods, edges := uiModules(entries)
+	mods, edges := moduleGraph(entries)
 	if edges == nil {
-		edges = []UIEdge{}
+		edges = []Edge{}
 	}
 	var enc encodedModules
 	enc.modules, _ = json.Marshal(mods)
@@ -674,22 +657,22 @@ func encodeModules(entries []*registry.Entry) encodedModules {
 	return enc
 }
 
-// uiModules lists the modules' authority and who talks to whom: an emitter's events reach
+// moduleGraph lists the modules' authority and who talks to whom: an emitter's events reach
 // each module whose consumes match them, a seat's users send it work. A pattern without a
 // wildcard is looked up; only wildcard patterns are matched against every event.
-func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
-	mods := make([]UIModule, 0, len(entries))
+func moduleGraph(entries []*registry.Entry) ([]Module, []Edge) {
+	mods := make([]Module, 0, len(entries))
 	declarer := map[string]string{}
 	for _, e := range entries {
 		m := e.Manifest
-		um := UIModule{Module: e.Module, Emits: m.Emits, Consumes: m.Consumes, Tools: m.Tools, Uses: m.Uses, Secrets: m.Secrets, Requires: m.Requires}
+		um := Module{Module: e.Module, Emits: m.Emits, Consumes: m.Consumes, Tools: m.Tools, Uses: m.Uses, Secrets: m.Secrets, Requires: m.Requires}
 		for _, s := range m.Seats {
 			um.Seats = append(um.Seats, s.Name)
 			declarer[s.Name] = e.Module
 		}
 		mods = append(mods, um)
 	}
-	slices.SortFunc(mods, func(a, b UIModule) int { return strings.Compare(a.Module, b.Module) })
+	slices.SortFunc(mods, func(a, b Module) int { return strings.Compare(a.Module, b.Module) })
 	type emitted struct{ module, event string }
 	byKey := map[string]emitted{}
 	var all []emitted
@@ -700,33 +683,33 @@ func uiModules(entries []*registry.Entry) ([]UIModule, []UIEdge) {
 			all = append(all, e)
 		}
 	}
-	var edges []UIEdge
+	var edges []Edge
 	for _, to := range mods {
 		for _, pattern := range to.Consumes {
 			if !strings.Contains(pattern, "*") {
 				if e, ok := byKey[pattern]; ok {
-					edges = append(edges, UIEdge{From: e.module, To: to.Module, Kind: "events", What: e.event})
+					edges = append(edges, Edge{From: e.module, To: to.Module, Kind: "events", What: e.event})
 				}
 				continue
 			}
 			for _, e := range all {
 				if manifest.Matches(pattern, e.module+"."+e.event) {
-					edges = append(edges, UIEdge{From: e.module, To: to.Module, Kind: "events", What: e.event})
+					edges = append(edges, Edge{From: e.module, To: to.Module, Kind: "events", What: e.event})
 				}
 			}
 		}
 		for _, seat := range to.Uses {
 			if d, ok := declarer[seat]; ok {
-				edges = append(edges, UIEdge{From: to.Module, To: d, Kind: "jobs", What: seat})
+				edges = append(edges, Edge{From: to.Module, To: d, Kind: "jobs", What: seat})
 			}
 		}
 	}
 	return mods, edges
 }
 
-// uiEvents streams snapshots (server-sent events) while they change, until the browser
-// leaves or the node stops. One loop makes them for every watcher.
-func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+// events streams snapshots (server-sent events) while they change, until the browser
+// leaves or the dashboard closes. One loop makes them for every watcher.
+func (d *Dashboard) events(w http.ResponseWriter, r *http.Request, _ *session) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -735,30 +718,30 @@ func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	ch := make(chan []byte, 1)
-	n.ui.watchMu.Lock()
-	n.ui.watchers[ch] = struct{}{}
-	if last := n.ui.last; last != nil {
+	d.watchMu.Lock()
+	d.watchers[ch] = struct{}{}
+	if last := d.last; last != nil {
 		ch <- last
 	}
-	if !n.ui.running {
-		n.ui.running = true
-		n.uiWG.Add(1)
-		go n.uiLoop()
+	if !d.running {
+		d.running = true
+		d.wg.Add(1)
+		go d.loop()
 	}
-	n.ui.watchMu.Unlock()
+	d.watchMu.Unlock()
 	defer func() {
-		n.ui.watchMu.Lock()
-		delete(n.ui.watchers, ch)
-		n.ui.watchMu.Unlock()
+		d.watchMu.Lock()
+		delete(d.watchers, ch)
+		d.watchMu.Unlock()
 	}()
 	fmt.Fprint(w, ": meshnode\n\n")
 	flusher.Flush()
 	for {
 		select {
-		case <-r.Context().Done(): // the browser left, or the node stops
+		case <-r.Context().Done(): // the browser left, or the dashboard closes
 			return
 		case b := <-ch:
-			if n.session(r) == nil {
+			if d.sessionOf(r) == nil {
 				return // logged out, expired, or the operator's key changed
 			}
 			fmt.Fprintf(w, "event: state\ndata: %s\n\n", b)
@@ -767,32 +750,25 @@ func (n *Node) uiEvents(w http.ResponseWriter, r *http.Request, _ *uiSession) {
 	}
 }
 
-// UIWatchers is how many dashboard pages' live streams the node is serving now.
-func (n *Node) UIWatchers() int {
-	n.ui.watchMu.Lock()
-	defer n.ui.watchMu.Unlock()
-	return len(n.ui.watchers)
-}
-
-// uiLoop makes a snapshot every uiTick while anyone watches, and sends it to each watcher
+// loop makes a snapshot every tick while anyone watches, and sends it to each watcher
 // when it changed.
-func (n *Node) uiLoop() {
-	defer n.uiWG.Done()
-	t := time.NewTicker(uiTick)
+func (d *Dashboard) loop() {
+	defer d.wg.Done()
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
-		n.ui.watchMu.Lock()
-		if len(n.ui.watchers) == 0 {
-			n.ui.running, n.ui.last = false, nil
-			n.ui.watchMu.Unlock()
+		d.watchMu.Lock()
+		if len(d.watchers) == 0 {
+			d.running, d.last = false, nil
+			d.watchMu.Unlock()
 			return
 		}
-		n.ui.watchMu.Unlock()
-		b := n.uiSnapshot(n.uiCtx)
-		n.ui.watchMu.Lock()
-		if !bytes.Equal(uiComparable(b), uiComparable(n.ui.last)) {
-			n.ui.last = b
-			for ch := range n.ui.watchers {
+		d.watchMu.Unlock()
+		b := d.snapshot(d.ctx)
+		d.watchMu.Lock()
+		if !bytes.Equal(withoutTime(b), withoutTime(d.last)) {
+			d.last = b
+			for ch := range d.watchers {
 				select {
 				case <-ch: // a slow watcher gets the newest only
 				default:
@@ -800,17 +776,17 @@ func (n *Node) uiLoop() {
 				ch <- b
 			}
 		}
-		n.ui.watchMu.Unlock()
+		d.watchMu.Unlock()
 		select {
-		case <-n.uiCtx.Done():
+		case <-d.ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
 }
 
-// uiComparable is a snapshot without its time, which changes every second.
-func uiComparable(b []byte) []byte {
+// withoutTime is a snapshot without its time, which changes every second.
+func withoutTime(b []byte) []byte {
 	if i := bytes.Index(b, []byte(`"time":"`)); i >= 0 {
 		if j := bytes.IndexByte(b[i+8:], '"'); j >= 0 {
 			return append(b[:i:i], b[i+8+j:]...)
@@ -819,17 +795,17 @@ func uiComparable(b []byte) []byte {
 	return b
 }
 
-// uiDeadAction replays or drops a dead letter, as `meshnode dead replay|drop` does.
-func (n *Node) uiDeadAction(w http.ResponseWriter, r *http.Request, _ *uiSession) {
+// deadAction replays or drops a dead letter, as `meshnode dead replay|drop` does.
+func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request, _ *session) {
 	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	action := r.PathValue("action")
 	if err != nil || (action != "replay" && action != "drop") {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "POST /ui/api/dead/<id>/replay or /drop"})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), uiStateTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), stateTimeout)
 	defer cancel()
-	js := n.bus.JetStream()
+	js := d.cfg.JetStream
 	dead, err := js.Stream(ctx, manifest.DeadStreamName)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
@@ -858,6 +834,6 @@ func (n *Node) uiDeadAction(w http.ResponseWriter, r *http.Request, _ *uiSession
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
 	}
-	n.log.Info("dead letter "+action+"ed from the dashboard", "id", id)
+	d.cfg.Log.Info("dead letter "+action+"ed from the dashboard", "id", id)
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "action": action})
 }

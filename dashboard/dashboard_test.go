@@ -1,4 +1,4 @@
-package node
+package dashboard
 
 import (
 	"bytes"
@@ -28,24 +28,24 @@ func TestDashboard_StateJSON(t *testing.T) {
 	for _, e := range entries {
 		e.Module = e.Manifest.Module
 	}
-	st := UIState{
+	st := State{
 		Node: "alpha", MeshID: "mesh-1", Time: at,
 		Members: []Member{{Name: "alpha", Address: "127.0.0.1:7946", State: "alive", JetStream: "leader", Seats: []string{"mailer"}, Client: "nats://127.0.0.1:4222"}},
 		Seats: []seats.Status{{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mail", Holder: "mail/1", HolderAt: "alpha", Epoch: 3, Since: &at,
 			Backlog: 2, Users: []string{"shop"}, Versions: []seats.VersionStatus{{Version: "v1", Bound: []string{"shop"}}}}},
-		Streams: []UIStream{{Name: "EVENTS", Messages: 10, Bytes: 2048, Replicas: 3,
-			Consumers: []UIConsumer{{Name: "billing", Pending: 1, AckPending: 2, Redelivered: 3}}}},
+		Streams: []Stream{{Name: "EVENTS", Messages: 10, Bytes: 2048, Replicas: 3,
+			Consumers: []Consumer{{Name: "billing", Pending: 1, AckPending: 2, Redelivered: 3}}}},
 		Processes: []registry.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
 			PID: 99, Restarts: 1, Since: at, Reason: "restarted", Reported: at}},
-		Audit:     []UIAudit{{N: 7, Received: at, Event: "mod.shop.event.order.placed", Source: "shop", Signed: true, Body: `{"id":1}`}},
-		Dead:      []UIDead{{ID: 12, Time: at, Event: "mod.shop.event.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},
+		Audit:     []AuditRecord{{N: 7, Received: at, Event: "mod.shop.event.order.placed", Source: "shop", Signed: true, Body: `{"id":1}`}},
+		Dead:      []DeadLetter{{ID: 12, Time: at, Event: "mod.shop.event.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},
 		DeadTotal: 1, Errors: []string{"processes: timeout"},
 	}
 	var got bytes.Buffer
 	got.Write(st.encode(encodeModules(entries)))
 	got.WriteByte('\n')
 	for _, v := range []any{Challenge{Node: "alpha", MeshID: "mesh-1", Nonce: "n0nce"},
-		UIDeployRequest{Module: "shop", Version: "2", Nodes: []string{"alpha"}, Instances: 2}} {
+		DeployRequest{Module: "shop", Version: "2", Nodes: []string{"alpha"}, Instances: 2}} {
 		b, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)
@@ -53,7 +53,7 @@ func TestDashboard_StateJSON(t *testing.T) {
 		got.Write(b)
 		got.WriteByte('\n')
 	}
-	got.Write(LoginMessage("mesh-1", "alpha", "n0nce", uiModeReadOnly))
+	got.Write(LoginMessage("mesh-1", "alpha", "n0nce", modeReadOnly))
 	got.WriteByte('\n')
 	want, err := os.ReadFile("testdata/dashboard.golden")
 	if err != nil {
