@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
@@ -148,12 +149,9 @@ type Node struct {
 	// STATUS says.
 	OnPhase func(phase string)
 
-	meter    *meter // the node's counters and histograms, registered with metrics
-	ui       *uiState
-	uiCtx    context.Context // ends when the node stops: the dashboard's handlers and streams end
-	uiCancel context.CancelFunc
-	uiWG     sync.WaitGroup // the dashboard's handlers and snapshot loop
-	metrics  *prometheus.Registry
+	meter   *meter               // the node's counters and histograms, registered with metrics
+	dash    *dashboard.Dashboard // the operator's console, opened with the HTTP API
+	metrics *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -161,20 +159,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, ui: newUIState(), meter: newMeter()}
-	n.uiCtx, n.uiCancel = context.WithCancel(context.Background())
-	return n
-}
-
-// stopUI ends the dashboard's event streams and its snapshot loop.
-func (n *Node) stopUI() {
-	if n.uiCancel == nil {
-		return
-	}
-	n.ui.watchMu.Lock() // no handler or snapshot loop starts after this
-	n.uiCancel()
-	n.ui.watchMu.Unlock()
-	n.uiWG.Wait()
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, meter: newMeter()}
 }
 
 // startStep logs, at debug level, that a step of the start is done and how long after the
@@ -641,6 +626,7 @@ func (n *Node) newHTTPServer() {
 		return ok && declaresTool(e.Manifest, tool)
 	})
 	n.metrics.MustRegister(n.toolStats)
+	n.dash = n.openDashboard()
 	h := n.handler()
 	n.handlerNow.Store(&h)
 }
@@ -738,7 +724,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		return nil
 	}, func(error) {
-		n.stopUI() // its event streams never go idle: Shutdown would wait them out
+		n.dash.Close() // its event streams never go idle: Shutdown would wait them out
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n.cfg.ShutdownTimeout)/2)
 		defer cancel()
 		n.httpSrv.Shutdown(ctx)
@@ -765,7 +751,7 @@ func (n *Node) Close() error {
 			first = fmt.Errorf("close %s: %w", part, err)
 		}
 	}
-	n.stopUI()
+	keep(n.dash.Close(), "dashboard")
 	if n.httpSrv != nil {
 		keep(n.httpSrv.Close(), "http")
 		<-n.httpDone
