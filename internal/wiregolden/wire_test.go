@@ -20,6 +20,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -59,9 +60,9 @@ var wire = map[string]any{
 	"node.Status":              node.Status{},
 	"node.Member":              node.Member{},
 	"node.Info":                node.Info{},
-	"node.UIState":             node.UIState{},
-	"node.UIDeployRequest":     node.UIDeployRequest{},
-	"node.Challenge":           node.Challenge{},
+	"dashboard.State":          dashboard.State{},
+	"dashboard.DeployRequest":  dashboard.DeployRequest{},
+	"dashboard.Challenge":      dashboard.Challenge{},
 	"outbox.Event":             outbox.Event{},
 	"provision.CreateRequest":  provision.CreateRequest{},
 	"provision.CreateReply":    provision.CreateReply{},
