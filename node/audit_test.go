@@ -63,7 +63,11 @@ func publishRaw(t *testing.T, b *bed, seedFile, module, event string, n, dupEver
 	kp := mustKey(t, seedFile)
 	sk, _ := envelope.NewSigningKey(kp)
 	nc := b.raw(seedFile, module)
-	js, _ := jetstream.New(nc)
+	// A bounded window: at most 256 unacknowledged, and a publish at the window waits for an
+	// ack as long as the test would (the client's default 200 ms failed the 100,000-event
+	// audit on a busy machine: "stalled with too many outstanding async published messages").
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
+	stall := jetstream.WithStallWait(30 * time.Second)
 	subject := manifest.EventSubject(module, event)
 	body := []byte(`{"n":0}`)
 	for i := range n {
@@ -72,7 +76,7 @@ func publishRaw(t *testing.T, b *bed, seedFile, module, event string, n, dupEver
 			t.Fatal(err)
 		}
 		msg := &nats.Msg{Subject: subject, Header: h, Data: body}
-		if _, err := js.PublishMsgAsync(msg); err != nil {
+		if _, err := js.PublishMsgAsync(msg, stall); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, h.Get(envelope.EventID))
@@ -84,7 +88,7 @@ func publishRaw(t *testing.T, b *bed, seedFile, module, event string, n, dupEver
 			if (i/dupEvery)%2 == 1 {
 				dup.Header.Set(nats.MsgIdHdr, "again-"+h.Get(envelope.EventID))
 			}
-			if _, err := js.PublishMsgAsync(dup); err != nil {
+			if _, err := js.PublishMsgAsync(dup, stall); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -461,7 +461,11 @@ func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) in
 	sk, _ := envelope.NewSigningKey(kp)
 	nc := connect(t, url, seed, nats.CustomInboxPrefix(manifest.InboxPrefix("shop")), sdk.TrustCA(ca))
 	defer nc.Close()
+	// A bounded window of 512 unacknowledged: a publish at the window waits for an ack as
+	// long as the test would (the client's default 200 ms failed the test on a busy machine:
+	// "stalled with too many outstanding async published messages").
 	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(512))
+	stall := jetstream.WithStallWait(30 * time.Second)
 	subject := manifest.EventSubject("shop", "sold")
 	for i := range n {
 		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
@@ -469,7 +473,7 @@ func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) in
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}, stall); err != nil {
 			t.Fatal(err)
 		}
 	}
