@@ -1,3 +1,5 @@
+//go:build integration
+
 package node_test
 
 import (
@@ -111,21 +113,23 @@ func (r *restartingNode) awaitOpen(t *testing.T, within time.Duration) {
 	}
 }
 
-// TestGrow_OneToThree: a single node with three registered modules, five secrets, 10,020
+// TestIntegration_Grow_OneToThree: a single node with three registered modules, five secrets, 10,020
 // events, 100 jobs queued for a seat nobody holds and an audit log of it all grows into a
 // mesh of three — `grow` on it, `join` with its token on two new nodes — and after it every
 // stream holds what it held (counts, sequences, sampled contents), at 3 replicas; the
 // module's credential and secret work through a new node; the grown node's audit log
 // verifies; and with one of the three stopped, events, jobs and secrets all still read.
-func TestGrow_OneToThree(t *testing.T) { testGrow(t, "") }
+func TestIntegration_Grow_OneToThree(t *testing.T) { testGrow(t, "") }
 
-// TestGrow_Interrupted: the growing node's start is cut short while it restores EVENTS;
+// TestIntegration_Grow_Interrupted: the growing node's start is cut short while it restores EVENTS;
 // the next start goes on from there, and the mesh ends up whole.
-func TestGrow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS") }
+func TestIntegration_Grow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS") }
 
-// TestGrow_InterruptedSnapshot: cut short as it takes its snapshots, the growing node
+// TestIntegration_Grow_InterruptedSnapshot: cut short as it takes its snapshots, the growing node
 // starts over from its untouched store.
-func TestGrow_InterruptedSnapshot(t *testing.T) { testGrow(t, "growing: taking a snapshot") }
+func TestIntegration_Grow_InterruptedSnapshot(t *testing.T) {
+	testGrow(t, "growing: taking a snapshot")
+}
 
 func testGrow(t *testing.T, interrupt string) {
 	// Every client port TLS, as off loopback: the new nodes enrol through it with the CA
@@ -437,13 +441,6 @@ func durables(ctx context.Context, js jetstream.JetStream, whole bool) (map[stri
 		}
 	}
 	return out, nil
-}
-
-func msgData(m *nats.Msg) string {
-	if m == nil {
-		return ""
-	}
-	return string(m.Data)
 }
 
 // emitMany publishes n signed events of the shop module at once (pipelined, as a module
