@@ -31,7 +31,9 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	for i := range envs {
 		envs[i], _ = envelope.Stamp(key, "a", "alpha", subject, []byte(fmt.Sprintf(`{"n":%d}`, i)), envelope.Options{})
 	}
-	js, _ := jetstream.New(b.raw(seedA, "a"))
+	// A bounded window (n is within it: no publish stalls) that says so rather than leaning on
+	// the client's default of 4,000.
+	js, _ := jetstream.New(b.raw(seedA, "a"), jetstream.WithPublishAsyncMaxPending(n))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	publish := func(copy string) {

@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -8,9 +10,9 @@ import (
 	"testing"
 )
 
-// TestBinary_Completion: the shell completes module, seat, node and secret names from the
+// TestIntegration_Binary_Completion: the shell completes module, seat, node and secret names from the
 // running node (cobra's __complete, what `meshnode completion bash` calls).
-func TestBinary_Completion(t *testing.T) {
+func TestIntegration_Binary_Completion(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	defer p.stop(t, syscall.SIGTERM)

@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -54,11 +56,11 @@ func deadLs(t *testing.T, dir string) ([]deadRow, error) {
 	return out, nil
 }
 
-// TestBinary_DeadReplayRefusesForgery: dead letters naming the registry's operator key or
+// TestIntegration_Binary_DeadReplayRefusesForgery: dead letters naming the registry's operator key or
 // EVENTS' delete API — written with the operator's own connection, as an attacker who got
 // one into DEAD would — are refused by replay, one by one and with --all, and kept; the
 // targets are untouched.
-func TestBinary_DeadReplayRefusesForgery(t *testing.T) {
+func TestIntegration_Binary_DeadReplayRefusesForgery(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
@@ -129,9 +131,9 @@ func TestBinary_DeadReplayRefusesForgery(t *testing.T) {
 	}
 }
 
-// TestBinary_DeadReplayDiesAgain: a replayed event that fails again is dead-lettered again, as
+// TestIntegration_Binary_DeadReplayDiesAgain: a replayed event that fails again is dead-lettered again, as
 // a new letter with the same event id.
-func TestBinary_DeadReplayDiesAgain(t *testing.T) {
+func TestIntegration_Binary_DeadReplayDiesAgain(t *testing.T) {
 	dir, _, id := failedOrder(t, "[order.placed]")
 	first := awaitNewLetter(t, dir, 0)
 	if first.EventID != id || first.Reason != "no such customer" || first.Consumer != "billing" {
@@ -199,10 +201,10 @@ func awaitNewLetter(t *testing.T, dir string, not uint64) deadRow {
 	return got
 }
 
-// TestBinary_DeadReplayReachesOnlyItsConsumer: two modules consume one event; billing gives
+// TestIntegration_Binary_DeadReplayReachesOnlyItsConsumer: two modules consume one event; billing gives
 // up on it and mailer handles it. The replay reaches billing alone — mailer, idle, still has
 // handled it once — and the audit log holds the event once.
-func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
+func TestIntegration_Binary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
@@ -309,10 +311,10 @@ func TestBinary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 	}
 }
 
-// TestBinary_DeadReplayRefusedWhenConsumesChanged: billing gave up on an event and was then
+// TestIntegration_Binary_DeadReplayRefusedWhenConsumesChanged: billing gave up on an event and was then
 // re-registered without consuming it: replay refuses the letter (billing would only refuse
 // the event) and keeps it.
-func TestBinary_DeadReplayRefusedWhenConsumesChanged(t *testing.T) {
+func TestIntegration_Binary_DeadReplayRefusedWhenConsumesChanged(t *testing.T) {
 	dir, _, _ := failedOrder(t, "[order.placed, order.paid]")
 	letters := []deadRow{awaitNewLetter(t, dir, 0)}
 	registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.paid]\n")

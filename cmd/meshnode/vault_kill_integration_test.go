@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -18,11 +20,11 @@ import (
 	"github.com/meshnode/meshnode/vault"
 )
 
-// TestBinary_VaultRotationsSurviveKill9: while rotations run back to back, the node is killed
+// TestIntegration_Binary_VaultRotationsSurviveKill9: while rotations run back to back, the node is killed
 // with SIGKILL at random points and restarted. Every rotation the vault stored — whatever its
 // caller heard — has its rotated event in the audit log, and the mint its minted event: the
 // event is written with the record (an outbox), and published by whichever start comes next.
-func TestBinary_VaultRotationsSurviveKill9(t *testing.T) {
+func TestIntegration_Binary_VaultRotationsSurviveKill9(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	if r := meshnode(t, nil, "vault", "mint", "smtp", "--data-dir", dir); r.code != 0 {
@@ -109,11 +111,11 @@ func TestBinary_VaultRotationsSurviveKill9(t *testing.T) {
 	})
 }
 
-// TestBinary_RegistryChangesSurviveKill9: registrations and removals run two at a time while
+// TestIntegration_Binary_RegistryChangesSurviveKill9: registrations and removals run two at a time while
 // the node is killed with SIGKILL at random points and restarted. Every module the registry
 // holds has its module.registered event in the audit log, and every removal that took
 // effect its module.removed event: each is stored with the change and published after it.
-func TestBinary_RegistryChangesSurviveKill9(t *testing.T) {
+func TestIntegration_Binary_RegistryChangesSurviveKill9(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	// rounds runs n rounds of two commands each, killing the node a random few milliseconds

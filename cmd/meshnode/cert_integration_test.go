@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -18,11 +20,11 @@ import (
 	"github.com/meshnode/meshnode/meshca"
 )
 
-// TestBinary_TLSClientPort: with client-tls always, the CLI reaches the node's TLS client port
+// TestIntegration_Binary_TLSClientPort: with client-tls always, the CLI reaches the node's TLS client port
 // by its data dir (which holds ca.pem), and by URL only with --ca naming the mesh's CA —
 // without it the refusal says what to do; `cert rotate` renews the certificate of the running
 // node, which goes on serving.
-func TestBinary_TLSClientPort(t *testing.T) {
+func TestIntegration_Binary_TLSClientPort(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", append(upArgs(dir, "alpha"), "--client-tls", "always")...)
 	defer p.stop(t, syscall.SIGTERM)

@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -9,11 +11,11 @@ import (
 	"time"
 )
 
-// TestBinary_AdminVerbsRefuseAModuleKey: an admin verb run with a module's seed fails at
+// TestIntegration_Binary_AdminVerbsRefuseAModuleKey: an admin verb run with a module's seed fails at
 // once, exit 1, naming the subject the bus refused and the operator's seed to use instead.
 // Before, nats.go handed the server's refusal to the CLI's quiet error handler and the
 // request waited out its 30 s timeout.
-func TestBinary_AdminVerbsRefuseAModuleKey(t *testing.T) {
+func TestIntegration_Binary_AdminVerbsRefuseAModuleKey(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	defer p.stop(t, syscall.SIGTERM)

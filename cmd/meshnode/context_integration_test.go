@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -8,11 +10,11 @@ import (
 	"testing"
 )
 
-// TestBinary_Contexts: a saved context finds the node for every client verb — by data dir or
+// TestIntegration_Binary_Contexts: a saved context finds the node for every client verb — by data dir or
 // by server and seed — and is chosen by `context use`, --context or MESHNODE_CONTEXT; flags and
 // MESHNODE_SERVER / MESHNODE_CREDS win over it; bad input is a usage error (exit 2) or says
 // what to do.
-func TestBinary_Contexts(t *testing.T) {
+func TestIntegration_Binary_Contexts(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	defer p.stop(t, syscall.SIGTERM)

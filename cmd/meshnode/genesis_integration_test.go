@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -9,9 +11,9 @@ import (
 	"testing"
 )
 
-// TestBinary_GenesisVaultToken: genesis creates a mesh and hands off; run starts it; the
+// TestIntegration_Binary_GenesisVaultToken: genesis creates a mesh and hands off; run starts it; the
 // operator mints, rotates, lists and fetches secrets and makes join tokens with the CLI.
-func TestBinary_GenesisVaultToken(t *testing.T) {
+func TestIntegration_Binary_GenesisVaultToken(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"--data-dir", dir, "--name", "alpha", "--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error"}
 	r := meshnode(t, nil, append([]string{"genesis", "--json"}, args...)...)

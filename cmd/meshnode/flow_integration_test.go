@@ -1,3 +1,5 @@
+//go:build integration
+
 package main
 
 import (
@@ -17,9 +19,9 @@ import (
 	"github.com/meshnode/meshnode/sdk"
 )
 
-// TestBinary_ModuleFlow drives the CLI as an operator would: register two modules, list
+// TestIntegration_Binary_ModuleFlow drives the CLI as an operator would: register two modules, list
 // them, listen while one emits, call a tool another serves, and remove one.
-func TestBinary_ModuleFlow(t *testing.T) {
+func TestIntegration_Binary_ModuleFlow(t *testing.T) {
 	dir := t.TempDir()
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	work := t.TempDir()

@@ -1,3 +1,5 @@
+//go:build integration
+
 package node_test
 
 import (
@@ -111,21 +113,23 @@ func (r *restartingNode) awaitOpen(t *testing.T, within time.Duration) {
 	}
 }
 
-// TestGrow_OneToThree: a single node with three registered modules, five secrets, 10,020
+// TestIntegration_Grow_OneToThree: a single node with three registered modules, five secrets, 10,020
 // events, 100 jobs queued for a seat nobody holds and an audit log of it all grows into a
 // mesh of three — `grow` on it, `join` with its token on two new nodes — and after it every
 // stream holds what it held (counts, sequences, sampled contents), at 3 replicas; the
 // module's credential and secret work through a new node; the grown node's audit log
 // verifies; and with one of the three stopped, events, jobs and secrets all still read.
-func TestGrow_OneToThree(t *testing.T) { testGrow(t, "") }
+func TestIntegration_Grow_OneToThree(t *testing.T) { testGrow(t, "") }
 
-// TestGrow_Interrupted: the growing node's start is cut short while it restores EVENTS;
+// TestIntegration_Grow_Interrupted: the growing node's start is cut short while it restores EVENTS;
 // the next start goes on from there, and the mesh ends up whole.
-func TestGrow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS") }
+func TestIntegration_Grow_Interrupted(t *testing.T) { testGrow(t, "growing: restoring EVENTS") }
 
-// TestGrow_InterruptedSnapshot: cut short as it takes its snapshots, the growing node
+// TestIntegration_Grow_InterruptedSnapshot: cut short as it takes its snapshots, the growing node
 // starts over from its untouched store.
-func TestGrow_InterruptedSnapshot(t *testing.T) { testGrow(t, "growing: taking a snapshot") }
+func TestIntegration_Grow_InterruptedSnapshot(t *testing.T) {
+	testGrow(t, "growing: taking a snapshot")
+}
 
 func testGrow(t *testing.T, interrupt string) {
 	// Every client port TLS, as off loopback: the new nodes enrol through it with the CA
@@ -439,13 +443,6 @@ func durables(ctx context.Context, js jetstream.JetStream, whole bool) (map[stri
 	return out, nil
 }
 
-func msgData(m *nats.Msg) string {
-	if m == nil {
-		return ""
-	}
-	return string(m.Data)
-}
-
 // emitMany publishes n signed events of the shop module at once (pipelined, as a module
 // may) and returns n.
 func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) int {
@@ -461,7 +458,11 @@ func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) in
 	sk, _ := envelope.NewSigningKey(kp)
 	nc := connect(t, url, seed, nats.CustomInboxPrefix(manifest.InboxPrefix("shop")), sdk.TrustCA(ca))
 	defer nc.Close()
+	// A bounded window of 512 unacknowledged: a publish at the window waits for an ack as
+	// long as the test would (the client's default 200 ms failed the test on a busy machine:
+	// "stalled with too many outstanding async published messages").
 	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(512))
+	stall := jetstream.WithStallWait(30 * time.Second)
 	subject := manifest.EventSubject("shop", "sold")
 	for i := range n {
 		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
@@ -469,7 +470,7 @@ func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) in
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}, stall); err != nil {
 			t.Fatal(err)
 		}
 	}
