@@ -20,6 +20,7 @@ type seatRun struct {
 	done   chan struct{}      // closed when the last run started has returned
 }
 
+// newSeatRun is a service's runs, ended with ctx or at Close.
 func newSeatRun(ctx context.Context) *seatRun {
 	r := &seatRun{}
 	r.ctx, r.cancel = context.WithCancel(ctx)
@@ -36,13 +37,11 @@ func (r *seatRun) start(f func(context.Context)) {
 		defer r.wg.Done()
 		defer close(done)
 		if prev != nil {
-			select {
-			case <-prev:
-			case <-ctx.Done():
-				return
-			}
+			<-prev // even when stopped meanwhile: the run after this one waits on done
 		}
-		f(ctx)
+		if ctx.Err() == nil {
+			f(ctx)
+		}
 	}()
 }
 
