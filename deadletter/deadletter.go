@@ -1,7 +1,7 @@
 // Package deadletter reads the mesh's dead letters (stream DEAD) and replays them: it checks
 // that a letter is what its source could have published itself before publishing it again
 // with the caller's (the operator's) authority. The CLI's `dead` verbs and the dashboard use
-// it.
+// it. Each node writes them (Writer, writer.go).
 package deadletter
 
 import (

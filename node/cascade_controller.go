@@ -26,9 +26,9 @@ func cascadeConsumer() manifest.Consumer {
 	return manifest.Consumer{
 		Stream: manifest.EventsStreamName, Name: "controller",
 		FilterSubjects: []string{
-			manifest.SeatEventSubject(GitSeat, "pushed"),
-			manifest.SeatEventSubject(BuilderSeat, "built"),
-			manifest.SeatEventSubject(BuilderSeat, "failed"),
+			manifest.SeatEventSubject(build.GitSeat, "pushed"),
+			manifest.SeatEventSubject(build.BuilderSeat, "built"),
+			manifest.SeatEventSubject(build.BuilderSeat, "failed"),
 		},
 		DeliverPolicy: manifest.DeliverNew, AckPolicy: manifest.AckExplicit,
 		MaxAckPending: manifest.MaxAckPending, MaxDeliver: manifest.MaxDeliver, BackOff: manifest.BackOff(),
@@ -105,19 +105,19 @@ func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error 
 	c.mu.Lock() // registrations and deployments do not change under a cascade's step
 	defer c.mu.Unlock()
 	switch m.Subject() {
-	case manifest.SeatEventSubject(GitSeat, "pushed"):
+	case manifest.SeatEventSubject(build.GitSeat, "pushed"):
 		var p build.Pushed
 		if json.Unmarshal(m.Data(), &p) != nil {
 			return nil
 		}
 		return c.onPushed(ctx, ev.ID, p)
-	case manifest.SeatEventSubject(BuilderSeat, "built"):
+	case manifest.SeatEventSubject(build.BuilderSeat, "built"):
 		var b build.Built
 		if json.Unmarshal(m.Data(), &b) != nil {
 			return nil
 		}
 		return c.onBuilt(ctx, ev.ID, b)
-	case manifest.SeatEventSubject(BuilderSeat, "failed"):
+	case manifest.SeatEventSubject(build.BuilderSeat, "failed"):
 		var f build.Failed
 		if json.Unmarshal(m.Data(), &f) != nil {
 			return nil
@@ -140,8 +140,8 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 	for _, m := range catalogue {
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
-				gctx, cancel := context.WithTimeout(ctx, gitToolTimeout+5*time.Second)
-				r, err := gitCall(gctx, c.nc, "changed", ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				gctx, cancel := context.WithTimeout(ctx, build.GitToolTimeout+5*time.Second)
+				r, err := build.CallGit(gctx, c.nc, "changed", build.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
 				cancel()
 				if err != nil {
 					return err // the event is delivered again
@@ -247,7 +247,7 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 // caused by the event that made it ready.
 func (c *controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
 	body, _ := json.Marshal(job)
-	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, manifest.SeatAcceptSubject(BuilderSeat, "build"), body, cause); err != nil {
+	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, manifest.SeatAcceptSubject(build.BuilderSeat, "build"), body, cause); err != nil {
 		return fmt.Errorf("queue the build of %s: %w", job.Module, err)
 	}
 	return nil
@@ -282,9 +282,9 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
 func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
-	var running BuilderStatus
+	var running build.BuilderStatus
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(BuilderSeat, "status"), nil); err == nil {
+	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(build.BuilderSeat, "status"), nil); err == nil {
 		json.Unmarshal(msg.Data, &running)
 	}
 	cancel()

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
@@ -224,8 +225,8 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 	if _, err := c.artifacts(ctx); err != nil {
 		return err
 	}
-	if _, err := createSources(ctx, c.js, c.topo.replicas); err != nil {
-		return fmt.Errorf("object store %s: %w", SourcesBucket, err)
+	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas); err != nil {
+		return fmt.Errorf("object store %s: %w", build.SourcesBucket, err)
 	}
 	if _, err := c.provisionStore(ctx); err != nil {
 		return err

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
@@ -102,7 +104,6 @@ type Node struct {
 	busUp       chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
 	reportNow   chan struct{}    // the supervisor's state changed: report it
 	logsSub     *nats.Subscription
-	gitSub      *nats.Subscription
 	growSub     *nats.Subscription // a single node's grow tool
 	certSub     *nats.Subscription // the cert-rotate tool
 	statsSub    *nats.Subscription // the modules' tool latency reports (toolstats.go)
@@ -110,7 +111,7 @@ type Node struct {
 	certs       *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
 	certCA      *meshca.CA
 	auditSub    *nats.Subscription
-	dead        *deadLetters
+	dead        *deadletter.Writer
 	members     *membership.Membership
 	routeOf     map[string]string // member → host:port of the route this node was started with (form)
 	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
@@ -255,9 +256,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if n.logsSub, err = n.serveLogs(); err != nil {
 		return err
 	}
-	if n.gitSub, err = n.serveGitNotify(); err != nil {
-		return err
-	}
 	n.newHTTPServer()
 	n.setPhase("")
 	if err := n.announce(); err != nil {
@@ -344,7 +342,7 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	}
 	n.dir.vaultKey.Store(keys.vaultPub)
 	n.dir.operator.Store(n.id.OperatorKey)
-	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadLetterPermissions(n.id.Name))
+	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadletter.WriterPermissions(partInbox("dead", n.id.Name)))
 	if err != nil {
 		return err
 	}
@@ -778,8 +776,10 @@ func (n *Node) Close() error {
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
 		n.bus.Conn().FlushTimeout(time.Second)
 	}
-	n.dead.stop()
-	n.dead = nil
+	if n.dead != nil {
+		keep(n.dead.Close(), "dead letters")
+		n.dead = nil
+	}
 	if n.auditSub != nil {
 		n.auditSub.Unsubscribe()
 		n.auditSub = nil
@@ -799,10 +799,6 @@ func (n *Node) Close() error {
 	if n.certSub != nil {
 		n.certSub.Unsubscribe()
 		n.certSub = nil
-	}
-	if n.gitSub != nil {
-		n.gitSub.Unsubscribe()
-		n.gitSub = nil
 	}
 	if n.seats != nil {
 		n.seats.stop()
@@ -982,12 +978,14 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	}
 	// The cascade's seats, on the nodes configured for them (a module declaring one instead
 	// holds it as its own).
-	s.git, s.builder = &gitService{n: n, poke: make(chan struct{}, 1)}, &builderService{n: n}
-	if _, declared := n.reg.Declarer(GitSeat); len(n.cfg.GitRepos) > 0 && !declared {
-		s.run.Add(seats.Candidate{Seat: GitSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if err := n.openBuildSeats(s); err != nil {
+		return err
 	}
-	if _, declared := n.reg.Declarer(BuilderSeat); n.cfg.Builder && !declared {
-		s.run.Add(seats.Candidate{Seat: BuilderSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if _, declared := n.reg.Declarer(build.GitSeat); len(n.cfg.GitRepos) > 0 && !declared {
+		s.run.Add(seats.Candidate{Seat: build.GitSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
+	if _, declared := n.reg.Declarer(build.BuilderSeat); n.cfg.Builder && !declared {
+		s.run.Add(seats.Candidate{Seat: build.BuilderSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
 	s.run.Acquire(ctx)
 	// The runner renews from here on, not from Run: what Open does next (the genesis
@@ -1075,7 +1073,7 @@ func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
 		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 			// The cascade's seats, held by a node, sign with the holding node's key.
-			if (source == GitSeat || source == BuilderSeat) && n.seats != nil {
+			if (source == build.GitSeat || source == build.BuilderSeat) && n.seats != nil {
 				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
 					if id, ok := n.reg.Node(l.Node); ok {
 						return id.PublicKey, true

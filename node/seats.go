@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/lifecycle"
@@ -38,9 +39,9 @@ type seatService struct {
 	run   *seats.Runner
 	ctrl  *controller
 	vault *vault.Vault
-	// git and builder are the cascade's seats' work on this node (cascade.go).
-	git     *gitService
-	builder *builderService
+	// git and builder are the cascade's seats' work on this node (build.go).
+	git     *build.Git
+	builder *build.Builder
 	// onControl runs when this node has become the mesh-controller's holder.
 	onControl func()
 
@@ -149,10 +150,10 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 			return
 		}
 		start, stop = s.vault.Start, s.vault.Stop
-	case GitSeat:
-		start, stop = s.git.start, s.git.stop
-	case BuilderSeat:
-		start, stop = s.builder.start, s.builder.stop
+	case build.GitSeat:
+		start, stop = s.git.Start, s.git.Stop
+	case build.BuilderSeat:
+		start, stop = s.builder.Start, s.builder.Stop
 	default:
 		return
 	}
@@ -332,8 +333,10 @@ func (s *seatService) stop() {
 		s.group.Close()
 	}
 	if s.git != nil {
-		s.git.close()
-		s.builder.close()
+		s.git.Close()
+	}
+	if s.builder != nil {
+		s.builder.Close()
 	}
 }
 
@@ -453,7 +456,7 @@ func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []s
 	}
 	add(seats.Status{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
 	add(seats.Status{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
-	for _, seat := range []string{GitSeat, BuilderSeat} {
+	for _, seat := range []string{build.GitSeat, build.BuilderSeat} {
 		if _, declared := s.reg.Declarer(seat); !declared {
 			add(seats.Status{Seat: seat, Scope: manifest.ScopeMesh}, seat)
 		}

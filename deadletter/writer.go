@@ -1,4 +1,4 @@
-package node
+package deadletter
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -65,11 +64,11 @@ const maxDeadReason = 1024
 // leader for a while, a node starting) before it logs the death as lost.
 const deadWriteBudget = time.Minute
 
-// deadLetterPermissions are the dead-letter writer's: hear the advisories, read a message by
-// sequence, look a consumer's filter up, write DEAD, delete a work queue's dead message. The
-// JetStream API's subjects name a stream by token, so delete is any stream's: a work queue is
-// only told apart by its name.
-func deadLetterPermissions(node string) manifest.Permissions {
+// WriterPermissions are the dead-letter writer's connection's, whose inbox prefix is inbox:
+// hear the advisories, read a message by sequence, look a consumer's filter up, write DEAD,
+// delete a work queue's dead message. The JetStream API's subjects name a stream by token, so
+// delete is any stream's: a work queue is only told apart by its name.
+func WriterPermissions(inbox string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish: []string{
 			manifest.DeadStream().Subjects[0],
@@ -81,7 +80,7 @@ func deadLetterPermissions(node string) manifest.Permissions {
 		Subscribe: []manifest.Subscription{
 			{Subject: advisoryMaxDeliveries + ".*.*"},
 			{Subject: advisoryTerminated + ".*.*"},
-			{Subject: partInbox("dead", node) + ".>"}, // the JetStream API's replies
+			{Subject: inbox + ".>"}, // the JetStream API's replies
 		},
 	}
 }
@@ -107,51 +106,60 @@ func (d death) id() string {
 // it is acked, so the node removes it once its dead letter is stored.
 func (d death) workQueue() bool { return strings.HasPrefix(d.stream, manifest.SeatStreamName("")) }
 
-// deadLetters is the node's dead-letter writer.
-type deadLetters struct {
-	log *slog.Logger
-	nc  *nats.Conn // deadLetterPermissions only
-	js  jetstream.JetStream
+// WriterConfig is what the dead-letter writer takes from its node.
+type WriterConfig struct {
+	// Conn is the writer's own connection, with WriterPermissions only. The writer owns it
+	// from OpenWriter on: it closes it at Close, or when OpenWriter fails.
+	Conn *nats.Conn
+	// Logger logs each letter written and each death not written.
+	Logger *slog.Logger
+	// Written counts each letter stored (not a duplicate), by stream and consumer.
+	Written *prometheus.CounterVec
+}
 
-	ctx    context.Context // ends at stop: a write in progress gives up
+// Writer is a node's dead-letter writer.
+type Writer struct {
+	log     *slog.Logger
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	written *prometheus.CounterVec
+
+	ctx    context.Context // ends at Close: a write in progress gives up
 	cancel context.CancelFunc
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
 	subs   []*nats.Subscription
-	// written counts each letter stored (not a duplicate) by stream and consumer.
-	written *prometheus.CounterVec
 }
 
-// startDeadLetters subscribes to the advisories on nc, which it owns from now on.
-func startDeadLetters(nc *nats.Conn, log *slog.Logger, written *prometheus.CounterVec) (*deadLetters, error) {
-	js, err := jetstream.New(nc)
+// OpenWriter subscribes to the advisories on cfg.Conn and writes the dead letter of each;
+// ctx is the parent of every write, until Close.
+func OpenWriter(ctx context.Context, cfg WriterConfig) (*Writer, error) {
+	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
-		nc.Close()
+		cfg.Conn.Close()
 		return nil, err
 	}
-	d := &deadLetters{log: log, nc: nc, js: js, written: written}
-	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d := &Writer{log: cfg.Logger, nc: cfg.Conn, js: js, written: cfg.Written}
+	d.ctx, d.cancel = context.WithCancel(ctx)
 	for _, prefix := range []string{advisoryMaxDeliveries, advisoryTerminated} {
-		sub, err := nc.Subscribe(prefix+".*.*", d.handle)
+		sub, err := d.nc.Subscribe(prefix+".*.*", d.handle)
 		if err != nil {
-			d.stop()
+			d.Close()
 			return nil, fmt.Errorf("subscribe %s: %w", prefix, err)
 		}
 		d.subs = append(d.subs, sub)
 	}
-	if err := nc.Flush(); err != nil {
-		d.stop()
+	if err := d.nc.Flush(); err != nil {
+		d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-// stop ends the writer: writes in progress give up, and the connection closes. Nil-safe.
-func (d *deadLetters) stop() {
-	if d == nil {
-		return
-	}
+// Close ends the writer: writes in progress give up and are waited for, and the connection
+// closes.
+func (d *Writer) Close() error {
 	d.mu.Lock()
 	d.closed = true
 	d.mu.Unlock()
@@ -161,11 +169,12 @@ func (d *deadLetters) stop() {
 	}
 	d.wg.Wait()
 	d.nc.Close()
+	return nil
 }
 
 // handle writes the dead letter of one advisory. nats.go runs one subscription's handler at a
 // time; the two advisories have a goroutine each.
-func (d *deadLetters) handle(m *nats.Msg) {
+func (d *Writer) handle(m *nats.Msg) {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -271,7 +280,7 @@ func cleanReason(s string) string {
 }
 
 // write stores one death in DEAD, then removes a work queue's message.
-func (d *deadLetters) write(ctx context.Context, dd death) error {
+func (d *Writer) write(ctx context.Context, dd death) error {
 	stream, err := d.js.Stream(ctx, dd.stream)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -331,7 +340,7 @@ func (d *deadLetters) write(ctx context.Context, dd death) error {
 }
 
 // deadFull reports whether DEAD has no room for a letter of about size bytes.
-func (d *deadLetters) deadFull(ctx context.Context, size int) bool {
+func (d *Writer) deadFull(ctx context.Context, size int) bool {
 	s, err := d.js.Stream(ctx, manifest.DeadStreamName)
 	if err != nil {
 		return false
@@ -342,7 +351,7 @@ func (d *deadLetters) deadFull(ctx context.Context, size int) bool {
 
 // getRaw reads a message whose header block does not decode: its subject and body, with no
 // headers, and the header block as stored.
-func (d *deadLetters) getRaw(ctx context.Context, dd death) (*jetstream.RawStreamMsg, []byte, error) {
+func (d *Writer) getRaw(ctx context.Context, dd death) (*jetstream.RawStreamMsg, []byte, error) {
 	req, _ := json.Marshal(map[string]uint64{"seq": dd.seq})
 	m, err := d.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+dd.stream, req)
 	if err != nil {
@@ -378,7 +387,7 @@ func (d *deadLetters) getRaw(ctx context.Context, dd death) (*jetstream.RawStrea
 // checkFilter refuses a message the consumer does not deliver: a Term names any sequence.
 // MaxDeliver's advisory comes from the server about a message it delivered; it is written even
 // when the consumer is gone since.
-func (d *deadLetters) checkFilter(ctx context.Context, dd death, subject string) error {
+func (d *Writer) checkFilter(ctx context.Context, dd death, subject string) error {
 	c, err := d.js.Consumer(ctx, dd.stream, dd.consumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if dd.terminated {
@@ -424,17 +433,4 @@ func deadHeaders(orig nats.Header, dd death, subject string) nats.Header {
 	h.Set(envelope.DeadStream, dd.stream)
 	h.Set(nats.MsgIdHdr, dd.id())
 	return h
-}
-
-// openDeadLetters connects the dead-letter writer on its own bus identity and starts it.
-func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadLetters, error) {
-	nc, err := n.bus.Connect(key, n.cfg.Name+"-dead-letters", nats.CustomInboxPrefix(partInbox("dead", n.id.Name)))
-	if err != nil {
-		return nil, fmt.Errorf("connect dead-letter writer: %w", err)
-	}
-	d, err := startDeadLetters(nc, n.log.With("component", "dead-letters"), n.meter.deadLetters)
-	if err != nil {
-		return nil, fmt.Errorf("start dead-letter writer: %w", err)
-	}
-	return d, nil
 }
