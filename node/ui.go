@@ -835,7 +835,7 @@ func (n *Node) uiDeadAction(w http.ResponseWriter, r *http.Request, _ *uiSession
 			err = dead.DeleteMsg(ctx, id)
 		} else {
 			var auth deadletter.Authority
-			if auth, err = deadletter.LoadAuthority(ctx, js); err == nil {
+			if auth, err = deadletter.LoadAuthority(ctx, js, admin.List); err == nil {
 				err = deadletter.Replay(ctx, js, dead, m, auth)
 			}
 		}
