@@ -19,13 +19,12 @@ var Analyzer = &analysis.Analyzer{
 	Run:      run,
 }
 
-// searches are the strings functions that read a string's content, by name.
+// searches are the strings functions that decide on a string's content, by name. Those
+// that only cut a string up (Cut, Index) are left out: taking a message's first line to
+// print it is not telling errors apart.
 var searches = map[string]bool{
-	"Contains": true, "ContainsAny": true, "ContainsRune": true, "ContainsFunc": true,
-	"HasPrefix": true, "HasSuffix": true, "EqualFold": true, "Compare": true, "Count": true,
-	"Index": true, "IndexAny": true, "IndexByte": true, "IndexRune": true, "IndexFunc": true,
-	"LastIndex": true, "LastIndexAny": true, "LastIndexByte": true, "LastIndexFunc": true,
-	"Cut": true, "CutPrefix": true, "CutSuffix": true,
+	"Contains": true, "ContainsAny": true, "ContainsRune": true, "HasPrefix": true,
+	"HasSuffix": true, "EqualFold": true, "CutPrefix": true, "CutSuffix": true,
 }
 
 // passThrough are the strings functions whose result is still the message they were given.
@@ -46,33 +45,40 @@ func run(pass *analysis.Pass) (any, error) {
 	type assign struct {
 		to   *ast.Ident
 		from ast.Expr
+		cut  bool // to is one of several results of from, a call: a part when it cuts a message
 	}
 	var assigns []assign
+	add := func(lhs []ast.Expr, names []*ast.Ident, rhs []ast.Expr) {
+		for _, l := range lhs {
+			if id, ok := ast.Unparen(l).(*ast.Ident); ok {
+				names = append(names, id)
+			}
+		}
+		for i, id := range names {
+			switch {
+			case len(names) == len(rhs):
+				assigns = append(assigns, assign{to: id, from: rhs[i]})
+			case len(rhs) == 1:
+				assigns = append(assigns, assign{to: id, from: rhs[0], cut: true})
+			}
+		}
+	}
 	ins.Preorder([]ast.Node{(*ast.AssignStmt)(nil), (*ast.ValueSpec)(nil)}, func(n ast.Node) {
 		switch n := n.(type) {
 		case *ast.AssignStmt:
-			if len(n.Lhs) != len(n.Rhs) {
-				return // a call's several results: none of them is Error's
-			}
-			for i, lhs := range n.Lhs {
-				if id, ok := ast.Unparen(lhs).(*ast.Ident); ok {
-					assigns = append(assigns, assign{id, n.Rhs[i]})
-				}
-			}
+			add(n.Lhs, nil, n.Rhs)
 		case *ast.ValueSpec:
-			if len(n.Names) != len(n.Values) {
-				return
-			}
-			for i, id := range n.Names {
-				assigns = append(assigns, assign{id, n.Values[i]})
-			}
+			add(nil, n.Names, n.Values)
 		}
 	})
 	for added := true; added; {
 		added = false
 		for _, a := range assigns {
-			obj := m.object(a.to)
-			if obj != nil && !m.vars[obj] && m.is(a.from) {
+			obj, ok := m.object(a.to).(*types.Var)
+			if !ok || m.vars[obj] {
+				continue
+			}
+			if (a.cut && m.cuts(a.from) && isString(obj.Type())) || (!a.cut && m.is(a.from)) {
 				m.vars[obj] = true
 				added = true
 			}
@@ -149,6 +155,23 @@ func (m messages) is(e ast.Expr) bool {
 		return ok && passThrough[name] && len(e.Args) == 1 && m.is(e.Args[0])
 	}
 	return false
+}
+
+// cuts reports whether e is a call of strings.Cut, CutPrefix or CutSuffix on a message: its
+// string results are parts of it.
+func (m messages) cuts(e ast.Expr) bool {
+	call, ok := ast.Unparen(e).(*ast.CallExpr)
+	if !ok || len(call.Args) == 0 {
+		return false
+	}
+	fn, _ := typeutil.Callee(m.info, call).(*types.Func)
+	name, ok := stringsFunc(fn)
+	return ok && (name == "Cut" || name == "CutPrefix" || name == "CutSuffix") && m.is(call.Args[0])
+}
+
+func isString(t types.Type) bool {
+	b, ok := t.Underlying().(*types.Basic)
+	return ok && b.Info()&types.IsString != 0
 }
 
 // errorType is the predeclared error interface.

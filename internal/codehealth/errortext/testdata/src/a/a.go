@@ -64,6 +64,9 @@ func throughVariables(err error) bool {
 	case "gone":
 		return true
 	}
+	if rest, ok := strings.CutPrefix(msg, "nats: "); ok { // want `reads an error's message with strings.CutPrefix`
+		return rest == "" // want `compares an error's message with ==`
+	}
 	head := msg[:4]
 	return head == "nats" // want `compares an error's message with ==`
 }
@@ -86,6 +89,8 @@ func byType(err error) bool {
 func printed(err error) string {
 	msg := err.Error()
 	fmt.Println(msg)
+	first, _, _ := strings.Cut(msg, "\n")
+	fmt.Println(first)
 	return fmt.Sprintf("open: %v (%s)", err, msg)
 }
 
