@@ -821,7 +821,7 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request, _ *sessio
 			err = dead.DeleteMsg(ctx, id)
 		} else {
 			var auth deadletter.Authority
-			if auth, err = deadletter.LoadAuthority(ctx, js); err == nil {
+			if auth, err = deadletter.LoadAuthority(ctx, js, admin.List); err == nil {
 				err = deadletter.Replay(ctx, js, dead, m, auth)
 			}
 		}

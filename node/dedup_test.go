@@ -12,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/sdk/dedupbolt"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -56,7 +57,7 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	var total int
 	// run starts b with the dedup file, waits until its consumer has nothing left and stops.
 	run := func(want int) {
-		d, err := sdk.OpenDedupFile(path, 10*n)
+		d, err := dedupbolt.Open(path, 10*n)
 		if err != nil {
 			t.Fatal(err)
 		}

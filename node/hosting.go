@@ -194,12 +194,22 @@ func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.M
 
 // declared is the vault's check of what node runs: its declaration on STATE, signed by a
 // server of the mesh.
-func (n *Node) declared(ctx context.Context, node, module string) (deploy.Module, bool) {
+func (n *Node) declared(ctx context.Context, node, module string) (vault.DeclaredModule, bool) {
 	d, _, _, err := deploy.Last(ctx, n.bus.JetStream(), node, n.serverKey)
 	if err != nil || d.Revision == 0 {
-		return deploy.Module{}, false // none, or no genuine one
+		return vault.DeclaredModule{}, false // none, or no genuine one
 	}
-	return d.Module(module)
+	m, ok := d.Module(module)
+	if !ok {
+		return vault.DeclaredModule{}, false
+	}
+	out := vault.DeclaredModule{PublicKey: m.PublicKey, Secrets: m.Secrets}
+	for _, p := range m.Provisions {
+		if p.Provider != deploy.MeshProvider { // the mesh's own (kv) need no credential
+			out.Provisions = append(out.Provisions, p.Interface)
+		}
+	}
+	return out, true
 }
 
 // serverKey returns a server of the mesh's public key.

@@ -1,4 +1,4 @@
-package sdk
+package dedupbolt
 
 import (
 	"context"
@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshnode/meshnode/sdk"
 	bolt "go.etcd.io/bbolt"
 )
 
-// DurableDedup is Dedup that survives a restart: the handled events' ids are kept in a bbolt
+// Dedup is sdk.Dedup that survives a restart: the handled events' ids are kept in a bbolt
 // file of the module's own, per handler name, the newest size of each. Once marks an event
 // after its handler succeeded, so a crash between the two runs the handler again on
 // redelivery (at least once, as always); Atomically runs the handler inside the transaction
@@ -18,14 +19,13 @@ import (
 //
 // One process opens a file at a time (bbolt locks it): instances of a module on one machine
 // each need their own, and instances elsewhere dedup only what they handle themselves.
-type DurableDedup struct {
+type Dedup struct {
 	db   *bolt.DB
 	size int
 }
 
-// OpenDedupFile opens (or creates) the dedup file at path, keeping the last size ids of each
-// handler.
-func OpenDedupFile(path string, size int) (*DurableDedup, error) {
+// Open opens (or creates) the dedup file at path, keeping the last size ids of each handler.
+func Open(path string, size int) (*Dedup, error) {
 	if size < 1 {
 		size = 1
 	}
@@ -33,14 +33,14 @@ func OpenDedupFile(path string, size int) (*DurableDedup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open dedup file %s: %w (another process of the module may hold it)", path, err)
 	}
-	return &DurableDedup{db: db, size: size}, nil
+	return &Dedup{db: db, size: size}, nil
 }
 
 // Close closes the file.
-func (d *DurableDedup) Close() error { return d.db.Close() }
+func (d *Dedup) Close() error { return d.db.Close() }
 
 // Seen reports whether handler name completed the event id.
-func (d *DurableDedup) Seen(name, id string) (bool, error) {
+func (d *Dedup) Seen(name, id string) (bool, error) {
 	var seen bool
 	err := d.db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(dedupBucket(name)); b != nil {
@@ -53,8 +53,8 @@ func (d *DurableDedup) Seen(name, id string) (bool, error) {
 
 // Once wraps h so that handler name runs each event id successfully at most once within the
 // newest size ids, across restarts.
-func (d *DurableDedup) Once(name string, h Handler) Handler {
-	return func(ctx context.Context, e Event) error {
+func (d *Dedup) Once(name string, h sdk.Handler) sdk.Handler {
+	return func(ctx context.Context, e sdk.Event) error {
 		seen, err := d.Seen(name, e.ID)
 		if err != nil {
 			return fmt.Errorf("dedup %s: %w", name, err)
@@ -71,12 +71,12 @@ func (d *DurableDedup) Once(name string, h Handler) Handler {
 
 // TxHandler handles an event inside the transaction that marks it done: whatever it writes
 // to tx is committed with the mark, or, when it returns an error, not at all.
-type TxHandler func(ctx context.Context, e Event, tx *bolt.Tx) error
+type TxHandler func(ctx context.Context, e sdk.Event, tx *bolt.Tx) error
 
 // Atomically wraps h so that the check, h's writes and the mark are one transaction: an event
 // id is handled exactly once per handler name, as far as the work is in this file.
-func (d *DurableDedup) Atomically(name string, h TxHandler) Handler {
-	return func(ctx context.Context, e Event) error {
+func (d *Dedup) Atomically(name string, h TxHandler) sdk.Handler {
+	return func(ctx context.Context, e sdk.Event) error {
 		err := d.db.Update(func(tx *bolt.Tx) error {
 			if b := tx.Bucket(dedupBucket(name)); b != nil && b.Bucket(dedupIDs).Get([]byte(e.ID)) != nil {
 				return errHandled
@@ -106,7 +106,7 @@ var (
 func dedupBucket(name string) []byte { return []byte("dedup:" + name) }
 
 // mark records id as handled by name, forgetting the oldest ids past size.
-func (d *DurableDedup) mark(tx *bolt.Tx, name, id string) error {
+func (d *Dedup) mark(tx *bolt.Tx, name, id string) error {
 	b, err := tx.CreateBucketIfNotExists(dedupBucket(name))
 	if err != nil {
 		return err
