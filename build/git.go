@@ -15,10 +15,6 @@ import (
 // branches' heads, the paths a change touched, and a commit's tree as a tar archive (git
 // archive; nothing here packs or diffs by hand).
 
-// GitSeat is the mesh's own seat whose holder serves the mesh's git repositories and emits
-// `pushed`.
-const GitSeat = "mesh-git"
-
 // Pushed is the mesh-git seat's `pushed` event: a branch of a repository moved to Commit
 // (from Before; "" for a new branch).
 type Pushed struct {

@@ -1,7 +1,9 @@
 // Package build is the build cascade (DESIGN §7, §12): the build.on graph the registered
 // manifests hold, and the plan of what one changed module's new artifact makes the mesh
 // rebuild — each module downstream exactly once, after every one of its upstreams in the same
-// cascade. The planner is a pure function of the graph.
+// cascade. The planner is a pure function of the graph. The mesh's own seats of the cascade
+// run here too, on the nodes that hold them: Git (mesh-git) tells pushes and exports sources,
+// Builder (mesh-build-machine) runs builds in the sandbox (Run) and stores their artifacts.
 package build
 
 import (

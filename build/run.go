@@ -16,10 +16,6 @@ import (
 	"github.com/meshnode/meshnode/sandbox"
 )
 
-// BuilderSeat is the mesh's own seat whose holder runs the `build` jobs and emits `built` or
-// `failed`.
-const BuilderSeat = "mesh-build-machine"
-
 // Job is the mesh-build-machine seat's `build` verb: build Module from Path of Repository at
 // Commit. Reason says why (a push, or the new artifact of a module it is built on); Cascade
 // names the cascade it belongs to (the event that started it).

@@ -140,11 +140,13 @@ func (c *Controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 	for _, m := range catalogue {
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
-				changed, err := c.changed(ctx, p.Repository, p.Before, p.Commit)
+				gctx, cancel := context.WithTimeout(ctx, build.GitToolTimeout+5*time.Second)
+				r, err := build.CallGit(gctx, c.nc, "changed", build.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				cancel()
 				if err != nil {
 					return err // the event is delivered again
 				}
-				paths, asked = changed, true
+				paths, asked = r.Paths, true
 			}
 			if build.Touches(paths, path) {
 				roots = append(roots, m.Module)
@@ -280,12 +282,17 @@ func (c *Controller) finish(cascadeID, module, status, version, digest, reason s
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
 func (c *Controller) handleBuilds(ctx context.Context, _ []byte) any {
-	module, cascade := c.building(ctx)
+	var running build.BuilderStatus
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(build.BuilderSeat, "status"), nil); err == nil {
+		json.Unmarshal(msg.Data, &running)
+	}
+	cancel()
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	out := slices.Clone(c.casc.builds)
 	for i := range out {
-		if out[i].Status == "queued" && out[i].Module == module && out[i].Cascade == cascade && module != "" {
+		if out[i].Status == "queued" && out[i].Module == running.Module && out[i].Cascade == running.Cascade && running.Module != "" {
 			out[i].Status = "running"
 		}
 	}

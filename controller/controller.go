@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
@@ -71,15 +72,6 @@ type Config struct {
 	// Publish publishes body on subject as this node's own (x-source and x-node the node),
 	// signed by it and caused by causation ("": none), once JetStream has stored it.
 	Publish func(ctx context.Context, subject string, body []byte, causation string) error
-
-	// The cascade's seats, as the controller's side of the cascade asks them
-	// (cascade.go). Changed asks the mesh-git holder which paths commit changed in
-	// repository since before; Building asks the mesh-build-machine holder which build it
-	// runs ("" when none, or no answer); Sources creates or updates mesh-sources, the
-	// bucket of the builders' source archives.
-	Changed  func(ctx context.Context, repository, before, commit string) ([]string, error)
-	Building func(ctx context.Context) (module, cascade string)
-	Sources  func(ctx context.Context) error
 }
 
 // Seat is what the controller asks of the seat service while this node holds the
@@ -114,9 +106,6 @@ type Controller struct {
 
 	answered func(subject string, took time.Duration)
 	publish  func(ctx context.Context, subject string, body []byte, causation string) error
-	changed  func(ctx context.Context, repository, before, commit string) ([]string, error)
-	building func(ctx context.Context) (module, cascade string)
-	sources  func(ctx context.Context) error
 
 	// reports counts the report jobs taken from the seat's work queue (reports.go).
 	reports *prometheus.CounterVec
@@ -176,7 +165,6 @@ func New(cfg Config) *Controller {
 		},
 		sweepNow: make(chan struct{}, 1),
 		answered: cfg.Answered, publish: cfg.Publish,
-		changed: cfg.Changed, building: cfg.Building, sources: cfg.Sources,
 		reports:   newReportCounts(),
 		publisher: &deploy.Publisher{JS: cfg.JS, Key: cfg.Sign, Controller: cfg.Node, Servers: cfg.Servers},
 		hosts:     map[string]host.Report{},
@@ -386,8 +374,8 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 	if _, err := c.artifacts(ctx); err != nil {
 		return err
 	}
-	if err := c.sources(ctx); err != nil {
-		return err
+	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas); err != nil {
+		return fmt.Errorf("object store %s: %w", build.SourcesBucket, err)
 	}
 	if _, err := c.provisionStore(ctx); err != nil {
 		return err

@@ -126,7 +126,7 @@ func (c *Controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 func (c *Controller) keepProvisioned(ctx context.Context) {
 	// Another node may have held the seat since this one last did: its records are read
 	// again from the bucket (unsubscribe forgot them).
-	if err := jsretry.Do(ctx, c.loadProvisions); err != nil {
+	if err := jsretry.Request(ctx, c.loadProvisions); err != nil {
 		return // the seat was let go
 	}
 	holds := time.NewTicker(c.prov.interval)

@@ -1,7 +1,7 @@
 // Package deadletter reads the mesh's dead letters (stream DEAD) and replays them: it checks
 // that a letter is what its source could have published itself before publishing it again
 // with the caller's (the operator's) authority. The CLI's `dead` verbs and the dashboard use
-// it.
+// it. Each node writes them (Writer, writer.go).
 package deadletter
 
 import (
@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -88,10 +87,14 @@ func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]Letter, int, e
 	return out, int(info.State.Msgs), nil
 }
 
-// LoadAuthority learns what every registered module, server and the vault may publish: what
-// Replay checks a letter against.
-func LoadAuthority(ctx context.Context, js jetstream.JetStream) (Authority, error) {
-	mods, err := admin.List(ctx, js.Conn())
+// ListModules asks the controller for every registered module: admin.List, which deadletter
+// is handed rather than importing (admin, a client of the controller, is a layer above).
+type ListModules func(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error)
+
+// LoadAuthority learns what every registered module (from list), server and the vault may
+// publish: what Replay checks a letter against.
+func LoadAuthority(ctx context.Context, js jetstream.JetStream, list ListModules) (Authority, error) {
+	mods, err := list(ctx, js.Conn())
 	if err != nil {
 		return nil, fmt.Errorf("learn the registered modules, to check what a letter's source may publish: %w", err)
 	}

@@ -754,7 +754,7 @@ func TestBed_RefusedRegistration(t *testing.T) {
 }
 
 // TestStatus_StandaloneMode: a single node's status says standalone, from the server, with no
-// meta group (the clustered case is asserted in TestCluster_FoundingThree).
+// meta group (the clustered case is asserted in TestIntegration_Cluster_FoundingThree).
 func TestStatus_StandaloneMode(t *testing.T) {
 	b := newBed(t)
 	js := b.n.Status(context.Background()).JetStream

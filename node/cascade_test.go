@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 )
 
@@ -35,7 +35,7 @@ const buildScript = `#!/bin/sh
 func (b *bed) notify(t testing.TB) {
 	t.Helper()
 	retryUntil(t, 10*time.Second, func() error {
-		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
+		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", build.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -179,7 +179,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	b.waitAudited(10 * time.Second)
 	events := map[string]string{} // event id → its cause
 	subjects := map[string]string{}
-	for _, source := range []string{node.GitSeat, node.BuilderSeat} {
+	for _, source := range []string{build.GitSeat, build.BuilderSeat} {
 		for _, r := range b.auditAll(source) {
 			if c := r.Headers[envelope.Causation]; len(c) > 0 {
 				events[r.EventID] = c[0]
@@ -193,13 +193,13 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	var chain []string
 	var dBuilt string
 	for id, s := range subjects {
-		if s == manifest.SeatEventSubject(node.BuilderSeat, "built") && events[id] != "" && subjects[events[id]] == manifest.SeatEventSubject(node.BuilderSeat, "built") {
+		if s == manifest.SeatEventSubject(build.BuilderSeat, "built") && events[id] != "" && subjects[events[id]] == manifest.SeatEventSubject(build.BuilderSeat, "built") {
 			dBuilt = id // a built event caused by another built event: a rebuild
 		}
 	}
 	var failedLog bool
-	for _, r := range b.auditAll(node.BuilderSeat) {
-		failedLog = failedLog || r.Subject == manifest.SeatEventSubject(node.BuilderSeat, "failed") && strings.Contains(string(r.Body), "cannot build d")
+	for _, r := range b.auditAll(build.BuilderSeat) {
+		failedLog = failedLog || r.Subject == manifest.SeatEventSubject(build.BuilderSeat, "failed") && strings.Contains(string(r.Body), "cannot build d")
 	}
 	if !failedLog {
 		t.Fatal("no failed event carries the failing build's log tail")
@@ -213,7 +213,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 			break
 		}
 	}
-	if last := chain[len(chain)-1]; last != manifest.SeatEventSubject(node.GitSeat, "pushed") {
+	if last := chain[len(chain)-1]; last != manifest.SeatEventSubject(build.GitSeat, "pushed") {
 		t.Fatalf("the causation chain %v does not end at the push", chain)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/embedbus"
-	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/seats"
@@ -65,11 +64,9 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 		return
 	}
 	// The work takes seconds: answer from a goroutine, not the connection's. Close waits
-	// for it, after cancelling it.
-	n.clusterWG.Add(1)
-	go func() {
-		defer n.clusterWG.Done()
-		ctx, cancel := context.WithTimeout(n.clusterCtx, clusterTimeout)
+	// for it, after cancelling it; a request that comes while the node closes is not taken.
+	started := n.clusterWork.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 		defer cancel()
 		if tool == ToolRemove {
 			respondCluster(m, n.removeServer(ctx, req.Node))
@@ -85,7 +82,10 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 			n.bus.Conn().Flush()
 			n.requestStop()
 		}
-	}()
+	})
+	if !started {
+		respondCluster(m, errors.New("the node is stopping: ask another node"))
+	}
 }
 
 // dropRoutesOfGone drops this node's configured route to a server that left the mesh or was
@@ -155,10 +155,10 @@ func (n *Node) leave(ctx context.Context) error {
 	if err := n.stepDown(ctx); err != nil {
 		return err
 	}
-	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return fmt.Errorf("leave: %w", err)
 	}
-	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
 		n.log.Warn("forget this node's keys", "err", err)
 	}
 	return markNodeNow(n.db, "left")
@@ -199,10 +199,10 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 			return fmt.Errorf("%s is %s: stop it first (or run `meshnode leave` on it); only a dead server is removed", name, m.State)
 		}
 	}
-	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return err
 	}
-	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
 		return err
 	}
 	n.members.Forget(name)

@@ -12,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/sdk/dedupbolt"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,7 +32,9 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	for i := range envs {
 		envs[i], _ = envelope.Stamp(key, "a", "alpha", subject, []byte(fmt.Sprintf(`{"n":%d}`, i)), envelope.Options{})
 	}
-	js, _ := jetstream.New(b.raw(seedA, "a"))
+	// A bounded window (n is within it: no publish stalls) that says so rather than leaning on
+	// the client's default of 4,000.
+	js, _ := jetstream.New(b.raw(seedA, "a"), jetstream.WithPublishAsyncMaxPending(n))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	publish := func(copy string) {
@@ -54,7 +57,7 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	var total int
 	// run starts b with the dedup file, waits until its consumer has nothing left and stops.
 	run := func(want int) {
-		d, err := sdk.OpenDedupFile(path, 10*n)
+		d, err := dedupbolt.Open(path, 10*n)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -441,7 +442,7 @@ func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
 	})
 	repo.Push(map[string]string{"slow/build.sh": "#!/bin/sh\nsleep 3\necho built > \"$OUT\"\n"})
 	retryUntil(t, 10*time.Second, func() error {
-		msg, err := c.op.Request(manifest.NodeToolSubject("a", node.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
+		msg, err := c.op.Request(manifest.NodeToolSubject("a", build.GitNotifyTool), []byte(`{"repository":"shop"}`), 5*time.Second)
 		if err == nil && strings.Contains(string(msg.Data), "error") {
 			err = fmt.Errorf("%s", msg.Data)
 		}
@@ -461,7 +462,7 @@ func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
 		var reply seats.ListReply
 		json.Unmarshal(msg.Data, &reply)
 		for _, s := range reply.Seats {
-			if s.Seat == node.BuilderSeat {
+			if s.Seat == build.BuilderSeat {
 				holder = s.HolderAt
 			}
 		}

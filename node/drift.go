@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -347,7 +346,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.ctrl.Topology().EnsureAudit)
 	}
 	for _, step := range steps {
-		if err = jsretry.Do(ctx, step); err != nil {
+		if err = retryJS(ctx, step); err != nil {
 			break
 		}
 	}

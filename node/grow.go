@@ -482,7 +482,7 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (grown
 }
 
 // restoreRetrying restores s as restoreStream does, again after a growing pause when an
-// attempt fails, up to restoreAttempts times. Not jsretry.Do's short attempts: a restore is
+// attempt fails, up to restoreAttempts times. Not retryJS's short attempts: a restore is
 // several requests, and one cut short may still complete — the next attempt finds the
 // stream and checks it. Nor is a failure always the mesh's: nats-server removes a deleted
 // stream's files, and an emptied streams directory, in the background, and a restore of the

@@ -14,12 +14,14 @@ import (
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The node as a host (DESIGN §12): the follower (host.Follower) hands each declaration it
@@ -193,12 +195,22 @@ func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.M
 
 // declared is the vault's check of what node runs: its declaration on STATE, signed by a
 // server of the mesh.
-func (n *Node) declared(ctx context.Context, node, module string) (deploy.Module, bool) {
+func (n *Node) declared(ctx context.Context, node, module string) (vault.DeclaredModule, bool) {
 	d, _, _, err := deploy.Last(ctx, n.bus.JetStream(), node, n.serverKey)
 	if err != nil || d.Revision == 0 {
-		return deploy.Module{}, false // none, or no genuine one
+		return vault.DeclaredModule{}, false // none, or no genuine one
 	}
-	return d.Module(module)
+	m, ok := d.Module(module)
+	if !ok {
+		return vault.DeclaredModule{}, false
+	}
+	out := vault.DeclaredModule{PublicKey: m.PublicKey, Secrets: m.Secrets}
+	for _, p := range m.Provisions {
+		if p.Provider != deploy.MeshProvider { // the mesh's own (kv) need no credential
+			out.Provisions = append(out.Provisions, p.Interface)
+		}
+	}
+	return out, true
 }
 
 // serverKey returns a server of the mesh's public key.
@@ -245,6 +257,22 @@ func (n *Node) runReports(ctx context.Context) error {
 // sendReport publishes one report job, signed by this node.
 func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
 	return publishSigned(ctx, n.bus.JetStream(), n.sign, n.id.Name, n.id.Name, subject, body, "")
+}
+
+// publishSigned stamps body for subject — x-source source, x-node node, signed by key,
+// caused by causation ("": none) — and publishes it to JetStream, waiting for the stream's
+// ack at most 5 s: the node's own events, jobs and reports.
+func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Signer, source, node, subject string, body []byte, causation string) error {
+	h, err := envelope.Stamp(key, source, node, subject, body, envelope.Options{Causation: causation})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		return fmt.Errorf("publish %s: %w", subject, err)
+	}
+	return nil
 }
 
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into

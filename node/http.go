@@ -8,7 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -127,9 +130,48 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, n.Members())
 	})
-	n.serveUI(mux)
+	dash := n.dash.Handler()
+	mux.Handle("GET /{$}", dash)
+	mux.Handle("/ui/", dash)
 	return mux
 }
+
+// openDashboard opens the operator's console on what the node has opened by now.
+func (n *Node) openDashboard() *dashboard.Dashboard {
+	return dashboard.Open(context.Background(), dashboard.Config{Node: n.id.Name, MeshID: n.id.MeshID, Mesh: dashboardMesh{n},
+		Registry: n.reg, Audit: n.audit, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Log: n.log})
+}
+
+// dashboardMesh is what the dashboard reads of the node.
+type dashboardMesh struct{ n *Node }
+
+var _ dashboard.Mesh = dashboardMesh{}
+
+func (m dashboardMesh) Members() []dashboard.Member {
+	members := m.n.Members()
+	if members == nil {
+		return nil // "members": null, as the node's own list encodes
+	}
+	out := make([]dashboard.Member, len(members))
+	for i, mem := range members {
+		out[i] = dashboard.Member(mem)
+	}
+	return out
+}
+
+func (m dashboardMesh) Streams(consumers bool) ([]embedbus.StreamState, error) {
+	return m.n.bus.Streams(consumers)
+}
+
+func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []seats.Status {
+	if m.n.seats == nil {
+		return nil
+	}
+	return m.n.seats.statusWith(backlog)
+}
+
+// UIWatchers is how many dashboard pages' live streams the node is serving now.
+func (n *Node) UIWatchers() int { return n.dash.Watchers() }
 
 // ready reports whether the bus accepts connections and JetStream answers.
 func (n *Node) ready(ctx context.Context) error {

@@ -148,7 +148,7 @@ func TestMetrics_Golden(t *testing.T) {
 		t.Fatal(err)
 	}
 	if strings.Join(got, "\n") != strings.TrimSpace(string(want)) {
-		t.Fatalf("metric families differ from testdata/metrics.golden (update it with the change, and the README):\n%s", strings.Join(got, "\n"))
+		t.Fatalf("metric families differ from testdata/metrics.golden (update it with the change, and docs/http.md):\n%s", strings.Join(got, "\n"))
 	}
 	for _, c := range []struct {
 		family, label, value string

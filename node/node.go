@@ -16,14 +16,17 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/controller"
+	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
-	"github.com/meshnode/meshnode/internal/jsretry"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
@@ -32,7 +35,9 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,7 +104,6 @@ type Node struct {
 	busUp       chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
 	reportNow   chan struct{}    // the supervisor's state changed: report it
 	logsSub     *nats.Subscription
-	gitSub      *nats.Subscription
 	growSub     *nats.Subscription // a single node's grow tool
 	certSub     *nats.Subscription // the cert-rotate tool
 	statsSub    *nats.Subscription // the modules' tool latency reports (toolstats.go)
@@ -107,7 +111,7 @@ type Node struct {
 	certs       *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
 	certCA      *meshca.CA
 	auditSub    *nats.Subscription
-	dead        *deadLetters
+	dead        *deadletter.Writer
 	members     *membership.Membership
 	routeOf     map[string]string // member → host:port of the route this node was started with (form)
 	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
@@ -132,9 +136,7 @@ type Node struct {
 	sign        *envelope.SigningKey // the node's key as a signer: its events, jobs and declarations
 	seats       *seatService
 	clusterSubs []*nats.Subscription
-	clusterCtx  context.Context // ends at Close: a leave or removal in progress gives up
-	clusterStop context.CancelFunc
-	clusterWG   sync.WaitGroup
+	clusterWork *lifecycle.Group          // a leave or removal in progress: Close ends and waits for it
 	eventConn   atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
 	left        atomic.Bool               // the node left its mesh
 	quit        chan struct{}
@@ -149,12 +151,9 @@ type Node struct {
 	// STATUS says.
 	OnPhase func(phase string)
 
-	meter    *meter // the node's counters and histograms, registered with metrics
-	ui       *uiState
-	uiCtx    context.Context // ends when the node stops: the dashboard's handlers and streams end
-	uiCancel context.CancelFunc
-	uiWG     sync.WaitGroup // the dashboard's handlers and snapshot loop
-	metrics  *prometheus.Registry
+	meter   *meter               // the node's counters and histograms, registered with metrics
+	dash    *dashboard.Dashboard // the operator's console, opened with the HTTP API
+	metrics *prometheus.Registry
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -162,20 +161,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, ui: newUIState(), meter: newMeter()}
-	n.uiCtx, n.uiCancel = context.WithCancel(context.Background())
-	return n
-}
-
-// stopUI ends the dashboard's event streams and its snapshot loop.
-func (n *Node) stopUI() {
-	if n.uiCancel == nil {
-		return
-	}
-	n.ui.watchMu.Lock() // no handler or snapshot loop starts after this
-	n.uiCancel()
-	n.ui.watchMu.Unlock()
-	n.uiWG.Wait()
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, meter: newMeter()}
 }
 
 // startStep logs, at debug level, that a step of the start is done and how long after the
@@ -271,9 +257,6 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if n.logsSub, err = n.serveLogs(); err != nil {
 		return err
 	}
-	if n.gitSub, err = n.serveGitNotify(); err != nil {
-		return err
-	}
 	n.newHTTPServer()
 	n.setPhase("")
 	if err := n.announce(); err != nil {
@@ -359,7 +342,7 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	}
 	n.dir.vaultKey.Store(keys.vaultPub)
 	n.dir.operator.Store(n.id.OperatorKey)
-	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadLetterPermissions(n.id.Name))
+	deadKey, deadPub, deadID, err := newPartIdentity("node-dead-letters:"+n.id.Name, deadletter.WriterPermissions(partInbox("dead", n.id.Name)))
 	if err != nil {
 		return err
 	}
@@ -492,13 +475,13 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		defer n.startStep("registry")
-		return jsretry.Do(gctx, func(ctx context.Context) error {
+		return retryJS(gctx, func(ctx context.Context) error {
 			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
 		})
 	})
 	g.Go(func() error {
 		defer n.startStep("leases")
-		return jsretry.Do(gctx, func(ctx context.Context) (err error) {
+		return retryJS(gctx, func(ctx context.Context) (err error) {
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
@@ -509,7 +492,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	})
 	g.Go(func() error {
 		defer n.startStep("mesh streams")
-		return jsretry.Do(gctx, n.ctrl.Topology().EnsureMesh)
+		return retryJS(gctx, n.ctrl.Topology().EnsureMesh)
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -521,7 +504,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		return nil, err
 	}
 	n.startStep("identity")
-	if err := jsretry.Do(ctx, n.ctrl.ReconcileAll); err != nil {
+	if err := retryJS(ctx, n.ctrl.ReconcileAll); err != nil {
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
 	n.startStep("topology")
@@ -536,7 +519,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	if err := jsretry.Do(ctx, func(ctx context.Context) error {
+	if err := retryJS(ctx, func(ctx context.Context) error {
 		return n.reg.SetNode(ctx, n.id.Name, registry.NodeIdentity{PublicKey: n.id.PublicKey, XKey: xpub})
 	}); err != nil {
 		return err
@@ -544,7 +527,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 	if vaultPub == "" {
 		return nil
 	}
-	return jsretry.Do(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
+	return retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
 }
 
 // openServices starts what the node serves: the vault (only a node with the vault's
@@ -576,7 +559,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
 	mayMark := func(string) bool { return genesisErr == nil }
-	if err := jsretry.Do(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
+	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}
 	if !known {
@@ -616,6 +599,7 @@ func (n *Node) newHTTPServer() {
 		return ok && declaresTool(e.Manifest, tool)
 	})
 	n.metrics.MustRegister(n.toolStats)
+	n.dash = n.openDashboard()
 	h := n.handler()
 	n.handlerNow.Store(&h)
 }
@@ -639,7 +623,7 @@ func (n *Node) announce() (err error) {
 		}
 		return nil
 	}
-	n.clusterCtx, n.clusterStop = context.WithCancel(context.Background())
+	n.clusterWork = lifecycle.NewGroup(context.Background())
 	if n.clusterSubs, err = n.serveCluster(); err != nil {
 		return fmt.Errorf("serve cluster tools: %w", err)
 	}
@@ -713,7 +697,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		return nil
 	}, func(error) {
-		n.stopUI() // its event streams never go idle: Shutdown would wait them out
+		n.dash.Close() // its event streams never go idle: Shutdown would wait them out
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n.cfg.ShutdownTimeout)/2)
 		defer cancel()
 		n.httpSrv.Shutdown(ctx)
@@ -740,7 +724,7 @@ func (n *Node) Close() error {
 			first = fmt.Errorf("close %s: %w", part, err)
 		}
 	}
-	n.stopUI()
+	keep(n.dash.Close(), "dashboard")
 	if n.httpSrv != nil {
 		keep(n.httpSrv.Close(), "http")
 		<-n.httpDone
@@ -760,16 +744,17 @@ func (n *Node) Close() error {
 		s.Unsubscribe()
 	}
 	n.clusterSubs = nil
-	if n.clusterStop != nil {
-		n.clusterStop()
-		n.clusterWG.Wait()
+	if n.clusterWork != nil {
+		n.clusterWork.Close()
 	}
 	if n.members != nil && n.bus != nil && !n.left.Load() {
 		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
 		n.bus.Conn().FlushTimeout(time.Second)
 	}
-	n.dead.stop()
-	n.dead = nil
+	if n.dead != nil {
+		keep(n.dead.Close(), "dead letters")
+		n.dead = nil
+	}
 	if n.auditSub != nil {
 		n.auditSub.Unsubscribe()
 		n.auditSub = nil
@@ -789,10 +774,6 @@ func (n *Node) Close() error {
 	if n.certSub != nil {
 		n.certSub.Unsubscribe()
 		n.certSub = nil
-	}
-	if n.gitSub != nil {
-		n.gitSub.Unsubscribe()
-		n.gitSub = nil
 	}
 	if n.seats != nil {
 		n.seats.stop()
@@ -895,6 +876,54 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	return n.vault.Watch(ctx)
 }
 
+// retryJS runs f with a fresh context until it succeeds or ctx ends. A clustered JetStream
+// drops an API request sent while it has no leader for the asset (the meta group's, or a new
+// stream's) — the request is never answered — so a step of Open asks again rather than wait
+// out its whole budget on one lost request. The first attempts are short (an answered request
+// takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
+// stream placed on a busy cluster can take seconds to answer).
+func retryJS(ctx context.Context, f func(context.Context) error) error {
+	attempt := 250 * time.Millisecond
+	pause := backoff.Backoff{First: 20 * time.Millisecond, Max: 2 * time.Second}
+	for {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		err := f(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !retryableJS(err) {
+			return err
+		}
+		attempt = min(2*attempt, 5*time.Second)
+		if pause.Wait(ctx) != nil {
+			return err
+		}
+	}
+}
+
+// retryableJS reports whether a JetStream request's error is one a clustered JetStream gives
+// while it settles (no leader yet, no peers placed yet, a peer change in flight), told by type
+// and by nats-server's error code, never by text.
+func retryableJS(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, embedbus.ErrChangeInFlight) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch server.ErrorIdentifier(apiErr.ErrorCode) {
+		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
+			return true
+		case server.JSStreamNameExistErr:
+			// Two nodes created a stream at once with configurations that differ (each sizes
+			// the mesh's streams from its own store): asked again, the update path settles it.
+			return true
+		}
+	}
+	return false
+}
+
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
@@ -918,12 +947,14 @@ func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	}
 	// The cascade's seats, on the nodes configured for them (a module declaring one instead
 	// holds it as its own).
-	s.git, s.builder = &gitService{n: n, poke: make(chan struct{}, 1)}, &builderService{n: n}
-	if _, declared := n.reg.Declarer(GitSeat); len(n.cfg.GitRepos) > 0 && !declared {
-		s.run.Add(seats.Candidate{Seat: GitSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if err := n.openBuildSeats(s); err != nil {
+		return err
 	}
-	if _, declared := n.reg.Declarer(BuilderSeat); n.cfg.Builder && !declared {
-		s.run.Add(seats.Candidate{Seat: BuilderSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	if _, declared := n.reg.Declarer(build.GitSeat); len(n.cfg.GitRepos) > 0 && !declared {
+		s.run.Add(seats.Candidate{Seat: build.GitSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
+	}
+	if _, declared := n.reg.Declarer(build.BuilderSeat); n.cfg.Builder && !declared {
+		s.run.Add(seats.Candidate{Seat: build.BuilderSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
 	}
 	s.run.Acquire(ctx)
 	// The runner renews from here on, not from Run: what Open does next (the genesis
@@ -938,7 +969,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if n.vaultNC, err = n.bus.Connect(key, "vault", nats.CustomInboxPrefix(partInbox("vault", n.id.Name))); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
-	err = jsretry.Do(ctx, func(ctx context.Context) (err error) {
+	err = retryJS(ctx, func(ctx context.Context) (err error) {
 		n.vault, err = vault.Open(ctx, vault.Config{
 			Log:         n.log.With("component", "vault"),
 			MeshID:      n.id.MeshID,
@@ -1011,7 +1042,7 @@ func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
 		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 			// The cascade's seats, held by a node, sign with the holding node's key.
-			if (source == GitSeat || source == BuilderSeat) && n.seats != nil {
+			if (source == build.GitSeat || source == build.BuilderSeat) && n.seats != nil {
 				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
 					if id, ok := n.reg.Node(l.Node); ok {
 						return id.PublicKey, true

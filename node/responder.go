@@ -1,7 +1,12 @@
 package node
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
@@ -9,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -31,9 +37,9 @@ func responderPermissions(node string) manifest.Permissions {
 		Subscribe: []manifest.Subscription{
 			{Subject: manifest.SeatToolSubject(manifest.ControllerSeat, ">")},
 			{Subject: manifest.SeatToolSubject(manifest.VaultSeat, ">")},
-			{Subject: manifest.SeatToolSubject(GitSeat, ">")},     // archive, changed
-			{Subject: manifest.SeatToolSubject(BuilderSeat, ">")}, // status
-			{Subject: manifest.NodeToolSubject(node, ">")},        // the seat, cluster and audit tools
+			{Subject: manifest.SeatToolSubject(build.GitSeat, ">")},     // archive, changed
+			{Subject: manifest.SeatToolSubject(build.BuilderSeat, ">")}, // status
+			{Subject: manifest.NodeToolSubject(node, ">")},              // the seat, cluster and audit tools
 		},
 	}
 }
@@ -68,6 +74,21 @@ func (n *Node) newGate() {
 // vault, the dead-letter writer): a leading underscore, which no module name and no key
 // has, so no module shares it, and the part hears its own replies and nobody else's.
 func partInbox(part, node string) string { return "_INBOX._" + part + "_" + node }
+
+// openDeadLetters connects the dead-letter writer on its own bus identity and opens it.
+func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadletter.Writer, error) {
+	nc, err := n.bus.Connect(key, n.cfg.Name+"-dead-letters", nats.CustomInboxPrefix(partInbox("dead", n.id.Name)))
+	if err != nil {
+		return nil, fmt.Errorf("connect dead-letter writer: %w", err)
+	}
+	// Its writes outlive Open (whose context ends when it returns): Close ends them.
+	d, err := deadletter.OpenWriter(context.Background(), deadletter.WriterConfig{
+		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.meter.deadLetters})
+	if err != nil {
+		return nil, fmt.Errorf("start dead-letter writer: %w", err)
+	}
+	return d, nil
+}
 
 // vaultPermissions are the vault's own connection's on node: its bucket (create, read, watch,
 // write), its events, and the replies of its JetStream requests on its own inbox — nothing
@@ -111,16 +132,16 @@ func nodePermissions(node string) manifest.Permissions {
 	pub := []string{
 		"$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$JS.SNAPSHOT.>",
 		"$KV." + registry.Bucket + ".>", "$KV." + seats.Bucket + ".>", "$KV." + provision.Bucket + ".>",
-		"$O." + artifact.Bucket + ".>", "$O." + SourcesBucket + ".>",
+		"$O." + artifact.Bucket + ".>", "$O." + build.SourcesBucket + ".>",
 		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
 		manifest.StateSubject("*"),          // the controller declares every node
 		manifest.SeatToolSubject(manifest.ControllerSeat, ">"),
 		vault.ToolSubject("*", vault.CallerNode),
-		manifest.SeatToolSubject(GitSeat, ">"),     // archive, changed
-		manifest.SeatToolSubject(BuilderSeat, ">"), // status
+		manifest.SeatToolSubject(build.GitSeat, ">"),     // archive, changed
+		manifest.SeatToolSubject(build.BuilderSeat, ">"), // status
 		manifest.SeatEventSubject(manifest.ControllerSeat, ">"),
-		manifest.SeatEventSubject(GitSeat, "pushed"),
-		manifest.SeatEventSubject(BuilderSeat, "built"), manifest.SeatEventSubject(BuilderSeat, "failed"),
+		manifest.SeatEventSubject(build.GitSeat, "pushed"),
+		manifest.SeatEventSubject(build.BuilderSeat, "built"), manifest.SeatEventSubject(build.BuilderSeat, "failed"),
 		"mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", // work, and versions' work:
 		"mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
 		manifest.ReplayEvents, // the dashboard's replay, of what the letter's source could publish

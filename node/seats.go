@@ -9,10 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/meshnode/meshnode/internal/jsretry"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -39,9 +40,9 @@ type seatService struct {
 	run   *seats.Runner
 	ctrl  *controller.Controller
 	vault *vault.Vault
-	// git and builder are the cascade's seats' work on this node (cascade.go).
-	git     *gitService
-	builder *builderService
+	// git and builder are the cascade's seats' work on this node (build.go).
+	git     *build.Git
+	builder *build.Builder
 	// onControl runs when this node has become the mesh-controller's holder.
 	onControl func()
 
@@ -67,27 +68,24 @@ type seatService struct {
 	leasesStop context.CancelFunc
 	leasesDone chan struct{}
 
-	// ctx ends at stop; wg counts the releases running after their reply and the worker.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// work ends at stop: the worker and the releases running after their reply.
+	group *lifecycle.Group
 }
 
 // do queues f to run after every effect queued before it.
 func (s *seatService) do(f func()) {
 	select {
 	case s.work <- f:
-	case <-s.ctx.Done():
+	case <-s.group.Context().Done():
 	}
 }
 
-func (s *seatService) worker() {
-	defer s.wg.Done()
+func (s *seatService) worker(ctx context.Context) {
 	for {
 		select {
 		case f := <-s.work:
 			f()
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -156,10 +154,10 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 			return
 		}
 		start, stop = s.vault.Start, s.vault.Stop
-	case GitSeat:
-		start, stop = s.git.start, s.git.stop
-	case BuilderSeat:
-		start, stop = s.builder.start, s.builder.stop
+	case build.GitSeat:
+		start, stop = s.git.Start, s.git.Stop
+	case build.BuilderSeat:
+		start, stop = s.builder.Start, s.builder.Stop
 	default:
 		return
 	}
@@ -181,8 +179,8 @@ func (s *seatService) moduleGained(l seats.Lease) bool {
 	}
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
-		ctx, cancel := context.WithTimeout(s.ctx, consumerReadyTimeout)
-		err := jsretry.Do(ctx, func(ctx context.Context) error { return s.topo.RedeliverNow(ctx, c) })
+		ctx, cancel := context.WithTimeout(s.group.Context(), consumerReadyTimeout)
+		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.RedeliverNow(ctx, c) })
 		cancel()
 		if err != nil {
 			s.log.Warn("ready the seat's consumer; the holder waits for it", "seat", l.Seat, "err", err)
@@ -297,10 +295,9 @@ func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta 
 
 // start subscribes to this node's seat tool.
 func (s *seatService) start() error {
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.group = lifecycle.NewGroup(context.Background())
 	s.work = make(chan func(), 256)
-	s.wg.Add(1)
-	go s.worker()
+	s.group.Go(s.worker)
 	sub, err := s.resp.Subscribe(SeatToolSubject(s.node, "*"), func(m *nats.Msg) {
 		module := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !manifest.InInbox(m.Reply, manifest.InboxPrefix(module)) {
@@ -343,13 +340,14 @@ func (s *seatService) stop() {
 	if s.sub != nil {
 		s.sub.Unsubscribe()
 	}
-	if s.cancel != nil {
-		s.cancel()
+	if s.group != nil {
+		s.group.Close()
 	}
-	s.wg.Wait()
 	if s.git != nil {
-		s.git.close()
-		s.builder.close()
+		s.git.Close()
+	}
+	if s.builder != nil {
+		s.builder.Close()
 	}
 }
 
@@ -379,13 +377,11 @@ func (s *seatService) handle(module string, data []byte) seats.Reply {
 		s.run.Add(c)
 	case "release":
 		// Released after the reply: releasing kicks the asking connection.
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			ctx, cancel := context.WithTimeout(s.ctx, releaseTimeout)
+		s.group.Go(func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 			defer cancel()
 			s.run.Remove(ctx, c)
-		}()
+		})
 		return reply
 	default:
 		reply.Error = fmt.Sprintf("unknown seat action %q: candidate or release", req.Action)
@@ -471,7 +467,7 @@ func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []s
 	}
 	add(seats.Status{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
 	add(seats.Status{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
-	for _, seat := range []string{GitSeat, BuilderSeat} {
+	for _, seat := range []string{build.GitSeat, build.BuilderSeat} {
 		if _, declared := s.reg.Declarer(seat); !declared {
 			add(seats.Status{Seat: seat, Scope: manifest.ScopeMesh}, seat)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -173,7 +174,7 @@ func TestIntegration_Dashboard(t *testing.T) {
 		return chromedp.Do(c, actions...)
 	}
 
-	link, err := node.LoginLink(sctx, nodes[0].HTTPURL(), operatorKey(t, cfgs[0].DataDir), false, node.Challenge{Node: "a"})
+	link, err := dashboard.LoginLink(sctx, nodes[0].HTTPURL(), operatorKey(t, cfgs[0].DataDir), false, dashboard.Challenge{Node: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +314,7 @@ func BenchmarkDashboard(b *testing.B) {
 	if err := chromedp.Do(bctx); err != nil {
 		b.Fatal(err)
 	}
-	link, err := node.LoginLink(ctx, bd.n.HTTPURL(), operatorKey(b, bd.dir), true, node.Challenge{})
+	link, err := dashboard.LoginLink(ctx, bd.n.HTTPURL(), operatorKey(b, bd.dir), true, dashboard.Challenge{})
 	if err != nil {
 		b.Fatal(err)
 	}

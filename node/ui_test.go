@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
@@ -68,7 +69,7 @@ func do(t *testing.T, c *http.Client, method, url string, header http.Header) (i
 func uiLogin(t *testing.T, b *bed, readOnly bool) (*http.Client, string) {
 	t.Helper()
 	base := b.n.HTTPURL()
-	link, err := node.LoginLink(context.Background(), base, operatorKey(t, b.dir), readOnly, node.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
+	link, err := dashboard.LoginLink(context.Background(), base, operatorKey(t, b.dir), readOnly, dashboard.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestUI_Deploy(t *testing.T) {
 	running := func(want int) func() error {
 		return func() error {
 			_, body := do(t, op, "GET", base+"/ui/api/state", nil)
-			var st node.UIState
+			var st dashboard.State
 			if err := json.Unmarshal([]byte(body), &st); err != nil {
 				return err
 			}
@@ -184,19 +185,19 @@ func TestUI_Access(t *testing.T) {
 	}
 
 	// A challenge from another node than the one meant is not signed.
-	if _, err := node.LoginLink(ctx, base, key, false, node.Challenge{Node: "beta"}); err == nil || !strings.Contains(err.Error(), "nothing signed") {
+	if _, err := dashboard.LoginLink(ctx, base, key, false, dashboard.Challenge{Node: "beta"}); err == nil || !strings.Contains(err.Error(), "nothing signed") {
 		t.Fatalf("a challenge of node alpha signed for beta: %v", err)
 	}
 	// Links that must not log in: another key's signature, a changed mode, a spent nonce.
 	module, _ := nkeys.CreateUser()
-	forged, err := node.LoginLink(ctx, base, module, false, node.Challenge{})
+	forged, err := dashboard.LoginLink(ctx, base, module, false, dashboard.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code, body := do(t, anon, "GET", forged, nil); code != http.StatusForbidden || !strings.Contains(body, "not signed by the mesh's operator") {
 		t.Fatalf("a link signed by another key: %d %s", code, body)
 	}
-	readOnly, err := node.LoginLink(ctx, base, key, true, node.Challenge{})
+	readOnly, err := dashboard.LoginLink(ctx, base, key, true, dashboard.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestUI_Access(t *testing.T) {
 	login := func(readOnly bool) (*http.Client, string) { return uiLogin(t, b, readOnly) }
 	ro, roCSRF := login(true)
 	code, body := do(t, ro, "GET", base+"/ui/api/state", nil)
-	var st node.UIState
+	var st dashboard.State
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || len(st.Members) != 1 || st.Members[0].Name != "alpha" || len(st.Seats) == 0 {
 		t.Fatalf("state: %d %v %.300s", code, err, body)
 	}
@@ -262,7 +263,7 @@ func TestUI_Access(t *testing.T) {
 		if !ok {
 			continue
 		}
-		var st node.UIState
+		var st dashboard.State
 		if err := json.Unmarshal([]byte(data), &st); err != nil {
 			t.Fatalf("event data: %v", err)
 		}

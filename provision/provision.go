@@ -16,10 +16,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
-
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/vault"
 )
@@ -108,23 +107,10 @@ const (
 	StateFailed  = "failed"  // the provider refused or answered badly; tried again
 )
 
-// Record is one consumer's provision of one interface, as the controller keeps it in the
-// Bucket under Key(consumer, interface).
-type Record struct {
-	Consumer  string `json:"consumer"`
-	Interface string `json:"interface"`
-	// Provider is the seat that provides it (MeshProvider for the mesh's own); empty while
-	// none is resolved.
-	Provider string    `json:"provider"`
-	State    string    `json:"state"`
-	Since    time.Time `json:"since"`
-	Reason   string    `json:"reason"` // why it waits or failed; empty when ready
-	// Options are what the resource was asked for (the manifest's): another set creates it
-	// again.
-	Options map[string]string `json:"options,omitempty"`
-	// Generation rises with each create: a consumer restarts with a new credential.
-	Generation uint64 `json:"generation"`
-}
+// Record is one consumer's provision of one interface (api.Provision), as the controller
+// keeps it in the Bucket under Key(consumer, interface): the registry answers it without
+// importing provision.
+type Record = api.Provision
 
 // Key is a record's key in the Bucket.
 func Key(consumer, iface string) string { return consumer + "." + iface }

@@ -2,13 +2,12 @@ package registry
 
 import (
 	"encoding/json"
-	"github.com/meshnode/meshnode/sandbox"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/sandbox"
 )
 
 // The registry's tools: core request/reply on the mesh-controller seat, answered by the
@@ -197,8 +196,8 @@ type ProvideReply struct {
 // ProvisionsReply answers a ProvisionsSubject request: one record per deployed consumer and
 // interface it requires (besides mesh-bus), sorted.
 type ProvisionsReply struct {
-	Provisions []provision.Record `json:"provisions"`
-	Error      string             `json:"error,omitempty"`
+	Provisions []api.Provision `json:"provisions"`
+	Error      string          `json:"error,omitempty"`
 }
 
 // BuildsReply answers a BuildsSubject request: the latest builds, oldest first.
@@ -266,15 +265,15 @@ type WhoamiRequest struct {
 // WhoamiReply answers WhoamiRequest: the module and what it declared, so a client can refuse
 // an undeclared call itself, with a clear error, before the bus does.
 type WhoamiReply struct {
-	Module   string       `json:"module,omitempty"`
-	Node     string       `json:"node,omitempty"`
-	Emits    []string     `json:"emits,omitempty"`
-	Consumes []string     `json:"consumes,omitempty"`
-	Tools    []string     `json:"tools,omitempty"`
-	Secrets  []string     `json:"secrets,omitempty"`
-	Requires []string     `json:"requires,omitempty"`
-	Uses     []seats.Info `json:"uses,omitempty"`
-	Seats    []seats.Info `json:"seats,omitempty"`
+	Module   string         `json:"module,omitempty"`
+	Node     string         `json:"node,omitempty"`
+	Emits    []string       `json:"emits,omitempty"`
+	Consumes []string       `json:"consumes,omitempty"`
+	Tools    []string       `json:"tools,omitempty"`
+	Secrets  []string       `json:"secrets,omitempty"`
+	Requires []string       `json:"requires,omitempty"`
+	Uses     []api.SeatInfo `json:"uses,omitempty"`
+	Seats    []api.SeatInfo `json:"seats,omitempty"`
 	// Signers are the keys of every source whose events the module consumes: what its
 	// client checks a delivered event's signature against.
 	Signers Signers `json:"signers,omitempty"`

@@ -12,13 +12,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/ensure"
-	"github.com/meshnode/meshnode/internal/kvretry"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -157,7 +157,7 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 		return fmt.Errorf("open %s: %w", Bucket, err)
 	}
 	// The watch outlives ctx, which only bounds the start: Close stops it.
-	r.kv = kvretry.Wrap(kv)
+	r.kv = jsretry.Wrap(kv)
 	if r.watch, err = mirror.Open(ctx, kv, r.apply); err != nil {
 		return fmt.Errorf("load %s: %w", Bucket, err)
 	}
@@ -558,26 +558,26 @@ func (r *Registry) DeclaredSeat(seat string) (manifest.Seat, bool) {
 
 // Seat describes seat as DeclaredSeat has it, every version; only the name when nobody
 // declares it (yet).
-func (r *Registry) Seat(seat string) seats.Info {
+func (r *Registry) Seat(seat string) api.SeatInfo {
 	s, ok := r.DeclaredSeat(seat)
 	if !ok {
-		return seats.Info{Seat: seat}
+		return api.SeatInfo{Seat: seat}
 	}
-	info := seats.InfoOf(s, manifest.V1)
+	info := api.SeatInfoOf(s, manifest.V1)
 	for _, v := range s.Versions {
-		info.Versions = append(info.Versions, seats.InfoOf(s, v.Name))
+		info.Versions = append(info.Versions, api.SeatInfoOf(s, v.Name))
 	}
 	return info
 }
 
 // SeatAt describes seat at the version e's module is pinned to: what it speaks to the seat.
-func (r *Registry) SeatAt(e *Entry, seat string) seats.Info {
+func (r *Registry) SeatAt(e *Entry, seat string) api.SeatInfo {
 	version := manifest.NormalVersion(e.Pins[seat])
 	s, ok := r.DeclaredSeat(seat)
 	if !ok {
-		return seats.Info{Seat: seat}
+		return api.SeatInfo{Seat: seat}
 	}
-	return seats.InfoOf(s, version)
+	return api.SeatInfoOf(s, version)
 }
 
 // Signers returns the keys of every source whose events or jobs m's module can be handed:

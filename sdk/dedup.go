@@ -7,7 +7,8 @@ import (
 
 // Dedup remembers the x-event-id of the newest events a handler completed, so a redelivered
 // event (delivery is at least once) is acknowledged without running the handler again. It
-// lives in memory: DurableDedup (OpenDedupFile) survives restarts.
+// lives in memory: package dedupbolt's Dedup survives restarts (in a bbolt file, so only a
+// module that imports it links bbolt).
 type Dedup struct {
 	mu   sync.Mutex
 	size int

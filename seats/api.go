@@ -3,52 +3,16 @@ package seats
 import (
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 )
 
 // The seats' wire types: what a module's instance asks its node about its seats, and what
 // the controller answers about every seat (`meshnode seat ls`).
 
-// Info names a seat and, when a registered module declares it, its scope and protocol: of
-// one version (Version; "" is v1), and for the seats a module declares, its later versions.
-type Info struct {
-	Seat    string         `json:"seat"`
-	Version string         `json:"version,omitempty"`
-	Scope   manifest.Scope `json:"scope,omitempty"` // "" when no registered module declares it
-	Accepts []string       `json:"accepts,omitempty"`
-	Serves  []string       `json:"serves,omitempty"`
-	Emits   []string       `json:"emits,omitempty"`
-	// Shapes are the declared JSON shapes of its verbs', tools' and events' payloads.
-	Shapes map[string]*manifest.Shape `json:"shapes,omitempty"`
-	// Versions are the seat's later protocol versions (a declared seat's, to its holder).
-	Versions []Info `json:"versions,omitempty"`
-}
-
-// InfoOf describes version of s ("" or v1: the first) as Info, without later versions.
-func InfoOf(s manifest.Seat, version string) Info {
-	at, ok := s.At(version)
-	if !ok {
-		return Info{Seat: s.Name, Version: version}
-	}
-	if version == manifest.V1 {
-		version = ""
-	}
-	return Info{Seat: s.Name, Version: version, Scope: at.Scope, Accepts: at.Accepts, Serves: at.Serves, Emits: at.Emits, Shapes: at.Shapes}
-}
-
-// At returns the version of the seat i describes, from i and its Versions ("" is v1).
-func (i Info) At(version string) (Info, bool) {
-	if version == "" || version == manifest.V1 {
-		i.Versions = nil
-		return i, true
-	}
-	for _, v := range i.Versions {
-		if v.Version == version {
-			return v, true
-		}
-	}
-	return Info{}, false
-}
+// Info names a seat and its protocol (api.SeatInfo): the registry, below seats' users,
+// answers it without importing seats.
+type Info = api.SeatInfo
 
 // Request is what a module's instance asks its node about one of its seats, on
 // mesh.node.<node>.tool.seat.<module>.

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/meshnode/meshnode/deploy"
-
 	"github.com/nats-io/nkeys"
 )
 
@@ -103,17 +101,11 @@ func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCred
 		}
 		out.Secrets[name] = s.Value
 	}
-	var ifaces []string
-	for _, p := range m.Provisions {
-		if p.Provider != deploy.MeshProvider { // the mesh's own (kv) need no credential
-			ifaces = append(ifaces, p.Interface)
-		}
-	}
-	if len(ifaces) > 0 {
-		if out.Provisions, err = v.provisioned(ctx, req.Owner, ifaces); err != nil {
+	if len(m.Provisions) > 0 {
+		if out.Provisions, err = v.provisioned(ctx, req.Owner, m.Provisions); err != nil {
 			return nil, err
 		}
 	}
-	v.event(ctx, "module-credentials", map[string]any{"node": req.Node, "module": req.Owner, "secrets": m.Secrets, "provisions": ifaces})
+	v.event(ctx, "module-credentials", map[string]any{"node": req.Node, "module": req.Owner, "secrets": m.Secrets, "provisions": m.Provisions})
 	return out, nil
 }

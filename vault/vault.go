@@ -15,10 +15,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/ensure"
-	"github.com/meshnode/meshnode/internal/kvretry"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -78,7 +77,20 @@ type Config struct {
 	ServerXKey func(node string) (string, bool)
 	// Declared returns what node's current declaration (STATE, signed by the controller)
 	// says of module: a node receives only the credentials of modules it must run.
-	Declared func(ctx context.Context, node, module string) (deploy.Module, bool)
+	Declared func(ctx context.Context, node, module string) (DeclaredModule, bool)
+}
+
+// DeclaredModule is what a node's declaration says of a module, as far as the vault needs to
+// know: the vault is below deploy, which owns declarations, so the node translates.
+type DeclaredModule struct {
+	// PublicKey is the module's identity: the kept seed must be its.
+	PublicKey string
+	// Secrets are the secret names sent with the seed.
+	Secrets []string
+	// Provisions are the interfaces whose credentials a provider seat keeps in the vault and
+	// are sent with the seed; the interfaces the mesh provides itself (kv) need none and are
+	// not listed.
+	Provisions []string
 }
 
 // Vault is the mesh-vault seat's work on this node.
@@ -168,7 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: kvretry.Wrap(kv), aead: aead, sign: sign, intake: intake,
+	v := &Vault{cfg: cfg, log: cfg.Log, js: js, kv: jsretry.Wrap(kv), aead: aead, sign: sign, intake: intake,
 		tokens: map[string]tokenRecord{}, records: map[string]recordEntry{},
 		events: make(chan event, eventQueue), done: make(chan struct{}), sweepNow: make(chan struct{}, 1)}
 	if v.log == nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
@@ -46,11 +47,11 @@ repository's hooks/post-receive:
 			}
 			return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
 				b, _ := json.Marshal(map[string]string{"repository": args[0]})
-				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(info.Name, node.GitNotifyTool), b)
+				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(info.Name, build.GitNotifyTool), b)
 				if err != nil {
 					return fmt.Errorf("ask node %s: %w", info.Name, err)
 				}
-				var reply node.GitReply
+				var reply build.GitReply
 				if err := json.Unmarshal(msg.Data, &reply); err != nil {
 					return err
 				}

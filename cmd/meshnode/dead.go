@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -160,7 +161,7 @@ may submit, signed by the source's registered key. Anything else is refused and 
 			var auth deadletter.Authority
 			replayOne := func(ctx context.Context, js jetstream.JetStream, dead jetstream.Stream, m *jetstream.RawStreamMsg) (err error) {
 				if auth == nil {
-					if auth, err = deadletter.LoadAuthority(ctx, js); err != nil {
+					if auth, err = deadletter.LoadAuthority(ctx, js, admin.List); err != nil {
 						return err
 					}
 				}

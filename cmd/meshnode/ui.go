@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
@@ -32,7 +33,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
   meshnode ui --http http://127.0.0.1:8222 --creds operator.nk`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var want node.Challenge // the node meant, when the data dir says
+			var want dashboard.Challenge // the node meant, when the data dir says
 			if httpURL == "" || creds == "" {
 				dir, err := clientDataDir(cmd)
 				if err != nil {
@@ -43,7 +44,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 					if err != nil {
 						return fmt.Errorf("%w; or pass --http URL", err)
 					}
-					httpURL, want = info.HTTPURL, node.Challenge{Node: info.Name, MeshID: info.MeshID}
+					httpURL, want = info.HTTPURL, dashboard.Challenge{Node: info.Name, MeshID: info.MeshID}
 				}
 				if creds == "" {
 					creds = filepath.Join(dir, node.OperatorSeedFile)
@@ -59,7 +60,7 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			link, err := node.LoginLink(ctx, httpURL, key, readOnly, want)
+			link, err := dashboard.LoginLink(ctx, httpURL, key, readOnly, want)
 			if err != nil {
 				return err
 			}

@@ -62,7 +62,7 @@ func TestBinary_EveryVerb(t *testing.T) {
 		}
 		if c.Flags().Lookup("json") != nil {
 			if _, _, err := jsonKeys(path); err != nil {
-				t.Error(err) // TestBinary_JSON checks the output against them
+				t.Error(err) // TestIntegration_Binary_JSON checks the output against them
 			}
 		}
 		if c.Flags().Lookup("data-dir") != nil && c.Flags().Lookup("context") == nil && !nodeVerbs[path] {

@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -33,11 +32,17 @@ func Stream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	return s, uerr
 }
 
+// errStorageExceeded is nats-server's JSStorageResourcesExceededErr ("insufficient storage
+// resources available"), a code nats.go does not name. It is spelled out rather than read
+// from nats-server's package so that ensure, and the sdk above it, link no server; the
+// package's tests check it against nats-server's constant.
+const errStorageExceeded jetstream.ErrorCode = 10047
+
 // mayExist reports whether a create's error may mean the stream exists.
 func mayExist(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.ErrorCode(server.JSStorageResourcesExceededErr))
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == errStorageExceeded)
 }
 
 // KeyValue creates the bucket cfg describes, or updates it to cfg.

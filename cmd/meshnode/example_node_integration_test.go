@@ -1,0 +1,152 @@
+//go:build integration
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/node"
+	"github.com/nats-io/nats.go"
+)
+
+// TestIntegration_NodeExample_Module runs examples/node/module.js, with nothing but the plain nats and
+// nkeys.js packages, against a real node: it consumes a Go module's events with its durable
+// consumer, emits signed events that the Go sdk's checks accept, serves its tool, and an
+// event it NAKs five times is dead-lettered by the node with its deliveries; a forged event
+// it refuses is dead-lettered with its reason.
+func TestIntegration_NodeExample_Module(t *testing.T) {
+	exampleDir := nodeExample(t)
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	notesSeed := registerModule(t, dir, "module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\ntools: [status]\n")
+	readerSeed := registerModule(t, dir, "module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "module.js")
+	cmd.Dir = exampleDir
+	cmd.Env = append(os.Environ(), "MESHNODE_URL="+p.clientURL, "MESHNODE_SEED="+notesSeed)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	ready := make(chan struct{})
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			mu.Lock()
+			lines = append(lines, s.Text())
+			mu.Unlock()
+			if strings.Contains(s.Text(), " ready notes") {
+				close(ready)
+			}
+		}
+	}()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if t.Failed() {
+			t.Logf("module.js said:\n%s\n%s", strings.Join(lines, "\n"), stderr.String())
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("module.js did not start: %s", stderr.String())
+	}
+
+	// The Go side: a reader whose sdk checks every event of notes, signature included.
+	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
+	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 2, "fail": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-got:
+		if e.Source != "notes" || e.Causation != okID || !strings.Contains(string(e.Data), okID) {
+			t.Errorf("the note: source %q, causation %q, body %s; want notes, %s", e.Source, e.Causation, e.Data, okID)
+		}
+	case <-ctx.Done():
+		t.Fatal("no note.written from module.js reached the Go reader")
+	}
+
+	// The failing event: NAKed 5 times by module.js, dead-lettered by the node.
+	var letters []deadRow
+	retryUntil(t, 30*time.Second, func() error {
+		letters, err = deadLs(t, dir)
+		if err != nil || len(letters) != 1 {
+			return fmt.Errorf("dead letters %+v: %v", letters, err)
+		}
+		return nil
+	})
+	if l := letters[0]; l.EventID != failID || l.Consumer != "notes" || l.Deliveries != manifest.MaxDeliver || l.Reason != "max deliveries" {
+		t.Errorf("dead letter %+v, want %s from notes after %d deliveries", l, failID, manifest.MaxDeliver)
+	}
+
+	// A forged event (shop's subject, signed by shop, x-source another module) is refused by
+	// module.js's checks, with its reason.
+	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	subject := manifest.EventSubject("shop", "order.placed")
+	body := []byte(`{"order":3}`)
+	h, err := envelope.Stamp(mustSeed(t, shopSeed), "reader", "alpha", subject, body, envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		letters, err = deadLs(t, dir)
+		if err != nil || len(letters) != 2 {
+			return fmt.Errorf("dead letters %+v: %v", letters, err)
+		}
+		return nil
+	})
+	if l := letters[1]; !strings.Contains(l.Reason, `x-source "reader" does not own`) {
+		t.Errorf("forged event's dead letter: %+v", l)
+	}
+
+	// Its tool answers the operator.
+	msg, err := op.Request(manifest.ToolSubject("notes", "status"), []byte(`{}`), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status struct {
+		Module           string
+		Handled, Refused int
+		Failed, Emitted  int
+	}
+	if err := json.Unmarshal(msg.Data, &status); err != nil || status.Module != "notes" || status.Handled != 1 || status.Refused != 1 || status.Failed != manifest.MaxDeliver {
+		t.Errorf("status tool: %s (%v)", msg.Data, err)
+	}
+}

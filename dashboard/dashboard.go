@@ -1,0 +1,136 @@
+package dashboard
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Mesh is what the dashboard reads of the node it runs in, each call as things stand now.
+type Mesh interface {
+	// Members lists the mesh's servers as the node sees them.
+	Members() []Member
+	// Streams reads every stream's state, and its consumers' when consumers is set.
+	Streams(consumers bool) ([]embedbus.StreamState, error)
+	// Seats reports every seat, each with its backlog as backlog reads it from the streams
+	// just read; nil while the node serves no seats.
+	Seats(backlog func(stream string) (uint64, bool)) []seats.Status
+}
+
+// Registry is what the dashboard reads of the mesh's registry: its modules, and the
+// operator's key that signs logins.
+type Registry interface {
+	Revision() uint64
+	List() []*registry.Entry
+	Get(module string) (*registry.Entry, bool)
+	Operator() string
+}
+
+// AuditLog is the node's audit log, whose tail a snapshot shows.
+type AuditLog interface {
+	Changes() uint64
+	Query(audit.Filter) ([]audit.Record, error)
+}
+
+var (
+	_ Registry = (*registry.Registry)(nil)
+	_ AuditLog = (*audit.Logger)(nil)
+)
+
+// Config is what a Dashboard reads and acts through. Every field is required.
+type Config struct {
+	Node     string // this node's name: the cookie's and the login message's
+	MeshID   string
+	Mesh     Mesh
+	Registry Registry
+	Audit    AuditLog
+	// Conn is the node's own connection: the controller's ps, deploy and undeploy, and the
+	// replay of a dead letter go out on it.
+	Conn      *nats.Conn
+	JetStream jetstream.JetStream // DEAD's letters, read, replayed and dropped
+	Log       *slog.Logger
+}
+
+// Dashboard serves the operator's console: its pages, the snapshot, the snapshot's stream
+// and the operator's actions (Handler).
+type Dashboard struct {
+	cfg    Config
+	ctx    context.Context // ends at Close: the handlers and streams end
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the handlers and the snapshot loop
+
+	mu         sync.Mutex
+	challenges map[string]time.Time // nonce → expiry
+	sessions   map[string]*session
+	mods       encodedModules // the modules and edges of registry revision modsRev
+	modsRev    uint64
+	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
+	// read again only when the log changed.
+	audit   []AuditRecord
+	auditAt uint64
+	// consumers are every stream's consumers as read at consumersAt (consumersDue).
+	consumers   map[string][]Consumer
+	consumersAt time.Time
+	// processes are ps as the controller answered at processesAt (every processesEvery).
+	processes   []registry.Process
+	processesAt time.Time
+	// dead are the newest dead letters and their total while DEAD stands at deadAt (its
+	// messages and last sequence): read again only when it changed.
+	dead      []DeadLetter
+	deadTotal int
+	deadAt    [2]uint64
+
+	// watchMu guards the watchers, and the start of a handler or the snapshot loop against
+	// Close: none starts once Close cancelled ctx.
+	watchMu  sync.Mutex
+	watchers map[chan []byte]struct{}
+	last     []byte // the last snapshot sent
+	running  bool   // the snapshot loop runs while someone watches
+}
+
+// Open returns the dashboard of cfg.Node. Its handlers, event streams and snapshot loop
+// end when ctx ends or Close is called; Close waits for them.
+func Open(ctx context.Context, cfg Config) *Dashboard {
+	d := &Dashboard{cfg: cfg, challenges: map[string]time.Time{}, sessions: map[string]*session{}, watchers: map[chan []byte]struct{}{}}
+	d.ctx, d.cancel = context.WithCancel(ctx)
+	return d
+}
+
+// Close ends the dashboard's handlers, event streams and snapshot loop and waits for them;
+// a request after it is answered 503. It is safe to call more than once, and on nil.
+func (d *Dashboard) Close() error {
+	if d == nil {
+		return nil
+	}
+	d.watchMu.Lock() // no handler or snapshot loop starts after this
+	d.cancel()
+	d.watchMu.Unlock()
+	d.wg.Wait()
+	return nil
+}
+
+// Handler serves the dashboard: GET / (a redirect to the pages) and everything under /ui/.
+func (d *Dashboard) Handler() http.Handler {
+	mux := http.NewServeMux()
+	d.routes(mux)
+	return mux
+}
+
+// Watchers is how many dashboard pages' live streams it is serving now (none on nil).
+func (d *Dashboard) Watchers() int {
+	if d == nil {
+		return 0
+	}
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
+	return len(d.watchers)
+}

@@ -1,0 +1,199 @@
+// Package wiregolden pins the JSON of every request and reply that crosses the bus, and of
+// the records other processes read, so moving the types between packages (issue 34's leaf
+// wire package) cannot change the wire unnoticed. Each type is filled by a fixed rule
+// (every field set), marshalled, and compared with testdata/NAME.json; a fixture decodes back
+// into its type and marshals to the same bytes, so a renamed tag or a dropped field fails.
+//
+// Regenerate after an intended wire change: go test ./internal/wiregolden -update
+package wiregolden_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/deadletter"
+	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/provision"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/toolstats"
+	"github.com/meshnode/meshnode/vault"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata from the types as they are")
+
+// wire names each type by the fixture it is pinned to.
+var wire = map[string]any{
+	"admin.Registered":         admin.Registered{},
+	"audit.Request":            audit.Request{},
+	"audit.Reply":              audit.Reply{},
+	"build.Job":                build.Job{},
+	"build.Built":              build.Built{},
+	"build.Failed":             build.Failed{},
+	"build.Pushed":             build.Pushed{},
+	"deadletter.Letter":        deadletter.Letter{},
+	"deploy.Deployment":        deploy.Deployment{},
+	"deploy.Declaration":       deploy.Declaration{},
+	"host.Report":              host.Report{},
+	"host.LogsRequest":         host.LogsRequest{},
+	"host.LogsReply":           host.LogsReply{},
+	"node.ClusterRequest":      node.ClusterRequest{},
+	"node.ClusterReply":        node.ClusterReply{},
+	"node.GrowRequest":         node.GrowRequest{},
+	"build.ArchiveRequest":     build.ArchiveRequest{},
+	"build.ChangedRequest":     build.ChangedRequest{},
+	"build.GitReply":           build.GitReply{},
+	"build.BuilderStatus":      build.BuilderStatus{},
+	"node.Status":              node.Status{},
+	"node.Member":              node.Member{},
+	"node.Info":                node.Info{},
+	"dashboard.State":          dashboard.State{},
+	"dashboard.DeployRequest":  dashboard.DeployRequest{},
+	"dashboard.Challenge":      dashboard.Challenge{},
+	"outbox.Event":             outbox.Event{},
+	"provision.CreateRequest":  provision.CreateRequest{},
+	"provision.CreateReply":    provision.CreateReply{},
+	"provision.RemoveRequest":  provision.RemoveRequest{},
+	"provision.HoldsRequest":   provision.HoldsRequest{},
+	"provision.HoldsReply":     provision.HoldsReply{},
+	"provision.Record":         provision.Record{},
+	"registry.RegisterRequest": registry.RegisterRequest{},
+	"registry.RegisterReply":   registry.RegisterReply{},
+	"registry.RemoveRequest":   registry.RemoveRequest{},
+	"registry.RemoveReply":     registry.RemoveReply{},
+	"registry.PinRequest":      registry.PinRequest{},
+	"registry.PinReply":        registry.PinReply{},
+	"registry.DeployRequest":   registry.DeployRequest{},
+	"registry.UndeployRequest": registry.UndeployRequest{},
+	"registry.DeployReply":     registry.DeployReply{},
+	"registry.PsReply":         registry.PsReply{},
+	"registry.ProvideRequest":  registry.ProvideRequest{},
+	"registry.ProvideReply":    registry.ProvideReply{},
+	"registry.ProvisionsReply": registry.ProvisionsReply{},
+	"registry.BuildsReply":     registry.BuildsReply{},
+	"registry.ListRequest":     registry.ListRequest{},
+	"registry.ListReply":       registry.ListReply{},
+	"registry.WhoamiRequest":   registry.WhoamiRequest{},
+	"registry.WhoamiReply":     registry.WhoamiReply{},
+	"registry.Record":          registry.Record{},
+	"registry.NodeIdentity":    registry.NodeIdentity{},
+	"seats.Info":               seats.Info{},
+	"seats.Request":            seats.Request{},
+	"seats.Reply":              seats.Reply{},
+	"seats.ListReply":          seats.ListReply{},
+	"toolstats.Report":         toolstats.Report{},
+	"vault.ModuleCredentials":  vault.ModuleCredentials{},
+	"vault.ServerSecrets":      vault.ServerSecrets{},
+	"vault.Request":            vault.Request{},
+	"vault.Reply":              vault.Reply{},
+	"vault.Secret":             vault.Secret{},
+	"vault.Identity":           vault.Identity{},
+	"vault.Token":              vault.Token{},
+	"vault.Enrolment":          vault.Enrolment{},
+	"vault.Provisioned":        vault.Provisioned{},
+}
+
+func TestWireJSONUnchanged(t *testing.T) {
+	for name, zero := range wire {
+		t.Run(name, func(t *testing.T) {
+			v := reflect.New(reflect.TypeOf(zero))
+			fill(v.Elem(), 0)
+			got, err := json.MarshalIndent(v.Interface(), "", "  ")
+			if err != nil {
+				t.Fatalf("marshal %s: %v", name, err)
+			}
+			path := filepath.Join("testdata", name+".json")
+			if *update {
+				if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v: a new wire type gets a fixture with -update", err)
+			}
+			if !bytes.Equal(bytes.TrimSpace(want), got) {
+				t.Fatalf("%s's JSON changed (regenerate with -update only for an intended wire change):\n got: %s\nwant: %s", name, got, want)
+			}
+			// The fixture decodes back into the type and says the same.
+			back := reflect.New(reflect.TypeOf(zero))
+			if err := json.Unmarshal(want, back.Interface()); err != nil {
+				t.Fatalf("decode %s: %v", path, err)
+			}
+			again, _ := json.MarshalIndent(back.Interface(), "", "  ")
+			if !bytes.Equal(again, got) {
+				t.Fatalf("%s does not survive a round trip:\n got: %s\nwant: %s", name, again, got)
+			}
+		})
+	}
+}
+
+// fill sets every exported field of v by a fixed rule, so each tag appears in the JSON.
+func fill(v reflect.Value, depth int) {
+	if depth > 6 {
+		return
+	}
+	switch v.Type() {
+	case reflect.TypeFor[time.Time]():
+		v.Set(reflect.ValueOf(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)))
+		return
+	case reflect.TypeFor[time.Duration]():
+		v.SetInt(int64(3 * time.Second))
+		return
+	case reflect.TypeFor[json.RawMessage]():
+		v.SetBytes([]byte(`{"raw":1}`))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("s")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(7)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(9)
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(1.5)
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		fill(p.Elem(), depth+1)
+		v.Set(p)
+	case reflect.Slice:
+		s := reflect.MakeSlice(v.Type(), 1, 1)
+		fill(s.Index(0), depth+1)
+		v.Set(s)
+	case reflect.Array:
+		for i := range v.Len() {
+			fill(v.Index(i), depth+1)
+		}
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		k := reflect.New(v.Type().Key()).Elem()
+		fill(k, depth+1)
+		e := reflect.New(v.Type().Elem()).Elem()
+		fill(e, depth+1)
+		m.SetMapIndex(k, e)
+		v.Set(m)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fill(v.Field(i), depth+1)
+			}
+		}
+	}
+}
