@@ -1,4 +1,4 @@
-package node
+package streammove
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 			t.Fatal(err)
 		}
 		info := st.CachedInfo()
-		_, marked := info.Config.Metadata[restoringMeta]
+		_, marked := info.Config.Metadata[RestoringMeta]
 		_, err = st.Consumer(ctx, "d")
 		return state{info.State.Msgs, marked, info.Created, err == nil}
 	}
@@ -74,7 +74,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := st.CachedInfo().Config
-		cfg.Metadata = map[string]string{restoringMeta: "true"}
+		cfg.Metadata = map[string]string{RestoringMeta: "true"}
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 		t.Fatalf("after a restore cut short: %+v, want the snapshot's 3 messages and d, marked", restored)
 	}
 	// The next start finds it like the snapshot: kept, and unmarked.
-	if _, err := restoreRetrying(ctx, log, nc, js, dir, snap, 1); err != nil {
+	if _, err := Restore(ctx, log, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d || !got.created.Equal(restored.created) {
@@ -112,7 +112,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	// Marked, with two messages the snapshot does not have: restored from the snapshot.
 	publish(2)
 	mark()
-	if _, err := restoreRetrying(ctx, log, nc, js, dir, snap, 1); err != nil {
+	if _, err := Restore(ctx, log, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d {
@@ -125,7 +125,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 		t.Fatal(err)
 	}
 	mark()
-	if _, err := restoreRetrying(ctx, log, nc, js, dir, snap, 1); err != nil {
+	if _, err := Restore(ctx, log, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 3 || got.marked || !got.d {
@@ -140,7 +140,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	ghostly := snap
 	ghostly.Consumers = []string{"d", "ghost"}
 	mark()
-	lost, err := restoreRetrying(ctx, log, nc, js, dir, ghostly, 1)
+	lost, err := Restore(ctx, log, nc, js, dir, ghostly, 1)
 	if err != nil || !slices.Equal(lost, []string{"ghost"}) {
 		t.Fatalf("a consumer that never comes: lost %v, %v; want [ghost]", lost, err)
 	}
@@ -153,7 +153,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, "S", "d"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := restoreRetrying(ctx, log, nc, js, dir, snap, 1); err != nil {
+	if _, err := Restore(ctx, log, nc, js, dir, snap, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := now(); got.msgs != 5 || got.marked || got.d {
@@ -181,7 +181,7 @@ func TestRestoreStream_Unanswered(t *testing.T) {
 	t.Cleanup(func() { apiWait = wait })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = restoreStream(ctx, nc, js, t.TempDir(), grownStream{Config: server.StreamConfig{Name: "S"}}, 1)
+	_, err = restoreStream(ctx, nc, js, t.TempDir(), Stream{Config: server.StreamConfig{Name: "S"}}, 1)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "stream info") || ctx.Err() != nil {
 		t.Fatalf("restore with nobody answering: %v (the attempt's context: %v); want the stream info request's own deadline", err, ctx.Err())
 	}
