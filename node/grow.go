@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/registry"
@@ -59,20 +60,27 @@ var ErrRestart = errors.New("the node restarts to go on growing")
 
 // grower is a single node's growth into a mesh while it waits for the other servers: the
 // gossip the joining nodes find it by, and the loop that counts its members and restarts
-// the node once every server is alive. It opens once (open) and close cancels the loop,
-// waits for it and stops the gossip.
+// the node once every server is alive. It opens once (open); close ends the count, waits
+// for it and stops the gossip.
 type grower struct {
 	// mu serialises the growth's steps (the grow tool's requests, the count of members) and
 	// guards the foundation's GrowTo and GrowPhase, which they change.
 	mu      sync.Mutex
 	started bool                   // open ran or runs: the growth's gossip is this node's
-	closed  bool                   // close ran: open starts nothing more
 	gossip  *membership.Membership // nil unless open and not closed
-	cancel  context.CancelFunc     // ends the count of gossip's members
-	wg      sync.WaitGroup         // the count
+	work    *lifecycle.Group       // the count of gossip's members; made by group
 
 	progress atomic.Pointer[string] // for status and /readyz
 	restart  atomic.Bool            // Run ends with ErrRestart
+}
+
+// group is the grower's work, made on first use (under mu): by open, or by a close that
+// comes first, so that open starts nothing after it.
+func (g *grower) group() *lifecycle.Group {
+	if g.work == nil {
+		g.work = lifecycle.NewGroup(context.Background())
+	}
+	return g.work
 }
 
 // open starts the growth's gossip, once (a grow request may come while the start begins it,
@@ -99,15 +107,9 @@ func (g *grower) open(start func(kick func()) (*membership.Membership, error), c
 		g.started = false
 		return err
 	}
-	if g.closed {
-		// Closed while the gossip opened: the wait in close is over, nothing may start.
-		return errors.Join(errors.New("the node is closing"), m.Stop(time.Second))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g.gossip, g.cancel = m, cancel
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
+	// The gossip is the grower's in the same hold of mu as its count starts: a close that
+	// finds no count to wait for finds no gossip either.
+	counting := g.group().Go(func(ctx context.Context) {
 		for {
 			count()
 			select {
@@ -116,26 +118,29 @@ func (g *grower) open(start func(kick func()) (*membership.Membership, error), c
 				return
 			}
 		}
-	}()
+	})
+	if !counting {
+		// Closed while the gossip opened.
+		return errors.Join(errors.New("the node is stopping: its growth goes on when it starts again"), m.Stop(time.Second))
+	}
+	g.gossip = m
 	return nil
 }
 
 // close ends the count of members, waits for it, and stops the gossip.
 func (g *grower) close() error {
 	g.mu.Lock()
-	g.closed = true
-	m, cancel := g.gossip, g.cancel
+	work := g.group()
+	g.mu.Unlock()
+	work.Close() // not under mu: the count takes it
+	g.mu.Lock()
+	m := g.gossip
+	g.gossip = nil
 	g.mu.Unlock()
 	if m == nil {
 		return nil
 	}
-	cancel()
-	g.wg.Wait()
-	err := m.Stop(time.Second)
-	g.mu.Lock()
-	g.gossip = nil
-	g.mu.Unlock()
-	return err
+	return m.Stop(time.Second)
 }
 
 // serveGrow answers the single node's grow tool.

@@ -41,8 +41,8 @@ const RestoringMeta = "meshnode.restoring"
 
 // Restore restores s from the snapshots in dir (SnapshotAll's) into js, at replicas, as
 // restoreStream does, again after a growing pause when an attempt fails, up to
-// restoreAttempts times. Not short attempts as a single JetStream request's: a restore is
-// several requests, and one cut short may still complete — the next attempt finds the
+// restoreAttempts times. Not jsretry.Request's short attempts at one request: a restore
+// is several requests, and one cut short may still complete — the next attempt finds the
 // stream and checks it. Nor is a failure always the cluster's: nats-server removes a deleted
 // stream's files, and an emptied streams directory, in the background, and a restore of the
 // same name at once failed now and then in 2.15.2 ("could not create storage directory",
