@@ -114,16 +114,7 @@ type Node struct {
 	dead        *deadletter.Writer
 	members     *membership.Membership
 	routeOf     map[string]string // member → host:port of the route this node was started with (form)
-	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
-	// serialises the growth's steps, growing is its progress, and restart makes Run end with
-	// ErrRestart (grow.go).
-	growGossip  *membership.Membership
-	growStarted bool          // gossipToGrow ran (under growMu)
-	growStop    chan struct{} // ends the count of growGossip's members
-	growWG      sync.WaitGroup
-	growMu      sync.Mutex
-	growing     atomic.Pointer[string]
-	restart     atomic.Bool
+	grower      grower            // a single node's growth into a mesh (grow.go)
 	regClosed   bool
 	reg         *registry.Registry
 	dir         *directory
@@ -709,7 +700,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.log.Info("stopping", "reason", err.Error())
 		return nil
 	}
-	if err == nil && n.restart.Load() {
+	if err == nil && n.grower.restart.Load() {
 		return ErrRestart
 	}
 	return err
@@ -810,16 +801,7 @@ func (n *Node) Close() error {
 		keep(n.bus.Close(), "bus")
 		n.bus = nil
 	}
-	if m := n.growMembers(); m != nil {
-		n.growMu.Lock()
-		close(n.growStop)
-		n.growMu.Unlock()
-		n.growWG.Wait()
-		keep(m.Stop(time.Second), "membership")
-		n.growMu.Lock()
-		n.growGossip = nil
-		n.growMu.Unlock()
-	}
+	keep(n.grower.close(), "membership")
 	if n.members != nil {
 		keep(n.members.Stop(time.Second), "membership")
 		n.members = nil
