@@ -26,7 +26,7 @@ func (n *Node) newController() *controller.Controller {
 		EventsMaxAge:      time.Duration(n.cfg.EventsMaxAge),
 		Budget:            n.budget,
 		ProvisionInterval: time.Duration(n.cfg.ProvisionInterval),
-		Answered:          n.meter.answered,
+		Answered:          n.meter.Answered,
 		Publish: func(ctx context.Context, subject string, body []byte, causation string) error {
 			return publishSigned(ctx, js, n.sign, n.id.Name, n.id.Name, subject, body, causation)
 		},

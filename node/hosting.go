@@ -167,7 +167,7 @@ func (n *Node) resume(ctx context.Context) {
 func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 	start := time.Now()
 	n.supervisor.Apply(ctx, d)
-	n.meter.apply.Observe(time.Since(start).Seconds())
+	n.meter.Apply.Observe(time.Since(start).Seconds())
 }
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's

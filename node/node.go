@@ -30,6 +30,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
+	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/seats"
@@ -107,7 +108,7 @@ type Node struct {
 	growSub     *nats.Subscription // a single node's grow tool
 	certSub     *nats.Subscription // the cert-rotate tool
 	statsSub    *nats.Subscription // the modules' tool latency reports (toolstats.go)
-	toolStats   *moduleToolStats
+	toolStats   *metrics.ModuleTools
 	certs       *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
 	certCA      *meshca.CA
 	auditSub    *nats.Subscription
@@ -142,7 +143,7 @@ type Node struct {
 	// STATUS says.
 	OnPhase func(phase string)
 
-	meter   *meter               // the node's counters and histograms, registered with metrics
+	meter   *metrics.Meter       // the node's counters and histograms, registered with metrics
 	dash    *dashboard.Dashboard // the operator's console, opened with the HTTP API
 	metrics *prometheus.Registry
 }
@@ -152,7 +153,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, meter: newMeter()}
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, meter: metrics.NewMeter()}
 }
 
 // startStep logs, at debug level, that a step of the start is done and how long after the
@@ -258,7 +259,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := writeInfo(n.cfg.DataDir, info); err != nil {
 		return fmt.Errorf("write %s: %w", InfoFile, err)
 	}
-	n.meter.startSeconds.Set(time.Since(n.started).Seconds())
+	n.meter.StartSeconds.Set(time.Since(n.started).Seconds())
 	return nil
 }
 
@@ -392,7 +393,7 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 		if err != nil {
 			return err
 		}
-		n.meter.formSeconds.Set(time.Since(forming).Seconds())
+		n.meter.FormSeconds.Set(time.Since(forming).Seconds())
 		if err := n.startBus(octx, cluster, n.cfg.ClientAddr); err != nil {
 			return err
 		}
@@ -476,7 +477,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
-				leases.OnHolderChange(n.meter.holderChanged)
+				leases.OnHolderChange(n.meter.HolderChanged)
 			}
 			return err
 		})
@@ -568,26 +569,33 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 // newHTTPServer makes the metrics and the HTTP API, which the server (serving since Open
 // bound its listener) answers with from now on.
 func (n *Node) newHTTPServer() {
-	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
-		func() AuditStatus { return n.auditStatus(context.Background()) },
-		func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
+	n.metrics = metrics.NewRegistry(metrics.Config{
+		Started: n.started,
+		Version: Version(),
+		Bus:     func() *embedbus.Bus { return n.bus },
+		Audit: func() (records, lag uint64) {
+			st := n.auditStatus(context.Background())
+			return st.Records, st.Lag
+		},
+		AuditMissed: func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
 			if n.audit == nil {
 				return 0
 			}
 			return n.audit.Missed()
 		},
-		func() int64 {
+		StoreBytes: func() int64 {
 			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, storeFile)); err == nil {
 				return st.Size()
 			}
 			return 0
-		})
+		},
+	})
 	n.metrics.MustRegister(n.ctrl.Reports())
-	n.metrics.MustRegister(n.meter.collectors()...)
-	n.metrics.MustRegister(&streamCollector{bus: func() *embedbus.Bus { return n.bus }})
-	n.toolStats = newModuleToolStats(n.id.Name, func(module, tool string) bool {
+	n.metrics.MustRegister(n.meter.Collectors()...)
+	n.metrics.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
+	n.toolStats = metrics.NewModuleTools(n.id.Name, func(module, tool string) bool {
 		e, ok := n.reg.Get(module)
-		return ok && declaresTool(e.Manifest, tool)
+		return ok && metrics.DeclaresTool(e.Manifest, tool)
 	})
 	n.metrics.MustRegister(n.toolStats)
 	n.dash = n.openDashboard()
@@ -601,7 +609,7 @@ func (n *Node) announce() (err error) {
 	if n.certSub, err = n.serveCertRotate(); err != nil {
 		return fmt.Errorf("serve the cert-rotate tool: %w", err)
 	}
-	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*", n.id.Name), n.toolStats.take); err != nil {
+	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*", n.id.Name), n.toolStats.Take); err != nil {
 		return fmt.Errorf("take the modules' tool latency: %w", err)
 	}
 	if n.members == nil {
@@ -963,8 +971,8 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			Replicas:    n.replicas(),
 			MaxBytes:    n.budget.Vault,
 			RateLimit:   n.cfg.RateLimit,
-			Served:      n.meter.served,
-			RateLimited: n.meter.rateLimited,
+			Served:      n.meter.Served,
+			RateLimited: n.meter.RateLimited,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {
@@ -1057,7 +1065,7 @@ func (n *Node) openAudit() (err error) {
 		return err
 	}
 	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
-	n.audit.Ingested = n.meter.ingested
+	n.audit.Ingested = n.meter.Ingested
 	n.auditSub, err = audit.Serve(n.respNC, n.id.Name, n.audit)
 	return err
 }

@@ -83,7 +83,7 @@ func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadletter.Writer, error) {
 	}
 	// Its writes outlive Open (whose context ends when it returns): Close ends them.
 	d, err := deadletter.OpenWriter(context.Background(), deadletter.WriterConfig{
-		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.meter.deadLetters})
+		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.meter.DeadLetters})
 	if err != nil {
 		return nil, fmt.Errorf("start dead-letter writer: %w", err)
 	}
