@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/seats"
@@ -155,10 +156,10 @@ func (n *Node) leave(ctx context.Context) error {
 	if err := n.stepDown(ctx); err != nil {
 		return err
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return fmt.Errorf("leave: %w", err)
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
 		n.log.Warn("forget this node's keys", "err", err)
 	}
 	return markNodeNow(n.db, "left")
@@ -199,10 +200,10 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 			return fmt.Errorf("%s is %s: stop it first (or run `meshnode leave` on it); only a dead server is removed", name, m.State)
 		}
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return err
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
 		return err
 	}
 	n.members.Forget(name)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -346,7 +347,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.ctrl.Topology().EnsureAudit)
 	}
 	for _, step := range steps {
-		if err = retryJS(ctx, step); err != nil {
+		if err = jsretry.Request(ctx, step); err != nil {
 			break
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
@@ -36,9 +37,7 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -467,13 +466,13 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		defer n.startStep("registry")
-		return retryJS(gctx, func(ctx context.Context) error {
+		return jsretry.Request(gctx, func(ctx context.Context) error {
 			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
 		})
 	})
 	g.Go(func() error {
 		defer n.startStep("leases")
-		return retryJS(gctx, func(ctx context.Context) (err error) {
+		return jsretry.Request(gctx, func(ctx context.Context) (err error) {
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
@@ -484,7 +483,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	})
 	g.Go(func() error {
 		defer n.startStep("mesh streams")
-		return retryJS(gctx, n.ctrl.Topology().EnsureMesh)
+		return jsretry.Request(gctx, n.ctrl.Topology().EnsureMesh)
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -496,7 +495,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		return nil, err
 	}
 	n.startStep("identity")
-	if err := retryJS(ctx, n.ctrl.ReconcileAll); err != nil {
+	if err := jsretry.Request(ctx, n.ctrl.ReconcileAll); err != nil {
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
 	n.startStep("topology")
@@ -511,7 +510,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	if err := retryJS(ctx, func(ctx context.Context) error {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error {
 		return n.reg.SetNode(ctx, n.id.Name, registry.NodeIdentity{PublicKey: n.id.PublicKey, XKey: xpub})
 	}); err != nil {
 		return err
@@ -519,7 +518,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 	if vaultPub == "" {
 		return nil
 	}
-	return retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
+	return jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
 }
 
 // openServices starts what the node serves: the vault (only a node with the vault's
@@ -551,7 +550,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
 	mayMark := func(string) bool { return genesisErr == nil }
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}
 	if !known {
@@ -866,54 +865,6 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	return n.vault.Watch(ctx)
 }
 
-// retryJS runs f with a fresh context until it succeeds or ctx ends. A clustered JetStream
-// drops an API request sent while it has no leader for the asset (the meta group's, or a new
-// stream's) — the request is never answered — so a step of Open asks again rather than wait
-// out its whole budget on one lost request. The first attempts are short (an answered request
-// takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
-// stream placed on a busy cluster can take seconds to answer).
-func retryJS(ctx context.Context, f func(context.Context) error) error {
-	attempt := 250 * time.Millisecond
-	pause := backoff.Backoff{First: 20 * time.Millisecond, Max: 2 * time.Second}
-	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
-		err := f(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-		if !retryableJS(err) {
-			return err
-		}
-		attempt = min(2*attempt, 5*time.Second)
-		if pause.Wait(ctx) != nil {
-			return err
-		}
-	}
-}
-
-// retryableJS reports whether a JetStream request's error is one a clustered JetStream gives
-// while it settles (no leader yet, no peers placed yet, a peer change in flight), told by type
-// and by nats-server's error code, never by text.
-func retryableJS(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, embedbus.ErrChangeInFlight) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch server.ErrorIdentifier(apiErr.ErrorCode) {
-		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
-			return true
-		case server.JSStreamNameExistErr:
-			// Two nodes created a stream at once with configurations that differ (each sizes
-			// the mesh's streams from its own store): asked again, the update path settles it.
-			return true
-		}
-	}
-	return false
-}
-
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
@@ -959,7 +910,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if n.vaultNC, err = n.bus.Connect(key, "vault", nats.CustomInboxPrefix(partInbox("vault", n.id.Name))); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
-	err = retryJS(ctx, func(ctx context.Context) (err error) {
+	err = jsretry.Request(ctx, func(ctx context.Context) (err error) {
 		n.vault, err = vault.Open(ctx, vault.Config{
 			Log:         n.log.With("component", "vault"),
 			MeshID:      n.id.MeshID,

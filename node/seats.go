@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -180,7 +181,7 @@ func (s *seatService) moduleGained(l seats.Lease) bool {
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
 		ctx, cancel := context.WithTimeout(s.group.Context(), consumerReadyTimeout)
-		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.RedeliverNow(ctx, c) })
+		err := jsretry.Request(ctx, func(ctx context.Context) error { return s.topo.RedeliverNow(ctx, c) })
 		cancel()
 		if err != nil {
 			s.log.Warn("ready the seat's consumer; the holder waits for it", "seat", l.Seat, "err", err)
