@@ -10,7 +10,7 @@ import (
 
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,32 +61,21 @@ type cascade struct {
 // controller seat.
 func (c *Controller) consumeCascade(ctx context.Context) {
 	con := cascadeConsumer()
-	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
-	var cons jetstream.Consumer
-	var err error
-	for {
-		if cons, err = c.js.CreateOrUpdateConsumer(ctx, con.Stream, consumerConfig(con)); err == nil {
-			break
-		}
-		c.log.Warn("the cascade's consumer does not answer yet", "err", err)
-		if wait.Wait(ctx) != nil {
-			return
-		}
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		if err := c.onCascadeEvent(ctx, m); err != nil {
-			c.log.Warn("cascade event", "subject", m.Subject(), "err", err)
-			m.Nak()
-			return
-		}
-		m.Ack()
+	jsconsume.Run(ctx, jsconsume.Consumer{
+		What: "the cascade's consumer",
+		Log:  c.log,
+		Get: func(ctx context.Context) (jetstream.Consumer, error) {
+			return c.js.CreateOrUpdateConsumer(ctx, con.Stream, consumerConfig(con))
+		},
+		Handle: func(m jetstream.Msg) {
+			if err := c.onCascadeEvent(ctx, m); err != nil {
+				c.log.Warn("cascade event", "subject", m.Subject(), "err", err)
+				m.Nak()
+				return
+			}
+			m.Ack()
+		},
 	})
-	if err != nil {
-		c.log.Error("consume the cascade's events", "err", err)
-		return
-	}
-	<-ctx.Done()
-	cc.Stop()
 }
 
 // onCascadeEvent handles one pushed, built or failed event, signed by the node that holds

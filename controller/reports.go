@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
-	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,24 +43,12 @@ func (c *Controller) consumeReports(ctx context.Context) {
 		c.log.Error("the controller's work queue is not derived", "err", err)
 		return
 	}
-	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
-	var cons jetstream.Consumer
-	for {
-		if cons, err = c.js.Consumer(ctx, con.Stream, con.Name); err == nil {
-			break
-		}
-		c.log.Warn("the controller's work queue does not answer yet", "stream", con.Stream, "err", err)
-		if wait.Wait(ctx) != nil {
-			return
-		}
-	}
-	cc, err := cons.Consume(c.takeReport)
-	if err != nil {
-		c.log.Error("consume the controller's work queue", "stream", con.Stream, "err", err)
-		return
-	}
-	<-ctx.Done()
-	cc.Stop()
+	jsconsume.Run(ctx, jsconsume.Consumer{
+		What:   "the controller's work queue " + con.Stream,
+		Log:    c.log,
+		Get:    func(ctx context.Context) (jetstream.Consumer, error) { return c.js.Consumer(ctx, con.Stream, con.Name) },
+		Handle: c.takeReport,
+	})
 }
 
 // takeReport checks one report job and keeps it (ack), or terminates it with the reason.
