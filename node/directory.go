@@ -23,6 +23,10 @@ type directory struct {
 	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
 	quotas   *controller.Quotas          // modules over their EVENTS quota: no emits
+	// complete is closed once the directory knows every key it will admit (the registry, the
+	// vault's tokens and the seats are read): until then the bus holds an unknown key's
+	// connect instead of refusing it (embedbus.Config.Complete).
+	complete chan struct{}
 }
 
 var _ embedbus.Directory = (*directory)(nil)

@@ -365,7 +365,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 	}
 	n.alarms.clear("drift")
 	n.log.Warn("drift: recreated what was missing", "recreated", missing)
-	if nc := n.eventConn.Load(); nc != nil {
+	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": missing}, n.log)
 	}
 }
@@ -387,7 +387,7 @@ func (n *Node) checkBadRecords() {
 		reason := fmt.Sprintf("%s holds %d record(s) it refused and skips (%s): %s", what, len(bad), strings.Join(shown, ", "), fix)
 		if n.alarms.set(key, reason) {
 			n.log.Error("refused records", "in", what, "keys", bad)
-			if nc := n.eventConn.Load(); nc != nil {
+			if nc := n.mesh.eventConn.Load(); nc != nil {
 				publishNodeEvent(nc, n.key, n.id.Name, "bad-records", map[string]any{"bucket": what, "keys": bad}, n.log)
 			}
 		}
@@ -444,7 +444,7 @@ type AcceptLossRequest struct {
 
 // serveAcceptLoss answers ToolAcceptLoss.
 func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolAcceptLoss), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolAcceptLoss), func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		respondCluster(m, n.acceptLoss(ctx, m.Data))
@@ -473,7 +473,7 @@ func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
 		return fmt.Errorf("mark %s: %w", req.Bucket, err)
 	}
 	n.alarms.clear("bucket." + req.Bucket)
-	if nc := n.eventConn.Load(); nc != nil {
+	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "loss-accepted", map[string]any{"bucket": req.Bucket}, n.log)
 	}
 	n.log.Warn("the operator accepted a bucket's loss", "bucket", req.Bucket)

@@ -145,7 +145,7 @@ func (g *grower) close() error {
 
 // serveGrow answers the single node's grow tool.
 func (n *Node) serveGrow() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolGrow), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolGrow), func(m *nats.Msg) {
 		var req GrowRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			respondCluster(m, errors.New("the request is not JSON"))

@@ -24,6 +24,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// hosting is what runs this node's modules: the follower of its declaration, the
+// supervisor of its processes and the sandbox they run in.
+type hosting struct {
+	host       *host.Follower   // this node's declaration
+	supervisor *host.Supervisor // the modules it runs
+	sandbox    *sandbox.Sandbox // isolates its modules and builds (DESIGN §13)
+	users      *sandbox.Users   // the uid each module runs as, when the node is root
+	busUp      chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
+	reportNow  chan struct{}    // the supervisor's state changed: report it
+}
+
 // The node as a host (DESIGN §12): the follower (host.Follower) hands each declaration it
 // takes to the supervisor (host.Supervisor), which fetches artifacts from mesh-artifacts and
 // credentials from the vault and runs the modules; the reporter tells the mesh-controller
@@ -65,7 +76,8 @@ func (n *Node) openSandbox() error {
 	if err != nil {
 		return fmt.Errorf("open the sandbox: %w", err)
 	}
-	n.sandbox, n.moduleUsers = sb, cfg.Users
+	n.mods.sandbox, n.mods.users = sb, cfg.Users
+	n.closers.Push("sandbox", sb.Close)
 	if none := sb.Unenforceable(); len(none) > 0 {
 		n.log.Warn("module limits the kernel will not hold here: no cgroup controller for them (a v2 cgroup with them enabled, or run the node as root)", "limits", strings.Join(none, ", "))
 	}
@@ -97,10 +109,10 @@ const usersFile = "module-users.json"
 
 // newSupervisor makes the node's supervisor of modules.
 func (n *Node) newSupervisor() {
-	n.busUp = make(chan struct{})
-	n.supervisor = &host.Supervisor{
-		Sandbox: n.sandbox,
-		Users:   n.moduleUsers,
+	n.mods.busUp = make(chan struct{})
+	n.mods.supervisor = &host.Supervisor{
+		Sandbox: n.mods.sandbox,
+		Users:   n.mods.users,
 		Limits:  sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 		Dir:     filepath.Join(n.cfg.DataDir, "modules"),
 		Node:    n.id.Name,
@@ -120,11 +132,12 @@ func (n *Node) newSupervisor() {
 		Credentials: n.moduleCredentials,
 		Changed: func() {
 			select {
-			case n.reportNow <- struct{}{}:
+			case n.mods.reportNow <- struct{}{}:
 			default:
 			}
 		},
 	}
+	n.closers.PushFunc("modules", n.mods.supervisor.Stop) // the modules stop with their node
 }
 
 // fixedClientURL is the URL the bus will answer on when addr fixes its port ("" when the port
@@ -144,7 +157,7 @@ func fixedClientURL(addr string) string {
 // on disk are not complete, is prepared once it is.
 func (n *Node) waitBus(ctx context.Context) error {
 	select {
-	case <-n.busUp:
+	case <-n.mods.busUp:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -159,15 +172,15 @@ func (n *Node) resume(ctx context.Context) {
 		return
 	}
 	if d.Revision > 0 {
-		n.supervisor.Resume(ctx, d)
+		n.mods.supervisor.Resume(ctx, d)
 	}
 }
 
 // apply hands a declaration to the supervisor.
 func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 	start := time.Now()
-	n.supervisor.Apply(ctx, d)
-	n.meter.Apply.Observe(time.Since(start).Seconds())
+	n.mods.supervisor.Apply(ctx, d)
+	n.metrics.meter.Apply.Observe(time.Since(start).Seconds())
 }
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
@@ -230,7 +243,7 @@ func (n *Node) runReports(ctx context.Context) error {
 	for {
 		// The supervisor's revision, not the follower's: the follower records a declaration
 		// before the supervisor has stopped what it replaces.
-		r := n.supervisor.Report()
+		r := n.mods.supervisor.Report()
 		body, _ := json.Marshal(r)
 		err := n.sendReport(ctx, subject, body)
 		switch {
@@ -248,7 +261,7 @@ func (n *Node) runReports(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-n.reportNow:
+		case <-n.mods.reportNow:
 		case <-tick.C:
 		}
 	}
@@ -278,12 +291,12 @@ func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Sig
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into
 // its inbox).
 func (n *Node) serveLogs() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, host.LogsTool), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, host.LogsTool), func(m *nats.Msg) {
 		var req host.LogsRequest
 		reply := host.LogsReply{}
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply.Error = "the request is not JSON"
-		} else if r, err := host.ReadLog(n.supervisor.Dir, req); err != nil {
+		} else if r, err := host.ReadLog(n.mods.supervisor.Dir, req); err != nil {
 			reply.Error = err.Error()
 		} else {
 			reply = r

@@ -15,7 +15,7 @@ import (
 // enforceQuotas checks every module's use of EVENTS, as this node's audit log counts it,
 // against the quota until ctx ends.
 func (n *Node) enforceQuotas(ctx context.Context) error {
-	return n.quotas.Enforce(ctx, controller.Enforcement{
+	return n.dir.quotas.Enforce(ctx, controller.Enforcement{
 		Log: n.log, Limit: n.budget.Module, EventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 		Registry: n.reg, Usage: n.audit, Changed: n.quotaChanged,
 	})
