@@ -3,13 +3,15 @@ package bench_test
 import (
 	"context"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/sandbox"
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/bench"
@@ -71,7 +73,7 @@ func openNode(dir string) (t bench.Target, stop func() error, err error) {
 		}
 		return err
 	}
-	return bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, node.OperatorSeedFile), Dir: seeds}, stop, nil
+	return bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, datadir.OperatorSeedFile), Dir: seeds}, stop, nil
 }
 
 // MustOpenNode opens a node for one test, stopped and removed at its cleanup.

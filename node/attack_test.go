@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -395,7 +396,7 @@ func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
 	if err := c.Serve("status", func(context.Context, sdk.Request) ([]byte, error) { return []byte("{}"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	plain := connect(t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile)) // inbox _INBOX.<nuid>
+	plain := connect(t, b.n.ClientURL(), filepath.Join(b.dir, datadir.OperatorSeedFile)) // inbox _INBOX.<nuid>
 	defer plain.Close()
 	if _, err := plain.Request(manifest.ToolSubject("served", "status"), []byte("{}"), 500*time.Millisecond); err == nil {
 		t.Fatal("a module answered into an inbox outside the operator's")

@@ -15,9 +15,9 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
@@ -45,7 +45,7 @@ func newBedAt(t testing.TB, cfg config.Config) *bed {
 	t.Helper()
 	dir := cfg.DataDir
 	n := MustOpenNode(t, cfg)
-	op := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	op := connect(t, n.ClientURL(), filepath.Join(dir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 	t.Cleanup(op.Close)
 	js, _ := jetstream.New(op)
 	return &bed{t: t, n: n, dir: dir, op: op, js: js}
@@ -62,7 +62,7 @@ func (b *bed) close() {
 
 // operatorConn opens another operator connection.
 func (b *bed) operatorConn() *nats.Conn {
-	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	return connect(b.t, b.n.ClientURL(), filepath.Join(b.dir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
 }
 
 // eventsOn returns how many messages EVENTS holds on subject.

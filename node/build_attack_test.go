@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
-	"github.com/meshnode/meshnode/node"
 )
 
 // TestCascade_BuildsReadNothingOutside (issue 33): a repository pushed by anyone who can
@@ -24,7 +24,7 @@ import (
 func TestCascade_BuildsReadNothingOutside(t *testing.T) {
 	repo := testbed.NewGitRepo(t)
 	b := newBuilderBed(t, repo)
-	seedFile := filepath.Join(b.dir, node.OperatorSeedFile)
+	seedFile := filepath.Join(b.dir, datadir.OperatorSeedFile)
 	seed, err := os.ReadFile(seedFile)
 	if err != nil {
 		t.Fatal(err)

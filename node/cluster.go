@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
@@ -162,7 +163,7 @@ func (n *Node) leave(ctx context.Context) error {
 	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
 		n.log.Warn("forget this node's keys", "err", err)
 	}
-	return markNodeNow(n.db, "left")
+	return datadir.MarkNow(n.db, "left")
 }
 
 // stepDown hands the JetStream meta leadership to another server if this one has it: a
@@ -243,7 +244,7 @@ func (n *Node) reportUnreachable() {
 
 // checkNotLeft refuses a data dir whose node left its mesh.
 func checkNotLeft(db *bolt.DB, name string) error {
-	if when := nodeValue(db, "left"); when != "" {
+	if when := datadir.Value(db, "left"); when != "" {
 		return fmt.Errorf("%w at %s: node %s is no longer a server of it; to join again, use a fresh --data-dir and a new token (`meshnode token create`)", ErrLeft, when, name)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshnode/meshnode/bench"
-	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/datadir"
 )
 
 // BenchmarkEmitR3 sends the same events emit→on (sdk Emit, one synchronous JetStream
@@ -38,7 +38,7 @@ func BenchmarkEmitR3(b *testing.B) {
 	}
 	for range b.N {
 		single := newBed(b)
-		r1, raw1 := measure(single.n.ClientURL(), filepath.Join(single.dir, node.OperatorSeedFile), 1)
+		r1, raw1 := measure(single.n.ClientURL(), filepath.Join(single.dir, datadir.OperatorSeedFile), 1)
 		single.close()
 
 		cfgs, nodes := openThree(b)
@@ -48,7 +48,7 @@ func BenchmarkEmitR3(b *testing.B) {
 			runs.Add(1)
 			go func() { defer runs.Done(); n.Run(ctx) }()
 		}
-		r3, raw3 := measure(nodes[1].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile), 3)
+		r3, raw3 := measure(nodes[1].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile), 3)
 		cancel()
 		runs.Wait()
 		for _, n := range nodes {

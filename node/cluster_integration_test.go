@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
@@ -57,7 +58,7 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 		}
 	}
 
-	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
 	defer op.Close()
 	js, _ := jetstream.New(op)
 	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -111,7 +112,7 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 
 	// The operator is admitted by every node, and the other servers received the vault's
 	// credentials: they can serve the vault.
-	opB := connect(t, nodes[1].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	opB := connect(t, nodes[1].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
 	defer opB.Close()
 	retryUntil(t, 20*time.Second, func() error {
 		for _, n := range nodes[1:] {
@@ -227,7 +228,7 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 	all = append(all, again)
 	runs.Add(1)
 	go func() { defer runs.Done(); again.Run(ctx) }()
-	opA := connect(t, again.ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	opA := connect(t, again.ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
 	defer opA.Close()
 	retryUntil(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

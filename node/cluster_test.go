@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/node"
 )
@@ -36,7 +37,7 @@ func openThreeWith(t testing.TB, tweak func(i int, c *config.Config)) ([]config.
 			tweak(i, &cfgs[i])
 		}
 	}
-	f, _, err := node.Prepare(cfgs[0], 3)
+	f, _, err := datadir.Prepare(cfgs[0], 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func testLog() *slog.Logger {
 // cancelled wait leaves nothing running.
 func TestCluster_FormationCanBeCancelled(t *testing.T) {
 	cfg := clusterConfig(t, "lonely")
-	if _, _, err := node.Prepare(cfg, 3); err != nil {
+	if _, _, err := datadir.Prepare(cfg, 3); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

@@ -22,6 +22,7 @@ import (
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -58,7 +59,7 @@ func newClusterWith(t testing.TB, tweak func(i int, c *config.Config)) *cluster 
 			c.stop(i)
 		}
 	})
-	c.op = connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	c.op = connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
 	t.Cleanup(c.op.Close)
 	c.js, _ = jetstream.New(c.op)
 	return c

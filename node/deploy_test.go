@@ -17,12 +17,12 @@ import (
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -275,7 +275,7 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	json.Unmarshal(old.Data, &d)
 	d.Revision = second.Declared[0].Revision + 100
 	body, _ := json.Marshal(d)
-	seed, _ := os.ReadFile(filepath.Join(b.dir, node.OperatorSeedFile))
+	seed, _ := os.ReadFile(filepath.Join(b.dir, datadir.OperatorSeedFile))
 	opKey, err := nkeys.FromSeed(bytes.TrimSpace(seed))
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -96,9 +97,9 @@ var keptBuckets = []string{registry.Bucket, vault.Bucket}
 // from then on a missing registry or vault bucket is a loss, not a new mesh.
 const bucketsKnown = "buckets-known"
 
-func markBucketsKnown(db *bolt.DB) error { return markNodeNow(db, bucketsKnown) }
+func markBucketsKnown(db *bolt.DB) error { return datadir.MarkNow(db, bucketsKnown) }
 
-func knowsBuckets(db *bolt.DB) bool { return nodeValue(db, bucketsKnown) != "" }
+func knowsBuckets(db *bolt.DB) bool { return datadir.Value(db, bucketsKnown) != "" }
 
 // MarkerKey is the record every kept bucket holds from the day its mesh made it: the mesh's
 // id. A node that has known the buckets and finds the bucket, or its marker, gone knows the
@@ -190,11 +191,13 @@ func markerSeen(db *bolt.DB, bucket string) error {
 	if sawMarker(db, bucket) {
 		return nil
 	}
-	return markNodeNow(db, markerSeenKey(bucket))
+	return datadir.MarkNow(db, markerSeenKey(bucket))
 }
 
 // sawMarker reports whether this node has seen bucket's marker.
-func sawMarker(db *bolt.DB, bucket string) bool { return nodeValue(db, markerSeenKey(bucket)) != "" }
+func sawMarker(db *bolt.DB, bucket string) bool {
+	return datadir.Value(db, markerSeenKey(bucket)) != ""
+}
 
 // markerAtLeader asks the bucket's stream leader for the marker. A key-value get is a
 // direct get, which any replica answers: a replica still catching up (a node that has just

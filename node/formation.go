@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/membership"
@@ -124,7 +125,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 			// it does not know.
 			info := n.info()
 			info.Forming = progress
-			if err := writeInfo(n.cfg.DataDir, info); err != nil {
+			if err := datadir.WriteInfo(n.cfg.DataDir, info); err != nil {
 				n.log.Warn("write formation progress", "err", err)
 			}
 			lastProgress = progress
@@ -205,7 +206,7 @@ func prepareMember(cfg config.Config, mint func() (*genesis.Foundation, error)) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	db, err := openStore(cfg.DataDir)
+	db, err := datadir.Open(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +217,7 @@ func prepareMember(cfg config.Config, mint func() (*genesis.Foundation, error)) 
 	}
 	// Nor a mesh's data beside the store: the node would start over another mesh's
 	// JetStream store and seeds.
-	if err := checkNoMeshData(db, cfg.DataDir); err != nil {
+	if err := datadir.CheckNoMeshData(db, cfg.DataDir); err != nil {
 		return nil, err
 	}
 	f, err := mint()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/vault"
@@ -21,7 +22,7 @@ import (
 // would start over another mesh's JetStream store.
 func TestFormation_RefusesMeshData(t *testing.T) {
 	founder := clusterConfig(t, "a")
-	f, _, err := node.Prepare(founder, 3)
+	f, _, err := datadir.Prepare(founder, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +42,8 @@ func TestFormation_RefusesMeshData(t *testing.T) {
 		names string // what the refusal must name
 	}{
 		{"OperatorSeed", func(dir string) error {
-			return os.WriteFile(filepath.Join(dir, node.OperatorSeedFile), []byte("SOME SEED\n"), 0o600)
-		}, node.OperatorSeedFile},
+			return os.WriteFile(filepath.Join(dir, datadir.OperatorSeedFile), []byte("SOME SEED\n"), 0o600)
+		}, datadir.OperatorSeedFile},
 		{"JetStreamStore", func(dir string) error { return os.MkdirAll(filepath.Join(dir, "jetstream", "$SYS"), 0o700) }, "jetstream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,13 +51,13 @@ func TestFormation_RefusesMeshData(t *testing.T) {
 			if err := tc.plant(cfg.DataDir); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := node.Found(cfg, founding); !errors.Is(err, node.ErrMeshData) || !strings.Contains(err.Error(), tc.names) {
-				t.Fatalf("Found over %s: %v, want ErrMeshData naming %s", tc.name, err, tc.names)
+			if _, err := node.Found(cfg, founding); !errors.Is(err, datadir.ErrMeshData) || !strings.Contains(err.Error(), tc.names) {
+				t.Fatalf("Found over %s: %v, want datadir.ErrMeshData naming %s", tc.name, err, tc.names)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if _, err := node.Join(ctx, cfg, join); !errors.Is(err, node.ErrMeshData) || !strings.Contains(err.Error(), tc.names) {
-				t.Fatalf("Join over %s: %v, want ErrMeshData naming %s", tc.name, err, tc.names)
+			if _, err := node.Join(ctx, cfg, join); !errors.Is(err, datadir.ErrMeshData) || !strings.Contains(err.Error(), tc.names) {
+				t.Fatalf("Join over %s: %v, want datadir.ErrMeshData naming %s", tc.name, err, tc.names)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
@@ -288,7 +289,7 @@ func (n *Node) Growing() string {
 // bus started, clustered, with every stream restored.
 func (n *Node) grow(octx context.Context) error {
 	dir := filepath.Join(n.cfg.DataDir, growDir)
-	store, aside := filepath.Join(n.cfg.DataDir, jsDir), filepath.Join(dir, jsDir)
+	store, aside := filepath.Join(n.cfg.DataDir, datadir.JetStreamDir), filepath.Join(dir, datadir.JetStreamDir)
 	if n.found.GrowPhase == growSnapshot {
 		// Start over from the standalone store: put it back if a move was not recorded.
 		if _, err := os.Stat(aside); err == nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -136,13 +137,13 @@ func testGrow(t *testing.T, interrupt string) {
 	// their token carries.
 	cfgA := clusterConfig(t, "a")
 	cfgA.ClientTLS = "always"
-	if _, _, err := node.Prepare(cfgA, 1); err != nil {
+	if _, _, err := datadir.Prepare(cfgA, 1); err != nil {
 		t.Fatal(err)
 	}
 	a := runRestarting(t, cfgA, interrupt)
 	a.awaitOpen(t, 30*time.Second)
 	ca := filepath.Join(cfgA.DataDir, meshca.CAFile)
-	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	op := connect(t, a.node().ClientURL(), filepath.Join(cfgA.DataDir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := admin.Register(ctx, op, []byte("module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")); err != nil {
@@ -246,7 +247,7 @@ func testGrow(t *testing.T, interrupt string) {
 	}
 	t.Logf("grew %d events, 100 queued jobs and 5 secrets into a mesh of three in %s (from the joins to all three open)", events, time.Since(growing).Round(time.Millisecond))
 
-	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	op = connect(t, joined[0].node().ClientURL(), filepath.Join(cfgA.DataDir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	defer op.Close()
 	js, _ = jetstream.New(op)
 	after := streamStates(t, ctx, js)
@@ -323,7 +324,7 @@ func testGrow(t *testing.T, interrupt string) {
 	joined[0].cancel()
 	<-joined[0].done
 	joined[0].done <- nil // for the cleanup
-	op2 := connect(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	op2 := connect(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	defer op2.Close()
 	js2, _ := jetstream.New(op2)
 	// The stopped node's leaderships move (nats-server elects in 4–9 s) and so do its seats.
@@ -345,7 +346,7 @@ func testGrow(t *testing.T, interrupt string) {
 		}
 		st, err := js2.Stream(rctx, "SEAT_mail")
 		if err != nil {
-			return fmt.Errorf("SEAT_mail: %w (each server's view: %s)", err, streamViews(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, node.OperatorSeedFile), ca, "SEAT_mail"))
+			return fmt.Errorf("SEAT_mail: %w (each server's view: %s)", err, streamViews(t, joined[1].node().ClientURL(), filepath.Join(cfgA.DataDir, datadir.OperatorSeedFile), ca, "SEAT_mail"))
 		}
 		if n := st.CachedInfo().State.Msgs; n != 100 {
 			t.Fatalf("the seat's queue holds %d jobs, want 100", n)

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/meshnode/meshnode/vault"
@@ -285,7 +285,7 @@ func TestOperator_SystemAccount(t *testing.T) {
 		}
 		return nil
 	}
-	if err := ask(filepath.Join(b.dir, node.OperatorSeedFile)); err != nil {
+	if err := ask(filepath.Join(b.dir, datadir.OperatorSeedFile)); err != nil {
 		t.Fatalf("the operator's system connection: %v", err)
 	}
 	if err := ask(seed); err == nil {

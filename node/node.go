@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/controller"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
@@ -92,7 +93,7 @@ type Node struct {
 
 	// The data dir's: the store, the node's identity, its foundation and keys.
 	db    *bolt.DB
-	id    Identity
+	id    datadir.Identity
 	found *genesis.Foundation
 	key   nkeys.KeyPair
 	sign  *envelope.SigningKey // key, expanded: what the node signs its events and jobs with
@@ -246,8 +247,8 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	n.closers.Push("dashboard", n.web.dash.Close)
 	info := n.info()
 	info.ClientURL, info.HTTPURL = n.bus.ClientURL(), n.HTTPURL()
-	if err := writeInfo(n.cfg.DataDir, info); err != nil {
-		return fmt.Errorf("write %s: %w", InfoFile, err)
+	if err := datadir.WriteInfo(n.cfg.DataDir, info); err != nil {
+		return fmt.Errorf("write %s: %w", datadir.InfoFile, err)
 	}
 	n.metrics.meter.StartSeconds.Set(time.Since(n.started).Seconds())
 	return nil
@@ -264,18 +265,18 @@ type partKeys struct {
 // openIdentity opens the store and loads the node's identity and foundation (minting them
 // where CreateIdentity says so), refusing a node that left its mesh.
 func (n *Node) openIdentity() (keys partKeys, err error) {
-	if n.db, err = openStore(n.cfg.DataDir); err != nil {
+	if n.db, err = datadir.Open(n.cfg.DataDir); err != nil {
 		return keys, err
 	}
 	n.closers.Push("store", func() error {
-		removeInfo(n.cfg.DataDir)
+		datadir.RemoveInfo(n.cfg.DataDir)
 		return n.db.Close()
 	})
 	n.closers.Push("growth", n.grower.close) // its gossip, if a grow request opens one
 	if n.Expect == 0 {
 		n.Expect = 1
 	}
-	if n.id, n.found, err = loadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.cfg.NameGiven, n.CreateIdentity, n.Expect); err != nil {
+	if n.id, n.found, err = datadir.LoadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.cfg.NameGiven, n.CreateIdentity, n.Expect); err != nil {
 		return keys, err
 	}
 	if n.cfg.Name != n.id.Name {
@@ -420,7 +421,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 	}
 	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
-		StoreDir:     filepath.Join(n.cfg.DataDir, jsDir),
+		StoreDir:     filepath.Join(n.cfg.DataDir, datadir.JetStreamDir),
 		ClientAddr:   clientAddr,
 		Logger:       n.log.With("component", "nats"),
 		Key:          n.key,
@@ -609,7 +610,7 @@ func (n *Node) newHTTPServer() error {
 			return n.audit.Missed()
 		},
 		StoreBytes: func() int64 {
-			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, storeFile)); err == nil {
+			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, datadir.StoreFile)); err == nil {
 				return st.Size()
 			}
 			return 0
@@ -1008,10 +1009,10 @@ func (n *Node) handOff(ctx context.Context) error {
 	if _, err := vault.Call(ctx, n.bus.Conn(), vault.VerbIdentity, vault.CallerNode, vault.Request{Owner: vault.CallerOperator}, &id); err != nil {
 		return fmt.Errorf("genesis hand-off: the vault could not mint the operator credential: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(n.cfg.DataDir, OperatorSeedFile), []byte(id.Seed+"\n"), 0o600); err != nil {
+	if err := datadir.WriteFileAtomic(filepath.Join(n.cfg.DataDir, datadir.OperatorSeedFile), []byte(id.Seed+"\n"), 0o600); err != nil {
 		return fmt.Errorf("write operator seed: %w", err)
 	}
-	if err := keepOperator(n.db, id.PublicKey); err != nil {
+	if err := datadir.KeepOperator(n.db, id.PublicKey); err != nil {
 		return err
 	}
 	n.id.OperatorKey = id.PublicKey
@@ -1030,7 +1031,7 @@ func (n *Node) handOff(ctx context.Context) error {
 func (n *Node) requestStop() { n.quit.once.Do(func() { close(n.quit.ch) }) }
 
 // Identity returns the node's identity.
-func (n *Node) Identity() Identity { return n.id }
+func (n *Node) Identity() datadir.Identity { return n.id }
 
 // ClientURL is the NATS URL of the node's bus.
 func (n *Node) ClientURL() string { return n.bus.ClientURL() }
@@ -1051,3 +1052,9 @@ func (n *Node) HasVault() bool {
 
 // Bus is the node's embedded bus.
 func (n *Node) Bus() *embedbus.Bus { return n.bus }
+
+// info is this node's node.json without the addresses its bus and HTTP API bind.
+func (n *Node) info() datadir.Info {
+	return datadir.Info{Name: n.id.Name, MeshID: n.id.MeshID, PID: os.Getpid(), Version: Version(),
+		ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC()}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/sandbox"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -151,7 +153,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 		t.Fatal("an unauthenticated client connected")
 	}
 	// A plain nats.go client with the operator's seed publishes to JetStream on the node.
-	nc := connect(t, n.ClientURL(), filepath.Join(dir, node.OperatorSeedFile))
+	nc := connect(t, n.ClientURL(), filepath.Join(dir, datadir.OperatorSeedFile))
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -184,7 +186,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 	}
 
 	// node.json lets client verbs find the node; it goes when the node stops.
-	info, err := node.ReadInfo(dir)
+	info, err := datadir.ReadInfo(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +194,8 @@ func TestNode_OpenRunClose(t *testing.T) {
 		t.Fatalf("node.json=%+v", info)
 	}
 	n.stop()
-	if _, err := node.ReadInfo(dir); !errors.Is(err, node.ErrNotRunning) {
-		t.Fatalf("after stop ReadInfo err=%v, want ErrNotRunning", err)
+	if _, err := datadir.ReadInfo(dir); !errors.Is(err, datadir.ErrNotRunning) {
+		t.Fatalf("after stop ReadInfo err=%v, want datadir.ErrNotRunning", err)
 	}
 }
 
@@ -217,7 +219,7 @@ func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
 	n := MustOpenNode(t, cfg)
 	first := n.Identity()
-	nc := connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, node.OperatorSeedFile))
+	nc := connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, datadir.OperatorSeedFile))
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -236,7 +238,7 @@ func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
 	if got := n.Identity(); got != first {
 		t.Fatalf("identity after restart=%+v, want %+v", got, first)
 	}
-	nc = connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, node.OperatorSeedFile))
+	nc = connect(t, n.ClientURL(), filepath.Join(cfg.DataDir, datadir.OperatorSeedFile))
 	defer nc.Close()
 	js, _ = jetstream.New(nc)
 	s, err := js.Stream(ctx, "KEEP")
@@ -259,8 +261,8 @@ func TestNode_Open(t *testing.T) {
 		beta := testConfig(dir, "beta")
 		beta.NameGiven = true
 		err := node.New(beta, nil).Open()
-		if !errors.Is(err, node.ErrNameMismatch) || !strings.Contains(err.Error(), "--name alpha") {
-			t.Fatalf("err=%v, want ErrNameMismatch suggesting --name alpha", err)
+		if !errors.Is(err, datadir.ErrNameMismatch) || !strings.Contains(err.Error(), "--name alpha") {
+			t.Fatalf("err=%v, want datadir.ErrNameMismatch suggesting --name alpha", err)
 		}
 		// Not given (the host name's default): the data dir's name.
 		n := MustOpenNode(t, testConfig(dir, "beta"))
@@ -271,8 +273,8 @@ func TestNode_Open(t *testing.T) {
 	})
 	t.Run("NoIdentity", func(t *testing.T) {
 		err := node.New(testConfig(t.TempDir(), "alpha"), nil).Open()
-		if !errors.Is(err, node.ErrNoIdentity) {
-			t.Fatalf("err=%v, want ErrNoIdentity", err)
+		if !errors.Is(err, datadir.ErrNoIdentity) {
+			t.Fatalf("err=%v, want datadir.ErrNoIdentity", err)
 		}
 	})
 	t.Run("CorruptStore", func(t *testing.T) {
@@ -284,8 +286,8 @@ func TestNode_Open(t *testing.T) {
 		n := node.New(testConfig(dir, "alpha"), nil)
 		n.CreateIdentity = true
 		err := n.Open()
-		if !errors.Is(err, node.ErrCorruptStore) || !strings.Contains(err.Error(), "move it aside") {
-			t.Fatalf("err=%v, want ErrCorruptStore saying what to do", err)
+		if !errors.Is(err, datadir.ErrCorruptStore) || !strings.Contains(err.Error(), "move it aside") {
+			t.Fatalf("err=%v, want datadir.ErrCorruptStore saying what to do", err)
 		}
 	})
 	t.Run("DataDirNotWritable", func(t *testing.T) {
@@ -305,8 +307,8 @@ func TestNode_Open(t *testing.T) {
 		MustOpenNode(t, cfg)
 		n := node.New(cfg, nil)
 		err := n.Open()
-		if !errors.Is(err, node.ErrDataDirInUse) {
-			t.Fatalf("err=%v, want ErrDataDirInUse", err)
+		if !errors.Is(err, datadir.ErrDataDirInUse) {
+			t.Fatalf("err=%v, want datadir.ErrDataDirInUse", err)
 		}
 	})
 	t.Run("ClientAddrInUse", func(t *testing.T) {
@@ -356,7 +358,7 @@ func assertReleased(t *testing.T, cfg config.Config, bound ...string) {
 		}
 		l.Close()
 	}
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, node.InfoFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, datadir.InfoFile)); err == nil {
 		t.Fatal("node.json left behind by a failed open")
 	}
 	cfg.ClientAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"

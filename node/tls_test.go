@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/node"
@@ -28,14 +29,14 @@ func TestTLS_ClientPort(t *testing.T) {
 	cfg.ClientTLS = "always"
 	n := MustOpenNode(t, cfg)
 	ca := filepath.Join(cfg.DataDir, meshca.CAFile)
-	op, err := nats.Connect(n.ClientURL(), sdk.TrustCA(ca), nkeyOption(t, filepath.Join(cfg.DataDir, node.OperatorSeedFile)), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	op, err := nats.Connect(n.ClientURL(), sdk.TrustCA(ca), nkeyOption(t, filepath.Join(cfg.DataDir, datadir.OperatorSeedFile)), nats.CustomInboxPrefix(manifest.OperatorInbox))
 	if err != nil {
 		t.Fatalf("the operator over TLS: %v", err)
 	}
 	defer op.Close()
 	before := peerCert(t, n.ClientURL(), ca)
 
-	if _, err := nats.Connect(n.ClientURL(), nkeyOption(t, filepath.Join(cfg.DataDir, node.OperatorSeedFile)), nats.MaxReconnects(0)); err == nil {
+	if _, err := nats.Connect(n.ClientURL(), nkeyOption(t, filepath.Join(cfg.DataDir, datadir.OperatorSeedFile)), nats.MaxReconnects(0)); err == nil {
 		t.Fatal("a client that trusts no CA connected to the TLS port")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -23,9 +23,9 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,7 +65,7 @@ func TestIntegration_Dashboard(t *testing.T) {
 			n.Close()
 		}
 	})
-	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, node.OperatorSeedFile))
+	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
 	defer op.Close()
 	seed := func(text string) string {
 		var path string

@@ -19,10 +19,10 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nkeys"
@@ -31,7 +31,7 @@ import (
 // operatorKey reads the bed's operator seed.
 func operatorKey(t testing.TB, dir string) nkeys.KeyPair {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(dir, node.OperatorSeedFile))
+	raw, err := os.ReadFile(filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -249,7 +249,7 @@ func TestIntegration_Binary_AuditVerifyListsForgeries(t *testing.T) {
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	billingSeed := registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nemits: [order.billed]\n")
-	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}

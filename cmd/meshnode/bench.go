@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshnode/meshnode/bench"
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
@@ -194,7 +195,7 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 			log.Warn("close throwaway node", "err", err)
 		}
 	}
-	t = bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, node.OperatorSeedFile), Dir: seeds}
+	t = bench.Target{URL: n.ClientURL(), OperatorSeed: filepath.Join(dir, datadir.OperatorSeedFile), Dir: seeds}
 	return t, closeNode, nil
 }
 

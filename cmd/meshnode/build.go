@@ -9,8 +9,8 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -41,7 +41,7 @@ repository's hooks/post-receive:
 			if err != nil {
 				return err
 			}
-			info, err := node.ReadInfo(dataDir)
+			info, err := datadir.ReadInfo(dataDir)
 			if err != nil {
 				return err
 			}

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -78,14 +78,14 @@ func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
 		return "", "", err
 	}
 	if url == "" {
-		info, err := node.ReadInfo(dataDir)
+		info, err := datadir.ReadInfo(dataDir)
 		if err != nil {
 			return "", "", fmt.Errorf("%w; or pass --server URL", err)
 		}
 		url = info.ClientURL
 	}
 	if creds == "" {
-		creds = filepath.Join(dataDir, node.OperatorSeedFile)
+		creds = filepath.Join(dataDir, datadir.OperatorSeedFile)
 		if _, err := os.Stat(creds); errors.Is(err, fs.ErrNotExist) {
 			return "", "", fmt.Errorf("no operator seed at %s; pass --creds FILE (or --data-dir of the node)", creds)
 		}
@@ -173,9 +173,9 @@ func refused(cmd *cobra.Command, nc *nats.Conn, creds string, r *sdk.Refusal) er
 			r = last
 		}
 	}
-	operator := filepath.Join("<data-dir>", node.OperatorSeedFile)
+	operator := filepath.Join("<data-dir>", datadir.OperatorSeedFile)
 	if dir, err := clientDataDir(cmd); err == nil {
-		operator = filepath.Join(dir, node.OperatorSeedFile)
+		operator = filepath.Join(dir, datadir.OperatorSeedFile)
 	}
 	return &refusedError{r: r, msg: fmt.Sprintf("the key in %s may not %s %s: admin verbs need the operator's seed (%s) or --creds of the operator",
 		creds, r.Op, r.Subject, operator)}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nats.go"
@@ -93,12 +94,12 @@ marker back and the alarm clears on every node within seconds.`,
 }
 
 // runningNode reads node.json of the node on --data-dir.
-func runningNode(cmd *cobra.Command) (node.Info, error) {
+func runningNode(cmd *cobra.Command) (datadir.Info, error) {
 	dir, err := clientDataDir(cmd)
 	if err != nil {
-		return node.Info{}, err
+		return datadir.Info{}, err
 	}
-	return node.ReadInfo(dir)
+	return datadir.ReadInfo(dir)
 }
 
 // clusterTool asks the node named for one of its cluster tools, as the operator.

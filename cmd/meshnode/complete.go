@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
@@ -47,7 +48,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 		if err != nil {
 			return nil
 		}
-		info, err := node.ReadInfo(dir)
+		info, err := datadir.ReadInfo(dir)
 		if err != nil {
 			return nil
 		}

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,7 +65,7 @@ func TestIntegration_Binary_DeadReplayRefusesForgery(t *testing.T) {
 	p := startNode(t, "up", upArgs(dir, "alpha")...)
 	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	registerModule(t, dir, "module: billing\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\n")
-	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestIntegration_Binary_DeadReplayReachesOnlyItsConsumer(t *testing.T) {
 		return nil
 	})
 	// Had the replay matched mailer's filter, it would be pending, in flight or handled.
-	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}

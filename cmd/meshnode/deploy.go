@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"maps"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/meshnode/meshnode/sandbox"
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nats.go"
 )
 
@@ -111,7 +111,7 @@ func TestIntegration_NodeExample_Module(t *testing.T) {
 
 	// A forged event (shop's subject, signed by shop, x-source another module) is refused by
 	// module.js's checks, with its reason.
-	op, err := dialWith(p.clientURL, filepath.Join(dir, node.OperatorSeedFile))
+	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}

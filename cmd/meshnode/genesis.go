@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
@@ -37,9 +38,9 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 			if err != nil {
 				return err
 			}
-			out := map[string]any{"operator_creds": filepath.Join(cfg.DataDir, node.OperatorSeedFile), "expect": expect}
+			out := map[string]any{"operator_creds": filepath.Join(cfg.DataDir, datadir.OperatorSeedFile), "expect": expect}
 			// Genesis refuses a data dir that already belongs to a mesh.
-			f, r, err := node.Prepare(cfg, expect)
+			f, r, err := datadir.Prepare(cfg, expect)
 			if err != nil {
 				return err
 			}

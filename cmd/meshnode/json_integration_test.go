@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -151,7 +151,7 @@ func TestIntegration_Binary_JSON(t *testing.T) {
 // event that consumer user gave up.
 func deadLetter(t *testing.T, url, dir, shopSeed string) {
 	t.Helper()
-	op, err := dialWith(url, filepath.Join(dir, node.OperatorSeedFile))
+	op, err := dialWith(url, filepath.Join(dir, datadir.OperatorSeedFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/meshnode/meshnode/sandbox"
 
 	"github.com/spf13/cobra"
 )

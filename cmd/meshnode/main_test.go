@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"log/slog"
 	"os"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/sandbox"
 
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sdk"

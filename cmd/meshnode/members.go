@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
@@ -26,7 +27,7 @@ func newMembersCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			info, err := node.ReadInfo(dataDir)
+			info, err := datadir.ReadInfo(dataDir)
 			if err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
@@ -73,7 +74,7 @@ func clientDataDir(cmd *cobra.Command) (string, error) {
 		return c.DataDir, nil
 	}
 	for _, dir := range []string{config.DefaultUpDataDir, config.DefaultRunDataDir} {
-		if _, err := os.Stat(filepath.Join(dir, node.InfoFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, datadir.InfoFile)); err == nil {
 			return dir, nil
 		}
 	}
@@ -89,7 +90,7 @@ func explicitDataDir(cmd *cobra.Command) bool {
 
 // fetchStatus asks the node running on dataDir for its status over its HTTP API.
 func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
-	info, err := node.ReadInfo(dataDir)
+	info, err := datadir.ReadInfo(dataDir)
 	if err != nil {
 		return node.Status{}, err
 	}
@@ -99,7 +100,7 @@ func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
 	if info.Forming != "" {
 		if !processAlive(info.PID) {
 			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited while %s",
-				node.ErrNotRunning, dataDir, node.InfoFile, info.PID, info.Forming)
+				datadir.ErrNotRunning, dataDir, datadir.InfoFile, info.PID, info.Forming)
 		}
 		return node.Status{Name: info.Name, MeshID: info.MeshID, Version: info.Version, ClusterAddr: info.ClusterAddr,
 			GossipAddr: info.GossipAddr, Started: info.Started, UptimeSeconds: time.Since(info.Started).Seconds(),
@@ -112,7 +113,7 @@ func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
 	if err != nil {
 		if !processAlive(info.PID) {
 			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited; start it with `meshnode up --data-dir %s` (or `meshnode run`)",
-				node.ErrNotRunning, dataDir, node.InfoFile, info.PID, dataDir)
+				datadir.ErrNotRunning, dataDir, datadir.InfoFile, info.PID, dataDir)
 		}
 		return node.Status{}, fmt.Errorf("node %s (pid %d) does not answer on %s: %v", info.Name, info.PID, info.HTTPURL, err)
 	}

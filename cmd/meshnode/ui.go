@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/dashboard"
-	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
 )
@@ -40,14 +40,14 @@ a remote node's through an SSH tunnel rather than binding http-addr to other int
 					return err
 				}
 				if httpURL == "" {
-					info, err := node.ReadInfo(dir)
+					info, err := datadir.ReadInfo(dir)
 					if err != nil {
 						return fmt.Errorf("%w; or pass --http URL", err)
 					}
 					httpURL, want = info.HTTPURL, dashboard.Challenge{Node: info.Name, MeshID: info.MeshID}
 				}
 				if creds == "" {
-					creds = filepath.Join(dir, node.OperatorSeedFile)
+					creds = filepath.Join(dir, datadir.OperatorSeedFile)
 				}
 			}
 			raw, err := os.ReadFile(creds)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
@@ -221,7 +222,7 @@ func runOnce(ctx context.Context, cmd *cobra.Command, cfg config.Config, log *sl
 			log.Info("stopped before the node was ready", "reason", "signal", "err", err)
 			return nil // a requested stop, while the node waited for its mesh to form
 		}
-		if errors.Is(err, node.ErrNoIdentity) {
+		if errors.Is(err, datadir.ErrNoIdentity) {
 			return fmt.Errorf("%w; `meshnode run` starts an existing node: create a mesh with `meshnode genesis --data-dir %s --name %s` (or try one with `meshnode up`)", err, cfg.DataDir, cfg.Name)
 		}
 		return err

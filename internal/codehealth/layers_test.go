@@ -26,7 +26,7 @@ var layers = []struct {
 		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "toolstats", "meshca",
 	}},
 	{"stores and services", []string{
-		"config", "embedbus", "membership", "genesis", "sandbox",
+		"config", "embedbus", "membership", "genesis", "datadir", "sandbox",
 		"seats", "audit", "artifact", "vault", "metrics", "deploy", "registry", "provision", "build", "deadletter", "streammove",
 	}},
 	{"parts that compose services, and the clients of the bus", []string{

@@ -21,6 +21,7 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -59,7 +60,7 @@ var wire = map[string]any{
 	"build.BuilderStatus":      build.BuilderStatus{},
 	"node.Status":              node.Status{},
 	"node.Member":              node.Member{},
-	"node.Info":                node.Info{},
+	"datadir.Info":             datadir.Info{},
 	"dashboard.State":          dashboard.State{},
 	"dashboard.DeployRequest":  dashboard.DeployRequest{},
 	"dashboard.Challenge":      dashboard.Challenge{},

@@ -1,4 +1,7 @@
-package node
+// Package datadir is what a node keeps in its data dir: the bbolt store with the node's
+// identity and the mesh's foundation, the files beside it (the operator's seed, node.json,
+// the JetStream store's directory), and the errors a user meets opening one.
+package datadir
 
 import (
 	"errors"
@@ -16,10 +19,10 @@ import (
 
 // File names inside the data dir.
 const (
-	storeFile = "meshnode.db"
+	StoreFile = "meshnode.db"
 	// OperatorSeedFile is the operator's nkey seed (0600): the CLI's default credential.
 	OperatorSeedFile = "operator.nk"
-	jsDir            = "jetstream"
+	JetStreamDir     = "jetstream"
 )
 
 // storeOpenTimeout bounds the wait for bbolt's file lock: a running node holds it.
@@ -53,16 +56,16 @@ type Identity struct {
 	OperatorKey string
 }
 
-// openStore opens (creating if needed) the bbolt file in dir, turning bbolt's failures into
+// Open opens (creating if needed) the bbolt file in dir, turning bbolt's failures into
 // errors that say what to do. bbolt may panic on some corrupt files; that becomes an error too.
-func openStore(dir string) (db *bolt.DB, err error) {
+func Open(dir string) (db *bolt.DB, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir %s: %w; choose a writable --data-dir", dir, err)
 	}
 	if err := checkWritable(dir); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, storeFile)
+	path := filepath.Join(dir, StoreFile)
 	// bbolt makes a new database of a zero-length file: a store truncated by a full disk
 	// or a bad copy would pass for a data dir without a mesh, and genesis would run over the
 	// mesh's JetStream store and operator seed.
@@ -98,30 +101,30 @@ func checkWritable(dir string) error {
 	return os.Remove(name)
 }
 
-// loadIdentity reads the node's identity from its store (a name not given — the host
+// LoadIdentity reads the node's identity from its store (a name not given — the host
 // name's default — yields to the one the store holds): the foundation genesis (or an
 // enrolment) kept there, and the operator's key once the vault has minted it. On a store
 // without a mesh, and with create set, it runs genesis for node name, expecting expect
 // servers.
-func loadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect int) (Identity, *genesis.Foundation, error) {
+func LoadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect int) (Identity, *genesis.Foundation, error) {
 	g := genesis.New(db)
 	f, err := g.Foundation()
 	switch {
 	case errors.Is(err, genesis.ErrNone) && !create:
 		if found := meshData(db, dir); len(found) > 0 {
 			return Identity{}, nil, fmt.Errorf("%w: %s holds no node, yet %s holds a mesh's data (%s): the store is damaged; restore %s from a backup (do not run genesis here: it would overwrite them)",
-				ErrCorruptStore, filepath.Join(dir, storeFile), dir, strings.Join(found, ", "), storeFile)
+				ErrCorruptStore, filepath.Join(dir, StoreFile), dir, strings.Join(found, ", "), StoreFile)
 		}
 		return Identity{}, nil, fmt.Errorf("%w: %s", ErrNoIdentity, dir)
 	case errors.Is(err, genesis.ErrNone):
-		if err := checkNoMeshData(db, dir); err != nil {
+		if err := CheckNoMeshData(db, dir); err != nil {
 			return Identity{}, nil, err
 		}
 		if f, err = g.Begin(name, expect); err != nil {
 			return Identity{}, nil, err
 		}
 	case err != nil:
-		return Identity{}, nil, fmt.Errorf("read foundation: %w (%v); move %s aside to start afresh", ErrCorruptStore, err, filepath.Join(dir, storeFile))
+		return Identity{}, nil, fmt.Errorf("read foundation: %w (%v); move %s aside to start afresh", ErrCorruptStore, err, filepath.Join(dir, StoreFile))
 	}
 	if f.Node != name && nameGiven {
 		return Identity{}, nil, fmt.Errorf("%w: %s holds node %q, not %q; run with --name %s, or choose a fresh --data-dir for %s",
@@ -136,7 +139,7 @@ func loadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect 
 	if r, err := g.Record(); err == nil {
 		id.Created = r.Created
 	}
-	id.OperatorKey = nodeValue(db, "operator-key")
+	id.OperatorKey = Value(db, "operator-key")
 	return id, f, nil
 }
 
@@ -145,10 +148,10 @@ func loadIdentity(db *bolt.DB, dir, name string, nameGiven, create bool, expect 
 // single bucket (what `run` on an empty data dir leaves) is no mesh data.
 func meshData(db *bolt.DB, dir string) []string {
 	var found []string
-	if fi, err := os.Stat(filepath.Join(dir, jsDir)); err == nil {
-		what := jsDir + "/ (a JetStream store)"
+	if fi, err := os.Stat(filepath.Join(dir, JetStreamDir)); err == nil {
+		what := JetStreamDir + "/ (a JetStream store)"
 		if !fi.IsDir() {
-			what = jsDir + " (where the JetStream store goes)"
+			what = JetStreamDir + " (where the JetStream store goes)"
 		}
 		found = append(found, what)
 	}
@@ -163,27 +166,27 @@ func meshData(db *bolt.DB, dir string) []string {
 		})
 	})
 	if len(buckets) > 0 {
-		found = append(found, fmt.Sprintf("%s with buckets %s but no node", storeFile, strings.Join(buckets, ", ")))
+		found = append(found, fmt.Sprintf("%s with buckets %s but no node", StoreFile, strings.Join(buckets, ", ")))
 	}
 	return found
 }
 
-// checkNoMeshData refuses genesis on a data dir that holds a mesh's data: it would
+// CheckNoMeshData refuses genesis on a data dir that holds a mesh's data: it would
 // overwrite the operator's seed and start a bus over another mesh's JetStream store.
-func checkNoMeshData(db *bolt.DB, dir string) error {
+func CheckNoMeshData(db *bolt.DB, dir string) error {
 	found := meshData(db, dir)
 	if len(found) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: %s holds %s, but no node in %s; genesis refuses to run over them: restore %s from a backup and use `meshnode run`, or choose a fresh --data-dir for a new mesh (or move those aside)",
-		ErrMeshData, dir, strings.Join(found, ", "), storeFile, storeFile)
+		ErrMeshData, dir, strings.Join(found, ", "), StoreFile, StoreFile)
 }
 
-// keepOperator records the operator's public key (its seed went to operator.nk).
-func keepOperator(db *bolt.DB, pub string) error { return putNodeValue(db, "operator-key", pub) }
+// KeepOperator records the operator's public key (its seed went to operator.nk).
+func KeepOperator(db *bolt.DB, pub string) error { return PutValue(db, "operator-key", pub) }
 
-// putNodeValue records one of the node's own values in its store.
-func putNodeValue(db *bolt.DB, key, value string) error {
+// PutValue records one of the node's own values in its store.
+func PutValue(db *bolt.DB, key, value string) error {
 	return db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketNode)
 		if err != nil {
@@ -193,13 +196,13 @@ func putNodeValue(db *bolt.DB, key, value string) error {
 	})
 }
 
-// markNodeNow records that something happened to the node, and when: a flag with its time.
-func markNodeNow(db *bolt.DB, key string) error {
-	return putNodeValue(db, key, time.Now().UTC().Format(time.RFC3339))
+// MarkNow records that something happened to the node, and when: a flag with its time.
+func MarkNow(db *bolt.DB, key string) error {
+	return PutValue(db, key, time.Now().UTC().Format(time.RFC3339))
 }
 
-// nodeValue reads one of the node's own values ("" when it has none).
-func nodeValue(db *bolt.DB, key string) string {
+// Value reads one of the node's own values ("" when it has none).
+func Value(db *bolt.DB, key string) string {
 	var v string
 	db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bucketNode); b != nil {
@@ -210,9 +213,9 @@ func nodeValue(db *bolt.DB, key string) string {
 	return v
 }
 
-// writeFileAtomic writes data to path through a temporary file and a rename, so a crash
+// WriteFileAtomic writes data to path through a temporary file and a rename, so a crash
 // leaves either the old file or the new one.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
@@ -243,7 +246,7 @@ func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record
 	if err := cfg.Validate(); err != nil {
 		return nil, genesis.Record{}, err
 	}
-	db, err := openStore(cfg.DataDir)
+	db, err := Open(cfg.DataDir)
 	if err != nil {
 		return nil, genesis.Record{}, err
 	}
@@ -253,7 +256,7 @@ func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record
 	_, ferr := g.Foundation()
 	if errors.Is(rerr, genesis.ErrNone) && errors.Is(ferr, genesis.ErrNone) {
 		// No mesh in the store (one there is Begin's to refuse, naming it): nor anywhere else.
-		if err := checkNoMeshData(db, cfg.DataDir); err != nil {
+		if err := CheckNoMeshData(db, cfg.DataDir); err != nil {
 			return nil, genesis.Record{}, err
 		}
 	}

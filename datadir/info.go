@@ -1,4 +1,4 @@
-package node
+package datadir
 
 import (
 	"encoding/json"
@@ -50,22 +50,17 @@ func ReadInfo(dataDir string) (Info, error) {
 	return info, nil
 }
 
-// info is this node's node.json without the addresses its bus and HTTP API bind.
-func (n *Node) info() Info {
-	return Info{Name: n.id.Name, MeshID: n.id.MeshID, PID: os.Getpid(), Version: Version(),
-		ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC()}
-}
-
-func writeInfo(dataDir string, info Info) error {
+// WriteInfo writes node.json to dataDir.
+func WriteInfo(dataDir string, info Info) error {
 	b, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dataDir, InfoFile), append(b, '\n'), 0o644)
+	return WriteFileAtomic(filepath.Join(dataDir, InfoFile), append(b, '\n'), 0o644)
 }
 
-// removeInfo deletes node.json if it is still this process's.
-func removeInfo(dataDir string) {
+// RemoveInfo deletes node.json if it is still this process's.
+func RemoveInfo(dataDir string) {
 	path := filepath.Join(dataDir, InfoFile)
 	if info, err := ReadInfo(dataDir); err == nil && info.PID == os.Getpid() {
 		os.Remove(path)
