@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/deadletter"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -177,7 +177,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/deploy {"module", "version", "nodes"?: [...], "instances"?: n}: module and version are required`})
 		return
 	}
-	dep := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
+	dep := api.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
 	if e, ok := d.cfg.Registry.Get(req.Module); ok && e.Deployment != nil {
 		// The form sets where, what and how many; the rest stays as the CLI last set it.
 		dep.Env, dep.Args, dep.Auto = e.Deployment.Env, e.Deployment.Args, e.Deployment.Auto

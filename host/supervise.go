@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
@@ -75,7 +76,7 @@ type InstanceReport struct {
 	Since    time.Time `json:"since"`
 	Reason   string    `json:"reason,omitempty"` // the last exit
 	// Isolation is what the running process got, read back from the kernel.
-	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
+	Isolation *api.Isolation `json:"isolation,omitempty"`
 }
 
 // Supervisor runs the modules a node's declaration names as processes, each in its own
@@ -101,7 +102,7 @@ type Supervisor struct {
 	Sandbox *sandbox.Sandbox
 	Users   *sandbox.Users
 	// Limits are what each instance may use when its deployment sets none.
-	Limits sandbox.Limits
+	Limits api.Limits
 
 	mu       sync.Mutex
 	revision uint64

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
@@ -455,7 +456,7 @@ func TestSupervisor_LimitsEndAndReport(t *testing.T) {
 		"hog":    "#!/bin/sh\nx=a; while :; do x=\"$x$x\"; done\n",
 		"greedy": "#!/bin/sh\nexec sleep 600\n",
 	})
-	s.Limits = sandbox.Limits{Processes: 32} // the node's default: the bomb's own is below
+	s.Limits = api.Limits{Processes: 32} // the node's default: the bomb's own is below
 	bomb, filler, hog := spec("bomb"), spec("filler"), spec("hog")
 	bomb.Limits = manifest.Limits{Processes: 16}
 	filler.Limits = manifest.Limits{Disk: 4 << 20}
@@ -507,7 +508,7 @@ func TestSupervisor_PlantedLinksAreNotFollowed(t *testing.T) {
 		"ln -sf " + outside + " ../output.log 2>/dev/null && echo planted-log\nln -s " + outside + " ../secrets/x 2>/dev/null && echo planted-secret\n" +
 		"rm -f ../creds.nk 2>/dev/null && echo removed-creds\nsleep 1\nexit 1\n"
 	s, spec := supervisor(t, map[string]string{"planter": planter})
-	s.Limits = sandbox.Limits{Disk: 1 << 20}
+	s.Limits = api.Limits{Disk: 1 << 20}
 	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("planter")}})
 	waitFor(t, s, 30*time.Second, func(r host.Report) error {
 		if len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].Restarts < 2 {

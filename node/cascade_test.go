@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -111,7 +111,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dv := byModule(builds)["d"][0].Version
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "d", Deployment: deploy.Deployment{Version: dv, Nodes: []string{"alpha"}, Instances: 1, Auto: true}}); err != nil {
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "d", Deployment: api.Deployment{Version: dv, Nodes: []string{"alpha"}, Instances: 1, Auto: true}}); err != nil {
 		t.Fatal(err)
 	}
 	b.running(t, "d", dv, 0)

@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -114,7 +114,7 @@ func (c *cluster) putArtifact(module, version, path string) {
 func (c *cluster) deploy(module, version string, nodes ...string) {
 	c.t.Helper()
 	retryUntil(c.t, 20*time.Second, func() error {
-		_, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: module, Deployment: deploy.Deployment{Version: version, Nodes: nodes, Instances: 1}})
+		_, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: nodes, Instances: 1}})
 		return err
 	})
 }
@@ -279,7 +279,7 @@ func BenchmarkDeployThree(b *testing.B) {
 		os.WriteFile(path, []byte(fmt.Sprintf(sleeper, v)), 0o755)
 		c.putArtifact("sleeper", v, path)
 		start := time.Now()
-		if _, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: "sleeper", Deployment: deploy.Deployment{Version: v, All: true, Instances: 1}}); err != nil {
+		if _, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: "sleeper", Deployment: api.Deployment{Version: v, All: true, Instances: 1}}); err != nil {
 			b.Fatal(err)
 		}
 		for {
@@ -406,7 +406,7 @@ func BenchmarkPushToRunning(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := admin.Deploy(ctx, bd.op, registry.DeployRequest{Module: "hello", Deployment: deploy.Deployment{Version: first.Version, All: true, Instances: 1, Auto: true}}); err != nil {
+	if _, err := admin.Deploy(ctx, bd.op, registry.DeployRequest{Module: "hello", Deployment: api.Deployment{Version: first.Version, All: true, Instances: 1, Auto: true}}); err != nil {
 		b.Fatal(err)
 	}
 	bd.running(b, "hello", first.Version, 0)

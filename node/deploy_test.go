@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
@@ -58,7 +59,7 @@ func (b *bed) deploy(module, version string) registry.DeployReply {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: module, Deployment: deploy.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
+	r, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
 	if err != nil {
 		b.t.Fatalf("deploy %s %s: %v", module, version, err)
 	}
@@ -119,11 +120,11 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
 		t.Fatalf("deploy without an artifact: %v, want a refusal saying to put it", err)
 	}
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
+	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
 		t.Fatalf("deploy to an unknown node: %v", err)
 	}
 	// The vault keeps the module's seed for its hosts, and gives it to none yet: no

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -59,7 +60,7 @@ func (c *controller) deployLocked(ctx context.Context, req registry.DeployReques
 	d := req.Deployment
 	slices.Sort(d.Nodes)
 	d.Nodes = slices.Compact(d.Nodes)
-	if err := d.Check(); err != nil {
+	if err := deploy.CheckDeployment(&d); err != nil {
 		return registry.DeployReply{}, fmt.Errorf("deploy %s: %w", req.Module, err)
 	}
 	e, ok := c.reg.Get(req.Module)
@@ -111,7 +112,7 @@ func (c *controller) undeploy(ctx context.Context, req registry.UndeployRequest)
 	}
 	servers := c.reg.Nodes()
 	before := targets(e.Deployment, servers)
-	var next *deploy.Deployment
+	var next *api.Deployment
 	if len(req.Nodes) > 0 {
 		for _, n := range req.Nodes {
 			if !slices.Contains(before, n) {
@@ -157,7 +158,7 @@ func (c *controller) putWithEvent(ctx context.Context, e *registry.Entry, rec re
 }
 
 // targets are the servers d runs on.
-func targets(d *deploy.Deployment, servers []string) []string {
+func targets(d *api.Deployment, servers []string) []string {
 	var out []string
 	for _, n := range servers {
 		if d.Targets(n) {

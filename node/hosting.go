@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
@@ -100,7 +101,7 @@ func (n *Node) newSupervisor() {
 	n.supervisor = &host.Supervisor{
 		Sandbox: n.sandbox,
 		Users:   n.moduleUsers,
-		Limits:  sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
+		Limits:  api.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 		Dir:     filepath.Join(n.cfg.DataDir, "modules"),
 		Node:    n.id.Name,
 		URL:     fixedClientURL(n.cfg.ClientAddr),

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -128,7 +128,7 @@ func TestUI_Deploy(t *testing.T) {
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
 	if _, err := admin.Deploy(dctx, b.op, registry.DeployRequest{Module: "ticker",
-		Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1, Env: map[string]string{"GREETING": "hi"}}}); err != nil {
+		Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1, Env: map[string]string{"GREETING": "hi"}}}); err != nil {
 		t.Fatal(err)
 	}
 	code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"1","instances":2}`)

@@ -5,9 +5,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/sandbox"
 )
 
 // The registry's tools: core request/reply on the mesh-controller seat, answered by the
@@ -101,8 +99,8 @@ type PinReply struct {
 // DeployRequest sets where and what a module runs (`meshnode deploy`): Digest is filled in
 // by the controller from the artifact store.
 type DeployRequest struct {
-	Module     string            `json:"module"`
-	Deployment deploy.Deployment `json:"deployment"`
+	Module     string         `json:"module"`
+	Deployment api.Deployment `json:"deployment"`
 }
 
 // UndeployRequest stops a module on Nodes, or everywhere when Nodes is empty.
@@ -114,10 +112,10 @@ type UndeployRequest struct {
 // DeployReply answers DeployRequest and UndeployRequest: the deployment now (nil when
 // undeployed) and each affected node's declaration revision.
 type DeployReply struct {
-	Module     string             `json:"module,omitempty"`
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
-	Declared   []Declared         `json:"declared,omitempty"`
-	Error      string             `json:"error,omitempty"`
+	Module     string          `json:"module,omitempty"`
+	Deployment *api.Deployment `json:"deployment,omitempty"`
+	Declared   []Declared      `json:"declared,omitempty"`
+	Error      string          `json:"error,omitempty"`
 }
 
 // Declared is one node's declaration after a change: its revision, and whether it changed.
@@ -147,7 +145,7 @@ type Process struct {
 	Reported time.Time `json:"reported,omitzero"`
 	// Isolation is what the running process got, read back from the kernel when its node
 	// last reported (DESIGN §13).
-	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
+	Isolation *api.Isolation `json:"isolation,omitempty"`
 }
 
 // PsReply answers a PsSubject request.
@@ -219,10 +217,10 @@ type ModuleInfo struct {
 	// Pins are the later seat protocol versions the module speaks, by seat.
 	Pins map[string]string `json:"pins,omitempty"`
 	// Deployment is where and what it runs; nil when not deployed.
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
-	Registered time.Time          `json:"registered"`
-	Updated    time.Time          `json:"updated"`
-	Revision   uint64             `json:"revision"`
+	Deployment *api.Deployment `json:"deployment,omitempty"`
+	Registered time.Time       `json:"registered"`
+	Updated    time.Time       `json:"updated"`
+	Revision   uint64          `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
@@ -84,7 +83,7 @@ type Record struct {
 	Providers map[string]string `json:"providers,omitempty"`
 	// Deployment is where and what the module runs (`meshnode deploy`); nil: it is not
 	// deployed (its instances are started by hand, if at all).
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
+	Deployment *api.Deployment `json:"deployment,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and

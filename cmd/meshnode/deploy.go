@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/meshnode/meshnode/sandbox"
 	"io"
 	"maps"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -171,7 +171,7 @@ func newArtifactRmCmd() *cobra.Command {
 }
 
 func newDeployCmd() *cobra.Command {
-	var d deploy.Deployment
+	var d api.Deployment
 	var nodes string
 	var env []string
 	var asJSON bool
@@ -214,7 +214,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 				}
 				d.Env[k] = v
 			}
-			if err := d.Check(); err != nil {
+			if err := deploy.CheckDeployment(&d); err != nil {
 				return usagef("%v", err)
 			}
 			var reply registry.DeployReply
@@ -448,7 +448,7 @@ func newPsCmd() *cobra.Command {
 
 // isolationSummary is a running process's isolation in a few words: its user, its Landlock
 // ABI, how its processes are contained, and a "reduced" mark when the machine gave less.
-func isolationSummary(iso *sandbox.Isolation) string {
+func isolationSummary(iso *api.Isolation) string {
 	if iso == nil {
 		return "-"
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/dashboard"
@@ -45,7 +46,7 @@ var wire = map[string]any{
 	"build.Failed":             build.Failed{},
 	"build.Pushed":             build.Pushed{},
 	"deadletter.Letter":        deadletter.Letter{},
-	"deploy.Deployment":        deploy.Deployment{},
+	"api.Deployment":           api.Deployment{},
 	"deploy.Declaration":       deploy.Declaration{},
 	"host.Report":              host.Report{},
 	"host.LogsRequest":         host.LogsRequest{},
