@@ -42,7 +42,7 @@ type RegisterRequest struct {
 type RegisterReply struct {
 	Module    string `json:"module,omitempty"`
 	PublicKey string `json:"public_key,omitempty"`
-	// Created is true for a new module: SealedSeed then holds its identity (VaultIdentity
+	// Created is true for a new module: SealedSeed then holds its identity (Identity
 	// as JSON, minted by the vault), sealed to the request's XKey with the one-time sender key
 	// SenderXKey. A re-registration keeps the
 	// module's key and sends no seed, unless it asked to rotate the key: then Rotated is
@@ -98,7 +98,7 @@ type PinReply struct {
 // DeployRequest sets where and what a module runs (`meshnode deploy`): Digest is filled in
 // by the controller from the artifact store.
 type DeployRequest struct {
-	Module     string            `json:"module"`
+	Module     string     `json:"module"`
 	Deployment Deployment `json:"deployment"`
 }
 
@@ -111,10 +111,10 @@ type UndeployRequest struct {
 // DeployReply answers DeployRequest and UndeployRequest: the deployment now (nil when
 // undeployed) and each affected node's declaration revision.
 type DeployReply struct {
-	Module     string             `json:"module,omitempty"`
+	Module     string      `json:"module,omitempty"`
 	Deployment *Deployment `json:"deployment,omitempty"`
-	Declared   []Declared         `json:"declared,omitempty"`
-	Error      string             `json:"error,omitempty"`
+	Declared   []Declared  `json:"declared,omitempty"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // Declared is one node's declaration after a change: its revision, and whether it changed.
@@ -194,7 +194,7 @@ type ProvideReply struct {
 // interface it requires (besides mesh-bus), sorted.
 type ProvisionsReply struct {
 	Provisions []Provision `json:"provisions"`
-	Error      string          `json:"error,omitempty"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // BuildsReply answers a BuildsSubject request: the latest builds, oldest first.
@@ -217,9 +217,9 @@ type ModuleInfo struct {
 	Pins map[string]string `json:"pins,omitempty"`
 	// Deployment is where and what it runs; nil when not deployed.
 	Deployment *Deployment `json:"deployment,omitempty"`
-	Registered time.Time          `json:"registered"`
-	Updated    time.Time          `json:"updated"`
-	Revision   uint64             `json:"revision"`
+	Registered time.Time   `json:"registered"`
+	Updated    time.Time   `json:"updated"`
+	Revision   uint64      `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
 }
@@ -262,13 +262,13 @@ type WhoamiRequest struct {
 // WhoamiReply answers WhoamiRequest: the module and what it declared, so a client can refuse
 // an undeclared call itself, with a clear error, before the bus does.
 type WhoamiReply struct {
-	Module   string         `json:"module,omitempty"`
-	Node     string         `json:"node,omitempty"`
-	Emits    []string       `json:"emits,omitempty"`
-	Consumes []string       `json:"consumes,omitempty"`
-	Tools    []string       `json:"tools,omitempty"`
-	Secrets  []string       `json:"secrets,omitempty"`
-	Requires []string       `json:"requires,omitempty"`
+	Module   string     `json:"module,omitempty"`
+	Node     string     `json:"node,omitempty"`
+	Emits    []string   `json:"emits,omitempty"`
+	Consumes []string   `json:"consumes,omitempty"`
+	Tools    []string   `json:"tools,omitempty"`
+	Secrets  []string   `json:"secrets,omitempty"`
+	Requires []string   `json:"requires,omitempty"`
 	Uses     []SeatInfo `json:"uses,omitempty"`
 	Seats    []SeatInfo `json:"seats,omitempty"`
 	// Signers are the keys of every source whose events the module consumes: what its

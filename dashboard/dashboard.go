@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/registry"
@@ -81,7 +82,7 @@ type Dashboard struct {
 	consumers   map[string][]Consumer
 	consumersAt time.Time
 	// processes are ps as the controller answered at processesAt (every processesEvery).
-	processes   []registry.Process
+	processes   []api.Process
 	processesAt time.Time
 	// dead are the newest dead letters and their total while DEAD stands at deadAt (its
 	// messages and last sequence): read again only when it changed.

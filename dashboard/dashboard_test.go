@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -35,7 +36,7 @@ func TestDashboard_StateJSON(t *testing.T) {
 			Backlog: 2, Users: []string{"shop"}, Versions: []seats.VersionStatus{{Version: "v1", Bound: []string{"shop"}}}}},
 		Streams: []Stream{{Name: "EVENTS", Messages: 10, Bytes: 2048, Replicas: 3,
 			Consumers: []Consumer{{Name: "billing", Pending: 1, AckPending: 2, Redelivered: 3}}}},
-		Processes: []registry.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
+		Processes: []api.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
 			PID: 99, Restarts: 1, Since: at, Reason: "restarted", Reported: at}},
 		Audit:     []AuditRecord{{N: 7, Received: at, Event: "mod.shop.event.order.placed", Source: "shop", Signed: true, Body: `{"id":1}`}},
 		Dead:      []DeadLetter{{ID: 12, Time: at, Event: "mod.shop.event.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},

@@ -184,7 +184,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
-	reply, err := admin.Deploy(ctx, d.cfg.Conn, registry.DeployRequest{Module: req.Module, Deployment: dep})
+	reply, err := admin.Deploy(ctx, d.cfg.Conn, api.DeployRequest{Module: req.Module, Deployment: dep})
 	if err != nil {
 		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
@@ -196,7 +196,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 
 // undeploy stops a module everywhere, as `meshnode undeploy` does.
 func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session) {
-	var req registry.UndeployRequest
+	var req api.UndeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
 		return
@@ -368,19 +368,19 @@ func (d *Dashboard) sessionOnly(act bool, h func(http.ResponseWriter, *http.Requ
 
 // State is the dashboard's snapshot of the mesh as this node sees it.
 type State struct {
-	Node      string             `json:"node"`
-	MeshID    string             `json:"mesh_id"`
-	Time      time.Time          `json:"time"`
-	Members   []Member           `json:"members"`
-	Seats     []seats.Status     `json:"seats"`
-	Modules   []Module           `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
-	Edges     []Edge             `json:"edges,omitempty"`
-	Streams   []Stream           `json:"streams"`
-	Processes []registry.Process `json:"processes"`
-	Audit     []AuditRecord      `json:"audit"`
-	Dead      []DeadLetter       `json:"dead"`
-	DeadTotal int                `json:"dead_total"`
-	Errors    []string           `json:"errors,omitempty"` // parts that could not be read now
+	Node      string         `json:"node"`
+	MeshID    string         `json:"mesh_id"`
+	Time      time.Time      `json:"time"`
+	Members   []Member       `json:"members"`
+	Seats     []seats.Status `json:"seats"`
+	Modules   []Module       `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	Edges     []Edge         `json:"edges,omitempty"`
+	Streams   []Stream       `json:"streams"`
+	Processes []api.Process  `json:"processes"`
+	Audit     []AuditRecord  `json:"audit"`
+	Dead      []DeadLetter   `json:"dead"`
+	DeadTotal int            `json:"dead_total"`
+	Errors    []string       `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
@@ -552,7 +552,7 @@ func (d *Dashboard) keepConsumers(byStream map[string][]Consumer) {
 }
 
 // cachedProcesses returns ps as last read, unless it is processesEvery old.
-func (d *Dashboard) cachedProcesses() ([]registry.Process, bool) {
+func (d *Dashboard) cachedProcesses() ([]api.Process, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.processes, d.processes != nil && time.Since(d.processesAt) < processesEvery
@@ -565,11 +565,11 @@ func (d *Dashboard) forgetProcesses() {
 	d.processesAt = time.Time{}
 }
 
-func (d *Dashboard) keepProcesses(ps []registry.Process) {
+func (d *Dashboard) keepProcesses(ps []api.Process) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if ps == nil {
-		ps = []registry.Process{}
+		ps = []api.Process{}
 	}
 	d.processes, d.processesAt = ps, time.Now()
 }

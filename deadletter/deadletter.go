@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -89,7 +90,7 @@ func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]Letter, int, e
 
 // ListModules asks the controller for every registered module: admin.List, which deadletter
 // is handed rather than importing (admin, a client of the controller, is a layer above).
-type ListModules func(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error)
+type ListModules func(ctx context.Context, nc *nats.Conn) ([]api.ModuleInfo, error)
 
 // LoadAuthority learns what every registered module (from list), server and the vault may
 // publish: what Replay checks a letter against.
@@ -228,7 +229,7 @@ func (a Authority) signersOf(ctx context.Context, js jetstream.JetStream) error 
 
 // authorityOf reads the registered modules' authority. A manifest that does not parse
 // contributes its events but no seats.
-func AuthorityOf(mods []registry.ModuleInfo) Authority {
+func AuthorityOf(mods []api.ModuleInfo) Authority {
 	auth := Authority{}
 	for _, m := range mods {
 		src := replaySource{publicKey: m.PublicKey, emits: m.Emits, uses: m.Uses, pins: m.Pins, seats: map[string]manifest.Seat{}}

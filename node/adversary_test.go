@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
@@ -218,7 +218,7 @@ func TestAdversary_Buckets(t *testing.T) {
 	tpub, _ := tkp.PublicKey()
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 	tnc, err := nats.Connect(b.n.ClientURL(), nats.Nkey(tpub, tkp.Sign), nats.MaxReconnects(0), quiet,
-		nats.CustomInboxPrefix(registry.BootstrapInbox(tpub)))
+		nats.CustomInboxPrefix(api.BootstrapInbox(tpub)))
 	if err != nil {
 		t.Fatalf("a live token is refused at connect: %v", err)
 	}
@@ -306,12 +306,12 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 		t.Fatal("attacker may not listen on its own inbox")
 	}
 
-	victimInboxes := []string{manifest.InboxPrefix("victim") + ".x", registry.BootstrapInbox(victim.PublicKey) + ".x"}
-	s := newSpy(t, b, []string{manifest.InboxPrefix("victim") + ".>", registry.BootstrapInbox(victim.PublicKey) + ".>"})
+	victimInboxes := []string{manifest.InboxPrefix("victim") + ".x", api.BootstrapInbox(victim.PublicKey) + ".x"}
+	s := newSpy(t, b, []string{manifest.InboxPrefix("victim") + ".>", api.BootstrapInbox(victim.PublicKey) + ".>"})
 	t.Run("whoami", func(t *testing.T) {
-		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: attacker.PublicKey})
-		m := sendThenAsk(t, nc, registry.WhoamiSubject(attacker.PublicKey), victimInboxes, body)
-		var who registry.WhoamiReply
+		body, _ := json.Marshal(api.WhoamiRequest{PublicKey: attacker.PublicKey})
+		m := sendThenAsk(t, nc, api.WhoamiSubject(attacker.PublicKey), victimInboxes, body)
+		var who api.WhoamiReply
 		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
 			t.Fatalf("whoami on the attacker's own inbox: %s, %v", m.Data, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -113,9 +114,9 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 
 	t.Run("whoami", func(t *testing.T) {
 		nc := b.raw(seed, "attacker")
-		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: reg.PublicKey})
-		m := sendThenAsk(t, nc, registry.WhoamiSubject(reg.PublicKey), injectionTargets, body)
-		var who registry.WhoamiReply
+		body, _ := json.Marshal(api.WhoamiRequest{PublicKey: reg.PublicKey})
+		m := sendThenAsk(t, nc, api.WhoamiSubject(reg.PublicKey), injectionTargets, body)
+		var who api.WhoamiReply
 		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
 			t.Fatalf("whoami on the module's own inbox: %s, %v", m.Data, err)
 		}
@@ -151,8 +152,8 @@ func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
 	nc := b.raw(seed, "attacker")
-	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: victim.PublicKey})
-	for _, subject := range []string{registry.WhoamiSubject(victim.PublicKey), registry.WhoamiSubject(attacker.PublicKey)} {
+	body, _ := json.Marshal(api.WhoamiRequest{PublicKey: victim.PublicKey})
+	for _, subject := range []string{api.WhoamiSubject(victim.PublicKey), api.WhoamiSubject(attacker.PublicKey)} {
 		if m, err := nc.Request(subject, body, 500*time.Millisecond); err == nil {
 			t.Fatalf("whoami about another module's key, on %s, answered: %s", subject, m.Data)
 		}
@@ -178,7 +179,7 @@ func TestAttack_SpentToken(t *testing.T) {
 		kp, _ := nkeys.FromSeed([]byte(bearer.Seed))
 		pub, _ := kp.PublicKey()
 		nc, err := nats.Connect(b.n.ClientURL(), nats.Nkey(pub, kp.Sign), nats.MaxReconnects(0),
-			nats.CustomInboxPrefix(registry.BootstrapInbox(pub)))
+			nats.CustomInboxPrefix(api.BootstrapInbox(pub)))
 		return nc, pub, err
 	}
 
@@ -301,10 +302,10 @@ func TestGrant_SubjectsAgree(t *testing.T) {
 	if got, want := manifest.VaultFetchSubject("billing"), vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("billing")); got != want {
 		t.Errorf("VaultFetchSubject = %s, the vault serves %s", got, want)
 	}
-	if got, want := manifest.WhoamiSubject("UABC"), registry.WhoamiSubject("UABC"); got != want {
+	if got, want := manifest.WhoamiSubject("UABC"), api.WhoamiSubject("UABC"); got != want {
 		t.Errorf("WhoamiSubject = %s, the controller serves %s", got, want)
 	}
-	if got, want := manifest.BootstrapInbox("UABC"), registry.BootstrapInbox("UABC"); got != want {
+	if got, want := manifest.BootstrapInbox("UABC"), api.BootstrapInbox("UABC"); got != want {
 		t.Errorf("BootstrapInbox = %s, want %s", got, want)
 	}
 }

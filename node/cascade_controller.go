@@ -8,11 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,7 +43,7 @@ const maxBuilds = 1000
 type cascades struct {
 	mu         sync.Mutex
 	running    map[string]*cascade // by the id of the event that started it
-	builds     []registry.Build
+	builds     []api.Build
 	lastCommit map[string]string // repository → the commit last pushed
 }
 
@@ -195,7 +195,7 @@ func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built)
 	if e, ok := c.reg.Get(b.Module); ok && e.Deployment != nil && e.Deployment.Auto {
 		d := *e.Deployment
 		d.Version = b.Version
-		if _, err := c.deployLocked(ctx, registry.DeployRequest{Module: b.Module, Deployment: d}); err != nil {
+		if _, err := c.deployLocked(ctx, api.DeployRequest{Module: b.Module, Deployment: d}); err != nil {
 			c.log.Error("deploy the new artifact", "module", b.Module, "version", b.Version, "err", err)
 		}
 	}
@@ -221,7 +221,7 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 		cause := cs.causes[module]
 		c.casc.mu.Unlock()
 		if commit == "" {
-			c.record(registry.Build{Module: module, Status: "failed", Started: time.Now().UTC(), Finished: time.Now().UTC(),
+			c.record(api.Build{Module: module, Status: "failed", Started: time.Now().UTC(), Finished: time.Now().UTC(),
 				Trigger: cs.trigger, Cascade: cs.id, Reason: "no push of repository " + repo + " seen yet: its commit is unknown"})
 			continue
 		}
@@ -232,7 +232,7 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 		c.casc.mu.Lock()
 		cs.started[module] = true
 		c.casc.mu.Unlock()
-		c.record(registry.Build{Module: module, Status: "queued", Commit: commit, Started: time.Now().UTC(),
+		c.record(api.Build{Module: module, Status: "queued", Commit: commit, Started: time.Now().UTC(),
 			Trigger: cs.trigger, Cascade: cs.id, Cause: cause})
 	}
 	c.casc.mu.Lock()
@@ -254,7 +254,7 @@ func (c *controller) submitBuild(ctx context.Context, job build.Job, cause strin
 }
 
 // record keeps a build for `meshnode builds`.
-func (c *controller) record(b registry.Build) {
+func (c *controller) record(b api.Build) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	c.casc.builds = append(c.casc.builds, b)
@@ -275,7 +275,7 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 		}
 	}
 	// Queued by another holder of the seat (this one took it over since): listed from now.
-	c.casc.builds = append(c.casc.builds, registry.Build{Module: module, Status: status, Version: version, Digest: digest,
+	c.casc.builds = append(c.casc.builds, api.Build{Module: module, Status: status, Version: version, Digest: digest,
 		Reason: reason, Cascade: cascadeID, Finished: time.Now().UTC()})
 }
 
@@ -296,5 +296,5 @@ func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
 			out[i].Status = "running"
 		}
 	}
-	return registry.BuildsReply{Builds: out}
+	return api.BuildsReply{Builds: out}
 }

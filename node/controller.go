@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
@@ -95,18 +96,18 @@ func (c *controller) start() error {
 		return func(ctx context.Context, m *nats.Msg) any { return h(ctx, m.Data) }
 	}
 	for subject, h := range map[string]func(context.Context, *nats.Msg) any{
-		registry.RegisterSubject:   body(c.handleRegister),
-		registry.RemoveSubject:     body(c.handleRemove),
-		registry.ListSubject:       body(c.handleList),
-		registry.PinSubject:        jsonTool("pin", c.pin),
-		registry.DeploySubject:     jsonTool("deploy", c.deploy),
-		registry.UndeploySubject:   jsonTool("undeploy", c.undeploy),
-		registry.PsSubject:         body(c.handlePs),
-		registry.BuildsSubject:     body(c.handleBuilds),
-		registry.ProvisionsSubject: body(c.handleProvisions),
-		registry.ProvideSubject:    jsonTool("provisions pin", c.provide),
-		manifest.WhoamiSubjects:    c.handleWhoami,
-		seats.ListSubject:          body(c.handleSeats),
+		api.RegisterSubject:     body(c.handleRegister),
+		api.RemoveSubject:       body(c.handleRemove),
+		api.ListSubject:         body(c.handleList),
+		api.PinSubject:          jsonTool("pin", c.pin),
+		api.DeploySubject:       jsonTool("deploy", c.deploy),
+		api.UndeploySubject:     jsonTool("undeploy", c.undeploy),
+		api.PsSubject:           body(c.handlePs),
+		api.BuildsSubject:       body(c.handleBuilds),
+		api.ProvisionsSubject:   body(c.handleProvisions),
+		api.ProvideSubject:      jsonTool("provisions pin", c.provide),
+		manifest.WhoamiSubjects: c.handleWhoami,
+		seats.ListSubject:       body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
 			if !strings.HasPrefix(m.Reply, "_INBOX.") {
@@ -240,9 +241,9 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 }
 
 func (c *controller) handleRegister(ctx context.Context, data []byte) any {
-	var req registry.RegisterRequest
+	var req api.RegisterRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
+		return api.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
 	}
 	reply, err := c.register(ctx, req)
 	if err != nil {
@@ -275,15 +276,15 @@ const (
 
 // register validates a manifest against the registry, reconciles its topology, stores it and
 // mints the module's identity if it is new.
-func (c *controller) register(ctx context.Context, req registry.RegisterRequest) (registry.RegisterReply, error) {
+func (c *controller) register(ctx context.Context, req api.RegisterRequest) (api.RegisterReply, error) {
 	// Refused before any YAML work: a manifest over the limit makes a reply and a record that
 	// do not fit the bus's payload.
 	if err := manifest.CheckSize(len(req.Manifest)); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	m, err := manifest.Parse([]byte(req.Manifest))
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 
 	c.mu.Lock()
@@ -297,13 +298,13 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	}
 	d, err := m.DeriveWith(pins)
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckCatalogueBound(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 
 	now := time.Now().UTC()
@@ -316,10 +317,10 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 	if len(derived) > maxReplyDerived {
 		derived = nil
 	}
-	reply := registry.RegisterReply{Module: m.Module, Derived: derived}
+	reply := api.RegisterReply{Module: m.Module, Derived: derived}
 	var revision uint64
 	if req.RotateKey && !exists {
-		return registry.RegisterReply{}, fmt.Errorf("register: module %s is not registered, so it has no key to rotate; register it without --rotate-key", m.Module)
+		return api.RegisterReply{}, fmt.Errorf("register: module %s is not registered, so it has no key to rotate; register it without --rotate-key", m.Module)
 	}
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
@@ -332,7 +333,7 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		// callback).
 		vr, err := c.mintIdentity(ctx, m.Module, req.XKey)
 		if err != nil {
-			return registry.RegisterReply{}, err
+			return api.RegisterReply{}, err
 		}
 		rec.PublicKey, reply.SealedSeed, reply.SenderXKey = vr.PublicKey, vr.Sealed, vr.Sender
 		reply.Created, reply.Rotated = !exists, exists
@@ -346,22 +347,22 @@ func (c *controller) register(ctx context.Context, req registry.RegisterRequest)
 		rec.Outbox, revision = gone.Outbox, gone.Revision
 	}
 	if len(rec.Outbox) >= outbox.Max {
-		return registry.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
+		return api.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
 	}
 	ev, err := outbox.New(registry.EventRegistered, c.node, map[string]any{
 		"module": m.Module, "public_key": rec.PublicKey, "created": reply.Created, "rotated": reply.Rotated, "node": c.node})
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	rec.Outbox = append(rec.Outbox, ev)
 
 	// Topology first: once the record is stored the module may connect, and its consumers
 	// must then exist.
 	if err := c.topo.ensureModule(ctx, d); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, off the reply's path
 	if exists {
@@ -451,27 +452,27 @@ func (c *controller) bind(m *manifest.Manifest, pins map[string]string) map[stri
 // consumes by name. The module's record keeps the pin and that version's protocol as its
 // binding; its consumer and grant follow (the grant's change kicks its connections, which
 // come back speaking the new version).
-func (c *controller) pin(ctx context.Context, req registry.PinRequest) (registry.PinReply, error) {
+func (c *controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
+		return api.PinReply{}, fmt.Errorf("pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
 	}
 	s, ok := c.reg.DeclaredSeat(req.Seat)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: no registered module declares seat %q; register its module first (`meshnode seat ls` lists the seats)", req.Seat)
+		return api.PinReply{}, fmt.Errorf("pin: no registered module declares seat %q; register its module first (`meshnode seat ls` lists the seats)", req.Seat)
 	}
 	version := manifest.NormalVersion(req.Version)
 	at, ok := s.At(version)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: seat %s has no protocol version %q; it declares %s", req.Seat, req.Version, strings.Join(s.VersionNames(), ", "))
+		return api.PinReply{}, fmt.Errorf("pin: seat %s has no protocol version %q; it declares %s", req.Seat, req.Version, strings.Join(s.VersionNames(), ", "))
 	}
 	if !e.Manifest.SpeaksTo(req.Seat) {
-		return registry.PinReply{}, fmt.Errorf("pin: module %s neither uses seat %s nor consumes its events by name, so it speaks no version of it; add uses: [%s] to its manifest first", req.Module, req.Seat, req.Seat)
+		return api.PinReply{}, fmt.Errorf("pin: module %s neither uses seat %s nor consumes its events by name, so it speaks no version of it; add uses: [%s] to its manifest first", req.Module, req.Seat, req.Seat)
 	}
 	previous := manifest.NormalVersion(e.Pins[req.Seat])
-	reply := registry.PinReply{Module: e.Module, Seat: req.Seat, Version: version, Previous: previous}
+	reply := api.PinReply{Module: e.Module, Seat: req.Seat, Version: version, Previous: previous}
 	if previous == version {
 		return reply, nil // already there: nothing changes
 	}
@@ -482,7 +483,7 @@ func (c *controller) pin(ctx context.Context, req registry.PinRequest) (registry
 		if missing := slices.DeleteFunc(slices.Clone(b.Events), func(ev string) bool {
 			return slices.ContainsFunc(at.Emits, func(em string) bool { return manifest.Matches(ev, em) })
 		}); len(missing) > 0 {
-			return registry.PinReply{}, fmt.Errorf("pin: module %s consumes events %s of seat %s, which %s does not emit (it emits %v); change its consumes first",
+			return api.PinReply{}, fmt.Errorf("pin: module %s consumes events %s of seat %s, which %s does not emit (it emits %v); change its consumes first",
 				e.Module, strings.Join(missing, ", "), req.Seat, version, at.Emits)
 		}
 	}
@@ -508,25 +509,25 @@ func (c *controller) pin(ctx context.Context, req registry.PinRequest) (registry
 	}
 	d, err := e.Manifest.DeriveWith(rec.Pins)
 	if err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	if len(rec.Outbox) >= outbox.Max {
-		return registry.PinReply{}, fmt.Errorf("pin: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
+		return api.PinReply{}, fmt.Errorf("pin: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
 	}
 	ev, err := outbox.New(registry.EventPinned, c.node, map[string]any{
 		"module": e.Module, "seat": req.Seat, "version": version, "previous": previous, "node": c.node})
 	if err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	rec.Outbox = append(slices.Clone(rec.Outbox), ev)
 	rec.Updated = time.Now().UTC()
 	// The consumer first (it follows the pinned version's events), then the record, whose
 	// grant change kicks the module's connections.
 	if err := c.topo.ensureModule(ctx, d); err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	outbox.Wake(c.sweepNow)
 	reply.Retirable = !slices.ContainsFunc(c.reg.Bindings(req.Seat, ""), func(b manifest.Binding) bool { return b.Version == previous })
@@ -535,15 +536,15 @@ func (c *controller) pin(ctx context.Context, req registry.PinRequest) (registry
 }
 
 func (c *controller) handleRemove(ctx context.Context, data []byte) any {
-	var req registry.RemoveRequest
+	var req api.RemoveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
+		return api.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
+		return api.RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
 	}
 	var users []string
 	for _, o := range c.reg.List() {
@@ -554,7 +555,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 		}
 	}
 	if len(users) > 0 && !req.Force {
-		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s declares seats other modules are bound to (%s): their work would have no holder and the next declaration could break them; remove or re-register those modules first, or remove with --force (audited)",
+		return api.RemoveReply{Error: fmt.Sprintf("remove: module %s declares seats other modules are bound to (%s): their work would have no holder and the next declaration could break them; remove or re-register those modules first, or remove with --force (audited)",
 			e.Module, strings.Join(users, "; "))}
 	}
 	// The record stays, marked removed and holding its event, until the event is out: the
@@ -562,7 +563,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	gone := e.Record
 	gone.Removed = true
 	if len(gone.Outbox) >= outbox.Max {
-		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
+		return api.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
 	}
 	meta := map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node}
 	if len(users) > 0 {
@@ -570,11 +571,11 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	}
 	ev, err := outbox.New(registry.EventRemoved, c.node, meta)
 	if err != nil {
-		return registry.RemoveReply{Error: err.Error()}
+		return api.RemoveReply{Error: err.Error()}
 	}
 	gone.Outbox = append(gone.Outbox, ev)
 	if _, err := c.reg.Put(ctx, gone, e.Revision); err != nil {
-		return registry.RemoveReply{Error: err.Error()}
+		return api.RemoveReply{Error: err.Error()}
 	}
 	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, then the record is deleted
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
@@ -586,26 +587,26 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 	}
 	c.wakeProvisions() // its provisions are removed
 	c.log.Info("module removed", "module", e.Module, "seat_users", users)
-	return registry.RemoveReply{Module: e.Module, Kept: kept}
+	return api.RemoveReply{Module: e.Module, Kept: kept}
 }
 
 // handleList answers one page of the registered modules, after req.After in name order: as
-// many as fit registry.ListPageBytes (at least one), so a reply never exceeds the bus's
+// many as fit api.ListPageBytes (at least one), so a reply never exceeds the bus's
 // payload however many modules there are.
 func (c *controller) handleList(_ context.Context, data []byte) any {
-	var req registry.ListRequest
+	var req api.ListRequest
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
-			return registry.ListReply{Error: "list: the request is not JSON: " + err.Error()}
+			return api.ListReply{Error: "list: the request is not JSON: " + err.Error()}
 		}
 	}
-	reply := registry.ListReply{Modules: []registry.ModuleInfo{}}
+	reply := api.ListReply{Modules: []api.ModuleInfo{}}
 	size := 0
 	for _, e := range c.reg.List() {
 		if e.Module <= req.After {
 			continue
 		}
-		info := registry.ModuleInfo{
+		info := api.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey, Seats: []string{},
 			Emits: nonNil(e.Manifest.Emits), Consumes: nonNil(e.Manifest.Consumes), Tools: nonNil(e.Manifest.Tools), Uses: nonNil(e.Manifest.Uses),
 			Fingerprints: e.Fingerprints, Pins: e.Pins, Deployment: e.Deployment, Registered: e.Registered, Updated: e.Updated,
@@ -615,7 +616,7 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 			info.Seats = append(info.Seats, s.Name)
 		}
 		b, _ := json.Marshal(info)
-		if len(reply.Modules) > 0 && size+len(b) > registry.ListPageBytes {
+		if len(reply.Modules) > 0 && size+len(b) > api.ListPageBytes {
 			reply.Next = reply.Modules[len(reply.Modules)-1].Module
 			break
 		}
@@ -637,23 +638,23 @@ func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	if !allowed && !tell {
 		return nil // told within the last second: a flood costs no replies
 	}
-	var req registry.WhoamiRequest
+	var req api.WhoamiRequest
 	if len(m.Data) > maxWhoamiRequest || json.Unmarshal(m.Data, &req) != nil || req.PublicKey != key {
 		return nil // not a question about the asker's own key: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
-	if !manifest.InInbox(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
+	if !manifest.InInbox(m.Reply, api.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
 		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
 		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
 		return nil
 	}
 	if !allowed {
-		return registry.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
+		return api.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
 	}
 	if !ok {
-		return registry.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
+		return api.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
 	}
-	reply := registry.WhoamiReply{
+	reply := api.WhoamiReply{
 		Module: e.Module, Node: c.node,
 		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
 		Requires: e.Manifest.Requires, Signers: c.reg.Signers(e.Manifest),

@@ -55,11 +55,11 @@ func (b *bed) putArtifact(module, version, content string) artifact.Info {
 }
 
 // deploy deploys module's version on alpha.
-func (b *bed) deploy(module, version string) registry.DeployReply {
+func (b *bed) deploy(module, version string) api.DeployReply {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
+	r, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
 	if err != nil {
 		b.t.Fatalf("deploy %s %s: %v", module, version, err)
 	}
@@ -75,7 +75,7 @@ func (b *bed) ticker() {
 }
 
 // ps returns the controller's `ps` rows of module.
-func (b *bed) ps(module string) []registry.Process {
+func (b *bed) ps(module string) []api.Process {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -83,7 +83,7 @@ func (b *bed) ps(module string) []registry.Process {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	var out []registry.Process
+	var out []api.Process
 	for _, p := range all {
 		if p.Module == module {
 			out = append(out, p)
@@ -93,9 +93,9 @@ func (b *bed) ps(module string) []registry.Process {
 }
 
 // running waits until module runs one process at version and returns it.
-func (b *bed) running(t testing.TB, module, version string, notPID int) registry.Process {
+func (b *bed) running(t testing.TB, module, version string, notPID int) api.Process {
 	t.Helper()
-	var p registry.Process
+	var p api.Process
 	retryUntil(t, 20*time.Second, func() error {
 		ps := b.ps(module)
 		if len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].PID == 0 || ps[0].PID == notPID || ps[0].Version != version {
@@ -120,11 +120,11 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
 		t.Fatalf("deploy without an artifact: %v, want a refusal saying to put it", err)
 	}
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
 		t.Fatalf("deploy to an unknown node: %v", err)
 	}
 	// The vault keeps the module's seed for its hosts, and gives it to none yet: no
@@ -219,7 +219,7 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 
 	ctxU, cancelU := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelU()
-	if _, err := admin.Undeploy(ctxU, b.op, registry.UndeployRequest{Module: "ticker"}); err != nil {
+	if _, err := admin.Undeploy(ctxU, b.op, api.UndeployRequest{Module: "ticker"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 20*time.Second, func() error {
@@ -371,7 +371,7 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.deploy("ticker", "1")
-	var ps []registry.Process
+	var ps []api.Process
 	retryUntil(t, 20*time.Second, func() error {
 		ps = b.ps("ticker")
 		if len(ps) != 1 || ps[0].State != host.StateFailed || !strings.Contains(ps[0].Reason, "digest") {
@@ -390,7 +390,7 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 // restartableTicker starts a node on a fixed client port (a restart keeps it) that runs
 // ticker's version 1, and returns its configuration, the bed, the deploy's reply and the
 // process.
-func restartableTicker(t *testing.T) (config.Config, *bed, registry.DeployReply, registry.Process) {
+func restartableTicker(t *testing.T) (config.Config, *bed, api.DeployReply, api.Process) {
 	t.Helper()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ClientAddr = testbed.FreeAddr(t)

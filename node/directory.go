@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -122,7 +123,7 @@ func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permis
 func tokenPermissions(id, publicKey string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish:   []string{vault.ToolSubject(vault.VerbEnrol, id)},
-		Subscribe: []manifest.Subscription{{Subject: registry.BootstrapInbox(publicKey) + ".>"}},
+		Subscribe: []manifest.Subscription{{Subject: api.BootstrapInbox(publicKey) + ".>"}},
 	}
 }
 

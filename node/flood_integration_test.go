@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
@@ -105,11 +105,11 @@ func TestIntegration_WhoamiFlood(t *testing.T) {
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
 	victimSeed, _ := b.register("module: victim\nrequires: [mesh-bus]\n")
 	nc := b.raw(seed, "attacker")
-	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: attacker.PublicKey})
+	body, _ := json.Marshal(api.WhoamiRequest{PublicKey: attacker.PublicKey})
 	attack := func(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := nc.RequestWithContext(rctx, registry.WhoamiSubject(attacker.PublicKey), body)
+		_, err := nc.RequestWithContext(rctx, api.WhoamiSubject(attacker.PublicKey), body)
 		return err
 	}
 	connect := func(ctx context.Context) error {

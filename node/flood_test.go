@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -179,7 +179,7 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 	sk, _ := envelope.NewSigningKey(kp)
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: key})
+	whoami, _ := json.Marshal(api.WhoamiRequest{PublicKey: key})
 	fetch, _ := json.Marshal(vault.Request{XKey: xpub, Name: "key"})
 	undeclared, _ := json.Marshal(vault.Request{XKey: xpub, Name: "not-mine"})
 	inbox := manifest.InboxPrefix("attacker") + ".flood"
@@ -203,7 +203,7 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 		}
 		for range floodBatch {
 			if kind != floodEmits {
-				nc.PublishRequest(registry.WhoamiSubject(key), inbox, whoami)
+				nc.PublishRequest(api.WhoamiSubject(key), inbox, whoami)
 				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, fetch)
 				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, undeclared)
 				sent += 3

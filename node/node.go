@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
@@ -332,7 +333,7 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 	if err != nil {
 		return err
 	}
-	n.quotas.over = map[string]registry.Quota{}
+	n.quotas.over = map[string]api.Quota{}
 	own := nodePermissions(n.id.Name)
 	n.dir = &directory{
 		node:   n.id.Name,

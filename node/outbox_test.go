@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -68,7 +69,7 @@ func TestOutbox_RegistryEvents(t *testing.T) {
 		return nil
 	})
 
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "shop"}); err != nil {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "shop"}); err != nil {
 		t.Fatal(err)
 	}
 	event(registry.EventRemoved, "shop")

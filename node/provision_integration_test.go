@@ -19,12 +19,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -319,7 +319,7 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 	})
 
 	// Undeployed: the database and the role are gone.
-	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "app-a"}); err != nil {
+	if _, err := admin.Undeploy(ctx, b.op, api.UndeployRequest{Module: "app-a"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 20*time.Second, func() error {

@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
@@ -167,7 +167,7 @@ func TestProvision_KV(t *testing.T) {
 	})
 
 	// Undeployed: the bucket is gone, and an event says so.
-	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "store"}); err != nil {
+	if _, err := admin.Undeploy(ctx, b.op, api.UndeployRequest{Module: "store"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
@@ -378,10 +378,10 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-c"}); err == nil || !strings.Contains(err.Error(), "does not provide cache") {
+	if _, err := admin.Provide(ctx, b.op, api.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-c"}); err == nil || !strings.Contains(err.Error(), "does not provide cache") {
 		t.Fatalf("choosing a seat that does not provide it: %v", err)
 	}
-	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-a"}); err != nil {
+	if _, err := admin.Provide(ctx, b.op, api.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-a"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
@@ -412,7 +412,7 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 	if got := b.streamsHolding(t, []byte("pw-app")); len(got) > 0 {
 		t.Fatalf("the credential is in streams: %v", got)
 	}
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "app"}); err != nil {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "app"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {

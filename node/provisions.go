@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
@@ -277,7 +278,7 @@ func (c *controller) provisionEvent(ctx context.Context, action string, meta map
 // handleProvisions answers `meshnode provisions`: one row per deployed consumer and
 // required interface, as the last pass left it.
 func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
-	reply := registry.ProvisionsReply{Provisions: []provision.Record{}}
+	reply := api.ProvisionsReply{Provisions: []provision.Record{}}
 	store, err := c.provisionStore(ctx)
 	if err != nil {
 		reply.Error = err.Error()
@@ -308,21 +309,21 @@ func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
 // provide records which seat provides a module's required interface: needed when several
 // seats provide it, and the way to move a consumer to another provider (the old one removes
 // its resource, the new one creates it, and the module restarts with the new credential).
-func (c *controller) provide(ctx context.Context, req registry.ProvideRequest) (registry.ProvideReply, error) {
+func (c *controller) provide(ctx context.Context, req api.ProvideRequest) (api.ProvideReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
 	}
 	if !slices.Contains(e.Manifest.Requires, req.Interface) || slices.Contains(manifest.MeshProvided, req.Interface) {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: module %s does not require %s from a seat (it requires %v)", req.Module, req.Interface, e.Manifest.Requires)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: module %s does not require %s from a seat (it requires %v)", req.Module, req.Interface, e.Manifest.Requires)
 	}
 	providers := manifest.Providers(req.Interface, append(c.reg.Catalogue(e.Module), e.Manifest))
 	if !slices.Contains(providers, req.Provider) {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: seat %q does not provide %s; those that do: %v", req.Provider, req.Interface, providers)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: seat %q does not provide %s; those that do: %v", req.Provider, req.Interface, providers)
 	}
-	reply := registry.ProvideReply{Module: e.Module, Interface: req.Interface, Provider: req.Provider, Previous: e.Providers[req.Interface]}
+	reply := api.ProvideReply{Module: e.Module, Interface: req.Interface, Provider: req.Provider, Previous: e.Providers[req.Interface]}
 	if reply.Previous == req.Provider {
 		return reply, nil
 	}
@@ -334,7 +335,7 @@ func (c *controller) provide(ctx context.Context, req registry.ProvideRequest) (
 	rec.Providers[req.Interface] = req.Provider
 	if err := c.putWithEvent(ctx, e, rec, registry.EventProviderChosen, map[string]any{
 		"module": e.Module, "interface": req.Interface, "provider": req.Provider, "previous": reply.Previous, "node": c.node}); err != nil {
-		return registry.ProvideReply{}, err
+		return api.ProvideReply{}, err
 	}
 	c.wakeProvisions()
 	return reply, nil

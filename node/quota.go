@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
@@ -27,11 +28,11 @@ const quotaInterval = time.Second
 // quotas is which modules are over their quota on this node.
 type quotas struct {
 	mu   sync.Mutex
-	over map[string]registry.Quota // module → its use when it went over
+	over map[string]api.Quota // module → its use when it went over
 }
 
 // Over reports whether module is over its quota, and its use then.
-func (q *quotas) Over(module string) (registry.Quota, bool) {
+func (q *quotas) Over(module string) (api.Quota, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	u, ok := q.over[module]
@@ -90,7 +91,7 @@ func (n *Node) enforceQuotas(ctx context.Context) error {
 			_, over := n.quotas.over[module]
 			switch {
 			case !over && used > limit:
-				n.quotas.over[module] = registry.Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
+				n.quotas.over[module] = api.Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
 			case over && used <= limit*9/10:
 				delete(n.quotas.over, module)
 			}
@@ -143,7 +144,7 @@ func withoutEvents(p manifest.Permissions) manifest.Permissions {
 }
 
 // quotaHint says what a module over its quota can do.
-func quotaHint(q registry.Quota, maxAge time.Duration) string {
+func quotaHint(q api.Quota, maxAge time.Duration) string {
 	return "module holds " + config.Bytes(q.Used).String() + " of EVENTS, over its quota of " + config.Bytes(q.Limit).String() +
 		": its emits are refused until its oldest events age out (events-max-age " + config.Duration(maxAge).String() +
 		") to below nine tenths of it, or the operator raises module-events-max-bytes"

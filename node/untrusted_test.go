@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
@@ -200,12 +201,12 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	big := padded("big", 760_000)
-	req, _ := json.Marshal(registry.RegisterRequest{Manifest: big, XKey: "XAAAA"})
-	msg, err := b.op.RequestWithContext(ctx, registry.RegisterSubject, req)
+	req, _ := json.Marshal(api.RegisterRequest{Manifest: big, XKey: "XAAAA"})
+	msg, err := b.op.RequestWithContext(ctx, api.RegisterSubject, req)
 	if err != nil {
 		t.Fatalf("register a 760 KB manifest: %v", err)
 	}
-	var reply registry.RegisterReply
+	var reply api.RegisterReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		t.Fatal(err)
 	}
@@ -238,13 +239,13 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 		t.Fatalf("listed %v, want %v", got, want)
 	}
 	// One page is bounded: the first holds fewer than all twenty, and says where to go on.
-	msg, err = b.op.RequestWithContext(ctx, registry.ListSubject, []byte(`{}`))
+	msg, err = b.op.RequestWithContext(ctx, api.ListSubject, []byte(`{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var page registry.ListReply
+	var page api.ListReply
 	json.Unmarshal(msg.Data, &page)
-	if len(msg.Data) > registry.ListPageBytes+4096 || page.Next == "" || len(page.Modules) == 0 || len(page.Modules) >= 20 {
+	if len(msg.Data) > api.ListPageBytes+4096 || page.Next == "" || len(page.Modules) == 0 || len(page.Modules) >= 20 {
 		t.Fatalf("first page: %d bytes, %d modules, next %q", len(msg.Data), len(page.Modules), page.Next)
 	}
 }

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -187,7 +187,7 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 
 // overQuota asks the bus, after a refused emit, whether the module is over its EVENTS
 // quota: nil if not, or if the bus does not say.
-func (c *Client) overQuota() *registry.Quota {
+func (c *Client) overQuota() *api.Quota {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	self, err := askWhoami(ctx, c.nc, c.pub)

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 )
 
@@ -51,7 +51,7 @@ func TestSubjectCovers(t *testing.T) {
 // TestClient_EmitSubject: an event named with its own module's name in front is refused
 // saying to drop it, not to declare it (which would declare another event).
 func TestClient_EmitSubject(t *testing.T) {
-	c := &Client{self: registry.WhoamiReply{Module: "shop", Emits: []string{"order.placed"}}}
+	c := &Client{self: api.WhoamiReply{Module: "shop", Emits: []string{"order.placed"}}}
 	if got, err := c.emitSubject("order.placed"); err != nil || got != manifest.EventSubject("shop", "order.placed") {
 		t.Fatalf("emitSubject(order.placed)=%q, %v", got, err)
 	}

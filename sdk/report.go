@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/toolstats"
 )
@@ -73,7 +73,7 @@ func (c *Client) report(anyway bool) bool {
 
 // answersCalls reports whether the module answers tool calls: its own tools, or a seat's it
 // may hold (the bus grants its stats subjects to exactly these).
-func answersCalls(self registry.WhoamiReply) bool {
+func answersCalls(self api.WhoamiReply) bool {
 	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s seats.Info) bool {
 		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v seats.Info) bool { return len(v.Serves) > 0 })
 	})

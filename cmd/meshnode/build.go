@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -75,7 +75,7 @@ func newBuildsCmd() *cobra.Command {
   meshnode builds --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var builds []registry.Build
+			var builds []api.Build
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				builds, err = admin.Builds(ctx, nc)
 				return err

@@ -20,7 +20,6 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -217,9 +216,9 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 			if err := deploy.CheckDeployment(&d); err != nil {
 				return usagef("%v", err)
 			}
-			var reply registry.DeployReply
+			var reply api.DeployReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Deploy(ctx, nc, registry.DeployRequest{Module: args[0], Deployment: d})
+				reply, err = admin.Deploy(ctx, nc, api.DeployRequest{Module: args[0], Deployment: d})
 				return err
 			})
 			if err != nil {
@@ -251,7 +250,7 @@ const waitSteady = 1500 * time.Millisecond
 // at most within: done with a line per node (with --json nothing more: exit 0 says it);
 // an error at once, with its reason, for an instance that failed to be prepared or
 // crash-loops. Progress goes to a terminal only.
-func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Duration, asJSON bool) error {
+func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duration, asJSON bool) error {
 	want := map[string]uint64{} // node → the declaration's revision
 	for _, d := range reply.Declared {
 		if d.Error != "" {
@@ -366,11 +365,11 @@ func newUndeployCmd() *cobra.Command {
 		Example:           "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
 		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := registry.UndeployRequest{Module: args[0]}
+			req := api.UndeployRequest{Module: args[0]}
 			if nodes != "" {
 				req.Nodes = strings.Split(nodes, ",")
 			}
-			var reply registry.DeployReply
+			var reply api.DeployReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				reply, err = admin.Undeploy(ctx, nc, req)
 				return err
@@ -387,9 +386,9 @@ func newUndeployCmd() *cobra.Command {
 	return cmd
 }
 
-func printDeployed(w io.Writer, verb string, r registry.DeployReply, asJSON bool) error {
+func printDeployed(w io.Writer, verb string, r api.DeployReply, asJSON bool) error {
 	if asJSON {
-		return writeJSONLines(w, []registry.DeployReply{r})
+		return writeJSONLines(w, []api.DeployReply{r})
 	}
 	fmt.Fprintf(w, "%s %s\n", verb, r.Module)
 	for _, d := range r.Declared {
@@ -414,7 +413,7 @@ func newPsCmd() *cobra.Command {
   meshnode ps --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ps []registry.Process
+			var ps []api.Process
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				ps, err = admin.Ps(ctx, nc)
 				return err

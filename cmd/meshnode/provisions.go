@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -68,9 +68,9 @@ old provider, creates it at the new one, and restarts the module with its new cr
 		Example: "  meshnode provisions pin shop postgres pg-main",
 		Args:    cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var reply registry.ProvideReply
+			var reply api.ProvideReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Provide(ctx, nc, registry.ProvideRequest{Module: args[0], Interface: args[1], Provider: args[2]})
+				reply, err = admin.Provide(ctx, nc, api.ProvideRequest{Module: args[0], Interface: args[1], Provider: args[2]})
 				return err
 			})
 			if err != nil {

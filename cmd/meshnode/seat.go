@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -41,16 +41,16 @@ a version nobody is bound to as retirable; nothing is removed automatically.`,
   meshnode seat pin shop mailer v1     # back to the first version`,
 		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var reply registry.PinReply
+			var reply api.PinReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Pin(ctx, nc, registry.PinRequest{Module: args[0], Seat: args[1], Version: args[2]})
+				reply, err = admin.Pin(ctx, nc, api.PinRequest{Module: args[0], Seat: args[1], Version: args[2]})
 				return err
 			})
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSONLines(cmd.OutOrStdout(), []registry.PinReply{reply})
+				return writeJSONLines(cmd.OutOrStdout(), []api.PinReply{reply})
 			}
 			if reply.Previous == reply.Version {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s already speaks %s of seat %s\n", reply.Module, reply.Version, reply.Seat)
