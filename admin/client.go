@@ -10,7 +10,6 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -176,7 +175,7 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 }
 
 // Provisions asks the controller for every deployed consumer's provisions.
-func Provisions(ctx context.Context, nc *nats.Conn) ([]provision.Record, error) {
+func Provisions(ctx context.Context, nc *nats.Conn) ([]api.Provision, error) {
 	var reply api.ProvisionsReply
 	if err := call(ctx, nc, api.ProvisionsSubject, struct{}{}, &reply); err != nil {
 		return nil, err

@@ -11,7 +11,6 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,7 +23,7 @@ type Mesh interface {
 	Streams(consumers bool) ([]embedbus.StreamState, error)
 	// Seats reports every seat, each with its backlog as backlog reads it from the streams
 	// just read; nil while the node serves no seats.
-	Seats(backlog func(stream string) (uint64, bool)) []seats.Status
+	Seats(backlog func(stream string) (uint64, bool)) []api.SeatStatus
 }
 
 // Registry is what the dashboard reads of the mesh's registry: its modules, and the

@@ -25,7 +25,6 @@ import (
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -368,19 +367,19 @@ func (d *Dashboard) sessionOnly(act bool, h func(http.ResponseWriter, *http.Requ
 
 // State is the dashboard's snapshot of the mesh as this node sees it.
 type State struct {
-	Node      string         `json:"node"`
-	MeshID    string         `json:"mesh_id"`
-	Time      time.Time      `json:"time"`
-	Members   []Member       `json:"members"`
-	Seats     []seats.Status `json:"seats"`
-	Modules   []Module       `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
-	Edges     []Edge         `json:"edges,omitempty"`
-	Streams   []Stream       `json:"streams"`
-	Processes []api.Process  `json:"processes"`
-	Audit     []AuditRecord  `json:"audit"`
-	Dead      []DeadLetter   `json:"dead"`
-	DeadTotal int            `json:"dead_total"`
-	Errors    []string       `json:"errors,omitempty"` // parts that could not be read now
+	Node      string           `json:"node"`
+	MeshID    string           `json:"mesh_id"`
+	Time      time.Time        `json:"time"`
+	Members   []Member         `json:"members"`
+	Seats     []api.SeatStatus `json:"seats"`
+	Modules   []Module         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	Edges     []Edge           `json:"edges,omitempty"`
+	Streams   []Stream         `json:"streams"`
+	Processes []api.Process    `json:"processes"`
+	Audit     []AuditRecord    `json:"audit"`
+	Dead      []DeadLetter     `json:"dead"`
+	DeadTotal int              `json:"dead_total"`
+	Errors    []string         `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.

@@ -396,7 +396,7 @@ func provisionEnv(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ps map[string]vault.Provisioned
+	var ps map[string]api.Provisioned
 	if err := json.Unmarshal(b, &ps); err != nil {
 		return nil, fmt.Errorf("%s: %w", provisionsFile, err)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -329,7 +328,7 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 		s.none(t, "vault fetch into another module's inbox")
 	})
 	t.Run("seat tool", func(t *testing.T) {
-		body, _ := json.Marshal(seats.Request{Action: "nothing", Seat: "own", Instance: "x"})
+		body, _ := json.Marshal(api.SeatRequest{Action: "nothing", Seat: "own", Instance: "x"})
 		sendThenAsk(t, nc, node.SeatToolSubject("alpha", "attacker"), victimInboxes, body)
 		s.none(t, "seat tool into another module's inbox")
 	})

@@ -19,7 +19,6 @@ import (
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -136,7 +135,7 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 	})
 	t.Run("seat tool", func(t *testing.T) {
 		nc := b.raw(seed, "attacker")
-		body, _ := json.Marshal(seats.Request{Action: "nothing", Seat: "own", Instance: "x"})
+		body, _ := json.Marshal(api.SeatRequest{Action: "nothing", Seat: "own", Instance: "x"})
 		sendThenAsk(t, nc, node.SeatToolSubject("alpha", "attacker"), injectionTargets, body)
 		s.none(t, "seat tool")
 	})

@@ -20,7 +20,6 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -56,7 +55,7 @@ type controller struct {
 	sweepNow  chan struct{}
 
 	// seats lists every seat for the seats tool.
-	seats func(context.Context) []seats.Status
+	seats func(context.Context) []api.SeatStatus
 
 	// answered, when set, is told how long each answered tool took (the node's metrics).
 	answered func(subject string, took time.Duration)
@@ -107,7 +106,7 @@ func (c *controller) start() error {
 		api.ProvisionsSubject:   body(c.handleProvisions),
 		api.ProvideSubject:      jsonTool("provisions pin", c.provide),
 		manifest.WhoamiSubjects: c.handleWhoami,
-		seats.ListSubject:       body(c.handleSeats),
+		api.SeatListSubject:     body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
 			if !strings.HasPrefix(m.Reply, "_INBOX.") {
@@ -210,7 +209,7 @@ func (c *controller) unsubscribe() {
 }
 
 func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
-	return seats.ListReply{Seats: c.seats(ctx)}
+	return api.SeatListReply{Seats: c.seats(ctx)}
 }
 
 // reconcileAll brings the topology of every registered module up to date (at start).

@@ -28,7 +28,6 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -454,11 +453,11 @@ func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
 		if err != nil || len(builds) == 0 || builds[len(builds)-1].Status != "running" {
 			return fmt.Errorf("builds %+v %v", builds, err)
 		}
-		msg, err := c.op.Request(seats.ListSubject, []byte("{}"), 5*time.Second)
+		msg, err := c.op.Request(api.SeatListSubject, []byte("{}"), 5*time.Second)
 		if err != nil {
 			return err
 		}
-		var reply seats.ListReply
+		var reply api.SeatListReply
 		json.Unmarshal(msg.Data, &reply)
 		for _, s := range reply.Seats {
 			if s.Seat == build.BuilderSeat {

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -163,7 +163,7 @@ func (m dashboardMesh) Streams(consumers bool) ([]embedbus.StreamState, error) {
 	return m.n.bus.Streams(consumers)
 }
 
-func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []seats.Status {
+func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []api.SeatStatus {
 	if m.n.seats == nil {
 		return nil
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -93,7 +92,7 @@ func TestIntegration_MetricsCardinality(t *testing.T) {
 	// The controller's tools, as their subjects name them (whoami.<key> is whoami).
 	for _, subject := range []string{api.RegisterSubject, api.RemoveSubject, api.ListSubject, api.PinSubject,
 		api.DeploySubject, api.UndeploySubject, api.PsSubject, api.BuildsSubject, api.ProvisionsSubject,
-		api.ProvideSubject, seats.ListSubject, manifest.WhoamiSubjects} {
+		api.ProvideSubject, api.SeatListSubject, manifest.WhoamiSubjects} {
 		_, tool, _ := strings.Cut(subject, ".tool.")
 		tool, _, _ = strings.Cut(tool, ".")
 		names[tool] = true

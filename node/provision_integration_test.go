@@ -107,7 +107,7 @@ func (b *pgBed) database(t testing.TB, name string) (bool, int) {
 }
 
 // credential reads the credential the host gave consumer (its own 0600 file).
-func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
+func (b *pgBed) credential(t testing.TB, consumer string) api.Provisioned {
 	t.Helper()
 	path := filepath.Join(b.dir, "modules", consumer, "provisions.json")
 	fi, err := os.Stat(path)
@@ -118,7 +118,7 @@ func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
 		t.Fatalf("%s is %v, want 0600", path, fi.Mode().Perm())
 	}
 	raw, _ := os.ReadFile(path)
-	var ps map[string]vault.Provisioned
+	var ps map[string]api.Provisioned
 	if err := json.Unmarshal(raw, &ps); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	seat := provision.Seat{NC: b.op, Name: "postgres", Node: "bed"}
-	if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: "ghost", Interface: "postgres", XKey: intake}); err != nil {
+	if _, err := seat.Create(ctx, api.ProvisionCreateRequest{Consumer: "ghost", Interface: "postgres", XKey: intake}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := b.database(t, "mesh_ghost"); !ok {
@@ -370,7 +370,7 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 		b.StopTimer()
 		direct := fmt.Sprintf("direct-%d", i)
 		start := time.Now()
-		if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: direct, Interface: "postgres", XKey: key}); err != nil {
+		if _, err := seat.Create(ctx, api.ProvisionCreateRequest{Consumer: direct, Interface: "postgres", XKey: key}); err != nil {
 			b.Fatal(err)
 		}
 		creates = append(creates, time.Since(start))

@@ -29,7 +29,7 @@ import (
 )
 
 // provisions returns the controller's provision rows, by consumer and interface.
-func (b *bed) provisions(t testing.TB) map[string]provision.Record {
+func (b *bed) provisions(t testing.TB) map[string]api.Provision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func (b *bed) provisions(t testing.TB) map[string]provision.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]provision.Record{}
+	out := map[string]api.Provision{}
 	for _, r := range rs {
 		out[provision.Key(r.Consumer, r.Interface)] = r
 	}
@@ -318,7 +318,7 @@ type memProvider struct {
 func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 	return sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{
 		"create": func(_ context.Context, r sdk.Request) ([]byte, error) {
-			var req provision.CreateRequest
+			var req api.ProvisionCreateRequest
 			if err := json.Unmarshal(r.Data, &req); err != nil {
 				return nil, err
 			}
@@ -326,15 +326,15 @@ func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 			p.held[req.Consumer] = true
 			p.creates++
 			p.mu.Unlock()
-			reply, err := provision.Seal(provision.Credential{Env: map[string]string{
-				vault.EnvPrefix(iface) + "URL": "cache://" + req.Consumer + ":pw-" + req.Consumer + "@127.0.0.1/"}}, req)
+			reply, err := provision.Seal(api.Provisioned{Env: map[string]string{
+				api.EnvPrefix(iface) + "URL": "cache://" + req.Consumer + ":pw-" + req.Consumer + "@127.0.0.1/"}}, req)
 			if err != nil {
 				return nil, err
 			}
 			return json.Marshal(reply)
 		},
 		"remove": func(_ context.Context, r sdk.Request) ([]byte, error) {
-			var req provision.RemoveRequest
+			var req api.ProvisionRemoveRequest
 			json.Unmarshal(r.Data, &req)
 			p.mu.Lock()
 			delete(p.held, req.Consumer)
@@ -344,7 +344,7 @@ func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 		"holds": func(context.Context, sdk.Request) ([]byte, error) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			return json.Marshal(provision.HoldsReply{Consumers: slices.Sorted(maps.Keys(p.held))})
+			return json.Marshal(api.ProvisionHoldsReply{Consumers: slices.Sorted(maps.Keys(p.held))})
 		},
 	}}
 }

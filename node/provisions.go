@@ -40,7 +40,7 @@ type provisions struct {
 
 	mu      sync.Mutex
 	store   *provision.KVStore
-	records map[string]provision.Record // as the last pass left them; nil: not read yet
+	records map[string]api.Provision // as the last pass left them; nil: not read yet
 	rec     *provision.Reconciler
 }
 
@@ -203,7 +203,7 @@ func (c *controller) provisionPass(ctx context.Context, holds bool) (bool, error
 
 // wants resolves the requirements of every deployed module; a consumer provisioned by one
 // of several providers keeps it unless the operator chose another.
-func (c *controller) wants(records map[string]provision.Record) []provision.Want {
+func (c *controller) wants(records map[string]api.Provision) []provision.Want {
 	var out []provision.Want
 	for _, e := range c.reg.List() {
 		if e.Deployment == nil {
@@ -252,7 +252,7 @@ func (c *controller) intakeKey(ctx context.Context) (string, error) {
 }
 
 // keepProvision hands the vault a provider's sealed credential for consumer.
-func (c *controller) keepProvision(ctx context.Context, consumer, iface string, r provision.CreateReply) error {
+func (c *controller) keepProvision(ctx context.Context, consumer, iface string, r api.ProvisionCreateReply) error {
 	_, err := vault.Call(ctx, c.nc, vault.VerbProvision, vault.CallerNode,
 		vault.Request{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
 	return err
@@ -278,7 +278,7 @@ func (c *controller) provisionEvent(ctx context.Context, action string, meta map
 // handleProvisions answers `meshnode provisions`: one row per deployed consumer and
 // required interface, as the last pass left it.
 func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
-	reply := api.ProvisionsReply{Provisions: []provision.Record{}}
+	reply := api.ProvisionsReply{Provisions: []api.Provision{}}
 	store, err := c.provisionStore(ctx)
 	if err != nil {
 		reply.Error = err.Error()
@@ -292,7 +292,7 @@ func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
 	for _, w := range c.wants(records) {
 		r, ok := records[w.Key()]
 		if !ok {
-			r = provision.Record{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, State: provision.StateWaiting,
+			r = api.Provision{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, State: provision.StateWaiting,
 				Reason: w.Problem}
 			if r.Reason == "" {
 				r.Reason = "not created yet"
@@ -300,7 +300,7 @@ func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
 		}
 		reply.Provisions = append(reply.Provisions, r)
 	}
-	slices.SortFunc(reply.Provisions, func(a, b provision.Record) int {
+	slices.SortFunc(reply.Provisions, func(a, b api.Provision) int {
 		return cmp.Or(strings.Compare(a.Consumer, b.Consumer), strings.Compare(a.Interface, b.Interface))
 	})
 	return reply

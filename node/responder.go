@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deadletter"
@@ -146,7 +147,7 @@ func nodePermissions(node string) manifest.Permissions {
 		"mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
 		manifest.ReplayEvents, // the dashboard's replay, of what the letter's source could publish
 	}
-	for _, tool := range []string{provision.ToolCreate, provision.ToolRemove, provision.ToolHolds} {
+	for _, tool := range []string{api.ProvisionToolCreate, api.ProvisionToolRemove, api.ProvisionToolHolds} {
 		pub = append(pub, manifest.SeatToolSubject("*", tool))
 	}
 	return manifest.Permissions{

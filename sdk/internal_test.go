@@ -7,7 +7,6 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 )
 
 func TestMatches(t *testing.T) {
@@ -70,13 +69,13 @@ func TestClient_EmitSubject(t *testing.T) {
 // it is the one it is pinned to (v2 may serve less than the manifest's v1 shows), a holder
 // is not (it is not pinned).
 func TestServes(t *testing.T) {
-	if err := callable(seats.Info{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
+	if err := callable(api.SeatInfo{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
 		t.Fatal(err)
 	}
-	v1, v2 := seats.Info{Seat: "mailer", Serves: []string{"status"}}, seats.Info{Seat: "mailer", Version: "v2", Serves: []string{}}
+	v1, v2 := api.SeatInfo{Seat: "mailer", Serves: []string{"status"}}, api.SeatInfo{Seat: "mailer", Version: "v2", Serves: []string{}}
 	for _, tc := range []struct {
-		check     func(seats.Info, string) error
-		info      seats.Info
+		check     func(api.SeatInfo, string) error
+		info      api.SeatInfo
 		says, not string
 	}{
 		{callable, v1, `seat mailer serves [status], not "queue"`, "pinned"},

@@ -7,7 +7,6 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/toolstats"
 )
 
@@ -74,7 +73,7 @@ func (c *Client) report(anyway bool) bool {
 // answersCalls reports whether the module answers tool calls: its own tools, or a seat's it
 // may hold (the bus grants its stats subjects to exactly these).
 func answersCalls(self api.WhoamiReply) bool {
-	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s seats.Info) bool {
-		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v seats.Info) bool { return len(v.Serves) > 0 })
+	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s api.SeatInfo) bool {
+		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v api.SeatInfo) bool { return len(v.Serves) > 0 })
 	})
 }

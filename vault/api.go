@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -63,7 +64,7 @@ type ModuleCredentials struct {
 	Seed      string            `json:"seed"`
 	Secrets   map[string]string `json:"secrets,omitempty"`
 	// Provisions are the module's credentials of the interfaces it requires, by interface.
-	Provisions map[string]Provisioned `json:"provisions,omitempty"`
+	Provisions map[string]api.Provisioned `json:"provisions,omitempty"`
 }
 
 // ServerSecrets is what a sealed server reply opens to.

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -80,8 +80,8 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 			out = append(out, m.Module)
 		}
 	case namesSeat:
-		if msg, err := nc.RequestWithContext(ctx, seats.ListSubject, []byte("{}")); err == nil {
-			var reply seats.ListReply
+		if msg, err := nc.RequestWithContext(ctx, api.SeatListSubject, []byte("{}")); err == nil {
+			var reply api.SeatListReply
 			json.Unmarshal(msg.Data, &reply)
 			for _, s := range reply.Seats {
 				out = append(out, s.Seat)

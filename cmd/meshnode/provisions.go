@@ -8,7 +8,6 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/provision"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -25,7 +24,7 @@ shown: the vault keeps them, and the host hands them to the module's process.`,
 		Example: "  meshnode provisions\n  meshnode provisions --json\n  meshnode provisions pin shop postgres pg-main",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var rs []provision.Record
+			var rs []api.Provision
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				rs, err = admin.Provisions(ctx, nc)
 				return err
