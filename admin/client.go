@@ -64,7 +64,7 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 		if err != nil {
 			return nil, err
 		}
-		var id vault.Identity
+		var id api.Identity
 		if err := json.Unmarshal(plain, &id); err != nil {
 			return nil, fmt.Errorf("register: sealed identity: %w", err)
 		}

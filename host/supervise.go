@@ -24,7 +24,6 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/sandbox"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
 
@@ -92,7 +91,7 @@ type Supervisor struct {
 	// Artifact writes a module's artifact to w, checked against its digest.
 	Artifact func(ctx context.Context, m deploy.Module, w io.Writer) error
 	// Credentials fetches a module's seed and named secrets from the vault.
-	Credentials func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error)
+	Credentials func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error)
 	// Changed is told whenever what Report returns changed.
 	Changed func()
 	Log     *slog.Logger

@@ -22,7 +22,6 @@ import (
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
 
@@ -44,8 +43,8 @@ func supervisor(t *testing.T, scripts map[string]string) (*host.Supervisor, func
 			_, err := io.WriteString(w, scripts[m.Module])
 			return err
 		},
-		Credentials: func(_ context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
-			return &vault.ModuleCredentials{Module: m.Module, PublicKey: pub, Seed: string(seed), Secrets: map[string]string{"token": "s3cret"}}, nil
+		Credentials: func(_ context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
+			return &api.ModuleCredentials{Module: m.Module, PublicKey: pub, Seed: string(seed), Secrets: map[string]string{"token": "s3cret"}}, nil
 		},
 	}
 	t.Cleanup(s.Stop)
@@ -386,7 +385,7 @@ func TestSupervisor_ResumeFromAnOlderVersionsFiles(t *testing.T) {
 	s.Stop()
 	var asked atomic.Int32
 	credentials := s.Credentials
-	s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+	s.Credentials = func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 		asked.Add(1)
 		return credentials(ctx, m)
 	}
@@ -419,7 +418,7 @@ func TestSupervisor_SecretsReplacedInPlace(t *testing.T) {
 	s, spec := supervisor(t, map[string]string{"ok": "#!/bin/sh\nexec sleep 600\n"})
 	given := func(secrets map[string]string) {
 		credentials := s.Credentials
-		s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+		s.Credentials = func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 			c, err := credentials(ctx, m)
 			if err == nil {
 				c.Secrets = secrets

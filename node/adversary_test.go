@@ -205,8 +205,8 @@ func TestAdversary_Buckets(t *testing.T) {
 	}
 	holder(t, "work", hc)
 
-	var tok vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &tok); err != nil {
+	var tok api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h"}, &tok); err != nil {
 		t.Fatal(err)
 	}
 	bearer, err := vault.ParseToken(tok.Token)
@@ -275,7 +275,7 @@ func TestAdversary_Buckets(t *testing.T) {
 			t.Errorf("a probe's body is in %s at %s", stream, subj)
 		}
 	}
-	if _, err := b.vault(vault.VerbList, vault.Request{Owner: "plain"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: "plain"}, nil); err != nil {
 		t.Fatalf("vault after the probes: %v", err)
 	}
 }
@@ -286,7 +286,7 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 	b := newBed(t)
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [k]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\nseats:\n  own: {scope: node, retain: 1d, accepts: [work]}\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "attacker", Name: "token"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "attacker", Name: "token"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	nc := b.raw(seed, "attacker")
@@ -319,9 +319,9 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 	t.Run("vault fetch", func(t *testing.T) {
 		xkp, _ := nkeys.CreateCurveKeys()
 		xpub, _ := xkp.PublicKey()
-		body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
-		m := sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), victimInboxes, body)
-		var r vault.Reply
+		body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "token"})
+		m := sendThenAsk(t, nc, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), victimInboxes, body)
+		var r api.VaultReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Error != "" || len(r.Sealed) == 0 {
 			t.Fatalf("a fetch on the attacker's own inbox: %s, %v", m.Data, err)
 		}

@@ -13,7 +13,6 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
-	"github.com/meshnode/meshnode/vault"
 )
 
 // TestBudget_FullStoreKeepsSeats fills a small store with one module's events until EVENTS
@@ -76,7 +75,7 @@ func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 	}
 	// The registry and the vault still write.
 	b.register("module: later\nrequires: [mesh-bus]\nsecrets: [key]\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "later", Name: "key"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "later", Name: "key"}, nil); err != nil {
 		t.Fatalf("vault mint with EVENTS full: %v", err)
 	}
 	var status []api.SeatStatus

@@ -21,7 +21,6 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/throttle"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -379,18 +378,18 @@ func (c *controller) register(ctx context.Context, req api.RegisterRequest) (api
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.
-func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (vault.Reply, error) {
+func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (api.VaultReply, error) {
 	if xkey == "" {
-		return vault.Reply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
+		return api.VaultReply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
 	}
-	var vr vault.Reply
-	b, _ := json.Marshal(vault.Request{XKey: xkey, Owner: module})
-	msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIdentity, vault.CallerNode), b)
+	var vr api.VaultReply
+	b, _ := json.Marshal(api.VaultRequest{XKey: xkey, Owner: module})
+	msg, err := c.nc.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbIdentity, api.VaultCallerNode), b)
 	if err != nil {
-		return vault.Reply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", module, err)
+		return api.VaultReply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", module, err)
 	}
 	if err := json.Unmarshal(msg.Data, &vr); err != nil || vr.Error != "" {
-		return vault.Reply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", module, vr.Error, err)
+		return api.VaultReply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", module, vr.Error, err)
 	}
 	return vr, nil
 }

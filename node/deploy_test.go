@@ -114,8 +114,8 @@ func (b *bed) running(t testing.TB, module, version string, notPID int) api.Proc
 func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	b := newBed(t)
 	seedFile, _ := b.register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [api-token]\n")
-	var token vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "ticker", Name: "api-token"}, &token); err != nil {
+	var token api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "ticker", Name: "api-token"}, &token); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -139,13 +139,13 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	}
 	var alpha registry.NodeIdentity
 	json.Unmarshal(e.Value(), &alpha)
-	if _, err := vault.CallWith(ctx, b.op, nil, vault.VerbModule, vault.CallerNode, vault.Request{XKey: alpha.XKey, Node: "alpha", Owner: "ticker"}, nil); err == nil || !strings.Contains(err.Error(), "does not run module ticker") {
+	if _, err := vault.CallWith(ctx, b.op, nil, api.VaultVerbModule, api.VaultCallerNode, api.VaultRequest{XKey: alpha.XKey, Node: "alpha", Owner: "ticker"}, nil); err == nil || !strings.Contains(err.Error(), "does not run module ticker") {
 		t.Fatalf("a module's credentials for a node that does not run it: %v", err)
 	}
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "ticker", Name: vault.SeedName}, &vault.Secret{}); err == nil || !strings.Contains(err.Error(), "mesh's own") {
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "ticker", Name: vault.SeedName}, &api.Secret{}); err == nil || !strings.Contains(err.Error(), "mesh's own") {
 		t.Fatalf("the operator's fetch of a module's seed: %v", err)
 	}
-	if metas, err := b.vault(vault.VerbList, vault.Request{Owner: "ticker"}, nil); err != nil || len(metas) != 1 || metas[0].Name != "api-token" {
+	if metas, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: "ticker"}, nil); err != nil || len(metas) != 1 || metas[0].Name != "api-token" {
 		t.Fatalf("vault ls: %+v %v, want api-token alone", metas, err)
 	}
 	r := b.deploy("ticker", "1")

@@ -122,7 +122,7 @@ func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permis
 // tokenPermissions are a join token's: request enrol with it, hear the answer — nothing else.
 func tokenPermissions(id, publicKey string) manifest.Permissions {
 	return manifest.Permissions{
-		Publish:   []string{vault.ToolSubject(vault.VerbEnrol, id)},
+		Publish:   []string{api.VaultToolSubject(api.VaultVerbEnrol, id)},
 		Subscribe: []manifest.Subscription{{Subject: api.BootstrapInbox(publicKey) + ".>"}},
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -40,7 +39,7 @@ func newFloodBed(tb testing.TB) *floodBed {
 	vs, _ := b.register("module: victim\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [key]\n")
 	as, reg := b.register("module: attacker\nrequires: [mesh-bus]\nemits: [noise]\nsecrets: [key]\n")
 	for _, owner := range []string{"victim", "attacker"} {
-		if _, err := b.vault(vault.VerbMint, vault.Request{Owner: owner, Name: "key"}, nil); err != nil {
+		if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: owner, Name: "key"}, nil); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -180,8 +179,8 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
 	whoami, _ := json.Marshal(api.WhoamiRequest{PublicKey: key})
-	fetch, _ := json.Marshal(vault.Request{XKey: xpub, Name: "key"})
-	undeclared, _ := json.Marshal(vault.Request{XKey: xpub, Name: "not-mine"})
+	fetch, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "key"})
+	undeclared, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "not-mine"})
 	inbox := manifest.InboxPrefix("attacker") + ".flood"
 	subject := manifest.EventSubject("attacker", "noise")
 	body := []byte(`{"noise":true}`)
@@ -204,8 +203,8 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 		for range floodBatch {
 			if kind != floodEmits {
 				nc.PublishRequest(api.WhoamiSubject(key), inbox, whoami)
-				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, fetch)
-				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, undeclared)
+				nc.PublishRequest(api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), inbox, fetch)
+				nc.PublishRequest(api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), inbox, undeclared)
 				sent += 3
 			}
 			if kind != floodRequests {

@@ -172,7 +172,7 @@ func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
 // xkey: the vault gives them only to a node whose declaration runs the module.
-func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 	if err := n.waitBus(ctx); err != nil {
 		return nil, err
 	}
@@ -181,10 +181,10 @@ func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.M
 		return nil, err
 	}
 	xpub, _ := xkp.PublicKey()
-	var out vault.ModuleCredentials
+	var out api.ModuleCredentials
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := vault.CallWith(ctx, n.bus.Conn(), xkp, vault.VerbModule, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name, Owner: m.Module}, &out); err != nil {
+	if _, err := vault.CallWith(ctx, n.bus.Conn(), xkp, api.VaultVerbModule, api.VaultCallerNode, api.VaultRequest{XKey: xpub, Node: n.id.Name, Owner: m.Module}, &out); err != nil {
 		return nil, err
 	}
 	if out.PublicKey != m.PublicKey {

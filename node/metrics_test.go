@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -58,7 +59,7 @@ func TestMetrics_Golden(t *testing.T) {
 	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := vault.Call(ctx, b.op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+	if _, err := vault.Call(ctx, b.op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	shop := b.client(shopSeed)

@@ -867,11 +867,11 @@ func (n *Node) enrolVault(ctx context.Context) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	var out vault.ServerSecrets
+	var out api.ServerSecrets
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, vault.VerbServer, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name}, &out)
+		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, api.VaultVerbServer, api.VaultCallerNode, api.VaultRequest{XKey: xpub, Node: n.id.Name}, &out)
 		cancel()
 		if err == nil {
 			break
@@ -1155,8 +1155,8 @@ func (n *Node) handOff(ctx context.Context) error {
 	if !n.cfg.Holds(manifest.VaultSeat) {
 		return fmt.Errorf("genesis hand-off: this node founds the mesh and holds the vault's credentials, so it must serve the vault until the hand-off is done: add %s to mesh-seats", manifest.VaultSeat)
 	}
-	var id vault.Identity
-	if _, err := vault.Call(ctx, n.bus.Conn(), vault.VerbIdentity, vault.CallerNode, vault.Request{Owner: vault.CallerOperator}, &id); err != nil {
+	var id api.Identity
+	if _, err := vault.Call(ctx, n.bus.Conn(), api.VaultVerbIdentity, api.VaultCallerNode, api.VaultRequest{Owner: api.VaultCallerOperator}, &id); err != nil {
 		return fmt.Errorf("genesis hand-off: the vault could not mint the operator credential: %w", err)
 	}
 	if err := writeFileAtomic(filepath.Join(n.cfg.DataDir, OperatorSeedFile), []byte(id.Seed+"\n"), 0o600); err != nil {

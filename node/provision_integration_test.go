@@ -61,11 +61,11 @@ func newPgBed(t testing.TB, interval time.Duration) *pgBed {
 	b.register(string(m))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req := vault.Request{Owner: "postgres-provisioner", Name: "admin-url"}
-	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, []byte(pg.URL)); err != nil {
+	req := api.VaultRequest{Owner: "postgres-provisioner", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, api.VaultCallerOperator, &req, []byte(pg.URL)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.vault(vault.VerbMint, req, &vault.Secret{}); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, req, &api.Secret{}); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -276,7 +276,7 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 
 	// An orphan on the real server — made through the provisioner for a consumer no module
 	// is — is removed at the next holds pass, with an event.
-	intake, err := vault.IntakeKey(ctx, b.op, vault.CallerOperator)
+	intake, err := vault.IntakeKey(ctx, b.op, api.VaultCallerOperator)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 		return err
 	})
 	// The provider's own create, called as the controller calls it.
-	key, err := vault.IntakeKey(ctx, pb.op, vault.CallerOperator)
+	key, err := vault.IntakeKey(ctx, pb.op, api.VaultCallerOperator)
 	if err != nil {
 		b.Fatal(err)
 	}

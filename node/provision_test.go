@@ -275,21 +275,21 @@ func TestVault_GivenValue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	value := []byte("postgres://admin:" + strings.Repeat("s3cr3t", 4) + "@127.0.0.1:5432/postgres")
-	req := vault.Request{Owner: "shop", Name: "admin-url"}
-	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, value); err != nil {
+	req := api.VaultRequest{Owner: "shop", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, api.VaultCallerOperator, &req, value); err != nil {
 		t.Fatal(err)
 	}
-	var s vault.Secret
-	if _, err := b.vault(vault.VerbMint, req, &s); err != nil || s.Value != string(value) {
+	var s api.Secret
+	if _, err := b.vault(api.VaultVerbMint, req, &s); err != nil || s.Value != string(value) {
 		t.Fatalf("mint with a given value: %q %v", s.Value, err)
 	}
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "shop", Name: "admin-url"}, &s); err != nil || s.Value != string(value) {
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "shop", Name: "admin-url"}, &s); err != nil || s.Value != string(value) {
 		t.Fatalf("fetch: %q %v", s.Value, err)
 	}
 	other, _ := nkeys.CreateCurveKeys()
 	otherPub, _ := other.PublicKey()
 	sealed, sender, _ := vault.Seal(otherPub, []byte("x"))
-	if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: "shop", Name: "admin-url", Sealed: sealed, Sender: sender}, &s); err == nil || !strings.Contains(err.Error(), "intake key") {
+	if _, err := b.vault(api.VaultVerbRotate, api.VaultRequest{Owner: "shop", Name: "admin-url", Sealed: sealed, Sender: sender}, &s); err == nil || !strings.Contains(err.Error(), "intake key") {
 		t.Fatalf("a value sealed to another key: %v", err)
 	}
 	if got := b.streamsHolding(t, value); len(got) > 0 {

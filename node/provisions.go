@@ -244,7 +244,7 @@ func (c *controller) provisionGate(e *registry.Entry) ([]deploy.Provision, strin
 // intakeKey asks the vault for its intake xkey; a vault that does not answer yet is a
 // provision that waits, not one that failed.
 func (c *controller) intakeKey(ctx context.Context) (string, error) {
-	key, err := vault.IntakeKey(ctx, c.nc, vault.CallerNode)
+	key, err := vault.IntakeKey(ctx, c.nc, api.VaultCallerNode)
 	if err != nil && !errors.Is(err, vault.ErrRefused) {
 		return "", fmt.Errorf("%w: %w", provision.ErrUnavailable, err)
 	}
@@ -253,14 +253,14 @@ func (c *controller) intakeKey(ctx context.Context) (string, error) {
 
 // keepProvision hands the vault a provider's sealed credential for consumer.
 func (c *controller) keepProvision(ctx context.Context, consumer, iface string, r api.ProvisionCreateReply) error {
-	_, err := vault.Call(ctx, c.nc, vault.VerbProvision, vault.CallerNode,
-		vault.Request{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
+	_, err := vault.Call(ctx, c.nc, api.VaultVerbProvision, api.VaultCallerNode,
+		api.VaultRequest{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
 	return err
 }
 
 // dropProvision has the vault forget consumer's credential of iface.
 func (c *controller) dropProvision(ctx context.Context, consumer, iface string) error {
-	_, err := vault.Call(ctx, c.nc, vault.VerbUnprovision, vault.CallerNode, vault.Request{Owner: consumer, Name: iface}, nil)
+	_, err := vault.Call(ctx, c.nc, api.VaultVerbUnprovision, api.VaultCallerNode, api.VaultRequest{Owner: consumer, Name: iface}, nil)
 	return err
 }
 

@@ -106,7 +106,7 @@ func vaultPermissions(node string) manifest.Permissions {
 			"$JS.API.CONSUMER.CREATE." + kv, "$JS.API.CONSUMER.CREATE." + kv + ".>",
 			"$JS.API.CONSUMER.DELETE." + kv + ".>", "$JS.API.CONSUMER.INFO." + kv + ".>",
 			"$JS.API.CONSUMER.MSG.NEXT." + kv + ".>", "$JS.FC." + kv + ".>", "$JS.ACK." + kv + ".>",
-			vault.EventSubject(">"),
+			api.VaultEventSubject(">"),
 		},
 		Subscribe: []manifest.Subscription{{Subject: partInbox("vault", node) + ".>"}},
 	}
@@ -137,7 +137,7 @@ func nodePermissions(node string) manifest.Permissions {
 		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
 		manifest.StateSubject("*"),          // the controller declares every node
 		manifest.SeatToolSubject(manifest.ControllerSeat, ">"),
-		vault.ToolSubject("*", vault.CallerNode),
+		api.VaultToolSubject("*", api.VaultCallerNode),
 		manifest.SeatToolSubject(build.GitSeat, ">"),     // archive, changed
 		manifest.SeatToolSubject(build.BuilderSeat, ">"), // status
 		manifest.SeatEventSubject(manifest.ControllerSeat, ">"),

@@ -34,7 +34,7 @@ func intakeKey(barrier []byte) (nkeys.KeyPair, error) {
 // keepProvision opens a provider's sealed credential for req.Owner's interface req.Name
 // and keeps it, barrier-encrypted, as the consumer's ProvisionName record (replacing an
 // earlier one). The credential is never seen in clear by the caller that carried it.
-func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) {
+func (v *Vault) keepProvision(ctx context.Context, req api.VaultRequest) ([]api.VaultMeta, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
@@ -54,11 +54,11 @@ func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) 
 		return nil, err
 	}
 	v.event(ctx, "provision-kept", map[string]any{"owner": req.Owner, "interface": req.Name, "version": r.Versions[0].Version})
-	return []Meta{meta(r)}, nil
+	return []api.VaultMeta{meta(r)}, nil
 }
 
 // dropProvision forgets req.Owner's credential of interface req.Name, history included.
-func (v *Vault) dropProvision(ctx context.Context, req Request) error {
+func (v *Vault) dropProvision(ctx context.Context, req api.VaultRequest) error {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ const maxGivenValue = 16 << 10
 // newValue is a new secret version's value: the one the request carries sealed to the
 // intake key (an external secret the operator gives: `vault mint NAME --value-stdin`), or a
 // random one.
-func (v *Vault) newValue(req Request) (string, error) {
+func (v *Vault) newValue(req api.VaultRequest) (string, error) {
 	if len(req.Sealed) == 0 {
 		return randomValue()
 	}

@@ -89,7 +89,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 		}
 	case namesSecret:
 		owner, _ := cmd.Flags().GetString("owner")
-		metas, _ := vault.Call(ctx, nc, vault.VerbList, vault.CallerOperator, vault.Request{Owner: owner}, nil)
+		metas, _ := vault.Call(ctx, nc, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{Owner: owner}, nil)
 		for _, m := range metas {
 			out = append(out, m.Name)
 		}

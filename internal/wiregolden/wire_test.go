@@ -29,7 +29,6 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/toolstats"
-	"github.com/meshnode/meshnode/vault"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata from the types as they are")
@@ -94,14 +93,14 @@ var wire = map[string]any{
 	"api.SeatReply":              api.SeatReply{},
 	"api.SeatListReply":          api.SeatListReply{},
 	"toolstats.Report":           toolstats.Report{},
-	"vault.ModuleCredentials":    vault.ModuleCredentials{},
-	"vault.ServerSecrets":        vault.ServerSecrets{},
-	"vault.Request":              vault.Request{},
-	"vault.Reply":                vault.Reply{},
-	"vault.Secret":               vault.Secret{},
-	"vault.Identity":             vault.Identity{},
-	"vault.Token":                vault.Token{},
-	"vault.Enrolment":            vault.Enrolment{},
+	"api.ModuleCredentials":      api.ModuleCredentials{},
+	"api.ServerSecrets":          api.ServerSecrets{},
+	"api.VaultRequest":           api.VaultRequest{},
+	"api.VaultReply":             api.VaultReply{},
+	"api.Secret":                 api.Secret{},
+	"api.Identity":               api.Identity{},
+	"api.Token":                  api.Token{},
+	"api.Enrolment":              api.Enrolment{},
 	"api.Provisioned":            api.Provisioned{},
 }
 
