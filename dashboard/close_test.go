@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -42,8 +41,8 @@ func (r reg) Operator() string                 { return r.op }
 // auditLog is an empty audit log.
 type auditLog struct{}
 
-func (auditLog) Changes() uint64                            { return 0 }
-func (auditLog) Query(audit.Filter) ([]audit.Record, error) { return nil, nil }
+func (auditLog) Changes() uint64                                  { return 0 }
+func (auditLog) Query(api.AuditFilter) ([]api.AuditRecord, error) { return nil, nil }
 
 // TestDashboard_Close: a logged-in browser's event stream gets the snapshot; Close ends the
 // stream and the snapshot loop and waits for them, and a request after it is refused.

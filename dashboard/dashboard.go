@@ -38,7 +38,7 @@ type Registry interface {
 // AuditLog is the node's audit log, whose tail a snapshot shows.
 type AuditLog interface {
 	Changes() uint64
-	Query(audit.Filter) ([]audit.Record, error)
+	Query(api.AuditFilter) ([]api.AuditRecord, error)
 }
 
 var (

@@ -21,7 +21,6 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -606,7 +605,7 @@ func (d *Dashboard) auditTail() ([]AuditRecord, error) {
 		return d.audit, nil
 	}
 	d.mu.Unlock()
-	recs, err := d.cfg.Audit.Query(audit.Filter{Last: auditShown})
+	recs, err := d.cfg.Audit.Query(api.AuditFilter{Last: auditShown})
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -440,7 +439,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Fatalf("the good event after the bombs: %+v", recs)
 	}
 	for id, name := range sent {
-		recs := b.audit(audit.Request{Op: "query", Filter: audit.Filter{ID: id}}).Records
+		recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: id}}).Records
 		if len(recs) != 1 || !recs[0].Signed || !recs[0].SourceMatches {
 			t.Errorf("%s: audit records %+v", name, recs)
 		}
@@ -450,7 +449,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 	if recs := b.auditAll("bomber"); len(recs) != len(sent) {
 		t.Errorf("the bomber's records read back: %d, want %d", len(recs), len(sent))
 	}
-	if v := b.audit(audit.Request{Op: "verify"}).Verification; !v.OK() {
+	if v := b.audit(api.AuditRequest{Op: "verify"}).Verification; !v.OK() {
 		t.Fatalf("verify after the bombs: broken %+v flagged %+v", v.Broken, v.Flagged)
 	}
 
@@ -462,11 +461,11 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitAudited(30 * time.Second)
-	recs := b.audit(audit.Request{Op: "query", Filter: audit.Filter{ID: forged.Get(envelope.EventID)}}).Records
+	recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: forged.Get(envelope.EventID)}}).Records
 	if len(recs) != 1 || recs[0].Signed && recs[0].SourceMatches {
 		t.Fatalf("an event claiming x-source good on bomber's subject is recorded as genuine: %+v", recs)
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken != nil || len(v.Flagged) == 0 || v.Flagged[0].N != recs[0].N {
 		t.Fatalf("verify after the forgery: broken %+v flagged %+v, want record %d flagged", v.Broken, v.Flagged, recs[0].N)
 	}
@@ -511,7 +510,7 @@ func TestAdversary_MalformedHeaderBlock(t *testing.T) {
 	if recs := b.auditAll("good"); len(recs) != 1 || recs[0].EventID != goodID {
 		t.Fatalf("the good event after the malformed one: %+v", recs)
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken != nil {
 		t.Fatalf("verify after a malformed header block: broken %+v", v.Broken)
 	}

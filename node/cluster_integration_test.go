@@ -258,7 +258,7 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 	// vault's own events verify against the keys the mesh recorded.
 	for _, name := range []string{"a", "b", "c"} {
 		retryUntil(t, 30*time.Second, func() error {
-			reply, err := audit.Call(fctx, opA, name, audit.Request{Op: "verify"})
+			reply, err := audit.Call(fctx, opA, name, api.AuditRequest{Op: "verify"})
 			if err != nil {
 				return err
 			}

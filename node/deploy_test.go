@@ -16,7 +16,6 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
@@ -328,7 +327,7 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 // alpha in its audit log, which returns their bodies, one a line.
 func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
 	return func(want int) string {
-		var refused []audit.Record
+		var refused []api.AuditRecord
 		retryUntil(t, 15*time.Second, func() error {
 			b.waitAudited(5 * time.Second)
 			refused = refused[:0]

@@ -316,7 +316,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if members := a.node().Members(); len(members) != 3 {
 		t.Errorf("members %+v, want 3", members)
 	}
-	reply, err := audit.Call(ctx, op, "a", audit.Request{Op: "verify"})
+	reply, err := audit.Call(ctx, op, "a", api.AuditRequest{Op: "verify"})
 	if err != nil || reply.Verification == nil || !reply.Verification.OK() || reply.Verification.Records < uint64(events) {
 		t.Errorf("the grown node's audit log: %+v %v", reply.Verification, err)
 	}

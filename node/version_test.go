@@ -11,7 +11,6 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
 )
@@ -210,7 +209,7 @@ moved:
 	}
 	// The audit log takes the v2 event as the seat's, signed by its holder.
 	b.waitAudited(10 * time.Second)
-	if recs := b.auditAll("mailer"); !slices.ContainsFunc(recs, func(r audit.Record) bool {
+	if recs := b.auditAll("mailer"); !slices.ContainsFunc(recs, func(r api.AuditRecord) bool {
 		return r.Subject == manifest.SeatEventSubjectAt("mailer", "v2", "delivered") && r.Signed && r.SourceMatches
 	}) {
 		t.Fatalf("no signed, matching audit record of the v2 event among %d", len(recs))

@@ -19,7 +19,6 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/deadletter"
@@ -36,8 +35,8 @@ var update = flag.Bool("update", false, "rewrite testdata from the types as they
 // wire names each type by the fixture it is pinned to.
 var wire = map[string]any{
 	"admin.Registered":           admin.Registered{},
-	"audit.Request":              audit.Request{},
-	"audit.Reply":                audit.Reply{},
+	"api.AuditRequest":           api.AuditRequest{},
+	"api.AuditReply":             api.AuditReply{},
 	"build.Job":                  build.Job{},
 	"build.Built":                build.Built{},
 	"build.Failed":               build.Failed{},
