@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
@@ -16,24 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
 )
-
-// The node's cluster tools, for the operator: mesh.node.<node>.tool.leave and
-// mesh.node.<node>.tool.remove. Only admin identities may publish on a node's tools.
-const (
-	ToolLeave  = "leave"
-	ToolRemove = "remove"
-)
-
-// ClusterRequest is the body of a cluster tool request.
-type ClusterRequest struct {
-	Node string `json:"node,omitempty"` // remove: the server to remove
-}
-
-// ClusterReply is a cluster tool's answer.
-type ClusterReply struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
-}
 
 // ErrLeft means the data dir's node left its mesh: it cannot run again under that identity.
 var ErrLeft = errors.New("this node left its mesh")
@@ -44,7 +27,7 @@ const clusterTimeout = 30 * time.Second
 // serveCluster answers the node's cluster tools.
 func (n *Node) serveCluster() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, tool := range []string{ToolLeave, ToolRemove} {
+	for _, tool := range []string{api.NodeToolLeave, api.NodeToolRemove} {
 		sub, err := n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
 		if err != nil {
 			for _, s := range subs {
@@ -58,7 +41,7 @@ func (n *Node) serveCluster() ([]*nats.Subscription, error) {
 }
 
 func (n *Node) clusterTool(tool string, m *nats.Msg) {
-	var req ClusterRequest
+	var req api.ClusterRequest
 	if len(m.Data) > 0 && json.Unmarshal(m.Data, &req) != nil {
 		respondCluster(m, errors.New("the request is not JSON"))
 		return
@@ -68,7 +51,7 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 	started := n.clusterWork.Go(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 		defer cancel()
-		if tool == ToolRemove {
+		if tool == api.NodeToolRemove {
 			respondCluster(m, n.removeServer(ctx, req.Node))
 			return
 		}
@@ -117,7 +100,7 @@ func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 }
 
 func respondCluster(m *nats.Msg, err error) {
-	r := ClusterReply{OK: err == nil}
+	r := api.ClusterReply{OK: err == nil}
 	if err != nil {
 		r.Error = err.Error()
 	}

@@ -187,9 +187,9 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 			t.Errorf("the process's environment lacks %s", kv)
 		}
 	}
-	var logs host.LogsReply
+	var logs api.LogsReply
 	retryUntil(t, 5*time.Second, func() error {
-		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", host.LogsTool), []byte(`{"module":"ticker","offset":0}`), 5*time.Second)
+		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", api.LogsTool), []byte(`{"module":"ticker","offset":0}`), 5*time.Second)
 		if err != nil {
 			return err
 		}

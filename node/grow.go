@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
@@ -39,14 +40,6 @@ import (
 // interrupted while restoring resumes, keeping the streams already restored whole. Until
 // every stream is restored the node's clients find its port closed (the bus listens on a
 // free loopback port), and then it starts its bus again on the node's port.
-
-// ToolGrow is the single node's tool that starts growing it: mesh.node.<node>.tool.grow.
-const ToolGrow = "grow"
-
-// GrowRequest is the body of a grow request.
-type GrowRequest struct {
-	Expect int `json:"expect"` // the servers of the mesh it grows into, itself included: 3 or more
-}
 
 // The phases of growing (genesis.Foundation.GrowPhase).
 const (
@@ -88,8 +81,8 @@ type grownStream struct {
 
 // serveGrow answers the single node's grow tool.
 func (n *Node) serveGrow() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolGrow), func(m *nats.Msg) {
-		var req GrowRequest
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolGrow), func(m *nats.Msg) {
+		var req api.GrowRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			respondCluster(m, errors.New("the request is not JSON"))
 			return

@@ -217,8 +217,8 @@ func testGrow(t *testing.T, interrupt string) {
 	}
 
 	// grow, then a token for the two new servers.
-	body, _ := json.Marshal(node.GrowRequest{Expect: 3})
-	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", node.ToolGrow), body)
+	body, _ := json.Marshal(api.GrowRequest{Expect: 3})
+	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", api.NodeToolGrow), body)
 	if err != nil || !strings.Contains(string(msg.Data), `"ok":true`) {
 		t.Fatalf("grow: %v %s", err, msgData(msg))
 	}

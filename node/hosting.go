@@ -278,9 +278,9 @@ func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Sig
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into
 // its inbox).
 func (n *Node) serveLogs() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, host.LogsTool), func(m *nats.Msg) {
-		var req host.LogsRequest
-		reply := host.LogsReply{}
+	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.LogsTool), func(m *nats.Msg) {
+		var req api.LogsRequest
+		reply := api.LogsReply{}
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply.Error = "the request is not JSON"
 		} else if r, err := host.ReadLog(n.supervisor.Dir, req); err != nil {

@@ -16,7 +16,7 @@ import (
 
 // newMetrics builds the node's registry: no package globals, so nodes in one process keep
 // separate counts.
-func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() AuditStatus, auditMissed func() uint64, storeBytes func() int64) *prometheus.Registry {
+func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() api.NodeAuditStatus, auditMissed func() uint64, storeBytes func() int64) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),

@@ -91,7 +91,7 @@ type Node struct {
 	bus         *embedbus.Bus
 	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
 	alarms      alarms             // standing reasons not to be ready (drift.go)
-	lossSub     *nats.Subscription // answers ToolAcceptLoss
+	lossSub     *nats.Subscription // answers api.NodeToolAcceptLoss
 	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
 	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
 	gateStop    func()             // ends the gate's reports, the last one made
@@ -595,7 +595,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	}
 	n.checkBadRecords()
 	if n.lossSub, err = n.serveAcceptLoss(); err != nil {
-		return fmt.Errorf("serve %s: %w", ToolAcceptLoss, err)
+		return fmt.Errorf("serve %s: %w", api.NodeToolAcceptLoss, err)
 	}
 	return nil
 }
@@ -604,7 +604,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 // bound its listener) answers with from now on.
 func (n *Node) newHTTPServer() {
 	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
-		func() AuditStatus { return n.auditStatus(context.Background()) },
+		func() api.NodeAuditStatus { return n.auditStatus(context.Background()) },
 		func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
 			if n.audit == nil {
 				return 0

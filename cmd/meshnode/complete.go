@@ -57,7 +57,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 			return nil
 		}
 		defer resp.Body.Close()
-		var members []node.Member
+		var members []api.NodeMember
 		json.NewDecoder(resp.Body).Decode(&members)
 		for _, m := range members {
 			out = append(out, m.Name)

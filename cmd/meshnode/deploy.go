@@ -508,12 +508,12 @@ func newLogsCmd() *cobra.Command {
 					return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", args[0])
 				}
 			}
-			req := host.LogsRequest{Module: args[0], Offset: -tail}
+			req := api.LogsRequest{Module: args[0], Offset: -tail}
 			for {
-				var reply host.LogsReply
+				var reply api.LogsReply
 				ctx, cancel := context.WithTimeout(base, requestTimeout)
 				b, _ := json.Marshal(req)
-				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, host.LogsTool), b)
+				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
 				cancel()
 				if err == nil {
 					err = json.Unmarshal(msg.Data, &reply)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/meshca"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
 )
@@ -44,7 +43,7 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolGrow, node.GrowRequest{Expect: expect}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolGrow, api.GrowRequest{Expect: expect}); err != nil {
 				return err
 			}
 			var t api.Token
