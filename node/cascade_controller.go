@@ -141,7 +141,7 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
 				gctx, cancel := context.WithTimeout(ctx, build.GitToolTimeout+5*time.Second)
-				r, err := build.CallGit(gctx, c.nc, "changed", build.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				r, err := build.CallGit(gctx, c.nc, "changed", api.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
 				cancel()
 				if err != nil {
 					return err // the event is delivered again
@@ -282,7 +282,7 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
 func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
-	var running build.BuilderStatus
+	var running api.BuilderStatus
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(build.BuilderSeat, "status"), nil); err == nil {
 		json.Unmarshal(msg.Data, &running)

@@ -110,7 +110,7 @@ func TestMetrics_Golden(t *testing.T) {
 	})
 	// Reports the node does not take: another node's instance, an undeclared tool.
 	forged := func(node, tool string) []byte {
-		b, _ := json.Marshal(toolstats.Report{Instance: "x", Node: node, Tools: map[string]toolstats.Tool{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
+		b, _ := json.Marshal(api.ToolStatsReport{Instance: "x", Node: node, Tools: map[string]api.ToolHistogram{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
 		return b
 	}
 	b.op.Publish(manifest.StatsSubject("desk", "alpha"), forged("elsewhere", "status"))

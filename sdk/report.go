@@ -58,7 +58,7 @@ func (c *Client) report(anyway bool) bool {
 		return false
 	}
 	node := c.node()
-	b, err := json.Marshal(toolstats.Report{Instance: c.instance, Node: node, Tools: tools})
+	b, err := json.Marshal(api.ToolStatsReport{Instance: c.instance, Node: node, Tools: tools})
 	if err != nil || len(b) > toolstats.MaxBytes {
 		c.log.Warn("the tools' latency report is not sent", "bytes", len(b), "err", err)
 		return false

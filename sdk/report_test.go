@@ -13,7 +13,6 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -68,7 +67,7 @@ func TestClient_ReportsWhileItServes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no report while the client serves: %v", err)
 	}
-	var r toolstats.Report
+	var r api.ToolStatsReport
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ repository's hooks/post-receive:
 				if err != nil {
 					return fmt.Errorf("ask node %s: %w", info.Name, err)
 				}
-				var reply build.GitReply
+				var reply api.GitReply
 				if err := json.Unmarshal(msg.Data, &reply); err != nil {
 					return err
 				}

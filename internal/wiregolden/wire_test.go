@@ -21,13 +21,11 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/dashboard"
-	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/toolstats"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata from the types as they are")
@@ -41,7 +39,7 @@ var wire = map[string]any{
 	"build.Built":                build.Built{},
 	"build.Failed":               build.Failed{},
 	"build.Pushed":               build.Pushed{},
-	"deadletter.Letter":          deadletter.Letter{},
+	"api.DeadLetter":             api.DeadLetter{},
 	"api.Deployment":             api.Deployment{},
 	"deploy.Declaration":         deploy.Declaration{},
 	"host.Report":                host.Report{},
@@ -50,10 +48,10 @@ var wire = map[string]any{
 	"api.ClusterRequest":         api.ClusterRequest{},
 	"api.ClusterReply":           api.ClusterReply{},
 	"api.GrowRequest":            api.GrowRequest{},
-	"build.ArchiveRequest":       build.ArchiveRequest{},
-	"build.ChangedRequest":       build.ChangedRequest{},
-	"build.GitReply":             build.GitReply{},
-	"build.BuilderStatus":        build.BuilderStatus{},
+	"api.ArchiveRequest":         api.ArchiveRequest{},
+	"api.ChangedRequest":         api.ChangedRequest{},
+	"api.GitReply":               api.GitReply{},
+	"api.BuilderStatus":          api.BuilderStatus{},
 	"api.NodeStatus":             api.NodeStatus{},
 	"api.NodeMember":             api.NodeMember{},
 	"node.Info":                  node.Info{},
@@ -91,7 +89,7 @@ var wire = map[string]any{
 	"api.SeatRequest":            api.SeatRequest{},
 	"api.SeatReply":              api.SeatReply{},
 	"api.SeatListReply":          api.SeatListReply{},
-	"toolstats.Report":           toolstats.Report{},
+	"api.ToolStatsReport":        api.ToolStatsReport{},
 	"api.ModuleCredentials":      api.ModuleCredentials{},
 	"api.ServerSecrets":          api.ServerSecrets{},
 	"api.VaultRequest":           api.VaultRequest{},
