@@ -432,7 +432,7 @@ func (n *Node) holdsController() bool {
 	return ok && l.Node == n.id.Name
 }
 
-// serveAcceptLoss answers ToolAcceptLoss.
+// serveAcceptLoss answers api.NodeToolAcceptLoss.
 func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
 	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolAcceptLoss), func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -580,7 +580,7 @@ func (n *Node) openServices(ctx context.Context, vaultKey nkeys.KeyPair, leases 
 // lost: not an empty mesh (drift.go). Only the genesis node marks the buckets (at the mesh's
 // first start, and for a mesh from before markers): a node that joined cannot tell a new
 // bucket from a lost one made again, and its mark would clear the others' alarm. It also
-// reports bad records and serves ToolAcceptLoss.
+// reports bad records and serves api.NodeToolAcceptLoss.
 func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()

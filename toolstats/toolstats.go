@@ -1,8 +1,8 @@
 // Package toolstats is how the latency of a module's own tools reaches the node it is
 // connected to. A tool call goes from caller to module over the bus, past every node, so no
 // node can time it; the module's sdk times each call its handlers answer and, every Interval
-// while it serves any, publishes a report (api.ToolStatsReport) of its cumulative histograms on
-// manifest.StatsSubject(module) (core NATS, never stored; the bus lets a module publish
+// while it serves any, publishes a report (api.ToolStatsReport) of its cumulative histograms
+// on manifest.StatsSubject(module) (core NATS, never stored; the bus lets a module publish
 // there only for itself). The node checks each report against the module's declared tools
 // and exports the sum over its instances as meshnode_module_tool_call_duration_seconds.
 package toolstats

@@ -61,7 +61,7 @@ func (v *Vault) replace(ctx context.Context, owner, name, value string) (*secret
 	return r, v.store(ctx, r, rev)
 }
 
-// moduleCredentials answers a server's VerbModule: the module's seed and the secrets its
+// moduleCredentials answers a server's api.VaultVerbModule: the module's seed and the secrets its
 // declaration names, when the server's current declaration runs the module. The reply is
 // sealed to the server's recorded xkey (checked before this is called).
 func (v *Vault) moduleCredentials(ctx context.Context, req api.VaultRequest) (*api.ModuleCredentials, error) {

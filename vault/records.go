@@ -362,7 +362,7 @@ func (v *Vault) identity(ctx context.Context, req api.VaultRequest) (*api.Identi
 		return nil, err
 	}
 	if req.Owner != api.VaultCallerOperator {
-		// Kept, barrier-encrypted, for the hosts that will run the module (VerbModule).
+		// Kept, barrier-encrypted, for the hosts that will run the module (api.VaultVerbModule).
 		if err := v.keepSeed(ctx, req.Owner, string(seed)); err != nil {
 			return nil, fmt.Errorf("keep module %s's seed: %w", req.Owner, err)
 		}
