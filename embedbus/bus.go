@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -481,8 +483,9 @@ var (
 	// ErrNotPeer means the server named is not a peer of the JetStream meta group.
 	ErrNotPeer = errors.New("not a JetStream peer of this mesh")
 	// ErrChangeInFlight means another change of the meta group's peers is being made (a
-	// removal asked for earlier, perhaps): ask again shortly.
-	ErrChangeInFlight = errors.New("a change of JetStream peers is in progress")
+	// removal asked for earlier, perhaps): ask again shortly. It is a settling error of
+	// jsretry's, so jsretry.Request asks again.
+	ErrChangeInFlight = fmt.Errorf("a change of JetStream peers is in progress (%w)", jsretry.ErrSettling)
 )
 
 // RemovePeer asks the JetStream meta leader to remove the server named from the meta group

@@ -12,9 +12,9 @@ import (
 // on s, idle until this node holds a seat; the seat service starts, stops and closes them.
 func (n *Node) openBuildSeats(s *seatService) (err error) {
 	cfg := build.Config{
-		Node: n.id.Name, Responder: n.respNC, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Replicas: n.replicas,
+		Node: n.id.Name, Responder: n.resp.nc, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Replicas: n.replicas,
 		Publish: func(ctx context.Context, seat, subject string, body []byte, causation string) error {
-			return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, seat, n.id.Name, subject, body, causation)
+			return publishSigned(ctx, n.bus.JetStream(), n.sign, seat, n.id.Name, subject, body, causation)
 		},
 		Logger:   n.log,
 		GitRepos: n.cfg.GitRepos, DB: n.db,
@@ -29,7 +29,7 @@ func (n *Node) openBuildSeats(s *seatService) (err error) {
 			}
 			return e.Manifest, true
 		},
-		DataDir: n.cfg.DataDir, Sandbox: n.sandbox, Users: n.moduleUsers, Read: n.cfg.BuildPaths,
+		DataDir: n.cfg.DataDir, Sandbox: n.mods.sandbox, Users: n.mods.users, Read: n.cfg.BuildPaths,
 		Limits: api.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 	}
 	// Their work outlives Open (whose context ends when it returns): Close ends it.

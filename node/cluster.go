@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/internal/jsretry"
+	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/seats"
@@ -18,26 +21,24 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// clusterPart is this server's place in its mesh.
+type clusterPart struct {
+	members   *membership.Membership
+	routeOf   map[string]string         // member → host:port of the route this node was started with (form)
+	work      *lifecycle.Group          // a leave or removal in progress: Close ends and waits for it
+	eventConn atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
+	left      atomic.Bool               // the node left its mesh
+}
+
 // ErrLeft means the data dir's node left its mesh: it cannot run again under that identity.
 var ErrLeft = errors.New("this node left its mesh")
 
 // clusterTimeout bounds a leave or a removal: a meta leader step-down and a peer removal.
 const clusterTimeout = 30 * time.Second
 
-// serveCluster answers the node's cluster tools.
-func (n *Node) serveCluster() ([]*nats.Subscription, error) {
-	var subs []*nats.Subscription
-	for _, tool := range []string{api.NodeToolLeave, api.NodeToolRemove} {
-		sub, err := n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
-		if err != nil {
-			for _, s := range subs {
-				s.Unsubscribe()
-			}
-			return nil, err
-		}
-		subs = append(subs, sub)
-	}
-	return subs, nil
+// serveCluster answers one of the node's cluster tools (api.NodeToolLeave, api.NodeToolRemove).
+func (n *Node) serveCluster(tool string) (*nats.Subscription, error) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
 }
 
 func (n *Node) clusterTool(tool string, m *nats.Msg) {
@@ -48,7 +49,7 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 	}
 	// The work takes seconds: answer from a goroutine, not the connection's. Close waits
 	// for it, after cancelling it; a request that comes while the node closes is not taken.
-	started := n.clusterWork.Go(func(ctx context.Context) {
+	started := n.mesh.work.Go(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 		defer cancel()
 		if tool == api.NodeToolRemove {
@@ -61,7 +62,7 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 		}
 		respondCluster(m, err)
 		if err == nil {
-			n.left.Store(true)
+			n.mesh.left.Store(true)
 			n.bus.Conn().Flush()
 			n.requestStop()
 		}
@@ -85,7 +86,7 @@ func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 		if json.Unmarshal(m.Data, &body) != nil || body.Node == "" || body.Node == n.id.Name {
 			return
 		}
-		addr := n.routeOf[body.Node]
+		addr := n.mesh.routeOf[body.Node]
 		if addr == "" {
 			return // a server that joined after this one started: its route is its own
 		}
@@ -113,7 +114,7 @@ func respondCluster(m *nats.Msg, err error) {
 // data dir then refuses to run (ErrLeft); the machine joins again with a fresh data dir and
 // a new token.
 func (n *Node) leave(ctx context.Context) error {
-	if n.members == nil {
+	if n.mesh.members == nil {
 		return errors.New("a single node has no mesh to leave; stop it instead")
 	}
 	// The JetStream meta group's peers are the servers that count (the registry's mirror
@@ -132,16 +133,16 @@ func (n *Node) leave(ctx context.Context) error {
 	n.log.Info("leaving the mesh", "mesh_id", n.id.MeshID)
 	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"}, n.log)
 	n.seats.run.Retire(ctx)
-	if err := n.members.Leave(5 * time.Second); err != nil {
+	if err := n.mesh.members.Leave(5 * time.Second); err != nil {
 		n.log.Warn("leave gossip", "err", err)
 	}
 	if err := n.stepDown(ctx); err != nil {
 		return err
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, n.id.Name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return fmt.Errorf("leave: %w", err)
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, n.id.Name) }); err != nil {
 		n.log.Warn("forget this node's keys", "err", err)
 	}
 	return markNodeNow(n.db, "left")
@@ -167,7 +168,7 @@ func (n *Node) stepDown(ctx context.Context) error {
 // never drops a peer by itself), and from the mesh's servers, and says so.
 func (n *Node) removeServer(ctx context.Context, name string) error {
 	switch {
-	case n.members == nil:
+	case n.mesh.members == nil:
 		return errors.New("a single node has no other servers to remove")
 	case name == "":
 		return errors.New("name the server to remove")
@@ -177,18 +178,18 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 	if _, ok := n.reg.Node(name); !ok {
 		return fmt.Errorf("mesh %s has no server named %s (servers: %s)", n.id.MeshID, name, strings.Join(n.reg.Nodes(), ", "))
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.mesh.members.Members() {
 		if m.Name == name && (m.State == "alive" || m.State == "suspect") {
 			return fmt.Errorf("%s is %s: stop it first (or run `meshnode leave` on it); only a dead server is removed", name, m.State)
 		}
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.bus.RemovePeer(ctx, name) }); err != nil && !errors.Is(err, embedbus.ErrNotPeer) {
 		return err
 	}
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.RemoveNode(ctx, name) }); err != nil {
 		return err
 	}
-	n.members.Forget(name)
+	n.mesh.members.Forget(name)
 	n.log.Info("server removed from the mesh", "server", name)
 	publishNodeEvent(n.bus.Conn(), n.key, name, "removed", map[string]any{"node": name, "by": n.id.Name}, n.log)
 	return nil
@@ -197,7 +198,7 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 // memberChanged turns gossip into node events: the holder of mesh-controller reports a
 // server that stopped answering, so the mesh reports it once.
 func (n *Node) memberChanged(m membership.Member) {
-	nc := n.eventConn.Load()
+	nc := n.mesh.eventConn.Load()
 	if m.State != "dead" || nc == nil || m.Name == n.id.Name {
 		return
 	}
@@ -215,10 +216,10 @@ func (n *Node) memberChanged(m membership.Member) {
 // reportUnreachable reports every server gossip holds dead: this node has just become the
 // holder of mesh-controller, and the previous holder may have died before it could.
 func (n *Node) reportUnreachable() {
-	if n.members == nil {
+	if n.mesh.members == nil {
 		return
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.mesh.members.Members() {
 		n.memberChanged(m)
 	}
 }

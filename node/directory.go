@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -22,7 +23,11 @@ type directory struct {
 	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
 	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
-	quotas   *quotas                     // modules over their EVENTS quota: no emits
+	quotas   *controller.Quotas          // modules over their EVENTS quota: no emits
+	// complete is closed once the directory knows every key it will admit (the registry, the
+	// vault's tokens and the seats are read): until then the bus holds an unknown key's
+	// connect instead of refusing it (embedbus.Config.Complete).
+	complete chan struct{}
 }
 
 var _ embedbus.Directory = (*directory)(nil)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
@@ -338,16 +339,16 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.seats.store.Rewatch)
 	}
 	if controller {
-		steps = append(steps, n.ctrl.topo.ensureMesh,
-			func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, manifest.Builtin()) })
+		steps = append(steps, n.ctrl.Topology().EnsureMesh,
+			func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, manifest.Builtin()) })
 		for _, e := range n.reg.List() {
-			steps = append(steps, func(ctx context.Context) error { return n.ctrl.topo.ensureModule(ctx, e.Derivation) })
+			steps = append(steps, func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, e.Derivation) })
 		}
 	} else {
-		steps = append(steps, n.ctrl.topo.ensureAudit)
+		steps = append(steps, n.ctrl.Topology().EnsureAudit)
 	}
 	for _, step := range steps {
-		if err = retryJS(ctx, step); err != nil {
+		if err = jsretry.Request(ctx, step); err != nil {
 			break
 		}
 	}
@@ -365,7 +366,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 	}
 	n.alarms.clear("drift")
 	n.log.Warn("drift: recreated what was missing", "recreated", missing)
-	if nc := n.eventConn.Load(); nc != nil {
+	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": missing}, n.log)
 	}
 }
@@ -387,7 +388,7 @@ func (n *Node) checkBadRecords() {
 		reason := fmt.Sprintf("%s holds %d record(s) it refused and skips (%s): %s", what, len(bad), strings.Join(shown, ", "), fix)
 		if n.alarms.set(key, reason) {
 			n.log.Error("refused records", "in", what, "keys", bad)
-			if nc := n.eventConn.Load(); nc != nil {
+			if nc := n.mesh.eventConn.Load(); nc != nil {
 				publishNodeEvent(nc, n.key, n.id.Name, "bad-records", map[string]any{"bucket": what, "keys": bad}, n.log)
 			}
 		}
@@ -434,7 +435,7 @@ func (n *Node) holdsController() bool {
 
 // serveAcceptLoss answers api.NodeToolAcceptLoss.
 func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolAcceptLoss), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolAcceptLoss), func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		respondCluster(m, n.acceptLoss(ctx, m.Data))
@@ -463,7 +464,7 @@ func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
 		return fmt.Errorf("mark %s: %w", req.Bucket, err)
 	}
 	n.alarms.clear("bucket." + req.Bucket)
-	if nc := n.eventConn.Load(); nc != nil {
+	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "loss-accepted", map[string]any{"bucket": req.Bucket}, n.log)
 	}
 	n.log.Warn("the operator accepted a bucket's loss", "bucket", req.Bucket)

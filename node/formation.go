@@ -48,7 +48,8 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gossip: %w; set --gossip-addr", err)
 	}
-	n.members = m
+	n.mesh.members = m
+	n.closers.Push("membership", func() error { return m.Stop(time.Second) })
 	seeds := slices.DeleteFunc(slices.Clone(f.Seeds), func(s string) bool { return s == m.Addr() || s == n.cfg.GossipAddr })
 	// The first formation waits for every founding server; a restart of a formed mesh only for
 	// a majority (JetStream's quorum), so one dead machine cannot keep the others down.
@@ -91,12 +92,12 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		}
 		if len(alive) >= need {
 			cluster := &embedbus.Cluster{Name: f.MeshID, Addr: n.cfg.ClusterAddr, Advertise: adv.route, Secret: base64.RawURLEncoding.EncodeToString(f.RouteSecret)}
-			n.routeOf = map[string]string{}
+			n.mesh.routeOf = map[string]string{}
 			for _, x := range alive {
 				if x.Name != n.id.Name && x.Route != "" {
 					cluster.Routes = append(cluster.Routes, x.Route)
 					if u, err := url.Parse(x.Route); err == nil {
-						n.routeOf[x.Name] = u.Host
+						n.mesh.routeOf[x.Name] = u.Host
 					}
 				}
 			}
@@ -268,13 +269,13 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 func (n *Node) enrolment() api.Enrolment {
 	e := api.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
 		BarrierKey: n.found.BarrierKey, Expect: n.found.Expect, Members: n.found.Members}
-	if n.certCA != nil {
-		e.CA = n.certCA.Cert.Raw
+	if n.tls.ca != nil {
+		e.CA = n.tls.ca.Cert.Raw
 	}
 	if to := n.growTo(); to > 0 {
 		e.Expect, e.Members, e.Growing = to, nil, true
 	}
-	m := n.members
+	m := n.mesh.members
 	if m == nil {
 		m = n.growMembers() // a single node growing: the joining nodes find it
 	}
@@ -292,7 +293,7 @@ func (n *Node) enrolment() api.Enrolment {
 // live server's.
 func (n *Node) clientAddrs() []string {
 	out := []string{n.bus.ClientURL()}
-	if m := n.members; m != nil {
+	if m := n.mesh.members; m != nil {
 		for _, x := range m.Members() {
 			if x.State == "alive" && x.Name != n.id.Name && x.Client != "" {
 				out = append(out, x.Client)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
@@ -23,6 +24,17 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// hosting is what runs this node's modules: the follower of its declaration, the
+// supervisor of its processes and the sandbox they run in.
+type hosting struct {
+	host       *host.Follower   // this node's declaration
+	supervisor *host.Supervisor // the modules it runs
+	sandbox    *sandbox.Sandbox // isolates its modules and builds (DESIGN §13)
+	users      *sandbox.Users   // the uid each module runs as, when the node is root
+	busUp      chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
+	reportNow  chan struct{}    // the supervisor's state changed: report it
+}
 
 // The node as a host (DESIGN §12): the follower (host.Follower) hands each declaration it
 // takes to the supervisor (host.Supervisor), which fetches artifacts from mesh-artifacts and
@@ -65,7 +77,8 @@ func (n *Node) openSandbox() error {
 	if err != nil {
 		return fmt.Errorf("open the sandbox: %w", err)
 	}
-	n.sandbox, n.moduleUsers = sb, cfg.Users
+	n.mods.sandbox, n.mods.users = sb, cfg.Users
+	n.closers.Push("sandbox", sb.Close)
 	if none := sb.Unenforceable(); len(none) > 0 {
 		n.log.Warn("module limits the kernel will not hold here: no cgroup controller for them (a v2 cgroup with them enabled, or run the node as root)", "limits", strings.Join(none, ", "))
 	}
@@ -97,10 +110,10 @@ const usersFile = "module-users.json"
 
 // newSupervisor makes the node's supervisor of modules.
 func (n *Node) newSupervisor() {
-	n.busUp = make(chan struct{})
-	n.supervisor = &host.Supervisor{
-		Sandbox: n.sandbox,
-		Users:   n.moduleUsers,
+	n.mods.busUp = make(chan struct{})
+	n.mods.supervisor = &host.Supervisor{
+		Sandbox: n.mods.sandbox,
+		Users:   n.mods.users,
 		Limits:  api.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 		Dir:     filepath.Join(n.cfg.DataDir, "modules"),
 		Node:    n.id.Name,
@@ -120,11 +133,12 @@ func (n *Node) newSupervisor() {
 		Credentials: n.moduleCredentials,
 		Changed: func() {
 			select {
-			case n.reportNow <- struct{}{}:
+			case n.mods.reportNow <- struct{}{}:
 			default:
 			}
 		},
 	}
+	n.closers.PushFunc("modules", n.mods.supervisor.Stop) // the modules stop with their node
 }
 
 // fixedClientURL is the URL the bus will answer on when addr fixes its port ("" when the port
@@ -144,7 +158,7 @@ func fixedClientURL(addr string) string {
 // on disk are not complete, is prepared once it is.
 func (n *Node) waitBus(ctx context.Context) error {
 	select {
-	case <-n.busUp:
+	case <-n.mods.busUp:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -159,15 +173,15 @@ func (n *Node) resume(ctx context.Context) {
 		return
 	}
 	if d.Revision > 0 {
-		n.supervisor.Resume(ctx, d)
+		n.mods.supervisor.Resume(ctx, d)
 	}
 }
 
 // apply hands a declaration to the supervisor.
 func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 	start := time.Now()
-	n.supervisor.Apply(ctx, d)
-	n.meter.apply.Observe(time.Since(start).Seconds())
+	n.mods.supervisor.Apply(ctx, d)
+	n.metrics.meter.Apply.Observe(time.Since(start).Seconds())
 }
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
@@ -223,14 +237,14 @@ func (n *Node) serverKey(name string) (string, bool) {
 // and every reportEvery, until ctx ends; a report that cannot be sent is retried (a newer
 // one replaces it).
 func (n *Node) runReports(ctx context.Context) error {
-	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, ReportVerb)
+	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, controller.ReportVerb)
 	tick := time.NewTicker(reportEvery)
 	defer tick.Stop()
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		// The supervisor's revision, not the follower's: the follower records a declaration
 		// before the supervisor has stopped what it replaces.
-		r := n.supervisor.Report()
+		r := n.mods.supervisor.Report()
 		body, _ := json.Marshal(r)
 		err := n.sendReport(ctx, subject, body)
 		switch {
@@ -248,7 +262,7 @@ func (n *Node) runReports(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-n.reportNow:
+		case <-n.mods.reportNow:
 		case <-tick.C:
 		}
 	}
@@ -256,7 +270,7 @@ func (n *Node) runReports(ctx context.Context) error {
 
 // sendReport publishes one report job, signed by this node.
 func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
-	return publishSigned(ctx, n.bus.JetStream(), n.ctrl.sign, n.id.Name, n.id.Name, subject, body, "")
+	return publishSigned(ctx, n.bus.JetStream(), n.sign, n.id.Name, n.id.Name, subject, body, "")
 }
 
 // publishSigned stamps body for subject — x-source source, x-node node, signed by key,
@@ -278,12 +292,12 @@ func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Sig
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into
 // its inbox).
 func (n *Node) serveLogs() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.LogsTool), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.LogsTool), func(m *nats.Msg) {
 		var req api.LogsRequest
 		reply := api.LogsReply{}
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply.Error = "the request is not JSON"
-		} else if r, err := host.ReadLog(n.supervisor.Dir, req); err != nil {
+		} else if r, err := host.ReadLog(n.mods.supervisor.Dir, req); err != nil {
 			reply.Error = err.Error()
 		} else {
 			reply = r

@@ -3,9 +3,11 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
@@ -14,6 +16,18 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// front is the node's HTTP side: bound before the bus starts, answering with startHandler
+// while the node opens and with the API and the dashboard once it is open.
+type front struct {
+	ln      net.Listener
+	srv     *http.Server
+	done    chan struct{} // closed when the server ends (serveEarly); err says how
+	err     error
+	handler atomic.Pointer[http.Handler] // what it answers with: startHandler, then the API
+	phase   atomic.Pointer[string]       // why the node is not ready yet while it opens
+	dash    *dashboard.Dashboard         // the operator's console, opened with the API
+}
 
 // readyTimeout bounds the JetStream round trip behind /readyz.
 const readyTimeout = 2 * time.Second
@@ -24,23 +38,30 @@ const readyTimeout = 2 * time.Second
 func (n *Node) serveEarly() {
 	n.setPhase("starting")
 	var h http.Handler = n.startHandler()
-	n.handlerNow.Store(&h)
-	n.httpSrv = &http.Server{ReadHeaderTimeout: 5 * time.Second,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*n.handlerNow.Load()).ServeHTTP(w, r) })}
-	n.httpDone = make(chan struct{})
-	srv, ln := n.httpSrv, n.httpLn
+	n.web.handler.Store(&h)
+	n.web.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*n.web.handler.Load()).ServeHTTP(w, r) })}
+	n.web.done = make(chan struct{})
+	srv, ln := n.web.srv, n.web.ln
 	go func() {
-		n.httpErr = srv.Serve(ln)
-		close(n.httpDone)
+		n.web.err = srv.Serve(ln)
+		close(n.web.done)
 	}()
+}
+
+// closeHTTP ends the HTTP server and waits for it; a second call finds it closed.
+func (n *Node) closeHTTP() error {
+	err := n.web.srv.Close()
+	<-n.web.done
+	return err
 }
 
 // setPhase records why the node is not ready yet ("" once it is open) and tells OnPhase.
 func (n *Node) setPhase(phase string) {
-	if p := n.phase.Load(); p != nil && *p == phase {
+	if p := n.web.phase.Load(); p != nil && *p == phase {
 		return
 	}
-	n.phase.Store(&phase)
+	n.web.phase.Store(&phase)
 	if n.OnPhase != nil {
 		n.OnPhase(phase)
 	}
@@ -53,13 +74,13 @@ func (n *Node) startHandler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
 	notReady := func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": *n.phase.Load()})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": *n.web.phase.Load()})
 	}
 	mux.HandleFunc("GET /readyz", notReady)
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, api.NodeStatus{Name: n.id.Name, MeshID: n.id.MeshID, Version: Version(), HTTPURL: n.HTTPURL(),
 			ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started,
-			UptimeSeconds: time.Since(n.started).Seconds(), Reason: *n.phase.Load()})
+			UptimeSeconds: time.Since(n.started).Seconds(), Reason: *n.web.phase.Load()})
 	})
 	return mux
 }
@@ -80,14 +101,14 @@ func (n *Node) handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, n.Status(r.Context()))
 	})
 	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, n.Members())
 	})
-	dash := n.dash.Handler()
+	dash := n.web.dash.Handler()
 	mux.Handle("GET /{$}", dash)
 	mux.Handle("/ui/", dash)
 	return mux
@@ -128,7 +149,7 @@ func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []api.S
 }
 
 // UIWatchers is how many dashboard pages' live streams the node is serving now.
-func (n *Node) UIWatchers() int { return n.dash.Watchers() }
+func (n *Node) UIWatchers() int { return n.web.dash.Watchers() }
 
 // ready reports whether the bus accepts connections and JetStream answers.
 func (n *Node) ready(ctx context.Context) error {
@@ -217,13 +238,13 @@ func (n *Node) Members() []api.NodeMember {
 		}
 	}
 	var peers map[string]bool
-	if n.members != nil {
+	if n.mesh.members != nil {
 		peers = n.bus.Peers()
 	}
 	role := func(name string) string {
 		current, peer := peers[name]
 		switch {
-		case n.members == nil:
+		case n.mesh.members == nil:
 			return "standalone"
 		case name == leader:
 			return "leader"
@@ -234,10 +255,10 @@ func (n *Node) Members() []api.NodeMember {
 		}
 		return "follower"
 	}
-	if n.members == nil {
+	if n.mesh.members == nil {
 		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Client: n.bus.ClientURL()}}
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.mesh.members.Members() {
 		out = append(out, api.NodeMember{Name: m.Name, Address: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Client: m.Client})
 	}
 	slices.SortFunc(out, func(a, b api.NodeMember) int { return strings.Compare(a.Name, b.Name) })

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,26 +18,21 @@ import (
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
-	"github.com/meshnode/meshnode/dashboard"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/deadletter"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/membership"
-	"github.com/meshnode/meshnode/meshca"
+	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/sandbox"
 	"github.com/meshnode/meshnode/seats"
-	"github.com/meshnode/meshnode/throttle"
 	"github.com/meshnode/meshnode/vault"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,10 +58,10 @@ var (
 	ErrHTTPAddrInUse = errors.New("http address already in use")
 )
 
-// Node is one meshnode: its store, its bus and its HTTP API.
-type Node struct {
+// Options are what a caller sets on a Node before Open, besides its configuration.
+type Options struct {
 	// CreateIdentity runs genesis — a new mesh with this node as its first — when the data
-	// dir holds no mesh; without it Open refuses an empty data dir. Set before Open.
+	// dir holds no mesh; without it Open refuses an empty data dir.
 	CreateIdentity bool
 	// Expect is the number of servers genesis expects (1, or 3 or more); zero means 1.
 	Expect int
@@ -78,82 +72,62 @@ type Node struct {
 	OnStartMemory func(error)
 	// StartMemoryLimit bounds the heap while the bus starts; zero: the bus's default.
 	StartMemoryLimit uint64
+	// OnPhase is told each phase of the start as it begins ("" once open): what systemd's
+	// STATUS says.
+	OnPhase func(phase string)
+}
+
+// Node is one meshnode: the composition root. It opens its parts in order — store and
+// identity, HTTP listener, sandbox and supervisor, bus, the mesh's buckets and streams,
+// controller, vault and seats, audit, HTTP API — pushing how to close each on closers, so
+// Close (and a failed Open) undoes exactly the steps taken, the last first. It keeps only
+// what wires the parts together.
+type Node struct {
+	Options // set before Open
 
 	cfg     config.Config
 	log     *slog.Logger // with the node's name
 	rootLog *slog.Logger // as New was given it: log again once the data dir names the node
+	started time.Time
+	closers lifecycle.Stack // how to close each part opened, in the order opened
 
-	started     time.Time
-	db          *bolt.DB
-	id          Identity
-	found       *genesis.Foundation
-	key         nkeys.KeyPair
-	bus         *embedbus.Bus
-	budget      storeBudget        // the byte limits of the mesh's streams and buckets on this node
-	alarms      alarms             // standing reasons not to be ready (drift.go)
-	lossSub     *nats.Subscription // answers api.NodeToolAcceptLoss
-	respNC      *nats.Conn         // answers every request: may publish only to inboxes (responder.go)
-	gate        *throttle.Gate     // rate limits on whoami and the seat tool (responder.go)
-	gateStop    func()             // ends the gate's reports, the last one made
-	vault       *vault.Vault
-	vaultNC     *nats.Conn
-	audit       *audit.Logger
-	host        *host.Follower   // this node's declaration (hosting.go)
-	supervisor  *host.Supervisor // the modules it runs
-	sandbox     *sandbox.Sandbox // isolates its modules and builds (DESIGN §13)
-	moduleUsers *sandbox.Users   // the uid each module runs as, when the node is root
-	busUp       chan struct{}    // closed once the bus is open: what the supervisor fetches waits for it
-	reportNow   chan struct{}    // the supervisor's state changed: report it
-	logsSub     *nats.Subscription
-	growSub     *nats.Subscription // a single node's grow tool
-	certSub     *nats.Subscription // the cert-rotate tool
-	statsSub    *nats.Subscription // the modules' tool latency reports (toolstats.go)
-	toolStats   *moduleToolStats
-	certs       *meshca.Keeper // the node's certificate, for routes and TLS clients (tls.go)
-	certCA      *meshca.CA
-	auditSub    *nats.Subscription
-	dead        *deadletter.Writer
-	members     *membership.Membership
-	routeOf     map[string]string // member → host:port of the route this node was started with (form)
-	// growGossip is a single node's gossip while it waits to grow into a mesh; growMu
-	// serialises the growth's steps, growing is its progress, and restart makes Run end with
-	// ErrRestart (grow.go).
-	growGossip  *membership.Membership
-	growStarted bool          // gossipToGrow ran (under growMu)
-	growStop    chan struct{} // ends the count of growGossip's members
-	growWG      sync.WaitGroup
-	growMu      sync.Mutex
-	growing     atomic.Pointer[string]
-	restart     atomic.Bool
-	regClosed   bool
-	reg         *registry.Registry
-	dir         *directory
-	// dirComplete is closed once dir knows every key it will admit (the registry, the
-	// vault's tokens and the seats are read): until then the bus holds an unknown key's
-	// connect instead of refusing it (embedbus.Config.Complete).
-	dirComplete chan struct{}
-	quotas      quotas // modules over their EVENTS quota (quota.go)
-	ctrl        *controller
-	seats       *seatService
-	clusterSubs []*nats.Subscription
-	clusterWork *lifecycle.Group          // a leave or removal in progress: Close ends and waits for it
-	eventConn   atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
-	left        atomic.Bool               // the node left its mesh
-	quit        chan struct{}
-	quitOnce    sync.Once
-	httpLn      net.Listener
-	httpSrv     *http.Server
-	httpDone    chan struct{} // closed when the server ends (serveEarly); httpErr says how
-	httpErr     error
-	handlerNow  atomic.Pointer[http.Handler] // what it answers with: startHandler, then handler
-	phase       atomic.Pointer[string]       // why the node is not ready yet while it opens
-	// OnPhase is told each phase of the start as it begins ("" once open): what systemd's
-	// STATUS says.
-	OnPhase func(phase string)
+	// The data dir's: the store, the node's identity, its foundation and keys.
+	db    *bolt.DB
+	id    Identity
+	found *genesis.Foundation
+	key   nkeys.KeyPair
+	sign  *envelope.SigningKey // key, expanded: what the node signs its events and jobs with
 
-	meter   *meter               // the node's counters and histograms, registered with metrics
-	dash    *dashboard.Dashboard // the operator's console, opened with the HTTP API
-	metrics *prometheus.Registry
+	bus     *embedbus.Bus
+	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
+	alarms  alarms            // standing reasons not to be ready (drift.go)
+	resp    responder         // answers every request (responder.go)
+	reg     *registry.Registry
+	dir     *directory // what the bus authenticates against (directory.go)
+	ctrl    *controller.Controller
+	seats   *seatService
+	vault   *vault.Vault // nil on a server without the vault's credentials
+	vaultNC *nats.Conn   // the vault's own connection
+	audit   *audit.Logger
+	mods    hosting     // the modules this node runs (hosting.go)
+	tls     certs       // the node's certificate, for routes and TLS clients (tls.go)
+	mesh    clusterPart // this server's place in its mesh (cluster.go)
+	grower  grower      // a single node growing into a mesh (grow.go)
+	quit    stopSignal  // the node left its mesh: Run ends
+	web     front       // the HTTP listener, server and dashboard (http.go)
+	metrics observed    // the node's metrics
+}
+
+// observed is the node's metrics: its Prometheus registry and the counters parts report to.
+type observed struct {
+	reg   *prometheus.Registry
+	meter *metrics.Meter
+}
+
+// stopSignal asks Run to end, once.
+type stopSignal struct {
+	ch   chan struct{}
+	once sync.Once
 }
 
 // New returns a node for cfg; it opens nothing. A nil logger discards the log.
@@ -161,7 +135,7 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, meter: newMeter()}
+	return &Node{cfg: cfg, log: log.With("node", cfg.Name), rootLog: log, metrics: observed{meter: metrics.NewMeter()}}
 }
 
 // startStep logs, at debug level, that a step of the start is done and how long after the
@@ -200,18 +174,19 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.serveEarly()
+	n.closers.Push("http", n.closeHTTP)
 	if err := n.newDirectory(&keys); err != nil {
 		return err
 	}
 	// The modules this node ran start again now, from disk, before its bus waits for the
 	// mesh — or, when the configuration does not fix the client port, as soon as the bus is
 	// up (their MESH_URL is not known before).
-	n.reportNow = make(chan struct{}, 1)
+	n.mods.reportNow = make(chan struct{}, 1)
 	if err := n.openSandbox(); err != nil {
 		return err
 	}
 	n.newSupervisor()
-	resumed := n.supervisor.URL != ""
+	resumed := n.mods.supervisor.URL != ""
 	if resumed {
 		n.resume(octx)
 	}
@@ -219,12 +194,12 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.openBus(octx, keys.responder); err != nil {
 		return err
 	}
-	close(n.busUp)
+	close(n.mods.busUp)
 	if err := n.openHost(); err != nil {
 		return err
 	}
 	if !resumed {
-		n.supervisor.URL = n.bus.ClientURL() // before any module starts: read by each start
+		n.mods.supervisor.URL = n.bus.ClientURL() // before any module starts: read by each start
 		n.resume(octx)
 	}
 	if n.found.AwaitGrowth {
@@ -246,7 +221,7 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.startStep("services")
-	close(n.dirComplete)
+	close(n.dir.complete)
 	if err := n.checkBuckets(ctx); err != nil {
 		return err
 	}
@@ -254,20 +229,28 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 		return err
 	}
 	n.startStep("audit")
-	if n.logsSub, err = n.serveLogs(); err != nil {
+	if err := n.subscribe("logs tool", n.serveLogs); err != nil {
 		return err
 	}
-	n.newHTTPServer()
+	if err := n.newHTTPServer(); err != nil {
+		return err
+	}
 	n.setPhase("")
 	if err := n.announce(); err != nil {
 		return err
 	}
+	// What the outside reaches stops first: the dashboard, the HTTP API, then the modules,
+	// while the bus still serves their goodbyes. Pushed when each opened (for a failed
+	// Open), and again now, last; each of these closes may run twice.
+	n.closers.PushFunc("modules", n.mods.supervisor.Stop)
+	n.closers.Push("http", n.closeHTTP)
+	n.closers.Push("dashboard", n.web.dash.Close)
 	info := n.info()
 	info.ClientURL, info.HTTPURL = n.bus.ClientURL(), n.HTTPURL()
 	if err := writeInfo(n.cfg.DataDir, info); err != nil {
 		return fmt.Errorf("write %s: %w", InfoFile, err)
 	}
-	n.meter.startSeconds.Set(time.Since(n.started).Seconds())
+	n.metrics.meter.StartSeconds.Set(time.Since(n.started).Seconds())
 	return nil
 }
 
@@ -285,6 +268,11 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 	if n.db, err = openStore(n.cfg.DataDir); err != nil {
 		return keys, err
 	}
+	n.closers.Push("store", func() error {
+		removeInfo(n.cfg.DataDir)
+		return n.db.Close()
+	})
+	n.closers.Push("growth", n.grower.close) // its gossip, if a grow request opens one
 	if n.Expect == 0 {
 		n.Expect = 1
 	}
@@ -299,7 +287,7 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 	if err := checkNotLeft(n.db, n.id.Name); err != nil {
 		return keys, err
 	}
-	n.quit = make(chan struct{})
+	n.quit.ch = make(chan struct{})
 	if n.key, err = n.found.NodeKey(); err != nil {
 		return keys, err
 	}
@@ -315,7 +303,7 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 // listenHTTP binds the HTTP listener before the bus starts, so a taken port costs no
 // server start.
 func (n *Node) listenHTTP() (err error) {
-	if n.httpLn, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+	if n.web.ln, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return fmt.Errorf("listen on %s: %w; another process has it: stop it or set --http-addr", n.cfg.HTTPAddr, ErrHTTPAddrInUse)
 		}
@@ -328,18 +316,17 @@ func (n *Node) listenHTTP() (err error) {
 // the bus authenticates against: the node's own keys, its parts' keys, and the registry.
 func (n *Node) newDirectory(keys *partKeys) (err error) {
 	n.reg = registry.New(n.log.With("component", "registry"), n.authorityChanged)
-	n.dirComplete = make(chan struct{})
 	respKey, respPub, respID, err := newPartIdentity("node-responder:"+n.id.Name, responderPermissions(n.id.Name))
 	if err != nil {
 		return err
 	}
-	n.quotas.over = map[string]api.Quota{}
 	own := nodePermissions(n.id.Name)
 	n.dir = &directory{
-		node:   n.id.Name,
-		static: map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name, Permissions: &own, PublishDeny: nodeDeny()}, respPub: respID},
-		reg:    n.reg,
-		quotas: &n.quotas,
+		node:     n.id.Name,
+		static:   map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name, Permissions: &own, PublishDeny: nodeDeny()}, respPub: respID},
+		reg:      n.reg,
+		quotas:   new(controller.Quotas),
+		complete: make(chan struct{}),
 	}
 	n.dir.vaultKey.Store(keys.vaultPub)
 	n.dir.operator.Store(n.id.OperatorKey)
@@ -402,7 +389,7 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 		if err != nil {
 			return err
 		}
-		n.meter.formSeconds.Set(time.Since(forming).Seconds())
+		n.metrics.meter.FormSeconds.Set(time.Since(forming).Seconds())
 		if err := n.startBus(octx, cluster, n.cfg.ClientAddr); err != nil {
 			return err
 		}
@@ -411,10 +398,11 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 			return err
 		}
 	}
-	if n.respNC, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
+	if n.resp.nc, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
 		return fmt.Errorf("connect responder: %w", err)
 	}
-	n.budget = newStoreBudget(n.bus.MaxStore(), n.cfg)
+	n.closers.PushFunc("responder", n.resp.nc.Close)
+	n.budget = controller.NewBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
 	return nil
 }
@@ -425,11 +413,11 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 	readyTimeout := embedbus.DefaultReadyTimeout
 	if cluster != nil {
 		readyTimeout = formationReadyTimeout
-		cluster.TLS = n.certs.RouteTLS()
+		cluster.TLS = n.tls.keeper.RouteTLS()
 	}
 	var clientTLS *tls.Config
 	if n.clientTLSOn() {
-		clientTLS = n.certs.ClientTLS()
+		clientTLS = n.tls.keeper.ClientTLS()
 	}
 	n.bus, err = embedbus.Open(octx, embedbus.Config{
 		Name:         n.cfg.Name,
@@ -442,7 +430,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		Cluster:      cluster,
 		ClientTLS:    clientTLS,
 		ReadyTimeout: readyTimeout,
-		Complete:     n.dirComplete,
+		Complete:     n.dir.complete,
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
 
 		OnStartMemory:    n.OnStartMemory,
@@ -454,7 +442,20 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 	if err != nil {
 		return fmt.Errorf("open bus: %w", err)
 	}
+	// Pushed at each start (growing into a mesh starts the bus more than once); closeBus
+	// closes the bus open at the time, once.
+	n.closers.Push("bus", n.closeBus)
 	return nil
+}
+
+// closeBus closes the bus, if one is open.
+func (n *Node) closeBus() error {
+	if n.bus == nil {
+		return nil
+	}
+	err := n.bus.Close()
+	n.bus = nil
+	return err
 }
 
 // openMeshState makes the controller and brings the mesh's JetStream state to this node:
@@ -463,35 +464,14 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 // identity in the registry, and every module's streams. The leases' store is returned for
 // openServices.
 func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store, err error) {
-	n.ctrl = &controller{
-		log:      n.log.With("component", "controller"),
-		answered: n.meter.answered,
-		nc:       n.bus.Conn(),
-		resp:     n.respNC,
-		gate:     n.gate,
-		reg:      n.reg,
-		quotas:   &n.quotas,
-		topo: &topology{
-			js:           n.bus.JetStream(),
-			node:         n.id.Name,
-			replicas:     n.replicas(),
-			eventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
-			budget:       n.budget,
-		},
-		node:      n.id.Name,
-		js:        n.bus.JetStream(),
-		sweepNow:  make(chan struct{}, 1),
-		reports:   newReportCounts(),
-		hosts:     map[string]host.Report{},
-		published: map[string]deploy.Declaration{},
-		casc:      cascades{running: map[string]*cascade{}, lastCommit: map[string]string{}},
-		prov:      provisions{interval: time.Duration(n.cfg.ProvisionInterval), wake: make(chan struct{}, 1)},
-	}
-	if n.ctrl.sign, err = envelope.NewSigningKey(n.key); err != nil {
+	if n.sign, err = envelope.NewSigningKey(n.key); err != nil {
 		return nil, err
 	}
-	n.ctrl.publisher = &deploy.Publisher{JS: n.bus.JetStream(), Key: n.ctrl.sign, Controller: n.id.Name, Servers: n.serverKey}
-	n.ctrl.epoch = func() uint64 { return 0 } // the seat's, once the leases are open (openSeats)
+	// The registry closes after the controller, which reads it (a registry never opened
+	// closes as nothing).
+	n.closers.Push("registry", n.reg.Close)
+	n.ctrl = n.newController()
+	n.closers.Push("controller", n.ctrl.Close)
 	var leases *seats.Store
 	defer func() {
 		if err != nil && leases != nil {
@@ -501,36 +481,38 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		defer n.startStep("registry")
-		return retryJS(gctx, func(ctx context.Context) error {
+		return jsretry.Request(gctx, func(ctx context.Context) error {
 			return n.reg.Open(ctx, n.bus.JetStream(), n.replicas(), n.budget.Registry)
 		})
 	})
 	g.Go(func() error {
 		defer n.startStep("leases")
-		return retryJS(gctx, func(ctx context.Context) (err error) {
+		return jsretry.Request(gctx, func(ctx context.Context) (err error) {
 			leases, err = seats.OpenStore(ctx, n.bus.JetStream(), n.replicas(), seats.DefaultTTL, n.budget.Leases)
 			if err == nil {
 				leases.SetLogger(n.log.With("component", "seats"))
-				leases.OnHolderChange(n.meter.holderChanged)
+				leases.OnHolderChange(n.metrics.meter.HolderChanged)
 			}
 			return err
 		})
 	})
 	g.Go(func() error {
 		defer n.startStep("mesh streams")
-		return retryJS(gctx, n.ctrl.topo.ensureMesh)
+		return jsretry.Request(gctx, n.ctrl.Topology().EnsureMesh)
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	if n.dead, err = n.openDeadLetters(keys.deadLetters); err != nil {
+	dead, err := n.openDeadLetters(keys.deadLetters)
+	if err != nil {
 		return nil, err
 	}
+	n.closers.Push("dead letters", dead.Close)
 	if err := n.publishIdentity(ctx, keys.vaultPub); err != nil {
 		return nil, err
 	}
 	n.startStep("identity")
-	if err := retryJS(ctx, n.ctrl.reconcileAll); err != nil {
+	if err := jsretry.Request(ctx, n.ctrl.ReconcileAll); err != nil {
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
 	n.startStep("topology")
@@ -545,7 +527,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	if err := retryJS(ctx, func(ctx context.Context) error {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error {
 		return n.reg.SetNode(ctx, n.id.Name, registry.NodeIdentity{PublicKey: n.id.PublicKey, XKey: xpub})
 	}); err != nil {
 		return err
@@ -553,7 +535,7 @@ func (n *Node) publishIdentity(ctx context.Context, vaultPub string) error {
 	if vaultPub == "" {
 		return nil
 	}
-	return retryJS(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
+	return jsretry.Request(ctx, func(ctx context.Context) error { return n.reg.SetVault(ctx, vaultPub) })
 }
 
 // openServices starts what the node serves: the vault (only a node with the vault's
@@ -585,7 +567,7 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
 	mayMark := func(string) bool { return genesisErr == nil }
-	if err := retryJS(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return n.checkKept(ctx, known, mayMark) }); err != nil {
 		return fmt.Errorf("check the mesh's buckets: %w", err)
 	}
 	if !known {
@@ -594,54 +576,75 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 		}
 	}
 	n.checkBadRecords()
-	if n.lossSub, err = n.serveAcceptLoss(); err != nil {
+	if err := n.subscribe(api.NodeToolAcceptLoss+" tool", n.serveAcceptLoss); err != nil {
 		return fmt.Errorf("serve %s: %w", api.NodeToolAcceptLoss, err)
 	}
 	return nil
 }
 
+// subscribe makes one of the node's subscriptions with serve and unsubscribes it at Close.
+func (n *Node) subscribe(name string, serve func() (*nats.Subscription, error)) error {
+	sub, err := serve()
+	if err != nil {
+		return err
+	}
+	n.closers.PushFunc(name, func() { sub.Unsubscribe() })
+	return nil
+}
+
 // newHTTPServer makes the metrics and the HTTP API, which the server (serving since Open
 // bound its listener) answers with from now on.
-func (n *Node) newHTTPServer() {
-	n.metrics = newMetrics(n.started, func() *embedbus.Bus { return n.bus },
-		func() api.NodeAuditStatus { return n.auditStatus(context.Background()) },
-		func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
+func (n *Node) newHTTPServer() error {
+	n.metrics.reg = metrics.NewRegistry(metrics.Config{
+		Started: n.started,
+		Version: Version(),
+		Bus:     func() *embedbus.Bus { return n.bus },
+		Audit: func() (records, lag uint64) {
+			st := n.auditStatus(context.Background())
+			return st.Records, st.Lag
+		},
+		AuditMissed: func() uint64 { // not auditStatus: its JetStream requests are not needed for a counter
 			if n.audit == nil {
 				return 0
 			}
 			return n.audit.Missed()
 		},
-		func() int64 {
+		StoreBytes: func() int64 {
 			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, storeFile)); err == nil {
 				return st.Size()
 			}
 			return 0
-		})
-	n.metrics.MustRegister(n.ctrl.reports)
-	n.metrics.MustRegister(n.meter.collectors()...)
-	n.metrics.MustRegister(&streamCollector{bus: func() *embedbus.Bus { return n.bus }})
-	n.toolStats = newModuleToolStats(n.id.Name, func(module, tool string) bool {
-		e, ok := n.reg.Get(module)
-		return ok && declaresTool(e.Manifest, tool)
+		},
 	})
-	n.metrics.MustRegister(n.toolStats)
-	n.dash = n.openDashboard()
+	n.metrics.reg.MustRegister(n.ctrl.Reports())
+	n.metrics.reg.MustRegister(n.metrics.meter.Collectors()...)
+	n.metrics.reg.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
+	tools := metrics.NewModuleTools(n.id.Name, func(module, tool string) bool {
+		e, ok := n.reg.Get(module)
+		return ok && metrics.DeclaresTool(e.Manifest, tool)
+	})
+	n.metrics.reg.MustRegister(tools)
+	if err := n.subscribe("modules' tool latency", func() (*nats.Subscription, error) {
+		return n.bus.Conn().Subscribe(manifest.StatsSubject("*", n.id.Name), tools.Take)
+	}); err != nil {
+		return fmt.Errorf("take the modules' tool latency: %w", err)
+	}
+	n.web.dash = n.openDashboard()
+	n.closers.Push("dashboard", n.web.dash.Close)
 	h := n.handler()
-	n.handlerNow.Store(&h)
+	n.web.handler.Store(&h)
+	return nil
 }
 
 // announce serves the cluster's tools and tells the mesh this node joined, on a node with
 // peers.
 func (n *Node) announce() (err error) {
-	if n.certSub, err = n.serveCertRotate(); err != nil {
+	if err := n.subscribe("cert-rotate tool", n.serveCertRotate); err != nil {
 		return fmt.Errorf("serve the cert-rotate tool: %w", err)
 	}
-	if n.statsSub, err = n.bus.Conn().Subscribe(manifest.StatsSubject("*", n.id.Name), n.toolStats.take); err != nil {
-		return fmt.Errorf("take the modules' tool latency: %w", err)
-	}
-	if n.members == nil {
+	if n.mesh.members == nil {
 		// A single node: it may grow into a mesh.
-		if n.growSub, err = n.serveGrow(); err != nil {
+		if err := n.subscribe("grow tool", n.serveGrow); err != nil {
 			return fmt.Errorf("serve the grow tool: %w", err)
 		}
 		if n.found.GrowPhase == growWaiting {
@@ -649,19 +652,27 @@ func (n *Node) announce() (err error) {
 		}
 		return nil
 	}
-	n.clusterWork = lifecycle.NewGroup(context.Background())
-	if n.clusterSubs, err = n.serveCluster(); err != nil {
-		return fmt.Errorf("serve cluster tools: %w", err)
+	n.mesh.work = lifecycle.NewGroup(context.Background())
+	n.closers.PushFunc("cluster tools' work", n.mesh.work.Close)
+	for _, tool := range []string{api.NodeToolLeave, api.NodeToolRemove} {
+		if err := n.subscribe(tool+" tool", func() (*nats.Subscription, error) { return n.serveCluster(tool) }); err != nil {
+			return fmt.Errorf("serve cluster tools: %w", err)
+		}
 	}
-	gone, err := n.dropRoutesOfGone()
-	if err != nil {
+	if err := n.subscribe("servers gone", n.dropRoutesOfGone); err != nil {
 		return fmt.Errorf("watch for servers gone: %w", err)
 	}
-	n.clusterSubs = append(n.clusterSubs, gone)
 	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "joined", map[string]any{
 		"node": n.id.Name, "mesh_id": n.id.MeshID, "client_url": n.bus.ClientURL(), "cluster_addr": n.cfg.ClusterAddr,
 	}, n.log)
-	n.eventConn.Store(n.bus.Conn())
+	n.mesh.eventConn.Store(n.bus.Conn())
+	n.closers.PushFunc("node events", func() {
+		n.mesh.eventConn.Store(nil)
+		if !n.mesh.left.Load() { // a node that left said so
+			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
+			n.bus.Conn().FlushTimeout(time.Second)
+		}
+	})
 	n.reportUnreachable() // if this node took mesh-controller while opening
 	return nil
 }
@@ -687,7 +698,7 @@ func (n *Node) Run(ctx context.Context) error {
 		g.Add(func() error {
 			select {
 			case <-ctx.Done():
-			case <-n.quit: // the node left its mesh
+			case <-n.quit.ch: // the node left its mesh
 			}
 			return nil
 		}, func(error) { cancel() })
@@ -710,23 +721,23 @@ func (n *Node) Run(ctx context.Context) error {
 		add("vault enrolment", n.enrolVault)
 	}
 	add("audit logger", n.audit.Run)
-	add("declaration follower", n.host.Run)
+	add("declaration follower", n.mods.host.Run)
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	add("quotas", n.enforceQuotas)
 	add("certificate renewal", n.renewCerts)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.
-		<-n.httpDone
-		if err := n.httpErr; !errors.Is(err, http.ErrServerClosed) {
+		<-n.web.done
+		if err := n.web.err; !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
 		}
 		return nil
 	}, func(error) {
-		n.dash.Close() // its event streams never go idle: Shutdown would wait them out
+		n.web.dash.Close() // its event streams never go idle: Shutdown would wait them out
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n.cfg.ShutdownTimeout)/2)
 		defer cancel()
-		n.httpSrv.Shutdown(ctx)
+		n.web.srv.Shutdown(ctx)
 	})
 
 	n.log.Info("node running", "client_url", n.bus.ClientURL(), "http", n.HTTPURL(), "mesh_id", n.id.MeshID)
@@ -735,128 +746,16 @@ func (n *Node) Run(ctx context.Context) error {
 		n.log.Info("stopping", "reason", err.Error())
 		return nil
 	}
-	if err == nil && n.restart.Load() {
+	if err == nil && n.grower.restart.Load() {
 		return ErrRestart
 	}
 	return err
 }
 
-// Close closes the node's parts in reverse order and removes node.json. It keeps the first
-// error and is safe to call on a partly opened node.
-func (n *Node) Close() error {
-	var first error
-	keep := func(err error, part string) {
-		if err != nil && first == nil {
-			first = fmt.Errorf("close %s: %w", part, err)
-		}
-	}
-	keep(n.dash.Close(), "dashboard")
-	if n.httpSrv != nil {
-		keep(n.httpSrv.Close(), "http")
-		<-n.httpDone
-	} else if n.httpLn != nil {
-		keep(n.httpLn.Close(), "http")
-	}
-	if n.supervisor != nil {
-		n.supervisor.Stop() // the modules stop with their node
-	}
-	keep(n.sandbox.Close(), "sandbox")
-	n.eventConn.Store(nil)
-	if n.lossSub != nil {
-		n.lossSub.Unsubscribe()
-		n.lossSub = nil
-	}
-	for _, s := range n.clusterSubs {
-		s.Unsubscribe()
-	}
-	n.clusterSubs = nil
-	if n.clusterWork != nil {
-		n.clusterWork.Close()
-	}
-	if n.members != nil && n.bus != nil && !n.left.Load() {
-		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "stopped", map[string]any{"node": n.id.Name}, n.log)
-		n.bus.Conn().FlushTimeout(time.Second)
-	}
-	if n.dead != nil {
-		keep(n.dead.Close(), "dead letters")
-		n.dead = nil
-	}
-	if n.auditSub != nil {
-		n.auditSub.Unsubscribe()
-		n.auditSub = nil
-	}
-	if n.logsSub != nil {
-		n.logsSub.Unsubscribe()
-		n.logsSub = nil
-	}
-	if n.growSub != nil {
-		n.growSub.Unsubscribe()
-		n.growSub = nil
-	}
-	if n.statsSub != nil {
-		n.statsSub.Unsubscribe()
-		n.statsSub = nil
-	}
-	if n.certSub != nil {
-		n.certSub.Unsubscribe()
-		n.certSub = nil
-	}
-	if n.seats != nil {
-		n.seats.stop()
-		keep(n.seats.store.Close(), "seats")
-		n.seats = nil
-	}
-	if n.ctrl != nil {
-		n.ctrl.close()
-		n.ctrl = nil
-	}
-	if n.vault != nil {
-		keep(n.vault.Close(), "vault")
-		n.vault = nil
-	}
-	if n.vaultNC != nil {
-		n.vaultNC.Close()
-		n.vaultNC = nil
-	}
-	if n.reg != nil && !n.regClosed {
-		// The pointer stays: closures handed to other parts (the audit logger's key lookup)
-		// may still read the last mirror.
-		keep(n.reg.Close(), "registry")
-		n.regClosed = true
-	}
-	if n.gateStop != nil {
-		n.gateStop()
-		n.gateStop = nil
-	}
-	if n.respNC != nil {
-		n.respNC.Close()
-		n.respNC = nil
-	}
-	if n.bus != nil {
-		keep(n.bus.Close(), "bus")
-		n.bus = nil
-	}
-	if m := n.growMembers(); m != nil {
-		n.growMu.Lock()
-		close(n.growStop)
-		n.growMu.Unlock()
-		n.growWG.Wait()
-		keep(m.Stop(time.Second), "membership")
-		n.growMu.Lock()
-		n.growGossip = nil
-		n.growMu.Unlock()
-	}
-	if n.members != nil {
-		keep(n.members.Stop(time.Second), "membership")
-		n.members = nil
-	}
-	if n.db != nil {
-		removeInfo(n.cfg.DataDir)
-		keep(n.db.Close(), "store")
-		n.db = nil
-	}
-	return first
-}
+// Close undoes the steps Open took, the last first (each pushed its close on closers as
+// it opened), and removes node.json. It returns the parts' errors joined, each naming its
+// part, and is safe on a partly opened node and more than once.
+func (n *Node) Close() error { return n.closers.Close() }
 
 // enrolVault asks the vault for its own credentials, sealed to this node's xkey, keeps them
 // in the store, opens the vault here and becomes a candidate for its seat; then it follows
@@ -902,71 +801,21 @@ func (n *Node) enrolVault(ctx context.Context) error {
 	return n.vault.Watch(ctx)
 }
 
-// retryJS runs f with a fresh context until it succeeds or ctx ends. A clustered JetStream
-// drops an API request sent while it has no leader for the asset (the meta group's, or a new
-// stream's) — the request is never answered — so a step of Open asks again rather than wait
-// out its whole budget on one lost request. The first attempts are short (an answered request
-// takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
-// stream placed on a busy cluster can take seconds to answer).
-func retryJS(ctx context.Context, f func(context.Context) error) error {
-	attempt := 250 * time.Millisecond
-	pause := backoff.Backoff{First: 20 * time.Millisecond, Max: 2 * time.Second}
-	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
-		err := f(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-		if !retryableJS(err) {
-			return err
-		}
-		attempt = min(2*attempt, 5*time.Second)
-		if pause.Wait(ctx) != nil {
-			return err
-		}
-	}
-}
-
-// retryableJS reports whether a JetStream request's error is one a clustered JetStream gives
-// while it settles (no leader yet, no peers placed yet, a peer change in flight), told by type
-// and by nats-server's error code, never by text.
-func retryableJS(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, embedbus.ErrChangeInFlight) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch server.ErrorIdentifier(apiErr.ErrorCode) {
-		case server.JSClusterNotAvailErr, server.JSClusterNoPeersErrF, server.JSClusterNotLeaderErr:
-			return true
-		case server.JSStreamNameExistErr:
-			// Two nodes created a stream at once with configurations that differ (each sizes
-			// the mesh's streams from its own store): asked again, the update path settles it.
-			return true
-		}
-	}
-	return false
-}
-
 // openSeats takes the lease store, starts the node's seat tool, and takes the mesh's own
 // seats this node is a candidate for before the node reports ready.
 func (n *Node) openSeats(ctx context.Context, store *seats.Store) error {
 	s := &seatService{
 		log: n.log.With("component", "seats"), node: n.id.Name, key: n.key,
-		bus: n.bus, resp: n.respNC, gate: n.gate, reg: n.reg, topo: n.ctrl.topo, store: store, ctrl: n.ctrl, vault: n.vault,
+		bus: n.bus, resp: n.resp.nc, gate: n.resp.gate, reg: n.reg, topo: n.ctrl.Topology(), store: store, ctrl: n.ctrl, vault: n.vault,
 	}
 	s.run = seats.NewRunner(store, n.id.Name, s.log, s.alive, s.hooks())
 	s.onControl = n.reportUnreachable
 	n.seats = s
+	n.closers.Push("seats", func() error {
+		s.stop() // releases this node's leases: a graceful stop hands its seats on at once
+		return s.store.Close()
+	})
 	n.dir.seats.Store(s)
-	n.ctrl.seats = s.status
-	n.ctrl.epoch = func() uint64 {
-		// The runner's own record of the lease it holds: the lease bucket's mirror can lag.
-		l, _ := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name})
-		return l.Epoch
-	}
 	if err := s.start(); err != nil {
 		return err
 	}
@@ -1001,20 +850,21 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if n.vaultNC, err = n.bus.Connect(key, "vault", nats.CustomInboxPrefix(partInbox("vault", n.id.Name))); err != nil {
 		return fmt.Errorf("connect vault: %w", err)
 	}
-	err = retryJS(ctx, func(ctx context.Context) (err error) {
+	n.closers.PushFunc("vault's connection", n.vaultNC.Close)
+	err = jsretry.Request(ctx, func(ctx context.Context) (err error) {
 		n.vault, err = vault.Open(ctx, vault.Config{
 			Log:         n.log.With("component", "vault"),
 			MeshID:      n.id.MeshID,
 			Node:        n.id.Name,
 			Conn:        n.vaultNC,
-			Responder:   n.respNC,
+			Responder:   n.resp.nc,
 			Key:         key,
 			BarrierKey:  n.found.BarrierKey,
 			Replicas:    n.replicas(),
 			MaxBytes:    n.budget.Vault,
 			RateLimit:   n.cfg.RateLimit,
-			Served:      n.meter.served,
-			RateLimited: n.meter.rateLimited,
+			Served:      n.metrics.meter.Served,
+			RateLimited: n.metrics.meter.RateLimited,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {
@@ -1041,6 +891,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 	if err != nil {
 		return err
 	}
+	n.closers.Push("vault", n.vault.Close)
 	n.dir.vault.Store(n.vault)
 	return nil
 }
@@ -1048,7 +899,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 // openHost reads the declaration this node applied last and makes the follower of its next
 // ones: signed by a server of the mesh, checked against the registry's node keys.
 func (n *Node) openHost() (err error) {
-	n.host, err = host.Open(host.Config{
+	n.mods.host, err = host.Open(host.Config{
 		Node: n.id.Name, DB: n.db, JS: n.bus.JetStream(), Log: n.log.With("component", "host"),
 		Servers: func(name string) (string, bool) {
 			id, ok := n.reg.Node(name)
@@ -1107,9 +958,8 @@ func (n *Node) openAudit() (err error) {
 		return err
 	}
 	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
-	n.audit.Ingested = n.meter.ingested
-	n.auditSub, err = audit.Serve(n.respNC, n.id.Name, n.audit)
-	return err
+	n.audit.Ingested = n.metrics.meter.Ingested
+	return n.subscribe("audit tool", func() (*nats.Subscription, error) { return audit.Serve(n.resp.nc, n.id.Name, n.audit) })
 }
 
 // owns reports whether source may speak for the owner of subject's namespace: a module for
@@ -1178,7 +1028,7 @@ func (n *Node) handOff(ctx context.Context) error {
 }
 
 // requestStop ends Run: the node has left its mesh.
-func (n *Node) requestStop() { n.quitOnce.Do(func() { close(n.quit) }) }
+func (n *Node) requestStop() { n.quit.once.Do(func() { close(n.quit.ch) }) }
 
 // Identity returns the node's identity.
 func (n *Node) Identity() Identity { return n.id }
@@ -1188,10 +1038,10 @@ func (n *Node) ClientURL() string { return n.bus.ClientURL() }
 
 // HTTPURL is the base URL of the node's HTTP API.
 func (n *Node) HTTPURL() string {
-	if n.httpLn == nil {
+	if n.web.ln == nil {
 		return ""
 	}
-	return "http://" + n.httpLn.Addr().String()
+	return "http://" + n.web.ln.Addr().String()
 }
 
 // HasVault reports whether this node holds the vault's credentials (and can serve it).

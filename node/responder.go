@@ -19,6 +19,12 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
+// responder is the node's answering connection and the rate limits it applies.
+type responder struct {
+	nc   *nats.Conn     // answers every request: may publish only to inboxes
+	gate *throttle.Gate // rate limits on whoami and the seat tool
+}
+
 // The node answers requests — the controller's tools, the vault's, its own seat and cluster
 // tools, its audit log — and a request names the subject of its reply. Answered from a
 // connection that may publish anywhere, a reply subject is a write to anywhere: a module that
@@ -60,15 +66,15 @@ func newPartIdentity(name string, p manifest.Permissions) (nkeys.KeyPair, string
 // newGate is the node's rate limit per identity on whoami and the seat tool; refusals become
 // one node event per identity and tool per interval, with a count.
 func (n *Node) newGate() {
-	n.gate = throttle.New(float64(n.cfg.RateLimit), 2*n.cfg.RateLimit, 0, func(r throttle.Refusal) {
-		if nc := n.eventConn.Load(); nc != nil {
+	n.resp.gate = throttle.New(float64(n.cfg.RateLimit), 2*n.cfg.RateLimit, 0, func(r throttle.Refusal) {
+		if nc := n.mesh.eventConn.Load(); nc != nil {
 			publishNodeEvent(nc, n.key, n.id.Name, "refused", map[string]any{
 				"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
 			}, n.log)
 		}
 		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
 	})
-	n.gateStop = n.gate.Start()
+	n.closers.PushFunc("rate limits", n.resp.gate.Start()) // the last report made
 }
 
 // partInbox is the inbox prefix of one of the node's parts with a connection of its own (the
@@ -84,7 +90,7 @@ func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadletter.Writer, error) {
 	}
 	// Its writes outlive Open (whose context ends when it returns): Close ends them.
 	d, err := deadletter.OpenWriter(context.Background(), deadletter.WriterConfig{
-		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.meter.deadLetters})
+		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.metrics.meter.DeadLetters})
 	if err != nil {
 		return nil, fmt.Errorf("start dead-letter writer: %w", err)
 	}

@@ -11,8 +11,10 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -26,7 +28,7 @@ import (
 // seatService answers a node's seat tool and turns lease changes into bus authority: the
 // holder's connection is kicked so it reconnects with (or without) the holder's permissions,
 // and what a dead holder had in hand is NAKed on its behalf, so it is redelivered at once
-// rather than after the ack wait (topology.redeliverNow).
+// rather than after the ack wait (controller.Topology.RedeliverNow).
 type seatService struct {
 	log   *slog.Logger
 	node  string
@@ -35,10 +37,10 @@ type seatService struct {
 	resp  *nats.Conn // answers the seat tool: may publish only to inboxes
 	gate  *throttle.Gate
 	reg   *registry.Registry
-	topo  *topology
+	topo  *controller.Topology
 	store *seats.Store
 	run   *seats.Runner
-	ctrl  *controller
+	ctrl  *controller.Controller
 	vault *vault.Vault
 	// git and builder are the cascade's seats' work on this node (build.go).
 	git     *build.Git
@@ -142,7 +144,10 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	var stop func()
 	switch l.Seat {
 	case manifest.ControllerSeat:
-		start, stop = s.ctrl.start, s.ctrl.stop
+		start = func() error {
+			return s.ctrl.Start(controller.Seat{List: s.status, Epoch: s.controllerEpoch})
+		}
+		stop = s.ctrl.Stop
 		if held && s.onControl != nil {
 			defer s.onControl()
 		}
@@ -177,7 +182,7 @@ func (s *seatService) moduleGained(l seats.Lease) bool {
 	if c, ok, err := e.Derivation.SeatConsumer(l.Seat, l.Node); err == nil && ok {
 		// Retried: while a clustered stream has no leader the request goes unanswered.
 		ctx, cancel := context.WithTimeout(s.group.Context(), consumerReadyTimeout)
-		err := retryJS(ctx, func(ctx context.Context) error { return s.topo.redeliverNow(ctx, c) })
+		err := jsretry.Request(ctx, func(ctx context.Context) error { return s.topo.RedeliverNow(ctx, c) })
 		cancel()
 		if err != nil {
 			s.log.Warn("ready the seat's consumer; the holder waits for it", "seat", l.Seat, "err", err)
@@ -245,6 +250,13 @@ func (s *seatService) holders(seat string) []seats.Lease {
 		}
 	}
 	return out
+}
+
+// controllerEpoch is the epoch of this node's lease of mesh-controller, 0 when it holds none:
+// the runner's own record of the lease it holds, since the lease bucket's mirror can lag.
+func (s *seatService) controllerEpoch() uint64 {
+	l, _ := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: s.node})
+	return l.Epoch
 }
 
 // lostAuthority takes a released or lost seat's authority from its holder at once.
@@ -417,7 +429,7 @@ func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []api.SeatVe
 // backlogs.
 func (s *seatService) status(ctx context.Context) []api.SeatStatus {
 	return s.statusWith(func(stream string) (uint64, bool) {
-		st, err := s.topo.js.Stream(ctx, stream)
+		st, err := s.bus.JetStream().Stream(ctx, stream)
 		if err != nil {
 			return 0, false
 		}

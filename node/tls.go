@@ -13,6 +13,12 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// certs is the node's certificate and the mesh's CA that issues it.
+type certs struct {
+	keeper *meshca.Keeper // the current certificate, for routes and TLS clients
+	ca     *meshca.CA
+}
+
 // Routes are always TLS, both ends verified against the mesh's CA; the client port is TLS
 // when it is not on loopback (or client-tls says always). The node's certificate is issued
 // by the node itself (meshca: the CA derives from the route credential), kept in the data
@@ -64,21 +70,21 @@ func (n *Node) openCerts() error {
 	if err := meshca.Save(n.cfg.DataDir, ca, *cert); err != nil {
 		return fmt.Errorf("keep the node's certificate: %w", err)
 	}
-	n.certs = meshca.NewKeeper(ca, *cert)
-	n.certCA = ca
+	n.tls.keeper = meshca.NewKeeper(ca, *cert)
+	n.tls.ca = ca
 	return nil
 }
 
 // rotateCert issues the node a new certificate and presents it from the next handshake on.
 func (n *Node) rotateCert() error {
-	c, err := n.certCA.Issue(n.id.Name, n.certHosts(), time.Now())
+	c, err := n.tls.ca.Issue(n.id.Name, n.certHosts(), time.Now())
 	if err != nil {
 		return err
 	}
-	if err := meshca.Save(n.cfg.DataDir, n.certCA, c); err != nil {
+	if err := meshca.Save(n.cfg.DataDir, n.tls.ca, c); err != nil {
 		return err
 	}
-	n.certs.Set(c)
+	n.tls.keeper.Set(c)
 	n.log.Info("rotated the node's certificate", "serial", c.Leaf.SerialNumber.Text(16), "not_after", c.Leaf.NotAfter)
 	return nil
 }
@@ -98,7 +104,7 @@ func (n *Node) renewCerts(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		if meshca.Due(n.certs.Current(), n.certHosts(), time.Now()) {
+		if meshca.Due(n.tls.keeper.Current(), n.certHosts(), time.Now()) {
 			if err := n.rotateCert(); err != nil {
 				n.log.Error("renew the node's certificate; trying again in an hour", "err", err)
 			}
@@ -108,7 +114,7 @@ func (n *Node) renewCerts(ctx context.Context) error {
 
 // serveCertRotate answers the node's cert-rotate tool.
 func (n *Node) serveCertRotate() (*nats.Subscription, error) {
-	return n.respNC.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolCertRotate), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolCertRotate), func(m *nats.Msg) {
 		respondCluster(m, n.rotateCert())
 	})
 }

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 )
 
 // maxWhoamiRequest bounds a whoami request's body: it names one key.
@@ -32,32 +34,77 @@ const maxWhoamiRequest = 1 << 10
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
 
-// controller answers the mesh-controller's tools on this node and reconciles topology. It
+// ErrClosed is Start's error once the controller is closed: its node is stopping.
+var ErrClosed = errors.New("the controller is closed: its node is stopping")
+
+// Config is what a controller works with: the node's connections, key and registry, and the
+// seams to the node's other parts. Every field is required unless it says otherwise.
+type Config struct {
+	Log *slog.Logger
+	// Node is this node's name: the controller's events and declarations are its own.
+	Node string
+	// Conn is the node's own connection: writes, and requests to the vault and the
+	// cascade's seats. JS is its JetStream.
+	Conn *nats.Conn
+	JS   jetstream.JetStream
+	// Responder answers the tools: it may publish only to inboxes.
+	Responder *nats.Conn
+	// Gate rate-limits whoami.
+	Gate     *throttle.Gate
+	Registry *registry.Registry
+	// Quotas are the modules over their EVENTS quota on this node, as whoami tells them.
+	Quotas *Quotas
+	// Sign is the node's key: the registry's events and the declarations are the node's own.
+	Sign *envelope.SigningKey
+	// Servers returns a server of the mesh's public key: what declarations are checked with.
+	Servers deploy.ServerKey
+	// Replicas is how many copies of the mesh's streams and buckets the mesh keeps.
+	Replicas int
+	// EventsMaxAge is how long EVENTS keeps an event; zero: for ever.
+	EventsMaxAge time.Duration
+	// Budget is the byte limits of the mesh's streams; zero: none.
+	Budget Budget
+	// ProvisionInterval is how often the providers are asked what they hold.
+	ProvisionInterval time.Duration
+	// Answered, when set, is told how long each answered tool took (the node's metrics).
+	Answered func(subject string, took time.Duration)
+	// Publish publishes body on subject as this node's own (x-source and x-node the node),
+	// signed by it and caused by causation ("": none), once JetStream has stored it.
+	Publish func(ctx context.Context, subject string, body []byte, causation string) error
+}
+
+// Seat is what the controller asks of the seat service while this node holds the
+// mesh-controller seat (Start).
+type Seat struct {
+	// List lists every seat, for the seats tool.
+	List func(context.Context) []api.SeatStatus
+	// Epoch is the epoch of this node's lease of mesh-controller: 0 once it holds it no
+	// more (the lease bucket's mirror can lag; the seat runner's record cannot).
+	Epoch func() uint64
+}
+
+// Controller answers the mesh-controller's tools on this node and reconciles topology. It
 // serialises registrations: the catalogue checks hold only if no other write interleaves.
-type controller struct {
-	log  *slog.Logger
-	nc   *nats.Conn // the node's own: writes and requests to the vault
-	resp *nats.Conn // answers the tools: may publish only to inboxes
-	gate *throttle.Gate
-	reg  *registry.Registry
-	topo *topology
-	node string
-	// quotas are the modules over their EVENTS quota on this node, as whoami tells them.
-	quotas *quotas
+type Controller struct {
+	log    *slog.Logger
+	nc     *nats.Conn // the node's own: writes and requests to the vault
+	resp   *nats.Conn // answers the tools: may publish only to inboxes
+	gate   *throttle.Gate
+	reg    *registry.Registry
+	topo   *Topology
+	node   string
+	quotas *Quotas
 	js     jetstream.JetStream  // publishes the registry's events
 	sign   *envelope.SigningKey // the node's key: the registry's events are the node's own
 
-	// sweepStop ends the outbox sweeper, which runs while this node holds the seat;
-	// sweepers counts those still ending; sweepNow wakes it.
-	sweepStop context.CancelFunc
-	sweepers  sync.WaitGroup
-	sweepNow  chan struct{}
+	// sweepNow wakes the outbox sweeper.
+	sweepNow chan struct{}
 
-	// seats lists every seat for the seats tool.
-	seats func(context.Context) []api.SeatStatus
+	// seat is the seat service's, set while this node holds (or last held) the seat.
+	seat atomic.Pointer[Seat]
 
-	// answered, when set, is told how long each answered tool took (the node's metrics).
 	answered func(subject string, took time.Duration)
+	publish  func(ctx context.Context, subject string, body []byte, causation string) error
 
 	// reports counts the report jobs taken from the seat's work queue (reports.go).
 	reports *prometheus.CounterVec
@@ -66,30 +113,90 @@ type controller struct {
 	// this node, at the controller seat's epoch (deployments.go).
 	deps      deployments
 	publisher *deploy.Publisher
-	epoch     func() uint64
 	// hosts are the hosts' latest reports, by node (reports.go), and published the
 	// declarations this holder published or found genuine on STATE: what `ps` shows.
 	hostsMu   sync.Mutex
 	hosts     map[string]host.Report
 	published map[string]deploy.Declaration
-	// casc are the build cascades under way and the latest builds (cascade_controller.go).
+	// casc are the build cascades under way and the latest builds (cascade.go).
 	casc cascades
 	// prov is the provisioning of the deployed modules' requirements (provisions.go).
 	prov provisions
 
-	mu     sync.Mutex // serialises registrations
-	subsMu sync.Mutex
+	mu sync.Mutex // serialises registrations
+
+	// loops run while this node holds the seat: the sweeper, the provisioner, the
+	// declarations, the cascade's and the reports' consumers.
+	loops []func(context.Context)
+
+	// ctx ends at Close: the tools' answers and the loops end with it. wg counts the
+	// loops' holdings and the answers in flight; closed, under wgMu, stops new ones once
+	// Close waits, so that wg.Add never races wg.Wait.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	wgMu   sync.Mutex
+	closed bool
+
+	subsMu sync.Mutex // the tools' subscriptions and the current holding
 	subs   []*nats.Subscription
+	held   *holding
 }
 
-// start subscribes to the controller's tools (queue group mesh-controller): the node does
-// this while it holds the mesh-controller seat.
-func (c *controller) start() error {
+// holding is one holding of the seat: its loops' context, ended when the seat is let go,
+// and done, closed once every loop has returned.
+type holding struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New makes the controller of a node; it serves nothing until Start.
+func New(cfg Config) *Controller {
+	c := &Controller{
+		log: cfg.Log, nc: cfg.Conn, resp: cfg.Responder, gate: cfg.Gate, reg: cfg.Registry, node: cfg.Node,
+		quotas: cfg.Quotas, js: cfg.JS, sign: cfg.Sign,
+		topo: &Topology{
+			js:           cfg.JS,
+			node:         cfg.Node,
+			replicas:     cfg.Replicas,
+			eventsMaxAge: cfg.EventsMaxAge,
+			budget:       cfg.Budget,
+		},
+		sweepNow: make(chan struct{}, 1),
+		answered: cfg.Answered, publish: cfg.Publish,
+		reports:   newReportCounts(),
+		publisher: &deploy.Publisher{JS: cfg.JS, Key: cfg.Sign, Controller: cfg.Node, Servers: cfg.Servers},
+		hosts:     map[string]host.Report{},
+		published: map[string]deploy.Declaration{},
+		casc:      cascades{running: map[string]*cascade{}, lastCommit: map[string]string{}},
+		prov:      provisions{interval: cfg.ProvisionInterval, wake: make(chan struct{}, 1)},
+	}
+	c.loops = []func(context.Context){c.keepProvisioned, c.consumeCascade, c.sweepOutboxes, c.keepDeclared, c.consumeReports}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// Topology is the controller's topology: the node makes and repairs the mesh's streams with
+// it too (at start, and when drift finds them gone).
+func (c *Controller) Topology() *Topology { return c.topo }
+
+// Reports is the controller's metric of the reports it took.
+func (c *Controller) Reports() prometheus.Collector { return c.reports }
+
+// Start subscribes to the controller's tools (queue group mesh-controller) and starts its
+// loops: the node does this when it has become the mesh-controller seat's holder. The loops
+// of a previous holding start again only once they have ended: losing and regaining the
+// seat at once must not run two sets.
+func (c *Controller) Start(seat Seat) error {
 	c.subsMu.Lock()
 	defer c.subsMu.Unlock()
 	if len(c.subs) > 0 {
 		return nil
 	}
+	if c.ctx.Err() != nil {
+		return ErrClosed
+	}
+	c.seat.Store(&seat)
 	body := func(h func(context.Context, []byte) any) func(context.Context, *nats.Msg) any {
 		return func(ctx context.Context, m *nats.Msg) any { return h(ctx, m.Data) }
 	}
@@ -114,8 +221,12 @@ func (c *controller) start() error {
 				c.log.Debug("a controller tool message without an inbox is ignored", "subject", m.Subject, "reply", m.Reply)
 				return
 			}
+			if !c.track() {
+				return // closing: not answered
+			}
+			defer c.wg.Done()
 			arrived := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), controllerTimeout)
+			ctx, cancel := context.WithTimeout(c.ctx, controllerTimeout)
 			defer cancel()
 			reply := h(ctx, m)
 			if reply == nil {
@@ -135,30 +246,53 @@ func (c *controller) start() error {
 		}
 		c.subs = append(c.subs, sub)
 	}
-	var sweep context.Context
-	sweep, c.sweepStop = context.WithCancel(context.Background())
-	c.sweepers.Add(5)
-	go func() {
-		defer c.sweepers.Done()
-		c.keepProvisioned(sweep)
-	}()
-	go func() {
-		defer c.sweepers.Done()
-		c.consumeCascade(sweep)
-	}()
-	go func() {
-		defer c.sweepers.Done()
-		c.sweepOutboxes(sweep)
-	}()
-	go func() {
-		defer c.sweepers.Done()
-		c.keepDeclared(sweep)
-	}()
-	go func() {
-		defer c.sweepers.Done()
-		c.consumeReports(sweep)
-	}()
+	if !c.startLoops() {
+		c.unsubscribe()
+		return ErrClosed
+	}
 	return c.resp.Flush()
+}
+
+// track counts one more piece of work Close waits for; false once Close waits.
+func (c *Controller) track() bool {
+	c.wgMu.Lock()
+	defer c.wgMu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
+}
+
+// startLoops starts a holding's loops once the previous holding's have returned (under
+// subsMu); false once Close waits.
+func (c *Controller) startLoops() bool {
+	if !c.track() {
+		return false
+	}
+	ctx, cancel := context.WithCancel(c.ctx)
+	prev, h := c.held, &holding{cancel: cancel, done: make(chan struct{})}
+	c.held = h
+	go func() {
+		defer c.wg.Done()
+		defer close(h.done)
+		if prev != nil {
+			// Not waited for in Stop: it runs in the seat's hooks, which must be quick.
+			<-prev.done
+		}
+		if ctx.Err() != nil {
+			return // let go (or closed) meanwhile
+		}
+		var g errgroup.Group
+		for _, loop := range c.loops {
+			g.Go(func() error {
+				loop(ctx)
+				return nil
+			})
+		}
+		g.Wait()
+	}()
+	return true
 }
 
 // jsonTool adapts a controller verb to its tool: the request decoded from JSON (one that is
@@ -182,43 +316,58 @@ func jsonTool[Req, Reply any, P interface {
 	}
 }
 
-// stop unsubscribes: the node no longer holds the mesh-controller seat, or is stopping.
-func (c *controller) stop() {
+// Stop unsubscribes and ends the loops, without waiting for them: the node no longer holds
+// the mesh-controller seat (the next Start waits for them).
+func (c *Controller) Stop() {
 	c.subsMu.Lock()
 	defer c.subsMu.Unlock()
 	c.unsubscribe()
 }
 
-// close stops and waits for the outbox sweepers to end: the node is closing.
-func (c *controller) close() {
-	c.stop()
-	c.sweepers.Wait()
+// Close stops, and waits for the loops and the answers in flight to end: the node is
+// closing. Start fails from now on.
+func (c *Controller) Close() error {
+	c.Stop()
+	c.wgMu.Lock()
+	c.closed = true
+	c.wgMu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	return nil
 }
 
-func (c *controller) unsubscribe() {
+func (c *Controller) unsubscribe() {
 	for _, s := range c.subs {
 		s.Unsubscribe()
 	}
 	c.subs = nil
-	if c.sweepStop != nil {
-		c.sweepStop() // not waited for: stop runs in the seat's hooks, which must be quick (close waits)
-		c.sweepStop = nil
+	if c.held != nil {
+		c.held.cancel()
 	}
 	c.forgetProvisions()
 }
 
-func (c *controller) handleSeats(ctx context.Context, _ []byte) any {
-	return api.SeatListReply{Seats: c.seats(ctx)}
+func (c *Controller) handleSeats(ctx context.Context, _ []byte) any {
+	return api.SeatListReply{Seats: c.seat.Load().List(ctx)}
 }
 
-// reconcileAll brings the topology of every registered module up to date (at start).
-func (c *controller) reconcileAll(ctx context.Context) error {
-	if err := c.topo.ensureMesh(ctx); err != nil {
+// epoch is the epoch of this node's lease of the seat: 0 when it holds none.
+func (c *Controller) epoch() uint64 {
+	if s := c.seat.Load(); s != nil {
+		return s.Epoch()
+	}
+	return 0
+}
+
+// ReconcileAll brings the mesh's streams and buckets, and the topology of every registered
+// module, up to date (at start).
+func (c *Controller) ReconcileAll(ctx context.Context) error {
+	if err := c.topo.EnsureMesh(ctx); err != nil {
 		return err
 	}
 	// The mesh's own seats' work queues, derived from the built-in manifest like any
 	// module's: work sent to them waits for their holder.
-	if err := c.topo.ensureModule(ctx, manifest.Builtin()); err != nil {
+	if err := c.topo.EnsureModule(ctx, manifest.Builtin()); err != nil {
 		return fmt.Errorf("the mesh's own seats: %w", err)
 	}
 	if _, err := c.artifacts(ctx); err != nil {
@@ -231,14 +380,14 @@ func (c *controller) reconcileAll(ctx context.Context) error {
 		return err
 	}
 	for _, e := range c.reg.List() {
-		if err := c.topo.ensureModule(ctx, e.Derivation); err != nil {
+		if err := c.topo.EnsureModule(ctx, e.Derivation); err != nil {
 			return fmt.Errorf("module %s: %w", e.Module, err)
 		}
 	}
 	return nil
 }
 
-func (c *controller) handleRegister(ctx context.Context, data []byte) any {
+func (c *Controller) handleRegister(ctx context.Context, data []byte) any {
 	var req api.RegisterRequest
 	if err := json.Unmarshal(data, &req); err != nil {
 		return api.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
@@ -274,7 +423,7 @@ const (
 
 // register validates a manifest against the registry, reconciles its topology, stores it and
 // mints the module's identity if it is new.
-func (c *controller) register(ctx context.Context, req api.RegisterRequest) (api.RegisterReply, error) {
+func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api.RegisterReply, error) {
 	// Refused before any YAML work: a manifest over the limit makes a reply and a record that
 	// do not fit the bus's payload.
 	if err := manifest.CheckSize(len(req.Manifest)); err != nil {
@@ -356,7 +505,7 @@ func (c *controller) register(ctx context.Context, req api.RegisterRequest) (api
 
 	// Topology first: once the record is stored the module may connect, and its consumers
 	// must then exist.
-	if err := c.topo.ensureModule(ctx, d); err != nil {
+	if err := c.topo.EnsureModule(ctx, d); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
@@ -378,7 +527,7 @@ func (c *controller) register(ctx context.Context, req api.RegisterRequest) (api
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.
-func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (api.VaultReply, error) {
+func (c *Controller) mintIdentity(ctx context.Context, module, xkey string) (api.VaultReply, error) {
 	if xkey == "" {
 		return api.VaultReply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
 	}
@@ -396,7 +545,7 @@ func (c *controller) mintIdentity(ctx context.Context, module, xkey string) (api
 
 // keptPins are the pins of m's previous registration that still hold: m still speaks to the
 // seat, and the seat (as m or the registry declares it) still has the version.
-func (c *controller) keptPins(m *manifest.Manifest, pins map[string]string) map[string]string {
+func (c *Controller) keptPins(m *manifest.Manifest, pins map[string]string) map[string]string {
 	var out map[string]string
 	for seat, version := range pins {
 		s, ok := m.Seat(seat)
@@ -415,7 +564,7 @@ func (c *controller) keptPins(m *manifest.Manifest, pins map[string]string) map[
 }
 
 // bindings are the bindings of every other module to the seats m declares.
-func (c *controller) bindings(m *manifest.Manifest) []manifest.Binding {
+func (c *Controller) bindings(m *manifest.Manifest) []manifest.Binding {
 	var out []manifest.Binding
 	for _, s := range m.Seats {
 		out = append(out, c.reg.Bindings(s.Name, m.Module)...)
@@ -425,7 +574,7 @@ func (c *controller) bindings(m *manifest.Manifest) []manifest.Binding {
 
 // bind records the protocol of each seat m uses that is declared now (by m itself, another
 // module, or the mesh), at the version pins has for it: what m registers against.
-func (c *controller) bind(m *manifest.Manifest, pins map[string]string) map[string]manifest.Protocol {
+func (c *Controller) bind(m *manifest.Manifest, pins map[string]string) map[string]manifest.Protocol {
 	out := map[string]manifest.Protocol{}
 	for _, seat := range m.Uses {
 		s, ok := m.Seat(seat)
@@ -450,7 +599,7 @@ func (c *controller) bind(m *manifest.Manifest, pins map[string]string) map[stri
 // consumes by name. The module's record keeps the pin and that version's protocol as its
 // binding; its consumer and grant follow (the grant's change kicks its connections, which
 // come back speaking the new version).
-func (c *controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply, error) {
+func (c *Controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
@@ -521,7 +670,7 @@ func (c *controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply,
 	rec.Updated = time.Now().UTC()
 	// The consumer first (it follows the pinned version's events), then the record, whose
 	// grant change kicks the module's connections.
-	if err := c.topo.ensureModule(ctx, d); err != nil {
+	if err := c.topo.EnsureModule(ctx, d); err != nil {
 		return api.PinReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
@@ -533,7 +682,7 @@ func (c *controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply,
 	return reply, nil
 }
 
-func (c *controller) handleRemove(ctx context.Context, data []byte) any {
+func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 	var req api.RemoveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
 		return api.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
@@ -591,7 +740,7 @@ func (c *controller) handleRemove(ctx context.Context, data []byte) any {
 // handleList answers one page of the registered modules, after req.After in name order: as
 // many as fit api.ListPageBytes (at least one), so a reply never exceeds the bus's
 // payload however many modules there are.
-func (c *controller) handleList(_ context.Context, data []byte) any {
+func (c *Controller) handleList(_ context.Context, data []byte) any {
 	var req api.ListRequest
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -628,7 +777,7 @@ func (c *controller) handleList(_ context.Context, data []byte) any {
 // the key asked about (_INBOX.<key>.…) or of its module (_INBOX.<module>.…), which only that
 // key's connections may subscribe to: a connection learns about its own key, never another
 // module's declarations or secrets.
-func (c *controller) handleWhoami(_ context.Context, m *nats.Msg) any {
+func (c *Controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] // the asker: only it may publish here
 	// The gate first: the key is proven by the subject, so a flood costs a map lookup, not
 	// a parse.

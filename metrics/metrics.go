@@ -1,4 +1,7 @@
-package node
+// Package metrics is the node's Prometheus registry: its counters and histograms (Meter),
+// what the bus and its streams hold, read per scrape, and the latency the modules report of
+// their own tools (ModuleTools).
+package metrics
 
 import (
 	"runtime"
@@ -14,9 +17,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// newMetrics builds the node's registry: no package globals, so nodes in one process keep
+// Config is what the node's registry reads at each scrape.
+type Config struct {
+	Started time.Time // when the node started
+	Version string    // meshnode's version
+	// Bus is the node's bus; nil while it is not open.
+	Bus func() *embedbus.Bus
+	// Audit is the audit log's record count and lag (its JetStream requests run per scrape).
+	Audit func() (records, lag uint64)
+	// AuditMissed counts the events the audit log never read: a counter, read without requests.
+	AuditMissed func() uint64
+	// StoreBytes is the size of the node's bbolt file.
+	StoreBytes func() int64
+}
+
+// NewRegistry builds the node's registry: no package globals, so nodes in one process keep
 // separate counts.
-func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() api.NodeAuditStatus, auditMissed func() uint64, storeBytes func() int64) *prometheus.Registry {
+func NewRegistry(cfg Config) *prometheus.Registry {
+	started, bus, auditMissed, storeBytes := cfg.Started, cfg.Bus, cfg.AuditMissed, cfg.StoreBytes
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -24,21 +42,21 @@ func newMetrics(started time.Time, bus func() *embedbus.Bus, audit func() api.No
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "meshnode_build_info",
 			Help:        "Always 1; the labels carry the build.",
-			ConstLabels: prometheus.Labels{"version": Version(), "go_version": runtime.Version()},
+			ConstLabels: prometheus.Labels{"version": cfg.Version, "go_version": runtime.Version()},
 		}, func() float64 { return 1 }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_uptime_seconds",
 			Help: "Seconds since the node started.",
 		}, func() float64 { return time.Since(started).Seconds() }),
-		&busCollector{bus: bus},
+		&busCollector{Bus: bus},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_audit_records",
 			Help: "Records kept in this node's audit log.",
-		}, func() float64 { return float64(audit().Records) }),
+		}, func() float64 { records, _ := cfg.Audit(); return float64(records) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_audit_lag",
 			Help: "Events in EVENTS not yet in this node's audit log (last sequence - audited sequence).",
-		}, func() float64 { return float64(audit().Lag) }),
+		}, func() float64 { _, lag := cfg.Audit(); return float64(lag) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "meshnode_audit_missed_total",
 			Help: "Events that left EVENTS before this node's audit log read them (evicted by the stream's per-subject cap or age limit while the log was behind, or deleted): gaps in the log.",
@@ -60,7 +78,7 @@ var (
 )
 
 // busCollector reads the bus's counters once per scrape.
-type busCollector struct{ bus func() *embedbus.Bus }
+type busCollector struct{ Bus func() *embedbus.Bus }
 
 func (c *busCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descConnections, descJSStreams, descJSConsumers, descJSMessages, descJSBytes} {
@@ -69,7 +87,7 @@ func (c *busCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *busCollector) Collect(ch chan<- prometheus.Metric) {
-	b := c.bus()
+	b := c.Bus()
 	if b == nil {
 		return
 	}
@@ -81,20 +99,20 @@ func (c *busCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descJSBytes, prometheus.GaugeValue, float64(st.Bytes))
 }
 
-// meter holds the node's counters and histograms, made with the node and registered with
+// Meter holds the node's counters and histograms, made with the node and registered with
 // its metrics; each is labelled by what is bounded by the registry — a module, node or
 // seat, a verb of the vault's — never by an event.
-type meter struct {
+type Meter struct {
 	events        *prometheus.CounterVec // by owner of the event's namespace
 	eventBytes    *prometheus.CounterVec
-	deadLetters   *prometheus.CounterVec   // by stream and consumer
+	DeadLetters   *prometheus.CounterVec   // by stream and consumer
 	holderChanges *prometheus.CounterVec   // by seat
 	vacancy       prometheus.Histogram     // how long a seat was without a holder
 	vault         *prometheus.CounterVec   // by verb and outcome
 	tools         *prometheus.HistogramVec // the mesh's own seats' tools this node answered, by seat and tool
-	apply         prometheus.Histogram     // a host's applying of a declaration
-	startSeconds  prometheus.Gauge
-	formSeconds   prometheus.Gauge
+	Apply         prometheus.Histogram     // a host's applying of a declaration
+	StartSeconds  prometheus.Gauge
+	FormSeconds   prometheus.Gauge
 
 	mu     sync.Mutex
 	vacant map[string]time.Time // by lease key: since when the seat has had no holder
@@ -105,13 +123,13 @@ type meter struct {
 // holder undeployed) and taken days later is no failover.
 const vacancyMost = 10 * time.Minute
 
-func newMeter() *meter {
-	return &meter{
+func NewMeter() *Meter {
+	return &Meter{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_events_total",
 			Help: "Events this node's audit log took in, by the owner of their namespace (mod.<module>, node.<node> or seat.<seat>)."}, []string{"owner"}),
 		eventBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_event_bytes_total",
 			Help: "Bytes of the events this node's audit log took in, by the owner of their namespace."}, []string{"owner"}),
-		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_total",
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_total",
 			Help: "Messages this node wrote to DEAD, by the stream and the consumer that gave them up."}, []string{"stream", "consumer"}),
 		holderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_seat_holder_changes_total",
 			Help: "New holders of a seat, as this node's watch of the leases saw them."}, []string{"seat"}),
@@ -123,25 +141,25 @@ func newMeter() *meter {
 		tools: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meshnode_tool_call_duration_seconds",
 			Help:    "How long this node took to answer a tool of the mesh's own seats (mesh-controller, mesh-vault), from the request's arrival to the reply sent. Modules' tools go from caller to server without passing the node and are not measured here.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"seat", "tool"}),
-		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_declaration_apply_duration_seconds",
+		Apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_declaration_apply_duration_seconds",
 			Help:    "How long this node took to apply a declaration: stop what it no longer runs, start what it now does.",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30}}),
-		startSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_start_duration_seconds",
+		StartSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_start_duration_seconds",
 			Help: "How long this node took to open, from its start until it was ready."}),
-		formSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
+		FormSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
 			Help: "How long this node waited for its mesh's servers before it started its bus (0: a single node)."}),
 		vacant: map[string]time.Time{},
 		holder: map[string]string{},
 	}
 }
 
-func (m *meter) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.events, m.eventBytes, m.deadLetters, m.holderChanges, m.vacancy, m.vault, m.tools, m.apply, m.startSeconds, m.formSeconds}
+func (m *Meter) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.events, m.eventBytes, m.DeadLetters, m.holderChanges, m.vacancy, m.vault, m.tools, m.Apply, m.StartSeconds, m.FormSeconds}
 }
 
 // ingested counts the audit log's new events. A replay (owner replay.<consumer>) is an event
 // counted when first emitted.
-func (m *meter) ingested(owner string, events int, bytes int64) {
+func (m *Meter) Ingested(owner string, events int, bytes int64) {
 	if strings.HasPrefix(owner, "replay.") {
 		return
 	}
@@ -150,7 +168,7 @@ func (m *meter) ingested(owner string, events int, bytes int64) {
 }
 
 // holderChanged counts a seat's new holder and how long it stood empty.
-func (m *meter) holderChanged(before, after *seats.Lease) {
+func (m *Meter) HolderChanged(before, after *seats.Lease) {
 	key := func(l *seats.Lease) string { return seats.Key(l.Seat, l.Scope, l.Node) }
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -179,7 +197,7 @@ var vaultVerbs = map[string]bool{api.VaultVerbMint: true, api.VaultVerbFetch: tr
 	api.VaultVerbIntake: true, api.VaultVerbProvision: true, api.VaultVerbUnprovision: true}
 
 // served counts a vault request and times its answer.
-func (m *meter) served(verb string, refused bool, took time.Duration) {
+func (m *Meter) Served(verb string, refused bool, took time.Duration) {
 	if !vaultVerbs[verb] {
 		verb = "other"
 	}
@@ -193,7 +211,7 @@ func (m *meter) served(verb string, refused bool, took time.Duration) {
 
 // answered times a tool of the controller's seat. tool is the subject's word after "tool."
 // (whoami.<key> is whoami): bounded by the registry's tools, never by a caller.
-func (m *meter) answered(subject string, took time.Duration) {
+func (m *Meter) Answered(subject string, took time.Duration) {
 	_, tool, ok := strings.Cut(subject, ".tool.")
 	if !ok {
 		return
@@ -203,7 +221,7 @@ func (m *meter) answered(subject string, took time.Duration) {
 }
 
 // rateLimited counts a vault request dropped past the caller's rate limit.
-func (m *meter) rateLimited(verb string) {
+func (m *Meter) RateLimited(verb string) {
 	if !vaultVerbs[verb] {
 		verb = "other"
 	}
@@ -220,18 +238,18 @@ var (
 	descConsumerAcked     = prometheus.NewDesc("meshnode_consumer_acked_total", "Deliveries a durable consumer has had acknowledged, redeliveries included, up to its ack floor: how far a module has consumed (EVENTS' consumer is named after it); current on the consumer's leader: across a mesh take the max.", []string{"stream", "consumer"}, nil)
 )
 
-// streamCollector reads the streams and durable consumers in-process once per scrape
+// StreamCollector reads the streams and durable consumers in-process once per scrape
 // (ephemeral consumers, a watch's or a fetch's, come and go and are left out).
-type streamCollector struct{ bus func() *embedbus.Bus }
+type StreamCollector struct{ Bus func() *embedbus.Bus }
 
-func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *StreamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStreamMessages, descStreamBytes, descConsumerPending, descConsumerUnacked, descConsumerRedelivd, descConsumerDelivered, descConsumerAcked} {
 		ch <- d
 	}
 }
 
-func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
-	b := c.bus()
+func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.Bus()
 	if b == nil {
 		return
 	}

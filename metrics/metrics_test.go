@@ -1,4 +1,4 @@
-package node
+package metrics
 
 import (
 	"testing"
@@ -15,33 +15,33 @@ import (
 // began anew) not at all; a vacancy is observed when the next holder comes, unless the seat
 // stood free longer than a failover could.
 func TestMeter_HolderChanges(t *testing.T) {
-	m := newMeter()
+	m := NewMeter()
 	a := &seats.Lease{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mailer", Instance: "i1"}
 	b := &seats.Lease{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mailer", Instance: "i2"}
-	m.holderChanged(nil, a)
-	m.holderChanged(nil, a) // the watch began anew
+	m.HolderChanged(nil, a)
+	m.HolderChanged(nil, a) // the watch began anew
 	if n := testutil.ToFloat64(m.holderChanges.WithLabelValues("mailer")); n != 1 {
 		t.Fatalf("%v holder changes after one holder seen twice, want 1", n)
 	}
-	m.holderChanged(a, nil)
-	m.holderChanged(nil, b)
+	m.HolderChanged(a, nil)
+	m.HolderChanged(nil, b)
 	if n := testutil.ToFloat64(m.holderChanges.WithLabelValues("mailer")); n != 2 {
 		t.Fatalf("%v holder changes after a failover, want 2", n)
 	}
 	if n := testutil.CollectAndCount(m.vacancy); n != 1 || histogramCount(t, m) != 1 {
 		t.Fatalf("vacancies observed: %d", histogramCount(t, m))
 	}
-	m.holderChanged(b, nil)
+	m.HolderChanged(b, nil)
 	m.mu.Lock()
 	m.vacant[seats.Key("mailer", manifest.ScopeMesh, "")] = time.Now().Add(-time.Hour)
 	m.mu.Unlock()
-	m.holderChanged(nil, a)
+	m.HolderChanged(nil, a)
 	if n := histogramCount(t, m); n != 1 {
 		t.Fatalf("an hour's vacancy was observed (%d observations), want it left out", n)
 	}
 }
 
-func histogramCount(t *testing.T, m *meter) uint64 {
+func histogramCount(t *testing.T, m *Meter) uint64 {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 1)
 	m.vacancy.Collect(ch)

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"cmp"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/registry"
@@ -47,7 +48,7 @@ type provisions struct {
 // loadProvisions reads the records from the bucket unless this holder has them: a
 // declaration is composed from them, and one composed without them would stop every module
 // that requires anything.
-func (c *controller) loadProvisions(ctx context.Context) error {
+func (c *Controller) loadProvisions(ctx context.Context) error {
 	c.prov.mu.Lock()
 	loaded := c.prov.records != nil
 	c.prov.mu.Unlock()
@@ -73,7 +74,7 @@ func (c *controller) loadProvisions(ctx context.Context) error {
 
 // forgetProvisions drops what this holder knew of the records: another node may hold the
 // seat before this one holds it again.
-func (c *controller) forgetProvisions() {
+func (c *Controller) forgetProvisions() {
 	c.prov.mu.Lock()
 	defer c.prov.mu.Unlock()
 	c.prov.records = nil
@@ -83,7 +84,7 @@ func (c *controller) forgetProvisions() {
 }
 
 // wakeProvisions asks for a pass now: a deployment, registration or choice changed.
-func (c *controller) wakeProvisions() {
+func (c *Controller) wakeProvisions() {
 	select {
 	case c.prov.wake <- struct{}{}:
 	default:
@@ -91,7 +92,7 @@ func (c *controller) wakeProvisions() {
 }
 
 // provisionStore opens mesh-provisions on first use.
-func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, error) {
+func (c *Controller) provisionStore(ctx context.Context) (*provision.KVStore, error) {
 	c.prov.mu.Lock()
 	defer c.prov.mu.Unlock()
 	if c.prov.store != nil {
@@ -123,10 +124,10 @@ func (c *controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 // keepProvisioned reconciles provisions at once, whenever woken, every provisionRetry while
 // one waits, and asks the providers what they hold every interval, while this node holds
 // the controller seat (ctx).
-func (c *controller) keepProvisioned(ctx context.Context) {
+func (c *Controller) keepProvisioned(ctx context.Context) {
 	// Another node may have held the seat since this one last did: its records are read
 	// again from the bucket (unsubscribe forgot them).
-	if err := retryJS(ctx, c.loadProvisions); err != nil {
+	if err := jsretry.Request(ctx, c.loadProvisions); err != nil {
 		return // the seat was let go
 	}
 	holds := time.NewTicker(c.prov.interval)
@@ -157,7 +158,7 @@ func (c *controller) keepProvisioned(ctx context.Context) {
 
 // provisionPass reconciles once and declares again the nodes of every consumer whose
 // provisions changed.
-func (c *controller) provisionPass(ctx context.Context, holds bool) (bool, error) {
+func (c *Controller) provisionPass(ctx context.Context, holds bool) (bool, error) {
 	store, err := c.provisionStore(ctx)
 	if err != nil {
 		return true, err
@@ -203,7 +204,7 @@ func (c *controller) provisionPass(ctx context.Context, holds bool) (bool, error
 
 // wants resolves the requirements of every deployed module; a consumer provisioned by one
 // of several providers keeps it unless the operator chose another.
-func (c *controller) wants(records map[string]api.Provision) []provision.Want {
+func (c *Controller) wants(records map[string]api.Provision) []provision.Want {
 	var out []provision.Want
 	for _, e := range c.reg.List() {
 		if e.Deployment == nil {
@@ -226,7 +227,7 @@ func (c *controller) wants(records map[string]api.Provision) []provision.Want {
 
 // provisionGate returns a deployed module's ready provisions, and the first one it waits on
 // ("postgres from postgres"), as its declaration says them.
-func (c *controller) provisionGate(e *registry.Entry) ([]deploy.Provision, string) {
+func (c *Controller) provisionGate(e *registry.Entry) ([]deploy.Provision, string) {
 	c.prov.mu.Lock()
 	defer c.prov.mu.Unlock()
 	var ready []deploy.Provision
@@ -243,7 +244,7 @@ func (c *controller) provisionGate(e *registry.Entry) ([]deploy.Provision, strin
 
 // intakeKey asks the vault for its intake xkey; a vault that does not answer yet is a
 // provision that waits, not one that failed.
-func (c *controller) intakeKey(ctx context.Context) (string, error) {
+func (c *Controller) intakeKey(ctx context.Context) (string, error) {
 	key, err := vault.IntakeKey(ctx, c.nc, api.VaultCallerNode)
 	if err != nil && !errors.Is(err, vault.ErrRefused) {
 		return "", fmt.Errorf("%w: %w", provision.ErrUnavailable, err)
@@ -252,32 +253,32 @@ func (c *controller) intakeKey(ctx context.Context) (string, error) {
 }
 
 // keepProvision hands the vault a provider's sealed credential for consumer.
-func (c *controller) keepProvision(ctx context.Context, consumer, iface string, r api.ProvisionCreateReply) error {
+func (c *Controller) keepProvision(ctx context.Context, consumer, iface string, r api.ProvisionCreateReply) error {
 	_, err := vault.Call(ctx, c.nc, api.VaultVerbProvision, api.VaultCallerNode,
 		api.VaultRequest{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
 	return err
 }
 
 // dropProvision has the vault forget consumer's credential of iface.
-func (c *controller) dropProvision(ctx context.Context, consumer, iface string) error {
+func (c *Controller) dropProvision(ctx context.Context, consumer, iface string) error {
 	_, err := vault.Call(ctx, c.nc, api.VaultVerbUnprovision, api.VaultCallerNode, api.VaultRequest{Owner: consumer, Name: iface}, nil)
 	return err
 }
 
 // provisionEvent records a provisioning change as the controller's event, signed by this
 // node: metadata only, never a credential.
-func (c *controller) provisionEvent(ctx context.Context, action string, meta map[string]any) {
+func (c *Controller) provisionEvent(ctx context.Context, action string, meta map[string]any) {
 	meta["node"] = c.node
 	body, _ := json.Marshal(meta)
 	subject := manifest.SeatEventSubject(manifest.ControllerSeat, action)
-	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, subject, body, ""); err != nil && !errors.Is(err, context.Canceled) {
+	if err := c.publish(ctx, subject, body, ""); err != nil && !errors.Is(err, context.Canceled) {
 		c.log.Error("record a provisioning event", "action", action, "err", err)
 	}
 }
 
 // handleProvisions answers `meshnode provisions`: one row per deployed consumer and
 // required interface, as the last pass left it.
-func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
+func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
 	reply := api.ProvisionsReply{Provisions: []api.Provision{}}
 	store, err := c.provisionStore(ctx)
 	if err != nil {
@@ -309,7 +310,7 @@ func (c *controller) handleProvisions(ctx context.Context, _ []byte) any {
 // provide records which seat provides a module's required interface: needed when several
 // seats provide it, and the way to move a consumer to another provider (the old one removes
 // its resource, the new one creates it, and the module restarts with the new credential).
-func (c *controller) provide(ctx context.Context, req api.ProvideRequest) (api.ProvideReply, error) {
+func (c *Controller) provide(ctx context.Context, req api.ProvideRequest) (api.ProvideReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // what this node cannot publish as it is (another node's events, or old ones), and deletes
 // a removed module's record once none is left. The record is written under c.mu, the
 // publishes made without it, so a slow EVENTS never holds up registrations.
-func (c *controller) flushOutbox(ctx context.Context, module string) error {
+func (c *Controller) flushOutbox(ctx context.Context, module string) error {
 	edit := func(ctx context.Context, f func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
 		return c.editOutbox(ctx, module, f)
 	}
@@ -30,7 +30,7 @@ func (c *controller) flushOutbox(ctx context.Context, module string) error {
 // editOutbox writes module's record with the outbox edit returns when edit says it changed
 // it, and deletes a removed module's record whose outbox is empty, under c.mu; it returns the
 // outbox the record then holds.
-func (c *controller) editOutbox(ctx context.Context, module string, edit func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
+func (c *Controller) editOutbox(ctx context.Context, module string, edit func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(module)
@@ -64,12 +64,12 @@ func (c *controller) editOutbox(ctx context.Context, module string, edit func([]
 // publishOutbox publishes one waiting event as this node's own, waiting for EVENTS'
 // acknowledgement: the same event each time it is tried (same id, time, signature), since
 // outbox.Renew gave this node an event of its own for what another node made.
-func (c *controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
+func (c *Controller) publishOutbox(ctx context.Context, ev outbox.Event) error {
 	return outbox.Publish(ctx, c.js, c.sign, c.node, c.node, manifest.NodeEventSubject(c.node, ev.Action), ev)
 }
 
 // sweepOutboxes publishes what every record holds until ctx ends (outbox.Sweep).
-func (c *controller) sweepOutboxes(ctx context.Context) {
+func (c *Controller) sweepOutboxes(ctx context.Context) {
 	outbox.Sweep(ctx, c.sweepNow, func(ctx context.Context) (failed bool) {
 		for _, e := range c.reg.Pending() {
 			if ctx.Err() != nil {

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
-	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,34 +37,22 @@ var errReportRefused = errors.New("report refused")
 
 // consumeReports takes report jobs from the controller's work queue until ctx ends: while
 // this node holds mesh-controller.
-func (c *controller) consumeReports(ctx context.Context) {
+func (c *Controller) consumeReports(ctx context.Context) {
 	con, ok, err := manifest.Builtin().SeatConsumer(manifest.ControllerSeat, c.node)
 	if err != nil || !ok {
 		c.log.Error("the controller's work queue is not derived", "err", err)
 		return
 	}
-	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
-	var cons jetstream.Consumer
-	for {
-		if cons, err = c.js.Consumer(ctx, con.Stream, con.Name); err == nil {
-			break
-		}
-		c.log.Warn("the controller's work queue does not answer yet", "stream", con.Stream, "err", err)
-		if wait.Wait(ctx) != nil {
-			return
-		}
-	}
-	cc, err := cons.Consume(c.takeReport)
-	if err != nil {
-		c.log.Error("consume the controller's work queue", "stream", con.Stream, "err", err)
-		return
-	}
-	<-ctx.Done()
-	cc.Stop()
+	jsconsume.Run(ctx, jsconsume.Consumer{
+		What:   "the controller's work queue " + con.Stream,
+		Log:    c.log,
+		Get:    func(ctx context.Context) (jetstream.Consumer, error) { return c.js.Consumer(ctx, con.Stream, con.Name) },
+		Handle: c.takeReport,
+	})
 }
 
 // takeReport checks one report job and keeps it (ack), or terminates it with the reason.
-func (c *controller) takeReport(m jetstream.Msg) {
+func (c *Controller) takeReport(m jetstream.Msg) {
 	source, err := c.checkReport(m)
 	from := "module"
 	if _, ok := c.reg.Node(source); ok {
@@ -83,7 +70,7 @@ func (c *controller) takeReport(m jetstream.Msg) {
 	}
 }
 
-func (c *controller) checkReport(m jetstream.Msg) (source string, err error) {
+func (c *Controller) checkReport(m jetstream.Msg) (source string, err error) {
 	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", errReportRefused, err)

@@ -1,4 +1,4 @@
-package node
+package metrics
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ import (
 // replaces its earlier one; an instance silent for toolStatsStale is forgotten, its counts
 // kept; a module inventing instances is bounded.
 func TestModuleToolStats(t *testing.T) {
-	s := newModuleToolStats("alpha", func(module, tool string) bool { return module == "desk" && tool == "status" })
+	s := NewModuleTools("alpha", func(module, tool string) bool { return module == "desk" && tool == "status" })
 	report := func(instance string, count uint64) {
 		var r toolstats.Recorder
 		for range count {
@@ -24,7 +24,7 @@ func TestModuleToolStats(t *testing.T) {
 		}
 		tools, _ := r.Snapshot()
 		b, _ := json.Marshal(api.ToolStatsReport{Instance: instance, Node: "alpha", Tools: tools})
-		s.take(&nats.Msg{Subject: "mesh.mod.desk.stats.alpha", Data: b})
+		s.Take(&nats.Msg{Subject: "mesh.mod.desk.stats.alpha", Data: b})
 	}
 	collect := func() (count uint64, series int) {
 		reg := prometheus.NewRegistry()

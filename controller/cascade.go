@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -59,39 +59,28 @@ type cascade struct {
 
 // consumeCascade takes the cascade's events until ctx ends: while this node holds the
 // controller seat.
-func (c *controller) consumeCascade(ctx context.Context) {
+func (c *Controller) consumeCascade(ctx context.Context) {
 	con := cascadeConsumer()
-	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
-	var cons jetstream.Consumer
-	var err error
-	for {
-		if cons, err = c.js.CreateOrUpdateConsumer(ctx, con.Stream, consumerConfig(con)); err == nil {
-			break
-		}
-		c.log.Warn("the cascade's consumer does not answer yet", "err", err)
-		if wait.Wait(ctx) != nil {
-			return
-		}
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		if err := c.onCascadeEvent(ctx, m); err != nil {
-			c.log.Warn("cascade event", "subject", m.Subject(), "err", err)
-			m.Nak()
-			return
-		}
-		m.Ack()
+	jsconsume.Run(ctx, jsconsume.Consumer{
+		What: "the cascade's consumer",
+		Log:  c.log,
+		Get: func(ctx context.Context) (jetstream.Consumer, error) {
+			return c.js.CreateOrUpdateConsumer(ctx, con.Stream, consumerConfig(con))
+		},
+		Handle: func(m jetstream.Msg) {
+			if err := c.onCascadeEvent(ctx, m); err != nil {
+				c.log.Warn("cascade event", "subject", m.Subject(), "err", err)
+				m.Nak()
+				return
+			}
+			m.Ack()
+		},
 	})
-	if err != nil {
-		c.log.Error("consume the cascade's events", "err", err)
-		return
-	}
-	<-ctx.Done()
-	cc.Stop()
 }
 
 // onCascadeEvent handles one pushed, built or failed event, signed by the node that holds
 // the seat it names (x-node, a server of the mesh).
-func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error {
+func (c *Controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error {
 	ev, err := envelope.Read(m.Subject(), m.Headers(), m.Data())
 	if err != nil {
 		m.TermWithReason(err.Error())
@@ -129,7 +118,7 @@ func (c *controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error 
 
 // onPushed starts a cascade from the modules built from the pushed repository whose path the
 // push changed.
-func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushed) error {
+func (c *Controller) onPushed(ctx context.Context, eventID string, p build.Pushed) error {
 	c.casc.mu.Lock()
 	c.casc.lastCommit[p.Repository] = p.Commit
 	c.casc.mu.Unlock()
@@ -171,7 +160,7 @@ func (c *controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 
 // onBuilt records a build and advances its cascade — or, for an artifact built outside one,
 // starts the cascade of what is built on it — and deploys it where its deployment says auto.
-func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built) error {
+func (c *Controller) onBuilt(ctx context.Context, eventID string, b build.Built) error {
 	c.casc.mu.Lock()
 	cs := c.casc.running[b.Cascade]
 	c.casc.mu.Unlock()
@@ -203,7 +192,7 @@ func (c *controller) onBuilt(ctx context.Context, eventID string, b build.Built)
 }
 
 // advance submits the cascade's builds that are ready, and forgets a cascade that is done.
-func (c *controller) advance(ctx context.Context, cs *cascade) error {
+func (c *Controller) advance(ctx context.Context, cs *cascade) error {
 	c.casc.mu.Lock()
 	ready := cs.plan.Ready(cs.built, cs.started)
 	c.casc.mu.Unlock()
@@ -245,16 +234,16 @@ func (c *controller) advance(ctx context.Context, cs *cascade) error {
 
 // submitBuild queues one build job for the mesh-build-machine holder, signed by this node,
 // caused by the event that made it ready.
-func (c *controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
+func (c *Controller) submitBuild(ctx context.Context, job build.Job, cause string) error {
 	body, _ := json.Marshal(job)
-	if err := publishSigned(ctx, c.js, c.sign, c.node, c.node, manifest.SeatAcceptSubject(build.BuilderSeat, "build"), body, cause); err != nil {
+	if err := c.publish(ctx, manifest.SeatAcceptSubject(build.BuilderSeat, "build"), body, cause); err != nil {
 		return fmt.Errorf("queue the build of %s: %w", job.Module, err)
 	}
 	return nil
 }
 
 // record keeps a build for `meshnode builds`.
-func (c *controller) record(b api.Build) {
+func (c *Controller) record(b api.Build) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	c.casc.builds = append(c.casc.builds, b)
@@ -264,7 +253,7 @@ func (c *controller) record(b api.Build) {
 }
 
 // finish marks the queued build of module in cascade as done.
-func (c *controller) finish(cascadeID, module, status, version, digest, reason string) {
+func (c *Controller) finish(cascadeID, module, status, version, digest, reason string) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	for i := len(c.casc.builds) - 1; i >= 0; i-- {
@@ -281,7 +270,7 @@ func (c *controller) finish(cascadeID, module, status, version, digest, reason s
 
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
-func (c *controller) handleBuilds(ctx context.Context, _ []byte) any {
+func (c *Controller) handleBuilds(ctx context.Context, _ []byte) any {
 	var running api.BuilderStatus
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(build.BuilderSeat, "status"), nil); err == nil {

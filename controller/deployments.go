@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -32,7 +32,7 @@ type deployments struct {
 }
 
 // artifacts returns the artifact store, created with the mesh's replicas if need be.
-func (c *controller) artifacts(ctx context.Context) (jetstream.ObjectStore, error) {
+func (c *Controller) artifacts(ctx context.Context) (jetstream.ObjectStore, error) {
 	c.deps.mu.Lock()
 	defer c.deps.mu.Unlock()
 	if c.deps.obs != nil {
@@ -49,14 +49,14 @@ func (c *controller) artifacts(ctx context.Context) (jetstream.ObjectStore, erro
 // deploy sets a module's deployment: the module is registered, its artifact stored (its
 // digest is taken from the store), every named node a server of the mesh. The nodes it ran
 // on and runs on now get new declarations.
-func (c *controller) deploy(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
+func (c *Controller) deploy(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.deployLocked(ctx, req)
 }
 
 // deployLocked is deploy under c.mu (the cascade deploys a new artifact while it holds it).
-func (c *controller) deployLocked(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
+func (c *Controller) deployLocked(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
 	d := req.Deployment
 	slices.Sort(d.Nodes)
 	d.Nodes = slices.Compact(d.Nodes)
@@ -100,7 +100,7 @@ func (c *controller) deployLocked(ctx context.Context, req api.DeployRequest) (a
 }
 
 // undeploy stops a module on req.Nodes, or everywhere.
-func (c *controller) undeploy(ctx context.Context, req api.UndeployRequest) (api.DeployReply, error) {
+func (c *Controller) undeploy(ctx context.Context, req api.UndeployRequest) (api.DeployReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
@@ -140,7 +140,7 @@ func (c *controller) undeploy(ctx context.Context, req api.UndeployRequest) (api
 }
 
 // putWithEvent writes rec over e with one more event in its outbox.
-func (c *controller) putWithEvent(ctx context.Context, e *registry.Entry, rec registry.Record, action string, meta map[string]any) error {
+func (c *Controller) putWithEvent(ctx context.Context, e *registry.Entry, rec registry.Record, action string, meta map[string]any) error {
 	if len(rec.Outbox) >= outbox.Max {
 		return fmt.Errorf("module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
 	}
@@ -175,7 +175,7 @@ func union(a, b []string) []string {
 }
 
 // deployed is every registered module with its deployment: what declarations compose from.
-func (c *controller) deployed() []deploy.Deployed {
+func (c *Controller) deployed() []deploy.Deployed {
 	var out []deploy.Deployed
 	for _, e := range c.reg.List() {
 		if e.Deployment != nil {
@@ -190,7 +190,7 @@ func (c *controller) deployed() []deploy.Deployed {
 // declare composes and publishes the declaration of each of nodes; a node whose modules did
 // not change keeps its declaration. A failure is reported per node and logged: the next
 // change, or the next controller start, declares it again.
-func (c *controller) declare(ctx context.Context, nodes []string) []api.Declared {
+func (c *Controller) declare(ctx context.Context, nodes []string) []api.Declared {
 	if c.publisher == nil {
 		return nil
 	}
@@ -247,7 +247,7 @@ const redeclareEvery = time.Minute
 
 // keepDeclared declares every server of the mesh at once and then every redeclareEvery,
 // while this node holds the controller seat (ctx).
-func (c *controller) keepDeclared(ctx context.Context) {
+func (c *Controller) keepDeclared(ctx context.Context) {
 	tick := time.NewTicker(redeclareEvery)
 	defer tick.Stop()
 	for {
@@ -264,7 +264,7 @@ func (c *controller) keepDeclared(ctx context.Context) {
 
 // collectArtifacts deletes the artifacts no deployment names that are not among their
 // module's newest (DESIGN §3). Best effort: a failure waits for the next change.
-func (c *controller) collectArtifacts(ctx context.Context) {
+func (c *Controller) collectArtifacts(ctx context.Context) {
 	obs, err := c.artifacts(ctx)
 	if err != nil {
 		return
@@ -287,7 +287,7 @@ func (c *controller) collectArtifacts(ctx context.Context) {
 // handlePs answers what runs where: for each node's published declaration, each module's
 // instances as the node last reported them ("unreported" until it has; "behind" while its
 // applied revision is older than the published one).
-func (c *controller) handlePs(ctx context.Context, _ []byte) any {
+func (c *Controller) handlePs(ctx context.Context, _ []byte) any {
 	reply := api.PsReply{Processes: []api.Process{}}
 	c.hostsMu.Lock()
 	hosts, published := maps.Clone(c.hosts), maps.Clone(c.published)

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"errors"
@@ -17,8 +17,8 @@ import (
 // a stream whose reservation does not fit), and the control plane's share is fixed before any
 // data stream is sized: however full EVENTS gets, a lease can still be renewed.
 
-// storeBudget is the byte limit of each of the mesh's streams and buckets on a node.
-type storeBudget struct {
+// Budget is the byte limit of each of the mesh's streams and buckets on a node.
+type Budget struct {
 	Store    int64 // the node's JetStream store limit
 	Events   int64 // EVENTS; past it new emits are refused
 	Module   int64 // the most of EVENTS one module may hold (quota.go)
@@ -34,12 +34,12 @@ type storeBudget struct {
 // share is store/div, capped, and at least floor.
 func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div, cap)) }
 
-// newStoreBudget sizes the mesh's streams within a store of the given size: the control
+// NewBudget sizes the mesh's streams within a store of the given size: the control
 // plane's buckets first (a thirty-second each for registry, vault and STATE, less for leases),
 // then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes); each seat
 // queue gets a sixty-fourth of what is left (at least 1 MiB, at most 1 GiB), so some
 // sixty seats' queues fit.
-func newStoreBudget(store int64, cfg config.Config) storeBudget {
+func NewBudget(store int64, cfg config.Config) Budget {
 	// A store sized from the disk's free space differs a little from node to node and from
 	// start to start: coarse steps keep the mesh's stream limits from changing with it.
 	switch {
@@ -48,7 +48,7 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 	case store > 1<<30:
 		store &^= 64<<20 - 1
 	}
-	b := storeBudget{
+	b := Budget{
 		Store:    store,
 		Registry: share(store, 32, 1<<20, 256<<20),
 		Leases:   share(store, 128, 256<<10, 64<<20),
@@ -81,14 +81,14 @@ func newStoreBudget(store int64, cfg config.Config) storeBudget {
 }
 
 // left is what the control plane, EVENTS and DEAD leave of the store for seat queues.
-func (b storeBudget) left() int64 {
+func (b Budget) left() int64 {
 	return max(0, b.Store-b.Registry-b.Leases-b.Vault-b.State-b.Events-b.Dead)
 }
 
 // apply sets the limits of one of the mesh's streams on its JetStream configuration. Every
 // stream refuses new messages when full (DiscardNew): nothing already accepted is evicted to
 // make room, and the writer hears why.
-func (b storeBudget) apply(cfg *jetstream.StreamConfig) {
+func (b Budget) apply(cfg *jetstream.StreamConfig) {
 	if b.Store <= 0 {
 		return // not sized (a test's topology)
 	}
@@ -110,7 +110,7 @@ func (b storeBudget) apply(cfg *jetstream.StreamConfig) {
 const jsErrStorageExceeded = jetstream.ErrorCode(server.JSStorageResourcesExceededErr)
 
 // storeFullError explains a refused reservation.
-func storeFullError(stream string, b storeBudget, err error) error {
+func storeFullError(stream string, b Budget, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStorageExceeded {
 		return fmt.Errorf("the store has no room for %s (%s more; %s of the %s store is left for seat queues, about %d of them): raise store-max-bytes, lower events-max-bytes or dead-max-bytes, or lower seat-max-bytes for more, smaller seat queues: %w",

@@ -1,4 +1,4 @@
-package node
+package metrics
 
 import (
 	"encoding/json"
@@ -23,11 +23,11 @@ const toolStatsStale = 5 * time.Minute
 // maxReportingInstances bounds the instances of one module whose reports a node keeps.
 const maxReportingInstances = 256
 
-// moduleToolStats is the latency of the modules' own tools, as the instances connected to
+// ModuleTools is the latency of the modules' own tools, as the instances connected to
 // this node report it (toolstats), summed per module and tool:
 // meshnode_module_tool_call_duration_seconds{module,tool}. Only tools the module declares
 // are kept, so the series are bounded by the registrations.
-type moduleToolStats struct {
+type ModuleTools struct {
 	node     string
 	declares func(module, tool string) bool
 
@@ -47,14 +47,14 @@ var moduleToolDesc = prometheus.NewDesc("meshnode_module_tool_call_duration_seco
 	"How long modules' own tools (and their seats' tools, as seat.<seat>.<tool>) take to answer, as the instances connected to this node time their handlers.",
 	[]string{"module", "tool"}, nil)
 
-func newModuleToolStats(node string, declares func(module, tool string) bool) *moduleToolStats {
-	return &moduleToolStats{node: node, declares: declares, reports: map[string]map[string]instanceReport{},
+func NewModuleTools(node string, declares func(module, tool string) bool) *ModuleTools {
+	return &ModuleTools{node: node, declares: declares, reports: map[string]map[string]instanceReport{},
 		retired: map[string]map[string]api.ToolHistogram{}}
 }
 
 // take is the handler of manifest.StatsSubject("*"): the bus lets only a module publish its
 // own, so the subject names the reporter; the report is untrusted input all the same.
-func (s *moduleToolStats) take(m *nats.Msg) {
+func (s *ModuleTools) Take(m *nats.Msg) {
 	module, ok := strings.CutSuffix(strings.TrimPrefix(m.Subject, "mesh.mod."), ".stats."+s.node)
 	if !ok || len(m.Data) > toolstats.MaxBytes {
 		return
@@ -85,10 +85,10 @@ func (s *moduleToolStats) take(m *nats.Msg) {
 	s.reports[module][r.Instance] = instanceReport{tools: r.Tools, at: time.Now()}
 }
 
-func (s *moduleToolStats) Describe(ch chan<- *prometheus.Desc) { ch <- moduleToolDesc }
+func (s *ModuleTools) Describe(ch chan<- *prometheus.Desc) { ch <- moduleToolDesc }
 
 // retire forgets module's instances silent for toolStatsStale, keeping their counts. Under mu.
-func (s *moduleToolStats) retire(module string) {
+func (s *ModuleTools) retire(module string) {
 	for instance, r := range s.reports[module] {
 		if time.Since(r.at) <= toolStatsStale {
 			continue
@@ -118,7 +118,7 @@ func add(a, b api.ToolHistogram) api.ToolHistogram {
 	return out
 }
 
-func (s *moduleToolStats) Collect(ch chan<- prometheus.Metric) {
+func (s *ModuleTools) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	modules := map[string]bool{}
@@ -156,9 +156,9 @@ func (s *moduleToolStats) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// declaresTool reports whether module declares tool: one of its tools, or seat.<seat>.<tool>
+// DeclaresTool reports whether module declares tool: one of its tools, or seat.<seat>.<tool>
 // for a tool one of its seats serves (in any version).
-func declaresTool(m *manifest.Manifest, tool string) bool {
+func DeclaresTool(m *manifest.Manifest, tool string) bool {
 	if slices.Contains(m.Tools, tool) {
 		return true
 	}

@@ -1,4 +1,4 @@
-package node
+package controller
 
 import (
 	"context"
@@ -70,31 +70,31 @@ func consumerConfig(c manifest.Consumer) jetstream.ConsumerConfig {
 	return cfg
 }
 
-// topology reconciles the mesh's streams and the consumers of registered modules.
-type topology struct {
+// Topology reconciles the mesh's streams and the consumers of registered modules.
+type Topology struct {
 	js           jetstream.JetStream
 	node         string
 	replicas     int
 	eventsMaxAge time.Duration
-	budget       storeBudget // byte limits; zero: none
-	// auditFloor is the ack floor of the explicit audit consumer ensureAudit is replacing,
+	budget       Budget // byte limits; zero: none
+	// auditFloor is the ack floor of the explicit audit consumer EnsureAudit is replacing,
 	// kept until the new one is set back to it: an attempt that times out after the delete
 	// leaves the next attempt a consumer that reads EVENTS from its start.
 	auditFloor uint64
-	auditMu    sync.Mutex // one ensureAudit at a time (start-up, the controller, drift repair)
+	auditMu    sync.Mutex // one EnsureAudit at a time (start-up, the controller, drift repair)
 }
 
 // streamConfig is the JetStream configuration of a derived stream on this mesh, within the
 // node's store budget.
-func (t *topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
+func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 	cfg := streamConfig(s, t.replicas)
 	t.budget.apply(&cfg)
 	return cfg
 }
 
-// ensureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD (at once:
+// EnsureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD (at once:
 // in a cluster each waits for its own leader), and this node's audit consumer.
-func (t *topology) ensureMesh(ctx context.Context) error {
+func (t *Topology) EnsureMesh(ctx context.Context) error {
 	events := manifest.EventsStream()
 	events.MaxAge = t.eventsMaxAge
 	streams := []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()}
@@ -110,11 +110,11 @@ func (t *topology) ensureMesh(ctx context.Context) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	return t.ensureAudit(ctx)
+	return t.EnsureAudit(ctx)
 }
 
-// ensureAudit creates or updates this node's audit consumer on EVENTS.
-func (t *topology) ensureAudit(ctx context.Context) error {
+// EnsureAudit creates or updates this node's audit consumer on EVENTS.
+func (t *Topology) EnsureAudit(ctx context.Context) error {
 	t.auditMu.Lock()
 	defer t.auditMu.Unlock()
 	audit := manifest.AuditConsumer(t.node)
@@ -148,9 +148,9 @@ func (t *topology) ensureAudit(ctx context.Context) error {
 	return nil
 }
 
-// ensureModule creates or updates everything d needs: its EVENTS consumer, and each seat's
+// EnsureModule creates or updates everything d needs: its EVENTS consumer, and each seat's
 // work queue and the seat consumer for this node.
-func (t *topology) ensureModule(ctx context.Context, d *manifest.Derivation) error {
+func (t *Topology) EnsureModule(ctx context.Context, d *manifest.Derivation) error {
 	if c := d.EventsConsumer; c != nil {
 		if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(*c)); err != nil {
 			return fmt.Errorf("reconcile consumer %s on %s: %w", c.Name, c.Stream, err)
@@ -177,7 +177,7 @@ func (t *topology) ensureModule(ctx context.Context, d *manifest.Derivation) err
 // retire removes what old had and new (nil when the module is removed) no longer has. A
 // seat's stream is deleted only when empty: queued work is never dropped, it waits for a
 // module that declares the seat again. kept names the streams that stay for their backlog.
-func (t *topology) retire(ctx context.Context, old, new *manifest.Derivation) (kept []string, err error) {
+func (t *Topology) retire(ctx context.Context, old, new *manifest.Derivation) (kept []string, err error) {
 	if c := old.EventsConsumer; c != nil && (new == nil || new.EventsConsumer == nil) {
 		if err := t.js.DeleteConsumer(ctx, c.Stream, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("delete consumer %s: %w", c.Name, err)
@@ -214,7 +214,7 @@ func hasSeatStream(d *manifest.Derivation, seat string) bool {
 	return false
 }
 
-// redeliverNow readies a seat's consumer for a new holder: it is kept, with its delivery
+// RedeliverNow readies a seat's consumer for a new holder: it is kept, with its delivery
 // counts, so a job that kills every holder in turn still dies after MaxDeliver (a consumer
 // recreated per holder would start each job's count again). What the previous holder took
 // and did not ack is NAKed on its behalf, as the holder itself would, so the new holder gets
@@ -222,7 +222,7 @@ func hasSeatStream(d *manifest.Derivation, seat string) bool {
 // pending and a consumer sequence between the ack floor and the last delivery
 // (consumer.go processNak on nats-server 2.15.2); the consumer's filter finds the messages,
 // since a work queue keeps only what is not acked.
-func (t *topology) redeliverNow(ctx context.Context, c manifest.Consumer) error {
+func (t *Topology) RedeliverNow(ctx context.Context, c manifest.Consumer) error {
 	cons, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(c))
 	if err != nil {
 		return fmt.Errorf("reconcile consumer %s: %w", c.Name, err)
