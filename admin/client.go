@@ -8,9 +8,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -21,7 +20,7 @@ var ErrRefused = errors.New("refused")
 
 // Registered is the outcome of a registration.
 type Registered struct {
-	registry.RegisterReply
+	api.RegisterReply
 	// Seed is the new module's nkey seed, opened from the sealed reply; nil on
 	// re-registration (the module keeps its key).
 	Seed []byte
@@ -51,8 +50,8 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 	}
 	defer xkp.Wipe()
 	xpub, _ := xkp.PublicKey()
-	var reply registry.RegisterReply
-	err = call(ctx, nc, registry.RegisterSubject, registry.RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply)
+	var reply api.RegisterReply
+	err = call(ctx, nc, api.RegisterSubject, api.RegisterRequest{Manifest: string(yamlText), XKey: xpub, RotateKey: rotate}, &reply)
 	if errors.Is(err, ErrRefused) && len(reply.Refusals) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrRefused, manifest.Refusals(reply.Refusals))
 	}
@@ -65,7 +64,7 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 		if err != nil {
 			return nil, err
 		}
-		var id vault.Identity
+		var id api.Identity
 		if err := json.Unmarshal(plain, &id); err != nil {
 			return nil, fmt.Errorf("register: sealed identity: %w", err)
 		}
@@ -78,60 +77,60 @@ func register(ctx context.Context, nc *nats.Conn, yamlText []byte, rotate bool) 
 }
 
 // Remove asks the controller to remove a module.
-func Remove(ctx context.Context, nc *nats.Conn, req registry.RemoveRequest) (registry.RemoveReply, error) {
-	var reply registry.RemoveReply
-	err := call(ctx, nc, registry.RemoveSubject, req, &reply)
+func Remove(ctx context.Context, nc *nats.Conn, req api.RemoveRequest) (api.RemoveReply, error) {
+	var reply api.RemoveReply
+	err := call(ctx, nc, api.RemoveSubject, req, &reply)
 	return reply, err
 }
 
 // Pin asks the controller to move a module to a version of a seat's protocol.
-func Pin(ctx context.Context, nc *nats.Conn, req registry.PinRequest) (registry.PinReply, error) {
-	var reply registry.PinReply
-	err := call(ctx, nc, registry.PinSubject, req, &reply)
+func Pin(ctx context.Context, nc *nats.Conn, req api.PinRequest) (api.PinReply, error) {
+	var reply api.PinReply
+	err := call(ctx, nc, api.PinSubject, req, &reply)
 	return reply, err
 }
 
 // Deploy asks the controller to set a module's deployment.
-func Deploy(ctx context.Context, nc *nats.Conn, req registry.DeployRequest) (registry.DeployReply, error) {
-	return deployCall(ctx, nc, registry.DeploySubject, req)
+func Deploy(ctx context.Context, nc *nats.Conn, req api.DeployRequest) (api.DeployReply, error) {
+	return deployCall(ctx, nc, api.DeploySubject, req)
 }
 
 // Undeploy asks the controller to stop a module on some nodes, or everywhere.
-func Undeploy(ctx context.Context, nc *nats.Conn, req registry.UndeployRequest) (registry.DeployReply, error) {
-	return deployCall(ctx, nc, registry.UndeploySubject, req)
+func Undeploy(ctx context.Context, nc *nats.Conn, req api.UndeployRequest) (api.DeployReply, error) {
+	return deployCall(ctx, nc, api.UndeploySubject, req)
 }
 
-func deployCall(ctx context.Context, nc *nats.Conn, subject string, req any) (registry.DeployReply, error) {
-	var reply registry.DeployReply
+func deployCall(ctx context.Context, nc *nats.Conn, subject string, req any) (api.DeployReply, error) {
+	var reply api.DeployReply
 	err := call(ctx, nc, subject, req, &reply)
 	return reply, err
 }
 
 // Ps asks the controller what runs where.
-func Ps(ctx context.Context, nc *nats.Conn) ([]registry.Process, error) {
-	var reply registry.PsReply
-	if err := call(ctx, nc, registry.PsSubject, struct{}{}, &reply); err != nil {
+func Ps(ctx context.Context, nc *nats.Conn) ([]api.Process, error) {
+	var reply api.PsReply
+	if err := call(ctx, nc, api.PsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
 	}
 	return reply.Processes, nil
 }
 
 // Builds asks the controller for the latest builds of the cascade.
-func Builds(ctx context.Context, nc *nats.Conn) ([]registry.Build, error) {
-	var reply registry.BuildsReply
-	if err := call(ctx, nc, registry.BuildsSubject, struct{}{}, &reply); err != nil {
+func Builds(ctx context.Context, nc *nats.Conn) ([]api.Build, error) {
+	var reply api.BuildsReply
+	if err := call(ctx, nc, api.BuildsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
 	}
 	return reply.Builds, nil
 }
 
 // List asks the controller for every registered module, a page at a time.
-func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
-	out := []registry.ModuleInfo{}
+func List(ctx context.Context, nc *nats.Conn) ([]api.ModuleInfo, error) {
+	out := []api.ModuleInfo{}
 	var after string
 	for {
-		var reply registry.ListReply
-		if err := call(ctx, nc, registry.ListSubject, registry.ListRequest{After: after}, &reply); err != nil {
+		var reply api.ListReply
+		if err := call(ctx, nc, api.ListSubject, api.ListRequest{After: after}, &reply); err != nil {
 			return nil, err
 		}
 		out = append(out, reply.Modules...)
@@ -139,7 +138,7 @@ func List(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error) {
 			return out, nil
 		}
 		if reply.Next <= after {
-			return nil, fmt.Errorf("%s: the page after %q starts again at %q", registry.ListSubject, after, reply.Next)
+			return nil, fmt.Errorf("%s: the page after %q starts again at %q", api.ListSubject, after, reply.Next)
 		}
 		after = reply.Next
 	}
@@ -176,17 +175,17 @@ func call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 }
 
 // Provisions asks the controller for every deployed consumer's provisions.
-func Provisions(ctx context.Context, nc *nats.Conn) ([]provision.Record, error) {
-	var reply registry.ProvisionsReply
-	if err := call(ctx, nc, registry.ProvisionsSubject, struct{}{}, &reply); err != nil {
+func Provisions(ctx context.Context, nc *nats.Conn) ([]api.Provision, error) {
+	var reply api.ProvisionsReply
+	if err := call(ctx, nc, api.ProvisionsSubject, struct{}{}, &reply); err != nil {
 		return nil, err
 	}
 	return reply.Provisions, nil
 }
 
 // Provide chooses the seat that provides a module's required interface.
-func Provide(ctx context.Context, nc *nats.Conn, req registry.ProvideRequest) (registry.ProvideReply, error) {
-	var reply registry.ProvideReply
-	err := call(ctx, nc, registry.ProvideSubject, req, &reply)
+func Provide(ctx context.Context, nc *nats.Conn, req api.ProvideRequest) (api.ProvideReply, error) {
+	var reply api.ProvideReply
+	err := call(ctx, nc, api.ProvideSubject, req, &reply)
 	return reply, err
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // TestGolden: each type marshals to the JSON captured from it before it moved here (from
-// seats.Info and provision.Record), so moving the wire did not change it.
+// api.SeatInfo and api.Provision), so moving the wire did not change it.
 func TestGolden(t *testing.T) {
 	seat := api.SeatInfo{Seat: "mailer", Version: "v2", Scope: manifest.Scope("node"), Accepts: []string{"send"}, Serves: []string{"status"}, Emits: []string{"delivered"},
 		Shapes:   map[string]*manifest.Shape{"send": {Type: "object"}},

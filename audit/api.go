@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nats.go"
 )
 
@@ -19,31 +19,11 @@ import (
 // maxReply keeps an answer under NATS's default 1 MiB message size.
 const maxReply = 900 << 10
 
-// ToolSubject is node's audit tool.
-func ToolSubject(node string) string { return manifest.NodeToolSubject(node, "audit") }
-
-// Request asks a node's audit log: Op "query" (with Filter) or "verify".
-type Request struct {
-	Op     string `json:"op"`
-	Filter Filter `json:"filter"`
-	// Progress asks a verify to answer with how far it has got, about once a second, before
-	// its verification (see CallProgress).
-	Progress bool `json:"progress,omitempty"`
-}
-
-// Reply answers Request.
-type Reply struct {
-	Records      []Record      `json:"records,omitempty"`
-	Verification *Verification `json:"verification,omitempty"`
-	Progress     *Progress     `json:"progress,omitempty"` // an interim answer: more follows
-	Error        string        `json:"error,omitempty"`
-}
-
 // Serve answers the audit tool for l on nc.
 func Serve(nc *nats.Conn, node string, l *Logger) (*nats.Subscription, error) {
-	return nc.Subscribe(ToolSubject(node), func(m *nats.Msg) {
-		var req Request
-		var reply Reply
+	return nc.Subscribe(api.AuditToolSubject(node), func(m *nats.Msg) {
+		var req api.AuditRequest
+		var reply api.AuditReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply.Error = "the request is not JSON"
 		} else {
@@ -58,15 +38,15 @@ func Serve(nc *nats.Conn, node string, l *Logger) (*nats.Subscription, error) {
 				// Its own goroutine: a verify of a large log takes a while, and another
 				// asked meanwhile (only the operator may) tells its progress at once.
 				go func() {
-					var progress func(Progress)
+					var progress func(api.AuditProgress)
 					if req.Progress {
-						progress = func(p Progress) {
-							b, _ := json.Marshal(Reply{Progress: &p})
+						progress = func(p api.AuditProgress) {
+							b, _ := json.Marshal(api.AuditReply{Progress: &p})
 							m.Respond(b)
 						}
 					}
 					v, err := l.VerifyProgress(progress)
-					reply := Reply{Verification: &v}
+					reply := api.AuditReply{Verification: &v}
 					if err != nil {
 						reply.Error = err.Error()
 					}
@@ -91,7 +71,7 @@ const elidedKeep = 256
 // record — callers page until a short page — and leaves out the bulk of the largest first
 // (the body, and what is over elidedKeep of each header), saying so in Elided. The stored
 // record stays whole, and verify checks it.
-func fit(reply Reply) []byte {
+func fit(reply api.AuditReply) []byte {
 	b, _ := json.Marshal(reply)
 	if len(b) <= maxReply {
 		return b
@@ -117,13 +97,13 @@ func fit(reply Reply) []byte {
 	if b, _ = json.Marshal(reply); len(b) <= maxReply {
 		return b
 	}
-	b, _ = json.Marshal(Reply{Error: fmt.Sprintf("the answer is over the bus's message size even with %d records cut short: ask for fewer records (limit)", len(recs))})
+	b, _ = json.Marshal(api.AuditReply{Error: fmt.Sprintf("the answer is over the bus's message size even with %d records cut short: ask for fewer records (limit)", len(recs))})
 	return b
 }
 
 // elide returns r without its body and with every header value, its event id and its source
 // cut to elidedKeep bytes, saying what was left out.
-func elide(r Record) Record {
+func elide(r api.AuditRecord) api.AuditRecord {
 	cut := func(s string) (string, int) {
 		p := prefix(s, elidedKeep)
 		return p, len(s) - len(p)
@@ -151,8 +131,8 @@ func elide(r Record) Record {
 // CallProgress asks node's audit log as Call does, with the request's Progress set: each
 // interim answer goes to progress, and the wait for the final one is bounded by idle between
 // answers rather than by ctx's deadline alone, so a verify of any size completes.
-func CallProgress(ctx context.Context, nc *nats.Conn, node string, req Request, idle time.Duration, progress func(Progress)) (Reply, error) {
-	var reply Reply
+func CallProgress(ctx context.Context, nc *nats.Conn, node string, req api.AuditRequest, idle time.Duration, progress func(api.AuditProgress)) (api.AuditReply, error) {
+	var reply api.AuditReply
 	req.Progress = true
 	b, _ := json.Marshal(req)
 	inbox := nc.NewInbox()
@@ -161,7 +141,7 @@ func CallProgress(ctx context.Context, nc *nats.Conn, node string, req Request, 
 		return reply, fmt.Errorf("audit: %w", err)
 	}
 	defer sub.Unsubscribe()
-	if err := nc.PublishRequest(ToolSubject(node), inbox, b); err != nil {
+	if err := nc.PublishRequest(api.AuditToolSubject(node), inbox, b); err != nil {
 		return reply, fmt.Errorf("audit: %w", err)
 	}
 	for {
@@ -176,7 +156,7 @@ func CallProgress(ctx context.Context, nc *nats.Conn, node string, req Request, 
 		case err != nil:
 			return reply, fmt.Errorf("audit: %w", err)
 		}
-		reply = Reply{}
+		reply = api.AuditReply{}
 		if err := json.Unmarshal(msg.Data, &reply); err != nil {
 			return reply, fmt.Errorf("audit answered %q: %w", msg.Data, err)
 		}
@@ -193,10 +173,10 @@ func CallProgress(ctx context.Context, nc *nats.Conn, node string, req Request, 
 	}
 }
 
-func Call(ctx context.Context, nc *nats.Conn, node string, req Request) (Reply, error) {
-	var reply Reply
+func Call(ctx context.Context, nc *nats.Conn, node string, req api.AuditRequest) (api.AuditReply, error) {
+	var reply api.AuditReply
 	b, _ := json.Marshal(req)
-	msg, err := nc.RequestWithContext(ctx, ToolSubject(node), b)
+	msg, err := nc.RequestWithContext(ctx, api.AuditToolSubject(node), b)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return reply, fmt.Errorf("node %s does not answer its audit tool: is it running?", node)
 	}

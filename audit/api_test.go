@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/nats-io/nats.go"
@@ -19,8 +20,8 @@ import (
 // record of the page (a caller pages until a short page), leaving out the bulk of the largest
 // and saying so.
 func TestFit(t *testing.T) {
-	record := func(n int, body, header int) Record {
-		r := Record{N: uint64(n), Seq: uint64(n), Subject: "mesh.mod.m.event.tick", EventID: fmt.Sprintf("id-%d", n), Source: "m",
+	record := func(n int, body, header int) api.AuditRecord {
+		r := api.AuditRecord{N: uint64(n), Seq: uint64(n), Subject: "mesh.mod.m.event.tick", EventID: fmt.Sprintf("id-%d", n), Source: "m",
 			Body: []byte(strings.Repeat("b", body)), Signed: true, SourceMatches: true, Hash: "h", Prev: "p",
 			Headers: map[string][]string{envelope.EventID: {fmt.Sprintf("id-%d", n)}, envelope.Source: {"m"}}}
 		if header > 0 {
@@ -30,17 +31,17 @@ func TestFit(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		recs []Record
+		recs []api.AuditRecord
 	}{
-		{"one body near 1 MiB", []Record{record(1, 10, 0), record(2, 1000<<10, 0), record(3, 10, 0)}},
-		{"a page of 60 KiB headers", func() (rs []Record) {
-			for i := range DefaultLimit {
+		{"one body near 1 MiB", []api.AuditRecord{record(1, 10, 0), record(2, 1000<<10, 0), record(3, 10, 0)}},
+		{"a page of 60 KiB headers", func() (rs []api.AuditRecord) {
+			for i := range api.AuditDefaultLimit {
 				rs = append(rs, record(i+1, 10, 60<<10))
 			}
 			return rs
 		}()},
-		{"a page of 60 KiB event ids", func() (rs []Record) {
-			for i := range DefaultLimit {
+		{"a page of 60 KiB event ids", func() (rs []api.AuditRecord) {
+			for i := range api.AuditDefaultLimit {
 				r := record(i+1, 10, 0)
 				r.EventID = strings.Repeat("i", 60<<10)
 				r.Headers[envelope.EventID] = []string{r.EventID}
@@ -50,11 +51,11 @@ func TestFit(t *testing.T) {
 		}()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := fit(Reply{Records: tc.recs})
+			b := fit(api.AuditReply{Records: tc.recs})
 			if len(b) > maxReply {
 				t.Fatalf("the answer is %d bytes, over %d", len(b), maxReply)
 			}
-			var got Reply
+			var got api.AuditReply
 			if err := json.Unmarshal(b, &got); err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +84,7 @@ func TestFit(t *testing.T) {
 		})
 	}
 	// An answer that fits is the reply as it is.
-	small := Reply{Records: []Record{record(1, 10, 10)}}
+	small := api.AuditReply{Records: []api.AuditRecord{record(1, 10, 10)}}
 	want, _ := json.Marshal(small)
 	if got := fit(small); string(got) != string(want) {
 		t.Errorf("a small answer was changed: %s", got)
@@ -99,9 +100,9 @@ func TestCallProgress(t *testing.T) {
 	err := db.Update(func(tx *bolt.Tx) error {
 		var prev string
 		for i := range records {
-			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: "a",
+			r := api.AuditRecord{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: "a",
 				EventID: fmt.Sprintf("id%d", i), Prev: prev, Signed: true, SourceMatches: true}
-			r.Hash = r.computeHash()
+			r.Hash = computeHash(r)
 			prev = r.Hash
 			b, _ := json.Marshal(r)
 			if err := tx.Bucket(bucketRecords).Put(u64(r.N), b); err != nil {
@@ -128,20 +129,20 @@ func TestCallProgress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	var told []Progress
-	reply, err := CallProgress(ctx, nc, "n", Request{Op: "verify"}, 5*time.Second, func(p Progress) { told = append(told, p) })
+	var told []api.AuditProgress
+	reply, err := CallProgress(ctx, nc, "n", api.AuditRequest{Op: "verify"}, 5*time.Second, func(p api.AuditProgress) { told = append(told, p) })
 	if err != nil || reply.Verification == nil || reply.Verification.Records != records || reply.Verification.Broken != nil {
 		t.Fatalf("verify: %+v %v", reply.Verification, err)
 	}
-	if len(told) != 2 || told[0] != (Progress{Done: 1024, Total: records}) || told[1] != (Progress{Done: 2048, Total: records}) {
+	if len(told) != 2 || told[0] != (api.AuditProgress{Done: 1024, Total: records}) || told[1] != (api.AuditProgress{Done: 2048, Total: records}) {
 		t.Errorf("progress told %+v, want 1024 and 2048 of %d", told, records)
 	}
 	// Call, which asks for no progress, hears none.
-	reply, err = Call(ctx, nc, "n", Request{Op: "verify"})
+	reply, err = Call(ctx, nc, "n", api.AuditRequest{Op: "verify"})
 	if err != nil || reply.Verification == nil || reply.Verification.Records != records {
 		t.Fatalf("verify without progress: %+v %v", reply.Verification, err)
 	}
-	if _, err := CallProgress(ctx, nc, "elsewhere", Request{Op: "verify"}, 5*time.Second, nil); err == nil || !strings.Contains(err.Error(), "does not answer") {
+	if _, err := CallProgress(ctx, nc, "elsewhere", api.AuditRequest{Op: "verify"}, 5*time.Second, nil); err == nil || !strings.Contains(err.Error(), "does not answer") {
 		t.Errorf("a node that does not answer: %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"slices"
 	"time"
+
+	"github.com/meshnode/meshnode/api"
 )
 
 // A record is stored in a compact binary encoding: compactFormat, then its fields in a
@@ -26,7 +28,7 @@ const prevText = 4
 const hashLen = sha256.Size
 
 // encodeRecord is r's stored form, with its hash, which it also sets in r.
-func encodeRecord(r *Record) []byte {
+func encodeRecord(r *api.AuditRecord) []byte {
 	var flags byte
 	prev, err := hex.DecodeString(r.Prev)
 	if err != nil || len(prev) != 0 && len(prev) != hashLen {
@@ -80,15 +82,15 @@ var errDamaged = errors.New("the record is damaged: it does not decode")
 
 // decodeRecord reads a stored record, in either form. For a compact record, hashOK says
 // whether its bytes still match its hash; for a JSON one, whether its JSON does.
-func decodeRecord(raw []byte) (r Record, hashOK bool, err error) {
+func decodeRecord(raw []byte) (r api.AuditRecord, hashOK bool, err error) {
 	if len(raw) > 0 && raw[0] == '{' {
 		if err := json.Unmarshal(raw, &r); err != nil {
-			return Record{}, false, err
+			return api.AuditRecord{}, false, err
 		}
-		return r, r.computeHash() == r.Hash, nil
+		return r, computeHash(r) == r.Hash, nil
 	}
 	if len(raw) < 1+hashLen || raw[0] != compactFormat {
-		return Record{}, false, errDamaged
+		return api.AuditRecord{}, false, errDamaged
 	}
 	body, sum := raw[:len(raw)-hashLen], raw[len(raw)-hashLen:]
 	d := decoder{b: body[1:]}
@@ -97,14 +99,14 @@ func decodeRecord(raw []byte) (r Record, hashOK bool, err error) {
 	r.Subject = d.string()
 	if n := d.uvarint(); n > 0 && d.err == nil {
 		if n > uint64(len(d.b))/2 { // a header is two bytes at least
-			return Record{}, false, errDamaged
+			return api.AuditRecord{}, false, errDamaged
 		}
 		r.Headers = make(map[string][]string, n)
 		for range n {
 			k := d.string()
 			vn := d.uvarint()
 			if vn > uint64(len(d.b)) { // a value is a byte at least
-				return Record{}, false, errDamaged
+				return api.AuditRecord{}, false, errDamaged
 			}
 			vs := make([]string, 0, vn)
 			for range vn {
@@ -129,7 +131,7 @@ func decodeRecord(raw []byte) (r Record, hashOK bool, err error) {
 		r.Prev = hex.EncodeToString([]byte(prev))
 	}
 	if d.err != nil || len(d.b) != 0 {
-		return Record{}, false, errDamaged
+		return api.AuditRecord{}, false, errDamaged
 	}
 	r.Hash = hex.EncodeToString(sum)
 	got := sha256.Sum256(body)

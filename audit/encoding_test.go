@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
@@ -17,10 +18,10 @@ import (
 
 // records are what the encoding must carry: no headers, several values, an empty body, a
 // large one, a reused id, a signature error, the first record and a later one.
-func sampleRecords() []Record {
+func sampleRecords() []api.AuditRecord {
 	at := time.Date(2026, 12, 2, 6, 0, 0, 123456789, time.UTC)
 	prev := strings.Repeat("ab", hashLen)
-	return []Record{
+	return []api.AuditRecord{
 		{N: 1, Seq: 1, Subject: "mesh.mod.m.event.tick", Received: at, EventID: "seq-1", Source: "m"},
 		{N: 2, Seq: 7, Subject: "mesh.mod.m.event.tick", Headers: map[string][]string{"x-source": {"m"}, "x-causation": {"a", "b"}, "x-empty": {""}},
 			Body: []byte(`{"n":1}`), Received: at, EventID: "0193-id", Source: "m", Signed: true, SourceMatches: true, Prev: prev},
@@ -62,7 +63,7 @@ func TestEncoding_RoundTrip(t *testing.T) {
 		}
 	}
 	// A damaged head: the record links to it as it reads, and decodes as it was.
-	damaged := Record{N: 1, Prev: "not a hash", Received: time.Unix(0, 0).UTC()}
+	damaged := api.AuditRecord{N: 1, Prev: "not a hash", Received: time.Unix(0, 0).UTC()}
 	raw := encodeRecord(&damaged)
 	if got, ok, err := decodeRecord(raw); err != nil || !ok || got.Prev != "not a hash" {
 		t.Errorf("a record linking to a damaged head: %+v, %v, %v", got, ok, err)
@@ -92,7 +93,7 @@ func TestEncoding_LogFromBeforeIt(t *testing.T) {
 			old = append(old, m)
 			r := l.check(m, uint64(seq), time.Now().UTC())
 			r.N, r.Prev = h.N+1, h.Hash
-			r.Hash = r.computeHash()
+			r.Hash = computeHash(r)
 			b, _ := json.Marshal(r)
 			if err := tx.Bucket(bucketRecords).Put(u64(r.N), b); err != nil {
 				return err
@@ -119,7 +120,7 @@ func TestEncoding_LogFromBeforeIt(t *testing.T) {
 	if err != nil || !v.OK() || v.Records != 5 {
 		t.Fatalf("verify of a log in both forms: %d records, broken %+v, flagged %+v, %v", v.Records, v.Broken, v.Flagged, err)
 	}
-	recs, err := l.Query(Filter{Source: "m"})
+	recs, err := l.Query(api.AuditFilter{Source: "m"})
 	if err != nil || len(recs) != 5 || recs[2].Hash != recs[3].Prev || !recs[3].Signed {
 		t.Fatalf("query: %+v, %v", recs, err)
 	}

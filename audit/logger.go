@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
@@ -413,8 +414,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 }
 
 // sameEvent reports whether two records are the same event: subject, body and signature.
-func sameEvent(a, b Record) bool {
-	sig := func(r Record) string {
+func sameEvent(a, b api.AuditRecord) bool {
+	sig := func(r api.AuditRecord) string {
 		if v := r.Headers[envelope.Signature]; len(v) > 0 {
 			return v[0]
 		}
@@ -423,7 +424,7 @@ func sameEvent(a, b Record) bool {
 	return a.Subject == b.Subject && string(a.Body) == string(b.Body) && sig(a) == sig(b)
 }
 
-func index(tx *bolt.Tx, r Record) error {
+func index(tx *bolt.Tx, r api.AuditRecord) error {
 	key := u64(r.N)
 	if err := tx.Bucket(bucketBySource).Put(append(sourcePrefix(r.Source), key...), nil); err != nil {
 		return err
@@ -436,7 +437,7 @@ func index(tx *bolt.Tx, r Record) error {
 
 // checkedMsg is an event's record before it joins the chain, and its stream metadata.
 type checkedMsg struct {
-	rec Record
+	rec api.AuditRecord
 	md  *jetstream.MsgMetadata
 }
 
@@ -480,10 +481,10 @@ func (l *Logger) checkAll(msgs []jetstream.Msg, now time.Time) ([]checkedMsg, er
 const minPerWorker = 16
 
 // check builds the record of one event: its envelope, its signature, its source.
-func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) Record {
+func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) api.AuditRecord {
 	h := m.Headers()
 	// A replay is the event first published on the original subject, recorded once.
-	r := Record{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
+	r := api.AuditRecord{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
 		EventID: validUTF8(h.Get(envelope.EventID)), Source: validUTF8(h.Get(envelope.Source))}
 	if r.EventID == "" {
 		r.EventID = fmt.Sprintf("seq-%d", seq)

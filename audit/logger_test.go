@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -63,7 +64,7 @@ func TestLogger_InvalidUTF8(t *testing.T) {
 	if got, want := v.Records, uint64(len(msgs)); got != want {
 		t.Fatalf("verify read %d records, want %d", got, want)
 	}
-	recs, err := l.Query(Filter{Source: "m"})
+	recs, err := l.Query(api.AuditFilter{Source: "m"})
 	if err != nil || len(recs) != len(msgs) {
 		t.Fatalf("query: %d records, %v", len(recs), err)
 	}
@@ -116,7 +117,7 @@ func TestLogger_HugeHeaders(t *testing.T) {
 	if l.Records() != 1 {
 		t.Fatalf("%d records, want 1 (the same event, delivered four times)", l.Records())
 	}
-	for _, f := range []Filter{{ID: id}, {Source: source}} {
+	for _, f := range []api.AuditFilter{{ID: id}, {Source: source}} {
 		if recs, err := l.Query(f); err != nil || len(recs) != 1 || recs[0].EventID != id {
 			t.Fatalf("query by %.20s…: %d records, %v", f.ID+f.Source, len(recs), err)
 		}
@@ -155,11 +156,11 @@ func TestLogger_Prune(t *testing.T) {
 		t.Fatalf("verify after the prune: %+v, %v", v, err)
 	}
 	for i, want := range []int{0, 0, 1} {
-		if recs, err := l.Query(Filter{ID: ids[i]}); err != nil || len(recs) != want {
+		if recs, err := l.Query(api.AuditFilter{ID: ids[i]}); err != nil || len(recs) != want {
 			t.Fatalf("event %d by id: %d records, %v; want %d", i+1, len(recs), err, want)
 		}
 	}
-	if recs, err := l.Query(Filter{Source: "m"}); err != nil || len(recs) != 1 || recs[0].EventID != ids[2] {
+	if recs, err := l.Query(api.AuditFilter{Source: "m"}); err != nil || len(recs) != 1 || recs[0].EventID != ids[2] {
 		t.Fatalf("by source after the prune: %+v, %v", recs, err)
 	}
 }

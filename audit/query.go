@@ -11,29 +11,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
 )
 
-// DefaultLimit bounds a query's answer when it sets no limit.
-const DefaultLimit = 200
-
-// Filter selects records. Every field set must hold.
-type Filter struct {
-	ID     string    `json:"id,omitempty"`     // x-event-id
-	Source string    `json:"source,omitempty"` // x-source
-	Event  string    `json:"event,omitempty"`  // a pattern as consumes: writes it: billing.**
-	Since  time.Time `json:"since,omitzero"`   // received at or after
-	Until  time.Time `json:"until,omitzero"`   // received before
-	After  uint64    `json:"after,omitempty"`  // records after this N (paging, tail -f)
-	Last   int       `json:"last,omitempty"`   // only the last N matching records
-	Limit  int       `json:"limit,omitempty"`  // at most this many; 0 = DefaultLimit
-}
-
 // Query returns the matching records in log order, using the index that narrows most.
-func (l *Logger) Query(f Filter) ([]Record, error) {
+func (l *Logger) Query(f api.AuditFilter) ([]api.AuditRecord, error) {
 	var pattern string
 	if f.Event != "" {
 		p, err := manifest.ConsumeSubject(f.Event)
@@ -44,10 +30,10 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 	}
 	limit := f.Limit
 	if limit <= 0 {
-		limit = DefaultLimit
+		limit = api.AuditDefaultLimit
 	}
-	var out []Record
-	match := func(r Record) bool {
+	var out []api.AuditRecord
+	match := func(r api.AuditRecord) bool {
 		return (f.ID == "" || r.EventID == f.ID) && (f.Source == "" || r.Source == f.Source) &&
 			(pattern == "" || manifest.Matches(pattern, r.Subject)) &&
 			(f.Since.IsZero() || !r.Received.Before(f.Since)) && (f.Until.IsZero() || r.Received.Before(f.Until)) &&
@@ -55,7 +41,7 @@ func (l *Logger) Query(f Filter) ([]Record, error) {
 	}
 	err := l.db.View(func(tx *bolt.Tx) error {
 		recs := tx.Bucket(bucketRecords)
-		get := func(n []byte) (Record, bool) {
+		get := func(n []byte) (api.AuditRecord, bool) {
 			r, _, err := decodeRecord(recs.Get(n))
 			return r, err == nil
 		}
@@ -157,27 +143,8 @@ func literalPrefix(pattern string) []byte {
 	return []byte(pattern)
 }
 
-func sortByN(rs []Record) {
-	slices.SortFunc(rs, func(a, b Record) int { return cmp.Compare(a.N, b.N) })
-}
-
-// Problem is a record that fails verification.
-type Problem struct {
-	N      uint64 `json:"n"`
-	Reason string `json:"reason"`
-}
-
-// Verification is what Verify found.
-type Verification struct {
-	Records uint64 `json:"records"`
-	// Broken is the first record whose hash or link does not hold: the log was altered or
-	// truncated. It is about the log, not about the events in it.
-	Broken *Problem `json:"broken,omitempty"`
-	// Flagged are the records whose event is not genuine (forged, mislabelled, unsigned),
-	// oldest first, at most MaxFlagged of them; FlaggedTotal counts all. The log holding them
-	// is intact: they were recorded as they arrived, and flagged.
-	Flagged      []Flag `json:"flagged,omitempty"`
-	FlaggedTotal uint64 `json:"flagged_total,omitempty"`
+func sortByN(rs []api.AuditRecord) {
+	slices.SortFunc(rs, func(a, b api.AuditRecord) int { return cmp.Compare(a.N, b.N) })
 }
 
 // MaxFlagged bounds the flagged records one verify lists, so its answer fits a message;
@@ -208,44 +175,14 @@ func prefix(s string, n int) string {
 	return s[:n]
 }
 
-// Flag is one record whose event is not genuine, and why.
-type Flag struct {
-	N       uint64 `json:"n"`
-	EventID string `json:"event_id"`
-	Subject string `json:"subject"`
-	Source  string `json:"source"`
-	// Kind is one of the Flag* kinds.
-	Kind   string `json:"kind"`
-	Reason string `json:"reason"`
-}
-
-// Why an event is not genuine.
-const (
-	FlagUnsigned       = "unsigned"        // no x-signature
-	FlagUnknownSource  = "unknown-source"  // no registered key for its x-source
-	FlagBadSignature   = "bad-signature"   // the signature is not its source's key's over it
-	FlagSourceMismatch = "source-mismatch" // its x-source does not own its subject
-	FlagReusedID       = "reused-id"       // its x-event-id was first used by another event
-	FlagBadID          = "bad-id"          // its x-event-id is not a UUIDv7
-)
-
-// OK reports whether the log is intact and every event in it genuine.
-func (v Verification) OK() bool { return v.Broken == nil && v.FlaggedTotal == 0 }
-
 // Verify walks the whole log: every record's hash must be its content's, and link to the
 // record before it.
-func (l *Logger) Verify() (Verification, error) { return l.VerifyProgress(nil) }
-
-// Progress is how far a verify has got: Done of Total records.
-type Progress struct {
-	Done  uint64 `json:"done"`
-	Total uint64 `json:"total"`
-}
+func (l *Logger) Verify() (api.AuditVerification, error) { return l.VerifyProgress(nil) }
 
 // VerifyProgress is Verify telling progress, when set, how far it has got about once a
 // second: a log of millions of records takes a while.
-func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
-	var v Verification
+func (l *Logger) VerifyProgress(progress func(api.AuditProgress)) (api.AuditVerification, error) {
+	var v api.AuditVerification
 	err := l.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRecords).Cursor()
 		// The chain starts at record 1 with no previous hash, or, after pruning, right after
@@ -264,23 +201,23 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 			n := binary.BigEndian.Uint64(k)
 			v.Records++
 			if progress != nil && v.Records%1024 == 0 && time.Since(told) >= l.progressEvery {
-				progress(Progress{Done: v.Records, Total: max(total, v.Records)})
+				progress(api.AuditProgress{Done: v.Records, Total: max(total, v.Records)})
 				told = time.Now()
 			}
 			r, hashOK, err := decodeRecord(raw)
 			if err != nil {
-				v.Broken = &Problem{N: n, Reason: "record is unreadable: " + err.Error()}
+				v.Broken = &api.AuditProblem{N: n, Reason: "record is unreadable: " + err.Error()}
 				return nil
 			}
 			switch {
 			case r.N != n:
-				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record claims to be %d", r.N)}
+				v.Broken = &api.AuditProblem{N: n, Reason: fmt.Sprintf("record claims to be %d", r.N)}
 			case n != wantN:
-				v.Broken = &Problem{N: n, Reason: fmt.Sprintf("record %d is missing: records were removed", wantN)}
+				v.Broken = &api.AuditProblem{N: n, Reason: fmt.Sprintf("record %d is missing: records were removed", wantN)}
 			case !hashOK:
-				v.Broken = &Problem{N: n, Reason: "content does not match its hash: the record was altered"}
+				v.Broken = &api.AuditProblem{N: n, Reason: "content does not match its hash: the record was altered"}
 			case r.Prev != prev:
-				v.Broken = &Problem{N: n, Reason: "does not link to the record before it: a record was altered, removed or inserted"}
+				v.Broken = &api.AuditProblem{N: n, Reason: "does not link to the record before it: a record was altered, removed or inserted"}
 			}
 			if v.Broken != nil {
 				return nil
@@ -290,7 +227,7 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 				if len(v.Flagged) < MaxFlagged && flagBytes < maxFlagBytes {
 					// Cut short: an emitter chooses these, and the answer must fit a message
 					// whatever they hold, or one module would blind verify (Broken included).
-					f := Flag{N: n, EventID: clip(r.EventID, flagKeep), Subject: clip(r.Subject, flagKeep),
+					f := api.AuditFlag{N: n, EventID: clip(r.EventID, flagKeep), Subject: clip(r.Subject, flagKeep),
 						Source: clip(r.Source, flagKeep), Kind: kind, Reason: clip(reason, 2*flagKeep)}
 					flagBytes += len(f.EventID) + len(f.Subject) + len(f.Source) + len(f.Reason) + 64
 					v.Flagged = append(v.Flagged, f)
@@ -300,7 +237,7 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 		}
 		// The newest records must still be there: the head the writer kept names the last.
 		if h := readHead(tx); v.Records > 0 && (h.N != lastN || h.Hash != lastHash) {
-			v.Broken = &Problem{N: h.N, Reason: fmt.Sprintf("the log ends at record %d but was written to %d: records were removed", lastN, h.N)}
+			v.Broken = &api.AuditProblem{N: h.N, Reason: fmt.Sprintf("the log ends at record %d but was written to %d: records were removed", lastN, h.N)}
 		}
 		return nil
 	})
@@ -310,7 +247,7 @@ func (l *Logger) VerifyProgress(progress func(Progress)) (Verification, error) {
 // genuine says why a record is not a genuine event (kind "" when it is): its signature, its
 // source, its id. A signature whose key was unknown at ingest (a node or the vault recorded
 // after its first event) is checked again with the keys known now.
-func (l *Logger) genuine(r Record) (kind, reason string) {
+func (l *Logger) genuine(r api.AuditRecord) (kind, reason string) {
 	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil {
 		if pub, ok := l.keys(r.Subject, r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
 			r.Signed = true
@@ -318,18 +255,18 @@ func (l *Logger) genuine(r Record) (kind, reason string) {
 	}
 	switch {
 	case !r.Signed && strings.HasPrefix(r.SignatureError, unsignedPrefix):
-		return FlagUnsigned, r.SignatureError
+		return api.AuditFlagUnsigned, r.SignatureError
 	case !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix):
-		return FlagUnknownSource, r.SignatureError
+		return api.AuditFlagUnknownSource, r.SignatureError
 	case !r.Signed:
-		return FlagBadSignature, r.SignatureError
+		return api.AuditFlagBadSignature, r.SignatureError
 	case !r.SourceMatches:
-		return FlagSourceMismatch, fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
+		return api.AuditFlagSourceMismatch, fmt.Sprintf("x-source %q does not own %s", r.Source, r.Subject)
 	case r.ReusedID != 0:
-		return FlagReusedID, fmt.Sprintf("its x-event-id was first used by a different event, record %d", r.ReusedID)
+		return api.AuditFlagReusedID, fmt.Sprintf("its x-event-id was first used by a different event, record %d", r.ReusedID)
 	}
 	if _, err := envelope.ParseID(r.EventID); err != nil {
-		return FlagBadID, err.Error()
+		return api.AuditFlagBadID, err.Error()
 	}
 	return "", ""
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/meshnode/meshnode/api"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -36,9 +37,9 @@ func TestQuery_Indexes(t *testing.T) {
 		var prev string
 		for i := range 30 {
 			src := string(rune('a' + i%2))
-			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: subjects[i%3], Source: src, EventID: "id" + string(rune('A'+i)),
+			r := api.AuditRecord{N: uint64(i + 1), Seq: uint64(i + 1), Subject: subjects[i%3], Source: src, EventID: "id" + string(rune('A'+i)),
 				Received: base.Add(time.Duration(i) * time.Minute), Prev: prev, Signed: true, SourceMatches: true}
-			r.Hash = r.computeHash()
+			r.Hash = computeHash(r)
 			prev = r.Hash
 			b, _ := json.Marshal(r)
 			tx.Bucket(bucketRecords).Put(u64(r.N), b)
@@ -55,16 +56,16 @@ func TestQuery_Indexes(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		f    Filter
+		f    api.AuditFilter
 		want []uint64
 	}{
-		{"id", Filter{ID: "idC"}, []uint64{3}},
-		{"source paged", Filter{Source: "b", After: 20, Limit: 3}, []uint64{22, 24, 26}},
-		{"source last", Filter{Source: "a", Last: 2}, []uint64{27, 29}},
-		{"pattern", Filter{Event: "a.**", Limit: 4}, []uint64{1, 3, 4, 6}},
-		{"pattern one name", Filter{Event: "*.y", After: 20}, []uint64{23, 26, 29}},
-		{"time", Filter{Since: base.Add(25 * time.Minute), Until: base.Add(28 * time.Minute)}, []uint64{26, 27, 28}},
-		{"last", Filter{Last: 2}, []uint64{29, 30}},
+		{"id", api.AuditFilter{ID: "idC"}, []uint64{3}},
+		{"source paged", api.AuditFilter{Source: "b", After: 20, Limit: 3}, []uint64{22, 24, 26}},
+		{"source last", api.AuditFilter{Source: "a", Last: 2}, []uint64{27, 29}},
+		{"pattern", api.AuditFilter{Event: "a.**", Limit: 4}, []uint64{1, 3, 4, 6}},
+		{"pattern one name", api.AuditFilter{Event: "*.y", After: 20}, []uint64{23, 26, 29}},
+		{"time", api.AuditFilter{Since: base.Add(25 * time.Minute), Until: base.Add(28 * time.Minute)}, []uint64{26, 27, 28}},
+		{"last", api.AuditFilter{Last: 2}, []uint64{29, 30}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			recs, err := l.Query(tc.f)
@@ -87,7 +88,7 @@ func TestQuery_Indexes(t *testing.T) {
 	}
 	// The chain is intact; the hand-made ids ("idA") are not UUIDv7s, each flagged as such.
 	v, err := l.Verify()
-	if err != nil || v.Broken != nil || v.Records != 30 || v.FlaggedTotal != 30 || v.Flagged[0].Kind != FlagBadID {
+	if err != nil || v.Broken != nil || v.Records != 30 || v.FlaggedTotal != 30 || v.Flagged[0].Kind != api.AuditFlagBadID {
 		t.Fatalf("verify: %+v %v", v, err)
 	}
 
@@ -109,9 +110,9 @@ func TestVerify_FlagsFitAMessage(t *testing.T) {
 	err := db.Update(func(tx *bolt.Tx) error {
 		var prev string
 		for i := range 40 {
-			r := Record{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: huge,
+			r := api.AuditRecord{N: uint64(i + 1), Seq: uint64(i + 1), Subject: "mesh.mod.a.event.x", Source: huge,
 				EventID: fmt.Sprintf("%s-%d", huge, i), SignatureError: "no registered key for source " + huge, Prev: prev}
-			r.Hash = r.computeHash()
+			r.Hash = computeHash(r)
 			prev = r.Hash
 			b, _ := json.Marshal(r)
 			tx.Bucket(bucketRecords).Put(u64(r.N), b)
@@ -126,7 +127,7 @@ func TestVerify_FlagsFitAMessage(t *testing.T) {
 	if err != nil || v.Broken != nil || v.FlaggedTotal != 40 || len(v.Flagged) != 40 {
 		t.Fatalf("verify: broken %v, %d of %d flagged, %v", v.Broken, len(v.Flagged), v.FlaggedTotal, err)
 	}
-	b, _ := json.Marshal(Reply{Verification: &v})
+	b, _ := json.Marshal(api.AuditReply{Verification: &v})
 	if len(b) > maxReply/4 {
 		t.Errorf("the verification is %d bytes", len(b))
 	}

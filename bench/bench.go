@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -104,7 +104,7 @@ func (t Target) register(ctx context.Context, op *nats.Conn, manifest string) (s
 func (t Target) remove(op *nats.Conn, module string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	_, err := admin.Remove(ctx, op, registry.RemoveRequest{Module: module, Force: true})
+	_, err := admin.Remove(ctx, op, api.RemoveRequest{Module: module, Force: true})
 	return err
 }
 

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -194,7 +194,7 @@ func connects(ctx context.Context, t Target, module, seedFile string, n int) (Co
 	if err != nil {
 		return ConnectSeries{}, err
 	}
-	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: pub})
+	whoami, _ := json.Marshal(api.WhoamiRequest{PublicKey: pub})
 	rawConnect := func() (*nats.Conn, error) {
 		nc, err := nats.Connect(t.URL, opt, nats.CustomInboxPrefix(manifest.InboxPrefix(module)), nats.MaxReconnects(0))
 		if err != nil {
@@ -241,7 +241,7 @@ func connects(ctx context.Context, t Target, module, seedFile string, n int) (Co
 			if err != nil {
 				return 0, fmt.Errorf("whoami with nats.go: %w", err)
 			}
-			var self registry.WhoamiReply
+			var self api.WhoamiReply
 			if err := json.Unmarshal(m.Data, &self); err != nil || self.Error != "" || self.Module != module {
 				return 0, fmt.Errorf("whoami with nats.go answered %q (%v), not module %s", m.Data, err, module)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
 	"github.com/nats-io/nats.go"
@@ -54,5 +55,5 @@ type Config struct {
 	// Read are the paths a build may read besides the system's runtime (a toolchain's).
 	Read []string
 	// Limits bound one build as they bound one module instance.
-	Limits sandbox.Limits
+	Limits api.Limits
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/sandbox"
 )
 
@@ -65,7 +66,7 @@ type Spec struct {
 	User    *sandbox.User
 	Read    []string
 	Cache   string
-	Limits  sandbox.Limits
+	Limits  api.Limits
 }
 
 // Run builds spec in a fresh directory under dir: the tree is unpacked beneath dir/src (no

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
@@ -66,34 +67,6 @@ const (
 
 // errClosed is Start's after Close: the node is stopping.
 var errClosed = errors.New("the seat's service is closed: the node is stopping")
-
-// ArchiveRequest asks the mesh-git holder to put a commit's tree into mesh-sources.
-type ArchiveRequest struct {
-	Repository string `json:"repository"`
-	Commit     string `json:"commit"`
-}
-
-// ChangedRequest asks which paths commit changed since before.
-type ChangedRequest struct {
-	Repository string `json:"repository"`
-	Before     string `json:"before,omitempty"`
-	Commit     string `json:"commit"`
-}
-
-// GitReply answers both: the object name, or the paths.
-type GitReply struct {
-	Object string   `json:"object,omitempty"`
-	Paths  []string `json:"paths,omitempty"`
-	Error  string   `json:"error,omitempty"`
-}
-
-// BuilderStatus answers the mesh-build-machine seat's status tool: the build running now.
-type BuilderStatus struct {
-	Module  string    `json:"module,omitempty"`
-	Commit  string    `json:"commit,omitempty"`
-	Cascade string    `json:"cascade,omitempty"`
-	Since   time.Time `json:"since,omitzero"`
-}
 
 // sourceObject is a commit's archive's name in mesh-sources.
 func sourceObject(repository, commit string) string { return repository + "/" + commit + ".tar" }
@@ -162,7 +135,7 @@ func (g *Git) Start() error {
 	if g.run.stop != nil {
 		return nil
 	}
-	for tool, h := range map[string]func(context.Context, []byte) GitReply{"archive": g.archive, "changed": g.changed} {
+	for tool, h := range map[string]func(context.Context, []byte) api.GitReply{"archive": g.archive, "changed": g.changed} {
 		sub, err := g.cfg.Responder.QueueSubscribe(manifest.SeatToolSubject(GitSeat, tool), GitSeat, func(m *nats.Msg) {
 			// Each request on its own: an archive stuck on a stream whose leader went away
 			// must not hold up the next (which a builder's retry sends). One in progress when
@@ -227,8 +200,8 @@ func (g *Git) Close() error {
 // serveNotify answers the node's git-notify tool (the operator's, or a post-receive hook's
 // `meshnode git notify`): the mesh-git holder on this node looks at its repositories now.
 func (g *Git) serveNotify(m *nats.Msg) {
-	reply := GitReply{}
-	var req ArchiveRequest // the repository alone
+	reply := api.GitReply{}
+	var req api.ArchiveRequest // the repository alone
 	json.Unmarshal(m.Data, &req)
 	if _, ok := g.cfg.GitRepos[req.Repository]; !ok {
 		served := "none"
@@ -284,22 +257,22 @@ func (g *Git) check(ctx context.Context) {
 	}
 }
 
-func (g *Git) archive(ctx context.Context, data []byte) GitReply {
-	var req ArchiveRequest
+func (g *Git) archive(ctx context.Context, data []byte) api.GitReply {
+	var req api.ArchiveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return GitReply{Error: "not JSON"}
+		return api.GitReply{Error: "not JSON"}
 	}
 	dir, ok := g.cfg.GitRepos[req.Repository]
 	if !ok {
-		return GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
+		return api.GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
 	}
 	obs, err := g.cfg.sources(ctx)
 	if err != nil {
-		return GitReply{Error: err.Error()}
+		return api.GitReply{Error: err.Error()}
 	}
 	name := sourceObject(req.Repository, req.Commit)
 	if _, err := obs.GetInfo(ctx, name); err == nil {
-		return GitReply{Object: name}
+		return api.GitReply{Object: name}
 	}
 	pr, pw := io.Pipe()
 	archived := make(chan struct{})
@@ -311,37 +284,37 @@ func (g *Git) archive(ctx context.Context, data []byte) GitReply {
 	pr.CloseWithError(err) // a failed store stops git archive's writes
 	<-archived
 	if err != nil {
-		return GitReply{Error: err.Error()}
+		return api.GitReply{Error: err.Error()}
 	}
-	return GitReply{Object: name}
+	return api.GitReply{Object: name}
 }
 
-func (g *Git) changed(ctx context.Context, data []byte) GitReply {
-	var req ChangedRequest
+func (g *Git) changed(ctx context.Context, data []byte) api.GitReply {
+	var req api.ChangedRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return GitReply{Error: "not JSON"}
+		return api.GitReply{Error: "not JSON"}
 	}
 	dir, ok := g.cfg.GitRepos[req.Repository]
 	if !ok {
-		return GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
+		return api.GitReply{Error: fmt.Sprintf("this mesh-git holder serves no repository %q", req.Repository)}
 	}
 	paths, err := Changed(ctx, dir, req.Before, req.Commit)
 	if err != nil {
-		return GitReply{Error: err.Error()}
+		return api.GitReply{Error: err.Error()}
 	}
-	return GitReply{Paths: paths}
+	return api.GitReply{Paths: paths}
 }
 
 // CallGit asks the mesh-git holder's tool (archive or changed) and decodes its reply.
-func CallGit(ctx context.Context, nc *nats.Conn, tool string, req any) (GitReply, error) {
+func CallGit(ctx context.Context, nc *nats.Conn, tool string, req any) (api.GitReply, error) {
 	b, _ := json.Marshal(req)
 	msg, err := nc.RequestWithContext(ctx, manifest.SeatToolSubject(GitSeat, tool), b)
 	if err != nil {
-		return GitReply{}, fmt.Errorf("ask mesh-git for %s: %w", tool, err)
+		return api.GitReply{}, fmt.Errorf("ask mesh-git for %s: %w", tool, err)
 	}
-	var r GitReply
+	var r api.GitReply
 	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return GitReply{}, err
+		return api.GitReply{}, err
 	}
 	if r.Error != "" {
 		return r, errors.New(r.Error)
@@ -357,7 +330,7 @@ type Builder struct {
 	sub *nats.Subscription // the status tool; guarded by run.mu
 	// current is the build running now (status); zero between builds.
 	currentMu sync.Mutex
-	current   BuilderStatus
+	current   api.BuilderStatus
 }
 
 // OpenBuilder returns the seat's service, idle until Start; ctx is the parent of everything
@@ -487,9 +460,9 @@ func (b *Builder) build(ctx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
-	b.setCurrent(BuilderStatus{Module: job.Module, Commit: job.Commit, Cascade: job.Cascade, Since: time.Now().UTC()})
+	b.setCurrent(api.BuilderStatus{Module: job.Module, Commit: job.Commit, Cascade: job.Cascade, Since: time.Now().UTC()})
 	built, failure, transient := b.runJob(ctx, job)
-	b.setCurrent(BuilderStatus{})
+	b.setCurrent(api.BuilderStatus{})
 	stopProgress()
 	<-progressDone
 	if transient != nil && ctx.Err() == nil {
@@ -527,7 +500,7 @@ func (b *Builder) build(ctx context.Context, m jetstream.Msg) {
 }
 
 // setCurrent records the build running now, for the status tool.
-func (b *Builder) setCurrent(st BuilderStatus) {
+func (b *Builder) setCurrent(st api.BuilderStatus) {
 	b.currentMu.Lock()
 	b.current = st
 	b.currentMu.Unlock()
@@ -549,7 +522,7 @@ func (b *Builder) runJob(ctx context.Context, job Job) (*Built, *Failed, error) 
 	}
 	gctx, cancel := context.WithTimeout(ctx, GitToolTimeout+5*time.Second)
 	defer cancel()
-	if _, err := CallGit(gctx, cfg.Conn, "archive", ArchiveRequest{Repository: job.Repository, Commit: job.Commit}); err != nil {
+	if _, err := CallGit(gctx, cfg.Conn, "archive", api.ArchiveRequest{Repository: job.Repository, Commit: job.Commit}); err != nil {
 		return retry(err)
 	}
 	src, err := cfg.sources(ctx)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -51,14 +52,14 @@ func TestGit_Seat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	notify := func(repository string) build.GitReply {
+	notify := func(repository string) api.GitReply {
 		t.Helper()
-		b, _ := json.Marshal(build.ArchiveRequest{Repository: repository})
+		b, _ := json.Marshal(api.ArchiveRequest{Repository: repository})
 		msg, err := nc.Request(manifest.NodeToolSubject("alpha", build.GitNotifyTool), b, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r build.GitReply
+		var r api.GitReply
 		if err := json.Unmarshal(msg.Data, &r); err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +93,7 @@ func TestGit_Seat(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, err := build.CallGit(ctx, nc, "archive", build.ArchiveRequest{Repository: "shop", Commit: second})
+	r, err := build.CallGit(ctx, nc, "archive", api.ArchiveRequest{Repository: "shop", Commit: second})
 	if err != nil || r.Object != "shop/"+second+".tar" {
 		t.Fatalf("archive: %+v %v", r, err)
 	}
@@ -103,17 +104,17 @@ func TestGit_Seat(t *testing.T) {
 	if info, err := obs.GetInfo(ctx, r.Object); err != nil || info.Size == 0 {
 		t.Fatalf("%s in %s: %+v %v", r.Object, build.SourcesBucket, info, err)
 	}
-	r, err = build.CallGit(ctx, nc, "changed", build.ChangedRequest{Repository: "shop", Before: first, Commit: second})
+	r, err = build.CallGit(ctx, nc, "changed", api.ChangedRequest{Repository: "shop", Before: first, Commit: second})
 	if err != nil || !slices.Equal(r.Paths, []string{"services/a/main.go"}) {
 		t.Fatalf("changed: %+v %v", r, err)
 	}
-	if _, err := build.CallGit(ctx, nc, "archive", build.ArchiveRequest{Repository: "other", Commit: second}); err == nil || !strings.Contains(err.Error(), `serves no repository "other"`) {
+	if _, err := build.CallGit(ctx, nc, "archive", api.ArchiveRequest{Repository: "other", Commit: second}); err == nil || !strings.Contains(err.Error(), `serves no repository "other"`) {
 		t.Errorf("archive of an unserved repository: %v", err)
 	}
 
 	// Lost and regained at once: the new holding tells nothing already told.
 	g.Stop()
-	if _, err := build.CallGit(ctx, nc, "changed", build.ChangedRequest{Repository: "shop", Commit: second}); !errors.Is(err, nats.ErrNoResponders) {
+	if _, err := build.CallGit(ctx, nc, "changed", api.ChangedRequest{Repository: "shop", Commit: second}); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("changed after Stop: %v, want no responders", err)
 	}
 	if err := g.Start(); err != nil {

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,7 +43,7 @@ const maxBuilds = 1000
 type cascades struct {
 	mu         sync.Mutex
 	running    map[string]*cascade // by the id of the event that started it
-	builds     []registry.Build
+	builds     []api.Build
 	lastCommit map[string]string // repository → the commit last pushed
 }
 
@@ -130,7 +130,7 @@ func (c *Controller) onPushed(ctx context.Context, eventID string, p build.Pushe
 		if repo, path := m.BuildSource(); m.Built() && repo == p.Repository {
 			if !asked {
 				gctx, cancel := context.WithTimeout(ctx, build.GitToolTimeout+5*time.Second)
-				r, err := build.CallGit(gctx, c.nc, "changed", build.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
+				r, err := build.CallGit(gctx, c.nc, "changed", api.ChangedRequest{Repository: p.Repository, Before: p.Before, Commit: p.Commit})
 				cancel()
 				if err != nil {
 					return err // the event is delivered again
@@ -184,7 +184,7 @@ func (c *Controller) onBuilt(ctx context.Context, eventID string, b build.Built)
 	if e, ok := c.reg.Get(b.Module); ok && e.Deployment != nil && e.Deployment.Auto {
 		d := *e.Deployment
 		d.Version = b.Version
-		if _, err := c.deployLocked(ctx, registry.DeployRequest{Module: b.Module, Deployment: d}); err != nil {
+		if _, err := c.deployLocked(ctx, api.DeployRequest{Module: b.Module, Deployment: d}); err != nil {
 			c.log.Error("deploy the new artifact", "module", b.Module, "version", b.Version, "err", err)
 		}
 	}
@@ -210,7 +210,7 @@ func (c *Controller) advance(ctx context.Context, cs *cascade) error {
 		cause := cs.causes[module]
 		c.casc.mu.Unlock()
 		if commit == "" {
-			c.record(registry.Build{Module: module, Status: "failed", Started: time.Now().UTC(), Finished: time.Now().UTC(),
+			c.record(api.Build{Module: module, Status: "failed", Started: time.Now().UTC(), Finished: time.Now().UTC(),
 				Trigger: cs.trigger, Cascade: cs.id, Reason: "no push of repository " + repo + " seen yet: its commit is unknown"})
 			continue
 		}
@@ -221,7 +221,7 @@ func (c *Controller) advance(ctx context.Context, cs *cascade) error {
 		c.casc.mu.Lock()
 		cs.started[module] = true
 		c.casc.mu.Unlock()
-		c.record(registry.Build{Module: module, Status: "queued", Commit: commit, Started: time.Now().UTC(),
+		c.record(api.Build{Module: module, Status: "queued", Commit: commit, Started: time.Now().UTC(),
 			Trigger: cs.trigger, Cascade: cs.id, Cause: cause})
 	}
 	c.casc.mu.Lock()
@@ -243,7 +243,7 @@ func (c *Controller) submitBuild(ctx context.Context, job build.Job, cause strin
 }
 
 // record keeps a build for `meshnode builds`.
-func (c *Controller) record(b registry.Build) {
+func (c *Controller) record(b api.Build) {
 	c.casc.mu.Lock()
 	defer c.casc.mu.Unlock()
 	c.casc.builds = append(c.casc.builds, b)
@@ -264,14 +264,14 @@ func (c *Controller) finish(cascadeID, module, status, version, digest, reason s
 		}
 	}
 	// Queued by another holder of the seat (this one took it over since): listed from now.
-	c.casc.builds = append(c.casc.builds, registry.Build{Module: module, Status: status, Version: version, Digest: digest,
+	c.casc.builds = append(c.casc.builds, api.Build{Module: module, Status: status, Version: version, Digest: digest,
 		Reason: reason, Cascade: cascadeID, Finished: time.Now().UTC()})
 }
 
 // handleBuilds lists the latest builds; the one the builder says it runs (its status tool)
 // is running rather than queued.
 func (c *Controller) handleBuilds(ctx context.Context, _ []byte) any {
-	var running build.BuilderStatus
+	var running api.BuilderStatus
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	if msg, err := c.nc.RequestWithContext(sctx, manifest.SeatToolSubject(build.BuilderSeat, "status"), nil); err == nil {
 		json.Unmarshal(msg.Data, &running)
@@ -285,5 +285,5 @@ func (c *Controller) handleBuilds(ctx context.Context, _ []byte) any {
 			out[i].Status = "running"
 		}
 	}
-	return registry.BuildsReply{Builds: out}
+	return api.BuildsReply{Builds: out}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
@@ -20,9 +21,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,7 +77,7 @@ type Config struct {
 // mesh-controller seat (Start).
 type Seat struct {
 	// List lists every seat, for the seats tool.
-	List func(context.Context) []seats.Status
+	List func(context.Context) []api.SeatStatus
 	// Epoch is the epoch of this node's lease of mesh-controller: 0 once it holds it no
 	// more (the lease bucket's mirror can lag; the seat runner's record cannot).
 	Epoch func() uint64
@@ -202,18 +201,18 @@ func (c *Controller) Start(seat Seat) error {
 		return func(ctx context.Context, m *nats.Msg) any { return h(ctx, m.Data) }
 	}
 	for subject, h := range map[string]func(context.Context, *nats.Msg) any{
-		registry.RegisterSubject:   body(c.handleRegister),
-		registry.RemoveSubject:     body(c.handleRemove),
-		registry.ListSubject:       body(c.handleList),
-		registry.PinSubject:        jsonTool("pin", c.pin),
-		registry.DeploySubject:     jsonTool("deploy", c.deploy),
-		registry.UndeploySubject:   jsonTool("undeploy", c.undeploy),
-		registry.PsSubject:         body(c.handlePs),
-		registry.BuildsSubject:     body(c.handleBuilds),
-		registry.ProvisionsSubject: body(c.handleProvisions),
-		registry.ProvideSubject:    jsonTool("provisions pin", c.provide),
-		manifest.WhoamiSubjects:    c.handleWhoami,
-		seats.ListSubject:          body(c.handleSeats),
+		api.RegisterSubject:     body(c.handleRegister),
+		api.RemoveSubject:       body(c.handleRemove),
+		api.ListSubject:         body(c.handleList),
+		api.PinSubject:          jsonTool("pin", c.pin),
+		api.DeploySubject:       jsonTool("deploy", c.deploy),
+		api.UndeploySubject:     jsonTool("undeploy", c.undeploy),
+		api.PsSubject:           body(c.handlePs),
+		api.BuildsSubject:       body(c.handleBuilds),
+		api.ProvisionsSubject:   body(c.handleProvisions),
+		api.ProvideSubject:      jsonTool("provisions pin", c.provide),
+		manifest.WhoamiSubjects: c.handleWhoami,
+		api.SeatListSubject:     body(c.handleSeats),
 	} {
 		sub, err := c.resp.QueueSubscribe(subject, manifest.ControllerSeat, func(m *nats.Msg) {
 			if !strings.HasPrefix(m.Reply, "_INBOX.") {
@@ -349,7 +348,7 @@ func (c *Controller) unsubscribe() {
 }
 
 func (c *Controller) handleSeats(ctx context.Context, _ []byte) any {
-	return seats.ListReply{Seats: c.seat.Load().List(ctx)}
+	return api.SeatListReply{Seats: c.seat.Load().List(ctx)}
 }
 
 // epoch is the epoch of this node's lease of the seat: 0 when it holds none.
@@ -389,9 +388,9 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 }
 
 func (c *Controller) handleRegister(ctx context.Context, data []byte) any {
-	var req registry.RegisterRequest
+	var req api.RegisterRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
+		return api.RegisterReply{Error: "register: the request is not JSON: " + err.Error()}
 	}
 	reply, err := c.register(ctx, req)
 	if err != nil {
@@ -424,15 +423,15 @@ const (
 
 // register validates a manifest against the registry, reconciles its topology, stores it and
 // mints the module's identity if it is new.
-func (c *Controller) register(ctx context.Context, req registry.RegisterRequest) (registry.RegisterReply, error) {
+func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api.RegisterReply, error) {
 	// Refused before any YAML work: a manifest over the limit makes a reply and a record that
 	// do not fit the bus's payload.
 	if err := manifest.CheckSize(len(req.Manifest)); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	m, err := manifest.Parse([]byte(req.Manifest))
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 
 	c.mu.Lock()
@@ -446,13 +445,13 @@ func (c *Controller) register(ctx context.Context, req registry.RegisterRequest)
 	}
 	d, err := m.DeriveWith(pins)
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckCatalogueBound(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 
 	now := time.Now().UTC()
@@ -465,10 +464,10 @@ func (c *Controller) register(ctx context.Context, req registry.RegisterRequest)
 	if len(derived) > maxReplyDerived {
 		derived = nil
 	}
-	reply := registry.RegisterReply{Module: m.Module, Derived: derived}
+	reply := api.RegisterReply{Module: m.Module, Derived: derived}
 	var revision uint64
 	if req.RotateKey && !exists {
-		return registry.RegisterReply{}, fmt.Errorf("register: module %s is not registered, so it has no key to rotate; register it without --rotate-key", m.Module)
+		return api.RegisterReply{}, fmt.Errorf("register: module %s is not registered, so it has no key to rotate; register it without --rotate-key", m.Module)
 	}
 	if exists {
 		rec.PublicKey, rec.Registered, revision = prev.PublicKey, prev.Registered, prev.Revision
@@ -481,7 +480,7 @@ func (c *Controller) register(ctx context.Context, req registry.RegisterRequest)
 		// callback).
 		vr, err := c.mintIdentity(ctx, m.Module, req.XKey)
 		if err != nil {
-			return registry.RegisterReply{}, err
+			return api.RegisterReply{}, err
 		}
 		rec.PublicKey, reply.SealedSeed, reply.SenderXKey = vr.PublicKey, vr.Sealed, vr.Sender
 		reply.Created, reply.Rotated = !exists, exists
@@ -495,22 +494,22 @@ func (c *Controller) register(ctx context.Context, req registry.RegisterRequest)
 		rec.Outbox, revision = gone.Outbox, gone.Revision
 	}
 	if len(rec.Outbox) >= outbox.Max {
-		return registry.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
+		return api.RegisterReply{}, fmt.Errorf("register: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", m.Module, len(rec.Outbox))
 	}
 	ev, err := outbox.New(registry.EventRegistered, c.node, map[string]any{
 		"module": m.Module, "public_key": rec.PublicKey, "created": reply.Created, "rotated": reply.Rotated, "node": c.node})
 	if err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	rec.Outbox = append(rec.Outbox, ev)
 
 	// Topology first: once the record is stored the module may connect, and its consumers
 	// must then exist.
 	if err := c.topo.EnsureModule(ctx, d); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
-		return registry.RegisterReply{}, err
+		return api.RegisterReply{}, err
 	}
 	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, off the reply's path
 	if exists {
@@ -528,18 +527,18 @@ func (c *Controller) register(ctx context.Context, req registry.RegisterRequest)
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.
-func (c *Controller) mintIdentity(ctx context.Context, module, xkey string) (vault.Reply, error) {
+func (c *Controller) mintIdentity(ctx context.Context, module, xkey string) (api.VaultReply, error) {
 	if xkey == "" {
-		return vault.Reply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
+		return api.VaultReply{}, errors.New("register: the request carries no xkey to seal the module's seed to; use `meshnode module register`, which sends one")
 	}
-	var vr vault.Reply
-	b, _ := json.Marshal(vault.Request{XKey: xkey, Owner: module})
-	msg, err := c.nc.RequestWithContext(ctx, vault.ToolSubject(vault.VerbIdentity, vault.CallerNode), b)
+	var vr api.VaultReply
+	b, _ := json.Marshal(api.VaultRequest{XKey: xkey, Owner: module})
+	msg, err := c.nc.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbIdentity, api.VaultCallerNode), b)
 	if err != nil {
-		return vault.Reply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", module, err)
+		return api.VaultReply{}, fmt.Errorf("register: ask the vault for %s's identity: %w", module, err)
 	}
 	if err := json.Unmarshal(msg.Data, &vr); err != nil || vr.Error != "" {
-		return vault.Reply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", module, vr.Error, err)
+		return api.VaultReply{}, fmt.Errorf("register: the vault refused %s's identity: %s%v", module, vr.Error, err)
 	}
 	return vr, nil
 }
@@ -600,27 +599,27 @@ func (c *Controller) bind(m *manifest.Manifest, pins map[string]string) map[stri
 // consumes by name. The module's record keeps the pin and that version's protocol as its
 // binding; its consumer and grant follow (the grant's change kicks its connections, which
 // come back speaking the new version).
-func (c *Controller) pin(ctx context.Context, req registry.PinRequest) (registry.PinReply, error) {
+func (c *Controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
+		return api.PinReply{}, fmt.Errorf("pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
 	}
 	s, ok := c.reg.DeclaredSeat(req.Seat)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: no registered module declares seat %q; register its module first (`meshnode seat ls` lists the seats)", req.Seat)
+		return api.PinReply{}, fmt.Errorf("pin: no registered module declares seat %q; register its module first (`meshnode seat ls` lists the seats)", req.Seat)
 	}
 	version := manifest.NormalVersion(req.Version)
 	at, ok := s.At(version)
 	if !ok {
-		return registry.PinReply{}, fmt.Errorf("pin: seat %s has no protocol version %q; it declares %s", req.Seat, req.Version, strings.Join(s.VersionNames(), ", "))
+		return api.PinReply{}, fmt.Errorf("pin: seat %s has no protocol version %q; it declares %s", req.Seat, req.Version, strings.Join(s.VersionNames(), ", "))
 	}
 	if !e.Manifest.SpeaksTo(req.Seat) {
-		return registry.PinReply{}, fmt.Errorf("pin: module %s neither uses seat %s nor consumes its events by name, so it speaks no version of it; add uses: [%s] to its manifest first", req.Module, req.Seat, req.Seat)
+		return api.PinReply{}, fmt.Errorf("pin: module %s neither uses seat %s nor consumes its events by name, so it speaks no version of it; add uses: [%s] to its manifest first", req.Module, req.Seat, req.Seat)
 	}
 	previous := manifest.NormalVersion(e.Pins[req.Seat])
-	reply := registry.PinReply{Module: e.Module, Seat: req.Seat, Version: version, Previous: previous}
+	reply := api.PinReply{Module: e.Module, Seat: req.Seat, Version: version, Previous: previous}
 	if previous == version {
 		return reply, nil // already there: nothing changes
 	}
@@ -631,7 +630,7 @@ func (c *Controller) pin(ctx context.Context, req registry.PinRequest) (registry
 		if missing := slices.DeleteFunc(slices.Clone(b.Events), func(ev string) bool {
 			return slices.ContainsFunc(at.Emits, func(em string) bool { return manifest.Matches(ev, em) })
 		}); len(missing) > 0 {
-			return registry.PinReply{}, fmt.Errorf("pin: module %s consumes events %s of seat %s, which %s does not emit (it emits %v); change its consumes first",
+			return api.PinReply{}, fmt.Errorf("pin: module %s consumes events %s of seat %s, which %s does not emit (it emits %v); change its consumes first",
 				e.Module, strings.Join(missing, ", "), req.Seat, version, at.Emits)
 		}
 	}
@@ -657,25 +656,25 @@ func (c *Controller) pin(ctx context.Context, req registry.PinRequest) (registry
 	}
 	d, err := e.Manifest.DeriveWith(rec.Pins)
 	if err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	if len(rec.Outbox) >= outbox.Max {
-		return registry.PinReply{}, fmt.Errorf("pin: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
+		return api.PinReply{}, fmt.Errorf("pin: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(rec.Outbox))
 	}
 	ev, err := outbox.New(registry.EventPinned, c.node, map[string]any{
 		"module": e.Module, "seat": req.Seat, "version": version, "previous": previous, "node": c.node})
 	if err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	rec.Outbox = append(slices.Clone(rec.Outbox), ev)
 	rec.Updated = time.Now().UTC()
 	// The consumer first (it follows the pinned version's events), then the record, whose
 	// grant change kicks the module's connections.
 	if err := c.topo.EnsureModule(ctx, d); err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
-		return registry.PinReply{}, err
+		return api.PinReply{}, err
 	}
 	outbox.Wake(c.sweepNow)
 	reply.Retirable = !slices.ContainsFunc(c.reg.Bindings(req.Seat, ""), func(b manifest.Binding) bool { return b.Version == previous })
@@ -684,15 +683,15 @@ func (c *Controller) pin(ctx context.Context, req registry.PinRequest) (registry
 }
 
 func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
-	var req registry.RemoveRequest
+	var req api.RemoveRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return registry.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
+		return api.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
+		return api.RemoveReply{Error: fmt.Sprintf("module %q is not registered; `meshnode module ls` lists those that are", req.Module)}
 	}
 	var users []string
 	for _, o := range c.reg.List() {
@@ -703,7 +702,7 @@ func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 		}
 	}
 	if len(users) > 0 && !req.Force {
-		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s declares seats other modules are bound to (%s): their work would have no holder and the next declaration could break them; remove or re-register those modules first, or remove with --force (audited)",
+		return api.RemoveReply{Error: fmt.Sprintf("remove: module %s declares seats other modules are bound to (%s): their work would have no holder and the next declaration could break them; remove or re-register those modules first, or remove with --force (audited)",
 			e.Module, strings.Join(users, "; "))}
 	}
 	// The record stays, marked removed and holding its event, until the event is out: the
@@ -711,7 +710,7 @@ func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 	gone := e.Record
 	gone.Removed = true
 	if len(gone.Outbox) >= outbox.Max {
-		return registry.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
+		return api.RemoveReply{Error: fmt.Sprintf("remove: module %s has %d changes whose events are not recorded yet, and none is stored without its event: is EVENTS full or without a leader (`meshnode status`)?", e.Module, len(gone.Outbox))}
 	}
 	meta := map[string]any{"module": e.Module, "public_key": e.PublicKey, "node": c.node}
 	if len(users) > 0 {
@@ -719,11 +718,11 @@ func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 	}
 	ev, err := outbox.New(registry.EventRemoved, c.node, meta)
 	if err != nil {
-		return registry.RemoveReply{Error: err.Error()}
+		return api.RemoveReply{Error: err.Error()}
 	}
 	gone.Outbox = append(gone.Outbox, ev)
 	if _, err := c.reg.Put(ctx, gone, e.Revision); err != nil {
-		return registry.RemoveReply{Error: err.Error()}
+		return api.RemoveReply{Error: err.Error()}
 	}
 	outbox.Wake(c.sweepNow) // its event goes out from the sweeper, then the record is deleted
 	kept, err := c.topo.retire(ctx, e.Derivation, nil)
@@ -735,26 +734,26 @@ func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 	}
 	c.wakeProvisions() // its provisions are removed
 	c.log.Info("module removed", "module", e.Module, "seat_users", users)
-	return registry.RemoveReply{Module: e.Module, Kept: kept}
+	return api.RemoveReply{Module: e.Module, Kept: kept}
 }
 
 // handleList answers one page of the registered modules, after req.After in name order: as
-// many as fit registry.ListPageBytes (at least one), so a reply never exceeds the bus's
+// many as fit api.ListPageBytes (at least one), so a reply never exceeds the bus's
 // payload however many modules there are.
 func (c *Controller) handleList(_ context.Context, data []byte) any {
-	var req registry.ListRequest
+	var req api.ListRequest
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
-			return registry.ListReply{Error: "list: the request is not JSON: " + err.Error()}
+			return api.ListReply{Error: "list: the request is not JSON: " + err.Error()}
 		}
 	}
-	reply := registry.ListReply{Modules: []registry.ModuleInfo{}}
+	reply := api.ListReply{Modules: []api.ModuleInfo{}}
 	size := 0
 	for _, e := range c.reg.List() {
 		if e.Module <= req.After {
 			continue
 		}
-		info := registry.ModuleInfo{
+		info := api.ModuleInfo{
 			Module: e.Module, PublicKey: e.PublicKey, Seats: []string{},
 			Emits: nonNil(e.Manifest.Emits), Consumes: nonNil(e.Manifest.Consumes), Tools: nonNil(e.Manifest.Tools), Uses: nonNil(e.Manifest.Uses),
 			Fingerprints: e.Fingerprints, Pins: e.Pins, Deployment: e.Deployment, Registered: e.Registered, Updated: e.Updated,
@@ -764,7 +763,7 @@ func (c *Controller) handleList(_ context.Context, data []byte) any {
 			info.Seats = append(info.Seats, s.Name)
 		}
 		b, _ := json.Marshal(info)
-		if len(reply.Modules) > 0 && size+len(b) > registry.ListPageBytes {
+		if len(reply.Modules) > 0 && size+len(b) > api.ListPageBytes {
 			reply.Next = reply.Modules[len(reply.Modules)-1].Module
 			break
 		}
@@ -786,23 +785,23 @@ func (c *Controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	if !allowed && !tell {
 		return nil // told within the last second: a flood costs no replies
 	}
-	var req registry.WhoamiRequest
+	var req api.WhoamiRequest
 	if len(m.Data) > maxWhoamiRequest || json.Unmarshal(m.Data, &req) != nil || req.PublicKey != key {
 		return nil // not a question about the asker's own key: nothing is answered
 	}
 	e, ok := c.reg.ByKey(req.PublicKey)
-	if !manifest.InInbox(m.Reply, registry.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
+	if !manifest.InInbox(m.Reply, api.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
 		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
 		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
 		return nil
 	}
 	if !allowed {
-		return registry.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
+		return api.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
 	}
 	if !ok {
-		return registry.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
+		return api.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
 	}
-	reply := registry.WhoamiReply{
+	reply := api.WhoamiReply{
 		Module: e.Module, Node: c.node,
 		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
 		Requires: e.Manifest.Requires, Signers: c.reg.Signers(e.Manifest),

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
@@ -48,40 +49,40 @@ func (c *Controller) artifacts(ctx context.Context) (jetstream.ObjectStore, erro
 // deploy sets a module's deployment: the module is registered, its artifact stored (its
 // digest is taken from the store), every named node a server of the mesh. The nodes it ran
 // on and runs on now get new declarations.
-func (c *Controller) deploy(ctx context.Context, req registry.DeployRequest) (registry.DeployReply, error) {
+func (c *Controller) deploy(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.deployLocked(ctx, req)
 }
 
 // deployLocked is deploy under c.mu (the cascade deploys a new artifact while it holds it).
-func (c *Controller) deployLocked(ctx context.Context, req registry.DeployRequest) (registry.DeployReply, error) {
+func (c *Controller) deployLocked(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
 	d := req.Deployment
 	slices.Sort(d.Nodes)
 	d.Nodes = slices.Compact(d.Nodes)
-	if err := d.Check(); err != nil {
-		return registry.DeployReply{}, fmt.Errorf("deploy %s: %w", req.Module, err)
+	if err := deploy.CheckDeployment(&d); err != nil {
+		return api.DeployReply{}, fmt.Errorf("deploy %s: %w", req.Module, err)
 	}
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.DeployReply{}, fmt.Errorf("deploy: module %q is not registered; register it first (`meshnode module register`)", req.Module)
+		return api.DeployReply{}, fmt.Errorf("deploy: module %q is not registered; register it first (`meshnode module register`)", req.Module)
 	}
 	if !e.Derivation.Bus {
-		return registry.DeployReply{}, fmt.Errorf("deploy: module %s does not require mesh-bus, so it has no credentials to run with; add requires: [mesh-bus] and re-register", req.Module)
+		return api.DeployReply{}, fmt.Errorf("deploy: module %s does not require mesh-bus, so it has no credentials to run with; add requires: [mesh-bus] and re-register", req.Module)
 	}
 	servers := c.reg.Nodes()
 	for _, n := range d.Nodes {
 		if !slices.Contains(servers, n) {
-			return registry.DeployReply{}, fmt.Errorf("deploy %s: %q is not a server of the mesh (it has %s; `meshnode members`)", req.Module, n, strings.Join(servers, ", "))
+			return api.DeployReply{}, fmt.Errorf("deploy %s: %q is not a server of the mesh (it has %s; `meshnode members`)", req.Module, n, strings.Join(servers, ", "))
 		}
 	}
 	obs, err := c.artifacts(ctx)
 	if err != nil {
-		return registry.DeployReply{}, err
+		return api.DeployReply{}, err
 	}
 	info, err := artifact.Stat(ctx, obs, req.Module, d.Version)
 	if err != nil {
-		return registry.DeployReply{}, fmt.Errorf("deploy: %w; store it first: meshnode artifact put %s FILE --version %s", err, req.Module, d.Version)
+		return api.DeployReply{}, fmt.Errorf("deploy: %w; store it first: meshnode artifact put %s FILE --version %s", err, req.Module, d.Version)
 	}
 	d.Digest, d.Updated = info.Digest, time.Now().UTC()
 	before := targets(e.Deployment, servers)
@@ -89,9 +90,9 @@ func (c *Controller) deployLocked(ctx context.Context, req registry.DeployReques
 	rec.Deployment = &d
 	if err := c.putWithEvent(ctx, e, rec, registry.EventDeployed, map[string]any{
 		"module": e.Module, "version": d.Version, "digest": d.Digest, "nodes": d.Nodes, "all": d.All, "instances": d.Instances, "node": c.node}); err != nil {
-		return registry.DeployReply{}, err
+		return api.DeployReply{}, err
 	}
-	reply := registry.DeployReply{Module: e.Module, Deployment: &d}
+	reply := api.DeployReply{Module: e.Module, Deployment: &d}
 	reply.Declared = c.declare(ctx, union(before, targets(&d, servers)))
 	c.wakeProvisions()
 	c.collectArtifacts(ctx)
@@ -99,23 +100,23 @@ func (c *Controller) deployLocked(ctx context.Context, req registry.DeployReques
 }
 
 // undeploy stops a module on req.Nodes, or everywhere.
-func (c *Controller) undeploy(ctx context.Context, req registry.UndeployRequest) (registry.DeployReply, error) {
+func (c *Controller) undeploy(ctx context.Context, req api.UndeployRequest) (api.DeployReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.DeployReply{}, fmt.Errorf("undeploy: module %q is not registered", req.Module)
+		return api.DeployReply{}, fmt.Errorf("undeploy: module %q is not registered", req.Module)
 	}
 	if e.Deployment == nil {
-		return registry.DeployReply{}, fmt.Errorf("undeploy: module %s is not deployed", req.Module)
+		return api.DeployReply{}, fmt.Errorf("undeploy: module %s is not deployed", req.Module)
 	}
 	servers := c.reg.Nodes()
 	before := targets(e.Deployment, servers)
-	var next *deploy.Deployment
+	var next *api.Deployment
 	if len(req.Nodes) > 0 {
 		for _, n := range req.Nodes {
 			if !slices.Contains(before, n) {
-				return registry.DeployReply{}, fmt.Errorf("undeploy: module %s does not run on %q (it runs on %s)", req.Module, n, strings.Join(before, ", "))
+				return api.DeployReply{}, fmt.Errorf("undeploy: module %s does not run on %q (it runs on %s)", req.Module, n, strings.Join(before, ", "))
 			}
 		}
 		d := *e.Deployment
@@ -129,9 +130,9 @@ func (c *Controller) undeploy(ctx context.Context, req registry.UndeployRequest)
 	rec.Deployment = next
 	if err := c.putWithEvent(ctx, e, rec, registry.EventUndeployed, map[string]any{
 		"module": e.Module, "nodes": req.Nodes, "node": c.node}); err != nil {
-		return registry.DeployReply{}, err
+		return api.DeployReply{}, err
 	}
-	reply := registry.DeployReply{Module: e.Module, Deployment: next}
+	reply := api.DeployReply{Module: e.Module, Deployment: next}
 	reply.Declared = c.declare(ctx, before)
 	c.wakeProvisions()
 	c.collectArtifacts(ctx)
@@ -157,7 +158,7 @@ func (c *Controller) putWithEvent(ctx context.Context, e *registry.Entry, rec re
 }
 
 // targets are the servers d runs on.
-func targets(d *deploy.Deployment, servers []string) []string {
+func targets(d *api.Deployment, servers []string) []string {
 	var out []string
 	for _, n := range servers {
 		if d.Targets(n) {
@@ -189,7 +190,7 @@ func (c *Controller) deployed() []deploy.Deployed {
 // declare composes and publishes the declaration of each of nodes; a node whose modules did
 // not change keeps its declaration. A failure is reported per node and logged: the next
 // change, or the next controller start, declares it again.
-func (c *Controller) declare(ctx context.Context, nodes []string) []registry.Declared {
+func (c *Controller) declare(ctx context.Context, nodes []string) []api.Declared {
 	if c.publisher == nil {
 		return nil
 	}
@@ -206,14 +207,14 @@ func (c *Controller) declare(ctx context.Context, nodes []string) []registry.Dec
 		return undeclared(nodes, "this node no longer holds the controller seat; its next holder declares")
 	}
 	deployed := c.deployed()
-	out := []registry.Declared{}
+	out := []api.Declared{}
 	for _, n := range nodes {
 		c.hostsMu.Lock()
 		report := c.hosts[n]
 		c.hostsMu.Unlock()
 		applied := deploy.Applied{Revision: report.Revision, Reported: report.Time}
 		d, changed, err := c.publisher.Publish(ctx, n, epoch, deploy.Compose(n, deployed), applied)
-		r := registry.Declared{Node: n, Revision: d.Revision, Changed: changed}
+		r := api.Declared{Node: n, Revision: d.Revision, Changed: changed}
 		if err == nil {
 			c.hostsMu.Lock()
 			c.published[n] = d
@@ -231,10 +232,10 @@ func (c *Controller) declare(ctx context.Context, nodes []string) []registry.Dec
 }
 
 // undeclared is declare's answer when it declares none of nodes, for why.
-func undeclared(nodes []string, why string) []registry.Declared {
-	out := []registry.Declared{}
+func undeclared(nodes []string, why string) []api.Declared {
+	out := []api.Declared{}
 	for _, n := range nodes {
-		out = append(out, registry.Declared{Node: n, Error: why})
+		out = append(out, api.Declared{Node: n, Error: why})
 	}
 	return out
 }
@@ -287,7 +288,7 @@ func (c *Controller) collectArtifacts(ctx context.Context) {
 // instances as the node last reported them ("unreported" until it has; "behind" while its
 // applied revision is older than the published one).
 func (c *Controller) handlePs(ctx context.Context, _ []byte) any {
-	reply := registry.PsReply{Processes: []registry.Process{}}
+	reply := api.PsReply{Processes: []api.Process{}}
 	c.hostsMu.Lock()
 	hosts, published := maps.Clone(c.hosts), maps.Clone(c.published)
 	c.hostsMu.Unlock()
@@ -299,7 +300,7 @@ func (c *Controller) handlePs(ctx context.Context, _ []byte) any {
 		r, reported := hosts[node]
 		for _, m := range d.Modules {
 			i := slices.IndexFunc(r.Modules, func(mr host.ModuleReport) bool { return mr.Module == m.Module })
-			row := registry.Process{Module: m.Module, Node: node, Version: m.Version, Revision: r.Revision, Declared: d.Revision, Reported: r.Time}
+			row := api.Process{Module: m.Module, Node: node, Version: m.Version, Revision: r.Revision, Declared: d.Revision, Reported: r.Time}
 			switch {
 			case !reported:
 				row.State = "unreported"

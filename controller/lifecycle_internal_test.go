@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
-	"github.com/meshnode/meshnode/seats"
 	"go.uber.org/goleak"
 )
 
@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // holdingSeat is a seat service that says this node holds mesh-controller at epoch 1.
 var holdingSeat = Seat{
-	List:  func(context.Context) []seats.Status { return nil },
+	List:  func(context.Context) []api.SeatStatus { return nil },
 	Epoch: func() uint64 { return 1 },
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
@@ -40,7 +41,7 @@ type provisions struct {
 
 	mu      sync.Mutex
 	store   *provision.KVStore
-	records map[string]provision.Record // as the last pass left them; nil: not read yet
+	records map[string]api.Provision // as the last pass left them; nil: not read yet
 	rec     *provision.Reconciler
 }
 
@@ -203,7 +204,7 @@ func (c *Controller) provisionPass(ctx context.Context, holds bool) (bool, error
 
 // wants resolves the requirements of every deployed module; a consumer provisioned by one
 // of several providers keeps it unless the operator chose another.
-func (c *Controller) wants(records map[string]provision.Record) []provision.Want {
+func (c *Controller) wants(records map[string]api.Provision) []provision.Want {
 	var out []provision.Want
 	for _, e := range c.reg.List() {
 		if e.Deployment == nil {
@@ -244,7 +245,7 @@ func (c *Controller) provisionGate(e *registry.Entry) ([]deploy.Provision, strin
 // intakeKey asks the vault for its intake xkey; a vault that does not answer yet is a
 // provision that waits, not one that failed.
 func (c *Controller) intakeKey(ctx context.Context) (string, error) {
-	key, err := vault.IntakeKey(ctx, c.nc, vault.CallerNode)
+	key, err := vault.IntakeKey(ctx, c.nc, api.VaultCallerNode)
 	if err != nil && !errors.Is(err, vault.ErrRefused) {
 		return "", fmt.Errorf("%w: %w", provision.ErrUnavailable, err)
 	}
@@ -252,15 +253,15 @@ func (c *Controller) intakeKey(ctx context.Context) (string, error) {
 }
 
 // keepProvision hands the vault a provider's sealed credential for consumer.
-func (c *Controller) keepProvision(ctx context.Context, consumer, iface string, r provision.CreateReply) error {
-	_, err := vault.Call(ctx, c.nc, vault.VerbProvision, vault.CallerNode,
-		vault.Request{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
+func (c *Controller) keepProvision(ctx context.Context, consumer, iface string, r api.ProvisionCreateReply) error {
+	_, err := vault.Call(ctx, c.nc, api.VaultVerbProvision, api.VaultCallerNode,
+		api.VaultRequest{Owner: consumer, Name: iface, Sealed: r.Sealed, Sender: r.Sender}, nil)
 	return err
 }
 
 // dropProvision has the vault forget consumer's credential of iface.
 func (c *Controller) dropProvision(ctx context.Context, consumer, iface string) error {
-	_, err := vault.Call(ctx, c.nc, vault.VerbUnprovision, vault.CallerNode, vault.Request{Owner: consumer, Name: iface}, nil)
+	_, err := vault.Call(ctx, c.nc, api.VaultVerbUnprovision, api.VaultCallerNode, api.VaultRequest{Owner: consumer, Name: iface}, nil)
 	return err
 }
 
@@ -278,7 +279,7 @@ func (c *Controller) provisionEvent(ctx context.Context, action string, meta map
 // handleProvisions answers `meshnode provisions`: one row per deployed consumer and
 // required interface, as the last pass left it.
 func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
-	reply := registry.ProvisionsReply{Provisions: []provision.Record{}}
+	reply := api.ProvisionsReply{Provisions: []api.Provision{}}
 	store, err := c.provisionStore(ctx)
 	if err != nil {
 		reply.Error = err.Error()
@@ -292,7 +293,7 @@ func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
 	for _, w := range c.wants(records) {
 		r, ok := records[w.Key()]
 		if !ok {
-			r = provision.Record{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, State: provision.StateWaiting,
+			r = api.Provision{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, State: provision.StateWaiting,
 				Reason: w.Problem}
 			if r.Reason == "" {
 				r.Reason = "not created yet"
@@ -300,7 +301,7 @@ func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
 		}
 		reply.Provisions = append(reply.Provisions, r)
 	}
-	slices.SortFunc(reply.Provisions, func(a, b provision.Record) int {
+	slices.SortFunc(reply.Provisions, func(a, b api.Provision) int {
 		return cmp.Or(strings.Compare(a.Consumer, b.Consumer), strings.Compare(a.Interface, b.Interface))
 	})
 	return reply
@@ -309,21 +310,21 @@ func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
 // provide records which seat provides a module's required interface: needed when several
 // seats provide it, and the way to move a consumer to another provider (the old one removes
 // its resource, the new one creates it, and the module restarts with the new credential).
-func (c *Controller) provide(ctx context.Context, req registry.ProvideRequest) (registry.ProvideReply, error) {
+func (c *Controller) provide(ctx context.Context, req api.ProvideRequest) (api.ProvideReply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: module %q is not registered; `meshnode module ls` lists those that are", req.Module)
 	}
 	if !slices.Contains(e.Manifest.Requires, req.Interface) || slices.Contains(manifest.MeshProvided, req.Interface) {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: module %s does not require %s from a seat (it requires %v)", req.Module, req.Interface, e.Manifest.Requires)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: module %s does not require %s from a seat (it requires %v)", req.Module, req.Interface, e.Manifest.Requires)
 	}
 	providers := manifest.Providers(req.Interface, append(c.reg.Catalogue(e.Module), e.Manifest))
 	if !slices.Contains(providers, req.Provider) {
-		return registry.ProvideReply{}, fmt.Errorf("provisions pin: seat %q does not provide %s; those that do: %v", req.Provider, req.Interface, providers)
+		return api.ProvideReply{}, fmt.Errorf("provisions pin: seat %q does not provide %s; those that do: %v", req.Provider, req.Interface, providers)
 	}
-	reply := registry.ProvideReply{Module: e.Module, Interface: req.Interface, Provider: req.Provider, Previous: e.Providers[req.Interface]}
+	reply := api.ProvideReply{Module: e.Module, Interface: req.Interface, Provider: req.Provider, Previous: e.Providers[req.Interface]}
 	if reply.Previous == req.Provider {
 		return reply, nil
 	}
@@ -335,7 +336,7 @@ func (c *Controller) provide(ctx context.Context, req registry.ProvideRequest) (
 	rec.Providers[req.Interface] = req.Provider
 	if err := c.putWithEvent(ctx, e, rec, registry.EventProviderChosen, map[string]any{
 		"module": e.Module, "interface": req.Interface, "provider": req.Provider, "previous": reply.Previous, "node": c.node}); err != nil {
-		return registry.ProvideReply{}, err
+		return api.ProvideReply{}, err
 	}
 	c.wakeProvisions()
 	return reply, nil

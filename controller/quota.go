@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
@@ -28,11 +29,11 @@ const quotaInterval = time.Second
 // Quotas is which modules are over their quota on this node. The zero value holds none.
 type Quotas struct {
 	mu   sync.Mutex
-	over map[string]registry.Quota // module → its use when it went over
+	over map[string]api.Quota // module → its use when it went over
 }
 
 // Over reports whether module is over its quota, and its use then.
-func (q *Quotas) Over(module string) (registry.Quota, bool) {
+func (q *Quotas) Over(module string) (api.Quota, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	u, ok := q.over[module]
@@ -110,14 +111,14 @@ func (q *Quotas) Enforce(ctx context.Context, e Enforcement) error {
 		use := moduleUsage(e.Registry.List(), e.Usage.Usage(maxAge))
 		q.mu.Lock()
 		if q.over == nil {
-			q.over = map[string]registry.Quota{}
+			q.over = map[string]api.Quota{}
 		}
 		before := maps.Clone(q.over)
 		for module, used := range use {
 			_, over := q.over[module]
 			switch {
 			case !over && used > limit:
-				q.over[module] = registry.Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
+				q.over[module] = api.Quota{Used: used, Limit: limit, Since: time.Now().UTC()}
 			case over && used <= limit*9/10:
 				delete(q.over, module)
 			}
@@ -146,7 +147,7 @@ func (q *Quotas) Enforce(ctx context.Context, e Enforcement) error {
 }
 
 // quotaHint says what a module over its quota can do.
-func quotaHint(q registry.Quota, maxAge time.Duration) string {
+func quotaHint(q api.Quota, maxAge time.Duration) string {
 	return "module holds " + config.Bytes(q.Used).String() + " of EVENTS, over its quota of " + config.Bytes(q.Limit).String() +
 		": its emits are refused until its oldest events age out (events-max-age " + config.Duration(maxAge).String() +
 		") to below nine tenths of it, or the operator raises module-events-max-bytes"

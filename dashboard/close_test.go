@@ -12,12 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -28,8 +27,8 @@ type mesh struct{}
 func (mesh) Members() []dashboard.Member {
 	return []dashboard.Member{{Name: "alpha", State: "alive", JetStream: "standalone", Seats: []string{}}}
 }
-func (mesh) Streams(bool) ([]embedbus.StreamState, error)            { return nil, nil }
-func (mesh) Seats(func(stream string) (uint64, bool)) []seats.Status { return nil }
+func (mesh) Streams(bool) ([]embedbus.StreamState, error)              { return nil, nil }
+func (mesh) Seats(func(stream string) (uint64, bool)) []api.SeatStatus { return nil }
 
 // reg is a registry with no modules whose operator is op.
 type reg struct{ op string }
@@ -42,8 +41,8 @@ func (r reg) Operator() string                 { return r.op }
 // auditLog is an empty audit log.
 type auditLog struct{}
 
-func (auditLog) Changes() uint64                            { return 0 }
-func (auditLog) Query(audit.Filter) ([]audit.Record, error) { return nil, nil }
+func (auditLog) Changes() uint64                                  { return 0 }
+func (auditLog) Query(api.AuditFilter) ([]api.AuditRecord, error) { return nil, nil }
 
 // TestDashboard_Close: a logged-in browser's event stream gets the snapshot; Close ends the
 // stream and the snapshot loop and waits for them, and a request after it is refused.

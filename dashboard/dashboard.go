@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -23,7 +23,7 @@ type Mesh interface {
 	Streams(consumers bool) ([]embedbus.StreamState, error)
 	// Seats reports every seat, each with its backlog as backlog reads it from the streams
 	// just read; nil while the node serves no seats.
-	Seats(backlog func(stream string) (uint64, bool)) []seats.Status
+	Seats(backlog func(stream string) (uint64, bool)) []api.SeatStatus
 }
 
 // Registry is what the dashboard reads of the mesh's registry: its modules, and the
@@ -38,7 +38,7 @@ type Registry interface {
 // AuditLog is the node's audit log, whose tail a snapshot shows.
 type AuditLog interface {
 	Changes() uint64
-	Query(audit.Filter) ([]audit.Record, error)
+	Query(api.AuditFilter) ([]api.AuditRecord, error)
 }
 
 var (
@@ -81,7 +81,7 @@ type Dashboard struct {
 	consumers   map[string][]Consumer
 	consumersAt time.Time
 	// processes are ps as the controller answered at processesAt (every processesEvery).
-	processes   []registry.Process
+	processes   []api.Process
 	processesAt time.Time
 	// dead are the newest dead letters and their total while DEAD stands at deadAt (its
 	// messages and last sequence): read again only when it changed.

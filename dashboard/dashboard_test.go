@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 )
 
 // TestDashboard_StateJSON pins the JSON the dashboard's page reads (a snapshot with every
@@ -31,11 +31,11 @@ func TestDashboard_StateJSON(t *testing.T) {
 	st := State{
 		Node: "alpha", MeshID: "mesh-1", Time: at,
 		Members: []Member{{Name: "alpha", Address: "127.0.0.1:7946", State: "alive", JetStream: "leader", Seats: []string{"mailer"}, Client: "nats://127.0.0.1:4222"}},
-		Seats: []seats.Status{{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mail", Holder: "mail/1", HolderAt: "alpha", Epoch: 3, Since: &at,
-			Backlog: 2, Users: []string{"shop"}, Versions: []seats.VersionStatus{{Version: "v1", Bound: []string{"shop"}}}}},
+		Seats: []api.SeatStatus{{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mail", Holder: "mail/1", HolderAt: "alpha", Epoch: 3, Since: &at,
+			Backlog: 2, Users: []string{"shop"}, Versions: []api.SeatVersionStatus{{Version: "v1", Bound: []string{"shop"}}}}},
 		Streams: []Stream{{Name: "EVENTS", Messages: 10, Bytes: 2048, Replicas: 3,
 			Consumers: []Consumer{{Name: "billing", Pending: 1, AckPending: 2, Redelivered: 3}}}},
-		Processes: []registry.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
+		Processes: []api.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
 			PID: 99, Restarts: 1, Since: at, Reason: "restarted", Reported: at}},
 		Audit:     []AuditRecord{{N: 7, Received: at, Event: "mod.shop.event.order.placed", Source: "shop", Signed: true, Body: `{"id":1}`}},
 		Dead:      []DeadLetter{{ID: 12, Time: at, Event: "mod.shop.event.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},

@@ -20,12 +20,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deadletter"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -177,14 +175,14 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/deploy {"module", "version", "nodes"?: [...], "instances"?: n}: module and version are required`})
 		return
 	}
-	dep := deploy.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
+	dep := api.Deployment{Version: req.Version, Nodes: req.Nodes, All: len(req.Nodes) == 0, Instances: max(req.Instances, 1)}
 	if e, ok := d.cfg.Registry.Get(req.Module); ok && e.Deployment != nil {
 		// The form sets where, what and how many; the rest stays as the CLI last set it.
 		dep.Env, dep.Args, dep.Auto = e.Deployment.Env, e.Deployment.Args, e.Deployment.Auto
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
-	reply, err := admin.Deploy(ctx, d.cfg.Conn, registry.DeployRequest{Module: req.Module, Deployment: dep})
+	reply, err := admin.Deploy(ctx, d.cfg.Conn, api.DeployRequest{Module: req.Module, Deployment: dep})
 	if err != nil {
 		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
@@ -196,7 +194,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 
 // undeploy stops a module everywhere, as `meshnode undeploy` does.
 func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session) {
-	var req registry.UndeployRequest
+	var req api.UndeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
 		return
@@ -368,19 +366,19 @@ func (d *Dashboard) sessionOnly(act bool, h func(http.ResponseWriter, *http.Requ
 
 // State is the dashboard's snapshot of the mesh as this node sees it.
 type State struct {
-	Node      string             `json:"node"`
-	MeshID    string             `json:"mesh_id"`
-	Time      time.Time          `json:"time"`
-	Members   []Member           `json:"members"`
-	Seats     []seats.Status     `json:"seats"`
-	Modules   []Module           `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
-	Edges     []Edge             `json:"edges,omitempty"`
-	Streams   []Stream           `json:"streams"`
-	Processes []registry.Process `json:"processes"`
-	Audit     []AuditRecord      `json:"audit"`
-	Dead      []DeadLetter       `json:"dead"`
-	DeadTotal int                `json:"dead_total"`
-	Errors    []string           `json:"errors,omitempty"` // parts that could not be read now
+	Node      string           `json:"node"`
+	MeshID    string           `json:"mesh_id"`
+	Time      time.Time        `json:"time"`
+	Members   []Member         `json:"members"`
+	Seats     []api.SeatStatus `json:"seats"`
+	Modules   []Module         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	Edges     []Edge           `json:"edges,omitempty"`
+	Streams   []Stream         `json:"streams"`
+	Processes []api.Process    `json:"processes"`
+	Audit     []AuditRecord    `json:"audit"`
+	Dead      []DeadLetter     `json:"dead"`
+	DeadTotal int              `json:"dead_total"`
+	Errors    []string         `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
@@ -552,7 +550,7 @@ func (d *Dashboard) keepConsumers(byStream map[string][]Consumer) {
 }
 
 // cachedProcesses returns ps as last read, unless it is processesEvery old.
-func (d *Dashboard) cachedProcesses() ([]registry.Process, bool) {
+func (d *Dashboard) cachedProcesses() ([]api.Process, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.processes, d.processes != nil && time.Since(d.processesAt) < processesEvery
@@ -565,11 +563,11 @@ func (d *Dashboard) forgetProcesses() {
 	d.processesAt = time.Time{}
 }
 
-func (d *Dashboard) keepProcesses(ps []registry.Process) {
+func (d *Dashboard) keepProcesses(ps []api.Process) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if ps == nil {
-		ps = []registry.Process{}
+		ps = []api.Process{}
 	}
 	d.processes, d.processesAt = ps, time.Now()
 }
@@ -607,7 +605,7 @@ func (d *Dashboard) auditTail() ([]AuditRecord, error) {
 		return d.audit, nil
 	}
 	d.mu.Unlock()
-	recs, err := d.cfg.Audit.Query(audit.Filter{Last: auditShown})
+	recs, err := d.cfg.Audit.Query(api.AuditFilter{Last: auditShown})
 	if err != nil {
 		return nil, err
 	}

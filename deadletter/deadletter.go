@@ -12,8 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -22,34 +22,21 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// Letter is one message of DEAD; ID is its sequence there.
-type Letter struct {
-	ID         uint64              `json:"id"`
-	Time       time.Time           `json:"time"`
-	Subject    string              `json:"subject"` // the original subject
-	Consumer   string              `json:"consumer"`
-	Reason     string              `json:"reason"`
-	Deliveries int                 `json:"deliveries"`
-	EventID    string              `json:"event_id"`
-	Headers    map[string][]string `json:"headers"`
-	Body       []byte              `json:"body"`
-}
-
 // FromMsg reads a message of DEAD.
-func FromMsg(m *jetstream.RawStreamMsg) Letter {
+func FromMsg(m *jetstream.RawStreamMsg) api.DeadLetter {
 	d, _ := strconv.Atoi(m.Header.Get(envelope.DeadDeliveries))
-	return Letter{ID: m.Sequence, Time: m.Time, Subject: m.Header.Get(envelope.DeadSubject),
+	return api.DeadLetter{ID: m.Sequence, Time: m.Time, Subject: m.Header.Get(envelope.DeadSubject),
 		Consumer: m.Header.Get(envelope.DeadConsumer), Reason: m.Header.Get(envelope.DeadReason), Deliveries: d,
 		EventID: m.Header.Get(envelope.EventID), Headers: map[string][]string(m.Header), Body: m.Data}
 }
 
 // List reads every dead letter, oldest first.
-func List(ctx context.Context, dead jetstream.Stream) ([]Letter, error) {
+func List(ctx context.Context, dead jetstream.Stream) ([]api.DeadLetter, error) {
 	info, err := dead.Info(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []Letter
+	var out []api.DeadLetter
 	if info.State.Msgs == 0 {
 		return out, nil
 	}
@@ -68,12 +55,12 @@ func List(ctx context.Context, dead jetstream.Stream) ([]Letter, error) {
 
 // Newest reads the newest n dead letters, newest first, and how many DEAD holds: it walks
 // back from the last sequence, so a long history of replayed letters costs nothing.
-func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]Letter, int, error) {
+func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]api.DeadLetter, int, error) {
 	info, err := dead.Info(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	var out []Letter
+	var out []api.DeadLetter
 	for seq := info.State.LastSeq; seq >= info.State.FirstSeq && seq > 0 && len(out) < n && uint64(len(out)) < info.State.Msgs; seq-- {
 		m, err := dead.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -89,7 +76,7 @@ func Newest(ctx context.Context, dead jetstream.Stream, n int) ([]Letter, int, e
 
 // ListModules asks the controller for every registered module: admin.List, which deadletter
 // is handed rather than importing (admin, a client of the controller, is a layer above).
-type ListModules func(ctx context.Context, nc *nats.Conn) ([]registry.ModuleInfo, error)
+type ListModules func(ctx context.Context, nc *nats.Conn) ([]api.ModuleInfo, error)
 
 // LoadAuthority learns what every registered module (from list), server and the vault may
 // publish: what Replay checks a letter against.
@@ -228,7 +215,7 @@ func (a Authority) signersOf(ctx context.Context, js jetstream.JetStream) error 
 
 // authorityOf reads the registered modules' authority. A manifest that does not parse
 // contributes its events but no seats.
-func AuthorityOf(mods []registry.ModuleInfo) Authority {
+func AuthorityOf(mods []api.ModuleInfo) Authority {
 	auth := Authority{}
 	for _, m := range mods {
 		src := replaySource{publicKey: m.PublicKey, emits: m.Emits, uses: m.Uses, pins: m.Pins, seats: map[string]manifest.Seat{}}

@@ -3,9 +3,9 @@ package deadletter
 import (
 	"testing"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -14,7 +14,7 @@ import (
 // operator: only what the letter's source could have published itself.
 func TestReplayable(t *testing.T) {
 	keys := map[string]nkeys.KeyPair{}
-	mods := []registry.ModuleInfo{}
+	mods := []api.ModuleInfo{}
 	for name, text := range map[string]string{
 		"shop":    "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\nuses: [mail]\ntools: [status]\n",
 		"billing": "module: billing\nrequires: [mesh-bus]\nemits: [paid]\n",
@@ -28,7 +28,7 @@ func TestReplayable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mods = append(mods, registry.ModuleInfo{Module: name, PublicKey: pub, Emits: mf.Emits, Uses: mf.Uses, Manifest: text})
+		mods = append(mods, api.ModuleInfo{Module: name, PublicKey: pub, Emits: mf.Emits, Uses: mf.Uses, Manifest: text})
 	}
 	auth := AuthorityOf(mods)
 	for _, signer := range []string{"alpha", "mesh-vault"} { // a server's key, the vault's

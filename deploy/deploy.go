@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -27,35 +28,11 @@ import (
 // MaxInstances bounds a deployment's processes per node.
 const MaxInstances = 16
 
-// Deployment is what the operator asked for one module (`meshnode deploy`).
-type Deployment struct {
-	// Version is the artifact's version; Digest its identity when it was deployed.
-	Version string `json:"version"`
-	Digest  string `json:"digest"`
-	// Nodes are the nodes it runs on, sorted; All means every node of the mesh (Nodes empty).
-	Nodes []string `json:"nodes,omitempty"`
-	All   bool     `json:"all,omitempty"`
-	// Instances is how many processes run on each of its nodes.
-	Instances int `json:"instances"`
-	// Env and Args are given to each process; secrets are never here (the manifest names
-	// them, the host fetches them from the vault at apply time).
-	Env  map[string]string `json:"env,omitempty"`
-	Args []string          `json:"args,omitempty"`
-	// Auto deploys each new artifact the build cascade makes of the module, as it is built.
-	Auto    bool      `json:"auto,omitempty"`
-	Updated time.Time `json:"updated"`
-}
-
-// Targets reports whether d runs on node.
-func (d *Deployment) Targets(node string) bool {
-	return d != nil && (d.All || slices.Contains(d.Nodes, node))
-}
-
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Check refuses a deployment that cannot be run: a bad version, no nodes, instances out of
+// CheckDeployment refuses a deployment that cannot be run: a bad version, no nodes, instances out of
 // range, an environment name that is not one or that the host sets itself (MESH_*).
-func (d *Deployment) Check() error {
+func CheckDeployment(d *api.Deployment) error {
 	if err := artifact.CheckVersion(d.Version); err != nil {
 		return err
 	}
@@ -145,7 +122,7 @@ type Deployed struct {
 	Module     string
 	PublicKey  string
 	Secrets    []string
-	Deployment *Deployment
+	Deployment *api.Deployment
 	// Provisions are the module's ready provisions; Waiting the first one that is not
 	// ("postgres from postgres"), empty when none waits.
 	Provisions []Provision

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -24,8 +25,8 @@ func userKey(t *testing.T) string {
 func TestCompose(t *testing.T) {
 	shopKey, mailKey := userKey(t), userKey(t)
 	deployed := []deploy.Deployed{
-		{Module: "shop", PublicKey: shopKey, Deployment: &deploy.Deployment{Version: "1.0", Digest: digest, Nodes: []string{"a", "b"}, Instances: 2}},
-		{Module: "mail", PublicKey: mailKey, Secrets: []string{"smtp"}, Deployment: &deploy.Deployment{Version: "2", Digest: digest, All: true, Instances: 1}},
+		{Module: "shop", PublicKey: shopKey, Deployment: &api.Deployment{Version: "1.0", Digest: digest, Nodes: []string{"a", "b"}, Instances: 2}},
+		{Module: "mail", PublicKey: mailKey, Secrets: []string{"smtp"}, Deployment: &api.Deployment{Version: "2", Digest: digest, All: true, Instances: 1}},
 		{Module: "idle", PublicKey: userKey(t)}, // registered, not deployed
 	}
 	a := deploy.Compose("a", deployed)
@@ -42,23 +43,23 @@ func TestCompose(t *testing.T) {
 }
 
 func TestDeployment_Check(t *testing.T) {
-	ok := deploy.Deployment{Version: "1.2.0", Nodes: []string{"a"}, Instances: 1, Env: map[string]string{"LOG_LEVEL": "debug"}}
-	if err := ok.Check(); err != nil {
+	ok := api.Deployment{Version: "1.2.0", Nodes: []string{"a"}, Instances: 1, Env: map[string]string{"LOG_LEVEL": "debug"}}
+	if err := deploy.CheckDeployment(&ok); err != nil {
 		t.Fatal(err)
 	}
-	for name, mutate := range map[string]func(*deploy.Deployment){
-		"no nodes":       func(d *deploy.Deployment) { d.Nodes = nil },
-		"all and nodes":  func(d *deploy.Deployment) { d.All = true },
-		"zero instances": func(d *deploy.Deployment) { d.Instances = 0 },
-		"a bad version":  func(d *deploy.Deployment) { d.Version = "../x" },
-		"a MESH_ name":   func(d *deploy.Deployment) { d.Env = map[string]string{"MESH_CREDS": "/tmp/x"} },
-		"a bad env name": func(d *deploy.Deployment) { d.Env = map[string]string{"A-B": "x"} },
-		"a bad node":     func(d *deploy.Deployment) { d.Nodes = []string{"A"} },
+	for name, mutate := range map[string]func(*api.Deployment){
+		"no nodes":       func(d *api.Deployment) { d.Nodes = nil },
+		"all and nodes":  func(d *api.Deployment) { d.All = true },
+		"zero instances": func(d *api.Deployment) { d.Instances = 0 },
+		"a bad version":  func(d *api.Deployment) { d.Version = "../x" },
+		"a MESH_ name":   func(d *api.Deployment) { d.Env = map[string]string{"MESH_CREDS": "/tmp/x"} },
+		"a bad env name": func(d *api.Deployment) { d.Env = map[string]string{"A-B": "x"} },
+		"a bad node":     func(d *api.Deployment) { d.Nodes = []string{"A"} },
 	} {
 		d := ok
 		d.Env = map[string]string{}
 		mutate(&d)
-		if err := d.Check(); err == nil {
+		if err := deploy.CheckDeployment(&d); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

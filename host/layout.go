@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
 )
@@ -167,7 +168,7 @@ func (s *Supervisor) own(module string) error {
 // manifest never raises one: the node's values (module-memory, module-processes,
 // module-disk) are the most any module may use. Its cpu-weight is its share among the
 // node's modules, which together have the share of one.
-func (s *Supervisor) limits(m manifest.Limits) sandbox.Limits {
+func (s *Supervisor) limits(m manifest.Limits) api.Limits {
 	lower := func(node, asked int64) int64 {
 		if asked > 0 && (node == 0 || asked < node) {
 			return asked

@@ -19,11 +19,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/sandbox"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
 
@@ -75,7 +75,7 @@ type InstanceReport struct {
 	Since    time.Time `json:"since"`
 	Reason   string    `json:"reason,omitempty"` // the last exit
 	// Isolation is what the running process got, read back from the kernel.
-	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
+	Isolation *api.Isolation `json:"isolation,omitempty"`
 }
 
 // Supervisor runs the modules a node's declaration names as processes, each in its own
@@ -91,7 +91,7 @@ type Supervisor struct {
 	// Artifact writes a module's artifact to w, checked against its digest.
 	Artifact func(ctx context.Context, m deploy.Module, w io.Writer) error
 	// Credentials fetches a module's seed and named secrets from the vault.
-	Credentials func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error)
+	Credentials func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error)
 	// Changed is told whenever what Report returns changed.
 	Changed func()
 	Log     *slog.Logger
@@ -101,7 +101,7 @@ type Supervisor struct {
 	Sandbox *sandbox.Sandbox
 	Users   *sandbox.Users
 	// Limits are what each instance may use when its deployment sets none.
-	Limits sandbox.Limits
+	Limits api.Limits
 
 	mu       sync.Mutex
 	revision uint64
@@ -395,7 +395,7 @@ func provisionEnv(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ps map[string]vault.Provisioned
+	var ps map[string]api.Provisioned
 	if err := json.Unmarshal(b, &ps); err != nil {
 		return nil, fmt.Errorf("%s: %w", provisionsFile, err)
 	}

@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sandbox"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 )
 
@@ -43,8 +43,8 @@ func supervisor(t *testing.T, scripts map[string]string) (*host.Supervisor, func
 			_, err := io.WriteString(w, scripts[m.Module])
 			return err
 		},
-		Credentials: func(_ context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
-			return &vault.ModuleCredentials{Module: m.Module, PublicKey: pub, Seed: string(seed), Secrets: map[string]string{"token": "s3cret"}}, nil
+		Credentials: func(_ context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
+			return &api.ModuleCredentials{Module: m.Module, PublicKey: pub, Seed: string(seed), Secrets: map[string]string{"token": "s3cret"}}, nil
 		},
 	}
 	t.Cleanup(s.Stop)
@@ -385,7 +385,7 @@ func TestSupervisor_ResumeFromAnOlderVersionsFiles(t *testing.T) {
 	s.Stop()
 	var asked atomic.Int32
 	credentials := s.Credentials
-	s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+	s.Credentials = func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 		asked.Add(1)
 		return credentials(ctx, m)
 	}
@@ -418,7 +418,7 @@ func TestSupervisor_SecretsReplacedInPlace(t *testing.T) {
 	s, spec := supervisor(t, map[string]string{"ok": "#!/bin/sh\nexec sleep 600\n"})
 	given := func(secrets map[string]string) {
 		credentials := s.Credentials
-		s.Credentials = func(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+		s.Credentials = func(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 			c, err := credentials(ctx, m)
 			if err == nil {
 				c.Secrets = secrets
@@ -455,7 +455,7 @@ func TestSupervisor_LimitsEndAndReport(t *testing.T) {
 		"hog":    "#!/bin/sh\nx=a; while :; do x=\"$x$x\"; done\n",
 		"greedy": "#!/bin/sh\nexec sleep 600\n",
 	})
-	s.Limits = sandbox.Limits{Processes: 32} // the node's default: the bomb's own is below
+	s.Limits = api.Limits{Processes: 32} // the node's default: the bomb's own is below
 	bomb, filler, hog := spec("bomb"), spec("filler"), spec("hog")
 	bomb.Limits = manifest.Limits{Processes: 16}
 	filler.Limits = manifest.Limits{Disk: 4 << 20}
@@ -507,7 +507,7 @@ func TestSupervisor_PlantedLinksAreNotFollowed(t *testing.T) {
 		"ln -sf " + outside + " ../output.log 2>/dev/null && echo planted-log\nln -s " + outside + " ../secrets/x 2>/dev/null && echo planted-secret\n" +
 		"rm -f ../creds.nk 2>/dev/null && echo removed-creds\nsleep 1\nexit 1\n"
 	s, spec := supervisor(t, map[string]string{"planter": planter})
-	s.Limits = sandbox.Limits{Disk: 1 << 20}
+	s.Limits = api.Limits{Disk: 1 << 20}
 	s.Apply(context.Background(), deploy.Declaration{Node: "alpha", Revision: 1, Modules: []deploy.Module{spec("planter")}})
 	waitFor(t, s, 30*time.Second, func(r host.Report) error {
 		if len(r.Modules) != 1 || len(r.Modules[0].Instances) != 1 || r.Modules[0].Instances[0].Restarts < 2 {

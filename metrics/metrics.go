@@ -9,10 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -192,9 +192,9 @@ func (m *Meter) HolderChanged(before, after *seats.Lease) {
 }
 
 // vaultVerbs are the verbs the vault's metrics name; any other is "other".
-var vaultVerbs = map[string]bool{vault.VerbMint: true, vault.VerbFetch: true, vault.VerbRotate: true, vault.VerbList: true,
-	vault.VerbToken: true, vault.VerbEnrol: true, vault.VerbIdentity: true, vault.VerbServer: true, vault.VerbModule: true,
-	vault.VerbIntake: true, vault.VerbProvision: true, vault.VerbUnprovision: true}
+var vaultVerbs = map[string]bool{api.VaultVerbMint: true, api.VaultVerbFetch: true, api.VaultVerbRotate: true, api.VaultVerbList: true,
+	api.VaultVerbToken: true, api.VaultVerbEnrol: true, api.VaultVerbIdentity: true, api.VaultVerbServer: true, api.VaultVerbModule: true,
+	api.VaultVerbIntake: true, api.VaultVerbProvision: true, api.VaultVerbUnprovision: true}
 
 // served counts a vault request and times its answer.
 func (m *Meter) Served(verb string, refused bool, took time.Duration) {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats.go"
@@ -34,11 +35,11 @@ type ModuleTools struct {
 	reports map[string]map[string]instanceReport // module → instance → its last report
 	// retired are the counts of the instances forgotten (silent for toolStatsStale), by
 	// module and tool: added to the live ones, so that the exported counts never decrease.
-	retired map[string]map[string]toolstats.Tool
+	retired map[string]map[string]api.ToolHistogram
 }
 
 type instanceReport struct {
-	tools map[string]toolstats.Tool
+	tools map[string]api.ToolHistogram
 	at    time.Time
 }
 
@@ -48,7 +49,7 @@ var moduleToolDesc = prometheus.NewDesc("meshnode_module_tool_call_duration_seco
 
 func NewModuleTools(node string, declares func(module, tool string) bool) *ModuleTools {
 	return &ModuleTools{node: node, declares: declares, reports: map[string]map[string]instanceReport{},
-		retired: map[string]map[string]toolstats.Tool{}}
+		retired: map[string]map[string]api.ToolHistogram{}}
 }
 
 // take is the handler of manifest.StatsSubject("*"): the bus lets only a module publish its
@@ -58,8 +59,8 @@ func (s *ModuleTools) Take(m *nats.Msg) {
 	if !ok || len(m.Data) > toolstats.MaxBytes {
 		return
 	}
-	var r toolstats.Report
-	if json.Unmarshal(m.Data, &r) != nil || r.Node != s.node || r.Instance == "" || len(r.Instance) > 128 || r.Check() != nil {
+	var r api.ToolStatsReport
+	if json.Unmarshal(m.Data, &r) != nil || r.Node != s.node || r.Instance == "" || len(r.Instance) > 128 || toolstats.Check(r) != nil {
 		return // another node's instance, or not a report
 	}
 	for tool := range r.Tools {
@@ -93,7 +94,7 @@ func (s *ModuleTools) retire(module string) {
 			continue
 		}
 		if s.retired[module] == nil {
-			s.retired[module] = map[string]toolstats.Tool{}
+			s.retired[module] = map[string]api.ToolHistogram{}
 		}
 		for tool, t := range r.tools {
 			s.retired[module][tool] = add(s.retired[module][tool], t)
@@ -106,8 +107,8 @@ func (s *ModuleTools) retire(module string) {
 }
 
 // add returns the histogram of a and b together.
-func add(a, b toolstats.Tool) toolstats.Tool {
-	out := toolstats.Tool{Count: a.Count + b.Count, Sum: a.Sum + b.Sum, Buckets: make([]uint64, len(toolstats.Buckets))}
+func add(a, b api.ToolHistogram) api.ToolHistogram {
+	out := api.ToolHistogram{Count: a.Count + b.Count, Sum: a.Sum + b.Sum, Buckets: make([]uint64, len(toolstats.Buckets))}
 	for i := range out.Buckets {
 		if i < len(a.Buckets) {
 			out.Buckets[i] += a.Buckets[i]
@@ -129,7 +130,7 @@ func (s *ModuleTools) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, module := range slices.Sorted(maps.Keys(modules)) {
 		s.retire(module)
-		sums := map[string]toolstats.Tool{}
+		sums := map[string]api.ToolHistogram{}
 		for tool, t := range s.retired[module] {
 			sums[tool] = t
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,7 @@ func TestModuleToolStats(t *testing.T) {
 			r.Observe("status", time.Millisecond)
 		}
 		tools, _ := r.Snapshot()
-		b, _ := json.Marshal(toolstats.Report{Instance: instance, Node: "alpha", Tools: tools})
+		b, _ := json.Marshal(api.ToolStatsReport{Instance: instance, Node: "alpha", Tools: tools})
 		s.Take(&nats.Msg{Subject: "mesh.mod.desk.stats.alpha", Data: b})
 	}
 	collect := func() (count uint64, series int) {

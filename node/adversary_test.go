@@ -14,13 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -206,8 +204,8 @@ func TestAdversary_Buckets(t *testing.T) {
 	}
 	holder(t, "work", hc)
 
-	var tok vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &tok); err != nil {
+	var tok api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h"}, &tok); err != nil {
 		t.Fatal(err)
 	}
 	bearer, err := vault.ParseToken(tok.Token)
@@ -218,7 +216,7 @@ func TestAdversary_Buckets(t *testing.T) {
 	tpub, _ := tkp.PublicKey()
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 	tnc, err := nats.Connect(b.n.ClientURL(), nats.Nkey(tpub, tkp.Sign), nats.MaxReconnects(0), quiet,
-		nats.CustomInboxPrefix(registry.BootstrapInbox(tpub)))
+		nats.CustomInboxPrefix(api.BootstrapInbox(tpub)))
 	if err != nil {
 		t.Fatalf("a live token is refused at connect: %v", err)
 	}
@@ -276,7 +274,7 @@ func TestAdversary_Buckets(t *testing.T) {
 			t.Errorf("a probe's body is in %s at %s", stream, subj)
 		}
 	}
-	if _, err := b.vault(vault.VerbList, vault.Request{Owner: "plain"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: "plain"}, nil); err != nil {
 		t.Fatalf("vault after the probes: %v", err)
 	}
 }
@@ -287,7 +285,7 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 	b := newBed(t)
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [k]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\nseats:\n  own: {scope: node, retain: 1d, accepts: [work]}\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "attacker", Name: "token"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "attacker", Name: "token"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	nc := b.raw(seed, "attacker")
@@ -306,12 +304,12 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 		t.Fatal("attacker may not listen on its own inbox")
 	}
 
-	victimInboxes := []string{manifest.InboxPrefix("victim") + ".x", registry.BootstrapInbox(victim.PublicKey) + ".x"}
-	s := newSpy(t, b, []string{manifest.InboxPrefix("victim") + ".>", registry.BootstrapInbox(victim.PublicKey) + ".>"})
+	victimInboxes := []string{manifest.InboxPrefix("victim") + ".x", api.BootstrapInbox(victim.PublicKey) + ".x"}
+	s := newSpy(t, b, []string{manifest.InboxPrefix("victim") + ".>", api.BootstrapInbox(victim.PublicKey) + ".>"})
 	t.Run("whoami", func(t *testing.T) {
-		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: attacker.PublicKey})
-		m := sendThenAsk(t, nc, registry.WhoamiSubject(attacker.PublicKey), victimInboxes, body)
-		var who registry.WhoamiReply
+		body, _ := json.Marshal(api.WhoamiRequest{PublicKey: attacker.PublicKey})
+		m := sendThenAsk(t, nc, api.WhoamiSubject(attacker.PublicKey), victimInboxes, body)
+		var who api.WhoamiReply
 		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
 			t.Fatalf("whoami on the attacker's own inbox: %s, %v", m.Data, err)
 		}
@@ -320,16 +318,16 @@ func TestAdversary_OtherInboxes(t *testing.T) {
 	t.Run("vault fetch", func(t *testing.T) {
 		xkp, _ := nkeys.CreateCurveKeys()
 		xpub, _ := xkp.PublicKey()
-		body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
-		m := sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), victimInboxes, body)
-		var r vault.Reply
+		body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "token"})
+		m := sendThenAsk(t, nc, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), victimInboxes, body)
+		var r api.VaultReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Error != "" || len(r.Sealed) == 0 {
 			t.Fatalf("a fetch on the attacker's own inbox: %s, %v", m.Data, err)
 		}
 		s.none(t, "vault fetch into another module's inbox")
 	})
 	t.Run("seat tool", func(t *testing.T) {
-		body, _ := json.Marshal(seats.Request{Action: "nothing", Seat: "own", Instance: "x"})
+		body, _ := json.Marshal(api.SeatRequest{Action: "nothing", Seat: "own", Instance: "x"})
 		sendThenAsk(t, nc, node.SeatToolSubject("alpha", "attacker"), victimInboxes, body)
 		s.none(t, "seat tool into another module's inbox")
 	})
@@ -441,7 +439,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Fatalf("the good event after the bombs: %+v", recs)
 	}
 	for id, name := range sent {
-		recs := b.audit(audit.Request{Op: "query", Filter: audit.Filter{ID: id}}).Records
+		recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: id}}).Records
 		if len(recs) != 1 || !recs[0].Signed || !recs[0].SourceMatches {
 			t.Errorf("%s: audit records %+v", name, recs)
 		}
@@ -451,7 +449,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 	if recs := b.auditAll("bomber"); len(recs) != len(sent) {
 		t.Errorf("the bomber's records read back: %d, want %d", len(recs), len(sent))
 	}
-	if v := b.audit(audit.Request{Op: "verify"}).Verification; !v.OK() {
+	if v := b.audit(api.AuditRequest{Op: "verify"}).Verification; !v.OK() {
 		t.Fatalf("verify after the bombs: broken %+v flagged %+v", v.Broken, v.Flagged)
 	}
 
@@ -463,11 +461,11 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitAudited(30 * time.Second)
-	recs := b.audit(audit.Request{Op: "query", Filter: audit.Filter{ID: forged.Get(envelope.EventID)}}).Records
+	recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: forged.Get(envelope.EventID)}}).Records
 	if len(recs) != 1 || recs[0].Signed && recs[0].SourceMatches {
 		t.Fatalf("an event claiming x-source good on bomber's subject is recorded as genuine: %+v", recs)
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken != nil || len(v.Flagged) == 0 || v.Flagged[0].N != recs[0].N {
 		t.Fatalf("verify after the forgery: broken %+v flagged %+v, want record %d flagged", v.Broken, v.Flagged, recs[0].N)
 	}
@@ -512,7 +510,7 @@ func TestAdversary_MalformedHeaderBlock(t *testing.T) {
 	if recs := b.auditAll("good"); len(recs) != 1 || recs[0].EventID != goodID {
 		t.Fatalf("the good event after the malformed one: %+v", recs)
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken != nil {
 		t.Fatalf("verify after a malformed header block: broken %+v", v.Broken)
 	}

@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -107,16 +107,16 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.register(catalogue(t)["mailer"])
 	seed, reg := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\nuses: [mailer]\nseats:\n  own:\n    scope: node\n    retain: 1d\n    accepts: [work]\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "attacker", Name: "token"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "attacker", Name: "token"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	s := newSpy(t, b, injectionTargets)
 
 	t.Run("whoami", func(t *testing.T) {
 		nc := b.raw(seed, "attacker")
-		body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: reg.PublicKey})
-		m := sendThenAsk(t, nc, registry.WhoamiSubject(reg.PublicKey), injectionTargets, body)
-		var who registry.WhoamiReply
+		body, _ := json.Marshal(api.WhoamiRequest{PublicKey: reg.PublicKey})
+		m := sendThenAsk(t, nc, api.WhoamiSubject(reg.PublicKey), injectionTargets, body)
+		var who api.WhoamiReply
 		if err := json.Unmarshal(m.Data, &who); err != nil || who.Module != "attacker" {
 			t.Fatalf("whoami on the module's own inbox: %s, %v", m.Data, err)
 		}
@@ -126,9 +126,9 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 		nc := b.raw(seed, "attacker")
 		xkp, _ := nkeys.CreateCurveKeys()
 		xpub, _ := xkp.PublicKey()
-		body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
-		m := sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), injectionTargets, body)
-		var r vault.Reply
+		body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "token"})
+		m := sendThenAsk(t, nc, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), injectionTargets, body)
+		var r api.VaultReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Error != "" || len(r.Sealed) == 0 {
 			t.Fatalf("a fetch on the module's own inbox: %s, %v", m.Data, err)
 		}
@@ -136,12 +136,12 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 	})
 	t.Run("seat tool", func(t *testing.T) {
 		nc := b.raw(seed, "attacker")
-		body, _ := json.Marshal(seats.Request{Action: "nothing", Seat: "own", Instance: "x"})
+		body, _ := json.Marshal(api.SeatRequest{Action: "nothing", Seat: "own", Instance: "x"})
 		sendThenAsk(t, nc, node.SeatToolSubject("alpha", "attacker"), injectionTargets, body)
 		s.none(t, "seat tool")
 	})
 	// After all of it the node still works: its vault answers, its controller holds.
-	if _, err := b.vault(vault.VerbList, vault.Request{Owner: "attacker"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: "attacker"}, nil); err != nil {
 		t.Fatalf("vault after the attacks: %v", err)
 	}
 }
@@ -152,8 +152,8 @@ func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
 	nc := b.raw(seed, "attacker")
-	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: victim.PublicKey})
-	for _, subject := range []string{registry.WhoamiSubject(victim.PublicKey), registry.WhoamiSubject(attacker.PublicKey)} {
+	body, _ := json.Marshal(api.WhoamiRequest{PublicKey: victim.PublicKey})
+	for _, subject := range []string{api.WhoamiSubject(victim.PublicKey), api.WhoamiSubject(attacker.PublicKey)} {
 		if m, err := nc.Request(subject, body, 500*time.Millisecond); err == nil {
 			t.Fatalf("whoami about another module's key, on %s, answered: %s", subject, m.Data)
 		}
@@ -164,14 +164,14 @@ func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
 // opens a connection; a live token's enrol answers only on the token's own inbox.
 func TestAttack_SpentToken(t *testing.T) {
 	b := newBed(t)
-	mint := func(ttl string) *vault.Token {
-		var tok vault.Token
-		if _, err := b.vault(vault.VerbToken, vault.Request{TTL: ttl}, &tok); err != nil {
+	mint := func(ttl string) *api.Token {
+		var tok api.Token
+		if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: ttl}, &tok); err != nil {
 			t.Fatal(err)
 		}
 		return &tok
 	}
-	connectToken := func(tok *vault.Token) (*nats.Conn, string, error) {
+	connectToken := func(tok *api.Token) (*nats.Conn, string, error) {
 		bearer, err := vault.ParseToken(tok.Token)
 		if err != nil {
 			t.Fatal(err)
@@ -179,7 +179,7 @@ func TestAttack_SpentToken(t *testing.T) {
 		kp, _ := nkeys.FromSeed([]byte(bearer.Seed))
 		pub, _ := kp.PublicKey()
 		nc, err := nats.Connect(b.n.ClientURL(), nats.Nkey(pub, kp.Sign), nats.MaxReconnects(0),
-			nats.CustomInboxPrefix(registry.BootstrapInbox(pub)))
+			nats.CustomInboxPrefix(api.BootstrapInbox(pub)))
 		return nc, pub, err
 	}
 
@@ -191,9 +191,9 @@ func TestAttack_SpentToken(t *testing.T) {
 	}
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	body, _ := json.Marshal(vault.Request{XKey: xpub, Node: "", MeshID: b.n.Identity().MeshID})
+	body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Node: "", MeshID: b.n.Identity().MeshID})
 	// enrol naming no node is refused, and spends nothing: the token stays live.
-	sendThenAsk(t, nc, vault.ToolSubject(vault.VerbEnrol, live.ID), injectionTargets, body)
+	sendThenAsk(t, nc, api.VaultToolSubject(api.VaultVerbEnrol, live.ID), injectionTargets, body)
 	nc.Close()
 	s.none(t, "enrol")
 
@@ -234,8 +234,8 @@ func TestAttack_VaultRepliesToTheCallersInbox(t *testing.T) {
 	nc := b.raw(seed, "attacker")
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "token"})
-	sendThenAsk(t, nc, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), []string{victimInbox}, body)
+	body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "token"})
+	sendThenAsk(t, nc, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), []string{victimInbox}, body)
 	s.none(t, "vault fetch into another module's inbox")
 }
 
@@ -299,13 +299,13 @@ func TestAttack_AuthorityChangeKicks(t *testing.T) {
 // TestGrant_SubjectsAgree: the grant names the same subjects the vault and the controller
 // serve; a rename on one side would lock modules out.
 func TestGrant_SubjectsAgree(t *testing.T) {
-	if got, want := manifest.VaultFetchSubject("billing"), vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("billing")); got != want {
+	if got, want := manifest.VaultFetchSubject("billing"), api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("billing")); got != want {
 		t.Errorf("VaultFetchSubject = %s, the vault serves %s", got, want)
 	}
-	if got, want := manifest.WhoamiSubject("UABC"), registry.WhoamiSubject("UABC"); got != want {
+	if got, want := manifest.WhoamiSubject("UABC"), api.WhoamiSubject("UABC"); got != want {
 		t.Errorf("WhoamiSubject = %s, the controller serves %s", got, want)
 	}
-	if got, want := manifest.BootstrapInbox("UABC"), registry.BootstrapInbox("UABC"); got != want {
+	if got, want := manifest.BootstrapInbox("UABC"), api.BootstrapInbox("UABC"); got != want {
 		t.Errorf("BootstrapInbox = %s, want %s", got, want)
 	}
 }
@@ -430,12 +430,12 @@ func TestAttack_NodeConnectionIsBounded(t *testing.T) {
 		"_INBOX.victim.stolen",
 		"_INBOX.operator.stolen",
 		manifest.DeadSubject("EVENTS", "victim"),
-		"$KV.mesh-kv-victim.key",                        // a module's own bucket
-		manifest.NodeToolSubject("beta", "remove"),      // another node's tools
-		manifest.NodeSeatToolSubject("alpha", "victim"), // a module's seat tool, in its name
-		vault.ToolSubject(vault.VerbFetch, "operator"),  // the vault as someone else
-		manifest.SeatToolSubject("desk", "status"),      // a module's seat's tools
-		manifest.SeatEventSubject("desk", "done"),       // a module's seat's events
+		"$KV.mesh-kv-victim.key",                             // a module's own bucket
+		manifest.NodeToolSubject("beta", "remove"),           // another node's tools
+		manifest.NodeSeatToolSubject("alpha", "victim"),      // a module's seat tool, in its name
+		api.VaultToolSubject(api.VaultVerbFetch, "operator"), // the vault as someone else
+		manifest.SeatToolSubject("desk", "status"),           // a module's seat's tools
+		manifest.SeatEventSubject("desk", "done"),            // a module's seat's events
 		"$JS.API.STREAM.PURGE.KV_mesh-vault",
 		"$JS.API.STREAM.MSG.DELETE.KV_mesh-vault",
 	}

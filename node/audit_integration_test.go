@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 )
 
 // TestIntegration_Audit_Completeness: 100,000 events from several modules, 1% re-published: the audit
@@ -45,7 +45,7 @@ func TestIntegration_Audit_Completeness(t *testing.T) {
 			lastSeq, lastN = r.Seq, r.N
 		}
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if !v.OK() {
 		t.Fatalf("verify: %+v %+v", v.Broken, v.Flagged)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -18,7 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func (b *bed) audit(req audit.Request) audit.Reply {
+func (b *bed) audit(req api.AuditRequest) api.AuditReply {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -30,11 +31,11 @@ func (b *bed) audit(req audit.Request) audit.Reply {
 }
 
 // auditAll returns every record of a source, paging through the audit tool.
-func (b *bed) auditAll(source string) []audit.Record {
-	var out []audit.Record
-	f := audit.Filter{Source: source, Limit: audit.DefaultLimit}
+func (b *bed) auditAll(source string) []api.AuditRecord {
+	var out []api.AuditRecord
+	f := api.AuditFilter{Source: source, Limit: api.AuditDefaultLimit}
 	for {
-		recs := b.audit(audit.Request{Op: "query", Filter: f}).Records
+		recs := b.audit(api.AuditRequest{Op: "query", Filter: f}).Records
 		out = append(out, recs...)
 		if len(recs) < f.Limit {
 			return out
@@ -110,7 +111,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	seed, _ := b.register("module: m\nrequires: [mesh-bus]\nemits: [tick]\n")
 	publishRaw(t, b, seed, "m", "tick", 10, 0)
 	b.waitAudited(20 * time.Second)
-	if v := b.audit(audit.Request{Op: "verify"}).Verification; !v.OK() {
+	if v := b.audit(api.AuditRequest{Op: "verify"}).Verification; !v.OK() {
 		t.Fatalf("verify before tampering: %+v %+v", v.Broken, v.Flagged)
 	}
 	recs := b.auditAll("m")
@@ -128,7 +129,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitAudited(20 * time.Second)
-	forged := b.audit(audit.Request{Op: "query", Filter: audit.Filter{ID: h.Get(envelope.EventID)}}).Records
+	forged := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: h.Get(envelope.EventID)}}).Records
 	if len(forged) != 1 || forged[0].Signed || !strings.Contains(forged[0].SignatureError, "does not verify") {
 		t.Fatalf("forged event: %+v", forged)
 	}
@@ -139,15 +140,15 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitAudited(20 * time.Second)
-	reused := b.audit(audit.Request{Op: "query", Filter: audit.Filter{Source: "m", Last: 1}}).Records
+	reused := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{Source: "m", Last: 1}}).Records
 	if len(reused) != 1 || reused[0].ReusedID != recs[0].N {
 		t.Fatalf("an event reusing %s: %+v", recs[0].EventID, reused)
 	}
-	v := b.audit(audit.Request{Op: "verify"}).Verification
+	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	// Both are listed, each with its kind; the log is intact.
 	if v.Broken != nil || v.FlaggedTotal != 2 || len(v.Flagged) != 2 ||
-		v.Flagged[0].N != forged[0].N || v.Flagged[0].Kind != audit.FlagBadSignature ||
-		v.Flagged[1].N != reused[0].N || v.Flagged[1].Kind != audit.FlagReusedID {
+		v.Flagged[0].N != forged[0].N || v.Flagged[0].Kind != api.AuditFlagBadSignature ||
+		v.Flagged[1].N != reused[0].N || v.Flagged[1].Kind != api.AuditFlagReusedID {
 		t.Fatalf("verify with a forged event and a reused id: broken %+v flagged %+v, want records %d (bad signature) and %d (reused id)",
 			v.Broken, v.Flagged, forged[0].N, reused[0].N)
 	}
@@ -177,7 +178,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = newBedAt(t, cfg)
-	v = b.audit(audit.Request{Op: "verify"}).Verification
+	v = b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken == nil || v.Broken.N != target {
 		t.Fatalf("verify after tampering with record %d: %+v", target, v.Broken)
 	}

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -698,7 +698,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 	// (a node's restart refuses it too, for a while, and it rides that out).
 	patient := b.client(seed, sdk.WithAuthPatience(300*time.Millisecond))
 
-	reply, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "b"})
+	reply, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -720,7 +720,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 	if _, err := sdk.Connect(ctx, b.n.ClientURL(), seed); !errors.Is(err, sdk.ErrUnknownKey) {
 		t.Fatalf("removed module connected: %v", err)
 	}
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "b"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "b"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "module ls") {
 		t.Fatalf("removing twice: %v", err)
 	}
 	// The seat's work is still there for the next module that declares it.

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
-	"github.com/meshnode/meshnode/vault"
 )
 
 // TestBudget_FullStoreKeepsSeats fills a small store with one module's events until EVENTS
@@ -75,10 +75,10 @@ func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 	}
 	// The registry and the vault still write.
 	b.register("module: later\nrequires: [mesh-bus]\nsecrets: [key]\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "later", Name: "key"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "later", Name: "key"}, nil); err != nil {
 		t.Fatalf("vault mint with EVENTS full: %v", err)
 	}
-	var status []seats.Status
+	var status []api.SeatStatus
 	for _, s := range seatList(t, b) {
 		if s.Seat == manifest.ControllerSeat || s.Seat == manifest.VaultSeat {
 			status = append(status, s)
@@ -115,7 +115,7 @@ func TestBudget_Config(t *testing.T) {
 	}
 }
 
-func seatList(t *testing.T, b *bed) []seats.Status {
+func seatList(t *testing.T, b *bed) []api.SeatStatus {
 	t.Helper()
 	list, err := askSeats(b)
 	if err != nil {
@@ -126,12 +126,12 @@ func seatList(t *testing.T, b *bed) []seats.Status {
 
 // askSeats is seatList for a retry loop: no controller answering (its seat changing hands)
 // is an error to try again on, not the test's end.
-func askSeats(b *bed) ([]seats.Status, error) {
-	m, err := b.op.Request(seats.ListSubject, []byte("{}"), 5*time.Second)
+func askSeats(b *bed) ([]api.SeatStatus, error) {
+	m, err := b.op.Request(api.SeatListSubject, []byte("{}"), 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	var r seats.ListReply
+	var r api.SeatListReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, err
 	}

@@ -3,9 +3,9 @@ package node
 import (
 	"context"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/sandbox"
 )
 
 // openBuildSeats opens the build cascade's seats' services (package build does their work)
@@ -30,7 +30,7 @@ func (n *Node) openBuildSeats(s *seatService) (err error) {
 			return e.Manifest, true
 		},
 		DataDir: n.cfg.DataDir, Sandbox: n.mods.sandbox, Users: n.mods.users, Read: n.cfg.BuildPaths,
-		Limits: sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
+		Limits: api.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 	}
 	// Their work outlives Open (whose context ends when it returns): Close ends it.
 	if s.git, err = build.OpenGit(context.Background(), cfg); err != nil {

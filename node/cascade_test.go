@@ -9,12 +9,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 )
 
 // newBuilderBed is a node that serves repo as "shop" and runs builds.
@@ -47,9 +46,9 @@ func (b *bed) notify(t testing.TB) {
 }
 
 // builds waits until the controller lists want builds finished, and returns them.
-func (b *bed) builds(t testing.TB, want int) []registry.Build {
+func (b *bed) builds(t testing.TB, want int) []api.Build {
 	t.Helper()
-	var out []registry.Build
+	var out []api.Build
 	retryUntil(t, 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -94,8 +93,8 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	first := repo.Push(files)
 	b.notify(t)
 	builds := b.builds(t, 5)
-	byModule := func(bs []registry.Build) map[string][]registry.Build {
-		out := map[string][]registry.Build{}
+	byModule := func(bs []api.Build) map[string][]api.Build {
+		out := map[string][]api.Build{}
 		for _, x := range bs {
 			out[x.Module] = append(out[x.Module], x)
 		}
@@ -111,7 +110,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dv := byModule(builds)["d"][0].Version
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "d", Deployment: deploy.Deployment{Version: dv, Nodes: []string{"alpha"}, Instances: 1, Auto: true}}); err != nil {
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "d", Deployment: api.Deployment{Version: dv, Nodes: []string{"alpha"}, Instances: 1, Auto: true}}); err != nil {
 		t.Fatal(err)
 	}
 	b.running(t, "d", dv, 0)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -219,7 +219,7 @@ func TestCheck_KeysUnavailableForAWhile(t *testing.T) {
 
 	// Exhaust b's whoami rate limit for a few seconds.
 	flood := b.raw(seedB, "b")
-	req, _ := json.Marshal(registry.WhoamiRequest{PublicKey: regB.PublicKey})
+	req, _ := json.Marshal(api.WhoamiRequest{PublicKey: regB.PublicKey})
 	stop := make(chan struct{})
 	flooded := make(chan struct{})
 	var sent atomic.Int64
@@ -236,7 +236,7 @@ func TestCheck_KeysUnavailableForAWhile(t *testing.T) {
 				return
 			case <-tick.C:
 				for range 50 { // every token the limit makes is taken at once
-					flood.PublishRequest(registry.WhoamiSubject(regB.PublicKey), "_INBOX.b.flood", req)
+					flood.PublishRequest(api.WhoamiSubject(regB.PublicKey), "_INBOX.b.flood", req)
 				}
 				if flood.Flush() == nil { // the server has them: the limit is being used up
 					sent.Add(50)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/jsretry"
@@ -30,37 +31,19 @@ type clusterPart struct {
 	left      atomic.Bool               // the node left its mesh
 }
 
-// The node's cluster tools, for the operator: mesh.node.<node>.tool.leave and
-// mesh.node.<node>.tool.remove. Only admin identities may publish on a node's tools.
-const (
-	ToolLeave  = "leave"
-	ToolRemove = "remove"
-)
-
-// ClusterRequest is the body of a cluster tool request.
-type ClusterRequest struct {
-	Node string `json:"node,omitempty"` // remove: the server to remove
-}
-
-// ClusterReply is a cluster tool's answer.
-type ClusterReply struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
-}
-
 // ErrLeft means the data dir's node left its mesh: it cannot run again under that identity.
 var ErrLeft = errors.New("this node left its mesh")
 
 // clusterTimeout bounds a leave or a removal: a meta leader step-down and a peer removal.
 const clusterTimeout = 30 * time.Second
 
-// serveCluster answers one of the node's cluster tools (ToolLeave, ToolRemove).
+// serveCluster answers one of the node's cluster tools (api.NodeToolLeave, api.NodeToolRemove).
 func (n *Node) serveCluster(tool string) (*nats.Subscription, error) {
 	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, tool), func(m *nats.Msg) { n.clusterTool(tool, m) })
 }
 
 func (n *Node) clusterTool(tool string, m *nats.Msg) {
-	var req ClusterRequest
+	var req api.ClusterRequest
 	if len(m.Data) > 0 && json.Unmarshal(m.Data, &req) != nil {
 		respondCluster(m, errors.New("the request is not JSON"))
 		return
@@ -70,7 +53,7 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 	started := n.mesh.work.Go(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, clusterTimeout)
 		defer cancel()
-		if tool == ToolRemove {
+		if tool == api.NodeToolRemove {
 			respondCluster(m, n.removeServer(ctx, req.Node))
 			return
 		}
@@ -119,7 +102,7 @@ func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 }
 
 func respondCluster(m *nats.Msg, err error) {
-	r := ClusterReply{OK: err == nil}
+	r := api.ClusterReply{OK: err == nil}
 	if err != nil {
 		r.Error = err.Error()
 	}

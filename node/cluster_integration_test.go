@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
@@ -105,8 +106,8 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 	if reg.PublicKey == "" {
 		t.Fatal("registration through the cluster returned no key")
 	}
-	var minted vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "m", Name: "k"}, &minted); err != nil {
+	var minted api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "m", Name: "k"}, &minted); err != nil {
 		t.Fatal(err)
 	}
 
@@ -130,11 +131,11 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 	nodes = nodes[1:]
 	// Its leaderships move (nats-server elects in 4–9 s each, under -race on 2 cores more),
 	// then its seats' leases lapse: the same patience as growth's failover.
-	var got vault.Secret
+	var got api.Secret
 	retryUntil(t, 90*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_, err := vault.Call(ctx, opB, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "m", Name: "k"}, &got)
+		_, err := vault.Call(ctx, opB, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "m", Name: "k"}, &got)
 		return err
 	})
 	if got.Value != minted.Value {
@@ -258,7 +259,7 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 	// vault's own events verify against the keys the mesh recorded.
 	for _, name := range []string{"a", "b", "c"} {
 		retryUntil(t, 30*time.Second, func() error {
-			reply, err := audit.Call(fctx, opA, name, audit.Request{Op: "verify"})
+			reply, err := audit.Call(fctx, opA, name, api.AuditRequest{Op: "verify"})
 			if err != nil {
 				return err
 			}

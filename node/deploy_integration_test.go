@@ -19,18 +19,16 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -115,18 +113,18 @@ func (c *cluster) putArtifact(module, version, path string) {
 func (c *cluster) deploy(module, version string, nodes ...string) {
 	c.t.Helper()
 	retryUntil(c.t, 20*time.Second, func() error {
-		_, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: module, Deployment: deploy.Deployment{Version: version, Nodes: nodes, Instances: 1}})
+		_, err := admin.Deploy(c.ctx(), c.op, api.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: nodes, Instances: 1}})
 		return err
 	})
 }
 
-func (c *cluster) ps(module string) []registry.Process {
+func (c *cluster) ps(module string) []api.Process {
 	c.t.Helper()
 	all, err := admin.Ps(c.ctx(), c.op)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	var out []registry.Process
+	var out []api.Process
 	for _, p := range all {
 		if p.Module == module {
 			out = append(out, p)
@@ -181,7 +179,7 @@ func TestIntegration_DeployOnTwoOfThree(t *testing.T) {
 		}
 		return nil
 	})
-	var onA registry.Process
+	var onA api.Process
 	retryUntil(t, 10*time.Second, func() error {
 		ps := c.ps("ticker")
 		if len(ps) != 2 {
@@ -209,7 +207,7 @@ func TestIntegration_DeployOnTwoOfThree(t *testing.T) {
 		return nil
 	})
 
-	if _, err := admin.Undeploy(c.ctx(), c.op, registry.UndeployRequest{Module: "ticker"}); err != nil {
+	if _, err := admin.Undeploy(c.ctx(), c.op, api.UndeployRequest{Module: "ticker"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 30*time.Second, func() error {
@@ -280,7 +278,7 @@ func BenchmarkDeployThree(b *testing.B) {
 		os.WriteFile(path, []byte(fmt.Sprintf(sleeper, v)), 0o755)
 		c.putArtifact("sleeper", v, path)
 		start := time.Now()
-		if _, err := admin.Deploy(c.ctx(), c.op, registry.DeployRequest{Module: "sleeper", Deployment: deploy.Deployment{Version: v, All: true, Instances: 1}}); err != nil {
+		if _, err := admin.Deploy(c.ctx(), c.op, api.DeployRequest{Module: "sleeper", Deployment: api.Deployment{Version: v, All: true, Instances: 1}}); err != nil {
 			b.Fatal(err)
 		}
 		for {
@@ -407,7 +405,7 @@ func BenchmarkPushToRunning(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := admin.Deploy(ctx, bd.op, registry.DeployRequest{Module: "hello", Deployment: deploy.Deployment{Version: first.Version, All: true, Instances: 1, Auto: true}}); err != nil {
+	if _, err := admin.Deploy(ctx, bd.op, api.DeployRequest{Module: "hello", Deployment: api.Deployment{Version: first.Version, All: true, Instances: 1, Auto: true}}); err != nil {
 		b.Fatal(err)
 	}
 	bd.running(b, "hello", first.Version, 0)
@@ -456,11 +454,11 @@ func TestIntegration_BuilderStopsMidBuild(t *testing.T) {
 		if err != nil || len(builds) == 0 || builds[len(builds)-1].Status != "running" {
 			return fmt.Errorf("builds %+v %v", builds, err)
 		}
-		msg, err := c.op.Request(seats.ListSubject, []byte("{}"), 5*time.Second)
+		msg, err := c.op.Request(api.SeatListSubject, []byte("{}"), 5*time.Second)
 		if err != nil {
 			return err
 		}
-		var reply seats.ListReply
+		var reply api.SeatListReply
 		json.Unmarshal(msg.Data, &reply)
 		for _, s := range reply.Seats {
 			if s.Seat == build.BuilderSeat {

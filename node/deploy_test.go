@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deploy"
@@ -54,11 +54,11 @@ func (b *bed) putArtifact(module, version, content string) artifact.Info {
 }
 
 // deploy deploys module's version on alpha.
-func (b *bed) deploy(module, version string) registry.DeployReply {
+func (b *bed) deploy(module, version string) api.DeployReply {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: module, Deployment: deploy.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
+	r, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: module, Deployment: api.Deployment{Version: version, Nodes: []string{"alpha"}, Instances: 1}})
 	if err != nil {
 		b.t.Fatalf("deploy %s %s: %v", module, version, err)
 	}
@@ -74,7 +74,7 @@ func (b *bed) ticker() {
 }
 
 // ps returns the controller's `ps` rows of module.
-func (b *bed) ps(module string) []registry.Process {
+func (b *bed) ps(module string) []api.Process {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -82,7 +82,7 @@ func (b *bed) ps(module string) []registry.Process {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	var out []registry.Process
+	var out []api.Process
 	for _, p := range all {
 		if p.Module == module {
 			out = append(out, p)
@@ -92,9 +92,9 @@ func (b *bed) ps(module string) []registry.Process {
 }
 
 // running waits until module runs one process at version and returns it.
-func (b *bed) running(t testing.TB, module, version string, notPID int) registry.Process {
+func (b *bed) running(t testing.TB, module, version string, notPID int) api.Process {
 	t.Helper()
-	var p registry.Process
+	var p api.Process
 	retryUntil(t, 20*time.Second, func() error {
 		ps := b.ps(module)
 		if len(ps) != 1 || ps[0].State != host.StateRunning || ps[0].PID == 0 || ps[0].PID == notPID || ps[0].Version != version {
@@ -113,17 +113,17 @@ func (b *bed) running(t testing.TB, module, version string, notPID int) registry
 func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	b := newBed(t)
 	seedFile, _ := b.register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [api-token]\n")
-	var token vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "ticker", Name: "api-token"}, &token); err != nil {
+	var token api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "ticker", Name: "api-token"}, &token); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "artifact put ticker") {
 		t.Fatalf("deploy without an artifact: %v, want a refusal saying to put it", err)
 	}
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
-	if _, err := admin.Deploy(ctx, b.op, registry.DeployRequest{Module: "ticker", Deployment: deploy.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", Nodes: []string{"omega"}, Instances: 1}}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "not a server") {
 		t.Fatalf("deploy to an unknown node: %v", err)
 	}
 	// The vault keeps the module's seed for its hosts, and gives it to none yet: no
@@ -138,13 +138,13 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 	}
 	var alpha registry.NodeIdentity
 	json.Unmarshal(e.Value(), &alpha)
-	if _, err := vault.CallWith(ctx, b.op, nil, vault.VerbModule, vault.CallerNode, vault.Request{XKey: alpha.XKey, Node: "alpha", Owner: "ticker"}, nil); err == nil || !strings.Contains(err.Error(), "does not run module ticker") {
+	if _, err := vault.CallWith(ctx, b.op, nil, api.VaultVerbModule, api.VaultCallerNode, api.VaultRequest{XKey: alpha.XKey, Node: "alpha", Owner: "ticker"}, nil); err == nil || !strings.Contains(err.Error(), "does not run module ticker") {
 		t.Fatalf("a module's credentials for a node that does not run it: %v", err)
 	}
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "ticker", Name: vault.SeedName}, &vault.Secret{}); err == nil || !strings.Contains(err.Error(), "mesh's own") {
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "ticker", Name: vault.SeedName}, &api.Secret{}); err == nil || !strings.Contains(err.Error(), "mesh's own") {
 		t.Fatalf("the operator's fetch of a module's seed: %v", err)
 	}
-	if metas, err := b.vault(vault.VerbList, vault.Request{Owner: "ticker"}, nil); err != nil || len(metas) != 1 || metas[0].Name != "api-token" {
+	if metas, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: "ticker"}, nil); err != nil || len(metas) != 1 || metas[0].Name != "api-token" {
 		t.Fatalf("vault ls: %+v %v, want api-token alone", metas, err)
 	}
 	r := b.deploy("ticker", "1")
@@ -187,9 +187,9 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 			t.Errorf("the process's environment lacks %s", kv)
 		}
 	}
-	var logs host.LogsReply
+	var logs api.LogsReply
 	retryUntil(t, 5*time.Second, func() error {
-		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", host.LogsTool), []byte(`{"module":"ticker","offset":0}`), 5*time.Second)
+		msg, err := b.op.Request(manifest.NodeToolSubject("alpha", api.LogsTool), []byte(`{"module":"ticker","offset":0}`), 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -218,7 +218,7 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 
 	ctxU, cancelU := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelU()
-	if _, err := admin.Undeploy(ctxU, b.op, registry.UndeployRequest{Module: "ticker"}); err != nil {
+	if _, err := admin.Undeploy(ctxU, b.op, api.UndeployRequest{Module: "ticker"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 20*time.Second, func() error {
@@ -327,7 +327,7 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 // alpha in its audit log, which returns their bodies, one a line.
 func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
 	return func(want int) string {
-		var refused []audit.Record
+		var refused []api.AuditRecord
 		retryUntil(t, 15*time.Second, func() error {
 			b.waitAudited(5 * time.Second)
 			refused = refused[:0]
@@ -370,7 +370,7 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.deploy("ticker", "1")
-	var ps []registry.Process
+	var ps []api.Process
 	retryUntil(t, 20*time.Second, func() error {
 		ps = b.ps("ticker")
 		if len(ps) != 1 || ps[0].State != host.StateFailed || !strings.Contains(ps[0].Reason, "digest") {
@@ -389,7 +389,7 @@ func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
 // restartableTicker starts a node on a fixed client port (a restart keeps it) that runs
 // ticker's version 1, and returns its configuration, the bed, the deploy's reply and the
 // process.
-func restartableTicker(t *testing.T) (config.Config, *bed, registry.DeployReply, registry.Process) {
+func restartableTicker(t *testing.T) (config.Config, *bed, api.DeployReply, api.Process) {
 	t.Helper()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ClientAddr = testbed.FreeAddr(t)

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
@@ -126,8 +127,8 @@ func ModulePermissions(d *manifest.Derivation, publicKey string) manifest.Permis
 // tokenPermissions are a join token's: request enrol with it, hear the answer — nothing else.
 func tokenPermissions(id, publicKey string) manifest.Permissions {
 	return manifest.Permissions{
-		Publish:   []string{vault.ToolSubject(vault.VerbEnrol, id)},
-		Subscribe: []manifest.Subscription{{Subject: registry.BootstrapInbox(publicKey) + ".>"}},
+		Publish:   []string{api.VaultToolSubject(api.VaultVerbEnrol, id)},
+		Subscribe: []manifest.Subscription{{Subject: api.BootstrapInbox(publicKey) + ".>"}},
 	}
 }
 

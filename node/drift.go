@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
@@ -435,19 +436,9 @@ func (n *Node) holdsController() bool {
 	return ok && l.Node == n.id.Name
 }
 
-// ToolAcceptLoss is the node tool with which the operator accepts a kept bucket's loss
-// (mesh.node.<node>.tool.accept-loss, body AcceptLossRequest): the bucket gets its marker
-// again and the alarm clears on every node at its next check.
-const ToolAcceptLoss = "accept-loss"
-
-// AcceptLossRequest names the bucket whose loss the operator accepts.
-type AcceptLossRequest struct {
-	Bucket string `json:"bucket"`
-}
-
-// serveAcceptLoss answers ToolAcceptLoss.
+// serveAcceptLoss answers api.NodeToolAcceptLoss.
 func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
-	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolAcceptLoss), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolAcceptLoss), func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		respondCluster(m, n.acceptLoss(ctx, m.Data))
@@ -455,7 +446,7 @@ func (n *Node) serveAcceptLoss() (*nats.Subscription, error) {
 }
 
 func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
-	var req AcceptLossRequest
+	var req api.AcceptLossRequest
 	if err := json.Unmarshal(data, &req); err != nil {
 		return errors.New("the request is not JSON")
 	}

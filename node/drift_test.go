@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -81,9 +82,9 @@ func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
 	b = newBedAt(t, cfg)
 	wantAlarm(b.n) // made again at start, empty: still lost
 
-	var reply node.ClusterReply
-	body, _ := json.Marshal(node.AcceptLossRequest{Bucket: registry.Bucket})
-	m, err := b.op.Request(manifest.NodeToolSubject("alpha", node.ToolAcceptLoss), body, 10*time.Second)
+	var reply api.ClusterReply
+	body, _ := json.Marshal(api.AcceptLossRequest{Bucket: registry.Bucket})
+	m, err := b.op.Request(manifest.NodeToolSubject("alpha", api.NodeToolAcceptLoss), body, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +98,8 @@ func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
 		return nil
 	})
 	// A bucket that is not the registry's or the vault's is refused.
-	body, _ = json.Marshal(node.AcceptLossRequest{Bucket: "mesh-seats"})
-	m, err = b.op.Request(manifest.NodeToolSubject("alpha", node.ToolAcceptLoss), body, 10*time.Second)
+	body, _ = json.Marshal(api.AcceptLossRequest{Bucket: "mesh-seats"})
+	m, err = b.op.Request(manifest.NodeToolSubject("alpha", api.NodeToolAcceptLoss), body, 10*time.Second)
 	if err != nil || json.Unmarshal(m.Data, &reply) != nil || reply.OK {
 		t.Fatalf("accept-loss of mesh-seats: %v %+v, want refused", err, reply)
 	}

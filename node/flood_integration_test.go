@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -105,11 +104,11 @@ func TestIntegration_WhoamiFlood(t *testing.T) {
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
 	victimSeed, _ := b.register("module: victim\nrequires: [mesh-bus]\n")
 	nc := b.raw(seed, "attacker")
-	body, _ := json.Marshal(registry.WhoamiRequest{PublicKey: attacker.PublicKey})
+	body, _ := json.Marshal(api.WhoamiRequest{PublicKey: attacker.PublicKey})
 	attack := func(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := nc.RequestWithContext(rctx, registry.WhoamiSubject(attacker.PublicKey), body)
+		_, err := nc.RequestWithContext(rctx, api.WhoamiSubject(attacker.PublicKey), body)
 		return err
 	}
 	connect := func(ctx context.Context) error {
@@ -134,23 +133,23 @@ func TestIntegration_VaultFlood(t *testing.T) {
 	b := newBed(t)
 	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [tok]\n")
 	victimSeed, _ := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [key]\n")
-	for _, r := range []vault.Request{{Owner: "attacker", Name: "tok"}, {Owner: "victim", Name: "key"}} {
-		if _, err := b.vault(vault.VerbMint, r, nil); err != nil {
+	for _, r := range []api.VaultRequest{{Owner: "attacker", Name: "tok"}, {Owner: "victim", Name: "key"}} {
+		if _, err := b.vault(api.VaultVerbMint, r, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var want vault.Secret
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "victim", Name: "key"}, &want); err != nil || want.Value == "" {
+	var want api.Secret
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "victim", Name: "key"}, &want); err != nil || want.Value == "" {
 		t.Fatalf("the operator fetches the victim's secret: %v", err)
 	}
 	nc := b.raw(seed, "attacker")
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "tok"})
+	body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "tok"})
 	attack := func(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := nc.RequestWithContext(rctx, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), body)
+		_, err := nc.RequestWithContext(rctx, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), body)
 		return err
 	}
 	vc := b.client(victimSeed)
@@ -233,7 +232,7 @@ func TestIntegration_FloodOthersServed(t *testing.T) {
 // readRefusals returns the count field of every refused event in EVENTS.
 func readRefusals(ctx context.Context, events jetstream.Stream) ([]int, error) {
 	var out []int
-	for _, subject := range []string{manifest.NodeEventSubject("alpha", "refused"), vault.EventSubject("refused")} {
+	for _, subject := range []string{manifest.NodeEventSubject("alpha", "refused"), api.VaultEventSubject("refused")} {
 		c, err := events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 		if err != nil {
 			return nil, err

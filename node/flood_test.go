@@ -14,11 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -40,7 +39,7 @@ func newFloodBed(tb testing.TB) *floodBed {
 	vs, _ := b.register("module: victim\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [key]\n")
 	as, reg := b.register("module: attacker\nrequires: [mesh-bus]\nemits: [noise]\nsecrets: [key]\n")
 	for _, owner := range []string{"victim", "attacker"} {
-		if _, err := b.vault(vault.VerbMint, vault.Request{Owner: owner, Name: "key"}, nil); err != nil {
+		if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: owner, Name: "key"}, nil); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -179,9 +178,9 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 	sk, _ := envelope.NewSigningKey(kp)
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	whoami, _ := json.Marshal(registry.WhoamiRequest{PublicKey: key})
-	fetch, _ := json.Marshal(vault.Request{XKey: xpub, Name: "key"})
-	undeclared, _ := json.Marshal(vault.Request{XKey: xpub, Name: "not-mine"})
+	whoami, _ := json.Marshal(api.WhoamiRequest{PublicKey: key})
+	fetch, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "key"})
+	undeclared, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "not-mine"})
 	inbox := manifest.InboxPrefix("attacker") + ".flood"
 	subject := manifest.EventSubject("attacker", "noise")
 	body := []byte(`{"noise":true}`)
@@ -203,9 +202,9 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 		}
 		for range floodBatch {
 			if kind != floodEmits {
-				nc.PublishRequest(registry.WhoamiSubject(key), inbox, whoami)
-				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, fetch)
-				nc.PublishRequest(vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("attacker")), inbox, undeclared)
+				nc.PublishRequest(api.WhoamiSubject(key), inbox, whoami)
+				nc.PublishRequest(api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), inbox, fetch)
+				nc.PublishRequest(api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("attacker")), inbox, undeclared)
 				sent += 3
 			}
 			if kind != floodRequests {

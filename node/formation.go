@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
@@ -266,8 +267,8 @@ func Join(ctx context.Context, cfg config.Config, token string) (*genesis.Founda
 
 // enrolment is what the vault hands a node that joins with a token: the mesh's foundation
 // and where to find its members.
-func (n *Node) enrolment() vault.Enrolment {
-	e := vault.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
+func (n *Node) enrolment() api.Enrolment {
+	e := api.Enrolment{MeshID: n.id.MeshID, RouteSecret: n.found.RouteSecret, GossipKey: n.found.GossipKey,
 		BarrierKey: n.found.BarrierKey, Expect: n.found.Expect, Members: n.found.Members}
 	if n.tls.ca != nil {
 		e.CA = n.tls.ca.Cert.Raw

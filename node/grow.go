@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/internal/lifecycle"
@@ -37,14 +38,6 @@ import (
 // interrupted while restoring resumes, keeping the streams already restored whole. Until
 // every stream is restored the node's clients find its port closed (the bus listens on a
 // free loopback port), and then it starts its bus again on the node's port.
-
-// ToolGrow is the single node's tool that starts growing it: mesh.node.<node>.tool.grow.
-const ToolGrow = "grow"
-
-// GrowRequest is the body of a grow request.
-type GrowRequest struct {
-	Expect int `json:"expect"` // the servers of the mesh it grows into, itself included: 3 or more
-}
 
 // The phases of growing (genesis.Foundation.GrowPhase).
 const (
@@ -146,8 +139,8 @@ func (g *grower) close() error {
 
 // serveGrow answers the single node's grow tool.
 func (n *Node) serveGrow() (*nats.Subscription, error) {
-	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolGrow), func(m *nats.Msg) {
-		var req GrowRequest
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolGrow), func(m *nats.Msg) {
+		var req api.GrowRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			respondCluster(m, errors.New("the request is not JSON"))
 			return

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
@@ -154,8 +155,8 @@ func testGrow(t *testing.T, interrupt string) {
 	}
 	minted := map[string]string{}
 	for _, k := range []string{"k1", "k2", "k3", "k4"} {
-		var m vault.Secret
-		if _, err := vault.Call(ctx, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "billing", Name: k}, &m); err != nil {
+		var m api.Secret
+		if _, err := vault.Call(ctx, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: k}, &m); err != nil {
 			t.Fatal(err)
 		}
 		minted[k] = m.Value
@@ -168,7 +169,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if err := os.WriteFile(seed, reg.Seed, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := vault.Call(ctx, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+	if _, err := vault.Call(ctx, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	shop, err := sdk.Connect(ctx, a.node().ClientURL(), seed, sdk.RootCA(ca))
@@ -217,13 +218,13 @@ func testGrow(t *testing.T, interrupt string) {
 	}
 
 	// grow, then a token for the two new servers.
-	body, _ := json.Marshal(node.GrowRequest{Expect: 3})
-	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", node.ToolGrow), body)
+	body, _ := json.Marshal(api.GrowRequest{Expect: 3})
+	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", api.NodeToolGrow), body)
 	if err != nil || !strings.Contains(string(msg.Data), `"ok":true`) {
 		t.Fatalf("grow: %v %s", err, msgData(msg))
 	}
-	var tok vault.Token
-	if _, err := vault.Call(ctx, op, vault.VerbToken, vault.CallerOperator, vault.Request{TTL: "1h", Uses: 2}, &tok); err != nil {
+	var tok api.Token
+	if _, err := vault.Call(ctx, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "1h", Uses: 2}, &tok); err != nil {
 		t.Fatal(err)
 	}
 	op.Close()
@@ -316,7 +317,7 @@ func testGrow(t *testing.T, interrupt string) {
 	if members := a.node().Members(); len(members) != 3 {
 		t.Errorf("members %+v, want 3", members)
 	}
-	reply, err := audit.Call(ctx, op, "a", audit.Request{Op: "verify"})
+	reply, err := audit.Call(ctx, op, "a", api.AuditRequest{Op: "verify"})
 	if err != nil || reply.Verification == nil || !reply.Verification.OK() || reply.Verification.Records < uint64(events) {
 		t.Errorf("the grown node's audit log: %+v %v", reply.Verification, err)
 	}
@@ -352,8 +353,8 @@ func testGrow(t *testing.T, interrupt string) {
 			t.Fatalf("the seat's queue holds %d jobs, want 100", n)
 		}
 		for _, k := range []string{"k1", "k2", "k3", "k4"} {
-			var got vault.Secret
-			if _, err := vault.Call(rctx, op2, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "billing", Name: k}, &got); err != nil {
+			var got api.Secret
+			if _, err := vault.Call(rctx, op2, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: k}, &got); err != nil {
 				return fmt.Errorf("secret %s: %w", k, err)
 			}
 			if got.Value != minted[k] {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/deploy"
@@ -113,7 +114,7 @@ func (n *Node) newSupervisor() {
 	n.mods.supervisor = &host.Supervisor{
 		Sandbox: n.mods.sandbox,
 		Users:   n.mods.users,
-		Limits:  sandbox.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
+		Limits:  api.Limits{Memory: int64(n.cfg.ModuleMemory), Processes: n.cfg.ModuleProcesses, Disk: int64(n.cfg.ModuleDisk)},
 		Dir:     filepath.Join(n.cfg.DataDir, "modules"),
 		Node:    n.id.Name,
 		URL:     fixedClientURL(n.cfg.ClientAddr),
@@ -185,7 +186,7 @@ func (n *Node) apply(ctx context.Context, d deploy.Declaration) {
 
 // moduleCredentials asks the vault for a module's seed and secrets, sealed to this node's
 // xkey: the vault gives them only to a node whose declaration runs the module.
-func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.ModuleCredentials, error) {
+func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*api.ModuleCredentials, error) {
 	if err := n.waitBus(ctx); err != nil {
 		return nil, err
 	}
@@ -194,10 +195,10 @@ func (n *Node) moduleCredentials(ctx context.Context, m deploy.Module) (*vault.M
 		return nil, err
 	}
 	xpub, _ := xkp.PublicKey()
-	var out vault.ModuleCredentials
+	var out api.ModuleCredentials
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := vault.CallWith(ctx, n.bus.Conn(), xkp, vault.VerbModule, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name, Owner: m.Module}, &out); err != nil {
+	if _, err := vault.CallWith(ctx, n.bus.Conn(), xkp, api.VaultVerbModule, api.VaultCallerNode, api.VaultRequest{XKey: xpub, Node: n.id.Name, Owner: m.Module}, &out); err != nil {
 		return nil, err
 	}
 	if out.PublicKey != m.PublicKey {
@@ -291,9 +292,9 @@ func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Sig
 // serveLogs answers the node's logs tool (the operator's: the responder answers only into
 // its inbox).
 func (n *Node) serveLogs() (*nats.Subscription, error) {
-	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, host.LogsTool), func(m *nats.Msg) {
-		var req host.LogsRequest
-		reply := host.LogsReply{}
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.LogsTool), func(m *nats.Msg) {
+		var req api.LogsRequest
+		reply := api.LogsReply{}
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply.Error = "the request is not JSON"
 		} else if r, err := host.ReadLog(n.mods.supervisor.Dir, req); err != nil {

@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -31,49 +31,6 @@ type front struct {
 
 // readyTimeout bounds the JetStream round trip behind /readyz.
 const readyTimeout = 2 * time.Second
-
-// Status is what /v1/status and `meshnode status --json` report.
-type Status struct {
-	Name          string          `json:"name"`
-	MeshID        string          `json:"mesh_id"`
-	Version       string          `json:"version"`
-	ClientURL     string          `json:"client_url"`
-	HTTPURL       string          `json:"http_url"`
-	ClusterAddr   string          `json:"cluster_addr"`
-	GossipAddr    string          `json:"gossip_addr"`
-	Ready         bool            `json:"ready"`
-	Reason        string          `json:"reason,omitempty"`  // why not ready
-	Growing       string          `json:"growing,omitempty"` // a single node growing into a mesh: how far
-	Started       time.Time       `json:"started"`
-	UptimeSeconds float64         `json:"uptime_seconds"`
-	Connections   int             `json:"connections"`
-	JetStream     JetStreamStatus `json:"jetstream"`
-	Audit         AuditStatus     `json:"audit"`
-}
-
-// AuditStatus is the audit logger's part of Status.
-type AuditStatus struct {
-	Records uint64 `json:"records"` // records kept
-	Audited uint64 `json:"audited"` // every EVENTS sequence up to this one is in the log (the consumer's ack floor)
-	Lag     uint64 `json:"lag"`     // EVENTS' last sequence − Audited
-	// Missed counts events that left EVENTS before the log read them (its per-subject cap or
-	// age limit evicted them while the log was behind, or they were deleted): gaps.
-	Missed uint64 `json:"missed"`
-}
-
-// JetStreamStatus is the JetStream part of Status.
-type JetStreamStatus struct {
-	Enabled bool   `json:"enabled"`
-	Mode    string `json:"mode"` // "standalone" or "clustered", as the server reports it
-	// MetaLeader and Peers describe a clustered server's meta group: its leader ("" while
-	// there is none) and every peer, with whether it is current.
-	MetaLeader string          `json:"meta_leader,omitempty"`
-	Peers      map[string]bool `json:"peers,omitempty"`
-	Streams    int             `json:"streams"`
-	Consumers  int             `json:"consumers"`
-	Messages   uint64          `json:"messages"`
-	Bytes      uint64          `json:"bytes"`
-}
 
 // serveEarly serves the HTTP listener from the moment it is bound: while the node opens —
 // a founding node waiting for its peers, a restart waiting for a majority — /healthz says it
@@ -121,7 +78,7 @@ func (n *Node) startHandler() http.Handler {
 	}
 	mux.HandleFunc("GET /readyz", notReady)
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, Status{Name: n.id.Name, MeshID: n.id.MeshID, Version: Version(), HTTPURL: n.HTTPURL(),
+		writeJSON(w, http.StatusOK, api.NodeStatus{Name: n.id.Name, MeshID: n.id.MeshID, Version: Version(), HTTPURL: n.HTTPURL(),
 			ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started,
 			UptimeSeconds: time.Since(n.started).Seconds(), Reason: *n.web.phase.Load()})
 	})
@@ -184,7 +141,7 @@ func (m dashboardMesh) Streams(consumers bool) ([]embedbus.StreamState, error) {
 	return m.n.bus.Streams(consumers)
 }
 
-func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []seats.Status {
+func (m dashboardMesh) Seats(backlog func(stream string) (uint64, bool)) []api.SeatStatus {
 	if m.n.seats == nil {
 		return nil
 	}
@@ -205,9 +162,9 @@ func (n *Node) ready(ctx context.Context) error {
 }
 
 // Status reports the node's state.
-func (n *Node) Status(ctx context.Context) Status {
+func (n *Node) Status(ctx context.Context) api.NodeStatus {
 	st := n.bus.Stats()
-	s := Status{
+	s := api.NodeStatus{
 		Name:          n.id.Name,
 		MeshID:        n.id.MeshID,
 		Version:       Version(),
@@ -219,7 +176,7 @@ func (n *Node) Status(ctx context.Context) Status {
 		UptimeSeconds: time.Since(n.started).Seconds(),
 		Connections:   st.Connections,
 		Growing:       n.Growing(),
-		JetStream: JetStreamStatus{
+		JetStream: api.NodeJetStreamStatus{
 			Enabled:   true,
 			Mode:      "standalone",
 			Streams:   st.Streams,
@@ -241,11 +198,11 @@ func (n *Node) Status(ctx context.Context) Status {
 }
 
 // auditStatus reads the audit log's counters and its lag behind EVENTS.
-func (n *Node) auditStatus(ctx context.Context) AuditStatus {
+func (n *Node) auditStatus(ctx context.Context) api.NodeAuditStatus {
 	if n.audit == nil {
-		return AuditStatus{}
+		return api.NodeAuditStatus{}
 	}
-	st := AuditStatus{Records: n.audit.Records(), Missed: n.audit.Missed()}
+	st := api.NodeAuditStatus{Records: n.audit.Records(), Missed: n.audit.Missed()}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	// The ack floor, not the last sequence written: after a crash the batch that was in
@@ -270,19 +227,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc.Encode(v)
 }
 
-// Member is one server of the mesh, as `meshnode members` shows it.
-type Member struct {
-	Name      string   `json:"name"`
-	Address   string   `json:"address"`   // gossip address; the client URL for a single node
-	State     string   `json:"state"`     // alive, suspect, dead, left
-	JetStream string   `json:"jetstream"` // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
-	Seats     []string `json:"seats"`     // the seats held by this node or its modules
-	Client    string   `json:"client,omitempty"`
-}
-
 // Members lists the mesh's servers as this node sees them.
-func (n *Node) Members() []Member {
-	var out []Member
+func (n *Node) Members() []api.NodeMember {
+	var out []api.NodeMember
 	leader := n.bus.MetaLeader()
 	held := map[string][]string{}
 	if n.seats != nil {
@@ -309,12 +256,12 @@ func (n *Node) Members() []Member {
 		return "follower"
 	}
 	if n.mesh.members == nil {
-		return []Member{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Client: n.bus.ClientURL()}}
+		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Client: n.bus.ClientURL()}}
 	}
 	for _, m := range n.mesh.members.Members() {
-		out = append(out, Member{Name: m.Name, Address: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Client: m.Client})
+		out = append(out, api.NodeMember{Name: m.Name, Address: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Client: m.Client})
 	}
-	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b api.NodeMember) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -91,9 +90,9 @@ func TestIntegration_MetricsCardinality(t *testing.T) {
 		names[v] = true
 	}
 	// The controller's tools, as their subjects name them (whoami.<key> is whoami).
-	for _, subject := range []string{registry.RegisterSubject, registry.RemoveSubject, registry.ListSubject, registry.PinSubject,
-		registry.DeploySubject, registry.UndeploySubject, registry.PsSubject, registry.BuildsSubject, registry.ProvisionsSubject,
-		registry.ProvideSubject, seats.ListSubject, manifest.WhoamiSubjects} {
+	for _, subject := range []string{api.RegisterSubject, api.RemoveSubject, api.ListSubject, api.PinSubject,
+		api.DeploySubject, api.UndeploySubject, api.PsSubject, api.BuildsSubject, api.ProvisionsSubject,
+		api.ProvideSubject, api.SeatListSubject, manifest.WhoamiSubjects} {
 		_, tool, _ := strings.Cut(subject, ".tool.")
 		tool, _, _ = strings.Cut(tool, ".")
 		names[tool] = true

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
@@ -58,7 +59,7 @@ func TestMetrics_Golden(t *testing.T) {
 	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := vault.Call(ctx, b.op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+	if _, err := vault.Call(ctx, b.op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	shop := b.client(shopSeed)
@@ -109,7 +110,7 @@ func TestMetrics_Golden(t *testing.T) {
 	})
 	// Reports the node does not take: another node's instance, an undeclared tool.
 	forged := func(node, tool string) []byte {
-		b, _ := json.Marshal(toolstats.Report{Instance: "x", Node: node, Tools: map[string]toolstats.Tool{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
+		b, _ := json.Marshal(api.ToolStatsReport{Instance: "x", Node: node, Tools: map[string]api.ToolHistogram{tool: {Count: 7, Buckets: make([]uint64, len(toolstats.Buckets))}}})
 		return b
 	}
 	b.op.Publish(manifest.StatsSubject("desk", "alpha"), forged("elsewhere", "status"))

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/config"
@@ -562,7 +563,7 @@ func (n *Node) openServices(ctx context.Context, vaultKey nkeys.KeyPair, leases 
 // lost: not an empty mesh (drift.go). Only the genesis node marks the buckets (at the mesh's
 // first start, and for a mesh from before markers): a node that joined cannot tell a new
 // bucket from a lost one made again, and its mark would clear the others' alarm. It also
-// reports bad records and serves ToolAcceptLoss.
+// reports bad records and serves api.NodeToolAcceptLoss.
 func (n *Node) checkBuckets(ctx context.Context) (err error) {
 	known := knowsBuckets(n.db)
 	_, genesisErr := genesis.New(n.db).Record()
@@ -576,8 +577,8 @@ func (n *Node) checkBuckets(ctx context.Context) (err error) {
 		}
 	}
 	n.checkBadRecords()
-	if err := n.subscribe(ToolAcceptLoss+" tool", n.serveAcceptLoss); err != nil {
-		return fmt.Errorf("serve %s: %w", ToolAcceptLoss, err)
+	if err := n.subscribe(api.NodeToolAcceptLoss+" tool", n.serveAcceptLoss); err != nil {
+		return fmt.Errorf("serve %s: %w", api.NodeToolAcceptLoss, err)
 	}
 	return nil
 }
@@ -654,7 +655,7 @@ func (n *Node) announce() (err error) {
 	}
 	n.mesh.work = lifecycle.NewGroup(context.Background())
 	n.closers.PushFunc("cluster tools' work", n.mesh.work.Close)
-	for _, tool := range []string{ToolLeave, ToolRemove} {
+	for _, tool := range []string{api.NodeToolLeave, api.NodeToolRemove} {
 		if err := n.subscribe(tool+" tool", func() (*nats.Subscription, error) { return n.serveCluster(tool) }); err != nil {
 			return fmt.Errorf("serve cluster tools: %w", err)
 		}
@@ -766,11 +767,11 @@ func (n *Node) enrolVault(ctx context.Context) error {
 		return err
 	}
 	xpub, _ := xkp.PublicKey()
-	var out vault.ServerSecrets
+	var out api.ServerSecrets
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, vault.VerbServer, vault.CallerNode, vault.Request{XKey: xpub, Node: n.id.Name}, &out)
+		_, err := vault.CallWith(actx, n.bus.Conn(), xkp, api.VaultVerbServer, api.VaultCallerNode, api.VaultRequest{XKey: xpub, Node: n.id.Name}, &out)
 		cancel()
 		if err == nil {
 			break
@@ -1005,8 +1006,8 @@ func (n *Node) handOff(ctx context.Context) error {
 	if !n.cfg.Holds(manifest.VaultSeat) {
 		return fmt.Errorf("genesis hand-off: this node founds the mesh and holds the vault's credentials, so it must serve the vault until the hand-off is done: add %s to mesh-seats", manifest.VaultSeat)
 	}
-	var id vault.Identity
-	if _, err := vault.Call(ctx, n.bus.Conn(), vault.VerbIdentity, vault.CallerNode, vault.Request{Owner: vault.CallerOperator}, &id); err != nil {
+	var id api.Identity
+	if _, err := vault.Call(ctx, n.bus.Conn(), api.VaultVerbIdentity, api.VaultCallerNode, api.VaultRequest{Owner: api.VaultCallerOperator}, &id); err != nil {
 		return fmt.Errorf("genesis hand-off: the vault could not mint the operator credential: %w", err)
 	}
 	if err := datadir.WriteFileAtomic(filepath.Join(n.cfg.DataDir, datadir.OperatorSeedFile), []byte(id.Seed+"\n"), 0o600); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -68,7 +69,7 @@ func TestOutbox_RegistryEvents(t *testing.T) {
 		return nil
 	})
 
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "shop"}); err != nil {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "shop"}); err != nil {
 		t.Fatal(err)
 	}
 	event(registry.EventRemoved, "shop")
@@ -94,7 +95,7 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 	b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.register("module: gone\nrequires: [mesh-bus]\n")
 	b.register("module: back\nrequires: [mesh-bus]\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "shop", Name: "key"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "shop", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -166,7 +167,7 @@ func TestOutbox_PublishedAfterACrash(t *testing.T) {
 	for id, subject := range map[string]string{
 		registered: manifest.NodeEventSubject("alpha", registry.EventRegistered),
 		removed:    manifest.NodeEventSubject("alpha", registry.EventRemoved),
-		rotated:    vault.EventSubject("rotated"),
+		rotated:    api.VaultEventSubject("rotated"),
 	} {
 		retryUntil(t, 20*time.Second, func() error {
 			if n := eventWithID(t, b, subject, id); n != 1 {

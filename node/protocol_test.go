@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -339,10 +340,10 @@ func TestProtocol_BreakingChangesNameTheBound(t *testing.T) {
 	}
 
 	// (c) removing the declarer
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "mail"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "shop uses seat mailer") {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "mail"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "shop uses seat mailer") {
 		t.Fatalf("removing the declarer of a used seat: %v, want a refusal naming shop", err)
 	}
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "mail", Force: true}); err != nil {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "mail", Force: true}); err != nil {
 		t.Fatalf("a forced removal: %v", err)
 	}
 	events, err := b.js.Stream(ctx, manifest.EventsStreamName)

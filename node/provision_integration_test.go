@@ -19,12 +19,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -61,11 +61,11 @@ func newPgBed(t testing.TB, interval time.Duration) *pgBed {
 	b.register(string(m))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req := vault.Request{Owner: "postgres-provisioner", Name: "admin-url"}
-	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, []byte(pg.URL)); err != nil {
+	req := api.VaultRequest{Owner: "postgres-provisioner", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, api.VaultCallerOperator, &req, []byte(pg.URL)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.vault(vault.VerbMint, req, &vault.Secret{}); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, req, &api.Secret{}); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -107,7 +107,7 @@ func (b *pgBed) database(t testing.TB, name string) (bool, int) {
 }
 
 // credential reads the credential the host gave consumer (its own 0600 file).
-func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
+func (b *pgBed) credential(t testing.TB, consumer string) api.Provisioned {
 	t.Helper()
 	path := filepath.Join(b.dir, "modules", consumer, "provisions.json")
 	fi, err := os.Stat(path)
@@ -118,7 +118,7 @@ func (b *pgBed) credential(t testing.TB, consumer string) vault.Provisioned {
 		t.Fatalf("%s is %v, want 0600", path, fi.Mode().Perm())
 	}
 	raw, _ := os.ReadFile(path)
-	var ps map[string]vault.Provisioned
+	var ps map[string]api.Provisioned
 	if err := json.Unmarshal(raw, &ps); err != nil {
 		t.Fatal(err)
 	}
@@ -276,12 +276,12 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 
 	// An orphan on the real server — made through the provisioner for a consumer no module
 	// is — is removed at the next holds pass, with an event.
-	intake, err := vault.IntakeKey(ctx, b.op, vault.CallerOperator)
+	intake, err := vault.IntakeKey(ctx, b.op, api.VaultCallerOperator)
 	if err != nil {
 		t.Fatal(err)
 	}
 	seat := provision.Seat{NC: b.op, Name: "postgres", Node: "bed"}
-	if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: "ghost", Interface: "postgres", XKey: intake}); err != nil {
+	if _, err := seat.Create(ctx, api.ProvisionCreateRequest{Consumer: "ghost", Interface: "postgres", XKey: intake}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := b.database(t, "mesh_ghost"); !ok {
@@ -319,7 +319,7 @@ func TestIntegration_ProvisionPostgres(t *testing.T) {
 	})
 
 	// Undeployed: the database and the role are gone.
-	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "app-a"}); err != nil {
+	if _, err := admin.Undeploy(ctx, b.op, api.UndeployRequest{Module: "app-a"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 20*time.Second, func() error {
@@ -358,7 +358,7 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 		return err
 	})
 	// The provider's own create, called as the controller calls it.
-	key, err := vault.IntakeKey(ctx, pb.op, vault.CallerOperator)
+	key, err := vault.IntakeKey(ctx, pb.op, api.VaultCallerOperator)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func BenchmarkProvisionToRunning(b *testing.B) {
 		b.StopTimer()
 		direct := fmt.Sprintf("direct-%d", i)
 		start := time.Now()
-		if _, err := seat.Create(ctx, provision.CreateRequest{Consumer: direct, Interface: "postgres", XKey: key}); err != nil {
+		if _, err := seat.Create(ctx, api.ProvisionCreateRequest{Consumer: direct, Interface: "postgres", XKey: key}); err != nil {
 			b.Fatal(err)
 		}
 		creates = append(creates, time.Since(start))

@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,7 +29,7 @@ import (
 )
 
 // provisions returns the controller's provision rows, by consumer and interface.
-func (b *bed) provisions(t testing.TB) map[string]provision.Record {
+func (b *bed) provisions(t testing.TB) map[string]api.Provision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func (b *bed) provisions(t testing.TB) map[string]provision.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]provision.Record{}
+	out := map[string]api.Provision{}
 	for _, r := range rs {
 		out[provision.Key(r.Consumer, r.Interface)] = r
 	}
@@ -167,7 +167,7 @@ func TestProvision_KV(t *testing.T) {
 	})
 
 	// Undeployed: the bucket is gone, and an event says so.
-	if _, err := admin.Undeploy(ctx, b.op, registry.UndeployRequest{Module: "store"}); err != nil {
+	if _, err := admin.Undeploy(ctx, b.op, api.UndeployRequest{Module: "store"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
@@ -275,21 +275,21 @@ func TestVault_GivenValue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	value := []byte("postgres://admin:" + strings.Repeat("s3cr3t", 4) + "@127.0.0.1:5432/postgres")
-	req := vault.Request{Owner: "shop", Name: "admin-url"}
-	if err := vault.Give(ctx, b.op, vault.CallerOperator, &req, value); err != nil {
+	req := api.VaultRequest{Owner: "shop", Name: "admin-url"}
+	if err := vault.Give(ctx, b.op, api.VaultCallerOperator, &req, value); err != nil {
 		t.Fatal(err)
 	}
-	var s vault.Secret
-	if _, err := b.vault(vault.VerbMint, req, &s); err != nil || s.Value != string(value) {
+	var s api.Secret
+	if _, err := b.vault(api.VaultVerbMint, req, &s); err != nil || s.Value != string(value) {
 		t.Fatalf("mint with a given value: %q %v", s.Value, err)
 	}
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "shop", Name: "admin-url"}, &s); err != nil || s.Value != string(value) {
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "shop", Name: "admin-url"}, &s); err != nil || s.Value != string(value) {
 		t.Fatalf("fetch: %q %v", s.Value, err)
 	}
 	other, _ := nkeys.CreateCurveKeys()
 	otherPub, _ := other.PublicKey()
 	sealed, sender, _ := vault.Seal(otherPub, []byte("x"))
-	if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: "shop", Name: "admin-url", Sealed: sealed, Sender: sender}, &s); err == nil || !strings.Contains(err.Error(), "intake key") {
+	if _, err := b.vault(api.VaultVerbRotate, api.VaultRequest{Owner: "shop", Name: "admin-url", Sealed: sealed, Sender: sender}, &s); err == nil || !strings.Contains(err.Error(), "intake key") {
 		t.Fatalf("a value sealed to another key: %v", err)
 	}
 	if got := b.streamsHolding(t, value); len(got) > 0 {
@@ -318,7 +318,7 @@ type memProvider struct {
 func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 	return sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{
 		"create": func(_ context.Context, r sdk.Request) ([]byte, error) {
-			var req provision.CreateRequest
+			var req api.ProvisionCreateRequest
 			if err := json.Unmarshal(r.Data, &req); err != nil {
 				return nil, err
 			}
@@ -326,15 +326,15 @@ func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 			p.held[req.Consumer] = true
 			p.creates++
 			p.mu.Unlock()
-			reply, err := provision.Seal(provision.Credential{Env: map[string]string{
-				vault.EnvPrefix(iface) + "URL": "cache://" + req.Consumer + ":pw-" + req.Consumer + "@127.0.0.1/"}}, req)
+			reply, err := provision.Seal(api.Provisioned{Env: map[string]string{
+				api.EnvPrefix(iface) + "URL": "cache://" + req.Consumer + ":pw-" + req.Consumer + "@127.0.0.1/"}}, req)
 			if err != nil {
 				return nil, err
 			}
 			return json.Marshal(reply)
 		},
 		"remove": func(_ context.Context, r sdk.Request) ([]byte, error) {
-			var req provision.RemoveRequest
+			var req api.ProvisionRemoveRequest
 			json.Unmarshal(r.Data, &req)
 			p.mu.Lock()
 			delete(p.held, req.Consumer)
@@ -344,7 +344,7 @@ func (p *memProvider) handlers(iface string) sdk.SeatHandlers {
 		"holds": func(context.Context, sdk.Request) ([]byte, error) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			return json.Marshal(provision.HoldsReply{Consumers: slices.Sorted(maps.Keys(p.held))})
+			return json.Marshal(api.ProvisionHoldsReply{Consumers: slices.Sorted(maps.Keys(p.held))})
 		},
 	}}
 }
@@ -378,10 +378,10 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-c"}); err == nil || !strings.Contains(err.Error(), "does not provide cache") {
+	if _, err := admin.Provide(ctx, b.op, api.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-c"}); err == nil || !strings.Contains(err.Error(), "does not provide cache") {
 		t.Fatalf("choosing a seat that does not provide it: %v", err)
 	}
-	if _, err := admin.Provide(ctx, b.op, registry.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-a"}); err != nil {
+	if _, err := admin.Provide(ctx, b.op, api.ProvideRequest{Module: "app", Interface: "cache", Provider: "cache-a"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
@@ -412,7 +412,7 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 	if got := b.streamsHolding(t, []byte("pw-app")); len(got) > 0 {
 		t.Fatalf("the credential is in streams: %v", got)
 	}
-	if _, err := admin.Remove(ctx, b.op, registry.RemoveRequest{Module: "app"}); err != nil {
+	if _, err := admin.Remove(ctx, b.op, api.RemoveRequest{Module: "app"}); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 10*time.Second, func() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deadletter"
@@ -111,7 +112,7 @@ func vaultPermissions(node string) manifest.Permissions {
 			"$JS.API.CONSUMER.CREATE." + kv, "$JS.API.CONSUMER.CREATE." + kv + ".>",
 			"$JS.API.CONSUMER.DELETE." + kv + ".>", "$JS.API.CONSUMER.INFO." + kv + ".>",
 			"$JS.API.CONSUMER.MSG.NEXT." + kv + ".>", "$JS.FC." + kv + ".>", "$JS.ACK." + kv + ".>",
-			vault.EventSubject(">"),
+			api.VaultEventSubject(">"),
 		},
 		Subscribe: []manifest.Subscription{{Subject: partInbox("vault", node) + ".>"}},
 	}
@@ -142,7 +143,7 @@ func nodePermissions(node string) manifest.Permissions {
 		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
 		manifest.StateSubject("*"),          // the controller declares every node
 		manifest.SeatToolSubject(manifest.ControllerSeat, ">"),
-		vault.ToolSubject("*", vault.CallerNode),
+		api.VaultToolSubject("*", api.VaultCallerNode),
 		manifest.SeatToolSubject(build.GitSeat, ">"),     // archive, changed
 		manifest.SeatToolSubject(build.BuilderSeat, ">"), // status
 		manifest.SeatEventSubject(manifest.ControllerSeat, ">"),
@@ -152,7 +153,7 @@ func nodePermissions(node string) manifest.Permissions {
 		"mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
 		manifest.ReplayEvents, // the dashboard's replay, of what the letter's source could publish
 	}
-	for _, tool := range []string{provision.ToolCreate, provision.ToolRemove, provision.ToolHolds} {
+	for _, tool := range []string{api.ProvisionToolCreate, api.ProvisionToolRemove, api.ProvisionToolHolds} {
 		pub = append(pub, manifest.SeatToolSubject("*", tool))
 	}
 	return manifest.Permissions{

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 )
 
@@ -178,15 +178,15 @@ func TestSeat_QueuedWorkSurvivesNoHolder(t *testing.T) {
 }
 
 // seatStatus asks the controller for one seat's status, as `meshnode seat ls` does.
-func seatStatus(t *testing.T, b *bed, seat string) seats.Status {
+func seatStatus(t *testing.T, b *bed, seat string) api.SeatStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	msg, err := b.op.RequestWithContext(ctx, seats.ListSubject, []byte("{}"))
+	msg, err := b.op.RequestWithContext(ctx, api.SeatListSubject, []byte("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reply seats.ListReply
+	var reply api.SeatListReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func seatStatus(t *testing.T, b *bed, seat string) seats.Status {
 		}
 	}
 	t.Fatalf("seat %s not listed: %s", seat, msg.Data)
-	return seats.Status{}
+	return api.SeatStatus{}
 }
 
 // TestSeat_HolderDiesMidJob: the holder takes a job and its connection drops without an ack;

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
@@ -54,7 +55,7 @@ type seatService struct {
 	// each second).
 	versionsMu  sync.Mutex
 	versionsRev uint64
-	versions    map[string][]seats.VersionStatus
+	versions    map[string][]api.SeatVersionStatus
 
 	nodeMu  sync.Mutex // serialises starting and stopping the mesh's own seats
 	grantMu sync.Mutex
@@ -308,7 +309,7 @@ func (s *seatService) start() error {
 		}
 		if ok, tell := s.gate.Allow(module); !ok {
 			if tell { // once a second; the others are dropped, so a flood costs no replies
-				b, _ := json.Marshal(seats.Reply{Error: fmt.Sprintf("too many seat requests from module %s (more than %.0f a second, the node's rate-limit); slow down and retry", module, s.gate.PerSecond())})
+				b, _ := json.Marshal(api.SeatReply{Error: fmt.Sprintf("too many seat requests from module %s (more than %.0f a second, the node's rate-limit); slow down and retry", module, s.gate.PerSecond())})
 				m.Respond(b)
 			}
 			return
@@ -352,12 +353,12 @@ func (s *seatService) stop() {
 	}
 }
 
-func (s *seatService) handle(module string, data []byte) seats.Reply {
-	var req seats.Request
+func (s *seatService) handle(module string, data []byte) api.SeatReply {
+	var req api.SeatRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return seats.Reply{Error: "seat: the request is not JSON"}
+		return api.SeatReply{Error: "seat: the request is not JSON"}
 	}
-	reply := seats.Reply{Seat: req.Seat}
+	reply := api.SeatReply{Seat: req.Seat}
 	e, ok := s.reg.Get(module)
 	if !ok {
 		reply.Error = fmt.Sprintf("module %s is not registered", module)
@@ -409,10 +410,10 @@ func (s *seatService) alive(c seats.Candidate) bool {
 
 // versionStatus is each version of seat's protocol with the modules bound to it; one nobody
 // is bound to is retirable.
-func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []seats.VersionStatus {
-	var out []seats.VersionStatus
+func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []api.SeatVersionStatus {
+	var out []api.SeatVersionStatus
 	for _, v := range seat.VersionNames() {
-		vs := seats.VersionStatus{Version: v, Bound: []string{}}
+		vs := api.SeatVersionStatus{Version: v, Bound: []string{}}
 		for _, b := range bindings {
 			if manifest.NormalVersion(b.Version) == v {
 				vs.Bound = append(vs.Bound, b.Module)
@@ -426,7 +427,7 @@ func versionStatus(seat manifest.Seat, bindings []manifest.Binding) []seats.Vers
 
 // status lists every seat: the mesh's own and every registered module's, with holders and
 // backlogs.
-func (s *seatService) status(ctx context.Context) []seats.Status {
+func (s *seatService) status(ctx context.Context) []api.SeatStatus {
 	return s.statusWith(func(stream string) (uint64, bool) {
 		st, err := s.bus.JetStream().Stream(ctx, stream)
 		if err != nil {
@@ -437,12 +438,12 @@ func (s *seatService) status(ctx context.Context) []seats.Status {
 }
 
 // versionsOf is versionStatus of seat's bindings, worked out once per registry revision.
-func (s *seatService) versionsOf(seat manifest.Seat) []seats.VersionStatus {
+func (s *seatService) versionsOf(seat manifest.Seat) []api.SeatVersionStatus {
 	rev := s.reg.Revision()
 	s.versionsMu.Lock()
 	defer s.versionsMu.Unlock()
 	if s.versions == nil || s.versionsRev != rev {
-		s.versions, s.versionsRev = map[string][]seats.VersionStatus{}, rev
+		s.versions, s.versionsRev = map[string][]api.SeatVersionStatus{}, rev
 	}
 	v, ok := s.versions[seat.Name]
 	if !ok {
@@ -454,9 +455,9 @@ func (s *seatService) versionsOf(seat manifest.Seat) []seats.VersionStatus {
 
 // statusWith is status with each seat's backlog read by backlog (the dashboard reads the
 // streams in-process).
-func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []seats.Status {
-	var out []seats.Status
-	add := func(st seats.Status, key string) {
+func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []api.SeatStatus {
+	var out []api.SeatStatus
+	add := func(st api.SeatStatus, key string) {
 		if l, ok := s.store.Get(key); ok {
 			since := l.Since
 			st.Holder, st.HolderAt, st.Epoch, st.Since = l.Instance, l.Node, l.Epoch, &since
@@ -466,11 +467,11 @@ func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []s
 		}
 		out = append(out, st)
 	}
-	add(seats.Status{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
-	add(seats.Status{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
+	add(api.SeatStatus{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh}, manifest.ControllerSeat)
+	add(api.SeatStatus{Seat: manifest.VaultSeat, Scope: manifest.ScopeMesh}, manifest.VaultSeat)
 	for _, seat := range []string{build.GitSeat, build.BuilderSeat} {
 		if _, declared := s.reg.Declarer(seat); !declared {
-			add(seats.Status{Seat: seat, Scope: manifest.ScopeMesh}, seat)
+			add(api.SeatStatus{Seat: seat, Scope: manifest.ScopeMesh}, seat)
 		}
 	}
 	users := map[string][]string{}
@@ -482,7 +483,7 @@ func (s *seatService) statusWith(backlog func(stream string) (uint64, bool)) []s
 	}
 	for _, e := range entries {
 		for _, seat := range e.Manifest.Seats {
-			st := seats.Status{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name],
+			st := api.SeatStatus{Seat: seat.Name, Scope: seat.Scope, Module: e.Module, Users: users[seat.Name],
 				Versions: s.versionsOf(seat)}
 			if n, ok := backlog(manifest.SeatStreamName(seat.Name)); ok {
 				st.Backlog = n

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/nats-io/nats.go"
@@ -23,9 +24,6 @@ type certs struct {
 // by the node itself (meshca: the CA derives from the route credential), kept in the data
 // dir, renewed at start when due and by `meshnode cert rotate`, and swapped under running
 // connections: a handshake asks for the current one.
-
-// ToolCertRotate is the node's tool that renews its certificate: mesh.node.<node>.tool.cert-rotate.
-const ToolCertRotate = "cert-rotate"
 
 // clientTLSOn reports whether the client port is TLS.
 func (n *Node) clientTLSOn() bool {
@@ -116,7 +114,7 @@ func (n *Node) renewCerts(ctx context.Context) error {
 
 // serveCertRotate answers the node's cert-rotate tool.
 func (n *Node) serveCertRotate() (*nats.Subscription, error) {
-	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, ToolCertRotate), func(m *nats.Msg) {
+	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolCertRotate), func(m *nats.Msg) {
 		respondCluster(m, n.rotateCert())
 	})
 }

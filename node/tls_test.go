@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 )
@@ -41,7 +41,7 @@ func TestTLS_ClientPort(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("alpha", node.ToolCertRotate), nil)
+	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("alpha", api.NodeToolCertRotate), nil)
 	if err != nil || !strings.Contains(string(msg.Data), `"ok":true`) {
 		t.Fatalf("cert rotate: %v %s", err, msgData(msg))
 	}

@@ -18,12 +18,11 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nkeys"
 )
@@ -127,12 +126,12 @@ func TestUI_Deploy(t *testing.T) {
 	// A deployment with an environment, as the CLI makes one.
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
-	if _, err := admin.Deploy(dctx, b.op, registry.DeployRequest{Module: "ticker",
-		Deployment: deploy.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1, Env: map[string]string{"GREETING": "hi"}}}); err != nil {
+	if _, err := admin.Deploy(dctx, b.op, api.DeployRequest{Module: "ticker",
+		Deployment: api.Deployment{Version: "1", Nodes: []string{"alpha"}, Instances: 1, Env: map[string]string{"GREETING": "hi"}}}); err != nil {
 		t.Fatal(err)
 	}
 	code, body := post(op, csrf, "/ui/api/deploy", `{"module":"ticker","version":"1","instances":2}`)
-	var reply registry.DeployReply
+	var reply api.DeployReply
 	if json.Unmarshal([]byte(body), &reply); code != 200 || reply.Deployment == nil || reply.Deployment.Env["GREETING"] != "hi" || reply.Deployment.Instances != 2 {
 		t.Fatalf("deploy, keeping the CLI's environment: %d %s", code, body)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
@@ -47,8 +48,8 @@ func (b *bed) kvPut(bucket, key, value string) {
 // replaces a bad record. Before, a record without versions panicked every vault verb.
 func TestUntrusted_VaultRecords(t *testing.T) {
 	b := newBed(t)
-	var minted vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, &minted); err != nil {
+	var minted api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "smtp"}, &minted); err != nil {
 		t.Fatal(err)
 	}
 	b.kvPut(vault.Bucket, "secret.operator.empty", `{"owner":"operator","name":"empty"}`)
@@ -60,11 +61,11 @@ func TestUntrusted_VaultRecords(t *testing.T) {
 	// A mint of the last bad name conflicts until the vault's mirror holds that record (and
 	// so every one written before it), then replaces it.
 	retryUntil(t, 10*time.Second, func() error {
-		_, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "last"}, nil)
+		_, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "last"}, nil)
 		return err
 	})
 
-	metas, err := b.vault(vault.VerbList, vault.Request{Owner: vault.CallerOperator}, nil)
+	metas, err := b.vault(api.VaultVerbList, api.VaultRequest{Owner: api.VaultCallerOperator}, nil)
 	if err != nil {
 		t.Fatalf("list with bad records in the bucket: %v", err)
 	}
@@ -75,22 +76,22 @@ func TestUntrusted_VaultRecords(t *testing.T) {
 	if want := []string{"last", "smtp"}; !slices.Equal(names, want) {
 		t.Fatalf("list=%v, want %v (bad records skipped)", names, want)
 	}
-	var got vault.Secret
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, &got); err != nil || got.Value != minted.Value {
+	var got api.Secret
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "smtp"}, &got); err != nil || got.Value != minted.Value {
 		t.Fatalf("fetch smtp: %v (value equal: %v)", err, got.Value == minted.Value)
 	}
 	for _, name := range []string{"empty", "junk", "moved", "short"} {
-		if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not exist") {
+		if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: api.VaultCallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not exist") {
 			t.Errorf("fetch of bad record %s: %v, want a refusal saying it does not exist", name, err)
 		}
-		if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: vault.CallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) {
+		if _, err := b.vault(api.VaultVerbRotate, api.VaultRequest{Owner: api.VaultCallerOperator, Name: name}, nil); !errors.Is(err, vault.ErrRefused) {
 			t.Errorf("rotate of bad record %s: %v, want a refusal", name, err)
 		}
 	}
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "empty"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "empty"}, nil); err != nil {
 		t.Fatalf("mint over a bad record: %v", err)
 	}
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: vault.CallerOperator, Name: "empty"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "empty"}, nil); err != nil {
 		t.Fatalf("fetch of the secret minted over a bad record: %v", err)
 	}
 }
@@ -101,10 +102,10 @@ func TestUntrusted_VaultRecords(t *testing.T) {
 // registered over a garbage record.
 func TestUntrusted_RegistryRecords(t *testing.T) {
 	b := newBed(t)
-	seed, api := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	seed, apiMod := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.kvPut(registry.Bucket, "module.ghost", `garbage`)
 	b.kvPut(registry.Bucket, "module.api", `{"module":"api"}`)
-	b.kvPut(registry.Bucket, "module.thief", fmt.Sprintf(`{"module":"thief","public_key":%q,"manifest":"module: thief\nrequires: [mesh-bus]\n"}`, api.PublicKey))
+	b.kvPut(registry.Bucket, "module.thief", fmt.Sprintf(`{"module":"thief","public_key":%q,"manifest":"module: thief\nrequires: [mesh-bus]\n"}`, apiMod.PublicKey))
 	b.kvPut(registry.Bucket, "identity.operator", `not-a-key`)
 	b.kvPut(registry.Bucket, "identity.vault", `{}`)
 	b.kvPut(registry.Bucket, "identity.node.alpha", `[]`)
@@ -122,8 +123,8 @@ func TestUntrusted_RegistryRecords(t *testing.T) {
 	var names []string
 	for _, m := range mods {
 		names = append(names, m.Module)
-		if m.Module == "api" && m.PublicKey != api.PublicKey {
-			t.Errorf("api's key is %s, want %s", m.PublicKey, api.PublicKey)
+		if m.Module == "api" && m.PublicKey != apiMod.PublicKey {
+			t.Errorf("api's key is %s, want %s", m.PublicKey, apiMod.PublicKey)
 		}
 	}
 	if want := []string{"api", "beta"}; !slices.Equal(names, want) {
@@ -136,10 +137,10 @@ func TestUntrusted_RegistryRecords(t *testing.T) {
 	if _, reg := b.register("module: ghost\nrequires: [mesh-bus]\n"); !reg.Created {
 		t.Fatal("ghost over a garbage record: not created")
 	}
-	if _, reg := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed, order.paid]\n"); reg.Created || reg.PublicKey != api.PublicKey {
+	if _, reg := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed, order.paid]\n"); reg.Created || reg.PublicKey != apiMod.PublicKey {
 		t.Fatalf("api re-registered over a garbage record: created=%v key=%s", reg.Created, reg.PublicKey)
 	}
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "after"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "after"}, nil); err != nil {
 		t.Fatalf("vault after garbage identities: %v", err)
 	}
 }
@@ -200,12 +201,12 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	big := padded("big", 760_000)
-	req, _ := json.Marshal(registry.RegisterRequest{Manifest: big, XKey: "XAAAA"})
-	msg, err := b.op.RequestWithContext(ctx, registry.RegisterSubject, req)
+	req, _ := json.Marshal(api.RegisterRequest{Manifest: big, XKey: "XAAAA"})
+	msg, err := b.op.RequestWithContext(ctx, api.RegisterSubject, req)
 	if err != nil {
 		t.Fatalf("register a 760 KB manifest: %v", err)
 	}
-	var reply registry.RegisterReply
+	var reply api.RegisterReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		t.Fatal(err)
 	}
@@ -238,13 +239,13 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 		t.Fatalf("listed %v, want %v", got, want)
 	}
 	// One page is bounded: the first holds fewer than all twenty, and says where to go on.
-	msg, err = b.op.RequestWithContext(ctx, registry.ListSubject, []byte(`{}`))
+	msg, err = b.op.RequestWithContext(ctx, api.ListSubject, []byte(`{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var page registry.ListReply
+	var page api.ListReply
 	json.Unmarshal(msg.Data, &page)
-	if len(msg.Data) > registry.ListPageBytes+4096 || page.Next == "" || len(page.Modules) == 0 || len(page.Modules) >= 20 {
+	if len(msg.Data) > api.ListPageBytes+4096 || page.Next == "" || len(page.Modules) == 0 || len(page.Modules) >= 20 {
 		t.Fatalf("first page: %d bytes, %d modules, next %q", len(msg.Data), len(page.Modules), page.Next)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -51,8 +52,8 @@ func TestUntrusted_TokenRecords(t *testing.T) {
 
 	// A token minted after them reaches the vault's mirror after them (one ordered watch):
 	// once the vault answers, it has read every bogus record.
-	var tok vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &tok); err != nil {
+	var tok api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h"}, &tok); err != nil {
 		t.Fatalf("token create after bogus records: %v", err)
 	}
 	bearer, err := vault.ParseToken(tok.Token)
@@ -76,11 +77,11 @@ func TestUntrusted_TokenRecords(t *testing.T) {
 	}
 
 	// The vault keeps working: secrets and a second token.
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "smtp"}, nil); err != nil {
 		t.Fatalf("mint after bogus token records: %v", err)
 	}
-	var again vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &again); err != nil || again.ID == tok.ID {
+	var again api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h"}, &again); err != nil || again.ID == tok.ID {
 		t.Fatalf("a second token: %+v, %v", again, err)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/vault"
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nats.go"
 )
 
@@ -19,7 +19,7 @@ func BenchmarkVaultFetch(b *testing.B) {
 	cfg.RateLimit = 0 // the path's speed, not the rate limit's
 	bd := newBedAt(b, cfg)
 	seed, _ := bd.register("module: api\nrequires: [mesh-bus]\nsecrets: [k]\n")
-	if _, err := bd.vault(vault.VerbMint, vault.Request{Owner: "api", Name: "k"}, nil); err != nil {
+	if _, err := bd.vault(api.VaultVerbMint, api.VaultRequest{Owner: "api", Name: "k"}, nil); err != nil {
 		b.Fatal(err)
 	}
 	c := bd.client(seed)

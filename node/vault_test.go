@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
@@ -23,10 +24,10 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func (b *bed) vault(verb string, req vault.Request, out any) ([]vault.Meta, error) {
+func (b *bed) vault(verb string, req api.VaultRequest, out any) ([]api.VaultMeta, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return vault.Call(ctx, b.op, verb, vault.CallerOperator, req, out)
+	return vault.Call(ctx, b.op, verb, api.VaultCallerOperator, req, out)
 }
 
 // assertNotStored fails t for each needle found in any message of any stream, or in any file
@@ -85,14 +86,14 @@ func streamMessages(t *testing.T, js jetstream.JetStream) [][]byte {
 func TestVault_NoSecretInAnyStream(t *testing.T) {
 	b := newBed(t)
 	seed, _ := b.register("module: api\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
-	var minted, rotated vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "api", Name: "db-password"}, &minted); err != nil {
+	var minted, rotated api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "api", Name: "db-password"}, &minted); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: vault.CallerOperator, Name: "smtp"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "smtp"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.vault(vault.VerbRotate, vault.Request{Owner: "api", Name: "db-password"}, &rotated); err != nil {
+	if _, err := b.vault(api.VaultVerbRotate, api.VaultRequest{Owner: "api", Name: "db-password"}, &rotated); err != nil {
 		t.Fatal(err)
 	}
 	c := b.client(seed)
@@ -106,18 +107,18 @@ func TestVault_NoSecretInAnyStream(t *testing.T) {
 		t.Fatalf("module fetched %q, want the rotated value", got)
 	}
 	// The previous version stays readable for the grace period.
-	var prev vault.Secret
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "api", Name: "db-password", Version: 1}, &prev); err != nil || prev.Value != minted.Value {
+	var prev api.Secret
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "api", Name: "db-password", Version: 1}, &prev); err != nil || prev.Value != minted.Value {
 		t.Fatalf("version 1 after rotation: %q, %v", prev.Value, err)
 	}
 
 	// A sealed reply, captured off the wire.
-	raw, err := b.op.RequestWithContext(ctx, vault.ToolSubject(vault.VerbFetch, vault.CallerOperator),
-		mustJSON(vault.Request{XKey: newXKey(t), Owner: "api", Name: "db-password"}))
+	raw, err := b.op.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbFetch, api.VaultCallerOperator),
+		mustJSON(api.VaultRequest{XKey: newXKey(t), Owner: "api", Name: "db-password"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reply vault.Reply
+	var reply api.VaultReply
 	json.Unmarshal(raw.Data, &reply)
 	if len(reply.Sealed) == 0 {
 		t.Fatalf("fetch reply not sealed: %s", raw.Data)
@@ -141,7 +142,7 @@ func TestVault_NoSecretInAnyStream(t *testing.T) {
 	events, _ := b.js.Stream(ctx, manifest.EventsStreamName)
 	retryUntil(t, 10*time.Second, func() error {
 		for _, a := range []string{"minted", "rotated", "fetched", "identity-minted"} {
-			if _, err := events.GetLastMsgForSubject(ctx, vault.EventSubject(a)); err != nil {
+			if _, err := events.GetLastMsgForSubject(ctx, api.VaultEventSubject(a)); err != nil {
 				return fmt.Errorf("no vault event %s: %v", a, err)
 			}
 		}
@@ -155,8 +156,8 @@ func TestVault_Authority(t *testing.T) {
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nsecrets: [key-a]\n")
 	b.register("module: bb\nrequires: [mesh-bus]\nsecrets: [key-b]\n")
-	for _, r := range []vault.Request{{Owner: "a", Name: "key-a"}, {Owner: "bb", Name: "key-b"}} {
-		if _, err := b.vault(vault.VerbMint, r, nil); err != nil {
+	for _, r := range []api.VaultRequest{{Owner: "a", Name: "key-a"}, {Owner: "bb", Name: "key-b"}} {
+		if _, err := b.vault(api.VaultVerbMint, r, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,11 +172,11 @@ func TestVault_Authority(t *testing.T) {
 	}
 	nc := b.raw(seedA, "a")
 	// Past the sdk, the vault refuses it too.
-	if _, err := vault.Call(ctx, nc, vault.VerbFetch, vault.ModuleCaller("a"), vault.Request{Name: "key-b"}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not declare") {
+	if _, err := vault.Call(ctx, nc, api.VaultVerbFetch, api.VaultModuleCaller("a"), api.VaultRequest{Name: "key-b"}, nil); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "does not declare") {
 		t.Fatalf("another module's secret, asked of the vault: %v", err)
 	}
-	for _, s := range []string{vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller("bb")), vault.ToolSubject(vault.VerbFetch, vault.CallerOperator),
-		vault.ToolSubject(vault.VerbMint, "a"), vault.ToolSubject(vault.VerbIdentity, vault.CallerNode)} {
+	for _, s := range []string{api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("bb")), api.VaultToolSubject(api.VaultVerbFetch, api.VaultCallerOperator),
+		api.VaultToolSubject(api.VaultVerbMint, "a"), api.VaultToolSubject(api.VaultVerbIdentity, api.VaultCallerNode)} {
 		if !refusedPub(t, nc, s) {
 			t.Errorf("module a published on %s", s)
 		}
@@ -183,12 +184,12 @@ func TestVault_Authority(t *testing.T) {
 	// Only the asker's xkey opens the reply.
 	asker, _ := nkeys.CreateCurveKeys()
 	askerPub, _ := asker.PublicKey()
-	msg, err := b.op.RequestWithContext(ctx, vault.ToolSubject(vault.VerbFetch, vault.CallerOperator),
-		mustJSON(vault.Request{XKey: askerPub, Owner: "a", Name: "key-a"}))
+	msg, err := b.op.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbFetch, api.VaultCallerOperator),
+		mustJSON(api.VaultRequest{XKey: askerPub, Owner: "a", Name: "key-a"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reply vault.Reply
+	var reply api.VaultReply
 	json.Unmarshal(msg.Data, &reply)
 	other, _ := nkeys.CreateCurveKeys()
 	if _, err := vault.Unseal(other, reply.Sender, reply.Sealed); err == nil {
@@ -208,8 +209,8 @@ func TestVault_GenesisAndRestart(t *testing.T) {
 	b := newBedAt(t, cfg)
 	b.register("module: a\nrequires: [mesh-bus]\nsecrets: [k]\n")
 	b.register("module: c\nrequires: [mesh-bus]\n")
-	var s vault.Secret
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "a", Name: "k"}, &s); err != nil {
+	var s api.Secret
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "a", Name: "k"}, &s); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -218,11 +219,11 @@ func TestVault_GenesisAndRestart(t *testing.T) {
 	// Events are published without waiting for the stream: poll until they are stored.
 	events, _ := b.js.Stream(ctx, manifest.EventsStreamName)
 	retryUntil(t, 10*time.Second, func() error {
-		info, err := events.Info(ctx, jetstream.WithSubjectFilter(vault.EventSubject("identity-minted")))
+		info, err := events.Info(ctx, jetstream.WithSubjectFilter(api.VaultEventSubject("identity-minted")))
 		if err != nil {
 			return err
 		}
-		if n := info.State.Subjects[vault.EventSubject("identity-minted")]; n != 3 {
+		if n := info.State.Subjects[api.VaultEventSubject("identity-minted")]; n != 3 {
 			return fmt.Errorf("%d identity-minted events, want 3 (operator, a, c)", n)
 		}
 		return nil
@@ -245,8 +246,8 @@ func TestVault_GenesisAndRestart(t *testing.T) {
 	db.Close()
 
 	b = newBedAt(t, cfg)
-	var again vault.Secret
-	if _, err := b.vault(vault.VerbFetch, vault.Request{Owner: "a", Name: "k"}, &again); err != nil || again.Value != s.Value {
+	var again api.Secret
+	if _, err := b.vault(api.VaultVerbFetch, api.VaultRequest{Owner: "a", Name: "k"}, &again); err != nil || again.Value != s.Value {
 		t.Fatalf("after restart: %q, %v; want %q", again.Value, err, s.Value)
 	}
 }
@@ -257,8 +258,8 @@ func TestVault_JoinTokens(t *testing.T) {
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var tok vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h", Uses: 1}, &tok); err != nil {
+	var tok api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h", Uses: 1}, &tok); err != nil {
 		t.Fatal(err)
 	}
 	xkp, _ := nkeys.CreateCurveKeys()
@@ -268,11 +269,11 @@ func TestVault_JoinTokens(t *testing.T) {
 	kp, _ := nkeys.FromSeed([]byte(bearer.Seed))
 	pub, _ := kp.PublicKey()
 	nc := connect(t, b.n.ClientURL(), writeSeed(t, bearer.Seed), nats.CustomInboxPrefix("_INBOX."+pub))
-	if _, err := vault.CallWith(ctx, nc, xkp, vault.VerbEnrol, bearer.ID, vault.Request{Node: "beta"}, nil); err == nil {
+	if _, err := vault.CallWith(ctx, nc, xkp, api.VaultVerbEnrol, bearer.ID, api.VaultRequest{Node: "beta"}, nil); err == nil {
 		t.Fatal("an enrol without an xkey was accepted")
 	}
 	// The token's key may do nothing but enrol.
-	for _, s := range []string{vault.ToolSubject(vault.VerbFetch, vault.CallerOperator), "mesh.mod.x.event.y", "$JS.API.STREAM.LIST"} {
+	for _, s := range []string{api.VaultToolSubject(api.VaultVerbFetch, api.VaultCallerOperator), "mesh.mod.x.event.y", "$JS.API.STREAM.LIST"} {
 		if !refusedPub(t, nc, s) {
 			t.Errorf("a join token published on %s", s)
 		}
@@ -290,8 +291,8 @@ func TestVault_JoinTokens(t *testing.T) {
 		t.Fatalf("second use: %v, want used up", err)
 	}
 	// A second node under a name that just enrolled is refused, and its token stays unused.
-	var again vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1h"}, &again); err != nil {
+	var again api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1h"}, &again); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 5*time.Second, func() error {
@@ -305,8 +306,8 @@ func TestVault_JoinTokens(t *testing.T) {
 		t.Fatalf("the token refused for a taken name was spent: %v", err)
 	}
 
-	var short vault.Token
-	if _, err := b.vault(vault.VerbToken, vault.Request{TTL: "1ms"}, &short); err != nil {
+	var short api.Token
+	if _, err := b.vault(api.VaultVerbToken, api.VaultRequest{TTL: "1ms"}, &short); err != nil {
 		t.Fatal(err)
 	}
 	retryUntil(t, 5*time.Second, func() error {
@@ -319,8 +320,8 @@ func TestVault_JoinTokens(t *testing.T) {
 
 	// A token of another mesh is refused at the door, naming the mesh it is for.
 	other := newBed(t)
-	var foreign vault.Token
-	if _, err := other.vault(vault.VerbToken, vault.Request{}, &foreign); err != nil {
+	var foreign api.Token
+	if _, err := other.vault(api.VaultVerbToken, api.VaultRequest{}, &foreign); err != nil {
 		t.Fatal(err)
 	}
 	fb, _ := vault.ParseToken(foreign.Token)
@@ -367,13 +368,13 @@ func writeSeed(t *testing.T, seed string) string {
 // sealed to that server's recorded xkey — not to the operator, not to another key.
 func TestVault_ServerCredentials(t *testing.T) {
 	b := newBed(t)
-	var out vault.ServerSecrets
-	if _, err := b.vault(vault.VerbServer, vault.Request{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) {
+	var out api.ServerSecrets
+	if _, err := b.vault(api.VaultVerbServer, api.VaultRequest{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) {
 		t.Fatalf("the operator asked for the barrier key: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := vault.Call(ctx, b.op, vault.VerbServer, vault.CallerNode, vault.Request{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "recorded xkey") {
+	if _, err := vault.Call(ctx, b.op, api.VaultVerbServer, api.VaultCallerNode, api.VaultRequest{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) || !strings.Contains(err.Error(), "recorded xkey") {
 		t.Fatalf("a key that is not the server's asked for the barrier key: %v", err)
 	}
 }
@@ -384,7 +385,7 @@ func TestVault_ServerCredentials(t *testing.T) {
 func TestVault_FetchesCounted(t *testing.T) {
 	b := newBed(t)
 	seed, _ := b.register("module: looper\nrequires: [mesh-bus]\nsecrets: [key]\n")
-	if _, err := b.vault(vault.VerbMint, vault.Request{Owner: "looper", Name: "key"}, nil); err != nil {
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "looper", Name: "key"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	c := b.client(seed)
@@ -406,7 +407,7 @@ func TestVault_FetchesCounted(t *testing.T) {
 		total := 0
 		var seq uint64
 		for {
-			m, err := events.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(vault.EventSubject("fetched")))
+			m, err := events.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(api.VaultEventSubject("fetched")))
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				break
 			}

@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 )
 
@@ -64,18 +63,18 @@ func TestProtocol_VersionsBesideEachOther(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	pin := func(module, version string) registry.PinReply {
+	pin := func(module, version string) api.PinReply {
 		t.Helper()
-		reply, err := admin.Pin(ctx, b.op, registry.PinRequest{Module: module, Seat: "mailer", Version: version})
+		reply, err := admin.Pin(ctx, b.op, api.PinRequest{Module: module, Seat: "mailer", Version: version})
 		if err != nil {
 			t.Fatalf("pin %s to %s: %v", module, version, err)
 		}
 		return reply
 	}
-	if _, err := admin.Pin(ctx, b.op, registry.PinRequest{Module: "new", Seat: "mailer", Version: "v3"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "v1, v2") {
+	if _, err := admin.Pin(ctx, b.op, api.PinRequest{Module: "new", Seat: "mailer", Version: "v3"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "v1, v2") {
 		t.Fatalf("pin to an undeclared version: %v, want a refusal naming v1, v2", err)
 	}
-	if _, err := admin.Pin(ctx, b.op, registry.PinRequest{Module: "mail", Seat: "mailer", Version: "v2"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "neither uses") {
+	if _, err := admin.Pin(ctx, b.op, api.PinRequest{Module: "mail", Seat: "mailer", Version: "v2"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "neither uses") {
 		t.Fatalf("pin of a module that does not use the seat: %v", err)
 	}
 	if r := pin("new", "v2"); r.Previous != "v1" || r.Retirable {
@@ -210,7 +209,7 @@ moved:
 	}
 	// The audit log takes the v2 event as the seat's, signed by its holder.
 	b.waitAudited(10 * time.Second)
-	if recs := b.auditAll("mailer"); !slices.ContainsFunc(recs, func(r audit.Record) bool {
+	if recs := b.auditAll("mailer"); !slices.ContainsFunc(recs, func(r api.AuditRecord) bool {
 		return r.Subject == manifest.SeatEventSubjectAt("mailer", "v2", "delivered") && r.Signed && r.SourceMatches
 	}) {
 		t.Fatalf("no signed, matching audit record of the v2 event among %d", len(recs))

@@ -7,7 +7,7 @@
 // provider seals it to the vault's xkey, and the host fetches it sealed to its own.
 //
 // This file is the wire: what the controller asks a provider and what a provider answers.
-// A provider written in Go uses Credential.Seal; one in another language seals the same
+// A provider written in Go uses Seal; one in another language seals the same
 // JSON with an xkey (curve25519, nkeys) to the request's XKey.
 package provision
 
@@ -23,13 +23,6 @@ import (
 	"github.com/meshnode/meshnode/vault"
 )
 
-// The provisioner tools (manifest.ProvisionerTools), as subjects' last tokens.
-const (
-	ToolCreate = "create"
-	ToolRemove = "remove"
-	ToolHolds  = "holds"
-)
-
 // KV is the interface the mesh provides itself: a JetStream key-value bucket per consumer,
 // reached with the consumer's own bus identity (manifest.KVBucket names it).
 const KV = manifest.RequireKV
@@ -37,55 +30,17 @@ const KV = manifest.RequireKV
 // MeshProvider is the provider the records name for an interface the mesh provides.
 const MeshProvider = deploy.MeshProvider
 
-// CreateRequest asks a provider for one consumer's resource. XKey is the vault's xkey: the
-// reply's credential is sealed to it, so only the vault can open it.
-type CreateRequest struct {
-	Consumer  string            `json:"consumer"`
-	Interface string            `json:"interface"`
-	Options   map[string]string `json:"options,omitempty"`
-	XKey      string            `json:"xkey"`
-}
-
-// CreateReply is a provider's answer to create: the credential sealed to the request's
-// XKey, and the xkey that sealed it. A create of a consumer the provider holds already
-// answers a fresh credential for the same resource.
-type CreateReply struct {
-	Sealed []byte `json:"sealed"`
-	Sender string `json:"sender"`
-}
-
-// RemoveRequest asks a provider to drop one consumer's resource; removing one it does not
-// hold is not an error.
-type RemoveRequest struct {
-	Consumer  string `json:"consumer"`
-	Interface string `json:"interface"`
-}
-
-// HoldsRequest asks a provider which consumers it holds a resource for.
-type HoldsRequest struct {
-	Interface string `json:"interface"`
-}
-
-// HoldsReply lists the consumers whose resource exists now.
-type HoldsReply struct {
-	Consumers []string `json:"consumers"`
-}
-
-// Credential is what a consumer is given of its provision (vault.Provisioned): its
-// variables are named <INTERFACE>_<NAME> in capitals (POSTGRES_URL, POSTGRES_PASSWORD).
-type Credential = vault.Provisioned
-
 // Seal seals c to the request's xkey: a provider's create reply.
-func Seal(c Credential, req CreateRequest) (CreateReply, error) {
+func Seal(c api.Provisioned, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error) {
 	if err := c.Check(req.Interface); err != nil {
-		return CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	b, _ := json.Marshal(c)
 	sealed, sender, err := vault.Seal(req.XKey, b)
 	if err != nil {
-		return CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
-	return CreateReply{Sealed: sealed, Sender: sender}, nil
+	return api.ProvisionCreateReply{Sealed: sealed, Sender: sender}, nil
 }
 
 // CheckRequest refuses a create or remove whose names are not names: a provider builds
@@ -106,11 +61,6 @@ const (
 	StateReady   = "ready"   // created, its credential kept by the vault
 	StateFailed  = "failed"  // the provider refused or answered badly; tried again
 )
-
-// Record is one consumer's provision of one interface (api.Provision), as the controller
-// keeps it in the Bucket under Key(consumer, interface): the registry answers it without
-// importing provision.
-type Record = api.Provision
 
 // Key is a record's key in the Bucket.
 func Key(consumer, iface string) string { return consumer + "." + iface }

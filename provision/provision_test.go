@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/vault"
@@ -60,15 +61,15 @@ func TestResolve(t *testing.T) {
 // memStore is a Store in memory.
 type memStore struct {
 	mu sync.Mutex
-	m  map[string]provision.Record
+	m  map[string]api.Provision
 }
 
-func (s *memStore) All(context.Context) (map[string]provision.Record, error) {
+func (s *memStore) All(context.Context) (map[string]api.Provision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.m), nil
 }
-func (s *memStore) Put(_ context.Context, r provision.Record) error {
+func (s *memStore) Put(_ context.Context, r api.Provision) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.m[provision.Key(r.Consumer, r.Interface)] = r
@@ -90,12 +91,12 @@ type fakeProvider struct {
 	options map[string]map[string]string // the options of each consumer's last create
 }
 
-func (p *fakeProvider) Create(_ context.Context, req provision.CreateRequest) (provision.CreateReply, error) {
+func (p *fakeProvider) Create(_ context.Context, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error) {
 	switch {
 	case p.down:
-		return provision.CreateReply{}, provision.ErrUnavailable
+		return api.ProvisionCreateReply{}, provision.ErrUnavailable
 	case p.refuse != nil:
-		return provision.CreateReply{}, p.refuse
+		return api.ProvisionCreateReply{}, p.refuse
 	}
 	p.held[req.Consumer] = true
 	p.creates++
@@ -103,9 +104,9 @@ func (p *fakeProvider) Create(_ context.Context, req provision.CreateRequest) (p
 		p.options = map[string]map[string]string{}
 	}
 	p.options[req.Consumer] = req.Options
-	return provision.Seal(provision.Credential{Env: map[string]string{"POSTGRES_URL": "postgres://" + req.Consumer}}, req)
+	return provision.Seal(api.Provisioned{Env: map[string]string{"POSTGRES_URL": "postgres://" + req.Consumer}}, req)
 }
-func (p *fakeProvider) Remove(_ context.Context, req provision.RemoveRequest) error {
+func (p *fakeProvider) Remove(_ context.Context, req api.ProvisionRemoveRequest) error {
 	if p.down {
 		return provision.ErrUnavailable
 	}
@@ -123,24 +124,24 @@ type rig struct {
 	r      *provision.Reconciler
 	store  *memStore
 	pg     *fakeProvider
-	kept   map[string]vault.Provisioned // by consumer, opened as the vault would
+	kept   map[string]api.Provisioned // by consumer, opened as the vault would
 	events []string
 }
 
 func newRig(t *testing.T) *rig {
 	intake, _ := nkeys.CreateCurveKeys()
 	pub, _ := intake.PublicKey()
-	g := &rig{store: &memStore{m: map[string]provision.Record{}}, pg: &fakeProvider{held: map[string]bool{}}, kept: map[string]vault.Provisioned{}}
+	g := &rig{store: &memStore{m: map[string]api.Provision{}}, pg: &fakeProvider{held: map[string]bool{}}, kept: map[string]api.Provisioned{}}
 	g.r = &provision.Reconciler{
 		Store:     g.store,
 		Provider:  func(string) provision.Provider { return g.pg },
 		IntakeKey: func(context.Context) (string, error) { return pub, nil },
-		Keep: func(_ context.Context, consumer, iface string, reply provision.CreateReply) error {
+		Keep: func(_ context.Context, consumer, iface string, reply api.ProvisionCreateReply) error {
 			plain, err := vault.Unseal(intake, reply.Sender, reply.Sealed)
 			if err != nil {
 				return err
 			}
-			g.kept[consumer] = vault.Provisioned{Env: map[string]string{"raw": string(plain)}}
+			g.kept[consumer] = api.Provisioned{Env: map[string]string{"raw": string(plain)}}
 			return nil
 		},
 		Drop: func(_ context.Context, consumer, _ string) error { delete(g.kept, consumer); return nil },
@@ -161,7 +162,7 @@ func (g *rig) pass(t *testing.T, wants []provision.Want, holds bool) provision.R
 	return res
 }
 
-func (g *rig) state(key string) provision.Record {
+func (g *rig) state(key string) api.Provision {
 	all, _ := g.store.All(context.Background())
 	return all[key]
 }
@@ -279,11 +280,11 @@ func TestCredentialCheck(t *testing.T) {
 		{map[string]string{"POSTGRES_URL": strings.Repeat("x", 5000)}, false},
 		{nil, false},
 	} {
-		if err := (provision.Credential{Env: tc.env}).Check("postgres"); (err == nil) != tc.ok {
+		if err := (api.Provisioned{Env: tc.env}).Check("postgres"); (err == nil) != tc.ok {
 			t.Errorf("%v: %v, want ok=%v", tc.env, err, tc.ok)
 		}
 	}
-	if vault.EnvPrefix("my-db") != "MY_DB_" {
-		t.Fatal(vault.EnvPrefix("my-db"))
+	if api.EnvPrefix("my-db") != "MY_DB_" {
+		t.Fatal(api.EnvPrefix("my-db"))
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/meshnode/meshnode/api"
 )
 
 // ErrUnavailable means no provider answered (its seat has no holder yet): the provision
@@ -18,15 +20,15 @@ var ErrUnavailable = errors.New("provider unavailable")
 // Provider is one provisioner as the controller reaches it: a seat's tools over the bus, or
 // the mesh itself for kv.
 type Provider interface {
-	Create(ctx context.Context, req CreateRequest) (CreateReply, error)
-	Remove(ctx context.Context, req RemoveRequest) error
+	Create(ctx context.Context, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error)
+	Remove(ctx context.Context, req api.ProvisionRemoveRequest) error
 	Holds(ctx context.Context, iface string) ([]string, error)
 }
 
 // Store keeps the records (the Bucket, or a map in tests).
 type Store interface {
-	All(ctx context.Context) (map[string]Record, error)
-	Put(ctx context.Context, r Record) error
+	All(ctx context.Context) (map[string]api.Provision, error)
+	Put(ctx context.Context, r api.Provision) error
 	Delete(ctx context.Context, key string) error
 }
 
@@ -41,7 +43,7 @@ type Reconciler struct {
 	IntakeKey func(ctx context.Context) (string, error)
 	// Keep hands a provider's sealed credential to the vault, to keep under the consumer;
 	// Drop has the vault forget it. Neither is called for the mesh's own interfaces.
-	Keep func(ctx context.Context, consumer, iface string, reply CreateReply) error
+	Keep func(ctx context.Context, consumer, iface string, reply api.ProvisionCreateReply) error
 	Drop func(ctx context.Context, consumer, iface string) error
 	// Event records one change: provisioned, deprovisioned or provision-failed, metadata
 	// only.
@@ -116,7 +118,7 @@ func (r *Reconciler) Pass(ctx context.Context, wants []Want, holds bool) (Result
 			continue
 		case w.Problem != "":
 			pending = true
-			r.put(ctx, rec, ok, Record{Consumer: w.Consumer, Interface: w.Interface, State: StateWaiting, Reason: w.Problem, Generation: rec.Generation})
+			r.put(ctx, rec, ok, api.Provision{Consumer: w.Consumer, Interface: w.Interface, State: StateWaiting, Reason: w.Problem, Generation: rec.Generation})
 			continue
 		case ok && rec.State == StateReady && maps.Equal(rec.Options, w.Options):
 			continue
@@ -148,7 +150,7 @@ func (r *Reconciler) Pass(ctx context.Context, wants []Want, holds bool) (Result
 
 // holds asks each provider in use which consumers it holds: a wanted, ready provision it
 // lost is created again; a consumer it holds that nobody wants of it is removed.
-func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Record, changed map[string]bool) {
+func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]api.Provision, changed map[string]bool) {
 	type pair struct{ provider, iface string }
 	byPair := map[pair][]Want{}
 	for _, w := range wants {
@@ -183,7 +185,7 @@ func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Re
 				continue // its consumer still has it (waiting for a choice, or moving away)
 			}
 			cctx, cancel := r.bounded(ctx)
-			err := r.Provider(p.provider).Remove(cctx, RemoveRequest{Consumer: consumer, Interface: p.iface})
+			err := r.Provider(p.provider).Remove(cctx, api.ProvisionRemoveRequest{Consumer: consumer, Interface: p.iface})
 			cancel()
 			if err != nil {
 				r.log().Warn("remove an orphan; tried again at the next pass", "consumer", consumer, "interface", p.iface, "provider", p.provider, "err", err)
@@ -197,8 +199,8 @@ func (r *Reconciler) holds(ctx context.Context, wants []Want, recs map[string]Re
 
 // create asks w's provider for the resource and has the vault keep its credential; the
 // record it returns (and stored) says how that went.
-func (r *Reconciler) create(ctx context.Context, w Want, prev Record, why string) Record {
-	next := Record{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, Generation: prev.Generation, Options: w.Options}
+func (r *Reconciler) create(ctx context.Context, w Want, prev api.Provision, why string) api.Provision {
+	next := api.Provision{Consumer: w.Consumer, Interface: w.Interface, Provider: w.Provider, Generation: prev.Generation, Options: w.Options}
 	err := r.createAt(ctx, w)
 	switch {
 	case errors.Is(err, ErrUnavailable):
@@ -226,7 +228,7 @@ func (r *Reconciler) create(ctx context.Context, w Want, prev Record, why string
 func (r *Reconciler) createAt(ctx context.Context, w Want) error {
 	ctx, cancel := r.bounded(ctx) // the whole create: the provider's and the vault's work
 	defer cancel()
-	req := CreateRequest{Consumer: w.Consumer, Interface: w.Interface, Options: w.Options}
+	req := api.ProvisionCreateRequest{Consumer: w.Consumer, Interface: w.Interface, Options: w.Options}
 	own := w.Provider == MeshProvider
 	if !own {
 		xkey, err := r.IntakeKey(ctx)
@@ -247,11 +249,11 @@ func (r *Reconciler) createAt(ctx context.Context, w Want) error {
 
 // deprovision removes rec's resource at its provider, has the vault forget its credential,
 // and deletes the record.
-func (r *Reconciler) deprovision(ctx context.Context, rec Record, reason string) error {
+func (r *Reconciler) deprovision(ctx context.Context, rec api.Provision, reason string) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
 	if rec.Provider != "" {
-		err := r.Provider(rec.Provider).Remove(ctx, RemoveRequest{Consumer: rec.Consumer, Interface: rec.Interface})
+		err := r.Provider(rec.Provider).Remove(ctx, api.ProvisionRemoveRequest{Consumer: rec.Consumer, Interface: rec.Interface})
 		if err != nil && !(errors.Is(err, ErrUnavailable) && rec.State != StateReady) {
 			return err // a provider that never created it need not answer
 		}
@@ -273,7 +275,7 @@ func (r *Reconciler) deprovision(ctx context.Context, rec Record, reason string)
 
 // put stores next unless it says what prev (when had) says already; Since is kept while
 // the state is.
-func (r *Reconciler) put(ctx context.Context, prev Record, had bool, next Record) Record {
+func (r *Reconciler) put(ctx context.Context, prev api.Provision, had bool, next api.Provision) api.Provision {
 	if had && prev.State == next.State && prev.Reason == next.Reason && prev.Provider == next.Provider && prev.Generation == next.Generation && maps.Equal(prev.Options, next.Options) {
 		return prev
 	}

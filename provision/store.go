@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -24,7 +25,7 @@ type KVStore struct {
 	KV jetstream.KeyValue
 
 	mu      sync.Mutex
-	records map[string]Record // nil until loaded
+	records map[string]api.Provision // nil until loaded
 }
 
 // OpenStore creates or opens the Bucket with the mesh's replicas;
@@ -43,7 +44,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, maxByt
 // Load reads every record from the bucket (a record that does not decode is skipped: the
 // next pass writes it again).
 func (s *KVStore) Load(ctx context.Context) error {
-	out := map[string]Record{}
+	out := map[string]api.Provision{}
 	lister, err := s.KV.ListKeys(ctx)
 	if err != nil {
 		return err
@@ -57,7 +58,7 @@ func (s *KVStore) Load(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var r Record
+		var r api.Provision
 		if json.Unmarshal(e.Value(), &r) != nil || Key(r.Consumer, r.Interface) != key {
 			continue
 		}
@@ -77,7 +78,7 @@ func (s *KVStore) Forget() {
 }
 
 // All returns every record by key, loading them first if need be.
-func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
+func (s *KVStore) All(ctx context.Context) (map[string]api.Provision, error) {
 	s.mu.Lock()
 	loaded := s.records != nil
 	s.mu.Unlock()
@@ -92,7 +93,7 @@ func (s *KVStore) All(ctx context.Context) (map[string]Record, error) {
 }
 
 // Put stores r.
-func (s *KVStore) Put(ctx context.Context, r Record) error {
+func (s *KVStore) Put(ctx context.Context, r api.Provision) error {
 	b, _ := json.Marshal(r)
 	if _, err := s.KV.Put(ctx, Key(r.Consumer, r.Interface), b); err != nil {
 		return err
@@ -131,25 +132,25 @@ type MeshKV struct {
 const MaxKVValue = 1 << 20
 
 // Create makes the consumer's bucket when it is missing; an existing one is kept as it is.
-func (p MeshKV) Create(ctx context.Context, req CreateRequest) (CreateReply, error) {
+func (p MeshKV) Create(ctx context.Context, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error) {
 	bucket := manifest.KVBucket(req.Consumer)
 	if _, err := p.JS.KeyValue(ctx, bucket); err == nil {
-		return CreateReply{}, nil
+		return api.ProvisionCreateReply{}, nil
 	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	_, err := p.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "meshnode: module " + req.Consumer + "'s own (requires: [kv])",
 		Replicas: p.Replicas, Storage: jetstream.FileStorage, History: 1, MaxBytes: p.MaxBytes, MaxValueSize: MaxKVValue,
 	})
 	if errors.Is(err, jetstream.ErrBucketExists) {
-		return CreateReply{}, nil
+		return api.ProvisionCreateReply{}, nil
 	}
-	return CreateReply{}, err
+	return api.ProvisionCreateReply{}, err
 }
 
 // Remove deletes the consumer's bucket and its keys.
-func (p MeshKV) Remove(ctx context.Context, req RemoveRequest) error {
+func (p MeshKV) Remove(ctx context.Context, req api.ProvisionRemoveRequest) error {
 	err := p.JS.DeleteKeyValue(ctx, manifest.KVBucket(req.Consumer))
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil
@@ -218,27 +219,27 @@ func (p Seat) call(ctx context.Context, tool string, req, out any) error {
 }
 
 // Create calls the seat's create.
-func (p Seat) Create(ctx context.Context, req CreateRequest) (CreateReply, error) {
-	var out CreateReply
-	if err := p.call(ctx, ToolCreate, req, &out); err != nil {
-		return CreateReply{}, err
+func (p Seat) Create(ctx context.Context, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error) {
+	var out api.ProvisionCreateReply
+	if err := p.call(ctx, api.ProvisionToolCreate, req, &out); err != nil {
+		return api.ProvisionCreateReply{}, err
 	}
 	if len(out.Sealed) == 0 {
-		return CreateReply{}, fmt.Errorf("seat %s answered create with no sealed credential", p.Name)
+		return api.ProvisionCreateReply{}, fmt.Errorf("seat %s answered create with no sealed credential", p.Name)
 	}
 	return out, nil
 }
 
 // Remove calls the seat's remove.
-func (p Seat) Remove(ctx context.Context, req RemoveRequest) error {
+func (p Seat) Remove(ctx context.Context, req api.ProvisionRemoveRequest) error {
 	var out struct{}
-	return p.call(ctx, ToolRemove, req, &out)
+	return p.call(ctx, api.ProvisionToolRemove, req, &out)
 }
 
 // Holds calls the seat's holds.
 func (p Seat) Holds(ctx context.Context, iface string) ([]string, error) {
-	var out HoldsReply
-	if err := p.call(ctx, ToolHolds, HoldsRequest{Interface: iface}, &out); err != nil {
+	var out api.ProvisionHoldsReply
+	if err := p.call(ctx, api.ProvisionToolHolds, api.ProvisionHoldsRequest{Interface: iface}, &out); err != nil {
 		return nil, err
 	}
 	return out.Consumers, nil

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
@@ -84,7 +83,7 @@ type Record struct {
 	Providers map[string]string `json:"providers,omitempty"`
 	// Deployment is where and what the module runs (`meshnode deploy`); nil: it is not
 	// deployed (its instances are started by hand, if at all).
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
+	Deployment *api.Deployment `json:"deployment,omitempty"`
 }
 
 // Entry is a registered module as the mirror holds it: the record, its bucket revision, and
@@ -585,7 +584,7 @@ func (r *Registry) SeatAt(e *Entry, seat string) api.SeatInfo {
 // event (its declaring module's key, under both names, since either may be the x-source),
 // when a pattern reaches the servers' events (only "**" does) every server's key and the
 // vault's, and every module that may submit jobs to a seat m declares (its users, and m).
-func (r *Registry) Signers(m *manifest.Manifest) Signers {
+func (r *Registry) Signers(m *manifest.Manifest) api.Signers {
 	r.mu.RLock()
 	at := r.changes
 	if c, ok := r.signers[m.Module]; ok && c.at == at && c.manifest == m {
@@ -610,7 +609,7 @@ func (r *Registry) Signers(m *manifest.Manifest) Signers {
 type signersAt struct {
 	at       uint64
 	manifest *manifest.Manifest
-	out      Signers
+	out      api.Signers
 }
 
 // changed marks a change to what the registry holds, under r.mu: the caches start again.
@@ -619,7 +618,7 @@ func (r *Registry) changed() {
 	r.listed = nil
 }
 
-func (r *Registry) signersOf(m *manifest.Manifest) Signers {
+func (r *Registry) signersOf(m *manifest.Manifest) api.Signers {
 	var patterns []string
 	for _, c := range m.Consumes {
 		if s, err := manifest.ConsumeSubject(c); err == nil {
@@ -637,13 +636,13 @@ func (r *Registry) signersOf(m *manifest.Manifest) Signers {
 			return len(toks) > 1 && (toks[1] == "*" || toks[1] == kind)
 		})
 	}
-	out := Signers{}
+	out := api.Signers{}
 	for _, e := range r.List() {
 		if slices.ContainsFunc(e.Manifest.Emits, func(ev string) bool { return matches(manifest.EventSubject(e.Module, ev)) }) {
-			out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+			out[api.SignerKey(api.SignerModule, e.Module)] = e.PublicKey
 		}
 		if e.Module == m.Module && len(m.Seats) > 0 || slices.ContainsFunc(m.Seats, func(s manifest.Seat) bool { return slices.Contains(e.Manifest.Uses, s.Name) }) {
-			out[SignerKey(SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
+			out[api.SignerKey(api.SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
 		}
 		for _, s := range e.Manifest.Seats {
 			for _, version := range s.VersionNames() {
@@ -651,21 +650,21 @@ func (r *Registry) signersOf(m *manifest.Manifest) Signers {
 				// Matched as v1's subject: a consumes pattern names no version (the
 				// consumer's filter holds the pinned one).
 				if slices.ContainsFunc(at.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {
-					out[SignerKey(SignerSeat, s.Name)] = e.PublicKey
-					out[SignerKey(SignerModule, e.Module)] = e.PublicKey
+					out[api.SignerKey(api.SignerSeat, s.Name)] = e.PublicKey
+					out[api.SignerKey(api.SignerModule, e.Module)] = e.PublicKey
 				}
 			}
 		}
 	}
-	if reaches(SignerNode) {
+	if reaches(api.SignerNode) {
 		for _, name := range r.Nodes() {
 			if id, ok := r.Node(name); ok {
-				out[SignerKey(SignerNode, name)] = id.PublicKey
+				out[api.SignerKey(api.SignerNode, name)] = id.PublicKey
 			}
 		}
 	}
-	if pub := r.Vault(); pub != "" && reaches(SignerSeat) {
-		out[SignerKey(SignerSeat, manifest.VaultSeat)] = pub
+	if pub := r.Vault(); pub != "" && reaches(api.SignerSeat) {
+		out[api.SignerKey(api.SignerSeat, manifest.VaultSeat)] = pub
 	}
 	return out
 }

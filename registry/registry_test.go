@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
@@ -395,13 +396,13 @@ func TestRegistry_Declarers(t *testing.T) {
 	}
 
 	signers := r.Signers(billing.Manifest)
-	if got := signers[registry.SignerKey(registry.SignerModule, "shop")]; got != shop.PublicKey {
+	if got := signers[api.SignerKey(api.SignerModule, "shop")]; got != shop.PublicKey {
 		t.Fatalf("billing's signers %v: shop, whose event it consumes, is missing", signers)
 	}
-	if _, ok := signers[registry.SignerKey(registry.SignerModule, "mailer")]; ok {
+	if _, ok := signers[api.SignerKey(api.SignerModule, "mailer")]; ok {
 		t.Fatalf("billing's signers %v name mailer, whose events it does not consume", signers)
 	}
-	if got := r.Signers(mailer.Manifest)[registry.SignerKey(registry.SignerJob, "billing")]; got != billing.PublicKey {
+	if got := r.Signers(mailer.Manifest)[api.SignerKey(api.SignerJob, "billing")]; got != billing.PublicKey {
 		t.Fatalf("mailer's signers do not name billing, which submits jobs to its seat")
 	}
 	// "**" reaches the servers' and the vault's events too.
@@ -412,7 +413,7 @@ func TestRegistry_Declarers(t *testing.T) {
 		t.Fatal(err)
 	}
 	auditor := put(t, r, record(t, auditorYAML), 0)
-	if got := r.Signers(auditor.Manifest)[registry.SignerKey(registry.SignerSeat, manifest.VaultSeat)]; got != vaultKey {
+	if got := r.Signers(auditor.Manifest)[api.SignerKey(api.SignerSeat, manifest.VaultSeat)]; got != vaultKey {
 		t.Fatalf("a consumer of ** is not handed the vault's key: %v", r.Signers(auditor.Manifest))
 	}
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/sandbox"
 )
 
@@ -43,7 +44,7 @@ func startRaw(b *testing.B, dir string) started {
 func startSandboxed(b *testing.B, bd *bed, name string) started {
 	r, w := io.Pipe()
 	p, err := bd.sb.Start(sandbox.Proc{Name: name, Path: "/bin/sh", Args: []string{"-c", readyScript}, Env: []string{"PATH=/usr/bin:/bin"},
-		Dir: bd.work, Write: []string{bd.work}, User: bd.user, Limits: sandbox.Limits{Processes: 512, Disk: 1 << 30}, DiskDir: bd.work,
+		Dir: bd.work, Write: []string{bd.work}, User: bd.user, Limits: api.Limits{Processes: 512, Disk: 1 << 30}, DiskDir: bd.work,
 		Stdout: w, Stderr: io.Discard})
 	if err != nil {
 		b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"golang.org/x/sys/unix"
 )
 
@@ -174,7 +175,7 @@ type leaf struct {
 
 // makeLeaf makes the cgroups of one process, with its limits. A leaf left by an earlier run
 // (the node was killed) is emptied first.
-func (cg *cgroups) makeLeaf(name string, lim Limits) (*leaf, error) {
+func (cg *cgroups) makeLeaf(name string, lim api.Limits) (*leaf, error) {
 	l := &leaf{}
 	if cg.v2 != "" {
 		l.v2 = filepath.Join(cg.v2, name)
@@ -207,7 +208,7 @@ func (l *leaf) dirs() []string {
 }
 
 // limit writes lim's limits, each through v2 where its controller is enabled, else v1.
-func (l *leaf) limit(cg *cgroups, lim Limits) error {
+func (l *leaf) limit(cg *cgroups, lim api.Limits) error {
 	write := func(ctl, v2file, v1file, value string) error {
 		var path string
 		switch {
@@ -257,7 +258,7 @@ func (l *leaf) v1dir(cg *cgroups, ctl string) string {
 
 // events counts what the kernel refused the leaf under lim: forks past pids.max, and OOM
 // kills past memory.max (a limit not set is not read).
-func (l *leaf) events(cg *cgroups, lim Limits) (forks, ooms int64) {
+func (l *leaf) events(cg *cgroups, lim api.Limits) (forks, ooms int64) {
 	switch d := l.v1dir(cg, "pids"); {
 	case lim.Processes == 0:
 	case cg.v2Ctl["pids"]:

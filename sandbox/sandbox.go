@@ -21,6 +21,7 @@ import (
 	"time"
 
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"github.com/meshnode/meshnode/api"
 )
 
 // Isolation levels a node may be configured with (config `isolation`).
@@ -215,14 +216,6 @@ func (s *Sandbox) endLeftovers() {
 	}
 }
 
-// Limits bound one process's use of the machine; zero means no limit.
-type Limits struct {
-	Memory    int64 `json:"memory,omitempty"`     // bytes (memory.max)
-	Processes int   `json:"processes,omitempty"`  // tasks (pids.max)
-	CPUWeight int   `json:"cpu_weight,omitempty"` // 1–10000, 100 the default (cpu.weight)
-	Disk      int64 `json:"disk,omitempty"`       // bytes under DiskDir, checked while it runs
-}
-
 // Proc is one process to start isolated.
 type Proc struct {
 	// Name is its cgroup's name, unique among the node's running processes.
@@ -235,7 +228,7 @@ type Proc struct {
 	// read and write, besides System and Devices.
 	Read, Write    []string
 	User           *User // nil: the node's
-	Limits         Limits
+	Limits         api.Limits
 	DiskDir        string // what Limits.Disk bounds
 	Stdout, Stderr io.Writer
 	// WaitDelay bounds the wait for its output after it exited (exec.Cmd.WaitDelay).
@@ -256,7 +249,7 @@ type Process struct {
 	cmd      *exec.Cmd
 	s        *Sandbox
 	leaf     *leaf
-	lim      Limits
+	lim      api.Limits
 	diskDir  string
 	done     chan struct{} // closed when it exited
 	watched  chan struct{} // closed when its watch ended

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sandbox"
 	"go.uber.org/goleak"
@@ -74,7 +75,7 @@ func moduleUser(t *testing.T, dir string, owns ...string) (*sandbox.Users, *sand
 }
 
 // run starts script under sh in the sandbox, as the bed's module.
-func (b *bed) start(t *testing.T, name, script string, lim sandbox.Limits) (*sandbox.Process, *testbed.SyncBuffer) {
+func (b *bed) start(t *testing.T, name, script string, lim api.Limits) (*sandbox.Process, *testbed.SyncBuffer) {
 	t.Helper()
 	out := &testbed.SyncBuffer{}
 	p, err := b.sb.Start(sandbox.Proc{
@@ -91,7 +92,7 @@ func (b *bed) start(t *testing.T, name, script string, lim sandbox.Limits) (*san
 
 func (b *bed) run(t *testing.T, script string) string {
 	t.Helper()
-	p, out := b.start(t, "run", script, sandbox.Limits{})
+	p, out := b.start(t, "run", script, api.Limits{})
 	p.Wait()
 	return out.String()
 }
@@ -134,7 +135,7 @@ func TestSandbox_CannotSignalTheNode(t *testing.T) {
 // (setsid, a double fork) end with it.
 func TestSandbox_NothingOutlivesIt(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "escaper", escaper("4242", "4243", "4244"), sandbox.Limits{})
+	p, _ := b.start(t, "escaper", escaper("4242", "4243", "4244"), api.Limits{})
 	testbed.RetryUntil(t, 5*time.Second, func() error {
 		if n := len(sleepers()); n < 3 {
 			return fmt.Errorf("%d of 3 sleeps started", n)
@@ -177,13 +178,13 @@ func sleepers() []string {
 func TestSandbox_ForkBombIsEnded(t *testing.T) {
 	b := newBed(t)
 	// Sleeps that stay, then the classic bomb: it reaches its limit and is held there.
-	p, _ := b.start(t, "bomb", `for i in $(seq 200); do sleep 1000 & done; b() { b | b & }; b; sleep 100`, sandbox.Limits{Processes: 64})
+	p, _ := b.start(t, "bomb", `for i in $(seq 200); do sleep 1000 & done; b() { b | b & }; b; sleep 100`, api.Limits{Processes: 64})
 	endedFor(t, p, sandbox.CauseForks, "fork bomb")
 }
 
 func TestSandbox_OutOfMemoryIsReported(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "hog", `x=a; while :; do x="$x$x"; done`, sandbox.Limits{Memory: 32 << 20})
+	p, _ := b.start(t, "hog", `x=a; while :; do x="$x$x"; done`, api.Limits{Memory: 32 << 20})
 	endedFor(t, p, sandbox.CauseOOM, "memory hog")
 }
 
@@ -191,7 +192,7 @@ func TestSandbox_OutOfMemoryIsReported(t *testing.T) {
 // past the disk share, at once (RLIMIT_FSIZE), and the process is reported for it.
 func TestSandbox_OneFileCannotOutgrowTheShare(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "grower", `exec dd if=/dev/zero of=big bs=1M count=64 2>/dev/null`, sandbox.Limits{Disk: 4 << 20})
+	p, _ := b.start(t, "grower", `exec dd if=/dev/zero of=big bs=1M count=64 2>/dev/null`, api.Limits{Disk: 4 << 20})
 	p.Wait()
 	if got, want := p.Cause(), sandbox.CauseDisk; got != want {
 		t.Fatalf("Cause()=%q, want %q", got, want)
@@ -203,7 +204,7 @@ func TestSandbox_OneFileCannotOutgrowTheShare(t *testing.T) {
 
 func TestSandbox_DiskShareIsBounded(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "filler", `while :; do head -c 1048576 /dev/zero >> ./fill; done`, sandbox.Limits{Disk: 8 << 20})
+	p, _ := b.start(t, "filler", `while :; do head -c 1048576 /dev/zero >> ./fill; done`, api.Limits{Disk: 8 << 20})
 	endedFor(t, p, sandbox.CauseDisk, "disk filler")
 }
 
@@ -227,14 +228,14 @@ func endedFor(t *testing.T, p *sandbox.Process, cause, what string) {
 // take their space, and count toward its share.
 func TestSandbox_DeletedFilesCountToo(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "hider", `i=0; while :; do i=$((i+1)); exec 3>hidden$i; head -c 1048576 /dev/zero >&3; rm hidden$i; sleep 1000 3>&3 & exec 3>&-; done`, sandbox.Limits{Disk: 6 << 20})
+	p, _ := b.start(t, "hider", `i=0; while :; do i=$((i+1)); exec 3>hidden$i; head -c 1048576 /dev/zero >&3; rm hidden$i; sleep 1000 3>&3 & exec 3>&-; done`, api.Limits{Disk: 6 << 20})
 	endedFor(t, p, sandbox.CauseDisk, "process hiding its files")
 }
 
 // TestSandbox_IsolationIsReadBack: what ps shows comes from the kernel.
 func TestSandbox_IsolationIsReadBack(t *testing.T) {
 	b := newBed(t)
-	p, _ := b.start(t, "idle", `sleep 30`, sandbox.Limits{Processes: 64, Memory: 64 << 20})
+	p, _ := b.start(t, "idle", `sleep 30`, api.Limits{Processes: 64, Memory: 64 << 20})
 	defer func() { p.Kill(); p.Wait() }()
 	iso, ok := p.Isolation()
 	if !ok {
@@ -299,7 +300,7 @@ func TestSandbox_WithoutACgroup(t *testing.T) {
 	}
 	defer sb.Close()
 	b := &bed{sb: sb, dir: dir, work: dir, user: u}
-	p, _ := b.start(t, "escaper", escaper("4245", "4246", "4247"), sandbox.Limits{})
+	p, _ := b.start(t, "escaper", escaper("4245", "4246", "4247"), api.Limits{})
 	testbed.RetryUntil(t, 5*time.Second, func() error {
 		if n := len(sleepers()); n < 3 {
 			return fmt.Errorf("%d of 3 sleeps started", n)
@@ -321,7 +322,7 @@ func TestSandbox_WithoutACgroup(t *testing.T) {
 	if _, err := sb.Start(sandbox.Proc{Name: "missing", Path: filepath.Join(dir, "nothing"), Dir: dir, User: u, Stdout: io.Discard, Stderr: io.Discard}); !errors.Is(err, sandbox.ErrExec) {
 		t.Fatalf("a missing program without a cgroup: %v, want ErrExec", err)
 	}
-	p, _ = b.start(t, "again", "exit 0", sandbox.Limits{})
+	p, _ = b.start(t, "again", "exit 0", api.Limits{})
 	p.Wait()
 }
 

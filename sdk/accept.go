@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,7 +40,7 @@ type JobHandler func(ctx context.Context, j Job) error
 type seatState struct {
 	mu       sync.Mutex
 	seat     string
-	info     seats.Info             // the seat's protocol, as declared
+	info     api.SeatInfo           // the seat's protocol, as declared
 	handlers map[string]JobHandler  // by versioned(version, verb)
 	tools    map[string]ToolHandler // by versioned(version, tool)
 	holding  bool
@@ -50,7 +50,7 @@ type seatState struct {
 }
 
 // accepts refuses a verb the seat does not accept: for a holder and for a sender.
-func accepts(info seats.Info, verb string) error {
+func accepts(info api.SeatInfo, verb string) error {
 	if !slices.Contains(info.Accepts, verb) {
 		return fmt.Errorf("%w: seat %s accepts %v, not %q", ErrNotDeclared, info.Seat, info.Accepts, verb)
 	}
@@ -58,7 +58,7 @@ func accepts(info seats.Info, verb string) error {
 }
 
 // serves refuses a tool the seat does not serve: for a holder and for a caller.
-func serves(info seats.Info, tool string) error {
+func serves(info api.SeatInfo, tool string) error {
 	if slices.Contains(info.Serves, tool) {
 		return nil
 	}
@@ -70,7 +70,7 @@ func serves(info seats.Info, tool string) error {
 
 // callable is serves for a module that uses the seat: a later version is the one it is
 // pinned to, which may serve less than v1.
-func callable(info seats.Info, tool string) error {
+func callable(info api.SeatInfo, tool string) error {
 	err := serves(info, tool)
 	if err != nil && info.Version != "" && info.Version != manifest.V1 {
 		return fmt.Errorf("%w (the version this module is pinned to; `meshnode seat ls` shows the versions, `meshnode seat pin` moves a module to another)", err)
@@ -88,9 +88,9 @@ func versioned(version, name string) string {
 }
 
 // versions returns the seat's protocol versions, v1 first, each as Info.
-func versions(info seats.Info) []seats.Info {
+func versions(info api.SeatInfo) []api.SeatInfo {
 	v1, _ := info.At(manifest.V1)
-	return append([]seats.Info{v1}, info.Versions...)
+	return append([]api.SeatInfo{v1}, info.Versions...)
 }
 
 // missing lists the verbs and tools of the seat's protocol — every version of it — without a
@@ -247,7 +247,7 @@ func (c *Client) Missing(seat string) []string {
 // seatFor returns the state of a seat the module declares, made on first use.
 func (c *Client) seatFor(seat string) (*seatState, error) {
 	self := c.declared()
-	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
+	i := slices.IndexFunc(self.Seats, func(s api.SeatInfo) bool { return s.Seat == seat })
 	if i < 0 {
 		return nil, fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
 	}
@@ -400,7 +400,7 @@ func (c *Client) serveSeatTools(st *seatState) error {
 }
 
 // versionNames lists the versions info describes: v1 and its later ones.
-func versionNames(info seats.Info) []string {
+func versionNames(info api.SeatInfo) []string {
 	out := []string{manifest.V1}
 	for _, v := range info.Versions {
 		out = append(out, v.Version)
@@ -470,9 +470,9 @@ func (st *seatState) route(subject string) Handler {
 }
 
 // seatRequest asks this instance's node about one of its seats.
-func (c *Client) seatRequest(ctx context.Context, action, seat string) (seats.Reply, error) {
-	var reply seats.Reply
-	req, _ := json.Marshal(seats.Request{Action: action, Seat: seat, Instance: c.instance})
+func (c *Client) seatRequest(ctx context.Context, action, seat string) (api.SeatReply, error) {
+	var reply api.SeatReply
+	req, _ := json.Marshal(api.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
 	subject := manifest.NodeSeatToolSubject(c.node(), c.Module())
 	ctx, dropped, end := c.onConnection(ctx)
 	defer end()

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 )
 
@@ -67,29 +67,29 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
 	}
 	ss, _ := manifest.ParseSeatSubject(e.Subject) // of any version of the seat's protocol
-	job := kind == registry.SignerSeat && ss.Kind != "event"
-	verify := func(signers registry.Signers) (retry bool, err error) {
+	job := kind == api.SignerSeat && ss.Kind != "event"
+	verify := func(signers api.Signers) (retry bool, err error) {
 		var key string
 		switch kind {
-		case registry.SignerModule:
+		case api.SignerModule:
 			if e.Source != owner {
 				return false, fmt.Errorf("x-source %q does not own %s: it is module %s's event", e.Source, e.Subject, owner)
 			}
-			key = signers[registry.SignerKey(registry.SignerModule, owner)]
-		case registry.SignerNode:
-			key = signers[registry.SignerKey(registry.SignerNode, e.Source)] // a server speaks for any node
+			key = signers[api.SignerKey(api.SignerModule, owner)]
+		case api.SignerNode:
+			key = signers[api.SignerKey(api.SignerNode, e.Source)] // a server speaks for any node
 			if key == "" {
 				return true, fmt.Errorf("x-source %q is not a server of the mesh, which alone speaks on %s", e.Source, e.Subject)
 			}
-		case registry.SignerSeat:
+		case api.SignerSeat:
 			if job {
 				// A job: the bus lets only the seat's users (and its module) submit it; the
 				// signature says which.
-				key = signers[registry.SignerKey(registry.SignerJob, e.Source)]
+				key = signers[api.SignerKey(api.SignerJob, e.Source)]
 				break
 			}
-			key = signers[registry.SignerKey(registry.SignerSeat, owner)]
-			if e.Source != owner && (key == "" || signers[registry.SignerKey(registry.SignerModule, e.Source)] != key) {
+			key = signers[api.SignerKey(api.SignerSeat, owner)]
+			if e.Source != owner && (key == "" || signers[api.SignerKey(api.SignerModule, e.Source)] != key) {
 				return key == "", fmt.Errorf("x-source %q does not own %s: it is neither seat %s nor the module that declares it", e.Source, e.Subject, owner)
 			}
 		default:
@@ -127,7 +127,7 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 }
 
 // signers returns the keys whoami last gave.
-func (c *Client) signers() registry.Signers {
+func (c *Client) signers() api.Signers {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.self.Signers
@@ -138,7 +138,7 @@ func (c *Client) signers() registry.Signers {
 // missing from older keys may be new. One question is asked at a time (concurrent checks wait
 // for its answer), at most once per signerRefresh; only an answer counts, never a question
 // that failed.
-func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (registry.Signers, error) {
+func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (api.Signers, error) {
 	c.refreshMu.Lock()
 	defer c.refreshMu.Unlock()
 	c.mu.Lock()

@@ -14,10 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -152,7 +152,7 @@ type Client struct {
 	xkeyErr  error
 
 	mu   sync.Mutex
-	self registry.WhoamiReply
+	self api.WhoamiReply
 	// signersKnown is when the question behind self's keys was asked; signersTried when
 	// whoami was last asked for keys, answered or not. refreshMu lets one question out at a
 	// time.
@@ -228,7 +228,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 		named = os.Getenv("MESH_MODULE")
 	}
 	if named != "" {
-		c, err := dialModule(ctx, url, pub, key, o, registry.WhoamiReply{Module: named})
+		c, err := dialModule(ctx, url, pub, key, o, api.WhoamiReply{Module: named})
 		if err == nil {
 			self, err := askWhoamiWatched(ctx, c, pub)
 			if err == nil && self.Module == named {
@@ -252,7 +252,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 
 // dialModule makes the client of module self.Module on its own connection, with what it
 // knows of itself so far.
-func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, o options, self registry.WhoamiReply) (*Client, error) {
+func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, o options, self api.WhoamiReply) (*Client, error) {
 	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, authPatience: o.authPatience, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -287,7 +287,7 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 
 // askWhoamiWatched is askWhoami on the client's own connection, ended at once if the bus
 // refuses its inbox (the client was named for another module).
-func askWhoamiWatched(ctx context.Context, c *Client, pub string) (registry.WhoamiReply, error) {
+func askWhoamiWatched(ctx context.Context, c *Client, pub string) (api.WhoamiReply, error) {
 	ctx, stop := c.watch(ctx, "")
 	defer stop()
 	return askWhoami(ctx, c.nc, pub)
@@ -314,24 +314,24 @@ func (c *Client) xkeys() (*vault.CachingOpener, string, error) {
 
 // whoami asks the bus which module pub is, on a short-lived connection whose inbox is named
 // for the key (the only inbox a client that does not know its name may use).
-func whoami(ctx context.Context, url string, key *envelope.SigningKey, pub string, ca nats.Option) (registry.WhoamiReply, error) {
-	nc, err := nats.Connect(url, ca, nats.Nkey(pub, key.Sign), nats.CustomInboxPrefix(registry.BootstrapInbox(pub)),
+func whoami(ctx context.Context, url string, key *envelope.SigningKey, pub string, ca nats.Option) (api.WhoamiReply, error) {
+	nc, err := nats.Connect(url, ca, nats.Nkey(pub, key.Sign), nats.CustomInboxPrefix(api.BootstrapInbox(pub)),
 		nats.Name("whoami"), nats.MaxReconnects(0))
 	if err != nil {
-		return registry.WhoamiReply{}, connectError(url, pub, err)
+		return api.WhoamiReply{}, connectError(url, pub, err)
 	}
 	defer nc.Close()
 	return askWhoami(ctx, nc, pub)
 }
 
-func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (registry.WhoamiReply, error) {
-	var self registry.WhoamiReply
-	req, _ := json.Marshal(registry.WhoamiRequest{PublicKey: pub})
+func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (api.WhoamiReply, error) {
+	var self api.WhoamiReply
+	req, _ := json.Marshal(api.WhoamiRequest{PublicKey: pub})
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, registry.WhoamiSubject(pub), req)
+	msg, err := nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, registry.WhoamiSubject(pub))
+		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, api.WhoamiSubject(pub))
 	}
 	if err != nil {
 		return self, fmt.Errorf("ask the mesh's controller who %s is: %w; is this node cut off from the majority of the mesh (`meshnode members`), or still starting?", pub, err)
@@ -360,7 +360,7 @@ func (c *Client) Instance() string { return c.instance }
 func (c *Client) Module() string { return c.declared().Module }
 
 // declared returns what the module declared, as the bus last said.
-func (c *Client) declared() registry.WhoamiReply {
+func (c *Client) declared() api.WhoamiReply {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.self

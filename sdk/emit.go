@@ -8,10 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -121,13 +120,13 @@ func (c *Client) Submit(ctx context.Context, seat, verb string, payload any, opt
 
 // usedSeat returns what the bus knows of a seat the module uses, asking again if the seat's
 // declarer was not registered when the client connected.
-func (c *Client) usedSeat(ctx context.Context, seat string) (seats.Info, error) {
+func (c *Client) usedSeat(ctx context.Context, seat string) (api.SeatInfo, error) {
 	c.mu.Lock()
 	self := c.self
 	c.mu.Unlock()
-	i := slices.IndexFunc(self.Uses, func(s seats.Info) bool { return s.Seat == seat })
+	i := slices.IndexFunc(self.Uses, func(s api.SeatInfo) bool { return s.Seat == seat })
 	if i < 0 {
-		return seats.Info{}, fmt.Errorf("%w: module %s does not use seat %q; add it to uses: in its manifest and re-register",
+		return api.SeatInfo{}, fmt.Errorf("%w: module %s does not use seat %q; add it to uses: in its manifest and re-register",
 			ErrNotDeclared, self.Module, seat)
 	}
 	if self.Uses[i].Scope != "" {
@@ -162,7 +161,7 @@ func (c *Client) EmitSeat(ctx context.Context, seat, event string, payload any, 
 // event once in each version whose consumers should hear it, in that version's shape.
 func (c *Client) EmitSeatAt(ctx context.Context, seat, version, event string, payload any, opts ...EmitOption) (string, error) {
 	self := c.declared()
-	i := slices.IndexFunc(self.Seats, func(s seats.Info) bool { return s.Seat == seat })
+	i := slices.IndexFunc(self.Seats, func(s api.SeatInfo) bool { return s.Seat == seat })
 	if i < 0 {
 		return "", fmt.Errorf("%w: module %s declares no seat %q", ErrNotDeclared, self.Module, seat)
 	}
@@ -187,7 +186,7 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 
 // overQuota asks the bus, after a refused emit, whether the module is over its EVENTS
 // quota: nil if not, or if the bus does not say.
-func (c *Client) overQuota() *registry.Quota {
+func (c *Client) overQuota() *api.Quota {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	self, err := askWhoami(ctx, c.nc, c.pub)

@@ -5,9 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 )
 
 func TestMatches(t *testing.T) {
@@ -51,7 +50,7 @@ func TestSubjectCovers(t *testing.T) {
 // TestClient_EmitSubject: an event named with its own module's name in front is refused
 // saying to drop it, not to declare it (which would declare another event).
 func TestClient_EmitSubject(t *testing.T) {
-	c := &Client{self: registry.WhoamiReply{Module: "shop", Emits: []string{"order.placed"}}}
+	c := &Client{self: api.WhoamiReply{Module: "shop", Emits: []string{"order.placed"}}}
 	if got, err := c.emitSubject("order.placed"); err != nil || got != manifest.EventSubject("shop", "order.placed") {
 		t.Fatalf("emitSubject(order.placed)=%q, %v", got, err)
 	}
@@ -70,13 +69,13 @@ func TestClient_EmitSubject(t *testing.T) {
 // it is the one it is pinned to (v2 may serve less than the manifest's v1 shows), a holder
 // is not (it is not pinned).
 func TestServes(t *testing.T) {
-	if err := callable(seats.Info{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
+	if err := callable(api.SeatInfo{Seat: "mailer", Serves: []string{"status"}}, "status"); err != nil {
 		t.Fatal(err)
 	}
-	v1, v2 := seats.Info{Seat: "mailer", Serves: []string{"status"}}, seats.Info{Seat: "mailer", Version: "v2", Serves: []string{}}
+	v1, v2 := api.SeatInfo{Seat: "mailer", Serves: []string{"status"}}, api.SeatInfo{Seat: "mailer", Version: "v2", Serves: []string{}}
 	for _, tc := range []struct {
-		check     func(seats.Info, string) error
-		info      seats.Info
+		check     func(api.SeatInfo, string) error
+		info      api.SeatInfo
 		says, not string
 	}{
 		{callable, v1, `seat mailer serves [status], not "queue"`, "pinned"},

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -39,7 +39,7 @@ func TestEmitAsync_Bounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Client{nc: nc, key: key, self: registry.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
+	c := &Client{nc: nc, key: key, self: api.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
 

@@ -5,9 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/toolstats"
 )
 
@@ -59,7 +58,7 @@ func (c *Client) report(anyway bool) bool {
 		return false
 	}
 	node := c.node()
-	b, err := json.Marshal(toolstats.Report{Instance: c.instance, Node: node, Tools: tools})
+	b, err := json.Marshal(api.ToolStatsReport{Instance: c.instance, Node: node, Tools: tools})
 	if err != nil || len(b) > toolstats.MaxBytes {
 		c.log.Warn("the tools' latency report is not sent", "bytes", len(b), "err", err)
 		return false
@@ -73,8 +72,8 @@ func (c *Client) report(anyway bool) bool {
 
 // answersCalls reports whether the module answers tool calls: its own tools, or a seat's it
 // may hold (the bus grants its stats subjects to exactly these).
-func answersCalls(self registry.WhoamiReply) bool {
-	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s seats.Info) bool {
-		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v seats.Info) bool { return len(v.Serves) > 0 })
+func answersCalls(self api.WhoamiReply) bool {
+	return len(self.Tools) > 0 || slices.ContainsFunc(self.Seats, func(s api.SeatInfo) bool {
+		return len(s.Serves) > 0 || slices.ContainsFunc(s.Versions, func(v api.SeatInfo) bool { return len(v.Serves) > 0 })
 	})
 }

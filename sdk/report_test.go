@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -39,8 +38,8 @@ func TestClient_ReportsWhileItServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node's whoami, as a plain responder (the server checks no key here).
-	self, _ := json.Marshal(registry.WhoamiReply{Module: "desk", Node: "n", Tools: []string{"status"}})
-	if _, err := bus.Subscribe(registry.WhoamiSubject(pub), func(m *nats.Msg) { m.Respond(self) }); err != nil {
+	self, _ := json.Marshal(api.WhoamiReply{Module: "desk", Node: "n", Tools: []string{"status"}})
+	if _, err := bus.Subscribe(api.WhoamiSubject(pub), func(m *nats.Msg) { m.Respond(self) }); err != nil {
 		t.Fatal(err)
 	}
 	reports, err := bus.SubscribeSync(manifest.StatsSubject("desk", "n"))
@@ -68,7 +67,7 @@ func TestClient_ReportsWhileItServes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no report while the client serves: %v", err)
 	}
-	var r toolstats.Report
+	var r api.ToolStatsReport
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		t.Fatal(err)
 	}

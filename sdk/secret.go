@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -25,14 +26,14 @@ func (c *Client) SecretVersion(ctx context.Context, name string, version int) (s
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	ctx, stop := c.watch(ctx, vault.ToolSubject(vault.VerbFetch, vault.ModuleCaller(self.Module)))
+	ctx, stop := c.watch(ctx, api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller(self.Module)))
 	defer stop()
 	xkey, xpub, err := c.xkeys()
 	if err != nil {
 		return "", err
 	}
-	var s vault.Secret
-	if _, err := vault.CallWith(ctx, c.nc, xkey, vault.VerbFetch, vault.ModuleCaller(self.Module), vault.Request{XKey: xpub, Name: name, Version: version}, &s); err != nil {
+	var s api.Secret
+	if _, err := vault.CallWith(ctx, c.nc, xkey, api.VaultVerbFetch, api.VaultModuleCaller(self.Module), api.VaultRequest{XKey: xpub, Name: name, Version: version}, &s); err != nil {
 		if r := Refused(ctx); r != nil {
 			return "", fmt.Errorf("fetch secret %s: %w; does the manifest declare secrets:?", name, r)
 		}

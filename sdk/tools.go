@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 )
 
@@ -115,7 +115,7 @@ func (c *Client) Call(ctx context.Context, target, tool string, payload any) ([]
 	switch {
 	case target == self.Module:
 		subject = manifest.ToolSubject(target, tool)
-	case slices.ContainsFunc(self.Uses, func(s seats.Info) bool { return s.Seat == target }):
+	case slices.ContainsFunc(self.Uses, func(s api.SeatInfo) bool { return s.Seat == target }):
 		info, _ := c.usedSeat(ctx, target)
 		if info.Scope != "" {
 			if err := callable(info, tool); err != nil {

@@ -1,8 +1,8 @@
 // Package toolstats is how the latency of a module's own tools reaches the node it is
 // connected to. A tool call goes from caller to module over the bus, past every node, so no
 // node can time it; the module's sdk times each call its handlers answer and, every Interval
-// while it serves any, publishes a Report of its cumulative histograms on
-// manifest.StatsSubject(module) (core NATS, never stored; the bus lets a module publish
+// while it serves any, publishes a report (api.ToolStatsReport) of its cumulative histograms
+// on manifest.StatsSubject(module) (core NATS, never stored; the bus lets a module publish
 // there only for itself). The node checks each report against the module's declared tools
 // and exports the sum over its instances as meshnode_module_tool_call_duration_seconds.
 package toolstats
@@ -13,6 +13,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/meshnode/meshnode/api"
 )
 
 // Buckets are the histograms' upper bounds, in seconds: from half a millisecond to 10 s.
@@ -28,28 +30,12 @@ const Heartbeat = time.Minute
 // MaxBytes bounds a report: a node reads no larger one.
 const MaxBytes = 64 << 10
 
-// Report is one instance's cumulative histograms since it connected, by tool: a module's
-// tool by its name, a seat's as seat.<seat>.<tool>.
-type Report struct {
-	Instance string          `json:"instance"`
-	Node     string          `json:"node"` // the node the instance is connected to
-	Tools    map[string]Tool `json:"tools"`
-}
-
-// Tool is one tool's histogram: how many calls, their total duration in seconds, and how
-// many took at most each of Buckets' bounds (cumulative, as Prometheus counts them).
-type Tool struct {
-	Count   uint64   `json:"count"`
-	Sum     float64  `json:"sum"`
-	Buckets []uint64 `json:"buckets"`
-}
-
 // SeatTool is a seat's tool's name in a report.
 func SeatTool(seat, tool string) string { return "seat." + seat + "." + tool }
 
 // Check refuses a report whose histograms cannot be right: a bucket list of another length,
 // counts that decrease along the bounds or exceed the total, a negative or non-finite sum.
-func (r Report) Check() error {
+func Check(r api.ToolStatsReport) error {
 	for name, t := range r.Tools {
 		if len(t.Buckets) != len(Buckets) {
 			return fmt.Errorf("tool %s: %d buckets, want %d", name, len(t.Buckets), len(Buckets))
@@ -67,7 +53,7 @@ func (r Report) Check() error {
 // Recorder keeps an instance's histograms. The zero value is ready.
 type Recorder struct {
 	mu      sync.Mutex
-	tools   map[string]*Tool
+	tools   map[string]*api.ToolHistogram
 	changed bool
 }
 
@@ -78,11 +64,11 @@ func (r *Recorder) Observe(tool string, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.tools == nil {
-		r.tools = map[string]*Tool{}
+		r.tools = map[string]*api.ToolHistogram{}
 	}
 	t := r.tools[tool]
 	if t == nil {
-		t = &Tool{Buckets: make([]uint64, len(Buckets))}
+		t = &api.ToolHistogram{Buckets: make([]uint64, len(Buckets))}
 		r.tools[tool] = t
 	}
 	t.Count++
@@ -95,12 +81,12 @@ func (r *Recorder) Observe(tool string, d time.Duration) {
 
 // Snapshot returns a copy of the histograms, and whether a call was recorded since the last
 // snapshot.
-func (r *Recorder) Snapshot() (map[string]Tool, bool) {
+func (r *Recorder) Snapshot() (map[string]api.ToolHistogram, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]Tool, len(r.tools))
+	out := make(map[string]api.ToolHistogram, len(r.tools))
 	for name, t := range r.tools {
-		out[name] = Tool{Count: t.Count, Sum: t.Sum, Buckets: slices.Clone(t.Buckets)}
+		out[name] = api.ToolHistogram{Count: t.Count, Sum: t.Sum, Buckets: slices.Clone(t.Buckets)}
 	}
 	changed := r.changed
 	r.changed = false

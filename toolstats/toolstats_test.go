@@ -3,6 +3,8 @@ package toolstats
 import (
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/api"
 )
 
 // TestRecorder: each call counts in every bucket at or above its duration; a snapshot says
@@ -27,16 +29,16 @@ func TestRecorder(t *testing.T) {
 	if _, changed := r.Snapshot(); changed {
 		t.Fatal("a second snapshot with no call between says it changed")
 	}
-	if err := (Report{Tools: tools}).Check(); err != nil {
+	if err := Check(api.ToolStatsReport{Tools: tools}); err != nil {
 		t.Fatalf("a recorder's report refused: %v", err)
 	}
-	for name, bad := range map[string]Tool{
+	for name, bad := range map[string]api.ToolHistogram{
 		"short":          {Count: 1, Buckets: []uint64{1}},
 		"not cumulative": {Count: 2, Buckets: append([]uint64{2, 1}, make([]uint64, len(Buckets)-2)...)},
 		"over the count": {Count: 1, Buckets: func() []uint64 { b := make([]uint64, len(Buckets)); b[len(b)-1] = 5; return b }()},
 		"negative sum":   {Count: 0, Sum: -1, Buckets: make([]uint64, len(Buckets))},
 	} {
-		if err := (Report{Tools: map[string]Tool{"t": bad}}).Check(); err == nil {
+		if err := Check(api.ToolStatsReport{Tools: map[string]api.ToolHistogram{"t": bad}}); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

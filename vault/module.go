@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nkeys"
 )
 
@@ -60,10 +61,10 @@ func (v *Vault) replace(ctx context.Context, owner, name, value string) (*secret
 	return r, v.store(ctx, r, rev)
 }
 
-// moduleCredentials answers a server's VerbModule: the module's seed and the secrets its
+// moduleCredentials answers a server's api.VaultVerbModule: the module's seed and the secrets its
 // declaration names, when the server's current declaration runs the module. The reply is
 // sealed to the server's recorded xkey (checked before this is called).
-func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCredentials, error) {
+func (v *Vault) moduleCredentials(ctx context.Context, req api.VaultRequest) (*api.ModuleCredentials, error) {
 	if v.cfg.Declared == nil {
 		return nil, fmt.Errorf("this vault cannot read declarations")
 	}
@@ -86,13 +87,13 @@ func (v *Vault) moduleCredentials(ctx context.Context, req Request) (*ModuleCred
 	if pub != m.PublicKey {
 		return nil, fmt.Errorf("module %s's kept seed is for key %s, and the declaration names %s: register it again with --rotate-key", req.Owner, pub, m.PublicKey)
 	}
-	out := &ModuleCredentials{Module: req.Owner, PublicKey: pub, Seed: seed}
+	out := &api.ModuleCredentials{Module: req.Owner, PublicKey: pub, Seed: seed}
 	declared, _ := v.cfg.Secrets(req.Owner)
 	for _, name := range m.Secrets {
 		if !slices.Contains(declared, name) {
 			return nil, fmt.Errorf("module %s does not declare secret %s", req.Owner, name)
 		}
-		s, err := v.fetch(ctx, Request{Owner: req.Owner, Name: name})
+		s, err := v.fetch(ctx, api.VaultRequest{Owner: req.Owner, Name: name})
 		if err != nil {
 			return nil, fmt.Errorf("module %s: %w", req.Owner, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -67,7 +68,7 @@ func (v *Vault) editOutbox(ctx context.Context, key string, edit func([]outbox.E
 
 // publishEvent publishes one waiting vault event, waiting for EVENTS' acknowledgement.
 func (v *Vault) publishEvent(ctx context.Context, ev outbox.Event) error {
-	return outbox.Publish(ctx, v.js, v.sign, manifest.VaultSeat, v.cfg.Node, EventSubject(ev.Action), ev)
+	return outbox.Publish(ctx, v.js, v.sign, manifest.VaultSeat, v.cfg.Node, api.VaultEventSubject(ev.Action), ev)
 }
 
 // sweepOutboxes publishes what every record holds, until ctx ends (outbox.Sweep).

@@ -8,58 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nkeys"
 )
-
-// Provisioned is what a provider's sealed create reply opens to (DESIGN §12): what the
-// consumer of an interface is given — connection facts and the secret as environment
-// variables, each named <INTERFACE>_<NAME> in capitals (POSTGRES_URL): nothing else reaches
-// the consumer's process. The vault keeps it, barrier-encrypted, as the consumer's
-// ProvisionName(interface).
-type Provisioned struct {
-	Env map[string]string `json:"env"`
-}
-
-// maxProvisionedValue bounds one variable of a credential.
-const maxProvisionedValue = 4096
-
-// EnvNames are the names a credential's variables may have after the interface's prefix:
-// connection facts and secrets, nothing a process or its runtime reads on its own
-// (LD_PRELOAD, NODE_OPTIONS, HTTP_PROXY, GIT_SSH_COMMAND …), and no name of another
-// interface's (MY_DB_URL is my-db's, not my's).
-var EnvNames = []string{"URL", "HOST", "PORT", "USER", "PASSWORD", "DATABASE", "TOKEN", "SECRET", "KEY", "NAME", "ENDPOINT", "REGION", "SSLMODE", "CA"}
-
-// EnvPrefix is the prefix of every variable of an interface's credential: POSTGRES_ for
-// postgres, MY_DB_ for my-db.
-func EnvPrefix(iface string) string {
-	return strings.ToUpper(strings.ReplaceAll(iface, "-", "_")) + "_"
-}
 
 // ProvisionName is the record, among a consumer's secrets, that keeps its credential of
 // iface.
 func ProvisionName(iface string) string { return reservedPrefix + "provision-" + iface }
-
-// Check refuses a credential a consumer could not be given: no variables, a name outside the
-// interface's prefix, or too large a value.
-func (p Provisioned) Check(iface string) error {
-	prefix := EnvPrefix(iface)
-	if len(p.Env) == 0 {
-		return fmt.Errorf("the %s credential has no variables: a provider answers at least %sURL", iface, prefix)
-	}
-	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
-		if name, ok := strings.CutPrefix(k, prefix); !ok || !slices.Contains(EnvNames, name) {
-			return fmt.Errorf("the %s credential names %q: its variables are %s followed by one of %s", iface, k, prefix, strings.Join(EnvNames, ", "))
-		}
-		if len(p.Env[k]) > maxProvisionedValue {
-			return fmt.Errorf("the %s credential's %s is %d bytes (at most %d)", iface, k, len(p.Env[k]), maxProvisionedValue)
-		}
-	}
-	return nil
-}
 
 // intakeInfo derives the vault's intake xkey from the barrier key: every server of the mesh
 // holds the same key, so a credential sealed to it opens at whichever server holds the
@@ -78,7 +34,7 @@ func intakeKey(barrier []byte) (nkeys.KeyPair, error) {
 // keepProvision opens a provider's sealed credential for req.Owner's interface req.Name
 // and keeps it, barrier-encrypted, as the consumer's ProvisionName record (replacing an
 // earlier one). The credential is never seen in clear by the caller that carried it.
-func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) {
+func (v *Vault) keepProvision(ctx context.Context, req api.VaultRequest) ([]api.VaultMeta, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
@@ -86,7 +42,7 @@ func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) 
 	if err != nil {
 		return nil, fmt.Errorf("the %s credential for %s does not open with the vault's intake key: the provider must seal it to the request's xkey", req.Name, req.Owner)
 	}
-	var p Provisioned
+	var p api.Provisioned
 	if err := json.Unmarshal(plain, &p); err != nil {
 		return nil, fmt.Errorf("the %s credential for %s is not {\"env\": {…}}: %w", req.Name, req.Owner, err)
 	}
@@ -98,11 +54,11 @@ func (v *Vault) keepProvision(ctx context.Context, req Request) ([]Meta, error) 
 		return nil, err
 	}
 	v.event(ctx, "provision-kept", map[string]any{"owner": req.Owner, "interface": req.Name, "version": r.Versions[0].Version})
-	return []Meta{meta(r)}, nil
+	return []api.VaultMeta{meta(r)}, nil
 }
 
 // dropProvision forgets req.Owner's credential of interface req.Name, history included.
-func (v *Vault) dropProvision(ctx context.Context, req Request) error {
+func (v *Vault) dropProvision(ctx context.Context, req api.VaultRequest) error {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return err
 	}
@@ -123,8 +79,8 @@ func (v *Vault) dropProvision(ctx context.Context, req Request) error {
 }
 
 // provisioned returns owner's credentials of ifaces, by interface.
-func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) (map[string]Provisioned, error) {
-	out := map[string]Provisioned{}
+func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) (map[string]api.Provisioned, error) {
+	out := map[string]api.Provisioned{}
 	for _, iface := range ifaces {
 		plain, found, err := v.current(ctx, owner, ProvisionName(iface))
 		if err != nil {
@@ -133,7 +89,7 @@ func (v *Vault) provisioned(ctx context.Context, owner string, ifaces []string) 
 		if !found {
 			return nil, fmt.Errorf("the vault keeps no %s credential of %s yet: it is provisioned before the module starts (`meshnode provisions`)", iface, owner)
 		}
-		var p Provisioned
+		var p api.Provisioned
 		if err := json.Unmarshal([]byte(plain), &p); err != nil {
 			return nil, fmt.Errorf("%s's %s credential: %w", owner, iface, err)
 		}
@@ -148,7 +104,7 @@ const maxGivenValue = 16 << 10
 // newValue is a new secret version's value: the one the request carries sealed to the
 // intake key (an external secret the operator gives: `vault mint NAME --value-stdin`), or a
 // random one.
-func (v *Vault) newValue(req Request) (string, error) {
+func (v *Vault) newValue(req api.VaultRequest) (string, error) {
 	if len(req.Sealed) == 0 {
 		return randomValue()
 	}

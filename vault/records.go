@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
@@ -38,7 +39,7 @@ type version struct {
 func secretKey(owner, name string) string { return "secret." + owner + "." + name }
 
 func checkNames(owner, name string) error {
-	if owner != CallerOperator && !manifest.ValidName(owner) {
+	if owner != api.VaultCallerOperator && !manifest.ValidName(owner) {
 		return fmt.Errorf("owner %q is not a module name", owner)
 	}
 	if !manifest.ValidName(name) {
@@ -194,7 +195,7 @@ func isRecordAction(name string) bool { return name == "minted" || name == "rota
 
 // mint creates a secret (version 1) with a random value, or the one the request carries
 // sealed to the vault's intake key (newValue).
-func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
+func (v *Vault) mint(ctx context.Context, req api.VaultRequest) (*api.Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
@@ -225,11 +226,11 @@ func (v *Vault) mint(ctx context.Context, req Request) (*Secret, error) {
 		return nil, err
 	}
 	v.flushLater(ctx, secretKey(r.Owner, r.Name))
-	return &Secret{Meta: Meta{Owner: req.Owner, Name: req.Name, Version: 1, Versions: []int{1}, Created: now}, Value: value}, nil
+	return &api.Secret{VaultMeta: api.VaultMeta{Owner: req.Owner, Name: req.Name, Version: 1, Versions: []int{1}, Created: now}, Value: value}, nil
 }
 
 // rotate adds a new version; the previous stays readable for the grace period.
-func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
+func (v *Vault) rotate(ctx context.Context, req api.VaultRequest) (*api.Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
@@ -278,11 +279,11 @@ func (v *Vault) rotate(ctx context.Context, req Request) (*Secret, error) {
 		return nil, err
 	}
 	v.flushLater(ctx, secretKey(r.Owner, r.Name))
-	return &Secret{Meta: meta(r), Value: value}, nil
+	return &api.Secret{VaultMeta: meta(r), Value: value}, nil
 }
 
 // fetch returns the current version, or a requested one that is still readable.
-func (v *Vault) fetch(ctx context.Context, req Request) (*Secret, error) {
+func (v *Vault) fetch(ctx context.Context, req api.VaultRequest) (*api.Secret, error) {
 	if err := checkNames(req.Owner, req.Name); err != nil {
 		return nil, err
 	}
@@ -308,11 +309,11 @@ func (v *Vault) fetch(ctx context.Context, req Request) (*Secret, error) {
 	v.event(ctx, "fetched", map[string]any{"owner": req.Owner, "name": req.Name, "version": ver.Version})
 	m := meta(r)
 	m.Version, m.Created = ver.Version, ver.Created
-	return &Secret{Meta: m, Value: value}, nil
+	return &api.Secret{VaultMeta: m, Value: value}, nil
 }
 
-func meta(r *secretRecord) Meta {
-	m := Meta{Owner: r.Owner, Name: r.Name}
+func meta(r *secretRecord) api.VaultMeta {
+	m := api.VaultMeta{Owner: r.Owner, Name: r.Name}
 	now := time.Now()
 	for _, ver := range r.Versions {
 		if ver.Until == nil || ver.Until.After(now) {
@@ -328,9 +329,9 @@ func meta(r *secretRecord) Meta {
 }
 
 // list returns every secret's metadata (of one owner, if given), by owner and name.
-func (v *Vault) list(_ context.Context, owner string) ([]Meta, error) {
+func (v *Vault) list(_ context.Context, owner string) ([]api.VaultMeta, error) {
 	v.mu.RLock()
-	out := []Meta{}
+	out := []api.VaultMeta{}
 	for _, e := range v.records {
 		if len(e.rec.Versions) == 0 {
 			continue // a bad record, kept for its revision only
@@ -340,14 +341,14 @@ func (v *Vault) list(_ context.Context, owner string) ([]Meta, error) {
 		}
 	}
 	v.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Meta) int { return strings.Compare(a.Owner+"/"+a.Name, b.Owner+"/"+b.Name) })
+	slices.SortFunc(out, func(a, b api.VaultMeta) int { return strings.Compare(a.Owner+"/"+a.Name, b.Owner+"/"+b.Name) })
 	return out, nil
 }
 
 // identity mints an nkey identity for owner (a module at registration, the operator at
 // handoff) and records its public key; the seed exists only in the sealed reply.
-func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
-	if req.Owner != CallerOperator && !manifest.ValidName(req.Owner) {
+func (v *Vault) identity(ctx context.Context, req api.VaultRequest) (*api.Identity, error) {
+	if req.Owner != api.VaultCallerOperator && !manifest.ValidName(req.Owner) {
 		return nil, fmt.Errorf("owner %q is not a module name", req.Owner)
 	}
 	kp, err := MintUser()
@@ -360,14 +361,14 @@ func (v *Vault) identity(ctx context.Context, req Request) (*Identity, error) {
 	if _, err := v.kv.Put(ctx, "identity."+req.Owner+"."+pub, rec); err != nil {
 		return nil, err
 	}
-	if req.Owner != CallerOperator {
-		// Kept, barrier-encrypted, for the hosts that will run the module (VerbModule).
+	if req.Owner != api.VaultCallerOperator {
+		// Kept, barrier-encrypted, for the hosts that will run the module (api.VaultVerbModule).
 		if err := v.keepSeed(ctx, req.Owner, string(seed)); err != nil {
 			return nil, fmt.Errorf("keep module %s's seed: %w", req.Owner, err)
 		}
 	}
 	v.event(ctx, "identity-minted", map[string]any{"owner": req.Owner, "public_key": pub})
-	return &Identity{Owner: req.Owner, PublicKey: pub, Seed: string(seed)}, nil
+	return &api.Identity{Owner: req.Owner, PublicKey: pub, Seed: string(seed)}, nil
 }
 
 // Bad lists the keys of secret records that were refused (they do not decode or validate):

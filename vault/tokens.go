@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -145,7 +146,7 @@ func (v *Vault) TokenID(publicKey string) (string, bool) {
 }
 
 // token mints a join token.
-func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
+func (v *Vault) token(ctx context.Context, req api.VaultRequest) (*api.Token, error) {
 	ttl := DefaultTokenTTL
 	if req.TTL != "" {
 		d, err := time.ParseDuration(req.TTL)
@@ -194,13 +195,13 @@ func (v *Vault) token(ctx context.Context, req Request) (*Token, error) {
 		e := v.cfg.Enrolment()
 		bearer.Expect, bearer.CA = e.Expect, e.CA
 	}
-	return &Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
+	return &api.Token{ID: r.ID, Token: bearer.String(), Expires: r.Expires, Uses: uses}, nil
 }
 
 // enrol trades a join token for what a joining node needs. Every check (mesh, expiry, uses,
 // the node's name, the xkey to seal to) comes before the token is consumed: a join refused
 // for any of them leaves it as it was. A reply lost on the way back is not noticed here.
-func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, error) {
+func (v *Vault) enrol(ctx context.Context, id string, req api.VaultRequest) (*api.Enrolment, error) {
 	e, err := v.kv.Get(ctx, "token."+id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("join token %s is not known to mesh %s", id, v.cfg.MeshID)
@@ -253,7 +254,7 @@ func (v *Vault) enrol(ctx context.Context, id string, req Request) (*Enrolment, 
 // connects to the addresses the token names with the token's own key, asks enrol, and opens
 // the reply with xkp (the joining node's xkey). Each refusal says which: a foreign or
 // unknown token is refused at connect, an expired or used-up one by the vault.
-func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolment, error) {
+func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*api.Enrolment, error) {
 	b, err := ParseToken(token)
 	if err != nil {
 		return nil, err
@@ -276,8 +277,8 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*Enrolme
 			}
 			continue
 		}
-		var out Enrolment
-		_, err = CallWith(ctx, nc, xkp, VerbEnrol, b.ID, Request{XKey: xpub, Node: node, MeshID: b.MeshID}, &out)
+		var out api.Enrolment
+		_, err = CallWith(ctx, nc, xkp, api.VaultVerbEnrol, b.ID, api.VaultRequest{XKey: xpub, Node: node, MeshID: b.MeshID}, &out)
 		nc.Close()
 		if err != nil {
 			return nil, err

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/internal/jsretry"
@@ -66,7 +67,7 @@ type Config struct {
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
-	Enrolment func() Enrolment
+	Enrolment func() api.Enrolment
 	// Admit refuses a joining node the mesh cannot take (its name is a server's already);
 	// nil admits every node.
 	Admit func(node string) error
@@ -315,7 +316,7 @@ func (v *Vault) Start() error {
 	if v.sub != nil {
 		return nil
 	}
-	sub, err := v.cfg.Responder.QueueSubscribe(ToolSubject("*", ">"), manifest.VaultSeat, v.serve)
+	sub, err := v.cfg.Responder.QueueSubscribe(api.VaultToolSubject("*", ">"), manifest.VaultSeat, v.serve)
 	if err != nil {
 		return fmt.Errorf("serve vault: %w", err)
 	}
@@ -363,14 +364,14 @@ func (v *Vault) serve(m *nats.Msg) {
 				v.cfg.RateLimited(verb)
 			}
 			if tell { // once a second; the others are dropped, so a flood costs no replies
-				b, _ := json.Marshal(Reply{Error: fmt.Sprintf("%s: too many vault requests (more than %d a second, the node's rate-limit); slow down and retry", caller, v.cfg.RateLimit)})
+				b, _ := json.Marshal(api.VaultReply{Error: fmt.Sprintf("%s: too many vault requests (more than %d a second, the node's rate-limit); slow down and retry", caller, v.cfg.RateLimit)})
 				m.Respond(b)
 			}
 			return
 		}
 	}
-	var req Request
-	var reply Reply
+	var req api.VaultRequest
+	var reply api.VaultReply
 	var events []event
 	if err := json.Unmarshal(m.Data, &req); err != nil {
 		reply.Error = "the request is not JSON"
@@ -414,7 +415,9 @@ func (v *Vault) mayReply(caller, reply string) bool {
 }
 
 // isAdmin reports whether caller administers the vault: the operator or a node.
-func isAdmin(caller string) bool { return caller == CallerOperator || caller == CallerNode }
+func isAdmin(caller string) bool {
+	return caller == api.VaultCallerOperator || caller == api.VaultCallerNode
+}
 
 // serverXKey reports whether xkey is the recorded xkey of server node.
 func (v *Vault) serverXKey(node, xkey string) bool {
@@ -433,24 +436,24 @@ type event struct {
 	flush  string
 }
 
-func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (Reply, []event) {
+func (v *Vault) handle(ctx context.Context, verb, caller string, req api.VaultRequest) (api.VaultReply, []event) {
 	var events []event
 	ctx = context.WithValue(ctx, eventsKey{}, &events)
 	admin := isAdmin(caller)
 	module, isModule := strings.CutPrefix(caller, "mod.")
 	var out any
-	var meta []Meta
+	var meta []api.VaultMeta
 	var err error
-	var reply Reply
+	var reply api.VaultReply
 	switch {
-	case verb != VerbList && verb != VerbEnrol && verb != VerbIntake && !nodeOnly(verb) && !nkeys.IsValidPublicCurveKey(req.XKey):
+	case verb != api.VaultVerbList && verb != api.VaultVerbEnrol && verb != api.VaultVerbIntake && !nodeOnly(verb) && !nkeys.IsValidPublicCurveKey(req.XKey):
 		// Checked first, so nothing is written for a reply that could not be sealed.
 		err = errors.New("the request carries no xkey to seal the reply to: send your xkey public key (nkeys CreateCurveKeys) as xkey")
-	case (verb == VerbMint || verb == VerbRotate || verb == VerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
+	case (verb == api.VaultVerbMint || verb == api.VaultVerbRotate || verb == api.VaultVerbFetch) && strings.HasPrefix(req.Name, reservedPrefix):
 		err = fmt.Errorf("secret %s of %s is the mesh's own (%s* names are kept for it)", req.Name, req.Owner, reservedPrefix)
-	case verb == VerbEnrol:
+	case verb == api.VaultVerbEnrol:
 		out, err = v.enrol(ctx, caller, req)
-	case verb == VerbFetch && isModule:
+	case verb == api.VaultVerbFetch && isModule:
 		// A module fetches its own secrets, and only those its manifest names.
 		req.Owner = module
 		names, ok := v.cfg.Secrets(module)
@@ -461,41 +464,41 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		}
 	case !admin:
 		err = fmt.Errorf("%s may only fetch its own secrets", caller)
-	case verb == VerbFetch:
+	case verb == api.VaultVerbFetch:
 		out, err = v.fetch(ctx, req)
-	case verb == VerbMint:
+	case verb == api.VaultVerbMint:
 		out, err = v.mint(ctx, req)
-	case verb == VerbRotate:
+	case verb == api.VaultVerbRotate:
 		out, err = v.rotate(ctx, req)
-	case verb == VerbList:
+	case verb == api.VaultVerbList:
 		meta, err = v.list(ctx, req.Owner)
-	case verb == VerbToken:
+	case verb == api.VaultVerbToken:
 		out, err = v.token(ctx, req)
-	case verb == VerbIdentity:
+	case verb == api.VaultVerbIdentity:
 		out, err = v.identity(ctx, req)
-	case nodeOnly(verb) && caller != CallerNode:
+	case nodeOnly(verb) && caller != api.VaultCallerNode:
 		err = fmt.Errorf("only the nodes (the controller's holder) %s provisions", verb)
-	case verb == VerbIntake && admin:
+	case verb == api.VaultVerbIntake && admin:
 		reply.PublicKey, _ = v.intake.PublicKey()
-	case verb == VerbProvision:
+	case verb == api.VaultVerbProvision:
 		meta, err = v.keepProvision(ctx, req)
-	case verb == VerbUnprovision:
+	case verb == api.VaultVerbUnprovision:
 		err = v.dropProvision(ctx, req)
-	case verb == VerbModule && (caller != CallerNode || !v.serverXKey(req.Node, req.XKey)):
+	case verb == api.VaultVerbModule && (caller != api.VaultCallerNode || !v.serverXKey(req.Node, req.XKey)):
 		err = fmt.Errorf("a module's credentials are sealed only to the recorded xkey of the server that runs it, and %q is not server %q's", req.XKey, req.Node)
-	case verb == VerbModule:
+	case verb == api.VaultVerbModule:
 		out, err = v.moduleCredentials(ctx, req)
-	case verb == VerbServer && caller != CallerNode:
+	case verb == api.VaultVerbServer && caller != api.VaultCallerNode:
 		err = errors.New("only a server of the mesh receives the vault's credentials")
-	case verb == VerbServer && !v.serverXKey(req.Node, req.XKey):
+	case verb == api.VaultVerbServer && !v.serverXKey(req.Node, req.XKey):
 		err = fmt.Errorf("%q is not the recorded xkey of server %q: the vault's credentials are sealed only to a server's own key", req.XKey, req.Node)
-	case verb == VerbServer:
+	case verb == api.VaultVerbServer:
 		seed, serr := v.cfg.Key.Seed()
 		if serr != nil {
 			err = serr
 			break
 		}
-		out = &ServerSecrets{BarrierKey: v.cfg.BarrierKey, VaultSeed: seed}
+		out = &api.ServerSecrets{BarrierKey: v.cfg.BarrierKey, VaultSeed: seed}
 		v.event(ctx, "server-enrolled", map[string]any{"node": req.Node})
 	default:
 		err = fmt.Errorf("unknown vault verb %q", verb)
@@ -504,21 +507,21 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req Request) (R
 		if admin {
 			// The operator and the nodes are no flood: each of their refusals is recorded.
 			events = append(events, event{action: "refused", meta: map[string]any{"verb": verb, "caller": caller, "owner": req.Owner, "name": req.Name, "reason": err.Error()}})
-			return Reply{Error: err.Error()}, events
+			return api.VaultReply{Error: err.Error()}, events
 		}
 		// Counted, and recorded as one event per caller and verb per interval: a flood of
 		// refused requests must not become a flood of events and audit records.
 		v.gate.Refused(caller, verb, err.Error())
-		return Reply{Error: err.Error()}, events
+		return api.VaultReply{Error: err.Error()}, events
 	}
 	reply.Meta = meta
-	if id, ok := out.(*Identity); ok {
+	if id, ok := out.(*api.Identity); ok {
 		reply.PublicKey = id.PublicKey
 	}
 	if out != nil {
 		plain, _ := json.Marshal(out)
 		if reply.Sealed, reply.Sender, err = Seal(req.XKey, plain); err != nil {
-			return Reply{Error: fmt.Sprintf("%v: send your xkey public key (nkeys CreateCurveKeys) as xkey", err)}, events
+			return api.VaultReply{Error: fmt.Sprintf("%v: send your xkey public key (nkeys CreateCurveKeys) as xkey", err)}, events
 		}
 	}
 	return reply, events

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/vault"
@@ -62,7 +63,7 @@ func newBed(t *testing.T, barrier []byte, rateLimit int) *bed {
 	_, b.js = testbed.Connect(t, b.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{vault.EventSubject(">")}}); err != nil {
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{api.VaultEventSubject(">")}}); err != nil {
 		t.Fatal(err)
 	}
 	xkp, _ := nkeys.CreateCurveKeys()
@@ -103,8 +104,8 @@ func (b *bed) open(t *testing.T, barrier []byte, rateLimit int) *vault.Vault {
 			names, ok := declared[module]
 			return names, ok
 		},
-		Enrolment: func() vault.Enrolment {
-			return vault.Enrolment{MeshID: meshID, RouteSecret: []byte("route"), BarrierKey: barrier, Expect: 3}
+		Enrolment: func() api.Enrolment {
+			return api.Enrolment{MeshID: meshID, RouteSecret: []byte("route"), BarrierKey: barrier, Expect: 3}
 		},
 		Admit: func(node string) error {
 			if node == b.taken {
@@ -152,14 +153,14 @@ func (b *bed) module(t *testing.T, module string) *nats.Conn {
 	return nc
 }
 
-func call(t *testing.T, nc *nats.Conn, verb, caller string, req vault.Request, out any) ([]vault.Meta, error) {
+func call(t *testing.T, nc *nats.Conn, verb, caller string, req api.VaultRequest, out any) ([]api.VaultMeta, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	return vault.Call(ctx, nc, verb, caller, req, out)
 }
 
-func mustCall(t *testing.T, nc *nats.Conn, verb, caller string, req vault.Request, out any) []vault.Meta {
+func mustCall(t *testing.T, nc *nats.Conn, verb, caller string, req api.VaultRequest, out any) []api.VaultMeta {
 	t.Helper()
 	meta, err := call(t, nc, verb, caller, req, out)
 	if err != nil {
@@ -203,66 +204,66 @@ func (b *bed) raw(t *testing.T, key string) []byte {
 func TestVault_MintFetchRotate(t *testing.T) {
 	b := newBed(t, nil, 0)
 	op := b.operator(t)
-	req := vault.Request{Owner: "shop", Name: "db-password"}
+	req := api.VaultRequest{Owner: "shop", Name: "db-password"}
 
-	_, err := call(t, op, vault.VerbFetch, vault.CallerOperator, req, &vault.Secret{})
+	_, err := call(t, op, api.VaultVerbFetch, api.VaultCallerOperator, req, &api.Secret{})
 	refused(t, "fetch before mint", err, "does not exist", "meshnode vault mint db-password --owner shop")
-	_, err = call(t, op, vault.VerbRotate, vault.CallerOperator, req, &vault.Secret{})
+	_, err = call(t, op, api.VaultVerbRotate, api.VaultCallerOperator, req, &api.Secret{})
 	refused(t, "rotate before mint", err, "mint it first")
 
-	var v1 vault.Secret
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, req, &v1)
+	var v1 api.Secret
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, req, &v1)
 	if v1.Version != 1 || len(v1.Value) < 32 || v1.Owner != "shop" || v1.Name != "db-password" {
 		t.Fatalf("minted %+v, want version 1 of shop/db-password with a random value", v1)
 	}
-	var got vault.Secret
-	mustCall(t, op, vault.VerbFetch, vault.CallerOperator, req, &got)
+	var got api.Secret
+	mustCall(t, op, api.VaultVerbFetch, api.VaultCallerOperator, req, &got)
 	if got.Value != v1.Value || got.Version != 1 {
 		t.Fatalf("fetched %+v, want what was minted", got)
 	}
-	_, err = call(t, op, vault.VerbMint, vault.CallerOperator, req, &vault.Secret{})
+	_, err = call(t, op, api.VaultVerbMint, api.VaultCallerOperator, req, &api.Secret{})
 	refused(t, "a second mint", err, "exists", "rotate it instead")
 
-	var v2 vault.Secret
+	var v2 api.Secret
 	rot := req
 	rot.Grace = "1h"
-	mustCall(t, op, vault.VerbRotate, vault.CallerOperator, rot, &v2)
+	mustCall(t, op, api.VaultVerbRotate, api.VaultCallerOperator, rot, &v2)
 	if v2.Version != 2 || v2.Value == v1.Value || !slices.Equal(v2.Versions, []int{1, 2}) {
 		t.Fatalf("rotated to %+v, want version 2 with a new value, 1 still readable", v2)
 	}
-	mustCall(t, op, vault.VerbFetch, vault.CallerOperator, req, &got)
+	mustCall(t, op, api.VaultVerbFetch, api.VaultCallerOperator, req, &got)
 	if got.Value != v2.Value || got.Version != 2 {
 		t.Fatalf("fetched %+v after the rotation, want version 2", got)
 	}
 	old := req
 	old.Version = 1
-	mustCall(t, op, vault.VerbFetch, vault.CallerOperator, old, &got)
+	mustCall(t, op, api.VaultVerbFetch, api.VaultCallerOperator, old, &got)
 	if got.Value != v1.Value || got.Version != 1 {
 		t.Fatalf("fetched version 1 within its grace: %+v", got)
 	}
 
 	// No grace: the previous version is unreadable at once.
 	rot.Grace = "0s"
-	var v3 vault.Secret
-	mustCall(t, op, vault.VerbRotate, vault.CallerOperator, rot, &v3)
-	_, err = call(t, op, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "shop", Name: "db-password", Version: 2}, &got)
+	var v3 api.Secret
+	mustCall(t, op, api.VaultVerbRotate, api.VaultCallerOperator, rot, &v3)
+	_, err = call(t, op, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "db-password", Version: 2}, &got)
 	refused(t, "fetch of a version past its grace", err, "not readable", "readable: [1 3]") // 1 keeps its own hour
 	rot.Grace = "soon"
-	_, err = call(t, op, vault.VerbRotate, vault.CallerOperator, rot, &got)
+	_, err = call(t, op, api.VaultVerbRotate, api.VaultCallerOperator, rot, &got)
 	refused(t, "a grace that is no duration", err, `grace "soon" is not a duration`)
 
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "billing", Name: "stripe-key"}, &got)
-	meta := mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{}, nil)
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: "stripe-key"}, &got)
+	meta := mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{}, nil)
 	if len(meta) != 2 || meta[0].Owner != "billing" || meta[1].Name != "db-password" || meta[1].Version != 3 {
 		t.Fatalf("list: %+v", meta)
 	}
-	if meta := mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{Owner: "shop"}, nil); len(meta) != 1 {
+	if meta := mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{Owner: "shop"}, nil); len(meta) != 1 {
 		t.Fatalf("list of shop's: %+v", meta)
 	}
 
-	_, err = call(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "Bad_Name"}, &got)
+	_, err = call(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "Bad_Name"}, &got)
 	refused(t, "a mint of a bad name", err, "lower-case letters, digits and '-'")
-	_, err = call(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: vault.SeedName}, &got)
+	_, err = call(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: vault.SeedName}, &got)
 	refused(t, "a mint of a reserved name", err, "the mesh's own")
 }
 
@@ -275,19 +276,19 @@ func TestVault_SealedToCaller(t *testing.T) {
 	given := "correct horse battery staple"
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	req := vault.Request{Owner: "shop", Name: "api-key"}
-	if err := vault.Give(ctx, op, vault.CallerOperator, &req, []byte(given)); err != nil {
+	req := api.VaultRequest{Owner: "shop", Name: "api-key"}
+	if err := vault.Give(ctx, op, api.VaultCallerOperator, &req, []byte(given)); err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Contains(req.Sealed, []byte(given)) {
 		t.Fatal("the given value travels in clear")
 	}
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, req, &vault.Secret{})
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, req, &api.Secret{})
 
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	body, _ := json.Marshal(vault.Request{XKey: xpub, Owner: "shop", Name: "api-key"})
-	msg, err := op.RequestWithContext(ctx, vault.ToolSubject(vault.VerbFetch, vault.CallerOperator), body)
+	body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Owner: "shop", Name: "api-key"})
+	msg, err := op.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbFetch, api.VaultCallerOperator), body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,7 @@ func TestVault_SealedToCaller(t *testing.T) {
 			t.Fatalf("the reply holds the value in clear: %s", msg.Data)
 		}
 	}
-	var reply vault.Reply
+	var reply api.VaultReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != "" || len(reply.Sealed) == 0 {
 		t.Fatalf("reply %s: %v", msg.Data, err)
 	}
@@ -305,7 +306,7 @@ func TestVault_SealedToCaller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s vault.Secret
+	var s api.Secret
 	if err := json.Unmarshal(plain, &s); err != nil || s.Value != given {
 		t.Fatalf("the sealed reply opens to %s (%v), want the given value", plain, err)
 	}
@@ -314,15 +315,15 @@ func TestVault_SealedToCaller(t *testing.T) {
 		t.Fatal("another xkey opened the reply")
 	}
 
-	body, _ = json.Marshal(vault.Request{Owner: "shop", Name: "new-one"})
-	msg, err = op.RequestWithContext(ctx, vault.ToolSubject(vault.VerbMint, vault.CallerOperator), body)
+	body, _ = json.Marshal(api.VaultRequest{Owner: "shop", Name: "new-one"})
+	msg, err = op.RequestWithContext(ctx, api.VaultToolSubject(api.VaultVerbMint, api.VaultCallerOperator), body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || !strings.Contains(reply.Error, "send your xkey public key") {
 		t.Fatalf("a mint without an xkey: %s", msg.Data)
 	}
-	if meta := mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{Owner: "shop"}, nil); len(meta) != 1 {
+	if meta := mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{Owner: "shop"}, nil); len(meta) != 1 {
 		t.Fatalf("a mint refused for its missing xkey wrote something: %+v", meta)
 	}
 }
@@ -337,13 +338,13 @@ func TestVault_BarrierAtRest(t *testing.T) {
 	given := "the-quick-brown-fox-jumps"
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	req := vault.Request{Owner: "shop", Name: "api-key"}
-	if err := vault.Give(ctx, op, vault.CallerOperator, &req, []byte(given)); err != nil {
+	req := api.VaultRequest{Owner: "shop", Name: "api-key"}
+	if err := vault.Give(ctx, op, api.VaultCallerOperator, &req, []byte(given)); err != nil {
 		t.Fatal(err)
 	}
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, req, &vault.Secret{})
-	var id vault.Identity
-	mustCall(t, op, vault.VerbIdentity, vault.CallerOperator, vault.Request{Owner: "shop"}, &id)
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, req, &api.Secret{})
+	var id api.Identity
+	mustCall(t, op, api.VaultVerbIdentity, api.VaultCallerOperator, api.VaultRequest{Owner: "shop"}, &id)
 	if !strings.HasPrefix(id.Seed, "SU") || !nkeys.IsValidPublicUserKey(id.PublicKey) {
 		t.Fatalf("minted identity %+v", id)
 	}
@@ -359,7 +360,7 @@ func TestVault_BarrierAtRest(t *testing.T) {
 			}
 		}
 	}
-	if meta := mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{Owner: "shop"}, nil); len(meta) != 1 {
+	if meta := mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{Owner: "shop"}, nil); len(meta) != 1 {
 		t.Fatalf("list shows the kept seed: %+v", meta)
 	}
 
@@ -371,7 +372,7 @@ func TestVault_BarrierAtRest(t *testing.T) {
 	if err := stranger.Start(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := call(t, op, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "shop", Name: "api-key"}, &vault.Secret{})
+	_, err := call(t, op, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "api-key"}, &api.Secret{})
 	refused(t, "a fetch under another barrier key", err, "does not open under this barrier key")
 	stranger.Stop()
 	if err := b.vault.Start(); err != nil {
@@ -390,7 +391,7 @@ func TestVault_BarrierAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	testbed.RetryUntil(t, wait, func() error {
-		_, err := call(t, op, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "billing", Name: "api-key"}, &vault.Secret{})
+		_, err := call(t, op, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: "api-key"}, &api.Secret{})
 		if err == nil || !strings.Contains(err.Error(), "does not open under this barrier key") {
 			return fmt.Errorf("a ciphertext moved to billing: %v", err)
 		}
@@ -404,7 +405,7 @@ func TestVault_BarrierAtRest(t *testing.T) {
 	}
 	testbed.RetryUntil(t, wait, func() error {
 		for _, action := range []string{"minted", "identity-minted"} {
-			m, err := events.GetLastMsgForSubject(ctx, vault.EventSubject(action))
+			m, err := events.GetLastMsgForSubject(ctx, api.VaultEventSubject(action))
 			if err != nil {
 				return fmt.Errorf("no %s event: %v", action, err)
 			}
@@ -423,25 +424,25 @@ func TestVault_BarrierAtRest(t *testing.T) {
 func TestVault_ModuleFetch(t *testing.T) {
 	b := newBed(t, nil, 0)
 	op := b.operator(t)
-	var minted vault.Secret
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "db-password"}, &minted)
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "billing", Name: "stripe-key"}, &vault.Secret{})
+	var minted api.Secret
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "db-password"}, &minted)
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: "stripe-key"}, &api.Secret{})
 	shop := b.module(t, "shop")
-	caller := vault.ModuleCaller("shop")
+	caller := api.VaultModuleCaller("shop")
 
-	var got vault.Secret
+	var got api.Secret
 	// The owner is the caller's, whatever the request says.
-	mustCall(t, shop, vault.VerbFetch, caller, vault.Request{Owner: "billing", Name: "db-password"}, &got)
+	mustCall(t, shop, api.VaultVerbFetch, caller, api.VaultRequest{Owner: "billing", Name: "db-password"}, &got)
 	if got.Value != minted.Value || got.Owner != "shop" {
 		t.Fatalf("shop fetched %+v", got)
 	}
-	_, err := call(t, shop, vault.VerbFetch, caller, vault.Request{Name: "stripe-key"}, &got)
+	_, err := call(t, shop, api.VaultVerbFetch, caller, api.VaultRequest{Name: "stripe-key"}, &got)
 	refused(t, "a fetch of a secret shop does not declare", err, "does not declare secret", "add it to secrets: in its manifest and re-register")
-	_, err = call(t, shop, vault.VerbFetch, caller, vault.Request{Name: "api-key"}, &got)
+	_, err = call(t, shop, api.VaultVerbFetch, caller, api.VaultRequest{Name: "api-key"}, &got)
 	refused(t, "a fetch of a declared secret never minted", err, "meshnode vault mint api-key --owner shop")
-	_, err = call(t, shop, vault.VerbMint, caller, vault.Request{Owner: "shop", Name: "db-password"}, &got)
+	_, err = call(t, shop, api.VaultVerbMint, caller, api.VaultRequest{Owner: "shop", Name: "db-password"}, &got)
 	refused(t, "a module's mint", err, "may only fetch its own secrets")
-	_, err = call(t, b.module(t, "ghost"), vault.VerbFetch, vault.ModuleCaller("ghost"), vault.Request{Name: "db-password"}, &got)
+	_, err = call(t, b.module(t, "ghost"), api.VaultVerbFetch, api.VaultModuleCaller("ghost"), api.VaultRequest{Name: "db-password"}, &got)
 	refused(t, "an unregistered module's fetch", err, "does not declare")
 
 	// A reply into another identity's inbox is not answered (an answer takes milliseconds).
@@ -449,13 +450,13 @@ func TestVault_ModuleFetch(t *testing.T) {
 	defer cancel()
 	xkp, _ := nkeys.CreateCurveKeys()
 	xpub, _ := xkp.PublicKey()
-	body, _ := json.Marshal(vault.Request{XKey: xpub, Name: "db-password"})
+	body, _ := json.Marshal(api.VaultRequest{XKey: xpub, Name: "db-password"})
 	billing := b.module(t, "billing")
 	sub, err := billing.SubscribeSync(manifest.InboxPrefix("billing") + ".stolen")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.PublishRequest(vault.ToolSubject(vault.VerbFetch, caller), manifest.InboxPrefix("billing")+".stolen", body); err != nil {
+	if err := shop.PublishRequest(api.VaultToolSubject(api.VaultVerbFetch, caller), manifest.InboxPrefix("billing")+".stolen", body); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := sub.NextMsgWithContext(ctx); err == nil {
@@ -469,15 +470,15 @@ func TestVault_RateLimit(t *testing.T) {
 	const limit = 1 // a second, with bursts of 2
 	b := newBed(t, nil, limit)
 	op := b.operator(t)
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "db-password"}, &vault.Secret{})
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "billing", Name: "stripe-key"}, &vault.Secret{})
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "db-password"}, &api.Secret{})
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "billing", Name: "stripe-key"}, &api.Secret{})
 	for range 10 {
-		mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{}, nil)
+		mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{}, nil)
 	}
 	shop := b.module(t, "shop")
 	var err error
 	for i := 0; i < 2*limit+1; i++ {
-		if _, err = call(t, shop, vault.VerbFetch, vault.ModuleCaller("shop"), vault.Request{Name: "db-password"}, &vault.Secret{}); err != nil {
+		if _, err = call(t, shop, api.VaultVerbFetch, api.VaultModuleCaller("shop"), api.VaultRequest{Name: "db-password"}, &api.Secret{}); err != nil {
 			break
 		}
 	}
@@ -485,7 +486,7 @@ func TestVault_RateLimit(t *testing.T) {
 	// The next is dropped without an answer: a flood costs no replies.
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := vault.Call(ctx, shop, vault.VerbFetch, vault.ModuleCaller("shop"), vault.Request{Name: "db-password"}, &vault.Secret{}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := vault.Call(ctx, shop, api.VaultVerbFetch, api.VaultModuleCaller("shop"), api.VaultRequest{Name: "db-password"}, &api.Secret{}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a second request past the rate: %v, want no answer", err)
 	}
 	testbed.RetryUntil(t, wait, func() error {
@@ -495,7 +496,7 @@ func TestVault_RateLimit(t *testing.T) {
 		return nil
 	})
 	// Another module has its own budget.
-	mustCall(t, b.module(t, "billing"), vault.VerbFetch, vault.ModuleCaller("billing"), vault.Request{Name: "stripe-key"}, nil)
+	mustCall(t, b.module(t, "billing"), api.VaultVerbFetch, api.VaultModuleCaller("billing"), api.VaultRequest{Name: "stripe-key"}, nil)
 }
 
 // TestVault_Enrolment: a join token enrols as many nodes as it has uses, each under a name
@@ -504,8 +505,8 @@ func TestVault_RateLimit(t *testing.T) {
 func TestVault_Enrolment(t *testing.T) {
 	b := newBed(t, nil, 0)
 	op := b.operator(t)
-	var tok vault.Token
-	mustCall(t, op, vault.VerbToken, vault.CallerOperator, vault.Request{Uses: 2, TTL: "1h"}, &tok)
+	var tok api.Token
+	mustCall(t, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{Uses: 2, TTL: "1h"}, &tok)
 	bearer, err := vault.ParseToken(tok.Token)
 	if err != nil {
 		t.Fatal(err)
@@ -521,7 +522,7 @@ func TestVault_Enrolment(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	enrol := func(node string) (*vault.Enrolment, error) {
+	enrol := func(node string) (*api.Enrolment, error) {
 		xkp, _ := nkeys.CreateCurveKeys()
 		return vault.Enrol(ctx, tok.Token, node, xkp)
 	}
@@ -546,8 +547,8 @@ func TestVault_Enrolment(t *testing.T) {
 	}
 
 	// Expired.
-	var short vault.Token
-	mustCall(t, op, vault.VerbToken, vault.CallerOperator, vault.Request{TTL: "50ms"}, &short)
+	var short api.Token
+	mustCall(t, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "50ms"}, &short)
 	testbed.RetryUntil(t, wait, func() error {
 		if time.Now().Before(short.Expires) {
 			return errors.New("not expired yet")
@@ -558,7 +559,7 @@ func TestVault_Enrolment(t *testing.T) {
 	_, err = vault.Enrol(ctx, short.Token, "n5", xkp)
 	refused(t, "an expired token", err, "expired at", "meshnode token create")
 
-	_, err = call(t, op, vault.VerbToken, vault.CallerOperator, vault.Request{TTL: "-1h"}, &short)
+	_, err = call(t, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "-1h"}, &short)
 	refused(t, "a negative ttl", err, "not a positive duration")
 	if _, err := vault.ParseToken("MNJ2.xyz"); err == nil || !strings.Contains(err.Error(), "meshnode token create") {
 		t.Fatalf("ParseToken of a foreign string: %v", err)
@@ -575,9 +576,9 @@ func TestVault_ServerCredentials(t *testing.T) {
 	op := b.operator(t)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	var secrets vault.ServerSecrets
-	req := vault.Request{XKey: b.node.xpub, Node: b.node.name}
-	if _, err := vault.CallWith(ctx, op, b.node.xkp, vault.VerbServer, vault.CallerNode, req, &secrets); err != nil {
+	var secrets api.ServerSecrets
+	req := api.VaultRequest{XKey: b.node.xpub, Node: b.node.name}
+	if _, err := vault.CallWith(ctx, op, b.node.xkp, api.VaultVerbServer, api.VaultCallerNode, req, &secrets); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(secrets.BarrierKey, b.barrier) || len(secrets.VaultSeed) == 0 {
@@ -585,9 +586,9 @@ func TestVault_ServerCredentials(t *testing.T) {
 	}
 	stranger, _ := nkeys.CreateCurveKeys()
 	strangerPub, _ := stranger.PublicKey()
-	_, err := vault.CallWith(ctx, op, stranger, vault.VerbServer, vault.CallerNode, vault.Request{XKey: strangerPub, Node: b.node.name}, &secrets)
+	_, err := vault.CallWith(ctx, op, stranger, api.VaultVerbServer, api.VaultCallerNode, api.VaultRequest{XKey: strangerPub, Node: b.node.name}, &secrets)
 	refused(t, "the server's credentials to another xkey", err, "not the recorded xkey of server")
-	_, err = vault.CallWith(ctx, op, b.node.xkp, vault.VerbServer, vault.CallerOperator, req, &secrets)
+	_, err = vault.CallWith(ctx, op, b.node.xkp, api.VaultVerbServer, api.VaultCallerOperator, req, &secrets)
 	refused(t, "the server's credentials to the operator", err, "only a server of the mesh")
 }
 
@@ -611,9 +612,9 @@ func TestVault_BadRecord(t *testing.T) {
 		}
 		return nil
 	})
-	_, err = call(t, op, vault.VerbFetch, vault.CallerOperator, vault.Request{Owner: "shop", Name: "db-password"}, &vault.Secret{})
+	_, err = call(t, op, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "db-password"}, &api.Secret{})
 	refused(t, "a fetch of a bad record", err, "does not exist")
-	mustCall(t, op, vault.VerbMint, vault.CallerOperator, vault.Request{Owner: "shop", Name: "db-password"}, &vault.Secret{})
+	mustCall(t, op, api.VaultVerbMint, api.VaultCallerOperator, api.VaultRequest{Owner: "shop", Name: "db-password"}, &api.Secret{})
 	if got := b.vault.Bad(); len(got) != 0 {
 		t.Fatalf("after the mint Bad() = %v", got)
 	}
@@ -630,7 +631,7 @@ func TestVault_StopClose(t *testing.T) {
 	testbed.RetryUntil(t, wait, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		_, err := vault.Call(ctx, op, vault.VerbList, vault.CallerOperator, vault.Request{}, nil)
+		_, err := vault.Call(ctx, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{}, nil)
 		if err == nil || !strings.Contains(err.Error(), "no vault answers") || !strings.Contains(err.Error(), "meshnode status") {
 			return fmt.Errorf("a call to a stopped vault: %v", err)
 		}
@@ -639,7 +640,7 @@ func TestVault_StopClose(t *testing.T) {
 	if err := b.vault.Start(); err != nil {
 		t.Fatal(err)
 	}
-	mustCall(t, op, vault.VerbList, vault.CallerOperator, vault.Request{}, nil)
+	mustCall(t, op, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{}, nil)
 	testbed.RetryUntil(t, wait, func() error { // told after the reply is sent
 		if b.served.Load() == 0 {
 			return errors.New("Served was not told of an answered request")

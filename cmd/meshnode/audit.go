@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
@@ -26,14 +27,14 @@ func newAuditCmd() *cobra.Command {
 }
 
 // auditFilterFlags adds the filters query and tail share.
-func auditFilterFlags(cmd *cobra.Command, f *audit.Filter, asJSON *bool) {
+func auditFilterFlags(cmd *cobra.Command, f *api.AuditFilter, asJSON *bool) {
 	cmd.Flags().StringVar(&f.Source, "source", "", "only events whose x-source is this")
 	cmd.Flags().StringVar(&f.Event, "event", "", "only events matching this pattern, as consumes: writes it (billing.**)")
 	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?")
 }
 
 // auditCall asks the audit log of the node the CLI is connected to.
-func auditCall(cmd *cobra.Command, req audit.Request) (reply audit.Reply, err error) {
+func auditCall(cmd *cobra.Command, req api.AuditRequest) (reply api.AuditReply, err error) {
 	err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
 		reply, err = audit.Call(ctx, nc, nc.ConnectedServerName(), req)
 		return err
@@ -42,7 +43,7 @@ func auditCall(cmd *cobra.Command, req audit.Request) (reply audit.Reply, err er
 }
 
 func newAuditQueryCmd() *cobra.Command {
-	var f audit.Filter
+	var f api.AuditFilter
 	var since, until string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -62,8 +63,8 @@ func newAuditQueryCmd() *cobra.Command {
 			}
 			w := newRecordWriter(cmd.OutOrStdout(), asJSON)
 			for found := 0; ; {
-				f.Limit = audit.DefaultLimit
-				reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
+				f.Limit = api.AuditDefaultLimit
+				reply, err := auditCall(cmd, api.AuditRequest{Op: "query", Filter: f})
 				if err != nil {
 					return err
 				}
@@ -105,7 +106,7 @@ func parseWhen(s string) (time.Time, error) {
 }
 
 func newAuditTailCmd() *cobra.Command {
-	var f audit.Filter
+	var f api.AuditFilter
 	var follow, asJSON bool
 	var n int
 	cmd := &cobra.Command{
@@ -118,7 +119,7 @@ func newAuditTailCmd() *cobra.Command {
 			w := newRecordWriter(cmd.OutOrStdout(), asJSON)
 			// printNew prints what the filter finds and moves it past what was printed.
 			printNew := func() error {
-				reply, err := auditCall(cmd, audit.Request{Op: "query", Filter: f})
+				reply, err := auditCall(cmd, api.AuditRequest{Op: "query", Filter: f})
 				if err != nil {
 					return err
 				}
@@ -180,9 +181,9 @@ Two different questions, answered apart:
 			// Progress on a terminal, about once a second; piped, nothing but the answer.
 			stderr := cmd.ErrOrStderr()
 			shown := false
-			var reply audit.Reply
+			var reply api.AuditReply
 			err := withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = audit.CallProgress(ctx, nc, nc.ConnectedServerName(), audit.Request{Op: "verify"}, requestTimeout, func(p audit.Progress) {
+				reply, err = audit.CallProgress(ctx, nc, nc.ConnectedServerName(), api.AuditRequest{Op: "verify"}, requestTimeout, func(p api.AuditProgress) {
 					if isTerminal(stderr) {
 						fmt.Fprintf(stderr, "\rverifying: %d of %d records (%d%%)", p.Done, p.Total, 100*p.Done/max(p.Total, 1))
 						shown = true
@@ -244,7 +245,7 @@ type recordWriter struct {
 }
 
 // noMatch says that nothing matched f, and how the likeliest mistakes are put right.
-func noMatch(f audit.Filter) string {
+func noMatch(f api.AuditFilter) string {
 	switch {
 	case f.ID != "":
 		return "no audited event has id " + f.ID + ": --id takes the whole x-event-id (`meshnode audit query --json` shows them), and an event is found once the log has read it (`meshnode status` shows its lag)"
@@ -258,7 +259,7 @@ func newRecordWriter(w io.Writer, asJSON bool) *recordWriter {
 	return &recordWriter{json: asJSON, enc: json.NewEncoder(w), tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
 }
 
-func (w *recordWriter) write(r audit.Record) {
+func (w *recordWriter) write(r api.AuditRecord) {
 	if w.json {
 		out := map[string]any{
 			"n": r.N, "seq": r.Seq, "subject": r.Subject, "key": envelope.Key(r.Subject), "event_id": r.EventID,

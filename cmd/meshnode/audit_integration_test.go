@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -273,7 +273,7 @@ func TestIntegration_Binary_AuditVerifyListsForgeries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var v audit.Verification
+	var v api.AuditVerification
 	retryUntil(t, 20*time.Second, func() error {
 		r := meshnode(t, nil, "audit", "verify", "--json", "--data-dir", dir)
 		if r.code != 0 {
@@ -291,12 +291,12 @@ func TestIntegration_Binary_AuditVerifyListsForgeries(t *testing.T) {
 	for _, f := range v.Flagged {
 		kinds[f.Kind] = true
 	}
-	if v.Broken != nil || v.FlaggedTotal != 2 || !kinds[audit.FlagSourceMismatch] || !kinds[audit.FlagBadID] {
+	if v.Broken != nil || v.FlaggedTotal != 2 || !kinds[api.AuditFlagSourceMismatch] || !kinds[api.AuditFlagBadID] {
 		t.Errorf("verify --json: %+v", v)
 	}
 	r := meshnode(t, nil, "audit", "verify", "--data-dir", dir)
 	if r.code != 0 || !strings.Contains(r.stdout, "audit log intact") || !strings.Contains(r.stdout, "2 not genuine") ||
-		!strings.Contains(r.stdout, audit.FlagSourceMismatch) || !strings.Contains(r.stdout, "order-1") {
+		!strings.Contains(r.stdout, api.AuditFlagSourceMismatch) || !strings.Contains(r.stdout, "order-1") {
 		t.Errorf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -51,7 +51,7 @@ repository's hooks/post-receive:
 				if err != nil {
 					return fmt.Errorf("ask node %s: %w", info.Name, err)
 				}
-				var reply build.GitReply
+				var reply api.GitReply
 				if err := json.Unmarshal(msg.Data, &reply); err != nil {
 					return err
 				}
@@ -75,7 +75,7 @@ func newBuildsCmd() *cobra.Command {
   meshnode builds --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var builds []registry.Build
+			var builds []api.Build
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				builds, err = admin.Builds(ctx, nc)
 				return err

@@ -8,8 +8,8 @@ import (
 	"slices"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -82,8 +82,8 @@ func callAsOperator(ctx context.Context, nc *nats.Conn, target, tool string, bod
 // target declares the tool; else the seat's, when target is a seat a module declares (it
 // may share its module's name) or one of the mesh's own, in the first protocol version that
 // serves the tool.
-func operatorToolSubject(mods []registry.ModuleInfo, target, tool string) (string, error) {
-	var module *registry.ModuleInfo
+func operatorToolSubject(mods []api.ModuleInfo, target, tool string) (string, error) {
+	var module *api.ModuleInfo
 	var seat manifest.Seat
 	isSeat, unread := false, false
 	for i := range mods {

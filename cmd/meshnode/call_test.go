@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 )
 
 // TestOperatorToolSubject: the operator's call reaches a module's tool, or a seat's — the
@@ -24,7 +24,7 @@ seats:
         serves: [status, queue]
 `
 	builder := "module: builder\nrequires: [mesh-bus]\nseats:\n  mesh-build-machine:\n    scope: mesh\n    retain: 7d\n    accepts: [build]\n    emits: [built, failed]\n    serves: [status, queue]\n"
-	mods := []registry.ModuleInfo{
+	mods := []api.ModuleInfo{
 		{Module: "mailer", Seats: []string{"mailer"}, Manifest: mailer},
 		{Module: "billing", Tools: []string{"status"}},
 		{Module: "builder", Seats: []string{"mesh-build-machine"}, Manifest: builder},

@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/api"
 	"github.com/spf13/cobra"
 )
 
@@ -24,7 +24,7 @@ changed. The mesh's CA certificate, which clients trust, is <data-dir>/ca.pem.`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolCertRotate, struct{}{}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolCertRotate, struct{}{}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s has a new certificate; new connections see it\n", info.Name)

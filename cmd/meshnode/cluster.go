@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/node"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -30,7 +30,7 @@ To stop a node for a while (a reboot, an upgrade), stop its service instead.`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolLeave, node.ClusterRequest{}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolLeave, api.ClusterRequest{}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s left mesh %s and is stopping\n", info.Name, info.MeshID)
@@ -58,7 +58,7 @@ first, or run meshnode leave on it.`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolRemove, node.ClusterRequest{Node: args[0]}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolRemove, api.ClusterRequest{Node: args[0]}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "server %s removed from mesh %s\n", args[0], info.MeshID)
@@ -81,7 +81,7 @@ marker back and the alarm clears on every node within seconds.`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolAcceptLoss, node.AcceptLossRequest{Bucket: args[0]}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolAcceptLoss, api.AcceptLossRequest{Bucket: args[0]}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "the loss of %s is accepted; the alarm clears on every node within seconds\n", args[0])
@@ -113,7 +113,7 @@ func clusterTool(cmd *cobra.Command, name, tool string, req any) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", tool, err)
 		}
-		var r node.ClusterReply
+		var r api.ClusterReply
 		if err := json.Unmarshal(msg.Data, &r); err != nil {
 			return fmt.Errorf("%s: answer %q: %w", tool, msg.Data, err)
 		}

@@ -9,9 +9,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -58,7 +57,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 			return nil
 		}
 		defer resp.Body.Close()
-		var members []node.Member
+		var members []api.NodeMember
 		json.NewDecoder(resp.Body).Decode(&members)
 		for _, m := range members {
 			out = append(out, m.Name)
@@ -81,8 +80,8 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 			out = append(out, m.Module)
 		}
 	case namesSeat:
-		if msg, err := nc.RequestWithContext(ctx, seats.ListSubject, []byte("{}")); err == nil {
-			var reply seats.ListReply
+		if msg, err := nc.RequestWithContext(ctx, api.SeatListSubject, []byte("{}")); err == nil {
+			var reply api.SeatListReply
 			json.Unmarshal(msg.Data, &reply)
 			for _, s := range reply.Seats {
 				out = append(out, s.Seat)
@@ -90,7 +89,7 @@ func namesOf(cmd *cobra.Command, kind string) []string {
 		}
 	case namesSecret:
 		owner, _ := cmd.Flags().GetString("owner")
-		metas, _ := vault.Call(ctx, nc, vault.VerbList, vault.CallerOperator, vault.Request{Owner: owner}, nil)
+		metas, _ := vault.Call(ctx, nc, api.VaultVerbList, api.VaultCallerOperator, api.VaultRequest{Owner: owner}, nil)
 		for _, m := range metas {
 			out = append(out, m.Name)
 		}

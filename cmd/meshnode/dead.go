@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -73,7 +74,7 @@ func newDeadLsCmd() *cobra.Command {
 
 // deadJSON is a dead letter as `dead ls --json` and `dead show` print it: the body as JSON
 // when it is (as text when not, with body_base64 the bytes exactly), headers one value each.
-func deadJSON(d deadletter.Letter) map[string]any {
+func deadJSON(d api.DeadLetter) map[string]any {
 	out := map[string]any{"id": d.ID, "time": d.Time, "subject": d.Subject, "consumer": d.Consumer,
 		"reason": d.Reason, "deliveries": d.Deliveries, "event_id": d.EventID, "headers": flatHeaders(d.Headers), "body": bodyJSON(d.Body)}
 	if !json.Valid(d.Body) {
@@ -82,7 +83,7 @@ func deadJSON(d deadletter.Letter) map[string]any {
 	return out
 }
 
-func printDead(w io.Writer, ds []deadletter.Letter) {
+func printDead(w io.Writer, ds []api.DeadLetter) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTIME\tCONSUMER\tEVENT\tDELIVERIES\tREASON")
 	for _, d := range ds {

@@ -14,14 +14,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/meshnode/meshnode/sandbox"
-
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -172,7 +170,7 @@ func newArtifactRmCmd() *cobra.Command {
 }
 
 func newDeployCmd() *cobra.Command {
-	var d deploy.Deployment
+	var d api.Deployment
 	var nodes string
 	var env []string
 	var asJSON bool
@@ -215,12 +213,12 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 				}
 				d.Env[k] = v
 			}
-			if err := d.Check(); err != nil {
+			if err := deploy.CheckDeployment(&d); err != nil {
 				return usagef("%v", err)
 			}
-			var reply registry.DeployReply
+			var reply api.DeployReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Deploy(ctx, nc, registry.DeployRequest{Module: args[0], Deployment: d})
+				reply, err = admin.Deploy(ctx, nc, api.DeployRequest{Module: args[0], Deployment: d})
 				return err
 			})
 			if err != nil {
@@ -252,7 +250,7 @@ const waitSteady = 1500 * time.Millisecond
 // at most within: done with a line per node (with --json nothing more: exit 0 says it);
 // an error at once, with its reason, for an instance that failed to be prepared or
 // crash-loops. Progress goes to a terminal only.
-func awaitRunning(cmd *cobra.Command, reply registry.DeployReply, within time.Duration, asJSON bool) error {
+func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duration, asJSON bool) error {
 	want := map[string]uint64{} // node → the declaration's revision
 	for _, d := range reply.Declared {
 		if d.Error != "" {
@@ -367,11 +365,11 @@ func newUndeployCmd() *cobra.Command {
 		Example:           "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
 		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := registry.UndeployRequest{Module: args[0]}
+			req := api.UndeployRequest{Module: args[0]}
 			if nodes != "" {
 				req.Nodes = strings.Split(nodes, ",")
 			}
-			var reply registry.DeployReply
+			var reply api.DeployReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				reply, err = admin.Undeploy(ctx, nc, req)
 				return err
@@ -388,9 +386,9 @@ func newUndeployCmd() *cobra.Command {
 	return cmd
 }
 
-func printDeployed(w io.Writer, verb string, r registry.DeployReply, asJSON bool) error {
+func printDeployed(w io.Writer, verb string, r api.DeployReply, asJSON bool) error {
 	if asJSON {
-		return writeJSONLines(w, []registry.DeployReply{r})
+		return writeJSONLines(w, []api.DeployReply{r})
 	}
 	fmt.Fprintf(w, "%s %s\n", verb, r.Module)
 	for _, d := range r.Declared {
@@ -415,7 +413,7 @@ func newPsCmd() *cobra.Command {
   meshnode ps --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ps []registry.Process
+			var ps []api.Process
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				ps, err = admin.Ps(ctx, nc)
 				return err
@@ -449,7 +447,7 @@ func newPsCmd() *cobra.Command {
 
 // isolationSummary is a running process's isolation in a few words: its user, its Landlock
 // ABI, how its processes are contained, and a "reduced" mark when the machine gave less.
-func isolationSummary(iso *sandbox.Isolation) string {
+func isolationSummary(iso *api.Isolation) string {
 	if iso == nil {
 		return "-"
 	}
@@ -510,12 +508,12 @@ func newLogsCmd() *cobra.Command {
 					return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", args[0])
 				}
 			}
-			req := host.LogsRequest{Module: args[0], Offset: -tail}
+			req := api.LogsRequest{Module: args[0], Offset: -tail}
 			for {
-				var reply host.LogsReply
+				var reply api.LogsReply
 				ctx, cancel := context.WithTimeout(base, requestTimeout)
 				b, _ := json.Marshal(req)
-				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, host.LogsTool), b)
+				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
 				cancel()
 				if err == nil {
 					err = json.Unmarshal(msg.Data, &reply)

@@ -6,8 +6,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/meshca"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
 )
@@ -43,11 +43,11 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 			if err != nil {
 				return err
 			}
-			if err := clusterTool(cmd, info.Name, node.ToolGrow, node.GrowRequest{Expect: expect}); err != nil {
+			if err := clusterTool(cmd, info.Name, api.NodeToolGrow, api.GrowRequest{Expect: expect}); err != nil {
 				return err
 			}
-			var t vault.Token
-			if _, err := vaultCall(cmd, vault.VerbToken, vault.Request{TTL: ttl.String(), Uses: expect - 1}, &t); err != nil {
+			var t api.Token
+			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: ttl.String(), Uses: expect - 1}, &t); err != nil {
 				return fmt.Errorf("node %s is growing, but its join token was not made (%w); make one with `meshnode token create --uses %d`", info.Name, err, expect-1)
 			}
 			if onLoopback(info.ClusterAddr) && onLoopback(info.GossipAddr) {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/sandbox"
 )
@@ -140,7 +141,7 @@ type psRow struct {
 	Module, State, Reason string
 	PID                   int
 	Restarts              int
-	Isolation             *sandbox.Isolation
+	Isolation             *api.Isolation
 }
 
 // attacker tries every way the attacker read the node's secrets, and prints GOT

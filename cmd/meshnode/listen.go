@@ -11,9 +11,9 @@ import (
 	"syscall"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -84,13 +84,13 @@ while it runs and consumes nothing (modules' durable consumers are untouched).`,
 // unheardEmitter warns when pattern names an emitter no registered module is: a module, or
 // a seat (seat.<seat>.…) no module declares. The listen goes on (the emitter may be
 // registered while it runs), but a misspelt one is said, not left silent.
-func unheardEmitter(mods []registry.ModuleInfo, pattern string) string {
+func unheardEmitter(mods []api.ModuleInfo, pattern string) string {
 	toks := strings.Split(pattern, ".")
 	if toks[0] == "*" || toks[0] == "**" {
 		return ""
 	}
 	if toks[0] == "seat" && len(toks) > 1 {
-		if toks[1] == "*" || toks[1] == "**" || slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return slices.Contains(m.Seats, toks[1]) }) {
+		if toks[1] == "*" || toks[1] == "**" || slices.ContainsFunc(mods, func(m api.ModuleInfo) bool { return slices.Contains(m.Seats, toks[1]) }) {
 			return ""
 		}
 		if _, ok := manifest.BuiltinSeat(toks[1]); ok {
@@ -98,7 +98,7 @@ func unheardEmitter(mods []registry.ModuleInfo, pattern string) string {
 		}
 		return fmt.Sprintf("no registered module declares a seat %q: nothing is heard until one does; `meshnode seat ls` lists the seats", toks[1])
 	}
-	if slices.ContainsFunc(mods, func(m registry.ModuleInfo) bool { return m.Module == toks[0] }) {
+	if slices.ContainsFunc(mods, func(m api.ModuleInfo) bool { return m.Module == toks[0] }) {
 		return ""
 	}
 	return fmt.Sprintf("no module %q is registered: nothing is heard until it is; `meshnode module ls` lists the modules (a pattern starts with the emitting module's name, e.g. shop.**)", toks[0])

@@ -4,13 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/api"
 )
 
 // TestUnheardEmitter: listen says when its pattern's emitter is no registered module or
 // declared seat — `mod.shop.**`, once suggested for `mesh.mod.shop.>`, heard nothing.
 func TestUnheardEmitter(t *testing.T) {
-	mods := []registry.ModuleInfo{{Module: "shop"}, {Module: "mailer", Seats: []string{"mailer"}}}
+	mods := []api.ModuleInfo{{Module: "shop"}, {Module: "mailer", Seats: []string{"mailer"}}}
 	for pattern, says := range map[string]string{
 		"shop.**":                 "",
 		"**":                      "",

@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
 
@@ -39,7 +39,7 @@ func newMembersCmd() *cobra.Command {
 				return fmt.Errorf("node %s does not answer on %s: %v; is it running (`meshnode status`)?", info.Name, info.HTTPURL, err)
 			}
 			defer resp.Body.Close()
-			var ms []node.Member
+			var ms []api.NodeMember
 			if err := json.NewDecoder(resp.Body).Decode(&ms); err != nil {
 				return fmt.Errorf("members: %w", err)
 			}

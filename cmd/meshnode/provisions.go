@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
-	"github.com/meshnode/meshnode/provision"
-	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -25,7 +24,7 @@ shown: the vault keeps them, and the host hands them to the module's process.`,
 		Example: "  meshnode provisions\n  meshnode provisions --json\n  meshnode provisions pin shop postgres pg-main",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var rs []provision.Record
+			var rs []api.Provision
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				rs, err = admin.Provisions(ctx, nc)
 				return err
@@ -68,9 +67,9 @@ old provider, creates it at the new one, and restarts the module with its new cr
 		Example: "  meshnode provisions pin shop postgres pg-main",
 		Args:    cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var reply registry.ProvideReply
+			var reply api.ProvideReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Provide(ctx, nc, registry.ProvideRequest{Module: args[0], Interface: args[1], Provider: args[2]})
+				reply, err = admin.Provide(ctx, nc, api.ProvideRequest{Module: args[0], Interface: args[1], Provider: args[2]})
 				return err
 			})
 			if err != nil {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -172,7 +172,7 @@ func newModuleLsCmd() *cobra.Command {
   meshnode module ls --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var mods []registry.ModuleInfo
+			var mods []api.ModuleInfo
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
 				mods, err = admin.List(ctx, nc)
 				return err
@@ -192,7 +192,7 @@ func newModuleLsCmd() *cobra.Command {
 	return cmd
 }
 
-func printModules(w io.Writer, mods []registry.ModuleInfo) {
+func printModules(w io.Writer, mods []api.ModuleInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODULE\tEMITS\tCONSUMES\tTOOLS\tUSES\tSEATS\tREGISTERED")
 	for _, m := range mods {
@@ -223,9 +223,9 @@ declaration of the seat could break the protocol they are bound to) unless --for
 removal's event then names them.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var reply registry.RemoveReply
+			var reply api.RemoveReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Remove(ctx, nc, registry.RemoveRequest{Module: args[0], Force: force})
+				reply, err = admin.Remove(ctx, nc, api.RemoveRequest{Module: args[0], Force: force})
 				return err
 			})
 			if err != nil {

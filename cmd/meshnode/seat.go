@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
-	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/api"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -41,16 +40,16 @@ a version nobody is bound to as retirable; nothing is removed automatically.`,
   meshnode seat pin shop mailer v1     # back to the first version`,
 		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var reply registry.PinReply
+			var reply api.PinReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				reply, err = admin.Pin(ctx, nc, registry.PinRequest{Module: args[0], Seat: args[1], Version: args[2]})
+				reply, err = admin.Pin(ctx, nc, api.PinRequest{Module: args[0], Seat: args[1], Version: args[2]})
 				return err
 			})
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSONLines(cmd.OutOrStdout(), []registry.PinReply{reply})
+				return writeJSONLines(cmd.OutOrStdout(), []api.PinReply{reply})
 			}
 			if reply.Previous == reply.Version {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s already speaks %s of seat %s\n", reply.Module, reply.Version, reply.Seat)
@@ -79,13 +78,13 @@ func newSeatLsCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var msg *nats.Msg
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {
-				msg, err = nc.RequestWithContext(ctx, seats.ListSubject, []byte("{}"))
+				msg, err = nc.RequestWithContext(ctx, api.SeatListSubject, []byte("{}"))
 				return err
 			})
 			if err != nil {
 				return fmt.Errorf("ask the controller for seats: %w", err)
 			}
-			var reply seats.ListReply
+			var reply api.SeatListReply
 			if err := json.Unmarshal(msg.Data, &reply); err != nil {
 				return fmt.Errorf("seats answered %q: %w", msg.Data, err)
 			}
@@ -104,7 +103,7 @@ func newSeatLsCmd() *cobra.Command {
 	return cmd
 }
 
-func printSeats(w io.Writer, ss []seats.Status) {
+func printSeats(w io.Writer, ss []api.SeatStatus) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEAT\tSCOPE\tHOLDER\tNODE\tEPOCH\tSINCE\tBACKLOG\tUSERS\tVERSIONS")
 	for _, s := range ss {
@@ -130,7 +129,7 @@ func printSeats(w io.Writer, ss []seats.Status) {
 
 // versions prints each protocol version with its bound modules, or "retirable":
 // "v1 retirable; v2 shop,billing".
-func versions(vs []seats.VersionStatus) string {
+func versions(vs []api.SeatVersionStatus) string {
 	if len(vs) == 0 {
 		return "-"
 	}

@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
 
@@ -89,20 +89,20 @@ func explicitDataDir(cmd *cobra.Command) bool {
 }
 
 // fetchStatus asks the node running on dataDir for its status over its HTTP API.
-func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
+func fetchStatus(ctx context.Context, dataDir string) (api.NodeStatus, error) {
 	info, err := datadir.ReadInfo(dataDir)
 	if err != nil {
-		return node.Status{}, err
+		return api.NodeStatus{}, err
 	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	if info.Forming != "" {
 		if !processAlive(info.PID) {
-			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited while %s",
+			return api.NodeStatus{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited while %s",
 				datadir.ErrNotRunning, dataDir, datadir.InfoFile, info.PID, info.Forming)
 		}
-		return node.Status{Name: info.Name, MeshID: info.MeshID, Version: info.Version, ClusterAddr: info.ClusterAddr,
+		return api.NodeStatus{Name: info.Name, MeshID: info.MeshID, Version: info.Version, ClusterAddr: info.ClusterAddr,
 			GossipAddr: info.GossipAddr, Started: info.Started, UptimeSeconds: time.Since(info.Started).Seconds(),
 			Reason: "forming the mesh: " + info.Forming}, nil
 	}
@@ -112,16 +112,16 @@ func fetchStatus(ctx context.Context, dataDir string) (node.Status, error) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		if !processAlive(info.PID) {
-			return node.Status{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited; start it with `meshnode up --data-dir %s` (or `meshnode run`)",
+			return api.NodeStatus{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited; start it with `meshnode up --data-dir %s` (or `meshnode run`)",
 				datadir.ErrNotRunning, dataDir, datadir.InfoFile, info.PID, dataDir)
 		}
-		return node.Status{}, fmt.Errorf("node %s (pid %d) does not answer on %s: %v", info.Name, info.PID, info.HTTPURL, err)
+		return api.NodeStatus{}, fmt.Errorf("node %s (pid %d) does not answer on %s: %v", info.Name, info.PID, info.HTTPURL, err)
 	}
 	defer resp.Body.Close()
-	var st node.Status
+	var st api.NodeStatus
 	body, _ := io.ReadAll(resp.Body)
 	if err := json.Unmarshal(body, &st); err != nil {
-		return node.Status{}, fmt.Errorf("node %s answered %s with %q, not a status", info.Name, resp.Status, body)
+		return api.NodeStatus{}, fmt.Errorf("node %s answered %s with %q, not a status", info.Name, resp.Status, body)
 	}
 	return st, nil
 }
@@ -134,7 +134,7 @@ func processAlive(pid int) bool {
 	return p.Signal(syscall.Signal(0)) == nil
 }
 
-func printStatus(w io.Writer, st node.Status) {
+func printStatus(w io.Writer, st api.NodeStatus) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	ready := "yes"
 	if !st.Ready {
@@ -165,7 +165,7 @@ func printStatus(w io.Writer, st node.Status) {
 }
 
 // auditLine is the status's audit row: records and lag, and the gaps if there are any.
-func auditLine(a node.AuditStatus) string {
+func auditLine(a api.NodeAuditStatus) string {
 	line := fmt.Sprintf("%d records, lag %d", a.Records, a.Lag)
 	if a.Missed > 0 {
 		line += fmt.Sprintf(", %d events missed (they left EVENTS before the log read them: see the node's log)", a.Missed)

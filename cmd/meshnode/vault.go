@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -27,21 +28,21 @@ func newVaultCmd() *cobra.Command {
 }
 
 // vaultCall calls the vault as the operator.
-func vaultCall(cmd *cobra.Command, verb string, req vault.Request, out any) (metas []vault.Meta, err error) {
+func vaultCall(cmd *cobra.Command, verb string, req api.VaultRequest, out any) (metas []api.VaultMeta, err error) {
 	err = withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
-		metas, err = vault.Call(ctx, nc, verb, vault.CallerOperator, req, out)
+		metas, err = vault.Call(ctx, nc, verb, api.VaultCallerOperator, req, out)
 		return err
 	})
 	return metas, err
 }
 
 func addOwnerFlag(cmd *cobra.Command, owner *string) {
-	cmd.Flags().StringVar(owner, "owner", vault.CallerOperator, "the module the secret belongs to (or operator)")
+	cmd.Flags().StringVar(owner, "owner", api.VaultCallerOperator, "the module the secret belongs to (or operator)")
 }
 
 // givenValue reads the value the operator gives on stdin (one trailing newline dropped)
 // and seals it into req for the vault's intake key.
-func givenValue(cmd *cobra.Command, req *vault.Request) error {
+func givenValue(cmd *cobra.Command, req *api.VaultRequest) error {
 	b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 1<<20))
 	if err != nil {
 		return err
@@ -51,7 +52,7 @@ func givenValue(cmd *cobra.Command, req *vault.Request) error {
 		return usagef("--value-stdin read nothing: pipe the value in, e.g. printf %%s \"$URL\" | meshnode vault mint NAME --value-stdin")
 	}
 	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
-		return vault.Give(ctx, nc, vault.CallerOperator, req, b)
+		return vault.Give(ctx, nc, api.VaultCallerOperator, req, b)
 	})
 }
 
@@ -65,14 +66,14 @@ func newVaultMintCmd() *cobra.Command {
 			"  printf %s \"$PG_ADMIN_URL\" | meshnode vault mint admin-url --owner postgres-provisioner --value-stdin",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s vault.Secret
-			req := vault.Request{Owner: owner, Name: args[0]}
+			var s api.Secret
+			req := api.VaultRequest{Owner: owner, Name: args[0]}
 			if given {
 				if err := givenValue(cmd, &req); err != nil {
 					return err
 				}
 			}
-			if _, err := vaultCall(cmd, vault.VerbMint, req, &s); err != nil {
+			if _, err := vaultCall(cmd, api.VaultVerbMint, req, &s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "minted %s of %s, version %d\n", s.Name, s.Owner, s.Version)
@@ -96,14 +97,14 @@ func newVaultRotateCmd() *cobra.Command {
 		Example:           `  meshnode vault rotate api-token --owner shop --grace 24h`,
 		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s vault.Secret
-			req := vault.Request{Owner: owner, Name: args[0], Grace: grace.String()}
+			var s api.Secret
+			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: grace.String()}
 			if given {
 				if err := givenValue(cmd, &req); err != nil {
 					return err
 				}
 			}
-			if _, err := vaultCall(cmd, vault.VerbRotate, req, &s); err != nil {
+			if _, err := vaultCall(cmd, api.VaultVerbRotate, req, &s); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "rotated %s of %s to version %d; readable versions %v\n", s.Name, s.Owner, s.Version, s.Versions)
@@ -141,8 +142,8 @@ func newVaultFetchCmd() *cobra.Command {
 					return err
 				}
 			} else {
-				var s vault.Secret
-				if _, err := vaultCall(cmd, vault.VerbFetch, vault.Request{Owner: owner, Name: args[0], Version: ver}, &s); err != nil {
+				var s api.Secret
+				if _, err := vaultCall(cmd, api.VaultVerbFetch, api.VaultRequest{Owner: owner, Name: args[0], Version: ver}, &s); err != nil {
 					if !cmd.Flags().Changed("owner") && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
 						return withOwners(cmd, args[0], err) // the vault answered: ask it which owners have the name
 					}
@@ -163,13 +164,13 @@ func newVaultFetchCmd() *cobra.Command {
 // withOwners adds to err, a fetch of the operator's own secret name that failed, which
 // modules own a secret of that name: --owner was likely forgotten.
 func withOwners(cmd *cobra.Command, name string, err error) error {
-	metas, lerr := vaultCall(cmd, vault.VerbList, vault.Request{}, nil)
+	metas, lerr := vaultCall(cmd, api.VaultVerbList, api.VaultRequest{}, nil)
 	if lerr != nil {
 		return err
 	}
 	var owners []string
 	for _, m := range metas {
-		if m.Name == name && m.Owner != vault.CallerOperator {
+		if m.Name == name && m.Owner != api.VaultCallerOperator {
 			owners = append(owners, m.Owner)
 		}
 	}
@@ -189,7 +190,7 @@ func newVaultLsCmd() *cobra.Command {
   meshnode vault ls --owner shop --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			metas, err := vaultCall(cmd, vault.VerbList, vault.Request{Owner: owner}, nil)
+			metas, err := vaultCall(cmd, api.VaultVerbList, api.VaultRequest{Owner: owner}, nil)
 			if err != nil {
 				return err
 			}
@@ -232,8 +233,8 @@ func newTokenCmd() *cobra.Command {
 			if ttl <= 0 {
 				return usagef("--ttl %s: must be positive", ttl)
 			}
-			var t vault.Token
-			if _, err := vaultCall(cmd, vault.VerbToken, vault.Request{TTL: ttl.String(), Uses: uses}, &t); err != nil {
+			var t api.Token
+			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: ttl.String(), Uses: uses}, &t); err != nil {
 				return err
 			}
 			if asJSON {

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/vault"
 )
 
 // TestIntegration_Binary_VaultRotationsSurviveKill9: while rotations run back to back, the node is killed
@@ -59,10 +59,10 @@ func TestIntegration_Binary_VaultRotationsSurviveKill9(t *testing.T) {
 	t.Logf("%d rotations, %d answered, %d kills", 2*rounds, answered.Load(), kills)
 	ok := &answered
 
-	var secret vault.Meta
+	var secret api.VaultMeta
 	r := meshnode(t, nil, "vault", "ls", "--json", "--data-dir", dir)
 	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
-		var m vault.Meta
+		var m api.VaultMeta
 		if json.Unmarshal([]byte(line), &m) == nil && m.Name == "smtp" {
 			secret = m
 		}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/sdk"
 )
@@ -81,9 +82,9 @@ func newProvisioner(admin string, log *slog.Logger) (*provisioner, error) {
 // encodes its reply; an error goes back to the caller as a tool error.
 func (p *provisioner) handlers() map[string]sdk.ToolHandler {
 	return map[string]sdk.ToolHandler{
-		provision.ToolCreate: tool(p.create),
-		provision.ToolRemove: tool(p.remove),
-		provision.ToolHolds:  tool(p.holds),
+		api.ProvisionToolCreate: tool(p.create),
+		api.ProvisionToolRemove: tool(p.remove),
+		api.ProvisionToolHolds:  tool(p.holds),
 	}
 }
 
@@ -108,48 +109,48 @@ func tool[Req, Reply any](f func(context.Context, Req) (Reply, error)) sdk.ToolH
 // exist, and answers the credential sealed to the request's xkey. The password is in the
 // sealed reply and nowhere else: the server is sent only its SCRAM verifier, so not even a
 // server that logs statements sees it.
-func (p *provisioner) create(ctx context.Context, req provision.CreateRequest) (provision.CreateReply, error) {
+func (p *provisioner) create(ctx context.Context, req api.ProvisionCreateRequest) (api.ProvisionCreateReply, error) {
 	if err := checkRequest(req.Consumer, req.Interface); err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	limit, err := connectionLimit(req.Options)
 	if err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	conn, err := p.connect(ctx)
 	if err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	name := resourceName(req.Consumer)
 	role, err := roleState(ctx, conn, name, req.Consumer)
 	if err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	db, err := databaseState(ctx, conn, name, req.Consumer)
 	if err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	if role == foreign || db == foreign {
-		return provision.CreateReply{}, fmt.Errorf("a role or database %s exists that this provisioner did not make for %s; it leaves it alone: drop or rename it by hand, then create again", name, req.Consumer)
+		return api.ProvisionCreateReply{}, fmt.Errorf("a role or database %s exists that this provisioner did not make for %s; it leaves it alone: drop or rename it by hand, then create again", name, req.Consumer)
 	}
 	b := make([]byte, passwordBytes)
 	rand.Read(b) // never fails: it crashes the program instead
 	password := hex.EncodeToString(b)
 	verifier, err := scramVerifier(password)
 	if err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	if err := ensureRole(ctx, conn, name, req.Consumer, verifier, limit, role == missing); err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	if err := ensureDatabase(ctx, conn, name, req.Consumer, db == missing); err != nil {
-		return provision.CreateReply{}, err
+		return api.ProvisionCreateReply{}, err
 	}
 	port := strconv.Itoa(int(p.port))
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(name, password), Host: net.JoinHostPort(p.host, port),
 		Path: "/" + name, RawQuery: "sslmode=disable"}
-	reply, err := provision.Seal(provision.Credential{Env: map[string]string{
+	reply, err := provision.Seal(api.Provisioned{Env: map[string]string{
 		"POSTGRES_URL":      u.String(),
 		"POSTGRES_HOST":     p.host,
 		"POSTGRES_PORT":     port,
@@ -158,7 +159,7 @@ func (p *provisioner) create(ctx context.Context, req provision.CreateRequest) (
 		"POSTGRES_PASSWORD": password,
 	}}, req)
 	if err != nil {
-		return provision.CreateReply{}, fmt.Errorf("seal the credential of %s: %w", req.Consumer, err)
+		return api.ProvisionCreateReply{}, fmt.Errorf("seal the credential of %s: %w", req.Consumer, err)
 	}
 	p.log.Info("provisioned", "consumer", req.Consumer, "database", name, "new", db == missing)
 	return reply, nil
@@ -167,7 +168,7 @@ func (p *provisioner) create(ctx context.Context, req provision.CreateRequest) (
 // remove drops the consumer's database — closing its connections — and its role. What does
 // not exist, or was not made by this provisioner, is left alone without an error: the
 // provisioner holds nothing for the consumer then.
-func (p *provisioner) remove(ctx context.Context, req provision.RemoveRequest) (struct{}, error) {
+func (p *provisioner) remove(ctx context.Context, req api.ProvisionRemoveRequest) (struct{}, error) {
 	if err := checkRequest(req.Consumer, req.Interface); err != nil {
 		return struct{}{}, err
 	}
@@ -210,13 +211,13 @@ func (p *provisioner) remove(ctx context.Context, req provision.RemoveRequest) (
 
 // holds lists, sorted, the consumers whose database exists and carries this provisioner's
 // mark. A request without an interface means postgres, the only one the seat provides.
-func (p *provisioner) holds(ctx context.Context, req provision.HoldsRequest) (provision.HoldsReply, error) {
+func (p *provisioner) holds(ctx context.Context, req api.ProvisionHoldsRequest) (api.ProvisionHoldsReply, error) {
 	if req.Interface != "" && req.Interface != iface {
-		return provision.HoldsReply{}, fmt.Errorf("this provisioner provides %s, not %q", iface, req.Interface)
+		return api.ProvisionHoldsReply{}, fmt.Errorf("this provisioner provides %s, not %q", iface, req.Interface)
 	}
 	conn, err := p.connect(ctx)
 	if err != nil {
-		return provision.HoldsReply{}, err
+		return api.ProvisionHoldsReply{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, _ := conn.Query(ctx, `SELECT datname, coalesce(shobj_description(oid, 'pg_database'), '')
@@ -224,7 +225,7 @@ func (p *provisioner) holds(ctx context.Context, req provision.HoldsRequest) (pr
 	type row struct{ Name, Comment string }
 	dbs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	if err != nil {
-		return provision.HoldsReply{}, fmt.Errorf("list databases: %w", err)
+		return api.ProvisionHoldsReply{}, fmt.Errorf("list databases: %w", err)
 	}
 	consumers := []string{} // [] rather than null on the wire
 	for _, db := range dbs {
@@ -234,7 +235,7 @@ func (p *provisioner) holds(ctx context.Context, req provision.HoldsRequest) (pr
 		}
 	}
 	slices.Sort(consumers)
-	return provision.HoldsReply{Consumers: consumers}, nil
+	return api.ProvisionHoldsReply{Consumers: consumers}, nil
 }
 
 // checkRequest refuses a consumer or interface this provisioner cannot make a database of.

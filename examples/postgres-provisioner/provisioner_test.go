@@ -17,9 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/provision"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
@@ -60,24 +60,24 @@ func call(t *testing.T, p *provisioner, tool string, req any) ([]byte, error) {
 }
 
 // create asks for consumer's credential, sealed to a fresh xkey as the vault's, and opens it.
-func create(t *testing.T, p *provisioner, consumer string) provision.Credential {
+func create(t *testing.T, p *provisioner, consumer string) api.Provisioned {
 	t.Helper()
 	return createWith(t, p, consumer, nil)
 }
 
 // createWith is create with the requirement's options.
-func createWith(t *testing.T, p *provisioner, consumer string, options map[string]string) provision.Credential {
+func createWith(t *testing.T, p *provisioner, consumer string, options map[string]string) api.Provisioned {
 	t.Helper()
 	kp, err := nkeys.CreateCurveKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	xkey, _ := kp.PublicKey()
-	out, err := call(t, p, provision.ToolCreate, provision.CreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey, Options: options})
+	out, err := call(t, p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey, Options: options})
 	if err != nil {
 		t.Fatalf("create %s: %v", consumer, err)
 	}
-	var reply provision.CreateReply
+	var reply api.ProvisionCreateReply
 	if err := json.Unmarshal(out, &reply); err != nil {
 		t.Fatalf("create %s answered %q: %v", consumer, out, err)
 	}
@@ -85,7 +85,7 @@ func createWith(t *testing.T, p *provisioner, consumer string, options map[strin
 	if err != nil {
 		t.Fatalf("create %s: %v", consumer, err)
 	}
-	var cred provision.Credential
+	var cred api.Provisioned
 	if err := json.Unmarshal(opened, &cred); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func createWith(t *testing.T, p *provisioner, consumer string, options map[strin
 
 func remove(t *testing.T, p *provisioner, consumer string) {
 	t.Helper()
-	out, err := call(t, p, provision.ToolRemove, provision.RemoveRequest{Consumer: consumer, Interface: "postgres"})
+	out, err := call(t, p, api.ProvisionToolRemove, api.ProvisionRemoveRequest{Consumer: consumer, Interface: "postgres"})
 	if err != nil {
 		t.Fatalf("remove %s: %v", consumer, err)
 	}
@@ -105,11 +105,11 @@ func remove(t *testing.T, p *provisioner, consumer string) {
 
 func holds(t *testing.T, p *provisioner) []string {
 	t.Helper()
-	out, err := call(t, p, provision.ToolHolds, provision.HoldsRequest{Interface: "postgres"})
+	out, err := call(t, p, api.ProvisionToolHolds, api.ProvisionHoldsRequest{Interface: "postgres"})
 	if err != nil {
 		t.Fatalf("holds: %v", err)
 	}
-	var reply provision.HoldsReply
+	var reply api.ProvisionHoldsReply
 	if err := json.Unmarshal(out, &reply); err != nil {
 		t.Fatalf("holds answered %q: %v", out, err)
 	}
@@ -311,7 +311,7 @@ func TestProvisioner_Options(t *testing.T) {
 	xkey, _ := kp.PublicKey()
 	for options, want := range map[string]string{"size": "takes connection-limit", "connection-limit=many": "want a number"} {
 		key, value, _ := strings.Cut(options, "=")
-		_, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: "app-b", Interface: "postgres", XKey: xkey, Options: map[string]string{key: value}})
+		_, err := call(t, b.p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: "app-b", Interface: "postgres", XKey: xkey, Options: map[string]string{key: value}})
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("create with %s: %v, want a refusal saying %q", options, err, want)
 		}
@@ -326,10 +326,10 @@ func TestProvisioner_Refuses(t *testing.T) {
 
 	t.Run("bad consumer", func(t *testing.T) {
 		for _, consumer := range []string{"Bad;drop", "", "app_a", strings.Repeat("a", maxIdentifier)} {
-			if _, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey}); err == nil {
+			if _, err := call(t, b.p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: consumer, Interface: "postgres", XKey: xkey}); err == nil {
 				t.Errorf("create %q succeeded, want it refused", consumer)
 			}
-			if _, err := call(t, b.p, provision.ToolRemove, provision.RemoveRequest{Consumer: consumer, Interface: "postgres"}); err == nil {
+			if _, err := call(t, b.p, api.ProvisionToolRemove, api.ProvisionRemoveRequest{Consumer: consumer, Interface: "postgres"}); err == nil {
 				t.Errorf("remove %q succeeded, want it refused", consumer)
 			}
 		}
@@ -339,16 +339,16 @@ func TestProvisioner_Refuses(t *testing.T) {
 	})
 
 	t.Run("another interface", func(t *testing.T) {
-		if _, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: "app-a", Interface: "mysql", XKey: xkey}); err == nil {
+		if _, err := call(t, b.p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: "app-a", Interface: "mysql", XKey: xkey}); err == nil {
 			t.Error("create of interface mysql succeeded, want it refused")
 		}
-		if _, err := call(t, b.p, provision.ToolHolds, provision.HoldsRequest{Interface: "mysql"}); err == nil {
+		if _, err := call(t, b.p, api.ProvisionToolHolds, api.ProvisionHoldsRequest{Interface: "mysql"}); err == nil {
 			t.Error("holds of interface mysql succeeded, want it refused")
 		}
 	})
 
 	t.Run("not json", func(t *testing.T) {
-		if _, err := b.p.handlers()[provision.ToolCreate](t.Context(), sdk.Request{Data: []byte("consumer=app-a")}); err == nil {
+		if _, err := b.p.handlers()[api.ProvisionToolCreate](t.Context(), sdk.Request{Data: []byte("consumer=app-a")}); err == nil {
 			t.Error("create of a request that is not JSON succeeded")
 		}
 	})
@@ -359,7 +359,7 @@ func TestProvisioner_Refuses(t *testing.T) {
 		if _, err := admin.Exec(t.Context(), "CREATE ROLE mesh_ops LOGIN SUPERUSER PASSWORD 'operator'"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: "ops", Interface: "postgres", XKey: xkey}); err == nil {
+		if _, err := call(t, b.p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: "ops", Interface: "postgres", XKey: xkey}); err == nil {
 			t.Fatal("create of ops took over the role mesh_ops an operator made")
 		}
 		remove(t, b.p, "ops")
@@ -373,7 +373,7 @@ func TestProvisioner_Refuses(t *testing.T) {
 		if _, err := admin.Exec(t.Context(), "CREATE DATABASE mesh_shop"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := call(t, b.p, provision.ToolCreate, provision.CreateRequest{Consumer: "shop", Interface: "postgres", XKey: xkey}); err == nil {
+		if _, err := call(t, b.p, api.ProvisionToolCreate, api.ProvisionCreateRequest{Consumer: "shop", Interface: "postgres", XKey: xkey}); err == nil {
 			t.Fatal("create of shop handed out the database mesh_shop an operator made")
 		}
 		remove(t, b.p, "shop")

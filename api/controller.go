@@ -1,13 +1,10 @@
-package registry
+package api
 
 import (
 	"encoding/json"
 	"time"
 
-	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/sandbox"
 )
 
 // The registry's tools: core request/reply on the mesh-controller seat, answered by the
@@ -45,7 +42,7 @@ type RegisterRequest struct {
 type RegisterReply struct {
 	Module    string `json:"module,omitempty"`
 	PublicKey string `json:"public_key,omitempty"`
-	// Created is true for a new module: SealedSeed then holds its identity (vault.Identity
+	// Created is true for a new module: SealedSeed then holds its identity (Identity
 	// as JSON, minted by the vault), sealed to the request's XKey with the one-time sender key
 	// SenderXKey. A re-registration keeps the
 	// module's key and sends no seed, unless it asked to rotate the key: then Rotated is
@@ -101,8 +98,8 @@ type PinReply struct {
 // DeployRequest sets where and what a module runs (`meshnode deploy`): Digest is filled in
 // by the controller from the artifact store.
 type DeployRequest struct {
-	Module     string            `json:"module"`
-	Deployment deploy.Deployment `json:"deployment"`
+	Module     string     `json:"module"`
+	Deployment Deployment `json:"deployment"`
 }
 
 // UndeployRequest stops a module on Nodes, or everywhere when Nodes is empty.
@@ -114,10 +111,10 @@ type UndeployRequest struct {
 // DeployReply answers DeployRequest and UndeployRequest: the deployment now (nil when
 // undeployed) and each affected node's declaration revision.
 type DeployReply struct {
-	Module     string             `json:"module,omitempty"`
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
-	Declared   []Declared         `json:"declared,omitempty"`
-	Error      string             `json:"error,omitempty"`
+	Module     string      `json:"module,omitempty"`
+	Deployment *Deployment `json:"deployment,omitempty"`
+	Declared   []Declared  `json:"declared,omitempty"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // Declared is one node's declaration after a change: its revision, and whether it changed.
@@ -147,7 +144,7 @@ type Process struct {
 	Reported time.Time `json:"reported,omitzero"`
 	// Isolation is what the running process got, read back from the kernel when its node
 	// last reported (DESIGN §13).
-	Isolation *sandbox.Isolation `json:"isolation,omitempty"`
+	Isolation *Isolation `json:"isolation,omitempty"`
 }
 
 // PsReply answers a PsSubject request.
@@ -196,8 +193,8 @@ type ProvideReply struct {
 // ProvisionsReply answers a ProvisionsSubject request: one record per deployed consumer and
 // interface it requires (besides mesh-bus), sorted.
 type ProvisionsReply struct {
-	Provisions []api.Provision `json:"provisions"`
-	Error      string          `json:"error,omitempty"`
+	Provisions []Provision `json:"provisions"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // BuildsReply answers a BuildsSubject request: the latest builds, oldest first.
@@ -219,10 +216,10 @@ type ModuleInfo struct {
 	// Pins are the later seat protocol versions the module speaks, by seat.
 	Pins map[string]string `json:"pins,omitempty"`
 	// Deployment is where and what it runs; nil when not deployed.
-	Deployment *deploy.Deployment `json:"deployment,omitempty"`
-	Registered time.Time          `json:"registered"`
-	Updated    time.Time          `json:"updated"`
-	Revision   uint64             `json:"revision"`
+	Deployment *Deployment `json:"deployment,omitempty"`
+	Registered time.Time   `json:"registered"`
+	Updated    time.Time   `json:"updated"`
+	Revision   uint64      `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
 }
@@ -265,15 +262,15 @@ type WhoamiRequest struct {
 // WhoamiReply answers WhoamiRequest: the module and what it declared, so a client can refuse
 // an undeclared call itself, with a clear error, before the bus does.
 type WhoamiReply struct {
-	Module   string         `json:"module,omitempty"`
-	Node     string         `json:"node,omitempty"`
-	Emits    []string       `json:"emits,omitempty"`
-	Consumes []string       `json:"consumes,omitempty"`
-	Tools    []string       `json:"tools,omitempty"`
-	Secrets  []string       `json:"secrets,omitempty"`
-	Requires []string       `json:"requires,omitempty"`
-	Uses     []api.SeatInfo `json:"uses,omitempty"`
-	Seats    []api.SeatInfo `json:"seats,omitempty"`
+	Module   string     `json:"module,omitempty"`
+	Node     string     `json:"node,omitempty"`
+	Emits    []string   `json:"emits,omitempty"`
+	Consumes []string   `json:"consumes,omitempty"`
+	Tools    []string   `json:"tools,omitempty"`
+	Secrets  []string   `json:"secrets,omitempty"`
+	Requires []string   `json:"requires,omitempty"`
+	Uses     []SeatInfo `json:"uses,omitempty"`
+	Seats    []SeatInfo `json:"seats,omitempty"`
 	// Signers are the keys of every source whose events the module consumes: what its
 	// client checks a delivered event's signature against.
 	Signers Signers `json:"signers,omitempty"`

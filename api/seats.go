@@ -1,22 +1,17 @@
-package seats
+package api
 
 import (
 	"time"
 
-	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 )
 
 // The seats' wire types: what a module's instance asks its node about its seats, and what
 // the controller answers about every seat (`meshnode seat ls`).
 
-// Info names a seat and its protocol (api.SeatInfo): the registry, below seats' users,
-// answers it without importing seats.
-type Info = api.SeatInfo
-
-// Request is what a module's instance asks its node about one of its seats, on
+// SeatRequest is what a module's instance asks its node about one of its seats, on
 // mesh.node.<node>.tool.seat.<module>.
-type Request struct {
+type SeatRequest struct {
 	// Action is "candidate" (hold the seat when it is free; answers the current state) or
 	// "release" (stop holding it now, for a graceful handoff).
 	Action string `json:"action"`
@@ -25,8 +20,8 @@ type Request struct {
 	Instance string `json:"instance"`
 }
 
-// Reply answers Request.
-type Reply struct {
+// SeatReply answers SeatRequest.
+type SeatReply struct {
 	Seat string `json:"seat"`
 	// Holder is true when the instance holds the seat's lease: its connection then has the
 	// holder's permissions, and it may pull Consumer on Stream.
@@ -37,11 +32,11 @@ type Reply struct {
 	Error    string `json:"error,omitempty"`
 }
 
-// ListSubject lists every seat, its holder and backlog (`meshnode seat ls`).
-var ListSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "seats")
+// SeatListSubject lists every seat, its holder and backlog (`meshnode seat ls`).
+var SeatListSubject = manifest.SeatToolSubject(manifest.ControllerSeat, "seats")
 
-// Status is one seat as ListSubject reports it.
-type Status struct {
+// SeatStatus is one seat as SeatListSubject reports it.
+type SeatStatus struct {
 	Seat     string         `json:"seat"`
 	Scope    manifest.Scope `json:"scope"`
 	Module   string         `json:"module,omitempty"` // the declaring module; "" for the mesh's own
@@ -54,11 +49,11 @@ type Status struct {
 	Users    []string       `json:"users,omitempty"` // modules that use the seat
 	// Versions are the seat's protocol versions, v1 first, with the modules bound to each;
 	// a version nobody is bound to is retirable (never removed automatically).
-	Versions []VersionStatus `json:"versions,omitempty"`
+	Versions []SeatVersionStatus `json:"versions,omitempty"`
 }
 
-// VersionStatus is one protocol version of a seat in `meshnode seat ls`.
-type VersionStatus struct {
+// SeatVersionStatus is one protocol version of a seat in `meshnode seat ls`.
+type SeatVersionStatus struct {
 	Version string `json:"version"`
 	// Bound are the modules pinned to this version: its users and the consumers of its
 	// events by the seat's name.
@@ -66,8 +61,8 @@ type VersionStatus struct {
 	Retirable bool     `json:"retirable"`
 }
 
-// ListReply answers a ListSubject request.
-type ListReply struct {
-	Seats []Status `json:"seats"`
-	Error string   `json:"error,omitempty"`
+// SeatListReply answers a SeatListSubject request.
+type SeatListReply struct {
+	Seats []SeatStatus `json:"seats"`
+	Error string       `json:"error,omitempty"`
 }

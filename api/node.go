@@ -1,0 +1,96 @@
+package api
+
+import "time"
+
+// The node's cluster tools, for the operator: mesh.node.<node>.tool.leave and
+// mesh.node.<node>.tool.remove. Only admin identities may publish on a node's tools.
+const (
+	NodeToolLeave  = "leave"
+	NodeToolRemove = "remove"
+)
+
+// ClusterRequest is the body of a cluster tool request.
+type ClusterRequest struct {
+	Node string `json:"node,omitempty"` // remove: the server to remove
+}
+
+// ClusterReply is a cluster tool's answer.
+type ClusterReply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// NodeToolGrow is the single node's tool that starts growing it: mesh.node.<node>.tool.grow.
+const NodeToolGrow = "grow"
+
+// GrowRequest is the body of a grow request.
+type GrowRequest struct {
+	Expect int `json:"expect"` // the servers of the mesh it grows into, itself included: 3 or more
+}
+
+// NodeToolAcceptLoss is the node tool with which the operator accepts a kept bucket's loss
+// (mesh.node.<node>.tool.accept-loss, body AcceptLossRequest): the bucket gets its marker
+// again and the alarm clears on every node at its next check.
+const NodeToolAcceptLoss = "accept-loss"
+
+// AcceptLossRequest names the bucket whose loss the operator accepts.
+type AcceptLossRequest struct {
+	Bucket string `json:"bucket"`
+}
+
+// NodeToolCertRotate is the node's tool that renews its certificate:
+// mesh.node.<node>.tool.cert-rotate.
+const NodeToolCertRotate = "cert-rotate"
+
+// NodeStatus is what /v1/status and `meshnode status --json` report.
+type NodeStatus struct {
+	Name          string              `json:"name"`
+	MeshID        string              `json:"mesh_id"`
+	Version       string              `json:"version"`
+	ClientURL     string              `json:"client_url"`
+	HTTPURL       string              `json:"http_url"`
+	ClusterAddr   string              `json:"cluster_addr"`
+	GossipAddr    string              `json:"gossip_addr"`
+	Ready         bool                `json:"ready"`
+	Reason        string              `json:"reason,omitempty"`  // why not ready
+	Growing       string              `json:"growing,omitempty"` // a single node growing into a mesh: how far
+	Started       time.Time           `json:"started"`
+	UptimeSeconds float64             `json:"uptime_seconds"`
+	Connections   int                 `json:"connections"`
+	JetStream     NodeJetStreamStatus `json:"jetstream"`
+	Audit         NodeAuditStatus     `json:"audit"`
+}
+
+// NodeAuditStatus is the audit logger's part of NodeStatus.
+type NodeAuditStatus struct {
+	Records uint64 `json:"records"` // records kept
+	Audited uint64 `json:"audited"` // every EVENTS sequence up to this one is in the log (the consumer's ack floor)
+	Lag     uint64 `json:"lag"`     // EVENTS' last sequence − Audited
+	// Missed counts events that left EVENTS before the log read them (its per-subject cap or
+	// age limit evicted them while the log was behind, or they were deleted): gaps.
+	Missed uint64 `json:"missed"`
+}
+
+// NodeJetStreamStatus is the JetStream part of NodeStatus.
+type NodeJetStreamStatus struct {
+	Enabled bool   `json:"enabled"`
+	Mode    string `json:"mode"` // "standalone" or "clustered", as the server reports it
+	// MetaLeader and Peers describe a clustered server's meta group: its leader ("" while
+	// there is none) and every peer, with whether it is current.
+	MetaLeader string          `json:"meta_leader,omitempty"`
+	Peers      map[string]bool `json:"peers,omitempty"`
+	Streams    int             `json:"streams"`
+	Consumers  int             `json:"consumers"`
+	Messages   uint64          `json:"messages"`
+	Bytes      uint64          `json:"bytes"`
+}
+
+// NodeMember is one server of the mesh, as `meshnode members` shows it.
+type NodeMember struct {
+	Name      string   `json:"name"`
+	Address   string   `json:"address"`   // gossip address; the client URL for a single node
+	State     string   `json:"state"`     // alive, suspect, dead, left
+	JetStream string   `json:"jetstream"` // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
+	Seats     []string `json:"seats"`     // the seats held by this node or its modules
+	Client    string   `json:"client,omitempty"`
+}
