@@ -45,6 +45,7 @@ var wire = map[string]any{
 	"host.Report":                host.Report{},
 	"api.LogsRequest":            api.LogsRequest{},
 	"api.LogsReply":              api.LogsReply{},
+	"api.AcceptLossRequest":      api.AcceptLossRequest{},
 	"api.ClusterRequest":         api.ClusterRequest{},
 	"api.ClusterReply":           api.ClusterReply{},
 	"api.GrowRequest":            api.GrowRequest{},
