@@ -35,7 +35,9 @@ const (
 	DefaultShutdownTimeout = 5 * time.Second
 	// DefaultProvisionInterval is ProvisionInterval's default.
 	DefaultProvisionInterval = time.Minute
-	DefaultEventsMaxAge      = 7 * 24 * time.Hour
+	// DefaultDriftInterval is DriftInterval's default.
+	DefaultDriftInterval = 10 * time.Second
+	DefaultEventsMaxAge  = 7 * 24 * time.Hour
 
 	// FileName is the configuration file looked for in the data dir when --config is not given.
 	FileName = "meshnode.yaml"
@@ -126,6 +128,10 @@ type Config struct {
 	// ProvisionInterval is how often the controller's holder asks every provider what it
 	// holds (DESIGN §12): a lost resource is created again, an orphan removed, within it.
 	ProvisionInterval Duration `yaml:"provision-interval"`
+	// DriftInterval is how often the node checks the mesh's streams, buckets and consumers
+	// against what they should be, and repairs what it may (a deletion's advisory starts a
+	// check at once); bad records in the registry and the vault are reported by it too.
+	DriftInterval Duration `yaml:"drift-interval"`
 	// Isolation is how isolated modules and builds must run (DESIGN §13): "full" refuses
 	// to start one without Landlock's scoping and a cgroup v2 to contain its processes;
 	// "reduced" starts it with what the machine gives, and says what is missing.
@@ -199,6 +205,7 @@ func Up() Config {
 		LogFormat:         DefaultLogFormat,
 		ShutdownTimeout:   Duration(DefaultShutdownTimeout),
 		ProvisionInterval: Duration(DefaultProvisionInterval),
+		DriftInterval:     Duration(DefaultDriftInterval),
 		EventsMaxAge:      Duration(DefaultEventsMaxAge),
 		RateLimit:         DefaultRateLimit,
 		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
@@ -364,6 +371,7 @@ func (c *Config) keys() map[string]any {
 		"git-repos":               &c.GitRepos,
 		"builder":                 &c.Builder,
 		"provision-interval":      &c.ProvisionInterval,
+		"drift-interval":          &c.DriftInterval,
 		"isolation":               &c.Isolation,
 		"cgroup":                  &c.Cgroup,
 		"module-uids":             &c.ModuleUIDs,
@@ -560,6 +568,9 @@ func (c Config) Validate() error {
 		if ip := net.ParseIP(c.Advertise); (ip == nil && !validHostname(c.Advertise)) || (ip != nil && ip.IsUnspecified()) {
 			return fmt.Errorf("%w: advertise %q: the IP address or DNS name the other servers reach this node at, e.g. 10.0.0.2", ErrInvalid, c.Advertise)
 		}
+	}
+	if c.DriftInterval < Duration(100*time.Millisecond) {
+		return fmt.Errorf("%w: drift-interval %s: at least 100ms, e.g. 10s", ErrInvalid, c.DriftInterval)
 	}
 	if c.ProvisionInterval < Duration(time.Second) {
 		return fmt.Errorf("%w: provision-interval %s: at least 1s, e.g. 1m", ErrInvalid, c.ProvisionInterval)

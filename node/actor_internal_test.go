@@ -11,6 +11,7 @@ import (
 // error, or "stopped unexpectedly" when it returned none (before, the node then stopped with
 // exit 0); one that ends after its context did was stopped.
 func TestActorDone(t *testing.T) {
+	t.Parallel()
 	alive := context.Background()
 	if err := actorDone(alive, "registry watch", nil); err == nil || !strings.Contains(err.Error(), "registry watch: stopped unexpectedly") {
 		t.Errorf("nil while alive: %v", err)

@@ -115,6 +115,7 @@ var probeGranted = map[string]bool{
 // is refused to a registered module with a permissions violation — except exactly the three
 // a consuming module needs for its own consumer.
 func TestAdversary_JetStreamAPI(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: src\nrequires: [mesh-bus]\nemits: [tick]\nseats:\n  work: {scope: mesh, retain: 1h, accepts: [do]}\n")
 	b.register("module: other\nrequires: [mesh-bus]\nconsumes: [src.tick]\n")
@@ -195,6 +196,7 @@ var bucketProbes = []string{
 // TestAdversary_Buckets: no identity but the node's own writes or reads a mesh bucket — not a
 // plain module, not a seat's holder, not a join token's bearer.
 func TestAdversary_Buckets(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	plainSeed, _ := b.register("module: plain\nrequires: [mesh-bus]\nsecrets: [k]\nemits: [tick]\n")
 	holderSeed, _ := b.register("module: holder\nrequires: [mesh-bus]\nseats:\n  work: {scope: mesh, retain: 1h, accepts: [do]}\n")
@@ -282,6 +284,7 @@ func TestAdversary_Buckets(t *testing.T) {
 // TestAdversary_OtherInboxes: a module cannot listen on another module's inbox (by name or by
 // key) or on the inbox space as a whole, and cannot make the node answer into one.
 func TestAdversary_OtherInboxes(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [k]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\nseats:\n  own: {scope: node, retain: 1d, accepts: [work]}\n")
@@ -389,6 +392,7 @@ func bombs(t *testing.T, sk envelope.Signer, subject string) map[string]*nats.Ms
 // events (or none), and the audit log records them and every later good event, its chain
 // intact.
 func TestAdversary_HeaderBombs(t *testing.T) {
+	t.Parallel()
 	b, bomberSeed, goodSeed, got := bombBed(t)
 
 	subject := manifest.EventSubject("bomber", "tick")
@@ -476,6 +480,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 // have replaced it). The consumer's handler never sees it as an event; the audit log records
 // it, flagged, with its chain intact, and goes on recording.
 func TestAdversary_MalformedHeaderBlock(t *testing.T) {
+	t.Parallel()
 	b, bomberSeed, goodSeed, got := bombBed(t)
 
 	subject := manifest.EventSubject("bomber", "tick")
@@ -571,6 +576,7 @@ func rawPublish(t *testing.T, clientURL string, kp nkeys.KeyPair, subject string
 // not nats.go) is given up by the consumer at once; the node must still write its dead
 // letter, with the raw header block, not lose it.
 func TestAdversary_MalformedHeaderBlockIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	bomberSeed, _ := b.register("module: bomber\nrequires: [mesh-bus]\nemits: [tick]\n")
 	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [bomber.tick]\n")

@@ -103,6 +103,7 @@ func sendThenAsk(t *testing.T, nc *nats.Conn, subject string, replies []string, 
 }
 
 func TestAttack_ReplySubjectInjection(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.register(catalogue(t)["mailer"])
@@ -148,6 +149,7 @@ func TestAttack_ReplySubjectInjection(t *testing.T) {
 
 // TestAttack_WhoamiAboutAnotherKey: whoami answers a connection about its own key only.
 func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	_, victim := b.register("module: victim\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
 	seed, attacker := b.register("module: attacker\nrequires: [mesh-bus]\n")
@@ -163,6 +165,7 @@ func TestAttack_WhoamiAboutAnotherKey(t *testing.T) {
 // TestAttack_SpentToken: a join token that has done its one thing, or expired, no longer
 // opens a connection; a live token's enrol answers only on the token's own inbox.
 func TestAttack_SpentToken(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mint := func(ttl string) *api.Token {
 		var tok api.Token
@@ -226,6 +229,7 @@ func TestAttack_SpentToken(t *testing.T) {
 // TestAttack_VaultRepliesToTheCallersInbox: a module's vault request naming another module's
 // inbox as its reply is not answered there.
 func TestAttack_VaultRepliesToTheCallersInbox(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: victim\nrequires: [mesh-bus]\n")
 	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\nsecrets: [token]\n")
@@ -243,6 +247,7 @@ func TestAttack_VaultRepliesToTheCallersInbox(t *testing.T) {
 // space; a caller naming a bucket or another namespace as the reply subject gets nothing
 // written there (nats-server's response permission would have allowed it).
 func TestAttack_ToolReplyInjection(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	seed, _ := b.register("module: served\nrequires: [mesh-bus]\ntools: [status]\n")
@@ -273,6 +278,7 @@ func TestAttack_ToolReplyInjection(t *testing.T) {
 // TestAttack_AuthorityChangeKicks: a re-registration that adds secrets or seats changes the
 // module's grant, so its connections are kicked and come back under the new one.
 func TestAttack_AuthorityChangeKicks(t *testing.T) {
+	t.Parallel() // mostly waits (redeliveries, a follower's back-off): it overlaps the others
 	b := newBed(t)
 	seed, _ := b.register("module: grows\nrequires: [mesh-bus]\n")
 	for i, text := range []string{
@@ -299,6 +305,7 @@ func TestAttack_AuthorityChangeKicks(t *testing.T) {
 // TestGrant_SubjectsAgree: the grant names the same subjects the vault and the controller
 // serve; a rename on one side would lock modules out.
 func TestGrant_SubjectsAgree(t *testing.T) {
+	t.Parallel()
 	if got, want := manifest.VaultFetchSubject("billing"), api.VaultToolSubject(api.VaultVerbFetch, api.VaultModuleCaller("billing")); got != want {
 		t.Errorf("VaultFetchSubject = %s, the vault serves %s", got, want)
 	}
@@ -313,6 +320,7 @@ func TestGrant_SubjectsAgree(t *testing.T) {
 // TestAttack_VaultConnectionIsItsOwn: the vault's own connection writes its bucket and its
 // events, and nothing else: not the registry, not the leases, not a module's namespace.
 func TestAttack_VaultConnectionIsItsOwn(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -348,6 +356,7 @@ func TestAttack_VaultConnectionIsItsOwn(t *testing.T) {
 // of the modules that use the seat (and the operator's), and nowhere else; a module that
 // starts using the seat later is answered too (the holder's grant follows the catalogue).
 func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: victim\nrequires: [mesh-bus]\n")
 	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, retain: 1h, accepts: [work], serves: [status]}\n")
@@ -389,6 +398,7 @@ func TestAttack_SeatToolRepliesGoToCallers(t *testing.T) {
 // (the plain NATS CLI's default) gets no answer from a module's tool; the module's log says
 // why and what the caller must do.
 func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: served\nrequires: [mesh-bus]\ntools: [status]\n")
 	var log testbed.SyncBuffer
@@ -420,6 +430,7 @@ func TestAttack_ToolAnswerRefusalIsExplained(t *testing.T) {
 // letters, replies into anyone's inbox. What it must do still passes (the positive control,
 // and every other bed of this package, which runs on it).
 func TestAttack_NodeConnectionIsBounded(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: victim\nrequires: [mesh-bus]\nemits: [order.placed]\ntools: [status]\n")
 	refused := []string{

@@ -105,6 +105,7 @@ func publishRaw(t *testing.T, b *bed, seedFile, module, event string, n, dupEver
 // TestAudit_TamperAndForgery: an event with a forged signature is recorded and flagged; a
 // byte changed in a stored record makes verify name that record.
 func TestAudit_TamperAndForgery(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg := testConfig(dir, "alpha")
 	b := newBedAt(t, cfg)
@@ -199,6 +200,7 @@ func mustSigner(t *testing.T, seedFile string) *envelope.SigningKey {
 // the log neither reads EVENTS again from its start nor loses what it had not read (ten
 // events published after the old floor, while the log waited).
 func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	b := newBedAt(t, cfg)
 	seed, _ := b.register("module: m\nrequires: [mesh-bus]\nemits: [tick]\n")

@@ -183,6 +183,7 @@ func catalogue(t *testing.T) map[string]string {
 // probe of every granted subject passes, and a probe of every other module's namespace,
 // unused seats, the JetStream API and DEAD is refused.
 func TestBed_PermissionsAreTheDerivation(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	cat := catalogue(t)
 	type reg struct {
@@ -264,6 +265,7 @@ func TestBed_PermissionsAreTheDerivation(t *testing.T) {
 // TestBed_MeshSeatsAndReservedNames: a module that uses the mesh's own seats may send them
 // work but never call their tools, and the administrators' names cannot be taken.
 func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: host\nrequires: [mesh-bus]\nuses: [mesh-controller, mesh-vault]\nsecrets: [k]\n")
 	nc := b.raw(seed, "host")
@@ -317,6 +319,7 @@ func instance(pattern string) string {
 // TestBed_SenderCannotReadTheQueue: a module that uses a seat may submit to it, and is
 // refused subscribing on its accept subjects and creating a consumer on its stream.
 func TestBed_SenderCannotReadTheQueue(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register(`module: mailer
 requires: [mesh-bus]
@@ -376,6 +379,7 @@ uses: [mailer]
 // TestBed_Refusals: a module cannot publish into another's namespace, emit what it did not
 // declare, delete or purge a stream, or read another module's inbox; the sdk says so.
 func TestBed_Refusals(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.register("module: other\nrequires: [mesh-bus]\nemits: [order.placed]\ntools: [status]\n")
@@ -457,6 +461,7 @@ func (c *collector) all() []sdk.Event {
 // TestBed_EmitReachesEveryConsumer: an event reaches every consuming module's handler with
 // the envelope; an unknown x- header is delivered; a duplicate x-event-id is stored once.
 func TestBed_EmitReachesEveryConsumer(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, regA := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.order.placed]\n")
@@ -523,6 +528,7 @@ func TestBed_EmitReachesEveryConsumer(t *testing.T) {
 // TestBed_DurableWhileAway: a consumer that is offline while events arrive gets them when it
 // comes back.
 func TestBed_DurableWhileAway(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [tick]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.tick]\n")
@@ -550,6 +556,7 @@ func TestBed_DurableWhileAway(t *testing.T) {
 // TestBed_PoisonGoesToDead: a handler that always fails sees MaxDeliver attempts, then the
 // event is in DEAD with the reason and the original headers.
 func TestBed_PoisonGoesToDead(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [bad]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.bad]\n")
@@ -617,6 +624,7 @@ func TestBed_PoisonGoesToDead(t *testing.T) {
 // TestBed_ToolsAndReRegistration: a module serves a tool the operator calls; re-registering
 // it with a new tool kicks its connection, which comes back able to serve the new tool.
 func TestBed_ToolsAndReRegistration(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: a\nrequires: [mesh-bus]\ntools: [status]\n")
 	c := b.client(seed)
@@ -677,6 +685,7 @@ func sortStrings(s []string) { slices.Sort(s) }
 // TestBed_ReRegisterAndRemove: re-registration updates the module's consumer filters in place;
 // removal deletes its consumer, refuses its key, and keeps a seat's queued work.
 func TestBed_ReRegisterAndRemove(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -734,6 +743,7 @@ func TestBed_ReRegisterAndRemove(t *testing.T) {
 // TestBed_RefusedRegistration: a refused manifest changes nothing and the reply lists every
 // reason.
 func TestBed_RefusedRegistration(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: mailer\nrequires: [mesh-bus]\nseats:\n  mailer: {scope: mesh, retain: 1h, accepts: [send]}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -756,6 +766,7 @@ func TestBed_RefusedRegistration(t *testing.T) {
 // TestStatus_StandaloneMode: a single node's status says standalone, from the server, with no
 // meta group (the clustered case is asserted in TestIntegration_Cluster_FoundingThree).
 func TestStatus_StandaloneMode(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	js := b.n.Status(context.Background()).JetStream
 	if js.Mode != "standalone" || js.MetaLeader != "" || len(js.Peers) != 0 {

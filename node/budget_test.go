@@ -20,6 +20,7 @@ import (
 // vault's leases keep renewing, registration and the vault still write, and the emitter is
 // told why its emit failed.
 func TestBudget_FullStoreKeepsSeats(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.StoreMaxBytes = 64 << 20
 	// The module's own quota (a quarter of EVENTS by default) would refuse its emits first,
@@ -94,6 +95,7 @@ func TestBudget_FullStoreKeepsSeats(t *testing.T) {
 // TestBudget_Config: the store limits are sizes with units, and a budget that leaves the
 // control plane no room is refused.
 func TestBudget_Config(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		want config.Bytes
@@ -141,6 +143,7 @@ func askSeats(b *bed) ([]api.SeatStatus, error) {
 // TestBudget_ManySeats: a small store still takes dozens of seats' queues, and the one that
 // does not fit is refused saying how many do.
 func TestBudget_ManySeats(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.StoreMaxBytes = 64 << 20
 	b := newBedAt(t, cfg)

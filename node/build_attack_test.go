@@ -22,6 +22,7 @@ import (
 // directory or its store holds it. The builds' own output does reach them, so the scan would
 // find a seed there.
 func TestCascade_BuildsReadNothingOutside(t *testing.T) {
+	t.Parallel()
 	repo := testbed.NewGitRepo(t)
 	b := newBuilderBed(t, repo)
 	seedFile := filepath.Join(b.dir, datadir.OperatorSeedFile)

@@ -75,6 +75,7 @@ func (b *bed) builds(t testing.TB, want int) []api.Build {
 // both) once, after both; with deploy --auto the new d runs; a failing build emits failed
 // with its log tail and deploys nothing; the audit log chains every event to the push.
 func TestCascade_ExactlyTheDependents(t *testing.T) {
+	t.Parallel()
 	repo := testbed.NewGitRepo(t)
 	b := newBuilderBed(t, repo)
 	for _, y := range []string{
@@ -220,6 +221,7 @@ func TestCascade_ExactlyTheDependents(t *testing.T) {
 // TestCascade_SharedPath: a push builds every module built from a path it changed — two
 // built from the same path both — and none built from a path it did not touch.
 func TestCascade_SharedPath(t *testing.T) {
+	t.Parallel()
 	repo := testbed.NewGitRepo(t)
 	b := newBuilderBed(t, repo)
 	for _, y := range []string{

@@ -27,6 +27,7 @@ import (
 // DEAD with the check's reason. The genuine events around them are handled, including one
 // from a module registered after the consumer connected (its key is asked for then).
 func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [\"*.x\"]\n")
@@ -153,6 +154,7 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 // x-source's (written there by a connection that may, as the operator's) is never handed to
 // the holder's handler and ends in DEAD; a job the user submitted is handled.
 func TestCheck_ForgedJobNeverReachesHolder(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
 	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")
@@ -207,6 +209,7 @@ func TestCheck_ForgedJobNeverReachesHolder(t *testing.T) {
 // module registered after it connected is kept in progress and tried again, not refused;
 // once whoami answers, the event is handled and nothing is dead-lettered.
 func TestCheck_KeysUnavailableForAWhile(t *testing.T) {
+	t.Parallel() // mostly waits (redeliveries, a follower's back-off): it overlaps the others
 	b := newBed(t)
 	seedB, regB := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [\"*.x\"]\n")
 	got := make(chan sdk.Event, 1)

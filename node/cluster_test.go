@@ -83,6 +83,7 @@ func testLog() *slog.Logger {
 // TestCluster_FormationCanBeCancelled: a founding node alone waits for the others, and a
 // cancelled wait leaves nothing running.
 func TestCluster_FormationCanBeCancelled(t *testing.T) {
+	t.Parallel()
 	cfg := clusterConfig(t, "lonely")
 	if _, _, err := datadir.Prepare(cfg, 3); err != nil {
 		t.Fatal(err)

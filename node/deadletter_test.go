@@ -99,6 +99,7 @@ func consumerIdle(t *testing.T, b *bed, stream, consumer string) {
 // with the original headers and its record of the death, and the consumer is done with it.
 // The module itself may not write its dead subject.
 func TestDead_PlainConsumer(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [bad]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.bad]\n")
@@ -175,6 +176,7 @@ func TestDead_PlainConsumer(t *testing.T) {
 // and the node's letter carries it as x-dead-reason; the letter is the node's (its id is
 // the death's, and the sdk can no longer write DEAD).
 func TestDead_SdkReason(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [bad]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.bad]\n")
@@ -204,6 +206,7 @@ func TestDead_SdkReason(t *testing.T) {
 // TestDead_SeatJob: a seat's job its handler always fails is in DEAD after MaxDeliver
 // deliveries, and gone from the seat's work queue.
 func TestDead_SeatJob(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
 	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")
@@ -249,6 +252,7 @@ func TestDead_SeatJob(t *testing.T) {
 // same advisory twice, as two nodes would), and refuses a +TERM naming a message outside the
 // consumer's filter, which a module can send for any sequence on its own ack subject.
 func TestDead_Advisories(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x, secret]\n")
 	b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
@@ -330,6 +334,7 @@ func TestDead_Advisories(t *testing.T) {
 // was delivered with any delivery count in the ack subject; a hundred of them for one event
 // still make one dead letter, not a hundred copies of the event.
 func TestDead_ForgedTermsMakeOneLetter(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [big]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.big]\n")

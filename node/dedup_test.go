@@ -22,6 +22,7 @@ import (
 // copies only after the consuming module restarted. With the durable dedup, each event is
 // handled once; the in-memory one would handle the second copies again.
 func TestDedup_SurvivesRestart(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")

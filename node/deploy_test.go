@@ -111,6 +111,7 @@ func (b *bed) running(t testing.TB, module, version string, notPID int) api.Proc
 // restarted; its output is readable through the node's logs tool; undeployed, it stops and
 // its credentials leave the disk. The seed is in no stream.
 func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedFile, _ := b.register("module: ticker\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [api-token]\n")
 	var token api.Secret
@@ -239,6 +240,7 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 // — replayed with its original signature, or signed by the operator — is refused, the node
 // keeps what it applied, and the refusal is audited.
 func TestDeploy_StaleDeclarationRefused(t *testing.T) {
+	t.Parallel() // mostly waits (redeliveries, a follower's back-off): it overlaps the others
 	b := newBed(t)
 	b.ticker()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -352,6 +354,7 @@ func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
 // TestDeploy_CorruptedArtifactRefused: an artifact whose content no longer hashes to its
 // digest is refused and reported as failed, and nothing is started.
 func TestDeploy_CorruptedArtifactRefused(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: ticker\nrequires: [mesh-bus]\n")
 	b.putArtifact("ticker", "1", fmt.Sprintf(sleeper, "1"))
@@ -404,6 +407,7 @@ func restartableTicker(t *testing.T) (config.Config, *bed, api.DeployReply, api.
 // from its last applied declaration when it starts, without being told anything new — on a
 // fixed client port, from disk before its bus is open.
 func TestDeploy_ResumesAfterRestart(t *testing.T) {
+	t.Parallel()
 	cfg, b, r, first := restartableTicker(t)
 	b.close()
 	if err := syscall.Kill(first.PID, 0); err == nil {
@@ -420,6 +424,7 @@ func TestDeploy_ResumesAfterRestart(t *testing.T) {
 // its node starts (a kill -9 during its download, say) is prepared again once the bus is
 // open; the node, which resumes its modules before its bus, used to panic on the nil bus.
 func TestDeploy_ResumesWithItsFilesIncomplete(t *testing.T) {
+	t.Parallel()
 	cfg, b, _, first := restartableTicker(t)
 	b.close()
 	files, _ := filepath.Glob(filepath.Join(cfg.DataDir, "modules", "ticker", "artifact-*"))
@@ -469,6 +474,7 @@ func controllerEpoch(t *testing.T, b *bed, ok func(uint64) bool) uint64 {
 // begins its sequences again, below the revision the host applied; the next deploy still
 // reaches the host (its reported revision is the publisher's floor).
 func TestDeploy_GoesOnAfterStateIsMadeAgain(t *testing.T) {
+	t.Parallel() // mostly waits (redeliveries, a follower's back-off): it overlaps the others
 	b := newBed(t)
 	b.ticker()
 	for _, v := range []string{"1", "2", "1"} { // a few revisions, so the lost ones are above 1
@@ -492,6 +498,7 @@ func TestDeploy_GoesOnAfterStateIsMadeAgain(t *testing.T) {
 // its revisions, the controller's epochs, again; the host, which applied a declaration at a
 // higher epoch, takes the next one from the seat's holder now.
 func TestDeploy_GoesOnAfterTheLeasesAreMadeAgain(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -32,7 +32,6 @@ import (
 //     /readyz says 503 with the reason until an operator restores them.
 // An alarm is also raised when a bucket that this node has known is missing at start.
 
-// driftInterval is how often the periodic check runs; deletion advisories trigger it at once.
 // driftRepairTimeout bounds one check with its repairs: remaking a mesh's streams on a busy,
 // replicated mesh takes longer than an interval.
 // driftSettle is how long a check waits after a deletion advisory: nats-server finishes
@@ -40,7 +39,6 @@ import (
 // under the same name before then can lose its new files to that removal (its writes then
 // fail with "error opening msg block file", seen in the leases' drift bed).
 const (
-	driftInterval      = 10 * time.Second
 	driftRepairTimeout = 45 * time.Second
 	driftSettle        = 500 * time.Millisecond
 )
@@ -226,7 +224,7 @@ func lostBucketReason(bucket, how string) string {
 	return fmt.Sprintf("bucket %s was lost (%s): it held %s; restore it from a backup of a node's jetstream directory, or re-register the modules and mint their secrets again and then run `meshnode node accept-loss %s` — the node does not recreate it empty on its own", bucket, how, what, bucket)
 }
 
-// watchDrift checks the mesh's streams, buckets and consumers every driftInterval and at
+// watchDrift checks the mesh's streams, buckets and consumers every drift-interval and at
 // every deletion advisory, until ctx ends.
 func (n *Node) watchDrift(ctx context.Context) error {
 	kick := make(chan struct{}, 1)
@@ -249,7 +247,7 @@ func (n *Node) watchDrift(ctx context.Context) error {
 			s.Unsubscribe()
 		}
 	}()
-	t := time.NewTicker(driftInterval)
+	t := time.NewTicker(time.Duration(n.cfg.DriftInterval))
 	defer t.Stop()
 	for {
 		select {

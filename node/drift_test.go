@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -30,6 +31,7 @@ func readyz(t *testing.T, n *runningNode) (int, string) {
 // TestDrift_StreamsAreRecreated: a deleted EVENTS stream or module consumer is made again
 // within seconds (a deletion advisory triggers the check), and emits flow again.
 func TestDrift_StreamsAreRecreated(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -59,6 +61,7 @@ func TestDrift_StreamsAreRecreated(t *testing.T) {
 // naming it while the node runs, and again after a restart that made the bucket anew, empty;
 // the operator's accept-loss clears it.
 func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	b := newBedAt(t, cfg)
 	b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
@@ -108,6 +111,7 @@ func TestDrift_LostRegistryIsAnAlarm(t *testing.T) {
 // TestNode_StartWatchdog: a start whose heap passes the limit is reported, with the store,
 // through the node's OnStartMemory (the binary exits there).
 func TestNode_StartWatchdog(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	n := node.New(cfg, nil)
 	n.CreateIdentity = true
@@ -137,7 +141,10 @@ func TestNode_StartWatchdog(t *testing.T) {
 // TestDrift_BadRecordsAreReported: a record the registry refuses is skipped, and /readyz says
 // so, naming the key and what to do, until a registration replaces it.
 func TestDrift_BadRecordsAreReported(t *testing.T) {
-	b := newBed(t)
+	t.Parallel()
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.DriftInterval = config.Duration(time.Second) // the periodic check: no advisory announces this
+	b := newBedAt(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := b.js.KeyValue(ctx, registry.Bucket)
@@ -166,7 +173,10 @@ func TestDrift_BadRecordsAreReported(t *testing.T) {
 // TestDrift_LeasesBucketIsRecreated: a deleted leases bucket is made again (nothing is lost:
 // leases are renewed every second), and the mesh's seats are held again.
 func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
-	b := newBed(t)
+	t.Parallel()
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.DriftInterval = config.Duration(time.Second) // the periodic check: no advisory announces this
+	b := newBedAt(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := b.js.DeleteKeyValue(ctx, "mesh-seats"); err != nil {
@@ -209,6 +219,7 @@ func TestDrift_LeasesBucketIsRecreated(t *testing.T) {
 // TestDrift_AuditGoesOnAfterItsConsumerIsRecreated: the audit consumer deleted, the node
 // makes it again, and the audit log goes on recording: the logger finds its consumer again.
 func TestDrift_AuditGoesOnAfterItsConsumerIsRecreated(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
 	c := b.client(seed)

@@ -19,6 +19,7 @@ import (
 // signature — so the stream stores it once and the audit log records it once, however many
 // attempts were stored.
 func TestEmit_RetryIsOneEvent(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	c := b.client(seed)
@@ -80,6 +81,7 @@ func TestEmit_RetryIsOneEvent(t *testing.T) {
 // what the handler emits with its context carries a child traceparent (same trace, new span)
 // and x-causation-id naming the handled event; a job it submits does too.
 func TestEmit_TraceFollowsTheEvent(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.order.placed]\nemits: [order.billed]\nuses: [printer]\n")
@@ -130,6 +132,7 @@ func TestEmit_TraceFollowsTheEvent(t *testing.T) {
 // Pending reports its event stored; EVENTS holds every one, once; a consumer hears each; the
 // audit log has every one, signed.
 func TestEmit_Pipelined(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [a.order.placed]\n")

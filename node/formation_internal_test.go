@@ -10,6 +10,7 @@ import (
 // TestAdvertised: a node advertises its bound addresses, or --advertise's host with their
 // ports; every interface, or loopback to peers elsewhere, is refused with the fix.
 func TestAdvertised(t *testing.T) {
+	t.Parallel()
 	cfg := config.Config{ClusterAddr: "127.0.0.1:6222", ClientAddr: "127.0.0.1:4222", GossipAddr: "127.0.0.1:7946"}
 	a, err := advertised(cfg, []string{"127.0.0.1:7947"})
 	if err != nil || a.route != "127.0.0.1:6222" || a.client != "127.0.0.1:4222" {

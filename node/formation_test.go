@@ -21,6 +21,7 @@ import (
 // and accept a fresh one. Before, only a foundation in the store was refused, and a node
 // would start over another mesh's JetStream store.
 func TestFormation_RefusesMeshData(t *testing.T) {
+	t.Parallel()
 	founder := clusterConfig(t, "a")
 	f, _, err := datadir.Prepare(founder, 3)
 	if err != nil {

@@ -111,6 +111,7 @@ func grantDiff(got *server.Permissions, pub, sub []string, key string) error {
 // secret more — must make the table comparison fail. A bed that stays green here proves
 // nothing.
 func TestBed_GrantTableCatchesAnOverGrant(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	cat := catalogue(t)
 	_, reg := b.register(cat["mailer"])
@@ -140,6 +141,7 @@ func TestBed_GrantTableCatchesAnOverGrant(t *testing.T) {
 // in six hundred; the catalogue bed registers eleven, and CI met one); the comparison fills
 // the placeholder in the table only, so such a key still matches its own grant.
 func TestGrantDiff_KeyContainingKEY(t *testing.T) {
+	t.Parallel()
 	const key = "UCEM2JU3MS5POBRIZOVJTRU23C4FXKIWKZVH633UBBWKDRBW2KEYEEPE"
 	got := &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: []string{"mesh.seat.mesh-controller.tool.whoami." + key}},

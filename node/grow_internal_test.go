@@ -11,6 +11,7 @@ import (
 // members and waits for it, and a grower closed while its gossip opens (a grow request
 // racing the node's Close) stops that gossip and starts no count.
 func TestGrower_Close(t *testing.T) {
+	t.Parallel()
 	gossip := func(kick func()) (*membership.Membership, error) {
 		return membership.Open(membership.Config{
 			Meta:      membership.Meta{Name: "a", MeshID: "m"},

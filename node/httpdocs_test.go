@@ -16,6 +16,7 @@ var route = regexp.MustCompile(`\.Handle(?:Func)?\("([A-Z]+ /[^"]*)"`)
 // (the node's API and its dashboard, wherever they live) and every metric the node exports
 // (testdata/metrics.golden), so the page cannot fall behind the code.
 func TestHTTP_Documented(t *testing.T) {
+	t.Parallel()
 	page, err := os.ReadFile("../docs/http.md")
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,7 @@ func scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 // in _total, durations are _seconds), and each labelled series is about a module, seat,
 // stream or consumer that exists.
 func TestMetrics_Golden(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order]\nsecrets: [key, unminted]\n")
 	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
@@ -242,6 +243,7 @@ func gauge(fams map[string]*dto.MetricFamily, family, label, value string) float
 // TestMetrics_GrafanaDashboard: the example dashboard in scripts/ queries only metrics the
 // node exports (testdata/metrics.golden).
 func TestMetrics_GrafanaDashboard(t *testing.T) {
+	t.Parallel()
 	golden, err := os.ReadFile("testdata/metrics.golden")
 	if err != nil {
 		t.Fatal(err)
@@ -272,6 +274,7 @@ func TestMetrics_GrafanaDashboard(t *testing.T) {
 // servers for their state (`nats server report jetstream`); a module's key under that name
 // is not, and the operator's under any other name is in the mesh's account as always.
 func TestOperator_SystemAccount(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n")
 	ask := func(seedFile string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -41,6 +42,16 @@ func TestMain(m *testing.M) {
 	if os.Getenv(uiHolderEnv) != "" {
 		uiHolder()
 		return
+	}
+	// The beds mostly wait (a node's open, JetStream's leaders, redeliveries, back-offs): the
+	// package's tests took 113 s of wall time for 22 s of CPU one at a time. Each runs its own
+	// node on its own ports and data dir, so they run in parallel, more of them than there
+	// are cores, unless -test.parallel is given.
+	flag.Parse()
+	parallelGiven := false
+	flag.Visit(func(f *flag.Flag) { parallelGiven = parallelGiven || f.Name == "test.parallel" })
+	if !parallelGiven {
+		flag.Set("test.parallel", "8")
 	}
 	// nats.go v1.55.0's object store Put starts a publisher goroutine that reads its status
 	// channel after Put's deferred cleanup may have set it to nil, and then blocks for ever
@@ -137,6 +148,7 @@ func httpGet(tb testing.TB, url string) (int, string) {
 }
 
 func TestNode_OpenRunClose(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n := MustOpenNode(t, testConfig(dir, "alpha"))
 
@@ -200,6 +212,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 }
 
 func TestNode_SeveralInOneProcess(t *testing.T) {
+	t.Parallel()
 	a := MustOpenNode(t, testConfig(t.TempDir(), "a"))
 	b := MustOpenNode(t, testConfig(t.TempDir(), "b"))
 	if a.ClientURL() == b.ClientURL() || a.HTTPURL() == b.HTTPURL() {
@@ -216,6 +229,7 @@ func TestNode_SeveralInOneProcess(t *testing.T) {
 }
 
 func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	n := MustOpenNode(t, cfg)
 	first := n.Identity()
@@ -255,6 +269,7 @@ func TestNode_RestartKeepsIdentityAndStreams(t *testing.T) {
 }
 
 func TestNode_Open(t *testing.T) {
+	t.Parallel()
 	t.Run("NameMismatch", func(t *testing.T) {
 		dir := t.TempDir()
 		MustOpenNode(t, testConfig(dir, "alpha")).stop()
@@ -371,6 +386,7 @@ func assertReleased(t *testing.T, cfg config.Config, bound ...string) {
 }
 
 func TestNode_Status_JSONKeys(t *testing.T) {
+	t.Parallel()
 	n := MustOpenNode(t, testConfig(t.TempDir(), "alpha"))
 	_, body := httpGet(t, n.HTTPURL()+"/v1/status")
 	var m map[string]any
@@ -390,6 +406,7 @@ func TestNode_Status_JSONKeys(t *testing.T) {
 // refusal (after which most NATS clients give up for good). A plain nats.go client with its
 // default options rides the restart out.
 func TestNode_RestartRefusesNoModule(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ClientAddr = testbed.FreeAddr(t)
 	b := newBedAt(t, cfg)

@@ -24,6 +24,7 @@ import (
 // published, and a removed module's record is deleted once its event is out. A module
 // registered again after its removal is new.
 func TestOutbox_RegistryEvents(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	_, reg := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -90,6 +91,7 @@ func TestOutbox_RegistryEvents(t *testing.T) {
 // and taken out of the records: a registration's, a removal's (whose record is then
 // deleted) and a secret's rotation.
 func TestOutbox_PublishedAfterACrash(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	b := newBedAt(t, cfg)
 	b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")

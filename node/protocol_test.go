@@ -34,6 +34,7 @@ func reportCount(t *testing.T, b *bed, outcome string) int {
 // the protocol is refused by the sdk; a report forged under another module's name (signed
 // by the forger's key) is refused by the holder.
 func TestProtocol_ReportReachesTheController(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	hostSeed, _ := b.register("module: host\nrequires: [mesh-bus]\nuses: [mesh-controller]\n")
 	forgerSeed, _ := b.register("module: forger\nrequires: [mesh-bus]\nuses: [mesh-controller]\n")
@@ -120,6 +121,7 @@ seats:
 // accepted verb and served tool has a handler it claims, takes the jobs and answers the
 // tool from the seat's subject.
 func TestProtocol_HolderImplementsTheWholeProtocol(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailSeed, _ := b.register(protocolMailer)
 	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
@@ -195,6 +197,7 @@ func TestProtocol_HolderImplementsTheWholeProtocol(t *testing.T) {
 // after the holder goes, the new holder's events are delivered and a connection under the
 // old holder's instance name is refused; the audit log records the events as signed.
 func TestProtocol_SeatEvents(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailSeed, _ := b.register(protocolMailer)
 	watchSeed, _ := b.register("module: watcher\nrequires: [mesh-bus]\nconsumes: [seat.mailer.delivered]\n")
@@ -315,6 +318,7 @@ seats:
 // removal's event names it), and (b) from another module declaring the seat afterwards;
 // additive changes are accepted.
 func TestProtocol_BreakingChangesNameTheBound(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register(boundMailer)
 	b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
@@ -374,6 +378,7 @@ func TestProtocol_BreakingChangesNameTheBound(t *testing.T) {
 // not fit the verb's declared shape before it is sent; a holder gives such a job up (its
 // handler never sees it; the node dead-letters it) and takes the ones that fit.
 func TestProtocol_ShapesAreChecked(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailSeed, _ := b.register(boundMailer)
 	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [mailer]\n")
@@ -425,6 +430,7 @@ func TestProtocol_ShapesAreChecked(t *testing.T) {
 // is refused with an error that names the seat and what to register; once its module is
 // registered, the same Submit queues the job for its holder.
 func TestProtocol_SubmitToAnUndeclaredSeat(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [fax]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -444,6 +450,7 @@ func TestProtocol_SubmitToAnUndeclaredSeat(t *testing.T) {
 // seats its configuration names. Left out of mesh-controller it answers no registration; a
 // founding node left out of mesh-vault cannot hand genesis over, and says what to change.
 func TestProtocol_MeshSeatsFromConfiguration(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.MeshSeats = []string{manifest.VaultSeat}
 	b := newBedAt(t, cfg)

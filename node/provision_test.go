@@ -61,6 +61,7 @@ func (b *bed) controllerEvents(t testing.TB, action string) []map[string]any {
 // bucket lost behind the mesh's back is created again within one reconcile period, with an
 // event saying so; undeployed, its bucket is removed, with an event.
 func TestProvision_KV(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ProvisionInterval = config.Duration(time.Second)
 	b := newBedAt(t, cfg)
@@ -190,6 +191,7 @@ func TestProvision_KV(t *testing.T) {
 // declared waiting and not started (ps says on what); `provisions` says why. A module whose
 // seat has no holder starts all the same: seats are soft dependencies.
 func TestProvision_WaitsForProvider(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: mail\nrequires: [mesh-bus]\nseats:\n  mailer:\n    scope: mesh\n    retain: 1h\n    accepts: [send]\n")
 	b.register("module: user\nrequires: [mesh-bus]\nuses: [mailer]\n")
@@ -270,6 +272,7 @@ func filesHolding(t testing.TB, dir string, needle []byte, except func(path stri
 // key on the way); the module fetches it; the value is in no stream and no file of the
 // data dir; a value sealed to another key is refused.
 func TestVault_GivenValue(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	_, reg := b.register("module: shop\nrequires: [mesh-bus]\nsecrets: [admin-url]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -360,6 +363,7 @@ func (p *memProvider) holding() []string {
 // once a holder answers it starts with the credential in its environment. Removing the
 // consumer removes its resource at the provider.
 func TestProvision_ChooseAmongProviders(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: cache-a\nrequires: [mesh-bus]\nseats:\n  cache-a:\n    scope: mesh\n    serves: [create, remove, holds]\n    provides: [cache]\n")
 	b.register("module: cache-b\nrequires: [mesh-bus]\nseats:\n  cache-b:\n    scope: mesh\n    serves: [create, remove, holds]\n    provides: [cache]\n")
@@ -432,6 +436,7 @@ func TestProvision_ChooseAmongProviders(t *testing.T) {
 // restarts) declares its consumers from the provisions it reads first — not waiting, which
 // would stop them until the next reconcile period: the declaration stays the one before.
 func TestProvision_RestartKeepsConsumersRunning(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	b := newBedAt(t, cfg)
 	b.register("module: store\nrequires: [mesh-bus, kv]\n")

@@ -19,6 +19,7 @@ import (
 // the node reports it as an event; a node restarted with a larger quota accepts its emits
 // again, counting what the module already holds (the usage survives the restart).
 func TestQuota_ModuleOverQuota(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ModuleEventsMaxBytes = 64 << 10
 	b := newBedAt(t, cfg)

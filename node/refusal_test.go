@@ -17,6 +17,7 @@ import (
 // once with the bus's refusal, naming the subject. Before, the request waited for its
 // deadline (the sdk's default 10 s, or the caller's) and only then looked for a refusal.
 func TestBed_SDKRefusalIsImmediate(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\ntools: [status]\n")
 	c := b.client(seed)

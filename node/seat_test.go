@@ -94,6 +94,7 @@ func submit(t *testing.T, c *sdk.Client, seat, verb string, n int) []string {
 // handled once, all by the holder; a second instance cannot pull the queue; a second module
 // declaring the seat is refused.
 func TestSeat_OneHolderOneDelivery(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailerSeed, _ := b.register(mailerManifest)
 	shopSeed, _ := b.register(shopManifest)
@@ -149,6 +150,7 @@ func TestSeat_OneHolderOneDelivery(t *testing.T) {
 // TestSeat_QueuedWorkSurvivesNoHolder: 100 jobs submitted while nobody holds the seat are all
 // delivered once a holder starts.
 func TestSeat_QueuedWorkSurvivesNoHolder(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailerSeed, _ := b.register(mailerManifest)
 	shopSeed, _ := b.register(shopManifest)
@@ -203,6 +205,7 @@ func seatStatus(t *testing.T, b *bed, seat string) api.SeatStatus {
 // the job is redelivered to the next holder, nothing is lost, and the stale holder's late
 // ack and publish are refused.
 func TestSeat_HolderDiesMidJob(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailerSeed, _ := b.register(mailerManifest)
 	shopSeed, _ := b.register(shopManifest)
@@ -265,6 +268,7 @@ func TestSeat_HolderDiesMidJob(t *testing.T) {
 // TestSeat_GracefulHandoff: a holder that closes releases the seat at once; the next instance
 // holds it and the work flows.
 func TestSeat_GracefulHandoff(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailerSeed, _ := b.register(mailerManifest)
 	shopSeed, _ := b.register(shopManifest)
@@ -306,6 +310,7 @@ func TestSeat_GracefulHandoff(t *testing.T) {
 // TestSeat_NodeScoped: a node-scoped seat has a queue per node; this node's holder consumes
 // only its own node's queue.
 func TestSeat_NodeScoped(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: agent\nrequires: [mesh-bus]\nseats:\n  agent: {scope: node, retain: 1h, accepts: [run]}\n")
 	userSeed, _ := b.register("module: ops\nrequires: [mesh-bus]\nuses: [agent]\n")
@@ -357,6 +362,7 @@ func TestSeat_NodeScoped(t *testing.T) {
 
 // TestSeat_Retention: a job older than the seat's retain is gone, as declared.
 func TestSeat_Retention(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: slow\nrequires: [mesh-bus]\nseats:\n  slow: {scope: mesh, retain: 1s, accepts: [work]}\n")
 	seed, _ := b.register("module: boss\nrequires: [mesh-bus]\nuses: [slow]\n")

@@ -25,6 +25,7 @@ import (
 // refused; `cert rotate` gives the node a new certificate, presented to the next
 // connection, with the old connections kept.
 func TestTLS_ClientPort(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
 	cfg.ClientTLS = "always"
 	n := MustOpenNode(t, cfg)

@@ -91,6 +91,7 @@ func uiLogin(t *testing.T, b *bed, readOnly bool) (*http.Client, string) {
 // it run, then undeploys it; the controller's refusal reaches the page; a read-only session,
 // or a request without the CSRF token, may not deploy.
 func TestUI_Deploy(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	base := b.n.HTTPURL()
 	b.register("module: ticker\nrequires: [mesh-bus]\n")
@@ -166,6 +167,7 @@ func TestUI_Deploy(t *testing.T) {
 // this mode; a read-only session may not act; an operator's action needs the session's CSRF
 // token and no foreign Origin. A session's event stream pushes the snapshot.
 func TestUI_Access(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	base := b.n.HTTPURL()
 	ctx := context.Background()
@@ -302,6 +304,7 @@ func uiHolder() {
 // (the node's own connection may publish there; the CLI's replay is the operator's), and the
 // holder handles it.
 func TestUI_ReplayJob(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
 	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")

@@ -47,6 +47,7 @@ func (b *bed) kvPut(bucket, key, value string) {
 // to another name, a short nonce) are skipped: list, fetch and mint keep working, and a mint
 // replaces a bad record. Before, a record without versions panicked every vault verb.
 func TestUntrusted_VaultRecords(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	var minted api.Secret
 	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: api.VaultCallerOperator, Name: "smtp"}, &minted); err != nil {
@@ -101,6 +102,7 @@ func TestUntrusted_VaultRecords(t *testing.T) {
 // leaves its last good registration in force, the others are listed, and a module can be
 // registered over a garbage record.
 func TestUntrusted_RegistryRecords(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, apiMod := b.register("module: api\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.kvPut(registry.Bucket, "module.ghost", `garbage`)
@@ -149,6 +151,7 @@ func TestUntrusted_RegistryRecords(t *testing.T) {
 // stored at another seat's key) holds no seat: it is deleted and the controller answers
 // again. Before, no node could acquire the seat again, for good.
 func TestUntrusted_SeatLeases(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	b.register("module: api\nrequires: [mesh-bus]\n")
 	b.kvPut(seats.Bucket, manifest.ControllerSeat, `garbage`)
@@ -197,6 +200,7 @@ func padded(module string, size int) string {
 // still list. Before, a 760 KB manifest registered, its reply did not fit and the list failed
 // for everyone.
 func TestInputLimits_ManifestSize(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -253,6 +257,7 @@ func TestInputLimits_ManifestSize(t *testing.T) {
 // TestInputLimits_RotateKey: a registered module whose seed was lost gets a new key through
 // the vault; the old key's connections are kicked and the old key no longer connects.
 func TestInputLimits_RotateKey(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	text := "module: api\nrequires: [mesh-bus]\nemits: [tick]\n"
 	oldSeed, first := b.register(text)

@@ -18,6 +18,7 @@ import (
 // tokens that work. Before, any record that decoded was mirrored, and a key under a moved
 // id or with a negative use count could connect to the bus.
 func TestUntrusted_TokenRecords(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	future := time.Now().Add(time.Hour).UTC()
 	type bogus struct {

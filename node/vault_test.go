@@ -84,6 +84,7 @@ func streamMessages(t *testing.T, js jetstream.JetStream) [][]byte {
 // scans every stream and the raw JetStream store: no plaintext and no sealed reply is there;
 // the vault's records are ciphertext.
 func TestVault_NoSecretInAnyStream(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: api\nrequires: [mesh-bus]\nsecrets: [db-password]\n")
 	var minted, rotated api.Secret
@@ -153,6 +154,7 @@ func TestVault_NoSecretInAnyStream(t *testing.T) {
 // TestVault_Authority: a module fetches only what its manifest names; it cannot ask as
 // another module; a sealed reply opens only with the asker's xkey.
 func TestVault_Authority(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nsecrets: [key-a]\n")
 	b.register("module: bb\nrequires: [mesh-bus]\nsecrets: [key-b]\n")
@@ -204,6 +206,7 @@ func TestVault_Authority(t *testing.T) {
 // a vault event, a second genesis is refused, and after a restart the vault unseals from the
 // node's own store and serves the same secrets.
 func TestVault_GenesisAndRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg := testConfig(dir, "alpha")
 	b := newBedAt(t, cfg)
@@ -255,6 +258,7 @@ func TestVault_GenesisAndRestart(t *testing.T) {
 // TestVault_JoinTokens: a token is single use, expires, and belongs to one mesh; each refusal
 // says which; a join refused before the check completes does not consume it.
 func TestVault_JoinTokens(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -367,6 +371,7 @@ func writeSeed(t *testing.T, seed string) string {
 // TestVault_ServerCredentials: the vault's own credentials go only to a server of the mesh,
 // sealed to that server's recorded xkey — not to the operator, not to another key.
 func TestVault_ServerCredentials(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	var out api.ServerSecrets
 	if _, err := b.vault(api.VaultVerbServer, api.VaultRequest{Node: "alpha"}, &out); !errors.Is(err, vault.ErrRefused) {
@@ -383,6 +388,7 @@ func TestVault_ServerCredentials(t *testing.T) {
 // at most one "fetched" event a second per secret version, with a count: the first at once,
 // the rest counted.
 func TestVault_FetchesCounted(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	seed, _ := b.register("module: looper\nrequires: [mesh-bus]\nsecrets: [key]\n")
 	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "looper", Name: "key"}, nil); err != nil {

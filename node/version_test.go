@@ -55,6 +55,7 @@ func versionsOf(t *testing.T, b *bed, seat string) string {
 // `seat ls` shows who is bound to which version; after the v1 caller is re-pinned it speaks
 // v2, and v1 is reported retirable — so the declarer may now change v1, but not remove v2.
 func TestProtocol_VersionsBesideEachOther(t *testing.T) {
+	t.Parallel()
 	b := newBed(t)
 	mailSeed, _ := b.register(versionedMailer)
 	oldSeed, _ := b.register("module: old\nrequires: [mesh-bus]\nuses: [mailer]\n")

@@ -53,6 +53,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("git-repos", "", "local bare git repositories this node serves to the build cascade, name=path, comma-separated (a candidate for mesh-git)")
 	f.String("builder", "false", "run build jobs (a candidate for mesh-build-machine)")
 	f.String("provision-interval", defaults.ProvisionInterval.String(), "how often the controller asks each provisioner what it holds")
+	f.String("drift-interval", defaults.DriftInterval.String(), "how often the node checks the mesh's streams, buckets and consumers and repairs what it may")
 	f.String("isolation", defaults.Isolation, "full (modules and builds run only fully isolated) or reduced (with what the machine gives; says what is missing)")
 	f.String("cgroup", "", "the cgroup v2 the node makes its modules' cgroups in (default: its own)")
 	f.String("module-uids", "", "the uids, first-last, a node running as root gives its modules (default: 1,024 of its own, drawn by its data dir)")
