@@ -274,19 +274,7 @@ type WhoamiReply struct {
 	// Signers are the keys of every source whose events the module consumes: what its
 	// client checks a delivered event's signature against.
 	Signers Signers `json:"signers,omitempty"`
-	// OverQuota is set while the module holds more of EVENTS than its quota, and the node
-	// answering refuses its emits.
-	OverQuota *Quota `json:"over_quota,omitempty"`
 	Error     string `json:"error,omitempty"`
-}
-
-// Quota is a module's use of EVENTS against its quota.
-type Quota struct {
-	Used  int64     `json:"used"`  // bytes the module holds, its seats' events included
-	Limit int64     `json:"limit"` // module-events-max-bytes
-	Since time.Time `json:"since"` // when it went over
-	// Hint says what the module can do.
-	Hint string `json:"hint,omitempty"`
 }
 
 // Signers are public keys of event sources, by SignerKey: a module's own, a seat's (its

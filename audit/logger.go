@@ -85,6 +85,10 @@ type Logger struct {
 	// namespace owner (a module, node or seat) reached the log, and their bytes: the node's
 	// metrics. A redelivered event is not told again.
 	Ingested func(owner string, events int, bytes int64)
+	// Recorded, when set before Run, is told after each write the x-event-ids of the batch's
+	// new events (a redelivery is not told again) and the newest stream time among them: the
+	// admitter's pending bytes become held ones (package admit).
+	Recorded func(ids []string, newest time.Time)
 }
 
 // New returns the audit logger of node, writing to db.
@@ -324,6 +328,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	var lastSeq uint64
 	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
 	var counted map[string]int           // the batch's new events, by owner
+	var newIDs []string                  // the batch's new events' ids
+	var newest time.Time
 	err = l.db.Update(func(tx *bolt.Tx) error {
 		h := readHead(tx)
 		stored := h.Seq // what the log has seen of EVENTS: a redelivery is no new byte
@@ -337,6 +343,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		open, missed = slices.Clone(l.open).see(stored, h.Since, seqs, clock).settle(clock)
 		h.Missed += missed
 		used, counted = map[string]map[uint32]int64{}, map[string]int{}
+		newIDs, newest = nil, time.Time{}
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
 		for i, m := range msgs {
@@ -353,6 +360,10 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 				}
 				used[owner][hourOf(md.Timestamp)] += size(m)
 				counted[owner]++
+				newIDs = append(newIDs, checked[i].rec.EventID)
+				if md.Timestamp.After(newest) {
+					newest = md.Timestamp
+				}
 			}
 			r := checked[i].rec
 			idKey := keyPart(r.EventID)
@@ -393,6 +404,9 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		return nil, err
 	}
 	l.usage.merge(used)
+	if l.Recorded != nil && len(newIDs) > 0 {
+		l.Recorded(newIDs, newest)
+	}
 	l.records.Add(added)
 	l.open = open
 	l.noteMissed(missed)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
@@ -28,6 +29,7 @@ const usageHour = time.Hour
 type usage struct {
 	mu    sync.Mutex
 	bytes map[string]map[uint32]int64 // owner → hour → bytes
+	total map[string]int64            // owner → the sum of its hours, for Held
 }
 
 // Owner is the namespace owner of an event subject, as usage keys it: "mod.billing" for
@@ -40,16 +42,8 @@ func Owner(subject string) string {
 	return ns + "." + owner
 }
 
-// size is what one message costs EVENTS, near enough: subject, headers and body.
-func size(m jetstream.Msg) int64 {
-	n := len(m.Subject()) + len(m.Data())
-	for k, vs := range m.Headers() {
-		for _, v := range vs {
-			n += len(k) + len(v) + 4 // "k: v\r\n"
-		}
-	}
-	return int64(n)
-}
+// size is what one message costs EVENTS, counted as the admitter counted it.
+func size(m jetstream.Msg) int64 { return envelope.StoredSize(m.Subject(), m.Headers(), m.Data()) }
 
 func hourOf(t time.Time) uint32 { return uint32(t.Unix() / int64(usageHour/time.Second)) }
 
@@ -61,7 +55,7 @@ func usageKey(owner string, hour uint32) []byte {
 func (u *usage) load(tx *bolt.Tx) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.bytes = map[string]map[uint32]int64{}
+	u.bytes, u.total = map[string]map[uint32]int64{}, map[string]int64{}
 	tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
 		if len(k) < 5 || len(v) != 8 {
 			return nil // not a usage record: ignored, never trusted
@@ -71,6 +65,7 @@ func (u *usage) load(tx *bolt.Tx) {
 			u.bytes[owner] = map[uint32]int64{}
 		}
 		u.bytes[owner][hour] = int64(binary.BigEndian.Uint64(v))
+		u.total[owner] += int64(binary.BigEndian.Uint64(v))
 		return nil
 	})
 }
@@ -102,6 +97,7 @@ func (u *usage) merge(batch map[string]map[uint32]int64) {
 		}
 		for hour, n := range hours {
 			u.bytes[owner][hour] += n
+			u.total[owner] += n
 		}
 	}
 }
@@ -126,6 +122,16 @@ func (l *Logger) Usage(maxAge time.Duration) map[string]int64 {
 	return out
 }
 
+// Held is how many bytes of EVENTS owner holds (see Owner), as far as this node's audit log
+// has read: Usage's figure for one owner, without its scan — it counts an hour until the
+// next prune drops it (a little more than the stream holds, never less). The admitter asks
+// it for every event it admits.
+func (l *Logger) Held(owner string) int64 {
+	l.usage.mu.Lock()
+	defer l.usage.mu.Unlock()
+	return l.usage.total[owner]
+}
+
 // pruneUsage drops the hours every event of which has left a stream of maxAge.
 func (l *Logger) pruneUsage(maxAge time.Duration) error {
 	first := firstLive(time.Now(), maxAge)
@@ -135,11 +141,13 @@ func (l *Logger) pruneUsage(maxAge time.Duration) error {
 		for hour := range hours {
 			if hour < first {
 				old = append(old, usageKey(owner, hour))
+				l.usage.total[owner] -= hours[hour]
 				delete(hours, hour)
 			}
 		}
 		if len(hours) == 0 {
 			delete(l.usage.bytes, owner)
+			delete(l.usage.total, owner)
 		}
 	}
 	l.usage.mu.Unlock()

@@ -110,6 +110,14 @@ type Config struct {
 	// node's whoami and seat tools and of the vault, with bursts of twice as many; the rest
 	// are refused and counted in one event per interval. Zero: no limit.
 	RateLimit int `yaml:"rate-limit"`
+	// EmitRate is how many events and seat jobs a second one module may send on this node,
+	// with as many at once; past it the node's admitter refuses them, retryably (DESIGN §14).
+	// Zero: no pace.
+	EmitRate int `yaml:"emit-rate"`
+	// AuditMaxLag is how many events a live member's audit log may be behind EVENTS before
+	// emits are refused, retryably, until it catches up: back-pressure instead of loss.
+	// Zero: no back-pressure.
+	AuditMaxLag int `yaml:"audit-max-lag"`
 	// MeshSeats are the mesh's own seats this node is a candidate for: mesh-controller (it
 	// answers registration), mesh-vault (only on a node holding the vault's credentials).
 	// Every node is by default; a node left out of both still runs modules and serves the
@@ -192,6 +200,14 @@ func (c Config) Holds(seat string) bool { return slices.Contains(c.MeshSeats, se
 // per connection, a fetch per secret), far below what starves the others.
 const DefaultRateLimit = 100
 
+// DefaultEmitRate is EmitRate's default: a fifth of what one node's audit log records a second
+// on two cores (about 13,000), so no one module can take all of it.
+const DefaultEmitRate = 2_000
+
+// DefaultAuditMaxLag is AuditMaxLag's default: about a second of the audit log's work, so an
+// event is audited within a second or two of its ack even at the mesh's highest emit rate.
+const DefaultAuditMaxLag = 10_000
+
 // Up returns the defaults of `meshnode up`: a single node on loopback.
 func Up() Config {
 	return Config{
@@ -208,6 +224,8 @@ func Up() Config {
 		DriftInterval:     Duration(DefaultDriftInterval),
 		EventsMaxAge:      Duration(DefaultEventsMaxAge),
 		RateLimit:         DefaultRateLimit,
+		EmitRate:          DefaultEmitRate,
+		AuditMaxLag:       DefaultAuditMaxLag,
 		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
 		Isolation:         IsolationFull,
 		ModuleProcesses:   DefaultModuleProcesses,
@@ -367,6 +385,8 @@ func (c *Config) keys() map[string]any {
 		"seat-max-bytes":          &c.SeatMaxBytes,
 		"max-event-bytes":         &c.MaxEventBytes,
 		"rate-limit":              &c.RateLimit,
+		"emit-rate":               &c.EmitRate,
+		"audit-max-lag":           &c.AuditMaxLag,
 		"mesh-seats":              &c.MeshSeats,
 		"git-repos":               &c.GitRepos,
 		"builder":                 &c.Builder,
@@ -594,6 +614,12 @@ func (c Config) Validate() error {
 	}
 	if c.StoreMaxBytes != 0 && c.EventsMaxBytes+c.DeadMaxBytes > c.StoreMaxBytes*3/4 {
 		return fmt.Errorf("%w: events-max-bytes %s and dead-max-bytes %s leave too little of store-max-bytes %s for the control plane and seat queues: keep them under three quarters of it", ErrInvalid, c.EventsMaxBytes, c.DeadMaxBytes, c.StoreMaxBytes)
+	}
+	if c.EmitRate < 0 {
+		return fmt.Errorf("%w: emit-rate %d: events and jobs a second, ≥ 0 (0: no pace)", ErrInvalid, c.EmitRate)
+	}
+	if c.AuditMaxLag < 0 {
+		return fmt.Errorf("%w: audit-max-lag %d: events, ≥ 0 (0: no back-pressure)", ErrInvalid, c.AuditMaxLag)
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("%w: rate-limit %d: requests a second, ≥ 0 (0: no limit)", ErrInvalid, c.RateLimit)

@@ -52,8 +52,6 @@ type Config struct {
 	// Gate rate-limits whoami.
 	Gate     *throttle.Gate
 	Registry *registry.Registry
-	// Quotas are the modules over their EVENTS quota on this node, as whoami tells them.
-	Quotas *Quotas
 	// Sign is the node's key: the registry's events and the declarations are the node's own.
 	Sign *envelope.SigningKey
 	// Servers returns a server of the mesh's public key: what declarations are checked with.
@@ -86,16 +84,15 @@ type Seat struct {
 // Controller answers the mesh-controller's tools on this node and reconciles topology. It
 // serialises registrations: the catalogue checks hold only if no other write interleaves.
 type Controller struct {
-	log    *slog.Logger
-	nc     *nats.Conn // the node's own: writes and requests to the vault
-	resp   *nats.Conn // answers the tools: may publish only to inboxes
-	gate   *throttle.Gate
-	reg    *registry.Registry
-	topo   *Topology
-	node   string
-	quotas *Quotas
-	js     jetstream.JetStream  // publishes the registry's events
-	sign   *envelope.SigningKey // the node's key: the registry's events are the node's own
+	log  *slog.Logger
+	nc   *nats.Conn // the node's own: writes and requests to the vault
+	resp *nats.Conn // answers the tools: may publish only to inboxes
+	gate *throttle.Gate
+	reg  *registry.Registry
+	topo *Topology
+	node string
+	js   jetstream.JetStream  // publishes the registry's events
+	sign *envelope.SigningKey // the node's key: the registry's events are the node's own
 
 	// sweepNow wakes the outbox sweeper.
 	sweepNow chan struct{}
@@ -154,7 +151,7 @@ type holding struct {
 func New(cfg Config) *Controller {
 	c := &Controller{
 		log: cfg.Log, nc: cfg.Conn, resp: cfg.Responder, gate: cfg.Gate, reg: cfg.Registry, node: cfg.Node,
-		quotas: cfg.Quotas, js: cfg.JS, sign: cfg.Sign,
+		js: cfg.JS, sign: cfg.Sign,
 		topo: &Topology{
 			js:           cfg.JS,
 			node:         cfg.Node,
@@ -811,10 +808,6 @@ func (c *Controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	}
 	for _, s := range e.Manifest.Seats {
 		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))
-	}
-	if q, over := c.quotas.Over(e.Module); over {
-		q.Hint = quotaHint(q, c.topo.eventsMaxAge)
-		reply.OverQuota = &q
 	}
 	return reply
 }

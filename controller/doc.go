@@ -3,8 +3,8 @@
 // is the only writer of the mesh's streams and consumers (Topology), and while its node
 // holds the seat runs the loops that publish the registry's events, declare every node,
 // provision the deployed modules' requirements and follow the build cascade. It also
-// sizes the mesh's streams within a node's store (Budget) and keeps which modules are over
-// their EVENTS quota (Quotas).
+// sizes the mesh's streams within a node's store (Budget), a module's quota of EVENTS
+// among them (package admit enforces it).
 //
 // A Controller is made by New from a Config that names everything it uses; the node starts
 // it when it gains the seat (Start), stops it when it loses it (Stop), and closes it last

@@ -257,3 +257,16 @@ func Read(subject string, h nats.Header, data []byte) (Event, error) {
 	e.Time = t
 	return e, nil
 }
+
+// StoredSize is what one message costs a stream, near enough, as the mesh counts a module's
+// use of EVENTS (the admitter before it passes an event on, the audit log once it records it;
+// both must count alike): subject, headers and body.
+func StoredSize(subject string, h nats.Header, data []byte) int64 {
+	n := len(subject) + len(data)
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // "k: v\r\n"
+		}
+	}
+	return int64(n)
+}

@@ -253,12 +253,12 @@ func derive(m *Manifest, pins map[string]string) *Derivation {
 		d.Uses = append(d.Uses, u)
 	}
 	for _, s := range m.Seats {
-		d.Seats = append(d.Seats, deriveSeat(s, NodePlaceholder))
+		d.Seats = append(d.Seats, deriveSeat(m.Module, s, NodePlaceholder))
 	}
 	return d
 }
 
-func deriveSeat(s Seat, node string) SeatDerivation {
+func deriveSeat(module string, s Seat, node string) SeatDerivation {
 	sd := SeatDerivation{
 		Name:        s.Name,
 		Scope:       s.Scope,
@@ -266,7 +266,7 @@ func deriveSeat(s Seat, node string) SeatDerivation {
 		Accepts:     []Derived{},
 		Emits:       []Derived{},
 		Serves:      []Derived{},
-		Holder:      holderPermissions(s, node),
+		Holder:      holderPermissions(module, s, node),
 		Fingerprint: Fingerprint(s),
 	}
 	for _, at := range s.each() {
@@ -318,7 +318,7 @@ func (d *Derivation) HolderPermissions(seat, node string) (Permissions, error) {
 	if err != nil {
 		return Permissions{}, err
 	}
-	return holderPermissions(s, node), nil
+	return holderPermissions(d.Module, s, node), nil
 }
 
 // SeatConsumer returns the consumer the holder of seat on node pulls; ok is false when the

@@ -123,10 +123,10 @@ seats:
 			"$JS.API.CONSUMER.INFO.EVENTS.telegram",
 			"$JS.API.CONSUMER.MSG.NEXT.EVENTS.telegram",
 			"_INBOX.operator.>",
-			"mesh.mod.telegram.event.message.received",
+			"mesh.admit.telegram.mesh.mod.telegram.event.message.received",
+			"mesh.admit.telegram.mesh.seat.mailer.accept.>",
+			"mesh.admit.telegram.mesh.seat.mailer.node.*.accept.>",
 			"mesh.mod.telegram.stats.*",
-			"mesh.seat.mailer.accept.>",
-			"mesh.seat.mailer.node.*.accept.>",
 			"mesh.seat.mailer.tool.>",
 		},
 		Subscribe: []manifest.Subscription{
@@ -150,8 +150,8 @@ seats:
 			"$JS.API.CONSUMER.INFO.SEAT_telegram-sender.seat-telegram-sender",
 			"$JS.API.CONSUMER.MSG.NEXT.SEAT_telegram-sender.seat-telegram-sender",
 			"_INBOX.operator.>",
-			"mesh.seat.telegram-sender.event.delivered",
-			"mesh.seat.telegram-sender.event.failed",
+			"mesh.admit.telegram.mesh.seat.telegram-sender.event.delivered",
+			"mesh.admit.telegram.mesh.seat.telegram-sender.event.failed",
 		},
 		Subscribe:      []manifest.Subscription{{Subject: "mesh.seat.telegram-sender.tool.status", Queue: "telegram-sender"}},
 		AllowResponses: true,
@@ -330,7 +330,7 @@ func TestStreams_Disjoint(t *testing.T) {
 		manifest.Matches(manifest.ReplayFilter("shop"), replay) || manifest.Matches(manifest.AllEvents, replay) {
 		t.Errorf("replay subject %s: ReplayOf %q %q %v", replay, c, o, ok)
 	}
-	if s := manifest.EventsStream(); s.MaxAge != manifest.DefaultEventsMaxAge || s.MaxMsgsPerSubject == 0 || s.Duplicates < 2*time.Minute {
+	if s := manifest.EventsStream(); s.MaxAge != manifest.DefaultEventsMaxAge || s.MaxMsgsPerSubject != 0 || s.Duplicates < 2*time.Minute {
 		t.Errorf("EVENTS %+v", s)
 	}
 	if s := manifest.StateStream(); s.MaxMsgsPerSubject != 1 {

@@ -64,16 +64,16 @@ func (p Permissions) normal() Permissions {
 }
 
 // modulePermissions derives what every instance of m may always do (DESIGN §5): publish its
-// events; answer its tools in queue group <module>; reply to requests; subscribe on its
-// inbox; pull and ack its EVENTS consumer; send work to and call the seats it uses — never
-// subscribe on them. A module that does not require the bus gets nothing.
+// events, through the node's admitter (AdmitSubject); answer its tools in queue group <module>; reply to requests; subscribe on its
+// inbox; pull and ack its EVENTS consumer; send work (through the admitter too) to and call
+// the seats it uses — never subscribe on them. A module that does not require the bus gets nothing.
 func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	var p Permissions
 	if !m.requiresBus() {
 		return p
 	}
 	for _, e := range m.Emits {
-		p.Publish = append(p.Publish, EventSubject(m.Module, e))
+		p.Publish = append(p.Publish, AdmitSubject(m.Module, EventSubject(m.Module, e)))
 	}
 	for _, t := range m.Tools {
 		p.Subscribe = append(p.Subscribe, Subscription{Subject: ToolSubject(m.Module, t), Queue: m.Module})
@@ -96,7 +96,7 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	}
 	for _, s := range m.Uses {
 		v := pins[s] // the version the module speaks: only that one's subjects
-		p.Publish = append(p.Publish, seatAcceptAll(s, v), seatNodeAcceptAll(s, v))
+		p.Publish = append(p.Publish, AdmitSubject(m.Module, seatAcceptAll(s, v)), AdmitSubject(m.Module, seatNodeAcceptAll(s, v)))
 		if !strings.HasPrefix(s, reservedSeatPrefix) {
 			// The mesh's own seats (controller, vault) serve the operator and the nodes: a
 			// module may send work to them, never call their tools.
@@ -144,7 +144,7 @@ func pullPermissions(stream, consumer string) []string {
 // holderPermissions derives what the holder of seat s on node adds while it holds the lease:
 // pull and ack the seat's consumer, publish the seat's events, answer the
 // seat's tools in queue group <seat> — of every version the seat declares.
-func holderPermissions(s Seat, node string) Permissions {
+func holderPermissions(module string, s Seat, node string) Permissions {
 	var p Permissions
 	if s.AcceptsWork() {
 		c := SeatConsumerName(s.Name, s.Scope, node)
@@ -153,7 +153,7 @@ func holderPermissions(s Seat, node string) Permissions {
 	serves := false
 	for _, at := range s.each() {
 		for _, e := range at.seat.Emits {
-			p.Publish = append(p.Publish, SeatEventSubjectAt(s.Name, at.name, e))
+			p.Publish = append(p.Publish, AdmitSubject(module, SeatEventSubjectAt(s.Name, at.name, e)))
 		}
 		for _, v := range at.seat.Serves {
 			p.Subscribe = append(p.Subscribe, Subscription{Subject: SeatToolSubjectAt(s.Name, at.name, v), Queue: s.Name})

@@ -49,16 +49,21 @@ func TestProperty_PermissionsStayHome(t *testing.T) {
 		}
 
 		publishOK := func(p string) bool {
-			if within("mesh.mod."+mod+".event.>", p) || p == manifest.StatsSubject(mod, "*") {
+			if p == manifest.StatsSubject(mod, "*") {
+				return true
+			}
+			// What lands in a stream goes through the admitter, under the module's own prefix.
+			admitted := func(pattern string) bool { return within(manifest.AdmitSubject(mod, pattern), p) }
+			if admitted("mesh.mod." + mod + ".event.>") {
 				return true
 			}
 			for _, s := range m.Seats {
-				if within("mesh.seat."+s.Name+".event.>", p) {
+				if admitted("mesh.seat." + s.Name + ".event.>") {
 					return true
 				}
 			}
 			for _, s := range m.Uses {
-				if within("mesh.seat."+s+".accept.>", p) || within("mesh.seat."+s+".node.*.accept.>", p) || within("mesh.seat."+s+".tool.>", p) {
+				if admitted("mesh.seat."+s+".accept.>") || admitted("mesh.seat."+s+".node.*.accept.>") || within("mesh.seat."+s+".tool.>", p) {
 					return true
 				}
 			}

@@ -44,6 +44,31 @@ const (
 	DeadStreamName = "DEAD"
 )
 
+// AdmitPrefix begins every subject a module publishes to JetStream on (DESIGN §14): not the
+// stream's subject itself but mesh.admit.<module>.<subject>, which the node's admitter
+// (package admit) takes, checks against the module's quota, pace and the audit's lag, and
+// publishes on to the stream. Only module may publish under its own prefix, so the subject
+// proves who sent it; the fourth token is "mesh", never "event", so no stream captures it.
+const AdmitPrefix = "mesh.admit."
+
+// AdmitAll is the pattern of every subject the admitter takes.
+const AdmitAll = AdmitPrefix + ">"
+
+// AdmitSubject is where module publishes what should land on subject (an event or a seat's
+// job): mesh.admit.<module>.<subject>.
+func AdmitSubject(module, subject string) string { return AdmitPrefix + module + "." + subject }
+
+// AdmitOf returns the module and the stream subject of an admit subject; ok is false for
+// any other subject.
+func AdmitOf(subject string) (module, target string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, AdmitPrefix)
+	if !ok {
+		return "", "", false
+	}
+	module, target, ok = strings.Cut(rest, ".")
+	return module, target, ok && module != "" && strings.HasPrefix(target, "mesh.")
+}
+
 // EventSubject is where module emits event: mesh.mod.<module>.event.<event>.
 func EventSubject(module, event string) string { return "mesh.mod." + module + ".event." + event }
 

@@ -49,9 +49,6 @@ const (
 const (
 	// DefaultEventsMaxAge is how long EVENTS keeps an event.
 	DefaultEventsMaxAge = 7 * 24 * time.Hour
-	// DefaultEventsMaxMsgsPerSubject caps each event subject in EVENTS, so a noisy emitter
-	// cannot evict a quiet one.
-	DefaultEventsMaxMsgsPerSubject = 100_000
 	// DefaultDuplicateWindow is the broker's dedup window on Nats-Msg-Id (x-event-id).
 	DefaultDuplicateWindow = 2 * time.Minute
 	// DefaultDeadMaxAge is how long DEAD keeps a dead letter.
@@ -124,12 +121,14 @@ type Consumer struct {
 // EventsStream returns the definition of EVENTS: every event of modules, seats and nodes.
 func EventsStream() Stream {
 	return Stream{
-		Name:              EventsStreamName,
-		Subjects:          append(EventPatterns(), ReplayEvents),
-		Retention:         RetentionLimits,
-		MaxAge:            DefaultEventsMaxAge,
-		MaxMsgsPerSubject: DefaultEventsMaxMsgsPerSubject,
-		Duplicates:        DefaultDuplicateWindow,
+		Name:      EventsStreamName,
+		Subjects:  append(EventPatterns(), ReplayEvents),
+		Retention: RetentionLimits,
+		MaxAge:    DefaultEventsMaxAge,
+		// No cap per subject: it evicted a subject's oldest events, audited or not, while the
+		// audit log was behind. Each module's bytes are bounded before they are stored
+		// instead (package admit), and nothing but age evicts an event.
+		Duplicates: DefaultDuplicateWindow,
 	}
 }
 

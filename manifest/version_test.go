@@ -57,7 +57,7 @@ func TestVersions_Derive(t *testing.T) {
 		t.Errorf("stream %v, consumer %v, want both %v", sd.Stream.Subjects, sd.Consumer.FilterSubjects, want)
 	}
 	for _, want := range []string{"mesh.seat.mailer.v2.event.bounced", "mesh.seat.mailer.event.delivered"} {
-		if !slices.Contains(sd.Holder.Publish, want) {
+		if !slices.Contains(sd.Holder.Publish, manifest.AdmitSubject("mail", want)) {
 			t.Errorf("holder may not publish %s: %v", want, sd.Holder.Publish)
 		}
 	}
@@ -82,12 +82,12 @@ func TestVersions_Derive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v1.Uses[0].Version != "v1" || !slices.Contains(v1.Permissions.Publish, "mesh.seat.mailer.accept.>") ||
-		slices.Contains(v1.Permissions.Publish, "mesh.seat.mailer.v2.accept.>") {
+	if v1.Uses[0].Version != "v1" || !slices.Contains(v1.Permissions.Publish, "mesh.admit.m.mesh.seat.mailer.accept.>") ||
+		slices.Contains(v1.Permissions.Publish, "mesh.admit.m.mesh.seat.mailer.v2.accept.>") {
 		t.Errorf("v1 user: %+v publish %v", v1.Uses[0], v1.Permissions.Publish)
 	}
-	if v2.Uses[0].Version != "v2" || !slices.Contains(v2.Permissions.Publish, "mesh.seat.mailer.v2.accept.>") ||
-		!slices.Contains(v2.Permissions.Publish, "mesh.seat.mailer.v2.tool.>") || slices.Contains(v2.Permissions.Publish, "mesh.seat.mailer.accept.>") {
+	if v2.Uses[0].Version != "v2" || !slices.Contains(v2.Permissions.Publish, "mesh.admit.m.mesh.seat.mailer.v2.accept.>") ||
+		!slices.Contains(v2.Permissions.Publish, "mesh.seat.mailer.v2.tool.>") || slices.Contains(v2.Permissions.Publish, "mesh.admit.m.mesh.seat.mailer.accept.>") {
 		t.Errorf("v2 user: %+v publish %v", v2.Uses[0], v2.Permissions.Publish)
 	}
 	if got := v2.EventsConsumer.FilterSubjects[0]; got != "mesh.seat.mailer.v2.event.delivered" {

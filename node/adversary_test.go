@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
@@ -401,6 +403,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 	defer cancel()
 	sent := map[string]string{} // event id → bomb
 	for name, m := range bombs(t, mustSigner(t, bomberSeed), subject) {
+		m.Subject = manifest.AdmitSubject("bomber", m.Subject)
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -410,7 +413,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 	huge, _ := envelope.Stamp(mustSigner(t, bomberSeed), "bomber", "alpha", subject, []byte("{}"), envelope.Options{})
 	huge.Set("x-huge", strings.Repeat("h", 900<<10))
 	var apiErr *jetstream.APIError
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: huge, Data: []byte("{}")}); !errors.As(err, &apiErr) || apiErr.ErrorCode != jsStreamHeaderExceedsMaximumErr {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("bomber", subject), Header: huge, Data: []byte("{}")}); !errors.As(err, &apiErr) || apiErr.ErrorCode != jsStreamHeaderExceedsMaximumErr {
 		t.Fatalf("one 900 KiB header: %v, want JetStream's refusal %d", err, jsStreamHeaderExceedsMaximumErr)
 	}
 	goodID, err := b.client(goodSeed).Emit(ctx, "tick", map[string]int{"after": 1})
@@ -461,7 +464,7 @@ func TestAdversary_HeaderBombs(t *testing.T) {
 	// and flags it, and the chain holds.
 	forged, _ := envelope.Stamp(mustSigner(t, bomberSeed), "good", "alpha", subject, []byte("{}"), envelope.Options{})
 	forged.Add(envelope.Source, "bomber")
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: forged, Data: []byte("{}")}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("bomber", subject), Header: forged, Data: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
 	b.waitAudited(30 * time.Second)
@@ -485,7 +488,7 @@ func TestAdversary_MalformedHeaderBlock(t *testing.T) {
 
 	subject := manifest.EventSubject("bomber", "tick")
 	body := []byte(`{"n":1}`)
-	rawPublish(t, b.n.ClientURL(), mustKey(t, bomberSeed), subject, malformedHeaderBlock(t, bomberSeed, subject, body), body)
+	rawPublish(t, b.n.ClientURL(), mustKey(t, bomberSeed), manifest.AdmitSubject("bomber", subject), malformedHeaderBlock(t, bomberSeed, subject, body), body)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -518,6 +521,11 @@ func TestAdversary_MalformedHeaderBlock(t *testing.T) {
 	v := b.audit(api.AuditRequest{Op: "verify"}).Verification
 	if v.Broken != nil {
 		t.Fatalf("verify after a malformed header block: broken %+v", v.Broken)
+	}
+	// The admitter refused it: nats.go decodes no header from such a block, and an event
+	// without its envelope is not stored.
+	if n, _ := held(t, b, "bomber"); n != 0 {
+		t.Fatalf("EVENTS holds %d bytes of bomber's: the malformed event was stored", n)
 	}
 	t.Logf("the malformed event: flagged %+v; sink saw %d event(s)", v.Flagged, got.count())
 }
@@ -574,7 +582,9 @@ func rawPublish(t *testing.T, clientURL string, kp nkeys.KeyPair, subject string
 // TestAdversary_MalformedHeaderBlockIsDeadLettered: an event whose header block nats.go
 // cannot decode (a bare newline making a line without a colon, written by a client that is
 // not nats.go) is given up by the consumer at once; the node must still write its dead
-// letter, with the raw header block, not lose it.
+// letter, with the raw header block, not lose it. A module's admitter refuses such a block
+// (TestAdversary_MalformedHeaderBlock), so here it is the operator, who publishes on the
+// stream's subjects directly, that stores one.
 func TestAdversary_MalformedHeaderBlockIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
@@ -586,7 +596,7 @@ func TestAdversary_MalformedHeaderBlockIsDeadLettered(t *testing.T) {
 	}
 	subject := manifest.EventSubject("bomber", "tick")
 	body := []byte(`{"n":1}`)
-	rawPublish(t, b.n.ClientURL(), mustKey(t, bomberSeed), subject, malformedHeaderBlock(t, bomberSeed, subject, body), body)
+	rawPublish(t, b.n.ClientURL(), mustKey(t, filepath.Join(b.dir, datadir.OperatorSeedFile)), subject, malformedHeaderBlock(t, bomberSeed, subject, body), body)
 
 	consumerIdle(t, b, manifest.EventsStreamName, "sink") // the sdk gave it up
 	var got []*jetstream.RawStreamMsg

@@ -76,13 +76,13 @@ func publishRaw(t *testing.T, b *bed, seedFile, module, event string, n, dupEver
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg := &nats.Msg{Subject: subject, Header: h, Data: body}
+		msg := &nats.Msg{Subject: manifest.AdmitSubject(module, subject), Header: h, Data: body}
 		if _, err := js.PublishMsgAsync(msg, stall); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, h.Get(envelope.EventID))
 		if dupEvery > 0 && i%dupEvery == 0 {
-			dup := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: body}
+			dup := &nats.Msg{Subject: manifest.AdmitSubject(module, subject), Header: nats.Header{}, Data: body}
 			for k, v := range h {
 				dup.Header[k] = v
 			}
@@ -126,7 +126,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	js, _ := jetstream.New(b.raw(seed, "m"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte("{}")}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("m", subject), Header: h, Data: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
 	b.waitAudited(20 * time.Second)
@@ -137,7 +137,7 @@ func TestAudit_TamperAndForgery(t *testing.T) {
 	// A different event under an id already used is kept, and flagged too.
 	h2, _ := envelope.Stamp(mustSigner(t, seed), "m", "alpha", subject, []byte(`{"other":1}`), envelope.Options{ID: recs[0].EventID})
 	h2.Set(nats.MsgIdHdr, "another") // past the broker's dedup: an emitter reusing an id
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h2, Data: []byte(`{"other":1}`)}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("m", subject), Header: h2, Data: []byte(`{"other":1}`)}); err != nil {
 		t.Fatal(err)
 	}
 	b.waitAudited(20 * time.Second)

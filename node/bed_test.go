@@ -278,7 +278,7 @@ func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
 			t.Errorf("a module using a mesh seat published on %s", s)
 		}
 	}
-	if refusedPub(t, nc, "mesh.seat.mesh-controller.accept.report") {
+	if refusedPub(t, nc, "mesh.admit.host.mesh.seat.mesh-controller.accept.report") {
 		t.Error("a module using mesh-controller may not send it work")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -331,7 +331,7 @@ requires: [mesh-bus]
 uses: [mailer]
 `)
 	nc := b.raw(seed, "shop")
-	if refusedPub(t, nc, "mesh.seat.mailer.accept.send") {
+	if refusedPub(t, nc, "mesh.admit.shop.mesh.seat.mailer.accept.send") {
 		t.Fatal("shop may not submit to the seat it uses")
 	}
 	for _, s := range []string{"mesh.seat.mailer.accept.send", "mesh.seat.mailer.accept.>", "mesh.seat.mailer.>", "mesh.seat.mailer.tool.status"} {
@@ -492,7 +492,7 @@ func TestBed_EmitReachesEveryConsumer(t *testing.T) {
 	h, _ := envelope.Stamp(mustKey(t, seedA), "a", "alpha", subject, []byte(`{"order":8}`), envelope.Options{})
 	h.Set("x-foo", "bar")
 	for range 2 {
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(`{"order":8}`)}); err != nil {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(`{"order":8}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -86,7 +86,7 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for body, h := range forged {
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte(body)}); err != nil {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(body)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -137,7 +137,7 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 	if err := ce.On("a.x", func(_ context.Context, e sdk.Event) error { got <- string(e.Data); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: old, Data: []byte(`{"n":6}`)}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: old, Data: []byte(`{"n":6}`)}); err != nil {
 		t.Fatal(err)
 	}
 	select {

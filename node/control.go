@@ -19,7 +19,6 @@ func (n *Node) newController() *controller.Controller {
 		Responder:         n.resp.nc,
 		Gate:              n.resp.gate,
 		Registry:          n.reg,
-		Quotas:            n.dir.quotas,
 		Sign:              n.sign,
 		Servers:           n.serverKey,
 		Replicas:          n.replicas(),

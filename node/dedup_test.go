@@ -42,7 +42,7 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 		for i, h := range envs {
 			h = maps.Clone(h)
 			h.Set(nats.MsgIdHdr, copy+"."+h.Get(envelope.EventID))
-			if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			if _, err := js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
 				t.Fatal(err)
 			}
 		}

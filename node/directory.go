@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -23,7 +22,6 @@ type directory struct {
 	vaultKey atomic.Value                // string: the vault's bus identity, once this node has it
 	seats    atomic.Pointer[seatService] // nil until the seats are open: nobody holds anything yet
 	vault    atomic.Pointer[vault.Vault] // nil until the vault is open: no join tokens yet
-	quotas   *controller.Quotas          // modules over their EVENTS quota: no emits
 	// complete is closed once the directory knows every key it will admit (the registry, the
 	// vault's tokens and the seats are read): until then the bus holds an unknown key's
 	// connect instead of refusing it (embedbus.Config.Complete).
@@ -63,9 +61,6 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 				p = p.Merge(hp)
 			}
 		}
-	}
-	if _, over := d.quotas.Over(e.Module); over {
-		p = withoutEvents(p)
 	}
 	return embedbus.Identity{Name: moduleUser(e.Module), Permissions: &p}, true
 }

@@ -59,7 +59,7 @@ func TestEmit_RetryIsOneEvent(t *testing.T) {
 	nc := b.raw(seed, "a")
 	js, _ := jetstream.New(nc)
 	m.Header.Set("Nats-Msg-Id", "late-retry")
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: m.Header, Data: m.Data}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: m.Header, Data: m.Data}); err != nil {
 		t.Fatal(err)
 	}
 	b.waitAudited(20 * time.Second)

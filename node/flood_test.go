@@ -209,7 +209,7 @@ func attack(url, seedPath, key string, kind floodKind, stop <-chan struct{}, on 
 			}
 			if kind != floodRequests {
 				h, _ := envelope.Stamp(sk, "attacker", "alpha", subject, body, envelope.Options{})
-				js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body})
+				js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("attacker", subject), Header: h, Data: body})
 				sent++
 			}
 		}

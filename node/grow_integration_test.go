@@ -472,7 +472,7 @@ func emitMany(t *testing.T, ctx context.Context, url, seed, ca string, n int) in
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body}, stall); err != nil {
+		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("shop", subject), Header: h, Data: body}, stall); err != nil {
 			t.Fatal(err)
 		}
 	}

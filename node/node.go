@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnode/meshnode/admit"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
@@ -110,13 +111,14 @@ type Node struct {
 	vault   *vault.Vault // nil on a server without the vault's credentials
 	vaultNC *nats.Conn   // the vault's own connection
 	audit   *audit.Logger
-	mods    hosting     // the modules this node runs (hosting.go)
-	tls     certs       // the node's certificate, for routes and TLS clients (tls.go)
-	mesh    clusterPart // this server's place in its mesh (cluster.go)
-	grower  grower      // a single node growing into a mesh (grow.go)
-	quit    stopSignal  // the node left its mesh: Run ends
-	web     front       // the HTTP listener, server and dashboard (http.go)
-	metrics observed    // the node's metrics
+	admit   *admit.Admitter // what modules publish to a stream passes it (admit.go)
+	mods    hosting         // the modules this node runs (hosting.go)
+	tls     certs           // the node's certificate, for routes and TLS clients (tls.go)
+	mesh    clusterPart     // this server's place in its mesh (cluster.go)
+	grower  grower          // a single node growing into a mesh (grow.go)
+	quit    stopSignal      // the node left its mesh: Run ends
+	web     front           // the HTTP listener, server and dashboard (http.go)
+	metrics observed        // the node's metrics
 }
 
 // observed is the node's metrics: its Prometheus registry and the counters parts report to.
@@ -229,6 +231,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.openAudit(); err != nil {
 		return err
 	}
+	if err := n.openAdmitter(keys.admitter); err != nil {
+		return err
+	}
 	n.startStep("audit")
 	if err := n.subscribe("logs tool", n.serveLogs); err != nil {
 		return err
@@ -256,9 +261,11 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 }
 
 // partKeys are the keys of the node's own connections that open makes: the responder's,
-// the dead-letter writer's and, on a node that holds the vault's credentials, the vault's.
+// the dead-letter writer's, the admitter's and, on a node that holds the vault's credentials,
+// the vault's.
 type partKeys struct {
 	responder, deadLetters nkeys.KeyPair
+	admitter               nkeys.KeyPair
 	vault                  nkeys.KeyPair // nil: this node does not serve the vault
 	vaultPub               string
 }
@@ -326,7 +333,6 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 		node:     n.id.Name,
 		static:   map[string]embedbus.Identity{n.id.PublicKey: {Name: "node:" + n.id.Name, Permissions: &own, PublishDeny: nodeDeny()}, respPub: respID},
 		reg:      n.reg,
-		quotas:   new(controller.Quotas),
 		complete: make(chan struct{}),
 	}
 	n.dir.vaultKey.Store(keys.vaultPub)
@@ -336,7 +342,12 @@ func (n *Node) newDirectory(keys *partKeys) (err error) {
 		return err
 	}
 	n.dir.static[deadPub] = deadID
-	keys.responder, keys.deadLetters = respKey, deadKey
+	admitKey, admitPub, admitID, err := newPartIdentity("node-admitter:"+n.id.Name, admit.Permissions())
+	if err != nil {
+		return err
+	}
+	n.dir.static[admitPub] = admitID
+	keys.responder, keys.deadLetters, keys.admitter = respKey, deadKey, admitKey
 	return nil
 }
 
@@ -725,7 +736,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("declaration follower", n.mods.host.Run)
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
-	add("quotas", n.enforceQuotas)
+	add("admitter", n.runAdmitter)
 	add("certificate renewal", n.renewCerts)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.

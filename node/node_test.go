@@ -183,7 +183,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 
 	_, metrics := httpGet(t, n.HTTPURL()+"/metrics")
 	for _, want := range []string{
-		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 5", // the node, its responder, its dead-letter writer, the vault, this client
+		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 6", // the node, its responder, its dead-letter writer, its admitter, the vault, this client
 		"meshnode_jetstream_messages", "meshnode_jetstream_bytes",
 		"meshnode_jetstream_streams 12", // OBJ_mesh-artifacts, OBJ_mesh-sources, KV_mesh-provisions, EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats, KV_mesh-vault, SEAT_mesh-controller, SEAT_mesh-build-machine, T
 	} {
@@ -461,7 +461,7 @@ func TestNode_RestartRefusesNoModule(t *testing.T) {
 		}
 		return nil
 	})
-	if err := plain.Publish("mesh.mod.a.event.x", []byte("{}")); err != nil {
+	if err := plain.Publish("mesh.admit.a.mesh.mod.a.event.x", []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
 	if err := plain.Flush(); err != nil || plain.LastError() != nil {

@@ -91,7 +91,7 @@ func TestProtocol_ReportReachesTheController(t *testing.T) {
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(b.raw(forgerSeed, "forger"))
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("forger", subject), Header: h, Data: body}); err != nil {
 		t.Fatalf("publish the forged report: %v", err)
 	}
 	retryUntil(t, 10*time.Second, func() error {

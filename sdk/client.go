@@ -49,6 +49,10 @@ var (
 	// ErrOverQuota means the module holds more of EVENTS than its quota: the bus refuses its
 	// emits until its oldest events age out or the operator raises the quota.
 	ErrOverQuota = errors.New("over the module's EVENTS quota")
+	// ErrBackPressure means the node's admitter kept refusing an event or job retryably (the
+	// mesh's audit log behind, or the module past its pace, emit-rate) until the context
+	// ended: nothing was stored; the same event may be sent again.
+	ErrBackPressure = errors.New("the mesh asked to slow down")
 )
 
 // DefaultRetryBackoff is the delay before each retry of a failed handler, one step per

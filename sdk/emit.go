@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -184,18 +185,6 @@ func (c *Client) publish(ctx context.Context, subject string, payload any, opts 
 	return c.publishAs(ctx, c.Module(), subject, payload, opts)
 }
 
-// overQuota asks the bus, after a refused emit, whether the module is over its EVENTS
-// quota: nil if not, or if the bus does not say.
-func (c *Client) overQuota() *api.Quota {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	self, err := askWhoami(ctx, c.nc, c.pub)
-	if err != nil {
-		return nil
-	}
-	return self.OverQuota
-}
-
 // stamp encodes payload and stamps its envelope: source as x-source, signed by the client.
 func (c *Client) stamp(ctx context.Context, source, subject string, payload any, opts []EmitOption) (nats.Header, []byte, error) {
 	body, err := encode(payload)
@@ -217,8 +206,10 @@ func (c *Client) stamp(ctx context.Context, source, subject string, payload any,
 	return h, body, err
 }
 
-// publishAs stamps an envelope with source as x-source and publishes it to JetStream,
-// turning the bus's silences into errors that say why.
+// publishAs stamps an envelope with source as x-source and publishes it to JetStream through
+// the node's admitter, turning the bus's silences into errors that say why. A refusal the
+// admitter calls retryable (the audit log behind, the module past its pace) is sent again
+// after a back-off, within ctx.
 func (c *Client) publishAs(ctx context.Context, source, subject string, payload any, opts []EmitOption) (string, error) {
 	h, body, err := c.stamp(ctx, source, subject, payload, opts)
 	if err != nil {
@@ -232,14 +223,28 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	// retry, not carried over in nats.go's reconnect buffer.
 	ctx, dropped, end := c.onConnection(ctx)
 	defer end()
-	ctx, stop := c.watch(ctx, subject)
+	admit := manifest.AdmitSubject(c.Module(), subject)
+	ctx, stop := c.watch(ctx, admit)
 	defer stop()
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
-	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		if r := Refused(ctx); r != nil {
-			if q := c.overQuota(); q != nil {
-				return id, fmt.Errorf("publish %s: %w: %s (%w)", subject, ErrOverQuota, q.Hint, r)
+	for attempt := 0; ; attempt++ {
+		_, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: admit, Header: h, Data: body})
+		if err == nil {
+			return id, nil
+		}
+		if refusal, ok := admitRefusal(err); ok {
+			if api.AdmitRetryable(refusal.code) {
+				if werr := backOff(ctx, attempt); werr == nil {
+					continue
+				}
+				return id, fmt.Errorf("publish %s (event %s): %w: %s; retry with sdk.Retry(id)", subject, id, ErrBackPressure, refusal.description)
 			}
+			if refusal.code == api.AdmitOverQuota {
+				return id, fmt.Errorf("publish %s: %w: %s", subject, ErrOverQuota, refusal.description)
+			}
+			return id, fmt.Errorf("publish %s: refused by the node's admitter: %s", subject, refusal.description)
+		}
+		if r := Refused(ctx); r != nil {
 			return id, fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
 		}
 		if dropped() {
@@ -250,5 +255,50 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
-	return id, nil
+}
+
+// admission is an admitter's refusal, as nats.go returns it.
+type admission struct {
+	code        int
+	description string
+}
+
+// admitRefusal reads err as the admitter's refusal (api.Admit* codes); ok is false for any
+// other error.
+func admitRefusal(err error) (admission, bool) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return admission{}, false
+	}
+	code := int(apiErr.ErrorCode)
+	if code < api.AdmitOverQuota || code > api.AdmitNotAdmitted {
+		return admission{}, false
+	}
+	return admission{code: code, description: apiErr.Description}, true
+}
+
+// The back-off after a retryable refusal: doubling from backOffFirst to backOffMost, with
+// jitter, so emitters refused together do not come back together.
+const (
+	backOffFirst = 2 * time.Millisecond
+	backOffMost  = 250 * time.Millisecond
+)
+
+// backOffDelay is how long attempt waits.
+func backOffDelay(attempt int) time.Duration {
+	d := backOffFirst << min(attempt, 10)
+	d = min(d, backOffMost)
+	return d/2 + rand.N(d/2+1)
+}
+
+// backOff waits before attempt's retry, or returns ctx's error.
+func backOff(ctx context.Context, attempt int) error {
+	t := time.NewTimer(backOffDelay(attempt))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

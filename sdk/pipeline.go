@@ -8,7 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -26,6 +28,10 @@ type Pending struct {
 	id   string
 	done chan struct{}
 	err  error
+	// Retries after the admitter's retryable refusals (pipeline.retry), within
+	// asyncAckTimeout of sent.
+	sent     time.Time
+	attempts int
 }
 
 // ID is the event's x-event-id.
@@ -90,8 +96,8 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 	case <-ctx.Done():
 		return nil, fmt.Errorf("EmitAsync %s: %d events unanswered, waiting for a slot: %w", event, MaxInFlight, ctx.Err())
 	}
-	msg := &nats.Msg{Subject: subject, Header: h, Data: body}
-	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{})}
+	msg := &nats.Msg{Subject: manifest.AdmitSubject(c.Module(), subject), Header: h, Data: body}
+	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: time.Now()}
 	pl.mu.Lock()
 	pl.inflight[msg] = p
 	pl.mu.Unlock()
@@ -155,11 +161,39 @@ func (c *Client) pipelined() *pipeline {
 				c.answered(m, nil)
 			}),
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
-				c.answered(m, c.asyncEmitError(m, err))
+				if !c.retryAsync(m, err) {
+					c.answered(m, c.asyncEmitError(m, err))
+				}
 			}))
 		pl.used.Store(true)
 	})
 	return pl
+}
+
+// retryAsync sends m again after a back-off if err is the admitter's retryable refusal and
+// m's event has waited less than asyncAckTimeout; it reports whether it will. The event keeps
+// its slot meanwhile, so a refused pipeline slows down instead of piling up.
+func (c *Client) retryAsync(m *nats.Msg, err error) bool {
+	refusal, ok := admitRefusal(err)
+	if !ok || !api.AdmitRetryable(refusal.code) {
+		return false
+	}
+	pl := &c.pipeline
+	pl.mu.Lock()
+	p := pl.inflight[m]
+	if p == nil || time.Since(p.sent) > asyncAckTimeout {
+		pl.mu.Unlock()
+		return false
+	}
+	p.attempts++
+	delay := backOffDelay(p.attempts)
+	pl.mu.Unlock()
+	time.AfterFunc(delay, func() {
+		if _, err := pl.js.PublishMsgAsync(m); err != nil {
+			c.answered(m, fmt.Errorf("publish %s (event %s): %w", m.Subject, p.id, err))
+		}
+	})
+	return true
 }
 
 // answered settles msg's Pending with err and frees its slot.
@@ -218,6 +252,15 @@ func (c *Client) failures() error {
 // Emit, but without asking the bus anything: nats.go calls it holding its publisher's lock.
 func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
 	id := m.Header.Get(envelope.EventID)
+	if refusal, ok := admitRefusal(err); ok {
+		if refusal.code == api.AdmitOverQuota {
+			return fmt.Errorf("publish %s (event %s): %w: %s", m.Subject, id, ErrOverQuota, refusal.description)
+		}
+		if api.AdmitRetryable(refusal.code) {
+			return fmt.Errorf("publish %s (event %s): %w: %s; retry with sdk.Retry(id)", m.Subject, id, ErrBackPressure, refusal.description)
+		}
+		return fmt.Errorf("publish %s (event %s): refused by the node's admitter: %s", m.Subject, id, refusal.description)
+	}
 	if r := c.refusal(m.Subject); r != nil {
 		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it, and within its EVENTS quota (a synchronous Emit says)?", m.Subject, id, r)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -30,7 +31,7 @@ func TestEmitAsync_Bounded(t *testing.T) {
 	}
 	defer sink.Close()
 	var heard atomic.Int64
-	if _, err := sink.Subscribe("mesh.mod.a.event.x", func(*nats.Msg) { heard.Add(1) }); err != nil {
+	if _, err := sink.Subscribe(manifest.AdmitSubject("a", "mesh.mod.a.event.x"), func(*nats.Msg) { heard.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	sink.Flush()

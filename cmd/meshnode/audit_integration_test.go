@@ -89,7 +89,7 @@ func TestIntegration_Binary_AuditSurvivesKill9(t *testing.T) {
 			}
 			body := []byte(fmt.Sprintf(`{"i":%d}`, i))
 			h, _ := envelope.Stamp(sk, "m", "alpha", subject, body, envelope.Options{})
-			f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: body})
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("m", subject), Header: h, Data: body})
 			if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
 				// The window of 256 is full and no ack came in 200 ms (a busy machine): wait
 				// for room rather than give up, so the node still gets its few thousand.

@@ -49,6 +49,8 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
 	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
+	f.String("emit-rate", strconv.Itoa(defaults.EmitRate), "events and seat jobs a second one module may send on this node; past it they are refused, retryably (0: no pace)")
+	f.String("audit-max-lag", strconv.Itoa(defaults.AuditMaxLag), "events a live member's audit log may be behind before emits are refused, retryably (0: no back-pressure)")
 	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
 	f.String("git-repos", "", "local bare git repositories this node serves to the build cascade, name=path, comma-separated (a candidate for mesh-git)")
 	f.String("builder", "false", "run build jobs (a candidate for mesh-build-machine)")

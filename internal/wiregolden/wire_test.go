@@ -46,6 +46,8 @@ var wire = map[string]any{
 	"api.LogsRequest":            api.LogsRequest{},
 	"api.LogsReply":              api.LogsReply{},
 	"api.AcceptLossRequest":      api.AcceptLossRequest{},
+	"api.AdmitRefusal":           api.AdmitRefusal{},
+	"api.QuotaUse":               api.QuotaUse{},
 	"api.ClusterRequest":         api.ClusterRequest{},
 	"api.ClusterReply":           api.ClusterReply{},
 	"api.GrowRequest":            api.GrowRequest{},

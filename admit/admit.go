@@ -1,0 +1,348 @@
+package admit
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"golang.org/x/time/rate"
+)
+
+// QueueGroup is the admitters' queue group: nats-server hands a message to a queue
+// subscriber on the server it arrived at before any other, so each node admits what its own
+// modules send, and another node's admitter takes over only while this one is gone.
+const QueueGroup = "mesh-admit"
+
+// Config is what an Admitter needs.
+type Config struct {
+	// Conn is the node's connection: it subscribes to manifest.AdmitAll and publishes on
+	// every stream's subjects.
+	Conn *nats.Conn
+	Log  *slog.Logger
+	// Limit is module-events-max-bytes: the most of EVENTS one module may hold, its seats'
+	// events included. Zero or less: no quota.
+	Limit int64
+	// EventsMaxAge is how long EVENTS keeps an event (for the refusal's hint).
+	EventsMaxAge time.Duration
+	// Rate and Burst pace each module's emits and jobs on this node (module-emit-rate); a
+	// Rate of zero or less leaves them unpaced.
+	Rate  float64
+	Burst int
+	// MaxLag is audit-max-lag: while a live member's audit log is more events than this behind
+	// EVENTS, emits are refused with AdmitAuditBehind. Zero: no back-pressure.
+	MaxLag uint64
+	// Held is the bytes of EVENTS this node's audit log has recorded for a usage owner
+	// ("mod.<module>", "seat.<seat>"), of events still younger than EVENTS' max age.
+	Held func(owner string) int64
+	// Owners are the usage owners whose events count against module's quota: its own
+	// namespace and its seats'.
+	Owners func(module string) []string
+	// Flooding, if set, is told of a module that keeps sending far past its pace: the node
+	// ends its connections for a while.
+	Flooding func(module string, refused uint64)
+}
+
+// Admitter takes what modules publish under manifest.AdmitPrefix and passes it on to its
+// stream, or answers why not. Its state is per node: what this node admitted and its audit
+// log has not recorded yet (pending), and each module's pace.
+type Admitter struct {
+	cfg Config
+	sub *nats.Subscription
+	lag atomic.Uint64 // the back-pressure's lag: SetLag
+
+	mu       sync.Mutex
+	modules  map[string]*moduleState
+	inflight map[string]admitted // by x-event-id: admitted, not yet recorded
+	order    []admittedID        // inflight in admission order, for the sweep
+	stored   time.Time           // the newest stream time the audit log recorded
+}
+
+type moduleState struct {
+	pending int64
+	pace    *rate.Limiter
+	refused map[string]uint64 // by reason, since the node started
+	// flood counts refusals for pace in the current second, to tell Flooding.
+	flood      uint64
+	floodSince time.Time
+}
+
+type admitted struct {
+	module string
+	size   int64
+}
+
+type admittedID struct {
+	id string
+	at time.Time
+}
+
+// Reasons of a refusal, as QuotaUse.Refused and the metrics count them.
+const (
+	ReasonQuota       = "quota"
+	ReasonAuditBehind = "audit-behind"
+	ReasonRate        = "rate"
+	ReasonNotAdmitted = "not-admitted"
+)
+
+// New starts admitting.
+func New(cfg Config) (*Admitter, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	a := &Admitter{cfg: cfg, modules: map[string]*moduleState{}, inflight: map[string]admitted{}}
+	sub, err := cfg.Conn.QueueSubscribe(manifest.AdmitAll, QueueGroup, a.admit)
+	if err != nil {
+		return nil, fmt.Errorf("admitter: subscribe %s: %w", manifest.AdmitAll, err)
+	}
+	// A module's burst must wait in the server's buffer for the admitter, not be dropped as
+	// a slow consumer's: the pending limits bound memory, the pace bounds the rest.
+	if err := sub.SetPendingLimits(1<<20, 1<<30); err != nil {
+		sub.Unsubscribe()
+		return nil, fmt.Errorf("admitter: %w", err)
+	}
+	a.sub = sub
+	return a, nil
+}
+
+// Close stops admitting: what modules publish under their prefix has no responder on this
+// node until another admitter (another node's) takes it.
+func (a *Admitter) Close() error { return a.sub.Unsubscribe() }
+
+// admit decides one message.
+func (a *Admitter) admit(m *nats.Msg) {
+	module, target, ok := manifest.AdmitOf(m.Subject)
+	if !ok {
+		a.refuse(m, "", ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is not a subject the admitter takes: publish to mesh.admit.<module>.<event or job subject>", m.Subject))
+		return
+	}
+	event, job := kindOf(target)
+	if !event && !job {
+		a.refuse(m, module, ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is neither an event nor a seat's job: the admitter passes on only those", target))
+		return
+	}
+	now := time.Now()
+	a.mu.Lock()
+	st := a.module(module)
+	if st.pace != nil && !st.pace.AllowN(now, 1) {
+		a.refusedLocked(module, st, ReasonRate, now)
+		a.mu.Unlock()
+		a.refuse(m, module, "", api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (module-emit-rate); retry later", module, a.cfg.Rate))
+		return
+	}
+	if !event {
+		a.mu.Unlock()
+		a.pass(m, target)
+		return
+	}
+	if lag := a.lag.Load(); a.cfg.MaxLag > 0 && lag > a.cfg.MaxLag {
+		a.refusedLocked(module, st, ReasonAuditBehind, now)
+		a.mu.Unlock()
+		a.refuse(m, module, "", api.AdmitAuditBehind, fmt.Sprintf("the mesh's audit log is behind by %d events (audit-max-lag %d); retry", lag, a.cfg.MaxLag))
+		return
+	}
+	id := m.Header.Get(envelope.EventID)
+	if id == "" {
+		// nats.go hands a header block it cannot decode over as no headers at all: passed on,
+		// the event would be stored without the envelope it was sent with.
+		a.refusedLocked(module, st, ReasonNotAdmitted, now)
+		a.mu.Unlock()
+		a.refuse(m, module, "", api.AdmitNotAdmitted, "an event carries its envelope in NATS headers (x-event-id, x-source, x-node, x-time, x-signature: DESIGN §4); this one has no x-event-id, or a header block that does not decode")
+		return
+	}
+	size := envelope.StoredSize(target, m.Header, m.Data)
+	if a.cfg.Limit > 0 {
+		held := a.held(module)
+		if used := held + st.pending; used+size > a.cfg.Limit {
+			a.refusedLocked(module, st, ReasonQuota, now)
+			a.mu.Unlock()
+			a.refuse(m, module, "", api.AdmitOverQuota, fmt.Sprintf(
+				"module %s holds %s of EVENTS and this event (%s) would pass its quota of %s: its emits are refused until its oldest events age out (events-max-age %s) or the operator raises module-events-max-bytes",
+				module, config.Bytes(used), config.Bytes(size), config.Bytes(a.cfg.Limit), config.Duration(a.cfg.EventsMaxAge)))
+			return
+		}
+	}
+	if _, dup := a.inflight[id]; !dup {
+		st.pending += size
+		a.inflight[id] = admitted{module: module, size: size}
+		a.order = append(a.order, admittedID{id: id, at: now})
+	}
+	a.mu.Unlock()
+	a.pass(m, target)
+}
+
+// pass publishes m on target with m's reply subject: the stream's PubAck goes straight to the
+// module, and the admitter's hop is one message.
+func (a *Admitter) pass(m *nats.Msg, target string) {
+	if err := a.cfg.Conn.PublishMsg(&nats.Msg{Subject: target, Reply: m.Reply, Header: m.Header, Data: m.Data}); err != nil {
+		a.cfg.Log.Warn("admitter: publish failed; the module's publish times out and its retry is deduplicated", "subject", target, "err", err)
+	}
+}
+
+// kindOf says whether target is an event's subject or a seat's job's.
+func kindOf(target string) (event, job bool) {
+	ns, _, rest, ok := manifest.SplitSubject(target)
+	if !ok {
+		return false, false
+	}
+	switch ns {
+	case "mod":
+		return strings.HasPrefix(rest, "event."), false
+	case "seat":
+		if _, after, ok := strings.Cut(rest, "event."); ok && after != "" && manifest.IsEvent(target) {
+			return true, false
+		}
+		return false, strings.Contains(rest, "accept.")
+	}
+	return false, false
+}
+
+// module returns module's state, made on first use. a.mu is held.
+func (a *Admitter) module(module string) *moduleState {
+	st := a.modules[module]
+	if st == nil {
+		st = &moduleState{refused: map[string]uint64{}}
+		if a.cfg.Rate > 0 {
+			st.pace = rate.NewLimiter(rate.Limit(a.cfg.Rate), max(a.cfg.Burst, 1))
+		}
+		a.modules[module] = st
+	}
+	return st
+}
+
+// held is what the audit log holds of module's events. a.mu is held; Held takes the audit
+// log's own lock, never ours.
+func (a *Admitter) held(module string) int64 {
+	var n int64
+	for _, owner := range a.cfg.Owners(module) {
+		n += a.cfg.Held(owner)
+	}
+	return n
+}
+
+// refusedLocked counts a refusal; a module refused for its pace more than floodFactor times
+// its pace within a second is reported to Flooding. a.mu is held.
+func (a *Admitter) refusedLocked(module string, st *moduleState, reason string, now time.Time) {
+	st.refused[reason]++
+	if reason != ReasonRate || a.cfg.Flooding == nil {
+		return
+	}
+	if now.Sub(st.floodSince) > time.Second {
+		st.flood, st.floodSince = 0, now
+	}
+	st.flood++
+	if st.flood == floodRefusals(a.cfg.Rate) {
+		go a.cfg.Flooding(module, st.flood)
+	}
+}
+
+// floodRefusals is how many refusals for its pace within a second make a module a flooder:
+// ten times its pace, and never fewer than a thousand.
+func floodRefusals(perSecond float64) uint64 { return uint64(max(1000, 10*perSecond)) }
+
+// refuse answers m with a refusal, if it asked for an answer. reason, when not "", is counted
+// for module (the other paths count under a.mu).
+func (a *Admitter) refuse(m *nats.Msg, module, reason string, code int, description string) {
+	if reason != "" && module != "" {
+		a.mu.Lock()
+		a.module(module).refused[reason]++
+		a.mu.Unlock()
+	}
+	if m.Reply == "" {
+		return
+	}
+	b, _ := json.Marshal(api.NewAdmitRefusal(code, description))
+	a.cfg.Conn.Publish(m.Reply, b)
+}
+
+// Recorded tells the admitter that the audit log recorded the events ids, the newest stored
+// in EVENTS at newest: their bytes now count in Held, no longer in pending.
+func (a *Admitter) Recorded(ids []string, newest time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if newest.After(a.stored) {
+		a.stored = newest
+	}
+	for _, id := range ids {
+		if e, ok := a.inflight[id]; ok {
+			delete(a.inflight, id)
+			a.modules[e.module].pending -= e.size
+		}
+	}
+}
+
+// sweepMargin is how long after its admission an event is surely stored or surely not: more
+// than a PubAck takes, and more than the clocks of two nodes differ.
+const sweepMargin = 10 * time.Second
+
+// Sweep forgets what was admitted and will never be recorded — a duplicate the stream
+// dropped, a publish it refused: admitted more than sweepMargin before the newest event the
+// audit log recorded (it records in stream order), or before now while caught up.
+func (a *Admitter) Sweep(caughtUp bool) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := 0
+	for ; i < len(a.order); i++ {
+		e := a.order[i]
+		if !e.at.Add(sweepMargin).Before(a.stored) && !(caughtUp && e.at.Add(sweepMargin).Before(now)) {
+			break
+		}
+		if in, ok := a.inflight[e.id]; ok {
+			delete(a.inflight, e.id)
+			a.modules[in.module].pending -= in.size
+		}
+	}
+	a.order = append(a.order[:0], a.order[i:]...)
+}
+
+// SetLag sets the lag the back-pressure goes by: the largest among the live members' audit
+// logs, in events.
+func (a *Admitter) SetLag(lag uint64) { a.lag.Store(lag) }
+
+// Lag is the lag SetLag set.
+func (a *Admitter) Lag() uint64 { return a.lag.Load() }
+
+// Use is each module's use of EVENTS against its quota, as this node sees it, for the
+// modules given.
+func (a *Admitter) Use(modules []string) []api.QuotaUse {
+	out := make([]api.QuotaUse, 0, len(modules))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range modules {
+		u := api.QuotaUse{Module: m, Held: a.held(m), Limit: max(a.cfg.Limit, 0)}
+		if st := a.modules[m]; st != nil {
+			u.Pending = st.pending
+			if len(st.refused) > 0 {
+				u.Refused = map[string]uint64{}
+				for k, v := range st.refused {
+					u.Refused[k] = v
+				}
+			}
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// Permissions are what the admitter's connection may do: take what modules publish under
+// their prefix, pass events and jobs on to their streams, and answer refusals into inboxes.
+// Nothing else: not the node's other subjects, not the JetStream API.
+func Permissions() manifest.Permissions {
+	return manifest.Permissions{
+		Publish: []string{
+			"mesh.mod.*.event.>", "mesh.seat.*.event.>", "mesh.seat.*.*.event.>",
+			"mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
+			"_INBOX.>",
+		},
+		Subscribe: []manifest.Subscription{{Subject: manifest.AdmitAll, Queue: QueueGroup}},
+	}
+}

@@ -1,0 +1,94 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/admit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// The node's admitter (package admit, DESIGN §14) takes what its modules publish to a stream
+// under their own prefix and passes it on, or refuses it, before anything is stored. It needs
+// the audit log (what each module holds of EVENTS, and when an admitted event is recorded),
+// so it opens after it.
+
+// openAdmitter starts the admitter on a connection of its own (admit.Permissions); Run's
+// "admitter" actor keeps its lag current.
+func (n *Node) openAdmitter(key nkeys.KeyPair) error {
+	log := n.log.With("component", "admit")
+	// A module's header block nats.go cannot decode is reported here as well as refused
+	// (admit.Admitter): not a fault of the node's, so not nats.go's default print to stderr.
+	nc, err := n.bus.Connect(key, n.cfg.Name+"-admitter", nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		log.Debug("admitter's connection", "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("admitter: connect: %w", err)
+	}
+	n.closers.PushFunc("admitter's connection", nc.Close)
+	a, err := admit.New(admit.Config{
+		Conn:         nc,
+		Log:          log,
+		Limit:        n.budget.Module,
+		EventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
+		Rate:         float64(n.cfg.EmitRate),
+		Burst:        n.cfg.EmitRate,
+		MaxLag:       uint64(n.cfg.AuditMaxLag),
+		Held:         n.audit.Held,
+		Owners:       n.usageOwners,
+		Flooding:     n.flooding,
+	})
+	if err != nil {
+		return err
+	}
+	n.admit = a
+	n.audit.Recorded = a.Recorded
+	n.closers.PushFunc("admitter", func() { a.Close() })
+	return nil
+}
+
+// runAdmitter keeps the admitter's back-pressure lag current until ctx ends.
+func (n *Node) runAdmitter(ctx context.Context) error {
+	return n.admit.Run(ctx, admit.Watch{JS: n.bus.JetStream(), Members: n.liveMembers, Self: n.id.Name})
+}
+
+// usageOwners are the usage owners whose events count against module's quota: its own
+// namespace and each seat it declares (a seat's events are its holder's, an instance of the
+// module).
+func (n *Node) usageOwners(module string) []string {
+	owners := []string{"mod." + module}
+	if e, ok := n.reg.Get(module); ok {
+		for _, s := range e.Manifest.Seats {
+			owners = append(owners, "seat."+s.Name)
+		}
+	}
+	return owners
+}
+
+// liveMembers are the servers of the mesh that are up, this one among them.
+func (n *Node) liveMembers() []string {
+	if n.mesh.members == nil {
+		return []string{n.id.Name}
+	}
+	var out []string
+	for _, m := range n.Members() {
+		if m.State == "alive" {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
+// flooding ends the connections of a module that keeps sending far past its pace: they
+// reconnect, and each refusal costs the node less than the flood did.
+func (n *Node) flooding(module string, refused uint64) {
+	e, ok := n.reg.Get(module)
+	if !ok {
+		return
+	}
+	kicked := n.bus.Kick(e.PublicKey)
+	n.log.Warn("module floods the admitter far past its pace: its connections are ended", "module", module,
+		"refused_in_a_second", refused, "connections", kicked, "emit_rate", n.cfg.EmitRate)
+}

@@ -1,0 +1,182 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// held is what EVENTS holds of module's own events, counted as the admitter counts them.
+func held(t *testing.T, b *bed, module string) (bytes int64, ids []string) {
+	t.Helper()
+	b.eachMessage(t, manifest.EventsStreamName, manifest.EventSubject(module, ">"), func(m jetstream.Msg) {
+		bytes += envelope.StoredSize(m.Subject(), m.Headers(), m.Data())
+		ids = append(ids, m.Headers().Get(envelope.EventID))
+	})
+	return bytes, ids
+}
+
+// audited fails the test unless every event of ids is in the audit log.
+func audited(t *testing.T, b *bed, ids []string) {
+	t.Helper()
+	b.waitAudited(30 * time.Second)
+	for _, id := range ids {
+		if recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: id}}).Records; len(recs) != 1 {
+			t.Fatalf("acked event %s: %d audit records, want 1", id, len(recs))
+		}
+	}
+}
+
+// TestAdmit_Quota: a module emitting past module-events-max-bytes is refused before its
+// event is stored, with an error that names it, its use and its quota and the setting to
+// raise; it is refused at the quota, not before (2 KiB events up to 64 KiB); another
+// module's emits go on; a restart keeps the use (it is the audit log's, on disk), and a
+// larger quota admits again. Every acked event is stored and audited.
+func TestAdmit_Quota(t *testing.T) {
+	t.Parallel()
+	const quota = 64 << 10
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ModuleEventsMaxBytes = quota
+	b := newBedAt(t, cfg)
+	noisySeed, _ := b.register("module: noisy\nrequires: [mesh-bus]\nemits: [noise]\n")
+	quietSeed, _ := b.register("module: quiet\nrequires: [mesh-bus]\nemits: [tick]\n")
+	noisy, quiet := b.client(noisySeed), b.client(quietSeed)
+	payload := map[string]string{"pad": strings.Repeat("x", 2048)}
+
+	var refused error
+	var acked []string
+	var size int64
+	for refused == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		id, err := noisy.Emit(ctx, "noise", payload)
+		cancel()
+		switch {
+		case err == nil:
+			acked = append(acked, id)
+		case errors.Is(err, sdk.ErrOverQuota):
+			refused = err
+		default:
+			t.Fatalf("emit %d: %v", len(acked)+1, err)
+		}
+	}
+	bytes, stored := held(t, b, "noisy")
+	if len(stored) != len(acked) {
+		t.Fatalf("EVENTS holds %d of noisy's events, %d were acked", len(stored), len(acked))
+	}
+	size = bytes / int64(len(stored))
+	if bytes > quota || bytes+size <= quota {
+		t.Fatalf("noisy holds %d bytes in %d events of %d when refused: want the quota of %d reached, not passed", bytes, len(stored), size, quota)
+	}
+	for _, want := range []string{"module noisy", config.Bytes(bytes).String(), "64KiB", "module-events-max-bytes"} {
+		if !strings.Contains(refused.Error(), want) {
+			t.Fatalf("the refusal %q does not say %q", refused, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := quiet.Emit(ctx, "tick", map[string]int{"n": 1}); err != nil {
+		t.Fatalf("another module's emit while one is at its quota: %v", err)
+	}
+	audited(t, b, acked)
+
+	// Restarted with the same quota: still at it (the use is on disk, not in memory).
+	b.close()
+	b = newBedAt(t, cfg)
+	noisy = b.client(noisySeed)
+	if _, err := noisy.Emit(ctx, "noise", payload); !errors.Is(err, sdk.ErrOverQuota) {
+		t.Fatalf("emit after a restart: %v, want the quota's refusal", err)
+	}
+	// Restarted with a quota four times as large: accepted again.
+	b.close()
+	cfg.ModuleEventsMaxBytes = config.Bytes(4 * quota)
+	b = newBedAt(t, cfg)
+	noisy = b.client(noisySeed)
+	if _, err := noisy.Emit(ctx, "noise", payload); err != nil {
+		t.Fatalf("emit under a raised quota: %v", err)
+	}
+}
+
+// TestAdmit_Burst is the attack of issue 35: a module pipelines 200 events of 1 MB against a
+// 32 MiB quota. It holds at most its quota, every event refused says so, every acked one is
+// stored and audited, and another module's 100 small emits right after all succeed.
+func TestAdmit_Burst(t *testing.T) {
+	t.Parallel()
+	const quota = 32 << 20
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.StoreMaxBytes = 256 << 20
+	cfg.ModuleEventsMaxBytes = quota
+	cfg.EmitRate = 0 // the pace is not what bounds it
+	b := newBedAt(t, cfg)
+	burstSeed, _ := b.register("module: burst\nrequires: [mesh-bus]\nemits: [blob]\n")
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	burst, shop := b.client(burstSeed), b.client(shopSeed)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	blob := []byte(`"` + strings.Repeat("b", 1_000_000-2) + `"`)
+	var sent []*sdk.Pending
+	for range 200 {
+		p, err := burst.EmitAsync(ctx, "blob", blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, p)
+	}
+	burst.Flush(ctx)
+	var acked []string
+	for _, p := range sent {
+		switch err := p.Err(); {
+		case err == nil:
+			acked = append(acked, p.ID())
+		case !errors.Is(err, sdk.ErrOverQuota):
+			t.Fatalf("event %s: %v, want stored or refused for the quota", p.ID(), err)
+		}
+	}
+	bytes, stored := held(t, b, "burst")
+	if len(stored) != len(acked) || bytes > quota {
+		t.Fatalf("burst holds %d bytes in %d events (%d acked): want at most its quota, %d", bytes, len(stored), len(acked), quota)
+	}
+	if len(acked) < 30 {
+		t.Fatalf("only %d of 1 MB acked under a 32 MiB quota", len(acked))
+	}
+	var shopped []string
+	for i := range 100 {
+		id, err := shop.Emit(ctx, "order.placed", map[string]any{"n": i, "pad": strings.Repeat("s", 2000)})
+		if err != nil {
+			t.Fatalf("shop's emit %d after the burst: %v", i, err)
+		}
+		shopped = append(shopped, id)
+	}
+	audited(t, b, append(acked, shopped...))
+	t.Logf("burst: %d of 200 stored (%s of a %s quota); shop: 100 of 100", len(acked), config.Bytes(bytes), config.Bytes(quota))
+}
+
+// TestAdmit_PrefixProvesTheSender: a module may publish only under its own prefix, and only
+// what it declares: another module's prefix, an undeclared event and the stream's subject
+// itself are the bus's refusals.
+func TestAdmit_PrefixProvesTheSender(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seed, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	b.register("module: other\nrequires: [mesh-bus]\nemits: [x]\n")
+	nc := b.raw(seed, "a")
+	for _, subject := range []string{
+		manifest.AdmitSubject("other", manifest.EventSubject("other", "x")),
+		manifest.AdmitSubject("a", manifest.EventSubject("other", "x")),
+		manifest.AdmitSubject("a", manifest.EventSubject("a", "undeclared")),
+		manifest.EventSubject("a", "x"),
+	} {
+		if !refusedPub(t, nc, subject) {
+			t.Errorf("module a may publish %s", subject)
+		}
+	}
+}
