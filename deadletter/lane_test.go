@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
