@@ -67,7 +67,7 @@ const deadWriteBudget = time.Minute
 
 // WriterPermissions are the dead-letter writer's connection's, whose inbox prefix is inbox:
 // hear the advisories, read a message by sequence, look a consumer's filter up, write DEAD,
-// delete a work queue's dead message. The JetStream API's subjects name a stream by token, so
+// delete a work queue's dead message and a consumer's oldest letters past its share. The JetStream API's subjects name a stream by token, so
 // delete is any stream's: a work queue is only told apart by its name.
 func WriterPermissions(inbox string) manifest.Permissions {
 	return manifest.Permissions{
