@@ -67,8 +67,9 @@ const deadWriteBudget = time.Minute
 
 // WriterPermissions are the dead-letter writer's connection's, whose inbox prefix is inbox:
 // hear the advisories, read a message by sequence, look a consumer's filter up, write DEAD,
-// delete a work queue's dead message and a consumer's oldest letters past its share. The JetStream API's subjects name a stream by token, so
-// delete is any stream's: a work queue is only told apart by its name.
+// delete a work queue's dead message and a consumer's oldest letters past its share. The
+// JetStream API's subjects name a stream by token, so delete is any stream's: a work queue
+// is only told apart by its name.
 func WriterPermissions(inbox string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish: []string{
@@ -115,8 +116,9 @@ type WriterConfig struct {
 	// Logger logs each letter written and each death not written.
 	Logger *slog.Logger
 	// Share is the most of DEAD one consumer's letters may hold, in bytes as DEAD counts
-	// them (subject, headers, body and the store's record): the writer removes the consumer's own oldest letters to write its
-	// next within it, and keeps no letter larger. Zero: no share, DEAD's own limits only.
+	// them (subject, headers, body and the store's record): the writer removes the
+	// consumer's own oldest letters to write its next within it, and keeps no letter
+	// larger. Zero: no share, DEAD's own limits only.
 	Share int64
 	// Written counts each letter stored (not a duplicate), by stream and consumer.
 	Written *prometheus.CounterVec
