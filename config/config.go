@@ -48,6 +48,9 @@ const (
 // MinStoreBytes is the smallest store-max-bytes a node accepts.
 const MinStoreBytes = 32 << 20
 
+// MinDeadBytesPerConsumer is the smallest dead-max-bytes-per-consumer a node accepts.
+const MinDeadBytesPerConsumer = 4 << 10
+
 // ErrInvalid is wrapped by every error that Validate and the loaders return for a bad value;
 // the CLI maps it to exit code 2.
 var ErrInvalid = errors.New("invalid configuration")
@@ -99,6 +102,11 @@ type Config struct {
 	ClientTLS string `yaml:"client-tls"`
 	// DeadMaxBytes is the most DEAD keeps. Zero: a tenth of the store.
 	DeadMaxBytes Bytes `yaml:"dead-max-bytes"`
+	// DeadMaxBytesPerConsumer is the most of DEAD one consumer's dead letters may hold: past
+	// it the node removes that consumer's own oldest letters to write its next, and a letter
+	// larger than it is not kept. A registration that would give DEAD more consumers than it
+	// holds shares for is refused. Zero: a 1024th of DEAD, at least 64KiB.
+	DeadMaxBytesPerConsumer Bytes `yaml:"dead-max-bytes-per-consumer"`
 	// SeatMaxBytes is the most one seat's work queue keeps. Zero: a sixty-fourth of what the
 	// control plane, EVENTS and DEAD leave of the store (at most 1 GiB), so some sixty seats
 	// fit; a mesh with more seats sets it lower.
@@ -399,6 +407,8 @@ func (c *Config) keys() map[string]any {
 		"module-processes":        &c.ModuleProcesses,
 		"module-disk":             &c.ModuleDisk,
 		"build-paths":             &c.BuildPaths,
+
+		"dead-max-bytes-per-consumer": &c.DeadMaxBytesPerConsumer,
 	}
 }
 
@@ -620,6 +630,12 @@ func (c Config) Validate() error {
 	}
 	if c.AuditMaxLag < 0 {
 		return fmt.Errorf("%w: audit-max-lag %d: events, ≥ 0 (0: no back-pressure)", ErrInvalid, c.AuditMaxLag)
+	}
+	if c.DeadMaxBytesPerConsumer != 0 && c.DeadMaxBytesPerConsumer < MinDeadBytesPerConsumer {
+		return fmt.Errorf("%w: dead-max-bytes-per-consumer %s: at least %s (a dead letter's headers alone take a few hundred bytes), or 0 for a 1024th of DEAD", ErrInvalid, c.DeadMaxBytesPerConsumer, Bytes(MinDeadBytesPerConsumer))
+	}
+	if c.DeadMaxBytes != 0 && c.DeadMaxBytesPerConsumer > c.DeadMaxBytes {
+		return fmt.Errorf("%w: dead-max-bytes-per-consumer %s is more than dead-max-bytes %s: one consumer's share is a part of DEAD; lower it or raise dead-max-bytes", ErrInvalid, c.DeadMaxBytesPerConsumer, c.DeadMaxBytes)
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("%w: rate-limit %d: requests a second, ≥ 0 (0: no limit)", ErrInvalid, c.RateLimit)

@@ -19,24 +19,38 @@ import (
 
 // Budget is the byte limit of each of the mesh's streams and buckets on a node.
 type Budget struct {
-	Store    int64 // the node's JetStream store limit
-	Events   int64 // EVENTS; past it new emits are refused
-	Module   int64 // the most of EVENTS one module may hold (quota.go)
-	Dead     int64 // DEAD
-	State    int64 // STATE
-	Seat     int64 // each SEAT_<S> work queue
-	Registry int64 // KV mesh-registry
-	Leases   int64 // KV mesh-seats
-	Vault    int64 // KV mesh-vault
-	MaxEvent int32 // the largest message EVENTS accepts; -1: the bus's maximum
+	Store  int64 // the node's JetStream store limit
+	Events int64 // EVENTS; past it new emits are refused
+	Module int64 // the most of EVENTS one module may hold (quota.go)
+	Dead   int64 // DEAD
+	// DeadShare is the most of DEAD one consumer's letters may hold (the dead-letter writer
+	// removes the consumer's own oldest letters past it); DEAD holds a share for each
+	// consumer, checked at registration (CheckDead).
+	DeadShare int64
+	State     int64 // STATE
+	Seat      int64 // each SEAT_<S> work queue
+	Registry  int64 // KV mesh-registry
+	Leases    int64 // KV mesh-seats
+	Vault     int64 // KV mesh-vault
+	MaxEvent  int32 // the largest message EVENTS accepts; -1: the bus's maximum
 }
 
 // share is store/div, capped, and at least floor.
 func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div, cap)) }
 
+// The default share of DEAD per consumer: a 1024th of DEAD, so a mesh takes about a thousand
+// consumers before dead-max-bytes or dead-max-bytes-per-consumer must be set (a 20 GiB store
+// keeps 2 MiB of letters per consumer), but at least 64 KiB, so a small store's consumers
+// still keep a few letters of common sizes.
+const (
+	deadShares   = 1024
+	minDeadShare = 64 << 10
+)
+
 // NewBudget sizes the mesh's streams within a store of the given size: the control
 // plane's buckets first (a thirty-second each for registry, vault and STATE, less for leases),
-// then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes); each seat
+// then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes) and each
+// consumer's share of it (dead-max-bytes-per-consumer); each seat
 // queue gets a sixty-fourth of what is left (at least 1 MiB, at most 1 GiB), so some
 // sixty seats' queues fit.
 func NewBudget(store int64, cfg config.Config) Budget {
@@ -69,6 +83,10 @@ func NewBudget(store int64, cfg config.Config) Budget {
 	}
 	if cfg.DeadMaxBytes > 0 {
 		b.Dead = int64(cfg.DeadMaxBytes)
+	}
+	b.DeadShare = min(max(b.Dead/deadShares, minDeadShare), b.Dead)
+	if cfg.DeadMaxBytesPerConsumer > 0 {
+		b.DeadShare = int64(cfg.DeadMaxBytesPerConsumer)
 	}
 	if cfg.MaxEventBytes > 0 {
 		b.MaxEvent = int32(min(int64(cfg.MaxEventBytes), 1<<30))
@@ -117,4 +135,39 @@ func storeFullError(stream string, b Budget, err error) error {
 			stream, config.Bytes(b.Seat), config.Bytes(b.left()), config.Bytes(b.Store), b.left()/max(b.Seat, 1), err)
 	}
 	return err
+}
+
+// CheckDead refuses a registration that leaves DEAD without a share for each consumer: with
+// consumers (every consumer whose letters DEAD keeps, the registration's included) DEAD would
+// need more than it holds, and before (the count without it) it did not. A registration that
+// adds no consumer passes, so a module can always be registered again as it was.
+func (b Budget) CheckDead(module string, consumers, before int) error {
+	if b.Store <= 0 || b.DeadShare <= 0 || consumers <= before || int64(consumers)*b.DeadShare <= b.Dead {
+		return nil
+	}
+	return fmt.Errorf("register: DEAD has no room for module %s's dead letters: %d consumers × %s each (dead-max-bytes-per-consumer) is %s, over DEAD's %s (dead-max-bytes), which has shares for %d: raise dead-max-bytes (or store-max-bytes, a tenth of which it is by default), or lower dead-max-bytes-per-consumer (a letter larger than a share is not kept)",
+		module, consumers, config.Bytes(b.DeadShare), config.Bytes(int64(consumers)*b.DeadShare), config.Bytes(b.Dead), b.Dead/b.DeadShare)
+}
+
+// deadConsumers adds to set the consumers of d whose letters DEAD keeps, as stream/consumer:
+// its EVENTS consumer and each seat's, a node-scoped seat's once for each of nodes.
+func deadConsumers(set map[string]struct{}, d *manifest.Derivation, nodes []string) {
+	if d == nil {
+		return
+	}
+	if c := d.EventsConsumer; c != nil && c.DeadSubject != "" {
+		set[c.Stream+"/"+c.Name] = struct{}{}
+	}
+	for _, s := range d.Seats {
+		if s.Stream == nil {
+			continue
+		}
+		if s.Scope != manifest.ScopeNode {
+			set[s.Stream.Name+"/"+manifest.SeatConsumerName(s.Name, s.Scope, "")] = struct{}{}
+			continue
+		}
+		for _, node := range nodes {
+			set[s.Stream.Name+"/"+manifest.SeatConsumerName(s.Name, s.Scope, node)] = struct{}{}
+		}
+	}
 }

@@ -450,6 +450,9 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
 		return api.RegisterReply{}, err
 	}
+	if err := c.checkDead(m.Module, d); err != nil {
+		return api.RegisterReply{}, err
+	}
 
 	now := time.Now().UTC()
 	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{},
@@ -521,6 +524,32 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	c.wakeProvisions() // its requirements, or the interfaces its seats provide, may have changed
 	c.log.Info("module registered", "module", m.Module, "created", reply.Created, "rotated", reply.Rotated, "key", rec.PublicKey)
 	return reply, nil
+}
+
+// checkDead refuses module's registration as d when DEAD holds no share for a consumer it
+// adds (Budget.CheckDead): the mesh's own consumers (the cascade's, its seats') and every
+// registered module's, with module's as d instead of as it was.
+func (c *Controller) checkDead(module string, d *manifest.Derivation) error {
+	nodes := c.reg.Nodes()
+	if len(nodes) == 0 {
+		nodes = []string{c.node} // a node-scoped seat has a consumer on this node at least
+	}
+	others := map[string]struct{}{}
+	cascade := cascadeConsumer()
+	others[cascade.Stream+"/"+cascade.Name] = struct{}{}
+	deadConsumers(others, manifest.Builtin(), nodes)
+	var prev *manifest.Derivation
+	for _, e := range c.reg.List() {
+		if e.Module == module {
+			prev = e.Derivation
+			continue
+		}
+		deadConsumers(others, e.Derivation, nodes)
+	}
+	before, after := maps.Clone(others), others
+	deadConsumers(before, prev, nodes)
+	deadConsumers(after, d, nodes)
+	return c.topo.budget.CheckDead(module, len(after), len(before))
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.

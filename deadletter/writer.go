@@ -61,13 +61,15 @@ const (
 const maxDeadReason = 1024
 
 // deadWriteBudget is how long the node keeps trying to store one dead letter (DEAD without a
-// leader for a while, a node starting) before it logs the death as lost.
+// leader for a while, a node starting) before it logs the death as lost. Only the letters of
+// the same consumer wait for it: each consumer has a lane of its own (lane.go).
 const deadWriteBudget = time.Minute
 
 // WriterPermissions are the dead-letter writer's connection's, whose inbox prefix is inbox:
 // hear the advisories, read a message by sequence, look a consumer's filter up, write DEAD,
-// delete a work queue's dead message. The JetStream API's subjects name a stream by token, so
-// delete is any stream's: a work queue is only told apart by its name.
+// delete a work queue's dead message and a consumer's oldest letters past its share. The
+// JetStream API's subjects name a stream by token, so delete is any stream's: a work queue
+// is only told apart by its name.
 func WriterPermissions(inbox string) manifest.Permissions {
 	return manifest.Permissions{
 		Publish: []string{
@@ -113,8 +115,29 @@ type WriterConfig struct {
 	Conn *nats.Conn
 	// Logger logs each letter written and each death not written.
 	Logger *slog.Logger
+	// Share is the most of DEAD one consumer's letters may hold, in bytes as DEAD counts
+	// them (subject, headers, body and the store's record): the writer removes the
+	// consumer's own oldest letters to write its next within it, and keeps no letter
+	// larger. Zero: no share, DEAD's own limits only.
+	Share int64
 	// Written counts each letter stored (not a duplicate), by stream and consumer.
 	Written *prometheus.CounterVec
+	// Evicted counts the letters removed to keep a consumer within its share, and Lost the
+	// deaths whose letter was not written, by stream and consumer.
+	Evicted, Lost *prometheus.CounterVec
+	// Report, when set, is told what a consumer lost to its share: at most once a minute
+	// for each consumer, and when its lane closes (the node makes it an event, which the
+	// audit log records).
+	Report func(Eviction)
+}
+
+// Eviction is what the writer removed of one consumer's letters to keep it within its share.
+type Eviction struct {
+	Stream, Consumer string
+	// Letters and Bytes are what was removed, since the last report; Share is the share.
+	Letters int
+	Bytes   int64
+	Share   int64
 }
 
 // Writer is a node's dead-letter writer.
@@ -122,14 +145,19 @@ type Writer struct {
 	log     *slog.Logger
 	nc      *nats.Conn
 	js      jetstream.JetStream
+	share   int64
 	written *prometheus.CounterVec
+	evicted *prometheus.CounterVec
+	lost    *prometheus.CounterVec
+	report  func(Eviction)
 
 	ctx    context.Context // ends at Close: a write in progress gives up
 	cancel context.CancelFunc
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
 	subs   []*nats.Subscription
+	wg     sync.WaitGroup // the lanes
+	mu     sync.Mutex     // closed, lanes, and the sends to a lane's queue
+	closed bool
+	lanes  map[string]*lane // by DEAD subject
 }
 
 // OpenWriter subscribes to the advisories on cfg.Conn and writes the dead letter of each;
@@ -140,7 +168,8 @@ func OpenWriter(ctx context.Context, cfg WriterConfig) (*Writer, error) {
 		cfg.Conn.Close()
 		return nil, err
 	}
-	d := &Writer{log: cfg.Logger, nc: cfg.Conn, js: js, written: cfg.Written}
+	d := &Writer{log: cfg.Logger, nc: cfg.Conn, js: js, share: cfg.Share, written: cfg.Written, evicted: cfg.Evicted, lost: cfg.Lost,
+		report: cfg.Report, lanes: map[string]*lane{}}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	for _, prefix := range []string{advisoryMaxDeliveries, advisoryTerminated} {
 		sub, err := d.nc.Subscribe(prefix+".*.*", d.handle)
@@ -157,8 +186,8 @@ func OpenWriter(ctx context.Context, cfg WriterConfig) (*Writer, error) {
 	return d, nil
 }
 
-// Close ends the writer: writes in progress give up and are waited for, and the connection
-// closes.
+// Close ends the writer: writes in progress give up, the lanes are waited for, and the
+// connection closes.
 func (d *Writer) Close() error {
 	d.mu.Lock()
 	d.closed = true
@@ -172,48 +201,61 @@ func (d *Writer) Close() error {
 	return nil
 }
 
-// handle writes the dead letter of one advisory. nats.go runs one subscription's handler at a
-// time; the two advisories have a goroutine each.
+// handle hands one advisory's death to its consumer's lane. nats.go runs one subscription's
+// handler at a time, so it never waits: a lane that is busy with an unwritable letter holds
+// its own consumer's deaths, no other's.
 func (d *Writer) handle(m *nats.Msg) {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return
-	}
-	d.wg.Add(1)
-	d.mu.Unlock()
-	defer d.wg.Done()
 	dd, err := readAdvisory(m.Data)
 	if err != nil {
 		d.log.Warn("unreadable consumer advisory", "subject", m.Subject, "err", err)
 		return
 	}
+	if !d.enqueue(dd) {
+		d.lose(dd, fmt.Sprintf("%d deaths of this consumer wait to be written already: it dies faster than DEAD takes its letters", laneQueue), nil)
+	}
+}
+
+// take writes one death's letter, trying again while DEAD cannot store it for a while.
+func (d *Writer) take(l *lane, dd death) {
 	ctx, cancel := context.WithTimeout(d.ctx, deadWriteBudget)
 	defer cancel()
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
+	var err error
 	for attempt := 1; ; attempt++ {
-		err = d.write(ctx, dd)
-		if err == nil || errors.Is(err, errNotDead) || errors.Is(err, errDeadFull) || ctx.Err() != nil {
+		err = d.write(ctx, l, dd)
+		if err == nil || errors.Is(err, errNotDead) || errors.Is(err, errDeadFull) || errors.Is(err, errUnwritable) || ctx.Err() != nil {
 			break
 		}
 		d.log.Debug("dead letter not written yet", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "attempt", attempt, "err", err)
 		wait.Wait(ctx) // an ended ctx ends the loop above
 	}
 	switch {
-	case errors.Is(err, errDeadFull):
-		d.log.Error("dead letter lost: DEAD is full; raise dead-max-bytes, or drop or replay dead letters (`meshnode dead ls`)",
-			"stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "reason", dd.reason)
+	case err == nil:
 	case errors.Is(err, errNotDead):
 		d.log.Warn("advisory not dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq, "why", err)
-	case err != nil && d.ctx.Err() == nil:
-		d.log.Error("dead letter lost: DEAD could not store it", "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq,
-			"deliveries", dd.deliveries, "reason", dd.reason, "err", err)
+	case errors.Is(err, errDeadFull):
+		d.lose(dd, "DEAD is full; raise dead-max-bytes, or drop or replay dead letters (`meshnode dead ls`)", err)
+	case errors.Is(err, errUnwritable):
+		d.lose(dd, "DEAD cannot take it", err)
+	case d.ctx.Err() == nil:
+		d.lose(dd, "DEAD could not store it", err)
 	}
+}
+
+// lose logs and counts a death whose letter is not written.
+func (d *Writer) lose(dd death, why string, err error) {
+	d.lost.WithLabelValues(dd.stream, dd.consumer).Inc()
+	d.log.Error("dead letter lost: "+why, "stream", dd.stream, "consumer", dd.consumer, "seq", dd.seq,
+		"deliveries", dd.deliveries, "reason", dd.reason, "err", err)
 }
 
 // errDeadFull means DEAD refused the letter for its byte limit: retrying cannot help until an
 // operator makes room.
 var errDeadFull = errors.New("DEAD is full")
+
+// errUnwritable marks a letter DEAD can never take: larger than a consumer's share, or than
+// the bus's largest message.
+var errUnwritable = errors.New("the letter cannot be written")
 
 // errNotDead marks an advisory that has no dead letter to write, for good: the message is
 // gone, or not the consumer's.
@@ -279,8 +321,9 @@ func cleanReason(s string) string {
 	return s
 }
 
-// write stores one death in DEAD, then removes a work queue's message.
-func (d *Writer) write(ctx context.Context, dd death) error {
+// write stores one death in DEAD, within its consumer's share, then removes a work queue's
+// message: the job leaves its queue only once its letter is stored (DESIGN §3).
+func (d *Writer) write(ctx context.Context, l *lane, dd death) error {
 	stream, err := d.js.Stream(ctx, dd.stream)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -313,7 +356,20 @@ func (d *Writer) write(ctx context.Context, dd death) error {
 		h.Set(envelope.DeadReason, cleanReason("malformed headers (kept whole, base64, in "+envelope.DeadRawHeaders+"): "+dd.reason))
 		h.Set(envelope.DeadRawHeaders, base64.StdEncoding.EncodeToString(rawHeaders))
 	}
-	ack, err := d.js.PublishMsg(ctx, &nats.Msg{Subject: manifest.DeadSubject(dd.stream, dd.consumer), Header: h, Data: msg.Data})
+	letter := &nats.Msg{Subject: manifest.DeadSubject(dd.stream, dd.consumer), Header: h, Data: msg.Data}
+	size := letterSize(letter.Subject, letter.Header, letter.Data)
+	if wire := size - storeOverhead - int64(len(letter.Subject)); wire > d.nc.MaxPayload() {
+		return fmt.Errorf("%w: a letter of %s is over the bus's largest message, %s: keep max-event-bytes a few KiB under it, so that every event fits in a letter",
+			errUnwritable, manifest.Size(wire), manifest.Size(d.nc.MaxPayload()))
+	}
+	if d.share > 0 && size > d.share {
+		return fmt.Errorf("%w: a letter of %s is larger than a consumer's share of DEAD, %s: raise dead-max-bytes-per-consumer",
+			errUnwritable, manifest.Size(size), manifest.Size(d.share))
+	}
+	if err := d.makeRoom(ctx, l, size); err != nil {
+		return err
+	}
+	ack, err := d.js.PublishMsg(ctx, letter)
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && server.ErrorIdentifier(apiErr.ErrorCode) == server.JSStreamStoreFailedF && d.deadFull(ctx, len(msg.Data)) {
 		// 10077 is any store failure (a closed store after a leader change is worth a
@@ -323,6 +379,7 @@ func (d *Writer) write(ctx context.Context, dd death) error {
 	if err != nil {
 		return fmt.Errorf("write DEAD: %w", err)
 	}
+	l.wrote(ack.Sequence, size) // a duplicate too: another node's write, maybe after the ledger was read
 	if !ack.Duplicate {
 		d.written.WithLabelValues(dd.stream, dd.consumer).Inc()
 		d.log.Warn("dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "subject", h.Get(envelope.DeadSubject), "seq", dd.seq,

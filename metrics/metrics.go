@@ -106,6 +106,8 @@ type Meter struct {
 	events        *prometheus.CounterVec // by owner of the event's namespace
 	eventBytes    *prometheus.CounterVec
 	DeadLetters   *prometheus.CounterVec   // by stream and consumer
+	DeadEvicted   *prometheus.CounterVec   // by stream and consumer
+	DeadLost      *prometheus.CounterVec   // by stream and consumer
 	holderChanges *prometheus.CounterVec   // by seat
 	vacancy       prometheus.Histogram     // how long a seat was without a holder
 	vault         *prometheus.CounterVec   // by verb and outcome
@@ -131,6 +133,10 @@ func NewMeter() *Meter {
 			Help: "Bytes of the events this node's audit log took in, by the owner of their namespace."}, []string{"owner"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_total",
 			Help: "Messages this node wrote to DEAD, by the stream and the consumer that gave them up."}, []string{"stream", "consumer"}),
+		DeadEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_evicted_total",
+			Help: "Dead letters this node removed from DEAD to keep their consumer within its share (dead-max-bytes-per-consumer), by stream and consumer."}, []string{"stream", "consumer"}),
+		DeadLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_dead_letters_lost_total",
+			Help: "Deaths whose letter this node did not write (DEAD could not take it, or the consumer's deaths came faster than DEAD took them), by stream and consumer."}, []string{"stream", "consumer"}),
 		holderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshnode_seat_holder_changes_total",
 			Help: "New holders of a seat, as this node's watch of the leases saw them."}, []string{"seat"}),
 		vacancy: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshnode_seat_vacancy_seconds",
@@ -154,7 +160,7 @@ func NewMeter() *Meter {
 }
 
 func (m *Meter) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.events, m.eventBytes, m.DeadLetters, m.holderChanges, m.vacancy, m.vault, m.tools, m.Apply, m.StartSeconds, m.FormSeconds}
+	return []prometheus.Collector{m.events, m.eventBytes, m.DeadLetters, m.DeadEvicted, m.DeadLost, m.holderChanges, m.vacancy, m.vault, m.tools, m.Apply, m.StartSeconds, m.FormSeconds}
 }
 
 // ingested counts the audit log's new events. A replay (owner replay.<consumer>) is an event

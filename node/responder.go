@@ -90,7 +90,15 @@ func (n *Node) openDeadLetters(key nkeys.KeyPair) (*deadletter.Writer, error) {
 	}
 	// Its writes outlive Open (whose context ends when it returns): Close ends them.
 	d, err := deadletter.OpenWriter(context.Background(), deadletter.WriterConfig{
-		Conn: nc, Logger: n.log.With("component", "dead-letters"), Written: n.metrics.meter.DeadLetters})
+		Conn: nc, Logger: n.log.With("component", "dead-letters"), Share: n.budget.DeadShare,
+		Written: n.metrics.meter.DeadLetters, Evicted: n.metrics.meter.DeadEvicted, Lost: n.metrics.meter.DeadLost,
+		Report: func(e deadletter.Eviction) {
+			if nc := n.mesh.eventConn.Load(); nc != nil {
+				publishNodeEvent(nc, n.key, n.id.Name, "dead-letters-evicted", map[string]any{
+					"stream": e.Stream, "consumer": e.Consumer, "letters": e.Letters, "bytes": e.Bytes, "share": e.Share,
+				}, n.log)
+			}
+		}})
 	if err != nil {
 		return nil, fmt.Errorf("start dead-letter writer: %w", err)
 	}
