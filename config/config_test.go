@@ -42,7 +42,7 @@ func TestConfig_LoadFile(t *testing.T) {
 		}
 		// A key far from every known one: the list of keys.
 		err = c.LoadFile("meshnode.yaml", []byte("colour: blue\n"))
-		if got, want := fmt.Sprint(err), "line 1: unknown key colour; write one of advertise, audit-retention,"; !strings.Contains(got, want) {
+		if got, want := fmt.Sprint(err), "line 1: unknown key colour; write one of advertise, audit-max-lag, audit-retention,"; !strings.Contains(got, want) {
 			t.Fatalf("err=%q, want it to say %q", got, want)
 		}
 	})
