@@ -58,6 +58,8 @@ type Admitter struct {
 	cfg Config
 	sub *nats.Subscription
 	lag atomic.Uint64 // the back-pressure's lag: SetLag
+	// margin is sweepMargin (tests shorten it).
+	margin time.Duration
 
 	mu       sync.Mutex
 	modules  map[string]*moduleState
@@ -98,7 +100,7 @@ func New(cfg Config) (*Admitter, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Admitter{cfg: cfg, modules: map[string]*moduleState{}, inflight: map[string]admitted{}}
+	a := &Admitter{cfg: cfg, margin: sweepMargin, modules: map[string]*moduleState{}, inflight: map[string]admitted{}}
 	sub, err := cfg.Conn.QueueSubscribe(manifest.AdmitAll, QueueGroup, a.admit)
 	if err != nil {
 		return nil, fmt.Errorf("admitter: subscribe %s: %w", manifest.AdmitAll, err)
@@ -293,7 +295,7 @@ func (a *Admitter) Sweep(caughtUp bool) {
 	i := 0
 	for ; i < len(a.order); i++ {
 		e := a.order[i]
-		if !e.at.Add(sweepMargin).Before(a.stored) && !(caughtUp && e.at.Add(sweepMargin).Before(now)) {
+		if !e.at.Add(a.margin).Before(a.stored) && !(caughtUp && e.at.Add(a.margin).Before(now)) {
 			break
 		}
 		if in, ok := a.inflight[e.id]; ok {
