@@ -274,7 +274,7 @@ type WhoamiReply struct {
 	// Signers are the keys of every source whose events the module consumes: what its
 	// client checks a delivered event's signature against.
 	Signers Signers `json:"signers,omitempty"`
-	Error     string `json:"error,omitempty"`
+	Error   string  `json:"error,omitempty"`
 }
 
 // Signers are public keys of event sources, by SignerKey: a module's own, a seat's (its

@@ -9,8 +9,8 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
-	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
