@@ -95,6 +95,8 @@ const (
 	ReasonNotAdmitted = "not-admitted"
 )
 
+var reasons = []string{ReasonQuota, ReasonAuditBehind, ReasonRate, ReasonNotAdmitted}
+
 // New starts admitting.
 func New(cfg Config) (*Admitter, error) {
 	if cfg.Log == nil {
@@ -320,15 +322,16 @@ func (a *Admitter) Use(modules []string) []api.QuotaUse {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, m := range modules {
-		u := api.QuotaUse{Module: m, Held: a.held(m), Limit: max(a.cfg.Limit, 0)}
-		if st := a.modules[m]; st != nil {
-			u.Pending = st.pending
-			if len(st.refused) > 0 {
-				u.Refused = map[string]uint64{}
-				for k, v := range st.refused {
-					u.Refused[k] = v
-				}
+		u := api.QuotaUse{Module: m, Held: a.held(m), Limit: max(a.cfg.Limit, 0), Refused: map[string]uint64{}}
+		st := a.modules[m]
+		for _, r := range reasons {
+			u.Refused[r] = 0 // every reason, zero until refused: a rate needs the series
+			if st != nil {
+				u.Refused[r] = st.refused[r]
 			}
+		}
+		if st != nil {
+			u.Pending = st.pending
 		}
 		out = append(out, u)
 	}

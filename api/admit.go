@@ -54,6 +54,7 @@ type QuotaUse struct {
 	Pending int64 `json:"pending"`
 	// Limit is module-events-max-bytes; 0: no quota.
 	Limit int64 `json:"limit"`
-	// Refused counts this node's refusals of the module since it started, by reason.
+	// Refused counts this node's refusals of the module since it started, by reason (every
+	// reason of package admit's, zero until refused).
 	Refused map[string]uint64 `json:"refused,omitempty"`
 }

@@ -222,6 +222,8 @@ type ModuleInfo struct {
 	Revision   uint64      `json:"revision"`
 	// Manifest is the manifest's YAML as registered (at most manifest.MaxSize bytes).
 	Manifest string `json:"manifest"`
+	// Quota is its use of EVENTS against its quota, as the answering node's admitter sees it.
+	Quota *QuotaUse `json:"quota,omitempty"`
 }
 
 // ListRequest asks for one page of the registered modules, in name order: a page is sized to

@@ -50,7 +50,10 @@ type Config struct {
 	// Responder answers the tools: it may publish only to inboxes.
 	Responder *nats.Conn
 	// Gate rate-limits whoami.
-	Gate     *throttle.Gate
+	Gate *throttle.Gate
+	// Quotas is each module's use of EVENTS against its quota, as list reports it (the
+	// node's admitter); nil: none reported.
+	Quotas   func(modules []string) []api.QuotaUse
 	Registry *registry.Registry
 	// Sign is the node's key: the registry's events and the declarations are the node's own.
 	Sign *envelope.SigningKey
@@ -88,11 +91,13 @@ type Controller struct {
 	nc   *nats.Conn // the node's own: writes and requests to the vault
 	resp *nats.Conn // answers the tools: may publish only to inboxes
 	gate *throttle.Gate
-	reg  *registry.Registry
-	topo *Topology
-	node string
-	js   jetstream.JetStream  // publishes the registry's events
-	sign *envelope.SigningKey // the node's key: the registry's events are the node's own
+	// quotas reports modules' use of EVENTS (Config.Quotas).
+	quotas func([]string) []api.QuotaUse
+	reg    *registry.Registry
+	topo   *Topology
+	node   string
+	js     jetstream.JetStream  // publishes the registry's events
+	sign   *envelope.SigningKey // the node's key: the registry's events are the node's own
 
 	// sweepNow wakes the outbox sweeper.
 	sweepNow chan struct{}
@@ -151,7 +156,7 @@ type holding struct {
 func New(cfg Config) *Controller {
 	c := &Controller{
 		log: cfg.Log, nc: cfg.Conn, resp: cfg.Responder, gate: cfg.Gate, reg: cfg.Registry, node: cfg.Node,
-		js: cfg.JS, sign: cfg.Sign,
+		quotas: cfg.Quotas, js: cfg.JS, sign: cfg.Sign,
 		topo: &Topology{
 			js:           cfg.JS,
 			node:         cfg.Node,
@@ -795,6 +800,15 @@ func (c *Controller) handleList(_ context.Context, data []byte) any {
 		}
 		size += len(b) + 1
 		reply.Modules = append(reply.Modules, info)
+	}
+	if c.quotas != nil {
+		names := make([]string, len(reply.Modules))
+		for i, m := range reply.Modules {
+			names[i] = m.Module
+		}
+		for i, u := range c.quotas(names) {
+			reply.Modules[i].Quota = &u
+		}
 	}
 	return reply
 }

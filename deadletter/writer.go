@@ -382,6 +382,10 @@ func (d *Writer) write(ctx context.Context, l *lane, dd death) error {
 	l.wrote(ack.Sequence, size) // a duplicate too: another node's write, maybe after the ledger was read
 	if !ack.Duplicate {
 		d.written.WithLabelValues(dd.stream, dd.consumer).Inc()
+		// A consumer with letters shows its evictions and losses too, zero until it has some:
+		// a rate over a series that appears only at its first increment misses that one.
+		d.evicted.WithLabelValues(dd.stream, dd.consumer).Add(0)
+		d.lost.WithLabelValues(dd.stream, dd.consumer).Add(0)
 		d.log.Warn("dead-lettered", "stream", dd.stream, "consumer", dd.consumer, "subject", h.Get(envelope.DeadSubject), "seq", dd.seq,
 			"event", h.Get(envelope.EventID), "deliveries", dd.deliveries, "reason", dd.reason, "dead_seq", ack.Sequence)
 	}

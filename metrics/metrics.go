@@ -278,3 +278,35 @@ func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+var (
+	descModuleEventsBytes = prometheus.NewDesc("meshnode_module_events_bytes", "Bytes of EVENTS a module holds, its seats' events included, as this node's admitter counts them: what its audit log recorded (younger than events-max-age) and what it admitted since.", []string{"module"}, nil)
+	descModuleEventsQuota = prometheus.NewDesc("meshnode_module_events_quota_bytes", "module-events-max-bytes: the most of EVENTS one module may hold (0: no quota).", nil, nil)
+	descAdmitRefused      = prometheus.NewDesc("meshnode_admit_refused_total", "Events and jobs this node's admitter refused, by module and reason: quota (final), audit-behind and rate (retryable), not-admitted.", []string{"module", "reason"}, nil)
+	descAdmitLag          = prometheus.NewDesc("meshnode_admit_audit_lag", "The audit lag the admitter's back-pressure goes by: the largest among the live members' audit logs, in events; emits are refused retryably while it is past audit-max-lag.", nil, nil)
+)
+
+// Admission reads the node's admitter once per scrape: each registered module's use of
+// EVENTS against its quota, the admitter's refusals, and the lag its back-pressure goes by.
+type Admission struct {
+	Use   func() []api.QuotaUse // nil entries: the admitter is not open yet
+	Limit int64
+	Lag   func() uint64
+}
+
+func (c *Admission) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descModuleEventsBytes, descModuleEventsQuota, descAdmitRefused, descAdmitLag} {
+		ch <- d
+	}
+}
+
+func (c *Admission) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descModuleEventsQuota, prometheus.GaugeValue, float64(c.Limit))
+	ch <- prometheus.MustNewConstMetric(descAdmitLag, prometheus.GaugeValue, float64(c.Lag()))
+	for _, u := range c.Use() {
+		ch <- prometheus.MustNewConstMetric(descModuleEventsBytes, prometheus.GaugeValue, float64(u.Held+u.Pending), u.Module)
+		for reason, n := range u.Refused { // every reason, zero until refused: rates need the series
+			ch <- prometheus.MustNewConstMetric(descAdmitRefused, prometheus.CounterValue, float64(n), u.Module, reason)
+		}
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -52,6 +54,24 @@ func (n *Node) openAdmitter(key nkeys.KeyPair) error {
 // runAdmitter keeps the admitter's back-pressure lag current until ctx ends.
 func (n *Node) runAdmitter(ctx context.Context) error {
 	return n.admit.Run(ctx, admit.Watch{JS: n.bus.JetStream(), Members: n.liveMembers, Self: n.id.Name})
+}
+
+// quotaUse is each module's use of EVENTS against its quota, as this node's admitter sees it.
+func (n *Node) quotaUse(modules []string) []api.QuotaUse {
+	if n.admit == nil {
+		return nil // not open yet: nothing admitted
+	}
+	return n.admit.Use(modules)
+}
+
+// registeredModules are the registered modules' names.
+func registeredModules(reg *registry.Registry) []string {
+	entries := reg.List()
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Module
+	}
+	return names
 }
 
 // usageOwners are the usage owners whose events count against module's quota: its own

@@ -19,6 +19,7 @@ func (n *Node) newController() *controller.Controller {
 		Responder:         n.resp.nc,
 		Gate:              n.resp.gate,
 		Registry:          n.reg,
+		Quotas:            n.quotaUse,
 		Sign:              n.sign,
 		Servers:           n.serverKey,
 		Replicas:          n.replicas(),

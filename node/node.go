@@ -631,6 +631,8 @@ func (n *Node) newHTTPServer() error {
 	n.metrics.reg.MustRegister(n.ctrl.Reports())
 	n.metrics.reg.MustRegister(n.metrics.meter.Collectors()...)
 	n.metrics.reg.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
+	n.metrics.reg.MustRegister(&metrics.Admission{Limit: max(n.budget.Module, 0), Lag: n.admit.Lag,
+		Use: func() []api.QuotaUse { return n.admit.Use(registeredModules(n.reg)) }})
 	tools := metrics.NewModuleTools(n.id.Name, func(module, tool string) bool {
 		e, ok := n.reg.Get(module)
 		return ok && metrics.DeclaresTool(e.Manifest, tool)

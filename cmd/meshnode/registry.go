@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -194,12 +195,33 @@ func newModuleLsCmd() *cobra.Command {
 
 func printModules(w io.Writer, mods []api.ModuleInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODULE\tEMITS\tCONSUMES\tTOOLS\tUSES\tSEATS\tREGISTERED")
+	fmt.Fprintln(tw, "MODULE\tEMITS\tCONSUMES\tTOOLS\tUSES\tSEATS\tEVENTS HELD/QUOTA\tREGISTERED")
 	for _, m := range mods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Module, list(m.Emits), list(m.Consumes), list(m.Tools),
-			list(m.Uses), list(m.Seats), m.Registered.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Module, list(m.Emits), list(m.Consumes), list(m.Tools),
+			list(m.Uses), list(m.Seats), quotaCell(m.Quota), m.Registered.UTC().Format(time.RFC3339))
 	}
 	tw.Flush()
+}
+
+// quotaCell is a module's use of EVENTS against its quota: "1.2MiB/32MiB (4%)", with the
+// refusals the answering node made, if any.
+func quotaCell(q *api.QuotaUse) string {
+	if q == nil {
+		return "-"
+	}
+	used := q.Held + q.Pending
+	cell := config.Bytes(used).String()
+	if q.Limit > 0 {
+		cell += "/" + config.Bytes(q.Limit).String() + fmt.Sprintf(" (%d%%)", used*100/q.Limit)
+	}
+	var refused uint64
+	for _, n := range q.Refused {
+		refused += n
+	}
+	if refused > 0 {
+		cell += fmt.Sprintf(", %d refused", refused)
+	}
+	return cell
 }
 
 func list(xs []string) string {
