@@ -57,7 +57,10 @@ type Config struct {
 	// replay of a dead letter go out on it.
 	Conn      *nats.Conn
 	JetStream jetstream.JetStream // DEAD's letters, read, replayed and dropped
-	Log       *slog.Logger
+	// Quotas is each registered module's use of EVENTS against its quota, as the node's
+	// admitter sees it; nil: not shown.
+	Quotas func() []api.QuotaUse
+	Log    *slog.Logger
 }
 
 // Dashboard serves the operator's console: its pages, the snapshot, the snapshot's stream

@@ -40,6 +40,8 @@ func TestDashboard_StateJSON(t *testing.T) {
 		Audit:     []AuditRecord{{N: 7, Received: at, Event: "mod.shop.event.order.placed", Source: "shop", Signed: true, Body: `{"id":1}`}},
 		Dead:      []DeadLetter{{ID: 12, Time: at, Event: "mod.shop.event.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},
 		DeadTotal: 1, Errors: []string{"processes: timeout"},
+		Quotas: map[string]api.QuotaUse{"shop": {Module: "shop", Held: 1 << 20, Pending: 2048, Limit: 32 << 20,
+			Refused: map[string]uint64{"quota": 0, "audit-behind": 3, "rate": 0, "not-admitted": 0}}},
 	}
 	var got bytes.Buffer
 	got.Write(st.encode(encodeModules(entries)))

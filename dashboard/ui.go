@@ -366,19 +366,22 @@ func (d *Dashboard) sessionOnly(act bool, h func(http.ResponseWriter, *http.Requ
 
 // State is the dashboard's snapshot of the mesh as this node sees it.
 type State struct {
-	Node      string           `json:"node"`
-	MeshID    string           `json:"mesh_id"`
-	Time      time.Time        `json:"time"`
-	Members   []Member         `json:"members"`
-	Seats     []api.SeatStatus `json:"seats"`
-	Modules   []Module         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
-	Edges     []Edge           `json:"edges,omitempty"`
-	Streams   []Stream         `json:"streams"`
-	Processes []api.Process    `json:"processes"`
-	Audit     []AuditRecord    `json:"audit"`
-	Dead      []DeadLetter     `json:"dead"`
-	DeadTotal int              `json:"dead_total"`
-	Errors    []string         `json:"errors,omitempty"` // parts that could not be read now
+	Node    string           `json:"node"`
+	MeshID  string           `json:"mesh_id"`
+	Time    time.Time        `json:"time"`
+	Members []Member         `json:"members"`
+	Seats   []api.SeatStatus `json:"seats"`
+	Modules []Module         `json:"modules,omitempty"` // a snapshot splices them in, encoded once per registry revision
+	// Quotas are the modules' use of EVENTS against their quota, by module: they change with
+	// every event, so they stay out of the modules, which change with the registry.
+	Quotas    map[string]api.QuotaUse `json:"quotas,omitempty"`
+	Edges     []Edge                  `json:"edges,omitempty"`
+	Streams   []Stream                `json:"streams"`
+	Processes []api.Process           `json:"processes"`
+	Audit     []AuditRecord           `json:"audit"`
+	Dead      []DeadLetter            `json:"dead"`
+	DeadTotal int                     `json:"dead_total"`
+	Errors    []string                `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
@@ -454,6 +457,12 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
 	st := State{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: d.cfg.Mesh.Members()}
+	if d.cfg.Quotas != nil {
+		st.Quotas = map[string]api.QuotaUse{}
+		for _, u := range d.cfg.Quotas() {
+			st.Quotas[u.Module] = u
+		}
+	}
 	failed := func(part string, err error) { st.Errors = append(st.Errors, part+": "+err.Error()) }
 	consumers := d.consumersDue()
 	streams, err := d.cfg.Mesh.Streams(consumers)

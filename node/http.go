@@ -117,7 +117,8 @@ func (n *Node) handler() http.Handler {
 // openDashboard opens the operator's console on what the node has opened by now.
 func (n *Node) openDashboard() *dashboard.Dashboard {
 	return dashboard.Open(context.Background(), dashboard.Config{Node: n.id.Name, MeshID: n.id.MeshID, Mesh: dashboardMesh{n},
-		Registry: n.reg, Audit: n.audit, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Log: n.log})
+		Registry: n.reg, Audit: n.audit, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Log: n.log,
+		Quotas: func() []api.QuotaUse { return n.quotaUse(registeredModules(n.reg)) }})
 }
 
 // dashboardMesh is what the dashboard reads of the node.

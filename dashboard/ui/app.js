@@ -30,6 +30,22 @@ function fill(table, rows) {
 }
 
 const list = (xs) => (xs && xs.length ? xs.join(", ") : "");
+// bytes is a byte count as people read it: 1.2 MiB.
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+// quota is a module's use of EVENTS against its quota, with the refusals this node made.
+function quota(q) {
+  if (!q) return "";
+  const used = q.held + q.pending;
+  let s = bytes(used);
+  if (q.limit) s += ` / ${bytes(q.limit)} (${Math.floor((used * 100) / q.limit)}%)`;
+  const refused = Object.values(q.refused || {}).reduce((a, b) => a + b, 0);
+  return refused ? `${s}, ${refused} refused` : s;
+}
 const when = (t) => (t ? new Date(t).toLocaleTimeString() : "");
 
 function render(st) {
@@ -48,7 +64,7 @@ function render(st) {
 
   $("#modules-count").textContent = `${st.modules.length}`;
   const mods = st.modules.slice(0, shown.modules);
-  fill("#modules", mods.map((m) => row([m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets)])));
+  fill("#modules", mods.map((m) => row([m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets), quota((st.quotas || {})[m.module])])));
   const more = $("#modules-more");
   more.hidden = st.modules.length <= shown.modules;
   more.textContent = `Show all ${st.modules.length} modules`;
