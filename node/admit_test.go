@@ -3,10 +3,12 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
@@ -87,6 +89,22 @@ func TestAdmit_Quota(t *testing.T) {
 		t.Fatalf("another module's emit while one is at its quota: %v", err)
 	}
 	audited(t, b, acked)
+	// module ls shows it: what the audit log holds of it, nothing pending once it is recorded.
+	retryUntil(t, 10*time.Second, func() error {
+		mods, err := admin.List(ctx, b.op)
+		if err != nil {
+			return err
+		}
+		for _, m := range mods {
+			if m.Module == "noisy" {
+				if q := m.Quota; q == nil || q.Held != bytes || q.Pending != 0 || q.Limit != quota || q.Refused["quota"] != 1 {
+					return fmt.Errorf("module ls shows noisy's quota as %+v, want %d held of %d, one refusal", q, bytes, quota)
+				}
+				return nil
+			}
+		}
+		return errors.New("module ls does not list noisy")
+	})
 
 	// Restarted with the same quota: still at it (the use is on disk, not in memory).
 	b.close()
