@@ -60,13 +60,27 @@ async function main() {
     });
   }
 
-  // emit publishes one of the module's declared events and waits for the stream's ack.
+  // emit publishes one of the module's declared events and waits for the stream's ack. It
+  // signs the event's subject and publishes it under the module's prefix, mesh.admit.<module>,
+  // where the node's admitter takes it (docs/contracts.md): a refusal it calls retryable
+  // (err_code 19002, the mesh's audit log behind; 19003, past the module's pace) is sent
+  // again after a back-off; any other (19001, over the module's quota of EVENTS) is thrown.
   async function emit(event, payload, causation) {
     const subject = `mesh.mod.${module}.event.${event}`;
     const body = Buffer.from(JSON.stringify(payload), "utf8");
     const h = headers();
     const id = env.stamp(h, kp, { source: module, node: self.node, subject, body, causation });
-    await js.publish(subject, body, { headers: h, msgID: id });
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await js.publish(`mesh.admit.${module}.${subject}`, body, { headers: h, msgID: id });
+        break;
+      } catch (err) {
+        const code = err && err.api_error && err.api_error.err_code;
+        if ((code !== 19002 && code !== 19003) || attempt >= 50) throw err;
+        const wait = Math.min(250, 2 << Math.min(attempt, 7));
+        await new Promise((r) => setTimeout(r, wait / 2 + Math.random() * (wait / 2)));
+      }
+    }
     stats.emitted++;
     log("emitted", event, id);
     return id;
