@@ -105,8 +105,7 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 		}
 		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
 		l.missed.Store(readHead(tx).Missed)
-		l.usage.load(tx)
-		return nil
+		return l.usage.load(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open audit log: %w", err)
@@ -146,6 +145,10 @@ func (l *Logger) Run(ctx context.Context) error {
 	defer func() { <-pulled }()
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
+	// What a module holds ages out slice by slice: the admitter refuses against it, so it
+	// follows the stream within a slice (a second, for a short max age).
+	pruneUse := time.NewTicker(usageSlice(l.eventsMaxAge))
+	defer pruneUse.Stop()
 	var acks acker
 	failed := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
@@ -156,6 +159,8 @@ func (l *Logger) Run(ctx context.Context) error {
 		case <-prune.C:
 			l.settleGaps()
 			l.prune()
+			continue
+		case <-pruneUse.C:
 			if l.eventsMaxAge > 0 {
 				if err := l.pruneUsage(l.eventsMaxAge); err != nil {
 					l.log.Error("prune EVENTS usage", "err", err)
@@ -326,7 +331,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	var added, missed uint64
 	var open gaps
 	var lastSeq uint64
-	var used map[string]map[uint32]int64 // the batch's new bytes in EVENTS
+	var used map[string]map[uint64]slice // the batch's new bytes in EVENTS
 	var counted map[string]int           // the batch's new events, by owner
 	var newIDs []string                  // the batch's new events' ids
 	var newest time.Time
@@ -342,7 +347,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		}
 		open, missed = slices.Clone(l.open).see(stored, h.Since, seqs, clock).settle(clock)
 		h.Missed += missed
-		used, counted = map[string]map[uint32]int64{}, map[string]int{}
+		used, counted = map[string]map[uint64]slice{}, map[string]int{}
 		newIDs, newest = nil, time.Time{}
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
@@ -356,9 +361,13 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 			if owner := Owner(m.Subject()); owner != "" && (seq > stored || l.open.contains(seq)) && !counting[seq] {
 				counting[seq] = true // once, were it twice in the batch
 				if used[owner] == nil {
-					used[owner] = map[uint32]int64{}
+					used[owner] = map[uint64]slice{}
 				}
-				used[owner][hourOf(md.Timestamp)] += size(m)
+				width := int64(usageSlice(l.eventsMaxAge) / time.Second)
+				at := md.Timestamp.Unix()
+				start := uint64(at - at%width)
+				sl := used[owner][start]
+				used[owner][start] = slice{bytes: sl.bytes + size(m), newest: max(sl.newest, at)}
 				counted[owner]++
 				newIDs = append(newIDs, checked[i].rec.EventID)
 				if md.Timestamp.After(newest) {
@@ -394,7 +403,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		if lastSeq > h.Seq {
 			h.Seq = lastSeq
 		}
-		if err := l.usage.add(tx, used); err != nil {
+		if err := l.usage.store(tx, used); err != nil {
 			return err
 		}
 		b, _ := json.Marshal(h)
@@ -414,8 +423,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	if l.Ingested != nil {
 		for owner, n := range counted {
 			var bytes int64
-			for _, b := range used[owner] {
-				bytes += b
+			for _, sl := range used[owner] {
+				bytes += sl.bytes
 			}
 			l.Ingested(owner, n, bytes)
 		}

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync"
 	"time"
@@ -14,22 +15,37 @@ import (
 // The audit log sees every event EVENTS stores, so it is where the mesh learns how many
 // bytes each namespace holds there: JetStream counts a stream's bytes and a subject's
 // messages, never a subject's bytes. Usage is kept per namespace owner ("mod.<module>",
-// "seat.<seat>", "node.<node>") and per hour of the events' stream time, in the same
-// transaction as the records, so a restart neither loses nor double counts it. An hour's
-// bytes count until the whole hour has aged out of EVENTS: a little more than the stream
-// holds, never less.
+// "seat.<seat>", "node.<node>") and per slice of the events' stream time, in the same
+// transaction as the records, so a restart neither loses nor double counts it. A slice's
+// bytes count until its newest event has aged out of EVENTS: a little more than the stream
+// holds (at most a slice's worth), never less. A slice is a sixty-fourth of EVENTS' max age,
+// between a second and an hour, so the count follows a short max age closely too (an hour's
+// slices overcounted a 10 s stream by 360 times what it held).
 
-// bucketUsage is owner \x00 hour (unix hours, u32) → bytes (u64).
+// bucketUsage is owner \x00 slice start (unix seconds, u64) → bytes (u64), newest event's
+// stream time (unix seconds, u64). A log written before holds owner \x00 hour (unix hours,
+// u32) → bytes (u64): load rewrites it as a slice of an hour.
 var bucketUsage = []byte("audit-usage")
 
-// usageHour is how finely usage ages out.
-const usageHour = time.Hour
+// usageSlice is how finely usage ages out in a stream whose events live maxAge.
+func usageSlice(maxAge time.Duration) time.Duration {
+	if maxAge <= 0 {
+		return time.Hour
+	}
+	return min(max(maxAge/64, time.Second), time.Hour)
+}
+
+// slice is one owner's bytes in one slice of stream time, and its newest event's time.
+type slice struct {
+	bytes  int64
+	newest int64 // unix seconds
+}
 
 // usage is the in-memory copy of bucketUsage.
 type usage struct {
-	mu    sync.Mutex
-	bytes map[string]map[uint32]int64 // owner → hour → bytes
-	total map[string]int64            // owner → the sum of its hours, for Held
+	mu     sync.Mutex
+	slices map[string]map[uint64]slice // owner → slice start → bytes
+	total  map[string]int64            // owner → the sum of its slices, for Held
 }
 
 // Owner is the namespace owner of an event subject, as usage keys it: "mod.billing" for
@@ -45,42 +61,69 @@ func Owner(subject string) string {
 // size is what one message costs EVENTS, counted as the admitter counted it.
 func size(m jetstream.Msg) int64 { return envelope.StoredSize(m.Subject(), m.Headers(), m.Data()) }
 
-func hourOf(t time.Time) uint32 { return uint32(t.Unix() / int64(usageHour/time.Second)) }
-
-func usageKey(owner string, hour uint32) []byte {
-	return binary.BigEndian.AppendUint32(append([]byte(owner), 0), hour)
+func usageKey(owner string, start uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte(owner), 0), start)
 }
 
-// load reads bucketUsage into memory.
-func (u *usage) load(tx *bolt.Tx) {
+// load reads bucketUsage into memory, rewriting a log's hours of before as slices.
+func (u *usage) load(tx *bolt.Tx) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.bytes, u.total = map[string]map[uint32]int64{}, map[string]int64{}
-	tx.Bucket(bucketUsage).ForEach(func(k, v []byte) error {
-		if len(k) < 5 || len(v) != 8 {
+	u.slices, u.total = map[string]map[uint64]slice{}, map[string]int64{}
+	b := tx.Bucket(bucketUsage)
+	var legacy [][]byte
+	b.ForEach(func(k, v []byte) error {
+		owner, suffix, ok := bytes.Cut(k, []byte{0})
+		var start uint64
+		var sl slice
+		switch {
+		case ok && len(suffix) == 8 && len(v) == 16:
+			start = binary.BigEndian.Uint64(suffix)
+			sl = slice{bytes: int64(binary.BigEndian.Uint64(v[:8])), newest: int64(binary.BigEndian.Uint64(v[8:]))}
+		case ok && len(suffix) == 4 && len(v) == 8:
+			start = uint64(binary.BigEndian.Uint32(suffix)) * 3600
+			sl = slice{bytes: int64(binary.BigEndian.Uint64(v)), newest: int64(start) + 3599}
+			legacy = append(legacy, k)
+		default:
 			return nil // not a usage record: ignored, never trusted
 		}
-		owner, hour := string(k[:len(k)-5]), binary.BigEndian.Uint32(k[len(k)-4:])
-		if u.bytes[owner] == nil {
-			u.bytes[owner] = map[uint32]int64{}
-		}
-		u.bytes[owner][hour] = int64(binary.BigEndian.Uint64(v))
-		u.total[owner] += int64(binary.BigEndian.Uint64(v))
+		u.add(string(owner), start, sl)
 		return nil
 	})
+	for _, k := range legacy {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	if len(legacy) > 0 {
+		return u.store(tx, u.slices)
+	}
+	return nil
 }
 
-// add writes a batch's new bytes (owner → hour → bytes) in tx; merge makes them visible
-// once tx commits.
-func (u *usage) add(tx *bolt.Tx, batch map[string]map[uint32]int64) error {
+// add counts sl in owner's slice start. u.mu is held.
+func (u *usage) add(owner string, start uint64, sl slice) {
+	if u.slices[owner] == nil {
+		u.slices[owner] = map[uint64]slice{}
+	}
+	cur := u.slices[owner][start]
+	u.slices[owner][start] = slice{bytes: cur.bytes + sl.bytes, newest: max(cur.newest, sl.newest)}
+	u.total[owner] += sl.bytes
+}
+
+// store writes the slices of batch (owner → start → what was added) in tx, added to what
+// the file holds; merge makes them visible once tx commits.
+func (u *usage) store(tx *bolt.Tx, batch map[string]map[uint64]slice) error {
 	b := tx.Bucket(bucketUsage)
-	for owner, hours := range batch {
-		for hour, n := range hours {
-			k := usageKey(owner, hour)
-			if v := b.Get(k); len(v) == 8 {
-				n += int64(binary.BigEndian.Uint64(v))
+	for owner, slices := range batch {
+		for start, sl := range slices {
+			k := usageKey(owner, start)
+			if v := b.Get(k); len(v) == 16 {
+				sl.bytes += int64(binary.BigEndian.Uint64(v[:8]))
+				sl.newest = max(sl.newest, int64(binary.BigEndian.Uint64(v[8:])))
 			}
-			if err := b.Put(k, binary.BigEndian.AppendUint64(nil, uint64(n))); err != nil {
+			v := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(sl.bytes)), uint64(sl.newest))
+			if err := b.Put(k, v); err != nil {
 				return err
 			}
 		}
@@ -88,65 +131,41 @@ func (u *usage) add(tx *bolt.Tx, batch map[string]map[uint32]int64) error {
 	return nil
 }
 
-func (u *usage) merge(batch map[string]map[uint32]int64) {
+// merge counts a committed batch in memory.
+func (u *usage) merge(batch map[string]map[uint64]slice) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	for owner, hours := range batch {
-		if u.bytes[owner] == nil {
-			u.bytes[owner] = map[uint32]int64{}
-		}
-		for hour, n := range hours {
-			u.bytes[owner][hour] += n
-			u.total[owner] += n
+	for owner, slices := range batch {
+		for start, sl := range slices {
+			u.add(owner, start, sl)
 		}
 	}
-}
-
-// firstLive is the oldest hour of which EVENTS may still hold an event, given its max age.
-func firstLive(now time.Time, maxAge time.Duration) uint32 { return hourOf(now.Add(-maxAge)) }
-
-// Usage is how many bytes of EVENTS each namespace owner holds (see Owner), for a stream
-// whose events live maxAge: counted by this node's audit log, so as current as its ingest.
-func (l *Logger) Usage(maxAge time.Duration) map[string]int64 {
-	first := firstLive(time.Now(), maxAge)
-	l.usage.mu.Lock()
-	defer l.usage.mu.Unlock()
-	out := map[string]int64{}
-	for owner, hours := range l.usage.bytes {
-		for hour, n := range hours {
-			if hour >= first {
-				out[owner] += n
-			}
-		}
-	}
-	return out
 }
 
 // Held is how many bytes of EVENTS owner holds (see Owner), as far as this node's audit log
-// has read: Usage's figure for one owner, without its scan — it counts an hour until the
-// next prune drops it (a little more than the stream holds, never less). The admitter asks
-// it for every event it admits.
+// has read: a slice counts until the next prune after its newest event left the stream. The
+// admitter asks it for every event it admits.
 func (l *Logger) Held(owner string) int64 {
 	l.usage.mu.Lock()
 	defer l.usage.mu.Unlock()
 	return l.usage.total[owner]
 }
 
-// pruneUsage drops the hours every event of which has left a stream of maxAge.
+// pruneUsage drops the slices whose newest event has left a stream of maxAge.
 func (l *Logger) pruneUsage(maxAge time.Duration) error {
-	first := firstLive(time.Now(), maxAge)
+	cutoff := time.Now().Add(-maxAge).Unix()
 	l.usage.mu.Lock()
 	var old [][]byte
-	for owner, hours := range l.usage.bytes {
-		for hour := range hours {
-			if hour < first {
-				old = append(old, usageKey(owner, hour))
-				l.usage.total[owner] -= hours[hour]
-				delete(hours, hour)
+	for owner, slices := range l.usage.slices {
+		for start, sl := range slices {
+			if sl.newest < cutoff {
+				old = append(old, usageKey(owner, start))
+				l.usage.total[owner] -= sl.bytes
+				delete(slices, start)
 			}
 		}
-		if len(hours) == 0 {
-			delete(l.usage.bytes, owner)
+		if len(slices) == 0 {
+			delete(l.usage.slices, owner)
 			delete(l.usage.total, owner)
 		}
 	}

@@ -1,6 +1,8 @@
 package audit
 
 import (
+	"encoding/binary"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -43,26 +45,18 @@ func TestLogger_Usage(t *testing.T) {
 	}
 	cost := func(m jetstream.Msg) int64 { return size(m) }
 	want := map[string]int64{"mod.a": cost(batch[0]) + cost(batch[1]), "mod.b": cost(batch[2]), "seat.mailer": cost(batch[3])}
-	check := func(l *Logger, maxAge time.Duration, want map[string]int64) {
+	check := func(l *Logger, want map[string]int64) {
 		t.Helper()
-		got := l.Usage(maxAge)
-		if len(got) != len(want) {
-			t.Fatalf("Usage(%s)=%v, want %v", maxAge, got, want)
-		}
-		for k, v := range want {
-			if got[k] != v {
-				t.Fatalf("Usage(%s)=%v, want %v", maxAge, got, want)
+		for _, owner := range []string{"mod.a", "mod.b", "seat.mailer", "mod.none"} {
+			if got := l.Held(owner); got != want[owner] {
+				t.Fatalf("Held(%s)=%d, want %d", owner, got, want[owner])
 			}
 		}
 	}
-	check(l, 7*24*time.Hour, want)
+	check(l, want)
 	if got := cost(batch[0]); got < int64(len("mesh.mod.a.event.tick0123456789")) {
 		t.Fatalf("an event costs %d bytes, less than its subject and body", got)
 	}
-	// A day's max age: the event of 30 hours ago has left EVENTS.
-	day := map[string]int64{"mod.a": cost(batch[0]), "mod.b": cost(batch[2]), "seat.mailer": cost(batch[3])}
-	check(l, 24*time.Hour, day)
-
 	// Reopened: the same usage, from the file.
 	db.Close()
 	if db, err = bolt.Open(path, 0o600, nil); err != nil {
@@ -72,12 +66,13 @@ func TestLogger_Usage(t *testing.T) {
 	if l, err = New(db, nil, "n", noKeys, noOwners, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	check(l, 7*24*time.Hour, want)
-	// Pruned to a day: the old hour is gone for good, even for a longer question.
+	check(l, want)
+	// Pruned to a day: the event of 30 hours ago has left EVENTS, for good.
+	day := map[string]int64{"mod.a": cost(batch[0]), "mod.b": cost(batch[2]), "seat.mailer": cost(batch[3])}
 	if err := l.pruneUsage(24 * time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	check(l, 7*24*time.Hour, day)
+	check(l, day)
 	db.Close()
 	if db, err = bolt.Open(path, 0o600, nil); err != nil {
 		t.Fatal(err)
@@ -85,5 +80,81 @@ func TestLogger_Usage(t *testing.T) {
 	if l, err = New(db, nil, "n", noKeys, noOwners, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	check(l, 7*24*time.Hour, day)
+	check(l, day)
+}
+
+// TestLogger_UsageFollowsAShortMaxAge: with EVENTS keeping events 10 s, what a module holds
+// ages out within a second of the stream (slices of a second), not with the hour: a module
+// emitting at a steady rate is counted at what the stream holds, not an hour's worth.
+func TestLogger_UsageFollowsAShortMaxAge(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetEventsMaxAge(10 * time.Second)
+	now := time.Now()
+	var batch []jetstream.Msg
+	for i := range 60 { // one a second for a minute
+		batch = append(batch, delivered{subject: "mesh.mod.a.event.tick", header: nats.Header{"x-event-id": {fmt.Sprint(i)}},
+			data: []byte("0123456789"), seq: uint64(i + 1), at: now.Add(-time.Duration(59-i) * time.Second)})
+	}
+	if _, err := l.write(batch); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.pruneUsage(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	one := size(batch[0])
+	if got := l.Held("mod.a"); got < 10*one || got > 12*one {
+		t.Fatalf("Held=%d after a minute of one event a second in a 10 s stream: want the 10 s it holds (%d), within a slice", got, 10*one)
+	}
+}
+
+// TestLogger_UsageReadsTheHoursOfBefore: a log written with hourly usage is read as slices of
+// an hour, and rewritten so.
+func TestLogger_UsageReadsTheHoursOfBefore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hour := uint32(time.Now().Unix() / 3600)
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketUsage)
+		if err != nil {
+			return err
+		}
+		return b.Put(binary.BigEndian.AppendUint32([]byte("mod.a\x00"), hour), binary.BigEndian.AppendUint64(nil, 1234))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Held("mod.a"); got != 1234 {
+		t.Fatalf("Held=%d from an hour of before, want 1234", got)
+	}
+	db.Close()
+	if db, err = bolt.Open(path, 0o600, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if l, err = New(db, nil, "n", noKeys, noOwners, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Held("mod.a"); got != 1234 {
+		t.Fatalf("Held=%d after the rewrite, want 1234", got)
+	}
+	if err := l.pruneUsage(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Held("mod.a"); got != 1234 {
+		t.Fatalf("Held=%d after a prune: the hour's newest may be this very hour's end", got)
+	}
 }
