@@ -146,7 +146,7 @@ func (l *Logger) Run(ctx context.Context) error {
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
 	// What a module holds ages out slice by slice: the admitter refuses against it, so it
-	// follows the stream within a slice (a second, for a short max age).
+	// follows the stream within a slice or two (156 ms, for a 10 s max age).
 	pruneUse := time.NewTicker(usageSlice(l.eventsMaxAge))
 	defer pruneUse.Stop()
 	var acks acker
@@ -363,8 +363,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 				if used[owner] == nil {
 					used[owner] = map[uint64]slice{}
 				}
-				width := int64(usageSlice(l.eventsMaxAge) / time.Second)
-				at := md.Timestamp.Unix()
+				width := usageSlice(l.eventsMaxAge).Milliseconds()
+				at := md.Timestamp.UnixMilli()
 				start := uint64(at - at%width)
 				sl := used[owner][start]
 				used[owner][start] = slice{bytes: sl.bytes + size(m), newest: max(sl.newest, at)}

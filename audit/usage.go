@@ -18,12 +18,13 @@ import (
 // "seat.<seat>", "node.<node>") and per slice of the events' stream time, in the same
 // transaction as the records, so a restart neither loses nor double counts it. A slice's
 // bytes count until its newest event has aged out of EVENTS: a little more than the stream
-// holds (at most a slice's worth), never less. A slice is a sixty-fourth of EVENTS' max age,
-// between a second and an hour, so the count follows a short max age closely too (an hour's
-// slices overcounted a 10 s stream by 360 times what it held).
+// holds (about two slices' worth: a slice, and the prune that comes once a slice), never
+// less. A slice is a sixty-fourth of EVENTS' max age, between 100 ms and an hour, so the
+// count follows a short max age closely too (an hour's slices overcounted a 3 s stream by a
+// thousand times what it held, and slices of a second by two thirds).
 
-// bucketUsage is owner \x00 slice start (unix seconds, u64) → bytes (u64), newest event's
-// stream time (unix seconds, u64). A log written before holds owner \x00 hour (unix hours,
+// bucketUsage is owner \x00 slice start (unix milliseconds, u64) → bytes (u64), newest
+// event's stream time (unix milliseconds, u64). A log written before holds owner \x00 hour (unix hours,
 // u32) → bytes (u64): load rewrites it as a slice of an hour.
 var bucketUsage = []byte("audit-usage")
 
@@ -32,13 +33,13 @@ func usageSlice(maxAge time.Duration) time.Duration {
 	if maxAge <= 0 {
 		return time.Hour
 	}
-	return min(max(maxAge/64, time.Second), time.Hour)
+	return min(max(maxAge/64, 100*time.Millisecond), time.Hour)
 }
 
 // slice is one owner's bytes in one slice of stream time, and its newest event's time.
 type slice struct {
 	bytes  int64
-	newest int64 // unix seconds
+	newest int64 // unix milliseconds
 }
 
 // usage is the in-memory copy of bucketUsage.
@@ -81,8 +82,8 @@ func (u *usage) load(tx *bolt.Tx) error {
 			start = binary.BigEndian.Uint64(suffix)
 			sl = slice{bytes: int64(binary.BigEndian.Uint64(v[:8])), newest: int64(binary.BigEndian.Uint64(v[8:]))}
 		case ok && len(suffix) == 4 && len(v) == 8:
-			start = uint64(binary.BigEndian.Uint32(suffix)) * 3600
-			sl = slice{bytes: int64(binary.BigEndian.Uint64(v)), newest: int64(start) + 3599}
+			start = uint64(binary.BigEndian.Uint32(suffix)) * 3600_000
+			sl = slice{bytes: int64(binary.BigEndian.Uint64(v)), newest: int64(start) + 3600_000 - 1}
 			legacy = append(legacy, k)
 		default:
 			return nil // not a usage record: ignored, never trusted
@@ -153,7 +154,7 @@ func (l *Logger) Held(owner string) int64 {
 
 // pruneUsage drops the slices whose newest event has left a stream of maxAge.
 func (l *Logger) pruneUsage(maxAge time.Duration) error {
-	cutoff := time.Now().Add(-maxAge).Unix()
+	cutoff := time.Now().Add(-maxAge).UnixMilli()
 	l.usage.mu.Lock()
 	var old [][]byte
 	for owner, slices := range l.usage.slices {

@@ -84,7 +84,7 @@ func TestLogger_Usage(t *testing.T) {
 }
 
 // TestLogger_UsageFollowsAShortMaxAge: with EVENTS keeping events 10 s, what a module holds
-// ages out within a second of the stream (slices of a second), not with the hour: a module
+// ages out within a few slices of the stream (of 156 ms), not with the hour: a module
 // emitting at a steady rate is counted at what the stream holds, not an hour's worth.
 func TestLogger_UsageFollowsAShortMaxAge(t *testing.T) {
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)

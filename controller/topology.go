@@ -97,6 +97,8 @@ func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 func (t *Topology) EnsureMesh(ctx context.Context) error {
 	events := manifest.EventsStream()
 	events.MaxAge = t.eventsMaxAge
+	// JetStream refuses a duplicate window longer than the stream keeps its messages.
+	events.Duplicates = min(events.Duplicates, max(events.MaxAge, time.Second))
 	streams := []manifest.Stream{events, manifest.StateStream(), manifest.DeadStream()}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, s := range streams {

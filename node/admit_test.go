@@ -198,3 +198,45 @@ func TestAdmit_PrefixProvesTheSender(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmit_SteadyRateUnderQuota is the shortcut issue 35 warns of: a module emitting 2 KB
+// events at a steady rate into an EVENTS that keeps them 3 s holds about 1.4 MB, under its
+// 2.5 MiB quota, and is never refused — its oldest events age out of the count as they age out
+// of the stream (a count cap, or a count that ages by the hour, would refuse it within 10 s).
+func TestAdmit_SteadyRateUnderQuota(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.EventsMaxAge = config.Duration(3 * time.Second)
+	cfg.ModuleEventsMaxBytes = 5 << 19
+	cfg.EmitRate = 200
+	b := newBedAt(t, cfg)
+	seed, _ := b.register("module: steady\nrequires: [mesh-bus]\nemits: [tick]\n")
+	c := b.client(seed)
+	payload := map[string]string{"pad": strings.Repeat("x", 2048)}
+	pace := time.NewTicker(time.Second / 200)
+	defer pace.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var peak int64
+	for i := range 200 * 12 { // 12 s: four times what EVENTS keeps
+		<-pace.C
+		if _, err := c.Emit(ctx, "tick", payload); err != nil {
+			t.Fatalf("emit %d at 200 a second, 2 KB each, into a 3 s stream under a 2.5 MiB quota: %v", i, err)
+		}
+		if i%200 == 0 { // module ls, once a second
+			mods, err := admin.List(ctx, b.op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range mods {
+				if m.Module == "steady" && m.Quota != nil {
+					peak = max(peak, m.Quota.Held+m.Quota.Pending)
+				}
+			}
+		}
+	}
+	if peak == 0 || peak >= 5<<19 {
+		t.Fatalf("the module's counted use peaked at %d bytes, want above nothing and under its quota", peak)
+	}
+	t.Logf("2,400 events of 2 KB at 200/s into a 3 s stream: counted use peaked at %s of a 2.5MiB quota", config.Bytes(peak))
+}
