@@ -103,6 +103,7 @@ type Node struct {
 	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
 	alarms  alarms            // standing reasons not to be ready (drift.go)
 	resp    responder         // answers every request (responder.go)
+	pace    pacing            // bars the modules that keep on flooding (pacing.go)
 	reg     *registry.Registry
 	dir     *directory // what the bus authenticates against (directory.go)
 	ctrl    *controller.Controller
@@ -618,6 +619,7 @@ func (n *Node) newHTTPServer() error {
 		},
 	})
 	n.metrics.reg.MustRegister(n.ctrl.Reports())
+	n.metrics.reg.MustRegister(n.paceCollectors()...)
 	n.metrics.reg.MustRegister(n.metrics.meter.Collectors()...)
 	n.metrics.reg.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
 	tools := metrics.NewModuleTools(n.id.Name, func(module, tool string) bool {
@@ -726,6 +728,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	add("quotas", n.enforceQuotas)
+	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.
@@ -866,6 +869,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			RateLimit:   n.cfg.RateLimit,
 			Served:      n.metrics.meter.Served,
 			RateLimited: n.metrics.meter.RateLimited,
+			Flooding:    n.floodingCaller,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {

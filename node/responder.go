@@ -74,6 +74,7 @@ func (n *Node) newGate() {
 		}
 		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
 	})
+	n.newPacing()
 	n.closers.PushFunc("rate limits", n.resp.gate.Start()) // the last report made
 }
 
