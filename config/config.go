@@ -117,8 +117,8 @@ type Config struct {
 	// node's whoami and seat tools and of the vault, with bursts of twice as many; the rest
 	// are refused and counted in one event per interval. Zero: no limit.
 	RateLimit int `yaml:"rate-limit"`
-	// FloodRate is how many messages a second one module connection may send, kept up for
-	// two seconds, before the node ends the flood: it disconnects every connection of the
+	// FloodRate is how many messages a second one module connection may send, with bursts
+	// of a second's worth, before the node ends the flood: it disconnects every connection of the
 	// module's key and refuses its connects for flood-bar. A module refused by the rate
 	// limits more than ten times its rate-limit in two seconds is barred the same way. Zero:
 	// connections' rates are not watched (the rate limits' refusals still bar).

@@ -47,10 +47,11 @@ func (b *Bus) Bar(publicKey string, until time.Time) int {
 // ClientStat is one client connection's count of the messages it sent: what a rate monitor
 // reads, a few times a second, to find a connection sending far more than any limit allows.
 type ClientStat struct {
-	ID     uint64 // the server's connection id
-	Key    string // the nkey it authenticated with
-	Name   string // the connection's name, as the client set it
-	InMsgs int64  // messages it sent since it connected
+	ID      uint64 // the server's connection id
+	Key     string // the nkey it authenticated with
+	Name    string // the connection's name, as the client set it
+	InMsgs  int64  // messages it sent since it connected
+	OutMsgs int64  // messages the server delivered to it since it connected
 }
 
 // ClientStats lists the open client connections with their counts, in-process: one Connz
@@ -63,7 +64,7 @@ func (b *Bus) ClientStats() []ClientStat {
 			return out
 		}
 		for _, ci := range cz.Conns {
-			out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs})
+			out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
 		}
 		if len(cz.Conns) < connzPage {
 			return out

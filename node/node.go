@@ -400,10 +400,9 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 			return err
 		}
 	}
-	if n.resp.nc, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
-		return fmt.Errorf("connect responder: %w", err)
+	if err := n.connectResponders(respKey); err != nil {
+		return err
 	}
-	n.closers.PushFunc("responder", n.resp.nc.Close)
 	n.budget = controller.NewBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
 	return nil
@@ -861,7 +860,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			MeshID:      n.id.MeshID,
 			Node:        n.id.Name,
 			Conn:        n.vaultNC,
-			Responder:   n.resp.nc,
+			Responder:   n.resp.vault,
 			Key:         key,
 			BarrierKey:  n.found.BarrierKey,
 			Replicas:    n.replicas(),

@@ -19,16 +19,12 @@ import (
 // refuses its connects for flood-bar, doubling while it comes back flooding
 // (throttle.Bans). Two things tell that it keeps on: a gate that refused it more than ten
 // times its rate within two seconds (throttle.Gate.OnFlood), and a connection whose
-// inbound message rate stays above flood-rate for floodSamples samples in a row, read from
-// the server's connection list (Connz) every floodSample — a few times a second, nothing
-// per message.
+// inbound messages exceed flood-rate a second with bursts of a second's worth (connRates),
+// read from the server's connection list (Connz) every floodSample — four times a second,
+// nothing per message.
 
-// floodSample is how often the connections' message counts are read; floodSamples how many
-// samples in a row over flood-rate bar a module: two seconds of flooding.
-const (
-	floodSample  = 500 * time.Millisecond
-	floodSamples = int(throttle.FloodWindow / floodSample)
-)
+// floodSample is how often the connections' message counts are read.
+const floodSample = 250 * time.Millisecond
 
 // Why a module was barred: the label of meshnode_flood_bars_total.
 const (
@@ -59,7 +55,7 @@ func (n *Node) newPacing() {
 		strikes: make(chan strike, 64),
 		bars: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshnode_flood_bars_total",
-			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate for 2 s) or refused (refused by the rate limits more than ten times its rate-limit within 2 s).",
+			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate a second, bursts of a second's worth) or refused (refused by the rate limits more than ten times its rate-limit within 2 s).",
 		}, []string{"reason"}),
 	}
 	for _, reason := range []string{barRate, barRefused} {
@@ -104,7 +100,7 @@ func (n *Node) watchFloods(ctx context.Context) error {
 				n.bar(key, module, barRefused, int64(s.refused))
 			}
 		case now := <-tick:
-			for _, over := range rates.sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate)) {
+			if over, ok := rates.sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule); ok {
 				if e, ok := n.reg.ByKey(over.key); ok {
 					n.bar(over.key, e.Module, barRate, over.msgs)
 				}
@@ -148,43 +144,84 @@ func (n *Node) bar(key, module, reason string, count int64) {
 	}
 }
 
-// connRates follows each connection's inbound message count from sample to sample.
+// connRates follows each connection's inbound message count from sample to sample, as a
+// token bucket per connection: perSecond tokens a second, at most a second's worth, one
+// spent per message. A connection that empties its bucket has kept up more than perSecond
+// for long enough to have sent a second's worth beyond it — at twice the rate in a second,
+// at thirty times in the first sample.
 type connRates struct {
 	last map[uint64]connSample // by connection id
+	// graced are the keys forgiven until a time: those sending over the rate when another
+	// was barred (floodGrace).
+	graced map[string]time.Time
 }
+
+// floodGrace is how long the keys sending over the rate when a flooder is barred are
+// forgiven: a flood of requests makes their answerer send as fast (a seat's holder
+// answering a flood of its tool), and after the flooder is cut off it still answers what it
+// was sent, on a new connection if the server dropped it as a slow consumer.
+const floodGrace = 5 * time.Second
 
 type connSample struct {
-	at   time.Time
-	msgs int64 // its count at the last sample
-	over int   // samples in a row over the rate
-	from int64 // its count when the streak began
+	key    string
+	at     time.Time
+	msgs   int64   // its count at the last sample
+	tokens float64 // what is left of its bucket
+	from   int64   // its count when its bucket was last full
 }
 
-// rateOver is a connection that stayed over the rate for floodSamples samples: its key and
-// how many messages it sent in them.
+// rateOver is a connection that emptied its bucket: its key and how many messages it sent
+// since its bucket was last full.
 type rateOver struct {
 	key  string
 	msgs int64
 }
 
-// sample takes the counts read at now and returns the connections over perSecond for
-// floodSamples samples in a row; connections gone are forgotten.
-func (r *connRates) sample(stats []embedbus.ClientStat, now time.Time, perSecond float64) []rateOver {
-	var out []rateOver
+// sample takes the counts read at now and returns the module connection that emptied its
+// bucket and sent the most since it was full; connections gone are forgotten. A connection
+// that has been sent at least as many messages as it sent is answering, not flooding, and
+// never returned (a module whose every request is answered at once is bounded by its
+// answerer's pace). One at a time, and every other connection over the rate then is graced
+// (floodGrace): what a flood made others send stops with it.
+func (r *connRates) sample(stats []embedbus.ClientStat, now time.Time, perSecond float64, isModule func(key string) bool) (top rateOver, found bool) {
 	seen := make(map[uint64]connSample, len(stats))
 	for _, st := range stats {
-		s := connSample{at: now, msgs: st.InMsgs, from: st.InMsgs}
-		if prev, ok := r.last[st.ID]; ok {
-			if took := now.Sub(prev.at).Seconds(); took > 0 && float64(st.InMsgs-prev.msgs)/took > perSecond {
-				s.over, s.from = prev.over+1, prev.from
+		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: perSecond, from: st.InMsgs}
+		if prev, ok := r.last[st.ID]; ok && !now.Before(r.graced[st.Key]) {
+			s.tokens = min(perSecond, prev.tokens+perSecond*now.Sub(prev.at).Seconds()) - float64(st.InMsgs-prev.msgs)
+			if s.tokens < perSecond {
+				s.from = prev.from
 			}
-			if s.over >= floodSamples {
-				out = append(out, rateOver{key: st.Key, msgs: st.InMsgs - s.from})
-				s.over, s.from = 0, st.InMsgs
+			if sent := st.InMsgs - s.from; s.tokens < 0 && sent > top.msgs && st.InMsgs > st.OutMsgs && isModule(st.Key) {
+				top, found = rateOver{key: st.Key, msgs: sent}, true
 			}
 		}
 		seen[st.ID] = s
 	}
+	for key, until := range r.graced {
+		if !now.Before(until) {
+			delete(r.graced, key)
+		}
+	}
+	if found {
+		if r.graced == nil {
+			r.graced = map[string]time.Time{}
+		}
+		for id, s := range seen {
+			if s.tokens < perSecond {
+				r.graced[s.key] = now.Add(floodGrace)
+			}
+			s.tokens, s.from = perSecond, s.msgs
+			seen[id] = s
+		}
+		delete(r.graced, top.key)
+	}
 	r.last = seen
-	return out
+	return top, found
+}
+
+// isModule reports whether key is a registered module's: only a module is barred.
+func (n *Node) isModule(key string) bool {
+	_, ok := n.reg.ByKey(key)
+	return ok
 }

@@ -21,8 +21,25 @@ import (
 
 // responder is the node's answering connection and the rate limits it applies.
 type responder struct {
-	nc   *nats.Conn     // answers every request: may publish only to inboxes
-	gate *throttle.Gate // rate limits on whoami and the seat tool
+	nc *nats.Conn // answers every request but the vault's: may publish only to inboxes
+	// vault answers the vault's requests, with the same permissions: one connection has one
+	// stream of messages from the server, read in order, so a flood of whoami queued ahead
+	// of a fetch on a shared one would hold the fetch up until the node read through it.
+	vault *nats.Conn
+	gate  *throttle.Gate // rate limits on whoami and the seat tool
+}
+
+// connectResponders connects the responder's connections.
+func (n *Node) connectResponders(key nkeys.KeyPair) (err error) {
+	if n.resp.nc, err = n.bus.Connect(key, n.cfg.Name+"-responder"); err != nil {
+		return fmt.Errorf("connect responder: %w", err)
+	}
+	n.closers.PushFunc("responder", n.resp.nc.Close)
+	if n.resp.vault, err = n.bus.Connect(key, n.cfg.Name+"-vault-responder"); err != nil {
+		return fmt.Errorf("connect the vault's responder: %w", err)
+	}
+	n.closers.PushFunc("vault's responder", n.resp.vault.Close)
+	return nil
 }
 
 // The node answers requests — the controller's tools, the vault's, its own seat and cluster

@@ -49,7 +49,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
 	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
-	f.String("flood-rate", strconv.Itoa(defaults.FloodRate), "messages a second one module connection may send, kept up for 2s, before the node disconnects and bars the module (0: not watched)")
+	f.String("flood-rate", strconv.Itoa(defaults.FloodRate), "messages a second one module connection may send (bursts of a second's worth) before the node disconnects and bars the module (0: not watched)")
 	f.String("flood-bar", defaults.FloodBar.String(), "how long a module barred for flooding is refused first (doubling while it comes back flooding)")
 	f.String("flood-bar-max", defaults.FloodBarMax.String(), "the longest bar of a module that keeps on flooding")
 	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
