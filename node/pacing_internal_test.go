@@ -17,7 +17,9 @@ func TestConnRates_Sample(t *testing.T) {
 	r := connRates{last: map[uint64]connSample{}}
 	t0 := time.Unix(1_000_000, 0)
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * floodSample) }
-	sample := func(i int, stats ...embedbus.ClientStat) (rateOver, bool) { return r.sample(stats, at(i), rate, module) }
+	sample := func(i int, stats ...embedbus.ClientStat) (rateOver, bool) {
+		return r.sample(stats, at(i), rate, module)
+	}
 
 	// Connected: the first sample is where counting starts.
 	sample(0, embedbus.ClientStat{ID: 1, Key: "flooder"}, embedbus.ClientStat{ID: 2, Key: "holder"},
