@@ -24,16 +24,16 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// floodBed is a node with a victim module (connects, fetches its secret, emits), a module
-// holding seat echo (its tool and its work queue are what a module floods of another's), and
-// an attacker module per kind of flood, each with a key of its own: a kind's attacker barred
-// for flooding leaves the next kind's attacker unbarred.
+// floodBed is a node with a victim module (connects, fetches its secret, emits) and a module
+// holding seat echo (its tool and its work queue are what a module floods of another's);
+// each flood is an attacker module of its own (newAttacker), so that one barred for
+// flooding leaves the next one unbarred.
 type floodBed struct {
 	b          *bed
 	victimSeed string
 	echoSeed   string
-	attackers  map[floodKind]attackerModule
 	victim     *sdk.Client
+	attackers  int // registered so far
 }
 
 // attackerModule is one attacker's module: its name, seed file and public key.
@@ -71,19 +71,22 @@ func newFloodBed(tb testing.TB) *floodBed {
 	b := newBed(tb)
 	vs, _ := b.register("module: victim\nrequires: [mesh-bus]\nemits: [tick]\nsecrets: [key]\n")
 	es, _ := b.register(echoSeat)
-	f := &floodBed{b: b, victimSeed: vs, echoSeed: es, attackers: map[floodKind]attackerModule{}}
-	for _, kind := range append(slices.Clone(floodKinds), floodAll) {
-		name := "attack-" + string(kind)
-		seed, reg := b.register("module: " + name + "\nrequires: [mesh-bus]\nemits: [noise]\nsecrets: [key]\nuses: [echo, mesh-controller]\n")
-		f.attackers[kind] = attackerModule{name: name, seed: seed, key: reg.PublicKey}
+	if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: "victim", Name: "key"}, nil); err != nil {
+		tb.Fatal(err)
 	}
-	for _, owner := range []string{"victim", f.attackers[floodFetch].name, f.attackers[floodAll].name} {
-		if _, err := b.vault(api.VaultVerbMint, api.VaultRequest{Owner: owner, Name: "key"}, nil); err != nil {
-			tb.Fatal(err)
-		}
+	return &floodBed{b: b, victimSeed: vs, echoSeed: es, victim: b.client(vs)}
+}
+
+// newAttacker registers a new attacker module, with a secret of its own to fetch.
+func (f *floodBed) newAttacker(tb testing.TB) attackerModule {
+	tb.Helper()
+	f.attackers++
+	name := fmt.Sprintf("attacker-%d", f.attackers)
+	seed, reg := f.b.register("module: " + name + "\nrequires: [mesh-bus]\nemits: [noise]\nsecrets: [key]\nuses: [echo, mesh-controller]\n")
+	if _, err := f.b.vault(api.VaultVerbMint, api.VaultRequest{Owner: name, Name: "key"}, nil); err != nil {
+		tb.Fatal(err)
 	}
-	f.victim = b.client(vs)
-	return f
+	return attackerModule{name: name, seed: seed, key: reg.PublicKey}
 }
 
 // floodBatch and floodTick pace the integration bed's flood: floodBatch requests of each
@@ -99,10 +102,10 @@ func (f *floodBed) flood(tb testing.TB, stop <-chan struct{}) func() int64 {
 	tb.Helper()
 	var sent int64
 	var err error
+	a := f.newAttacker(tb)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a := f.attackers[floodAll]
 		sent, _, err = attack(attackConfig{URL: f.b.n.ClientURL(), Seed: a.seed, Key: a.key, Module: a.name, Kind: floodAll}, stop, func() bool { return true })
 	}()
 	return func() int64 {
@@ -155,7 +158,7 @@ func pinning() string {
 // startAttacker starts kind's attacker as its own process, pinned to attackerCPU, off.
 func (f *floodBed) startAttacker(tb testing.TB, kind floodKind) *attacker {
 	tb.Helper()
-	a := f.attackers[kind]
+	a := f.newAttacker(tb)
 	cfg := attackConfig{URL: f.b.n.ClientURL(), Seed: a.seed, Key: a.key, Module: a.name, Kind: kind}
 	if kind == floodSeatTool || kind == floodSeatJob {
 		cfg.EchoSeed = f.echoSeed

@@ -54,16 +54,6 @@ func (b *Bans) Strike(identity string, now time.Time) (until time.Time, strikes 
 	return bn.until, bn.strikes, true
 }
 
-// Barred reports whether identity is barred at now, and until when.
-func (b *Bans) Barred(identity string, now time.Time) (until time.Time, barred bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if bn := b.m[identity]; bn != nil && now.Before(bn.until) {
-		return bn.until, true
-	}
-	return time.Time{}, false
-}
-
 // Len is how many identities are barred at now.
 func (b *Bans) Len(now time.Time) int {
 	b.mu.Lock()
