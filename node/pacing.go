@@ -136,12 +136,12 @@ func (n *Node) bar(key, module, reason string, count int64) {
 	barFor := time.Until(until).Round(time.Second)
 	n.log.Warn("module barred for flooding: its connections are closed and its connects refused until the bar ends",
 		"module", module, "key", key, "reason", reason, "count", count, "connections", closed, "bar", barFor, "strikes", strikes)
-	if nc := n.mesh.eventConn.Load(); nc != nil {
-		publishNodeEvent(nc, n.key, n.id.Name, "flood-barred", map[string]any{
-			"module": module, "key": key, "reason": reason, "count": count, "connections": closed,
-			"until": until.UTC(), "strikes": strikes,
-		}, n.log)
-	}
+	// The node's own connection, open while the watch runs (Run): not the cluster's event
+	// connection, which a single node has none of.
+	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "flood-barred", map[string]any{
+		"module": module, "key": key, "reason": reason, "count": count, "connections": closed,
+		"until": until.UTC(), "strikes": strikes,
+	}, n.log)
 }
 
 // connRates follows each connection's inbound message count from sample to sample, as a

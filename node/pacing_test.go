@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // floodBedAt is a bed whose first bar lasts bar, with flood-rate at rate.
@@ -90,6 +92,29 @@ func TestPacing_RefusedFlooderIsBarred(t *testing.T) {
 	barredAndBack(t, b, seed, "refused")
 	if !other.IsConnected() {
 		t.Fatalf("another module's connection was closed with the flooder's: %v", other.LastError())
+	}
+	// Reported once, with the count that gave it away.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := b.js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{manifest.NodeEventSubject("alpha", "flood-barred")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bars []map[string]any
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			break // none within a second of the last: the bar was long reported
+		}
+		var body map[string]any
+		if err := json.Unmarshal(m.Data(), &body); err != nil {
+			t.Fatalf("a flood-barred event of %q: %v", m.Data(), err)
+		}
+		bars = append(bars, body)
+	}
+	if len(bars) != 1 || bars[0]["module"] != "attacker" || bars[0]["reason"] != "refused" || bars[0]["count"].(float64) <= 2000 {
+		t.Fatalf("flood-barred events %v, want one naming the attacker, its reason and more than 2,000 refusals", bars)
 	}
 }
 

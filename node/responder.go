@@ -84,11 +84,12 @@ func newPartIdentity(name string, p manifest.Permissions) (nkeys.KeyPair, string
 // one node event per identity and tool per interval, with a count.
 func (n *Node) newGate() {
 	n.resp.gate = throttle.New(float64(n.cfg.RateLimit), 2*n.cfg.RateLimit, 0, func(r throttle.Refusal) {
-		if nc := n.mesh.eventConn.Load(); nc != nil {
-			publishNodeEvent(nc, n.key, n.id.Name, "refused", map[string]any{
-				"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
-			}, n.log)
-		}
+		// The node's own connection: the cluster's event connection, which a single node has
+		// none of, left a single node's refusals unrecorded. The gate's last report is made
+		// before the bus closes (closed in reverse order).
+		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "refused", map[string]any{
+			"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
+		}, n.log)
 		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
 	})
 	n.newPacing()
