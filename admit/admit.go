@@ -47,7 +47,7 @@ type Config struct {
 	// namespace and its seats'.
 	Owners func(module string) []string
 	// Flooding, if set, is told of a module that keeps sending far past its pace: the node
-	// ends its connections for a while.
+	// bars it for a while (its flood watch).
 	Flooding func(module string, refused uint64)
 }
 

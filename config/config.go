@@ -37,7 +37,14 @@ const (
 	DefaultProvisionInterval = time.Minute
 	// DefaultDriftInterval is DriftInterval's default.
 	DefaultDriftInterval = 10 * time.Second
-	DefaultEventsMaxAge  = 7 * 24 * time.Hour
+	// DefaultFloodRate is FloodRate's default: a hundred times what a module asks of the
+	// node's tools at rate-limit, far above any one connection's steady work, far below what
+	// one client sends when it sends as fast as it can (hundreds of thousands a second).
+	DefaultFloodRate = 20000
+	// DefaultFloodBar and DefaultFloodBarMax are FloodBar's and FloodBarMax's defaults.
+	DefaultFloodBar     = 10 * time.Second
+	DefaultFloodBarMax  = 10 * time.Minute
+	DefaultEventsMaxAge = 7 * 24 * time.Hour
 
 	// FileName is the configuration file looked for in the data dir when --config is not given.
 	FileName = "meshnode.yaml"
@@ -126,6 +133,18 @@ type Config struct {
 	// emits are refused, retryably, until it catches up: back-pressure instead of loss.
 	// Zero: no back-pressure.
 	AuditMaxLag int `yaml:"audit-max-lag"`
+	// FloodRate is how many messages a second one module connection may send, with bursts
+	// of a second's worth, before the node ends the flood: it disconnects every connection of the
+	// module's key and refuses its connects for flood-bar. A module refused by the rate
+	// limits more than ten times its rate-limit in two seconds is barred the same way. Zero:
+	// connections' rates are not watched (the rate limits' refusals still bar).
+	FloodRate int `yaml:"flood-rate"`
+	// FloodBar is how long a module barred for flooding is refused first; each bar that
+	// follows its return flooding lasts twice the one before, up to flood-bar-max, and a
+	// module quiet for twice its last bar starts at flood-bar again.
+	FloodBar Duration `yaml:"flood-bar"`
+	// FloodBarMax is the longest bar of a module that keeps on flooding.
+	FloodBarMax Duration `yaml:"flood-bar-max"`
 	// MeshSeats are the mesh's own seats this node is a candidate for: mesh-controller (it
 	// answers registration), mesh-vault (only on a node holding the vault's credentials).
 	// Every node is by default; a node left out of both still runs modules and serves the
@@ -234,6 +253,9 @@ func Up() Config {
 		RateLimit:         DefaultRateLimit,
 		EmitRate:          DefaultEmitRate,
 		AuditMaxLag:       DefaultAuditMaxLag,
+		FloodRate:         DefaultFloodRate,
+		FloodBar:          Duration(DefaultFloodBar),
+		FloodBarMax:       Duration(DefaultFloodBarMax),
 		MeshSeats:         slices.Clone(manifest.NodeHeldSeats),
 		Isolation:         IsolationFull,
 		ModuleProcesses:   DefaultModuleProcesses,
@@ -395,6 +417,9 @@ func (c *Config) keys() map[string]any {
 		"rate-limit":              &c.RateLimit,
 		"emit-rate":               &c.EmitRate,
 		"audit-max-lag":           &c.AuditMaxLag,
+		"flood-rate":              &c.FloodRate,
+		"flood-bar":               &c.FloodBar,
+		"flood-bar-max":           &c.FloodBarMax,
 		"mesh-seats":              &c.MeshSeats,
 		"git-repos":               &c.GitRepos,
 		"builder":                 &c.Builder,
@@ -639,6 +664,12 @@ func (c Config) Validate() error {
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("%w: rate-limit %d: requests a second, ≥ 0 (0: no limit)", ErrInvalid, c.RateLimit)
+	}
+	if c.FloodRate < 0 {
+		return fmt.Errorf("%w: flood-rate %d: messages a second, ≥ 0 (0: not watched)", ErrInvalid, c.FloodRate)
+	}
+	if c.FloodBar < Duration(time.Second) || c.FloodBarMax < c.FloodBar {
+		return fmt.Errorf("%w: flood-bar %s, flood-bar-max %s: at least 1s, and the longest at least the first, e.g. 10s and 10m", ErrInvalid, c.FloodBar, c.FloodBarMax)
 	}
 	switch c.Isolation {
 	case "", IsolationFull, IsolationReduced:

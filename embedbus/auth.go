@@ -56,6 +56,8 @@ type authenticator struct {
 	hold     time.Duration
 	closed   chan struct{}
 	stopOnce sync.Once
+	// bars are the keys refused until a time (Bus.Bar).
+	bars bars
 }
 
 // stop ends every hold: the bus closes (nats-server's Shutdown waits for a held Check).
@@ -74,6 +76,9 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	}
 	opts := c.GetOpts()
 	if opts == nil || opts.Nkey == "" || opts.Sig == "" {
+		return false
+	}
+	if a.bars.barred(opts.Nkey, time.Now()) {
 		return false
 	}
 	kp, err := nkeys.FromPublicKey(opts.Nkey)

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 )
 
 // logger routes nats-server's printf-style log into slog. Fatalf does not exit: the first
@@ -16,6 +17,8 @@ type logger struct {
 
 	mu    sync.Mutex
 	fatal string
+
+	damp damper // the classes of message a flood repeats
 }
 
 func (l *logger) Noticef(format string, v ...any) {
@@ -46,8 +49,60 @@ func banner(msg string) bool {
 	}
 	return false
 }
-func (l *logger) Warnf(format string, v ...any)  { l.log.Warn(redact(format, v)) }
-func (l *logger) Errorf(format string, v ...any) { l.log.Error(redact(format, v)) }
+func (l *logger) Warnf(format string, v ...any) { l.log.Warn(redact(format, v)) }
+func (l *logger) Errorf(format string, v ...any) {
+	msg := redact(format, v)
+	if class := floodClass(msg); class != "" {
+		n, ok := l.damp.admit(class, time.Now())
+		if !ok {
+			return
+		}
+		if n > 0 {
+			l.log.Error(msg, "suppressed", n, "suppressed_what", "lines like this one in the last second")
+			return
+		}
+	}
+	l.log.Error(msg)
+}
+
+// floodClasses are the messages nats-server logs once per offending message or connect:
+// a publish the permissions deny, a refused connect. A module flooding either would flood
+// the node's log, so each class is logged at most once a second, with a count.
+var floodClasses = []string{" - Publish Violation - ", " - Subscription Violation - ", " - authentication error"}
+
+// floodClass is msg's class of floodClasses, "" for none.
+func floodClass(msg string) string {
+	for _, c := range floodClasses {
+		if strings.Contains(msg, c) {
+			return c
+		}
+	}
+	return ""
+}
+
+// damper lets one message of a class through a second and counts the others.
+type damper struct {
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+// admit reports whether a message of class is logged now, and how many of its class were
+// not since the last one that was.
+func (d *damper) admit(class string, now time.Time) (suppressed int, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		d.last, d.suppressed = map[string]time.Time{}, map[string]int{}
+	}
+	if now.Sub(d.last[class]) < time.Second {
+		d.suppressed[class]++
+		return 0, false
+	}
+	n := d.suppressed[class]
+	d.last[class], d.suppressed[class] = now, 0
+	return n, true
+}
 func (l *logger) Debugf(format string, v ...any) { l.debug(format, v...) }
 func (l *logger) Tracef(format string, v ...any) { l.debug(format, v...) }
 

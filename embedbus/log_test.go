@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestLogger_RedactsPasswords: a route's URL, as nats-server prints it when it removes one,
@@ -34,5 +35,27 @@ func TestLogger_BannerAtDebug(t *testing.T) {
 	l.Noticef("JetStream cluster new metadata leader: %s", "b")
 	if !strings.Contains(buf.String(), "new metadata leader: b") {
 		t.Fatalf("a leader change was not logged at info: %q", buf.String())
+	}
+}
+
+// TestLogger_DampsFloods: a flood of denied publishes or refused connects is logged once a
+// second per kind, the next line counting those left out; other errors are all logged.
+func TestLogger_DampsFloods(t *testing.T) {
+	var buf bytes.Buffer
+	l := &logger{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	for range 1000 {
+		l.Errorf("%s - cid:%d - %q - Publish Violation - Subject %q", "127.0.0.1:1", 5, "$G/nkey:UX", "mesh.seat.mesh-controller.accept.report")
+		l.Errorf("%s - cid:%d - authentication error - Nkey %q", "127.0.0.1:2", 6, "UX")
+	}
+	l.Errorf("a route failed: %s", "x")
+	l.Errorf("a route failed: %s", "y")
+	if got := strings.Count(buf.String(), "\n"); got != 4 {
+		t.Fatalf("%d lines logged, want one per kind of flood and both others:\n%s", got, buf.String())
+	}
+	l.damp.last[floodClass(" - Publish Violation - ")] = l.damp.last[floodClass(" - Publish Violation - ")].Add(-time.Second)
+	buf.Reset()
+	l.Errorf("%s - Publish Violation - Subject %q", "127.0.0.1:1 - cid:5", "x")
+	if !strings.Contains(buf.String(), "suppressed=999") {
+		t.Fatalf("the next line a second later: %q, want it to count the 999 left out", buf.String())
 	}
 }

@@ -83,7 +83,9 @@ type Use struct {
 	Seat string `json:"seat"`
 	// Version is the protocol version the module speaks to the seat: v1 unless pinned.
 	Version string `json:"version"`
-	// Publish are the seat's accept subjects, mesh- and node-scoped: whichever the seat is.
+	// Publish are the seat's accept subjects, mesh- and node-scoped: whichever the seat is;
+	// none for the mesh's own seats, whose work only the nodes send (a builder module's own
+	// mesh-build-machine aside).
 	Publish []string `json:"publish"`
 	// Request are the seat's tool subjects.
 	Request []string `json:"request"`
@@ -246,7 +248,10 @@ func derive(m *Manifest, pins map[string]string) *Derivation {
 	}
 	for _, s := range m.Uses {
 		v := NormalVersion(pins[s])
-		u := Use{Seat: s, Version: v, Publish: []string{seatAcceptAll(s, v), seatNodeAcceptAll(s, v)}, Request: []string{}}
+		u := Use{Seat: s, Version: v, Publish: []string{}, Request: []string{}}
+		if m.sendsWork(s) {
+			u.Publish = []string{seatAcceptAll(s, v), seatNodeAcceptAll(s, v)}
+		}
 		if !strings.HasPrefix(s, reservedSeatPrefix) {
 			u.Request = []string{seatToolAll(s, v)} // the mesh's own seats' tools are the operator's
 		}

@@ -96,7 +96,9 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 	}
 	for _, s := range m.Uses {
 		v := pins[s] // the version the module speaks: only that one's subjects
-		p.Publish = append(p.Publish, AdmitSubject(m.Module, seatAcceptAll(s, v)), AdmitSubject(m.Module, seatNodeAcceptAll(s, v)))
+		if m.sendsWork(s) {
+			p.Publish = append(p.Publish, AdmitSubject(m.Module, seatAcceptAll(s, v)), AdmitSubject(m.Module, seatNodeAcceptAll(s, v)))
+		}
 		if !strings.HasPrefix(s, reservedSeatPrefix) {
 			// The mesh's own seats (controller, vault) serve the operator and the nodes: a
 			// module may send work to them, never call their tools.
@@ -104,6 +106,19 @@ func modulePermissions(m *Manifest, pins map[string]string) Permissions {
 		}
 	}
 	return p.normal()
+}
+
+// sendsWork reports whether m may send work to seat, which it uses. Any seat of a module's,
+// but of the mesh's own only the one m holds itself (a builder module's mesh-build-machine):
+// the mesh's seats take their work from the nodes — a host report is a node's apply outcome,
+// a build job the controller's — and a module that could queue them would fill their work
+// queues with jobs the holder can only refuse, one by one, after they are stored.
+func (m *Manifest) sendsWork(seat string) bool {
+	if !strings.HasPrefix(seat, reservedSeatPrefix) {
+		return true
+	}
+	_, holds := m.Seat(seat)
+	return holds && !slices.Contains(NodeHeldSeats, seat)
 }
 
 // answersCalls reports whether m answers tool calls: its own tools, or a seat's it may hold.

@@ -40,7 +40,7 @@ func (n *Node) openAdmitter(key nkeys.KeyPair) error {
 		MaxLag:       uint64(n.cfg.AuditMaxLag),
 		Held:         n.audit.Held,
 		Owners:       n.usageOwners,
-		Flooding:     n.flooding,
+		Flooding:     func(module string, refused uint64) { n.floodingCaller(module, int(refused)) },
 	})
 	if err != nil {
 		return err
@@ -99,16 +99,4 @@ func (n *Node) liveMembers() []string {
 		}
 	}
 	return out
-}
-
-// flooding ends the connections of a module that keeps sending far past its pace: they
-// reconnect, and each refusal costs the node less than the flood did.
-func (n *Node) flooding(module string, refused uint64) {
-	e, ok := n.reg.Get(module)
-	if !ok {
-		return
-	}
-	kicked := n.bus.Kick(e.PublicKey)
-	n.log.Warn("module floods the admitter far past its pace: its connections are ended", "module", module,
-		"refused_in_a_second", refused, "connections", kicked, "emit_rate", n.cfg.EmitRate)
 }

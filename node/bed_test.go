@@ -262,8 +262,9 @@ func TestBed_PermissionsAreTheDerivation(t *testing.T) {
 	}
 }
 
-// TestBed_MeshSeatsAndReservedNames: a module that uses the mesh's own seats may send them
-// work but never call their tools, and the administrators' names cannot be taken.
+// TestBed_MeshSeatsAndReservedNames: a module that uses the mesh's own seats may neither
+// send them work (a node's) nor call their tools (the operator's), and the administrators'
+// names cannot be taken.
 func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
@@ -278,8 +279,8 @@ func TestBed_MeshSeatsAndReservedNames(t *testing.T) {
 			t.Errorf("a module using a mesh seat published on %s", s)
 		}
 	}
-	if refusedPub(t, nc, "mesh.admit.host.mesh.seat.mesh-controller.accept.report") {
-		t.Error("a module using mesh-controller may not send it work")
+	if !refusedPub(t, nc, "mesh.admit.host.mesh.seat.mesh-controller.accept.report") {
+		t.Error("a module using mesh-controller sent it a host report: only a node may")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -177,7 +177,7 @@ func TestIntegration_FloodOthersServed(t *testing.T) {
 	f := newFloodBed(t)
 	ops := f.victimOps(t)
 	stop := make(chan struct{})
-	done := f.flood(t, stop, floodAll)
+	done := f.flood(t, stop)
 	for _, name := range []string{"connect", "fetch", "emit"} {
 		for i := range 20 {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -104,6 +104,7 @@ type Node struct {
 	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
 	alarms  alarms            // standing reasons not to be ready (drift.go)
 	resp    responder         // answers every request (responder.go)
+	pace    pacing            // bars the modules that keep on flooding (pacing.go)
 	reg     *registry.Registry
 	dir     *directory // what the bus authenticates against (directory.go)
 	ctrl    *controller.Controller
@@ -410,10 +411,9 @@ func (n *Node) openBus(octx context.Context, respKey nkeys.KeyPair) (err error) 
 			return err
 		}
 	}
-	if n.resp.nc, err = n.bus.Connect(respKey, n.cfg.Name+"-responder"); err != nil {
-		return fmt.Errorf("connect responder: %w", err)
+	if err := n.connectResponders(respKey); err != nil {
+		return err
 	}
-	n.closers.PushFunc("responder", n.resp.nc.Close)
 	n.budget = controller.NewBudget(n.bus.MaxStore(), n.cfg)
 	n.newGate()
 	return nil
@@ -629,6 +629,7 @@ func (n *Node) newHTTPServer() error {
 		},
 	})
 	n.metrics.reg.MustRegister(n.ctrl.Reports())
+	n.metrics.reg.MustRegister(n.paceCollectors()...)
 	n.metrics.reg.MustRegister(n.metrics.meter.Collectors()...)
 	n.metrics.reg.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
 	n.metrics.reg.MustRegister(&metrics.Admission{Limit: max(n.budget.Module, 0), Lag: n.admit.Lag,
@@ -739,6 +740,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
 	add("admitter", n.runAdmitter)
+	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)
 	g.Add(func() error {
 		// Served since Open bound it (serveEarly): this waits for it to end.
@@ -871,7 +873,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			MeshID:      n.id.MeshID,
 			Node:        n.id.Name,
 			Conn:        n.vaultNC,
-			Responder:   n.resp.nc,
+			Responder:   n.resp.vault,
 			Key:         key,
 			BarrierKey:  n.found.BarrierKey,
 			Replicas:    n.replicas(),
@@ -879,6 +881,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 			RateLimit:   n.cfg.RateLimit,
 			Served:      n.metrics.meter.Served,
 			RateLimited: n.metrics.meter.RateLimited,
+			Flooding:    n.floodingCaller,
 			Secrets: func(module string) ([]string, bool) {
 				e, ok := n.reg.Get(module)
 				if !ok {

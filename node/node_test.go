@@ -183,7 +183,7 @@ func TestNode_OpenRunClose(t *testing.T) {
 
 	_, metrics := httpGet(t, n.HTTPURL()+"/metrics")
 	for _, want := range []string{
-		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 6", // the node, its responder, its dead-letter writer, its admitter, the vault, this client
+		"meshnode_build_info{", "meshnode_uptime_seconds", "meshnode_bus_connections 7", // the node, its two responders, its dead-letter writer, its admitter, the vault, this client
 		"meshnode_jetstream_messages", "meshnode_jetstream_bytes",
 		"meshnode_jetstream_streams 12", // OBJ_mesh-artifacts, OBJ_mesh-sources, KV_mesh-provisions, EVENTS, STATE, DEAD, KV_mesh-registry, KV_mesh-seats, KV_mesh-vault, SEAT_mesh-controller, SEAT_mesh-build-machine, T
 	} {

@@ -18,7 +18,6 @@ import (
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
 
@@ -28,51 +27,48 @@ func reportCount(t *testing.T, b *bed, outcome string) int {
 	return int(counter(scrape(t, b.n.HTTPURL()), "meshnode_controller_reports_total", "from", "module", "outcome", outcome))
 }
 
-// TestProtocol_ReportReachesTheController: the mesh's own seats carry their protocol from
-// the built-in manifest, so `uses: [mesh-controller]` and a Submit of a report job reach the
-// controller's holder, which checks the job and takes it off the work queue. A verb outside
-// the protocol is refused by the sdk; a report forged under another module's name (signed
-// by the forger's key) is refused by the holder.
-func TestProtocol_ReportReachesTheController(t *testing.T) {
+// TestProtocol_OnlyANodeReports: host reports are a node's apply outcomes and build jobs
+// the controller's, so `uses: [mesh-controller]` or `uses: [mesh-build-machine]` lets a
+// module publish neither (the bus refuses them before anything is stored); only a builder
+// module — the one declaring mesh-build-machine — may queue that seat's work. A module's
+// report that reaches the work queue anyway (here the operator's connection stands in for a
+// grant that let it through) is refused by the controller's holder, signed by the module or
+// not.
+func TestProtocol_OnlyANodeReports(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	hostSeed, _ := b.register("module: host\nrequires: [mesh-bus]\nuses: [mesh-controller]\n")
-	forgerSeed, _ := b.register("module: forger\nrequires: [mesh-bus]\nuses: [mesh-controller]\n")
+	hostSeed, _ := b.register("module: host\nrequires: [mesh-bus]\nuses: [mesh-controller, mesh-build-machine]\n")
+	builderSeed, _ := b.register(`module: builder
+requires: [mesh-bus]
+uses: [mesh-build-machine]
+seats:
+  mesh-build-machine:
+    scope: mesh
+    retain: 7d
+    accepts: [build]
+    emits: [built, failed]
+    serves: [status]
+`)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-
-	c := b.client(hostSeed)
-	if _, err := c.Submit(ctx, manifest.ControllerSeat, "report", map[string]any{"node": "alpha", "applied": 3}); err != nil {
-		t.Fatalf("submit a report: %v", err)
-	}
-	retryUntil(t, 10*time.Second, func() error {
-		if n := reportCount(t, b, "accepted"); n != 1 {
-			return fmt.Errorf("%d reports accepted by the controller's holder, want 1", n)
-		}
-		return nil
-	})
-	var queue string
-	for _, s := range manifest.Builtin().Seats {
-		if s.Name == manifest.ControllerSeat {
-			queue = s.Stream.Name
+	report := manifest.SeatAcceptSubject(manifest.ControllerSeat, "report")
+	build := manifest.SeatAcceptSubject("mesh-build-machine", "build")
+	host := b.raw(hostSeed, "host")
+	for _, subject := range []string{report, build, manifest.SeatNodeAcceptSubject(manifest.ControllerSeat, "alpha", "report")} {
+		if !refusedPub(t, host, subject) {
+			t.Errorf("a module that uses the mesh's own seats published on %s", subject)
 		}
 	}
-	retryUntil(t, 5*time.Second, func() error {
-		st, err := b.js.Stream(ctx, queue)
-		if err != nil {
-			return err
-		}
-		if st.CachedInfo().State.Msgs != 0 {
-			return fmt.Errorf("%s holds %d jobs after the holder took the report", queue, st.CachedInfo().State.Msgs)
-		}
-		return nil
-	})
-	if _, err := c.Submit(ctx, manifest.ControllerSeat, "deploy", nil); !errors.Is(err, sdk.ErrNotDeclared) {
-		t.Fatalf("submit a verb mesh-controller does not accept: %v, want ErrNotDeclared", err)
+	builder := b.raw(builderSeed, "builder")
+	if refusedPub(t, builder, build) {
+		t.Errorf("the builder module may not queue its own seat's work on %s", build)
+	}
+	if !refusedPub(t, builder, report) {
+		t.Errorf("the builder module published a host report on %s", report)
 	}
 
-	// The forger may publish on the report subject (it uses the seat) but signs as itself.
-	seed, err := os.ReadFile(forgerSeed)
+	// Past the bus: a report signed by the module, published by the operator's connection.
+	seed, err := os.ReadFile(hostSeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,24 +80,22 @@ func TestProtocol_ReportReachesTheController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject := manifest.SeatAcceptSubject(manifest.ControllerSeat, "report")
 	body := []byte(`{"node":"alpha","applied":0}`)
-	h, err := envelope.Stamp(key, "host", "alpha", subject, body, envelope.Options{})
+	h, err := envelope.Stamp(key, "host", "alpha", report, body, envelope.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, _ := jetstream.New(b.raw(forgerSeed, "forger"))
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("forger", subject), Header: h, Data: body}); err != nil {
-		t.Fatalf("publish the forged report: %v", err)
+	if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: report, Header: h, Data: body}); err != nil {
+		t.Fatalf("publish the module's report: %v", err)
 	}
 	retryUntil(t, 10*time.Second, func() error {
 		if n := reportCount(t, b, "refused"); n != 1 {
-			return fmt.Errorf("%d reports refused, want the forged one", n)
+			return fmt.Errorf("%d reports from modules refused, want the module's one", n)
 		}
 		return nil
 	})
-	if n := reportCount(t, b, "accepted"); n != 1 {
-		t.Fatalf("%d reports accepted after the forgery, want still 1", n)
+	if n := reportCount(t, b, "accepted"); n != 0 {
+		t.Fatalf("%d reports from modules accepted, want none", n)
 	}
 }
 

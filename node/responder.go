@@ -21,8 +21,25 @@ import (
 
 // responder is the node's answering connection and the rate limits it applies.
 type responder struct {
-	nc   *nats.Conn     // answers every request: may publish only to inboxes
-	gate *throttle.Gate // rate limits on whoami and the seat tool
+	nc *nats.Conn // answers every request but the vault's: may publish only to inboxes
+	// vault answers the vault's requests, with the same permissions: one connection has one
+	// stream of messages from the server, read in order, so a flood of whoami queued ahead
+	// of a fetch on a shared one would hold the fetch up until the node read through it.
+	vault *nats.Conn
+	gate  *throttle.Gate // rate limits on whoami and the seat tool
+}
+
+// connectResponders connects the responder's connections.
+func (n *Node) connectResponders(key nkeys.KeyPair) (err error) {
+	if n.resp.nc, err = n.bus.Connect(key, n.cfg.Name+"-responder"); err != nil {
+		return fmt.Errorf("connect responder: %w", err)
+	}
+	n.closers.PushFunc("responder", n.resp.nc.Close)
+	if n.resp.vault, err = n.bus.Connect(key, n.cfg.Name+"-vault-responder"); err != nil {
+		return fmt.Errorf("connect the vault's responder: %w", err)
+	}
+	n.closers.PushFunc("vault's responder", n.resp.vault.Close)
+	return nil
 }
 
 // The node answers requests — the controller's tools, the vault's, its own seat and cluster
@@ -67,13 +84,15 @@ func newPartIdentity(name string, p manifest.Permissions) (nkeys.KeyPair, string
 // one node event per identity and tool per interval, with a count.
 func (n *Node) newGate() {
 	n.resp.gate = throttle.New(float64(n.cfg.RateLimit), 2*n.cfg.RateLimit, 0, func(r throttle.Refusal) {
-		if nc := n.mesh.eventConn.Load(); nc != nil {
-			publishNodeEvent(nc, n.key, n.id.Name, "refused", map[string]any{
-				"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
-			}, n.log)
-		}
+		// The node's own connection: the cluster's event connection, which a single node has
+		// none of, left a single node's refusals unrecorded. The gate's last report is made
+		// before the bus closes (closed in reverse order).
+		publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "refused", map[string]any{
+			"identity": r.Identity, "tool": r.Reason, "count": r.Count, "last_reason": r.Detail, "until": r.Until,
+		}, n.log)
 		n.log.Warn("requests refused", "identity", r.Identity, "tool", r.Reason, "count", r.Count, "last_reason", r.Detail)
 	})
+	n.newPacing()
 	n.closers.PushFunc("rate limits", n.resp.gate.Start()) // the last report made
 }
 

@@ -41,6 +41,9 @@ type Gate struct {
 	interval time.Duration
 	report   func(Refusal)
 
+	// onFlood, when set, is told of an identity that keeps on past its refusals (OnFlood).
+	onFlood func(identity string, refused int)
+
 	mu      sync.Mutex
 	buckets map[string]*bucket
 	refused map[refusalKey]refusalCount // since the last report
@@ -50,7 +53,26 @@ type bucket struct {
 	lim  *rate.Limiter
 	seen time.Time
 	told time.Time // when a refusal was last answered
+	// The refusals of the current flood window, from its start; flooded says onFlood was
+	// told in it.
+	windowStart   time.Time
+	windowRefused int
+	flooded       bool
 }
+
+// FloodWindow and FloodFactor say when an identity keeps on past its refusals: refused
+// more than FloodFactor times its rate within FloodWindow, that is sending at least eleven
+// times what it may for two seconds — no client that backs off when refused, nor a burst.
+const (
+	FloodWindow = 2 * time.Second
+	FloodFactor = 10
+)
+
+// OnFlood sets f to be told, at most once per FloodWindow per identity and on the goroutine
+// whose request was refused (so f must be quick), when an identity keeps on past its
+// refusals; refused is how many it had in the window. Set it before the gate is used. A
+// gate without a limit never tells.
+func (g *Gate) OnFlood(f func(identity string, refused int)) { g.onFlood = f }
 
 // tellEvery is how often a refused identity is told so; the refusals between are dropped
 // unanswered, so a flood costs the node a map lookup per request and no reply.
@@ -90,11 +112,28 @@ func (g *Gate) Allow(identity string) (ok, tell bool) {
 	}
 	k := refusalKey{identity, "rate"}
 	g.refused[k] = refusalCount{n: g.refused[k].n + 1}
+	g.countFlood(identity, b, now)
 	if now.Sub(b.told) >= tellEvery {
 		b.told = now
 		return false, true
 	}
 	return false, false
+}
+
+// countFlood counts a rate refusal of identity in its flood window, and tells onFlood once
+// the window holds more than FloodFactor times the rate (under mu).
+func (g *Gate) countFlood(identity string, b *bucket, now time.Time) {
+	if g.onFlood == nil {
+		return
+	}
+	if now.Sub(b.windowStart) >= FloodWindow {
+		b.windowStart, b.windowRefused, b.flooded = now, 0, false
+	}
+	b.windowRefused++
+	if !b.flooded && float64(b.windowRefused) > FloodFactor*float64(g.limit)*FloodWindow.Seconds() {
+		b.flooded = true
+		g.onFlood(identity, b.windowRefused)
+	}
 }
 
 // Refused counts a refusal of identity for reason (a short, fixed category such as the verb

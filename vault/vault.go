@@ -64,6 +64,9 @@ type Config struct {
 	Served func(verb string, refused bool, took time.Duration)
 	// RateLimited, when set, is told each request dropped past its caller's rate limit.
 	RateLimited func(verb string)
+	// Flooding, when set, is told of a caller that keeps on past its refusals (the rate
+	// limit's throttle.Gate.OnFlood): quickly, on the request's goroutine.
+	Flooding func(caller string, refused int)
 	// Secrets returns the secret names a registered module declares.
 	Secrets func(module string) ([]string, bool)
 	// Enrolment is what an enrolled node receives.
@@ -198,6 +201,9 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 		v.queue(event{action: "refused", meta: map[string]any{"caller": r.Identity, "verb": r.Reason, "count": r.Count,
 			"last_reason": r.Detail, "until": r.Until}})
 	})
+	if cfg.Flooding != nil {
+		v.gate.OnFlood(cfg.Flooding)
+	}
 	v.gateStop = v.gate.Start()
 	return v, nil
 }

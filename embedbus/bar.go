@@ -1,0 +1,74 @@
+package embedbus
+
+import (
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// bars are the keys refused at the door until a time: a module the node disconnected for
+// flooding. Checked before the nonce's signature, so a barred client's reconnects cost a
+// map lookup each, not a signature verification.
+type bars struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+// barred reports whether key is barred now, forgetting its bar once it has ended.
+func (b *bars) barred(key string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	until, ok := b.m[key]
+	if ok && !now.Before(until) {
+		delete(b.m, key)
+		return false
+	}
+	return ok
+}
+
+func (b *bars) set(key string, until time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[string]time.Time{}
+	}
+	b.m[key] = until
+}
+
+// Bar disconnects every connection of publicKey and refuses its connects until until: how
+// the node ends a flood from a module that keeps on past its refusals. It returns how many
+// connections it closed.
+func (b *Bus) Bar(publicKey string, until time.Time) int {
+	b.auth.bars.set(publicKey, until)
+	return b.Kick(publicKey)
+}
+
+// ClientStat is one client connection's count of the messages it sent: what a rate monitor
+// reads, a few times a second, to find a connection sending far more than any limit allows.
+type ClientStat struct {
+	ID      uint64 // the server's connection id
+	Key     string // the nkey it authenticated with
+	Name    string // the connection's name, as the client set it
+	InMsgs  int64  // messages it sent since it connected
+	OutMsgs int64  // messages the server delivered to it since it connected
+}
+
+// ClientStats lists the open client connections with their counts, in-process: one Connz
+// of the server, which copies every connection's counters under its lock.
+func (b *Bus) ClientStats() []ClientStat {
+	var out []ClientStat
+	for offset := 0; ; {
+		cz, err := b.srv.Connz(&server.ConnzOptions{Username: true, Offset: offset, Limit: connzPage})
+		if err != nil {
+			return out
+		}
+		for _, ci := range cz.Conns {
+			out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
+		}
+		if len(cz.Conns) < connzPage {
+			return out
+		}
+		offset += len(cz.Conns)
+	}
+}
