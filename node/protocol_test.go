@@ -55,16 +55,21 @@ seats:
 	build := manifest.SeatAcceptSubject("mesh-build-machine", "build")
 	host := b.raw(hostSeed, "host")
 	for _, subject := range []string{report, build, manifest.SeatNodeAcceptSubject(manifest.ControllerSeat, "alpha", "report")} {
-		if !refusedPub(t, host, subject) {
-			t.Errorf("a module that uses the mesh's own seats published on %s", subject)
+		// Neither on the work queue's subject nor under its own prefix, through the admitter.
+		for _, s := range []string{subject, manifest.AdmitSubject("host", subject)} {
+			if !refusedPub(t, host, s) {
+				t.Errorf("a module that uses the mesh's own seats published on %s", s)
+			}
 		}
 	}
 	builder := b.raw(builderSeed, "builder")
-	if refusedPub(t, builder, build) {
+	if refusedPub(t, builder, manifest.AdmitSubject("builder", build)) {
 		t.Errorf("the builder module may not queue its own seat's work on %s", build)
 	}
-	if !refusedPub(t, builder, report) {
-		t.Errorf("the builder module published a host report on %s", report)
+	for _, s := range []string{report, manifest.AdmitSubject("builder", report)} {
+		if !refusedPub(t, builder, s) {
+			t.Errorf("the builder module published a host report on %s", s)
+		}
 	}
 
 	// Past the bus: a report signed by the module, published by the operator's connection.
