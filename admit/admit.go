@@ -1,9 +1,11 @@
 package admit
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +15,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"golang.org/x/time/rate"
 )
 
@@ -24,16 +26,18 @@ const QueueGroup = "mesh-admit"
 
 // Config is what an Admitter needs.
 type Config struct {
-	// Conn is the node's connection: it subscribes to manifest.AdmitAll and publishes on
-	// every stream's subjects.
-	Conn *nats.Conn
+	// Dial opens a connection to the node's server (in-process: embedbus.Bus.Dial), and Key
+	// authenticates it (nil: none): an identity that may take manifest.AdmitAll in
+	// QueueGroup, publish on the streams' subjects and answer into inboxes (Permissions).
+	Dial func() (net.Conn, error)
+	Key  nkeys.KeyPair
 	Log  *slog.Logger
 	// Limit is module-events-max-bytes: the most of EVENTS one module may hold, its seats'
 	// events included. Zero or less: no quota.
 	Limit int64
 	// EventsMaxAge is how long EVENTS keeps an event (for the refusal's hint).
 	EventsMaxAge time.Duration
-	// Rate and Burst pace each module's emits and jobs on this node (module-emit-rate); a
+	// Rate and Burst pace each module's emits and jobs on this node (emit-rate); a
 	// Rate of zero or less leaves them unpaced.
 	Rate  float64
 	Burst int
@@ -55,9 +59,11 @@ type Config struct {
 // stream, or answers why not. Its state is per node: what this node admitted and its audit
 // log has not recorded yet (pending), and each module's pace.
 type Admitter struct {
-	cfg Config
-	sub *nats.Subscription
-	lag atomic.Uint64 // the back-pressure's lag: SetLag
+	cfg     Config
+	wire    atomic.Pointer[wire] // run swaps it when it connects again; Close closes it
+	closing atomic.Bool
+	done    chan struct{} // closed when run returns
+	lag     atomic.Uint64 // the back-pressure's lag: SetLag
 	// margin is sweepMargin (tests shorten it).
 	margin time.Duration
 
@@ -70,8 +76,12 @@ type Admitter struct {
 
 type moduleState struct {
 	pending int64
-	pace    *rate.Limiter
-	refused map[string]uint64 // by reason, since the node started
+	// owners are Config.Owners of the module, asked again every ownersEvery: a seat
+	// declared since counts from then on.
+	owners   []string
+	ownersAt time.Time
+	pace     *rate.Limiter
+	refused  map[string]uint64 // by reason, since the node started
 	// flood counts refusals for pace in the current second, to tell Flooding.
 	flood      uint64
 	floodSince time.Time
@@ -97,40 +107,94 @@ const (
 
 var reasons = []string{ReasonQuota, ReasonAuditBehind, ReasonRate, ReasonNotAdmitted}
 
-// New starts admitting.
+// New connects and starts admitting.
 func New(cfg Config) (*Admitter, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Admitter{cfg: cfg, margin: sweepMargin, modules: map[string]*moduleState{}, inflight: map[string]admitted{}}
-	sub, err := cfg.Conn.QueueSubscribe(manifest.AdmitAll, QueueGroup, a.admit)
+	a := &Admitter{cfg: cfg, margin: sweepMargin, done: make(chan struct{}), modules: map[string]*moduleState{}, inflight: map[string]admitted{}}
+	w, err := a.dial()
 	if err != nil {
-		return nil, fmt.Errorf("admitter: subscribe %s: %w", manifest.AdmitAll, err)
+		return nil, err
 	}
-	// A module's burst must wait in the server's buffer for the admitter, not be dropped as
-	// a slow consumer's: the pending limits bound memory, the pace bounds the rest.
-	if err := sub.SetPendingLimits(1<<20, 1<<30); err != nil {
-		sub.Unsubscribe()
-		return nil, fmt.Errorf("admitter: %w", err)
-	}
-	a.sub = sub
+	a.wire.Store(w)
+	go a.run()
 	return a, nil
 }
 
-// Close stops admitting: what modules publish under their prefix has no responder on this
-// node until another admitter (another node's) takes it.
-func (a *Admitter) Close() error { return a.sub.Unsubscribe() }
+// dial connects the admitter's wire and subscribes.
+func (a *Admitter) dial() (*wire, error) {
+	conn, err := a.cfg.Dial()
+	if err != nil {
+		return nil, fmt.Errorf("admitter: connect: %w", err)
+	}
+	w, err := dialWire(conn, a.cfg.Key, "admitter", manifest.AdmitAll, QueueGroup, func(e string) {
+		a.cfg.Log.Debug("admitter: the server says", "err", e) // a publish the permissions deny: a module's reply subject elsewhere than an inbox
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admitter: %w", err)
+	}
+	return w, nil
+}
+
+// Close stops admitting and waits for the admitter to end: what modules publish under their
+// prefix has no responder on this node until another admitter (another node's) takes it.
+func (a *Admitter) Close() error {
+	a.closing.Store(true)
+	a.wire.Load().close()
+	<-a.done
+	return nil
+}
+
+// run admits what the wire delivers until Close, connecting again if the server ends the
+// connection (a burst it would not buffer for a slow reader, say).
+func (a *Admitter) run() {
+	defer close(a.done)
+	retry := time.Duration(0)
+	for {
+		w := a.wire.Load()
+		m, err := w.next()
+		if err == nil {
+			a.admit(w, m)
+			if err = w.flushIfIdle(); err == nil {
+				retry = 0
+				continue
+			}
+		}
+		if a.closing.Load() {
+			return
+		}
+		a.cfg.Log.Warn("admitter: connection lost; connecting again (emits wait for it: their publishes time out and are retried)", "err", err)
+		for {
+			retry = min(max(2*retry, 10*time.Millisecond), time.Second)
+			time.Sleep(retry)
+			if a.closing.Load() {
+				return
+			}
+			w, err := a.dial()
+			if err == nil {
+				a.wire.Swap(w).close()
+				if a.closing.Load() { // Close closed the old one: close this one too
+					w.close()
+					return
+				}
+				break
+			}
+			a.cfg.Log.Warn("admitter: connect again", "err", err)
+		}
+	}
+}
 
 // admit decides one message.
-func (a *Admitter) admit(m *nats.Msg) {
-	module, target, ok := manifest.AdmitOf(m.Subject)
+func (a *Admitter) admit(w *wire, m msg) {
+	module, target, ok := manifest.AdmitOf(m.subject)
 	if !ok {
-		a.refuse(m, "", ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is not a subject the admitter takes: publish to mesh.admit.<module>.<event or job subject>", m.Subject))
+		a.refuse(w, m, "", ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is not a subject the admitter takes: publish to mesh.admit.<module>.<event or job subject>", m.subject))
 		return
 	}
 	event, job := kindOf(target)
 	if !event && !job {
-		a.refuse(m, module, ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is neither an event nor a seat's job: the admitter passes on only those", target))
+		a.refuse(w, m, module, ReasonNotAdmitted, api.AdmitNotAdmitted, fmt.Sprintf("%s is neither an event nor a seat's job: the admitter passes on only those", target))
 		return
 	}
 	now := time.Now()
@@ -139,36 +203,40 @@ func (a *Admitter) admit(m *nats.Msg) {
 	if st.pace != nil && !st.pace.AllowN(now, 1) {
 		a.refusedLocked(module, st, ReasonRate, now)
 		a.mu.Unlock()
-		a.refuse(m, module, "", api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (module-emit-rate); retry later", module, a.cfg.Rate))
+		a.refuse(w, m, module, "", api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (emit-rate); retry later", module, a.cfg.Rate))
 		return
 	}
 	if !event {
 		a.mu.Unlock()
-		a.pass(m, target)
+		a.pass(w, m, target)
 		return
 	}
 	if lag := a.lag.Load(); a.cfg.MaxLag > 0 && lag > a.cfg.MaxLag {
 		a.refusedLocked(module, st, ReasonAuditBehind, now)
 		a.mu.Unlock()
-		a.refuse(m, module, "", api.AdmitAuditBehind, fmt.Sprintf("the mesh's audit log is behind by %d events (audit-max-lag %d); retry", lag, a.cfg.MaxLag))
+		a.refuse(w, m, module, "", api.AdmitAuditBehind, fmt.Sprintf("the mesh's audit log is behind by %d events (audit-max-lag %d); retry", lag, a.cfg.MaxLag))
 		return
 	}
-	id := m.Header.Get(envelope.EventID)
-	if id == "" {
-		// nats.go hands a header block it cannot decode over as no headers at all: passed on,
-		// the event would be stored without the envelope it was sent with.
+	rawID, wellFormed := headerValue(m.hdr, envelope.EventID)
+	if !wellFormed || len(rawID) == 0 {
+		// Passed on, a block nats.go cannot decode is an event a consumer gets without the
+		// envelope it was sent with.
 		a.refusedLocked(module, st, ReasonNotAdmitted, now)
 		a.mu.Unlock()
-		a.refuse(m, module, "", api.AdmitNotAdmitted, "an event carries its envelope in NATS headers (x-event-id, x-source, x-node, x-time, x-signature: DESIGN §4); this one has no x-event-id, or a header block that does not decode")
+		a.refuse(w, m, module, "", api.AdmitNotAdmitted, "an event carries its envelope in NATS headers (x-event-id, x-source, x-node, x-time, x-signature: DESIGN §4); this one has no x-event-id, or a header block that does not decode")
 		return
 	}
-	size := envelope.StoredSize(target, m.Header, m.Data)
+	id := string(rawID)
+	size := storedSize(target, m)
 	if a.cfg.Limit > 0 {
-		held := a.held(module)
+		if now.Sub(st.ownersAt) > ownersEvery {
+			st.owners, st.ownersAt = a.cfg.Owners(module), now
+		}
+		held := a.held(st.owners)
 		if used := held + st.pending; used+size > a.cfg.Limit {
 			a.refusedLocked(module, st, ReasonQuota, now)
 			a.mu.Unlock()
-			a.refuse(m, module, "", api.AdmitOverQuota, fmt.Sprintf(
+			a.refuse(w, m, module, "", api.AdmitOverQuota, fmt.Sprintf(
 				"module %s holds %s of EVENTS and this event (%s) would pass its quota of %s: its emits are refused until its oldest events age out (events-max-age %s) or the operator raises module-events-max-bytes",
 				module, config.Bytes(used), config.Bytes(size), config.Bytes(a.cfg.Limit), config.Duration(a.cfg.EventsMaxAge)))
 			return
@@ -180,20 +248,30 @@ func (a *Admitter) admit(m *nats.Msg) {
 		a.order = append(a.order, admittedID{id: id, at: now})
 	}
 	a.mu.Unlock()
-	a.pass(m, target)
+	a.pass(w, m, target)
 }
 
-// pass publishes m on target with m's reply subject: the stream's PubAck goes straight to the
-// module, and the admitter's hop is one message.
-func (a *Admitter) pass(m *nats.Msg, target string) {
-	if err := a.cfg.Conn.PublishMsg(&nats.Msg{Subject: target, Reply: m.Reply, Header: m.Header, Data: m.Data}); err != nil {
-		a.cfg.Log.Warn("admitter: publish failed; the module's publish times out and its retry is deduplicated", "subject", target, "err", err)
+// pass publishes m on target with m's reply subject, its header block and body as they came:
+// the stream's PubAck goes straight to the module, and the admitter's hop is one message.
+func (a *Admitter) pass(w *wire, m msg, target string) { w.publish(target, m.reply, m.hdr, m.data) }
+
+// storedSize is envelope.StoredSize of m on target, from its header block: each header line
+// "name: value\r\n" is the name, the value and 4 bytes, as the audit log counts it once
+// nats.go has decoded the block (near enough: spaces around a value are trimmed there).
+func storedSize(target string, m msg) int64 {
+	n := len(target) + len(m.data)
+	if i := bytes.Index(m.hdr, []byte("\r\n")); i >= 0 {
+		n += len(m.hdr) - (i + 2) - 2 // less the version line and the empty line that ends the block
 	}
+	return int64(n)
 }
 
-// kindOf says whether target is an event's subject or a seat's job's.
+// kindOf says whether target is an event's subject or a seat's job's. Cut, not
+// manifest.SplitSubject: it runs for every event, and Cut allocates nothing.
 func kindOf(target string) (event, job bool) {
-	ns, _, rest, ok := manifest.SplitSubject(target)
+	_, rest, _ := strings.Cut(target, ".")
+	ns, rest, _ := strings.Cut(rest, ".")
+	_, rest, ok := strings.Cut(rest, ".")
 	if !ok {
 		return false, false
 	}
@@ -222,11 +300,14 @@ func (a *Admitter) module(module string) *moduleState {
 	return st
 }
 
-// held is what the audit log holds of module's events. a.mu is held; Held takes the audit
-// log's own lock, never ours.
-func (a *Admitter) held(module string) int64 {
+// ownersEvery is how long the admitter keeps a module's Owners.
+const ownersEvery = time.Second
+
+// held is what the audit log holds of the owners' events. a.mu is held; Held takes the
+// audit log's own lock, never ours.
+func (a *Admitter) held(owners []string) int64 {
 	var n int64
-	for _, owner := range a.cfg.Owners(module) {
+	for _, owner := range owners {
 		n += a.cfg.Held(owner)
 	}
 	return n
@@ -254,17 +335,17 @@ func floodRefusals(perSecond float64) uint64 { return uint64(max(1000, 10*perSec
 
 // refuse answers m with a refusal, if it asked for an answer. reason, when not "", is counted
 // for module (the other paths count under a.mu).
-func (a *Admitter) refuse(m *nats.Msg, module, reason string, code int, description string) {
+func (a *Admitter) refuse(w *wire, m msg, module, reason string, code int, description string) {
 	if reason != "" && module != "" {
 		a.mu.Lock()
 		a.module(module).refused[reason]++
 		a.mu.Unlock()
 	}
-	if m.Reply == "" {
+	if m.reply == nil {
 		return
 	}
 	b, _ := json.Marshal(api.NewAdmitRefusal(code, description))
-	a.cfg.Conn.Publish(m.Reply, b)
+	w.publish(string(m.reply), nil, nil, b)
 }
 
 // Recorded tells the admitter that the audit log recorded the events ids, the newest stored
@@ -322,7 +403,7 @@ func (a *Admitter) Use(modules []string) []api.QuotaUse {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, m := range modules {
-		u := api.QuotaUse{Module: m, Held: a.held(m), Limit: max(a.cfg.Limit, 0), Refused: map[string]uint64{}}
+		u := api.QuotaUse{Module: m, Held: a.held(a.cfg.Owners(m)), Limit: max(a.cfg.Limit, 0), Refused: map[string]uint64{}}
 		st := a.modules[m]
 		for _, r := range reasons {
 			u.Refused[r] = 0 // every reason, zero until refused: a rate needs the series

@@ -30,7 +30,7 @@ type bed struct {
 func newBed(t *testing.T, cfg Config) *bed {
 	t.Helper()
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
-	nc, js := testbed.Connect(t, srv)
+	_, js := testbed.Connect(t, srv)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: manifest.EventPatterns(), Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func newBed(t *testing.T, cfg Config) *bed {
 		t.Fatal(err)
 	}
 	b := &bed{js: js, heldBy: map[string]int64{}}
-	cfg.Conn = nc
+	cfg.Dial = srv.InProcessConn
 	cfg.Held = func(owner string) int64 {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -206,6 +206,53 @@ func TestAdmit_RefusesWhatIsNotAnEventOrJob(t *testing.T) {
 	} {
 		if code, d := b.publish(t, m); code != api.AdmitNotAdmitted || d == "" {
 			t.Errorf("%s: %d %q, want refused as not admitted", m.Subject, code, d)
+		}
+	}
+}
+
+// TestAdmit_ConnectsAgain: when the server ends the admitter's connection (a slow reader's,
+// say), the admitter connects again and admits as before.
+func TestAdmit_ConnectsAgain(t *testing.T) {
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+	_, js := testbed.Connect(t, srv)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: manifest.EventPatterns()}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Dial: srv.InProcessConn, Held: func(string) int64 { return 0 }, Owners: func(string) []string { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := &bed{a: a, js: js}
+	if code, d := b.publish(t, event("a", "x", 10)); code != 0 {
+		t.Fatalf("refused %d %s", code, d)
+	}
+	cz, err := srv.Connz(&server.ConnzOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := 0
+	for _, c := range cz.Conns {
+		if c.Name == "admitter" {
+			if err := srv.DisconnectClientByID(c.Cid); err != nil {
+				t.Fatal(err)
+			}
+			ended++
+		}
+	}
+	if ended != 1 {
+		t.Fatalf("found %d admitter connections, want 1", ended)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.PublishMsg(ctx, event("a", "x", 10))
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no admission 10 s after the server ended the admitter's connection: %v", err)
 		}
 	}
 }

@@ -373,6 +373,10 @@ func (b *Bus) Connect(key nkeys.KeyPair, name string, opts ...nats.Option) (*nat
 		nats.Nkey(pub, key.Sign)}, opts...)...)
 }
 
+// Dial opens an in-process connection to the server, on which the caller speaks the client
+// protocol itself (the admitter, which passes messages on as they came).
+func (b *Bus) Dial() (net.Conn, error) { return b.srv.InProcessConn() }
+
 // MaxStore is the most JetStream stores on this server, in bytes, as the server settled it
 // (from the configuration, or from the disk's free space).
 func (b *Bus) MaxStore() int64 {

@@ -2,13 +2,11 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -20,19 +18,10 @@ import (
 // openAdmitter starts the admitter on a connection of its own (admit.Permissions); Run's
 // "admitter" actor keeps its lag current.
 func (n *Node) openAdmitter(key nkeys.KeyPair) error {
-	log := n.log.With("component", "admit")
-	// A module's header block nats.go cannot decode is reported here as well as refused
-	// (admit.Admitter): not a fault of the node's, so not nats.go's default print to stderr.
-	nc, err := n.bus.Connect(key, n.cfg.Name+"-admitter", nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-		log.Debug("admitter's connection", "err", err)
-	}))
-	if err != nil {
-		return fmt.Errorf("admitter: connect: %w", err)
-	}
-	n.closers.PushFunc("admitter's connection", nc.Close)
 	a, err := admit.New(admit.Config{
-		Conn:         nc,
-		Log:          log,
+		Dial:         n.bus.Dial,
+		Key:          key,
+		Log:          n.log.With("component", "admit"),
 		Limit:        n.budget.Module,
 		EventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 		Rate:         float64(n.cfg.EmitRate),
