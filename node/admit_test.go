@@ -240,3 +240,39 @@ func TestAdmit_SteadyRateUnderQuota(t *testing.T) {
 	}
 	t.Logf("2,400 events of 2 KB at 200/s into a 3 s stream: counted use peaked at %s of a 2.5MiB quota", config.Bytes(peak))
 }
+
+// TestAdmit_PacedNotBarred: a module pipelining as fast as the sdk goes, past its pace
+// (emit-rate 2,000 a second), is slowed by the admitter's retryable refusals — every event is
+// stored in the end — and not barred as a flooder: the sdk's pipeline pauses as one.
+func TestAdmit_PacedNotBarred(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seed, _ := b.register("module: eager\nrequires: [mesh-bus]\nemits: [tick]\n")
+	c := b.client(seed)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 8000
+	for i := range n {
+		if _, err := c.EmitAsync(ctx, "tick", map[string]int{"n": i}); err != nil {
+			t.Fatalf("EmitAsync %d: %v", i, err)
+		}
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("%d events past the pace: %v", n, err)
+	}
+	if _, ids := held(t, b, "eager"); len(ids) != n {
+		t.Fatalf("EVENTS holds %d of the %d events", len(ids), n)
+	}
+	mods, err := admin.List(ctx, b.op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mods {
+		if m.Module == "eager" && (m.Quota == nil || m.Quota.Refused["rate"] == 0) {
+			t.Fatalf("the admitter never refused the module for its pace: %+v", m.Quota)
+		}
+	}
+	b.eachMessage(t, manifest.EventsStreamName, manifest.NodeEventSubject("alpha", "flood-barred"), func(m jetstream.Msg) {
+		t.Fatalf("the module was barred for flooding: %s", m.Data())
+	})
+}

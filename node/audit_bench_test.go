@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/admin"
 )
 
 // BenchmarkAuditSustained emits as fast as sdk.Emit goes (the bus benchmark's rate) for 60 s
@@ -20,7 +22,9 @@ import (
 // (the benchmark fails otherwise), and the emit rate once the back-pressure is on is
 // reported against the audit's drain rate over the same window (bp-emit/audited: ≥ 0.9 is
 // the target, a back-pressure that does not throttle far below what the audit drains).
-// The module's pace (emit-rate) is off: it is the audit, not the pace, that must hold it.
+// The module's pace (emit-rate) and the flood watch (flood-rate) are off: it is the audit,
+// not the pace, that must hold it back; refused/s is what the back-pressure refused a
+// second (each a message the sdk sent again after its pipeline's pause).
 //
 //	go test -run '^$' -bench AuditSustained -benchtime 1x ./node/
 func BenchmarkAuditSustained(b *testing.B) {
@@ -29,7 +33,7 @@ func BenchmarkAuditSustained(b *testing.B) {
 		seconds = s
 	}
 	cfg := testConfig(b.TempDir(), "alpha")
-	cfg.EmitRate = 0
+	cfg.EmitRate, cfg.FloodRate = 0, 0
 	bd := newBedAt(b, cfg)
 	seed, _ := bd.register("module: m\nrequires: [mesh-bus]\nemits: [tick]\n")
 	c := bd.client(seed)
@@ -116,6 +120,13 @@ func BenchmarkAuditSustained(b *testing.B) {
 		b.ReportMetric(emitRate, "bp-emit/s")
 		b.ReportMetric(drain, "bp-audited/s")
 		b.ReportMetric(emitRate/drain, "bp-emit/audited")
+	}
+	if mods, err := admin.List(context.Background(), bd.op); err == nil {
+		for _, m := range mods {
+			if m.Module == "m" && m.Quota != nil {
+				b.ReportMetric(float64(m.Quota.Refused["audit-behind"])/elapsed, "refused/s")
+			}
+		}
 	}
 	// Back-pressure, never loss: no event left EVENTS unread, and every acked one is audited.
 	b.ReportMetric(float64(end.Missed), "missed")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,8 +73,16 @@ type pipeline struct {
 
 	mu       sync.Mutex
 	inflight map[*nats.Msg]*Pending
-	drained  chan struct{} // closed when inflight empties; nil while nobody waits
-	failed   []error       // since the last Flush
+	// The pipeline's back-off after the admitter's retryable refusals (retryAsync): nothing
+	// is sent before resume, and each refusal in a row doubles the pause. One pause for the
+	// whole pipeline, not one per event: a thousand events in flight each retrying on its
+	// own clock were tens of thousands of messages a second, and the node bars a
+	// connection that sends so many.
+	resume  time.Time
+	refused int           // pauses in a row: each doubles the last
+	refusal time.Time     // the last refusal: a second without one starts the pauses over
+	drained chan struct{} // closed when inflight empties; nil while nobody waits
+	failed  []error       // since the last Flush
 }
 
 // EmitAsync publishes one of the module's declared events as Emit does, without waiting for
@@ -91,6 +100,9 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 		return nil, err
 	}
 	pl := c.pipelined()
+	if err := pl.paused(ctx); err != nil {
+		return nil, fmt.Errorf("EmitAsync %s: the mesh asked to slow down: %w", event, err)
+	}
 	select {
 	case pl.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -186,7 +198,20 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		return false
 	}
 	p.attempts++
-	delay := backOffDelay(p.attempts)
+	// Not undone by the events stored meanwhile: past its pace a module has some stored in
+	// every round, and pauses that started over with each left it sending a thousand refused
+	// events every few milliseconds.
+	now := time.Now()
+	if now.Sub(pl.refusal) > time.Second {
+		pl.refused = 0
+	}
+	pl.refusal = now
+	if now.After(pl.resume) { // the first refusal of this pause: it doubles the last
+		pl.refused++
+		pl.resume = now.Add(backOffDelay(pl.refused))
+	}
+	// Sent again in the order refused, spread over a tenth of the pause: not all at once.
+	delay := pl.resume.Sub(now) + time.Duration(rand.Int64N(int64(pl.resume.Sub(now)/10)+1))
 	pl.mu.Unlock()
 	time.AfterFunc(delay, func() {
 		if _, err := pl.js.PublishMsgAsync(m); err != nil {
@@ -194,6 +219,24 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		}
 	})
 	return true
+}
+
+// paused waits until the pipeline's back-off is over, or ctx ends.
+func (pl *pipeline) paused(ctx context.Context) error {
+	pl.mu.Lock()
+	wait := time.Until(pl.resume)
+	pl.mu.Unlock()
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // answered settles msg's Pending with err and frees its slot.
