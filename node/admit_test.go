@@ -268,6 +268,9 @@ func TestAdmit_PacedNotBarred(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range mods {
+		if m.Module == "eager" {
+			t.Logf("refused for its pace: %+v", m.Quota.Refused)
+		}
 		if m.Module == "eager" && (m.Quota == nil || m.Quota.Refused["rate"] == 0) {
 			t.Fatalf("the admitter never refused the module for its pace: %+v", m.Quota)
 		}
