@@ -6,7 +6,8 @@
 // past the module's pace (module-emit-rate: retryable); an event while a live member's audit
 // log is behind by more than audit-max-lag (retryable: back-pressure, never loss). Otherwise
 // it publishes the message unchanged on its subject with the module's reply subject, so the
-// stream's PubAck goes straight back to the module.
+// stream's PubAck goes straight back to the module. It speaks the client protocol itself
+// (wire.go), so the header block passes through as bytes: nats.go would decode and encode it.
 //
 // nats-server cannot bound one module's share of a shared stream: MaxBytes and MaxMsgSize are
 // per stream, MaxMsgsPer one count for every subject, and account limits per account while
