@@ -387,6 +387,10 @@ func TestBed_Refusals(t *testing.T) {
 	nc := b.raw(seedA, "a")
 	for _, s := range []string{
 		"mesh.mod.other.event.order.placed", "mesh.mod.other.tool.status", "mesh.mod.a.event.order.cancelled",
+		// Events go through the admitter, under the module's own prefix: not another's, not
+		// another's events under its own, not what it does not declare, not straight to EVENTS.
+		"mesh.admit.other.mesh.mod.other.event.order.placed", "mesh.admit.a.mesh.mod.other.event.order.placed",
+		"mesh.admit.a.mesh.mod.a.event.order.cancelled", "mesh.mod.a.event.order.placed",
 		"$JS.API.STREAM.DELETE.EVENTS", "$JS.API.STREAM.PURGE.EVENTS", "$JS.API.STREAM.DELETE.KV_mesh-registry",
 	} {
 		if !refusedPub(t, nc, s) {

@@ -292,8 +292,11 @@ func backOffDelay(attempt int) time.Duration {
 }
 
 // backOff waits before attempt's retry, or returns ctx's error.
-func backOff(ctx context.Context, attempt int) error {
-	t := time.NewTimer(backOffDelay(attempt))
+func backOff(ctx context.Context, attempt int) error { return sleep(ctx, backOffDelay(attempt)) }
+
+// sleep waits d, or returns ctx's error if it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -229,14 +229,7 @@ func (pl *pipeline) paused(ctx context.Context) error {
 	if wait <= 0 {
 		return nil
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep(ctx, wait)
 }
 
 // answered settles msg's Pending with err and frees its slot.
