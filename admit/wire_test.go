@@ -22,7 +22,7 @@ func TestHeaderValue(t *testing.T) {
 		{"NATS/1.0\r\nx-evil: a\nno colon on this line\r\nx-event-id: abc\r\n\r\n", "", false},
 		{"NATS/1.0\r\nno colon\r\n\r\n", "", false},
 		{"NATS/1.0\r\n: no name\r\n\r\n", "", false},
-		{"NATS/1.0\r\nx-event-id: abc\r\n", "", false},        // no end
+		{"NATS/1.0\r\nx-event-id: abc\r\n", "", false},         // no end
 		{"NATS/1.0\r\nx-event-id: abc\r\n\r\nmore", "", false}, // past the end
 		{"HTTP/1.1\r\nx-event-id: abc\r\n\r\n", "", false},
 		{"", "", false},
