@@ -330,8 +330,10 @@ func (a *Admitter) refusedLocked(module string, st *moduleState, reason string, 
 }
 
 // floodRefusals is how many refusals for its pace within a second make a module a flooder:
-// ten times its pace, and never fewer than a thousand.
-func floodRefusals(perSecond float64) uint64 { return uint64(max(1000, 10*perSecond)) }
+// ten times its pace, and never fewer than 20,000 (the node's flood-rate). An sdk pipeline
+// past its pace is refused up to 8,000 times in its first second (a thousand events in
+// flight, sent again after pauses that double from 2 ms), and must not be taken for one.
+func floodRefusals(perSecond float64) uint64 { return uint64(max(20_000, 10*perSecond)) }
 
 // refuse answers m with a refusal, if it asked for an answer. reason, when not "", is counted
 // for module (the other paths count under a.mu).
