@@ -6,7 +6,6 @@ import (
 
 	"github.com/meshnode/meshnode/admit"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nkeys"
 )
 
@@ -51,16 +50,6 @@ func (n *Node) quotaUse(modules []string) []api.QuotaUse {
 		return nil // not open yet: nothing admitted
 	}
 	return n.admit.Use(modules)
-}
-
-// registeredModules are the registered modules' names.
-func registeredModules(reg *registry.Registry) []string {
-	entries := reg.List()
-	names := make([]string, len(entries))
-	for i, e := range entries {
-		names[i] = e.Module
-	}
-	return names
 }
 
 // usageOwners are the usage owners whose events count against module's quota: its own

@@ -118,7 +118,7 @@ func (n *Node) handler() http.Handler {
 func (n *Node) openDashboard() *dashboard.Dashboard {
 	return dashboard.Open(context.Background(), dashboard.Config{Node: n.id.Name, MeshID: n.id.MeshID, Mesh: dashboardMesh{n},
 		Registry: n.reg, Audit: n.audit, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Log: n.log,
-		Quotas: func() []api.QuotaUse { return n.quotaUse(registeredModules(n.reg)) }})
+		Quotas: func() []api.QuotaUse { return n.quotaUse(n.reg.Names()) }})
 }
 
 // dashboardMesh is what the dashboard reads of the node.

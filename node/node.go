@@ -104,7 +104,6 @@ type Node struct {
 	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
 	alarms  alarms            // standing reasons not to be ready (drift.go)
 	resp    responder         // answers every request (responder.go)
-	pace    pacing            // bars the modules that keep on flooding (pacing.go)
 	reg     *registry.Registry
 	dir     *directory // what the bus authenticates against (directory.go)
 	ctrl    *controller.Controller
@@ -633,7 +632,7 @@ func (n *Node) newHTTPServer() error {
 	n.metrics.reg.MustRegister(n.metrics.meter.Collectors()...)
 	n.metrics.reg.MustRegister(&metrics.StreamCollector{Bus: func() *embedbus.Bus { return n.bus }})
 	n.metrics.reg.MustRegister(&metrics.Admission{Limit: max(n.budget.Module, 0), Lag: n.admit.Lag,
-		Use: func() []api.QuotaUse { return n.admit.Use(registeredModules(n.reg)) }})
+		Use: func() []api.QuotaUse { return n.admit.Use(n.reg.Names()) }})
 	tools := metrics.NewModuleTools(n.id.Name, func(module, tool string) bool {
 		e, ok := n.reg.Get(module)
 		return ok && metrics.DeclaresTool(e.Manifest, tool)

@@ -50,7 +50,7 @@ type strike struct {
 // newPacing makes the flood watch and hooks the node's own gate (whoami, the seat tool) to
 // it; the vault's gate is hooked where the vault opens (floodingCaller).
 func (n *Node) newPacing() {
-	n.pace = pacing{
+	n.resp.pace = pacing{
 		bans:    throttle.NewBans(time.Duration(n.cfg.FloodBar), time.Duration(n.cfg.FloodBarMax)),
 		strikes: make(chan strike, 64),
 		bars: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -59,7 +59,7 @@ func (n *Node) newPacing() {
 		}, []string{"reason"}),
 	}
 	for _, reason := range []string{barRate, barRefused} {
-		n.pace.bars.WithLabelValues(reason) // at zero from the start: a rate query needs the series
+		n.resp.pace.bars.WithLabelValues(reason) // at zero from the start: a rate query needs the series
 	}
 	n.resp.gate.OnFlood(n.floodingCaller)
 }
@@ -68,17 +68,17 @@ func (n *Node) newPacing() {
 // the gate tells again in its next window.
 func (n *Node) floodingCaller(identity string, refused int) {
 	select {
-	case n.pace.strikes <- strike{identity, refused}:
+	case n.resp.pace.strikes <- strike{identity, refused}:
 	default:
 	}
 }
 
 // paceCollectors are the flood watch's metrics.
 func (n *Node) paceCollectors() []prometheus.Collector {
-	return []prometheus.Collector{n.pace.bars, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	return []prometheus.Collector{n.resp.pace.bars, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "meshnode_flood_barred_modules",
 		Help: "Modules barred for flooding now: their connects are refused until their bar ends.",
-	}, func() float64 { return float64(n.pace.bans.Len(time.Now())) })}
+	}, func() float64 { return float64(n.resp.pace.bans.Len(time.Now())) })}
 }
 
 // watchFloods bars the modules that keep on flooding until ctx ends: those the gates tell
@@ -95,7 +95,7 @@ func (n *Node) watchFloods(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case s := <-n.pace.strikes:
+		case s := <-n.resp.pace.strikes:
 			if key, module, ok := n.floodKey(s.identity); ok {
 				n.bar(key, module, barRefused, int64(s.refused))
 			}
@@ -127,12 +127,12 @@ func (n *Node) floodKey(identity string) (key, module string, ok bool) {
 // barred already; it is reported once, as a log line and a node event with the count that
 // gave it away.
 func (n *Node) bar(key, module, reason string, count int64) {
-	until, strikes, ok := n.pace.bans.Strike(key, time.Now())
+	until, strikes, ok := n.resp.pace.bans.Strike(key, time.Now())
 	if !ok {
 		return
 	}
 	closed := n.bus.Bar(key, until)
-	n.pace.bars.WithLabelValues(reason).Inc()
+	n.resp.pace.bars.WithLabelValues(reason).Inc()
 	barFor := time.Until(until).Round(time.Second)
 	n.log.Warn("module barred for flooding: its connections are closed and its connects refused until the bar ends",
 		"module", module, "key", key, "reason", reason, "count", count, "connections", closed, "bar", barFor, "strikes", strikes)

@@ -27,6 +27,7 @@ type responder struct {
 	// of a fetch on a shared one would hold the fetch up until the node read through it.
 	vault *nats.Conn
 	gate  *throttle.Gate // rate limits on whoami and the seat tool
+	pace  pacing         // bars the modules that keep on flooding (pacing.go)
 }
 
 // connectResponders connects the responder's connections.

@@ -514,6 +514,16 @@ func (r *Registry) Get(name string) (*Entry, bool) {
 	return e, ok
 }
 
+// Names returns every registered module's name, in order.
+func (r *Registry) Names() []string {
+	entries := r.List()
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Module
+	}
+	return names
+}
+
 // List returns every registered module, by name.
 func (r *Registry) List() []*Entry {
 	r.mu.RLock()
