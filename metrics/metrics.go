@@ -288,6 +288,7 @@ var (
 
 // Admission reads the node's admitter once per scrape: each registered module's use of
 // EVENTS against its quota, the admitter's refusals, and the lag its back-pressure goes by.
+// A module holding nothing in EVENTS and never refused has no series.
 type Admission struct {
 	Use   func() []api.QuotaUse // nil entries: the admitter is not open yet
 	Limit int64
@@ -304,6 +305,13 @@ func (c *Admission) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descModuleEventsQuota, prometheus.GaugeValue, float64(c.Limit))
 	ch <- prometheus.MustNewConstMetric(descAdmitLag, prometheus.GaugeValue, float64(c.Lag()))
 	for _, u := range c.Use() {
+		var refused uint64
+		for _, n := range u.Refused {
+			refused += n
+		}
+		if u.Held+u.Pending == 0 && refused == 0 {
+			continue // a module that has sent nothing through the admitter: no series, at 10,000 modules
+		}
 		ch <- prometheus.MustNewConstMetric(descModuleEventsBytes, prometheus.GaugeValue, float64(u.Held+u.Pending), u.Module)
 		for reason, n := range u.Refused { // every reason, zero until refused: rates need the series
 			ch <- prometheus.MustNewConstMetric(descAdmitRefused, prometheus.CounterValue, float64(n), u.Module, reason)

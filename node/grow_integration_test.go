@@ -137,6 +137,7 @@ func testGrow(t *testing.T, interrupt string) {
 	// Every client port TLS, as off loopback: the new nodes enrol through it with the CA
 	// their token carries.
 	cfgA := clusterConfig(t, "a")
+	cfgA.EmitRate = 0 // 10,000 events as fast as a raw client sends them, none refused for its pace
 	cfgA.ClientTLS = "always"
 	if _, _, err := datadir.Prepare(cfgA, 1); err != nil {
 		t.Fatal(err)

@@ -189,7 +189,7 @@ func newModuleLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per module: module, public_key, emits, consumes, tools, uses, seats, registered, updated, revision, manifest, fingerprints?, pins?, deployment?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per module: module, public_key, emits, consumes, tools, uses, seats, registered, updated, revision, manifest, fingerprints?, pins?, deployment?, quota?")
 	return cmd
 }
 
