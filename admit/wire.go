@@ -33,6 +33,7 @@ type wire struct {
 	w     *bufio.Writer
 	onErr func(string)
 	buf   []byte // the last message's header block and body, reused
+	num   []byte // a number being written, reused
 }
 
 // msg is one message the server delivered. Its slices are the wire's: valid until its next
@@ -127,27 +128,39 @@ func (c *wire) next() (msg, error) {
 }
 
 // read reads a message whose control line's arguments are args: "subject sid [reply] [hdr]
-// total".
+// total". It allocates the subject and the reply and nothing else: it runs for every event.
 func (c *wire) read(args []byte, headers bool) (msg, error) {
-	f := bytes.Fields(args)
+	var f [5][]byte
+	n := 0
+	for rest := bytes.TrimRight(args, "\r\n"); len(rest) > 0 && n < len(f); {
+		rest = bytes.TrimLeft(rest, " \t")
+		i := bytes.IndexAny(rest, " \t")
+		if i < 0 {
+			i = len(rest)
+		}
+		if i > 0 {
+			f[n], n = rest[:i], n+1
+		}
+		rest = rest[i:]
+	}
 	want := 3
 	if headers {
 		want = 4
 	}
-	if len(f) != want && len(f) != want+1 {
+	if n != want && n != want+1 {
 		return msg{}, fmt.Errorf("%w: %q", errProtocol, args)
 	}
 	m := msg{subject: string(f[0])}
-	if len(f) == want+1 {
+	if n == want+1 {
 		m.reply = append(m.reply, f[2]...) // the line is the reader's, overwritten by the next read
 	}
-	total, err := strconv.Atoi(string(f[len(f)-1]))
-	if err != nil || total < 0 {
+	total, ok := size(f[n-1])
+	if !ok {
 		return msg{}, fmt.Errorf("%w: %q", errProtocol, args)
 	}
 	hdr := 0
 	if headers {
-		if hdr, err = strconv.Atoi(string(f[len(f)-2])); err != nil || hdr < 0 || hdr > total {
+		if hdr, ok = size(f[n-2]); !ok || hdr > total {
 			return msg{}, fmt.Errorf("%w: %q", errProtocol, args)
 		}
 	}
@@ -165,6 +178,21 @@ func (c *wire) read(args []byte, headers bool) (msg, error) {
 	return m, nil
 }
 
+// size reads a byte count of the protocol: decimal digits, at most a gigabyte.
+func size(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 10 {
+		return 0, false
+	}
+	n := 0
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return 0, false
+		}
+		n = n*10 + int(d-'0')
+	}
+	return n, n <= 1<<30
+}
+
 // publish writes a message on subject, with reply (nil: none) and hdr (nil: none); it is sent
 // at the next flush.
 func (c *wire) publish(subject string, reply, hdr, data []byte) {
@@ -180,10 +208,12 @@ func (c *wire) publish(subject string, reply, hdr, data []byte) {
 		c.w.WriteByte(' ')
 	}
 	if hdr != nil {
-		c.w.WriteString(strconv.Itoa(len(hdr)))
+		c.num = strconv.AppendInt(c.num[:0], int64(len(hdr)), 10)
+		c.w.Write(c.num)
 		c.w.WriteByte(' ')
 	}
-	c.w.WriteString(strconv.Itoa(len(hdr) + len(data)))
+	c.num = strconv.AppendInt(c.num[:0], int64(len(hdr)+len(data)), 10)
+	c.w.Write(c.num)
 	c.w.WriteString("\r\n")
 	c.w.Write(hdr)
 	c.w.Write(data)

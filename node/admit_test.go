@@ -150,21 +150,27 @@ func TestAdmit_Burst(t *testing.T) {
 		sent = append(sent, p)
 	}
 	burst.Flush(ctx)
+	// Each event is stored, refused for the quota, or — on a slow machine (-race moves 200 MB
+	// slowly) — unanswered within the sdk's 10 s: then it may or may not be stored, and EVENTS
+	// says which. Whatever it says, the module holds at most its quota.
 	var acked []string
+	unanswered := 0
 	for _, p := range sent {
 		switch err := p.Err(); {
 		case err == nil:
 			acked = append(acked, p.ID())
+		case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+			unanswered++
 		case !errors.Is(err, sdk.ErrOverQuota):
 			t.Fatalf("event %s: %v, want stored or refused for the quota", p.ID(), err)
 		}
 	}
 	bytes, stored := held(t, b, "burst")
-	if len(stored) != len(acked) || bytes > quota {
-		t.Fatalf("burst holds %d bytes in %d events (%d acked): want at most its quota, %d", bytes, len(stored), len(acked), quota)
+	if bytes > quota || len(stored) < len(acked) || len(stored) > len(acked)+unanswered {
+		t.Fatalf("burst holds %d bytes in %d events (%d acked, %d unanswered): want at most its quota, %d", bytes, len(stored), len(acked), unanswered, quota)
 	}
-	if len(acked) < 30 {
-		t.Fatalf("only %d of 1 MB acked under a 32 MiB quota", len(acked))
+	if len(stored) < 30 {
+		t.Fatalf("only %d of 1 MB stored under a 32 MiB quota", len(stored))
 	}
 	var shopped []string
 	for i := range 100 {
@@ -175,7 +181,7 @@ func TestAdmit_Burst(t *testing.T) {
 		shopped = append(shopped, id)
 	}
 	audited(t, b, append(acked, shopped...))
-	t.Logf("burst: %d of 200 stored (%s of a %s quota); shop: 100 of 100", len(acked), config.Bytes(bytes), config.Bytes(quota))
+	t.Logf("burst: %d of 200 stored, %d acked (%s of a %s quota); shop: 100 of 100", len(stored), len(acked), config.Bytes(bytes), config.Bytes(quota))
 }
 
 // TestAdmit_SteadyRateUnderQuota is the shortcut issue 35 warns of: a module emitting 2 KB
