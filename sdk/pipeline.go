@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 )
 
 // MaxInFlight bounds the events EmitAsync has sent and JetStream has not answered yet: past
@@ -79,8 +80,16 @@ type pipeline struct {
 	// own clock were tens of thousands of messages a second, and the node bars a
 	// connection that sends so many.
 	resume  time.Time
-	refused int           // pauses in a row: each doubles the last
-	refusal time.Time     // the last refusal: a second without one starts the pauses over
+	refused int       // pauses in a row: each doubles the last
+	refusal time.Time // the last refusal: a second without one starts the pauses over
+	// Past its pace (a refusal 19003) the pipeline sends at the rate the node stores its
+	// events, as counted since the last refusal, instead of sending its whole window again
+	// after each pause: a paced module is refused a few times, not thousands of times a
+	// second, and the node can tell it from a flooder. It doubles every second without a
+	// refusal, and is gone once past any node's pace.
+	pace    *rate.Limiter
+	paceAt  time.Time     // when pace last changed
+	stored  ackRate       // the events stored in the last second
 	drained chan struct{} // closed when inflight empties; nil while nobody waits
 	failed  []error       // since the last Flush
 }
@@ -206,12 +215,19 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		pl.refused = 0
 	}
 	pl.refusal = now
+	if refusal.code == api.AdmitOverRate {
+		pl.slowTo(now)
+	}
 	if now.After(pl.resume) { // the first refusal of this pause: it doubles the last
 		pl.refused++
 		pl.resume = now.Add(backOffDelay(pl.refused))
 	}
-	// Sent again in the order refused, spread over a tenth of the pause: not all at once.
+	// Sent again in the order refused, spread over a tenth of the pause: not all at once; and
+	// at the pace, once there is one.
 	delay := pl.resume.Sub(now) + time.Duration(rand.Int64N(int64(pl.resume.Sub(now)/10)+1))
+	if pl.pace != nil {
+		delay = max(delay, pl.pace.ReserveN(now, 1).DelayFrom(now))
+	}
 	pl.mu.Unlock()
 	time.AfterFunc(delay, func() {
 		if _, err := pl.js.PublishMsgAsync(m); err != nil {
@@ -221,10 +237,69 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	return true
 }
 
-// paused waits until the pipeline's back-off is over, or ctx ends.
+// slowTo sets the pipeline's pace to the events stored in the last second (at least one a
+// second), unless it is slower already. pl.mu is held.
+func (pl *pipeline) slowTo(now time.Time) {
+	stored := rate.Limit(max(float64(pl.stored.lastSecond(now)), 1))
+	if pl.pace == nil || stored < pl.pace.Limit() {
+		pl.pace, pl.paceAt = rate.NewLimiter(stored, max(int(stored)/10, 1)), now
+	}
+}
+
+// ackRate counts events in tenths of a second over the last second.
+type ackRate struct {
+	n  [10]int
+	at int64 // the current tenth, in tenths since the epoch
+}
+
+func (r *ackRate) advance(now time.Time) {
+	i := now.UnixNano() / int64(100*time.Millisecond)
+	if i-r.at >= int64(len(r.n)) {
+		r.n = [10]int{}
+	} else {
+		for t := r.at + 1; t <= i; t++ {
+			r.n[t%int64(len(r.n))] = 0
+		}
+	}
+	r.at = i
+}
+
+func (r *ackRate) add(now time.Time) {
+	r.advance(now)
+	r.n[r.at%int64(len(r.n))]++
+}
+
+func (r *ackRate) lastSecond(now time.Time) int {
+	r.advance(now)
+	sum := 0
+	for _, c := range r.n {
+		sum += c
+	}
+	return sum
+}
+
+// paceMost is past any node's pace: a limit grown beyond it is dropped.
+const paceMost = 1_000_000
+
+// paused waits until the pipeline's back-off is over and its pace allows one more event, or
+// ctx ends.
 func (pl *pipeline) paused(ctx context.Context) error {
 	pl.mu.Lock()
-	wait := time.Until(pl.resume)
+	now := time.Now()
+	wait := pl.resume.Sub(now)
+	if pl.pace != nil && now.Sub(pl.refusal) > time.Second && now.Sub(pl.paceAt) > time.Second {
+		// A second without a refusal: try twice the pace.
+		if l := pl.pace.Limit() * 2; l > paceMost {
+			pl.pace = nil
+		} else {
+			pl.pace.SetLimitAt(now, l)
+			pl.pace.SetBurstAt(now, max(int(l)/10, 1))
+			pl.paceAt = now
+		}
+	}
+	if pl.pace != nil {
+		wait = max(wait, pl.pace.ReserveN(now, 1).DelayFrom(now))
+	}
 	pl.mu.Unlock()
 	if wait <= 0 {
 		return nil
@@ -244,6 +319,8 @@ func (c *Client) answered(m *nats.Msg, err error) {
 	delete(pl.inflight, m)
 	if err != nil {
 		pl.failed = append(pl.failed, err)
+	} else {
+		pl.stored.add(time.Now())
 	}
 	if len(pl.inflight) == 0 && pl.drained != nil {
 		close(pl.drained)
