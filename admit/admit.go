@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/throttle"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/time/rate"
 )
@@ -82,9 +83,7 @@ type moduleState struct {
 	ownersAt time.Time
 	pace     *rate.Limiter
 	refused  map[string]uint64 // by reason, since the node started
-	// flood counts refusals for pace in the current second, to tell Flooding.
-	flood      uint64
-	floodSince time.Time
+	flood    throttle.Window   // refusals for pace, a second at a time, to tell Flooding
 }
 
 type admitted struct {
@@ -320,12 +319,8 @@ func (a *Admitter) refusedLocked(module string, st *moduleState, reason string, 
 	if reason != ReasonRate || a.cfg.Flooding == nil {
 		return
 	}
-	if now.Sub(st.floodSince) > time.Second {
-		st.flood, st.floodSince = 0, now
-	}
-	st.flood++
-	if st.flood == floodRefusals(a.cfg.Rate) {
-		go a.cfg.Flooding(module, st.flood)
+	if flooded, n := st.flood.Refused(now, time.Second, int(floodRefusals(a.cfg.Rate))-1); flooded {
+		go a.cfg.Flooding(module, uint64(n))
 	}
 }
 

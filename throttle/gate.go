@@ -50,14 +50,10 @@ type Gate struct {
 }
 
 type bucket struct {
-	lim  *rate.Limiter
-	seen time.Time
-	told time.Time // when a refusal was last answered
-	// The refusals of the current flood window, from its start; flooded says onFlood was
-	// told in it.
-	windowStart   time.Time
-	windowRefused int
-	flooded       bool
+	lim   *rate.Limiter
+	seen  time.Time
+	told  time.Time // when a refusal was last answered
+	flood Window    // the refusals of the current flood window
 }
 
 // FloodWindow and FloodFactor say when an identity keeps on past its refusals: refused
@@ -126,13 +122,8 @@ func (g *Gate) countFlood(identity string, b *bucket, now time.Time) {
 	if g.onFlood == nil {
 		return
 	}
-	if now.Sub(b.windowStart) >= FloodWindow {
-		b.windowStart, b.windowRefused, b.flooded = now, 0, false
-	}
-	b.windowRefused++
-	if !b.flooded && float64(b.windowRefused) > FloodFactor*float64(g.limit)*FloodWindow.Seconds() {
-		b.flooded = true
-		g.onFlood(identity, b.windowRefused)
+	if flooded, n := b.flood.Refused(now, FloodWindow, int(FloodFactor*float64(g.limit)*FloodWindow.Seconds())); flooded {
+		g.onFlood(identity, n)
 	}
 }
 
