@@ -58,17 +58,8 @@ type ClientStat struct {
 // of the server, which copies every connection's counters under its lock.
 func (b *Bus) ClientStats() []ClientStat {
 	var out []ClientStat
-	for offset := 0; ; {
-		cz, err := b.srv.Connz(&server.ConnzOptions{Username: true, Offset: offset, Limit: connzPage})
-		if err != nil {
-			return out
-		}
-		for _, ci := range cz.Conns {
-			out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
-		}
-		if len(cz.Conns) < connzPage {
-			return out
-		}
-		offset += len(cz.Conns)
-	}
+	b.eachConn(server.ConnzOptions{Username: true}, func(ci *server.ConnInfo) {
+		out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
+	})
+	return out
 }

@@ -443,20 +443,30 @@ func (b *Bus) kick(ids []uint64) int {
 // nothing outlives one (a connection that has sent CONNECT is listed, checked or not).
 func (b *Bus) connections(publicKey string, name *string) []uint64 {
 	var ids []uint64
-	for offset := 0; ; {
-		cz, err := b.srv.Connz(&server.ConnzOptions{User: publicKey, Offset: offset, Limit: connzPage})
+	b.eachConn(server.ConnzOptions{User: publicKey}, func(ci *server.ConnInfo) {
+		if name == nil || ci.Name == *name {
+			ids = append(ids, ci.Cid)
+		}
+	})
+	return ids
+}
+
+// eachConn calls f with each open client connection Connz lists with opts, a page at a
+// time; it stops at the first page the server cannot list.
+func (b *Bus) eachConn(opts server.ConnzOptions, f func(*server.ConnInfo)) {
+	opts.Limit = connzPage
+	for opts.Offset = 0; ; {
+		cz, err := b.srv.Connz(&opts)
 		if err != nil {
-			return ids
+			return
 		}
 		for _, ci := range cz.Conns {
-			if name == nil || ci.Name == *name {
-				ids = append(ids, ci.Cid)
-			}
+			f(ci)
 		}
 		if len(cz.Conns) < connzPage {
-			return ids
+			return
 		}
-		offset += len(cz.Conns)
+		opts.Offset += len(cz.Conns)
 	}
 }
 

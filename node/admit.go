@@ -6,6 +6,8 @@ import (
 
 	"github.com/meshnode/meshnode/admit"
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nkeys"
 )
 
@@ -56,10 +58,10 @@ func (n *Node) quotaUse(modules []string) []api.QuotaUse {
 // namespace and each seat it declares (a seat's events are its holder's, an instance of the
 // module).
 func (n *Node) usageOwners(module string) []string {
-	owners := []string{"mod." + module}
+	owners := []string{audit.Owner(manifest.EventSubject(module, "x"))}
 	if e, ok := n.reg.Get(module); ok {
 		for _, s := range e.Manifest.Seats {
-			owners = append(owners, "seat."+s.Name)
+			owners = append(owners, audit.Owner(manifest.SeatEventSubject(s.Name, "x")))
 		}
 	}
 	return owners
