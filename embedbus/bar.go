@@ -63,3 +63,30 @@ func (b *Bus) ClientStats() []ClientStat {
 	})
 	return out
 }
+
+// ClientInMsgs is how many messages the modules' account has received from its client
+// connections on this server: one counter, read without listing a connection, for a rate
+// monitor to tell whether any connection may have sent fast enough to be worth a
+// ClientStats.
+func (b *Bus) ClientInMsgs() int64 {
+	st, err := b.srv.AccountStatz(&server.AccountStatzOptions{Accounts: []string{server.DEFAULT_GLOBAL_ACCOUNT}, IncludeUnused: true})
+	if err != nil || len(st.Accounts) == 0 {
+		return 0
+	}
+	r := st.Accounts[0].Received
+	n := r.Msgs
+	for _, other := range []*server.MsgBytes{r.Routes, r.Gateways, r.Leafs} {
+		if other != nil {
+			n -= other.Msgs
+		}
+	}
+	return n
+}
+
+// KeyOf is the key an open client connection authenticated with, by its connection id.
+func (b *Bus) KeyOf(cid uint64) (key string, ok bool) {
+	b.eachConn(server.ConnzOptions{CID: cid, Username: true}, func(ci *server.ConnInfo) {
+		key, ok = ci.AuthorizedUser, ci.AuthorizedUser != ""
+	})
+	return key, ok
+}

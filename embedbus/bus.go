@@ -85,6 +85,11 @@ type Config struct {
 	// *ErrStartMemory. nats-server's restore cannot be interrupted: a process that owns its
 	// fate (the meshnode binary) exits here; nil only logs.
 	OnStartMemory func(error)
+	// OnDenied is told, at most once per throttle.FloodWindow per connection and on the
+	// server's goroutine (so it must be quick), of a client connection whose publishes the
+	// permissions denied more than DeniedFlood times in the window; cid is its connection
+	// id (KeyOf names its key). nil: not told.
+	OnDenied func(cid uint64, denied int)
 }
 
 // Cluster is how a server joins its mesh's cluster. Every founding server starts with the
@@ -242,7 +247,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
 	}
 	auth.sysAccount = srv.SystemAccount
-	lg := &logger{log: cfg.Logger}
+	lg := &logger{log: cfg.Logger, onDenied: cfg.OnDenied}
 	srv.SetLoggerV2(lg, false, false, false)
 	started := make(chan struct{})
 	if cfg.WatchInterval == 0 {

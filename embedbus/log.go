@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/meshnode/meshnode/throttle"
 )
 
 // logger routes nats-server's printf-style log into slog. Fatalf does not exit: the first
@@ -19,6 +22,11 @@ type logger struct {
 	fatal string
 
 	damp damper // the classes of message a flood repeats
+
+	// onDenied, when set, is told of a client connection whose publishes the permissions
+	// deny keep on (Config.OnDenied); denied counts them per connection.
+	onDenied func(cid uint64, denied int)
+	denied   deniedCounts
 }
 
 func (l *logger) Noticef(format string, v ...any) {
@@ -49,26 +57,104 @@ func banner(msg string) bool {
 	}
 	return false
 }
-func (l *logger) Warnf(format string, v ...any) { l.log.Warn(redact(format, v)) }
+func (l *logger) Warnf(format string, v ...any) {
+	l.log.Warn(redact(format, v))
+}
 func (l *logger) Errorf(format string, v ...any) {
-	msg := redact(format, v)
-	if class := floodClass(msg); class != "" {
-		n, ok := l.damp.admit(class, time.Now())
+	// A client's line carries its connection's name and id in the format itself (nats-server
+	// prefixes it there), so a denied publish's class is known before anything is formatted:
+	// a line the damper drops costs a lookup, not a Sprintf and a regexp. Some classes come
+	// in the arguments (an authentication error with its user), so the formatted line is
+	// classified when the format is not.
+	var msg string
+	class := floodClass(format)
+	if class == "" {
+		msg = redact(format, v)
+		class = floodClass(msg)
+	}
+	if class != "" {
+		now := time.Now()
+		if class == publishViolation && l.onDenied != nil {
+			if cid, ok := clientID(format); ok {
+				if flooded, n := l.denied.count(cid, now); flooded {
+					l.onDenied(cid, n)
+				}
+			}
+		}
+		n, ok := l.damp.admit(class, now)
 		if !ok {
 			return
+		}
+		if msg == "" {
+			msg = redact(format, v)
 		}
 		if n > 0 {
 			l.log.Error(msg, "suppressed", n, "suppressed_what", "lines like this one in the last second")
 			return
 		}
 	}
+	if msg == "" {
+		msg = redact(format, v)
+	}
 	l.log.Error(msg)
 }
+
+// publishViolation is the class of a publish the permissions deny.
+const publishViolation = " - Publish Violation - "
 
 // floodClasses are the messages nats-server logs once per offending message or connect:
 // a publish the permissions deny, a refused connect. A module flooding either would flood
 // the node's log, so each class is logged at most once a second, with a count.
-var floodClasses = []string{" - Publish Violation - ", " - Subscription Violation - ", " - authentication error"}
+var floodClasses = []string{publishViolation, " - Subscription Violation - ", " - authentication error"}
+
+// clientID is the connection id in a client's log line ("127.0.0.1:5000 - cid:7 - ...").
+func clientID(line string) (uint64, bool) {
+	_, rest, ok := strings.Cut(line, " - cid:")
+	if !ok {
+		return 0, false
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(rest)
+	}
+	cid, err := strconv.ParseUint(rest[:end], 10, 64)
+	return cid, err == nil
+}
+
+// DeniedFlood is how many denied publishes within throttle.FloodWindow tell that a
+// connection keeps on sending what it may not (Config.OnDenied): a module that respects its
+// permissions has none, and one with a bug that retries a denied subject a few times a
+// second is far below it.
+const DeniedFlood = 1000
+
+// deniedCounts counts each connection's denied publishes in flood windows; it forgets a
+// connection whose window has ended at the next count after maxDeniedTracked of them.
+type deniedCounts struct {
+	mu sync.Mutex
+	m  map[uint64]*throttle.Window
+}
+
+// maxDeniedTracked bounds the connections counted at once.
+const maxDeniedTracked = 4096
+
+// count counts a denied publish of cid at now; flooded is true once a window, when it
+// passes DeniedFlood.
+func (d *deniedCounts) count(cid uint64, now time.Time) (flooded bool, n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[uint64]*throttle.Window{}
+	}
+	w := d.m[cid]
+	if w == nil {
+		if len(d.m) >= maxDeniedTracked {
+			clear(d.m) // a new window for every connection: at worst a flood is told later
+		}
+		w = &throttle.Window{}
+		d.m[cid] = w
+	}
+	return w.Refused(now, throttle.FloodWindow, DeniedFlood)
+}
 
 // floodClass is msg's class of floodClasses, "" for none.
 func floodClass(msg string) string {

@@ -59,3 +59,31 @@ func TestLogger_DampsFloods(t *testing.T) {
 		t.Fatalf("the next line a second later: %q, want it to count the 999 left out", buf.String())
 	}
 }
+
+// TestLogger_DeniedFlood: a connection's denied publishes are counted from the format
+// nats-server logs them with, and told once a window past DeniedFlood; another connection's
+// are counted apart.
+func TestLogger_DeniedFlood(t *testing.T) {
+	var told []uint64
+	l := &logger{log: slog.New(slog.DiscardHandler), onDenied: func(cid uint64, n int) {
+		if n <= DeniedFlood {
+			t.Errorf("told at %d denials, want past %d", n, DeniedFlood)
+		}
+		told = append(told, cid)
+	}}
+	for range 3 * DeniedFlood {
+		l.Errorf(`127.0.0.1:5000 - cid:17 - "attacker" - Publish Violation - Subject %q`, "x.y")
+	}
+	for range DeniedFlood {
+		l.Errorf(`127.0.0.1:5001 - cid:18 - Publish Violation - Subject %q`, "x.y")
+	}
+	if len(told) != 1 || told[0] != 17 {
+		t.Fatalf("told of %v, want connection 17 once", told)
+	}
+	if cid, ok := clientID(`[::1]:1 - cid:4021 - Publish Violation`); !ok || cid != 4021 {
+		t.Fatalf("clientID = %d, %v", cid, ok)
+	}
+	if _, ok := clientID(`rid:3 - Publish Violation`); ok {
+		t.Fatal("a route's line read as a client's")
+	}
+}

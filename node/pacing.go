@@ -21,7 +21,9 @@ import (
 // times its rate within two seconds (throttle.Gate.OnFlood), and a connection whose
 // inbound messages exceed flood-rate a second with bursts of a second's worth (connRates),
 // read from the server's connection list (Connz) every floodSample — four times a second,
-// nothing per message.
+// nothing per message — and sooner when the modules' total inbound count, read every
+// floodPeek, says one of them may be over (walkSchedule); and a connection whose publishes
+// the permissions keep denying (embedbus.Config.OnDenied).
 
 // floodSample is how often the connections' message counts are read.
 const floodSample = 250 * time.Millisecond
@@ -30,6 +32,7 @@ const floodSample = 250 * time.Millisecond
 const (
 	barRate    = "rate"    // its connection's inbound messages over flood-rate
 	barRefused = "refused" // refused by a rate limit more than FloodFactor times its rate
+	barDenied  = "denied"  // its connection's publishes denied more than DeniedFlood times
 )
 
 // pacing is the node's flood watch: the back-off of barred modules, the strikes the gates
@@ -44,6 +47,7 @@ type pacing struct {
 
 type strike struct {
 	identity string // as the gate knows it: a key, a module, a vault caller
+	cid      uint64 // or the connection the bus denied (embedbus.Config.OnDenied)
 	refused  int
 }
 
@@ -55,10 +59,10 @@ func (n *Node) newPacing() {
 		strikes: make(chan strike, 64),
 		bars: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshnode_flood_bars_total",
-			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate a second, bursts of a second's worth) or refused (refused by the rate limits more than ten times its rate-limit within 2 s).",
+			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate a second, bursts of a second's worth), refused (refused by the rate limits more than ten times its rate-limit within 2 s) or denied (a connection's publishes denied by its permissions more than 1,000 times within 2 s).",
 		}, []string{"reason"}),
 	}
-	for _, reason := range []string{barRate, barRefused} {
+	for _, reason := range []string{barRate, barRefused, barDenied} {
 		n.resp.pace.bars.WithLabelValues(reason) // at zero from the start: a rate query needs the series
 	}
 	n.resp.gate.OnFlood(n.floodingCaller)
@@ -68,7 +72,17 @@ func (n *Node) newPacing() {
 // the gate tells again in its next window.
 func (n *Node) floodingCaller(identity string, refused int) {
 	select {
-	case n.resp.pace.strikes <- strike{identity, refused}:
+	case n.resp.pace.strikes <- strike{identity: identity, refused: refused}:
+	default:
+	}
+}
+
+// deniedConn hands a connection whose publishes the bus keeps denying to the watch, which
+// bars its key: a request a module has no business sending is denied, and one that keeps
+// on sending it is a flood.
+func (n *Node) deniedConn(cid uint64, denied int) {
+	select {
+	case n.resp.pace.strikes <- strike{cid: cid, refused: denied}:
 	default:
 	}
 }
@@ -81,31 +95,86 @@ func (n *Node) paceCollectors() []prometheus.Collector {
 	}, func() float64 { return float64(n.resp.pace.bans.Len(time.Now())) })}
 }
 
-// watchFloods bars the modules that keep on flooding until ctx ends: those the gates tell
-// of, and — with flood-rate set — those whose connection's rate stays over it.
+// watchFloods bars the modules that keep on flooding until ctx ends: those the gates and
+// the bus tell of, and — with flood-rate set — those whose connection's rate stays over it.
 func (n *Node) watchFloods(ctx context.Context) error {
 	var tick <-chan time.Time
 	if n.cfg.FloodRate > 0 {
-		t := time.NewTicker(floodSample)
+		t := time.NewTicker(floodPeek)
 		defer t.Stop()
 		tick = t.C
 	}
 	rates := connRates{last: map[uint64]connSample{}}
+	walks := walkSchedule{every: floodPeek}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case s := <-n.resp.pace.strikes:
-			if key, module, ok := n.floodKey(s.identity); ok {
+			if s.cid != 0 {
+				if key, ok := n.bus.KeyOf(s.cid); ok {
+					if e, ok := n.reg.ByKey(key); ok {
+						n.bar(key, e.Module, barDenied, int64(s.refused))
+					}
+				}
+			} else if key, module, ok := n.floodKey(s.identity); ok {
 				n.bar(key, module, barRefused, int64(s.refused))
 			}
 		case now := <-tick:
-			if over, ok := rates.sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule); ok {
+			if !walks.due(n.bus.ClientInMsgs(), now, float64(n.cfg.FloodRate)) {
+				continue
+			}
+			over, ok := rates.sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule)
+			walks.walked(now, ok)
+			if ok {
 				if e, ok := n.reg.ByKey(over.key); ok {
 					n.bar(over.key, e.Module, barRate, over.msgs)
 				}
 			}
 		}
+	}
+}
+
+// floodPeek is how often the watch reads the modules' total inbound count (one counter,
+// embedbus.Bus.ClientInMsgs): a flood far over the rate is found within a peek or two.
+const floodPeek = 25 * time.Millisecond
+
+// walkSchedule says when the watch lists the connections' counts (a Connz, whose cost grows
+// with the connections): every floodSample, and sooner when the modules together sent more
+// since the last list than one connection may — which a flood does, and a busy mesh of
+// many modules may do all the time, so an early list that finds nobody over the rate
+// doubles the wait before the next early one, up to floodSample, until a quiet spell.
+type walkSchedule struct {
+	every time.Duration // the least time between lists now
+	at    time.Time     // the last list
+	total int64         // the total inbound count at the last list
+	next  int64         // the total due last saw, for walked
+	early bool          // whether due called the list early
+	quiet bool          // whether the modules sent less than one connection may since the last list
+}
+
+// due reports whether to list the connections at now, the modules' total inbound count
+// being total.
+func (w *walkSchedule) due(total int64, now time.Time, perSecond float64) bool {
+	since := now.Sub(w.at)
+	over := float64(total-w.total) > perSecond*since.Seconds()
+	w.next, w.quiet, w.early = total, !over, false
+	if since >= floodSample {
+		return true
+	}
+	w.early = over && since >= w.every
+	return w.early
+}
+
+// walked records a list made at now; found says whether it found a connection over the
+// rate.
+func (w *walkSchedule) walked(now time.Time, found bool) {
+	w.at, w.total = now, w.next
+	switch {
+	case found || w.quiet:
+		w.every = floodPeek
+	case w.early:
+		w.every = min(2*w.every, floodSample)
 	}
 }
 

@@ -54,3 +54,60 @@ func TestConnRates_Sample(t *testing.T) {
 		t.Fatalf("a flood at twice the rate found at sample %d, want after a second of it (sample 4 or 5)", found)
 	}
 }
+
+// TestWalkSchedule: the connections are listed every floodSample; sooner, at a peek, when
+// the modules together sent more than one connection may; an early list that finds nobody
+// doubles the wait before the next early one, and a quiet spell or a flooder found brings
+// it back to a peek.
+func TestWalkSchedule(t *testing.T) {
+	const rate = 1000 // 25 a peek
+	t0 := time.Unix(1_000_000, 0)
+	w := walkSchedule{every: floodPeek}
+	var total int64
+	step := func(i int, sent int64) (time.Time, bool) {
+		now := t0.Add(time.Duration(i) * floodPeek)
+		total += sent
+		return now, w.due(total, now, rate)
+	}
+	now, due := step(0, 0)
+	if !due {
+		t.Fatal("the first peek does not list: want a list to count from")
+	}
+	w.walked(now, false)
+	// Quiet: listed only every floodSample.
+	for i := 1; i < int(floodSample/floodPeek); i++ {
+		if _, due := step(i, 10); due {
+			t.Fatalf("quiet peek %d lists", i)
+		}
+	}
+	now, due = step(int(floodSample/floodPeek), 10)
+	if !due {
+		t.Fatal("no list after floodSample")
+	}
+	w.walked(now, false)
+	// Busy, nobody over: early lists at a peek, then two, four... apart.
+	base := int(floodSample / floodPeek)
+	var early []int
+	for i := base + 1; i < base+int(floodSample/floodPeek); i++ {
+		now, due := step(i, 100)
+		if due {
+			early = append(early, i-base)
+			w.walked(now, false)
+		}
+	}
+	if len(early) < 3 || early[0] != 1 || early[1] != 3 || early[2] != 7 {
+		t.Fatalf("early lists of a busy mesh at peeks %v, want 1, 3, 7 (the wait doubling)", early)
+	}
+	// A flooder found: back to a peek.
+	i := base + int(floodSample/floodPeek)
+	for ; ; i++ {
+		now, due := step(i, 100)
+		if due {
+			w.walked(now, true)
+			break
+		}
+	}
+	if _, due := step(i+1, 100); !due {
+		t.Fatal("the peek after a flooder was found does not list")
+	}
+}

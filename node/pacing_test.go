@@ -32,7 +32,8 @@ func flooder(t *testing.T, b *bed, seed, module string) (*nats.Conn, chan struct
 	return nc, closed
 }
 
-// floodUntil publishes on subject, as fast as the connection goes, until it is closed.
+// floodUntil publishes on subject (a request, with reply), as fast as the connection goes,
+// until it is closed.
 func floodUntil(t *testing.T, nc *nats.Conn, closed <-chan struct{}, subject, reply string, body []byte) {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
@@ -45,7 +46,11 @@ func floodUntil(t *testing.T, nc *nats.Conn, closed <-chan struct{}, subject, re
 		default:
 		}
 		for range 100 {
-			nc.PublishRequest(subject, reply, body)
+			if reply == "" {
+				nc.Publish(subject, body)
+			} else {
+				nc.PublishRequest(subject, reply, body)
+			}
 		}
 		nc.Flush()
 	}
@@ -129,6 +134,18 @@ func TestPacing_FastConnectionIsBarred(t *testing.T) {
 	nc, closed := flooder(t, b, seed, "attacker")
 	floodUntil(t, nc, closed, manifest.SeatToolSubject("mailer", "status"), manifest.InboxPrefix("attacker")+".x", nil)
 	barredAndBack(t, b, seed, "rate")
+}
+
+// TestPacing_DeniedFlooderIsBarred: a module that keeps publishing what its permissions deny
+// (host reports, which only a node may send) is barred for it, with the connections' rates
+// unwatched: each denied publish is counted where the bus logs it.
+func TestPacing_DeniedFlooderIsBarred(t *testing.T) {
+	t.Parallel()
+	b := floodBedAt(t, 3*time.Second, 0)
+	seed, _ := b.register("module: attacker\nrequires: [mesh-bus]\nuses: [mesh-controller]\n")
+	nc, closed := flooder(t, b, seed, "attacker")
+	floodUntil(t, nc, closed, manifest.SeatAcceptSubject(manifest.ControllerSeat, "report"), "", []byte(`{}`))
+	barredAndBack(t, b, seed, "denied")
 }
 
 // TestPacing_SteadyModuleIsNotBarred: a module working steadily under flood-rate stays
