@@ -121,4 +121,8 @@ type AuditRecord struct {
 	// Elided is set only in an answer of the audit tool, never in the log: what of a large
 	// record was left out to keep the answer under the bus's message size.
 	Elided string `json:"elided,omitempty"`
+	// NotGenuine and NotGenuineWhy are set only in an answer, never in the log: the kind
+	// (AuditFlag…) and reason `audit verify` gives the record, "" for a genuine event.
+	NotGenuine    string `json:"not_genuine,omitempty"`
+	NotGenuineWhy string `json:"not_genuine_why,omitempty"`
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -72,14 +73,16 @@ type Logger struct {
 	// keeps all usage.
 	eventsMaxAge time.Duration
 
-	records atomic.Uint64    // the number of records kept
-	changes atomic.Uint64    // writes and prunes since New (Changes)
-	missed  atomic.Uint64    // events that left EVENTS before the log read them (Missed)
-	gapLog  gapLog           // when a gap was last logged
-	since   atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
-	open    gaps             // the gaps not yet counted (gaps.go); Run's alone
-	clock   func() time.Time // time.Now; tests move it
-	usage   usage            // bytes of EVENTS by namespace owner and hour (usage.go)
+	records atomic.Uint64 // the number of records kept
+	changes atomic.Uint64 // writes and prunes since New (Changes)
+	missed  atomic.Uint64 // events that left EVENTS before the log read them (Missed)
+	// notGenuine counts the records written that verify flags, by kind (NotGenuine).
+	notGenuine kindCounts
+	gapLog     gapLog           // when a gap was last logged
+	since      atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
+	open       gaps             // the gaps not yet counted (gaps.go); Run's alone
+	clock      func() time.Time // time.Now; tests move it
+	usage      usage            // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
 	// namespace owner (a module, node or seat) reached the log, and their bytes: the node's
@@ -329,6 +332,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		return nil, err
 	}
 	var added, missed uint64
+	flagged := map[string]uint64{}
 	var open gaps
 	var lastSeq uint64
 	var used map[string]map[uint64]slice // the batch's new bytes in EVENTS
@@ -399,6 +403,9 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 			}
 			h.N, h.Hash, h.Seq = r.N, r.Hash, max(h.Seq, r.Seq)
 			added++
+			if kind, _ := l.genuine(r); kind != "" {
+				flagged[kind]++
+			}
 		}
 		if lastSeq > h.Seq {
 			h.Seq = lastSeq
@@ -417,6 +424,9 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		l.Recorded(newIDs, newest)
 	}
 	l.records.Add(added)
+	for kind, n := range flagged {
+		l.notGenuine.add(kind, n)
+	}
 	l.open = open
 	l.noteMissed(missed)
 	l.changes.Add(1)
@@ -639,6 +649,35 @@ func (g *gapLog) due(n uint64) (uint64, bool) {
 // stream's per-subject cap or age limit while the log was behind, or deleted): each is a
 // gap in the record.
 func (l *Logger) Missed() uint64 { return l.missed.Load() }
+
+// NotGenuine counts, by kind (api.AuditFlag…), the records this log wrote since it opened
+// that are not genuine events: what verify would flag, as it stood at ingest.
+func (l *Logger) NotGenuine() map[string]uint64 { return l.notGenuine.snapshot() }
+
+// NotGenuineKinds are the kinds NotGenuine counts.
+var NotGenuineKinds = []string{api.AuditFlagUnsigned, api.AuditFlagUnknownSource, api.AuditFlagBadSignature,
+	api.AuditFlagSourceMismatch, api.AuditFlagReusedID, api.AuditFlagBadID}
+
+// kindCounts are counters by kind, safe for concurrent use.
+type kindCounts struct {
+	mu sync.Mutex
+	m  map[string]uint64
+}
+
+func (k *kindCounts) add(kind string, n uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string]uint64{}
+	}
+	k.m[kind] += n
+}
+
+func (k *kindCounts) snapshot() map[string]uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.m)
+}
 
 // noteMissed counts missed events, and logs them at most every gapLogEvery (with what the
 // last interval held back).

@@ -164,3 +164,76 @@ func TestLogger_Prune(t *testing.T) {
 		t.Fatalf("by source after the prune: %+v, %v", recs, err)
 	}
 }
+
+// TestLogger_OneVerdict: a genuine event, an unsigned one, one signed by another key and one
+// whose source does not own its subject are judged alike by verify, by query's answer
+// (NotGenuine, what `audit query`'s CHECK column and the dashboard print) and by the
+// counts of the metric, each kind once.
+func TestLogger_OneVerdict(t *testing.T) {
+	_, db, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	pub, _ := kp.PublicKey()
+	// m owns its own events only.
+	l, err := New(db, nil, "n", func(_, source string) (string, bool) { return pub, source == "m" },
+		func(subject, source string) bool { return strings.HasPrefix(subject, "mesh.mod."+source+".") }, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := nkeys.CreateUser()
+	stamp := func(signer nkeys.KeyPair, source, subject string) nats.Header {
+		h, err := envelope.Stamp(signer, source, "n", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	unsigned := stamp(kp, "m", "mesh.mod.m.event.b")
+	unsigned.Del(envelope.Signature)
+	msgs := []jetstream.Msg{
+		delivered{subject: "mesh.mod.m.event.a", header: stamp(kp, "m", "mesh.mod.m.event.a"), data: []byte("{}"), seq: 1},
+		delivered{subject: "mesh.mod.m.event.b", header: unsigned, data: []byte("{}"), seq: 2},
+		delivered{subject: "mesh.mod.m.event.c", header: stamp(other, "m", "mesh.mod.m.event.c"), data: []byte("{}"), seq: 3},
+		delivered{subject: "mesh.mod.x.event.d", header: stamp(kp, "m", "mesh.mod.x.event.d"), data: []byte("{}"), seq: 4},
+	}
+	if _, err := l.write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"mesh.mod.m.event.a": "", "mesh.mod.m.event.b": api.AuditFlagUnsigned,
+		"mesh.mod.m.event.c": api.AuditFlagBadSignature, "mesh.mod.x.event.d": api.AuditFlagSourceMismatch}
+	v, err := l.Verify()
+	if err != nil || v.Broken != nil || v.FlaggedTotal != 3 {
+		t.Fatalf("verify: %+v %v, want 3 flagged", v, err)
+	}
+	for _, f := range v.Flagged {
+		if want[f.Subject] != f.Kind {
+			t.Errorf("verify flags %s as %s, want %q", f.Subject, f.Kind, want[f.Subject])
+		}
+	}
+	recs, err := l.Query(api.AuditFilter{})
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("query: %d records, %v", len(recs), err)
+	}
+	for _, r := range recs {
+		if r.NotGenuine != want[r.Subject] || (r.NotGenuine != "") != (r.NotGenuineWhy != "") {
+			t.Errorf("query judges %s %q (%q), want %q as verify does", r.Subject, r.NotGenuine, r.NotGenuineWhy, want[r.Subject])
+		}
+	}
+	counts := l.NotGenuine()
+	for _, kind := range NotGenuineKinds {
+		n := uint64(0)
+		for _, k := range want {
+			if k == kind {
+				n++
+			}
+		}
+		if counts[kind] != n {
+			t.Errorf("NotGenuine()[%s] = %d, want %d", kind, counts[kind], n)
+		}
+	}
+	// A redelivery is recorded once, and counted once.
+	if _, err := l.write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.NotGenuine()[api.AuditFlagUnsigned]; got != 1 {
+		t.Errorf("after a redelivery NotGenuine()[unsigned] = %d, want 1", got)
+	}
+}

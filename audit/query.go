@@ -18,11 +18,20 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Query returns the matching records in log order, using the index that narrows most.
+// Query returns the matching records in log order, using the index that narrows most, each
+// with the verdict verify would give it (NotGenuine).
 func (l *Logger) Query(f api.AuditFilter) ([]api.AuditRecord, error) {
+	recs, err := l.query(f)
+	for i := range recs {
+		recs[i].NotGenuine, recs[i].NotGenuineWhy = l.genuine(recs[i])
+	}
+	return recs, err
+}
+
+func (l *Logger) query(f api.AuditFilter) ([]api.AuditRecord, error) {
 	var pattern string
 	if f.Event != "" {
-		p, err := manifest.ConsumeSubject(f.Event)
+		p, err := manifest.EventPattern(f.Event)
 		if err != nil {
 			return nil, fmt.Errorf("event pattern %q: %w", f.Event, err)
 		}
@@ -35,7 +44,7 @@ func (l *Logger) Query(f api.AuditFilter) ([]api.AuditRecord, error) {
 	var out []api.AuditRecord
 	match := func(r api.AuditRecord) bool {
 		return (f.ID == "" || r.EventID == f.ID) && (f.Source == "" || r.Source == f.Source) &&
-			(pattern == "" || manifest.Matches(pattern, r.Subject)) &&
+			(pattern == "" || manifest.Matches(pattern, envelope.Unversioned(r.Subject))) &&
 			(f.Since.IsZero() || !r.Received.Before(f.Since)) && (f.Until.IsZero() || r.Received.Before(f.Until)) &&
 			r.N > f.After
 	}

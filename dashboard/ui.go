@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -18,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshnode/meshnode/envelope"
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
@@ -439,7 +442,9 @@ type AuditRecord struct {
 	Event    string    `json:"event"`
 	Source   string    `json:"source"`
 	Signed   bool      `json:"signed"`
-	Body     string    `json:"body"`
+	// Check is "ok" for a genuine event, else the kind `audit verify` flags it with.
+	Check string `json:"check"`
+	Body  string `json:"body"`
 }
 
 // DeadLetter is one dead letter.
@@ -519,7 +524,7 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 	} else {
 		st.DeadTotal = total
 		for _, d := range ds {
-			st.Dead = append(st.Dead, DeadLetter{ID: d.ID, Time: d.Time, Event: strings.TrimPrefix(d.Subject, "mesh."),
+			st.Dead = append(st.Dead, DeadLetter{ID: d.ID, Time: d.Time, Event: envelope.Key(d.Subject),
 				Consumer: d.Consumer, Reason: d.Reason, Deliveries: d.Deliveries})
 		}
 		d.keepDead(st.Dead, total, deadNow)
@@ -620,8 +625,8 @@ func (d *Dashboard) auditTail() ([]AuditRecord, error) {
 	}
 	tail := []AuditRecord{}
 	for _, r := range slices.Backward(recs) {
-		tail = append(tail, AuditRecord{N: r.N, Received: r.Received, Event: strings.TrimPrefix(r.Subject, "mesh."),
-			Source: r.Source, Signed: r.Signed, Body: clipBody(r.Body)})
+		tail = append(tail, AuditRecord{N: r.N, Received: r.Received, Event: envelope.Key(r.Subject),
+			Source: r.Source, Signed: r.Signed, Check: cmp.Or(r.NotGenuine, "ok"), Body: clipBody(r.Body)})
 	}
 	d.mu.Lock()
 	d.audit, d.auditAt = tail, at

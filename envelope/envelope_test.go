@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/meshnode/meshnode/manifest"
+
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -89,11 +91,49 @@ func TestKey(t *testing.T) {
 	for subject, want := range map[string]string{
 		"mesh.mod.billing.event.order.placed": "billing.order.placed",
 		"mesh.seat.mailer.event.delivered":    "seat.mailer.delivered",
-		"mesh.node.alpha.event.joined":        "alpha.joined",
+		"mesh.node.alpha.event.joined":        "node.alpha.joined",
 		"mesh.mod.billing.tool.status":        "mesh.mod.billing.tool.status",
 	} {
 		if got := envelope.Key(subject); got != want {
 			t.Errorf("Key(%q)=%q, want %q", subject, got, want)
+		}
+	}
+}
+
+// TestKey_IsAPattern: every name Key prints is an event pattern (manifest.EventPattern, what
+// `audit query --event` and `listen` take) matching the subject it names, and no other of
+// these — a module and a node of one name included.
+func TestKey_IsAPattern(t *testing.T) {
+	subjects := []string{
+		"mesh.mod.billing.event.order.placed", "mesh.mod.alpha.event.joined", "mesh.seat.mailer.event.delivered",
+		"mesh.seat.mailer.v2.event.delivered", "mesh.seat.mesh-controller.event.provisioned",
+		"mesh.node.alpha.event.joined", "mesh.node.alpha.event.member-unreachable", "mesh.node.c.event.flood-barred",
+	}
+	for _, subject := range subjects {
+		key := envelope.Key(subject)
+		pattern, err := manifest.EventPattern(key)
+		if err != nil {
+			t.Errorf("%s prints as %q, which is not a pattern: %v", subject, key, err)
+			continue
+		}
+		for _, other := range subjects {
+			same := envelope.Key(other) == key // a versioned seat event is named as its first version
+			if got := manifest.Matches(pattern, envelope.Unversioned(other)); got != same {
+				t.Errorf("pattern %q (%s, from %s) matches %s: %v", key, pattern, subject, other, got)
+			}
+		}
+	}
+	for pattern, want := range map[string]string{
+		"node.**": "mesh.node.*.event.>", "node.alpha.**": "mesh.node.alpha.event.>",
+		"node.*.member-unreachable": "mesh.node.*.event.member-unreachable", "seat.mailer.*": "mesh.seat.mailer.event.*",
+	} {
+		if got, err := manifest.EventPattern(pattern); err != nil || got != want {
+			t.Errorf("EventPattern(%q) = %q, %v; want %q", pattern, got, err, want)
+		}
+	}
+	for _, bad := range []string{"node.alpha", "node.seat.x.y", "node.*"} {
+		if got, err := manifest.EventPattern(bad); err == nil {
+			t.Errorf("EventPattern(%q) = %q, want an error saying how to write it", bad, got)
 		}
 	}
 }

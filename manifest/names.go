@@ -191,6 +191,32 @@ func ConsumeSubject(pattern string) (string, error) {
 	return "mesh.mod." + parts[0] + ".event." + strings.Join(parts[1:], "."), nil
 }
 
+// NodeEventsPrefix begins an event pattern naming a node's events, node.<node>.<event>: the
+// name `meshnode audit` and `listen` print for mesh.node.<node>.event.<event> ("node" is a
+// reserved module name). A module never consumes them; an operator reads them.
+const NodeEventsPrefix = "node"
+
+// EventPattern derives the subject pattern of an event pattern as the operator's verbs
+// take it (`audit query --event`, `audit tail --event`, `listen`): what ConsumeSubject
+// takes, and node.<node>.<event> for the nodes' events — every name the verbs print
+// (envelope.Key) is found by itself.
+func EventPattern(pattern string) (string, error) {
+	parts := strings.Split(pattern, ".")
+	if parts[0] != NodeEventsPrefix || len(parts) < 2 {
+		return ConsumeSubject(pattern)
+	}
+	// node.<node>.<event…>, with * and ** as in ConsumeSubject: checked by it as a
+	// module's pattern (its first part a name), then placed under mesh.node.
+	if parts[1] == "**" && len(parts) == 2 {
+		return "mesh.node.*.event.>", nil
+	}
+	sub, err := ConsumeSubject(strings.Join(parts[1:], "."))
+	if err != nil || !strings.HasPrefix(sub, "mesh.mod.") {
+		return "", &patternError{"is not node.<node>.<event>", "write e.g. node.alpha.joined, node.*.member-unreachable or node.alpha.**"}
+	}
+	return "mesh.node." + strings.TrimPrefix(sub, "mesh.mod."), nil
+}
+
 // SeatEventsPrefix begins a consumes pattern naming a seat's events: seat.<seat>.<event>.
 // "seat" is a reserved module name, so the pattern can mean nothing else.
 const SeatEventsPrefix = "seat"

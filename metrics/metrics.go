@@ -27,6 +27,10 @@ type Config struct {
 	Audit func() (records, lag uint64)
 	// AuditMissed counts the events the audit log never read: a counter, read without requests.
 	AuditMissed func() uint64
+	// AuditNotGenuine counts the records the audit log wrote that are not genuine events, by
+	// kind, for each of AuditNotGenuineKinds.
+	AuditNotGenuine      func() map[string]uint64
+	AuditNotGenuineKinds []string
 	// StoreBytes is the size of the node's bbolt file.
 	StoreBytes func() int64
 }
@@ -61,12 +65,35 @@ func NewRegistry(cfg Config) *prometheus.Registry {
 			Name: "meshnode_audit_missed_total",
 			Help: "Events that left EVENTS before this node's audit log read them (evicted by the stream's per-subject cap or age limit while the log was behind, or deleted): gaps in the log.",
 		}, func() float64 { return float64(auditMissed()) }),
+		&notGenuineCollector{counts: cfg.AuditNotGenuine, kinds: cfg.AuditNotGenuineKinds},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshnode_store_bytes",
 			Help: "Size of the node's bbolt file (identity, foundation, audit log).",
 		}, func() float64 { return float64(storeBytes()) }),
 	)
 	return reg
+}
+
+// notGenuineCollector exposes meshnode_audit_not_genuine_total{kind}, every kind from zero.
+type notGenuineCollector struct {
+	counts func() map[string]uint64
+	kinds  []string
+}
+
+var descNotGenuine = prometheus.NewDesc("meshnode_audit_not_genuine_total",
+	"Events this node's audit log recorded that are not genuine, by kind as `meshnode audit verify` flags them (unsigned, unknown-source, bad-signature, source-mismatch, reused-id, bad-id): forged, misattributed or malformed events.",
+	[]string{"kind"}, nil)
+
+func (c *notGenuineCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descNotGenuine }
+
+func (c *notGenuineCollector) Collect(ch chan<- prometheus.Metric) {
+	var counts map[string]uint64
+	if c.counts != nil {
+		counts = c.counts()
+	}
+	for _, kind := range c.kinds {
+		ch <- prometheus.MustNewConstMetric(descNotGenuine, prometheus.CounterValue, float64(counts[kind]), kind)
+	}
 }
 
 var (

@@ -44,6 +44,44 @@ func (b *bed) auditAll(source string) []api.AuditRecord {
 	}
 }
 
+// auditTruthful checks the whole audit log once it has caught up: every record is a genuine
+// event, and a query for the name `audit tail` prints it by (envelope.Key) finds it.
+func (b *bed) auditTruthful(t *testing.T) {
+	t.Helper()
+	b.waitAudited(20 * time.Second)
+	all := b.auditAll("")
+	byName := map[string]int{}
+	for _, r := range all {
+		if r.NotGenuine != "" {
+			t.Errorf("the mesh's own %s (source %s) is not genuine: %s: %s", envelope.Key(r.Subject), r.Source, r.NotGenuine, r.NotGenuineWhy)
+		}
+		byName[envelope.Key(r.Subject)]++
+	}
+	if len(byName) < 5 {
+		t.Fatalf("the audit log holds %d kinds of event (%v): too few to check the names by", len(byName), byName)
+	}
+	for name, n := range byName {
+		found := 0
+		f := api.AuditFilter{Event: name, Limit: api.AuditDefaultLimit}
+		reply := b.audit(api.AuditRequest{Op: "query", Filter: f})
+		if reply.Error != "" {
+			t.Errorf("query --event %s: %s", name, reply.Error)
+			continue
+		}
+		for _, r := range reply.Records {
+			if envelope.Key(r.Subject) == name {
+				found++
+			}
+		}
+		if found != n {
+			t.Errorf("query --event %s finds %d of its %d records", name, found, n)
+		}
+	}
+	if v := b.audit(api.AuditRequest{Op: "verify"}).Verification; v == nil || v.FlaggedTotal != 0 || v.Broken != nil {
+		t.Errorf("verify: %+v", v)
+	}
+}
+
 // waitAudited waits until the audit log has caught up with EVENTS.
 func (b *bed) waitAudited(timeout time.Duration) {
 	b.t.Helper()
@@ -264,5 +302,51 @@ func TestAudit_AnEarlierNodesConsumerAcksAll(t *testing.T) {
 	}
 	if n := len(b.auditAll("m")); n != 50 {
 		t.Fatalf("the log holds %d of m's 50 events", n)
+	}
+}
+
+// TestAudit_ForgedControllerEvent: the controller's events are genuine only signed by the
+// node holding mesh-controller, under the seat's name: one signed by another key, and one a
+// module signed in its own name, are flagged — and counted in
+// meshnode_audit_not_genuine_total — while the controller's own events pass.
+func TestAudit_ForgedControllerEvent(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seed, _ := b.register("module: m\nrequires: [mesh-bus]\n") // the node's own events: module.registered
+	other, _ := nkeys.CreateUser()
+	subject := manifest.SeatEventSubject(manifest.ControllerSeat, "provisioned")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ids []string
+	for i, source := range []string{manifest.ControllerSeat, "m"} {
+		var signer envelope.Signer = other
+		if i == 1 {
+			signer = mustSigner(t, seed)
+		}
+		h, _ := envelope.Stamp(signer, source, "alpha", subject, []byte("{}"), envelope.Options{})
+		if _, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, h.Get(envelope.EventID))
+	}
+	b.waitAudited(20 * time.Second)
+	want := []string{api.AuditFlagBadSignature, api.AuditFlagSourceMismatch}
+	for i, id := range ids {
+		recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{ID: id}}).Records
+		if len(recs) != 1 || recs[0].NotGenuine != want[i] {
+			t.Fatalf("a controller event forged as %s: %+v, want it judged %s", []string{"the seat", "module m"}[i], recs, want[i])
+		}
+	}
+	metrics := scrape(t, b.n.HTTPURL())
+	for _, kind := range want {
+		if n := counter(metrics, "meshnode_audit_not_genuine_total", "kind", kind); n != 1 {
+			t.Errorf("meshnode_audit_not_genuine_total{kind=%q} = %v, want 1", kind, n)
+		}
+	}
+	if n := counter(metrics, "meshnode_audit_not_genuine_total", "kind", api.AuditFlagUnsigned); n != 0 {
+		t.Errorf("meshnode_audit_not_genuine_total{kind=unsigned} = %v, want 0", n)
+	}
+	if v := b.audit(api.AuditRequest{Op: "verify"}).Verification; v.FlaggedTotal != 2 {
+		t.Errorf("verify flags %d: %+v, want the 2 forgeries", v.FlaggedTotal, v.Flagged)
 	}
 }

@@ -73,12 +73,20 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 	}
 }
 
+// A node reports another node's end under its own name, signed by itself: the other has
+// no say in it (it is dead, or gone), and an event is genuine only from its subject's owner.
+// The body's node names the one reported on.
+const (
+	eventMemberUnreachable = "member-unreachable" // gossip holds it dead (the controller's holder reports it)
+	eventMemberRemoved     = "member-removed"     // `meshnode node remove` removed it
+)
+
 // dropRoutesOfGone drops this node's configured route to a server that left the mesh or was
 // removed from it, as the node events say: nats-server would retry it, and log it, for ever.
 func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 	return n.bus.Conn().Subscribe(manifest.NodeEventSubject("*", "*"), func(m *nats.Msg) {
 		event := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-		if event != "left" && event != "removed" {
+		if event != "left" && event != eventMemberRemoved {
 			return
 		}
 		var body struct {
@@ -192,7 +200,7 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 	}
 	n.mesh.members.Forget(name)
 	n.log.Info("server removed from the mesh", "server", name)
-	publishNodeEvent(n.bus.Conn(), n.key, name, "removed", map[string]any{"node": name, "by": n.id.Name}, n.log)
+	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, eventMemberRemoved, map[string]any{"node": name, "by": n.id.Name}, n.log)
 	return nil
 }
 
@@ -211,7 +219,7 @@ func (n *Node) memberChanged(m membership.Member) {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)
-	publishNodeEvent(nc, n.key, m.Name, "unreachable", map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
+	publishNodeEvent(nc, n.key, n.id.Name, eventMemberUnreachable, map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
 }
 
 // reportUnreachable reports every server gossip holds dead: this node has just become the

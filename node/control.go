@@ -2,9 +2,11 @@ package node
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/controller"
+	"github.com/meshnode/meshnode/manifest"
 )
 
 // newController makes the node's controller (package controller) from the node's bus, key,
@@ -28,7 +30,14 @@ func (n *Node) newController() *controller.Controller {
 		ProvisionInterval: time.Duration(n.cfg.ProvisionInterval),
 		Answered:          n.metrics.meter.Answered,
 		Publish: func(ctx context.Context, subject string, body []byte, causation string) error {
-			return publishSigned(ctx, js, n.sign, n.id.Name, n.id.Name, subject, body, causation)
+			source := n.id.Name
+			if ns, owner, rest, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == manifest.ControllerSeat && strings.HasPrefix(rest, "event.") {
+				// The controller's events carry the controller's identity, signed by the node
+				// holding it, as the cascade's seats' do: the audit log checks the signature
+				// against the seat's holder.
+				source = manifest.ControllerSeat
+			}
+			return publishSigned(ctx, js, n.sign, source, n.id.Name, subject, body, causation)
 		},
 	})
 }

@@ -621,6 +621,13 @@ func (n *Node) newHTTPServer() error {
 			}
 			return n.audit.Missed()
 		},
+		AuditNotGenuine: func() map[string]uint64 {
+			if n.audit == nil {
+				return nil
+			}
+			return n.audit.NotGenuine()
+		},
+		AuditNotGenuineKinds: audit.NotGenuineKinds,
 		StoreBytes: func() int64 {
 			if st, err := os.Stat(filepath.Join(n.cfg.DataDir, datadir.StoreFile)); err == nil {
 				return st.Size()
@@ -941,8 +948,9 @@ func (n *Node) openHost() (err error) {
 func (n *Node) openAudit() (err error) {
 	keys := func(subject, source string) (string, bool) {
 		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
-			// The cascade's seats, held by a node, sign with the holding node's key.
-			if (source == build.GitSeat || source == build.BuilderSeat) && n.seats != nil {
+			// The controller's and the cascade's seats, held by a node, sign with the holding
+			// node's key.
+			if (source == manifest.ControllerSeat || source == build.GitSeat || source == build.BuilderSeat) && n.seats != nil {
 				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
 					if id, ok := n.reg.Node(l.Node); ok {
 						return id.PublicKey, true
@@ -991,9 +999,9 @@ func (n *Node) owns(subject, source string) bool {
 	case "mod":
 		return source == owner
 	case "node":
-		// A server speaks for itself, and for another it saw fail or removed.
-		_, server := n.reg.Node(source)
-		return source == owner || server
+		// A server speaks for itself only; of another it saw fail or removed it reports under
+		// its own name (eventMemberUnreachable, eventMemberRemoved).
+		return source == owner
 	case "seat":
 		if source == owner {
 			return true

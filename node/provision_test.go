@@ -185,6 +185,9 @@ func TestProvision_KV(t *testing.T) {
 		}
 		return nil
 	})
+	// What the mesh said of all this — registrations, deployments, provisions, the node's
+	// own events — is genuine, and found by the names the audit verbs print.
+	b.auditTruthful(t)
 }
 
 // TestProvision_WaitsForProvider: a module whose required interface nobody provides is

@@ -168,8 +168,8 @@ func nodePermissions(node string) manifest.Permissions {
 		"$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$JS.SNAPSHOT.>",
 		"$KV." + registry.Bucket + ".>", "$KV." + seats.Bucket + ".>", "$KV." + provision.Bucket + ".>",
 		"$O." + artifact.Bucket + ".>", "$O." + build.SourcesBucket + ".>",
-		manifest.NodeEventSubject("*", ">"), // its own, and "removed" for the node it removes
-		manifest.StateSubject("*"),          // the controller declares every node
+		manifest.NodeEventSubject(node, ">"), // its own only: it reports on another under its own name
+		manifest.StateSubject("*"),           // the controller declares every node
 		manifest.SeatToolSubject(manifest.ControllerSeat, ">"),
 		api.VaultToolSubject("*", api.VaultCallerNode),
 		manifest.SeatToolSubject(build.GitSeat, ">"),     // archive, changed

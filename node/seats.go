@@ -281,8 +281,9 @@ func (s *seatService) event(name string, l seats.Lease, reason string) {
 	}, s.log)
 }
 
-// publishNodeEvent publishes mesh.node.<node>.event.<name>, signed by the node. Fire and
-// forget: a node event must not hold up what it reports on.
+// publishNodeEvent publishes mesh.node.<node>.event.<name>, signed by the node: node is the
+// publisher itself, whatever the event is about (an event is genuine only from its
+// subject's owner). Fire and forget: a node event must not hold up what it reports on.
 func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger) {
 	body, _ := json.Marshal(meta)
 	subject := manifest.NodeEventSubject(node, name)

@@ -29,8 +29,8 @@ func newAuditCmd() *cobra.Command {
 // auditFilterFlags adds the filters query and tail share.
 func auditFilterFlags(cmd *cobra.Command, f *api.AuditFilter, asJSON *bool) {
 	cmd.Flags().StringVar(&f.Source, "source", "", "only events whose x-source is this")
-	cmd.Flags().StringVar(&f.Event, "event", "", "only events matching this pattern, as consumes: writes it (billing.**)")
-	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?")
+	cmd.Flags().StringVar(&f.Event, "event", "", "only events matching this pattern, named as the EVENT column prints them (billing.**, seat.mailer.*, node.alpha.**)")
+	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?, not_genuine? (verify's kind), not_genuine_why?")
 }
 
 // auditCall asks the audit log of the node the CLI is connected to.
@@ -250,7 +250,7 @@ func noMatch(f api.AuditFilter) string {
 	case f.ID != "":
 		return "no audited event has id " + f.ID + ": --id takes the whole x-event-id (`meshnode audit query --json` shows them), and an event is found once the log has read it (`meshnode status` shows its lag)"
 	case f.Event != "":
-		return "no audited event matches " + f.Event + ": the pattern is written as consumes: is, the emitter first (shop.**, *.order.placed)"
+		return "no audited event matches " + f.Event + ": the pattern is an event's name as `meshnode audit tail` prints it, with * for one part and ** for the rest (shop.**, *.order.placed, seat.mailer.*, node.alpha.**)"
 	}
 	return "no audited event matches; `meshnode audit tail` shows the latest"
 }
@@ -269,6 +269,9 @@ func (w *recordWriter) write(r api.AuditRecord) {
 		if r.SignatureError != "" {
 			out["signature_error"] = r.SignatureError
 		}
+		if r.NotGenuine != "" {
+			out["not_genuine"], out["not_genuine_why"] = r.NotGenuine, r.NotGenuineWhy
+		}
 		w.enc.Encode(out)
 		return
 	}
@@ -277,11 +280,8 @@ func (w *recordWriter) write(r api.AuditRecord) {
 		w.head = true
 	}
 	check := "ok"
-	switch {
-	case !r.Signed:
-		check = "UNSIGNED"
-	case !r.SourceMatches:
-		check = "WRONG SOURCE"
+	if r.NotGenuine != "" {
+		check = strings.ToUpper(r.NotGenuine) // as `audit verify` names it
 	}
 	body := string(r.Body)
 	if len(body) > 60 {

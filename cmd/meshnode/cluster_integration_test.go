@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
+
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -441,13 +443,23 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 	}
 	retryUntil(t, 20*time.Second, func() error {
 		ev := nodeEvents(t, a.dir, op)
-		for _, want := range []string{"mesh.node.d.event.joined", "mesh.node.c.event.left", "mesh.node.d.event.unreachable", "mesh.node.d.event.removed"} {
+		// A node reports another's end under its own name: d's unreachable by the controller's
+		// holder, whichever node that is; d's removal by a, which removed it.
+		for _, want := range []string{"mesh.node.d.event.joined", "mesh.node.c.event.left", ".event.member-unreachable:d", "mesh.node.a.event.member-removed:d"} {
 			if !strings.Contains(ev, want) {
 				return fmt.Errorf("no %s in the audit log: %s", want, ev)
 			}
 		}
 		return nil
 	})
+	// Every event the mesh published about itself, a death and a removal included, is genuine.
+	for _, n := range []*meshNode{a, b} {
+		v := meshnode(t, nil, "audit", "verify", "--json", "--data-dir", n.dir, "--creds", op)
+		var got api.AuditVerification
+		if err := json.Unmarshal([]byte(v.stdout), &got); err != nil || v.code != 0 || got.FlaggedTotal != 0 {
+			t.Fatalf("audit verify on %s: exit %d, %d flagged %+v (%v) %s", n.dir, v.code, got.FlaggedTotal, got.Flagged, err, v.stderr)
+		}
+	}
 }
 
 // TestIntegration_SignalDuringFormation: SIGTERM at several points of a three-node formation —
@@ -615,15 +627,24 @@ func memberStates(t *testing.T, dir string) (map[string]string, error) {
 	return out, nil
 }
 
-// nodeEvents returns the subjects of the node events in the audit log of the node on dir.
+// nodeEvents returns the subjects of the node events in the audit log of the node on dir,
+// each reporting on another node followed by ":" and that node.
 func nodeEvents(t *testing.T, dir, creds string) string {
 	r := meshnode(t, nil, "audit", "query", "--json", "--data-dir", dir, "--creds", creds)
 	var subjects []string
 	for line := range strings.Lines(r.stdout) {
-		var rec struct{ Subject string }
-		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Subject, "mesh.node.") {
-			subjects = append(subjects, rec.Subject)
+		var rec struct {
+			Subject string
+			Body    json.RawMessage
 		}
+		if json.Unmarshal([]byte(line), &rec) != nil || !strings.HasPrefix(rec.Subject, "mesh.node.") {
+			continue
+		}
+		var about struct{ Node string }
+		if json.Unmarshal(rec.Body, &about); about.Node != "" && !strings.HasPrefix(rec.Subject, "mesh.node."+about.Node+".") {
+			rec.Subject += ":" + about.Node // what it reports on: another node
+		}
+		subjects = append(subjects, rec.Subject)
 	}
 	return strings.Join(subjects, " ")
 }

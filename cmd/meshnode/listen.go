@@ -30,7 +30,7 @@ func newListenCmd() *cobra.Command {
 while it runs and consumes nothing (modules' durable consumers are untouched).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			subject, err := manifest.ConsumeSubject(args[0])
+			subject, err := manifest.EventPattern(args[0])
 			if err != nil {
 				return usageError{err: fmt.Errorf("pattern %q: %w", args[0], err)}
 			}

@@ -174,12 +174,12 @@ func TestIntegration_Binary_RegistryChangesSurviveKill9(t *testing.T) {
 		}
 		var missing []string
 		for m := range now {
-			if !seen["alpha.module.registered "+m] {
+			if !seen["node.alpha.module.registered "+m] {
 				missing = append(missing, m+" registered")
 			}
 		}
 		for _, m := range removed {
-			if !seen["alpha.module.registered "+m] || !seen["alpha.module.removed "+m] {
+			if !seen["node.alpha.module.registered "+m] || !seen["node.alpha.module.removed "+m] {
 				missing = append(missing, m+" registered and removed")
 			}
 		}

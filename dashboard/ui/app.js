@@ -110,7 +110,7 @@ function render(st) {
     return tr;
   }));
 
-  fill("#audit", (st.audit || []).map((a) => row([[a.n, "num"], when(a.received), a.event, a.source, [a.signed ? "yes" : "no", a.signed ? "yes" : "no"], a.body])));
+  fill("#audit", (st.audit || []).map((a) => row([[a.n, "num"], when(a.received), a.event, a.source, [a.check, a.check === "ok" ? "yes" : "no"], a.body])));
 }
 
 // graph draws who talks to whom: the modules that take part, on a circle; events solid,
