@@ -91,7 +91,7 @@ func TestEncoding_LogFromBeforeIt(t *testing.T) {
 		for seq := 1; seq <= 3; seq++ {
 			m := event(seq)
 			old = append(old, m)
-			r := l.check(m, uint64(seq), time.Now().UTC())
+			r, _ := l.check(m, uint64(seq), time.Now().UTC())
 			r.N, r.Prev = h.N+1, h.Hash
 			r.Hash = computeHash(r)
 			b, _ := json.Marshal(r)

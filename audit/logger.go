@@ -34,6 +34,7 @@ var (
 	bucketBySubject = []byte("audit-by-subject") // subject \x00 N → nil
 	bucketByTime    = []byte("audit-by-time")    // received (unix ns) N → nil
 	bucketMeta      = []byte("audit-meta")       // head: last N, its hash, last stream seq
+	bucketKeys      = []byte("audit-keys")       // source → the public key its last recorded event verified with
 )
 
 // batchSize is how many events one bbolt transaction takes at most.
@@ -78,6 +79,10 @@ type Logger struct {
 	missed  atomic.Uint64 // events that left EVENTS before the log read them (Missed)
 	// notGenuine counts the records written that verify flags, by kind (NotGenuine).
 	notGenuine kindCounts
+	// known is the key each source's last recorded event verified with (bucketKeys): key's
+	// fallback for a source the registry has forgotten.
+	knownMu sync.RWMutex
+	known   map[string]string
 	gapLog     gapLog           // when a gap was last logged
 	since      atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
 	open       gaps             // the gaps not yet counted (gaps.go); Run's alone
@@ -101,13 +106,15 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	}
 	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second, clock: time.Now}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage} {
+		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage, bucketKeys} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		l.records.Store(uint64(tx.Bucket(bucketRecords).Stats().KeyN))
 		l.missed.Store(readHead(tx).Missed)
+		l.known = map[string]string{}
+		tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error { l.known[string(k)] = string(v); return nil })
 		return l.usage.load(tx)
 	})
 	if err != nil {
@@ -333,6 +340,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	}
 	var added, missed uint64
 	flagged := map[string]uint64{}
+	var learnt map[string]string // keys the batch verified first
 	var open gaps
 	var lastSeq uint64
 	var used map[string]map[uint64]slice // the batch's new bytes in EVENTS
@@ -413,6 +421,9 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		if err := l.usage.store(tx, used); err != nil {
 			return err
 		}
+		if learnt, err = l.remember(tx, checked); err != nil {
+			return err
+		}
 		b, _ := json.Marshal(h)
 		return tx.Bucket(bucketMeta).Put([]byte("head"), b)
 	})
@@ -424,6 +435,11 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		l.Recorded(newIDs, newest)
 	}
 	l.records.Add(added)
+	if len(learnt) > 0 {
+		l.knownMu.Lock()
+		maps.Copy(l.known, learnt)
+		l.knownMu.Unlock()
+	}
 	for kind, n := range flagged {
 		l.notGenuine.add(kind, n)
 	}
@@ -472,6 +488,7 @@ func index(tx *bolt.Tx, r api.AuditRecord) error {
 type checkedMsg struct {
 	rec api.AuditRecord
 	md  *jetstream.MsgMetadata
+	pub string // the key its signature verified with, "" for none
 }
 
 // checkAll checks each event of a batch (its signature most of the cost: an Ed25519
@@ -489,7 +506,8 @@ func (l *Logger) checkAll(msgs []jetstream.Msg, now time.Time) ([]checkedMsg, er
 			errs[i] = err
 			return
 		}
-		out[i] = checkedMsg{rec: l.check(msgs[i], md.Sequence.Stream, now), md: md}
+		rec, pub := l.check(msgs[i], md.Sequence.Stream, now)
+		out[i] = checkedMsg{rec: rec, md: md, pub: pub}
 	}
 	workers := min(runtime.GOMAXPROCS(0)-1, (len(msgs)+minPerWorker-1)/minPerWorker)
 	if workers <= 1 {
@@ -513,16 +531,18 @@ func (l *Logger) checkAll(msgs []jetstream.Msg, now time.Time) ([]checkedMsg, er
 // minPerWorker is the fewest events worth a goroutine of their own in checkAll.
 const minPerWorker = 16
 
-// check builds the record of one event: its envelope, its signature, its source.
-func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) api.AuditRecord {
+// check builds the record of one event: its envelope, its signature, its source; verified
+// is the key its signature verified with ("" for none).
+func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) (r api.AuditRecord, verified string) {
 	h := m.Headers()
 	// A replay is the event first published on the original subject, recorded once.
-	r := api.AuditRecord{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
+	r = api.AuditRecord{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
 		EventID: validUTF8(h.Get(envelope.EventID)), Source: validUTF8(h.Get(envelope.Source))}
 	if r.EventID == "" {
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
-	switch pub, ok := l.keys(r.Subject, r.Source); {
+	pub, ok := l.key(r.Subject, r.Source)
+	switch {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
 	case !ok:
@@ -531,11 +551,45 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) api.AuditReco
 		if err := envelope.Verify(h, r.Subject, r.Body, pub); err != nil {
 			r.SignatureError = err.Error()
 		} else {
-			r.Signed = true
+			r.Signed, verified = true, pub
 		}
 	}
 	r.SourceMatches = l.owners(r.Subject, r.Source)
-	return r
+	return r, verified
+}
+
+// key is the public key source signs subject with: the node's (Keys), else the one the
+// source's last recorded event verified with. A server that left the mesh, or a module
+// removed, is forgotten by the registry, yet its last events (`left`, its seat released)
+// may reach the log after that, and verify reads them long after: they stay genuine.
+func (l *Logger) key(subject, source string) (string, bool) {
+	if pub, ok := l.keys(subject, source); ok {
+		return pub, true
+	}
+	l.knownMu.RLock()
+	defer l.knownMu.RUnlock()
+	pub, ok := l.known[source]
+	return pub, ok
+}
+
+// remember keeps the keys the batch's new records verified with, in tx; learnt returns
+// what to add to the memory once tx commits.
+func (l *Logger) remember(tx *bolt.Tx, checked []checkedMsg) (learnt map[string]string, err error) {
+	l.knownMu.RLock()
+	defer l.knownMu.RUnlock()
+	for _, c := range checked {
+		if c.pub == "" || l.known[c.rec.Source] == c.pub || learnt[c.rec.Source] == c.pub || c.rec.Source == "" {
+			continue
+		}
+		if err := tx.Bucket(bucketKeys).Put(keyPart(c.rec.Source), []byte(c.pub)); err != nil {
+			return nil, err
+		}
+		if learnt == nil {
+			learnt = map[string]string{}
+		}
+		learnt[c.rec.Source] = c.pub
+	}
+	return learnt, nil
 }
 
 // How a record's SignatureError begins when the event was not signed, or its source had no

@@ -237,3 +237,51 @@ func TestLogger_OneVerdict(t *testing.T) {
 		t.Errorf("after a redelivery NotGenuine()[unsigned] = %d, want 1", got)
 	}
 }
+
+// TestLogger_RemembersDepartedKeys: a source the registry forgets (a server that left, a
+// module removed) keeps the key its recorded events verified with: its last events, read
+// after it was forgotten, and verify long after — across a restart — find them genuine.
+func TestLogger_RemembersDepartedKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.db")
+	_, db, kp := testLogger(t, path, nil)
+	pub, _ := kp.PublicKey()
+	registered := true
+	keys := func(_, source string) (string, bool) { return pub, source == "c" && registered }
+	owns := func(subject, source string) bool { return strings.HasPrefix(subject, "mesh.node."+source+".") }
+	l, err := New(db, nil, "n", keys, owns, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	event := func(name string, seq uint64) jetstream.Msg {
+		subject := "mesh.node.c.event." + name
+		h, err := envelope.Stamp(kp, "c", "c", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return delivered{subject: subject, header: h, data: []byte("{}"), seq: seq}
+	}
+	if _, err := l.write([]jetstream.Msg{event("joined", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	registered = false // c left: the registry forgot it
+	if _, err := l.write([]jetstream.Msg{event("left", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	// Opened again (a restart), with c still forgotten.
+	l, err = New(db, nil, "n", keys, owns, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := l.Verify(); err != nil || !v.OK() || v.Records != 2 {
+		t.Fatalf("verify: %+v %v, want 2 records, both genuine", v, err)
+	}
+	// A key never seen for a source is not made up.
+	stranger, _ := nkeys.CreateUser()
+	h, _ := envelope.Stamp(stranger, "x", "x", "mesh.node.x.event.joined", []byte("{}"), envelope.Options{})
+	if _, err := l.write([]jetstream.Msg{delivered{subject: "mesh.node.x.event.joined", header: h, data: []byte("{}"), seq: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _ := l.Query(api.AuditFilter{Source: "x"}); len(recs) != 1 || recs[0].NotGenuine != api.AuditFlagUnknownSource {
+		t.Fatalf("an unknown source's event: %+v", recs)
+	}
+}

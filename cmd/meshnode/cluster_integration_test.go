@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,7 +23,12 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/genesis"
@@ -453,13 +459,92 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 		return nil
 	})
 	// Every event the mesh published about itself, a death and a removal included, is genuine.
-	for _, n := range []*meshNode{a, b} {
+	verify := func(n *meshNode) api.AuditVerification {
 		v := meshnode(t, nil, "audit", "verify", "--json", "--data-dir", n.dir, "--creds", op)
 		var got api.AuditVerification
-		if err := json.Unmarshal([]byte(v.stdout), &got); err != nil || v.code != 0 || got.FlaggedTotal != 0 {
-			t.Fatalf("audit verify on %s: exit %d, %d flagged %+v (%v) %s", n.dir, v.code, got.FlaggedTotal, got.Flagged, err, v.stderr)
+		if err := json.Unmarshal([]byte(v.stdout), &got); err != nil || v.code != 0 {
+			t.Fatalf("audit verify on %s: exit %d (%v) %s", n.name, v.code, err, v.stderr)
+		}
+		return got
+	}
+	for _, n := range []*meshNode{a, b} {
+		if v := verify(n); v.FlaggedTotal != 0 {
+			t.Fatalf("audit verify on %s: %d flagged %+v", n.name, v.FlaggedTotal, v.Flagged)
 		}
 	}
+	// Forged with the key of d, a server that never held mesh-controller (and is gone): a
+	// controller's event, and b's joined. Each node's log flags both, and counts them.
+	db, err := bolt.Open(filepath.Join(d.dir, "meshnode.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := genesis.New(db).Foundation()
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dKey, err := f.NodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := operatorConn(a.p.clientURL, a.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, forged := range []struct{ source, subject string }{
+		{manifest.ControllerSeat, manifest.SeatEventSubject(manifest.ControllerSeat, "provisioned")},
+		{"b", manifest.NodeEventSubject("b", "joined")},
+	} {
+		h, err := envelope.Stamp(dKey, forged.source, "d", forged.subject, []byte(`{}`), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishMsg(&nats.Msg{Subject: forged.subject, Header: h, Data: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*meshNode{a, b} {
+		retryUntil(t, 20*time.Second, func() error {
+			v := verify(n)
+			if v.FlaggedTotal != 2 {
+				return fmt.Errorf("%s flags %d: %+v, want the 2 forgeries", n.name, v.FlaggedTotal, v.Flagged)
+			}
+			for _, fl := range v.Flagged {
+				if fl.Kind != api.AuditFlagBadSignature {
+					return fmt.Errorf("%s flags %+v, want a bad signature", n.name, fl)
+				}
+			}
+			return nil
+		})
+		if got := metricValue(t, n.p.httpURL, `meshnode_audit_not_genuine_total{kind="bad-signature"}`); got != 2 {
+			t.Errorf("%s: meshnode_audit_not_genuine_total{kind=bad-signature} = %v, want 2", n.name, got)
+		}
+	}
+}
+
+// metricValue is the value of one series (name with its labels, as /metrics prints it) of
+// the node at httpURL; -1 when it is not there.
+func metricValue(t *testing.T, httpURL, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(httpURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(body)) {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 // TestIntegration_SignalDuringFormation: SIGTERM at several points of a three-node formation —
