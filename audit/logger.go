@@ -83,11 +83,11 @@ type Logger struct {
 	// fallback for a source the registry has forgotten.
 	knownMu sync.RWMutex
 	known   map[string]string
-	gapLog     gapLog           // when a gap was last logged
-	since      atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
-	open       gaps             // the gaps not yet counted (gaps.go); Run's alone
-	clock      func() time.Time // time.Now; tests move it
-	usage      usage            // bytes of EVENTS by namespace owner and hour (usage.go)
+	gapLog  gapLog           // when a gap was last logged
+	since   atomic.Uint64    // EVENTS' last sequence when the log began counting gaps (head.Since)
+	open    gaps             // the gaps not yet counted (gaps.go); Run's alone
+	clock   func() time.Time // time.Now; tests move it
+	usage   usage            // bytes of EVENTS by namespace owner and hour (usage.go)
 
 	// Ingested, when set before Run, is told after each write how many new events of each
 	// namespace owner (a module, node or seat) reached the log, and their bytes: the node's
