@@ -364,6 +364,20 @@ func testGrow(t *testing.T, interrupt string) {
 		}
 		return nil
 	})
+	// What the mesh said of its growth — the new servers joining, seats moving, a server
+	// stopping — is genuine in the audit log of the server still running.
+	retryUntil(t, 30*time.Second, func() error {
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer rcancel()
+		reply, err := audit.Call(rctx, op2, joined[1].node().Identity().Name, api.AuditRequest{Op: "verify"})
+		if err != nil {
+			return err
+		}
+		if v := reply.Verification; v == nil || v.Broken != nil || v.FlaggedTotal != 0 {
+			return fmt.Errorf("audit verify on %s: %+v", joined[1].node().Identity().Name, v)
+		}
+		return nil
+	})
 }
 
 // streamStates is every stream's info, by name.
