@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/audit"
+
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
@@ -221,6 +223,30 @@ func TestIntegration_DeployOnTwoOfThree(t *testing.T) {
 		}
 		return nil
 	})
+	c.auditGenuine()
+}
+
+// auditGenuine checks that every running node's audit log flags nothing: the events the
+// mesh published about what the bed did — registrations, deployments, processes, seats —
+// are genuine on every node.
+func (c *cluster) auditGenuine() {
+	c.t.Helper()
+	for i, n := range c.nodes {
+		if n == nil || c.stops[i] == nil {
+			continue
+		}
+		name := n.Identity().Name
+		retryUntil(c.t, 30*time.Second, func() error {
+			reply, err := audit.Call(c.ctx(), c.op, name, api.AuditRequest{Op: "verify"})
+			if err != nil {
+				return err
+			}
+			if v := reply.Verification; v == nil || v.Broken != nil || v.FlaggedTotal != 0 {
+				return fmt.Errorf("audit verify on %s: %+v", name, v)
+			}
+			return nil
+		})
+	}
 }
 
 // TestIntegration_StoppedNodeGetsOnlyTheNewest (DESIGN §12): a node stopped during three
@@ -257,6 +283,7 @@ func TestIntegration_StoppedNodeGetsOnlyTheNewest(t *testing.T) {
 	if strings.Contains(string(out), "v=1") || strings.Contains(string(out), "v=2") || !strings.Contains(string(out), "v=3") {
 		t.Fatalf("node c's output %q: it ran an intermediate version", out)
 	}
+	c.auditGenuine() // a server stopped and back included
 }
 
 // BenchmarkDeployThree measures a deploy of one module to three nodes until all three
