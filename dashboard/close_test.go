@@ -43,6 +43,7 @@ type auditLog struct{}
 
 func (auditLog) Changes() uint64                                  { return 0 }
 func (auditLog) Query(api.AuditFilter) ([]api.AuditRecord, error) { return nil, nil }
+func (auditLog) NotGenuine() map[string]uint64                    { return nil }
 
 // TestDashboard_Close: a logged-in browser's event stream gets the snapshot; Close ends the
 // stream and the snapshot loop and waits for them, and a request after it is refused.

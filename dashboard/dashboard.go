@@ -39,6 +39,8 @@ type Registry interface {
 type AuditLog interface {
 	Changes() uint64
 	Query(api.AuditFilter) ([]api.AuditRecord, error)
+	// NotGenuine counts the records that are not genuine events, by kind (the banner).
+	NotGenuine() map[string]uint64
 }
 
 var (

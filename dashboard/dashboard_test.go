@@ -37,9 +37,10 @@ func TestDashboard_StateJSON(t *testing.T) {
 			Consumers: []Consumer{{Name: "billing", Pending: 1, AckPending: 2, Redelivered: 3}}}},
 		Processes: []api.Process{{Module: "shop", Node: "alpha", Version: "1", Instance: 1, Revision: 4, Declared: 5, State: "running",
 			PID: 99, Restarts: 1, Since: at, Reason: "restarted", Reported: at}},
-		Audit:     []AuditRecord{{N: 7, Received: at, Event: "shop.order.placed", Source: "shop", Signed: true, Check: "ok", Body: `{"id":1}`}},
-		Dead:      []DeadLetter{{ID: 12, Time: at, Event: "shop.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},
-		DeadTotal: 1, Errors: []string{"processes: timeout"},
+		Audit:      []AuditRecord{{N: 7, Received: at, Event: "shop.order.placed", Source: "shop", Signed: true, Check: "ok", Body: `{"id":1}`}},
+		NotGenuine: map[string]uint64{"bad-signature": 1},
+		Dead:       []DeadLetter{{ID: 12, Time: at, Event: "shop.order.placed", Consumer: "billing", Reason: "max deliveries", Deliveries: 5}},
+		DeadTotal:  1, Errors: []string{"processes: timeout"},
 		Quotas: map[string]api.QuotaUse{"shop": {Module: "shop", Held: 1 << 20, Pending: 2048, Limit: 32 << 20,
 			Refused: map[string]uint64{"quota": 0, "audit-behind": 3, "rate": 0, "not-admitted": 0}}},
 	}

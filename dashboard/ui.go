@@ -382,9 +382,12 @@ type State struct {
 	Streams   []Stream                `json:"streams"`
 	Processes []api.Process           `json:"processes"`
 	Audit     []AuditRecord           `json:"audit"`
-	Dead      []DeadLetter            `json:"dead"`
-	DeadTotal int                     `json:"dead_total"`
-	Errors    []string                `json:"errors,omitempty"` // parts that could not be read now
+	// NotGenuine counts the audit log's records that are not genuine events since the node
+	// started, by kind: a banner, so that a forged event does not scroll away unseen.
+	NotGenuine map[string]uint64 `json:"not_genuine,omitempty"`
+	Dead       []DeadLetter      `json:"dead"`
+	DeadTotal  int               `json:"dead_total"`
+	Errors     []string          `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
@@ -514,6 +517,14 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 		failed("audit", err)
 	} else {
 		st.Audit = tail
+	}
+	for kind, n := range d.cfg.Audit.NotGenuine() {
+		if n > 0 {
+			if st.NotGenuine == nil {
+				st.NotGenuine = map[string]uint64{}
+			}
+			st.NotGenuine[kind] = n
+		}
 	}
 	if ds, total, ok := d.cachedDead(deadNow); ok {
 		st.Dead, st.DeadTotal = ds, total // DEAD has not changed

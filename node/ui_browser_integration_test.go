@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/nats-io/nkeys"
+
 	"github.com/chromedp/chromedp"
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/artifact"
@@ -270,6 +273,26 @@ func TestIntegration_Dashboard(t *testing.T) {
 		shown, _ := evalIn[string](bctx, `document.querySelector('#deploy-error').hidden ? '' : document.querySelector('#deploy-error').textContent`)
 		if n != 3 {
 			return fmt.Errorf("the page shows ticker running on %d nodes, want 3 (%s)", n, shown)
+		}
+		return nil
+	})
+
+	// Everything so far was the mesh's own doing: no banner. A forged event raises it, and
+	// it stays however many events follow.
+	banner := `document.querySelector('#audit-banner').hidden ? '' : document.querySelector('#audit-banner').textContent`
+	if shown, err := evalIn[string](bctx, banner); err != nil || shown != "" {
+		t.Fatalf("the audit banner before any forgery: %q %v", shown, err)
+	}
+	forger, _ := nkeys.CreateUser()
+	subject := manifest.NodeEventSubject(cfgs[0].Name, "joined")
+	h, _ := envelope.Stamp(forger, cfgs[0].Name, cfgs[0].Name, subject, []byte("{}"), envelope.Options{})
+	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		shown, err := evalIn[string](bctx, banner)
+		if err != nil || !strings.Contains(shown, "bad-signature: 1") {
+			return fmt.Errorf("the audit banner after a forged event: %q %v", shown, err)
 		}
 		return nil
 	})

@@ -110,6 +110,12 @@ function render(st) {
     return tr;
   }));
 
+  const forged = Object.entries(st.not_genuine || {});
+  const banner = $("#audit-banner");
+  banner.hidden = forged.length === 0;
+  banner.textContent = forged.length === 0 ? "" :
+    `${forged.reduce((n, [, c]) => n + c, 0)} events in this node's audit log since it started are not genuine (` +
+    forged.map(([k, c]) => `${k}: ${c}`).join(", ") + "): `meshnode audit verify` lists them.";
   fill("#audit", (st.audit || []).map((a) => row([[a.n, "num"], when(a.received), a.event, a.source, [a.check, a.check === "ok" ? "yes" : "no"], a.body])));
 }
 
