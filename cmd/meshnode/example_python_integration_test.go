@@ -24,7 +24,7 @@ import (
 // TestIntegration_PythonExample_Module runs examples/python-module/module.py — the standard
 // library and PyNaCl, no NATS client — against a real node: it consumes a Go module's event
 // with its durable consumer and answers it with a signed event that the Go sdk's checks
-// accept and the node's audit log records as genuine; a forged event it refuses is
+// accept and the node's audit log records as genuine, from node alpha; a forged event it refuses is
 // dead-lettered with its reason; its tool answers the operator.
 func TestIntegration_PythonExample_Module(t *testing.T) {
 	python, exampleDir := pythonExample(t)
@@ -110,6 +110,10 @@ func TestIntegration_PythonExample_Module(t *testing.T) {
 		}
 		if !rec.Signed || !rec.SourceMatches || rec.NotGenuine != "" {
 			t.Fatalf("the audit log does not hold module.py's event as genuine: %s", r.stdout)
+		}
+		// x-node names the server the module reached, as the Go sdk's does.
+		if got := rec.Headers["x-node"]; got != "alpha" {
+			t.Errorf("module.py's x-node is %q, want alpha (INFO's server_name)", got)
 		}
 		return nil
 	})
