@@ -61,7 +61,10 @@ if [ "$user" != root ] && ! id -u "$user" >/dev/null 2>&1; then
   echo "made the system user $user"
 fi
 install -d -m 0711 -o "$user" -g "$(id -gn "$user")" /var/lib/meshnode
-chown -R "$user:$(id -gn "$user")" /var/lib/meshnode
+# Never as root: a node run as root gives each module's directory to the module's own uid.
+if [ "$user" != root ]; then
+  chown -R "$user:$(id -gn "$user")" /var/lib/meshnode
+fi
 if command -v systemctl >/dev/null 2>&1; then
   systemctl daemon-reload
 fi
