@@ -16,13 +16,17 @@ func TestInstallScript(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install.sh: %v\n%s", err, out)
 	}
-	// The script and the README agree on how the first node is made.
-	if script, _ := os.ReadFile("../../scripts/install.sh"); !strings.Contains(string(script), "sudo meshnode genesis --data-dir /var/lib/meshnode") {
-		t.Error("install.sh's next steps do not say genesis")
+	// The script and the README agree on how the first node is made, and that with a node
+	// of its own user every command writing the data dir runs as that user.
+	if script, _ := os.ReadFile("../../scripts/install.sh"); !strings.Contains(string(script), "sudo ${as}meshnode genesis --data-dir /var/lib/meshnode") ||
+		!strings.Contains(string(script), "sudo ${as}meshnode join --no-run") {
+		t.Error("install.sh's next steps do not say genesis and join --no-run as the node's user")
 	}
 	readme, _ := os.ReadFile("../../README.md")
-	if !strings.Contains(string(readme), "sudo meshnode genesis --data-dir /var/lib/meshnode") {
-		t.Error("the README's install section does not say genesis")
+	for _, want := range []string{"sudo meshnode genesis --data-dir /var/lib/meshnode", "sudo scripts/install.sh --user meshnode", "sudo -u meshnode meshnode genesis --data-dir /var/lib/meshnode"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("the README's install section does not say %q", want)
+		}
 	}
 	for _, want := range []string{"TimeoutStartSec=", "run --data-dir /var/lib/meshnode\n"} {
 		if u, _ := os.ReadFile("../../scripts/meshnode.service"); !strings.Contains(string(u), want) {
@@ -46,6 +50,24 @@ func TestInstallScript(t *testing.T) {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("unit lacks %q", want)
 		}
+	}
+
+	if _, err := os.Stat(filepath.Join(root, "etc/systemd/system/meshnode.service.d/user.conf")); err == nil {
+		t.Error("installed as root, with a drop-in that sets another user")
+	}
+
+	// --user: the node's own user, by a drop-in; a name that is not one is refused.
+	userRoot := t.TempDir()
+	if out, err := exec.Command("bash", "../../scripts/install.sh", "--root", userRoot, "--user", "meshnode", "--version", "v0.0.0-test").CombinedOutput(); err != nil {
+		t.Fatalf("install.sh --user meshnode: %v\n%s", err, out)
+	}
+	dropin, err := os.ReadFile(filepath.Join(userRoot, "etc/systemd/system/meshnode.service.d/user.conf"))
+	if err != nil || !strings.Contains(string(dropin), "[Service]\nUser=meshnode\nGroup=meshnode\n") {
+		t.Errorf("the --user drop-in: %q (%v)", dropin, err)
+	}
+	out, err = exec.Command("bash", "../../scripts/install.sh", "--root", t.TempDir(), "--user", "x y").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "a user name is") {
+		t.Errorf("install.sh --user 'x y': %v\n%s", err, out)
 	}
 
 	analyze, err := exec.LookPath("systemd-analyze")

@@ -52,11 +52,14 @@ func newRunCmd() *cobra.Command {
 
 func newJoinCmd() *cobra.Command {
 	var token, tokenFile string
+	var noRun bool
 	cmd := &cobra.Command{
-		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME",
-		Short: "Join a mesh with a token, then run this node",
+		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME [--no-run]",
+		Short: "Join a mesh with a token, then run this node (or exit, with --no-run)",
 		Example: `  meshnode join --token-file /root/token --data-dir /var/lib/meshnode --name b --cluster-addr 10.0.0.3:6222 --gossip-addr 10.0.0.3:7946
-  MESHNODE_TOKEN=MNJ1.… meshnode join --data-dir /var/lib/meshnode --name c`,
+  MESHNODE_TOKEN=MNJ1.… meshnode join --data-dir /var/lib/meshnode --name c
+  sudo -u meshnode meshnode join --no-run --token-file /dev/stdin --data-dir /var/lib/meshnode --name d < /root/token
+  sudo systemctl enable --now meshnode   # after --no-run: the service runs the node`,
 		Long: `Join this node to a mesh and run it. Two kinds of token:
 
   MNF1. (founding token, printed by meshnode genesis --expect N): this node is one of the
@@ -66,7 +69,9 @@ func newJoinCmd() *cobra.Command {
         through the mesh's vault, which hands it the mesh's credentials sealed to this
         node's own key, then starts its bus with routes to the current members.
 
-Later restarts are meshnode run.`,
+Later restarts are meshnode run. With --no-run, join writes the data dir (the node's keys,
+the mesh's foundation or enrolment, and meshnode.yaml with the addresses given) and exits 0
+without starting the node: the service (meshnode run, the systemd unit) starts it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			token, err := joinToken(cmd, token, tokenFile)
@@ -95,27 +100,47 @@ Later restarts are meshnode run.`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "node %s enrolled in mesh %s; joining its members\n", cfg.Name, f.MeshID)
+				if noRun {
+					fmt.Fprintf(cmd.OutOrStdout(), "node %s enrolled in mesh %s\n", cfg.Name, f.MeshID)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "node %s enrolled in mesh %s; joining its members\n", cfg.Name, f.MeshID)
+				}
 				if err := keep(); err != nil {
 					return err
 				}
-				return runNode(cmd, config.Run(), false)
+				return runOrHandOff(cmd, cfg, noRun)
 			}
 			f, err := node.Found(cfg, token)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s founds mesh %s (%d servers); waiting for the others\n", cfg.Name, f.MeshID, f.Expect)
+			if noRun {
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s is a founding node of mesh %s (%d servers); it forms the mesh with the others once started\n", cfg.Name, f.MeshID, f.Expect)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s founds mesh %s (%d servers); waiting for the others\n", cfg.Name, f.MeshID, f.Expect)
+			}
 			if err := keep(); err != nil {
 				return err
 			}
-			return runNode(cmd, config.Run(), false)
+			return runOrHandOff(cmd, cfg, noRun)
 		},
 	}
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed (visible in ps: prefer --token-file or "+config.TokenEnv+")")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "a file holding the token (the file is read, not kept)")
+	cmd.Flags().BoolVar(&noRun, "no-run", false, "write the data dir and its config, then exit instead of running the node (for systemd to start `meshnode run`)")
 	return cmd
+}
+
+// runOrHandOff runs the node join prepared, or with noRun says how to start it and returns:
+// a machine joined by its provisioning (cloud-init, Ansible) hands the node to systemd,
+// which must be the only one running it.
+func runOrHandOff(cmd *cobra.Command, cfg config.Config, noRun bool) error {
+	if !noRun {
+		return runNode(cmd, config.Run(), false)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "data dir %s is ready; start the node with `systemctl enable --now meshnode` or `meshnode run --data-dir %s`\n", cfg.DataDir, cfg.DataDir)
+	return nil
 }
 
 // joinToken is the token join uses: from --token-file, MESHNODE_TOKEN or --token — exactly

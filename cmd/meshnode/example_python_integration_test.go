@@ -1,0 +1,164 @@
+//go:build integration
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+)
+
+// TestIntegration_PythonExample_Module runs examples/python-module/module.py — the standard
+// library and PyNaCl, no NATS client — against a real node: it consumes a Go module's event
+// with its durable consumer and answers it with a signed event that the Go sdk's checks
+// accept and the node's audit log records as genuine, from node alpha; a forged event it refuses is
+// dead-lettered with its reason; its tool answers the operator.
+func TestIntegration_PythonExample_Module(t *testing.T) {
+	python, exampleDir := pythonExample(t)
+	dir := t.TempDir()
+	p := startNode(t, "up", upArgs(dir, "alpha")...)
+	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	notesSeed := registerModule(t, dir, "module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\ntools: [status]\n")
+	readerSeed := registerModule(t, dir, "module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "module.py")
+	cmd.Dir = exampleDir
+	cmd.Env = append(os.Environ(), "MESHNODE_URL="+p.clientURL, "MESHNODE_SEED="+notesSeed)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	ready := make(chan struct{})
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			mu.Lock()
+			lines = append(lines, s.Text())
+			mu.Unlock()
+			if strings.HasSuffix(s.Text(), " ready notes") {
+				close(ready)
+			}
+		}
+	}()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if t.Failed() {
+			t.Logf("module.py said:\n%s\n%s", strings.Join(lines, "\n"), stderr.String())
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("module.py did not start: %s", stderr.String())
+	}
+
+	// The Go side: a reader whose sdk checks every event of notes, signature included.
+	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
+	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var noteID string
+	select {
+	case e := <-got:
+		if e.Source != "notes" || e.Causation != okID || !strings.Contains(string(e.Data), okID) {
+			t.Errorf("the note: source %q, causation %q, body %s; want notes, %s", e.Source, e.Causation, e.Data, okID)
+		}
+		noteID = e.ID
+	case <-ctx.Done():
+		t.Fatal("no note.written from module.py reached the Go reader")
+	}
+
+	// The node's audit log holds the note as genuine: signed by notes' key, its source owns
+	// its subject, and the verdict flags nothing.
+	retryUntil(t, 20*time.Second, func() error {
+		r := meshnode(t, nil, "audit", "query", "--source", "notes", "--json", "--data-dir", dir)
+		var rec struct {
+			EventID       string            `json:"event_id"`
+			Signed        bool              `json:"signed"`
+			SourceMatches bool              `json:"source_matches"`
+			NotGenuine    string            `json:"not_genuine"`
+			Headers       map[string]string `json:"headers"`
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rec) != nil || rec.EventID != noteID {
+			return fmt.Errorf("audit query --source notes: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		if !rec.Signed || !rec.SourceMatches || rec.NotGenuine != "" {
+			t.Fatalf("the audit log does not hold module.py's event as genuine: %s", r.stdout)
+		}
+		// x-node names the server the module reached, as the Go sdk's does.
+		if got := rec.Headers["x-node"]; got != "alpha" {
+			t.Errorf("module.py's x-node is %q, want alpha (INFO's server_name)", got)
+		}
+		return nil
+	})
+	if r := meshnode(t, nil, "audit", "verify", "--data-dir", dir); r.code != 0 {
+		t.Fatalf("audit verify after module.py's event: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+
+	// A forged event (shop's subject, signed by shop, x-source another module) is refused by
+	// module.py's checks and dead-lettered with its reason.
+	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	subject := manifest.EventSubject("shop", "order.placed")
+	body := []byte(`{"order":3}`)
+	h, err := envelope.Stamp(mustSeed(t, shopSeed), "reader", "alpha", subject, body, envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	var letters []deadRow
+	retryUntil(t, 20*time.Second, func() error {
+		letters, err = deadLs(t, dir)
+		if err != nil || len(letters) != 1 {
+			return fmt.Errorf("dead letters %+v: %v", letters, err)
+		}
+		return nil
+	})
+	if l := letters[0]; l.Consumer != "notes" || !strings.Contains(l.Reason, `x-source "reader" does not own`) {
+		t.Errorf("forged event's dead letter: %+v", l)
+	}
+
+	// Its tool answers the operator.
+	msg, err := op.Request(manifest.ToolSubject("notes", "status"), []byte(`{}`), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status struct {
+		Module                    string
+		Handled, Refused, Emitted int
+	}
+	if err := json.Unmarshal(msg.Data, &status); err != nil || status.Module != "notes" || status.Handled != 1 || status.Refused != 1 || status.Emitted != 1 {
+		t.Errorf("status tool: %s (%v)", msg.Data, err)
+	}
+}
