@@ -42,7 +42,35 @@ type AcceptLossRequest struct {
 // mesh.node.<node>.tool.cert-rotate.
 const NodeToolCertRotate = "cert-rotate"
 
-// NodeStatus is what /v1/status and `meshnode status --json` report.
+// The node's tools that report on it, for the operator (`meshnode status`, `members` and
+// `ui` against a node reached only by its bus): mesh.node.<node>.tool.status answers a
+// NodeStatus, mesh.node.<node>.tool.members a NodeMembersReply. The request's body is
+// ignored. Only admin identities may publish on a node's tools.
+const (
+	NodeToolStatus  = "status"
+	NodeToolMembers = "members"
+)
+
+// NodeToolUI is the node's tool that gives a dashboard login challenge over the bus
+// (mesh.node.<node>.tool.ui, any body): `meshnode ui` signs it with the operator's seed, as it
+// signs GET /ui/challenge's, for a node whose HTTP address is reached only through a tunnel.
+const NodeToolUI = "ui"
+
+// UIChallenge answers NodeToolUI: the node, its mesh, the challenge's nonce (one use, within
+// a minute) and the HTTP address the node's dashboard listens on.
+type UIChallenge struct {
+	Node    string `json:"node"`
+	MeshID  string `json:"mesh_id"`
+	Nonce   string `json:"nonce"`
+	HTTPURL string `json:"http_url"`
+}
+
+// NodeMembersReply answers NodeToolMembers.
+type NodeMembersReply struct {
+	Members []NodeMember `json:"members"`
+}
+
+// NodeStatus is what /v1/status, the status tool and `meshnode status --json` report.
 type NodeStatus struct {
 	Name          string              `json:"name"`
 	MeshID        string              `json:"mesh_id"`
@@ -87,10 +115,13 @@ type NodeJetStreamStatus struct {
 
 // NodeMember is one server of the mesh, as `meshnode members` shows it.
 type NodeMember struct {
-	Name      string   `json:"name"`
-	Address   string   `json:"address"`   // gossip address; the client URL for a single node
-	State     string   `json:"state"`     // alive, suspect, dead, left
-	JetStream string   `json:"jetstream"` // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
-	Seats     []string `json:"seats"`     // the seats held by this node or its modules
-	Client    string   `json:"client,omitempty"`
+	Name string `json:"name"`
+	// Address is always the member's client URL (nats://host:port or tls://host:port): where
+	// a module or `meshnode --server` connects to it. "" for a member whose gossip carried
+	// none.
+	Address    string   `json:"address"`
+	GossipAddr string   `json:"gossip_addr,omitempty"` // host:port of its membership gossip; "" for a single node
+	State      string   `json:"state"`                 // alive, suspect, dead, left
+	JetStream  string   `json:"jetstream"`             // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
+	Seats      []string `json:"seats"`                 // the seats held by this node or its modules
 }

@@ -30,7 +30,7 @@ func TestDashboard_StateJSON(t *testing.T) {
 	}
 	st := State{
 		Node: "alpha", MeshID: "mesh-1", Time: at,
-		Members: []Member{{Name: "alpha", Address: "127.0.0.1:7946", State: "alive", JetStream: "leader", Seats: []string{"mailer"}, Client: "nats://127.0.0.1:4222"}},
+		Members: []Member{{Name: "alpha", Address: "nats://127.0.0.1:4222", GossipAddr: "127.0.0.1:7946", State: "alive", JetStream: "leader", Seats: []string{"mailer"}}},
 		Seats: []api.SeatStatus{{Seat: "mailer", Scope: manifest.ScopeMesh, Module: "mail", Holder: "mail/1", HolderAt: "alpha", Epoch: 3, Since: &at,
 			Backlog: 2, Users: []string{"shop"}, Versions: []api.SeatVersionStatus{{Version: "v1", Bound: []string{"shop"}}}}},
 		Streams: []Stream{{Name: "EVENTS", Messages: 10, Bytes: 2048, Replicas: 3,

@@ -120,6 +120,14 @@ func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly 
 		return "", fmt.Errorf("%s is node %s of mesh %s, not node %s of mesh %s: nothing signed (another process may hold the node's address)",
 			httpURL, ch.Node, ch.MeshID, want.Node, want.MeshID)
 	}
+	return SignLogin(httpURL, key, readOnly, ch)
+}
+
+// SignLogin signs ch with key (the operator's) and returns the one-time link that logs a
+// browser in to the dashboard at httpURL: how `meshnode ui` answers a challenge it got over
+// HTTP (LoginLink) or over the bus (the node's ui tool, for a node whose HTTP address this
+// machine reaches only through a tunnel).
+func SignLogin(httpURL string, key nkeys.KeyPair, readOnly bool, ch Challenge) (string, error) {
 	mode := modeOperator
 	if readOnly {
 		mode = modeReadOnly
@@ -243,6 +251,12 @@ func securityHeaders(h http.Handler) http.Handler {
 }
 
 func (d *Dashboard) challenge(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, d.NewChallenge())
+}
+
+// NewChallenge makes a login challenge: its nonce, signed by the operator within a minute,
+// logs one browser in (GET /ui/challenge, and the node's ui tool).
+func (d *Dashboard) NewChallenge() Challenge {
 	nonce := randomToken()
 	now := time.Now()
 	d.mu.Lock()
@@ -262,7 +276,7 @@ func (d *Dashboard) challenge(w http.ResponseWriter, _ *http.Request) {
 	}
 	d.challenges[nonce] = now.Add(challengeTTL)
 	d.mu.Unlock()
-	writeJSON(w, http.StatusOK, Challenge{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Nonce: nonce})
+	return Challenge{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Nonce: nonce}
 }
 
 func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
@@ -392,12 +406,12 @@ type State struct {
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
 type Member struct {
-	Name      string   `json:"name"`
-	Address   string   `json:"address"`   // gossip address; the client URL for a single node
-	State     string   `json:"state"`     // alive, suspect, dead, left
-	JetStream string   `json:"jetstream"` // leader, follower, offline, none or standalone
-	Seats     []string `json:"seats"`     // the seats held by this node or its modules
-	Client    string   `json:"client,omitempty"`
+	Name       string   `json:"name"`
+	Address    string   `json:"address"`               // its client URL, as api.NodeMember's
+	GossipAddr string   `json:"gossip_addr,omitempty"` // its gossip host:port; "" for a single node
+	State      string   `json:"state"`                 // alive, suspect, dead, left
+	JetStream  string   `json:"jetstream"`             // leader, follower, offline, none or standalone
+	Seats      []string `json:"seats"`                 // the seats held by this node or its modules
 }
 
 // Module is a registered module and its derived authority.

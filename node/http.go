@@ -257,10 +257,12 @@ func (n *Node) Members() []api.NodeMember {
 		return "follower"
 	}
 	if n.mesh.members == nil {
-		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Client: n.bus.ClientURL()}}
+		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name])}}
 	}
+	// Address is the client URL on a single node and in a mesh alike: what an operator
+	// passes to --server; the gossip address is the mesh's own business, shown apart.
 	for _, m := range n.mesh.members.Members() {
-		out = append(out, api.NodeMember{Name: m.Name, Address: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Client: m.Client})
+		out = append(out, api.NodeMember{Name: m.Name, Address: m.Client, GossipAddr: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name])})
 	}
 	slices.SortFunc(out, func(a, b api.NodeMember) int { return strings.Compare(a.Name, b.Name) })
 	return out

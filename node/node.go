@@ -238,6 +238,12 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if err := n.subscribe("logs tool", n.serveLogs); err != nil {
 		return err
 	}
+	if err := n.subscribe("status tool", n.serveStatus); err != nil {
+		return err
+	}
+	if err := n.subscribe("members tool", n.serveMembers); err != nil {
+		return err
+	}
 	if err := n.newHTTPServer(); err != nil {
 		return err
 	}
@@ -653,6 +659,9 @@ func (n *Node) newHTTPServer() error {
 	}
 	n.web.dash = n.openDashboard()
 	n.closers.Push("dashboard", n.web.dash.Close)
+	if err := n.subscribe("ui tool", n.serveUIChallenge); err != nil {
+		return fmt.Errorf("serve the ui tool: %w", err)
+	}
 	h := n.handler()
 	n.web.handler.Store(&h)
 	return nil

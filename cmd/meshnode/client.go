@@ -220,3 +220,32 @@ func dialWith(url, creds string, opts ...nats.Option) (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// byServer reports whether a client verb names its node by server — --server,
+// MESHNODE_SERVER, or a context with a server — rather than by data dir: then the node is
+// asked over its bus, and nothing of this machine's data dirs is read.
+func byServer(cmd *cobra.Command) (bool, error) {
+	url, err := firstSet(cmd, "server", envServer, func(c *cliContext) string { return c.Server })
+	return url != "", err
+}
+
+// askNode asks the node the verb connects to — the server of its client port, whichever
+// node of the mesh that is — for one of its tools (api.NodeToolStatus, ...), as the
+// operator, and decodes the answer into out.
+func askNode(cmd *cobra.Command, tool string, out any) error {
+	return withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		name := nc.ConnectedServerName()
+		msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(name, tool), nil)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("node %s at %s does not answer its %s tool: it is still starting (try again in a few seconds), or runs a meshnode older than this one (upgrade it, or run this verb on its machine with --data-dir)",
+				name, nc.ConnectedUrlRedacted(), tool)
+		}
+		if err != nil {
+			return fmt.Errorf("ask node %s for its %s: %w", name, tool, err)
+		}
+		if err := json.Unmarshal(msg.Data, out); err != nil {
+			return fmt.Errorf("node %s answered its %s tool with %q: %w", name, tool, msg.Data, err)
+		}
+		return nil
+	})
+}

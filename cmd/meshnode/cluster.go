@@ -44,10 +44,9 @@ To stop a node for a while (a reboot, an upgrade), stop its service instead.`,
 func newNodeCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "Administer the mesh's servers"}
 	remove := &cobra.Command{
-		Use:               "remove NAME",
-		ValidArgsFunction: completeArgs(namesNode),
-		Short:             "Remove a dead server from the mesh (JetStream never removes one by itself)",
-		Example:           `  meshnode node remove c`,
+		Use:     "remove NAME",
+		Short:   "Remove a dead server from the mesh (JetStream never removes one by itself)",
+		Example: `  meshnode node remove c`,
 		Long: `Remove a server that died for good: the node running on --data-dir asks the
 JetStream meta leader to drop it as a peer ($JS.API.SERVER.REMOVE) and forgets its keys, so
 the vault hands it nothing more. Refused while the server still answers gossip: stop it

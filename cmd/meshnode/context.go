@@ -121,6 +121,21 @@ func activeContext(cmd *cobra.Command) (*cliContext, error) {
 	return &c, nil
 }
 
+// contextNames lists the saved contexts' names, sorted.
+func contextNames() []string {
+	dir, err := contextsDir()
+	if err != nil {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "contexts", "*.json"))
+	var out []string
+	for _, f := range files {
+		out = append(out, strings.TrimSuffix(filepath.Base(f), ".json"))
+	}
+	slices.Sort(out)
+	return out
+}
+
 // contextOf is the context a client verb's target comes from: none when the verb names its
 // node otherwise — a data dir (flag, configuration, environment) or a server (--server,
 // MESHNODE_SERVER) — so a saved context never lends its seed or CA to another node, nor its
@@ -299,15 +314,12 @@ func newContextLsCmd() *cobra.Command {
 		Example: "  meshnode context ls --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dir, err := contextsDir()
-			if err != nil {
+			if _, err := contextsDir(); err != nil {
 				return err
 			}
-			files, _ := filepath.Glob(filepath.Join(dir, "contexts", "*.json"))
 			sel := selectedContext()
 			var rows []contextRow
-			for _, f := range files {
-				name := strings.TrimSuffix(filepath.Base(f), ".json")
+			for _, name := range contextNames() {
 				c, err := readContext(name)
 				if err != nil {
 					return err

@@ -176,9 +176,8 @@ func newDeployCmd() *cobra.Command {
 	var asJSON bool
 	var wait time.Duration
 	cmd := &cobra.Command{
-		Use:               "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [--wait D] [-- ARGS...]",
-		ValidArgsFunction: completeArgs(namesModule),
-		Short:             "Run a registered module's stored artifact on some nodes, or all",
+		Use:   "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [--wait D] [-- ARGS...]",
+		Short: "Run a registered module's stored artifact on some nodes, or all",
 		Long: `Run a registered module's stored artifact on some nodes, or on all. The controller composes each
 affected node's whole declaration and publishes it as state; each node applies the newest one:
 it fetches the artifact (digest checked), the module's credentials and the secrets its manifest
@@ -359,11 +358,10 @@ func newUndeployCmd() *cobra.Command {
 	var nodes string
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:               "undeploy MODULE [--nodes a,b]",
-		ValidArgsFunction: completeArgs(namesModule),
-		Short:             "Stop a module on some nodes, or everywhere; its credentials leave those nodes",
-		Example:           "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
-		Args:              cobra.ExactArgs(1),
+		Use:     "undeploy MODULE [--nodes a,b]",
+		Short:   "Stop a module on some nodes, or everywhere; its credentials leave those nodes",
+		Example: "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.UndeployRequest{Module: args[0]}
 			if nodes != "" {
@@ -474,11 +472,10 @@ func newLogsCmd() *cobra.Command {
 	var follow bool
 	var tail int64
 	cmd := &cobra.Command{
-		Use:               "logs MODULE [--node N] [-f]",
-		ValidArgsFunction: completeArgs(namesModule),
-		Short:             "Print a deployed module's output (stdout and stderr) on a node",
-		Example:           "  meshnode logs shop\n  meshnode logs shop --node beta -f",
-		Args:              cobra.ExactArgs(1),
+		Use:     "logs MODULE [--node N] [-f]",
+		Short:   "Print a deployed module's output (stdout and stderr) on a node",
+		Example: "  meshnode logs shop\n  meshnode logs shop --node beta -f",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			url, creds, err := clientTarget(cmd)
 			if err != nil {

@@ -142,6 +142,7 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 	)
 	argsAreUsage(root)
+	completeNames(root)
 	return root
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"text/tabwriter"
@@ -18,48 +19,80 @@ func newMembersCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "members [--json]",
-		Short: "List the mesh's servers: name, address, state, JetStream role, seats held",
+		Short: "List the mesh's servers: name, client URL, state, JetStream role, seats held",
+		Long: `List the mesh's servers as the node asked sees them. CLIENT URL (JSON: address) is where
+a module or ` + "`meshnode --server`" + ` connects to the server, on a single node and in a mesh
+alike; GOSSIP (JSON: gossip_addr) is its membership gossip's host:port, "-" on a single node.
+
+The node asked is the one running on --data-dir, or the one whose client port --server,
+MESHNODE_SERVER or a context names (asked over its bus as the operator: --creds).`,
 		Example: `  meshnode members
-  meshnode members --json`,
+  meshnode members --json
+  meshnode members --server tls://10.0.0.2:4222 --creds operator.nk --ca ca.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dataDir, err := clientDataDir(cmd)
+			ms, err := askMembers(cmd)
 			if err != nil {
 				return err
-			}
-			info, err := datadir.ReadInfo(dataDir)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/members", nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return fmt.Errorf("node %s does not answer on %s: %v; is it running (`meshnode status`)?", info.Name, info.HTTPURL, err)
-			}
-			defer resp.Body.Close()
-			var ms []api.NodeMember
-			if err := json.NewDecoder(resp.Body).Decode(&ms); err != nil {
-				return fmt.Errorf("members: %w", err)
 			}
 			if asJSON {
 				return writeJSONLines(cmd.OutOrStdout(), ms)
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tADDRESS\tSTATE\tJETSTREAM\tSEATS")
-			for _, m := range ms {
-				seats := strings.Join(m.Seats, ",")
-				if seats == "" {
-					seats = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Address, m.State, m.JetStream, seats)
-			}
-			return tw.Flush()
+			return printMembers(cmd.OutOrStdout(), ms)
 		},
 	}
-	addConfigFlags(cmd)
-	addContextFlag(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member: name, address, state, jetstream, seats, client?")
+	addClientFlags(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member: name, address (its client URL), gossip_addr?, state, jetstream, seats")
 	return cmd
+}
+
+// askMembers asks the node the verb names for the mesh's members: over the bus when it is
+// named by server, else over the HTTP API of the node running on the data dir.
+func askMembers(cmd *cobra.Command) ([]api.NodeMember, error) {
+	remote, err := byServer(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if remote {
+		var reply api.NodeMembersReply
+		return reply.Members, askNode(cmd, api.NodeToolMembers, &reply)
+	}
+	dataDir, err := clientDataDir(cmd)
+	if err != nil {
+		return nil, err
+	}
+	info, err := datadir.ReadInfo(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w; or name the node with --server URL --creds FILE", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/members", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("node %s does not answer on %s: %v; is it running (`meshnode status`)?", info.Name, info.HTTPURL, err)
+	}
+	defer resp.Body.Close()
+	var ms []api.NodeMember
+	if err := json.NewDecoder(resp.Body).Decode(&ms); err != nil {
+		return nil, fmt.Errorf("node %s answered %s with no list of members: %w", info.Name, resp.Status, err)
+	}
+	return ms, nil
+}
+
+func printMembers(w io.Writer, ms []api.NodeMember) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCLIENT URL\tGOSSIP\tSTATE\tJETSTREAM\tSEATS")
+	for _, m := range ms {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, orDash(m.Address), orDash(m.GossipAddr), m.State, m.JetStream, orDash(strings.Join(m.Seats, ",")))
+	}
+	return tw.Flush()
+}
+
+// orDash is s, or "-" for a table's empty cell.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

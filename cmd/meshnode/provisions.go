@@ -58,9 +58,8 @@ shown: the vault keeps them, and the host hands them to the module's process.`,
 
 func newProvisionsPinCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:               "pin MODULE INTERFACE SEAT",
-		ValidArgsFunction: completeArgs(namesModule, "", namesSeat),
-		Short:             "Choose the seat that provides a module's required interface (needed when several do)",
+		Use:   "pin MODULE INTERFACE SEAT",
+		Short: "Choose the seat that provides a module's required interface (needed when several do)",
 		Long: `Records which seat provides MODULE's required INTERFACE. A module whose interface several
 seats provide waits until one is chosen; choosing another later removes the resource at the
 old provider, creates it at the new one, and restarts the module with its new credential.`,

@@ -234,9 +234,8 @@ func list(xs []string) string {
 func newModuleRemoveCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
-		Use:               "remove NAME [--force]",
-		ValidArgsFunction: completeArgs(namesModule),
-		Short:             "Remove a registered module: its key stops working and its consumer is deleted",
+		Use:   "remove NAME [--force]",
+		Short: "Remove a registered module: its key stops working and its consumer is deleted",
 		Example: `  meshnode module remove shop
   meshnode module remove mailer --force`,
 		Long: `Remove a registered module: its key stops working and its consumer is deleted. A module that

@@ -27,9 +27,8 @@ func newSeatCmd() *cobra.Command {
 func newSeatPinCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:               "pin MODULE SEAT VERSION",
-		ValidArgsFunction: completeArgs(namesModule, namesSeat),
-		Short:             "Move a module to a version of a seat's protocol (v1 … v9)",
+		Use:   "pin MODULE SEAT VERSION",
+		Short: "Move a module to a version of a seat's protocol (v1 … v9)",
 		Long: `Move a module to a version of a seat's protocol. A breaking change to a seat is made as a new
 version (versions: {v2: {...}} in the declaring module's manifest) served beside the old one by the
 same holder; each module that uses the seat, or consumes its events by name, is bound to one

@@ -24,15 +24,15 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the running node's state",
+		Long: `Show the state of a node: the one running on --data-dir (asked over its HTTP API), or the
+one whose client port --server, MESHNODE_SERVER or a context names (asked over its bus, as
+the operator: --creds; no data dir needed on this machine).`,
 		Example: `  meshnode status
-  meshnode status --json --data-dir /var/lib/meshnode`,
+  meshnode status --json --data-dir /var/lib/meshnode
+  meshnode status --server tls://10.0.0.2:4222 --creds operator.nk --ca ca.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dataDir, err := clientDataDir(cmd)
-			if err != nil {
-				return err
-			}
-			st, err := fetchStatus(cmd.Context(), dataDir)
+			st, err := askStatus(cmd)
 			if err != nil {
 				return err
 			}
@@ -48,10 +48,27 @@ func newStatusCmd() *cobra.Command {
 			return nil
 		},
 	}
-	addConfigFlags(cmd)
-	addContextFlag(cmd)
+	addClientFlags(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?")
 	return cmd
+}
+
+// askStatus asks the node the verb names for its status: over the bus when it is named by
+// server, else over the HTTP API of the node running on the data dir.
+func askStatus(cmd *cobra.Command) (api.NodeStatus, error) {
+	var st api.NodeStatus
+	remote, err := byServer(cmd)
+	if err != nil {
+		return st, err
+	}
+	if remote {
+		return st, askNode(cmd, api.NodeToolStatus, &st)
+	}
+	dataDir, err := clientDataDir(cmd)
+	if err != nil {
+		return st, err
+	}
+	return fetchStatus(cmd.Context(), dataDir)
 }
 
 // clientDataDir finds the data dir of the node a client verb talks to: --data-dir, the

@@ -91,11 +91,10 @@ func newVaultRotateCmd() *cobra.Command {
 	var given bool
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:               "rotate NAME [--owner MODULE] [--grace 24h]",
-		ValidArgsFunction: completeArgs(namesSecret),
-		Short:             "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
-		Example:           `  meshnode vault rotate api-token --owner shop --grace 24h`,
-		Args:              cobra.ExactArgs(1),
+		Use:     "rotate NAME [--owner MODULE] [--grace 24h]",
+		Short:   "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
+		Example: `  meshnode vault rotate api-token --owner shop --grace 24h`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
 			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: grace.String()}
@@ -122,9 +121,8 @@ func newVaultFetchCmd() *cobra.Command {
 	var owner string
 	var ver int
 	cmd := &cobra.Command{
-		Use:               "fetch NAME [--owner MODULE] [--version N]",
-		ValidArgsFunction: completeArgs(namesSecret),
-		Short:             "Print a secret's value alone (as the operator, or with --creds as its module)",
+		Use:   "fetch NAME [--owner MODULE] [--version N]",
+		Short: "Print a secret's value alone (as the operator, or with --creds as its module)",
 		Example: `  meshnode vault fetch api-token --owner shop
   meshnode vault fetch api-token --creds shop.nk   # as the module`,
 		Args: cobra.ExactArgs(1),

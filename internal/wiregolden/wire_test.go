@@ -57,6 +57,8 @@ var wire = map[string]any{
 	"api.BuilderStatus":          api.BuilderStatus{},
 	"api.NodeStatus":             api.NodeStatus{},
 	"api.NodeMember":             api.NodeMember{},
+	"api.NodeMembersReply":       api.NodeMembersReply{},
+	"api.UIChallenge":            api.UIChallenge{},
 	"datadir.Info":               datadir.Info{},
 	"dashboard.State":            dashboard.State{},
 	"dashboard.DeployRequest":    dashboard.DeployRequest{},
