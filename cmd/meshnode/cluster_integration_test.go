@@ -393,7 +393,7 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 	}
 	noRetries(a, c, "left")
 	noRetries(b, c, "left")
-	dropped := regexp.MustCompile(`msg="dropped the route to a server that is gone" .*node=c `)
+	dropped := regexp.MustCompile(`msg="dropped the route to a server that is gone" .*peer=c `)
 	droppedOnce := func() error {
 		if n := len(dropped.FindAllString(a.p.stderr.String(), -1)); n != 1 {
 			return fmt.Errorf("a logged the drop of c's route %d times, want once", n)
