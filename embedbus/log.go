@@ -133,8 +133,9 @@ func (l *logger) client(format string) []any {
 }
 
 // repeated logs a line at level, and of the lines repeatKey groups, the first and then at
-// most one a minute per group, counting those left out: a dead peer's route is retried
-// every second on each of its pooled connections, for as long as it is gone.
+// most one a minute per group, counting those left out (which go to debug level): a dead
+// peer's route is retried every second on each of its pooled connections, for as long as
+// it is gone.
 func (l *logger) repeated(level slog.Level, format string, v []any) {
 	key, ok := repeatKey(format, v)
 	if !ok {
@@ -143,6 +144,7 @@ func (l *logger) repeated(level slog.Level, format string, v []any) {
 	}
 	n, ok := l.repeats.admit(key, time.Now(), time.Minute)
 	if !ok {
+		l.debug(format, v...)
 		return
 	}
 	if n > 0 {

@@ -113,17 +113,23 @@ func deadPeerError(t *testing.T) error {
 
 // TestLogger_SummarisesRepeats: a dead peer's route dials, retried every second on each
 // pooled connection, are logged once, then at most once a minute per peer with a count of
-// those left out; a route's or a client's repeated line is grouped by its remote host
-// (its port changes at each reconnect) and what it says.
+// those left out, which go to debug level; a route's or a client's repeated line is grouped
+// by its remote host (its port changes at each reconnect) and what it says.
 func TestLogger_SummarisesRepeats(t *testing.T) {
-	var buf bytes.Buffer
+	var buf, debug bytes.Buffer
 	l := &logger{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ld := &logger{log: slog.New(slog.NewTextHandler(&debug, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	deadA, deadB := deadPeerError(t), deadPeerError(t)
 	for attempt := 1; attempt <= 10; attempt++ {
 		for range 4 { // the route pool's connections and the pinned accounts' each retry
-			l.Errorf(routeConnectError, attempt, deadA)
-			l.Errorf(routeConnectError, attempt, deadB)
+			for _, l := range []*logger{l, ld} {
+				l.Errorf(routeConnectError, attempt, deadA)
+				l.Errorf(routeConnectError, attempt, deadB)
+			}
 		}
+	}
+	if got := strings.Count(debug.String(), "(attempt 10)"); got != 8 {
+		t.Fatalf("%d of the 10th attempts at debug level, want all 8:\n%s", got, debug.String())
 	}
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], deadA.Error()) || !strings.Contains(lines[1], deadB.Error()) {
