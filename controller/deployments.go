@@ -222,9 +222,9 @@ func (c *Controller) declare(ctx context.Context, nodes []string) []api.Declared
 		}
 		if err != nil {
 			r.Error = err.Error()
-			c.log.Error("declare node", "node", n, "err", err)
+			c.log.Error("declare node", "target_node", n, "err", err)
 		} else if changed {
-			c.log.Info("node declared", "node", n, "revision", d.Revision, "modules", len(d.Modules))
+			c.log.Info("node declared", "target_node", n, "revision", d.Revision, "modules", len(d.Modules))
 		}
 		out = append(out, r)
 	}

@@ -84,8 +84,11 @@ func (b *Bus) ClientInMsgs() int64 {
 }
 
 // KeyOf is the key an open client connection authenticated with, by its connection id.
-func (b *Bus) KeyOf(cid uint64) (key string, ok bool) {
-	b.eachConn(server.ConnzOptions{CID: cid, Username: true}, func(ci *server.ConnInfo) {
+func (b *Bus) KeyOf(cid uint64) (key string, ok bool) { return keyOf(b.srv, cid) }
+
+// keyOf is Bus.KeyOf on srv: the logger asks it before the Bus exists.
+func keyOf(srv *server.Server, cid uint64) (key string, ok bool) {
+	eachConn(srv, server.ConnzOptions{CID: cid, Username: true}, func(ci *server.ConnInfo) {
 		key, ok = ci.AuthorizedUser, ci.AuthorizedUser != ""
 	})
 	return key, ok

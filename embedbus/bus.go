@@ -90,6 +90,10 @@ type Config struct {
 	// permissions denied more than DeniedFlood times in the window; cid is its connection
 	// id (KeyOf names its key). nil: not told.
 	OnDenied func(cid uint64, denied int)
+	// ModuleOf names the module a client key is, for the line that logs its permission
+	// violation (with the key): nats-server's line names neither. nil, or a key it does not
+	// know: the line names the key only.
+	ModuleOf func(key string) (module string, ok bool)
 }
 
 // Cluster is how a server joins its mesh's cluster. Every founding server starts with the
@@ -247,7 +251,8 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("configure nats-server: %w", err)
 	}
 	auth.sysAccount = srv.SystemAccount
-	lg := &logger{log: cfg.Logger, onDenied: cfg.OnDenied}
+	lg := &logger{log: cfg.Logger, onDenied: cfg.OnDenied, moduleOf: cfg.ModuleOf,
+		keyOf: func(cid uint64) (string, bool) { return keyOf(srv, cid) }}
 	srv.SetLoggerV2(lg, false, false, false)
 	started := make(chan struct{})
 	if cfg.WatchInterval == 0 {
@@ -458,10 +463,13 @@ func (b *Bus) connections(publicKey string, name *string) []uint64 {
 
 // eachConn calls f with each open client connection Connz lists with opts, a page at a
 // time; it stops at the first page the server cannot list.
-func (b *Bus) eachConn(opts server.ConnzOptions, f func(*server.ConnInfo)) {
+func (b *Bus) eachConn(opts server.ConnzOptions, f func(*server.ConnInfo)) { eachConn(b.srv, opts, f) }
+
+// eachConn is Bus.eachConn on srv.
+func eachConn(srv *server.Server, opts server.ConnzOptions, f func(*server.ConnInfo)) {
 	opts.Limit = connzPage
 	for opts.Offset = 0; ; {
-		cz, err := b.srv.Connz(&opts)
+		cz, err := srv.Connz(&opts)
 		if err != nil {
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,12 +22,19 @@ type logger struct {
 	mu    sync.Mutex
 	fatal string
 
-	damp damper // the classes of message a flood repeats
+	damp    damper // the classes of message a flood repeats, a line a second each
+	repeats damper // a peer's or client host's repeated errors, a line a minute each (repeatKey)
 
 	// onDenied, when set, is told of a client connection whose publishes the permissions
 	// deny keep on (Config.OnDenied); denied counts them per connection.
 	onDenied func(cid uint64, denied int)
 	denied   deniedCounts
+
+	// keyOf is the key a client connection authenticated with, by its id; moduleOf the
+	// module a key is (Config.ModuleOf). They name the client of a violation's line; nil:
+	// the line is logged as nats-server wrote it.
+	keyOf    func(cid uint64) (string, bool)
+	moduleOf func(key string) (string, bool)
 }
 
 func (l *logger) Noticef(format string, v ...any) {
@@ -57,9 +65,8 @@ func banner(msg string) bool {
 	}
 	return false
 }
-func (l *logger) Warnf(format string, v ...any) {
-	l.log.Warn(redact(format, v))
-}
+func (l *logger) Warnf(format string, v ...any) { l.repeated(slog.LevelWarn, format, v) }
+
 func (l *logger) Errorf(format string, v ...any) {
 	// A client's line carries its connection's name and id in the format itself (nats-server
 	// prefixes it there), so a denied publish's class is known before anything is formatted:
@@ -81,31 +88,120 @@ func (l *logger) Errorf(format string, v ...any) {
 				}
 			}
 		}
-		n, ok := l.damp.admit(class, now)
+		n, ok := l.damp.admit(class, now, time.Second)
 		if !ok {
 			return
 		}
 		if msg == "" {
 			msg = redact(format, v)
 		}
-		if n > 0 {
-			l.log.Error(msg, "suppressed", n, "suppressed_what", "lines like this one in the last second")
-			return
+		// A violation is the client's mistake, not the node's: a warning, naming who.
+		level, attrs := slog.LevelError, []any(nil)
+		if class == publishViolation || class == subscribeViolation {
+			level, attrs = slog.LevelWarn, l.client(format)
 		}
+		if n > 0 {
+			attrs = append(attrs, "suppressed", n, "suppressed_what", "lines like this one in the last second")
+		}
+		l.log.Log(context.Background(), level, msg, attrs...)
+		return
 	}
-	if msg == "" {
-		msg = redact(format, v)
-	}
-	l.log.Error(msg)
+	l.repeated(slog.LevelError, format, v)
 }
 
-// publishViolation is the class of a publish the permissions deny.
-const publishViolation = " - Publish Violation - "
+// client names the client connection of a client's line (format): its key and, for a
+// module's, the module — what nats-server's line does not say, and an operator needs to
+// find the module at fault.
+func (l *logger) client(format string) []any {
+	if l.keyOf == nil {
+		return nil
+	}
+	cid, ok := clientID(format)
+	if !ok {
+		return nil
+	}
+	key, ok := l.keyOf(cid)
+	if !ok {
+		return nil // closed since
+	}
+	if l.moduleOf != nil {
+		if module, ok := l.moduleOf(key); ok {
+			return []any{"module", module, "key", key}
+		}
+	}
+	return []any{"key", key}
+}
+
+// repeated logs a line at level, and of the lines repeatKey groups, the first and then at
+// most one a minute per group, counting those left out (which go to debug level): a dead
+// peer's route is retried every second on each of its pooled connections, for as long as
+// it is gone.
+func (l *logger) repeated(level slog.Level, format string, v []any) {
+	key, ok := repeatKey(format, v)
+	if !ok {
+		l.log.Log(context.Background(), level, redact(format, v))
+		return
+	}
+	n, ok := l.repeats.admit(key, time.Now(), time.Minute)
+	if !ok {
+		l.debug(format, v...)
+		return
+	}
+	if n > 0 {
+		l.log.Log(context.Background(), level, redact(format, v), "suppressed", n, "suppressed_what", "lines like this one since it was last logged, a minute or more ago")
+		return
+	}
+	l.log.Log(context.Background(), level, redact(format, v))
+}
+
+// routeConnectError is nats-server's format of a failed route dial (connErrFmt in
+// server/route.go): its arguments are the attempt and the dial's error, which names the
+// peer's address.
+const routeConnectError = "Error trying to connect to route (attempt %v): %v"
+
+// connLine matches the prefix nats-server gives a connection's lines ("HOST:PORT - rid:7 - "
+// for a route, cid for a client, gid, lid, wid, mid, lid_ws, mid_ws), capturing the
+// address and the kind of connection.
+var connLine = regexp.MustCompile(`^(\S+) - ([a-z]+(?:_ws)?):\d+ - `)
+
+// repeatKey is the group of a line whose repeats are summarised: a route dial's failure by
+// its error (the peer's address and the cause), and a connection's line by the kind of
+// connection, its remote host (the port differs at every reconnect) and what it says.
+func repeatKey(format string, v []any) (string, bool) {
+	if format == routeConnectError && len(v) == 2 {
+		return "route dial: " + fmt.Sprint(v[1]), true
+	}
+	m := connLine.FindStringSubmatch(format)
+	if m == nil {
+		return "", false
+	}
+	host, _, err := net.SplitHostPort(m[1])
+	if err != nil {
+		host = m[1]
+	}
+	rest := format[len(m[0]):]
+	// A client's connection name and account/user follow, quoted by nats-server (%q).
+	for strings.HasPrefix(rest, `"`) {
+		q, err := strconv.QuotedPrefix(rest)
+		if err != nil {
+			break
+		}
+		rest = strings.TrimPrefix(rest[len(q):], " - ")
+	}
+	return m[2] + " " + host + ": " + rest, true
+}
+
+// publishViolation and subscribeViolation are the classes of a publish and a subscription
+// the permissions deny.
+const (
+	publishViolation   = " - Publish Violation - "
+	subscribeViolation = " - Subscription Violation - "
+)
 
 // floodClasses are the messages nats-server logs once per offending message or connect:
 // a publish the permissions deny, a refused connect. A module flooding either would flood
 // the node's log, so each class is logged at most once a second, with a count.
-var floodClasses = []string{publishViolation, " - Subscription Violation - ", " - authentication error"}
+var floodClasses = []string{publishViolation, subscribeViolation, " - authentication error"}
 
 // clientID is the connection id in a client's log line ("127.0.0.1:5000 - cid:7 - ...").
 func clientID(line string) (uint64, bool) {
@@ -166,22 +262,26 @@ func floodClass(msg string) string {
 	return ""
 }
 
-// damper lets one message of a class through a second and counts the others.
+// damper lets one message of a class through a period and counts the others.
 type damper struct {
 	mu         sync.Mutex
 	last       map[string]time.Time
 	suppressed map[string]int
 }
 
-// admit reports whether a message of class is logged now, and how many of its class were
-// not since the last one that was.
-func (d *damper) admit(class string, now time.Time) (suppressed int, ok bool) {
+// maxDamped bounds the classes a damper tracks at once.
+const maxDamped = 1024
+
+// admit reports whether a message of class is logged now, at most one a period, and how
+// many of its class were not since the last one that was.
+func (d *damper) admit(class string, now time.Time, period time.Duration) (suppressed int, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.last == nil {
+	if d.last == nil || (len(d.last) >= maxDamped && d.last[class].IsZero()) {
+		// Forget every class: at worst one more line of each, and the counts so far.
 		d.last, d.suppressed = map[string]time.Time{}, map[string]int{}
 	}
-	if now.Sub(d.last[class]) < time.Second {
+	if now.Sub(d.last[class]) < period {
 		d.suppressed[class]++
 		return 0, false
 	}

@@ -3,6 +3,11 @@ package embedbus
 import (
 	"bytes"
 	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +90,142 @@ func TestLogger_DeniedFlood(t *testing.T) {
 	}
 	if _, ok := clientID(`rid:3 - Publish Violation`); ok {
 		t.Fatal("a route's line read as a client's")
+	}
+}
+
+// deadPeerError is the error a dial of a closed port gives, as nats-server's route dial
+// logs it.
+func deadPeerError(t *testing.T) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c, err := net.Dial("tcp", addr)
+	if err == nil {
+		c.Close()
+		t.Fatalf("dialled %s after closing its listener", addr)
+	}
+	return err
+}
+
+// TestLogger_SummarisesRepeats: a dead peer's route dials, retried every second on each
+// pooled connection, are logged once, then at most once a minute per peer with a count of
+// those left out, which go to debug level; a route's or a client's repeated line is grouped
+// by its remote host (its port changes at each reconnect) and what it says.
+func TestLogger_SummarisesRepeats(t *testing.T) {
+	var buf, debug bytes.Buffer
+	l := &logger{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ld := &logger{log: slog.New(slog.NewTextHandler(&debug, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	deadA, deadB := deadPeerError(t), deadPeerError(t)
+	for attempt := 1; attempt <= 10; attempt++ {
+		for range 4 { // the route pool's connections and the pinned accounts' each retry
+			for _, l := range []*logger{l, ld} {
+				l.Errorf(routeConnectError, attempt, deadA)
+				l.Errorf(routeConnectError, attempt, deadB)
+			}
+		}
+	}
+	if got := strings.Count(debug.String(), "(attempt 10)"); got != 8 {
+		t.Fatalf("%d of the 10th attempts at debug level, want all 8:\n%s", got, debug.String())
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], deadA.Error()) || !strings.Contains(lines[1], deadB.Error()) {
+		t.Fatalf("logged:\n%s\nwant the first dial of each peer", buf.String())
+	}
+	for _, line := range lines {
+		if !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "(attempt 1)") {
+			t.Fatalf("logged %q, want the first attempt at error", line)
+		}
+	}
+
+	buf.Reset()
+	for k, at := range l.repeats.last {
+		l.repeats.last[k] = at.Add(-time.Minute)
+	}
+	l.Errorf(routeConnectError, 11, deadA)
+	l.Errorf(routeConnectError, 11, deadA)
+	if got := buf.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "(attempt 11)") || !strings.Contains(got, "suppressed=39") {
+		t.Fatalf("a minute later: %q, want one line counting the 39 left out", got)
+	}
+
+	buf.Reset()
+	l.Errorf("127.0.0.1:6222 - rid:7 - TLS route handshake error: %v", "tls: bad certificate")
+	l.Errorf("127.0.0.1:6222 - rid:9 - TLS route handshake error: %v", "tls: bad certificate")
+	l.Warnf(`127.0.0.1:50001 - cid:12 - "v1.55.0:go:billing - 1" - "$G/nkey:UXX" - Readloop processing time: %v`, time.Second)
+	l.Warnf(`127.0.0.1:50002 - cid:13 - "v1.55.0:go:billing - 2" - "$G/nkey:UXX" - Readloop processing time: %v`, time.Second)
+	l.Warnf(`10.0.0.9:50003 - cid:14 - "v1.55.0:go:billing" - Readloop processing time: %v`, time.Second)
+	l.Errorf("a route failed: %s", "x")
+	l.Errorf("a route failed: %s", "x")
+	if got := strings.Count(buf.String(), "\n"); got != 5 {
+		t.Fatalf("%d lines logged, want one per route host, one per client host, and both others:\n%s", got, buf.String())
+	}
+}
+
+// TestLogger_ViolationNamesModule: a permission violation is the client's mistake, logged
+// at warning level with the module and key of the connection nats-server's line names by
+// id; a connection that has closed since is logged as nats-server wrote it.
+func TestLogger_ViolationNamesModule(t *testing.T) {
+	var buf bytes.Buffer
+	l := &logger{log: slog.New(slog.NewTextHandler(&buf, nil)),
+		keyOf: func(cid uint64) (string, bool) {
+			return map[uint64]string{17: "UBILLING", 18: "UOPERATOR"}[cid], cid == 17 || cid == 18
+		},
+		moduleOf: func(key string) (string, bool) { return "billing", key == "UBILLING" },
+	}
+	// The lines as nats-server writes them: the client's prefix (client.go initClient and
+	// its CONNECT's name and account/user) in the format, then pubPermissionViolation's and
+	// subPermissionViolation's text.
+	l.Errorf(`127.0.0.1:50001 - cid:17 - "v1.55.0:go:billing" - "$G/nkey:UBILLING" - Publish Violation - Subject %q`, "mesh.mod.other.tool.x")
+	l.Errorf(`127.0.0.1:50001 - cid:17 - "v1.55.0:go:billing" - "$G/nkey:UBILLING" - Subscription Violation - Subject "_INBOX.other.>", SID 4`)
+	l.damp = damper{} // the next lines, within the second, would be damped
+	l.Errorf(`127.0.0.1:50002 - cid:18 - "$G/nkey:UOPERATOR" - Publish Violation - Subject %q`, "x")
+	l.damp = damper{}
+	l.Errorf(`127.0.0.1:50003 - cid:19 - Publish Violation - Subject %q`, "x")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("logged:\n%s\nwant 4 lines", buf.String())
+	}
+	for i, want := range []string{"module=billing key=UBILLING", "module=billing key=UBILLING", "key=UOPERATOR", "Publish Violation"} {
+		if !strings.Contains(lines[i], "level=WARN") || !strings.Contains(lines[i], want) {
+			t.Errorf("line %d: %q, want a warning with %q", i, lines[i], want)
+		}
+	}
+	if strings.Contains(lines[2], "module=") || strings.Contains(lines[3], "key=") {
+		t.Errorf("named what it does not know: %q, %q", lines[2], lines[3])
+	}
+}
+
+// TestLogger_FormatsAreNatsServers: the formats the logger reads are those of the
+// nats-server this module builds with, read from its source: a change upstream fails here,
+// not silently in an operator's log.
+func TestLogger_FormatsAreNatsServers(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/nats-io/nats-server/v2").Output()
+	if err != nil {
+		t.Fatalf("go list nats-server: %v", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "server")
+	read := func(name string) string {
+		src, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("read nats-server's source: %v", err)
+		}
+		return string(src)
+	}
+	route, client := read("route.go"), read("client.go")
+	for _, c := range []struct{ src, want string }{
+		{route, strconv.Quote(routeConnectError)},
+		{client, `c.ncs.Store(fmt.Sprintf("%s - cid:%d", conn, c.cid))`},
+		{client, `c.ncs.Store(fmt.Sprintf("%s - rid:%d", conn, c.cid))`},
+		{client, `c.ncs.Store(fmt.Sprintf("%s - %q - %q", c, ncs, acs))`},
+		{client, `c.Errorf("Publish Violation - Subject %q", subject)`},
+		{client, `"Subscription Violation - Subject %q, SID %s"`},
+		{client, `return fmt.Sprintf("%s - %s", s, format)`}, // a client's prefix goes in the format
+	} {
+		if !strings.Contains(c.src, c.want) {
+			t.Errorf("nats-server's source no longer holds %s", c.want)
+		}
 	}
 }

@@ -102,9 +102,9 @@ func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 		dropped, err := n.bus.DropRoute(addr)
 		switch {
 		case err != nil:
-			n.log.Warn("keep retrying the route to a server that is gone", "node", body.Node, "route", addr, "err", err)
+			n.log.Warn("keep retrying the route to a server that is gone", "peer", body.Node, "route", addr, "err", err)
 		case dropped:
-			n.log.Info("dropped the route to a server that is gone", "node", body.Node, "route", addr, "why", event)
+			n.log.Info("dropped the route to a server that is gone", "peer", body.Node, "route", addr, "why", event)
 		}
 	})
 }

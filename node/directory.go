@@ -153,3 +153,12 @@ func authorityChanged(old, new *registry.Entry) bool {
 	}
 	return !reflect.DeepEqual(holders(old.Derivation), holders(new.Derivation))
 }
+
+// moduleOf is the registered module whose key is key: how the bus's log names the module
+// behind a permission violation (embedbus.Config.ModuleOf).
+func (n *Node) moduleOf(key string) (string, bool) {
+	if e, ok := n.reg.ByKey(key); ok {
+		return e.Module, true
+	}
+	return "", false
+}

@@ -453,6 +453,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		OnStartMemory:    n.OnStartMemory,
 		StartMemoryLimit: n.StartMemoryLimit,
 		OnDenied:         n.deniedConn,
+		ModuleOf:         n.moduleOf,
 	})
 	if errors.Is(err, embedbus.ErrAddrInUse) {
 		return fmt.Errorf("%w; another process has it: stop it or set --client-addr", err)

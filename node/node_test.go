@@ -75,16 +75,17 @@ func testConfig(dir, name string) config.Config {
 type runningNode struct {
 	*node.Node
 	stop func()
+	log  *testbed.SyncBuffer // what the node logged, text, from Info up (Debug up with MESHNODE_TEST_LOG)
 }
 
 // MustOpenNode opens and runs a node for cfg, stopping it at cleanup.
 func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 	tb.Helper()
+	buf := &testbed.SyncBuffer{} // the node's log from Info up, for a test to read
 	var log *slog.Logger
 	if os.Getenv("MESHNODE_TEST_LOG") != "" { // the node's whole log, when debugging a test
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	} else { // its log from Info up, printed if the test fails
-		buf := &testbed.SyncBuffer{}
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, buf), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	} else { // printed if the test fails
 		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		tb.Cleanup(func() {
 			if tb.Failed() {
@@ -115,7 +116,7 @@ func MustOpenNode(tb testing.TB, cfg config.Config) *runningNode {
 		}
 	}
 	tb.Cleanup(stop)
-	return &runningNode{Node: n, stop: stop}
+	return &runningNode{Node: n, stop: stop, log: buf}
 }
 
 // retryUntil polls f until it returns nil or the timeout passes.
