@@ -3,15 +3,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,54 +24,11 @@ import (
 // it refuses is dead-lettered with its reason.
 func TestIntegration_NodeExample_Module(t *testing.T) {
 	exampleDir := nodeExample(t)
-	dir := t.TempDir()
-	p := startNode(t, "up", upArgs(dir, "alpha")...)
-	shopSeed := registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
-	notesSeed := registerModule(t, dir, "module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\ntools: [status]\n")
-	readerSeed := registerModule(t, dir, "module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n")
-
+	b := newExampleBed(t)
+	dir, p, shopSeed, readerSeed := b.dir, b.p, b.shopSeed, b.readerSeed
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "module.js")
-	cmd.Dir = exampleDir
-	cmd.Env = append(os.Environ(), "MESHNODE_URL="+p.clientURL, "MESHNODE_SEED="+notesSeed)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var lines []string
-	ready := make(chan struct{})
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			mu.Lock()
-			lines = append(lines, s.Text())
-			mu.Unlock()
-			if strings.Contains(s.Text(), " ready notes") {
-				close(ready)
-			}
-		}
-	}()
-	defer func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		if t.Failed() {
-			t.Logf("module.js said:\n%s\n%s", strings.Join(lines, "\n"), stderr.String())
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("module.js did not start: %s", stderr.String())
-	}
+	b.runNotes(t, ctx, exampleDir, "node", "module.js")
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
 	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
