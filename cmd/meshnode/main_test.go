@@ -213,10 +213,16 @@ type result struct {
 // meshnode runs the binary to completion with args and extra environment.
 func meshnode(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return meshnodeIn(t, "", env, args...)
+}
+
+// meshnodeIn is meshnode run in the working directory dir ("": the test's).
+func meshnodeIn(t *testing.T, dir string, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = append(cleanEnv(), env...)
+	cmd.Dir, cmd.Env = dir, append(cleanEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

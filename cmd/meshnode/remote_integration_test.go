@@ -3,12 +3,9 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -120,23 +117,4 @@ func TestIntegration_Binary_RemoteStatusMembers(t *testing.T) {
 			t.Errorf("%v: exit %d %s, want 1 and %q", tc.args, r.code, r.stderr, tc.stderr)
 		}
 	}
-}
-
-// meshnodeIn is meshnode run in the working directory dir.
-func meshnodeIn(t *testing.T, dir string, env []string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Dir, cmd.Env = dir, append(cleanEnv(), env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run meshnode %v: %v", args, err)
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
