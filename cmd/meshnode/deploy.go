@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
@@ -174,7 +175,7 @@ func newDeployCmd() *cobra.Command {
 	var nodes string
 	var env []string
 	var asJSON bool
-	var wait time.Duration
+	var wait config.Duration
 	cmd := &cobra.Command{
 		Use:               "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [--wait D] [-- ARGS...]",
 		ValidArgsFunction: completeArgs(namesModule),
@@ -227,7 +228,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 			if err := printDeployed(cmd.OutOrStdout(), "deployed", reply, asJSON); err != nil || wait <= 0 {
 				return err
 			}
-			return awaitRunning(cmd, reply, wait, asJSON)
+			return awaitRunning(cmd, reply, time.Duration(wait), asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&d.Version, "version", "", "the artifact's version (required)")
@@ -237,7 +238,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 	cmd.Flags().BoolVar(&d.Auto, "auto", false, "also deploy each new artifact the build cascade makes of it")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object: module, deployment, declared")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "stay until every instance runs, at most this long (e.g. 2m)")
+	cmd.Flags().Var(&wait, "wait", "stay until every instance runs, at most this long (e.g. 2m)")
 	addClientFlags(cmd)
 	return cmd
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -89,7 +90,7 @@ func newVaultMintCmd() *cobra.Command {
 func newVaultRotateCmd() *cobra.Command {
 	var owner string
 	var given bool
-	var grace time.Duration
+	grace := config.Duration(vault.DefaultGrace)
 	cmd := &cobra.Command{
 		Use:               "rotate NAME [--owner MODULE] [--grace 24h]",
 		ValidArgsFunction: completeArgs(namesSecret),
@@ -98,7 +99,7 @@ func newVaultRotateCmd() *cobra.Command {
 		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
-			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: grace.String()}
+			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: time.Duration(grace).String()}
 			if given {
 				if err := givenValue(cmd, &req); err != nil {
 					return err
@@ -113,7 +114,7 @@ func newVaultRotateCmd() *cobra.Command {
 	}
 	addClientFlags(cmd)
 	addOwnerFlag(cmd, &owner)
-	cmd.Flags().DurationVar(&grace, "grace", vault.DefaultGrace, "how long the previous version stays readable")
+	cmd.Flags().Var(&grace, "grace", "how long the previous version stays readable (e.g. 12h, 7d)")
 	cmd.Flags().BoolVar(&given, "value-stdin", false, "the new value is read from stdin (sealed to the vault's key on the way), not random")
 	return cmd
 }
@@ -217,7 +218,7 @@ func newVaultLsCmd() *cobra.Command {
 
 func newTokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Join tokens: single-use bearer credentials for adding nodes"}
-	var ttl time.Duration
+	ttl := config.Duration(vault.DefaultTokenTTL)
 	var uses int
 	var asJSON bool
 	create := &cobra.Command{
@@ -234,7 +235,7 @@ func newTokenCmd() *cobra.Command {
 				return usagef("--ttl %s: must be positive", ttl)
 			}
 			var t api.Token
-			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: ttl.String(), Uses: uses}, &t); err != nil {
+			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: time.Duration(ttl).String(), Uses: uses}, &t); err != nil {
 				return err
 			}
 			if asJSON {
@@ -246,7 +247,7 @@ func newTokenCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(create)
-	create.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the token is valid")
+	create.Flags().Var(&ttl, "ttl", "how long the token is valid (e.g. 1h, 7d)")
 	create.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
 	create.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses")
 	cmd.AddCommand(create)
