@@ -60,7 +60,7 @@ its identity: hosts check it on every read and refuse anything else. A version i
 same file again changes nothing, another file under a stored version is refused.`,
 		Example: `  meshnode artifact put shop ./shop --version 1.4.0
   meshnode deploy shop --version 1.4.0 --all`,
-		Args: cobra.ExactArgs(2),
+		Args: namedArgs(cobra.ExactArgs(2), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := artifact.CheckVersion(version); err != nil {
 				return usagef("--version: %v", err)
@@ -98,7 +98,7 @@ func newArtifactLsCmd() *cobra.Command {
 		Short: "List the stored artifacts, newest first per module",
 		Example: `  meshnode artifact ls
   meshnode artifact ls shop --json`,
-		Args: cobra.MaximumNArgs(1),
+		Args: namedArgs(cobra.MaximumNArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			module := ""
 			if len(args) == 1 {
@@ -134,7 +134,7 @@ func newArtifactRmCmd() *cobra.Command {
 		Use:     "rm MODULE --version V",
 		Short:   "Remove a stored artifact that no deployment names",
 		Example: `  meshnode artifact rm shop --version 1.4.0`,
-		Args:    cobra.ExactArgs(1),
+		Args:    namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := artifact.CheckVersion(version); err != nil {
 				return usagef("--version: %v", err)
@@ -191,7 +191,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 		Example: `  meshnode deploy shop --version 1.4.0 --all
   meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs
   meshnode deploy shop --version 1.4.1 --all --wait 2m`,
-		Args: cobra.MinimumNArgs(1),
+		Args: namedArgs(cobra.MinimumNArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
 				if dash != 1 {
@@ -364,7 +364,7 @@ func newUndeployCmd() *cobra.Command {
 		ValidArgsFunction: completeArgs(namesModule),
 		Short:             "Stop a module on some nodes, or everywhere; its credentials leave those nodes",
 		Example:           "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
-		Args:              cobra.ExactArgs(1),
+		Args:              namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.UndeployRequest{Module: args[0]}
 			if nodes != "" {
@@ -479,7 +479,7 @@ func newLogsCmd() *cobra.Command {
 		ValidArgsFunction: completeArgs(namesModule),
 		Short:             "Print a deployed module's output (stdout and stderr) on a node",
 		Example:           "  meshnode logs shop\n  meshnode logs shop --node beta -f",
-		Args:              cobra.ExactArgs(1),
+		Args:              namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			url, creds, err := clientTarget(cmd)
 			if err != nil {

@@ -37,8 +37,8 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
     --cluster-addr 10.0.0.3:6222 --gossip-addr 10.0.0.3:7946`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if expect < 3 {
-				return usagef("--expect %d: a mesh has 3 or more servers", expect)
+			if expect < 3 || expect > maxExpect {
+				return usagef("--expect %d: a mesh grows to 3 to %d servers", expect, maxExpect)
 			}
 			info, err := runningNode(cmd)
 			if err != nil {
@@ -66,7 +66,7 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().IntVar(&expect, "expect", 0, "the servers of the mesh, this one included (3 or more)")
+	cmd.Flags().IntVar(&expect, "expect", 0, "the servers of the mesh, this one included (3 to 64)")
 	cmd.Flags().Var(&ttl, "ttl", "how long the join token is valid (e.g. 1h, 7d)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses, expect")
 	return cmd

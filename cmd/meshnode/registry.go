@@ -244,7 +244,7 @@ func newModuleRemoveCmd() *cobra.Command {
 declares a seat other modules use is refused (their work would have no holder, and the next
 declaration of the seat could break the protocol they are bound to) unless --force; the
 removal's event then names them.`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply api.RemoveReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -28,7 +28,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 			}
 			checked++
 		}
-		if !c.Hidden && c.Name() != "help" && c.Name() != "completion" {
+		if !c.Hidden && c.Name() != "help" {
 			try("an unknown flag", "--no-such-flag")
 			switch {
 			case c.HasSubCommands():

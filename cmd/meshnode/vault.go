@@ -65,7 +65,7 @@ func newVaultMintCmd() *cobra.Command {
 		Short: "Mint a secret with a random value, or one read from stdin (fetch prints it)",
 		Example: "  meshnode vault mint api-token --owner shop\n" +
 			"  printf %s \"$PG_ADMIN_URL\" | meshnode vault mint admin-url --owner postgres-provisioner --value-stdin",
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
 			req := api.VaultRequest{Owner: owner, Name: args[0]}
@@ -96,7 +96,7 @@ func newVaultRotateCmd() *cobra.Command {
 		ValidArgsFunction: completeArgs(namesSecret),
 		Short:             "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
 		Example:           `  meshnode vault rotate api-token --owner shop --grace 24h`,
-		Args:              cobra.ExactArgs(1),
+		Args:              namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
 			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: time.Duration(grace).String()}
@@ -128,7 +128,7 @@ func newVaultFetchCmd() *cobra.Command {
 		Short:             "Print a secret's value alone (as the operator, or with --creds as its module)",
 		Example: `  meshnode vault fetch api-token --owner shop
   meshnode vault fetch api-token --creds shop.nk   # as the module`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var value string
 			if cmd.Flags().Changed("creds") {
