@@ -481,64 +481,11 @@ func newLogsCmd() *cobra.Command {
 		Example:           "  meshnode logs shop\n  meshnode logs shop --node beta -f",
 		Args:              namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			url, creds, err := clientTarget(cmd)
-			if err != nil {
-				return err
-			}
-			nc, err := dialWith(url, creds, caOptions(cmd)...)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			base, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if nodeName == "" {
-				ctx, cancel := context.WithTimeout(base, requestTimeout)
-				ps, err := admin.Ps(ctx, nc)
-				cancel()
-				if err != nil {
-					return err
-				}
-				for _, p := range ps {
-					if p.Module == args[0] {
-						nodeName = p.Node
-						break
-					}
-				}
-				if nodeName == "" {
-					return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", args[0])
-				}
-			}
-			req := api.LogsRequest{Module: args[0], Offset: -tail}
-			for {
-				var reply api.LogsReply
-				ctx, cancel := context.WithTimeout(base, requestTimeout)
-				b, _ := json.Marshal(req)
-				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
-				cancel()
-				if err == nil {
-					err = json.Unmarshal(msg.Data, &reply)
-				}
-				if err != nil {
-					return fmt.Errorf("ask node %s for %s's output: %w", nodeName, args[0], err)
-				}
-				if reply.Error != "" {
-					return fmt.Errorf("node %s: %s", nodeName, reply.Error)
-				}
-				cmd.OutOrStdout().Write(reply.Data)
-				req.Offset = reply.Next
-				if len(reply.Data) == host.MaxLogRead {
-					continue
-				}
-				if !follow {
-					return nil
-				}
-				select {
-				case <-base.Done():
-					return nil
-				case <-time.After(500 * time.Millisecond):
-				}
-			}
+			// On withBus's connection a key the bus refuses (a module's seed) ends the verb at
+			// once, named; on a plain one the request waited out its 30 s timeout.
+			return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
+				return printLogs(ctx, cmd, nc, args[0], nodeName, tail, follow)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&nodeName, "node", "", "the node whose output to print (default: the first that runs it)")
@@ -546,4 +493,58 @@ func newLogsCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&tail, "tail", 64<<10, "start this many bytes before the end")
 	addClientFlags(cmd)
 	return cmd
+}
+
+// printLogs prints module's output on nodeName (the first that runs it when ""), the last
+// tail bytes first, and with follow keeps printing until ctx ends or a signal.
+func printLogs(ctx context.Context, cmd *cobra.Command, nc *nats.Conn, module, nodeName string, tail int64, follow bool) error {
+	base, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if nodeName == "" {
+		ctx, cancel := context.WithTimeout(base, requestTimeout)
+		ps, err := admin.Ps(ctx, nc)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			if p.Module == module {
+				nodeName = p.Node
+				break
+			}
+		}
+		if nodeName == "" {
+			return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", module)
+		}
+	}
+	req := api.LogsRequest{Module: module, Offset: -tail}
+	for {
+		var reply api.LogsReply
+		ctx, cancel := context.WithTimeout(base, requestTimeout)
+		b, _ := json.Marshal(req)
+		msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
+		cancel()
+		if err == nil {
+			err = json.Unmarshal(msg.Data, &reply)
+		}
+		if err != nil {
+			return fmt.Errorf("ask node %s for %s's output: %w", nodeName, module, err)
+		}
+		if reply.Error != "" {
+			return fmt.Errorf("node %s: %s", nodeName, reply.Error)
+		}
+		cmd.OutOrStdout().Write(reply.Data)
+		req.Offset = reply.Next
+		if len(reply.Data) == host.MaxLogRead {
+			continue
+		}
+		if !follow {
+			return nil
+		}
+		select {
+		case <-base.Done():
+			return ctx.Err() // nil after a signal; the refusal when the bus refused the key
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
