@@ -75,6 +75,11 @@ func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
 	if creds, err = firstSet(cmd, "creds", envCreds, func(c *cliContext) string { return c.Creds }); err != nil {
 		return "", "", err
 	}
+	if creds != "" {
+		if err := checkSeedFile(creds); err != nil {
+			return "", "", err
+		}
+	}
 	if url != "" && creds != "" {
 		return url, creds, nil
 	}

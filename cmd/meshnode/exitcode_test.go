@@ -56,6 +56,8 @@ func TestExitCodes(t *testing.T) {
 			exitUsage, "never negative"},
 		{"a duration in days reaches the node", append([]string{"token", "create", "--ttl", "1d"}, unreachable...), nil,
 			exitFailed, "is the node running"},
+		{"a seed file that is endless", []string{"module", "ls", "--server", "nats://127.0.0.1:1", "--creds", "/dev/zero"}, nil,
+			exitUsage, "pass the seed file"},
 		{"module check of an endless file", []string{"module", "check", "/dev/zero"}, nil,
 			exitFailed, "larger than the limit of 65536 bytes"},
 		{"module check of a retain JetStream refuses", []string{"module", "check", tiny}, nil,

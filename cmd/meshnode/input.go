@@ -58,3 +58,17 @@ func readManifest(path string) ([]byte, error) {
 	rs[0].Value = "more than " + strconv.Itoa(manifest.MaxSize) + " bytes"
 	return nil, rs
 }
+
+// maxSeedBytes bounds a seed file (--creds): a seed is 58 characters; nats.go and the sdk
+// read the whole file, so it is bounded here, before either does.
+const maxSeedBytes = 16 << 10
+
+// checkSeedFile refuses a seed file that is not one: larger than any seed file (or endless,
+// /dev/zero), before nats.go reads it whole. A file that cannot be opened is left to the
+// reader, whose message names the seed.
+func checkSeedFile(path string) error {
+	if _, err := readBounded(path, "seed file", maxSeedBytes); errors.Is(err, errTooLarge) {
+		return usagef("--creds %s: %v; pass the seed file `meshnode module register --creds-out` wrote, or the operator's (operator.nk in the data dir)", path, err)
+	}
+	return nil
+}
