@@ -34,14 +34,41 @@ func namedArgs(check cobra.PositionalArgs, names ...nameArg) cobra.PositionalArg
 			return err
 		}
 		for i, a := range args {
-			if i >= len(names) || names[i].what == "" || manifest.ValidName(a) {
-				continue
+			if i < len(names) && names[i].what != "" {
+				if err := names[i].check(a); err != nil {
+					return err
+				}
 			}
-			return fmt.Errorf("%q is not a %s name: a %s is named with lower-case letters, digits and '-', at most %d characters; %s",
-				a, names[i].what, names[i].what, manifest.MaxNameLen, names[i].list)
 		}
 		return nil
 	}
+}
+
+// check refuses s when it is not a plain name, saying what names one and where to find them.
+func (n nameArg) check(s string) error {
+	if manifest.ValidName(s) {
+		return nil
+	}
+	return fmt.Errorf("%q is not a %s name: a %s is named with lower-case letters, digits and '-', at most %d characters; %s",
+		s, n.what, n.what, manifest.MaxNameLen, n.list)
+}
+
+// moduleFlag is a flag's value that names a module (--owner), checked as a positional
+// argument naming one is; a flag's error is a usage error.
+type moduleFlag string
+
+func (m *moduleFlag) String() string { return string(*m) }
+
+// Type names the flag's value in --help.
+func (m *moduleFlag) Type() string { return "module" }
+
+// Set refuses a value that is no module name.
+func (m *moduleFlag) Set(s string) error {
+	if err := argModule.check(s); err != nil {
+		return err
+	}
+	*m = moduleFlag(s)
+	return nil
 }
 
 // serverSchemes are the URL schemes nats.go connects with.

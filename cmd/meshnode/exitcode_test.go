@@ -50,6 +50,8 @@ func TestExitCodes(t *testing.T) {
 			exitUsage, "`meshnode module ls` lists"},
 		{"vault mint of no name", append([]string{"vault", "mint", "a/b"}, unreachable...), nil,
 			exitUsage, "`meshnode vault ls` lists"},
+		{"vault mint for no module", append([]string{"vault", "mint", "smtp", "--owner", "a.b"}, unreachable...), nil,
+			exitUsage, "`meshnode module ls` lists"},
 		{"artifact put of no module", append([]string{"artifact", "put", "../x", artifact, "--version", "1"}, unreachable...), nil,
 			exitUsage, "`meshnode module ls` lists"},
 		{"vault rotate --grace negative", append([]string{"vault", "rotate", "smtp", "--grace", "-1s"}, unreachable...), nil,

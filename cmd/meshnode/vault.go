@@ -38,7 +38,8 @@ func vaultCall(cmd *cobra.Command, verb string, req api.VaultRequest, out any) (
 }
 
 func addOwnerFlag(cmd *cobra.Command, owner *string) {
-	cmd.Flags().StringVar(owner, "owner", api.VaultCallerOperator, "the module the secret belongs to (or operator)")
+	*owner = api.VaultCallerOperator
+	cmd.Flags().Var((*moduleFlag)(owner), "owner", "the module the secret belongs to (or operator)")
 }
 
 // givenValue reads the value the operator gives on stdin (one trailing newline dropped)
@@ -211,7 +212,7 @@ func newVaultLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().StringVar(&owner, "owner", "", "only this owner's secrets")
+	cmd.Flags().Var((*moduleFlag)(&owner), "owner", "only this owner's secrets")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per secret: owner, name, version, created, versions?")
 	return cmd
 }
