@@ -481,7 +481,7 @@ func (c *Config) LoadEnv(environ []string) error {
 			if near := suggest.Nearest(name, envNames()); near != "" {
 				return fmt.Errorf("%w: environment variable %s names no configuration key; write %s", ErrInvalid, name, near)
 			}
-			return fmt.Errorf("%w: environment variable %s names no configuration key (known: %s)",
+			return fmt.Errorf("%w: environment variable %s names no configuration key (meshnode reads %s)",
 				ErrInvalid, name, strings.Join(envNames(), ", "))
 		}
 		if err := c.Set(key, value); err != nil {
@@ -491,11 +491,16 @@ func (c *Config) LoadEnv(environ []string) error {
 	return nil
 }
 
+// envNames is every MESHNODE_ variable meshnode reads, sorted: the configuration keys' and
+// envIgnored's (a typo of MESHNODE_SERVER is told its name, and the list a stray variable is
+// shown names the client verbs' too).
 func envNames() []string {
-	keys := Keys()
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = EnvName(k)
+	var out []string
+	for _, k := range Keys() {
+		out = append(out, EnvName(k))
+	}
+	for name := range envIgnored {
+		out = append(out, name)
 	}
 	sortStrings(out)
 	return out

@@ -99,8 +99,18 @@ func TestConfig_LoadEnv(t *testing.T) {
 			t.Fatalf("err=%v, want ErrInvalid naming the variable and the one it is a typo of", err)
 		}
 		err = c.LoadEnv([]string{"MESHNODE_COLOUR=blue"})
-		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "known: MESHNODE_") {
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "meshnode reads MESHNODE_") {
 			t.Fatalf("err=%v, want ErrInvalid listing the variables", err)
+		}
+		// The list names every variable meshnode reads, the client verbs' and join's too.
+		for _, v := range []string{"MESHNODE_SERVER", "MESHNODE_CREDS", "MESHNODE_CA", "MESHNODE_CONTEXT", "MESHNODE_CONFIG", "MESHNODE_TOKEN", "MESHNODE_NAME"} {
+			if !strings.Contains(err.Error(), v+",") && !strings.HasSuffix(strings.TrimSuffix(err.Error(), ")"), v) {
+				t.Errorf("err=%v, want it to list %s", err, v)
+			}
+		}
+		err = c.LoadEnv([]string{"MESHNODE_SERVR=nats://x"})
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "write MESHNODE_SERVER") {
+			t.Fatalf("err=%v, want ErrInvalid naming MESHNODE_SERVER", err)
 		}
 	})
 	t.Run("BadDuration", func(t *testing.T) {

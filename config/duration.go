@@ -96,3 +96,18 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML encodes d as text.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// Set parses s as ParseDuration does. With String and Type it makes *Duration a flag value
+// (pflag.Value), so every duration flag of the CLI reads what the configuration file reads,
+// the day suffix included (`token create --ttl 7d`).
+func (d *Duration) Set(s string) error {
+	v, err := ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Type names a duration flag's value in --help.
+func (d *Duration) Type() string { return "duration" }

@@ -86,9 +86,14 @@ func nameProblem(s string, dotted bool) (reason, fixed string) {
 // durations. Longer is a typo, and past about 106751 days a time.Duration overflows.
 const maxRetainDays = 36500
 
-// ParseRetain parses a seat's retain: a positive duration written with the units d (24h),
-// h, m and s, e.g. 7d, 36h, 1d12h, 90m, at most 36500d in all. Zero, negative and unit-less
-// values are refused.
+// MinRetain is the shortest retain: a seat's stream keeps its backlog for MaxAge = retain,
+// and JetStream refuses a MaxAge under 100ms (nats-server's checkStreamCfg, "max age needs
+// to be >= 100ms"); check refuses it here rather than register failing with JetStream's error.
+const MinRetain = 100 * time.Millisecond
+
+// ParseRetain parses a seat's retain: a duration written with the units d (24h), h, m and
+// s, e.g. 7d, 36h, 1d12h, 90m, at least MinRetain and at most 36500d in all. Zero,
+// negative and unit-less values are refused.
 func ParseRetain(s string) (time.Duration, error) {
 	const maxRetain = maxRetainDays * 24 * time.Hour
 	tooLong := fmt.Errorf("retain %q: longer than %d days", s, maxRetainDays)
@@ -123,6 +128,9 @@ func ParseRetain(s string) (time.Duration, error) {
 	}
 	if d <= 0 {
 		return 0, fmt.Errorf("retain %q: must be positive", s)
+	}
+	if d < MinRetain {
+		return 0, fmt.Errorf("retain %q: shorter than %v, the least a JetStream stream keeps its messages", s, MinRetain)
 	}
 	return d, nil
 }

@@ -32,3 +32,17 @@ func TestParseRetain_Bounded(t *testing.T) {
 		}
 	}
 }
+
+// TestParseRetain_JetStreamMinimum: a retain under 100ms is refused where check sees it, as
+// JetStream refuses the seat stream's MaxAge at register ("max age needs to be >= 100ms");
+// 1ns passed check and failed register with JetStream's raw error.
+func TestParseRetain_JetStreamMinimum(t *testing.T) {
+	for _, in := range []string{"1ns", "99ms", "99999us"} {
+		if d, err := manifest.ParseRetain(in); err == nil || !strings.Contains(err.Error(), "100ms") {
+			t.Errorf("ParseRetain(%q)=%v, %v; want a refusal naming 100ms", in, d, err)
+		}
+	}
+	if d, err := manifest.ParseRetain("100ms"); err != nil || d != manifest.MinRetain {
+		t.Errorf("ParseRetain(100ms)=%v, %v; want %v", d, err, manifest.MinRetain)
+	}
+}

@@ -355,7 +355,7 @@ func (v *validator) seat(s Seat) {
 	case s.Retain != "":
 		if _, err := ParseRetain(s.Retain); err != nil {
 			v.refuse(Refusal{Code: CodeRetain, Field: field + ".retain", Value: s.Retain,
-				Reason: "is not a positive duration", Instead: "write e.g. retain: 7d, 12h or 30m (d = 24h)"})
+				Reason: "is not a duration from 100ms (the least JetStream keeps a backlog) to 36500d", Instead: "write e.g. retain: 7d, 12h or 30m (d = 24h)"})
 		}
 	}
 	v.protocol(field, s.Accepts, s.Emits, s.Serves, s.Shapes)

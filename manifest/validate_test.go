@@ -176,6 +176,8 @@ func TestManifest_Validate_Refusals(t *testing.T) {
 			manifest.CodeRetain, "seats.s.retain", "0d", "retain: 7d"},
 		{"negative retain", head + "seats:\n  s: {scope: mesh, retain: -1h, accepts: [send]}\n",
 			manifest.CodeRetain, "seats.s.retain", "-1h", "retain: 7d"},
+		{"retain JetStream refuses", head + "seats:\n  s: {scope: mesh, retain: 1ns, accepts: [send]}\n",
+			manifest.CodeRetain, "seats.s.retain", "1ns", "retain: 7d"},
 		{"unit-less retain", head + "seats:\n  s: {scope: mesh, retain: \"7\", accepts: [send]}\n",
 			manifest.CodeRetain, "seats.s.retain", "7", "retain: 7d"},
 

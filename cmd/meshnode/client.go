@@ -67,8 +67,18 @@ func clientTarget(cmd *cobra.Command) (url, creds string, err error) {
 	if url, err = firstSet(cmd, "server", envServer, func(c *cliContext) string { return c.Server }); err != nil {
 		return "", "", err
 	}
+	if url != "" {
+		if err := checkServerURL(url); err != nil {
+			return "", "", err
+		}
+	}
 	if creds, err = firstSet(cmd, "creds", envCreds, func(c *cliContext) string { return c.Creds }); err != nil {
 		return "", "", err
+	}
+	if creds != "" {
+		if err := checkSeedFile(creds); err != nil {
+			return "", "", err
+		}
 	}
 	if url != "" && creds != "" {
 		return url, creds, nil

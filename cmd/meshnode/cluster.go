@@ -51,7 +51,7 @@ func newNodeCmd() *cobra.Command {
 JetStream meta leader to drop it as a peer ($JS.API.SERVER.REMOVE) and forgets its keys, so
 the vault hands it nothing more. Refused while the server still answers gossip: stop it
 first, or run meshnode leave on it.`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argNode),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			info, err := runningNode(cmd)
 			if err != nil {

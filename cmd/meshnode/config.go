@@ -70,7 +70,8 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 }
 
 // loadConfig builds the configuration: defaults < file < MESHNODE_* env < flags. Every
-// problem is a usage error (exit 2) naming the key.
+// problem with what was written is a usage error (exit 2) naming the key; a file this user
+// may not read is a failure (exit 1) saying whose it is to read.
 func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, error) {
 	cfg := defaults
 	f := cmd.Flags()
@@ -91,7 +92,7 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 	if !explicit {
 		path = filepath.Join(dataDir, config.FileName)
 	}
-	data, err := os.ReadFile(path)
+	data, err := readBounded(path, "configuration", maxConfigBytes)
 	switch {
 	case err == nil:
 		if err := cfg.LoadFile(path, data); err != nil {
@@ -99,8 +100,13 @@ func loadConfig(cmd *cobra.Command, defaults config.Config) (config.Config, erro
 		}
 	case !explicit && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)):
 		// No file beside the data dir: defaults, env and flags decide.
+	case errors.Is(err, fs.ErrPermission):
+		// Not a mistake in the command: the file is there, this user may not read it.
+		return cfg, fmt.Errorf("read configuration: %w; run meshnode as the user the node runs as (the data dir's owner), or let this user read %s", err, path)
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.EISDIR), errors.Is(err, errTooLarge):
+		return cfg, usagef("read configuration: %v; pass --config FILE (or %sCONFIG) naming a meshnode.yaml", err, config.EnvPrefix)
 	case err != nil:
-		return cfg, usagef("read configuration: %v", err)
+		return cfg, fmt.Errorf("read configuration: %w", err)
 	}
 
 	if err := cfg.LoadEnv(os.Environ()); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
@@ -59,7 +60,7 @@ its identity: hosts check it on every read and refuse anything else. A version i
 same file again changes nothing, another file under a stored version is refused.`,
 		Example: `  meshnode artifact put shop ./shop --version 1.4.0
   meshnode deploy shop --version 1.4.0 --all`,
-		Args: cobra.ExactArgs(2),
+		Args: namedArgs(cobra.ExactArgs(2), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := artifact.CheckVersion(version); err != nil {
 				return usagef("--version: %v", err)
@@ -97,7 +98,7 @@ func newArtifactLsCmd() *cobra.Command {
 		Short: "List the stored artifacts, newest first per module",
 		Example: `  meshnode artifact ls
   meshnode artifact ls shop --json`,
-		Args: cobra.MaximumNArgs(1),
+		Args: namedArgs(cobra.MaximumNArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			module := ""
 			if len(args) == 1 {
@@ -133,7 +134,7 @@ func newArtifactRmCmd() *cobra.Command {
 		Use:     "rm MODULE --version V",
 		Short:   "Remove a stored artifact that no deployment names",
 		Example: `  meshnode artifact rm shop --version 1.4.0`,
-		Args:    cobra.ExactArgs(1),
+		Args:    namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := artifact.CheckVersion(version); err != nil {
 				return usagef("--version: %v", err)
@@ -174,7 +175,7 @@ func newDeployCmd() *cobra.Command {
 	var nodes string
 	var env []string
 	var asJSON bool
-	var wait time.Duration
+	var wait config.Duration
 	cmd := &cobra.Command{
 		Use:   "deploy MODULE --version V (--nodes a,b | --all) [--instances N] [--env K=V]... [--wait D] [-- ARGS...]",
 		Short: "Run a registered module's stored artifact on some nodes, or all",
@@ -189,7 +190,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 		Example: `  meshnode deploy shop --version 1.4.0 --all
   meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs
   meshnode deploy shop --version 1.4.1 --all --wait 2m`,
-		Args: cobra.MinimumNArgs(1),
+		Args: namedArgs(cobra.MinimumNArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
 				if dash != 1 {
@@ -226,7 +227,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 			if err := printDeployed(cmd.OutOrStdout(), "deployed", reply, asJSON); err != nil || wait <= 0 {
 				return err
 			}
-			return awaitRunning(cmd, reply, wait, asJSON)
+			return awaitRunning(cmd, reply, time.Duration(wait), asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&d.Version, "version", "", "the artifact's version (required)")
@@ -236,7 +237,7 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 	cmd.Flags().BoolVar(&d.Auto, "auto", false, "also deploy each new artifact the build cascade makes of it")
 	cmd.Flags().StringArrayVar(&env, "env", nil, "NAME=value for its environment (repeatable; never a secret: the manifest's secrets: reach it as files)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as one JSON object: module, deployment, declared")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "stay until every instance runs, at most this long (e.g. 2m)")
+	cmd.Flags().Var(&wait, "wait", "stay until every instance runs, at most this long (e.g. 2m)")
 	addClientFlags(cmd)
 	return cmd
 }
@@ -361,7 +362,7 @@ func newUndeployCmd() *cobra.Command {
 		Use:     "undeploy MODULE [--nodes a,b]",
 		Short:   "Stop a module on some nodes, or everywhere; its credentials leave those nodes",
 		Example: "  meshnode undeploy shop\n  meshnode undeploy shop --nodes gamma",
-		Args:    cobra.ExactArgs(1),
+		Args:    namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.UndeployRequest{Module: args[0]}
 			if nodes != "" {
@@ -475,66 +476,13 @@ func newLogsCmd() *cobra.Command {
 		Use:     "logs MODULE [--node N] [-f]",
 		Short:   "Print a deployed module's output (stdout and stderr) on a node",
 		Example: "  meshnode logs shop\n  meshnode logs shop --node beta -f",
-		Args:    cobra.ExactArgs(1),
+		Args:    namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			url, creds, err := clientTarget(cmd)
-			if err != nil {
-				return err
-			}
-			nc, err := dialWith(url, creds, caOptions(cmd)...)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			base, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if nodeName == "" {
-				ctx, cancel := context.WithTimeout(base, requestTimeout)
-				ps, err := admin.Ps(ctx, nc)
-				cancel()
-				if err != nil {
-					return err
-				}
-				for _, p := range ps {
-					if p.Module == args[0] {
-						nodeName = p.Node
-						break
-					}
-				}
-				if nodeName == "" {
-					return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", args[0])
-				}
-			}
-			req := api.LogsRequest{Module: args[0], Offset: -tail}
-			for {
-				var reply api.LogsReply
-				ctx, cancel := context.WithTimeout(base, requestTimeout)
-				b, _ := json.Marshal(req)
-				msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
-				cancel()
-				if err == nil {
-					err = json.Unmarshal(msg.Data, &reply)
-				}
-				if err != nil {
-					return fmt.Errorf("ask node %s for %s's output: %w", nodeName, args[0], err)
-				}
-				if reply.Error != "" {
-					return fmt.Errorf("node %s: %s", nodeName, reply.Error)
-				}
-				cmd.OutOrStdout().Write(reply.Data)
-				req.Offset = reply.Next
-				if len(reply.Data) == host.MaxLogRead {
-					continue
-				}
-				if !follow {
-					return nil
-				}
-				select {
-				case <-base.Done():
-					return nil
-				case <-time.After(500 * time.Millisecond):
-				}
-			}
+			// On withBus's connection a key the bus refuses (a module's seed) ends the verb at
+			// once, named; on a plain one the request waited out its 30 s timeout.
+			return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
+				return printLogs(ctx, cmd, nc, args[0], nodeName, tail, follow)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&nodeName, "node", "", "the node whose output to print (default: the first that runs it)")
@@ -542,4 +490,58 @@ func newLogsCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&tail, "tail", 64<<10, "start this many bytes before the end")
 	addClientFlags(cmd)
 	return cmd
+}
+
+// printLogs prints module's output on nodeName (the first that runs it when ""), the last
+// tail bytes first, and with follow keeps printing until ctx ends or a signal.
+func printLogs(ctx context.Context, cmd *cobra.Command, nc *nats.Conn, module, nodeName string, tail int64, follow bool) error {
+	base, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if nodeName == "" {
+		ctx, cancel := context.WithTimeout(base, requestTimeout)
+		ps, err := admin.Ps(ctx, nc)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			if p.Module == module {
+				nodeName = p.Node
+				break
+			}
+		}
+		if nodeName == "" {
+			return fmt.Errorf("module %s runs nowhere (`meshnode ps`); name a node with --node", module)
+		}
+	}
+	req := api.LogsRequest{Module: module, Offset: -tail}
+	for {
+		var reply api.LogsReply
+		ctx, cancel := context.WithTimeout(base, requestTimeout)
+		b, _ := json.Marshal(req)
+		msg, err := nc.RequestWithContext(ctx, manifest.NodeToolSubject(nodeName, api.LogsTool), b)
+		cancel()
+		if err == nil {
+			err = json.Unmarshal(msg.Data, &reply)
+		}
+		if err != nil {
+			return fmt.Errorf("ask node %s for %s's output: %w", nodeName, module, err)
+		}
+		if reply.Error != "" {
+			return fmt.Errorf("node %s: %s", nodeName, reply.Error)
+		}
+		cmd.OutOrStdout().Write(reply.Data)
+		req.Offset = reply.Next
+		if len(reply.Data) == host.MaxLogRead {
+			continue
+		}
+		if !follow {
+			return nil
+		}
+		select {
+		case <-base.Done():
+			return ctx.Err() // nil after a signal; the refusal when the bus refused the key
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

@@ -13,6 +13,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// maxExpect bounds the servers a mesh is founded with or grows to (--expect). Every one of
+// them is a voter of JetStream's meta group, whose every change waits for a majority; more
+// than a few dozen is no mesh anyone runs but a typo (999999999999 founded a mesh that could
+// never reach quorum, exit 0).
+const maxExpect = 64
+
 func newGenesisCmd() *cobra.Command {
 	var expect int
 	var asJSON bool
@@ -31,8 +37,8 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 			if expect == 2 {
 				return usageError{err: genesis.ErrTwoServers}
 			}
-			if expect < 1 {
-				return usagef("--expect %d: a mesh has 1 server, or 3 or more", expect)
+			if expect < 1 || expect > maxExpect {
+				return usagef("--expect %d: a mesh has 1 server, or 3 to %d", expect, maxExpect)
 			}
 			cfg, err := loadConfig(cmd, config.Run())
 			if err != nil {
@@ -82,7 +88,7 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 		},
 	}
 	addNodeFlags(cmd, config.Run())
-	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 or more")
+	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 to 64")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?, config?")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
@@ -14,7 +15,7 @@ import (
 
 func newGrowCmd() *cobra.Command {
 	var expect int
-	var ttl time.Duration
+	ttl := config.Duration(vault.DefaultTokenTTL)
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "grow --expect N",
@@ -36,8 +37,8 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
     --cluster-addr 10.0.0.3:6222 --gossip-addr 10.0.0.3:7946`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if expect < 3 {
-				return usagef("--expect %d: a mesh has 3 or more servers", expect)
+			if expect < 3 || expect > maxExpect {
+				return usagef("--expect %d: a mesh grows to 3 to %d servers", expect, maxExpect)
 			}
 			info, err := runningNode(cmd)
 			if err != nil {
@@ -47,7 +48,7 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 				return err
 			}
 			var t api.Token
-			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: ttl.String(), Uses: expect - 1}, &t); err != nil {
+			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: time.Duration(ttl).String(), Uses: expect - 1}, &t); err != nil {
 				return fmt.Errorf("node %s is growing, but its join token was not made (%w); make one with `meshnode token create --uses %d`", info.Name, err, expect-1)
 			}
 			if onLoopback(info.ClusterAddr) && onLoopback(info.GossipAddr) {
@@ -65,8 +66,8 @@ Give it disk for one copy of the store (<data-dir>/grow, removed when done).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().IntVar(&expect, "expect", 0, "the servers of the mesh, this one included (3 or more)")
-	cmd.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the join token is valid")
+	cmd.Flags().IntVar(&expect, "expect", 0, "the servers of the mesh, this one included (3 to 64)")
+	cmd.Flags().Var(&ttl, "ttl", "how long the join token is valid (e.g. 1h, 7d)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses, expect")
 	return cmd
 }

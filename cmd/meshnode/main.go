@@ -141,6 +141,9 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newVersionCmd(),
 	)
+	// cobra adds completion at Execute, after argsAreUsage would have seen it: `completion
+	// bogus` printed the help and exited 0. Added here, it is checked like every group.
+	root.InitDefaultCompletionCmd()
 	argsAreUsage(root)
 	completeNames(root)
 	return root

@@ -116,7 +116,11 @@ func runModuleCheck(stdout, stderr io.Writer, paths []string, catalogueDir strin
 	for i, p := range paths {
 		f := &moduleFile{path: p}
 		files[i] = f
-		if f.data, f.err = os.ReadFile(p); f.err != nil {
+		if f.data, f.err = readManifest(p); f.err != nil {
+			var rs manifest.Refusals
+			if errors.As(f.err, &rs) { // over the size limit: refused as any manifest is
+				f.refusals, f.err = rs, nil
+			}
 			continue
 		}
 		var err error
@@ -229,13 +233,17 @@ func loadModuleCatalogue(dir string) (map[string]moduleCatalogueEntry, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		data, err := os.ReadFile(path)
-		if err != nil {
+		data, err := readManifest(path)
+		var rs manifest.Refusals
+		var m *manifest.Manifest
+		switch {
+		case errors.As(err, &rs): // over the size limit: refused below
+		case err != nil:
 			return nil, fmt.Errorf("catalogue: %w", err)
-		}
-		m, err := manifest.Parse(data)
-		if err == nil {
-			err = m.Validate()
+		default:
+			if m, err = manifest.Parse(data); err == nil {
+				err = m.Validate()
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("catalogue manifest %s is refused (%s); run meshnode module check %s", path, moduleFirstLine(err), path)
@@ -287,11 +295,15 @@ A manifest that is refused prints its refusals, as module check does, and exits 
 }
 
 func runModuleShow(stdout, stderr io.Writer, path string, asJSON bool) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
+	data, err := readManifest(path)
+	var rs manifest.Refusals
+	if err != nil && !errors.As(err, &rs) {
 		return fmt.Errorf("read manifest: %w", err)
 	}
-	m, err := manifest.Check(data, nil)
+	var m *manifest.Manifest
+	if err == nil {
+		m, err = manifest.Check(data, nil)
+	}
 	var d *manifest.Derivation
 	if err == nil {
 		d, err = m.Derive()

@@ -64,7 +64,7 @@ func newProvisionsPinCmd() *cobra.Command {
 seats provide waits until one is chosen; choosing another later removes the resource at the
 old provider, creates it at the new one, and restarts the module with its new credential.`,
 		Example: "  meshnode provisions pin shop postgres pg-main",
-		Args:    cobra.ExactArgs(3),
+		Args:    namedArgs(cobra.ExactArgs(3), argModule, argOther, argSeat),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply api.ProvideReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -39,6 +39,8 @@ func TestIntegration_Binary_AdminVerbsRefuseAModuleKey(t *testing.T) {
 		{[]string{"token", "create"}, "mesh.seat.mesh-vault.tool."},
 		{[]string{"dead", "ls"}, "$JS.API.STREAM.INFO.DEAD"},
 		{[]string{"audit", "query"}, "mesh.node.alpha.tool.audit"},
+		{[]string{"logs", "shop"}, "mesh.seat.mesh-controller.tool.ps"},
+		{[]string{"logs", "shop", "--node", "alpha"}, "mesh.node.alpha.tool.logs"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			start := time.Now()

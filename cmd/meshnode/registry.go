@@ -42,12 +42,13 @@ no longer works), and the new seed is written to --creds-out.`,
   meshnode module register shop.yaml --rotate-key --creds-out /etc/shop/shop-new.nk`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			text, err := os.ReadFile(args[0])
-			if err != nil {
-				return fmt.Errorf("read manifest: %w", err)
-			}
-			if err := manifest.CheckSize(len(text)); err != nil {
+			text, err := readManifest(args[0])
+			var rs manifest.Refusals
+			switch {
+			case errors.As(err, &rs):
 				return fmt.Errorf("%s: %w; nothing was registered", args[0], err)
+			case err != nil:
+				return fmt.Errorf("read manifest: %w", err)
 			}
 			// The seed file is made before anything is minted: a seed the CLI cannot write is
 			// lost for good.
@@ -242,7 +243,7 @@ func newModuleRemoveCmd() *cobra.Command {
 declares a seat other modules use is refused (their work would have no holder, and the next
 declaration of the seat could break the protocol they are bound to) unless --force; the
 removal's event then names them.`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argModule),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply api.RemoveReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -37,7 +37,7 @@ the new version. ` + "`meshnode seat ls`" + ` shows the modules bound to each ve
 a version nobody is bound to as retirable; nothing is removed automatically.`,
 		Example: `  meshnode seat pin shop mailer v2
   meshnode seat pin shop mailer v1     # back to the first version`,
-		Args: cobra.ExactArgs(3),
+		Args: namedArgs(cobra.ExactArgs(3), argModule, argSeat),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reply api.PinReply
 			err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) (err error) {

@@ -166,7 +166,7 @@ func joinToken(cmd *cobra.Command, flag, file string) (string, error) {
 	}
 	switch {
 	case file != "":
-		b, err := os.ReadFile(file)
+		b, err := readBounded(file, "token file", maxTokenBytes)
 		if err != nil {
 			return "", fmt.Errorf("read the token: %w", err)
 		}

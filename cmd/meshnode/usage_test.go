@@ -28,7 +28,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 			}
 			checked++
 		}
-		if !c.Hidden && c.Name() != "help" && c.Name() != "completion" {
+		if !c.Hidden && c.Name() != "help" {
 			try("an unknown flag", "--no-such-flag")
 			switch {
 			case c.HasSubCommands():
@@ -89,5 +89,34 @@ func TestFlagValueNames(t *testing.T) {
 	walk(newRootCmd())
 	if checked < 50 {
 		t.Fatalf("checked %d flags: the walk missed the commands", checked)
+	}
+}
+
+// TestDurationFlags_Days: every duration flag of the CLI reads what the configuration file
+// reads, days included (`token create --ttl 7d`), and refuses a signed value; pflag's own
+// duration (also of type "duration") rejected the documented d suffix.
+func TestDurationFlags_Days(t *testing.T) {
+	var walk func(c *cobra.Command)
+	checked := 0
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Value.Type() != "duration" {
+				return
+			}
+			checked++
+			if err := f.Value.Set("2d12h"); err != nil {
+				t.Errorf("%s --%s 2d12h: %v", c.CommandPath(), f.Name, err)
+			}
+			if err := f.Value.Set("-1s"); err == nil {
+				t.Errorf("%s --%s -1s: accepted a negative duration", c.CommandPath(), f.Name)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	if checked < 4 {
+		t.Fatalf("checked %d duration flags: the walk missed --ttl, --grace or --wait", checked)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -37,7 +38,8 @@ func vaultCall(cmd *cobra.Command, verb string, req api.VaultRequest, out any) (
 }
 
 func addOwnerFlag(cmd *cobra.Command, owner *string) {
-	cmd.Flags().StringVar(owner, "owner", api.VaultCallerOperator, "the module the secret belongs to (or operator)")
+	*owner = api.VaultCallerOperator
+	cmd.Flags().Var((*moduleFlag)(owner), "owner", "the module the secret belongs to (or operator)")
 }
 
 // givenValue reads the value the operator gives on stdin (one trailing newline dropped)
@@ -64,7 +66,7 @@ func newVaultMintCmd() *cobra.Command {
 		Short: "Mint a secret with a random value, or one read from stdin (fetch prints it)",
 		Example: "  meshnode vault mint api-token --owner shop\n" +
 			"  printf %s \"$PG_ADMIN_URL\" | meshnode vault mint admin-url --owner postgres-provisioner --value-stdin",
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
 			req := api.VaultRequest{Owner: owner, Name: args[0]}
@@ -89,15 +91,15 @@ func newVaultMintCmd() *cobra.Command {
 func newVaultRotateCmd() *cobra.Command {
 	var owner string
 	var given bool
-	var grace time.Duration
+	grace := config.Duration(vault.DefaultGrace)
 	cmd := &cobra.Command{
 		Use:     "rotate NAME [--owner MODULE] [--grace 24h]",
 		Short:   "Give a secret a new version (random, or read from stdin); the previous stays readable for --grace",
 		Example: `  meshnode vault rotate api-token --owner shop --grace 24h`,
-		Args:    cobra.ExactArgs(1),
+		Args:    namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var s api.Secret
-			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: grace.String()}
+			req := api.VaultRequest{Owner: owner, Name: args[0], Grace: time.Duration(grace).String()}
 			if given {
 				if err := givenValue(cmd, &req); err != nil {
 					return err
@@ -112,7 +114,7 @@ func newVaultRotateCmd() *cobra.Command {
 	}
 	addClientFlags(cmd)
 	addOwnerFlag(cmd, &owner)
-	cmd.Flags().DurationVar(&grace, "grace", vault.DefaultGrace, "how long the previous version stays readable")
+	cmd.Flags().Var(&grace, "grace", "how long the previous version stays readable (e.g. 12h, 7d)")
 	cmd.Flags().BoolVar(&given, "value-stdin", false, "the new value is read from stdin (sealed to the vault's key on the way), not random")
 	return cmd
 }
@@ -125,7 +127,7 @@ func newVaultFetchCmd() *cobra.Command {
 		Short: "Print a secret's value alone (as the operator, or with --creds as its module)",
 		Example: `  meshnode vault fetch api-token --owner shop
   meshnode vault fetch api-token --creds shop.nk   # as the module`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs(cobra.ExactArgs(1), argSecret),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var value string
 			if cmd.Flags().Changed("creds") {
@@ -208,14 +210,14 @@ func newVaultLsCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().StringVar(&owner, "owner", "", "only this owner's secrets")
+	cmd.Flags().Var((*moduleFlag)(&owner), "owner", "only this owner's secrets")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per secret: owner, name, version, created, versions?")
 	return cmd
 }
 
 func newTokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Join tokens: single-use bearer credentials for adding nodes"}
-	var ttl time.Duration
+	ttl := config.Duration(vault.DefaultTokenTTL)
 	var uses int
 	var asJSON bool
 	create := &cobra.Command{
@@ -232,7 +234,7 @@ func newTokenCmd() *cobra.Command {
 				return usagef("--ttl %s: must be positive", ttl)
 			}
 			var t api.Token
-			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: ttl.String(), Uses: uses}, &t); err != nil {
+			if _, err := vaultCall(cmd, api.VaultVerbToken, api.VaultRequest{TTL: time.Duration(ttl).String(), Uses: uses}, &t); err != nil {
 				return err
 			}
 			if asJSON {
@@ -244,7 +246,7 @@ func newTokenCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(create)
-	create.Flags().DurationVar(&ttl, "ttl", vault.DefaultTokenTTL, "how long the token is valid")
+	create.Flags().Var(&ttl, "ttl", "how long the token is valid (e.g. 1h, 7d)")
 	create.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
 	create.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: token, id, expires, uses")
 	cmd.AddCommand(create)
