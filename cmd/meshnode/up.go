@@ -128,7 +128,7 @@ without starting the node: the service (meshnode run, the systemd unit) starts i
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed (visible in ps: prefer --token-file or "+config.TokenEnv+")")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "a file holding the token (the file is read, not kept)")
-	cmd.Flags().BoolVar(&noRun, "no-run", false, "write the data dir and its config, then exit instead of running the node (for systemd to start `meshnode run`)")
+	cmd.Flags().BoolVar(&noRun, "no-run", false, "write the data dir and its config, then exit instead of running the node (for systemd to start meshnode run)")
 	return cmd
 }
 
