@@ -30,7 +30,7 @@ func newAuditCmd() *cobra.Command {
 func auditFilterFlags(cmd *cobra.Command, f *api.AuditFilter, asJSON *bool) {
 	cmd.Flags().StringVar(&f.Source, "source", "", "only events whose x-source is this")
 	cmd.Flags().StringVar(&f.Event, "event", "", "only events matching this pattern, named as the EVENT column prints them (billing.**, seat.mailer.*, node.alpha.**)")
-	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record: n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?, not_genuine? (verify's kind), not_genuine_why?")
+	cmd.Flags().BoolVar(asJSON, "json", false, "one JSON object per record (not_genuine is the kind verify flags it with): n, seq, subject, key, event_id, source, received, headers, body, signed, source_matches, prev, hash, signature_error?, not_genuine?, not_genuine_why?")
 }
 
 // auditCall asks the audit log of the node the CLI is connected to.

@@ -42,7 +42,7 @@ MESHNODE_SERVER or a context names (asked over its bus as the operator: --creds)
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member: name, address (its client URL), gossip_addr?, state, jetstream, seats")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member (address is its client URL): name, address, gossip_addr?, state, jetstream, seats")
 	return cmd
 }
 
