@@ -225,10 +225,12 @@ type connRates struct {
 	graced map[string]time.Time
 }
 
-// floodGrace is how long the keys sending over the rate when a flooder is barred are
-// forgiven: a flood of requests makes their answerer send as fast (a seat's holder
-// answering a flood of its tool), and after the flooder is cut off it still answers what it
-// was sent, on a new connection if the server dropped it as a slow consumer.
+// floodGrace is how long the keys sending over the rate, or sent to over it, when a flooder
+// is barred are forgiven: a flood of requests makes their answerer send as fast (a seat's
+// holder answering a flood of its tool), and after the flooder is cut off it still answers
+// what it was sent, on a new connection if the server dropped it as a slow consumer. Found
+// within a peek of the flood's start, the answerer may not have answered much yet; what was
+// delivered to it says it will.
 const floodGrace = 5 * time.Second
 
 type connSample struct {
@@ -237,6 +239,10 @@ type connSample struct {
 	msgs   int64   // its count at the last sample
 	tokens float64 // what is left of its bucket
 	from   int64   // its count when its bucket was last full
+	out    int64   // the messages delivered to it, at the last sample
+	// sentTo says that more was delivered to it since the sample before than one connection
+	// may send in that time: a seat's holder answering a flood of its tool, say.
+	sentTo bool
 }
 
 // rateOver is a connection that emptied its bucket: its key and how many messages it sent
@@ -255,7 +261,10 @@ type rateOver struct {
 func (r *connRates) sample(stats []embedbus.ClientStat, now time.Time, perSecond float64, isModule func(key string) bool) (top rateOver, found bool) {
 	seen := make(map[uint64]connSample, len(stats))
 	for _, st := range stats {
-		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: perSecond, from: st.InMsgs}
+		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: perSecond, from: st.InMsgs, out: st.OutMsgs}
+		if prev, ok := r.last[st.ID]; ok {
+			s.sentTo = float64(st.OutMsgs-prev.out) > perSecond*now.Sub(prev.at).Seconds()
+		}
 		if prev, ok := r.last[st.ID]; ok && !now.Before(r.graced[st.Key]) {
 			s.tokens = min(perSecond, prev.tokens+perSecond*now.Sub(prev.at).Seconds()) - float64(st.InMsgs-prev.msgs)
 			if s.tokens < perSecond {
@@ -277,7 +286,7 @@ func (r *connRates) sample(stats []embedbus.ClientStat, now time.Time, perSecond
 			r.graced = map[string]time.Time{}
 		}
 		for id, s := range seen {
-			if s.tokens < perSecond {
+			if s.tokens < perSecond || s.sentTo {
 				r.graced[s.key] = now.Add(floodGrace)
 			}
 			s.tokens, s.from = perSecond, s.msgs

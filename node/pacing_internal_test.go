@@ -111,3 +111,25 @@ func TestWalkSchedule(t *testing.T) {
 		t.Fatal("the peek after a flooder was found does not list")
 	}
 }
+
+// TestConnRates_AnswererFoundBeforeItAnswers: found within a peek of the flood's start, the
+// flooder is barred before its answerer has sent much — but much was delivered to it, so it
+// is forgiven too, and its answers to the backlog after the bar do not bar it.
+func TestConnRates_AnswererFoundBeforeItAnswers(t *testing.T) {
+	const rate = 1000
+	module := func(string) bool { return true }
+	r := connRates{last: map[uint64]connSample{}}
+	t0 := time.Unix(1_000_000, 0)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * floodPeek) }
+	r.sample([]embedbus.ClientStat{{ID: 1, Key: "flooder"}, {ID: 2, Key: "holder"}}, at(0), rate, module)
+	// A peek later: 5,000 requests sent, 4,000 delivered to the holder, 10 answered.
+	over, ok := r.sample([]embedbus.ClientStat{{ID: 1, Key: "flooder", InMsgs: 5000, OutMsgs: 10},
+		{ID: 2, Key: "holder", InMsgs: 10, OutMsgs: 4000}}, at(1), rate, module)
+	if !ok || over.key != "flooder" {
+		t.Fatalf("found %+v (%v), want the flooder", over, ok)
+	}
+	// The holder answers its backlog, 4,000 in the next peek: forgiven.
+	if over, ok := r.sample([]embedbus.ClientStat{{ID: 2, Key: "holder", InMsgs: 4010, OutMsgs: 4000}}, at(2), rate, module); ok {
+		t.Fatalf("found %+v: the holder answering what it was sent", over)
+	}
+}
