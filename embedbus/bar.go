@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/floodwatch"
+
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -44,22 +46,12 @@ func (b *Bus) Bar(publicKey string, until time.Time) int {
 	return b.Kick(publicKey)
 }
 
-// ClientStat is one client connection's count of the messages it sent: what a rate monitor
-// reads, a few times a second, to find a connection sending far more than any limit allows.
-type ClientStat struct {
-	ID      uint64 // the server's connection id
-	Key     string // the nkey it authenticated with
-	Name    string // the connection's name, as the client set it
-	InMsgs  int64  // messages it sent since it connected
-	OutMsgs int64  // messages the server delivered to it since it connected
-}
-
 // ClientStats lists the open client connections with their counts, in-process: one Connz
 // of the server, which copies every connection's counters under its lock.
-func (b *Bus) ClientStats() []ClientStat {
-	var out []ClientStat
+func (b *Bus) ClientStats() []floodwatch.ConnStat {
+	var out []floodwatch.ConnStat
 	b.eachConn(server.ConnzOptions{Username: true}, func(ci *server.ConnInfo) {
-		out = append(out, ClientStat{ID: ci.Cid, Key: ci.AuthorizedUser, Name: ci.Name, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
+		out = append(out, floodwatch.ConnStat{ID: ci.Cid, Key: ci.AuthorizedUser, InMsgs: ci.InMsgs, OutMsgs: ci.OutMsgs})
 	})
 	return out
 }

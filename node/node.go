@@ -31,6 +31,7 @@ import (
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/metrics"
+	"github.com/meshnode/meshnode/provenance"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
@@ -956,74 +957,20 @@ func (n *Node) openHost() (err error) {
 
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
-	keys := func(subject, source string) (string, bool) {
-		if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
-			// The controller's and the cascade's seats, held by a node, sign with the holding
-			// node's key.
-			if (source == manifest.ControllerSeat || source == build.GitSeat || source == build.BuilderSeat) && n.seats != nil {
-				if l, ok := n.seats.store.Get(seats.Key(source, manifest.ScopeMesh, "")); ok && l.Module == "" {
-					if id, ok := n.reg.Node(l.Node); ok {
-						return id.PublicKey, true
-					}
-				}
+	src := provenance.Sources{Node: n.id.Name, NodeKey: n.id.PublicKey, Registry: n.reg,
+		Lease: func(seat string) (seats.Lease, bool) {
+			if n.seats == nil {
+				return seats.Lease{}, false
 			}
-			// A seat's event is signed by its holder: an instance of the declaring module.
-			if e, ok := n.reg.Declarer(source); ok {
-				return e.PublicKey, true
-			}
-			return "", false
-		}
-		switch source {
-		case n.id.Name:
-			return n.id.PublicKey, true
-		case manifest.VaultSeat:
-			pub := n.reg.Vault()
-			return pub, pub != ""
-		}
-		if e, ok := n.reg.Get(source); ok {
-			return e.PublicKey, true
-		}
-		if id, ok := n.reg.Node(source); ok {
-			return id.PublicKey, true // another server of the mesh
-		}
-		return "", false
-	}
-	n.audit, err = audit.New(n.db, n.bus.JetStream(), n.id.Name, keys, n.owns, time.Duration(n.cfg.AuditRetention), n.log.With("component", "audit"))
+			return n.seats.store.Get(seats.Key(seat, manifest.ScopeMesh, ""))
+		}}
+	n.audit, err = audit.New(n.db, n.bus.JetStream(), n.id.Name, src.Key, src.Owns, time.Duration(n.cfg.AuditRetention), n.log.With("component", "audit"))
 	if err != nil {
 		return err
 	}
 	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
 	n.audit.Ingested = n.metrics.meter.Ingested
 	return n.subscribe("audit tool", func() (*nats.Subscription, error) { return audit.Serve(n.resp.nc, n.id.Name, n.audit) })
-}
-
-// owns reports whether source may speak for the owner of subject's namespace: a module for
-// its own events, a node for its own, a seat's declarer (or the mesh, for its own seats)
-// for the seat's.
-func (n *Node) owns(subject, source string) bool {
-	kind, owner, _, ok := manifest.SplitSubject(subject)
-	if !ok {
-		return false
-	}
-	switch kind {
-	case "mod":
-		return source == owner
-	case "node":
-		// A server speaks for itself only; of another it saw fail or removed it reports under
-		// its own name (eventMemberUnreachable, eventMemberRemoved).
-		return source == owner
-	case "seat":
-		if source == owner {
-			return true
-		}
-		e, ok := n.reg.Get(source)
-		if !ok {
-			return false
-		}
-		_, declares := e.Manifest.Seat(owner)
-		return declares
-	}
-	return false
 }
 
 // handOff completes genesis: the vault, now serving, mints the operator's credential, and

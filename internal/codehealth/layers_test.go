@@ -23,14 +23,14 @@ var layers = []struct {
 	{"bottom: the declaration model, the wire, the envelope and small helpers", []string{
 		"internal/suggest", "internal/boundedmap", "internal/backoff",
 		"manifest", "api", "envelope",
-		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "toolstats", "meshca",
+		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "floodwatch", "toolstats", "meshca",
 	}},
 	{"stores and services", []string{
 		"config", "embedbus", "membership", "genesis", "datadir", "sandbox",
 		"seats", "audit", "artifact", "vault", "metrics", "deploy", "registry", "provision", "build", "deadletter", "streammove", "admit",
 	}},
 	{"parts that compose services, and the clients of the bus", []string{
-		"admin", "sdk", "sdk/dedupbolt", "host", "controller", "dashboard",
+		"admin", "sdk", "sdk/dedupbolt", "host", "controller", "dashboard", "provenance",
 	}},
 	{"top: the composition root, the commands, examples and test support", []string{
 		"bench", "node", "cmd/...", "examples/...",

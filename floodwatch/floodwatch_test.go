@@ -1,52 +1,50 @@
-package node
+package floodwatch
 
 import (
 	"testing"
 	"time"
-
-	"github.com/meshnode/meshnode/embedbus"
 )
 
-// TestConnRates_Sample: a connection over the rate is found once it has sent a second's worth
+// TestRates_Sample: a connection over the rate is found once it has sent a second's worth
 // beyond it — in the first sample at forty times the rate, after a second at twice; one that
 // answers as much as it is sent never is, nor the operator; and the answerer of a barred
-// flood, still answering its backlog on a new connection, is forgiven for floodGrace.
-func TestConnRates_Sample(t *testing.T) {
+// flood, still answering its backlog on a new connection, is forgiven for Grace.
+func TestRates_Sample(t *testing.T) {
 	const rate = 1000
 	module := func(key string) bool { return key != "operator" }
-	r := connRates{last: map[uint64]connSample{}}
+	r := Rates{}
 	t0 := time.Unix(1_000_000, 0)
-	at := func(i int) time.Time { return t0.Add(time.Duration(i) * floodSample) }
-	sample := func(i int, stats ...embedbus.ClientStat) (rateOver, bool) {
-		return r.sample(stats, at(i), rate, module)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * Sample) }
+	sample := func(i int, stats ...ConnStat) (Over, bool) {
+		return r.Sample(stats, at(i), rate, module)
 	}
 
 	// Connected: the first sample is where counting starts.
-	sample(0, embedbus.ClientStat{ID: 1, Key: "flooder"}, embedbus.ClientStat{ID: 2, Key: "holder"},
-		embedbus.ClientStat{ID: 3, Key: "steady"}, embedbus.ClientStat{ID: 4, Key: "operator"})
+	sample(0, ConnStat{ID: 1, Key: "flooder"}, ConnStat{ID: 2, Key: "holder"},
+		ConnStat{ID: 3, Key: "steady"}, ConnStat{ID: 4, Key: "operator"})
 	// A quarter of a second later: the flooder sent 10,000 (40 times the rate), the holder
 	// answered 8,000 of them, steady sent 200 (under the rate), the operator 50,000.
 	over, ok := sample(1,
-		embedbus.ClientStat{ID: 1, Key: "flooder", InMsgs: 10000, OutMsgs: 8000},
-		embedbus.ClientStat{ID: 2, Key: "holder", InMsgs: 8000, OutMsgs: 10000},
-		embedbus.ClientStat{ID: 3, Key: "steady", InMsgs: 200},
-		embedbus.ClientStat{ID: 4, Key: "operator", InMsgs: 50000})
-	if !ok || over.key != "flooder" || over.msgs != 10000 {
+		ConnStat{ID: 1, Key: "flooder", InMsgs: 10000, OutMsgs: 8000},
+		ConnStat{ID: 2, Key: "holder", InMsgs: 8000, OutMsgs: 10000},
+		ConnStat{ID: 3, Key: "steady", InMsgs: 200},
+		ConnStat{ID: 4, Key: "operator", InMsgs: 50000})
+	if !ok || over.Key != "flooder" || over.Msgs != 10000 {
 		t.Fatalf("found %+v (%v), want the flooder with its 10,000", over, ok)
 	}
 	// The flooder is gone; the holder answers its backlog on a new connection, with nothing
 	// sent to it there: forgiven.
-	for i := 2; i < 2+int(floodGrace/floodSample)-1; i++ {
-		if over, ok := sample(i, embedbus.ClientStat{ID: 5, Key: "holder", InMsgs: int64(i) * 5000},
-			embedbus.ClientStat{ID: 3, Key: "steady", InMsgs: 200 + int64(i)*200}); ok {
+	for i := 2; i < 2+int(Grace/Sample)-1; i++ {
+		if over, ok := sample(i, ConnStat{ID: 5, Key: "holder", InMsgs: int64(i) * 5000},
+			ConnStat{ID: 3, Key: "steady", InMsgs: 200 + int64(i)*200}); ok {
 			t.Fatalf("sample %d found %+v: the holder answering its backlog, or steady", i, over)
 		}
 	}
 	// A flood at twice the rate is found once it has sent a second's worth beyond it.
-	r = connRates{last: map[uint64]connSample{}}
+	r = Rates{}
 	found := -1
 	for i := range 12 {
-		if _, ok := sample(i, embedbus.ClientStat{ID: 6, Key: "flooder", InMsgs: int64(i) * 2 * rate / 4}); ok && found < 0 {
+		if _, ok := sample(i, ConnStat{ID: 6, Key: "flooder", InMsgs: int64(i) * 2 * rate / 4}); ok && found < 0 {
 			found = i
 		}
 	}
@@ -55,55 +53,55 @@ func TestConnRates_Sample(t *testing.T) {
 	}
 }
 
-// TestWalkSchedule: the connections are listed every floodSample; sooner, at a peek, when
+// TestSchedule: the connections are listed every Sample; sooner, at a peek, when
 // the modules together sent more than one connection may; an early list that finds nobody
 // doubles the wait before the next early one, and a quiet spell or a flooder found brings
 // it back to a peek.
-func TestWalkSchedule(t *testing.T) {
+func TestSchedule(t *testing.T) {
 	const rate = 1000 // 25 a peek
 	t0 := time.Unix(1_000_000, 0)
-	w := walkSchedule{every: floodPeek}
+	w := Schedule{}
 	var total int64
 	step := func(i int, sent int64) (time.Time, bool) {
-		now := t0.Add(time.Duration(i) * floodPeek)
+		now := t0.Add(time.Duration(i) * Peek)
 		total += sent
-		return now, w.due(total, now, rate)
+		return now, w.Due(total, now, rate)
 	}
 	now, due := step(0, 0)
 	if !due {
 		t.Fatal("the first peek does not list: want a list to count from")
 	}
-	w.walked(now, false)
-	// Quiet: listed only every floodSample.
-	for i := 1; i < int(floodSample/floodPeek); i++ {
+	w.Walked(now, false)
+	// Quiet: listed only every Sample.
+	for i := 1; i < int(Sample/Peek); i++ {
 		if _, due := step(i, 10); due {
 			t.Fatalf("quiet peek %d lists", i)
 		}
 	}
-	now, due = step(int(floodSample/floodPeek), 10)
+	now, due = step(int(Sample/Peek), 10)
 	if !due {
-		t.Fatal("no list after floodSample")
+		t.Fatal("no list after Sample")
 	}
-	w.walked(now, false)
+	w.Walked(now, false)
 	// Busy, nobody over: early lists at a peek, then two, four... apart.
-	base := int(floodSample / floodPeek)
+	base := int(Sample / Peek)
 	var early []int
-	for i := base + 1; i < base+int(floodSample/floodPeek); i++ {
+	for i := base + 1; i < base+int(Sample/Peek); i++ {
 		now, due := step(i, 100)
 		if due {
 			early = append(early, i-base)
-			w.walked(now, false)
+			w.Walked(now, false)
 		}
 	}
 	if len(early) < 3 || early[0] != 1 || early[1] != 3 || early[2] != 7 {
 		t.Fatalf("early lists of a busy mesh at peeks %v, want 1, 3, 7 (the wait doubling)", early)
 	}
 	// A flooder found: back to a peek.
-	i := base + int(floodSample/floodPeek)
+	i := base + int(Sample/Peek)
 	for ; ; i++ {
 		now, due := step(i, 100)
 		if due {
-			w.walked(now, true)
+			w.Walked(now, true)
 			break
 		}
 	}
@@ -112,24 +110,24 @@ func TestWalkSchedule(t *testing.T) {
 	}
 }
 
-// TestConnRates_AnswererFoundBeforeItAnswers: found within a peek of the flood's start, the
+// TestRates_AnswererFoundBeforeItAnswers: found within a peek of the flood's start, the
 // flooder is barred before its answerer has sent much — but much was delivered to it, so it
 // is forgiven too, and its answers to the backlog after the bar do not bar it.
-func TestConnRates_AnswererFoundBeforeItAnswers(t *testing.T) {
+func TestRates_AnswererFoundBeforeItAnswers(t *testing.T) {
 	const rate = 1000
 	module := func(string) bool { return true }
-	r := connRates{last: map[uint64]connSample{}}
+	r := Rates{}
 	t0 := time.Unix(1_000_000, 0)
-	at := func(i int) time.Time { return t0.Add(time.Duration(i) * floodPeek) }
-	r.sample([]embedbus.ClientStat{{ID: 1, Key: "flooder"}, {ID: 2, Key: "holder"}}, at(0), rate, module)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * Peek) }
+	r.Sample([]ConnStat{{ID: 1, Key: "flooder"}, {ID: 2, Key: "holder"}}, at(0), rate, module)
 	// A peek later: 5,000 requests sent, 4,000 delivered to the holder, 10 answered.
-	over, ok := r.sample([]embedbus.ClientStat{{ID: 1, Key: "flooder", InMsgs: 5000, OutMsgs: 10},
+	over, ok := r.Sample([]ConnStat{{ID: 1, Key: "flooder", InMsgs: 5000, OutMsgs: 10},
 		{ID: 2, Key: "holder", InMsgs: 10, OutMsgs: 4000}}, at(1), rate, module)
-	if !ok || over.key != "flooder" {
+	if !ok || over.Key != "flooder" {
 		t.Fatalf("found %+v (%v), want the flooder", over, ok)
 	}
 	// The holder answers its backlog, 4,000 in the next peek: forgiven.
-	if over, ok := r.sample([]embedbus.ClientStat{{ID: 2, Key: "holder", InMsgs: 4010, OutMsgs: 4000}}, at(2), rate, module); ok {
+	if over, ok := r.Sample([]ConnStat{{ID: 2, Key: "holder", InMsgs: 4010, OutMsgs: 4000}}, at(2), rate, module); ok {
 		t.Fatalf("found %+v: the holder answering what it was sent", over)
 	}
 }

@@ -1,0 +1,80 @@
+// Package provenance says who may speak for what in the mesh: which key signs an event
+// under a source's name, and which sources own a subject — the audit log's Keys and Owners
+// (package audit), from the registry and the seats' leases.
+package provenance
+
+import (
+	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
+)
+
+// Sources are the mesh's signers as one node knows them.
+type Sources struct {
+	// Node and NodeKey are this node's name and public key.
+	Node, NodeKey string
+	Registry      *registry.Registry
+	// Lease is the lease of a mesh-scoped seat now, if the node reads the leases yet.
+	Lease func(seat string) (seats.Lease, bool)
+}
+
+// Key is the public key source signs subject's events with.
+func (s Sources) Key(subject, source string) (string, bool) {
+	if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
+		// The controller's and the cascade's seats, held by a node, sign with the holding
+		// node's key.
+		if source == manifest.ControllerSeat || source == build.GitSeat || source == build.BuilderSeat {
+			if l, ok := s.Lease(source); ok && l.Module == "" {
+				if id, ok := s.Registry.Node(l.Node); ok {
+					return id.PublicKey, true
+				}
+			}
+		}
+		// A seat's event is signed by its holder: an instance of the declaring module.
+		if e, ok := s.Registry.Declarer(source); ok {
+			return e.PublicKey, true
+		}
+		return "", false
+	}
+	switch source {
+	case s.Node:
+		return s.NodeKey, true
+	case manifest.VaultSeat:
+		pub := s.Registry.Vault()
+		return pub, pub != ""
+	}
+	if e, ok := s.Registry.Get(source); ok {
+		return e.PublicKey, true
+	}
+	if id, ok := s.Registry.Node(source); ok {
+		return id.PublicKey, true // another server of the mesh
+	}
+	return "", false
+}
+
+// Owns reports whether source may speak for the owner of subject's namespace: a module for
+// its own events, a node for its own only (of another it saw fail or removed it reports
+// under its own name), a seat's declarer — or the seat's name itself, signed by its holder
+// (Key) — for the seat's.
+func (s Sources) Owns(subject, source string) bool {
+	kind, owner, _, ok := manifest.SplitSubject(subject)
+	if !ok {
+		return false
+	}
+	switch kind {
+	case "mod", "node":
+		return source == owner
+	case "seat":
+		if source == owner {
+			return true
+		}
+		e, ok := s.Registry.Get(source)
+		if !ok {
+			return false
+		}
+		_, declares := e.Manifest.Seat(owner)
+		return declares
+	}
+	return false
+}
