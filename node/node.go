@@ -962,7 +962,7 @@ func (n *Node) openAudit() (err error) {
 			if n.seats == nil {
 				return seats.Lease{}, false
 			}
-			return n.seats.store.Get(seats.Key(seat, manifest.ScopeMesh, ""))
+			return n.seats.store.LastHeld(seats.Key(seat, manifest.ScopeMesh, ""))
 		}}
 	n.audit, err = audit.New(n.db, n.bus.JetStream(), n.id.Name, src.Key, src.Owns, time.Duration(n.cfg.AuditRetention), n.log.With("component", "audit"))
 	if err != nil {

@@ -15,7 +15,9 @@ type Sources struct {
 	// Node and NodeKey are this node's name and public key.
 	Node, NodeKey string
 	Registry      *registry.Registry
-	// Lease is the lease of a mesh-scoped seat now, if the node reads the leases yet.
+	// Lease is the lease of a mesh-scoped seat now, or the last a node held of it (a
+	// holder's late events stay its while the next one takes the seat), if the node reads
+	// the leases yet.
 	Lease func(seat string) (seats.Lease, bool)
 }
 

@@ -79,6 +79,9 @@ type Store struct {
 	mu     sync.RWMutex
 	leases map[string]mirrored // by key
 	notify []chan<- string     // told the key of every change
+	// lastHeld is the last lease seen of each seat a node holds itself (no module): kept
+	// after it is released or expires, and across a rewatch, for LastHeld.
+	lastHeld map[string]Lease
 
 	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
 	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
@@ -114,7 +117,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}, lastHeld: map[string]Lease{}}
 	if s.watch, err = mirror.Open(ctx, kv, s.apply); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
@@ -235,6 +238,9 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		}
 		s.leases[e.Key()] = mirrored{lease: l, rev: e.Revision(), seen: time.Now()}
 		after = &l
+		if l.Module == "" {
+			s.lastHeld[e.Key()] = l
+		}
 	} else {
 		delete(s.leases, e.Key())
 	}
@@ -292,6 +298,20 @@ func (s *Store) Get(key string) (Lease, bool) {
 	defer s.mu.RUnlock()
 	m, ok := s.leases[key]
 	return m.lease, ok
+}
+
+// LastHeld returns the lease of key now, or else the last one the mirror saw of a seat a
+// node holds itself: between a holder's end and the next one's lease (an expiry, a watch
+// taken up again after the bucket's leader moved) the node that held it last is still the
+// one whose late events are its.
+func (s *Store) LastHeld(key string) (Lease, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if m, ok := s.leases[key]; ok {
+		return m.lease, true
+	}
+	l, ok := s.lastHeld[key]
+	return l, ok
 }
 
 // Stale reports whether the mirror's lease of key has gone unrenewed for longer than the TTL:

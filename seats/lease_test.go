@@ -305,3 +305,54 @@ func TestKey(t *testing.T) {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }
+
+// TestStore_LastHeld: a seat a node holds itself is still answered with its last holder
+// after the lease is released and the mirror is emptied for a new watch; a module's lease
+// is not kept.
+func TestStore_LastHeld(t *testing.T) {
+	srv := jetStreamServer(t)
+	s, _ := openStore(t, srv)
+	other, _ := openStore(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), storeWait)
+	defer cancel()
+
+	ctl := Lease{Seat: "mesh-controller", Scope: manifest.ScopeMesh, Node: "n1", Since: time.Now().UTC()}
+	rev, err := s.acquire(ctx, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := jobsLease("n1", "ia")
+	modRev, err := s.acquire(ctx, mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mirrors(t, other, "mesh-controller", func(l Lease) bool { return l.Node == "n1" })
+	mirrors(t, other, "jobs", func(l Lease) bool { return l.Instance == "ia" })
+	if err := s.release(ctx, ctl, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.release(ctx, mod, modRev); err != nil {
+		t.Fatal(err)
+	}
+	mirrors(t, other, "mesh-controller", nil)
+	mirrors(t, other, "jobs", nil)
+	other.clear() // what a watch taken up again does first
+	if l, ok := other.LastHeld("mesh-controller"); !ok || l.Node != "n1" || l.Epoch != rev {
+		t.Fatalf("LastHeld after the release: %+v %v, want n1's lease at epoch %d", l, ok, rev)
+	}
+	if l, ok := other.LastHeld("jobs"); ok {
+		t.Fatalf("LastHeld keeps a module's lease: %+v", l)
+	}
+	// The next holder is the answer as soon as the mirror sees it.
+	ctl2 := ctl
+	ctl2.Node = "n2"
+	if _, err := s.acquire(ctx, ctl2); err != nil {
+		t.Fatal(err)
+	}
+	testbed.RetryUntil(t, storeWait, func() error {
+		if l, _ := other.LastHeld("mesh-controller"); l.Node != "n2" {
+			return fmt.Errorf("LastHeld is %+v, want n2's", l)
+		}
+		return nil
+	})
+}
