@@ -661,13 +661,23 @@ func formThree(t *testing.T) (nodes []*meshNode, meshID, token string) {
 // formThreeWith is formThree with flags added to node i's by extra.
 func formThreeWith(t *testing.T, extra func(i int) []string) (nodes []*meshNode, meshID, token string) {
 	t.Helper()
-	nodes = []*meshNode{newMeshNode(t, "a"), newMeshNode(t, "b"), newMeshNode(t, "c")}
+	return formMesh(t, 3, extra)
+}
+
+// formMesh runs genesis --expect n for a and starts the n founding servers a, b, c, … (extra,
+// if not nil, adds flags to node i's), all but a with the founding token; it returns once all
+// of them are ready.
+func formMesh(t *testing.T, n int, extra func(i int) []string) (nodes []*meshNode, meshID, token string) {
+	t.Helper()
+	for i := range n {
+		nodes = append(nodes, newMeshNode(t, string(rune('a'+i))))
+	}
 	if extra != nil {
 		for i, n := range nodes {
 			n.flags = append(n.flags, extra(i)...)
 		}
 	}
-	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json"}, nodes[0].flags...)...)
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", strconv.Itoa(n), "--json"}, nodes[0].flags...)...)
 	if r.code != 0 {
 		t.Fatalf("genesis: %s", r.stderr)
 	}
@@ -686,7 +696,7 @@ func formThreeWith(t *testing.T, extra func(i int) []string) (nodes []*meshNode,
 			t.Fatalf("node %s reports mesh %s, want %s", n.name, n.p.meshID, meshID)
 		}
 	}
-	t.Logf("three processes formed a ready mesh in %s", time.Since(start))
+	t.Logf("%d processes formed a ready mesh in %s", n, time.Since(start))
 	return nodes, meshID, token
 }
 
@@ -735,8 +745,9 @@ func nodeEvents(t *testing.T, dir, creds string) string {
 	return strings.Join(subjects, " ")
 }
 
-// launchFounders starts three founding nodes: the genesis node with run, the others with
-// join — b given the token in a file, c in the environment: never on a command line.
+// launchFounders starts the founding nodes: the genesis node with run, the others with
+// join — c given the token in the environment, every other one in a file: never on a
+// command line.
 func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 	t.Helper()
 	nodes[0].p = launch(t, "run", nodes[0].flags...)
@@ -744,10 +755,15 @@ func launchFounders(t *testing.T, nodes []*meshNode, token string) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nodes[1].p = launch(t, "join", append([]string{"--token-file", tokenFile}, nodes[1].flags...)...)
-	cmd := exec.Command(binary, append([]string{"join"}, nodes[2].flags...)...)
-	cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
-	nodes[2].p = launchCmd(t, cmd, "join")
+	for i, n := range nodes[1:] {
+		if i+1 == 2 {
+			cmd := exec.Command(binary, append([]string{"join"}, n.flags...)...)
+			cmd.Env = append(cleanEnv(), config.TokenEnv+"="+token)
+			n.p = launchCmd(t, cmd, "join")
+			continue
+		}
+		n.p = launch(t, "join", append([]string{"--token-file", tokenFile}, n.flags...)...)
+	}
 }
 
 // TestIntegration_GrowOneToThree: a single node (genesis, run) with three registered
