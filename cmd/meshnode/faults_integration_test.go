@@ -316,6 +316,14 @@ func (b *faultBed) loseTwo(t *testing.T, pair [2]*meshNode) {
 // while the pair is down.
 func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*meshNode, pair [2]*meshNode, holder int, epoch uint64) {
 	t.Helper()
+	// How long each path took to work again (a figure for the report, not a bound).
+	var took []string
+	mark := time.Now()
+	step := func(what string) {
+		took = append(took, fmt.Sprintf("%s %s", what, time.Since(mark).Round(time.Millisecond)))
+		mark = time.Now()
+	}
+	defer func() { t.Logf("round %d: %s", b.round, strings.Join(took, ", ")) }()
 	// Registration (the controller's seat, the registry's bucket).
 	name := fmt.Sprintf("late%d", b.round)
 	retryUntil(t, time.Minute, func() error {
@@ -327,6 +335,7 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 		}
 		return nil
 	})
+	step("register")
 	// A secret, fetched as its module.
 	retryUntil(t, time.Minute, func() error {
 		r := meshnode(t, nil, "vault", "fetch", "k1", "--data-dir", through.dir, "--creds", b.shop)
@@ -335,6 +344,7 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 		}
 		return nil
 	})
+	step("vault fetch")
 	// An event, acknowledged and in every survivor's audit log.
 	shop := b.shops[slices.Index(b.nodes, through)]
 	retryUntil(t, time.Minute, func() error {
@@ -349,9 +359,11 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 		b.mu.Unlock()
 		return nil
 	})
+	step("emit")
 	for _, n := range survivors {
 		b.audited(t, n)
 	}
+	step("audited on every survivor")
 	// The seat, on a survivor: a new holder under a higher epoch if its holder's node died.
 	var dead []int
 	for _, n := range pair {
@@ -362,14 +374,17 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 	} else {
 		b.seatWorks(t, dead, 0)
 	}
+	h, e := b.holder()
+	step(fmt.Sprintf("seat held on %s (epoch %d) and a job handled", b.nodeOf(h), e))
 	// A deployment onto the survivor.
 	retryUntil(t, time.Minute, func() error {
-		r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", through.name, "--wait", "30s", "--data-dir", through.dir)
+		r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", through.name, "--wait", "30s", "--data-dir", through.dir, "--creds", b.op)
 		if r.code != 0 || !strings.Contains(r.stdout, through.name+": running (1 of 1)") {
 			return fmt.Errorf("deploy runner onto %s: exit %d %s %s", through.name, r.code, r.stdout, r.stderr)
 		}
 		return nil
 	})
+	step("deploy")
 }
 
 // holder is the index of the worker instance (and so of the node) holding the seat, and its
