@@ -87,6 +87,18 @@ type NodeStatus struct {
 	Connections   int                 `json:"connections"`
 	JetStream     NodeJetStreamStatus `json:"jetstream"`
 	Audit         NodeAuditStatus     `json:"audit"`
+	// Replication is the mesh's streams' replication; nil on a node that is not serving yet.
+	Replication *NodeReplication `json:"replication,omitempty"`
+}
+
+// NodeReplication is the replication part of NodeStatus: how many copies the mesh keeps of
+// each stream, and whether each stream has a quorum now.
+type NodeReplication struct {
+	Servers   int                 `json:"servers"`   // the mesh's servers (registered identities)
+	Target    int                 `json:"target"`    // copies kept of each stream with that many servers
+	Tolerates int                 `json:"tolerates"` // servers that may be down while every stream keeps a quorum
+	Streams   []StreamReplication `json:"streams"`
+	Error     string              `json:"error,omitempty"` // the streams could not be listed: why
 }
 
 // NodeAuditStatus is the audit logger's part of NodeStatus.
@@ -124,4 +136,16 @@ type NodeMember struct {
 	State      string   `json:"state"`                 // alive, suspect, dead, left
 	JetStream  string   `json:"jetstream"`             // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
 	Seats      []string `json:"seats"`                 // the seats held by this node or its modules
+}
+
+// StreamReplication is one stream's replication, as `meshnode status` shows it.
+type StreamReplication struct {
+	Name     string `json:"name"`
+	Replicas int    `json:"replicas"`         // copies its configuration asks for; 0: its leader did not answer
+	Current  int    `json:"current"`          // copies up to date, the leader's included
+	Leader   string `json:"leader,omitempty"` // the server whose copy leads; "" while none does
+	// Quorum: a majority of its copies are current under a leader, so it takes writes.
+	Quorum bool     `json:"quorum"`
+	Behind []string `json:"behind,omitempty"` // servers with a copy that is not current (offline, catching up)
+	Why    string   `json:"why,omitempty"`    // why it has no quorum
 }

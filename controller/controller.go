@@ -59,8 +59,9 @@ type Config struct {
 	Sign *envelope.SigningKey
 	// Servers returns a server of the mesh's public key: what declarations are checked with.
 	Servers deploy.ServerKey
-	// Replicas is how many copies of the mesh's streams and buckets the mesh keeps.
-	Replicas int
+	// Replicas is how many copies of a stream or bucket the mesh keeps now: what one it
+	// creates is made with (it follows the number of servers; package replication).
+	Replicas func() int
 	// EventsMaxAge is how long EVENTS keeps an event; zero: for ever.
 	EventsMaxAge time.Duration
 	// Budget is the byte limits of the mesh's streams; zero: none.
@@ -154,6 +155,9 @@ type holding struct {
 
 // New makes the controller of a node; it serves nothing until Start.
 func New(cfg Config) *Controller {
+	if cfg.Replicas == nil {
+		cfg.Replicas = func() int { return 1 }
+	}
 	c := &Controller{
 		log: cfg.Log, nc: cfg.Conn, resp: cfg.Responder, gate: cfg.Gate, reg: cfg.Registry, node: cfg.Node,
 		quotas: cfg.Quotas, js: cfg.JS, sign: cfg.Sign,
@@ -375,7 +379,7 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 	if _, err := c.artifacts(ctx); err != nil {
 		return err
 	}
-	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas); err != nil {
+	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas()); err != nil {
 		return fmt.Errorf("object store %s: %w", build.SourcesBucket, err)
 	}
 	if _, err := c.provisionStore(ctx); err != nil {

@@ -38,7 +38,7 @@ func (c *Controller) artifacts(ctx context.Context) (jetstream.ObjectStore, erro
 	if c.deps.obs != nil {
 		return c.deps.obs, nil
 	}
-	obs, err := artifact.Open(ctx, c.js, c.topo.replicas)
+	obs, err := artifact.Open(ctx, c.js, c.topo.replicas())
 	if err != nil {
 		return nil, err
 	}

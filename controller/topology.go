@@ -74,7 +74,7 @@ func consumerConfig(c manifest.Consumer) jetstream.ConsumerConfig {
 type Topology struct {
 	js           jetstream.JetStream
 	node         string
-	replicas     int
+	replicas     func() int // how many copies a stream is created with now
 	eventsMaxAge time.Duration
 	budget       Budget // byte limits; zero: none
 	// auditFloor is the ack floor of the explicit audit consumer EnsureAudit is replacing,
@@ -87,7 +87,7 @@ type Topology struct {
 // streamConfig is the JetStream configuration of a derived stream on this mesh, within the
 // node's store budget.
 func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
-	cfg := streamConfig(s, t.replicas)
+	cfg := streamConfig(s, t.replicas())
 	t.budget.apply(&cfg)
 	return cfg
 }

@@ -31,24 +31,30 @@ func openThree(t testing.TB) ([]config.Config, []*node.Node) { return openThreeW
 
 // openThreeWith is openThree with each node's configuration changed by tweak first.
 func openThreeWith(t testing.TB, tweak func(i int, c *config.Config)) ([]config.Config, []*node.Node) {
-	cfgs := []config.Config{clusterConfig(t, "a"), clusterConfig(t, "b"), clusterConfig(t, "c")}
-	if tweak != nil {
-		for i := range cfgs {
+	return openFounders(t, 3, tweak)
+}
+
+// openFounders is openThreeWith for a mesh founded with count servers, named a, b, c, ….
+func openFounders(t testing.TB, count int, tweak func(i int, c *config.Config)) ([]config.Config, []*node.Node) {
+	cfgs := make([]config.Config, count)
+	for i := range cfgs {
+		cfgs[i] = clusterConfig(t, string(rune('a'+i)))
+		if tweak != nil {
 			tweak(i, &cfgs[i])
 		}
 	}
-	f, _, err := datadir.Prepare(cfgs[0], 3)
+	f, _, err := datadir.Prepare(cfgs[0], count)
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := f.FoundingToken(3, []string{cfgs[0].GossipAddr})
+	token := f.FoundingToken(count, []string{cfgs[0].GossipAddr})
 	for _, c := range cfgs[1:] {
 		if _, err := node.Found(c, token); err != nil {
 			t.Fatal(err)
 		}
 	}
-	nodes := make([]*node.Node, 3)
-	errs := make([]error, 3)
+	nodes := make([]*node.Node, count)
+	errs := make([]error, count)
 	var wg sync.WaitGroup
 	for i, c := range cfgs {
 		wg.Add(1)

@@ -24,7 +24,7 @@ func (n *Node) newController() *controller.Controller {
 		Quotas:            n.quotaUse,
 		Sign:              n.sign,
 		Servers:           n.serverKey,
-		Replicas:          n.replicas(),
+		Replicas:          n.replicas,
 		EventsMaxAge:      time.Duration(n.cfg.EventsMaxAge),
 		Budget:            n.budget,
 		ProvisionInterval: time.Duration(n.cfg.ProvisionInterval),

@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/replication"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -195,6 +196,11 @@ func (n *Node) Status(ctx context.Context) api.NodeStatus {
 		s.Ready = true
 	}
 	s.Audit = n.auditStatus(ctx)
+	if n.reg != nil {
+		rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		s.Replication = replication.Status(rctx, n.bus.JetStream(), n.servers())
+		cancel()
+	}
 	return s
 }
 

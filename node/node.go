@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/provenance"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/replication"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -48,12 +51,38 @@ const openTimeout = 30 * time.Second
 
 // replicas is the replication of the mesh's streams and buckets: 1 on a single node, 3 in a
 // mesh of 3 or more.
-func (n *Node) replicas() int {
-	if n.found != nil && n.found.Expect >= 3 {
-		return 3
+func (n *Node) replicas() int { return replication.Target(n.servers()) }
+
+// servers is how many servers the mesh has as this node knows it: the servers whose
+// identities the registry holds — joins add one, leave and `node remove` take one away —
+// but, until the registry has held as many as the mesh was founded (or grown) with, no
+// fewer than that: the founders register one by one while the mesh's buckets and streams
+// are made. That the registry has held them is kept in the store (serversCounted), so a
+// restart after a removal counts what is left.
+func (n *Node) servers() int {
+	registered := 0
+	if n.reg != nil {
+		registered = len(n.reg.Nodes())
 	}
-	return 1
+	if n.found == nil {
+		return max(registered, 1)
+	}
+	expect := n.found.Expect
+	if n.countedAt.Load() != int64(expect) && registered >= expect {
+		if err := datadir.PutValue(n.db, serversCounted, strconv.Itoa(expect)); err != nil {
+			n.log.Warn("remember that every founding server has registered", "err", err)
+		}
+		n.countedAt.Store(int64(expect))
+	}
+	if n.countedAt.Load() == int64(expect) {
+		return max(registered, 1)
+	}
+	return max(registered, expect)
 }
+
+// serversCounted is the store key holding the founding (or grown-to) number of servers once
+// the registry has held that many.
+const serversCounted = "servers-counted"
 
 // Errors of Open.
 var (
@@ -101,25 +130,27 @@ type Node struct {
 	key   nkeys.KeyPair
 	sign  *envelope.SigningKey // key, expanded: what the node signs its events and jobs with
 
-	bus     *embedbus.Bus
-	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
-	alarms  alarms            // standing reasons not to be ready (drift.go)
-	resp    responder         // answers every request (responder.go)
-	reg     *registry.Registry
-	dir     *directory // what the bus authenticates against (directory.go)
-	ctrl    *controller.Controller
-	seats   *seatService
-	vault   *vault.Vault // nil on a server without the vault's credentials
-	vaultNC *nats.Conn   // the vault's own connection
-	audit   *audit.Logger
-	admit   *admit.Admitter // what modules publish to a stream passes it (admit.go)
-	mods    hosting         // the modules this node runs (hosting.go)
-	tls     certs           // the node's certificate, for routes and TLS clients (tls.go)
-	mesh    clusterPart     // this server's place in its mesh (cluster.go)
-	grower  grower          // a single node growing into a mesh (grow.go)
-	quit    stopSignal      // the node left its mesh: Run ends
-	web     front           // the HTTP listener, server and dashboard (http.go)
-	metrics observed        // the node's metrics
+	bus    *embedbus.Bus
+	budget controller.Budget // the byte limits of the mesh's streams and buckets on this node
+	alarms alarms            // standing reasons not to be ready (drift.go)
+	resp   responder         // answers every request (responder.go)
+	reg    *registry.Registry
+	// countedAt is the number of servers the registry has held all of (servers), 0 before.
+	countedAt atomic.Int64
+	dir       *directory // what the bus authenticates against (directory.go)
+	ctrl      *controller.Controller
+	seats     *seatService
+	vault     *vault.Vault // nil on a server without the vault's credentials
+	vaultNC   *nats.Conn   // the vault's own connection
+	audit     *audit.Logger
+	admit     *admit.Admitter // what modules publish to a stream passes it (admit.go)
+	mods      hosting         // the modules this node runs (hosting.go)
+	tls       certs           // the node's certificate, for routes and TLS clients (tls.go)
+	mesh      clusterPart     // this server's place in its mesh (cluster.go)
+	grower    grower          // a single node growing into a mesh (grow.go)
+	quit      stopSignal      // the node left its mesh: Run ends
+	web       front           // the HTTP listener, server and dashboard (http.go)
+	metrics   observed        // the node's metrics
 }
 
 // observed is the node's metrics: its Prometheus registry and the counters parts report to.
@@ -293,6 +324,9 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 	}
 	if n.id, n.found, err = datadir.LoadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.cfg.NameGiven, n.CreateIdentity, n.Expect); err != nil {
 		return keys, err
+	}
+	if counted, err := strconv.Atoi(datadir.Value(n.db, serversCounted)); err == nil {
+		n.countedAt.Store(int64(counted))
 	}
 	if n.cfg.Name != n.id.Name {
 		n.log = n.rootLog.With("node", n.id.Name)
@@ -757,6 +791,9 @@ func (n *Node) Run(ctx context.Context) error {
 	add("declaration follower", n.mods.host.Run)
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
+	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: n.servers, Holds: n.holdsController,
+		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
+	add("replication", keeper.Run)
 	add("admitter", n.runAdmitter)
 	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)

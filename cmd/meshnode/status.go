@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -49,7 +50,7 @@ the operator: --creds; no data dir needed on this machine).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?, replication?")
 	return cmd
 }
 
@@ -175,10 +176,71 @@ func printStatus(w io.Writer, st api.NodeStatus) {
 	if st.Growing != "" {
 		rows = append(rows, [2]string{"growing", st.Growing})
 	}
+	if r := st.Replication; r != nil {
+		rows = append(rows, [2]string{"replication", replicationLine(r)})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}
 	tw.Flush()
+	if r := st.Replication; r != nil && len(r.Streams) > 0 {
+		printStreams(w, r)
+	}
+}
+
+// replicationLine is the status's replication row: the servers, the copies kept, and how
+// many streams have a quorum.
+func replicationLine(r *api.NodeReplication) string {
+	line := fmt.Sprintf("%d servers: %d copies of each stream, any %d may be down", r.Servers, r.Target, r.Tolerates)
+	if r.Error != "" {
+		return line + "; " + r.Error
+	}
+	quorum := 0
+	for _, s := range r.Streams {
+		if s.Quorum {
+			quorum++
+		}
+	}
+	line += fmt.Sprintf("; %d streams, %d with quorum", len(r.Streams), quorum)
+	if quorum < len(r.Streams) {
+		line += " (a stream without quorum refuses writes until a majority of its copies are up)"
+	}
+	return line
+}
+
+// shownStreams is how many streams status lists before it lists only those that need a look.
+const shownStreams = 20
+
+// printStreams lists each stream's replication: all of them on a small mesh, else those
+// without quorum, with copies behind or another number of copies than the target.
+func printStreams(w io.Writer, r *api.NodeReplication) {
+	show := r.Streams
+	if len(show) > shownStreams {
+		show = nil
+		for _, s := range r.Streams {
+			if !s.Quorum || len(s.Behind) > 0 || s.Replicas != r.Target {
+				show = append(show, s)
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tREPLICAS\tCURRENT\tLEADER\tQUORUM")
+	for _, s := range show {
+		quorum := "yes"
+		if !s.Quorum {
+			quorum = "no: " + s.Why
+		}
+		replicas := fmt.Sprint(s.Replicas)
+		if s.Replicas == 0 {
+			replicas = "?"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Name, replicas, s.Current, cmp.Or(s.Leader, "-"), quorum)
+	}
+	tw.Flush()
+	if rest := len(r.Streams) - len(show); rest > 0 {
+		fmt.Fprintf(w, "and %d more streams at %d copies, all current (--json lists every stream)\n", rest, r.Target)
+	}
 }
 
 // auditLine is the status's audit row: records and lag, and the gaps if there are any.

@@ -10,6 +10,10 @@
 // the stream exists, so a create of an existing stream that reserves much of the store is
 // refused as "insufficient storage": that refusal, too, is followed by an update, and is
 // returned only when the stream does not exist.
+//
+// The replicas asked for apply to a create only: an update keeps the copies the stream has.
+// How many copies the mesh keeps is decided once, for every stream (package replication), and
+// a node that opens a stream with an older count of the servers must not undo it.
 package ensure
 
 import (
@@ -25,11 +29,27 @@ func Stream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	if !mayExist(err) {
 		return s, err
 	}
+	var rerr error
+	if cfg.Replicas, rerr = replicas(ctx, js, cfg.Name, cfg.Replicas); rerr != nil {
+		return nil, rerr
+	}
 	s, uerr := js.UpdateStream(ctx, cfg)
 	if errors.Is(uerr, jetstream.ErrStreamNotFound) {
 		return nil, err
 	}
 	return s, uerr
+}
+
+// replicas is the copies stream has, or want when it does not exist.
+func replicas(ctx context.Context, js jetstream.JetStream, stream string, want int) (int, error) {
+	s, err := js.Stream(ctx, stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return want, nil
+	case err != nil:
+		return 0, err
+	}
+	return s.CachedInfo().Config.Replicas, nil
 }
 
 // errStorageExceeded is nats-server's JSStorageResourcesExceededErr ("insufficient storage
@@ -49,6 +69,10 @@ func mayExist(err error) bool {
 func KeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if mayExist(err) {
+		var rerr error
+		if cfg.Replicas, rerr = replicas(ctx, js, "KV_"+cfg.Bucket, cfg.Replicas); rerr != nil {
+			return nil, rerr
+		}
 		return js.CreateOrUpdateKeyValue(ctx, cfg) // absent after all: its create's error
 	}
 	return kv, err
@@ -58,6 +82,10 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 func ObjectStore(ctx context.Context, js jetstream.JetStream, cfg jetstream.ObjectStoreConfig) (jetstream.ObjectStore, error) {
 	obs, err := js.CreateObjectStore(ctx, cfg)
 	if mayExist(err) {
+		var rerr error
+		if cfg.Replicas, rerr = replicas(ctx, js, "OBJ_"+cfg.Bucket, cfg.Replicas); rerr != nil {
+			return nil, rerr
+		}
 		return js.CreateOrUpdateObjectStore(ctx, cfg) // absent after all: its create's error
 	}
 	return obs, err

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/meshnode/meshnode/api"
+)
+
+// TestPrintStatus_Replication: the status shows the servers counted, the copies kept and the
+// servers tolerated down, lists each stream of a small mesh with its quorum (one without says
+// why), and of a large one only the streams that need a look, counting the rest.
+func TestPrintStatus_Replication(t *testing.T) {
+	r := &api.NodeReplication{Servers: 5, Target: 5, Tolerates: 2, Streams: []api.StreamReplication{
+		{Name: "EVENTS", Replicas: 5, Current: 5, Leader: "a", Quorum: true},
+		{Name: "KV_mesh-vault", Replicas: 5, Current: 2, Leader: "b", Behind: []string{"c", "d", "e"}, Why: "2 of 5 copies current, a majority is 3"},
+		{Name: "SEAT_jobs", Why: "no leader answers: fewer than a majority of its copies are up"},
+	}}
+	var out strings.Builder
+	printStatus(&out, api.NodeStatus{Name: "a", Replication: r})
+	for _, want := range []string{
+		"replication  5 servers: 5 copies of each stream, any 2 may be down; 3 streams, 1 with quorum (a stream without quorum refuses writes",
+		"EVENTS         5         5        a       yes",
+		"KV_mesh-vault  5         2        b       no: 2 of 5 copies current, a majority is 3",
+		"SEAT_jobs      ?         0        -       no: no leader answers",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	// Past twenty streams, only those that need a look.
+	r.Streams = r.Streams[:2]
+	for i := range 30 {
+		r.Streams = append(r.Streams, api.StreamReplication{Name: fmt.Sprintf("SEAT_s%02d", i), Replicas: 5, Current: 5, Leader: "a", Quorum: true})
+	}
+	out.Reset()
+	printStatus(&out, api.NodeStatus{Name: "a", Replication: r})
+	if s := out.String(); !strings.Contains(s, "KV_mesh-vault") || strings.Contains(s, "SEAT_s00") || strings.Contains(s, "EVENTS ") ||
+		!strings.Contains(s, "and 31 more streams at 5 copies, all current (--json lists every stream)") {
+		t.Errorf("a mesh of 32 streams, one without quorum:\n%s", s)
+	}
+}
