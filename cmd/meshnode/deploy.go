@@ -253,6 +253,11 @@ const waitSteady = 1500 * time.Millisecond
 func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duration, asJSON bool) error {
 	want := map[string]uint64{} // node → the declaration's revision
 	for _, d := range reply.Declared {
+		// A node the deployment moved off is declared too (without the module): no instance
+		// of it will run there, so there is nothing to wait for on it.
+		if reply.Deployment != nil && !reply.Deployment.Targets(d.Node) {
+			continue
+		}
 		if d.Error != "" {
 			return fmt.Errorf("%s on %s is not declared yet (%s): --wait would wait for nothing there; meshnode ps shows it once the next change or controller start declares it", reply.Module, d.Node, d.Error)
 		}
