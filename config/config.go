@@ -114,9 +114,11 @@ type Config struct {
 	// larger than it is not kept. A registration that would give DEAD more consumers than it
 	// holds shares for is refused. Zero: a 1024th of DEAD, at least 64KiB.
 	DeadMaxBytesPerConsumer Bytes `yaml:"dead-max-bytes-per-consumer"`
-	// SeatMaxBytes is the most one seat's work queue keeps. Zero: a sixty-fourth of what the
-	// control plane, EVENTS and DEAD leave of the store (at most 1 GiB), so some sixty seats
-	// fit; a mesh with more seats sets it lower.
+	// SeatMaxBytes is the most the work queue of a seat keeps when its manifest declares no
+	// backlog:, and what the node reserves for it. Zero: a 1024th of what the control plane,
+	// EVENTS, DEAD and the provisions leave of the store for seat queues, from 1 MiB to
+	// 16 MiB, so about a thousand such seats fit on any store from 5 GiB up. Every seat's
+	// reservation together must fit in that room, checked at registration.
 	SeatMaxBytes Bytes `yaml:"seat-max-bytes"`
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
 	// bus's maximum message size.

@@ -44,7 +44,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("store-max-bytes", "0", "the most JetStream stores on this node, e.g. 20GiB (0: 75% of the disk's free space)")
 	f.String("events-max-bytes", "0", "the most the EVENTS stream keeps; past it emits are refused (0: half the store)")
 	f.String("module-events-max-bytes", "0", "the most of EVENTS one module may hold; past it its emits are refused (0: a quarter of EVENTS)")
-	f.String("seat-max-bytes", "0", "the most one seat's work queue keeps (0: a sixty-fourth of what the node's store gives its streams)")
+	f.String("seat-max-bytes", "0", "the most the work queue of a seat without backlog: keeps (0: a 1024th of the store's room for seat queues, 1MiB to 16MiB)")
 	f.String("client-tls", "auto", "when the client port is TLS: auto (when client-addr is not loopback) or always")
 	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
 	f.String("dead-max-bytes-per-consumer", "0", "the most of DEAD one consumer's dead letters may hold; past it its own oldest go (0: a 1024th of DEAD, at least 64KiB)")
