@@ -45,12 +45,13 @@ type Budget struct {
 // share is store/div, capped, and at least floor.
 func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div, cap)) }
 
-// The default share of DEAD per consumer: a 1024th of DEAD, so a mesh takes about a thousand
-// consumers before dead-max-bytes or dead-max-bytes-per-consumer must be set (a 20 GiB store
-// keeps 2 MiB of letters per consumer), but at least 64 KiB, so a small store's consumers
-// still keep a few letters of common sizes.
+// The default share of DEAD per consumer: a 16384th of DEAD, so a mesh takes some sixteen
+// thousand consumers before dead-max-bytes or dead-max-bytes-per-consumer must be set (a
+// 57 GiB store keeps 356 KiB of letters per consumer; a 1024th stopped registration at 1,024
+// consumers, short of issue 37's 10,000 modules with 1,000 seats), but at least 64 KiB, so a
+// small store's consumers still keep a few letters of common sizes.
 const (
-	deadShares   = 1024
+	deadShares   = 16384
 	minDeadShare = 64 << 10
 )
 

@@ -47,7 +47,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("seat-max-bytes", "0", "the most the work queue of a seat without backlog: keeps (0: a 1024th of the store's room for seat queues, 1MiB to 16MiB)")
 	f.String("client-tls", "auto", "when the client port is TLS: auto (when client-addr is not loopback) or always")
 	f.String("dead-max-bytes", "0", "the most the DEAD stream keeps (0: a tenth of the store)")
-	f.String("dead-max-bytes-per-consumer", "0", "the most of DEAD one consumer's dead letters may hold; past it its own oldest go (0: a 1024th of DEAD, at least 64KiB)")
+	f.String("dead-max-bytes-per-consumer", "0", "the most of DEAD one consumer's dead letters may hold; past it its own oldest go (0: a 16384th of DEAD, at least 64KiB)")
 	f.String("max-event-bytes", "0", "the largest event EVENTS accepts (0: the bus's maximum message size)")
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
 	f.String("emit-rate", strconv.Itoa(defaults.EmitRate), "events and seat jobs a second one module may send on this node; past it they are refused, retryably (0: no pace)")
