@@ -112,11 +112,13 @@ type Config struct {
 	// DeadMaxBytesPerConsumer is the most of DEAD one consumer's dead letters may hold: past
 	// it the node removes that consumer's own oldest letters to write its next, and a letter
 	// larger than it is not kept. A registration that would give DEAD more consumers than it
-	// holds shares for is refused. Zero: a 1024th of DEAD, at least 64KiB.
+	// holds shares for is refused. Zero: a 16384th of DEAD, at least 64KiB.
 	DeadMaxBytesPerConsumer Bytes `yaml:"dead-max-bytes-per-consumer"`
-	// SeatMaxBytes is the most one seat's work queue keeps. Zero: a sixty-fourth of what the
-	// control plane, EVENTS and DEAD leave of the store (at most 1 GiB), so some sixty seats
-	// fit; a mesh with more seats sets it lower.
+	// SeatMaxBytes is the most the work queue of a seat keeps when its manifest declares no
+	// backlog:, and what the node reserves for it. Zero: a 1024th of what the control plane,
+	// EVENTS, DEAD and the provisions leave of the store for seat queues, from 1 MiB to
+	// 16 MiB, so about a thousand such seats fit on any store from 5 GiB up. Every seat's
+	// reservation together must fit in that room, checked at registration.
 	SeatMaxBytes Bytes `yaml:"seat-max-bytes"`
 	// MaxEventBytes is the largest event payload EVENTS accepts, headers included. Zero: the
 	// bus's maximum message size.
@@ -662,7 +664,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: audit-max-lag %d: events, ≥ 0 (0: no back-pressure)", ErrInvalid, c.AuditMaxLag)
 	}
 	if c.DeadMaxBytesPerConsumer != 0 && c.DeadMaxBytesPerConsumer < MinDeadBytesPerConsumer {
-		return fmt.Errorf("%w: dead-max-bytes-per-consumer %s: at least %s (a dead letter's headers alone take a few hundred bytes), or 0 for a 1024th of DEAD", ErrInvalid, c.DeadMaxBytesPerConsumer, Bytes(MinDeadBytesPerConsumer))
+		return fmt.Errorf("%w: dead-max-bytes-per-consumer %s: at least %s (a dead letter's headers alone take a few hundred bytes), or 0 for a 16384th of DEAD", ErrInvalid, c.DeadMaxBytesPerConsumer, Bytes(MinDeadBytesPerConsumer))
 	}
 	if c.DeadMaxBytes != 0 && c.DeadMaxBytesPerConsumer > c.DeadMaxBytes {
 		return fmt.Errorf("%w: dead-max-bytes-per-consumer %s is more than dead-max-bytes %s: one consumer's share is a part of DEAD; lower it or raise dead-max-bytes", ErrInvalid, c.DeadMaxBytesPerConsumer, c.DeadMaxBytes)

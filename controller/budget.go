@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/manifest"
@@ -28,7 +29,13 @@ type Budget struct {
 	// consumer, checked at registration (CheckDead).
 	DeadShare int64
 	State     int64 // STATE
-	Seat      int64 // each SEAT_<S> work queue
+	// Seat is a seat's work queue (SEAT_<S>) when its manifest declares no backlog.
+	Seat int64
+	// Seats is what the store leaves all seats' work queues together, each reserving its
+	// backlog or Seat; a registration that would pass it is refused (CheckSeats).
+	Seats int64
+	// Provision is the provisions bucket and each bucket the mesh-kv provider makes.
+	Provision int64
 	Registry  int64 // KV mesh-registry
 	Leases    int64 // KV mesh-seats
 	Vault     int64 // KV mesh-vault
@@ -38,21 +45,34 @@ type Budget struct {
 // share is store/div, capped, and at least floor.
 func share(store, div, floor, cap int64) int64 { return max(floor, min(store/div, cap)) }
 
-// The default share of DEAD per consumer: a 1024th of DEAD, so a mesh takes about a thousand
-// consumers before dead-max-bytes or dead-max-bytes-per-consumer must be set (a 20 GiB store
-// keeps 2 MiB of letters per consumer), but at least 64 KiB, so a small store's consumers
-// still keep a few letters of common sizes.
+// The default share of DEAD per consumer: a 16384th of DEAD, so a mesh takes some sixteen
+// thousand consumers before dead-max-bytes or dead-max-bytes-per-consumer must be set (a
+// 57 GiB store keeps 356 KiB of letters per consumer; a 1024th stopped registration at 1,024
+// consumers, short of issue 37's 10,000 modules with 1,000 seats), but at least 64 KiB, so a
+// small store's consumers still keep a few letters of common sizes.
 const (
-	deadShares   = 1024
+	deadShares   = 16384
 	minDeadShare = 64 << 10
+)
+
+// The default backlog of a seat, when its manifest declares none and seat-max-bytes is not
+// set: a 1024th of the seats' room, at least 1 MiB (one job of the bus's largest) and at most
+// 16 MiB (thousands of jobs of common sizes). A seat's queue was a sixty-fourth of the room,
+// up to 1 GiB, reserved whether it held anything or not: a 57 GiB store took 64 seats. With
+// the default a mesh takes about a thousand seats on the store it is given (57 GiB: some
+// 1,400), and a seat that needs more says so with backlog:.
+const (
+	seatShares  = 1024
+	maxSeatSize = 16 << 20
 )
 
 // NewBudget sizes the mesh's streams within a store of the given size: the control
 // plane's buckets first (a thirty-second each for registry, vault and STATE, less for leases),
 // then EVENTS (half, or events-max-bytes), DEAD (a tenth, or dead-max-bytes) and each
-// consumer's share of it (dead-max-bytes-per-consumer); each seat
-// queue gets a sixty-fourth of what is left (at least 1 MiB, at most 1 GiB), so some
-// sixty seats' queues fit.
+// consumer's share of it (dead-max-bytes-per-consumer); what is left is for the provisions'
+// buckets (a sixty-fourth of it, at least 1 MiB, at most 1 GiB) and the seats' queues, each
+// of which reserves its declared backlog or the default (seat-max-bytes, or a 1024th of the
+// seats' room between 1 and 16 MiB).
 func NewBudget(store int64, cfg config.Config) Budget {
 	// A store sized from the disk's free space differs a little from node to node and from
 	// start to start: coarse steps keep the mesh's stream limits from changing with it.
@@ -91,22 +111,30 @@ func NewBudget(store int64, cfg config.Config) Budget {
 	if cfg.MaxEventBytes > 0 {
 		b.MaxEvent = int32(min(int64(cfg.MaxEventBytes), 1<<30))
 	}
-	b.Seat = share(b.left(), 64, 1<<20, 1<<30)
+	b.Provision = share(b.left(), 64, 1<<20, 1<<30)
+	// In whole MiB, as a refusal prints them.
+	b.Seats = max(0, b.left()-b.Provision) &^ (1<<20 - 1)
+	b.Seat = share(b.Seats, seatShares, manifest.MinBacklog, maxSeatSize) &^ (1<<20 - 1)
 	if cfg.SeatMaxBytes > 0 {
 		b.Seat = int64(cfg.SeatMaxBytes)
 	}
 	return b
 }
 
-// left is what the control plane, EVENTS and DEAD leave of the store for seat queues.
+// left is what the control plane, EVENTS and DEAD leave of the store for provisions and
+// seat queues.
 func (b Budget) left() int64 {
 	return max(0, b.Store-b.Registry-b.Leases-b.Vault-b.State-b.Events-b.Dead)
 }
 
-// apply sets the limits of one of the mesh's streams on its JetStream configuration. Every
-// stream refuses new messages when full (DiscardNew): nothing already accepted is evicted to
-// make room, and the writer hears why.
-func (b Budget) apply(cfg *jetstream.StreamConfig) {
+// apply sets the limits of one of the mesh's streams, derived as s, on its JetStream
+// configuration. Every stream refuses new messages when full (DiscardNew): nothing already
+// accepted is evicted to make room, and the writer hears why. So a seat's queue made with a
+// larger limit (before seats were sized by their backlog) shrinks in place: JetStream keeps
+// what it holds past the new limit (a DiscardNew stream's limit is never enforced on what is
+// stored, nats-server's enforceBytesLimit) and refuses new jobs until the holder has taken
+// enough.
+func (b Budget) apply(cfg *jetstream.StreamConfig, s manifest.Stream) {
 	if b.Store <= 0 {
 		return // not sized (a test's topology)
 	}
@@ -119,8 +147,16 @@ func (b Budget) apply(cfg *jetstream.StreamConfig) {
 	case cfg.Name == manifest.StateStreamName:
 		cfg.MaxBytes = b.State
 	default: // a seat's work queue
-		cfg.MaxBytes = b.Seat
+		cfg.MaxBytes = b.seatBytes(s)
 	}
+}
+
+// seatBytes is what the work queue of a seat reserves: its declared backlog, or the default.
+func (b Budget) seatBytes(s manifest.Stream) int64 {
+	if s.MaxBytes > 0 {
+		return s.MaxBytes
+	}
+	return b.Seat
 }
 
 // jsErrStorageExceeded is JetStream's error when a stream's reservation does not fit in the
@@ -131,10 +167,49 @@ const jsErrStorageExceeded = jetstream.ErrorCode(server.JSStorageResourcesExceed
 func storeFullError(stream string, b Budget, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStorageExceeded {
-		return fmt.Errorf("the store has no room for %s (%s more; %s of the %s store is left for seat queues, about %d of them): raise store-max-bytes, lower events-max-bytes or dead-max-bytes, or lower seat-max-bytes for more, smaller seat queues: %w",
-			stream, config.Bytes(b.Seat), config.Bytes(b.left()), config.Bytes(b.Store), b.left()/max(b.Seat, 1), err)
+		return fmt.Errorf("the store has no room for %s (%s of the %s store is for seat queues; a seat without backlog: takes %s): raise store-max-bytes, lower events-max-bytes or dead-max-bytes, or declare smaller seat backlogs: %w",
+			stream, config.Bytes(b.Seats), config.Bytes(b.Store), config.Bytes(b.Seat), err)
 	}
 	return err
+}
+
+// SeatsOf is what the work queues of d's seats reserve together.
+func (b Budget) SeatsOf(d *manifest.Derivation) int64 {
+	if d == nil {
+		return 0
+	}
+	var n int64
+	for _, s := range d.Seats {
+		if s.Stream != nil {
+			n += b.seatBytes(*s.Stream)
+		}
+	}
+	return n
+}
+
+// CheckSeats refuses module's registration as d when the seats' queues would reserve more
+// than the store leaves them (Seats): others is what every other seat's queue reserves (the
+// mesh's own and every other module's), prev what module's seats reserved as it was
+// registered before. A registration that reserves no more than before passes, so a module
+// can always be registered again as it was.
+func (b Budget) CheckSeats(module string, d *manifest.Derivation, others, prev int64) error {
+	after := others + b.SeatsOf(d)
+	if b.Store <= 0 || after <= b.Seats || after <= others+prev {
+		return nil
+	}
+	var mine []string
+	for _, s := range d.Seats {
+		if s.Stream == nil {
+			continue
+		}
+		size := config.Bytes(b.seatBytes(*s.Stream)).String()
+		if s.Stream.MaxBytes == 0 {
+			size += " (the default, seat-max-bytes)"
+		}
+		mine = append(mine, "seat "+s.Name+" "+size)
+	}
+	return fmt.Errorf("register: the store has no room for module %s's seat queues (%s): %s is left of the %s the %s store gives seat queues: declare a smaller backlog: for its seats, remove modules whose seats are no longer used, or raise store-max-bytes (or lower events-max-bytes, dead-max-bytes, or seat-max-bytes, the default backlog)",
+		module, strings.Join(mine, ", "), config.Bytes(max(0, b.Seats-others)), config.Bytes(b.Seats), config.Bytes(b.Store))
 }
 
 // CheckDead refuses a registration that leaves DEAD without a share for each consumer: with

@@ -462,6 +462,9 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	if err := c.checkDead(m.Module, d); err != nil {
 		return api.RegisterReply{}, err
 	}
+	if err := c.checkSeats(m.Module, d); err != nil {
+		return api.RegisterReply{}, err
+	}
 
 	now := time.Now().UTC()
 	rec := registry.Record{Module: m.Module, Manifest: req.Manifest, Registered: now, Updated: now, Fingerprints: map[string]string{},
@@ -559,6 +562,24 @@ func (c *Controller) checkDead(module string, d *manifest.Derivation) error {
 	deadConsumers(before, prev, nodes)
 	deadConsumers(after, d, nodes)
 	return c.topo.budget.CheckDead(module, len(after), len(before))
+}
+
+// checkSeats refuses module's registration as d when the seats' queues would reserve more
+// than the store leaves them (Budget.CheckSeats), counting the mesh's own seats and every
+// registered module's, with module's as d instead of as it was. A seat's stream kept for its
+// backlog after its module went (retire) is not counted: JetStream's own reservation refuses
+// what does not fit then, with storeFullError.
+func (c *Controller) checkSeats(module string, d *manifest.Derivation) error {
+	b := c.topo.budget
+	others, prev := b.SeatsOf(manifest.Builtin()), int64(0)
+	for _, e := range c.reg.List() {
+		if e.Module == module {
+			prev = b.SeatsOf(e.Derivation)
+			continue
+		}
+		others += b.SeatsOf(e.Derivation)
+	}
+	return b.CheckSeats(module, d, others, prev)
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.

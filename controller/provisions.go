@@ -98,7 +98,7 @@ func (c *Controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 	if c.prov.store != nil {
 		return c.prov.store, nil
 	}
-	s, err := provision.OpenStore(ctx, c.js, c.topo.replicas(), c.topo.budget.Seat)
+	s, err := provision.OpenStore(ctx, c.js, c.topo.replicas(), c.topo.budget.Provision)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func (c *Controller) provisionStore(ctx context.Context) (*provision.KVStore, er
 		Store: s,
 		Provider: func(seat string) provision.Provider {
 			if seat == provision.MeshProvider {
-				return provision.MeshKV{JS: c.js, Replicas: c.topo.replicas(), MaxBytes: c.topo.budget.Seat}
+				return provision.MeshKV{JS: c.js, Replicas: c.topo.replicas(), MaxBytes: c.topo.budget.Provision}
 			}
 			return provision.Seat{NC: c.nc, Name: seat, Node: c.node}
 		},

@@ -88,7 +88,7 @@ type Topology struct {
 // node's store budget.
 func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 	cfg := streamConfig(s, t.replicas())
-	t.budget.apply(&cfg)
+	t.budget.apply(&cfg, s)
 	return cfg
 }
 

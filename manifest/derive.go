@@ -99,6 +99,8 @@ type SeatDerivation struct {
 	Scope Scope `json:"scope"`
 	// Retain is the backlog's retention as declared; the stream's MaxAge is its value.
 	Retain string `json:"retain,omitempty"`
+	// Backlog is the most the backlog holds as declared; the stream's MaxBytes is its value.
+	Backlog string `json:"backlog,omitempty"`
 	// Accepts are the verbs and their work-queue subjects (node scope: for NodePlaceholder).
 	Accepts []Derived `json:"accepts"`
 	// Emits are the seat's events and their subjects.
@@ -268,6 +270,7 @@ func deriveSeat(module string, s Seat, node string) SeatDerivation {
 		Name:        s.Name,
 		Scope:       s.Scope,
 		Retain:      s.Retain,
+		Backlog:     s.Backlog,
 		Accepts:     []Derived{},
 		Emits:       []Derived{},
 		Serves:      []Derived{},

@@ -90,6 +90,10 @@ type Seat struct {
 	// Retain is how long the seat's inbound backlog survives, as written: 7d, 12h, 30m.
 	// Required when the seat accepts anything; see ParseRetain.
 	Retain string `json:"retain,omitempty"`
+	// Backlog is the most its inbound backlog holds, as written: 64MiB, 1GiB; see
+	// ParseBacklog. Empty: the node's default (seat-max-bytes). The node reserves it in its
+	// store when it makes the seat's work queue, so it is what the seat costs.
+	Backlog string `json:"backlog,omitempty"`
 	// Accepts lists the verbs of work the seat takes from its work queue.
 	Accepts []string `json:"accepts,omitempty"`
 	// Emits lists the events the seat's holder publishes under the seat's name.
@@ -215,6 +219,7 @@ type rawBuild struct {
 type rawSeat struct {
 	Scope    string                `yaml:"scope"`
 	Retain   string                `yaml:"retain"`
+	Backlog  string                `yaml:"backlog"`
 	Accepts  []string              `yaml:"accepts"`
 	Emits    []string              `yaml:"emits"`
 	Serves   []string              `yaml:"serves"`
@@ -235,7 +240,7 @@ type rawVersion struct {
 var (
 	manifestKeys = []string{"module", "requires", "emits", "consumes", "tools", "uses", "secrets", "build", "seats", "limits"}
 	limitsKeys   = []string{"memory", "processes", "cpu-weight", "disk"}
-	seatKeys     = []string{"scope", "retain", "accepts", "emits", "serves", "shapes", "provides", "versions"}
+	seatKeys     = []string{"scope", "retain", "backlog", "accepts", "emits", "serves", "shapes", "provides", "versions"}
 	versionKeys  = []string{"accepts", "emits", "serves", "shapes"}
 	buildKeys    = []string{"from", "run", "on"}
 )
@@ -311,6 +316,7 @@ func parse(data []byte) (*Manifest, Refusals) {
 			Name:    name,
 			Scope:   Scope(s.Scope),
 			Retain:  s.Retain,
+			Backlog: s.Backlog,
 			Accepts: s.Accepts,
 			Emits:   s.Emits,
 			Serves:  s.Serves,

@@ -135,6 +135,27 @@ func ParseRetain(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// The bounds of a seat's backlog. The least is a job of the bus's largest size (nats-server's
+// default max_payload, 1 MiB): a queue that cannot hold one job takes none. The most is a
+// bound on typos; what a node's store can give is checked at registration.
+const (
+	MinBacklog = 1 << 20
+	MaxBacklog = 1 << 40
+)
+
+// ParseBacklog parses a seat's backlog: a whole number of bytes with a unit (KiB, MiB, GiB,
+// TiB, KB, MB, GB, TB), from MinBacklog (1MiB) to MaxBacklog (1TiB).
+func ParseBacklog(s string) (int64, error) {
+	n, err := ParseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("backlog %w", err)
+	}
+	if n < MinBacklog || n > MaxBacklog {
+		return 0, fmt.Errorf("backlog %q: not from %s (one job of the bus's largest) to %s", s, Size(MinBacklog), Size(MaxBacklog))
+	}
+	return int64(n), nil
+}
+
 // errPattern is wrapped by every consumes-pattern error.
 var errPattern = errors.New("invalid consumes pattern")
 

@@ -122,7 +122,7 @@ func (s Seat) At(version string) (Seat, bool) {
 	}
 	for _, v := range s.Versions {
 		if v.Name == version {
-			return Seat{Name: s.Name, Scope: s.Scope, Retain: s.Retain, Accepts: v.Accepts, Emits: v.Emits, Serves: v.Serves, Shapes: v.Shapes}, true
+			return Seat{Name: s.Name, Scope: s.Scope, Retain: s.Retain, Backlog: s.Backlog, Accepts: v.Accepts, Emits: v.Emits, Serves: v.Serves, Shapes: v.Shapes}, true
 		}
 	}
 	return Seat{}, false

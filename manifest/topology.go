@@ -91,6 +91,9 @@ type Stream struct {
 	MaxMsgsPerSubject int64
 	// Duplicates is the Nats-Msg-Id dedup window; 0 means the server's default.
 	Duplicates time.Duration
+	// MaxBytes is the most a seat's work queue keeps, from the seat's backlog; 0 means the
+	// node sizes it (its default for a seat, or its share for EVENTS, STATE and DEAD).
+	MaxBytes int64
 }
 
 // Consumer is a durable pull consumer definition the controller reconciles; it turns it into
@@ -226,11 +229,16 @@ func seatStream(s Seat) Stream {
 		}
 	}
 	maxAge, _ := ParseRetain(s.Retain)
+	var maxBytes int64
+	if s.Backlog != "" {
+		maxBytes, _ = ParseBacklog(s.Backlog)
+	}
 	return Stream{
 		Name:      SeatStreamName(s.Name),
 		Subjects:  subjects,
 		Retention: RetentionWorkQueue,
 		MaxAge:    maxAge,
+		MaxBytes:  maxBytes,
 	}
 }
 

@@ -36,6 +36,7 @@ const (
 	CodeBuildCycle   Code = "build-cycle"   // issue 16: build.on closing a cycle across the catalogue
 	CodeProvider     Code = "provider"      // issue 17: a seat that provides an interface without the provisioner tools
 	CodeLimits       Code = "limits"        // issue 33: a limit outside what a module can run within
+	CodeBacklog      Code = "backlog"       // issue 37: a seat's backlog not a size it can reserve, or on a seat with no queue
 )
 
 // Refusal is one reason a manifest cannot be registered, and what to write instead.
@@ -358,6 +359,7 @@ func (v *validator) seat(s Seat) {
 				Reason: "is not a duration from 100ms (the least JetStream keeps a backlog) to 36500d", Instead: "write e.g. retain: 7d, 12h or 30m (d = 24h)"})
 		}
 	}
+	v.backlog(field, s)
 	v.protocol(field, s.Accepts, s.Emits, s.Serves, s.Shapes)
 	v.provides(field, s)
 	for _, ver := range s.Versions {
@@ -374,6 +376,23 @@ func (v *validator) seat(s Seat) {
 			continue
 		}
 		v.protocol(f, ver.Accepts, ver.Emits, ver.Serves, ver.Shapes)
+	}
+}
+
+// backlog refuses a seat's backlog that is not a size from MinBacklog to MaxBacklog, or that
+// is declared on a seat with no work queue to hold it.
+func (v *validator) backlog(field string, s Seat) {
+	switch {
+	case s.Backlog == "":
+	case !s.AcceptsWork():
+		v.refuse(Refusal{Code: CodeBacklog, Field: field + ".backlog", Value: s.Backlog,
+			Reason: "is declared on a seat that accepts no work, so it has no queue to hold a backlog", Instead: "remove backlog:, or declare accepts: [<verb>] and retain:"})
+	default:
+		if _, err := ParseBacklog(s.Backlog); err != nil {
+			v.refuse(Refusal{Code: CodeBacklog, Field: field + ".backlog", Value: s.Backlog,
+				Reason:  fmt.Sprintf("is not a size from %s (one job of the bus's largest) to %s", Size(MinBacklog), Size(MaxBacklog)),
+				Instead: "write e.g. backlog: 64MiB (units KiB, MiB, GiB, TiB, KB, MB, GB, TB), or leave it out for the node's default"})
+		}
 	}
 }
 

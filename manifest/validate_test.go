@@ -181,6 +181,18 @@ func TestManifest_Validate_Refusals(t *testing.T) {
 		{"unit-less retain", head + "seats:\n  s: {scope: mesh, retain: \"7\", accepts: [send]}\n",
 			manifest.CodeRetain, "seats.s.retain", "7", "retain: 7d"},
 
+		// Issue 37: a seat's backlog is what its queue reserves of the node's store.
+		{"backlog in words", head + "seats:\n  s: {scope: mesh, retain: 1d, backlog: lots, accepts: [send]}\n",
+			manifest.CodeBacklog, "seats.s.backlog", "lots", "backlog: 64MiB"},
+		{"backlog smaller than a job", head + "seats:\n  s: {scope: mesh, retain: 1d, backlog: 64KiB, accepts: [send]}\n",
+			manifest.CodeBacklog, "seats.s.backlog", "64KiB", "backlog: 64MiB"},
+		{"backlog past the bound", head + "seats:\n  s: {scope: mesh, retain: 1d, backlog: 2TiB, accepts: [send]}\n",
+			manifest.CodeBacklog, "seats.s.backlog", "2TiB", "backlog: 64MiB"},
+		{"fractional backlog", head + "seats:\n  s: {scope: mesh, retain: 1d, backlog: 1.5GiB, accepts: [send]}\n",
+			manifest.CodeBacklog, "seats.s.backlog", "1.5GiB", "backlog: 64MiB"},
+		{"backlog without a queue", head + "seats:\n  s: {scope: mesh, backlog: 64MiB, serves: [status]}\n",
+			manifest.CodeBacklog, "seats.s.backlog", "64MiB", "remove backlog:"},
+
 		// A module's own events it consumes must be among its emits (its emitter is present).
 		{"own event not emitted", head + "emits: [y]\nconsumes: [m.x]\n",
 			manifest.CodeNotEmitted, "consumes[0]", "m.x", "write m.y"},

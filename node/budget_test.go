@@ -140,8 +140,9 @@ func askSeats(b *bed) ([]api.SeatStatus, error) {
 	return r.Seats, nil
 }
 
-// TestBudget_ManySeats: a small store still takes dozens of seats' queues, and the one that
-// does not fit is refused saying how many do.
+// TestBudget_ManySeats: a small store still takes more than a dozen seats' queues (the 1 MiB
+// floor each), and the registration of the one that does not fit is refused, before any of
+// it is made, saying the room left and what to change.
 func TestBudget_ManySeats(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t.TempDir(), "alpha")
@@ -160,8 +161,8 @@ func TestBudget_ManySeats(t *testing.T) {
 	if n < 15 {
 		t.Fatalf("a 64 MiB store took only %d seats' queues: %v", n, refused)
 	}
-	if refused != nil && !strings.Contains(refused.Error(), "store-max-bytes") {
-		t.Errorf("the seat that does not fit is refused with %q; want what to do", refused)
+	if refused == nil || !strings.Contains(refused.Error(), "store-max-bytes") || !strings.Contains(refused.Error(), "is left") {
+		t.Errorf("the seat that does not fit is refused with %v; want the room left and what to do", refused)
 	}
 	t.Logf("a 64 MiB store took %d seats' queues (refused: %v)", n, refused)
 }

@@ -19,9 +19,7 @@ import (
 // seat (seat0 … seat99), m100 … m999 each consume the events of the module before and use a
 // seat.
 func thousandModules(tb testing.TB) *bed {
-	cfg := testConfig(tb.TempDir(), "alpha")
-	cfg.SeatMaxBytes = 64 << 20 // 100 seat queues
-	bd := newBedAt(tb, cfg)
+	bd := newBedAt(tb, testConfig(tb.TempDir(), "alpha"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	for i := range 1000 {

@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,36 +51,13 @@ const openTimeout = 30 * time.Second
 // mesh of 3 or more.
 func (n *Node) replicas() int { return replication.Target(n.servers()) }
 
-// servers is how many servers the mesh has as this node knows it: the servers whose
-// identities the registry holds — joins add one, leave and `node remove` take one away —
-// but, until the registry has held as many as the mesh was founded (or grown) with, no
-// fewer than that: the founders register one by one while the mesh's buckets and streams
-// are made. That the registry has held them is kept in the store (serversCounted), so a
-// restart after a removal counts what is left.
+// servers is how many servers the mesh has as this node knows it (replication.Count).
 func (n *Node) servers() int {
-	registered := 0
-	if n.reg != nil {
-		registered = len(n.reg.Nodes())
+	if n.count == nil {
+		return 1
 	}
-	if n.found == nil {
-		return max(registered, 1)
-	}
-	expect := n.found.Expect
-	if n.countedAt.Load() != int64(expect) && registered >= expect {
-		if err := datadir.PutValue(n.db, serversCounted, strconv.Itoa(expect)); err != nil {
-			n.log.Warn("remember that every founding server has registered", "err", err)
-		}
-		n.countedAt.Store(int64(expect))
-	}
-	if n.countedAt.Load() == int64(expect) {
-		return max(registered, 1)
-	}
-	return max(registered, expect)
+	return n.count.Servers()
 }
-
-// serversCounted is the store key holding the founding (or grown-to) number of servers once
-// the registry has held that many.
-const serversCounted = "servers-counted"
 
 // Errors of Open.
 var (
@@ -130,27 +105,26 @@ type Node struct {
 	key   nkeys.KeyPair
 	sign  *envelope.SigningKey // key, expanded: what the node signs its events and jobs with
 
-	bus    *embedbus.Bus
-	budget controller.Budget // the byte limits of the mesh's streams and buckets on this node
-	alarms alarms            // standing reasons not to be ready (drift.go)
-	resp   responder         // answers every request (responder.go)
-	reg    *registry.Registry
-	// countedAt is the number of servers the registry has held all of (servers), 0 before.
-	countedAt atomic.Int64
-	dir       *directory // what the bus authenticates against (directory.go)
-	ctrl      *controller.Controller
-	seats     *seatService
-	vault     *vault.Vault // nil on a server without the vault's credentials
-	vaultNC   *nats.Conn   // the vault's own connection
-	audit     *audit.Logger
-	admit     *admit.Admitter // what modules publish to a stream passes it (admit.go)
-	mods      hosting         // the modules this node runs (hosting.go)
-	tls       certs           // the node's certificate, for routes and TLS clients (tls.go)
-	mesh      clusterPart     // this server's place in its mesh (cluster.go)
-	grower    grower          // a single node growing into a mesh (grow.go)
-	quit      stopSignal      // the node left its mesh: Run ends
-	web       front           // the HTTP listener, server and dashboard (http.go)
-	metrics   observed        // the node's metrics
+	bus     *embedbus.Bus
+	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
+	alarms  alarms            // standing reasons not to be ready (drift.go)
+	resp    responder         // answers every request (responder.go)
+	reg     *registry.Registry
+	count   *replication.Count // the mesh's servers (servers)
+	dir     *directory         // what the bus authenticates against (directory.go)
+	ctrl    *controller.Controller
+	seats   *seatService
+	vault   *vault.Vault // nil on a server without the vault's credentials
+	vaultNC *nats.Conn   // the vault's own connection
+	audit   *audit.Logger
+	admit   *admit.Admitter // what modules publish to a stream passes it (admit.go)
+	mods    hosting         // the modules this node runs (hosting.go)
+	tls     certs           // the node's certificate, for routes and TLS clients (tls.go)
+	mesh    clusterPart     // this server's place in its mesh (cluster.go)
+	grower  grower          // a single node growing into a mesh (grow.go)
+	quit    stopSignal      // the node left its mesh: Run ends
+	web     front           // the HTTP listener, server and dashboard (http.go)
+	metrics observed        // the node's metrics
 }
 
 // observed is the node's metrics: its Prometheus registry and the counters parts report to.
@@ -325,9 +299,12 @@ func (n *Node) openIdentity() (keys partKeys, err error) {
 	if n.id, n.found, err = datadir.LoadIdentity(n.db, n.cfg.DataDir, n.cfg.Name, n.cfg.NameGiven, n.CreateIdentity, n.Expect); err != nil {
 		return keys, err
 	}
-	if counted, err := strconv.Atoi(datadir.Value(n.db, serversCounted)); err == nil {
-		n.countedAt.Store(int64(counted))
-	}
+	n.count = replication.NewCount(n.db, func() int { return n.found.Expect }, func() int {
+		if n.reg == nil {
+			return 0
+		}
+		return len(n.reg.Nodes())
+	}, n.log)
 	if n.cfg.Name != n.id.Name {
 		n.log = n.rootLog.With("node", n.id.Name)
 		n.log.Info("the node's name is the data dir's", "host_default", n.cfg.Name)

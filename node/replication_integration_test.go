@@ -15,23 +15,29 @@ import (
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
 )
 
-// TestIntegration_Replication_FiveThenFour: a mesh founded with five servers keeps five copies
-// of every stream it depends on — the registry, vault and leases buckets, EVENTS, DEAD, STATE —
-// and every node's status shows each with its replicas and a quorum; one server stopped and
-// removed leaves four, and the controller's holder brings every stream to three copies.
-func TestIntegration_Replication_FiveThenFour(t *testing.T) {
-	cfgs, nodes := openFounders(t, 5, nil)
+// TestIntegration_Replication_ThreeFiveFour: a mesh founded with three servers keeps three
+// copies of every stream it depends on — the registry, vault and leases buckets, EVENTS, DEAD,
+// STATE — and every node's status shows each with its replicas and a quorum; two servers join
+// and the controller's holder brings every stream to five copies; one stopped and removed
+// leaves four, and every stream is back to three.
+func TestIntegration_Replication_ThreeFiveFour(t *testing.T) {
+	cfgs, nodes := openFounders(t, 3, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var runs sync.WaitGroup
-	stops := make([]context.CancelFunc, len(nodes))
-	for i, n := range nodes {
+	var stops []context.CancelFunc
+	run := func(n *node.Node) {
 		nctx, stop := context.WithCancel(ctx)
-		stops[i] = stop
+		stops = append(stops, stop)
 		runs.Add(1)
 		go func() { defer runs.Done(); n.Run(nctx) }()
+	}
+	for _, n := range nodes {
+		run(n)
 	}
 	t.Cleanup(func() {
 		cancel()
@@ -66,13 +72,34 @@ func TestIntegration_Replication_FiveThenFour(t *testing.T) {
 			return nil
 		}
 	}
-	retryUntil(t, 60*time.Second, replicated(nodes, 5, 5))
+	retryUntil(t, 60*time.Second, replicated(nodes, 3, 3))
+
+	// d and e join with a token.
+	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	defer op.Close()
+	tctx, tcancel := context.WithTimeout(ctx, time.Minute)
+	defer tcancel()
+	var tok api.Token
+	if _, err := vault.Call(tctx, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "1h", Uses: 2}, &tok); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"d", "e"} {
+		cfg := clusterConfig(t, name)
+		if _, err := node.Join(tctx, cfg, tok.Token); err != nil {
+			t.Fatalf("join %s: %v", name, err)
+		}
+		n := node.New(cfg, testLog())
+		if err := n.OpenContext(tctx); err != nil {
+			t.Fatalf("open %s: %v", name, err)
+		}
+		nodes = append(nodes, n)
+		run(n)
+	}
+	retryUntil(t, 90*time.Second, replicated(nodes, 5, 5))
 
 	// e stops (a dead server is what `node remove` takes), then is removed through a.
 	stops[4]()
 	nodes[4].Close()
-	op := connect(t, nodes[0].ClientURL(), filepath.Join(cfgs[0].DataDir, datadir.OperatorSeedFile))
-	defer op.Close()
 	body, _ := json.Marshal(api.ClusterRequest{Node: "e"})
 	retryUntil(t, 60*time.Second, func() error {
 		m, err := op.Request(manifest.NodeToolSubject("a", api.NodeToolRemove), body, 10*time.Second)

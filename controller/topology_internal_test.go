@@ -1,0 +1,93 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestTopology_SeatQueueShrinksInPlace is issue 37's migration of a seat's queue: a SEAT_
+// stream made with the old fixed reservation (350 MiB, a sixty-fourth of a 57 GiB store's
+// room) and holding jobs is resized by the next reconcile to what the seat declares now —
+// here to 1 MiB, below what it holds. JetStream keeps every queued job (a DiscardNew stream's
+// limit is not enforced on what is stored), refuses new jobs while it is over, and takes
+// them again once the holder has taken enough.
+func TestTopology_SeatQueueShrinksInPlace(t *testing.T) {
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 2 << 30})
+	_, js := testbed.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := seatModule(t, "mailer", "")
+	seat := d.Seats[0]
+
+	before := &Topology{js: js, node: "alpha", replicas: func() int { return 1 }, budget: Budget{Store: 2 << 30, Seat: 350 << 20}}
+	if err := before.EnsureModule(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 3
+	job := strings.Repeat("x", 512<<10)
+	for i := range jobs {
+		if _, err := js.Publish(ctx, seat.Accepts[0].Subject, []byte(fmt.Sprint(i, job))); err != nil {
+			t.Fatalf("queue job %d: %v", i, err)
+		}
+	}
+
+	after := &Topology{js: js, node: "alpha", replicas: func() int { return 1 }, budget: Budget{Store: 2 << 30, Seat: 1 << 20}}
+	if err := after.EnsureModule(ctx, d); err != nil {
+		t.Fatalf("reconcile the seat's queue to 1MiB: %v", err)
+	}
+	stream, err := js.Stream(ctx, seat.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info.Config.MaxBytes, int64(1<<20); got != want {
+		t.Errorf("%s MaxBytes after the reconcile = %d, want %d", seat.Stream.Name, got, want)
+	}
+	if got := info.State.Msgs; got != jobs {
+		t.Fatalf("%s holds %d jobs after shrinking below its use, want all %d", seat.Stream.Name, got, jobs)
+	}
+	if _, err := js.Publish(ctx, seat.Accepts[0].Subject, []byte("one more")); err == nil || !strings.Contains(err.Error(), "maximum bytes") {
+		t.Errorf("%s over its new limit (%d bytes held): a new job got %v, want JetStream's maximum-bytes refusal", seat.Stream.Name, info.State.Bytes, err)
+	}
+
+	// The holder takes every job, in order, and the queue takes new ones again.
+	c, ok, err := d.SeatConsumer(seat.Name, "alpha")
+	if err != nil || !ok {
+		t.Fatalf("seat consumer: %v, %v", ok, err)
+	}
+	cons, err := js.Consumer(ctx, c.Stream, c.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(jobs, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	for m := range batch.Messages() {
+		if want := fmt.Sprint(i); !strings.HasPrefix(string(m.Data()), want+"x") {
+			t.Errorf("job %d is %.8q…, want the job queued %d", i, m.Data(), i)
+		}
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	}
+	if i != jobs {
+		t.Fatalf("the holder got %d jobs, want %d: %v", i, jobs, batch.Error())
+	}
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		_, err := js.Publish(ctx, seat.Accepts[0].Subject, []byte("after the backlog"))
+		return err
+	})
+}
