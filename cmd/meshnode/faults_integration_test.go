@@ -381,7 +381,8 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 	// command may take here, so a deploy that does not run in time says why.
 	r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", through.name, "--wait", "25s", "--data-dir", through.dir, "--creds", b.op)
 	if r.code != 0 || !strings.Contains(r.stdout, through.name+": running (1 of 1)") {
-		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s", b.round, through.name, r.code, r.stdout, r.stderr)
+		ps := meshnode(t, nil, "ps", "--json", "--data-dir", through.dir, "--creds", b.op)
+		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr)
 	}
 	step("deploy")
 }
