@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -460,7 +461,8 @@ func (b *faultBed) audited(t *testing.T, n *meshNode) {
 }
 
 // converge waits until every server is alive, every key stream has all its replicas
-// current, and the restarted pair's audit logs hold every acknowledged event.
+// current, the restarted pair's audit logs hold every acknowledged event, every client is
+// connected again and every host has applied its declaration.
 func (b *faultBed) converge(t *testing.T, pair [2]*meshNode) {
 	t.Helper()
 	retryUntil(t, 2*time.Minute, func() error {
@@ -495,6 +497,27 @@ func (b *faultBed) converge(t *testing.T, pair [2]*meshNode) {
 		b.audited(t, n)
 	}
 	retryUntil(t, time.Minute, b.clientsBack)
+	// Every host has applied the declaration published for it: a restarted node follows
+	// the declarations again.
+	retryUntil(t, time.Minute, func() error {
+		r := meshnode(t, nil, "ps", "--json", "--data-dir", b.nodes[0].dir, "--creds", b.op)
+		if r.code != 0 {
+			return fmt.Errorf("ps: exit %d %s", r.code, r.stderr)
+		}
+		for line := range strings.Lines(r.stdout) {
+			var p struct {
+				Module, Node, State string
+				Revision, Declared  uint64
+			}
+			if err := json.Unmarshal([]byte(line), &p); err != nil {
+				return fmt.Errorf("ps --json: %w: %s", err, line)
+			}
+			if p.Revision < p.Declared {
+				return fmt.Errorf("%s's host has applied revision %d of its declarations, %d is declared (%s is %s)", p.Node, p.Revision, p.Declared, p.Module, p.State)
+			}
+		}
+		return nil
+	})
 }
 
 // clientsBack reports the modules' clients not connected again.
