@@ -58,6 +58,9 @@ type Target struct {
 	Replicas int
 	// Log receives progress (registrations, phases); nil discards it.
 	Log *slog.Logger
+	// Node is the node's process when it runs in one of its own; nil when it shares this
+	// process (then the connect measurement neither weighs nor restarts it).
+	Node Node
 }
 
 func (t Target) log() *slog.Logger {
