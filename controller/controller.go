@@ -126,6 +126,8 @@ type Controller struct {
 	prov provisions
 
 	mu sync.Mutex // serialises registrations
+	// dead counts the consumers DEAD keeps a share for (checkDead), under mu.
+	dead deadTally
 
 	// loops run while this node holds the seat: the sweeper, the provisioner, the
 	// declarations, the cascade's and the reports' consumers.
@@ -539,22 +541,9 @@ func (c *Controller) checkDead(module string, d *manifest.Derivation) error {
 	if len(nodes) == 0 {
 		nodes = []string{c.node} // a node-scoped seat has a consumer on this node at least
 	}
-	others := map[string]struct{}{}
-	cascade := cascadeConsumer()
-	others[cascade.Stream+"/"+cascade.Name] = struct{}{}
-	deadConsumers(others, manifest.Builtin(), nodes)
-	var prev *manifest.Derivation
-	for _, e := range c.reg.List() {
-		if e.Module == module {
-			prev = e.Derivation
-			continue
-		}
-		deadConsumers(others, e.Derivation, nodes)
-	}
-	before, after := maps.Clone(others), others
-	deadConsumers(before, prev, nodes)
-	deadConsumers(after, d, nodes)
-	return c.topo.budget.CheckDead(module, len(after), len(before))
+	c.dead.sync(c.reg.List(), nodes)
+	before, after := c.dead.counts(module, d, nodes)
+	return c.topo.budget.CheckDead(module, after, before)
 }
 
 // mintIdentity asks the vault for a new identity of module, sealed to xkey.
