@@ -126,8 +126,10 @@ type Controller struct {
 	prov provisions
 
 	mu sync.Mutex // serialises registrations
-	// dead counts the consumers DEAD keeps a share for (checkDead), under mu.
-	dead deadTally
+	// dead counts the consumers DEAD keeps a share for (checkDead), and catalogue indexes the
+	// registered manifests (the catalogue check), both under mu.
+	dead      deadTally
+	catalogue *manifest.Catalogue
 
 	// loops run while this node holds the seat: the sweeper, the provisioner, the
 	// declarations, the cascade's and the reports' consumers.
@@ -461,7 +463,8 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	if err != nil {
 		return api.RegisterReply{}, err
 	}
-	if err := manifest.CheckCatalogueBound(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
+	c.catalogue = syncCatalogue(c.catalogue, c.reg.List())
+	if err := manifest.CheckCatalogueBound(m, c.catalogue, prevManifest); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {

@@ -86,3 +86,33 @@ func TestDeadTally_CountsAsAWalkWould(t *testing.T) {
 	entries = append(entries, entry("e", seated("e")))
 	check("more nodes", "f", seated("f"))
 }
+
+// TestSyncCatalogue_FollowsTheRegistry: the controller's catalogue holds the registry's
+// modules as they are after additions, a replacement and a removal.
+func TestSyncCatalogue_FollowsTheRegistry(t *testing.T) {
+	entry := func(yaml string) *registry.Entry {
+		t.Helper()
+		m, err := manifest.Parse([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &registry.Entry{Record: registry.Record{Module: m.Module}, Manifest: m}
+	}
+	a := entry("module: a\nrequires: [mesh-bus]\nseats:\n  q: {scope: mesh, retain: 1h, accepts: [work]}\n")
+	b := entry("module: b\nrequires: [mesh-bus]\n")
+	cat := syncCatalogue(nil, []*registry.Entry{a, b})
+	// A seat a declares is taken: another module declaring it is refused.
+	taker, _ := manifest.Parse([]byte("module: c\nrequires: [mesh-bus]\nseats:\n  q: {scope: mesh, retain: 1h, accepts: [work]}\n"))
+	if err := manifest.CheckCatalogueBound(taker, cat, nil); err == nil {
+		t.Fatal("c declaring a's seat q: not refused")
+	}
+	a2 := entry("module: a\nrequires: [mesh-bus]\n") // a no longer declares q
+	cat = syncCatalogue(cat, []*registry.Entry{a2, b})
+	if err := manifest.CheckCatalogueBound(taker, cat, nil); err != nil {
+		t.Fatalf("c declaring q once a dropped it: %v", err)
+	}
+	cat = syncCatalogue(cat, []*registry.Entry{b})
+	if got, ok := cat.Get("a"); ok || cat.Len() != 1 {
+		t.Fatalf("a removed from the registry: the catalogue holds %v (%d modules)", got, cat.Len())
+	}
+}

@@ -104,3 +104,21 @@ func (t *deadTally) counts(module string, d *manifest.Derivation, nodes []string
 	}
 	return before, after
 }
+
+// syncCatalogue brings cat to entries, the registry's modules: a changed module's manifest
+// is put again, and after a removal the catalogue is indexed afresh (removals are rare,
+// registrations many). It returns the catalogue, made when cat is nil.
+func syncCatalogue(cat *manifest.Catalogue, entries []*registry.Entry) *manifest.Catalogue {
+	if cat == nil {
+		cat = manifest.NewCatalogue()
+	}
+	for _, e := range entries {
+		if m, ok := cat.Get(e.Module); !ok || m != e.Manifest {
+			cat.Put(e.Manifest)
+		}
+	}
+	if cat.Len() > len(entries) {
+		return syncCatalogue(nil, entries)
+	}
+	return cat
+}
