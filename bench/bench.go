@@ -41,8 +41,13 @@ const (
 // lost.
 const stall = 10 * time.Second
 
-// requestTimeout bounds one registration, call or connect.
+// requestTimeout bounds one call or connect.
 const requestTimeout = 10 * time.Second
+
+// registerTimeout bounds one registration: the controller takes them one at a time, so one
+// waits for those ahead of it, and a slow one is a figure (the registrations' p99) rather
+// than the end of the run.
+const registerTimeout = 30 * time.Second
 
 // Target is the running node the measurements use. Run them against a throwaway node: they
 // register modules (Connect leaves its modules registered) and write to JetStream.
@@ -86,7 +91,7 @@ func (t Target) operator(name string) (*nats.Conn, error) {
 
 // register registers manifest through op and writes the new module's seed into t.Dir.
 func (t Target) register(ctx context.Context, op *nats.Conn, manifest string) (seedFile string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, registerTimeout)
 	defer cancel()
 	reg, err := admin.Register(ctx, op, []byte(manifest))
 	if err != nil {

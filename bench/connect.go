@@ -48,6 +48,8 @@ type ConnectResult struct {
 	Register          time.Duration `json:"register_ns"`
 	PerRegister       time.Duration `json:"per_register_ns"`
 	RegisterPerSecond float64       `json:"register_per_second"`
+	// Registrations are the registrations' round trips, Workers at a time: p50, p99.
+	Registrations Series `json:"registrations"`
 	// ConnectAll is the time it took to connect Connected modules (all but the probe), each
 	// starting its durable consumer; they stayed connected while the probe's connects with
 	// all registered were timed.
@@ -119,6 +121,7 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	res.Register = f.Took
 	res.PerRegister = f.Took / time.Duration(f.Len())
 	res.RegisterPerSecond = float64(f.Len()) / f.Took.Seconds()
+	res.Registrations = f.Registrations()
 	res.Seats = f.Seats()
 	if t.Node != nil {
 		if res.RSSIdle, err = t.Node.RSS(); err != nil {
@@ -197,7 +200,8 @@ type Fleet struct {
 	seed  string // the probe's seed file
 	n     int    // modules registered
 
-	seeds     []string      // the seed files of generated module i, by i
+	seeds     []string        // the seed files of generated module i, by i
+	tookEach  []time.Duration // how long each generated module's registration took (Grow's), by i
 	connected []*sdk.Client // the generated modules ConnectAll connected
 
 	// Took is the time spent registering.
@@ -228,6 +232,18 @@ func OpenFleet(ctx context.Context, t Target) (f *Fleet, err error) {
 // Len is the number of modules registered.
 func (f *Fleet) Len() int { return f.n }
 
+// Registrations are the round trips of Grow's registrations, each from its request to its
+// reply (Elapsed: Took).
+func (f *Fleet) Registrations() Series {
+	var each []time.Duration
+	for _, d := range f.tookEach {
+		if d > 0 {
+			each = append(each, d)
+		}
+	}
+	return newSeries(each, f.Took)
+}
+
 // Seats is the number of seats the generated modules declare.
 func (f *Fleet) Seats() int { return (len(f.seeds) + seatEvery - 1) / seatEvery }
 
@@ -243,6 +259,7 @@ func (f *Fleet) Grow(ctx context.Context, total int) error {
 	start := time.Now()
 	defer func() { f.Took += time.Since(start) }()
 	f.seeds = append(f.seeds, make([]string, last-first)...)
+	f.tookEach = append(f.tookEach, make([]time.Duration, last-first)...)
 	var declarers, users []int
 	for i := first; i < last; i++ {
 		if i%seatEvery == 0 {
@@ -255,11 +272,13 @@ func (f *Fleet) Grow(ctx context.Context, total int) error {
 	for _, wave := range [][]int{declarers, users} {
 		err := parallel(ctx, len(wave), func(ctx context.Context, k int) error {
 			i := wave[k]
+			began := time.Now()
 			seed, err := f.t.register(ctx, f.op, f.gen.manifest(i))
 			if err != nil {
 				return fmt.Errorf("module %d of %d: %w", i+2, total, err)
 			}
 			f.seeds[i] = seed
+			f.tookEach[i] = time.Since(began)
 			if n := done.Add(1); n%1000 == 0 {
 				f.t.log().Info("registered", "modules", n+int64(first)+1, "elapsed", time.Since(start).Round(time.Millisecond))
 			}

@@ -60,6 +60,7 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)))
 		fmt.Fprintf(tw, "  registration, %d at a time (%d seats)\t%s (%s each, %s)\t\t\t\t\n", c.Workers, c.Seats,
 			c.Register.Round(time.Millisecond), dur(c.PerRegister), perSecond(c.RegisterPerSecond, "/s"))
+		fmt.Fprintf(tw, "  registration round trip p50, p99, slowest\t%s, %s, %s\t\t\t\t\n", dur(c.Registrations.P50), dur(c.Registrations.P99), dur(c.Registrations.Max))
 		fmt.Fprintf(tw, "  connect all, %d at a time, each with its consumer\t%d in %s\t\t\t\t\n", c.Workers, c.Connected, c.ConnectAll.Round(time.Millisecond))
 		if !c.Node {
 			fmt.Fprintln(tw, "  node RSS, restart\tnot measured: the node shares this process (meshnode bench --node-process)\t\t\t\t")

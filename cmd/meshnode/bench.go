@@ -129,7 +129,7 @@ func (p profiles) start() (stop func() error, err error) {
 }
 
 // runBench runs the measurements on a throwaway node and prints the results.
-func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, stdout, stderr io.Writer) error {
+func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, stdout, stderr io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg.Connects = bench.DefaultConnects
@@ -146,6 +146,11 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 			return err
 		}
 		defer p.Close()
+		defer func() {
+			if err != nil { // the node's side of it, before its data dir goes
+				err = fmt.Errorf("%w\nthe node's log ends:\n%s", err, tail(p.logFile(p.logs)))
+			}
+		}()
 		target = t
 	} else {
 		t, closeNode, err := openBenchNode(dir, stderr)
