@@ -202,7 +202,7 @@ type Fleet struct {
 
 	seeds     []string        // the seed files of generated module i, by i
 	tookEach  []time.Duration // how long each generated module's registration took (Grow's), by i
-	connected []*sdk.Client // the generated modules ConnectAll connected
+	connected []*sdk.Client   // the generated modules ConnectAll connected
 
 	// Took is the time spent registering.
 	Took time.Duration
