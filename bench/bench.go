@@ -30,6 +30,7 @@ const (
 	TargetEmitOnRatio   = 0.65 // synchronous: mesh events/s ≥ 0.65 × raw JetStream (the signature is on the critical path)
 	TargetToolCallRatio = 1.1  // mesh p50 round trip ≤ 1.1 × raw request/reply
 	TargetConnectRatio  = 1.3  // sdk.Connect as the module ≤ 1.3 × a raw nkey connect
+	TargetConnectGrowth = 1.15 // issue 37: sdk.Connect p50 with every module registered and connected ≤ 1.15 × with 2 registered
 	// Pipelined (sdk.EmitAsync against raw async publishes): ≥ 0.8 × raw JetStream with one
 	// more drained durable consumer (the least an audit log of every event costs the broker),
 	// ≥ 0.65 × bare raw JetStream.

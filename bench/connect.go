@@ -221,11 +221,13 @@ func OpenFleet(ctx context.Context, t Target) (f *Fleet, err error) {
 		f.Close()
 		return nil, err
 	}
+	took0 := time.Since(start)
 	if f.seed, err = t.register(ctx, f.op, f.gen.probe()); err != nil {
 		f.Close()
 		return nil, err
 	}
-	f.Took, f.n, f.probe, f.seeds = time.Since(start), 2, f.gen.probeName(), []string{seed0}
+	f.Took, f.n, f.probe = time.Since(start), 2, f.gen.probeName()
+	f.seeds, f.tookEach = []string{seed0}, []time.Duration{took0}
 	return f, nil
 }
 

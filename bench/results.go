@@ -57,7 +57,8 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(tw, "  p99\t%s\t%s\t%.2f×\t\t\n", dur(c.SDK.P99), dur(c.Raw.P99), ratio(float64(c.SDK.P99), float64(c.Raw.P99)))
 		fmt.Fprintf(tw, "  p50 with 2 modules registered\t%s\t%s\t%.2f×\t\t\n", dur(c.SDKFew.P50), dur(c.RawFew.P50),
 			ratio(float64(c.SDKFew.P50), float64(c.RawFew.P50)))
-		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)))
+		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t%s\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)),
+			verdict(c.Growth <= TargetConnectGrowth, fmt.Sprintf("≤ %.2f×", TargetConnectGrowth)))
 		fmt.Fprintf(tw, "  registration, %d at a time (%d seats)\t%s (%s each, %s)\t\t\t\t\n", c.Workers, c.Seats,
 			c.Register.Round(time.Millisecond), dur(c.PerRegister), perSecond(c.RegisterPerSecond, "/s"))
 		fmt.Fprintf(tw, "  registration round trip p50, p99, slowest\t%s, %s, %s\t\t\t\t\n", dur(c.Registrations.P50), dur(c.Registrations.P99), dur(c.Registrations.Max))

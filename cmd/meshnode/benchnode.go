@@ -97,6 +97,8 @@ func (p *benchProcess) start(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	p.cmd.Env, p.cmd.Stdout, p.cmd.Stderr = env, log, log
+	// Killed with bench, however bench ends: a throwaway node must not outlive it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	began := time.Now()
 	if err := p.cmd.Start(); err != nil {
 		return 0, fmt.Errorf("bench: start the node (%s up): %w", p.exe, err)
