@@ -141,8 +141,8 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 	defer os.RemoveAll(dir)
 	var target bench.Target
 	if nodeProcess {
-		t, p, err := openBenchProcess(ctx, dir)
-		if err != nil {
+		var p *benchProcess
+		if target, p, err = openBenchProcess(ctx, dir); err != nil {
 			return err
 		}
 		defer p.Close()
@@ -151,7 +151,6 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 				err = fmt.Errorf("%w\nthe node's log ends:\n%s", err, tail(p.logFile(p.logs)))
 			}
 		}()
-		target = t
 	} else {
 		t, closeNode, err := openBenchNode(dir, stderr)
 		if err != nil {
