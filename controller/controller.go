@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
+
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
@@ -366,8 +368,32 @@ func (c *Controller) epoch() uint64 {
 }
 
 // ReconcileAll brings the mesh's streams and buckets, and the topology of every registered
-// module, up to date (at start).
+// module, up to date (at start). The mesh's part and each module's are retried on their own
+// (jsretry.Request): an attempt is bounded at seconds, and with 10,000 modules an attempt of
+// the whole began again each time and never finished, so the node did not start (issue 37).
 func (c *Controller) ReconcileAll(ctx context.Context) error {
+	if err := jsretry.Request(ctx, c.reconcileMesh); err != nil {
+		return err
+	}
+	// Several modules at a time: each is a few JetStream round trips, and one after the
+	// other a node's start waited 3.5 ms a module (35 s for 10,000).
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(reconcileWorkers)
+	for _, e := range c.reg.List() {
+		g.Go(func() error {
+			err := jsretry.Request(gctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, e.Derivation) })
+			if err != nil {
+				return fmt.Errorf("module %s: %w", e.Module, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// reconcileMesh brings the mesh's streams and buckets up to date: ReconcileAll's part
+// without modules.
+func (c *Controller) reconcileMesh(ctx context.Context) error {
 	if err := c.topo.EnsureMesh(ctx); err != nil {
 		return err
 	}
@@ -382,22 +408,8 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas); err != nil {
 		return fmt.Errorf("object store %s: %w", build.SourcesBucket, err)
 	}
-	if _, err := c.provisionStore(ctx); err != nil {
-		return err
-	}
-	// Several modules at a time: each is a few JetStream round trips, and one after the
-	// other a node's start waited 3.5 ms a module (35 s for 10,000, issue 37).
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(reconcileWorkers)
-	for _, e := range c.reg.List() {
-		g.Go(func() error {
-			if err := c.topo.EnsureModule(gctx, e.Derivation); err != nil {
-				return fmt.Errorf("module %s: %w", e.Module, err)
-			}
-			return nil
-		})
-	}
-	return g.Wait()
+	_, err := c.provisionStore(ctx)
+	return err
 }
 
 // reconcileWorkers is how many modules' topologies ReconcileAll reconciles at once.
