@@ -377,6 +377,15 @@ func TestBench_Smoke(t *testing.T) {
 		if !(c.Ratio > 0) || !(c.RatioUnnamed > 0) || !(c.Floor > 0) || !(c.Growth > 0) || c.Register <= 0 || c.PerRegister <= 0 {
 			t.Errorf("ratio %v, unnamed %v, floor %v, growth %v, register %v (%v each), want all > 0", c.Ratio, c.RatioUnnamed, c.Floor, c.Growth, c.Register, c.PerRegister)
 		}
+		// Module 0 and the probe, then ten generated in parallel: every one but the probe
+		// is connected with its consumer, one in ten declares a seat, each registration timed.
+		if c.Connected != 11 || c.Seats != 2 || c.Registrations.Count != 11 || c.Registrations.Max <= 0 || !(c.RegisterPerSecond > 0) {
+			t.Errorf("connected %d (want 11), seats %d (want 2), registrations timed %d (want 11), slowest %v, %v/s",
+				c.Connected, c.Seats, c.Registrations.Count, c.Registrations.Max, c.RegisterPerSecond)
+		}
+		if c.Node || c.Restart != nil || c.RSSConnected != 0 {
+			t.Errorf("a node in this process was weighed or restarted: %+v", c)
+		}
 	})
 	t.Run("Table", func(t *testing.T) {
 		table := res.String()
