@@ -50,6 +50,7 @@ func openNode(dir string) (t bench.Target, stop func() error, err error) {
 	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.SeatMaxBytes, cfg.DeadMaxBytesPerConsumer = bench.SeatMaxBytes, bench.DeadMaxBytesPerConsumer
 	n := node.New(cfg, nil)
 	n.CreateIdentity = true
 	if err := n.Open(); err != nil {
@@ -375,6 +376,15 @@ func TestBench_Smoke(t *testing.T) {
 		}
 		if !(c.Ratio > 0) || !(c.RatioUnnamed > 0) || !(c.Floor > 0) || !(c.Growth > 0) || c.Register <= 0 || c.PerRegister <= 0 {
 			t.Errorf("ratio %v, unnamed %v, floor %v, growth %v, register %v (%v each), want all > 0", c.Ratio, c.RatioUnnamed, c.Floor, c.Growth, c.Register, c.PerRegister)
+		}
+		// Module 0 and the probe, then ten generated in parallel: every one but the probe
+		// is connected with its consumer, one in ten declares a seat, each registration timed.
+		if c.Connected != 11 || c.Seats != 2 || c.Registrations.Count != 11 || c.Registrations.Max <= 0 || !(c.RegisterPerSecond > 0) {
+			t.Errorf("connected %d (want 11), seats %d (want 2), registrations timed %d (want 11), slowest %v, %v/s",
+				c.Connected, c.Seats, c.Registrations.Count, c.Registrations.Max, c.RegisterPerSecond)
+		}
+		if c.Node || c.Restart != nil || c.RSSConnected != 0 {
+			t.Errorf("a node in this process was weighed or restarted: %+v", c)
 		}
 	})
 	t.Run("Table", func(t *testing.T) {

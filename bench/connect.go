@@ -8,28 +8,64 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/sync/errgroup"
 )
 
-// seatEvery is how often a generated module declares a seat the following ones use.
-const seatEvery = 100
+// seatEvery is how often a generated module declares a seat the following ones use: one
+// module in ten, as issue 37's 10,000 modules with 1,000 seats.
+const seatEvery = 10
+
+// SeatMaxBytes is the seat-max-bytes of the node the connect measurement runs on: a seat's
+// queue holds nothing in the bench, and a thousand queues of the default size (a 64th of the
+// store each) do not fit a store.
+const SeatMaxBytes = 4 << 20
+
+// DeadMaxBytesPerConsumer is the dead-max-bytes-per-consumer of the node the connect
+// measurement runs on: by default DEAD keeps a share for 1,024 consumers, and 10,000 modules
+// that each consume need ten times as many.
+const DeadMaxBytesPerConsumer = 256 << 10
 
 // ConnectResult is the connect measurement: how long a module takes to connect (nkey auth,
 // permissions derived from its manifest, and for the sdk the whoami round trip) once the
 // registry holds Modules modules, and the same module with only two registered.
 type ConnectResult struct {
-	// Modules is how many modules were registered.
+	// Modules is how many modules were registered, Seats how many seats they declare.
 	Modules int `json:"modules"`
-	// Register is the time it took to register them all, one after the other; PerRegister
-	// is Register / Modules. In nanoseconds in JSON.
-	Register    time.Duration `json:"register_ns"`
-	PerRegister time.Duration `json:"per_register_ns"`
+	Seats   int `json:"seats"`
+	// Workers is how many registrations, and connects of the fleet, were under way at once.
+	Workers int `json:"workers"`
+	// Register is the time it took to register them all; PerRegister is Register / Modules
+	// and RegisterPerSecond its inverse. In nanoseconds in JSON.
+	Register          time.Duration `json:"register_ns"`
+	PerRegister       time.Duration `json:"per_register_ns"`
+	RegisterPerSecond float64       `json:"register_per_second"`
+	// Registrations are the registrations' round trips, Workers at a time: p50, p99.
+	Registrations Series `json:"registrations"`
+	// ConnectAll is the time it took to connect Connected modules (all but the probe), each
+	// starting its durable consumer; they stayed connected while the probe's connects with
+	// all registered were timed.
+	ConnectAll time.Duration `json:"connect_all_ns"`
+	Connected  int           `json:"connected"`
+	// Node says the node ran in a process of its own (Target.Node), so the figures below
+	// were taken; without one they are zero.
+	Node bool `json:"node_process"`
+	// RSSIdle is the node's resident memory with every module registered and none
+	// connected, RSSConnected with Connected connected; RSSPer1000 is the difference per
+	// 1,000 connected modules. In bytes.
+	RSSIdle      int64 `json:"rss_idle_bytes"`
+	RSSConnected int64 `json:"rss_connected_bytes"`
+	RSSPer1000   int64 `json:"rss_per_1000_bytes"`
+	// Restart is the node's restart with every module registered, the modules disconnected.
+	Restart *Restarted `json:"restart,omitempty"`
 	// Connects is how many connects each series made.
 	Connects int `json:"connects"`
 	// SDK is sdk.Connect named for its module (sdk.AsModule, or MESH_MODULE as a node's
@@ -60,7 +96,9 @@ type ConnectResult struct {
 
 // Connect registers modules generated modules and measures connects of one of them
 // (connects each way, in turn: see Fleet.Connects), first with two modules registered, then
-// with all of them. The modules stay registered: use a throwaway node.
+// with all of them registered and connected, each with its consumer (see Fleet.ConnectAll).
+// With a Target.Node it also weighs the node before and after the modules connect, and
+// restarts it (see Restart). The modules stay registered: use a throwaway node.
 func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResult, error) {
 	if modules < 2 {
 		return ConnectResult{}, fmt.Errorf("connect needs at least 2 modules, not %d", modules)
@@ -70,19 +108,40 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 		return ConnectResult{}, err
 	}
 	defer f.Close()
-	res := ConnectResult{Modules: modules, Connects: connects}
+	res := ConnectResult{Modules: modules, Connects: connects, Workers: workers, Node: t.Node != nil}
 	few, err := f.Connects(ctx, connects)
 	if err != nil {
 		return res, err
 	}
 	res.SDKFew, res.RawFew = few.Named, few.Raw
-	t.log().Info("registering modules", "modules", modules)
+	t.log().Info("registering modules", "modules", modules, "in parallel", workers)
 	if err := f.Grow(ctx, modules); err != nil {
 		return res, err
 	}
 	res.Register = f.Took
 	res.PerRegister = f.Took / time.Duration(f.Len())
-	t.log().Info("connects", "modules", modules, "connects", connects)
+	res.RegisterPerSecond = float64(f.Len()) / f.Took.Seconds()
+	res.Registrations = f.Registrations()
+	res.Seats = f.Seats()
+	if t.Node != nil {
+		if res.RSSIdle, err = t.Node.RSS(); err != nil {
+			return res, err
+		}
+	}
+	t.log().Info("connecting every module with its consumer", "modules", modules, "in parallel", workers)
+	start := time.Now()
+	if err := f.ConnectAll(ctx); err != nil {
+		return res, err
+	}
+	res.ConnectAll = time.Since(start)
+	res.Connected = f.Connected()
+	if t.Node != nil {
+		if res.RSSConnected, err = t.Node.RSS(); err != nil {
+			return res, err
+		}
+		res.RSSPer1000 = (res.RSSConnected - res.RSSIdle) * 1000 / int64(max(res.Connected, 1))
+	}
+	t.log().Info("connects", "modules", modules, "connected", res.Connected, "connects", connects)
 	all, err := f.Connects(ctx, connects)
 	if err != nil {
 		return res, err
@@ -92,8 +151,39 @@ func Connect(ctx context.Context, t Target, modules, connects int) (ConnectResul
 	res.RatioUnnamed = ratio(float64(res.SDKUnnamed.P50), float64(res.Raw.P50))
 	res.Floor = ratio(float64(res.RawAsk.P50), float64(res.Raw.P50))
 	res.Growth = ratio(float64(res.SDK.P50), float64(res.SDKFew.P50))
+	if t.Node == nil {
+		return res, nil
+	}
+	if err := f.DisconnectAll(); err != nil {
+		return res, err
+	}
+	t.log().Info("restarting the node", "modules", modules)
+	r, err := t.Node.Restart(ctx)
+	if err != nil {
+		return res, fmt.Errorf("restart the node: %w", err)
+	}
+	// The registry as the restarted node's controller answers it: every module, or its
+	// mirror had not caught up when the node said it was ready.
+	op, err := t.operator("bench-restarted")
+	if err != nil {
+		return res, err
+	}
+	defer op.Close()
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	listed, err := admin.List(lctx, op)
+	if err != nil {
+		return res, fmt.Errorf("list the modules after the restart: %w", err)
+	}
+	r.Modules = len(listed)
+	res.Restart = &r
 	return res, nil
 }
+
+// workers is how many registrations, and how many connects of the fleet, are under way at
+// once: modules arrive together on a real mesh, and one at a time the client's round trips
+// would be timed rather than the node.
+const workers = 8
 
 // Fleet is a set of generated modules registered on the target, and one of them, the
 // probe, whose connects are measured.
@@ -110,7 +200,11 @@ type Fleet struct {
 	seed  string // the probe's seed file
 	n     int    // modules registered
 
-	// Took is the time spent registering, one module after the other.
+	seeds     []string        // the seed files of generated module i, by i
+	tookEach  []time.Duration // how long each generated module's registration took (Grow's), by i
+	connected []*sdk.Client   // the generated modules ConnectAll connected
+
+	// Took is the time spent registering.
 	Took time.Duration
 }
 
@@ -122,35 +216,150 @@ func OpenFleet(ctx context.Context, t Target) (f *Fleet, err error) {
 		return nil, err
 	}
 	start := time.Now()
-	if _, err := t.register(ctx, f.op, f.gen.manifest(0)); err != nil {
+	seed0, err := t.register(ctx, f.op, f.gen.manifest(0))
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
+	took0 := time.Since(start)
 	if f.seed, err = t.register(ctx, f.op, f.gen.probe()); err != nil {
 		f.Close()
 		return nil, err
 	}
 	f.Took, f.n, f.probe = time.Since(start), 2, f.gen.probeName()
+	f.seeds, f.tookEach = []string{seed0}, []time.Duration{took0}
 	return f, nil
 }
 
 // Len is the number of modules registered.
 func (f *Fleet) Len() int { return f.n }
 
-// Grow registers generated modules until the fleet has total.
-func (f *Fleet) Grow(ctx context.Context, total int) error {
-	start := time.Now()
-	defer func() { f.Took += time.Since(start) }()
-	for f.n < total {
-		if _, err := f.t.register(ctx, f.op, f.gen.manifest(f.n-1)); err != nil {
-			return fmt.Errorf("module %d of %d: %w", f.n+1, total, err)
-		}
-		f.n++
-		if f.n%250 == 0 {
-			f.t.log().Info("registered", "modules", f.n, "elapsed", time.Since(start).Round(time.Millisecond))
+// Registrations are the round trips of Grow's registrations, each from its request to its
+// reply (Elapsed: Took).
+func (f *Fleet) Registrations() Series {
+	var each []time.Duration
+	for _, d := range f.tookEach {
+		if d > 0 {
+			each = append(each, d)
 		}
 	}
+	return newSeries(each, f.Took)
+}
+
+// Seats is the number of seats the generated modules declare.
+func (f *Fleet) Seats() int { return (len(f.seeds) + seatEvery - 1) / seatEvery }
+
+// Grow registers generated modules until the fleet has total, workers at a time: first the
+// modules that declare a seat, then the ones that use them (a module may name a seat only
+// once it is declared).
+func (f *Fleet) Grow(ctx context.Context, total int) error {
+	first := len(f.seeds) // generated module index; the probe is the fleet's other module
+	last := total - 1     // exclusive: total less the probe
+	if first >= last {
+		return nil
+	}
+	start := time.Now()
+	defer func() { f.Took += time.Since(start) }()
+	f.seeds = append(f.seeds, make([]string, last-first)...)
+	f.tookEach = append(f.tookEach, make([]time.Duration, last-first)...)
+	var declarers, users []int
+	for i := first; i < last; i++ {
+		if i%seatEvery == 0 {
+			declarers = append(declarers, i)
+		} else {
+			users = append(users, i)
+		}
+	}
+	var done atomic.Int64
+	for _, wave := range [][]int{declarers, users} {
+		err := parallel(ctx, len(wave), func(ctx context.Context, k int) error {
+			i := wave[k]
+			began := time.Now()
+			seed, err := f.t.register(ctx, f.op, f.gen.manifest(i))
+			if err != nil {
+				return fmt.Errorf("module %d of %d: %w", i+2, total, err)
+			}
+			f.seeds[i] = seed
+			f.tookEach[i] = time.Since(began)
+			if n := done.Add(1); n%1000 == 0 {
+				f.t.log().Info("registered", "modules", n+int64(first)+1, "elapsed", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		})
+		if err != nil {
+			f.n = first + 1 + int(done.Load())
+			return err
+		}
+	}
+	f.n = total
 	return nil
+}
+
+// ConnectAll connects every generated module as it is (sdk.Connect named for it), workers at
+// a time, and starts its durable consumer on EVENTS (sdk On its consumes). They stay
+// connected until DisconnectAll or Close.
+func (f *Fleet) ConnectAll(ctx context.Context) error {
+	start := len(f.connected)
+	todo := len(f.seeds) - start
+	f.connected = append(f.connected, make([]*sdk.Client, todo)...)
+	var done atomic.Int64
+	began := time.Now()
+	return parallel(ctx, todo, func(ctx context.Context, k int) error {
+		i := start + k
+		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		c, err := sdk.Connect(cctx, f.t.URL, f.seeds[i], sdk.AsModule(f.gen.name(i)))
+		if err != nil {
+			return fmt.Errorf("connect module %s: %w", f.gen.name(i), err)
+		}
+		f.connected[i] = c
+		if i > 0 {
+			if err := c.On(f.gen.consumes(i), func(context.Context, sdk.Event) error { return nil }); err != nil {
+				return fmt.Errorf("module %s's consumer: %w", f.gen.name(i), err)
+			}
+		}
+		if n := done.Add(1); n%1000 == 0 {
+			f.t.log().Info("connected", "modules", n, "elapsed", time.Since(began).Round(time.Millisecond))
+		}
+		return nil
+	})
+}
+
+// Connected is the number of generated modules connected.
+func (f *Fleet) Connected() int {
+	n := 0
+	for _, c := range f.connected {
+		if c != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// DisconnectAll closes the connections ConnectAll made.
+func (f *Fleet) DisconnectAll() error {
+	var errs []error
+	for _, c := range f.connected {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	f.connected = nil
+	return errors.Join(errs...)
+}
+
+// parallel runs do(ctx, k) for k in [0, n), workers at a time; the first error stops the
+// rest.
+func parallel(ctx context.Context, n int, do func(ctx context.Context, k int) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	for k := range n {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error { return do(gctx, k) })
+	}
+	return g.Wait()
 }
 
 // Connects times n connects of the probe each way, in turn: sdk.Connect named for its module,
@@ -168,12 +377,14 @@ type ConnectSeries struct {
 	Named, Unnamed, Raw, RawAsk Series
 }
 
-// Close closes the fleet's operator connection; the modules stay registered.
+// Close closes the fleet's operator connection and its modules' connections; the modules
+// stay registered.
 func (f *Fleet) Close() error {
+	err := f.DisconnectAll()
 	if f.op != nil {
 		f.op.Close()
 	}
-	return nil
+	return err
 }
 
 // connects times n connects of module each way (see Connects).
@@ -290,12 +501,15 @@ func (g generator) seat(i int) string { return g.seats + strconv.Itoa(i/seatEver
 
 func (g generator) probeName() string { return g.prefix + "probe" }
 
+// consumes is what module i > 0 consumes: module i-1's first event.
+func (g generator) consumes(i int) string { return g.name(i-1) + ".thing.created" }
+
 // manifest is module i: module 0 first, then 1 …
 func (g generator) manifest(i int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "module: %s\nrequires: [mesh-bus]\nemits: [thing.created, thing.updated]\ntools: [status]\n", g.name(i))
 	if i > 0 {
-		fmt.Fprintf(&b, "consumes: [%s.thing.created]\n", g.name(i-1))
+		fmt.Fprintf(&b, "consumes: [%s]\n", g.consumes(i))
 	}
 	if i%seatEvery == 0 {
 		fmt.Fprintf(&b, "seats:\n  %s:\n    scope: mesh\n    retain: 1h\n    accepts: [work]\n    serves: [status]\n", g.seat(i))

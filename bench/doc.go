@@ -25,12 +25,16 @@
 //     Serve, against a plain queue subscriber on a plain subject answering with Respond; the
 //     caller of both is an operator connection using nc.Request, one call at a time,
 //     alternating mesh and raw so drift weighs on both. The target is mesh p50 ≤ 1.1 × raw.
-//   - Connect (Connect): register N generated modules (emitting, consuming, serving, seats
-//     and their users), then time sdk.Connect named for its module (one connection, whoami
-//     asked on it; target ≤ 1.3 × raw), sdk.Connect with the seed alone (a bootstrap
-//     connection, the whoami round trip, the module's connection) and nats.Connect with the
-//     same module's nkey, each also with only two modules registered, to show what a large
-//     registry adds.
+//   - Connect (Connect): register N generated modules (emitting, consuming, serving, one in
+//     ten declaring a seat the next nine use), 8 at a time, connect them all, 8 at a time,
+//     each starting its durable consumer, and keep them connected while timing sdk.Connect
+//     of one more module named for it (one connection, whoami asked on it; target ≤ 1.3 ×
+//     raw), sdk.Connect with the seed alone (a bootstrap connection, the whoami round trip,
+//     the module's connection) and nats.Connect with the same module's nkey, each also with
+//     only two modules registered (issue 37: growth ≤ 1.15×). With a Target.Node (the node
+//     in a process of its own) it also reads the node's RSS with the modules registered and
+//     with them connected, and restarts the node to time the registry mirror's catch-up and
+//     the controller's reconcile of every module.
 //
 // Run the measurements against a throwaway node: they register modules and write to
 // JetStream, and Connect leaves its modules registered. EmitOn and ToolCall remove theirs.

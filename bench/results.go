@@ -57,8 +57,24 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(tw, "  p99\t%s\t%s\t%.2f×\t\t\n", dur(c.SDK.P99), dur(c.Raw.P99), ratio(float64(c.SDK.P99), float64(c.Raw.P99)))
 		fmt.Fprintf(tw, "  p50 with 2 modules registered\t%s\t%s\t%.2f×\t\t\n", dur(c.SDKFew.P50), dur(c.RawFew.P50),
 			ratio(float64(c.SDKFew.P50), float64(c.RawFew.P50)))
-		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)))
-		fmt.Fprintf(tw, "  registration\t%s (%s each)\t\t\t\t\n", c.Register.Round(time.Millisecond), dur(c.PerRegister))
+		fmt.Fprintf(tw, "  p50 growth, %d vs 2 modules\t%.2f×\t%.2f×\t\t%s\t\n", c.Modules, c.Growth, ratio(float64(c.Raw.P50), float64(c.RawFew.P50)),
+			verdict(c.Growth <= TargetConnectGrowth, fmt.Sprintf("≤ %.2f×", TargetConnectGrowth)))
+		fmt.Fprintf(tw, "  registration, %d at a time (%d seats)\t%s (%s each, %s)\t\t\t\t\n", c.Workers, c.Seats,
+			c.Register.Round(time.Millisecond), dur(c.PerRegister), perSecond(c.RegisterPerSecond, "/s"))
+		fmt.Fprintf(tw, "  registration round trip p50, p99, slowest\t%s, %s, %s\t\t\t\t\n", dur(c.Registrations.P50), dur(c.Registrations.P99), dur(c.Registrations.Max))
+		fmt.Fprintf(tw, "  connect all, %d at a time, each with its consumer\t%d in %s\t\t\t\t\n", c.Workers, c.Connected, c.ConnectAll.Round(time.Millisecond))
+		if !c.Node {
+			fmt.Fprintln(tw, "  node RSS, restart\tnot measured: the node shares this process (meshnode bench --node-process)\t\t\t\t")
+		} else {
+			fmt.Fprintf(tw, "  node RSS, registered / all connected\t%s / %s\t\t\t\t\n", mib(c.RSSIdle), mib(c.RSSConnected))
+			fmt.Fprintf(tw, "  node RSS per 1,000 connected modules\t%s\t\t\t\t\n", mib(c.RSSPer1000))
+		}
+		if r := c.Restart; r != nil {
+			fmt.Fprintf(tw, "  restart: stop, then ready\t%s, %s\t\t\t\t\n", dur(r.Stop), dur(r.Ready))
+			fmt.Fprintf(tw, "  restart: registry mirror caught up (%d modules listed)\t%s after the node's open\t\t\t\t\n", r.Modules, dur(r.Registry))
+			fmt.Fprintf(tw, "  restart: controller's reconcile of every module\t%s\t\t\t\t\n", dur(r.Reconcile))
+		}
+		fmt.Fprintln(tw, "connect: one node; the modules connect over loopback from the bench's process.")
 	}
 	if e := r.EmitOn; e != nil {
 		fmt.Fprintln(tw, "emit→on: both sides publish one event at a time and wait for the stream's ack (as sdk.Emit does);")
@@ -93,6 +109,9 @@ func dur(d time.Duration) string {
 		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
 	}
 }
+
+// mib prints a number of bytes in MiB.
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // perSecond prints a rate without decimals, with thousands separated.
 func perSecond(v float64, unit string) string {

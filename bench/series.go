@@ -27,6 +27,8 @@ type Series struct {
 	P50  time.Duration `json:"p50_ns"`
 	P99  time.Duration `json:"p99_ns"`
 	Mean time.Duration `json:"mean_ns"`
+	// Max is the slowest operation.
+	Max time.Duration `json:"max_ns"`
 }
 
 // newSeries summarises latencies (it sorts them in place).
@@ -43,6 +45,7 @@ func newSeries(latencies []time.Duration, elapsed time.Duration) Series {
 	s.Mean = sum / time.Duration(len(latencies))
 	s.P50 = percentile(latencies, 50)
 	s.P99 = percentile(latencies, 99)
+	s.Max = latencies[len(latencies)-1]
 	if elapsed > 0 {
 		s.PerSecond = float64(s.Count) / elapsed.Seconds()
 	}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
+
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
@@ -127,6 +129,10 @@ type Controller struct {
 	prov provisions
 
 	mu sync.Mutex // serialises registrations
+	// dead counts the consumers DEAD keeps a share for (checkDead), and catalogue indexes the
+	// registered manifests (the catalogue check), both under mu.
+	dead      deadTally
+	catalogue *manifest.Catalogue
 
 	// loops run while this node holds the seat: the sweeper, the provisioner, the
 	// declarations, the cascade's and the reports' consumers.
@@ -366,8 +372,32 @@ func (c *Controller) epoch() uint64 {
 }
 
 // ReconcileAll brings the mesh's streams and buckets, and the topology of every registered
-// module, up to date (at start).
+// module, up to date (at start). The mesh's part and each module's are retried on their own
+// (jsretry.Request): an attempt is bounded at seconds, and with 10,000 modules an attempt of
+// the whole began again each time and never finished, so the node did not start (issue 37).
 func (c *Controller) ReconcileAll(ctx context.Context) error {
+	if err := jsretry.Request(ctx, c.reconcileMesh); err != nil {
+		return err
+	}
+	// Several modules at a time: each is a few JetStream round trips, and one after the
+	// other a node's start waited 3.5 ms a module (35 s for 10,000).
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(reconcileWorkers)
+	for _, e := range c.reg.List() {
+		g.Go(func() error {
+			err := jsretry.Request(gctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, e.Derivation) })
+			if err != nil {
+				return fmt.Errorf("module %s: %w", e.Module, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// reconcileMesh brings the mesh's streams and buckets up to date: ReconcileAll's part
+// without modules.
+func (c *Controller) reconcileMesh(ctx context.Context) error {
 	if err := c.topo.EnsureMesh(ctx); err != nil {
 		return err
 	}
@@ -382,16 +412,12 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 	if _, err := build.CreateSources(ctx, c.js, c.topo.replicas()); err != nil {
 		return fmt.Errorf("object store %s: %w", build.SourcesBucket, err)
 	}
-	if _, err := c.provisionStore(ctx); err != nil {
-		return err
-	}
-	for _, e := range c.reg.List() {
-		if err := c.topo.EnsureModule(ctx, e.Derivation); err != nil {
-			return fmt.Errorf("module %s: %w", e.Module, err)
-		}
-	}
-	return nil
+	_, err := c.provisionStore(ctx)
+	return err
 }
+
+// reconcileWorkers is how many modules' topologies ReconcileAll reconciles at once.
+const reconcileWorkers = 16
 
 func (c *Controller) handleRegister(ctx context.Context, data []byte) any {
 	var req api.RegisterRequest
@@ -453,7 +479,8 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	if err != nil {
 		return api.RegisterReply{}, err
 	}
-	if err := manifest.CheckCatalogueBound(m, c.reg.Catalogue(m.Module), prevManifest); err != nil {
+	c.catalogue = syncCatalogue(c.catalogue, c.reg.List())
+	if err := manifest.CheckCatalogueBound(m, c.catalogue, prevManifest); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
@@ -546,22 +573,9 @@ func (c *Controller) checkDead(module string, d *manifest.Derivation) error {
 	if len(nodes) == 0 {
 		nodes = []string{c.node} // a node-scoped seat has a consumer on this node at least
 	}
-	others := map[string]struct{}{}
-	cascade := cascadeConsumer()
-	others[cascade.Stream+"/"+cascade.Name] = struct{}{}
-	deadConsumers(others, manifest.Builtin(), nodes)
-	var prev *manifest.Derivation
-	for _, e := range c.reg.List() {
-		if e.Module == module {
-			prev = e.Derivation
-			continue
-		}
-		deadConsumers(others, e.Derivation, nodes)
-	}
-	before, after := maps.Clone(others), others
-	deadConsumers(before, prev, nodes)
-	deadConsumers(after, d, nodes)
-	return c.topo.budget.CheckDead(module, len(after), len(before))
+	c.dead.sync(c.reg.List(), nodes)
+	before, after := c.dead.counts(module, d, nodes)
+	return c.topo.budget.CheckDead(module, after, before)
 }
 
 // checkSeats refuses module's registration as d when the seats' queues would reserve more

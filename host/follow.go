@@ -59,6 +59,10 @@ type Config struct {
 // stream's sequence, past everything the new one holds.
 const remadeCheckEvery = 5 * time.Second
 
+// followHeartbeat is the heartbeat of the ordered consumer a follower reads its declaration
+// with.
+const followHeartbeat = time.Second
+
 // holderWait bounds how long a declaration naming a controller epoch newer than the lease
 // mirror's waits for the mirror (which lags the bucket by up to a few seconds) before it is
 // refused.
@@ -148,7 +152,10 @@ func (f *Follower) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	msgs, err := cons.Messages()
+	// The ordered consumer is one copy on one server. Its heartbeat says when that server is
+	// gone, and two missed make nats.go make it again elsewhere: at its 5 s default a
+	// survivor of two servers killed sat behind its declaration for over 25 s.
+	msgs, err := cons.Messages(jetstream.PullHeartbeat(followHeartbeat))
 	if err != nil {
 		return err
 	}

@@ -31,9 +31,10 @@ func CheckCatalogue(m *Manifest, catalogue []*Manifest, previous *Manifest) erro
 // CheckCatalogueBound is CheckCatalogue for a caller that checks protocol changes with
 // CheckBindings, against every bound module at the version it is pinned to (the controller):
 // of the protocol checks it keeps only the removal of a seat a module uses.
-func CheckCatalogueBound(m *Manifest, catalogue []*Manifest, previous *Manifest) error {
+// The catalogue is indexed (Catalogue), and its entry for m's module is ignored.
+func CheckCatalogueBound(m *Manifest, catalogue *Catalogue, previous *Manifest) error {
 	v := &validator{m: m, bound: true}
-	v.catalogue(catalogue, previous)
+	v.against(catalogue, previous)
 	return v.result()
 }
 
@@ -60,7 +61,11 @@ func Check(data []byte, catalogue []*Manifest) (*Manifest, error) {
 }
 
 func (v *validator) catalogue(catalogue []*Manifest, previous *Manifest) {
-	c := indexCatalogue(v.m.Module, catalogue)
+	v.against(catalogueOf(catalogue), previous)
+}
+
+func (v *validator) against(catalogue *Catalogue, previous *Manifest) {
+	c := &catalogueIndex{m: v.m.Module, cat: catalogue}
 	c.seats(v)
 	c.consumes(v)
 	c.consumers(v)
@@ -71,50 +76,44 @@ func (v *validator) catalogue(catalogue []*Manifest, previous *Manifest) {
 	}
 }
 
-// catalogueIndex is the catalogue seen from one module.
+// catalogueIndex is the catalogue seen from one module: without its own entry.
 type catalogueIndex struct {
-	m         string               // the module being checked
-	modules   map[string]*Manifest // by module name
-	seatOwner map[string]string    // seat → the module declaring it
-	users     map[string][]string  // seat → the modules using it, sorted
-	names     []string             // module names, sorted
+	m   string // the module being checked
+	cat *Catalogue
 }
 
-func indexCatalogue(module string, catalogue []*Manifest) *catalogueIndex {
-	c := &catalogueIndex{
-		m:         module,
-		modules:   map[string]*Manifest{},
-		seatOwner: map[string]string{},
-		users:     map[string][]string{},
+// module is another module's manifest.
+func (c *catalogueIndex) module(name string) (*Manifest, bool) {
+	if name == c.m {
+		return nil, false
 	}
-	for _, o := range catalogue {
-		if o == nil || o.Module == module {
-			continue
-		}
-		if _, dup := c.modules[o.Module]; dup {
-			continue
-		}
-		c.modules[o.Module] = o
-		c.names = append(c.names, o.Module)
-	}
-	slices.Sort(c.names)
-	for _, name := range c.names {
-		o := c.modules[name]
-		for _, s := range o.Seats {
-			if _, ok := c.seatOwner[s.Name]; !ok {
-				c.seatOwner[s.Name] = name
-			}
-		}
-		for _, s := range o.Uses {
-			c.users[s] = append(c.users[s], name)
-		}
-	}
-	return c
+	return c.cat.Get(name)
 }
+
+// seatOwner is the other module declaring seat (the first by name, if several do).
+func (c *catalogueIndex) seatOwner(seat string) (string, bool) {
+	for _, owner := range c.cat.seatOwners[seat] {
+		if owner != c.m {
+			return owner, true
+		}
+	}
+	return "", false
+}
+
+// others is names without the module being checked.
+func (c *catalogueIndex) others(names []string) []string {
+	if !slices.Contains(names, c.m) {
+		return names
+	}
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == c.m })
+}
+
+// users are the other modules using seat, sorted.
+func (c *catalogueIndex) users(seat string) []string { return c.others(c.cat.users[seat]) }
 
 func (c *catalogueIndex) seats(v *validator) {
 	for _, s := range v.m.Seats {
-		if owner, ok := c.seatOwner[s.Name]; ok {
+		if owner, ok := c.seatOwner(s.Name); ok {
 			v.refuse(Refusal{Code: CodeSeatTaken, Field: "seats." + s.Name, Value: s.Name,
 				Reason:  "is already declared by module " + owner + "; a seat has one declaring module",
 				Instead: "choose another seat name, or write uses: [" + s.Name + "] to send it work"})
@@ -130,7 +129,7 @@ func (c *catalogueIndex) consumes(v *validator) {
 			c.seatEvents(v, fmt.Sprintf("consumes[%d]", i), pattern)
 			continue
 		}
-		o, ok := c.modules[emitter]
+		o, ok := c.module(emitter)
 		if !ok {
 			continue // a wildcard emitter, the module itself (Validate's), or absent
 		}
@@ -154,8 +153,9 @@ func (c *catalogueIndex) seatEvents(v *validator, field, pattern string) {
 		return
 	}
 	seat, ok := v.m.Seat(parts[1])
-	if owner, declared := c.seatOwner[parts[1]]; !ok && declared {
-		seat, ok = c.modules[owner].Seat(parts[1])
+	if owner, declared := c.seatOwner(parts[1]); !ok && declared {
+		o, _ := c.module(owner)
+		seat, ok = o.Seat(parts[1])
 	}
 	if !ok {
 		seat, ok = BuiltinSeat(parts[1])
@@ -175,8 +175,14 @@ func (c *catalogueIndex) seatEvents(v *validator, field, pattern string) {
 // not emit: registering m would make the catalogue's consumer wrong.
 func (c *catalogueIndex) consumers(v *validator) {
 	m := v.m
-	for _, name := range c.names {
-		for _, pattern := range c.modules[name].Consumes {
+	// Bound, only the consumers naming m matter; else every seat events consumer too.
+	names := c.cat.names
+	if v.bound {
+		names = c.cat.consumersOf[m.Module]
+	}
+	for _, name := range c.others(names) {
+		o, _ := c.cat.Get(name)
+		for _, pattern := range o.Consumes {
 			emitter, _, _ := strings.Cut(pattern, ".")
 			if emitter == SeatEventsPrefix {
 				if !v.bound { // else CheckBindings's, at each consumer's version
@@ -209,11 +215,12 @@ func (c *catalogueIndex) consumers(v *validator) {
 func (c *catalogueIndex) provisioners(v *validator) {
 	m := v.m
 	for i, seat := range m.Uses {
-		owner, ok := c.seatOwner[seat]
+		owner, ok := c.seatOwner(seat)
 		if !ok {
 			continue
 		}
-		s, _ := c.modules[owner].Seat(seat)
+		o, _ := c.module(owner)
+		s, _ := o.Seat(seat)
 		if len(s.Provides) > 0 {
 			v.refuse(Refusal{Code: CodeProvider, Field: fmt.Sprintf("uses[%d]", i), Value: seat,
 				Reason:  "seat " + seat + " provides " + strings.Join(s.Provides, ", ") + ": its tools are the mesh-controller's alone",
@@ -221,7 +228,7 @@ func (c *catalogueIndex) provisioners(v *validator) {
 		}
 	}
 	for _, s := range m.Seats {
-		if users := c.users[s.Name]; len(s.Provides) > 0 && len(users) > 0 {
+		if users := c.users(s.Name); len(s.Provides) > 0 && len(users) > 0 {
 			v.refuse(Refusal{Code: CodeProvider, Field: fmt.Sprintf("seats.%s.provides", s.Name), Value: strings.Join(s.Provides, ", "),
 				Reason:  "modules " + strings.Join(users, ", ") + " use seat " + s.Name + ", and a provisioner's tools are the mesh-controller's alone",
 				Instead: "have them require " + strings.Join(s.Provides, ", ") + " instead of using the seat, and re-register them first"})
@@ -232,26 +239,24 @@ func (c *catalogueIndex) provisioners(v *validator) {
 func (c *catalogueIndex) builds(v *validator) {
 	m := v.m
 	for i, on := range m.BuildOn {
-		if o, ok := c.modules[on]; ok && !o.Built() {
+		if o, ok := c.module(on); ok && !o.Built() {
 			v.refuse(Refusal{Code: CodeBuild, Field: fmt.Sprintf("build.on[%d]", i), Value: on,
 				Reason:  "names module " + on + ", which the mesh does not build (it declares no build.from)",
 				Instead: "remove it, or give " + on + " a build: {from: ..., run: ...} first"})
 		}
 	}
 	if !m.Built() {
-		for _, name := range c.names {
-			if slices.Contains(c.modules[name].BuildOn, m.Module) {
-				v.refuse(Refusal{Code: CodeBuild, Field: "build", Value: m.Module,
-					Reason:  "module " + name + " is built on " + m.Module + ", which would no longer be built",
-					Instead: "keep build.from and build.run, or remove " + m.Module + " from " + name + "'s build.on first"})
-			}
+		for _, name := range c.others(c.cat.builtOn[m.Module]) {
+			v.refuse(Refusal{Code: CodeBuild, Field: "build", Value: m.Module,
+				Reason:  "module " + name + " is built on " + m.Module + ", which would no longer be built",
+				Instead: "keep build.from and build.run, or remove " + m.Module + " from " + name + "'s build.on first"})
 		}
 	}
 	on := func(module string) []string {
 		if module == m.Module {
 			return m.BuildOn
 		}
-		if o, ok := c.modules[module]; ok {
+		if o, ok := c.module(module); ok {
 			return o.BuildOn
 		}
 		return nil
@@ -317,7 +322,7 @@ func (c *catalogueIndex) seatConsumer(v *validator, name, pattern string) {
 func (c *catalogueIndex) protocols(v *validator, previous *Manifest) {
 	m := v.m
 	for _, old := range previous.Seats {
-		users := c.users[old.Name]
+		users := c.users(old.Name)
 		if len(users) == 0 {
 			continue
 		}

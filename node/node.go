@@ -543,7 +543,7 @@ func (n *Node) openMeshState(ctx context.Context, keys partKeys) (_ *seats.Store
 		return nil, err
 	}
 	n.startStep("identity")
-	if err := jsretry.Request(ctx, n.ctrl.ReconcileAll); err != nil {
+	if err := n.ctrl.ReconcileAll(ctx); err != nil { // retried step by step
 		return nil, fmt.Errorf("reconcile topology: %w", err)
 	}
 	n.startStep("topology")

@@ -113,6 +113,7 @@ type Registry struct {
 	listed   []*Entry             // byModule sorted by name (List); nil after a change
 	changes  uint64               // changes to what the registry holds (changed), for the caches to know theirs is the newest
 	signers  map[string]signersAt // Signers' answers, by module
+	emitted  *emitIndex           // who emits what (Signers); nil after a change
 	// leaving holds removed modules' records that wait for their event (Record.Removed).
 	leaving  map[string]*Entry
 	byKey    map[string]*Entry
@@ -626,6 +627,66 @@ type signersAt struct {
 func (r *Registry) changed() {
 	r.changes++
 	r.listed = nil
+	r.emitted = nil
+}
+
+// emitIndex is every event the registered modules and their seats emit, by emitter, as the
+// registry stood at change at: Signers looks a module's sources up in it. Walking every
+// module for each whoami made connecting n modules cost n² (issue 37: 10,000 modules).
+type emitIndex struct {
+	at       uint64
+	all      []emitted            // every event subject of every module
+	byOwner  map[string][]emitted // by the subject's owner token: a module's name, a seat's
+	users    map[string][]*Entry  // seat → the modules using it
+	byModule map[string]*Entry
+}
+
+// emitted is one event subject and who emits it: a module, or the module declaring seat.
+type emitted struct {
+	subject string
+	entry   *Entry
+	seat    string
+}
+
+// emitters returns the index of the registry as it stands, built once per change.
+func (r *Registry) emitters() *emitIndex {
+	r.mu.RLock()
+	if idx := r.emitted; idx != nil && idx.at == r.changes {
+		r.mu.RUnlock()
+		return idx
+	}
+	at := r.changes
+	r.mu.RUnlock()
+	idx := &emitIndex{at: at, byOwner: map[string][]emitted{}, users: map[string][]*Entry{}, byModule: map[string]*Entry{}}
+	add := func(owner string, em emitted) {
+		idx.all = append(idx.all, em)
+		idx.byOwner[owner] = append(idx.byOwner[owner], em)
+	}
+	for _, e := range r.List() {
+		idx.byModule[e.Module] = e
+		for _, ev := range e.Manifest.Emits {
+			add(e.Module, emitted{subject: manifest.EventSubject(e.Module, ev), entry: e})
+		}
+		for _, s := range e.Manifest.Uses {
+			idx.users[s] = append(idx.users[s], e)
+		}
+		for _, s := range e.Manifest.Seats {
+			for _, version := range s.VersionNames() {
+				v, _ := s.At(version)
+				// As v1's subject: a consumes pattern names no version (the consumer's
+				// filter holds the pinned one).
+				for _, ev := range v.Emits {
+					add(s.Name, emitted{subject: manifest.SeatEventSubject(s.Name, ev), entry: e, seat: s.Name})
+				}
+			}
+		}
+	}
+	r.mu.Lock()
+	if r.changes == at { // nothing changed while it was built
+		r.emitted = idx
+	}
+	r.mu.Unlock()
+	return idx
 }
 
 func (r *Registry) signersOf(m *manifest.Manifest) api.Signers {
@@ -634,9 +695,6 @@ func (r *Registry) signersOf(m *manifest.Manifest) api.Signers {
 		if s, err := manifest.ConsumeSubject(c); err == nil {
 			patterns = append(patterns, s)
 		}
-	}
-	matches := func(subject string) bool {
-		return slices.ContainsFunc(patterns, func(p string) bool { return manifest.Matches(p, subject) })
 	}
 	// reaches reports whether a pattern can match some event of kind: the servers' and the
 	// vault's events are not declared anywhere, so only the kind token can tell.
@@ -647,23 +705,31 @@ func (r *Registry) signersOf(m *manifest.Manifest) api.Signers {
 		})
 	}
 	out := api.Signers{}
-	for _, e := range r.List() {
-		if slices.ContainsFunc(e.Manifest.Emits, func(ev string) bool { return matches(manifest.EventSubject(e.Module, ev)) }) {
-			out[api.SignerKey(api.SignerModule, e.Module)] = e.PublicKey
+	idx := r.emitters()
+	for _, p := range patterns {
+		// A pattern naming its emitter is matched against that emitter's events alone.
+		candidates := idx.all
+		if _, owner, _, ok := manifest.SplitSubject(p); ok && owner != "*" && owner != ">" {
+			candidates = idx.byOwner[owner]
 		}
-		if e.Module == m.Module && len(m.Seats) > 0 || slices.ContainsFunc(m.Seats, func(s manifest.Seat) bool { return slices.Contains(e.Manifest.Uses, s.Name) }) {
-			out[api.SignerKey(api.SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
-		}
-		for _, s := range e.Manifest.Seats {
-			for _, version := range s.VersionNames() {
-				at, _ := s.At(version)
-				// Matched as v1's subject: a consumes pattern names no version (the
-				// consumer's filter holds the pinned one).
-				if slices.ContainsFunc(at.Emits, func(ev string) bool { return matches(manifest.SeatEventSubject(s.Name, ev)) }) {
-					out[api.SignerKey(api.SignerSeat, s.Name)] = e.PublicKey
-					out[api.SignerKey(api.SignerModule, e.Module)] = e.PublicKey
-				}
+		for _, em := range candidates {
+			if !manifest.Matches(p, em.subject) {
+				continue
 			}
+			out[api.SignerKey(api.SignerModule, em.entry.Module)] = em.entry.PublicKey
+			if em.seat != "" {
+				out[api.SignerKey(api.SignerSeat, em.seat)] = em.entry.PublicKey
+			}
+		}
+	}
+	if len(m.Seats) > 0 {
+		if e, ok := idx.byModule[m.Module]; ok {
+			out[api.SignerKey(api.SignerJob, e.Module)] = e.PublicKey // it submits jobs to its own seats
+		}
+	}
+	for _, s := range m.Seats {
+		for _, e := range idx.users[s.Name] {
+			out[api.SignerKey(api.SignerJob, e.Module)] = e.PublicKey // it submits jobs to m's seats
 		}
 	}
 	if reaches(api.SignerNode) {

@@ -645,3 +645,27 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// TestRegistry_SignersFollowTheRegistry: Signers' sources are looked up by emitter (an index
+// built once per change), so a consumer named for an emitter gets that emitter's key and no
+// other's, a wildcard emitter every one's, and an emitter registered later once it is.
+func TestRegistry_SignersFollowTheRegistry(t *testing.T) {
+	b := newBed(t)
+	r := b.open(t, nil)
+	named := put(t, r, record(t, "module: named\nrequires: [mesh-bus]\nconsumes: [late.thing.done]\n"), 0)
+	anyone := put(t, r, record(t, "module: anyone\nrequires: [mesh-bus]\nconsumes: [\"*.thing.done\"]\n"), 0)
+	early := put(t, r, record(t, "module: early\nrequires: [mesh-bus]\nemits: [thing.done]\n"), 0)
+	if got := r.Signers(named.Manifest); len(got) != 0 {
+		t.Fatalf("named's signers before late is registered = %v, want none (early emits the event, but named names late)", got)
+	}
+	if got := r.Signers(anyone.Manifest); len(got) != 1 || got[api.SignerKey(api.SignerModule, "early")] != early.PublicKey {
+		t.Fatalf("anyone's signers = %v, want early's key alone", got)
+	}
+	late := put(t, r, record(t, "module: late\nrequires: [mesh-bus]\nemits: [thing.done]\n"), 0)
+	if got := r.Signers(named.Manifest); len(got) != 1 || got[api.SignerKey(api.SignerModule, "late")] != late.PublicKey {
+		t.Fatalf("named's signers once late is registered = %v, want late's key alone", got)
+	}
+	if got := r.Signers(anyone.Manifest); len(got) != 2 || got[api.SignerKey(api.SignerModule, "late")] != late.PublicKey {
+		t.Fatalf("anyone's signers once late is registered = %v, want early's and late's keys", got)
+	}
+}

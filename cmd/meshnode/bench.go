@@ -23,7 +23,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	var cfg bench.Config
-	var asJSON bool
+	var asJSON, nodeProcess bool
 	var prof profiles
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -44,12 +44,18 @@ remove the node and its data. A running node is not touched.
              ≥ 0.8×.
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
              subscriber on a plain subject: p50/p99; target mesh ≤ 1.1× raw.
-  connect    register --modules generated modules, then time sdk.Connect and a raw
-             nkey nats.Connect of one of them, and the registration itself.
+  connect    register --modules generated modules (one in ten declaring a seat), 8 at a
+             time, connect them all, 8 at a time, each starting its durable consumer, and
+             keep them connected while sdk.Connect and a raw nkey nats.Connect of one more
+             module are timed, against the same with 2 registered (target growth ≤ 1.15×).
+             With --node-process the node runs as a process of its own: its RSS is read
+             with every module registered and again with all connected, and it is
+             restarted (SIGTERM) to time the registry mirror's catch-up and the
+             controller's reconcile of every module. One node, not a mesh.
 
 --cpuprofile and --memprofile write Go profiles of the whole run: the node, the modules and
 the raw clients share the process (pprof's -focus tells their code apart; a count of 0 leaves
-a measurement out of it). docs/performance.md reads them.
+a measurement out of it), except with --node-process, where the node is not profiled. docs/performance.md reads them.
 
 A count of 0 skips that measurement. Figures go to stdout; progress goes to stderr when it is
 a terminal (piped or redirected, stderr keeps only warnings and errors).`,
@@ -72,7 +78,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 			if err != nil {
 				return err
 			}
-			err = runBench(cmd.Context(), cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			err = runBench(cmd.Context(), cfg, nodeProcess, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			return errors.Join(err, stopProfiles())
 		},
 	}
@@ -82,6 +88,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
 	f.StringVar(&prof.cpu, "cpuprofile", "", "write a CPU profile of the run to this file")
 	f.StringVar(&prof.mem, "memprofile", "", "write an allocation profile of the run to this file")
+	f.BoolVar(&nodeProcess, "node-process", false, "run the node as a process of its own (meshnode up): the connect measurement then reads its RSS and restarts it")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: emit_on?, tool_call?, connect?")
 	return cmd
 }
@@ -122,7 +129,7 @@ func (p profiles) start() (stop func() error, err error) {
 }
 
 // runBench runs the measurements on a throwaway node and prints the results.
-func runBench(ctx context.Context, cfg bench.Config, asJSON bool, stdout, stderr io.Writer) error {
+func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, stdout, stderr io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg.Connects = bench.DefaultConnects
@@ -132,11 +139,26 @@ func runBench(ctx context.Context, cfg bench.Config, asJSON bool, stdout, stderr
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	target, closeNode, err := openBenchNode(dir, stderr)
-	if err != nil {
-		return err
+	var target bench.Target
+	if nodeProcess {
+		var p *benchProcess
+		if target, p, err = openBenchProcess(ctx, dir); err != nil {
+			return err
+		}
+		defer p.Close()
+		defer func() {
+			if err != nil { // the node's side of it, before its data dir goes
+				err = fmt.Errorf("%w\nthe node's log ends:\n%s", err, tail(p.logFile(p.logs)))
+			}
+		}()
+	} else {
+		t, closeNode, err := openBenchNode(dir, stderr)
+		if err != nil {
+			return err
+		}
+		defer closeNode()
+		target = t
 	}
-	defer closeNode()
 	// Progress on a terminal only: piped or redirected, stderr keeps the warnings and errors.
 	progress := io.Discard
 	if isTerminal(stderr) {
@@ -167,6 +189,8 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.SeatMaxBytes = bench.SeatMaxBytes
+	cfg.DeadMaxBytesPerConsumer = bench.DeadMaxBytesPerConsumer
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	n := node.New(cfg, log)
 	n.CreateIdentity = true
