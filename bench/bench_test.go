@@ -50,7 +50,6 @@ func openNode(dir string) (t bench.Target, stop func() error, err error) {
 	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.SeatMaxBytes, cfg.DeadMaxBytesPerConsumer = bench.SeatMaxBytes, bench.DeadMaxBytesPerConsumer
 	n := node.New(cfg, nil)
 	n.CreateIdentity = true
 	if err := n.Open(); err != nil {

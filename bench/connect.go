@@ -24,16 +24,6 @@ import (
 // module in ten, as issue 37's 10,000 modules with 1,000 seats.
 const seatEvery = 10
 
-// SeatMaxBytes is the seat-max-bytes of the node the connect measurement runs on: a seat's
-// queue holds nothing in the bench, and a thousand queues of the default size (a 64th of the
-// store each) do not fit a store.
-const SeatMaxBytes = 4 << 20
-
-// DeadMaxBytesPerConsumer is the dead-max-bytes-per-consumer of the node the connect
-// measurement runs on: by default DEAD keeps a share for 1,024 consumers, and 10,000 modules
-// that each consume need ten times as many.
-const DeadMaxBytesPerConsumer = 256 << 10
-
 // ConnectResult is the connect measurement: how long a module takes to connect (nkey auth,
 // permissions derived from its manifest, and for the sdk the whoami round trip) once the
 // registry holds Modules modules, and the same module with only two registered.

@@ -189,8 +189,6 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.SeatMaxBytes = bench.SeatMaxBytes
-	cfg.DeadMaxBytesPerConsumer = bench.DeadMaxBytesPerConsumer
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	n := node.New(cfg, log)
 	n.CreateIdentity = true
