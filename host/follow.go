@@ -64,9 +64,12 @@ const remadeCheckEvery = 5 * time.Second
 const followHeartbeat = time.Second
 
 // holderWait bounds how long a declaration naming a controller epoch newer than the lease
-// mirror's waits for the mirror (which lags the bucket by up to a few seconds) before it is
-// refused.
-const holderWait = 5 * time.Second
+// mirror's waits for the mirror before it is refused. The mirror lags the bucket by a few
+// milliseconds, but by 10 s and more when the server its watch's consumer sat on is killed
+// (nats.go's KV watch notices by a missed heartbeat and makes its consumer again): at 5 s a
+// survivor of two servers killed refused its next declaration as not its controller's, and
+// ran nothing new until the one after (the five-server fault bed).
+const holderWait = 30 * time.Second
 
 // Follower follows one node's declaration.
 type Follower struct {

@@ -383,7 +383,8 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 	r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", through.name, "--wait", "25s", "--data-dir", through.dir, "--creds", b.op)
 	if r.code != 0 || !strings.Contains(r.stdout, through.name+": running (1 of 1)") {
 		ps := meshnode(t, nil, "ps", "--json", "--data-dir", through.dir, "--creds", b.op)
-		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr)
+		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s\n%s's log ends:\n%s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr,
+			through.name, hostLog(through.p.stderr.String(), 40))
 	}
 	step("deploy")
 }
@@ -531,4 +532,16 @@ func (b *faultBed) clientsBack() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hostLog is the last n lines of a node's log about its declaration (its host's, at the
+// level the bed's nodes log at: MESHNODE_TEST_LOG=1 for all of them).
+func hostLog(log string, n int) string {
+	var lines []string
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, "component=host") || strings.Contains(line, "declaration") {
+			lines = append(lines, strings.TrimRight(line, "\n"))
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
