@@ -330,7 +330,9 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
 	return func(want int) string {
 		var refused []api.AuditRecord
-		retryUntil(t, 15*time.Second, func() error {
+		// A declaration naming an epoch the leases' mirror has not seen waits 30 s for it
+		// before it is refused (host's holderWait).
+		retryUntil(t, 45*time.Second, func() error {
 			b.waitAudited(5 * time.Second)
 			refused = refused[:0]
 			for _, r := range b.auditAll("alpha") {

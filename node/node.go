@@ -51,9 +51,10 @@ const openTimeout = 30 * time.Second
 // mesh of 3 or more.
 func (n *Node) replicas() int { return replication.Target(n.servers()) }
 
-// servers is how many servers the mesh has as this node knows it (replication.Count).
+// servers is how many servers the mesh has as this node knows it (replication.Count); one
+// for a standalone server, whatever its registry says.
 func (n *Node) servers() int {
-	if n.count == nil {
+	if n.count == nil || n.bus == nil || !n.bus.Clustered() {
 		return 1
 	}
 	return n.count.Servers()
@@ -768,7 +769,9 @@ func (n *Node) Run(ctx context.Context) error {
 	add("declaration follower", n.mods.host.Run)
 	add("reports", n.runReports)
 	add("drift check", n.watchDrift)
-	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: n.servers, Holds: n.holdsController,
+	// The keeper places copies only on servers JetStream knows: a server registered before
+	// its JetStream peer has joined the meta group counts once it has.
+	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: func() int { return min(n.servers(), max(len(n.bus.Peers()), 1)) }, Holds: n.holdsController,
 		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
 	add("replication", keeper.Run)
 	add("admitter", n.runAdmitter)
