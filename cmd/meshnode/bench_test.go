@@ -201,7 +201,11 @@ func formOnce(b *testing.B, n int) (time.Duration, error) {
 		nodes[j] = []string{"--data-dir", dir, "--name", string(rune('a' + j)), "--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 			"--cluster-addr", testbed.FreeAddr(b), "--gossip-addr", testbed.FreeAddr(b), "--log-level", "error"}
 	}
-	out, err := exec.Command(binary, append([]string{"genesis", "--expect", strconv.Itoa(n), "--json"}, nodes[0]...)...).Output()
+	// The nodes' settings are their flags: a MESHNODE_ variable of the caller's (CI sets
+	// MESHNODE_BEDS) is refused by the CLI as unknown.
+	gen := exec.Command(binary, append([]string{"genesis", "--expect", strconv.Itoa(n), "--json"}, nodes[0]...)...)
+	gen.Env = cleanEnv()
+	out, err := gen.Output()
 	if err != nil {
 		b.Fatalf("genesis: %v", err)
 	}
@@ -218,6 +222,9 @@ func formOnce(b *testing.B, n int) (time.Duration, error) {
 	cmds := []*exec.Cmd{exec.Command(binary, append([]string{"run"}, nodes[0]...)...)}
 	for _, flags := range nodes[1:] {
 		cmds = append(cmds, exec.Command(binary, append([]string{"join", "--token-file", tokenFile}, flags...)...))
+	}
+	for _, cmd := range cmds {
+		cmd.Env = cleanEnv()
 	}
 	defer func() {
 		for _, cmd := range cmds {
