@@ -13,13 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/jsretry"
-
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
@@ -479,17 +478,19 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	if err != nil {
 		return api.RegisterReply{}, err
 	}
-	c.catalogue = syncCatalogue(c.catalogue, c.reg.List())
+	// One listing for the three checks against the registry (catalogue, DEAD, seat queues).
+	entries := c.reg.List()
+	c.catalogue = syncCatalogue(c.catalogue, entries)
 	if err := manifest.CheckCatalogueBound(m, c.catalogue, prevManifest); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if err := manifest.CheckBindings(m, c.bindings(m)); err != nil {
 		return api.RegisterReply{}, err
 	}
-	if err := c.checkDead(m.Module, d); err != nil {
+	if err := c.checkDead(m.Module, d, entries); err != nil {
 		return api.RegisterReply{}, err
 	}
-	if err := c.checkSeats(m.Module, d); err != nil {
+	if err := c.checkSeats(m.Module, d, entries); err != nil {
 		return api.RegisterReply{}, err
 	}
 
@@ -567,26 +568,26 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 
 // checkDead refuses module's registration as d when DEAD holds no share for a consumer it
 // adds (Budget.CheckDead): the mesh's own consumers (the cascade's, its seats') and every
-// registered module's, with module's as d instead of as it was.
-func (c *Controller) checkDead(module string, d *manifest.Derivation) error {
+// registered module's (entries), with module's as d instead of as it was.
+func (c *Controller) checkDead(module string, d *manifest.Derivation, entries []*registry.Entry) error {
 	nodes := c.reg.Nodes()
 	if len(nodes) == 0 {
 		nodes = []string{c.node} // a node-scoped seat has a consumer on this node at least
 	}
-	c.dead.sync(c.reg.List(), nodes)
+	c.dead.sync(entries, nodes)
 	before, after := c.dead.counts(module, d, nodes)
 	return c.topo.budget.CheckDead(module, after, before)
 }
 
 // checkSeats refuses module's registration as d when the seats' queues would reserve more
 // than the store leaves them (Budget.CheckSeats), counting the mesh's own seats and every
-// registered module's, with module's as d instead of as it was. A seat's stream kept for its
-// backlog after its module went (retire) is not counted: JetStream's own reservation refuses
-// what does not fit then, with storeFullError.
-func (c *Controller) checkSeats(module string, d *manifest.Derivation) error {
+// registered module's (entries), with module's as d instead of as it was. A seat's stream
+// kept for its backlog after its module went (retire) is not counted: JetStream's own
+// reservation refuses what does not fit then, with storeFullError.
+func (c *Controller) checkSeats(module string, d *manifest.Derivation, entries []*registry.Entry) error {
 	b := c.topo.budget
 	others, prev := b.SeatsOf(manifest.Builtin()), int64(0)
-	for _, e := range c.reg.List() {
+	for _, e := range entries {
 		if e.Module == module {
 			prev = b.SeatsOf(e.Derivation)
 			continue

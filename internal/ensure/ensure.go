@@ -29,8 +29,7 @@ func Stream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	if !mayExist(err) {
 		return s, err
 	}
-	var rerr error
-	if cfg.Replicas, rerr = replicas(ctx, js, cfg.Name, cfg.Replicas); rerr != nil {
+	if rerr := keepReplicas(ctx, js, cfg.Name, &cfg.Replicas); rerr != nil {
 		return nil, rerr
 	}
 	s, uerr := js.UpdateStream(ctx, cfg)
@@ -40,16 +39,18 @@ func Stream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	return s, uerr
 }
 
-// replicas is the copies stream has, or want when it does not exist.
-func replicas(ctx context.Context, js jetstream.JetStream, stream string, want int) (int, error) {
+// keepReplicas sets *replicas to the copies stream has; it leaves it as asked when the
+// stream does not exist.
+func keepReplicas(ctx context.Context, js jetstream.JetStream, stream string, replicas *int) error {
 	s, err := js.Stream(ctx, stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return want, nil
+		return nil
 	case err != nil:
-		return 0, err
+		return err
 	}
-	return s.CachedInfo().Config.Replicas, nil
+	*replicas = s.CachedInfo().Config.Replicas
+	return nil
 }
 
 // errStorageExceeded is nats-server's JSStorageResourcesExceededErr ("insufficient storage
@@ -69,9 +70,8 @@ func mayExist(err error) bool {
 func KeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if mayExist(err) {
-		var rerr error
-		if cfg.Replicas, rerr = replicas(ctx, js, "KV_"+cfg.Bucket, cfg.Replicas); rerr != nil {
-			return nil, rerr
+		if err := keepReplicas(ctx, js, "KV_"+cfg.Bucket, &cfg.Replicas); err != nil {
+			return nil, err
 		}
 		return js.CreateOrUpdateKeyValue(ctx, cfg) // absent after all: its create's error
 	}
@@ -82,9 +82,8 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 func ObjectStore(ctx context.Context, js jetstream.JetStream, cfg jetstream.ObjectStoreConfig) (jetstream.ObjectStore, error) {
 	obs, err := js.CreateObjectStore(ctx, cfg)
 	if mayExist(err) {
-		var rerr error
-		if cfg.Replicas, rerr = replicas(ctx, js, "OBJ_"+cfg.Bucket, cfg.Replicas); rerr != nil {
-			return nil, rerr
+		if err := keepReplicas(ctx, js, "OBJ_"+cfg.Bucket, &cfg.Replicas); err != nil {
+			return nil, err
 		}
 		return js.CreateOrUpdateObjectStore(ctx, cfg) // absent after all: its create's error
 	}
