@@ -5,12 +5,20 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/nats-io/nats.go"
 )
 
 // exampleBed is where an example module written without the sdk runs: a node, shop (emits
@@ -76,4 +84,56 @@ func (b exampleBed) runNotes(t *testing.T, ctx context.Context, dir string, argv
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s did not start: %s", strings.Join(argv, " "), stderr.String())
 	}
+}
+
+// awaitNote waits for the example's note.written answering shop's event okID, as reader's
+// sdk delivers it on got (its checks passed: signature, source), and returns it.
+func awaitNote(t *testing.T, ctx context.Context, got <-chan sdk.Event, okID, example string) sdk.Event {
+	t.Helper()
+	select {
+	case e := <-got:
+		if e.Source != "notes" || e.Causation != okID || !strings.Contains(string(e.Data), okID) {
+			t.Errorf("the note: source %q, causation %q, body %s; want notes, %s", e.Source, e.Causation, e.Data, okID)
+		}
+		return e
+	case <-ctx.Done():
+		t.Fatalf("no note.written from %s reached the Go reader", example)
+		return sdk.Event{}
+	}
+}
+
+// forge publishes, as the operator, an event on shop's subject signed by shop's key but
+// naming module reader as its x-source — what the example's checks must refuse — and returns
+// the operator's connection (closed when the test ends).
+func (b exampleBed) forge(t *testing.T) *nats.Conn {
+	t.Helper()
+	op, err := dialWith(b.p.clientURL, filepath.Join(b.dir, datadir.OperatorSeedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(op.Close)
+	subject := manifest.EventSubject("shop", "order.placed")
+	body := []byte(`{"order":3}`)
+	h, err := envelope.Stamp(mustSeed(t, b.shopSeed), "reader", "alpha", subject, body, envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+// deadLetters waits until the node holds n dead letters and returns them.
+func (b exampleBed) deadLetters(t *testing.T, n int, within time.Duration) []deadRow {
+	t.Helper()
+	var letters []deadRow
+	retryUntil(t, within, func() (err error) {
+		letters, err = deadLs(t, b.dir)
+		if err != nil || len(letters) != n {
+			return fmt.Errorf("dead letters %+v: %v, want %d", letters, err, n)
+		}
+		return nil
+	})
+	return letters
 }

@@ -5,16 +5,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/nats-io/nats.go"
 )
 
 // TestIntegration_NodeExample_Module runs examples/node/module.js, with nothing but the plain nats and
@@ -25,13 +20,12 @@ import (
 func TestIntegration_NodeExample_Module(t *testing.T) {
 	exampleDir := nodeExample(t)
 	b := newExampleBed(t)
-	dir, p, shopSeed, readerSeed := b.dir, b.p, b.shopSeed, b.readerSeed
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	b.runNotes(t, ctx, exampleDir, "node", "module.js")
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
-	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
+	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed)
 	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)
@@ -40,51 +34,18 @@ func TestIntegration_NodeExample_Module(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case e := <-got:
-		if e.Source != "notes" || e.Causation != okID || !strings.Contains(string(e.Data), okID) {
-			t.Errorf("the note: source %q, causation %q, body %s; want notes, %s", e.Source, e.Causation, e.Data, okID)
-		}
-	case <-ctx.Done():
-		t.Fatal("no note.written from module.js reached the Go reader")
-	}
+	awaitNote(t, ctx, got, okID, "module.js")
 
 	// The failing event: NAKed 5 times by module.js, dead-lettered by the node.
-	var letters []deadRow
-	retryUntil(t, 30*time.Second, func() error {
-		letters, err = deadLs(t, dir)
-		if err != nil || len(letters) != 1 {
-			return fmt.Errorf("dead letters %+v: %v", letters, err)
-		}
-		return nil
-	})
+	letters := b.deadLetters(t, 1, 30*time.Second)
 	if l := letters[0]; l.EventID != failID || l.Consumer != "notes" || l.Deliveries != manifest.MaxDeliver || l.Reason != "max deliveries" {
 		t.Errorf("dead letter %+v, want %s from notes after %d deliveries", l, failID, manifest.MaxDeliver)
 	}
 
 	// A forged event (shop's subject, signed by shop, x-source another module) is refused by
 	// module.js's checks, with its reason.
-	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	subject := manifest.EventSubject("shop", "order.placed")
-	body := []byte(`{"order":3}`)
-	h, err := envelope.Stamp(mustSeed(t, shopSeed), "reader", "alpha", subject, body, envelope.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		t.Fatal(err)
-	}
-	retryUntil(t, 20*time.Second, func() error {
-		letters, err = deadLs(t, dir)
-		if err != nil || len(letters) != 2 {
-			return fmt.Errorf("dead letters %+v: %v", letters, err)
-		}
-		return nil
-	})
+	op := b.forge(t)
+	letters = b.deadLetters(t, 2, 20*time.Second)
 	if l := letters[1]; !strings.Contains(l.Reason, `x-source "reader" does not own`) {
 		t.Errorf("forged event's dead letter: %+v", l)
 	}

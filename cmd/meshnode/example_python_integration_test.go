@@ -6,15 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/datadir"
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/nats-io/nats.go"
 )
 
 // TestIntegration_PythonExample_Module runs examples/python-module/module.py — the standard
@@ -25,27 +21,18 @@ import (
 func TestIntegration_PythonExample_Module(t *testing.T) {
 	python, exampleDir := pythonExample(t)
 	b := newExampleBed(t)
-	dir, p, shopSeed, readerSeed := b.dir, b.p, b.shopSeed, b.readerSeed
+	dir := b.dir
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	b.runNotes(t, ctx, exampleDir, python, "module.py")
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
-	got, shop := notesPair(ctx, t, p.clientURL, readerSeed, shopSeed)
+	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed)
 	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var noteID string
-	select {
-	case e := <-got:
-		if e.Source != "notes" || e.Causation != okID || !strings.Contains(string(e.Data), okID) {
-			t.Errorf("the note: source %q, causation %q, body %s; want notes, %s", e.Source, e.Causation, e.Data, okID)
-		}
-		noteID = e.ID
-	case <-ctx.Done():
-		t.Fatal("no note.written from module.py reached the Go reader")
-	}
+	noteID := awaitNote(t, ctx, got, okID, "module.py").ID
 
 	// The node's audit log holds the note as genuine: signed by notes' key, its source owns
 	// its subject, and the verdict flags nothing.
@@ -76,28 +63,8 @@ func TestIntegration_PythonExample_Module(t *testing.T) {
 
 	// A forged event (shop's subject, signed by shop, x-source another module) is refused by
 	// module.py's checks and dead-lettered with its reason.
-	op, err := dialWith(p.clientURL, filepath.Join(dir, datadir.OperatorSeedFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	subject := manifest.EventSubject("shop", "order.placed")
-	body := []byte(`{"order":3}`)
-	h, err := envelope.Stamp(mustSeed(t, shopSeed), "reader", "alpha", subject, body, envelope.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := op.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		t.Fatal(err)
-	}
-	var letters []deadRow
-	retryUntil(t, 20*time.Second, func() error {
-		letters, err = deadLs(t, dir)
-		if err != nil || len(letters) != 1 {
-			return fmt.Errorf("dead letters %+v: %v", letters, err)
-		}
-		return nil
-	})
+	op := b.forge(t)
+	letters := b.deadLetters(t, 1, 20*time.Second)
 	if l := letters[0]; l.Consumer != "notes" || !strings.Contains(l.Reason, `x-source "reader" does not own`) {
 		t.Errorf("forged event's dead letter: %+v", l)
 	}
