@@ -49,21 +49,21 @@ func EmitOn(ctx context.Context, t Target, n int) (EmitOnResult, error) {
 	defer s.Close()
 	raw, err := s.Raw(ctx, n)
 	if err != nil {
-		return EmitOnResult{}, err
+		return EmitOnResult{}, fmt.Errorf("raw JetStream: %w", err)
 	}
 	mesh, err := s.Mesh(ctx, n)
 	if err != nil {
-		return EmitOnResult{}, err
+		return EmitOnResult{}, fmt.Errorf("mesh: %w", err)
 	}
 	res := EmitOnResult{Events: n, PayloadBytes: PayloadSize, Mesh: mesh, Raw: raw, Ratio: ratio(mesh.PerSecond, raw.PerSecond)}
 	if res.RawAsync, err = s.RawAsync(ctx, n, false); err != nil {
-		return res, err
+		return res, fmt.Errorf("raw JetStream pipelined: %w", err)
 	}
 	if res.RawAsyncAudited, err = s.RawAsync(ctx, n, true); err != nil {
-		return res, err
+		return res, fmt.Errorf("raw JetStream pipelined and drained: %w", err)
 	}
 	if res.Pipelined, err = s.Pipelined(ctx, n); err != nil {
-		return res, err
+		return res, fmt.Errorf("mesh pipelined: %w", err)
 	}
 	res.PipelinedRatio = ratio(res.Pipelined.PerSecond, res.RawAsync.PerSecond)
 	res.PipelinedAuditedRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncAudited.PerSecond)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -157,11 +158,29 @@ func (r *recorder) wait(ctx context.Context, stall time.Duration) error {
 		select {
 		case <-changed:
 		case <-time.After(stall):
-			return fmt.Errorf("%d of %d events never arrived (nothing for %s)", len(r.seen)-got, len(r.seen), stall)
+			return fmt.Errorf("%d of %d events never arrived (nothing for %s): %s", len(r.seen)-got, len(r.seen), stall, r.missing())
 		case <-ctx.Done():
 			return fmt.Errorf("%d of %d events arrived: %w", got, len(r.seen), ctx.Err())
 		}
 	}
+}
+
+// missing says which events have not arrived, and what else did: a stall at one event (a
+// handler held) reads differently from a lost run of them.
+func (r *recorder) missing() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var idx []string
+	for i, ok := range r.seen {
+		if !ok {
+			if len(idx) == 8 {
+				idx = append(idx, "…")
+				break
+			}
+			idx = append(idx, strconv.Itoa(i))
+		}
+	}
+	return fmt.Sprintf("events %s missing; %d duplicates, %d strays", strings.Join(idx, ", "), r.dups, r.strays)
 }
 
 // series summarises the run, whose first event was sent at start (since epoch).

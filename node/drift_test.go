@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // readyz returns /readyz's status code and reason.
@@ -243,6 +244,96 @@ func TestDrift_AuditGoesOnAfterItsConsumerIsRecreated(t *testing.T) {
 	retryUntil(t, 30*time.Second, func() error {
 		if n := len(b.auditAll("shop")); n != 2 {
 			return fmt.Errorf("the audit log has %d of shop's 2 events", n)
+		}
+		return nil
+	})
+}
+
+// TestDrift_ModuleConsumesAgainAfterItsConsumerIsRecreated: a running module's durable
+// consumer deleted under it, the node makes it again, and the module — not restarted —
+// handles the next event within 5 s of the consumer being back. nats.go ends a Consume
+// whose consumer was deleted; an sdk that only logged that stayed deaf until restarted.
+func TestDrift_ModuleConsumesAgainAfterItsConsumerIsRecreated(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n")
+	c := b.client(seed)
+	got := make(chan int, 16)
+	if err := c.On("shop.sold", func(_ context.Context, e sdk.Event) error {
+		var body struct{ N int }
+		json.Unmarshal(e.Data, &body)
+		got <- body.N
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	emitAndReceive := func(n int, within time.Duration) {
+		t.Helper()
+		if _, err := c.Emit(ctx, "sold", map[string]int{"n": n}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(within)
+		for {
+			select {
+			case m := <-got:
+				if m == n {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("event %d not handled within %s", n, within)
+			}
+		}
+	}
+	emitAndReceive(1, 20*time.Second)
+	for round := 2; round <= 3; round++ {
+		if err := b.js.DeleteConsumer(ctx, manifest.EventsStreamName, "shop"); err != nil {
+			t.Fatal(err)
+		}
+		retryUntil(t, 20*time.Second, func() error {
+			_, err := b.js.Consumer(ctx, manifest.EventsStreamName, "shop")
+			return err
+		})
+		emitAndReceive(round, 5*time.Second)
+	}
+}
+
+// TestDrift_HolderServesAgainAfterItsQueueIsRecreated: a seat's work-queue stream deleted
+// under its running holder, the node makes it and its consumer again, and the holder handles
+// the next job within 5 s of the queue being back, without a restart.
+func TestDrift_HolderServesAgainAfterItsQueueIsRecreated(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	mailerSeed, _ := b.register(mailerManifest)
+	shopSeed, _ := b.register(shopManifest)
+	log := newJobLog()
+	c := b.client(mailerSeed)
+	if err := c.Accept("send", log.handler(c.Instance())); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "mailer", c)
+	shop := b.client(shopSeed)
+	submit(t, shop, "mailer", "send", 1)
+	retryUntil(t, 20*time.Second, func() error {
+		if n := log.distinct(); n != 1 {
+			return fmt.Errorf("%d of 1 job handled", n)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := b.js.DeleteStream(ctx, "SEAT_mailer"); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		_, err := b.js.Consumer(ctx, "SEAT_mailer", "seat-mailer")
+		return err
+	})
+	submit(t, shop, "mailer", "send", 1)
+	retryUntil(t, 5*time.Second, func() error {
+		if n := log.distinct(); n != 2 {
+			return fmt.Errorf("%d of 2 jobs handled", n)
 		}
 		return nil
 	})

@@ -15,7 +15,6 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/toolstats"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Job is one piece of work submitted to a seat.
@@ -45,7 +44,7 @@ type seatState struct {
 	tools    map[string]ToolHandler // by versioned(version, tool)
 	holding  bool
 	epoch    uint64
-	consume  jetstream.ConsumeContext
+	consume  *consumption
 	toolSubs []*nats.Subscription // the served tools' subscriptions, while holding
 }
 
@@ -345,16 +344,7 @@ func (c *Client) claim(ctx context.Context, st *seatState) error {
 	st.holding, st.epoch = true, reply.Epoch
 	d := &dispatcher{c: c, stream: reply.Stream, consumer: reply.Consumer,
 		maxDeliver: cons.CachedInfo().Config.MaxDeliver, route: st.route}
-	st.consume, err = cons.Consume(d.handle, jetstream.PullMaxMessages(manifest.MaxAckPending),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				c.log.Debug("seat consume", "seat", st.seat, "err", err)
-			}
-		}))
-	if err != nil {
-		st.holding = false
-		return fmt.Errorf("consume seat %s: %w", st.seat, err)
-	}
+	st.consume = c.startConsuming(cons, d, "seat "+st.seat+"'s queue")
 	if err := c.serveSeatTools(st); err != nil {
 		st.letGo()
 		return err

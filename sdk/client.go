@@ -164,7 +164,7 @@ type Client struct {
 	refreshMu                  sync.Mutex
 	seats                      map[string]*seatState
 	handlers                   []handler
-	consume                    jetstream.ConsumeContext
+	consume                    *consumption
 	subs                       []*nats.Subscription
 
 	refusals *Refusals // fed by asyncError: ends a refused request at once
@@ -177,6 +177,8 @@ type Client struct {
 	connCtx context.Context
 	connEnd context.CancelFunc
 
+	// consuming counts running consumptions (startConsuming), which end with ctx.
+	consuming sync.WaitGroup
 	// wg counts running handlers; closing guards its Add against Close's Wait.
 	wg      sync.WaitGroup
 	closing sync.RWMutex
@@ -402,6 +404,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	c.closing.Unlock()
 	c.cancel()
+	c.consuming.Wait()
 	c.wg.Wait()
 	c.reporting.Wait()
 	// Events EmitAsync sent get their answers (a little while): their failures, and those of

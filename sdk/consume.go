@@ -67,16 +67,7 @@ func (c *Client) On(pattern string, h Handler) error {
 	}
 	d := &dispatcher{c: c, stream: manifest.EventsStreamName, consumer: self.Module,
 		maxDeliver: cons.CachedInfo().Config.MaxDeliver, route: c.route}
-	c.consume, err = cons.Consume(d.handle,
-		jetstream.PullMaxMessages(manifest.MaxAckPending),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				c.log.Warn("consume", "err", err)
-			}
-		}))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", self.Module, err)
-	}
+	c.consume = c.startConsuming(cons, d, "consumer "+self.Module+" on "+manifest.EventsStreamName)
 	return nil
 }
 

@@ -27,6 +27,8 @@ type Consumer struct {
 	Options []jetstream.PullConsumeOpt
 	// Log is told when the consumer does not answer or its consumption ends; nil discards.
 	Log *slog.Logger
+	// Retry is the back-off between attempts to find the consumer; zero is the package's.
+	Retry backoff.Backoff
 }
 
 // Retry is the back-off between attempts to find the consumer.
@@ -38,7 +40,10 @@ func Run(ctx context.Context, c Consumer) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	wait := Retry
+	wait := c.Retry
+	if wait == (backoff.Backoff{}) {
+		wait = Retry
+	}
 	for ctx.Err() == nil {
 		cons, err := c.Get(ctx)
 		if err != nil {
@@ -65,6 +70,7 @@ func Run(ctx context.Context, c Consumer) {
 			}
 			continue
 		}
+		wait.Reset() // the next search after this consumption ends starts at the first wait
 		select {
 		case <-ctx.Done():
 		case <-cc.Closed():
