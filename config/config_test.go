@@ -129,6 +129,13 @@ func TestConfig_Validate(t *testing.T) {
 	if err := config.Run().Validate(); err != nil {
 		t.Fatalf("Run defaults: %v", err)
 	}
+	for _, sync := range []string{"always", "1s", "30s", "1h"} {
+		c := config.Up()
+		c.Sync = sync
+		if err := c.Validate(); err != nil {
+			t.Errorf("sync %s: %v", sync, err)
+		}
+	}
 	for _, tc := range []struct {
 		key, value string
 	}{
@@ -143,6 +150,9 @@ func TestConfig_Validate(t *testing.T) {
 		{"gossip-addr", "bad host:1"},
 		{"log-level", "verbose"},
 		{"log-format", "xml"},
+		{"sync", "never"},
+		{"sync", "10ms"},
+		{"sync", "2h"},
 		{"data-dir", ""},
 	} {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {

@@ -66,6 +66,10 @@ type Config struct {
 	// MaxStore is the most JetStream stores on this server, in bytes; zero lets nats-server
 	// size it from the disk (75% of what is free).
 	MaxStore int64
+	// SyncAlways makes JetStream fsync before each ack; otherwise it flushes every
+	// SyncInterval (zero: nats-server's 2 minutes).
+	SyncAlways   bool
+	SyncInterval time.Duration
 	// WatchInterval is how often a start that has not finished logs what it is doing; zero
 	// means DefaultWatchInterval.
 	WatchInterval time.Duration
@@ -207,6 +211,8 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		StoreDir:   cfg.StoreDir,
 		// Zero is "size it from the disk" to nats-server only while unset.
 		JetStreamMaxStore: cfg.MaxStore,
+		SyncAlways:        cfg.SyncAlways,
+		SyncInterval:      cfg.SyncInterval,
 		// nats-server 2.12 and later cap a stream at 1,000 consumers unless told otherwise,
 		// and every module that consumes is a durable consumer on EVENTS: a mesh of a
 		// thousand modules would refuse the next registration. The mesh bounds its

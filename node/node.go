@@ -445,6 +445,10 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		readyTimeout = formationReadyTimeout
 		cluster.TLS = n.tls.keeper.RouteTLS()
 	}
+	syncAlways, syncEvery, err := n.cfg.SyncPolicy()
+	if err != nil {
+		return fmt.Errorf("sync %q: %w", n.cfg.Sync, err)
+	}
 	var clientTLS *tls.Config
 	if n.clientTLSOn() {
 		clientTLS = n.tls.keeper.ClientTLS()
@@ -462,6 +466,8 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		ReadyTimeout: readyTimeout,
 		Complete:     n.dir.complete,
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
+		SyncAlways:   syncAlways,
+		SyncInterval: syncEvery,
 
 		OnStartMemory:    n.OnStartMemory,
 		StartMemoryLimit: n.StartMemoryLimit,

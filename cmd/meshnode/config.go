@@ -41,6 +41,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("shutdown-timeout", defaults.ShutdownTimeout.String(), "how long a graceful stop may take")
 	f.String("events-max-age", defaults.EventsMaxAge.String(), "how long the EVENTS stream keeps an event (e.g. 7d)")
 	f.String("audit-retention", "0s", "how long the audit log keeps a record (0s: keep everything)")
+	f.String("sync", defaults.Sync, "when JetStream writes to the disk: always (before each ack; about 5× slower) or an interval of background flushes")
 	f.String("store-max-bytes", "0", "the most JetStream stores on this node, e.g. 20GiB (0: 75% of the disk's free space)")
 	f.String("events-max-bytes", "0", "the most the EVENTS stream keeps; past it emits are refused (0: half the store)")
 	f.String("module-events-max-bytes", "0", "the most of EVENTS one module may hold; past it its emits are refused (0: a quarter of EVENTS)")
