@@ -34,7 +34,7 @@ var layers = []struct {
 	}},
 	{"top: the composition root, the commands, examples and test support", []string{
 		"bench", "node", "cmd/...", "examples/...",
-		"internal/testbed", "internal/codehealth/errortext", "internal/codehealth", "internal/wiregolden",
+		"internal/testbed", "chaos", "internal/codehealth/errortext", "internal/codehealth", "internal/wiregolden",
 	}},
 }
 
