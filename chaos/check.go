@@ -1,8 +1,13 @@
 package chaos
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -17,9 +22,14 @@ type Final struct {
 	Events    []string            // the event ids in EVENTS
 	Audit     map[string][]string // node name -> the event ids in its audit log
 	Consumers []string            // the modules that consume every emitted event
-	Delivered map[string][]string // module -> the event ids it was delivered, with repeats, beyond the history's "deliver" ops
+	// Delivered is module -> the event ids it was delivered, with repeats, for deliveries the
+	// history's "deliver" operations do not hold (a module outside the test process).
+	Delivered map[string][]string
 	// Vault is node name -> secret name -> the value the node read back.
 	Vault map[string]map[string]string
+	// Plaintext is node name -> the files in its data dir holding a secret's value in
+	// plaintext, as ScanPlaintext finds them; a node missing from it was not scanned.
+	Plaintext map[string][]string
 	// Revisions is node name -> the declaration revision the node applied; NewestRevision is
 	// the newest the controller declared.
 	Revisions      map[string]uint64
@@ -255,6 +265,7 @@ func fencing(ops []Op) []Anomaly {
 				out = append(out, Anomaly{Check: checkFencing, Kind: "unfenced", Keys: []string{fence},
 					Ops: append(slices.Clone(curOps[max(len(curOps)-3, 0):]), op),
 					Msg: fmt.Sprintf("fence %s: effect %s by %s %s", fence, op.Value, op.Process, strings.Join(why, "; "))})
+				continue // the holder before stays current: one stray effect is one anomaly
 			}
 			if h != cur {
 				if cur.instance != "" {
@@ -282,6 +293,17 @@ func vault(ops []Op, f Final) []Anomaly {
 		}
 	}
 	var out []Anomaly
+	for _, n := range f.Nodes {
+		files, scanned := f.Plaintext[n]
+		if !scanned && len(writes) > 0 {
+			out = append(out, Anomaly{Check: checkVault, Kind: "plaintext-unscanned",
+				Msg: fmt.Sprintf("node %s: its data dir was not scanned for secrets in plaintext (ScanPlaintext)", n)})
+		}
+		for _, file := range files {
+			out = append(out, Anomaly{Check: checkVault, Kind: "plaintext",
+				Msg: fmt.Sprintf("node %s: %s holds a secret's value in plaintext", n, file)})
+		}
+	}
 	for _, secret := range sortedKeys(writes) {
 		if !acked[secret] {
 			continue // nothing was promised
@@ -317,6 +339,62 @@ func vault(ops []Op, f Final) []Anomaly {
 		}
 	}
 	return out
+}
+
+// minSecret is the shortest secret value ScanPlaintext looks for: a shorter one could match
+// by chance.
+const minSecret = 16
+
+// ScanPlaintext returns the files under dataDir that hold, byte for byte, the value of any
+// vault write in ops (acked or not: a write that failed may still have been stored). Secrets
+// belong only in the files the host writes for a module (DESIGN §12): those in its secrets/
+// directory and its provisions.json, readable by their owner alone; those are not read. Any
+// other file is, the node's own store included. Values must be at least minSecret bytes (the
+// workload's are random), else the scan refuses.
+func ScanPlaintext(dataDir string, ops []Op) ([]string, error) {
+	var values [][]byte
+	for _, op := range ops {
+		if op.Kind != "vault-write" {
+			continue
+		}
+		if len(op.Value) < minSecret {
+			return nil, fmt.Errorf("secret %s's value is %d bytes: write values of at least %d random bytes so a match is not chance",
+				op.Key, len(op.Value), minSecret)
+		}
+		values = append(values, []byte(op.Value))
+	}
+	var found []string
+	err := filepath.WalkDir(dataDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed since it was listed (a compacted block, a temporary file)
+		}
+		if err != nil {
+			return err
+		}
+		moduleOwn := filepath.Base(filepath.Dir(path)) == "secrets" || d.Name() == "provisions.json"
+		if moduleOwn && info.Mode().Perm()&0o077 == 0 {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(values, func(v []byte) bool { return bytes.Contains(b, v) }) {
+			found = append(found, path)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s for secrets in plaintext: %w", dataDir, err)
+	}
+	return found, nil
 }
 
 // deploy checks that every node applied the newest declaration.

@@ -1,6 +1,8 @@
 package chaos_test
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -69,6 +71,7 @@ func cleanRun() *run {
 		Consumers:      []string{"consumer", "nodejs"},
 		Delivered:      map[string][]string{"nodejs": {"e1", "e2"}},
 		Vault:          map[string]map[string]string{"n1": {"db": "v2"}, "n2": {"db": "v2"}, "n3": {"db": "v2"}},
+		Plaintext:      map[string][]string{"n1": {}, "n2": {}, "n3": {}},
 		Revisions:      map[string]uint64{"n1": 7, "n2": 7, "n3": 7},
 		NewestRevision: 7,
 		HealedAt:       healed,
@@ -350,6 +353,55 @@ func TestCheck_Vault(t *testing.T) {
 		c.final.Vault["n2"]["db"] = "v2b"
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "vault")
 	})
+}
+
+func TestCheck_Plaintext(t *testing.T) {
+	t.Run("Found", func(t *testing.T) {
+		c := cleanRun()
+		c.final.Plaintext["n2"] = []string{"/data/n2/meshnode.db"}
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "vault", "plaintext")
+	})
+	t.Run("NotScanned", func(t *testing.T) {
+		c := cleanRun()
+		delete(c.final.Plaintext, "n3")
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "vault", "plaintext-unscanned")
+	})
+}
+
+func TestScanPlaintext(t *testing.T) {
+	const secret = "s3cr3t-0123456789abcdef"
+	dir := t.TempDir()
+	write := func(rel, content string, mode os.FileMode) string {
+		path := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return path
+	}
+	write("modules/api/secrets/db", secret, 0o400)
+	write("modules/api/provisions.json", `{"pg":"`+secret+`"}`, 0o600)
+	write("jetstream/vault/1.blk", "sealed bytes", 0o640)
+	store := write("meshnode.db", "header "+secret+" trailer", 0o600)      // the node's own store: never plaintext
+	leaky := write("modules/api/secrets/env", secret, 0o644)               // a secrets file others can read
+	logged := write("modules/api/output.log", "token="+secret+"\n", 0o600) // not the host's secret file
+	ops := []chaos.Op{{Kind: "vault-write", Key: "db", Value: secret}}
+
+	got, err := chaos.ScanPlaintext(dir, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{store, logged, leaky}; !slices.Equal(got, want) {
+		t.Errorf("ScanPlaintext = %v, want %v (in lexical order)", got, want)
+	}
+	if _, err := chaos.ScanPlaintext(dir, []chaos.Op{{Kind: "vault-write", Key: "db", Value: "short"}}); err == nil {
+		t.Errorf("ScanPlaintext of a 5-byte value: no error, want a refusal (a match could be chance)")
+	}
 }
 
 func TestCheck_Deploy(t *testing.T) {

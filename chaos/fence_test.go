@@ -54,6 +54,7 @@ func TestFence_Bypassed(t *testing.T) {
 	f.Apply("b", "j2", 2)
 	// a receiver without the fence accepts a's late effect
 	h.Invoke("a", "effect", "seat", "j3").DoneEpoch(1, nil)
+	f.Apply("b", "j4", 2) // b goes on: still one stray effect, one anomaly
 	if a := fenced(h); len(a) != 1 || a[0].Kind != "unfenced" {
 		t.Errorf("anomalies = %v, want one unfenced effect", a)
 	}
