@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -397,23 +398,48 @@ func ScanPlaintext(dataDir string, ops []Op) ([]string, error) {
 	return found, nil
 }
 
-// deploy checks that every node applied the newest declaration.
+// deploy checks that every node applied the newest declaration, and that the revision a node
+// reported applying never went back (a restarted node keeps its applied revision).
 func deploy(ops []Op, f Final) []Anomaly {
 	var deploys []Op
+	applied := map[string][]Op{}
 	for _, op := range ops {
-		if op.Kind == "deploy" && op.OK {
+		switch {
+		case op.Kind == "deploy" && op.OK:
 			deploys = append(deploys, op)
+		case op.Kind == "applied" && op.OK:
+			applied[op.Key] = append(applied[op.Key], op)
+		}
+	}
+	var out []Anomaly
+	for _, node := range sortedKeys(applied) {
+		var prev Op
+		var prevRev uint64
+		for _, op := range applied[node] {
+			rev, err := strconv.ParseUint(op.Value, 10, 64)
+			if err != nil {
+				out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-unread", Keys: []string{node}, Ops: []Op{op},
+					Msg: fmt.Sprintf("node %s: applied revision %q is not a number: record it in decimal", node, op.Value)})
+				continue
+			}
+			if rev < prevRev {
+				if op.InvokeMono > prev.CompleteMono { // overlapping reads may return in either order
+					out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-regressed", Keys: []string{node}, Ops: []Op{prev, op},
+						Msg: fmt.Sprintf("node %s applied revision %d after %d", node, rev, prevRev)})
+				}
+				continue
+			}
+			prev, prevRev = op, rev
 		}
 	}
 	last := deploys[max(len(deploys)-3, 0):]
 	if f.NewestRevision == 0 {
-		if len(deploys) == 0 {
-			return nil
+		if len(deploys) > 0 {
+			out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-unread", Ops: last,
+				Msg: "acked deploys but Final.NewestRevision is zero: read the controller's newest revision"})
 		}
-		return []Anomaly{{Check: checkDeploy, Kind: "revision-unread", Ops: last,
-			Msg: "acked deploys but Final.NewestRevision is zero: read the controller's newest revision"}}
+		return out
 	}
-	var out []Anomaly
 	for _, n := range f.Nodes {
 		rev, ok := f.Revisions[n]
 		switch {

@@ -410,6 +410,20 @@ func TestCheck_Deploy(t *testing.T) {
 		c.final.Revisions["n2"] = 6
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy", "revision-behind")
 	})
+	t.Run("RestartForgotRevision", func(t *testing.T) {
+		c := cleanRun()
+		c.ok("workload", "applied", "n2", "7", 0, 500, 510)
+		c.ok("workload", "applied", "n2", "3", 0, 9000, 9010) // read again after n2 restarted
+		c.ok("workload", "applied", "n2", "7", 0, 9500, 9510)
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy", "revision-regressed")
+	})
+	t.Run("RestartKeptRevision", func(t *testing.T) {
+		c := cleanRun()
+		c.ok("workload", "applied", "n2", "6", 0, 500, 510)
+		c.ok("workload", "applied", "n2", "7", 0, 9000, 9010)
+		c.ok("workload", "applied", "n2", "6", 0, 9005, 9020) // overlaps the read of 7: either came first
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy")
+	})
 	t.Run("RevisionNotRead", func(t *testing.T) {
 		c := cleanRun()
 		delete(c.final.Revisions, "n1")

@@ -18,6 +18,8 @@ import (
 //     Key = seat, Epoch = the lease epoch (see lease.go for what each one proves).
 //   - "vault-write", "vault-read": Key = secret name, Value = its value.
 //   - "register", "deploy": Key = module, Value = what was declared.
+//   - "applied": a node's applied declaration revision as read from it (before a kill and
+//     after the restart, say); Process = Key = node, Value = the revision in decimal.
 type Op struct {
 	Seq                       int    // position in invocation order, from 0
 	Process, Kind, Key, Value string // see the kinds above
