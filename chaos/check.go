@@ -23,8 +23,9 @@ type Final struct {
 	Events    []string            // the event ids in EVENTS
 	Audit     map[string][]string // node name -> the event ids in its audit log
 	Consumers []string            // the modules that consume every emitted event
-	// Delivered is module -> the event ids it was delivered, with repeats, for deliveries the
-	// history's "deliver" operations do not hold (a module outside the test process).
+	// Delivered is module -> the event ids the module reports it was delivered, with repeats:
+	// for a module outside the test process, which records no "deliver" operations. Where a
+	// module has both, they are two views of the same deliveries (the larger count is taken).
 	Delivered map[string][]string
 	// Vault is node name -> secret name -> the value the node read back.
 	Vault map[string]map[string]string
@@ -119,7 +120,11 @@ func set(ids []string) map[string]bool {
 func lost(ops []Op, f Final) []Anomaly {
 	var out []Anomaly
 	miss := func(kind, key, msg string, related []Op) {
-		out = append(out, Anomaly{Check: checkLost, Kind: kind, Keys: []string{key}, Msg: msg, Ops: related})
+		a := Anomaly{Check: checkLost, Kind: kind, Msg: msg, Ops: related}
+		if key != "" {
+			a.Keys = []string{key}
+		}
+		out = append(out, a)
 	}
 	delivered := map[string]map[string]bool{}
 	for _, m := range f.Consumers {
