@@ -3,6 +3,7 @@ module github.com/meshnode/meshnode
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/memberlist v0.7.0
