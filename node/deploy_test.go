@@ -346,6 +346,46 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	}
 }
 
+// TestDeploy_AllReachesANodeThatJoinsLater (issue 38): a server that joins after a
+// deployment to every node (`deploy --all`) is declared it when its identity reaches the
+// registry — not at the controller's next periodic check, a minute later (after a grow
+// 1 → 3, one new node ran nothing for over 45 s). The join is its identity written to the
+// registry, as a joining node does; the bound is well inside that minute.
+func TestDeploy_AllReachesANodeThatJoinsLater(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.ticker()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", All: true, Instances: 1}}); err != nil {
+		t.Fatalf("deploy --all: %v", err)
+	}
+	b.running(t, "ticker", "1", 0)
+	beta, _ := nkeys.CreateServer()
+	betaPub, _ := beta.PublicKey()
+	betaX, _ := nkeys.CreateCurveKeys()
+	betaXPub, _ := betaX.PublicKey()
+	b.kvPut(registry.Bucket, "identity.node.beta", fmt.Sprintf(`{"public_key":%q,"xkey":%q}`, betaPub, betaXPub))
+	st, err := b.js.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 15*time.Second, func() error {
+		m, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject("beta"))
+		if err != nil {
+			return fmt.Errorf("beta's declaration: %w", err)
+		}
+		var d deploy.Declaration
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			return err
+		}
+		if mod, ok := d.Module("ticker"); !ok || mod.Version != "1" {
+			return fmt.Errorf("beta is declared %+v, want ticker 1", d.Modules)
+		}
+		return nil
+	})
+}
+
 // declarationRefusals returns a wait for at least want refusals of a declaration by node
 // alpha in its audit log, which returns their bodies, one a line.
 func (b *bed) declarationRefusals(t *testing.T) func(want int) string {
