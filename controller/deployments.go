@@ -246,20 +246,47 @@ func undeclared(nodes []string, why string) []api.Declared {
 const redeclareEvery = time.Minute
 
 // keepDeclared declares every server of the mesh at once and then every redeclareEvery,
-// while this node holds the controller seat (ctx).
+// while this node holds the controller seat (ctx); a server that joins meanwhile is declared
+// when its identity reaches the registry. A deployment to every node (`deploy --all`) made
+// before a node joined, or before its identity reached this node's mirror, was declared on
+// it only at the next tick: a minute with nothing running.
 func (c *Controller) keepDeclared(ctx context.Context) {
 	tick := time.NewTicker(redeclareEvery)
 	defer tick.Stop()
+	nodes := c.reg.Nodes()
+	known := map[string]bool{}
 	for {
-		c.mu.Lock()
-		c.declare(ctx, c.reg.Nodes())
-		c.mu.Unlock()
+		for _, n := range nodes {
+			known[n] = true
+		}
+		if len(nodes) > 0 {
+			c.mu.Lock()
+			c.declare(ctx, nodes)
+			c.mu.Unlock()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			nodes = c.reg.Nodes()
+		case <-c.reg.NodesChanged():
+			nodes, known = joined(c.reg.Nodes(), known)
 		}
 	}
+}
+
+// joined returns the servers of now that known does not hold, and now as the next known: a
+// server removed and then joining again under its name is new again.
+func joined(now []string, known map[string]bool) ([]string, map[string]bool) {
+	var out []string
+	next := make(map[string]bool, len(now))
+	for _, n := range now {
+		if !known[n] {
+			out = append(out, n)
+		}
+		next[n] = true
+	}
+	return out, next
 }
 
 // collectArtifacts deletes the artifacts no deployment names that are not among their

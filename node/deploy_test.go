@@ -238,10 +238,15 @@ func TestDeploy_RunsRestartsAndUndeploys(t *testing.T) {
 
 // TestDeploy_StaleDeclarationRefused (DESIGN §12): a declaration older than the one applied
 // — replayed with its original signature, or signed by the operator — is refused, the node
-// keeps what it applied, and the refusal is audited.
+// keeps what it applied, and the refusal is audited. The node restarts between the
+// declaration it applied and the stale one: what it applied is known from its store, not
+// from memory (a follower that forgot it applied the older one, and re-applied the newest
+// as if it were new).
 func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	t.Parallel() // mostly waits (redeliveries, a follower's back-off): it overlaps the others
-	b := newBed(t)
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.ClientAddr = testbed.FreeAddr(t) // a restart keeps it
+	b := newBedAt(t, cfg)
 	b.ticker()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -256,7 +261,10 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := b.deploy("ticker", "2")
-	b.running(t, "ticker", "2", 0)
+	before := b.running(t, "ticker", "2", 0)
+	b.close()
+	b = newBedAt(t, cfg)
+	b.running(t, "ticker", "2", before.PID)
 
 	// Replayed as it was published (but for the stream's write check and dedup id, which no
 	// signature covers; after the dedup window the id would pass too): a valid signature,
@@ -297,10 +305,12 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 		t.Fatalf("refusals %s, want one stale and one forged", reasons)
 	}
 	d.Controller = "beta"
+	// The seat's epoch now: alpha took the seat again when it restarted.
+	epoch := controllerEpoch(t, b, func(e uint64) bool { return e > 0 })
 	for _, tc := range []struct {
 		epoch uint64
 		want  string
-	}{{d.Epoch, "of the controller seat is alpha's"}, {d.Epoch + 50, "names controller epoch"}} {
+	}{{epoch, "of the controller seat is alpha's"}, {epoch + 50, "names controller epoch"}} {
 		d.Epoch = tc.epoch
 		// Published again (a new revision, a new message id) until the registry's mirror
 		// knows beta as a server and the refusal names the seat's holder.
@@ -323,6 +333,57 @@ func TestDeploy_StaleDeclarationRefused(t *testing.T) {
 	if p := b.running(t, "ticker", "2", 0); p.Revision != second.Declared[0].Revision || p.Restarts != 0 {
 		t.Fatalf("after the refusals: %+v, want revision %d unchanged", p, second.Declared[0].Revision)
 	}
+	// Applied once: delivered again at the restart, it was recognised as the one applied.
+	applied := 0
+	for _, r := range b.auditAll("alpha") {
+		var ev struct{ Revision uint64 }
+		if r.Subject == manifest.NodeEventSubject("alpha", host.EventApplied) && json.Unmarshal(r.Body, &ev) == nil && ev.Revision == second.Declared[0].Revision {
+			applied++
+		}
+	}
+	if applied != 1 {
+		t.Fatalf("revision %d applied %d times, want once: the restart forgot it was applied", second.Declared[0].Revision, applied)
+	}
+}
+
+// TestDeploy_AllReachesANodeThatJoinsLater (issue 38): a server that joins after a
+// deployment to every node (`deploy --all`) is declared it when its identity reaches the
+// registry — not at the controller's next periodic check, a minute later (after a grow
+// 1 → 3, one new node ran nothing for over 45 s). The join is its identity written to the
+// registry, as a joining node does; the bound is well inside that minute.
+func TestDeploy_AllReachesANodeThatJoinsLater(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.ticker()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.Deploy(ctx, b.op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", All: true, Instances: 1}}); err != nil {
+		t.Fatalf("deploy --all: %v", err)
+	}
+	b.running(t, "ticker", "1", 0)
+	beta, _ := nkeys.CreateServer()
+	betaPub, _ := beta.PublicKey()
+	betaX, _ := nkeys.CreateCurveKeys()
+	betaXPub, _ := betaX.PublicKey()
+	b.kvPut(registry.Bucket, "identity.node.beta", fmt.Sprintf(`{"public_key":%q,"xkey":%q}`, betaPub, betaXPub))
+	st, err := b.js.Stream(ctx, manifest.StateStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 15*time.Second, func() error {
+		m, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject("beta"))
+		if err != nil {
+			return fmt.Errorf("beta's declaration: %w", err)
+		}
+		var d deploy.Declaration
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			return err
+		}
+		if mod, ok := d.Module("ticker"); !ok || mod.Version != "1" {
+			return fmt.Errorf("beta is declared %+v, want ticker 1", d.Modules)
+		}
+		return nil
+	})
 }
 
 // declarationRefusals returns a wait for at least want refusals of a declaration by node

@@ -17,9 +17,11 @@ import (
 
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
@@ -564,4 +566,93 @@ func streamViews(t *testing.T, url, seed, ca, name string) string {
 		views = append(views, view)
 	}
 	return strings.Join(views, "; ")
+}
+
+// TestIntegration_Grow_DeployAllReachesTheNewNodes (issue 38): a module deployed to every
+// node (`deploy --all`) on a single node is declared on both servers that join when it grows
+// into a mesh of three, soon after they open — before, the one whose identity reached the
+// controller after its first declarations waited for the next periodic check, a minute.
+func TestIntegration_Grow_DeployAllReachesTheNewNodes(t *testing.T) {
+	cfgA := clusterConfig(t, "a")
+	cfgA.ClientTLS = "always" // the new nodes enrol through it with the CA their token carries
+	if _, _, err := datadir.Prepare(cfgA, 1); err != nil {
+		t.Fatal(err)
+	}
+	a := runRestarting(t, cfgA, "")
+	a.awaitOpen(t, 30*time.Second)
+	ca := filepath.Join(cfgA.DataDir, meshca.CAFile)
+	opSeed := filepath.Join(cfgA.DataDir, datadir.OperatorSeedFile)
+	op := connect(t, a.node().ClientURL(), opSeed, nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := admin.Register(ctx, op, []byte("module: ticker\nrequires: [mesh-bus]\n")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ticker")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(sleeper, "1")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(op)
+	obs, err := artifact.Lookup(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := artifact.Put(ctx, obs, "ticker", "1", path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Deploy(ctx, op, api.DeployRequest{Module: "ticker", Deployment: api.Deployment{Version: "1", All: true, Instances: 1}}); err != nil {
+		t.Fatalf("deploy --all: %v", err)
+	}
+
+	body, _ := json.Marshal(api.GrowRequest{Expect: 3})
+	msg, err := op.RequestWithContext(ctx, manifest.NodeToolSubject("a", api.NodeToolGrow), body)
+	if err != nil || !strings.Contains(string(msg.Data), `"ok":true`) {
+		t.Fatalf("grow: %v %s", err, msgData(msg))
+	}
+	var tok api.Token
+	if _, err := vault.Call(ctx, op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "1h", Uses: 2}, &tok); err != nil {
+		t.Fatal(err)
+	}
+	op.Close()
+	var joined []*restartingNode
+	for _, name := range []string{"b", "c"} {
+		cfg := clusterConfig(t, name)
+		cfg.ClientTLS = "always"
+		if _, err := node.Join(ctx, cfg, tok.Token); err != nil {
+			t.Fatalf("join %s: %v", name, err)
+		}
+		joined = append(joined, runRestarting(t, cfg, ""))
+	}
+	a.awaitOpen(t, 2*time.Minute)
+	for _, j := range joined {
+		j.awaitOpen(t, 2*time.Minute)
+	}
+	opened := time.Now()
+	op = connect(t, a.node().ClientURL(), opSeed, nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	defer op.Close()
+	js, _ = jetstream.New(op)
+	// Well inside the controller's minute between two checks of every node.
+	retryUntil(t, 20*time.Second, func() error {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer rcancel()
+		st, err := js.Stream(rctx, manifest.StateStreamName)
+		if err != nil {
+			return err
+		}
+		for _, n := range []string{"a", "b", "c"} {
+			m, err := st.GetLastMsgForSubject(rctx, manifest.StateSubject(n))
+			if err != nil {
+				return fmt.Errorf("%s's declaration: %w", n, err)
+			}
+			var d deploy.Declaration
+			if err := json.Unmarshal(m.Data, &d); err != nil {
+				return err
+			}
+			if mod, ok := d.Module("ticker"); !ok || mod.Version != "1" {
+				return fmt.Errorf("%s is declared %+v, want ticker 1", n, d.Modules)
+			}
+		}
+		return nil
+	})
+	t.Logf("every node declared ticker %s after the three opened", time.Since(opened).Round(time.Millisecond))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 const mailerManifest = `module: mailer
@@ -360,29 +361,54 @@ func TestSeat_NodeScoped(t *testing.T) {
 	}
 }
 
-// TestSeat_Retention: a job older than the seat's retain is gone, as declared.
+// TestSeat_Retention: a seat's queue keeps a job for the retain the seat declares, and no
+// longer: slow's (retain: 1s) are gone; keep's (retain: 1h) are still queued once older than
+// 3 s — a queue that kept every job 3 s, whatever its seat declared, passed a bed that only
+// waited for jobs to go.
 func TestSeat_Retention(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.register("module: slow\nrequires: [mesh-bus]\nseats:\n  slow: {scope: mesh, retain: 1s, accepts: [work]}\n")
-	seed, _ := b.register("module: boss\nrequires: [mesh-bus]\nuses: [slow]\n")
-	submit(t, b.client(seed), "slow", "work", 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	b.register("module: keep\nrequires: [mesh-bus]\nseats:\n  keep: {scope: mesh, retain: 1h, accepts: [work]}\n")
+	seed, _ := b.register("module: boss\nrequires: [mesh-bus]\nuses: [slow, keep]\n")
+	boss := b.client(seed)
+	queued := time.Now()
+	submit(t, boss, "keep", "work", 3)
+	submit(t, boss, "slow", "work", 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := b.js.Stream(ctx, "SEAT_slow")
-	if err != nil {
-		t.Fatal(err)
+	queue := func(name string, retain time.Duration) jetstream.Stream {
+		s, err := b.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().Config.MaxAge; got != retain {
+			t.Fatalf("%s MaxAge=%s, want the declared %s", name, got, retain)
+		}
+		return s
 	}
-	if got := s.CachedInfo().Config.MaxAge; got != time.Second {
-		t.Fatalf("SEAT_slow MaxAge=%s, want the declared 1s", got)
-	}
+	slow, keep := queue("SEAT_slow", time.Second), queue("SEAT_keep", time.Hour)
 	retryUntil(t, 5*time.Second, func() error {
-		info, err := s.Info(ctx)
+		info, err := slow.Info(ctx)
 		if err != nil {
 			return err
 		}
 		if info.State.Msgs != 0 {
 			return fmt.Errorf("%d jobs still queued", info.State.Msgs)
+		}
+		return nil
+	})
+	// Polled until the oldest of keep's jobs is older than 3 s (with a margin), never gone.
+	retryUntil(t, 20*time.Second, func() error {
+		info, err := keep.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 3 {
+			t.Fatalf("SEAT_keep holds %d of its 3 jobs, queued %s ago; want them kept for the declared 1h", info.State.Msgs, time.Since(queued).Round(time.Millisecond))
+		}
+		if age := time.Since(info.State.FirstTime); age < 4*time.Second {
+			return fmt.Errorf("SEAT_keep's oldest job is %s old, want past 4s", age)
 		}
 		return nil
 	})

@@ -122,6 +122,9 @@ type Registry struct {
 	operator string            // the operator's public key: every node admits it
 	vault    string            // the vault's public key
 	nodes    map[string]NodeIdentity
+	// nodesChanged receives (without blocking: one pending is enough) when a server's
+	// identity comes or goes: the controller declares a node that joins.
+	nodesChanged chan struct{}
 	// bad holds, by key, the revision of a module record that was refused: the next write of
 	// that module replaces it.
 	bad map[string]uint64
@@ -136,7 +139,7 @@ func New(log *slog.Logger, onChange ChangeFunc) *Registry {
 		onChange = func(_, _ *Entry) {}
 	}
 	r := &Registry{log: log, onChange: onChange, byModule: map[string]*Entry{}, byKey: map[string]*Entry{}, bySeat: map[string]*Entry{}, bad: map[string]uint64{},
-		leaving: map[string]*Entry{}}
+		leaving: map[string]*Entry{}, nodesChanged: make(chan struct{}, 1)}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -319,6 +322,19 @@ func (r *Registry) applyIdentity(kve jetstream.KeyValueEntry) {
 		} else {
 			delete(r.nodes, name)
 		}
+		r.nodeChanged()
+	}
+}
+
+// NodesChanged receives when a server's identity is added to the mirror or removed from it
+// (a node joined, or was removed): one receive may stand for several changes.
+func (r *Registry) NodesChanged() <-chan struct{} { return r.nodesChanged }
+
+// nodeChanged signals NodesChanged without blocking.
+func (r *Registry) nodeChanged() {
+	select {
+	case r.nodesChanged <- struct{}{}:
+	default:
 	}
 }
 
@@ -475,6 +491,7 @@ func (r *Registry) SetNode(ctx context.Context, name string, id NodeIdentity) er
 	}
 	r.nodes[name] = id
 	r.changed()
+	r.nodeChanged()
 	r.mu.Unlock()
 	return nil
 }
@@ -488,6 +505,7 @@ func (r *Registry) RemoveNode(ctx context.Context, name string) error {
 	r.mu.Lock()
 	delete(r.nodes, name)
 	r.changed()
+	r.nodeChanged()
 	r.mu.Unlock()
 	return nil
 }
