@@ -33,9 +33,11 @@ type Final struct {
 	// plaintext, as ScanPlaintext finds them; a node missing from it was not scanned.
 	Plaintext map[string][]string
 	// Revisions is node name -> the declaration revision the node applied; NewestRevision is
-	// the newest the controller declared.
+	// the newest the controller declared, or Declared the newest it declared for each node
+	// (a node's declarations are numbered on their own).
 	Revisions      map[string]uint64
 	NewestRevision uint64
+	Declared       map[string]uint64
 	// HealedAt is when the last fault was healed, ReadyAt when every node answered /readyz
 	// again (zero: never), and ReadyBound how long after HealedAt that may take.
 	HealedAt, ReadyAt time.Time
@@ -438,6 +440,20 @@ func deploy(ops []Op, f Final) []Anomaly {
 		}
 	}
 	last := deploys[max(len(deploys)-3, 0):]
+	if f.Declared != nil {
+		for _, n := range f.Nodes {
+			rev, ok := f.Revisions[n]
+			switch {
+			case !ok || f.Declared[n] == 0:
+				out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-unread", Ops: last,
+					Msg: fmt.Sprintf("node %s: its applied or declared revision was not read", n)})
+			case rev != f.Declared[n]:
+				out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-behind", Ops: last,
+					Msg: fmt.Sprintf("node %s applied revision %d, the newest declared for it is %d", n, rev, f.Declared[n])})
+			}
+		}
+		return out
+	}
 	if f.NewestRevision == 0 {
 		if len(deploys) > 0 {
 			out = append(out, Anomaly{Check: checkDeploy, Kind: "revision-unread", Ops: last,

@@ -429,6 +429,16 @@ func TestCheck_Deploy(t *testing.T) {
 		delete(c.final.Revisions, "n1")
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy", "revision-unread")
 	})
+	t.Run("PerNodeDeclared", func(t *testing.T) {
+		c := cleanRun()
+		c.final.Declared = map[string]uint64{}
+		for n, rev := range c.final.Revisions {
+			c.final.Declared[n] = rev
+		}
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy")
+		c.final.Declared["n2"]++
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "deploy", "revision-behind")
+	})
 	t.Run("NewestNotRead", func(t *testing.T) {
 		c := cleanRun()
 		c.final.NewestRevision = 0

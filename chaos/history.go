@@ -62,6 +62,17 @@ func (h *History) Invoke(process, kind, key, value string) *Op {
 	return op
 }
 
+// At is Invoke for an operation known to have been invoked at t, earlier than now: a write
+// another process made, recorded when it was seen (a lease the bucket stored at t). t's wall
+// time counts, against the history's start.
+func (h *History) At(process, kind, key, value string, t time.Time) *Op {
+	op := h.Invoke(process, kind, key, value)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.Invoke, op.InvokeMono = t, t.Round(0).Sub(h.start.Round(0))
+	return op
+}
+
 // Done completes the operation: OK when err is nil. Only the first completion counts, so a
 // deferred Done after an explicit one is harmless.
 func (op *Op) Done(err error) { op.DoneEpoch(op.Epoch, err) }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/chaos"
 )
@@ -63,5 +64,18 @@ func TestHistory_Concurrent(t *testing.T) {
 		if op.Seq != i || !op.OK {
 			t.Fatalf("ops[%d] = %+v, want Seq %d and OK", i, op, i)
 		}
+	}
+}
+
+// TestHistory_At: an operation seen after the fact keeps when it was invoked, on the
+// history's clock, and completes when seen.
+func TestHistory_At(t *testing.T) {
+	h := chaos.NewHistory()
+	stored := time.Now().Add(-300 * time.Millisecond) // a write another process made earlier
+	op := h.At("n1", "renew", "ledger", "", stored)
+	op.DoneEpoch(7, nil)
+	got := h.Ops()[0]
+	if !got.Invoke.Equal(stored) || got.CompleteMono-got.InvokeMono < 300*time.Millisecond || got.Epoch != 7 || !got.OK {
+		t.Fatalf("At: %+v, want invoked at %s, 300 ms or more before it completed, epoch 7", got, stored)
 	}
 }
