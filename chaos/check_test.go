@@ -152,6 +152,22 @@ func TestCheck_Lost(t *testing.T) {
 		c.ops = slices.DeleteFunc(c.ops, func(op chaos.Op) bool { return op.Kind == "deliver" && op.Process == "nodejs" })
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost")
 	})
+	t.Run("SourcesLimitWhatAConsumerMustGet", func(t *testing.T) {
+		c := cleanRun()
+		c.ok("js", "emit", "e9", "", 0, 30, 40) // an event of a module nodejs does not consume
+		c.final.Events = append(c.final.Events, "e9")
+		for n := range c.final.Audit {
+			c.final.Audit[n] = append(c.final.Audit[n], "e9")
+		}
+		c.final.Sources = map[string][]string{"nodejs": {"sdk"}}
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost", "undelivered") // the other consumers still must get e9
+		for _, m := range c.final.Consumers {
+			c.final.Sources[m] = []string{"sdk"}
+		}
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost")
+		c.final.Sources["nodejs"] = []string{"js"}
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost", "undelivered") // nodejs consumes js's e9: undelivered
+	})
 	t.Run("UnackedEmitMayBeLost", func(t *testing.T) {
 		c := cleanRun()
 		c.failed("sdk", "emit", "e3", "", 0, 50, 60, "nats: timeout")
