@@ -151,6 +151,21 @@ func Stamp(key Signer, source, node, subject string, body []byte, opts Options) 
 	return h, nil
 }
 
+// NewIDAt is a fresh UUIDv7 holding t (to the millisecond) instead of the time now: the id
+// of an event stamped by a process whose clock reads t.
+func NewIDAt(t time.Time) (uuid.UUID, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return id, err
+	}
+	ms := t.UnixMilli()
+	for i := 5; i >= 0; i-- { // UUIDv7's first 48 bits: Unix milliseconds, big-endian
+		id[i] = byte(ms)
+		ms >>= 8
+	}
+	return id, nil
+}
+
 // ParseID parses an x-event-id, which must be a UUIDv7 in its canonical form.
 func ParseID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)

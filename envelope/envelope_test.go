@@ -3,6 +3,7 @@ package envelope_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/manifest"
 
@@ -135,5 +136,20 @@ func TestKey_IsAPattern(t *testing.T) {
 		if got, err := manifest.EventPattern(bad); err == nil {
 			t.Errorf("EventPattern(%q) = %q, want an error saying how to write it", bad, got)
 		}
+	}
+}
+
+// TestNewIDAt: an id made for a time holds that time to the millisecond and is a UUIDv7.
+func TestNewIDAt(t *testing.T) {
+	at := time.Date(2031, 3, 4, 5, 6, 7, 891_234_567, time.UTC)
+	id, err := envelope.NewIDAt(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envelope.ParseID(id.String()); err != nil {
+		t.Fatalf("%s: %v", id, err)
+	}
+	if got := envelope.IDTime(id); !got.Equal(at.Truncate(time.Millisecond)) {
+		t.Fatalf("IDTime = %s, want %s", got, at.Truncate(time.Millisecond))
 	}
 }

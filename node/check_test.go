@@ -272,3 +272,49 @@ func TestCheck_KeysUnavailableForAWhile(t *testing.T) {
 		t.Errorf("%d dead letters: %s", len(letters), letters[0].Header.Get(envelope.DeadReason))
 	}
 }
+
+// TestCheck_SkewedEmitterClock: a module whose clock is off (sdk.WithClock) stamps its events
+// with that time; a consumer hands over those within the replay window of when the stream
+// stored them, and refuses — to DEAD, saying why — one stamped beyond it.
+func TestCheck_SkewedEmitterClock(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
+	var mu sync.Mutex
+	var handled []time.Time
+	cb := b.client(seedB)
+	if err := cb.On("a.x", func(_ context.Context, e sdk.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, e.Time)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ahead := func() time.Time { return time.Now().Add(4 * time.Minute) }
+	if _, err := b.client(seedA, sdk.WithClock(ahead)).Emit(ctx, "x", `{"skew":"4m"}`); err != nil {
+		t.Fatal(err)
+	}
+	behind := func() time.Time { return time.Now().Add(-sdk.DefaultReplayWindow - time.Minute) }
+	if _, err := b.client(seedA, sdk.WithClock(behind)).Emit(ctx, "x", `{"skew":"-11m"}`); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(handled) != 1 {
+			return fmt.Errorf("handled %d events, want the one 4 minutes ahead", len(handled))
+		}
+		if d := time.Until(handled[0]); d < 3*time.Minute || d > 5*time.Minute {
+			return fmt.Errorf("the event's x-time is %s from now, want about 4 minutes ahead", d.Round(time.Second))
+		}
+		return nil
+	})
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b"), 1, nil)
+	if r := letters[0].Header.Get(envelope.DeadReason); string(letters[0].Data) != `{"skew":"-11m"}` || !strings.Contains(r, "outside the replay window") {
+		t.Errorf("dead letter %s: reason %q, want the event 11 minutes behind, outside the replay window", letters[0].Data, r)
+	}
+}

@@ -66,6 +66,7 @@ type options struct {
 	log    *slog.Logger
 	retry  []time.Duration
 	window time.Duration
+	clock  func() time.Time
 	shapes bool
 	ca     string // the mesh's CA certificate file; "": MESH_CA, if set
 	module string // the module the seed is registered as; "": MESH_MODULE, if set
@@ -124,6 +125,11 @@ func TrustCA(file string) nats.Option {
 // WithLogger sets the logger for background problems (a handler error, a lost connection).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
+// WithClock makes the client stamp its events' ids and x-time with now's time instead of the
+// machine's: a test's way to run a module whose clock is off (the chaos harness skews one),
+// and see the consumers' replay window judge it.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
+
 // WithRetryBackoff sets the delays before each retry of a failed handler.
 func WithRetryBackoff(d ...time.Duration) Option {
 	return func(o *options) { o.retry = slices.Clone(d) }
@@ -137,8 +143,9 @@ type Client struct {
 	pub    string
 	log    *slog.Logger
 	retry  []time.Duration
-	window time.Duration // the replay window of the checks (check.go)
-	shapes bool          // check the payloads sent to seats against their shapes (shape.go)
+	window time.Duration    // the replay window of the checks (check.go)
+	clock  func() time.Time // nil: the machine's (WithClock)
+	shapes bool             // check the payloads sent to seats against their shapes (shape.go)
 
 	stats        toolstats.Recorder // how long its tool handlers take (report.go)
 	reporting    sync.WaitGroup     // the stats reporter
@@ -259,7 +266,7 @@ func Connect(ctx context.Context, url, seedFile string, opts ...Option) (*Client
 // dialModule makes the client of module self.Module on its own connection, with what it
 // knows of itself so far.
 func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, o options, self api.WhoamiReply) (*Client, error) {
-	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, shapes: o.shapes, authPatience: o.authPatience, self: self,
+	c := &Client{key: key, pub: pub, log: o.log.With("module", self.Module), retry: o.retry, window: o.window, clock: o.clock, shapes: o.shapes, authPatience: o.authPatience, self: self,
 		instance: self.Module + "-" + nuid.Next(), refusals: NewRefusals(manifest.InboxPrefix(self.Module))}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.connCtx, c.connEnd = context.WithCancel(c.ctx)

@@ -196,8 +196,19 @@ func (c *Client) stamp(ctx context.Context, source, subject string, payload any,
 		opt(&o)
 	}
 	causedBy(ctx, &o)
+	if o.ID == "" && c.clock != nil {
+		id, err := envelope.NewIDAt(c.clock())
+		if err != nil {
+			return nil, nil, err
+		}
+		o.ID = id.String()
+	}
 	if o.ID != "" {
-		if id, err := envelope.ParseID(o.ID); err == nil && time.Since(envelope.IDTime(id)) > envelope.MaxResendAge {
+		now := time.Now
+		if c.clock != nil {
+			now = c.clock
+		}
+		if id, err := envelope.ParseID(o.ID); err == nil && now().Sub(envelope.IDTime(id)) > envelope.MaxResendAge {
 			return nil, nil, fmt.Errorf("Retry(%s): the event is older than %s, and consumers would refuse its x-time as a replay; emit it as a new event, with sdk.CausedBy(%q) if it helps to name the first",
 				o.ID, envelope.MaxResendAge, o.ID)
 		}
