@@ -82,6 +82,7 @@ type Topology struct {
 	// leaves the next attempt a consumer that reads EVENTS from its start.
 	auditFloor uint64
 	auditMu    sync.Mutex // one EnsureAudit at a time (start-up, the controller, drift repair)
+	floors     floors     // how far each module's EVENTS consumer had acked (floors.go)
 }
 
 // streamConfig is the JetStream configuration of a derived stream on this mesh, within the
@@ -153,8 +154,18 @@ func (t *Topology) EnsureAudit(ctx context.Context) error {
 // EnsureModule creates or updates everything d needs: its EVENTS consumer, and each seat's
 // work queue and the seat consumer for this node.
 func (t *Topology) EnsureModule(ctx context.Context, d *manifest.Derivation) error {
+	return t.ensureModule(ctx, d, false)
+}
+
+// RepairModule is EnsureModule for a module whose EVENTS consumer went missing: made again,
+// it starts where it had acked to, as far as the controller knows (EventsConsumers).
+func (t *Topology) RepairModule(ctx context.Context, d *manifest.Derivation) error {
+	return t.ensureModule(ctx, d, true)
+}
+
+func (t *Topology) ensureModule(ctx context.Context, d *manifest.Derivation, missing bool) error {
 	if c := d.EventsConsumer; c != nil {
-		if _, err := t.js.CreateOrUpdateConsumer(ctx, c.Stream, consumerConfig(*c)); err != nil {
+		if err := t.ensureEventsConsumer(ctx, *c, missing); err != nil {
 			return fmt.Errorf("reconcile consumer %s on %s: %w", c.Name, c.Stream, err)
 		}
 	}

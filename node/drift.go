@@ -285,9 +285,16 @@ func (n *Node) checkDrift(ctx context.Context) {
 		n.log.Debug("drift check: JetStream did not list its streams", "err", err)
 		return
 	}
+	controller := n.holdsController()
 	var eventsConsumers map[string]bool
 	if streams[manifest.EventsStreamName] {
-		if eventsConsumers, err = consumerNames(ctx, js, manifest.EventsStreamName); err != nil {
+		list := func(ctx context.Context) (map[string]bool, error) {
+			return consumerNames(ctx, js, manifest.EventsStreamName)
+		}
+		if controller {
+			list = n.ctrl.Topology().EventsConsumers // and their ack floors: where one deleted is remade
+		}
+		if eventsConsumers, err = list(ctx); err != nil {
 			n.log.Debug("drift check: JetStream did not list EVENTS' consumers", "err", err)
 			return
 		}
@@ -326,7 +333,6 @@ func (n *Node) checkDrift(ctx context.Context) {
 		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
 		return
 	}
-	controller := n.holdsController()
 	leasesLost := slices.Contains(missing, "bucket "+seats.Bucket)
 	// Each step is retried on its own: a step that succeeded is not done again because a
 	// later one timed out.
@@ -343,7 +349,11 @@ func (n *Node) checkDrift(ctx context.Context) {
 		steps = append(steps, n.ctrl.Topology().EnsureMesh,
 			func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, manifest.Builtin()) })
 		for _, e := range n.reg.List() {
-			steps = append(steps, func(ctx context.Context) error { return n.ctrl.Topology().EnsureModule(ctx, e.Derivation) })
+			ensure := n.ctrl.Topology().EnsureModule
+			if c := e.Derivation.EventsConsumer; c != nil && streams[manifest.EventsStreamName] && !eventsConsumers[c.Name] {
+				ensure = n.ctrl.Topology().RepairModule
+			}
+			steps = append(steps, func(ctx context.Context) error { return ensure(ctx, e.Derivation) })
 		}
 	} else {
 		steps = append(steps, n.ctrl.Topology().EnsureAudit)

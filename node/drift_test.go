@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -334,6 +335,56 @@ func TestDrift_HolderServesAgainAfterItsQueueIsRecreated(t *testing.T) {
 	retryUntil(t, 5*time.Second, func() error {
 		if n := log.distinct(); n != 2 {
 			return fmt.Errorf("%d of 2 jobs handled", n)
+		}
+		return nil
+	})
+}
+
+// TestDrift_RecreatedConsumerLosesNothing: a module's consumer deleted while events wait for
+// it, and more emitted before the node makes it again: made again, it starts where it had
+// acked to, so the module — connecting afterwards — handles every one of them. Made again at
+// the stream's end (as a new consumer is), all five were skipped.
+func TestDrift_RecreatedConsumerLosesNothing(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	emitter := b.client(seed)
+	for n := 1; n <= 3; n++ {
+		if _, err := emitter.Emit(ctx, "sold", map[string]int{"n": n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.js.DeleteConsumer(ctx, manifest.EventsStreamName, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	for n := 4; n <= 5; n++ {
+		if _, err := emitter.Emit(ctx, "sold", map[string]int{"n": n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		_, err := b.js.Consumer(ctx, manifest.EventsStreamName, "shop")
+		return err
+	})
+	var mu sync.Mutex
+	got := map[int]bool{}
+	if err := b.client(seed).On("shop.sold", func(_ context.Context, e sdk.Event) error {
+		var body struct{ N int }
+		json.Unmarshal(e.Data, &body)
+		mu.Lock()
+		got[body.N] = true
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != 5 {
+			return fmt.Errorf("handled %v, want events 1 to 5", got)
 		}
 		return nil
 	})
