@@ -17,13 +17,16 @@ import (
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 )
 
 // exampleBed is where an example module written without the sdk runs: a node, shop (emits
 // order.placed), notes — the example's manifest: it consumes shop's orders, emits
-// note.written and answers status — and reader, whose sdk checks every note.
+// note.written and answers status — and reader, whose sdk checks every note. The node's
+// client port is TLS, as every node's off loopback is: the example must trust the mesh's CA
+// that MESH_CA names, as a deployed module is given it.
 type exampleBed struct {
 	dir                             string
 	p                               *process
@@ -32,12 +35,15 @@ type exampleBed struct {
 
 func newExampleBed(t *testing.T) exampleBed {
 	dir := t.TempDir()
-	b := exampleBed{dir: dir, p: startNode(t, "up", upArgs(dir, "alpha")...)}
+	b := exampleBed{dir: dir, p: startNode(t, "up", append(upArgs(dir, "alpha"), "--client-tls", "always")...)}
 	b.shopSeed = registerModule(t, dir, "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
 	b.notesSeed = registerModule(t, dir, "module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\ntools: [status]\n")
 	b.readerSeed = registerModule(t, dir, "module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n")
 	return b
 }
+
+// ca is the mesh's CA certificate, which the bed's clients trust.
+func (b exampleBed) ca() string { return filepath.Join(b.dir, meshca.CAFile) }
 
 // runNotes starts the example (argv, in dir) as module notes against the bed's node and
 // waits until it says it is ready; it is interrupted when the test ends, and what it said is
@@ -46,7 +52,7 @@ func (b exampleBed) runNotes(t *testing.T, ctx context.Context, dir string, argv
 	t.Helper()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "MESHNODE_URL="+b.p.clientURL, "MESHNODE_SEED="+b.notesSeed)
+	cmd.Env = append(cleanEnv(), "MESHNODE_URL="+b.p.clientURL, "MESHNODE_SEED="+b.notesSeed, "MESH_CA="+b.ca())
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +113,7 @@ func awaitNote(t *testing.T, ctx context.Context, got <-chan sdk.Event, okID, ex
 // the operator's connection (closed when the test ends).
 func (b exampleBed) forge(t *testing.T) *nats.Conn {
 	t.Helper()
-	op, err := dialWith(b.p.clientURL, filepath.Join(b.dir, datadir.OperatorSeedFile))
+	op, err := dialWith(b.p.clientURL, filepath.Join(b.dir, datadir.OperatorSeedFile), sdk.TrustCA(b.ca()))
 	if err != nil {
 		t.Fatal(err)
 	}

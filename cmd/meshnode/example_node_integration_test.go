@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // TestIntegration_NodeExample_Module runs examples/node/module.js, with nothing but the plain nats and
@@ -25,7 +26,7 @@ func TestIntegration_NodeExample_Module(t *testing.T) {
 	b.runNotes(t, ctx, exampleDir, "node", "module.js")
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
-	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed)
+	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed, sdk.RootCA(b.ca()))
 	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)

@@ -62,11 +62,12 @@ func mustSeed(t *testing.T, seedFile string) nkeys.KeyPair {
 }
 
 // notesPair is the Go side of the Node.js example's beds: a reader of notes' events, each
-// sent on the channel, and shop, which emits what notes consumes. Both close with the test.
-func notesPair(ctx context.Context, t *testing.T, url, readerSeed, shopSeed string) (<-chan sdk.Event, *sdk.Client) {
+// sent on the channel, and shop, which emits what notes consumes. Both connect with opts
+// (the CA a TLS client port needs) and close with the test.
+func notesPair(ctx context.Context, t *testing.T, url, readerSeed, shopSeed string, opts ...sdk.Option) (<-chan sdk.Event, *sdk.Client) {
 	t.Helper()
 	got := make(chan sdk.Event, 4)
-	reader, err := sdk.Connect(ctx, url, readerSeed)
+	reader, err := sdk.Connect(ctx, url, readerSeed, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func notesPair(ctx context.Context, t *testing.T, url, readerSeed, shopSeed stri
 	if err := reader.On("notes.note.written", func(_ context.Context, e sdk.Event) error { got <- e; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	shop, err := sdk.Connect(ctx, url, shopSeed)
+	shop, err := sdk.Connect(ctx, url, shopSeed, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

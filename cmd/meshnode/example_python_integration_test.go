@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
 )
 
 // TestIntegration_PythonExample_Module runs examples/python-module/module.py — the standard
@@ -27,7 +28,7 @@ func TestIntegration_PythonExample_Module(t *testing.T) {
 	b.runNotes(t, ctx, exampleDir, python, "module.py")
 
 	// The Go side: a reader whose sdk checks every event of notes, signature included.
-	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed)
+	got, shop := notesPair(ctx, t, b.p.clientURL, b.readerSeed, b.shopSeed, sdk.RootCA(b.ca()))
 	okID, err := shop.Emit(ctx, "order.placed", map[string]any{"order": 1})
 	if err != nil {
 		t.Fatal(err)

@@ -3,8 +3,10 @@
 // (checking every envelope as the Go sdk does) and emits signed events.
 //
 //   MESHNODE_URL=nats://127.0.0.1:4222 MESHNODE_SEED=notes.nk node module.js
+//   MESHNODE_URL=tls://10.0.0.2:4222 MESHNODE_SEED=notes.nk MESHNODE_CA=ca.pem node module.js
 //
-// Deployed, it reads what its node gives every module: MESH_URL and MESH_CREDS. `npm run
+// Deployed, it reads what its node gives every module: MESH_URL and MESH_CREDS, and MESH_CA
+// when the node's client port is TLS (off loopback it always is). `npm run
 // bundle` makes it one file, dist/module.js, that `meshnode artifact put` stores as is.
 //
 // What it does with an event, to show the delivery contract: a body with "fail": true is
@@ -20,6 +22,9 @@ const env = require("./envelope");
 
 const url = process.env.MESH_URL || process.env.MESHNODE_URL || "nats://127.0.0.1:4222";
 const seed = fs.readFileSync(process.env.MESH_CREDS || process.env.MESHNODE_SEED || "module.nk", "utf8").trim();
+// The mesh's CA certificate (ca.pem in any node's data dir): a TLS client port's certificate
+// is issued by it, not by a public CA, so it is the only one trusted.
+const caFile = process.env.MESH_CA || process.env.MESHNODE_CA || "";
 const kp = nkeys.fromSeed(Buffer.from(seed));
 const pub = kp.getPublicKey();
 const REPLAY_WINDOW_MS = 10 * 60 * 1000;
@@ -38,6 +43,7 @@ async function whoami(nc) {
 
 async function main() {
   const auth = { authenticator: nkeyAuthenticator(Buffer.from(seed)), servers: url };
+  if (caFile) auth.tls = { caFile };
   const boot = await connect({ ...auth, inboxPrefix: `_INBOX.${pub}`, name: "whoami" });
   let self = await whoami(boot);
   await boot.close();
@@ -70,13 +76,19 @@ async function main() {
     const body = Buffer.from(JSON.stringify(payload), "utf8");
     const h = headers();
     const id = env.stamp(h, kp, { source: module, node: self.node, subject, body, causation });
+    // The lines tell a watcher (a test's history) when a publish began and how it ended:
+    // "emitted" only once the stream acked it; "emit-failed" when it gave up.
+    log("emitting", event, id);
     for (let attempt = 0; ; attempt++) {
       try {
         await js.publish(`mesh.admit.${module}.${subject}`, body, { headers: h, msgID: id });
         break;
       } catch (err) {
         const code = err && err.api_error && err.api_error.err_code;
-        if ((code !== 19002 && code !== 19003) || attempt >= 50) throw err;
+        if ((code !== 19002 && code !== 19003) || attempt >= 50) {
+          log("emit-failed", event, id, err.message);
+          throw err;
+        }
         const wait = Math.min(250, 2 << Math.min(attempt, 7));
         await new Promise((r) => setTimeout(r, wait / 2 + Math.random() * (wait / 2)));
       }
