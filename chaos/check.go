@@ -177,8 +177,12 @@ func lost(ops []Op, f Final) []Anomaly {
 	}
 	handled := byKey(ops, "handle")
 	submits := byKey(ops, "submit")
+	wipes := byKey(ops, "wipe")
+	wiped := func(submit Op) bool { // a job stored before its queue was deleted went with it
+		return slices.ContainsFunc(wipes[submit.Value], func(w Op) bool { return submit.InvokeMono < w.CompleteMono })
+	}
 	for _, id := range sortedKeys(submits) {
-		if len(handled[id]) == 0 {
+		if len(handled[id]) == 0 && !slices.ContainsFunc(submits[id], wiped) {
 			miss("unhandled-job", id, fmt.Sprintf("acked seat job %s was never handled", id), submits[id])
 		}
 	}

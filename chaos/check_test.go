@@ -183,6 +183,14 @@ func TestCheck_Lost(t *testing.T) {
 		c.ok("client", "submit", "j3", "", 0, 8000, 8010)
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost", "unhandled-job")
 	})
+	t.Run("JobWipedWithItsQueue", func(t *testing.T) {
+		c := cleanRun()
+		c.ok("client", "submit", "j3", "ledger", 0, 8000, 8010)
+		c.ok("nemesis", "wipe", "ledger", "", 0, 8100, 8200) // the queue deleted after j3 was stored
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost")
+		c.ok("client", "submit", "j4", "ledger", 0, 8300, 8310) // submitted after: must be handled
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "lost", "unhandled-job")
+	})
 }
 
 func TestCheck_Duplicates(t *testing.T) {

@@ -11,13 +11,15 @@ import (
 //
 //   - "emit": Process = module, Key = event id; OK = the publish was acked.
 //   - "deliver": Process = consuming module, Key = event id.
-//   - "submit": Key = seat job id; "handle": Key = job id, Epoch = the handler's lease epoch.
+//   - "submit": Key = seat job id, Value = the seat; "handle": Key = job id, Epoch = the handler's lease epoch.
 //   - "effect": a Fence's decision; Process = holder instance, Key = the fence (named after the
 //     seat), Value = job id, Epoch = the effect's epoch; OK = accepted.
 //   - "acquire", "renew", "release", "lose": the lease history; Process = holder instance,
 //     Key = seat, Epoch = the lease epoch (see lease.go for what each one proves).
 //   - "vault-write", "vault-read": Key = secret name, Value = its value.
 //   - "register", "deploy": Key = module, Value = what was declared.
+//   - "wipe": a seat's queue deleted under it (the nemesis's drift-stream), Key = the seat:
+//     jobs submitted before it completed may be lost with the stream.
 //   - "applied": a node's applied declaration revision as read from it (before a kill and
 //     after the restart, say); Process = Key = node, Value = the revision in decimal.
 type Op struct {
@@ -71,6 +73,15 @@ func (h *History) At(process, kind, key, value string, t time.Time) *Op {
 	defer h.mu.Unlock()
 	op.Invoke, op.InvokeMono = t, t.Round(0).Sub(h.start.Round(0))
 	return op
+}
+
+// Span records an operation another party performed from invoke to complete, known only
+// afterwards (a fault the nemesis injected): OK.
+func (h *History) Span(process, kind, key, value string, invoke, complete time.Time) {
+	op := h.At(process, kind, key, value, invoke)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.Complete, op.CompleteMono, op.OK = complete, complete.Round(0).Sub(h.start.Round(0)), true
 }
 
 // Done completes the operation: OK when err is nil. Only the first completion counts, so a
