@@ -508,25 +508,6 @@ func (c *Cluster) FreeDisk(i int) error {
 	return nil
 }
 
-// JetStreamEnabled reports whether node i's JetStream runs, as its `meshnode status`
-// says. nats-server disables JetStream for good on a write error (a full disk) and does not
-// enable it again when the disk has room: only a restart does.
-func (c *Cluster) JetStreamEnabled(i int) (bool, error) {
-	n := c.Nodes[i]
-	r, err := c.command("status", "--json", "--data-dir", n.dir)
-	if err != nil {
-		return false, err
-	}
-	var st api.NodeStatus
-	if r.Code != 0 {
-		return false, fmt.Errorf("chaos: status on %s: exit %d %s", n.name, r.Code, strings.TrimSpace(r.Stderr))
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
-		return false, fmt.Errorf("chaos: status --json on %s: %w: %s", n.name, err, r.Stdout)
-	}
-	return st.JetStream.Enabled, nil
-}
-
 // Name is the node's name (a, b, c, …).
 func (n *Node) Name() string { return n.name }
 

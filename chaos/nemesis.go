@@ -26,7 +26,7 @@ const (
 	KindKillDuringPartition = "kill-during-partition" // one node cut off, then one of the rest killed
 	KindDriftConsumer       = "drift-consumer"        // a durable consumer of EVENTS deleted
 	KindDriftStream         = "drift-stream"          // a seat's queue stream deleted
-	KindDiskFull            = "disk-full"             // one node's data dir filled
+	KindDiskFull            = "disk-full"             // one node's data dir filled, then freed and the node restarted
 )
 
 // Kinds are every kind, in the order a schedule's first round is drawn from.
@@ -44,9 +44,6 @@ type Fault struct {
 	// Target is what a drift deleted: "EVENTS/consumer" or a stream.
 	Target     string
 	Start, End time.Time
-	// Note is what healing it took beyond undoing it: a node restarted because its
-	// JetStream stayed disabled after its disk was freed.
-	Note string
 }
 
 func (f Fault) String() string {
@@ -59,9 +56,6 @@ func (f Fault) String() string {
 	}
 	if f.Target != "" {
 		s += " " + f.Target
-	}
-	if f.Note != "" {
-		s += " (" + f.Note + ")"
 	}
 	return s
 }
@@ -306,7 +300,7 @@ func (nm *Nemesis) inject(ctx context.Context, kind string) error {
 		err = c.FillDisk(f.Nodes[0])
 		if err == nil {
 			nm.hold(ctx)
-			f.Note, err = nm.freeDisk(ctx, f.Nodes[0])
+			err = nm.freeDisk(f.Nodes[0])
 		}
 	default:
 		err = fmt.Errorf("chaos: no fault of kind %q; the kinds are %v", kind, Kinds)
@@ -322,28 +316,19 @@ func (nm *Nemesis) inject(ctx context.Context, kind string) error {
 	return nil
 }
 
-// freeDisk frees node i's disk and, when its JetStream stays disabled (nats-server
-// disables it on a write error and never enables it again by itself), restarts the node:
-// what an operator does. It returns a note saying so.
-func (nm *Nemesis) freeDisk(ctx context.Context, i int) (string, error) {
-	c := nm.c
-	if err := c.FreeDisk(i); err != nil {
-		return "", err
-	}
-	var enabled bool
-	err := poll(ctx, 10*time.Second, func() (err error) {
-		enabled, err = c.JetStreamEnabled(i)
+// freeDisk frees node i's disk and restarts the node: nats-server disables JetStream for
+// good on a write error (the full disk), and only a restart enables it again — what an
+// operator does once the disk has room. The node is restarted whether or not a write hit
+// the full disk, so that a seed's schedule does not depend on it.
+func (nm *Nemesis) freeDisk(i int) error {
+	n := nm.c.Nodes[i]
+	if err := nm.c.FreeDisk(i); err != nil {
 		return err
-	})
-	if err != nil || enabled {
-		return "", err
 	}
-	note := fmt.Sprintf("node %s's JetStream stayed disabled after its disk was freed: restarted", c.Nodes[i].Name())
-	nm.logf("nemesis: %s", note)
-	if err := c.Nodes[i].Kill(); err != nil {
-		return note, err
+	if err := n.Kill(); err != nil {
+		return err
 	}
-	return note, c.Nodes[i].Start()
+	return n.Start()
 }
 
 func (nm *Nemesis) partition(ctx context.Context, kind string, groups [][]int) error {
