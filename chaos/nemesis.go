@@ -102,6 +102,16 @@ func (nm *Nemesis) DriftTargets(consumers, streams []string) {
 	nm.consumers, nm.streams = slices.Clone(consumers), slices.Clone(streams)
 }
 
+// targets are what DriftTargets named for a drift kind (nil: none, find one).
+func (nm *Nemesis) targets(kind string) []string {
+	nm.mu.Lock()
+	defer nm.mu.Unlock()
+	if kind == KindDriftConsumer {
+		return slices.Clone(nm.consumers)
+	}
+	return slices.Clone(nm.streams)
+}
+
 // Faults are the faults injected so far.
 func (nm *Nemesis) Faults() []Fault {
 	nm.mu.Lock()
@@ -362,9 +372,7 @@ func (nm *Nemesis) drift(ctx context.Context, kind string) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	nm.mu.Lock()
-	consumers, streams := slices.Clone(nm.consumers), slices.Clone(nm.streams)
-	nm.mu.Unlock()
+	consumers, streams := nm.targets(KindDriftConsumer), nm.targets(KindDriftStream)
 	if kind == KindDriftConsumer {
 		if len(consumers) == 0 {
 			stream, err := js.Stream(ctx, manifest.EventsStreamName)

@@ -83,3 +83,21 @@ func TestNemesis_PicksDistinctMembers(t *testing.T) {
 		t.Fatalf("counts before any fault: %v, want every kind at 0", got)
 	}
 }
+
+// TestNemesis_DriftTargetsAreItsOwn: the drift kinds delete what DriftTargets named, held as
+// a copy: the caller's slices may change after.
+func TestNemesis_DriftTargetsAreItsOwn(t *testing.T) {
+	nm := NewNemesis(&Cluster{o: Options{Servers: 5}}, 1)
+	if got := nm.targets(KindDriftConsumer); got != nil {
+		t.Fatalf("targets before DriftTargets: %v, want none (found on the mesh)", got)
+	}
+	consumers, streams := []string{"ledger"}, []string{"SEAT_mail"}
+	nm.DriftTargets(consumers, streams)
+	consumers[0], streams[0] = "changed", "changed"
+	if got := nm.targets(KindDriftConsumer); !slices.Equal(got, []string{"ledger"}) {
+		t.Fatalf("consumer targets %v, want [ledger]", got)
+	}
+	if got := nm.targets(KindDriftStream); !slices.Equal(got, []string{"SEAT_mail"}) {
+		t.Fatalf("stream targets %v, want [SEAT_mail]", got)
+	}
+}
