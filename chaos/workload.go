@@ -1,0 +1,757 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshnode/meshnode/admin"
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/artifact"
+	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/seats"
+	meshvault "github.com/meshnode/meshnode/vault"
+)
+
+// The workload's modules. pub emits tick; sub consumes it (two instances on two nodes share
+// its durable consumer, so each event is the module's to handle once); ledger holds the seat
+// ledger (two instances on two nodes compete for it) and applies each job as a fenced effect;
+// user submits the jobs.
+const (
+	pubModule     = "chaos-pub"
+	subModule     = "chaos-sub"
+	ledgerModule  = "chaos-ledger"
+	userModule    = "chaos-user"
+	jsModule      = "chaos-js"
+	seenEvent     = "seen"
+	sleeperModule = "chaos-sleeper"
+	ledgerSeat    = "ledger"
+	tickEvent     = "tick"
+	applyVerb     = "apply"
+)
+
+// MaxDeliveries is how often a consuming module may handle one event: chaos-sub's two
+// instances each dedup what they handled, and a redelivery (an ack lost to a fault, a
+// consumer made again from its last known floor) may reach the other.
+const MaxDeliveries = 2
+
+// Manifests are the workload's modules' manifests, by module.
+var Manifests = map[string]string{
+	pubModule: "module: " + pubModule + "\nrequires: [mesh-bus]\nemits: [" + tickEvent + "]\n",
+	subModule: "module: " + subModule + "\nrequires: [mesh-bus]\nconsumes: [" + pubModule + "." + tickEvent + "]\n",
+	ledgerModule: "module: " + ledgerModule + "\nrequires: [mesh-bus]\nseats:\n  " + ledgerSeat +
+		":\n    scope: mesh\n    retain: 1h\n    accepts: [" + applyVerb + "]\n",
+	userModule:    "module: " + userModule + "\nrequires: [mesh-bus]\nuses: [" + ledgerSeat + "]\n",
+	sleeperModule: "module: " + sleeperModule + "\nrequires: [mesh-bus]\n",
+	// The plain-NATS Node.js module (examples/node): it answers each tick with a seen.
+	jsModule: "module: " + jsModule + "\nrequires: [mesh-bus]\nemits: [" + seenEvent + "]\nconsumes: [" + pubModule + "." + tickEvent + "]\n",
+}
+
+// sleeper is the deployed module's artifact: it runs until stopped. Its versions differ only
+// in the text, so each deploy is a change every node must apply.
+const sleeper = "#!/bin/sh\n# chaos-sleeper %d\nexec sleep 100000\n"
+
+// sleeperVersions is how many versions of it the deploys cycle through.
+const sleeperVersions = 3
+
+// Consumers are the EVENTS consumers and SEAT_ streams the workload's modules have: what
+// a drift fault may delete under them.
+var (
+	Consumers = []string{subModule, jsModule}
+	Streams   = []string{"SEAT_" + ledgerSeat}
+)
+
+// Rates of the workload's clients: an operation each interval, per client.
+var (
+	EmitEvery     = 50 * time.Millisecond
+	SubmitEvery   = 200 * time.Millisecond
+	VaultEvery    = time.Second
+	SkewEvery     = 15 * time.Second
+	DeployEvery   = 10 * time.Second
+	AppliedEvery  = 2 * time.Second // how often each node's applied revision is read
+	RegisterEvery = 5 * time.Second
+)
+
+// Skews are the offsets the skewed emitter's clock moves through: within the consumers'
+// 10-minute replay window, so each of its events must still be handled. (The servers'
+// clocks are not offset: Go programs ignore libfaketime and time namespaces do not move the
+// wall clock; leases run on monotonic time and JetStream's TTL.)
+var Skews = []time.Duration{0, 3 * time.Minute, -3 * time.Minute, 90 * time.Second}
+
+// Workload runs the modules' and the operator's operations against a Cluster and records
+// each in a History.
+type Workload struct {
+	c     *Cluster
+	log   *slog.Logger
+	h     *History
+	fence *Fence
+	dir   string
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	clients []*sdk.Client
+	ops     []*nats.Conn
+	secrets []string // names written so far
+	regs    atomic.Int64
+	js      *JSModule
+	skew    atomic.Int64 // the skewed emitter's clock offset, a time.Duration
+	skews   atomic.Int64 // how often it moved
+}
+
+// StartWorkload registers the workload's modules through the operator, connects their
+// instances (placed on different servers: a fault on one leaves the others working), and
+// starts every client's loop. Stop ends them.
+func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, dir string, log *slog.Logger) (*Workload, error) {
+	w := &Workload{c: c, log: log, h: h, fence: NewFence(h, ledgerSeat), dir: dir}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	op, err := w.operator()
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.ops = append(w.ops, op)
+	w.mu.Unlock()
+	seeds := map[string]string{}
+	for module, text := range Manifests {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		reg, err := admin.Register(rctx, op, []byte(text))
+		cancel()
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("register %s: %w", module, err)
+		}
+		seeds[module] = filepath.Join(dir, module+".nk")
+		if err := os.WriteFile(seeds[module], reg.Seed, 0o600); err != nil {
+			w.Stop()
+			return nil, err
+		}
+	}
+	if err := w.watchLeases(ctx); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	n := len(c.Members())
+	at := func(i int) int { return c.Members()[i%n] }
+	place := []struct {
+		module string
+		node   int
+	}{{pubModule, at(0)}, {pubModule, at(2)}, {subModule, at(1)}, {subModule, at(3)},
+		{ledgerModule, at(1)}, {ledgerModule, at(4)}, {userModule, at(2)}}
+	for k, p := range place {
+		var opts []sdk.Option
+		if k == 1 {
+			// The second emitter's clock is off, by an offset the workload moves (skew).
+			opts = append(opts, sdk.WithClock(func() time.Time { return time.Now().Add(time.Duration(w.skew.Load())) }))
+		}
+		cl, err := w.connect(ctx, p.node, seeds[p.module], opts...)
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("connect %s to %s: %w", p.module, c.Nodes[p.node].Name(), err)
+		}
+		switch p.module {
+		case pubModule:
+			w.loop(EmitEvery, func(i int) { w.emit(cl, i) })
+		case subModule:
+			// Each instance keeps its handler from running twice on an event (sdk.Dedup), so
+			// the module may handle one once per instance: MaxDeliveries.
+			dedup := sdk.NewDedup(1 << 16)
+			if err := cl.On(pubModule+"."+tickEvent, dedup.Once(func(_ context.Context, e sdk.Event) error {
+				w.h.Invoke(subModule, "deliver", e.ID, cl.Instance()).Done(nil)
+				return nil
+			})); err != nil {
+				w.Stop()
+				return nil, err
+			}
+		case ledgerModule:
+			if err := w.hold(cl); err != nil {
+				w.Stop()
+				return nil, err
+			}
+		case userModule:
+			w.loop(SubmitEvery, func(i int) { w.submit(cl, i) })
+		}
+	}
+	js, err := StartJSModule(t, c.Nodes[at(3)].ClientURL(), seeds[jsModule], c.CA(), jsModule, h)
+	if err != nil {
+		w.Stop()
+		return nil, err
+	}
+	w.js = js
+	if err := w.putSleepers(ctx, op); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	w.loop(DeployEvery, func(i int) { w.deploy(i) })
+	w.loop(AppliedEvery, func(int) { w.readApplied() })
+	w.loop(SkewEvery, func(i int) {
+		w.skew.Store(int64(Skews[(i+1)%len(Skews)]))
+		w.skews.Add(1)
+	})
+	w.loop(VaultEvery, func(i int) { w.writeSecret(i) })
+	w.loop(RegisterEvery, func(i int) { w.register(i) })
+	return w, nil
+}
+
+// operator connects as the operator through any node that is up.
+func (w *Workload) operator() (*nats.Conn, error) {
+	return w.c.Connect(nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+}
+
+// operatorAt connects as the operator through node i alone: a read of what that node holds.
+func (w *Workload) operatorAt(i int) (*nats.Conn, error) {
+	nkey, err := nats.NkeyOptionFromSeed(w.c.OperatorSeed())
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(w.c.Nodes[i].ClientURL(), nkey, sdk.TrustCA(w.c.CA()), nats.CustomInboxPrefix(manifest.OperatorInbox),
+		nats.Timeout(5*time.Second), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		return nil, fmt.Errorf("connect as the operator to %s: %w", w.c.Nodes[i].Name(), err)
+	}
+	return nc, nil
+}
+
+// connect connects a module's instance to node i (only i: a module's instance lives with
+// its node, and comes back with it).
+func (w *Workload) connect(ctx context.Context, i int, seed string, opts ...sdk.Option) (*sdk.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := sdk.Connect(ctx, w.c.Nodes[i].ClientURL(), seed, append([]sdk.Option{sdk.RootCA(w.c.CA()),
+		sdk.WithRetryBackoff(100*time.Millisecond, 500*time.Millisecond), sdk.WithLogger(w.log)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.clients = append(w.clients, cl)
+	w.mu.Unlock()
+	return cl, nil
+}
+
+// loop calls f(0), f(1), … every interval until the workload stops.
+func (w *Workload) loop(every time.Duration, f func(i int)) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-t.C:
+				f(i)
+			}
+		}
+	}()
+}
+
+// emit emits one tick; an error is retried once with the same id (a timeout is not a
+// refusal: the first attempt may have been stored, and the id dedups it).
+func (w *Workload) emit(cl *sdk.Client, i int) {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	id, err := cl.Emit(ctx, tickEvent, map[string]any{"i": i, "by": cl.Instance()})
+	if id == "" {
+		return // refused before an id was made: nothing was sent
+	}
+	op := w.h.Invoke(pubModule, "emit", id, cl.Instance())
+	if err != nil {
+		_, err = cl.Emit(ctx, tickEvent, map[string]any{"i": i, "by": cl.Instance()}, sdk.Retry(id))
+	}
+	op.Done(err)
+}
+
+// submit submits one ledger job.
+func (w *Workload) submit(cl *sdk.Client, i int) {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	id, err := cl.Submit(ctx, ledgerSeat, applyVerb, map[string]int{"i": i})
+	if id == "" {
+		return
+	}
+	w.h.Invoke(cl.Instance(), "submit", id, ledgerSeat).Done(err)
+}
+
+// hold makes cl a candidate for the ledger seat: each job it handles is applied through
+// the fence with the job's epoch.
+func (w *Workload) hold(cl *sdk.Client) error {
+	if err := cl.Accept(applyVerb, func(_ context.Context, j sdk.Job) error {
+		op := w.h.Invoke(cl.Instance(), "handle", j.ID, "")
+		op.DoneEpoch(j.Epoch, nil)
+		if !w.fence.Apply(cl.Instance(), j.ID, j.Epoch) {
+			// A stale holder's effect: refused by the receiver, and the job is the new
+			// holder's (its ack would be refused too).
+			return errors.New("fenced: a newer holder has acted")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return nil
+}
+
+// putSleepers stores the sleeper's versions as artifacts.
+func (w *Workload) putSleepers(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	obs, err := artifact.Lookup(ctx, js)
+	if err != nil {
+		return fmt.Errorf("the artifacts' store: %w", err)
+	}
+	for v := 1; v <= sleeperVersions; v++ {
+		path := filepath.Join(w.dir, fmt.Sprintf("sleeper-%d", v))
+		if err := os.WriteFile(path, fmt.Appendf(nil, sleeper, v), 0o755); err != nil {
+			return err
+		}
+		if _, err := artifact.Put(ctx, obs, sleeperModule, strconv.Itoa(v), path); err != nil {
+			return fmt.Errorf("store %s version %d: %w", sleeperModule, v, err)
+		}
+	}
+	return nil
+}
+
+// deploy deploys the next version of the sleeper on every node (--all).
+func (w *Workload) deploy(i int) {
+	nc, err := w.operator()
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	version := strconv.Itoa(i%sleeperVersions + 1)
+	ctx, cancel := context.WithTimeout(w.ctx, 20*time.Second)
+	defer cancel()
+	op := w.h.Invoke("operator", "deploy", sleeperModule, version)
+	_, err = admin.Deploy(ctx, nc, api.DeployRequest{Module: sleeperModule, Deployment: api.Deployment{Version: version, All: true, Instances: 1}})
+	op.Done(err)
+}
+
+// readApplied records each node's applied declaration revision, as the nodes last reported
+// it to the controller (ps).
+func (w *Workload) readApplied() {
+	nc, err := w.operator()
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	op := map[string]*Op{}
+	for _, n := range w.c.Nodes {
+		op[n.Name()] = nil
+	}
+	invoked := time.Now()
+	ps, err := admin.Ps(ctx, nc)
+	if err != nil {
+		return
+	}
+	for _, p := range ps {
+		if p.Module != sleeperModule || p.Revision == 0 {
+			continue
+		}
+		if _, seen := op[p.Node]; !seen || op[p.Node] != nil {
+			continue
+		}
+		op[p.Node] = w.h.At(p.Node, "applied", p.Node, strconv.FormatUint(p.Revision, 10), invoked)
+		op[p.Node].Done(nil)
+	}
+}
+
+// writeSecret gives secret chaos-<i mod 4> a new value (mint the first time, rotate after).
+func (w *Workload) writeSecret(i int) {
+	name := "chaos-" + strconv.Itoa(i%4)
+	value := rand.Text() // random, and long enough for ScanPlaintext to tell it in a file
+	nc, err := w.operator()
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	verb := api.VaultVerbRotate
+	if i < 4 {
+		verb = api.VaultVerbMint
+	}
+	op := w.h.Invoke("operator", "vault-write", name, value)
+	req := api.VaultRequest{Owner: api.VaultCallerOperator, Name: name}
+	if verb == api.VaultVerbRotate {
+		req.Grace = "1m"
+	}
+	if err := meshvault.Give(ctx, nc, api.VaultCallerOperator, &req, []byte(value)); err != nil {
+		op.Done(err)
+		return
+	}
+	var s api.Secret
+	_, err = meshvault.Call(ctx, nc, verb, api.VaultCallerOperator, req, &s)
+	op.Done(err)
+	if err == nil && verb == api.VaultVerbMint {
+		w.mu.Lock()
+		w.secrets = append(w.secrets, name)
+		w.mu.Unlock()
+	}
+}
+
+// register registers one more module, through a node the index picks.
+func (w *Workload) register(i int) {
+	nc, err := w.operator()
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	module := "chaos-r" + strconv.Itoa(i)
+	ctx, cancel := context.WithTimeout(w.ctx, 20*time.Second)
+	defer cancel()
+	op := w.h.Invoke("operator", "register", module, "")
+	_, err = admin.Register(ctx, nc, []byte("module: "+module+"\nrequires: [mesh-bus]\nemits: [x]\n"))
+	op.Done(err)
+	if err == nil {
+		w.regs.Add(1)
+	}
+}
+
+// Stop ends every loop and closes every client.
+func (w *Workload) Stop() {
+	w.cancel()
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, cl := range w.clients {
+		cl.Close()
+	}
+	if w.js != nil {
+		w.js.Stop()
+	}
+	for _, nc := range w.ops {
+		nc.Close()
+	}
+	w.clients, w.ops = nil, nil
+}
+
+// eventIDs reads the ids of every tick EVENTS holds, through node i.
+func (w *Workload) eventIDs(ctx context.Context, i int) (map[string]bool, error) {
+	nc, err := w.operatorAt(i)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var subjects []string
+	for _, e := range []string{pubModule + "." + tickEvent, jsModule + "." + seenEvent} {
+		subject, err := manifest.ConsumeSubject(e)
+		if err != nil {
+			return nil, err
+		}
+		subjects = append(subjects, subject)
+	}
+	cons, err := js.OrderedConsumer(ctx, manifest.EventsStreamName, jetstream.OrderedConsumerConfig{FilterSubjects: subjects})
+	if err != nil {
+		return nil, fmt.Errorf("read EVENTS through %s: %w", w.c.Nodes[i].Name(), err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for pending := info.NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			ids[m.Headers().Get(envelope.EventID)] = true
+			got++
+		}
+		if err := batch.Error(); err != nil {
+			return nil, err
+		}
+		if got == 0 {
+			return nil, fmt.Errorf("EVENTS stopped answering with %d ticks unread", pending)
+		}
+		pending -= uint64(got)
+	}
+	return ids, nil
+}
+
+// auditIDs reads the ids of every tick node i's audit log recorded.
+func (w *Workload) auditIDs(ctx context.Context, i int) (map[string]bool, error) {
+	nc, err := w.operatorAt(i)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	ids := map[string]bool{}
+	for _, source := range []string{pubModule, jsModule} {
+		f := api.AuditFilter{Source: source, Limit: api.AuditDefaultLimit * 5}
+		for {
+			reply, err := audit.Call(ctx, nc, w.c.Nodes[i].Name(), api.AuditRequest{Op: "query", Filter: f})
+			if err != nil {
+				return nil, fmt.Errorf("audit query on %s: %w", w.c.Nodes[i].Name(), err)
+			}
+			for _, r := range reply.Records {
+				ids[r.EventID] = true
+			}
+			if len(reply.Records) < f.Limit {
+				break
+			}
+			f.After = reply.Records[len(reply.Records)-1].N
+		}
+	}
+	return ids, nil
+}
+
+// readSecrets fetches every secret written, through node i.
+func (w *Workload) readSecrets(ctx context.Context, i int) (map[string]string, error) {
+	nc, err := w.operatorAt(i)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	w.mu.Lock()
+	names := append([]string(nil), w.secrets...)
+	w.mu.Unlock()
+	out := map[string]string{}
+	for _, name := range names {
+		var s api.Secret
+		if _, err := meshvault.Call(ctx, nc, api.VaultVerbFetch, api.VaultCallerOperator, api.VaultRequest{Owner: api.VaultCallerOperator, Name: name}, &s); err != nil {
+			return nil, fmt.Errorf("fetch %s through %s: %w", name, w.c.Nodes[i].Name(), err)
+		}
+		out[name] = s.Value
+	}
+	return out, nil
+}
+
+// watchLeases records the ledger seat's lease history as the leases' bucket holds it: a new
+// epoch is an acquire, the same one again a renewal (seats renew at the expected revision,
+// so a renewal proves possession), a deletion a release. Each is invoked when the bucket
+// stored it (the stream leader's clock: every node of the cluster shares this machine's) and
+// completes when the watch saw it.
+func (w *Workload) watchLeases(ctx context.Context) error {
+	nc, err := w.operator()
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.ops = append(w.ops, nc)
+	w.mu.Unlock()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	kv, err := js.KeyValue(ctx, seats.Bucket)
+	if err != nil {
+		return fmt.Errorf("open the leases' bucket: %w", err)
+	}
+	key := seats.Key(ledgerSeat, manifest.ScopeMesh, "")
+	watch, err := kv.Watch(w.ctx, key, jetstream.IncludeHistory())
+	if err != nil {
+		return fmt.Errorf("watch the ledger's lease: %w", err)
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer watch.Stop()
+		var holder string
+		var epoch uint64
+		for {
+			var e jetstream.KeyValueEntry
+			select {
+			case <-w.ctx.Done():
+				return
+			case e = <-watch.Updates():
+			}
+			if e == nil {
+				continue // the history so far was delivered
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				if holder != "" {
+					w.h.At(holder, "release", ledgerSeat, "", e.Created()).DoneEpoch(epoch, nil)
+				}
+				holder, epoch = "", 0
+				continue
+			}
+			var l seats.Lease
+			if json.Unmarshal(e.Value(), &l) != nil {
+				continue
+			}
+			if l.Epoch == 0 {
+				l.Epoch = e.Revision() // the creating write: its revision is the epoch
+			}
+			kind := "renew"
+			if l.Instance != holder || l.Epoch != epoch {
+				kind = "acquire"
+			}
+			w.h.At(l.Instance, kind, ledgerSeat, l.Node, e.Created()).DoneEpoch(l.Epoch, nil)
+			holder, epoch = l.Instance, l.Epoch
+		}
+	}()
+	return nil
+}
+
+// Final reads, after healing, what the checkers judge the history against: EVENTS' ticks,
+// each node's audit log (waiting up to catchUp for every acked tick to reach it, and for
+// the consumers to have handled them), each node's view of the vault, and each data dir's
+// files scanned for secrets in plaintext.
+func (w *Workload) Final(ctx context.Context, catchUp time.Duration) (Final, error) {
+	f := Final{Audit: map[string][]string{}, Consumers: Consumers, Vault: map[string]map[string]string{},
+		Plaintext: map[string][]string{}, Sources: map[string][]string{subModule: {pubModule}, jsModule: {pubModule}}}
+	ops := w.h.Ops()
+	acked := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == "emit" && op.OK {
+			acked[op.Key] = true
+		}
+	}
+	ackedBy := map[string]string{}
+	for _, op := range ops {
+		if op.Kind == "emit" && op.OK {
+			ackedBy[op.Key] = op.Process
+		}
+	}
+	missingOf := func(have map[string]bool, source string) int {
+		n := 0
+		for id, by := range ackedBy {
+			if by == source && !have[id] {
+				n++
+			}
+		}
+		return n
+	}
+	missing := func(have map[string]bool) int {
+		n := 0
+		for id := range acked {
+			if !have[id] {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(catchUp)
+	for time.Now().Before(deadline) {
+		delivered := map[string]map[string]bool{subModule: {}, jsModule: {}}
+		for _, op := range w.h.Ops() {
+			if op.Kind == "deliver" && delivered[op.Process] != nil {
+				delivered[op.Process][op.Key] = true
+			}
+		}
+		if missingOf(delivered[subModule], pubModule) == 0 && missingOf(delivered[jsModule], pubModule) == 0 {
+			break
+		}
+		time.Sleep(500 * time.Millisecond) // the consumers' pace, not a state: polled
+	}
+	var err error
+	var events map[string]bool
+	for _, i := range w.c.Members() {
+		if events, err = w.eventIDs(ctx, i); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return f, err
+	}
+	f.Events = keys(events)
+	for _, i := range w.c.Members() {
+		n := w.c.Nodes[i]
+		f.Nodes = append(f.Nodes, n.Name())
+		var ids map[string]bool
+		for {
+			ids, err = w.auditIDs(ctx, i)
+			if err == nil && missing(ids) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond) // the audit log's pace: polled
+		}
+		if err != nil {
+			return f, err
+		}
+		f.Audit[n.Name()] = keys(ids)
+		if f.Vault[n.Name()], err = w.readSecrets(ctx, i); err != nil {
+			return f, err
+		}
+		if f.Plaintext[n.Name()], err = ScanPlaintext(n.DataDir(), ops); err != nil {
+			return f, err
+		}
+	}
+	// Every node applies the newest declaration published for it.
+	f.Revisions, f.Declared = map[string]uint64{}, map[string]uint64{}
+	for {
+		err = w.readRevisions(ctx, f.Revisions, f.Declared)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond) // the nodes' reports' pace: polled
+	}
+	return f, nil
+}
+
+// readRevisions reads each node's applied and declared revision from ps, and says which node
+// is behind.
+func (w *Workload) readRevisions(ctx context.Context, applied, declared map[string]uint64) error {
+	nc, err := w.operator()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ps, err := admin.Ps(ctx, nc)
+	if err != nil {
+		return err
+	}
+	clear(applied)
+	clear(declared)
+	for _, p := range ps {
+		if p.Module == sleeperModule {
+			applied[p.Node], declared[p.Node] = p.Revision, p.Declared
+		}
+	}
+	for _, i := range w.c.Members() {
+		name := w.c.Nodes[i].Name()
+		if applied[name] == 0 || applied[name] != declared[name] {
+			return fmt.Errorf("node %s applied revision %d of %d", name, applied[name], declared[name])
+		}
+	}
+	return nil
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// ClockSkews is how often the skewed emitter's clock moved.
+func (w *Workload) ClockSkews() int { return int(w.skews.Load()) }
+
+// JSLog is the end of the Node.js module's output.
+func (w *Workload) JSLog() string {
+	if w.js == nil {
+		return ""
+	}
+	return w.js.Log()
+}
