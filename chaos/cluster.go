@@ -304,6 +304,37 @@ func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// Holder is the index of the member whose node holds seat (one of the mesh's own, such as
+// mesh-controller or mesh-vault), as `meshnode members` on a member that is up says.
+func (c *Cluster) Holder(seat string) (int, error) {
+	for _, i := range c.Members() {
+		n := c.Nodes[i]
+		if !n.up() {
+			continue
+		}
+		r, err := c.command("members", "--json", "--data-dir", n.dir)
+		if err != nil {
+			return 0, err
+		}
+		if r.Code != 0 {
+			continue
+		}
+		for line := range strings.Lines(r.Stdout) {
+			var m api.NodeMember
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				return 0, fmt.Errorf("chaos: members --json on %s: %w: %s", n.name, err, line)
+			}
+			if slices.Contains(m.Seats, seat) {
+				if k := slices.IndexFunc(c.Nodes, func(n *Node) bool { return n.name == m.Name }); k >= 0 {
+					return k, nil
+				}
+			}
+		}
+		return 0, fmt.Errorf("chaos: no member holds seat %s, as node %s sees them", seat, n.name)
+	}
+	return 0, errors.New("chaos: no member is up to ask who holds a seat")
+}
+
 // Result is what a finished meshnode command did.
 type Result struct {
 	Code           int

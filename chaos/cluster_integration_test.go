@@ -101,14 +101,16 @@ func TestIntegration_ChaosCluster(t *testing.T) {
 	check(register(0, "module: ledger\nrequires: [mesh-bus]\nconsumes: [shop.sold]\n"))
 	check(register(0, "module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1h, accepts: [send]}\n"))
 
-	// kill
-	check(c.Nodes[1].Kill())
-	if c.Nodes[1].Running() {
-		t.Fatal("node b runs after Kill")
+	// kill: the controller's holder.
+	h, err := c.Holder("mesh-controller")
+	check(err)
+	check(c.Nodes[h].Kill())
+	if c.Nodes[h].Running() {
+		t.Fatalf("node %s runs after Kill", c.Nodes[h].Name())
 	}
-	down(1)
-	check(c.Nodes[1].Start())
-	healthy(KindKill, 1)
+	down(h)
+	check(c.Nodes[h].Start())
+	healthy(KindKill, h)
 
 	// kill-two: three of five go on.
 	check(c.Nodes[2].Kill())

@@ -29,6 +29,9 @@ const (
 	KindDiskFull            = "disk-full"             // one node's data dir filled, then freed and the node restarted
 )
 
+// ownSeats are the mesh's own seats a kill aims at, and as many "" (a node drawn at random).
+var ownSeats = []string{"mesh-controller", "mesh-vault", "", ""}
+
 // Kinds are every kind, in the order a schedule's first round is drawn from.
 var Kinds = []string{KindKill, KindKillTwo, KindPause, KindPartitionMajority, KindIsolate, KindBridge,
 	KindKillDuringPartition, KindDriftConsumer, KindDriftStream, KindDiskFull}
@@ -41,7 +44,8 @@ type Fault struct {
 	Nodes []int
 	// Groups are a partition's sides.
 	Groups [][]int
-	// Target is what a drift deleted: "EVENTS/consumer" or a stream.
+	// Target is what a drift deleted ("EVENTS/consumer" or a stream), or the seat whose
+	// holder a kill aimed at.
 	Target     string
 	Start, End time.Time
 }
@@ -248,6 +252,15 @@ func (nm *Nemesis) inject(ctx context.Context, kind string) error {
 	switch kind {
 	case KindKill, KindKillTwo:
 		f.Nodes = nm.pick(map[string]int{KindKill: 1, KindKillTwo: 2}[kind])
+		// Half the single kills go to the holder of the controller's or the vault's seat:
+		// the nodes whose loss costs the mesh most. Who holds it is the mesh's, not the seed's.
+		if kind == KindKill {
+			if seat := ownSeats[nm.rng.IntN(len(ownSeats))]; seat != "" {
+				if i, herr := c.Holder(seat); herr == nil {
+					f.Nodes, f.Target = []int{i}, "holder of "+seat
+				}
+			}
+		}
 		nm.logf("nemesis: %s %v", kind, f.Nodes)
 		err = nm.each(f.Nodes, (*Node).Kill)
 		if err == nil {
