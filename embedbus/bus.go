@@ -132,6 +132,7 @@ type Bus struct {
 
 	optsMu sync.Mutex
 	opts   *server.Options // as started, less the routes dropped since (DropRoute)
+	routed bool            // started as one server of a cluster
 }
 
 // Routes are the host:port of every route the server is configured with (and retries).
@@ -313,7 +314,7 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		conn.Close()
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey, opts: opts}
+	b := &Bus{auth: auth, srv: srv, conn: conn, js: js, sysKey: sysKey, opts: opts, routed: cfg.Cluster != nil}
 	// A clustered JetStream answers only once a meta leader exists, and a request sent
 	// before that is never answered: wait until the server's own meta group is current (a
 	// look in-process, every few milliseconds), then ask, each time briefly, until ctx ends.
@@ -415,6 +416,9 @@ func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 func (b *Bus) Ready(ctx context.Context) error {
 	if !b.srv.Running() || b.srv.Addr() == nil {
 		return errors.New("bus is not accepting connections")
+	}
+	if err := b.JetStreamDisabled(); err != nil {
+		return err
 	}
 	if _, err := b.js.AccountInfo(ctx); err != nil {
 		return fmt.Errorf("jetstream does not answer: %w", err)
@@ -608,9 +612,23 @@ func (b *Bus) Peers() map[string]bool {
 	return out
 }
 
+// JetStreamDisabled says so when nats-server has switched JetStream off on this server since
+// it started — it does when the store's disk runs out of room ("JetStream out of resources,
+// will be DISABLED") and does not switch it back on. The node's other servers still answer
+// the JetStream API, so a request would not notice; this server keeps no copy any more.
+func (b *Bus) JetStreamDisabled() error {
+	if b.srv.JetStreamEnabled() {
+		return nil
+	}
+	return errors.New("JetStream is disabled on this server (nats-server switches it off when its store's disk is full, and does not switch it back on): free space on the data dir's disk, then restart the node")
+}
+
 // Clustered reports whether the server runs JetStream clustered (a meta group), as the
 // server itself says; a standalone server has none.
 func (b *Bus) Clustered() bool {
+	if b.routed && !b.srv.JetStreamEnabled() {
+		return true // JetStream switched off here: still a cluster's server, whose count is not 1
+	}
 	jsz, err := b.srv.Jsz(&server.JSzOptions{})
 	return err == nil && jsz.Meta != nil
 }

@@ -60,6 +60,21 @@ func (n *Node) servers() int {
 	return n.count.Servers()
 }
 
+// replicationServers is how many servers the replication keeper counts: the mesh's, but
+// no more than JetStream knows as peers — and none (the keeper waits) while this server's
+// JetStream is switched off or knows no peer: a holder that counted 1 then would cut every
+// stream of the mesh down to one copy (the chaos harness saw it after a full disk).
+func (n *Node) replicationServers() int {
+	if n.bus.JetStreamDisabled() != nil {
+		return 0
+	}
+	peers := len(n.bus.Peers())
+	if peers == 0 && n.bus.Clustered() {
+		return 0
+	}
+	return min(n.servers(), max(peers, 1))
+}
+
 // Errors of Open.
 var (
 	// ErrHTTPAddrInUse is returned by Open when the HTTP address is taken.
@@ -777,7 +792,7 @@ func (n *Node) Run(ctx context.Context) error {
 	add("drift check", n.watchDrift)
 	// The keeper places copies only on servers JetStream knows: a server registered before
 	// its JetStream peer has joined the meta group counts once it has.
-	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: func() int { return min(n.servers(), max(len(n.bus.Peers()), 1)) }, Holds: n.holdsController,
+	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: n.replicationServers, Holds: n.holdsController,
 		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
 	add("replication", keeper.Run)
 	add("admitter", n.runAdmitter)

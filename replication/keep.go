@@ -14,7 +14,8 @@ import (
 // Recheck (a stream made since at another count, one whose change failed).
 type Keeper struct {
 	JS jetstream.JetStream
-	// Servers is how many servers the mesh has now.
+	// Servers is how many servers the mesh has now; 0 when that is not known (the keeper
+	// then changes nothing).
 	Servers func() int
 	// Holds reports whether this node holds the controller's seat: only its holder changes
 	// the streams, so two nodes with different counts never fight.
@@ -52,6 +53,9 @@ func (k *Keeper) Run(ctx context.Context) error {
 			continue
 		}
 		servers := k.Servers()
+		if servers == 0 {
+			continue // the count is not known now: keep what is
+		}
 		target := Target(servers)
 		switch {
 		case target == applied && time.Since(last) < k.Recheck:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,4 +173,38 @@ func TestKeeper_OnlyTheHolder(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestKeeper_UnknownCountChangesNothing: a holder whose count of servers is not known (its
+// own JetStream switched off: the count reads 0) leaves every stream's copies as they are —
+// not one copy, which cut a whole mesh down when a holder's disk filled.
+func TestKeeper_UnknownCountChangesNothing(t *testing.T) {
+	servers := testbed.JetStreamCluster(t, 3)
+	_, js := testbed.Connect(t, servers[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := ensure.Stream(ctx, js, jetstream.StreamConfig{Name: "DEAD", Subjects: []string{"dead.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var passes atomic.Int64
+	k := replication.Keeper{JS: js, Servers: func() int { passes.Add(1); return 0 }, Holds: func() bool { return true },
+		Recheck: time.Hour, Log: slog.New(slog.DiscardHandler)}
+	kctx, kcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- k.Run(kctx) }()
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		if n := passes.Load(); n < 3 {
+			return fmt.Errorf("the keeper counted %d times, want 3", n)
+		}
+		return nil
+	})
+	kcancel()
+	<-done
+	s, err := js.Stream(ctx, "DEAD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.CachedInfo().Config.Replicas; r != 3 {
+		t.Fatalf("with its count unknown, the keeper changed DEAD to %d copies", r)
+	}
 }
