@@ -82,6 +82,9 @@ type NodeStatus struct {
 	Ready         bool                `json:"ready"`
 	Reason        string              `json:"reason,omitempty"`  // why not ready
 	Growing       string              `json:"growing,omitempty"` // a single node growing into a mesh: how far
+	// AppliedRevision is the revision of the declaration this node's host applied last (0:
+	// none yet): what it runs, kept across restarts.
+	AppliedRevision uint64 `json:"applied_revision,omitempty"`
 	Started       time.Time           `json:"started"`
 	UptimeSeconds float64             `json:"uptime_seconds"`
 	Connections   int                 `json:"connections"`

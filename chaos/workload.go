@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -50,6 +51,11 @@ const (
 // instances each dedup what they handled, and a redelivery (an ack lost to a fault, a
 // consumer made again from its last known floor) may reach the other.
 const MaxDeliveries = 2
+
+// MaxHandles is how often a seat job may be handled: a holder that dies (or is paused past
+// its lease) after handling a job and before its ack leaves the job to the next holder, which
+// handles it again under a greater epoch — at least once, in fenced order.
+const MaxHandles = 2
 
 // Manifests are the workload's modules' manifests, by module.
 var Manifests = map[string]string{
@@ -348,34 +354,24 @@ func (w *Workload) deploy(i int) {
 	op.Done(err)
 }
 
-// readApplied records each node's applied declaration revision, as the nodes last reported
-// it to the controller (ps).
+// readApplied records each running node's applied declaration revision, as the node itself
+// says (GET /v1/status): what it applied, kept across its restarts.
 func (w *Workload) readApplied() {
-	nc, err := w.operator()
-	if err != nil {
-		return
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-	defer cancel()
-	op := map[string]*Op{}
-	for _, n := range w.c.Nodes {
-		op[n.Name()] = nil
-	}
-	invoked := time.Now()
-	ps, err := admin.Ps(ctx, nc)
-	if err != nil {
-		return
-	}
-	for _, p := range ps {
-		if p.Module != sleeperModule || p.Revision == 0 {
+	client := http.Client{Timeout: 2 * time.Second}
+	for _, i := range w.c.Members() {
+		n := w.c.Nodes[i]
+		invoked := time.Now()
+		resp, err := client.Get(n.HTTPURL() + "/v1/status")
+		if err != nil {
 			continue
 		}
-		if _, seen := op[p.Node]; !seen || op[p.Node] != nil {
+		var st api.NodeStatus
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil || st.AppliedRevision == 0 {
 			continue
 		}
-		op[p.Node] = w.h.At(p.Node, "applied", p.Node, strconv.FormatUint(p.Revision, 10), invoked)
-		op[p.Node].Done(nil)
+		w.h.At(n.Name(), "applied", n.Name(), strconv.FormatUint(st.AppliedRevision, 10), invoked).Done(nil)
 	}
 }
 

@@ -477,6 +477,12 @@ func TestDeploy_ResumesAfterRestart(t *testing.T) {
 		t.Fatalf("process %d outlived its node", first.PID)
 	}
 	b = newBedAt(t, cfg)
+	// The node says what it applied, from its store, before any report reaches a controller.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got := b.n.Status(ctx).AppliedRevision; got != r.Declared[0].Revision {
+		t.Fatalf("status after the restart: applied revision %d, want %d", got, r.Declared[0].Revision)
+	}
 	again := b.running(t, "ticker", "1", first.PID)
 	if again.Revision != r.Declared[0].Revision {
 		t.Fatalf("after the restart: %+v, want revision %d", again, r.Declared[0].Revision)

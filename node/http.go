@@ -190,6 +190,9 @@ func (n *Node) Status(ctx context.Context) api.NodeStatus {
 	if n.bus.Clustered() {
 		s.JetStream.Mode, s.JetStream.MetaLeader, s.JetStream.Peers = "clustered", n.bus.MetaLeader(), n.bus.Peers()
 	}
+	if n.mods.host != nil {
+		s.AppliedRevision = n.mods.host.Applied().Revision
+	}
 	if err := n.ready(ctx); err != nil {
 		s.Reason = err.Error()
 	} else {
