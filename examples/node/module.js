@@ -37,6 +37,15 @@ const RETRY_FIRST_MS = 200;
 const RETRY_MAX_MS = 5000;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// How long an emit is tried again through a fault, less than the ack wait of a module's
+// consumer (30 s): an event whose answer cannot be emitted is NAKed, and one NAKed five
+// times is dead-lettered, so a handler that gave up at the first timeout of a node's restart
+// would lose the events of the whole outage.
+const EMIT_PATIENCE_MS = 20000;
+// The nats.js error codes of a publish that found no stream to ack it yet: a timeout, no
+// responders (the stream or the admitter not up yet), the connection dropped.
+const TRANSIENT = new Set(["TIMEOUT", "503", "DISCONNECT", "CONNECTION_REFUSED"]);
+
 // Connections reconnect for ever (a node restarting refuses them until it has read its
 // registry, hence ignoreAuthErrorAbort), to this node only: in a cluster the server
 // advertises the others, and a module talks to its own node, as the Go sdk does. A node not
@@ -116,10 +125,14 @@ async function main() {
 
   // emit publishes one of the module's declared events and waits for the stream's ack. It
   // signs the event's subject and publishes it under the module's prefix, mesh.admit.<module>,
-  // where the node's admitter takes it (docs/contracts.md): a refusal it calls retryable
-  // (err_code 19002, the mesh's audit log behind; 19003, past the module's pace) is sent
-  // again after a back-off; any other (19001, over the module's quota of EVENTS) is thrown.
-  async function emit(event, payload, causation) {
+  // where the node's admitter takes it (docs/contracts.md). What may pass in a moment is sent
+  // again, the same event (its id dedups it in the stream), after a back-off, for up to
+  // EMIT_PATIENCE_MS: a refusal the admitter calls retryable (err_code 19002, the mesh's audit
+  // log behind; 19003, past the module's pace), and the silences of a node restarting or of
+  // a stream electing its leader (no ack in time, no responders, the connection dropped).
+  // Any other refusal (19001, over the module's quota of EVENTS) is thrown at once. working,
+  // if given, is called before each retry: the handler's event is still being worked on.
+  async function emit(event, payload, causation, working) {
     const subject = `mesh.mod.${module}.event.${event}`;
     const body = Buffer.from(JSON.stringify(payload), "utf8");
     const h = headers();
@@ -127,18 +140,21 @@ async function main() {
     // The lines tell a watcher (a test's history) when a publish began and how it ended:
     // "emitted" only once the stream acked it; "emit-failed" when it gave up.
     log("emitting", event, id);
+    const giveUp = Date.now() + EMIT_PATIENCE_MS;
     for (let attempt = 0; ; attempt++) {
       try {
         await js.publish(`mesh.admit.${module}.${subject}`, body, { headers: h, msgID: id });
         break;
       } catch (err) {
         const code = err && err.api_error && err.api_error.err_code;
-        if ((code !== 19002 && code !== 19003) || attempt >= 50) {
+        const passing = code === 19002 || code === 19003 || (!code && TRANSIENT.has(err && err.code));
+        if (!passing || stopping || Date.now() >= giveUp) {
           log("emit-failed", event, id, err.message);
           throw err;
         }
+        if (working) working();
         const wait = Math.min(250, 2 << Math.min(attempt, 7));
-        await new Promise((r) => setTimeout(r, wait / 2 + Math.random() * (wait / 2)));
+        await sleep(wait / 2 + Math.random() * (wait / 2));
       }
     }
     stats.emitted++;
@@ -173,7 +189,7 @@ async function main() {
       return;
     }
     try {
-      if ((self.emits || []).length > 0) await emit(self.emits[0], { handled: id }, id);
+      if ((self.emits || []).length > 0) await emit(self.emits[0], { handled: id }, id, () => m.working());
       m.ack();
       stats.handled++;
       log("handled", subject, id);
