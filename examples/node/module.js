@@ -69,9 +69,12 @@ async function whoami(nc) {
 }
 
 // firstWhoami asks whoami until the controller answers: at start the node may be restarting
-// or the controller's seat changing hands. An answer that refuses the key is final.
+// or the controller's seat changing hands. An answer that refuses the key is final, and so
+// are two refusals of the connection in a row (the key is not registered): the module exits
+// saying so, rather than waiting for ever unseen.
 async function firstWhoami(auth) {
-  const boot = await connect({ ...auth, ...connectOptions, inboxPrefix: `_INBOX.${pub}`, name: "whoami" });
+  const boot = await connect({ ...auth, ...connectOptions, ignoreAuthErrorAbort: false,
+    inboxPrefix: `_INBOX.${pub}`, name: "whoami" });
   try {
     for (let wait = RETRY_FIRST_MS; ; wait = Math.min(wait * 2, RETRY_MAX_MS)) {
       try {
@@ -104,6 +107,7 @@ async function main() {
   // key rotated): ask whoami again, keeping the last answer if there is none.
   (async () => {
     for await (const s of nc.status()) {
+      if (s.type === "disconnect") log("disconnected from", s.data);
       if (s.type !== "reconnect") continue;
       log("reconnected to", s.data);
       self = await whoami(nc).catch((err) => {
