@@ -21,6 +21,7 @@ import (
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestIntegration_JSModule: the Node.js module, run by StartJSModule against one real node
@@ -29,33 +30,12 @@ import (
 // and its acked emit of the other, under the id the Go reader receives.
 func TestIntegration_JSModule(t *testing.T) {
 	dir := t.TempDir()
-	url := startJSBedNode(t, dir)
+	url := startJSBedNode(t, dir).url
 	ca := filepath.Join(dir, meshca.CAFile)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	op, err := nats.Connect(url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
-		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	seeds := map[string]string{}
-	for _, text := range []string{
-		"module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n",
-		"module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\n",
-		"module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n",
-	} {
-		reg, err := admin.Register(ctx, op, []byte(text))
-		if err != nil {
-			t.Fatalf("register %q: %v", text, err)
-		}
-		seeds[reg.Module] = filepath.Join(dir, reg.Module+".nk")
-		if err := os.WriteFile(seeds[reg.Module], reg.Seed, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-
+	seeds := registerJSBed(t, ctx, url, dir)
 	h := NewHistory()
 	js, err := StartJSModule(t, url, seeds["notes"], ca, "notes", h)
 	if err != nil {
@@ -114,6 +94,100 @@ func TestIntegration_JSModule(t *testing.T) {
 	}
 }
 
+// registerJSBed registers the bed's modules through the operator — shop emits orders, notes
+// (the Node.js module) consumes them and emits notes, reader consumes notes — and returns
+// their seed files by module.
+func registerJSBed(t *testing.T, ctx context.Context, url, dir string) map[string]string {
+	t.Helper()
+	op, err := nats.Connect(url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
+		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(filepath.Join(dir, meshca.CAFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	seeds := map[string]string{}
+	for _, text := range []string{
+		"module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n",
+		"module: notes\nrequires: [mesh-bus]\nconsumes: [shop.order.placed]\nemits: [note.written]\n",
+		"module: reader\nrequires: [mesh-bus]\nconsumes: [notes.note.written]\n",
+	} {
+		reg, err := admin.Register(ctx, op, []byte(text))
+		if err != nil {
+			t.Fatalf("register %q: %v", text, err)
+		}
+		seeds[reg.Module] = filepath.Join(dir, reg.Module+".nk")
+		if err := os.WriteFile(seeds[reg.Module], reg.Seed, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return seeds
+}
+
+// TestIntegration_JSModule_SurvivesRestartAndDrift: the Node.js module goes on handling events
+// through what the Go sdk survives — its node killed (kill -9) and restarted, so its
+// connection drops and comes back and the pull it was waiting on is gone; and its durable
+// consumer deleted under it (drift repair makes it again), which ends its consumption. An
+// event emitted after each is handled.
+func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
+	dir := t.TempDir()
+	node := startJSBedNode(t, dir)
+	ca := filepath.Join(dir, meshca.CAFile)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	seeds := registerJSBed(t, ctx, node.url, dir)
+	h := NewHistory()
+	js, err := StartJSModule(t, node.url, seeds["notes"], ca, "notes", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, node.url, seeds["shop"], sdk.RootCA(ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	// handled emits an order (again while the node is still settling) and waits until the
+	// module handled it: well within the time the Go sdk takes to consume again.
+	handled := func(after string) {
+		t.Helper()
+		var id string
+		testbed.RetryUntil(t, 30*time.Second, func() (err error) {
+			id, err = shop.Emit(ctx, "order.placed", map[string]any{"after": after})
+			return err
+		})
+		testbed.RetryUntil(t, jsRecoverWithin, func() error {
+			if deliveries(h, "notes", id) == 0 {
+				return fmt.Errorf("the Node.js module did not handle %s, emitted after %s; its output:\n%s", id, after, js.Log())
+			}
+			return nil
+		})
+	}
+	handled("it started")
+
+	node.kill()
+	node.start(t)
+	handled("its node was killed and restarted")
+
+	op, err := nats.Connect(node.url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
+		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	ops, err := jetstream.New(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.DeleteConsumer(ctx, manifest.EventsStreamName, "notes"); err != nil {
+		t.Fatal(err)
+	}
+	handled("its consumer was deleted")
+}
+
+// jsRecoverWithin bounds how long the Node.js module may take to handle an event after a
+// fault: the Go sdk consumes again within seconds; a client library left to notice by
+// itself (missed heartbeats, its 30 s pull expiring) takes longer.
+const jsRecoverWithin = 20 * time.Second
+
 // deliveries counts the completed deliveries of event id to module in h.
 func deliveries(h *History, module, id string) int {
 	n := 0
@@ -128,10 +202,19 @@ func deliveries(h *History, module, id string) int {
 // jsBedReadyRE is a node's ready line, which names its client URL.
 var jsBedReadyRE = regexp.MustCompile(`^meshnode ready: node \S+, mesh \S+, client (\S+), http \S+$`)
 
-// startJSBedNode builds meshnode and runs one node in dir, on loopback with a TLS client
-// port (client-tls always: what every node off loopback has), until the test ends; it
-// returns the node's client URL.
-func startJSBedNode(t *testing.T, dir string) string {
+// jsBedNode is the one meshnode process a Node.js module bed runs: on loopback with a TLS
+// client port (client-tls always: what every node off loopback has) on a port fixed across
+// its restarts, so a module reconnects to the same URL.
+type jsBedNode struct {
+	bin, dir, clientAddr string
+	url                  string // its client URL, once it said it is ready
+	cmd                  *exec.Cmd
+	exited               chan struct{}
+}
+
+// startJSBedNode builds meshnode and runs one node in dir until the test ends; it returns
+// once the node is ready.
+func startJSBedNode(t *testing.T, dir string) *jsBedNode {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "meshnode")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/meshnode")
@@ -139,8 +222,17 @@ func startJSBedNode(t *testing.T, dir string) string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build meshnode: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "up", "--data-dir", dir, "--name", "alpha",
-		"--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--client-tls", "always")
+	n := &jsBedNode{bin: bin, dir: dir, clientAddr: testbed.FreeAddr(t)}
+	n.start(t)
+	t.Cleanup(n.kill)
+	return n
+}
+
+// start runs the node (again, on its data dir) and returns once it is ready.
+func (n *jsBedNode) start(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(n.bin, "up", "--data-dir", n.dir, "--name", "alpha",
+		"--client-addr", n.clientAddr, "--http-addr", "127.0.0.1:0", "--client-tls", "always")
 	cmd.Env = moduleEnv() // none of the test's settings (CI sets MESHNODE_BEDS) may reach the node
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -163,19 +255,20 @@ func startJSBedNode(t *testing.T, dir string) string {
 		cmd.Wait()
 		close(exited)
 	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
+	n.cmd, n.exited = cmd, exited
 	select {
-	case url := <-urls:
-		return url
+	case n.url = <-urls:
 	case <-exited:
 		t.Fatalf("meshnode up exited before ready: %s\n%s", cmd.ProcessState, stderr)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("meshnode up not ready after 60s\n%s", stderr)
 	}
-	return ""
+}
+
+// kill ends the node with SIGKILL, as a crash would, and returns once it has exited.
+func (n *jsBedNode) kill() {
+	n.cmd.Process.Kill()
+	<-n.exited
 }
 
 // nkeyFrom is the nats option authenticating with the seed in file.
