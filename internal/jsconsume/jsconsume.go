@@ -23,13 +23,22 @@ type Consumer struct {
 	Get func(context.Context) (jetstream.Consumer, error)
 	// Handle takes each message; it acks, naks or terminates it.
 	Handle jetstream.MessageHandler
-	// Options are the pull's options (batch sizes); Run adds its own error handler.
+	// Options are the pull's options (batch sizes); Run adds its own heartbeat (PullHeartbeat)
+	// and error handler.
 	Options []jetstream.PullConsumeOpt
 	// Log is told when the consumer does not answer or its consumption ends; nil discards.
 	Log *slog.Logger
 	// Retry is the back-off between attempts to find the consumer; zero is the package's.
 	Retry backoff.Backoff
 }
+
+// PullHeartbeat is how often the server tells a waiting pull it is still there. A pull can be
+// lost without a word — sent while a clustered consumer elects a leader, or waiting at a leader
+// that is killed or cut off before its followers learn of it — and the client notices only when
+// two heartbeats are missed, then pulls again. nats.go's default is half the pull's 30 s expiry,
+// so a lost pull left a consumer (a seat's holder among them) idle for 30 s with its messages
+// piling up; with this one, for about 4 s. A heartbeat is a few bytes per waiting pull.
+const PullHeartbeat = 2 * time.Second
 
 // Retry is the back-off between attempts to find the consumer.
 var Retry = backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
@@ -56,7 +65,7 @@ func Run(ctx context.Context, c Consumer) {
 			continue
 		}
 		ended := make(chan error, 1)
-		opts := append(c.Options[:len(c.Options):len(c.Options)], jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		opts := append(c.Options[:len(c.Options):len(c.Options)], jetstream.PullHeartbeat(PullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			select {
 			case ended <- err:
 			default:

@@ -1,13 +1,21 @@
 package jsconsume_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -121,4 +129,166 @@ func TestRun_WaitsForAConsumerThatIsNotThereYet(t *testing.T) {
 	})
 	stop()
 	<-done
+}
+
+// TestRun_PullsAgainSoonAfterAPullIsLost: a pull can go nowhere — sent while a clustered
+// consumer elects a leader, or to a leader killed or cut off right after — and nobody tells the
+// client. nats.go notices only by missed heartbeats, by default half its 30 s expiry twice over:
+// in issue 38's chaos run a seat's holder kept its lease for 25 s after a kill of two servers,
+// its queue growing to 101 jobs with no pull waiting (num_waiting 0). Run's pulls notice a lost
+// pull within a few seconds and pull again.
+func TestRun_PullsAgainSoonAfterAPullIsLost(t *testing.T) {
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+	_, admin := testbed.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CreateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	// The consuming client talks to the server through a proxy that loses its pulls while
+	// told to.
+	p := newPullLoser(t, srv.Addr().String())
+	nc, err := nats.Connect("nats://" + p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, after atomic.Int64
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		jsconsume.Run(runCtx, jsconsume.Consumer{
+			What:    "the consumer",
+			Get:     func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, "S", "d") },
+			Options: []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(2)},
+			Handle: func(m jetstream.Msg) {
+				if got.Add(1); m.Subject() == "s.after" {
+					after.Add(1)
+				}
+				m.Ack()
+			},
+		})
+	}()
+	defer func() {
+		stop()
+		<-done
+	}()
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		if info, err := admin.Consumer(ctx, "S", "d"); err != nil || info.CachedInfo().NumWaiting == 0 {
+			return errors.New("the consumer's client has not pulled yet")
+		}
+		return nil
+	})
+	// The pull waiting takes two; every pull sent meanwhile is lost.
+	p.losing.Store(true)
+	for range 2 {
+		if _, err := admin.Publish(ctx, "s.before", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		if n := got.Load(); n != 2 {
+			return fmt.Errorf("handled %d of 2", n)
+		}
+		if p.lost.Load() == 0 {
+			return errors.New("the client has not pulled again yet")
+		}
+		return nil
+	})
+	p.losing.Store(false)
+	if _, err := admin.Publish(ctx, "s.after", nil); err != nil {
+		t.Fatal(err)
+	}
+	// Well within nats.go's default 30 s; the bound leaves a loaded machine its slack.
+	testbed.RetryUntil(t, 12*time.Second, func() error {
+		if after.Load() == 0 {
+			return fmt.Errorf("nothing published after the pulls were lost was handled (%d lost): no pull is waiting", p.lost.Load())
+		}
+		return nil
+	})
+}
+
+// pullLoser proxies a client's connection to a server, dropping the client's pull requests
+// while losing is set.
+type pullLoser struct {
+	addr   string
+	losing atomic.Bool
+	lost   atomic.Int64
+}
+
+func newPullLoser(t *testing.T, server string) *pullLoser {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pullLoser{addr: l.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", server)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				io.Copy(c, s)
+				c.Close()
+			}()
+			go func() {
+				defer wg.Done()
+				p.forward(s, c)
+				s.Close()
+			}()
+		}
+	}()
+	return p
+}
+
+// forward copies the client's protocol to the server one operation at a time, leaving out a
+// PUB or HPUB of a pull request (its subject is $JS.API.CONSUMER.MSG.NEXT.…) while losing.
+func (p *pullLoser) forward(to io.Writer, from io.Reader) {
+	r := bufio.NewReader(from)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		op := line
+		f := strings.Fields(line)
+		if len(f) >= 3 && (strings.EqualFold(f[0], "PUB") || strings.EqualFold(f[0], "HPUB")) {
+			n, _ := strconv.Atoi(f[len(f)-1])
+			body := make([]byte, n+2) // the payload and its CRLF
+			if _, err := io.ReadFull(r, body); err != nil {
+				return
+			}
+			op += string(body)
+			if p.losing.Load() && strings.HasPrefix(f[1], "$JS.API.CONSUMER.MSG.NEXT.") {
+				p.lost.Add(1)
+				continue
+			}
+		}
+		if _, err := io.WriteString(to, op); err != nil {
+			return
+		}
+	}
 }
