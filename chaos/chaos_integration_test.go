@@ -70,10 +70,12 @@ func TestChaos(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond) // polled: Settled asks every node
 	}
-	// The workload goes on a little on the healed mesh, then stops before the reads.
+	// The workload goes on a little on the healed mesh; then its loads stop, and the reads
+	// wait (bounded) for the consumers and the seat's holder to catch up.
 	time.Sleep(5 * time.Second) // a span of operations on the healed mesh, not a wait for a state
-	w.Stop()
+	w.StopLoads()
 	final, err := w.Final(ctx, 90*time.Second)
+	w.Stop()
 	if err != nil {
 		t.Fatalf("read the mesh after healing: %v", err)
 	}

@@ -112,6 +112,11 @@ type Workload struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// loads are the clients' loops (emits, submits, the operator's writes): StopLoads ends
+	// them while the consumers and holders stay connected to catch up.
+	loads     context.Context
+	stopLoads context.CancelFunc
+	loadsWG   sync.WaitGroup
 
 	mu      sync.Mutex
 	clients []*sdk.Client
@@ -129,6 +134,7 @@ type Workload struct {
 func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, dir string, log *slog.Logger) (*Workload, error) {
 	w := &Workload{c: c, log: log, h: h, fence: NewFence(h, ledgerSeat), dir: dir}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.loads, w.stopLoads = context.WithCancel(w.ctx)
 	op, err := w.operator()
 	if err != nil {
 		return nil, err
@@ -254,14 +260,14 @@ func (w *Workload) connect(ctx context.Context, i int, seed string, opts ...sdk.
 
 // loop calls f(0), f(1), … every interval until the workload stops.
 func (w *Workload) loop(every time.Duration, f func(i int)) {
-	w.wg.Add(1)
+	w.loadsWG.Add(1)
 	go func() {
-		defer w.wg.Done()
+		defer w.loadsWG.Done()
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for i := 0; ; i++ {
 			select {
-			case <-w.ctx.Done():
+			case <-w.loads.Done():
 				return
 			case <-t.C:
 				f(i)
@@ -427,8 +433,18 @@ func (w *Workload) register(i int) {
 	}
 }
 
+// StopLoads ends the loops that invoke operations; consumers, holders and the lease watch
+// go on, so Final can wait for them to catch up.
+func (w *Workload) StopLoads() {
+	if w.stopLoads != nil {
+		w.stopLoads()
+	}
+	w.loadsWG.Wait()
+}
+
 // Stop ends every loop and closes every client.
 func (w *Workload) Stop() {
+	w.StopLoads()
 	w.cancel()
 	w.wg.Wait()
 	w.mu.Lock()
@@ -638,6 +654,27 @@ func (w *Workload) Final(ctx context.Context, catchUp time.Duration) (Final, err
 		}
 		return n
 	}
+	var wiped time.Duration // the end of the last deletion of the seat's queue: jobs before it may be gone
+	for _, op := range ops {
+		if op.Kind == "wipe" && op.CompleteMono > wiped {
+			wiped = op.CompleteMono
+		}
+	}
+	submitted := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == "submit" && op.OK && op.InvokeMono >= wiped {
+			submitted[op.Key] = true
+		}
+	}
+	missingJobs := func(handled map[string]bool) int {
+		n := 0
+		for id := range submitted {
+			if !handled[id] {
+				n++
+			}
+		}
+		return n
+	}
 	missing := func(have map[string]bool) int {
 		n := 0
 		for id := range acked {
@@ -655,7 +692,14 @@ func (w *Workload) Final(ctx context.Context, catchUp time.Duration) (Final, err
 				delivered[op.Process][op.Key] = true
 			}
 		}
-		if missingOf(delivered[subModule], pubModule) == 0 && missingOf(delivered[jsModule], pubModule) == 0 {
+		handled := map[string]bool{}
+		for _, op := range w.h.Ops() {
+			if op.Kind == "handle" {
+				handled[op.Key] = true
+			}
+		}
+		if missingOf(delivered[subModule], pubModule) == 0 && missingOf(delivered[jsModule], pubModule) == 0 &&
+			missingJobs(handled) == 0 {
 			break
 		}
 		time.Sleep(500 * time.Millisecond) // the consumers' pace, not a state: polled
