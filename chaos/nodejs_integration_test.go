@@ -35,7 +35,7 @@ func TestIntegration_JSModule(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	seeds := registerJSBed(t, ctx, url, dir)
+	seeds := registerJSBed(t, ctx, url, filepath.Join(dir, datadir.OperatorSeedFile), ca, dir)
 	h := NewHistory()
 	js, err := StartJSModule(t, url, seeds["notes"], ca, "notes", h)
 	if err != nil {
@@ -94,13 +94,13 @@ func TestIntegration_JSModule(t *testing.T) {
 	}
 }
 
-// registerJSBed registers the bed's modules through the operator — shop emits orders, notes
-// (the Node.js module) consumes them and emits notes, reader consumes notes — and returns
-// their seed files by module.
-func registerJSBed(t *testing.T, ctx context.Context, url, dir string) map[string]string {
+// registerJSBed registers the bed's modules through the operator (its seed in operatorSeed)
+// — shop emits orders, notes (the Node.js module) consumes them and emits notes, reader
+// consumes notes — and returns their seed files, written into dir, by module.
+func registerJSBed(t *testing.T, ctx context.Context, url, operatorSeed, ca, dir string) map[string]string {
 	t.Helper()
-	op, err := nats.Connect(url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
-		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(filepath.Join(dir, meshca.CAFile)))
+	op, err := nats.Connect(url, nkeyFrom(t, operatorSeed),
+		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 	ca := filepath.Join(dir, meshca.CAFile)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	seeds := registerJSBed(t, ctx, node.url, dir)
+	seeds := registerJSBed(t, ctx, node.url, filepath.Join(dir, datadir.OperatorSeedFile), ca, dir)
 	h := NewHistory()
 	js, err := StartJSModule(t, node.url, seeds["notes"], ca, "notes", h)
 	if err != nil {
@@ -145,22 +145,7 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shop.Close()
-	// handled emits an order (again while the node is still settling) and waits until the
-	// module handled it: well within the time the Go sdk takes to consume again.
-	handled := func(after string) {
-		t.Helper()
-		var id string
-		testbed.RetryUntil(t, 30*time.Second, func() (err error) {
-			id, err = shop.Emit(ctx, "order.placed", map[string]any{"after": after})
-			return err
-		})
-		testbed.RetryUntil(t, jsRecoverWithin, func() error {
-			if deliveries(h, "notes", id) == 0 {
-				return fmt.Errorf("the Node.js module did not handle %s, emitted after %s; its output:\n%s", id, after, js.Log())
-			}
-			return nil
-		})
-	}
+	handled := func(after string) { t.Helper(); handledAfter(t, ctx, h, js, shop, after) }
 	handled("it started")
 
 	node.kill()
@@ -181,6 +166,128 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	handled("its consumer was deleted")
+}
+
+// TestIntegration_JSModule_InACluster: in a three-node mesh, the Node.js module, connected to
+// a node that does not lead its consumer, goes on handling events through what the chaos run
+// does around it: its consumer's leader killed (the pull it waits on was the leader's, and
+// the consumer elects another: the module of the chaos run seed 38 never consumed again
+// after that), its own node killed and restarted, and its node cut off the network while
+// events are emitted, then healed. An event emitted after each is handled.
+func TestIntegration_JSModule_InACluster(t *testing.T) {
+	c := StartCluster(t, Options{Servers: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	seeds := registerJSBed(t, ctx, c.Nodes[0].ClientURL(), c.OperatorSeed(), c.CA(), t.TempDir())
+	op, err := c.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	ops, err := jetstream.New(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leader int
+	testbed.RetryUntil(t, 30*time.Second, func() (err error) {
+		leader, err = consumerLeader(ctx, c, ops, "notes")
+		return err
+	})
+	// The module on a node that does not lead its consumer; shop emits through the third.
+	home, away := (leader+1)%3, (leader+2)%3
+	h := NewHistory()
+	js, err := StartJSModule(t, c.Nodes[home].ClientURL(), seeds["notes"], c.CA(), "notes", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, c.Nodes[away].ClientURL(), seeds["shop"], sdk.RootCA(c.CA()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	handled := func(after string) { t.Helper(); handledAfter(t, ctx, h, js, shop, after) }
+	handled("it started")
+
+	if err := c.Nodes[leader].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	handled(fmt.Sprintf("its consumer's leader %s was killed", c.Nodes[leader].Name()))
+	restart(t, c.Nodes[leader])
+
+	if err := c.Nodes[home].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	restart(t, c.Nodes[home])
+	handled("its node was killed and restarted")
+
+	if err := c.Isolate(home); err != nil {
+		t.Fatal(err)
+	}
+	id := emitOrder(t, ctx, shop, "while its node was cut off")
+	if err := c.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	waitHandled(t, h, js, id, "its node was cut off, then healed")
+	handled("its node was healed")
+}
+
+// restart starts a killed node again and waits until it is ready.
+func restart(t *testing.T, n *Node) {
+	t.Helper()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.AwaitReady(90 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// consumerLeader is the index of the node leading module's consumer on EVENTS.
+func consumerLeader(ctx context.Context, c *Cluster, js jetstream.JetStream, module string) (int, error) {
+	cons, err := js.Consumer(ctx, manifest.EventsStreamName, module)
+	if err != nil {
+		return 0, err
+	}
+	info := cons.CachedInfo()
+	for i, n := range c.Nodes {
+		if info.Cluster != nil && n.Name() == info.Cluster.Leader {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("consumer %s has no leader among the nodes yet: %+v", module, info.Cluster)
+}
+
+// handledAfter emits an order through shop and waits until the Node.js module handled it.
+func handledAfter(t *testing.T, ctx context.Context, h *History, js *JSModule, shop *sdk.Client, after string) {
+	t.Helper()
+	waitHandled(t, h, js, emitOrder(t, ctx, shop, "after "+after), after)
+}
+
+// emitOrder emits an order through shop, again while the mesh is still settling, and returns
+// its id.
+func emitOrder(t *testing.T, ctx context.Context, shop *sdk.Client, when string) string {
+	t.Helper()
+	var id string
+	testbed.RetryUntil(t, 60*time.Second, func() (err error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		id, err = shop.Emit(ctx, "order.placed", map[string]any{"when": when})
+		return err
+	})
+	t.Logf("emitted order %s %s", id, when)
+	return id
+}
+
+// waitHandled waits until the Node.js module handled event id, emitted after what after
+// says: well within the time the Go sdk takes to consume again.
+func waitHandled(t *testing.T, h *History, js *JSModule, id, after string) {
+	t.Helper()
+	testbed.RetryUntil(t, jsRecoverWithin, func() error {
+		if deliveries(h, "notes", id) == 0 {
+			return fmt.Errorf("the Node.js module did not handle %s, emitted after %s; its output:\n%s", id, after, js.Log())
+		}
+		return nil
+	})
 }
 
 // jsRecoverWithin bounds how long the Node.js module may take to handle an event after a

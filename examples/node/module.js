@@ -42,6 +42,8 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // times is dead-lettered, so a handler that gave up at the first timeout of a node's restart
 // would lose the events of the whole outage.
 const EMIT_PATIENCE_MS = 20000;
+// How many events are handled at once (the consumer pulls 32 at a time).
+const HANDLERS = 16;
 // The nats.js error codes of a publish that found no stream to ack it yet: a timeout, no
 // responders (the stream or the admitter not up yet), the connection dropped.
 const TRANSIENT = new Set(["TIMEOUT", "503", "DISCONNECT", "CONNECTION_REFUSED"]);
@@ -236,13 +238,19 @@ async function main() {
           }
         }
       })().catch(() => { /* the status iterator ends with the consumption */ });
+      // Up to HANDLERS events at once: each waits for its answer's ack, and one at a time
+      // falls behind a busy emitter (the consumer's ack wait runs for each event pulled).
+      const inFlight = new Set();
       try {
         for await (const m of messages) {
-          await handle(m);
+          const p = handle(m).catch((err) => log("handler failed:", err.message)).finally(() => inFlight.delete(p));
+          inFlight.add(p);
+          if (inFlight.size >= HANDLERS) await Promise.race(inFlight);
         }
       } catch (err) {
         why = why || err.message;
       }
+      await Promise.all(inFlight);
       if (stopping) return;
       log(`consumption of EVENTS/${module} ended (${why || "closed"}); consuming it again`);
       await sleep(wait);
