@@ -85,7 +85,7 @@ var (
 
 // Rates of the workload's clients: an operation each interval, per client.
 var (
-	EmitEvery     = 50 * time.Millisecond
+	EmitEvery     = 150 * time.Millisecond // two emitters: about 13 ticks a second, what the Node.js module handles under faults
 	SubmitEvery   = 200 * time.Millisecond
 	VaultEvery    = time.Second
 	SkewEvery     = 15 * time.Second
