@@ -319,15 +319,13 @@ type jsBedNode struct {
 	exited               chan struct{}
 }
 
-// startJSBedNode builds meshnode and runs one node in dir until the test ends; it returns
-// once the node is ready.
+// startJSBedNode runs one node (the binary the Cluster builds) in dir until the test ends;
+// it returns once the node is ready.
 func startJSBedNode(t *testing.T, dir string) *jsBedNode {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "meshnode")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/meshnode")
-	build.Dir = ".."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build meshnode: %v\n%s", err, out)
+	bin, err := meshnodeBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
 	n := &jsBedNode{bin: bin, dir: dir, clientAddr: testbed.FreeAddr(t)}
 	n.start(t)
