@@ -72,24 +72,24 @@ type NodeMembersReply struct {
 
 // NodeStatus is what /v1/status, the status tool and `meshnode status --json` report.
 type NodeStatus struct {
-	Name          string              `json:"name"`
-	MeshID        string              `json:"mesh_id"`
-	Version       string              `json:"version"`
-	ClientURL     string              `json:"client_url"`
-	HTTPURL       string              `json:"http_url"`
-	ClusterAddr   string              `json:"cluster_addr"`
-	GossipAddr    string              `json:"gossip_addr"`
-	Ready         bool                `json:"ready"`
-	Reason        string              `json:"reason,omitempty"`  // why not ready
-	Growing       string              `json:"growing,omitempty"` // a single node growing into a mesh: how far
+	Name        string `json:"name"`
+	MeshID      string `json:"mesh_id"`
+	Version     string `json:"version"`
+	ClientURL   string `json:"client_url"`
+	HTTPURL     string `json:"http_url"`
+	ClusterAddr string `json:"cluster_addr"`
+	GossipAddr  string `json:"gossip_addr"`
+	Ready       bool   `json:"ready"`
+	Reason      string `json:"reason,omitempty"`  // why not ready
+	Growing     string `json:"growing,omitempty"` // a single node growing into a mesh: how far
 	// AppliedRevision is the revision of the declaration this node's host applied last (0:
 	// none yet): what it runs, kept across restarts.
-	AppliedRevision uint64 `json:"applied_revision,omitempty"`
-	Started       time.Time           `json:"started"`
-	UptimeSeconds float64             `json:"uptime_seconds"`
-	Connections   int                 `json:"connections"`
-	JetStream     NodeJetStreamStatus `json:"jetstream"`
-	Audit         NodeAuditStatus     `json:"audit"`
+	AppliedRevision uint64              `json:"applied_revision,omitempty"`
+	Started         time.Time           `json:"started"`
+	UptimeSeconds   float64             `json:"uptime_seconds"`
+	Connections     int                 `json:"connections"`
+	JetStream       NodeJetStreamStatus `json:"jetstream"`
+	Audit           NodeAuditStatus     `json:"audit"`
 	// Replication is the mesh's streams' replication; nil on a node that is not serving yet.
 	Replication *NodeReplication `json:"replication,omitempty"`
 }
