@@ -56,6 +56,9 @@ func TestChaos(t *testing.T) {
 	t.Logf("seed %d, faults for %s", *chaosSeed, *chaosDuration)
 	runErr := nm.Run(ctx, *chaosDuration)
 	healed := time.Now()
+	if runErr != nil {
+		t.Logf("the nemesis stopped early: %v", runErr) // said now: a failed read after healing ends the test
+	}
 	for _, f := range nm.Faults() {
 		if f.Kind == KindDriftStream {
 			h.Span("nemesis", "wipe", strings.TrimPrefix(f.Target, "SEAT_"), "", f.Start, f.End)
