@@ -53,6 +53,11 @@ func TestChaos(t *testing.T) {
 	nm := NewNemesis(c, *chaosSeed)
 	nm.DriftTargets(Consumers, Streams)
 	nm.Logf = t.Logf
+	// A killed node has twice taken about 2 minutes to come back (CI, and a long run: its
+	// bus started 2 minutes after the restart; not yet explained, docs/chaos.md). The
+	// schedule waits for it rather than stop there; the last fault's recovery is still held
+	// to the ready check's 2 minutes.
+	nm.Recover = 5 * time.Minute
 	t.Logf("seed %d, faults for %s", *chaosSeed, *chaosDuration)
 	runErr := nm.Run(ctx, *chaosDuration)
 	healed := time.Now()
