@@ -59,11 +59,12 @@ func TestIntegration_ChaosCluster(t *testing.T) {
 		return nil
 	}
 	// healthy waits until every member is ready and a registration through node i goes
-	// through.
+	// through. A restarted node has sometimes taken about 2 minutes to start its bus (not yet
+	// explained, docs/chaos.md): the wait allows for it, and the time taken is logged.
 	healthy := func(after string, i int) {
 		t.Helper()
 		start := time.Now()
-		testbed.RetryUntil(t, 90*time.Second, func() error {
+		testbed.RetryUntil(t, 4*time.Minute, func() error {
 			if err := c.Settled(); err != nil {
 				return fmt.Errorf("after %s: %w", after, err)
 			}
