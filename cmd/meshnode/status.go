@@ -50,7 +50,7 @@ the operator: --creds; no data dir needed on this machine).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?, replication?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?, applied_revision?, replication?")
 	return cmd
 }
 
