@@ -98,3 +98,28 @@ func (t *Topology) holds(ctx context.Context, stream string, seq uint64) bool {
 	s, err := t.js.Stream(ctx, stream)
 	return err == nil && s.CachedInfo().State.LastSeq >= seq
 }
+
+// EventsConsumerNames lists the consumers of EVENTS by name only: what a node that does not
+// hold the controller's seat needs to see one missing.
+func (t *Topology) EventsConsumerNames(ctx context.Context) (map[string]bool, error) {
+	s, err := t.js.Stream(ctx, manifest.EventsStreamName)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	l := s.ConsumerNames(ctx)
+	for name := range l.Name() {
+		out[name] = true
+	}
+	return out, l.Err()
+}
+
+// StreamNames lists the account's streams.
+func (t *Topology) StreamNames(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	l := t.js.StreamNames(ctx)
+	for name := range l.Name() {
+		out[name] = true
+	}
+	return out, l.Err()
+}

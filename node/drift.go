@@ -280,7 +280,8 @@ func (n *Node) checkDrift(ctx context.Context) {
 	// the modules' consumers are the controller's holder's, so nodes do not race for them.
 	// Two listings, not a lookup per stream and consumer: the check runs every interval on
 	// every node, whatever the size of the catalogue.
-	streams, err := streamNames(ctx, js)
+	topo := n.ctrl.Topology()
+	streams, err := topo.StreamNames(ctx)
 	if err != nil {
 		n.log.Debug("drift check: JetStream did not list its streams", "err", err)
 		return
@@ -288,11 +289,9 @@ func (n *Node) checkDrift(ctx context.Context) {
 	controller := n.holdsController()
 	var eventsConsumers map[string]bool
 	if streams[manifest.EventsStreamName] {
-		list := func(ctx context.Context) (map[string]bool, error) {
-			return consumerNames(ctx, js, manifest.EventsStreamName)
-		}
+		list := topo.EventsConsumerNames
 		if controller {
-			list = n.ctrl.Topology().EventsConsumers // and their ack floors: where one deleted is remade
+			list = topo.EventsConsumers // and their ack floors: where one deleted is remade
 		}
 		if eventsConsumers, err = list(ctx); err != nil {
 			n.log.Debug("drift check: JetStream did not list EVENTS' consumers", "err", err)
@@ -408,30 +407,6 @@ func (n *Node) checkBadRecords() {
 	if v := n.dir.vault.Load(); v != nil {
 		report("bad.vault", vault.Bucket, v.Bad(), "mint those secrets again (a mint replaces a refused record)")
 	}
-}
-
-// streamNames lists the account's streams.
-func streamNames(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
-	out := map[string]bool{}
-	l := js.StreamNames(ctx)
-	for name := range l.Name() {
-		out[name] = true
-	}
-	return out, l.Err()
-}
-
-// consumerNames lists a stream's consumers.
-func consumerNames(ctx context.Context, js jetstream.JetStream, stream string) (map[string]bool, error) {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	l := s.ConsumerNames(ctx)
-	for name := range l.Name() {
-		out[name] = true
-	}
-	return out, l.Err()
 }
 
 // holdsController reports whether this node holds the mesh-controller seat now.

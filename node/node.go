@@ -60,19 +60,9 @@ func (n *Node) servers() int {
 	return n.count.Servers()
 }
 
-// replicationServers is how many servers the replication keeper counts: the mesh's, but
-// no more than JetStream knows as peers — and none (the keeper waits) while this server's
-// JetStream is switched off or knows no peer: a holder that counted 1 then would cut every
-// stream of the mesh down to one copy (the chaos harness saw it after a full disk).
+// replicationServers is what the replication keeper counts (replication.Known).
 func (n *Node) replicationServers() int {
-	if n.bus.JetStreamDisabled() != nil {
-		return 0
-	}
-	peers := len(n.bus.Peers())
-	if peers == 0 && n.bus.Clustered() {
-		return 0
-	}
-	return min(n.servers(), max(peers, 1))
+	return replication.Known(n.servers(), len(n.bus.Peers()), n.bus.Clustered(), n.bus.JetStreamDisabled() == nil)
 }
 
 // Errors of Open.

@@ -95,3 +95,14 @@ func Status(ctx context.Context, js jetstream.JetStream, servers int) *api.NodeR
 	r.Streams = streams
 	return r
 }
+
+// Known is how many servers a keeper counts: the mesh's servers, but no more than JetStream
+// knows as peers — and 0, unknown (the keeper then changes nothing), while this server's
+// JetStream is switched off or, clustered, knows no peer: a holder that counted 1 then would
+// cut every stream of the mesh down to one copy (the chaos harness saw it after a full disk).
+func Known(servers, peers int, clustered, jetStreamOn bool) int {
+	if !jetStreamOn || (peers == 0 && clustered) {
+		return 0
+	}
+	return min(servers, max(peers, 1))
+}

@@ -208,3 +208,17 @@ func TestKeeper_UnknownCountChangesNothing(t *testing.T) {
 		t.Fatalf("with its count unknown, the keeper changed DEAD to %d copies", r)
 	}
 }
+
+// TestKnown: the count is the mesh's servers capped by JetStream's peers, and unknown (0)
+// while this server's JetStream is off or a clustered server sees no peer.
+func TestKnown(t *testing.T) {
+	for _, tc := range []struct {
+		servers, peers int
+		clustered, on  bool
+		want           int
+	}{{5, 5, true, true, 5}, {5, 3, true, true, 3}, {1, 0, false, true, 1}, {5, 0, true, true, 0}, {5, 5, true, false, 0}} {
+		if got := replication.Known(tc.servers, tc.peers, tc.clustered, tc.on); got != tc.want {
+			t.Errorf("Known(%d, %d, %v, %v) = %d, want %d", tc.servers, tc.peers, tc.clustered, tc.on, got, tc.want)
+		}
+	}
+}
