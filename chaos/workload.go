@@ -725,7 +725,7 @@ func (w *Workload) Final(ctx context.Context, catchUp time.Duration) (Final, err
 	if err != nil {
 		return f, err
 	}
-	f.Events = keys(events)
+	f.Events = sortedKeys(events)
 	for _, i := range w.c.Members() {
 		n := w.c.Nodes[i]
 		f.Nodes = append(f.Nodes, n.Name())
@@ -740,7 +740,7 @@ func (w *Workload) Final(ctx context.Context, catchUp time.Duration) (Final, err
 		if err != nil {
 			return f, err
 		}
-		f.Audit[n.Name()] = keys(ids)
+		f.Audit[n.Name()] = sortedKeys(ids)
 		if f.Vault[n.Name()], err = w.readSecrets(ctx, i); err != nil {
 			return f, err
 		}
@@ -788,13 +788,6 @@ func (w *Workload) readRevisions(ctx context.Context, applied, declared map[stri
 	return nil
 }
 
-func keys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
 
 // ClockSkews is how often the skewed emitter's clock moved.
 func (w *Workload) ClockSkews() int { return int(w.skews.Load()) }
