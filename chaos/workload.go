@@ -788,7 +788,6 @@ func (w *Workload) readRevisions(ctx context.Context, applied, declared map[stri
 	return nil
 }
 
-
 // ClockSkews is how often the skewed emitter's clock moved.
 func (w *Workload) ClockSkews() int { return int(w.skews.Load()) }
 
