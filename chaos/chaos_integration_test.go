@@ -89,6 +89,9 @@ func TestChaos(t *testing.T) {
 	}
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, readyAt, readyBound
 	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, MaxHandles: MaxHandles})
+	for _, s := range c.SlowStarts() {
+		t.Logf("slow start: %s", s)
+	}
 	rep.Faults = nm.Counts()
 	rep.Faults["clock-skew"] = w.ClockSkews()
 	fmt.Println(rep.String())

@@ -76,7 +76,20 @@ type Cluster struct {
 	foundingFile string
 
 	mu    sync.Mutex
-	grown int // spares joined so far
+	grown int      // spares joined so far
+	slow  []string // the slow starts (SlowStarts)
+}
+
+// slowStart is how long a start may take to its ready line before the bed keeps the start's
+// whole log: a restart is ready in seconds, and a slow one is what docs/chaos.md asks about.
+const slowStart = 20 * time.Second
+
+// SlowStarts says which starts took longer than slowStart to their ready line, each with the
+// file that holds that start's whole log.
+func (c *Cluster) SlowStarts() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.slow)
 }
 
 // Node is one meshnode process of a Cluster, restartable on the same data dir and flags.
@@ -579,7 +592,8 @@ func (n *Node) Start() error {
 	}
 	cmd := n.c.lan.command(n.index, n.c.bin, append(slices.Clone(n.verb), n.flags...)...)
 	cmd.Env = n.c.env
-	fmt.Fprintf(n.log, "--- chaos: %s %s at %s\n", n.name, n.verb[0], time.Now().Format(time.StampMilli))
+	started, from := time.Now(), n.log.Len()
+	fmt.Fprintf(n.log, "--- chaos: %s %s at %s\n", n.name, n.verb[0], started.Format(time.StampMilli))
 	cmd.Stderr = n.log
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -602,6 +616,9 @@ func (n *Node) Start() error {
 			// Joined: every later start is a plain run.
 			n.verb = []string{"run"}
 			n.mu.Unlock()
+			if took := time.Since(started); took > slowStart {
+				n.keepSlowStart(took, from)
+			}
 			close(ready)
 		}
 		io.Copy(io.Discard, stdout)
@@ -616,6 +633,22 @@ func (n *Node) Start() error {
 		close(done)
 	}()
 	return nil
+}
+
+// keepSlowStart writes the log of a start that took took to its ready line (from byte from
+// of the node's log) to a file that outlives the test, and records it for SlowStarts.
+func (n *Node) keepSlowStart(took time.Duration, from int) {
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-slow-start-%s-%d.log", n.name, time.Now().Unix()))
+	what := fmt.Sprintf("node %s was ready %s after its start", n.name, took.Round(time.Millisecond))
+	if err := os.WriteFile(path, []byte(n.log.String()[from:]), 0o644); err != nil {
+		what += fmt.Sprintf(" (its log not kept: %v)", err)
+	} else {
+		what += ": its log since then is in " + path
+	}
+	fmt.Fprintf(n.log, "--- chaos: %s\n", what)
+	n.c.mu.Lock()
+	n.c.slow = append(n.c.slow, what)
+	n.c.mu.Unlock()
 }
 
 // AwaitReady waits for the current process's ready line.

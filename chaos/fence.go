@@ -42,3 +42,12 @@ func (f *Fence) Apply(instance, job string, epoch uint64) bool {
 	op.DoneEpoch(epoch, nil)
 	return true
 }
+
+// Force accepts an effect without comparing epochs: a receiver without its fence
+// (MutateUnfenced), for the run that shows the fencing check catches what it lets through.
+func (f *Fence) Force(instance, job string, epoch uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.highest = max(f.highest, epoch)
+	f.h.Invoke(instance, "effect", f.name, job).DoneEpoch(epoch, nil)
+}

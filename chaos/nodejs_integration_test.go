@@ -227,6 +227,12 @@ func TestIntegration_JSModule_InACluster(t *testing.T) {
 	if err := c.Heal(); err != nil {
 		t.Fatal(err)
 	}
+	// The module's bound starts when the mesh is whole again: after a cut, JetStream itself
+	// needs its routes back and a meta leader before any consumer answers (CI saw 30 s), and
+	// no client, the Go sdk included, consumes before that.
+	healed := time.Now()
+	testbed.RetryUntil(t, 2*time.Minute, c.Settled)
+	t.Logf("the mesh settled %s after the heal", time.Since(healed).Round(time.Millisecond))
 	waitHandled(t, h, js, id, "its node was cut off, then healed")
 	handled("its node was healed")
 }

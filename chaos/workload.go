@@ -100,6 +100,15 @@ var (
 // wall clock; leases run on monotonic time and JetStream's TTL.)
 var Skews = []time.Duration{0, 3 * time.Minute, -3 * time.Minute, 90 * time.Second}
 
+// A Mutation takes out one protection the checkers exist to catch, for a run that shows
+// they catch it (TestIntegration_ChaosCheckersCatch); a real run has none.
+type Mutation string
+
+// MutateUnfenced removes the ledger holder's stop-on-loss and the receiver's fence: each
+// ledger instance goes on applying effects in the epoch it last handled a job in, after it
+// lost the seat as before, and the fence accepts every effect without comparing epochs.
+const MutateUnfenced Mutation = "unfenced"
+
 // Workload runs the modules' and the operator's operations against a Cluster and records
 // each in a History.
 type Workload struct {
@@ -108,6 +117,8 @@ type Workload struct {
 	h     *History
 	fence *Fence
 	dir   string
+	// unfenced is MutateUnfenced.
+	unfenced bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -130,9 +141,17 @@ type Workload struct {
 
 // StartWorkload registers the workload's modules through the operator, connects their
 // instances (placed on different servers: a fault on one leaves the others working), and
-// starts every client's loop. Stop ends them.
-func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, dir string, log *slog.Logger) (*Workload, error) {
+// starts every client's loop. Stop ends them. A mutation breaks the workload on purpose.
+func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, dir string, log *slog.Logger, mutations ...Mutation) (*Workload, error) {
 	w := &Workload{c: c, log: log, h: h, fence: NewFence(h, ledgerSeat), dir: dir}
+	for _, m := range mutations {
+		switch m {
+		case MutateUnfenced:
+			w.unfenced = true
+		default:
+			return nil, fmt.Errorf("chaos: no mutation %q (there is %q)", m, MutateUnfenced)
+		}
+	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.loads, w.stopLoads = context.WithCancel(w.ctx)
 	op, err := w.operator()
@@ -163,11 +182,16 @@ func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, di
 	}
 	n := len(c.Members())
 	at := func(i int) int { return c.Members()[i%n] }
+	// The ledger's two instances on two servers, in a mesh of three too.
+	ledger2 := at(4)
+	if ledger2 == at(1) {
+		ledger2 = at(2)
+	}
 	place := []struct {
 		module string
 		node   int
 	}{{pubModule, at(0)}, {pubModule, at(2)}, {subModule, at(1)}, {subModule, at(3)},
-		{ledgerModule, at(1)}, {ledgerModule, at(4)}, {userModule, at(2)}}
+		{ledgerModule, at(1)}, {ledgerModule, ledger2}, {userModule, at(2)}}
 	for k, p := range place {
 		var opts []sdk.Option
 		if k == 1 {
@@ -306,6 +330,9 @@ func (w *Workload) submit(cl *sdk.Client, i int) {
 // hold makes cl a candidate for the ledger seat: each job it handles is applied through
 // the fence with the job's epoch.
 func (w *Workload) hold(cl *sdk.Client) error {
+	if w.unfenced {
+		return w.holdUnfenced(cl)
+	}
 	if err := cl.Accept(applyVerb, func(_ context.Context, j sdk.Job) error {
 		op := w.h.Invoke(cl.Instance(), "handle", j.ID, "")
 		op.DoneEpoch(j.Epoch, nil)
@@ -318,6 +345,27 @@ func (w *Workload) hold(cl *sdk.Client) error {
 	}); err != nil {
 		return err
 	}
+	return nil
+}
+
+// holdUnfenced is hold under MutateUnfenced: every effect is accepted, and the instance
+// goes on applying effects in the epoch of the last job it handled, whether or not it still
+// holds the seat.
+func (w *Workload) holdUnfenced(cl *sdk.Client) error {
+	var epoch atomic.Uint64
+	if err := cl.Accept(applyVerb, func(_ context.Context, j sdk.Job) error {
+		w.h.Invoke(cl.Instance(), "handle", j.ID, "").DoneEpoch(j.Epoch, nil)
+		epoch.Store(j.Epoch)
+		w.fence.Force(cl.Instance(), j.ID, j.Epoch)
+		return nil
+	}); err != nil {
+		return err
+	}
+	w.loop(SubmitEvery, func(i int) {
+		if e := epoch.Load(); e > 0 {
+			w.fence.Force(cl.Instance(), fmt.Sprintf("%s-after-%d", cl.Instance(), i), e)
+		}
+	})
 	return nil
 }
 

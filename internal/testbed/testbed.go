@@ -145,6 +145,13 @@ func (b *SyncBuffer) String() string {
 	return b.buf.String()
 }
 
+// Len is how many bytes were written so far.
+func (b *SyncBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Len()
+}
+
 // Passable lets any user pass through dir and the directories above it (o+x, not o+r), as
 // a node running as root makes its data dir: a module's own uid must reach its directory.
 // It is Traversable for a helper with no test at hand, and returns the first error.
