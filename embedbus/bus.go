@@ -163,6 +163,19 @@ func (b *Bus) DropRoute(addr string) (bool, error) {
 	return true, nil
 }
 
+// A server that stops answering without closing its routes — paused, frozen, cut off — keeps
+// its subscriptions in the other servers' interest until they drop those routes as stale:
+// requests to a queue group it has a member in (the controller's tools, the vault, a
+// module's tools) go to it about as often as to a live member, and time out. nats-server
+// pings routes every 30 s and drops one after two missed pongs, so for 60–90 s; the chaos
+// runs saw registrations stall for over 30 s while a server was paused. Pinged every 5 s and
+// dropped after three missed pongs, a silent server leaves the interest in 15–20 s, for a
+// PING of a few bytes every 5 s on each route connection.
+const (
+	routePingInterval = 5 * time.Second
+	routeMaxPingsOut  = 3
+)
+
 // Open starts the server, waits until it accepts connections and JetStream answers, and
 // connects in-process. On any failure nothing is left running.
 func Open(ctx context.Context, cfg Config) (*Bus, error) {
@@ -237,7 +250,8 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 		if err := probeListen(c.Addr); err != nil {
 			return nil, err
 		}
-		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise, NoAdvertise: c.NoAdvertise}
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: chost, Port: cport, Username: "route", Password: c.Secret, Advertise: c.Advertise, NoAdvertise: c.NoAdvertise,
+			PingInterval: routePingInterval, MaxPingsOut: routeMaxPingsOut}
 		if c.TLS != nil {
 			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = c.TLS, tlsTimeout.Seconds()
 		}
