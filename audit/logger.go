@@ -20,6 +20,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsconsume"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -262,7 +263,10 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, r *runs) {
 			}
 			continue
 		}
-		it, err := cons.Messages(jetstream.PullMaxMessages(batchSize))
+		// A pull lost without a word (jsconsume.PullHeartbeat says how) is noticed by its
+		// missing heartbeats: at the mesh's beat, not nats.go's 15 s, the log stands still
+		// behind EVENTS for seconds, not half a minute.
+		it, err := cons.Messages(jetstream.PullMaxMessages(batchSize), jetstream.PullHeartbeat(jsconsume.PullHeartbeat))
 		if err != nil {
 			l.log.Warn("audit: consume EVENTS; retrying", "err", err)
 			wait.Wait(ctx)
@@ -291,7 +295,9 @@ func (l *Logger) drain(ctx context.Context, it jetstream.MessagesContext, in cha
 			errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || ctx.Err() != nil:
 			return
 		case err != nil:
-			l.log.Warn("audit consume", "err", err) // a missed heartbeat: nats.go pulls again
+			// Two missed heartbeats (a lost pull, a server gone) or another passing error:
+			// nats.go pulls again.
+			l.log.Warn("audit consume", "err", err)
 			select {
 			case <-ctx.Done():
 				return

@@ -20,19 +20,47 @@ import (
 )
 
 // runBed is a logger running on a real nats-server: EVENTS, the audit consumer as the node
-// makes it (ack all), and the log's messages.
+// makes it (ack all), and the log's messages. The test's own connection (nc, js, cons) talks
+// to the server directly.
 type runBed struct {
 	l    *Logger
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	cons jetstream.Consumer
 	logs *testbed.SyncBuffer
+	// loser is the proxy the logger's connection goes through, with newLosingRunBed; nil
+	// when the logger shares the test's connection.
+	loser *testbed.PullLoser
 }
 
 func newRunBed(t *testing.T) *runBed {
 	t.Helper()
+	return newBed(t, false)
+}
+
+// newLosingRunBed is a runBed whose logger talks to the server through a PullLoser.
+func newLosingRunBed(t *testing.T) *runBed {
+	t.Helper()
+	return newBed(t, true)
+}
+
+func newBed(t *testing.T, losing bool) *runBed {
+	t.Helper()
 	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
 	nc, js := testbed.Connect(t, srv)
+	logJS := js
+	var loser *testbed.PullLoser
+	if losing {
+		loser = testbed.NewPullLoser(t, srv.Addr().String())
+		lnc, err := nats.Connect("nats://" + loser.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(lnc.Close)
+		if logJS, err = jetstream.New(lnc); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ev := manifest.EventsStream()
@@ -55,12 +83,12 @@ func newRunBed(t *testing.T) *runBed {
 	kp, _ := nkeys.CreateUser()
 	pub, _ := kp.PublicKey()
 	logs := &testbed.SyncBuffer{}
-	l, err := New(db, js, "n", func(_, source string) (string, bool) { return pub, source == "m" },
+	l, err := New(db, logJS, "n", func(_, source string) (string, bool) { return pub, source == "m" },
 		func(_, source string) bool { return source == "m" }, 0, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &runBed{l: l, nc: nc, js: js, cons: cons, logs: logs}
+	return &runBed{l: l, nc: nc, js: js, cons: cons, logs: logs, loser: loser}
 }
 
 // start runs the logger until the test ends.
@@ -168,4 +196,44 @@ func TestLogger_RunReadsAgainAfterAMissingDelivery(t *testing.T) {
 		t.Fatalf("%d deliveries went to another client and the log did not see the hole; its log:\n%s", stolen, b.logs)
 	}
 	t.Logf("%d deliveries went to another client", stolen)
+}
+
+// TestLogger_RunPullsAgainSoonAfterAPullIsLost: a pull can go nowhere — sent while the
+// clustered audit consumer elects a leader, or waiting at a leader killed or cut off — and
+// nobody tells the logger. nats.go notices only by missed heartbeats, by default half its 30 s
+// expiry twice over, and the log stood still behind EVENTS meanwhile; the logger's pulls
+// notice within a few seconds (jsconsume.PullHeartbeat) and pull again.
+func TestLogger_RunPullsAgainSoonAfterAPullIsLost(t *testing.T) {
+	b := newLosingRunBed(t)
+	b.start(t)
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if info, err := b.cons.Info(ctx); err != nil || info.NumWaiting == 0 {
+			return fmt.Errorf("the logger has not pulled yet (err %v)", err)
+		}
+		return nil
+	})
+	// The pull waiting takes batchSize events; every pull the logger sends meanwhile (nats.go
+	// tops up at half of it) is lost.
+	b.loser.Lose(true)
+	b.publish(t, batchSize)
+	testbed.RetryUntil(t, 30*time.Second, func() error {
+		if got := b.l.Records(); got != batchSize {
+			return fmt.Errorf("%d records of %d", got, batchSize)
+		}
+		if b.loser.Lost() == 0 {
+			return fmt.Errorf("the logger has not pulled again yet")
+		}
+		return nil
+	})
+	b.loser.Lose(false)
+	b.publish(t, 1)
+	// Well within nats.go's default 30 s; the bound leaves a loaded machine its slack.
+	testbed.RetryUntil(t, 12*time.Second, func() error {
+		if got := b.l.Records(); got != batchSize+1 {
+			return fmt.Errorf("the event published after the pulls were lost is not recorded (%d records, %d pulls lost): no pull is waiting", got, b.loser.Lost())
+		}
+		return nil
+	})
 }

@@ -1,15 +1,9 @@
 package jsconsume_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,8 +144,8 @@ func TestRun_PullsAgainSoonAfterAPullIsLost(t *testing.T) {
 	}
 	// The consuming client talks to the server through a proxy that loses its pulls while
 	// told to.
-	p := newPullLoser(t, srv.Addr().String())
-	nc, err := nats.Connect("nats://" + p.addr)
+	p := testbed.NewPullLoser(t, srv.Addr().String())
+	nc, err := nats.Connect("nats://" + p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +182,7 @@ func TestRun_PullsAgainSoonAfterAPullIsLost(t *testing.T) {
 		return nil
 	})
 	// The pull waiting takes two; every pull sent meanwhile is lost.
-	p.losing.Store(true)
+	p.Lose(true)
 	for range 2 {
 		if _, err := admin.Publish(ctx, "s.before", nil); err != nil {
 			t.Fatal(err)
@@ -198,97 +192,20 @@ func TestRun_PullsAgainSoonAfterAPullIsLost(t *testing.T) {
 		if n := got.Load(); n != 2 {
 			return fmt.Errorf("handled %d of 2", n)
 		}
-		if p.lost.Load() == 0 {
+		if p.Lost() == 0 {
 			return errors.New("the client has not pulled again yet")
 		}
 		return nil
 	})
-	p.losing.Store(false)
+	p.Lose(false)
 	if _, err := admin.Publish(ctx, "s.after", nil); err != nil {
 		t.Fatal(err)
 	}
 	// Well within nats.go's default 30 s; the bound leaves a loaded machine its slack.
 	testbed.RetryUntil(t, 12*time.Second, func() error {
 		if after.Load() == 0 {
-			return fmt.Errorf("nothing published after the pulls were lost was handled (%d lost): no pull is waiting", p.lost.Load())
+			return fmt.Errorf("nothing published after the pulls were lost was handled (%d lost): no pull is waiting", p.Lost())
 		}
 		return nil
 	})
-}
-
-// pullLoser proxies a client's connection to a server, dropping the client's pull requests
-// while losing is set.
-type pullLoser struct {
-	addr   string
-	losing atomic.Bool
-	lost   atomic.Int64
-}
-
-func newPullLoser(t *testing.T, server string) *pullLoser {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pullLoser{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", server)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				io.Copy(c, s)
-				c.Close()
-			}()
-			go func() {
-				defer wg.Done()
-				p.forward(s, c)
-				s.Close()
-			}()
-		}
-	}()
-	return p
-}
-
-// forward copies the client's protocol to the server one operation at a time, leaving out a
-// PUB or HPUB of a pull request (its subject is $JS.API.CONSUMER.MSG.NEXT.…) while losing.
-func (p *pullLoser) forward(to io.Writer, from io.Reader) {
-	r := bufio.NewReader(from)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return
-		}
-		op := line
-		f := strings.Fields(line)
-		if len(f) >= 3 && (strings.EqualFold(f[0], "PUB") || strings.EqualFold(f[0], "HPUB")) {
-			n, _ := strconv.Atoi(f[len(f)-1])
-			body := make([]byte, n+2) // the payload and its CRLF
-			if _, err := io.ReadFull(r, body); err != nil {
-				return
-			}
-			op += string(body)
-			if p.losing.Load() && strings.HasPrefix(f[1], "$JS.API.CONSUMER.MSG.NEXT.") {
-				p.lost.Add(1)
-				continue
-			}
-		}
-		if _, err := io.WriteString(to, op); err != nil {
-			return
-		}
-	}
 }
