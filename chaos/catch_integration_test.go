@@ -79,7 +79,7 @@ func TestIntegration_ChaosCheckersCatch(t *testing.T) {
 		t.Fatalf("read the mesh: %v", err)
 	}
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, ready, 2*time.Minute
-	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, MaxHandles: MaxHandles})
+	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
 	t.Log(rep.String())
 	found := func(check, kind, key string) bool {
 		return slices.ContainsFunc(rep.Anomalies(), func(a Anomaly) bool {

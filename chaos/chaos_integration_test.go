@@ -88,9 +88,12 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("read the mesh after healing: %v", err)
 	}
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, readyAt, readyBound
-	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, MaxHandles: MaxHandles})
+	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
 	for _, s := range c.SlowStarts() {
 		t.Logf("slow start: %s", s)
+	}
+	for _, e := range c.Exits() {
+		t.Errorf("exit: %s", e)
 	}
 	rep.Faults = nm.Counts()
 	rep.Faults["clock-skew"] = w.ClockSkews()

@@ -53,6 +53,10 @@ type Bounds struct {
 	// dedup (the sdk's replay window) promises exactly once. Raise it only where a redelivery
 	// is the documented at-least-once case.
 	MaxDeliveries int
+	// Deliveries overrides MaxDeliveries for the modules it names: a module that does not
+	// dedup (the plain-NATS example) may be delivered an event as often as its consumer
+	// redelivers one whose ack was lost, up to the consumer's MaxDeliver.
+	Deliveries map[string]int
 	// MaxHandles is how many times one seat job may be handled (by any holder). Zero means 1.
 	MaxHandles int
 	// LeaseTTL is how long a lease surely lives after it is acquired or renewed: the seats'
@@ -222,9 +226,13 @@ func duplicates(ops []Op, f Final, b Bounds) []Anomaly {
 	})
 	var out []Anomaly
 	for _, k := range keys {
-		if n := max(len(seen[k]), final[k]); n > maxDeliveries {
+		allowed := maxDeliveries
+		if d, ok := b.Deliveries[k.module]; ok {
+			allowed = max(d, 1)
+		}
+		if n := max(len(seen[k]), final[k]); n > allowed {
 			out = append(out, Anomaly{Check: checkDuplicates, Kind: "delivered-twice", Keys: []string{k.id}, Ops: seen[k],
-				Msg: fmt.Sprintf("event %s delivered %d times to module %s (allowed %d)", k.id, n, k.module, maxDeliveries)})
+				Msg: fmt.Sprintf("event %s delivered %d times to module %s (allowed %d)", k.id, n, k.module, allowed)})
 		}
 	}
 	handled := byKey(ops, "handle")

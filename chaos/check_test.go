@@ -215,6 +215,15 @@ func TestCheck_Duplicates(t *testing.T) {
 		c.ok("consumer", "deliver", "e1", "", 0, 910, 911)
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{MaxDeliveries: 2}), "duplicates", "delivered-twice")
 	})
+	t.Run("PerModuleAllowance", func(t *testing.T) {
+		// A module without dedup may take what its consumer redelivers; the others may not.
+		c := cleanRun()
+		c.ok("consumer", "deliver", "e1", "", 0, 900, 901)
+		c.ok("consumer", "deliver", "e1", "", 0, 910, 911)
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{Deliveries: map[string]int{"consumer": 3}}), "duplicates")
+		c.final.Delivered["nodejs"] = append(c.final.Delivered["nodejs"], "e2")
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{Deliveries: map[string]int{"consumer": 3}}), "duplicates", "delivered-twice")
+	})
 	t.Run("HistoryAndFinalAreOneView", func(t *testing.T) {
 		c := cleanRun() // nodejs's two deliveries are in both the history and Final: not four
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates")

@@ -78,6 +78,15 @@ type Cluster struct {
 	mu    sync.Mutex
 	grown int      // spares joined so far
 	slow  []string // the slow starts (SlowStarts)
+	exits []string // the processes that ended by themselves (Exits)
+}
+
+// Exits says which node processes ended without being killed — a node that gives up is a
+// finding, not a fault the nemesis injected — each with the file that holds that start's log.
+func (c *Cluster) Exits() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.exits)
 }
 
 // slowStart is how long a start may take to its ready line before the bed keeps the start's
@@ -105,6 +114,7 @@ type Node struct {
 	mu        sync.Mutex
 	verb      []string // how the next start begins: join with a token until a start was ready, then run
 	cmd       *exec.Cmd
+	killing   *exec.Cmd // the process Kill signalled: its end is no finding
 	done      chan struct{} // closed when the current process exited
 	ready     chan struct{} // closed when the current process printed its ready line
 	paused    bool
@@ -222,6 +232,10 @@ func (c *Cluster) stopAll() {
 		n.Kill()
 		testbed.EndNodeCgroups(n.dir)
 		if c.t.Failed() && n.log.String() != "" {
+			whole := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-%s-node-%s.log", filepath.Base(filepath.Dir(c.work)), n.name))
+			if err := os.WriteFile(whole, []byte(n.log.String()), 0o644); err == nil {
+				c.t.Logf("chaos: node %s's whole log is in %s", n.name, whole)
+			}
 			c.t.Logf("chaos: the end of node %s's log:\n%s", n.name, tail(n.log.String(), 40))
 		}
 	}
@@ -624,12 +638,16 @@ func (n *Node) Start() error {
 		io.Copy(io.Discard, stdout)
 	}()
 	go func() {
-		cmd.Wait()
+		err := cmd.Wait()
 		n.mu.Lock()
+		killed := n.killing == cmd
 		if n.cmd == cmd {
 			n.cmd, n.paused = nil, false
 		}
 		n.mu.Unlock()
+		if !killed {
+			n.keepExit(err, started, from)
+		}
 		close(done)
 	}()
 	return nil
@@ -648,6 +666,21 @@ func (n *Node) keepSlowStart(took time.Duration, from int) {
 	fmt.Fprintf(n.log, "--- chaos: %s\n", what)
 	n.c.mu.Lock()
 	n.c.slow = append(n.c.slow, what)
+	n.c.mu.Unlock()
+}
+
+// keepExit records a process that ended by itself (err is its exit), started at started with
+// its log from byte from, and keeps that start's log in a file that outlives the test.
+func (n *Node) keepExit(err error, started time.Time, from int) {
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-exit-%s-%d.log", n.name, time.Now().Unix()))
+	what := fmt.Sprintf("node %s (started %s) ended by itself %s later: %v", n.name, started.Format(time.StampMilli),
+		time.Since(started).Round(time.Millisecond), err)
+	if werr := os.WriteFile(path, []byte(n.log.String()[from:]), 0o644); werr == nil {
+		what += "; its log since the start is in " + path
+	}
+	fmt.Fprintf(n.log, "--- chaos: %s\n", what)
+	n.c.mu.Lock()
+	n.c.exits = append(n.c.exits, what)
 	n.c.mu.Unlock()
 }
 
@@ -678,6 +711,9 @@ func (n *Node) Kill() error {
 	if cmd == nil {
 		return nil
 	}
+	n.mu.Lock()
+	n.killing = cmd
+	n.mu.Unlock()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("chaos: kill node %s: %w", n.name, err)
 	}

@@ -52,6 +52,11 @@ const (
 // consumer made again from its last known floor) may reach the other.
 const MaxDeliveries = 2
 
+// Deliveries are the bounds of the modules that do not dedup: the Node.js module handles
+// every delivery, and an event whose ack was lost in a fault comes again, as often as its
+// consumer's MaxDeliver allows (then it is a dead letter).
+var Deliveries = map[string]int{jsModule: manifest.MaxDeliver}
+
 // MaxHandles is how often a seat job may be handled: a holder that dies (or is paused past
 // its lease) after handling a job and before its ack leaves the job to the next holder, which
 // handles it again under a greater epoch — at least once, in fenced order.
