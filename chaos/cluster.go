@@ -114,7 +114,7 @@ type Node struct {
 	mu        sync.Mutex
 	verb      []string // how the next start begins: join with a token until a start was ready, then run
 	cmd       *exec.Cmd
-	killing   *exec.Cmd // the process Kill signalled: its end is no finding
+	killing   *exec.Cmd     // the process Kill signalled: its end is no finding
 	done      chan struct{} // closed when the current process exited
 	ready     chan struct{} // closed when the current process printed its ready line
 	paused    bool
