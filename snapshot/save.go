@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/streammove"
 	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -114,6 +116,10 @@ func Save(ctx context.Context, nc *nats.Conn, path string, opts Options) (Manife
 	defer os.RemoveAll(spool)
 	for _, name := range names {
 		s, err := spoolStream(ctx, nc, spool, name)
+		var apiErr *server.ApiError
+		if errors.As(err, &apiErr) && apiErr.ErrCode == uint16(server.JSStreamNotFoundErr) {
+			continue // deleted since the list (a seat removed): no longer the mesh's
+		}
 		if err != nil {
 			return Manifest{}, fmt.Errorf("snapshot stream %s: %w", name, err)
 		}

@@ -373,6 +373,35 @@ func TestSave_Cancelled(t *testing.T) {
 	}
 }
 
+// TestSave_StreamGoneMeanwhile: a stream deleted between the list and its snapshot (a seat
+// removed while the save runs) is left out; the save goes on with the others.
+func TestSave_StreamGoneMeanwhile(t *testing.T) {
+	m := mustMesh(t)
+	path := filepath.Join(t.TempDir(), "mesh.snap")
+	man, err := snapshot.Save(testContext(t), m.nc, path, snapshot.Options{MeshID: "mesh-1", Progress: func(s snapshot.Stream) {
+		if s.Name() == "KV_mesh-vault" {
+			if err := m.js.DeleteStream(testContext(t), "SEAT_mailer"); err != nil {
+				t.Error(err)
+			}
+		}
+	}})
+	if err != nil {
+		t.Fatalf("a save while a stream is deleted: %v", err)
+	}
+	var names []string
+	for _, s := range man.Streams {
+		names = append(names, s.Name())
+	}
+	if want := []string{"KV_mesh-registry", "KV_mesh-vault", "EVENTS", "OBJ_mesh-artifacts"}; !slices.Equal(names, want) {
+		t.Fatalf("streams %v, want %v", names, want)
+	}
+	r, err := snapshot.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+}
+
 // TestSave_WriteFails: a save whose file cannot be put in place (its name is a directory's)
 // leaves no FILE.tmp and no spool behind.
 func TestSave_WriteFails(t *testing.T) {
