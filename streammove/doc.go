@@ -6,6 +6,9 @@
 // be called again: it keeps a stream restored whole, and restores again one that is not
 // (RestoringMeta).
 //
+// SnapshotStream writes one stream's snapshot to any writer: package snapshot puts each into a
+// backup file, whose restore unpacks them into a directory for Restore.
+//
 // node uses it to grow a single node into a mesh: a standalone server restarted clustered
 // loses its streams (nats-server#5467), so its streams move through snapshots.
 //

@@ -43,7 +43,7 @@ func TestRestoreStream_Marked(t *testing.T) {
 	}
 	publish(3)
 	dir := t.TempDir()
-	snap, err := snapshotStream(ctx, nc, dir, "S")
+	snap, err := snapshotToFile(ctx, nc, dir, "S")
 	if err != nil {
 		t.Fatal(err)
 	}

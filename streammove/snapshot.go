@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -66,7 +67,7 @@ func SnapshotAll(ctx context.Context, nc *nats.Conn, dir, last string, log *slog
 	})
 	var man Manifest
 	for _, name := range names {
-		s, err := snapshotStream(ctx, nc, dir, name)
+		s, err := snapshotToFile(ctx, nc, dir, name)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -80,9 +81,25 @@ func SnapshotAll(ctx context.Context, nc *nats.Conn, dir, last string, log *slog
 	return writeSynced(filepath.Join(dir, manifestFile), b)
 }
 
-// snapshotStream writes the snapshot of stream name to dir/<name>.snap
-// ($JS.API.STREAM.SNAPSHOT: chunks to an inbox, each acknowledged, an empty message last).
-func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (Stream, error) {
+// snapshotToFile writes the snapshot of stream name to dir/<name>.snap, synced.
+func snapshotToFile(ctx context.Context, nc *nats.Conn, dir, name string) (Stream, error) {
+	f, err := os.OpenFile(filepath.Join(dir, name+".snap"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return Stream{}, err
+	}
+	defer f.Close()
+	s, err := SnapshotStream(ctx, nc, name, f)
+	if err != nil {
+		return Stream{}, err
+	}
+	return s, f.Sync()
+}
+
+// SnapshotStream writes the snapshot of stream name to w, as Restore reads it from
+// <dir>/<name>.snap ($JS.API.STREAM.SNAPSHOT: chunks to an inbox, each acknowledged, an
+// empty message last), and returns the stream's configuration and state at the snapshot and
+// its durable consumers, listed after it. The server goes on serving the stream meanwhile.
+func SnapshotStream(ctx context.Context, nc *nats.Conn, name string, w io.Writer) (Stream, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -101,11 +118,9 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (Strea
 	if resp.Error != nil {
 		return Stream{}, resp.Error
 	}
-	f, err := os.OpenFile(filepath.Join(dir, name+".snap"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return Stream{}, err
+	if resp.Config == nil || resp.State == nil {
+		return Stream{}, fmt.Errorf("the server answered the snapshot of %s without its configuration or state", name)
 	}
-	defer f.Close()
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
@@ -117,18 +132,17 @@ func snapshotStream(ctx context.Context, nc *nats.Conn, dir, name string) (Strea
 			}
 			break
 		}
-		if _, err := f.Write(m.Data); err != nil {
+		if _, err := w.Write(m.Data); err != nil {
 			return Stream{}, err
 		}
 		if m.Reply != "" {
 			m.Respond(nil) // flow control: the next chunk
 		}
 	}
-	if err := f.Sync(); err != nil {
-		return Stream{}, err
-	}
-	// Its durable consumers, which the restore must bring back: on the standalone server
-	// nothing else changes them while it snapshots.
+	// Its durable consumers, which the restore must bring back. On the standalone server a
+	// node grows from nothing else changes them while it snapshots; on a live mesh (a
+	// backup) one made or removed meanwhile may differ, and Restore gives up one that
+	// never comes.
 	g := Stream{Config: *resp.Config, State: *resp.State}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -138,6 +138,7 @@ func newRootCmd() *cobra.Command {
 		newTokenCmd(),
 		newAuditCmd(),
 		newDeadCmd(),
+		newSnapshotCmd(),
 		newBenchCmd(),
 		newVersionCmd(),
 	)
