@@ -29,6 +29,7 @@ type JSModule struct {
 
 	mu      sync.Mutex
 	tail    []string       // its last output lines, stdout and stderr, for a failure message
+	whole   *os.File       // every output line; nil if the file could not be made
 	emits   map[string]*Op // emits begun and not yet ended, by event id
 	ready   chan struct{}  // closed when it says it is ready
 	isReady bool
@@ -84,6 +85,16 @@ func StartJSModule(t testing.TB, url, seedFile, caFile, module string, h *Histor
 	}
 	m := &JSModule{module: module, cmd: cmd, h: h, emits: map[string]*Op{},
 		ready: make(chan struct{}), exited: make(chan struct{})}
+	// Its whole output too, in a file that outlives the test: a stall is seen in what came
+	// long before the tail.
+	if f, err := os.CreateTemp("", "chaos-js-"+module+"-*.log"); err == nil {
+		m.whole = f
+		t.Cleanup(func() {
+			if !t.Failed() {
+				os.Remove(f.Name())
+			}
+		})
+	}
 	var outputs sync.WaitGroup
 	outputs.Add(2)
 	go func() { defer outputs.Done(); m.read(stdout, m.line) }()
@@ -92,6 +103,9 @@ func StartJSModule(t testing.TB, url, seedFile, caFile, module string, h *Histor
 		// Wait only once the outputs are read: it closes the pipes.
 		outputs.Wait()
 		cmd.Wait()
+		if m.whole != nil {
+			m.whole.Close()
+		}
 		close(m.exited)
 	}()
 	t.Cleanup(m.Stop)
@@ -114,6 +128,9 @@ func (m *JSModule) read(r io.Reader, handle func(string)) {
 		line := sc.Text()
 		m.mu.Lock()
 		m.tail = append(m.tail, line)
+		if m.whole != nil {
+			fmt.Fprintln(m.whole, line)
+		}
 		if len(m.tail) > jsTailLines {
 			m.tail = m.tail[len(m.tail)-jsTailLines:]
 		}
@@ -176,6 +193,9 @@ func (m *JSModule) Stop() {
 func (m *JSModule) Log() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.whole != nil {
+		return strings.Join(m.tail, "\n") + "\n(its whole output: " + m.whole.Name() + ")"
+	}
 	return strings.Join(m.tail, "\n")
 }
 

@@ -168,6 +168,72 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 	handled("its consumer was deleted")
 }
 
+// TestIntegration_JSModule_SurvivesRepeatedDrift: the 30-minute chaos run (seed 7) deleted
+// the Node.js module's consumer three times within 15 s while ticks were emitted about 13 a
+// second; the module never handled an event emitted after that (5,310 in the remaining ten
+// minutes) and went on handling the older ones slowly. Here on one node: steady emits, the
+// consumer deleted three times about 4 s apart (each time made again by the drift check),
+// then an event emitted after is handled. It passes: on one node, without the run's other
+// faults, the stall does not come back (docs/chaos.md).
+func TestIntegration_JSModule_SurvivesRepeatedDrift(t *testing.T) {
+	dir := t.TempDir()
+	node := startJSBedNode(t, dir)
+	ca := filepath.Join(dir, meshca.CAFile)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	seeds := registerJSBed(t, ctx, node.url, filepath.Join(dir, datadir.OperatorSeedFile), ca, dir)
+	h := NewHistory()
+	js, err := StartJSModule(t, node.url, seeds["notes"], ca, "notes", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, err := sdk.Connect(ctx, node.url, seeds["shop"], sdk.RootCA(ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	handledAfter(t, ctx, h, js, shop, "it started")
+	op, err := nats.Connect(node.url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
+		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	ops, err := jetstream.New(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The chaos run's pace: a tick every 75 ms, through the deletions.
+	emitting, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(75 * time.Millisecond)
+		defer tick.Stop()
+		for emitting.Err() == nil {
+			select {
+			case <-emitting.Done():
+			case <-tick.C:
+				ectx, cancel := context.WithTimeout(emitting, 5*time.Second)
+				shop.Emit(ectx, "order.placed", map[string]any{"when": "steady"})
+				cancel()
+			}
+		}
+	}()
+	defer func() { stop(); <-done }()
+	for i := range 3 {
+		testbed.RetryUntil(t, 30*time.Second, func() error {
+			_, err := ops.Consumer(ctx, manifest.EventsStreamName, "notes")
+			return err // made again by the drift check
+		})
+		if err := ops.DeleteConsumer(ctx, manifest.EventsStreamName, "notes"); err != nil {
+			t.Fatalf("delete the consumer (%d): %v", i+1, err)
+		}
+		time.Sleep(4 * time.Second) // the chaos run's spacing of the deletions, not a wait for a state
+	}
+	handledAfter(t, ctx, h, js, shop, "its consumer was deleted three times under load")
+}
+
 // TestIntegration_JSModule_InACluster: in a three-node mesh, the Node.js module, connected to
 // a node that does not lead its consumer, goes on handling events through what the chaos run
 // does around it: its consumer's leader killed (the pull it waits on was the leader's, and

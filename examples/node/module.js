@@ -214,6 +214,8 @@ async function main() {
   async function consume() {
     const restartOn = new Set(["consumer_deleted", "consumer_not_found", "stream_not_found",
       "no_responders", "heartbeats_missed"]);
+    // Every other status is logged, but for those that come with each pull.
+    const quietStatus = new Set(["next", "heartbeat", "debug"]);
     let wait = RETRY_FIRST_MS;
     while (!stopping) {
       let messages;
@@ -232,6 +234,7 @@ async function main() {
       let why = "";
       (async () => {
         for await (const s of await messages.status()) {
+          if (!quietStatus.has(s.type)) log(`consumer EVENTS/${module} status ${s.type} ${s.data ?? ""}`);
           if (restartOn.has(s.type) && !why) {
             why = `${s.type} ${s.data}`;
             messages.stop();
