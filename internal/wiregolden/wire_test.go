@@ -97,6 +97,8 @@ var wire = map[string]any{
 	"api.ToolStatsReport":        api.ToolStatsReport{},
 	"api.ModuleCredentials":      api.ModuleCredentials{},
 	"api.ServerSecrets":          api.ServerSecrets{},
+	"api.RecoveryKey":            api.RecoveryKey{},
+	"api.SealedFoundation":       api.SealedFoundation{},
 	"api.VaultRequest":           api.VaultRequest{},
 	"api.VaultReply":             api.VaultReply{},
 	"api.Secret":                 api.Secret{},
