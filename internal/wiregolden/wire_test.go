@@ -98,6 +98,7 @@ var wire = map[string]any{
 	"api.ModuleCredentials":      api.ModuleCredentials{},
 	"api.ServerSecrets":          api.ServerSecrets{},
 	"api.RecoveryKey":            api.RecoveryKey{},
+	"api.AuditRestored":          api.AuditRestored{},
 	"api.SealedFoundation":       api.SealedFoundation{},
 	"api.VaultRequest":           api.VaultRequest{},
 	"api.VaultReply":             api.VaultReply{},
