@@ -77,7 +77,9 @@ type Foundation struct {
 
 // Restoring names the snapshot a new mesh is restored from.
 type Restoring struct {
-	File string `json:"file"` // its path, absolute: the file is read, never changed
+	// File is its path, absolute: the file is read, never changed. "" on a founding node of
+	// a mesh of 3 or more, which waits for the genesis node to restore it.
+	File string `json:"file,omitempty"`
 	// SHA256 is the SHA-256 of its manifest (hex): the file read at the start must be the
 	// one genesis checked.
 	SHA256  string    `json:"sha256"`
@@ -336,14 +338,19 @@ type Founding struct {
 	Gossip      []string `json:"gossip"`
 	GossipKey   []byte   `json:"gossip_key"`
 	RouteSecret []byte   `json:"route_secret"`
-	// Restoring is set while the genesis node restores the mesh from a snapshot: the
-	// founding nodes wait for it to bring the mesh's streams.
-	Restoring bool `json:"restoring,omitempty"`
+	// Restoring names the snapshot the genesis node restores the mesh from (its file left
+	// out): the founding nodes wait for it to bring the mesh's streams, and their audit logs
+	// begin by naming it.
+	Restoring *Restoring `json:"restoring,omitempty"`
 }
 
 // FoundingToken returns the founding token of f, gossiping with seeds.
 func (f *Foundation) FoundingToken(expect int, seeds []string) string {
-	b, _ := json.Marshal(Founding{MeshID: f.MeshID, Expect: expect, Gossip: seeds, GossipKey: f.GossipKey, RouteSecret: f.RouteSecret, Restoring: f.Restoring != nil})
+	ft := Founding{MeshID: f.MeshID, Expect: expect, Gossip: seeds, GossipKey: f.GossipKey, RouteSecret: f.RouteSecret}
+	if f.Restoring != nil {
+		ft.Restoring = &Restoring{SHA256: f.Restoring.SHA256, Created: f.Restoring.Created}
+	}
+	b, _ := json.Marshal(ft)
 	return FoundingPrefix + base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -373,7 +380,7 @@ func Found(name, token string) (*Foundation, error) {
 		return nil, err
 	}
 	f.MeshID, f.RouteSecret, f.GossipKey, f.Expect, f.Seeds = ft.MeshID, ft.RouteSecret, ft.GossipKey, ft.Expect, ft.Gossip
-	f.AwaitGrowth = ft.Restoring
+	f.Restoring, f.AwaitGrowth = ft.Restoring, ft.Restoring != nil
 	return f, nil
 }
 

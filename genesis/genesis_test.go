@@ -127,7 +127,7 @@ func TestGenesis_Restore(t *testing.T) {
 		t.Fatalf("Restore over a mesh: %v, want ErrExists", err)
 	}
 	founder, err := genesis.Found("beta", f.FoundingToken(3, []string{"127.0.0.1:7946"}))
-	if err != nil || !founder.AwaitGrowth || founder.MeshID != "m1" {
+	if err != nil || !founder.AwaitGrowth || founder.MeshID != "m1" || founder.Restoring == nil || founder.Restoring.SHA256 != "ab12" || founder.Restoring.File != "" {
 		t.Fatalf("a founder of the restored mesh: %+v, %v; want it waiting for the restore", founder, err)
 	}
 	plain, err := genesis.New(openDB(t)).Begin("gamma", 3)

@@ -40,6 +40,9 @@ func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundat
 	if from == nil {
 		return nil
 	}
+	if from.File == "" {
+		return awaitRestore(ctx, db, f, bus, replicas, phase, log)
+	}
 	r, err := Open(from.File)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("this node restores mesh %s from snapshot %s, which is gone: put the file back there and start again (nothing of it is restored whole until then)", f.MeshID, from.File)
@@ -79,13 +82,25 @@ func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundat
 		os.Remove(filepath.Join(dir, s.Name()+".snap"))
 		log.Info("restored from the snapshot", "stream", s.Name(), "messages", s.State.Msgs, "last_seq", s.State.LastSeq, "replicas", replicas)
 	}
-	// The node's audit log begins by naming the snapshot: "restored here", never a gap.
+	if err := restored(db, f, r.Manifest().AuditHeads); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		log.Warn("remove the restore's unpacked snapshots", "dir", dir, "err", err)
+	}
+	log.Info("restored the mesh from a snapshot", "mesh_id", f.MeshID, "snapshot", from.File, "created", from.Created, "streams", len(r.Manifest().Streams))
+	return nil
+}
+
+// restored begins the node's audit log by naming the snapshot ("restored here", never a
+// gap), then clears the foundation's mark.
+func restored(db *bolt.DB, f *genesis.Foundation, heads map[string]api.AuditHead) error {
 	key, err := f.NodeKey()
 	if err != nil {
 		return err
 	}
-	man := r.Manifest()
-	err = audit.BeginRestored(db, key, api.AuditRestored{Node: f.Node, MeshID: f.MeshID, Snapshot: from.SHA256, File: from.File, Created: man.Created, Heads: man.AuditHeads})
+	from := f.Restoring
+	err = audit.BeginRestored(db, key, api.AuditRestored{Node: f.Node, MeshID: f.MeshID, Snapshot: from.SHA256, File: from.File, Created: from.Created, Heads: heads})
 	if err != nil {
 		return fmt.Errorf("begin the audit log with the restore: %w", err)
 	}
@@ -95,11 +110,29 @@ func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundat
 		return fmt.Errorf("record the restore done: %w", err)
 	}
 	*f = done
-	if err := os.RemoveAll(dir); err != nil {
-		log.Warn("remove the restore's unpacked snapshots", "dir", dir, "err", err)
-	}
-	log.Info("restored the mesh from a snapshot", "mesh_id", f.MeshID, "snapshot", from.File, "created", from.Created, "streams", len(r.Manifest().Streams))
 	return nil
+}
+
+// awaitRestore holds a founding node of a mesh being restored until the genesis node has
+// restored the mesh's registry (restored last) at the mesh's replicas, and begins its audit
+// log by naming the snapshot too.
+func awaitRestore(ctx context.Context, db *bolt.DB, f *genesis.Foundation, bus *embedbus.Bus, replicas int, phase func(string), log *slog.Logger) error {
+	phase("waiting for the genesis node to restore the mesh's streams from the snapshot")
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := bus.JetStream().Stream(rctx, "KV_"+registry.Bucket)
+		cancel()
+		if err == nil && st.CachedInfo().Config.Replicas >= replicas && st.CachedInfo().Config.Metadata[streammove.RestoringMeta] == "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the genesis node to restore the mesh from its snapshot: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	log.Info("the genesis node restored the mesh from a snapshot", "mesh_id", f.MeshID, "snapshot", f.Restoring.SHA256)
+	return restored(db, f, nil)
 }
 
 // awaitPeers waits until expect servers are JetStream peers with a meta leader: a stream is
