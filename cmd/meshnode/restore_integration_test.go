@@ -125,3 +125,104 @@ func TestIntegration_RestoreSingleNode(t *testing.T) {
 		t.Errorf("audit verify does not show the restore:\n%s%s", r.stdout, r.stderr)
 	}
 }
+
+// TestIntegration_RestoreMeshOfThree: a mesh of three processes with a module's secret and
+// 100 jobs queued at a seat is saved, stopped and every data dir deleted; three fresh
+// servers are founded again from the snapshot (genesis --expect 3 --from-snapshot on one,
+// the founding token on the others, who wait for its restore). The module fetches the same
+// secret through another server, the seat's holder handles every queued job, and every
+// node's audit log verifies and begins by naming the snapshot.
+func TestIntegration_RestoreMeshOfThree(t *testing.T) {
+	nodes, meshID, _ := formMesh(t, 3, nil)
+	a, keep := nodes[0], t.TempDir()
+	mailer := registerModule(t, a.dir, "module: mailer\nrequires: [mesh-bus]\nseats:\n  mail: {scope: mesh, retain: 1d, accepts: [send]}\n")
+	shop := registerModule(t, a.dir, "module: shop\nrequires: [mesh-bus]\nemits: [sold]\nuses: [mail]\nsecrets: [api-key]\n")
+	if r := meshnode(t, nil, "vault", "mint", "api-key", "--owner", "shop", "--data-dir", a.dir); r.code != 0 {
+		t.Fatalf("vault mint: exit %d %s", r.code, r.stderr)
+	}
+	secret := meshnode(t, nil, "vault", "fetch", "api-key", "--creds", shop, "--server", a.p.clientURL)
+	if secret.code != 0 {
+		t.Fatalf("vault fetch as shop: exit %d %s", secret.code, secret.stderr)
+	}
+	loader := exec.Command(os.Args[0])
+	loader.Env = append(cleanEnv(), "MESHNODE_TEST_LOADER="+a.p.clientURL, "MESHNODE_TEST_LOADER_SEED="+shop)
+	if out, err := loader.CombinedOutput(); err != nil || !strings.Contains(string(out), "loaded") {
+		t.Fatalf("load the mesh: %v\n%s", err, out)
+	}
+	rk := meshnode(t, nil, "vault", "recovery-key", "--data-dir", a.dir)
+	keyFile, op, file := filepath.Join(keep, "recovery-key.txt"), filepath.Join(keep, "operator.nk"), filepath.Join(keep, "mesh.snap")
+	seed, err := os.ReadFile(filepath.Join(a.dir, "operator.nk"))
+	if rk.code != 0 || err != nil {
+		t.Fatalf("vault recovery-key: exit %d %s (%v)", rk.code, rk.stderr, err)
+	}
+	os.WriteFile(keyFile, []byte(rk.stdout), 0o600)
+	os.WriteFile(op, seed, 0o600)
+	if r := meshnode(t, nil, "snapshot", "save", file, "--data-dir", a.dir); r.code != 0 {
+		t.Fatalf("snapshot save: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, n := range nodes {
+		n.p.stop(t, syscall.SIGKILL) // every server lost at once
+		os.RemoveAll(n.dir)
+	}
+
+	fresh := make([]*meshNode, 3)
+	for i := range fresh {
+		fresh[i] = newMeshNode(t, string(rune('a'+i)))
+	}
+	r := meshnode(t, nil, append([]string{"genesis", "--expect", "3", "--json", "--from-snapshot", file, "--recovery-key-file", keyFile}, fresh[0].flags...)...)
+	var g struct {
+		MeshID string `json:"mesh_id"`
+		Token  string `json:"founding_token"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil || g.MeshID != meshID || g.Token == "" {
+		t.Fatalf("genesis --expect 3 --from-snapshot: exit %d, want mesh %s and a founding token\n%s%s", r.code, meshID, r.stdout, r.stderr)
+	}
+	launchFounders(t, fresh, g.Token)
+	for _, n := range fresh {
+		n.p.awaitReady(t, 3*time.Minute)
+	}
+	var got result
+	retryUntil(t, time.Minute, func() error {
+		if got = meshnode(t, nil, "vault", "fetch", "api-key", "--creds", shop, "--server", fresh[1].p.clientURL); got.code != 0 {
+			return fmt.Errorf("vault fetch as shop through b, restored: exit %d %s", got.code, got.stderr)
+		}
+		return nil
+	})
+	if got.stdout != secret.stdout {
+		t.Errorf("shop's secret after the restore is %q, want %q", got.stdout, secret.stdout)
+	}
+	gate := filepath.Join(t.TempDir(), "gate")
+	os.WriteFile(gate, nil, 0o600)
+	holderOut := &testbed.SyncBuffer{}
+	holder := exec.Command(os.Args[0])
+	holder.Env = append(cleanEnv(), "MESHNODE_TEST_HOLDER="+fresh[2].p.clientURL, "MESHNODE_TEST_HOLDER_SEED="+mailer, "MESHNODE_TEST_HOLDER_GATE="+gate)
+	holder.Stdout, holder.Stderr = holderOut, holderOut
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	retryUntil(t, 2*time.Minute, func() error {
+		for i := range loaderJobs {
+			if !strings.Contains(holderOut.String(), fmt.Sprintf("job %d\n", i)) {
+				return fmt.Errorf("job %d not handled: %s", i, holderOut)
+			}
+		}
+		return nil
+	})
+	var snapshotSum string
+	for _, n := range fresh {
+		v := meshnode(t, nil, "audit", "verify", "--json", "--server", n.p.clientURL, "--creds", op)
+		var ver struct {
+			Restored *struct{ Snapshot string } `json:"restored"`
+		}
+		if err := json.Unmarshal([]byte(v.stdout), &ver); err != nil || v.code != 0 || ver.Restored == nil {
+			t.Fatalf("audit verify on %s after the restore: exit %d %v\n%s%s", n.name, v.code, err, v.stdout, v.stderr)
+		}
+		if snapshotSum == "" {
+			snapshotSum = ver.Restored.Snapshot
+		}
+		if ver.Restored.Snapshot != snapshotSum {
+			t.Errorf("%s's log names snapshot %s, a's %s", n.name, ver.Restored.Snapshot, snapshotSum)
+		}
+	}
+}
