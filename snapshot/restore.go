@@ -16,12 +16,25 @@ import (
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/streammove"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
 )
 
 // restoreDir is where, in the data dir, a restore unpacks each stream's snapshot before
 // JetStream reads it; it is removed once the restore is done.
 const restoreDir = "restore"
+
+// Bus is what a restore needs of the node's bus: its own connection and JetStream, and the
+// meta group's peers (embedbus.Bus is one).
+type Bus interface {
+	Conn() *nats.Conn
+	JetStream() jetstream.JetStream
+	Peers() map[string]bool
+	MetaLeader() string
+}
+
+var _ Bus = (*embedbus.Bus)(nil)
 
 // ManifestSum is the SHA-256 (hex) of the manifest's entry as the file holds it: what names
 // a snapshot (SHA256SUMS covers every entry, and the manifest every stream's checksum).
@@ -35,7 +48,7 @@ func (r *Reader) ManifestSum() string { return r.manSum }
 // restored whole is kept, one cut short is restored again (streammove.Restore). The
 // snapshot file is only read. phase reports the progress. On a foundation that is not
 // restoring it does nothing.
-func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundation, bus *embedbus.Bus, replicas int, phase func(string), log *slog.Logger) error {
+func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundation, bus Bus, replicas int, phase func(string), log *slog.Logger) error {
 	from := f.Restoring
 	if from == nil {
 		return nil
@@ -116,7 +129,7 @@ func restored(db *bolt.DB, f *genesis.Foundation, heads map[string]api.AuditHead
 // awaitRestore holds a founding node of a mesh being restored until the genesis node has
 // restored the mesh's registry (restored last) at the mesh's replicas, and begins its audit
 // log by naming the snapshot too.
-func awaitRestore(ctx context.Context, db *bolt.DB, f *genesis.Foundation, bus *embedbus.Bus, replicas int, phase func(string), log *slog.Logger) error {
+func awaitRestore(ctx context.Context, db *bolt.DB, f *genesis.Foundation, bus Bus, replicas int, phase func(string), log *slog.Logger) error {
 	phase("waiting for the genesis node to restore the mesh's streams from the snapshot")
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -137,7 +150,7 @@ func awaitRestore(ctx context.Context, db *bolt.DB, f *genesis.Foundation, bus *
 
 // awaitPeers waits until expect servers are JetStream peers with a meta leader: a stream is
 // placed at its replicas only on peers the meta group knows. A single node is its own.
-func awaitPeers(ctx context.Context, bus *embedbus.Bus, expect int, phase func(string)) error {
+func awaitPeers(ctx context.Context, bus Bus, expect int, phase func(string)) error {
 	if expect < 3 {
 		return nil
 	}
