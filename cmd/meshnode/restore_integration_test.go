@@ -17,13 +17,13 @@ import (
 )
 
 // TestIntegration_RestoreSingleNode: a node with modules registered, a module's secret, 100
-// jobs queued at a seat with no holder, 10,000 events and an artifact is saved to a
-// snapshot with its recovery key, stopped, and its data dir deleted. genesis
-// --from-snapshot into a fresh data dir brings the mesh back: the operator's old
-// operator.nk administers it, the module fetches its secret (the same value) with its
-// original seed, the seat's holder connects with its original seed and handles every queued
-// job, the artifact is there, and `audit verify` passes and shows where the log was
-// restored. Restoring into the running node's data dir is refused, with the reason.
+// jobs queued at a seat with no holder, 10,000 events and a module deployed from an artifact
+// is saved to a snapshot with its recovery key, stopped, and its data dir deleted. genesis
+// --from-snapshot into a fresh data dir brings the mesh back: the operator's old operator.nk
+// administers it, the module fetches its secret (the same value) with its original seed,
+// the deployment runs again, the seat's holder connects with its original seed and handles
+// every queued job, the artifact is there, and `audit verify` passes and shows where the log
+// was restored. Restoring into the running node's data dir is refused, with the reason.
 func TestIntegration_RestoreSingleNode(t *testing.T) {
 	dir, keep := t.TempDir(), t.TempDir()
 	old := startNode(t, "up", upArgs(dir, "alpha")...)
@@ -41,10 +41,15 @@ func TestIntegration_RestoreSingleNode(t *testing.T) {
 	if out, err := loader.CombinedOutput(); err != nil || !strings.Contains(string(out), "loaded") {
 		t.Fatalf("load the mesh: %v\n%s", err, out)
 	}
-	script := filepath.Join(keep, "shop.sh")
-	os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755)
-	if r := meshnode(t, nil, "artifact", "put", "shop", script, "--version", "1.0.0", "--data-dir", dir); r.code != 0 {
+	// A module deployed from an artifact: its process runs again after the restore.
+	registerModule(t, dir, "module: runner\nrequires: [mesh-bus]\n")
+	script := filepath.Join(keep, "runner.sh")
+	os.WriteFile(script, []byte("#!/bin/sh\necho \"hello from $MESH_NODE\"\nexec sleep 600\n"), 0o755)
+	if r := meshnode(t, nil, "artifact", "put", "runner", script, "--version", "1.0.0", "--data-dir", dir); r.code != 0 {
 		t.Fatalf("artifact put: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "deploy", "runner", "--version", "1.0.0", "--all", "--wait", "30s", "--data-dir", dir); r.code != 0 {
+		t.Fatalf("deploy: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	// What the operator keeps: the recovery key and operator.nk, apart from the snapshot.
@@ -89,6 +94,14 @@ func TestIntegration_RestoreSingleNode(t *testing.T) {
 	if r := meshnode(t, nil, append([]string{"artifact", "ls", "--json"}, as...)...); r.code != 0 || !strings.Contains(r.stdout, `"1.0.0"`) {
 		t.Errorf("artifact ls after the restore: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	retryUntil(t, time.Minute, func() error {
+		r := meshnode(t, nil, append([]string{"ps", "--json"}, as...)...)
+		var p struct{ Module, Node, State string }
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &p) != nil || p.Module != "runner" || p.State != "running" {
+			return fmt.Errorf("ps after the restore: exit %d %s%s", r.code, r.stdout, r.stderr)
+		}
+		return nil
+	})
 	if r := meshnode(t, nil, append([]string{"seat", "ls", "--json"}, as...)...); !strings.Contains(r.stdout, fmt.Sprintf(`"backlog":%d`, loaderJobs)) {
 		t.Fatalf("seat mail after the restore: want %d jobs queued: %s %s", loaderJobs, r.stdout, r.stderr)
 	}
