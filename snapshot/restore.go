@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
@@ -58,7 +59,7 @@ func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundat
 	}
 	r, err := Open(from.File)
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("this node restores mesh %s from snapshot %s, which is gone: put the file back there and start again (nothing of it is restored whole until then)", f.MeshID, from.File)
+		return fmt.Errorf("this node restores mesh %s from snapshot %s, which is gone: put the file back there and start again (the streams restored so far are kept)", f.MeshID, from.File)
 	}
 	if err != nil {
 		return fmt.Errorf("this node restores mesh %s from a snapshot: %w", f.MeshID, err)
@@ -74,17 +75,16 @@ func Resume(ctx context.Context, db *bolt.DB, dataDir string, f *genesis.Foundat
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	streams := r.Manifest().Streams
 	// The registry last, whatever the file's order: it is what the founding nodes wait for.
-	var last []Stream
-	for i := 0; i < len(streams); i++ {
-		if streams[i].Name() == "KV_"+registry.Bucket {
-			last = append(last, streams[i])
-			streams = append(streams[:i:i], streams[i+1:]...)
-			i--
+	streams := slices.Clone(r.Manifest().Streams)
+	last := func(s Stream) int {
+		if s.Name() == "KV_"+registry.Bucket {
+			return 1
 		}
+		return 0
 	}
-	for _, s := range append(streams, last...) {
+	slices.SortStableFunc(streams, func(a, b Stream) int { return last(a) - last(b) })
+	for _, s := range streams {
 		phase("restoring from a snapshot: " + s.Name())
 		if err := r.Unpack(s.Name(), dir); err != nil {
 			return err
