@@ -157,11 +157,13 @@ func TestIntegration_RestoreMeshOfThree(t *testing.T) {
 	if secret.code != 0 {
 		t.Fatalf("vault fetch as shop: exit %d %s", secret.code, secret.stderr)
 	}
+	loading := time.Now()
 	loader := exec.Command(os.Args[0])
 	loader.Env = append(cleanEnv(), "MESHNODE_TEST_LOADER="+a.p.clientURL, "MESHNODE_TEST_LOADER_SEED="+shop)
 	if out, err := loader.CombinedOutput(); err != nil || !strings.Contains(string(out), "loaded") {
 		t.Fatalf("load the mesh: %v\n%s", err, out)
 	}
+	t.Logf("loaded %d events and %d jobs in %s", loaderEvents, loaderJobs, time.Since(loading))
 	rk := meshnode(t, nil, "vault", "recovery-key", "--data-dir", a.dir)
 	keyFile, op, file := filepath.Join(keep, "recovery-key.txt"), filepath.Join(keep, "operator.nk"), filepath.Join(keep, "mesh.snap")
 	seed, err := os.ReadFile(filepath.Join(a.dir, "operator.nk"))
@@ -190,10 +192,12 @@ func TestIntegration_RestoreMeshOfThree(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil || g.MeshID != meshID || g.Token == "" {
 		t.Fatalf("genesis --expect 3 --from-snapshot: exit %d, want mesh %s and a founding token\n%s%s", r.code, meshID, r.stdout, r.stderr)
 	}
+	restoring := time.Now()
 	launchFounders(t, fresh, g.Token)
 	for _, n := range fresh {
 		n.p.awaitReady(t, 3*time.Minute)
 	}
+	t.Logf("three fresh servers restored the snapshot and were ready in %s", time.Since(restoring))
 	var got result
 	retryUntil(t, time.Minute, func() error {
 		if got = meshnode(t, nil, "vault", "fetch", "api-key", "--creds", shop, "--server", fresh[1].p.clientURL); got.code != 0 {
