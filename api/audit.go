@@ -61,6 +61,30 @@ type AuditVerification struct {
 	// is intact: they were recorded as they arrived, and flagged.
 	Flagged      []AuditFlag `json:"flagged,omitempty"`
 	FlaggedTotal uint64      `json:"flagged_total,omitempty"`
+	// Restored is what the log's first record says when the node was restored from a
+	// snapshot (genesis --from-snapshot): the log begins there, not with a silent gap.
+	Restored *AuditRestored `json:"restored,omitempty"`
+}
+
+// AuditRestored is the body of the record a restored node's log begins with (event
+// mesh.node.<node>.event.restored, signed by the node): the snapshot it was restored from.
+type AuditRestored struct {
+	Node   string `json:"node"`
+	MeshID string `json:"mesh_id"`
+	// Snapshot is the SHA-256 of the snapshot's manifest (hex), which names every stream's
+	// checksum; File where it was read; Created when it was saved.
+	Snapshot string    `json:"snapshot"`
+	File     string    `json:"file"`
+	Created  time.Time `json:"created"`
+	// Heads are each node's audit-log head when the snapshot was saved, by node: where the
+	// logs before the restore ended.
+	Heads map[string]AuditHead `json:"heads,omitempty"`
+}
+
+// AuditHead is an audit log's last record: its number (0 for an empty log) and chain hash.
+type AuditHead struct {
+	N    uint64 `json:"n"`
+	Hash string `json:"hash"`
 }
 
 // AuditFlag is one record whose event is not genuine, and why.

@@ -47,6 +47,12 @@ const (
 	VaultVerbIntake      = "intake"
 	VaultVerbProvision   = "provision"
 	VaultVerbUnprovision = "unprovision"
+	// VaultVerbRecoveryKey hands the operator the recovery key (RecoveryKey: the barrier
+	// key, printed with a checksum), which a snapshot is restored with; VaultVerbFoundation
+	// hands the operator the mesh's foundation sealed under it (SealedFoundation), which
+	// `snapshot save` writes into the file. Only the operator asks.
+	VaultVerbRecoveryKey = "recovery-key"
+	VaultVerbFoundation  = "foundation"
 )
 
 // VaultToolSubject is where caller asks the vault for verb.
@@ -146,6 +152,25 @@ type ModuleCredentials struct {
 	Secrets   map[string]string `json:"secrets,omitempty"`
 	// Provisions are the module's credentials of the interfaces it requires, by interface.
 	Provisions map[string]Provisioned `json:"provisions,omitempty"`
+}
+
+// RecoveryKey is what a sealed recovery-key reply opens to.
+type RecoveryKey struct {
+	MeshID string `json:"mesh_id"`
+	Key    string `json:"key"` // "MNRK1-…": the barrier key and a checksum, base32
+}
+
+// SealedFoundation is what a sealed foundation reply opens to, and what a snapshot's
+// manifest carries: the mesh's route secret, gossip key and vault seed as JSON, sealed with
+// AES-256-GCM (the mesh id its additional data) under a key derived by HKDF-SHA256 from the
+// barrier key. Check is derived beside that key: a wrong recovery key is told apart from a
+// damaged box without trying to open it.
+type SealedFoundation struct {
+	Version int    `json:"version"` // 1
+	MeshID  string `json:"mesh_id"`
+	Check   string `json:"check"` // hex
+	Nonce   []byte `json:"nonce"`
+	Box     []byte `json:"box"`
 }
 
 // ServerSecrets is what a sealed server reply opens to.

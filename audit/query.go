@@ -244,6 +244,9 @@ func (l *Logger) VerifyProgress(progress func(api.AuditProgress)) (api.AuditVeri
 			}
 			prev, wantN, lastN, lastHash = r.Hash, n+1, n, r.Hash
 		}
+		if r, ok := restoredFrom(tx); ok {
+			v.Restored = &r
+		}
 		// The newest records must still be there: the head the writer kept names the last.
 		if h := readHead(tx); v.Records > 0 && (h.N != lastN || h.Hash != lastHash) {
 			v.Broken = &api.AuditProblem{N: h.N, Reason: fmt.Sprintf("the log ends at record %d but was written to %d: records were removed", lastN, h.N)}

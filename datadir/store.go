@@ -267,3 +267,34 @@ func Prepare(cfg config.Config, expect int) (*genesis.Foundation, genesis.Record
 	r, err := g.Record()
 	return f, r, err
 }
+
+// PrepareRestore is Prepare for a mesh restored from a snapshot (genesis.Restore): it
+// refuses a data dir that holds a mesh or a mesh's data, saying which, and keeps the
+// operator's public key the snapshot names (the restored registry's). Call it only once the
+// snapshot and the recovery key are checked: it is the first write to the data dir.
+func PrepareRestore(cfg config.Config, expect int, from genesis.Restored, operator string) (*genesis.Foundation, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := Open(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	g := genesis.New(db)
+	if r, err := g.Record(); err == nil {
+		return nil, fmt.Errorf("%w %s: restoring into it would overwrite it; stop that mesh's node and restore into a fresh --data-dir (a running mesh is never restored over)", genesis.ErrExists, r.MeshID)
+	}
+	if f, err := g.Foundation(); err == nil {
+		return nil, fmt.Errorf("%w %s (it joined it): restoring into it would overwrite it; restore into a fresh --data-dir", genesis.ErrExists, f.MeshID)
+	}
+	if err := CheckNoMeshData(db, cfg.DataDir); err != nil {
+		return nil, err
+	}
+	if operator != "" {
+		if err := KeepOperator(db, operator); err != nil {
+			return nil, err
+		}
+	}
+	return g.Restore(cfg.Name, expect, from)
+}

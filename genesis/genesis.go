@@ -66,9 +66,24 @@ type Foundation struct {
 	// says how far it got (node/grow.go); both are cleared once it is a mesh.
 	GrowTo    int    `json:"grow_to,omitempty"`
 	GrowPhase string `json:"grow_phase,omitempty"`
-	// AwaitGrowth is set on a node that joined a growing single node: before it opens the
-	// mesh's buckets and streams it waits for the growing node to restore them.
+	// AwaitGrowth is set on a node that joined a growing single node, or founds a mesh
+	// being restored from a snapshot: before it opens the mesh's buckets and streams it
+	// waits for the growing (restoring) node to restore them.
 	AwaitGrowth bool `json:"await_growth,omitempty"`
+	// Restoring is set on the node genesis --from-snapshot made, until its first start has
+	// restored every stream of the snapshot into the mesh (snapshot.Resume).
+	Restoring *Restoring `json:"restoring,omitempty"`
+}
+
+// Restoring names the snapshot a new mesh is restored from.
+type Restoring struct {
+	// File is its path, absolute: the file is read, never changed. "" on a founding node of
+	// a mesh of 3 or more, which waits for the genesis node to restore it.
+	File string `json:"file,omitempty"`
+	// SHA256 is the SHA-256 of its manifest (hex): the file read at the start must be the
+	// one genesis checked.
+	SHA256  string    `json:"sha256"`
+	Created time.Time `json:"created"` // when the snapshot was saved
 }
 
 // Minted is one credential in the genesis record: what, and a fingerprint (never a value).
@@ -86,6 +101,19 @@ type Record struct {
 	Minted  []Minted  `json:"minted"`
 	// HandedOff is when the vault took over; zero before.
 	HandedOff time.Time `json:"handed_off,omitzero"`
+	// Restored names the snapshot a restored mesh began from; nil for a new mesh.
+	Restored *Restoring `json:"restored,omitempty"`
+}
+
+// Restored is the mesh part of a foundation a snapshot brings: its id, and the keys its
+// sealed foundation and the operator's recovery key hold.
+type Restored struct {
+	MeshID      string
+	RouteSecret []byte
+	GossipKey   []byte
+	BarrierKey  []byte
+	VaultSeed   []byte
+	From        Restoring
 }
 
 // Genesis is the genesis state of one data dir's store.
@@ -149,17 +177,59 @@ func (g *Genesis) Begin(name string, expect int) (*Foundation, error) {
 		return nil, err
 	}
 	f.Expect = expect
-	r := Record{MeshID: f.MeshID, Node: name, Expect: expect, Created: time.Now().UTC(), Minted: minted}
-	err = g.db.Update(func(tx *bolt.Tx) error {
+	return f, g.keep(f, Record{MeshID: f.MeshID, Node: name, Expect: expect, Created: time.Now().UTC(), Minted: minted})
+}
+
+// Restore is Begin for a mesh restored from a snapshot: the node's keys are minted, the
+// mesh's id and keys are the snapshot's, and the foundation is marked Restoring until the
+// node's first start has restored the snapshot's streams. Genesis is recorded handed off
+// already: the vault took over when the mesh was first made, and the restored registry
+// names its operator, whose operator.nk goes on working — none is minted.
+func (g *Genesis) Restore(name string, expect int, from Restored) (*Foundation, error) {
+	if expect == 2 {
+		return nil, ErrTwoServers
+	}
+	if _, err := g.Record(); !errors.Is(err, ErrNone) {
+		return nil, fmt.Errorf("%w; restore into a fresh --data-dir", ErrExists)
+	}
+	if _, err := g.Foundation(); !errors.Is(err, ErrNone) {
+		return nil, fmt.Errorf("%w (it joined one); restore into a fresh --data-dir", ErrExists)
+	}
+	f, minted, err := mint(name)
+	if err != nil {
+		return nil, err
+	}
+	f.MeshID, f.RouteSecret, f.GossipKey, f.BarrierKey, f.VaultSeed = from.MeshID, from.RouteSecret, from.GossipKey, from.BarrierKey, from.VaultSeed
+	f.Expect, f.Restoring = expect, &from.From
+	vaultKey, err := f.VaultKey()
+	if err != nil {
+		return nil, fmt.Errorf("the snapshot's vault seed: %w", err)
+	}
+	vaultPub, _ := vaultKey.PublicKey()
+	// The node's keys are new; the rest is the snapshot's.
+	minted = append(minted[1:3:3], []Minted{
+		{"mesh id (restored)", f.MeshID},
+		{"route credential (restored)", digest(f.RouteSecret)},
+		{"gossip key (restored)", digest(f.GossipKey)},
+		{"barrier key (restored)", digest(f.BarrierKey)},
+		{"vault identity (restored)", vaultPub},
+	}...)
+	now := time.Now().UTC()
+	return f, g.keep(f, Record{MeshID: f.MeshID, Node: name, Expect: expect, Created: now, Minted: minted, HandedOff: now, Restored: &from.From})
+}
+
+// keep stores a new mesh's foundation and genesis record together.
+func (g *Genesis) keep(f *Foundation, r Record) error {
+	err := g.db.Update(func(tx *bolt.Tx) error {
 		if err := put(tx, bucketFoundation, f); err != nil {
 			return err
 		}
 		return put(tx, bucketGenesis, r)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("keep foundation: %w", err)
+		return fmt.Errorf("keep foundation: %w", err)
 	}
-	return f, nil
+	return nil
 }
 
 // HandOff records that the vault has taken over. After it, Begin mints nothing.
@@ -268,11 +338,19 @@ type Founding struct {
 	Gossip      []string `json:"gossip"`
 	GossipKey   []byte   `json:"gossip_key"`
 	RouteSecret []byte   `json:"route_secret"`
+	// Restoring names the snapshot the genesis node restores the mesh from (its file left
+	// out): the founding nodes wait for it to bring the mesh's streams, and their audit logs
+	// begin by naming it.
+	Restoring *Restoring `json:"restoring,omitempty"`
 }
 
 // FoundingToken returns the founding token of f, gossiping with seeds.
 func (f *Foundation) FoundingToken(expect int, seeds []string) string {
-	b, _ := json.Marshal(Founding{MeshID: f.MeshID, Expect: expect, Gossip: seeds, GossipKey: f.GossipKey, RouteSecret: f.RouteSecret})
+	ft := Founding{MeshID: f.MeshID, Expect: expect, Gossip: seeds, GossipKey: f.GossipKey, RouteSecret: f.RouteSecret}
+	if f.Restoring != nil {
+		ft.Restoring = &Restoring{SHA256: f.Restoring.SHA256, Created: f.Restoring.Created}
+	}
+	b, _ := json.Marshal(ft)
 	return FoundingPrefix + base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -302,6 +380,7 @@ func Found(name, token string) (*Foundation, error) {
 		return nil, err
 	}
 	f.MeshID, f.RouteSecret, f.GossipKey, f.Expect, f.Seeds = ft.MeshID, ft.RouteSecret, ft.GossipKey, ft.Expect, ft.Gossip
+	f.Restoring, f.AwaitGrowth = ft.Restoring, ft.Restoring != nil
 	return f, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/nats-io/nkeys"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -95,5 +96,45 @@ func TestFoundingToken(t *testing.T) {
 	}
 	if _, err := genesis.ParseFounding("MNF1.@@@"); err == nil {
 		t.Fatal("a damaged founding token parsed")
+	}
+}
+
+// TestGenesis_Restore: a restored foundation keeps the snapshot's mesh and keys with new
+// node keys, is marked restoring, is recorded handed off (no operator is minted), refuses a
+// used store, and its founding token makes the founding nodes wait for the restore.
+func TestGenesis_Restore(t *testing.T) {
+	vault, _ := nkeys.CreateUser()
+	vaultSeed, _ := vault.Seed()
+	from := genesis.Restored{MeshID: "m1", RouteSecret: bytes.Repeat([]byte{1}, 32), GossipKey: bytes.Repeat([]byte{2}, 32),
+		BarrierKey: bytes.Repeat([]byte{3}, 32), VaultSeed: vaultSeed, From: genesis.Restoring{File: "/b/mesh.snap", SHA256: "ab12"}}
+	g := genesis.New(openDB(t))
+	f, err := g.Restore("alpha", 3, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.MeshID != "m1" || !bytes.Equal(f.RouteSecret, from.RouteSecret) || !bytes.Equal(f.GossipKey, from.GossipKey) ||
+		!bytes.Equal(f.BarrierKey, from.BarrierKey) || !bytes.Equal(f.VaultSeed, vaultSeed) || f.Restoring == nil || *f.Restoring != from.From {
+		t.Fatalf("restored foundation %+v lacks the snapshot's", f)
+	}
+	if _, err := f.NodeKey(); err != nil || len(f.NodeXKeySeed) == 0 {
+		t.Fatalf("the node's keys: %v", err)
+	}
+	r, err := g.Record()
+	if err != nil || r.HandedOff.IsZero() || r.Restored == nil || r.MeshID != "m1" {
+		t.Fatalf("record %+v, %v: want it handed off and naming the snapshot", r, err)
+	}
+	if _, err := g.Restore("alpha", 3, from); !errors.Is(err, genesis.ErrExists) {
+		t.Fatalf("Restore over a mesh: %v, want ErrExists", err)
+	}
+	founder, err := genesis.Found("beta", f.FoundingToken(3, []string{"127.0.0.1:7946"}))
+	if err != nil || !founder.AwaitGrowth || founder.MeshID != "m1" || founder.Restoring == nil || founder.Restoring.SHA256 != "ab12" || founder.Restoring.File != "" {
+		t.Fatalf("a founder of the restored mesh: %+v, %v; want it waiting for the restore", founder, err)
+	}
+	plain, err := genesis.New(openDB(t)).Begin("gamma", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if founder, err := genesis.Found("delta", plain.FoundingToken(3, nil)); err != nil || founder.AwaitGrowth {
+		t.Fatalf("a founder of a new mesh: %+v, %v; want it not waiting", founder, err)
 	}
 }

@@ -385,7 +385,7 @@ func (n *Node) grow(octx context.Context) error {
 // awaitGrowth holds a node that joined a growing single node until that node has restored
 // the mesh's state: the registry's bucket, restored last, at the mesh's replicas.
 func (n *Node) awaitGrowth(ctx context.Context) error {
-	n.setPhase("waiting for the growing node to move the mesh's streams into the mesh")
+	n.setPhase("waiting for the growing (or restoring) node to bring the mesh's streams into the mesh")
 	js := n.bus.JetStream()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -396,7 +396,7 @@ func (n *Node) awaitGrowth(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for the growing node to bring the mesh's streams: %w", ctx.Err())
+			return fmt.Errorf("waiting for the growing (or restoring) node to bring the mesh's streams: %w", ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

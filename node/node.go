@@ -35,6 +35,7 @@ import (
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/replication"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/snapshot"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -216,6 +217,9 @@ func (n *Node) OpenContext(octx context.Context) (err error) {
 	if !resumed {
 		n.mods.supervisor.URL = n.bus.ClientURL() // before any module starts: read by each start
 		n.resume(octx)
+	}
+	if err := snapshot.Resume(octx, n.db, n.cfg.DataDir, n.found, n.bus, n.replicas(), n.setPhase, n.log); err != nil {
+		return err // a mesh restored from a snapshot (genesis --from-snapshot): its streams first
 	}
 	if n.found.AwaitGrowth {
 		if err := n.awaitGrowth(octx); err != nil {

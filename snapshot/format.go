@@ -3,6 +3,7 @@ package snapshot
 import (
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/streammove"
 )
 
@@ -37,6 +38,14 @@ type Manifest struct {
 	Operator string `json:"operator,omitempty"`
 	// Server is the node whose server the snapshot was taken through.
 	Server string `json:"server"`
+	// Foundation is the mesh's route secret, gossip key and vault seed sealed under the
+	// barrier key (the operator's recovery key): nil when the saver could not ask the vault
+	// for it, and then a restore makes a new route secret (a new CA) and cannot open the
+	// vault's records.
+	Foundation *api.SealedFoundation `json:"foundation,omitempty"`
+	// AuditHeads are each node's audit-log head at the save, by node: a restored node's
+	// log names them in the record it begins with.
+	AuditHeads map[string]api.AuditHead `json:"audit_heads,omitempty"`
 	// Streams are in the order a restore takes them (see order).
 	Streams []Stream `json:"streams"`
 }

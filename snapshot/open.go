@@ -27,6 +27,7 @@ type Reader struct {
 	path    string
 	f       *os.File
 	man     Manifest
+	manSum  string           // the manifest entry's SHA-256, hex
 	offsets map[string]int64 // where each entry's data begins in the file
 }
 
@@ -179,7 +180,7 @@ func check(path string, f *os.File) (*Reader, error) {
 	if man.Kind != Kind {
 		return nil, foreign(path, fmt.Sprintf("its %s is of kind %q, not %q", ManifestEntry, man.Kind, Kind))
 	}
-	r := &Reader{path: path, f: f, man: man, offsets: map[string]int64{}}
+	r := &Reader{path: path, f: f, man: man, manSum: entries[0].sum, offsets: map[string]int64{}}
 	if err := r.checkStreams(entries); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provision"
@@ -34,6 +35,11 @@ type Options struct {
 	MeshID   string // the mesh's id, as its nodes report it
 	Operator string // the operator's public nkey; "" leaves it out
 	Version  string // the meshnode version writing the file
+	// Foundation is the mesh's foundation sealed under the barrier key (the vault's);
+	// nil leaves it out.
+	Foundation *api.SealedFoundation
+	// AuditHeads are the nodes' audit-log heads, by node; nil leaves them out.
+	AuditHeads map[string]api.AuditHead
 	// Progress, when set, is called as each stream's snapshot is taken.
 	Progress func(Stream)
 }
@@ -101,6 +107,7 @@ func Save(ctx context.Context, nc *nats.Conn, path string, opts Options) (Manife
 	man := Manifest{
 		Kind: Kind, FormatVersion: FormatVersion, MeshnodeVersion: opts.Version,
 		Created: time.Now().UTC(), MeshID: opts.MeshID, Operator: opts.Operator, Server: nc.ConnectedServerName(),
+		Foundation: opts.Foundation, AuditHeads: opts.AuditHeads,
 	}
 	names, err := meshStreams(ctx, nc)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/mirror"
 	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/recovery"
 	"github.com/meshnode/meshnode/throttle"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -506,6 +507,13 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req api.VaultRe
 		}
 		out = &api.ServerSecrets{BarrierKey: v.cfg.BarrierKey, VaultSeed: seed}
 		v.event(ctx, "server-enrolled", map[string]any{"node": req.Node})
+	case (verb == api.VaultVerbRecoveryKey || verb == api.VaultVerbFoundation) && caller != api.VaultCallerOperator:
+		err = fmt.Errorf("only the operator receives the mesh's %s (a snapshot restores with it)", verb)
+	case verb == api.VaultVerbRecoveryKey:
+		out = &api.RecoveryKey{MeshID: v.cfg.MeshID, Key: recovery.EncodeKey(v.cfg.BarrierKey)}
+		v.event(ctx, "recovery-key-read", map[string]any{})
+	case verb == api.VaultVerbFoundation:
+		out, err = v.sealedFoundation()
 	default:
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
@@ -531,6 +539,21 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req api.VaultRe
 		}
 	}
 	return reply, events
+}
+
+// sealedFoundation is the mesh's foundation — the route secret and gossip key (the
+// enrolment's) and the vault's seed — sealed under the barrier key, for a snapshot: the
+// file carries it, and only the recovery key opens it.
+func (v *Vault) sealedFoundation() (*api.SealedFoundation, error) {
+	if v.cfg.Enrolment == nil {
+		return nil, errors.New("this vault serves no enrolment, so it does not know the mesh's route secret and gossip key")
+	}
+	e := v.cfg.Enrolment()
+	seed, err := v.cfg.Key.Seed()
+	if err != nil {
+		return nil, err
+	}
+	return recovery.Seal(v.cfg.BarrierKey, v.cfg.MeshID, recovery.Foundation{RouteSecret: e.RouteSecret, GossipKey: e.GossipKey, VaultSeed: seed})
 }
 
 type eventsKey struct{}

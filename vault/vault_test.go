@@ -105,7 +105,7 @@ func (b *bed) open(t *testing.T, barrier []byte, rateLimit int) *vault.Vault {
 			return names, ok
 		},
 		Enrolment: func() api.Enrolment {
-			return api.Enrolment{MeshID: meshID, RouteSecret: []byte("route"), BarrierKey: barrier, Expect: 3}
+			return api.Enrolment{MeshID: meshID, RouteSecret: []byte("route"), GossipKey: []byte("gossip"), BarrierKey: barrier, Expect: 3}
 		},
 		Admit: func(node string) error {
 			if node == b.taken {

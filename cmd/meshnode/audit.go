@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -224,6 +226,12 @@ Two different questions, answered apart:
 				default:
 					fmt.Fprintf(out, "audit log intact: %d records, every link and hash holds, every event signed by its source\n", v.Records)
 				}
+				if r := v.Restored; r != nil {
+					fmt.Fprintf(out, "restored here: record 1 names snapshot %s (%s, saved %s) of mesh %s\n", r.Snapshot, r.File, r.Created.UTC().Format(time.RFC3339), r.MeshID)
+					for _, name := range slices.Sorted(maps.Keys(r.Heads)) {
+						fmt.Fprintf(out, "  node %s's log then ended at record %d (hash %s)\n", name, r.Heads[name].N, r.Heads[name].Hash)
+					}
+				}
 			}
 			if v.Broken != nil {
 				return fmt.Errorf("audit log broken at record %d: %s (of %d records)", v.Broken.N, v.Broken.Reason, v.Records)
@@ -232,7 +240,7 @@ Two different questions, answered apart:
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verification as one JSON object: records, broken?, flagged?, flagged_total?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verification as one JSON object: records, broken?, flagged?, flagged_total?, restored?")
 	return cmd
 }
 

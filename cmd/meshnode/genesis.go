@@ -22,16 +22,27 @@ const maxExpect = 64
 func newGenesisCmd() *cobra.Command {
 	var expect int
 	var asJSON bool
+	var fromSnapshot, keyFile string
 	cmd := &cobra.Command{
-		Use:   "genesis --data-dir DIR --name NAME [--expect 1|3|…]",
+		Use:   "genesis --data-dir DIR --name NAME [--expect 1|3|…] [--from-snapshot FILE --recovery-key-file F]",
 		Short: "Create a new mesh with this node as its first",
 		Example: `  meshnode genesis --data-dir /var/lib/meshnode --name a
-  meshnode genesis --data-dir /var/lib/meshnode --name a --expect 3 --json`,
+  meshnode genesis --data-dir /var/lib/meshnode --name a --expect 3 --json
+  meshnode genesis --data-dir /var/lib/meshnode --name a --from-snapshot mesh.snap --recovery-key-file rk.txt`,
 		Long: `Create a new mesh: mint its foundation (mesh id, this node's keys, the route credential,
 the gossip key, the vault's barrier key and bus identity), raise store, bus and vault, and
 hand off to the vault, which mints the operator's credential. Then start the node with
 meshnode run. With --expect 3 or more, genesis prints the founding token the other founding
-nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`,
+nodes need; a mesh of 2 is refused (losing either server would stop JetStream).
+
+With --from-snapshot FILE and --recovery-key-file F (what meshnode vault recovery-key
+printed), genesis restores a mesh whose servers were all lost: the mesh keeps its id, route
+credential (so its ca.pem), gossip key, barrier key and vault identity — the snapshot's,
+opened with the recovery key — while this node's keys are new. No operator credential is
+minted: the operator's operator.nk from before goes on working. The file and the key are
+checked whole before anything is written; a data dir with mesh data is refused. The node's
+first start restores every stream of the file before it opens anything else; with --expect 3
+the other founding nodes join with the founding token and wait for it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if expect == 2 {
@@ -39,6 +50,9 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 			}
 			if expect < 1 || expect > maxExpect {
 				return usagef("--expect %d: a mesh has 1 server, or 3 to %d", expect, maxExpect)
+			}
+			if fromSnapshot != "" || keyFile != "" {
+				return genesisFromSnapshot(cmd, expect, fromSnapshot, keyFile, asJSON)
 			}
 			cfg, err := loadConfig(cmd, config.Run())
 			if err != nil {
@@ -89,6 +103,8 @@ nodes need; a mesh of 2 is refused (losing either server would stop JetStream).`
 	}
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 to 64")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?, config?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?, config?, restored_from?, operator_key?")
+	cmd.Flags().StringVar(&fromSnapshot, "from-snapshot", "", "restore the mesh a `meshnode snapshot save` FILE holds, into this fresh data dir")
+	cmd.Flags().StringVar(&keyFile, "recovery-key-file", "", "with --from-snapshot: the file holding the mesh's recovery key (`meshnode vault recovery-key`)")
 	return cmd
 }

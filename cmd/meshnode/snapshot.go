@@ -7,14 +7,17 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/snapshot"
 	"github.com/nats-io/nats.go"
@@ -37,8 +40,10 @@ func newSnapshotSaveCmd() *cobra.Command {
 barrier key, which the file does not hold), provisions, STATE, the seats' leases and queued
 jobs, the modules' KV buckets, DEAD, EVENTS and the artifacts — to FILE, through any node, as
 the operator. The mesh keeps serving meanwhile. FILE is written whole or not at all (through
-FILE.tmp and a rename). No seed is written: keep the data dirs' operator.nk and the
-barrier key apart. Restoring a file is not built yet (meshnode genesis --from-snapshot).`,
+FILE.tmp and a rename). No seed and no key is written in plaintext: the file carries the mesh's foundation
+(route credential, gossip key, vault identity) sealed under the barrier key, which only the
+recovery key opens (meshnode vault recovery-key). Keep that key and operator.nk apart from
+the snapshot files. Restore with meshnode genesis --from-snapshot FILE --recovery-key-file F.`,
 		Example: `  meshnode snapshot save /backups/mesh-$(date +%F).snap
   meshnode snapshot save mesh.snap --force --context prod`,
 		Args: cobra.ExactArgs(1),
@@ -69,6 +74,16 @@ func saveSnapshot(cmd *cobra.Command, path string, force, asJSON bool) error {
 	}
 	stderr := cmd.ErrOrStderr()
 	opts := snapshot.Options{MeshID: status.MeshID, Operator: publicKeyOf(creds), Version: node.Version()}
+	// The vault seals the mesh's foundation under the barrier key: the file carries it, and
+	// only the operator's recovery key opens it (genesis --from-snapshot).
+	var sealed api.SealedFoundation
+	if _, err := vaultCall(cmd, api.VaultVerbFoundation, api.VaultRequest{}, &sealed); err != nil {
+		return fmt.Errorf("snapshot save: the vault did not seal the mesh's foundation for the file: %w; a snapshot without it cannot be restored whole, so none was written", err)
+	}
+	opts.Foundation = &sealed
+	if opts.AuditHeads, err = auditHeads(cmd); err != nil {
+		return fmt.Errorf("snapshot save: %w", err)
+	}
 	if isTerminal(stderr) {
 		opts.Progress = func(s snapshot.Stream) {
 			fmt.Fprintf(stderr, "snapshot %s: %d messages, %s\n", s.Name(), s.State.Msgs, sizeText(s.Size))
@@ -99,6 +114,32 @@ func saveSnapshot(cmd *cobra.Command, path string, force, asJSON bool) error {
 	return nil
 }
 
+// auditHeads asks each member of the mesh for its audit log's last record: a node restored
+// from the file names them in the record its log begins with. A member that does not answer
+// (down, or not serving yet) is left out: the save goes on without its head.
+func auditHeads(cmd *cobra.Command) (map[string]api.AuditHead, error) {
+	var members api.NodeMembersReply
+	if err := askNode(cmd, api.NodeToolMembers, &members); err != nil {
+		return nil, err
+	}
+	heads := map[string]api.AuditHead{}
+	err := withBus(cmd, func(ctx context.Context, nc *nats.Conn) error {
+		for _, m := range members.Members {
+			reply, err := audit.Call(ctx, nc, m.Name, api.AuditRequest{Op: "query", Filter: api.AuditFilter{Last: 1}})
+			if err != nil || reply.Error != "" {
+				continue
+			}
+			h := api.AuditHead{}
+			if len(reply.Records) > 0 {
+				h = api.AuditHead{N: reply.Records[0].N, Hash: reply.Records[0].Hash}
+			}
+			heads[m.Name] = h
+		}
+		return nil
+	})
+	return heads, err
+}
+
 // publicKeyOf is the public key of the seed in file, "" when it does not read as one.
 func publicKeyOf(file string) string {
 	b, err := os.ReadFile(file)
@@ -116,7 +157,7 @@ func publicKeyOf(file string) string {
 
 // manifestKeys is the help of --json, which prints a snapshot's manifest.
 const manifestKeys = "print the snapshot's manifest as one JSON object (each of its streams has config, state, consumers?, entry, size, sha256): " +
-	"kind, format_version, meshnode_version, created, mesh_id, operator?, server, streams"
+	"kind, format_version, meshnode_version, created, mesh_id, operator?, server, foundation?, audit_heads?, streams"
 
 func newSnapshotInspectCmd() *cobra.Command {
 	var asJSON bool
@@ -149,8 +190,17 @@ func printSnapshot(w io.Writer, path string, man snapshot.Manifest) error {
 		operator = "-"
 	}
 	fmt.Fprintf(w, "snapshot %s: whole, every checksum matches\n", path)
-	fmt.Fprintf(w, "mesh      %s\ncreated   %s\nwritten   by meshnode %s, format %d, through node %s\noperator  %s\n\n",
-		man.MeshID, man.Created.UTC().Format(time.RFC3339), man.MeshnodeVersion, man.FormatVersion, man.Server, operator)
+	foundation := "none: a restore from it is refused (save again with this meshnode)"
+	if man.Foundation != nil {
+		foundation = "sealed under the barrier key: genesis --from-snapshot opens it with the recovery key"
+	}
+	fmt.Fprintf(w, "mesh        %s\ncreated     %s\nwritten     by meshnode %s, format %d, through node %s\noperator    %s\nfoundation  %s\n",
+		man.MeshID, man.Created.UTC().Format(time.RFC3339), man.MeshnodeVersion, man.FormatVersion, man.Server, operator, foundation)
+	for _, name := range slices.Sorted(maps.Keys(man.AuditHeads)) {
+		h := man.AuditHeads[name]
+		fmt.Fprintf(w, "audit head  %s: record %d, hash %s\n", name, h.N, h.Hash)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tSEQUENCES\tBYTES\tCONSUMERS")
 	for _, s := range man.Streams {

@@ -24,7 +24,36 @@ func newVaultCmd() *cobra.Command {
 		Use:   "vault",
 		Short: "Mint, fetch, rotate and list the mesh's secrets (values never enter a stream)",
 	}
-	cmd.AddCommand(newVaultMintCmd(), newVaultFetchCmd(), newVaultRotateCmd(), newVaultLsCmd())
+	cmd.AddCommand(newVaultMintCmd(), newVaultFetchCmd(), newVaultRotateCmd(), newVaultLsCmd(), newVaultRecoveryKeyCmd())
+	return cmd
+}
+
+func newVaultRecoveryKeyCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "recovery-key [--json]",
+		Short: "Print the mesh's recovery key (the vault's barrier key), which restores a snapshot; operator only",
+		Long: `Print the mesh's recovery key: the vault's barrier key, as MNRK1-… with a checksum, so a
+mistyped key is refused before anything is decrypted. meshnode genesis --from-snapshot needs
+it to open a snapshot's sealed foundation and the vault's records. Keep it offline, apart from
+the snapshot files and from operator.nk: whoever holds a snapshot and this key holds every
+secret of the mesh. The vault records each reading (event recovery-key-read).`,
+		Example: `  meshnode vault recovery-key > /secure/mesh-recovery-key.txt`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var rk api.RecoveryKey
+			if _, err := vaultCall(cmd, api.VaultVerbRecoveryKey, api.VaultRequest{}, &rk); err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(rk)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), rk.Key)
+			return nil
+		},
+	}
+	addClientFlags(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: mesh_id, key")
 	return cmd
 }
 
