@@ -39,9 +39,11 @@ func BenchmarkSyncPolicy(b *testing.B) {
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 			})
 			b.Run("pipelined", func(b *testing.B) {
+				// A full window waits for acks as long as they take: with an fsync per message
+				// on a loaded disk, longer than nats.go's 200 ms default (CI once failed there).
 				ajs, _ := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(256))
 				for b.Loop() {
-					if _, err := ajs.PublishAsync("s.x", data); err != nil {
+					if _, err := ajs.PublishAsync("s.x", data, jetstream.WithStallWait(time.Minute)); err != nil {
 						b.Fatal(err)
 					}
 				}
