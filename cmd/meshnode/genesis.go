@@ -104,7 +104,7 @@ the other founding nodes join with the founding token and wait for it.`,
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().IntVar(&expect, "expect", 1, "servers the mesh starts with: 1, or 3 to 64")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object, founding_token with --expect 3 or more: mesh_id, operator_creds, expect, founding_token?, config?, restored_from?, operator_key?")
-	cmd.Flags().StringVar(&fromSnapshot, "from-snapshot", "", "restore the mesh a `meshnode snapshot save` FILE holds, into this fresh data dir")
-	cmd.Flags().StringVar(&keyFile, "recovery-key-file", "", "with --from-snapshot: the file holding the mesh's recovery key (`meshnode vault recovery-key`)")
+	cmd.Flags().StringVar(&fromSnapshot, "from-snapshot", "", "restore the mesh the snapshot `FILE` holds (meshnode snapshot save), into this fresh data dir")
+	cmd.Flags().StringVar(&keyFile, "recovery-key-file", "", "with --from-snapshot: the `FILE` holding the mesh's recovery key (meshnode vault recovery-key)")
 	return cmd
 }
