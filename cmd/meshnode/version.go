@@ -28,7 +28,8 @@ func newVersionCmd() *cobra.Command {
 		Long: `Print the meshnode version, the Go version it was built with, and for each persistent
 format and the wire protocol the version this binary writes and the oldest it reads. Two
 meshnode versions may run in one mesh while each reads what the other writes
-(docs/operations.md, Upgrades).`,
+(docs/operations.md, Upgrades). With --json, formats maps each format's name to its
+writes and reads_from.`,
 		Example: `  meshnode version
   meshnode version --json`,
 		Args: cobra.NoArgs,
@@ -46,6 +47,6 @@ meshnode versions may run in one mesh while each reads what the other writes
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: version, go_version, formats (by name: writes, reads_from)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (formats: by name, writes and reads_from): version, go_version, formats")
 	return cmd
 }
