@@ -20,10 +20,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// upgradeFrom is the meshnode the upgrade bed starts from: the last commit before streams
-// were replicated by the number of servers (R3 on any mesh of three or more) and seats'
-// queues were sized from their declarations (a fixed share each).
-const upgradeFrom = "c13f8d1678ca995bdbc4d165977d0c6931ba24d7"
+// upgradeFrom is the meshnode the upgrade beds start from: the oldest commit whose nodes
+// must interoperate with the current code, as UPGRADE_FROM at the repository's root names it.
+func upgradeFrom(t *testing.T) string {
+	t.Helper()
+	rev, err := readUpgradeFrom(upgradeFromFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
 
 // buildAt builds cmd/meshnode as it was at commit rev, from this checkout's history.
 func buildAt(t *testing.T, rev string) string {
@@ -54,7 +60,7 @@ func buildAt(t *testing.T, rev string) string {
 // what its declaration asks, every job is still queued and is handled once a holder comes,
 // and every event is in EVENTS and in each node's audit log.
 func TestIntegration_UpgradeInPlace(t *testing.T) {
-	old := buildAt(t, upgradeFrom)
+	old := buildAt(t, upgradeFrom(t))
 	nodes := make([]*meshNode, 5)
 	for i := range nodes {
 		nodes[i] = newMeshNode(t, string(rune('a'+i)))
