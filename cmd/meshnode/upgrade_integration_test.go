@@ -118,6 +118,15 @@ func TestIntegration_UpgradeInPlace(t *testing.T) {
 				return fmt.Errorf("%s after the upgrade: %+v", s.Name, s)
 			}
 		}
+		// Every server tells its version in its gossip, so status shows the upgrade done.
+		if len(st.Members) != 5 {
+			return fmt.Errorf("status lists the versions of %d servers, want 5: %+v", len(st.Members), st.Members)
+		}
+		for _, m := range st.Members {
+			if m.Version != st.Version {
+				return fmt.Errorf("status: server %s runs %q after the upgrade, want %s", m.Name, m.Version, st.Version)
+			}
+		}
 		return nil
 	})
 	after := configs(a.p.clientURL)
