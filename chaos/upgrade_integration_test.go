@@ -26,7 +26,8 @@ import (
 // misread.
 func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 	old := testbed.BuildAt(t, testbed.UpgradeFrom(t), cleanEnv())
-	c := StartCluster(t, Options{Servers: 3, Binary: old, Flags: []string{"--isolation", "reduced"}})
+	// A restart has twice taken about 2 minutes to start its bus (docs/chaos.md): an upgrade waits for it.
+	c := StartCluster(t, Options{Servers: 3, Binary: old, Flags: []string{"--isolation", "reduced"}, ReadyTimeout: 3 * time.Minute})
 	h := NewHistory()
 	log := slog.New(slog.NewTextHandler(&logSink{t: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
