@@ -197,6 +197,19 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	}
 	t.Logf("chaos: %d meshnode processes formed mesh %s in %s (bridge %s, %s.0/24)", o.Servers, g.MeshID,
 		time.Since(start).Round(time.Millisecond), c.lan.bridge, c.lan.prefix)
+	if o.Binary != "" {
+		// An older meshnode's status may not report replication, which Settled reads (the
+		// upgrade bed's commit does not): its founders' /readyz is what is waited for.
+		testbed.RetryUntil(t, o.ReadyTimeout, func() error {
+			for i := range o.Servers {
+				if err := c.Ready(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		return c
+	}
 	testbed.RetryUntil(t, o.ReadyTimeout, c.Settled)
 	return c
 }

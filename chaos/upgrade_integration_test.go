@@ -44,6 +44,8 @@ func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 		if err := c.Upgrade(i); err != nil {
 			t.Fatal(err)
 		}
+		// Settled asks the members in order, the first that reports replication deciding:
+		// from the first upgrade on, an upgraded node (an older one reports none).
 		testbed.RetryUntil(t, 3*time.Minute, c.Settled)
 		t.Logf("upgraded %s and the mesh settled in %s", n.Name(), time.Since(began).Round(time.Millisecond))
 	}
