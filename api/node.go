@@ -92,6 +92,18 @@ type NodeStatus struct {
 	Audit           NodeAuditStatus     `json:"audit"`
 	// Replication is the mesh's streams' replication; nil on a node that is not serving yet.
 	Replication *NodeReplication `json:"replication,omitempty"`
+	// Members are the mesh's servers' meshnode versions, by name, as this node's gossip
+	// knows them: a mesh in a rolling upgrade shows two. Nil on a single node.
+	Members []MemberVersion `json:"members,omitempty"`
+}
+
+// MemberVersion is one server's meshnode version in NodeStatus.
+type MemberVersion struct {
+	Name  string `json:"name"`
+	State string `json:"state"` // as NodeMember's
+	// Version is "" for a member running a meshnode older than this field: it does not
+	// tell its version.
+	Version string `json:"version,omitempty"`
 }
 
 // NodeReplication is the replication part of NodeStatus: how many copies the mesh keeps of
@@ -139,6 +151,9 @@ type NodeMember struct {
 	State      string   `json:"state"`                 // alive, suspect, dead, left
 	JetStream  string   `json:"jetstream"`             // leader, follower or offline (a peer of the meta group that does not answer); none (not a peer); standalone
 	Seats      []string `json:"seats"`                 // the seats held by this node or its modules
+	// Version is the member's meshnode version, as its gossip tells it; "" for a member
+	// running a meshnode older than this field.
+	Version string `json:"version,omitempty"`
 }
 
 // StreamReplication is one stream's replication, as `meshnode status` shows it.

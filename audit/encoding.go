@@ -20,6 +20,16 @@ import (
 // hashed then (Record.computeHash).
 const compactFormat = 0x02
 
+// The versions of the audit record's encoding, as `meshnode version` reports them: the
+// compact encoding (its leading byte) is written, and a record in JSON, the first encoding,
+// is still read and verified.
+const (
+	// RecordFormat is the encoding this binary writes: the compact one.
+	RecordFormat = compactFormat
+	// OldestRecordFormat is the oldest encoding this binary reads: JSON.
+	OldestRecordFormat = 1
+)
+
 // prevText is the flag of a record whose link is not a hash (a head damaged on disk): the
 // link is kept as text.
 const prevText = 4

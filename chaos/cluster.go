@@ -5,6 +5,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -48,6 +49,10 @@ type Options struct {
 	Flags []string
 	// ReadyTimeout bounds the wait for a node's ready line; 0 means 90 s.
 	ReadyTimeout time.Duration
+	// Binary is the meshnode the nodes found the mesh with and start with until Upgrade
+	// moves them to this checkout's (an upgrade bed's older build); "" is this checkout's.
+	// The CLI verbs (Meshnode, Settled) always run this checkout's.
+	Binary string
 }
 
 // The ports every node listens on, on its namespace's address.
@@ -112,6 +117,7 @@ type Node struct {
 	log   *testbed.SyncBuffer
 
 	mu        sync.Mutex
+	bin       string   // the meshnode it starts: Options.Binary until Upgrade
 	verb      []string // how the next start begins: join with a token until a start was ready, then run
 	cmd       *exec.Cmd
 	killing   *exec.Cmd     // the process Kill signalled: its end is no finding
@@ -157,7 +163,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	t.Cleanup(c.stopAll)
 
 	first := c.Nodes[0]
-	genesis := c.lan.command(0, c.bin, append([]string{"genesis", "--expect", strconv.Itoa(o.Servers), "--json"}, first.flags...)...)
+	genesis := c.lan.command(0, first.bin, append([]string{"genesis", "--expect", strconv.Itoa(o.Servers), "--json"}, first.flags...)...)
 	genesis.Env = c.env
 	out, err := genesis.Output()
 	if err != nil {
@@ -191,6 +197,19 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	}
 	t.Logf("chaos: %d meshnode processes formed mesh %s in %s (bridge %s, %s.0/24)", o.Servers, g.MeshID,
 		time.Since(start).Round(time.Millisecond), c.lan.bridge, c.lan.prefix)
+	if o.Binary != "" {
+		// An older meshnode's status may not report replication, which Settled reads (the
+		// upgrade bed's commit does not): its founders' /readyz is what is waited for.
+		testbed.RetryUntil(t, o.ReadyTimeout, func() error {
+			for i := range o.Servers {
+				if err := c.Ready(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		return c
+	}
 	testbed.RetryUntil(t, o.ReadyTimeout, c.Settled)
 	return c
 }
@@ -222,7 +241,8 @@ func (c *Cluster) prepare(t testing.TB, k int) *Node {
 		// Every node sizes its streams from the same figure, whatever its tmpfs holds at a
 		// start; a full tmpfs is then a disk that refuses writes, not a smaller store.
 		"--store-max-bytes", strconv.FormatInt(c.o.DiskBytes*3/4, 10)}
-	return &Node{c: c, index: k, name: name, dir: dir, addr: addr, flags: append(flags, c.o.Flags...), log: &testbed.SyncBuffer{}}
+	return &Node{c: c, index: k, name: name, dir: dir, addr: addr, flags: append(flags, c.o.Flags...), log: &testbed.SyncBuffer{},
+		bin: cmp.Or(c.o.Binary, c.bin)}
 }
 
 // stopAll kills every process, ends the modules' cgroups and, for a failed test, logs the
@@ -604,7 +624,7 @@ func (n *Node) Start() error {
 	if n.verb == nil {
 		return fmt.Errorf("chaos: node %s is a spare: Grow joins it", n.name)
 	}
-	cmd := n.c.lan.command(n.index, n.c.bin, append(slices.Clone(n.verb), n.flags...)...)
+	cmd := n.c.lan.command(n.index, n.bin, append(slices.Clone(n.verb), n.flags...)...)
 	cmd.Env = n.c.env
 	started, from := time.Now(), n.log.Len()
 	fmt.Fprintf(n.log, "--- chaos: %s %s at %s\n", n.name, n.verb[0], started.Format(time.StampMilli))
@@ -723,6 +743,46 @@ func (n *Node) Kill() error {
 	case <-time.After(20 * time.Second):
 		return fmt.Errorf("chaos: node %s (pid %d) still runs 20 s after SIGKILL", n.name, cmd.Process.Pid)
 	}
+}
+
+// Stop stops the node as its service manager does (SIGTERM) and waits until the process is
+// gone: the node says goodbye and closes its parts. A node not running is no error.
+func (n *Node) Stop() error {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	if cmd != nil {
+		n.killing = cmd // an exit asked for, no finding
+	}
+	n.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("chaos: stop node %s: %w", n.name, err)
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(time.Minute):
+		return fmt.Errorf("chaos: node %s (pid %d) still runs a minute after SIGTERM:\n%s", n.name, cmd.Process.Pid, tail(n.log.String(), 40))
+	}
+}
+
+// Upgrade moves node i to this checkout's meshnode as an operator does: stopped, started
+// again on its data dir with the new binary, and ready. Upgrading one node at a time, and
+// waiting for Settled between, is the procedure of docs/operations.md (Upgrades).
+func (c *Cluster) Upgrade(i int) error {
+	n := c.Nodes[i]
+	if err := n.Stop(); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.bin = c.bin
+	n.mu.Unlock()
+	if err := n.Start(); err != nil {
+		return err
+	}
+	return n.AwaitReady(c.o.ReadyTimeout)
 }
 
 // Pause stops the process (SIGSTOP): it holds its connections and leases but answers

@@ -412,6 +412,7 @@ type Member struct {
 	State      string   `json:"state"`                 // alive, suspect, dead, left
 	JetStream  string   `json:"jetstream"`             // leader, follower, offline, none or standalone
 	Seats      []string `json:"seats"`                 // the seats held by this node or its modules
+	Version    string   `json:"version,omitempty"`     // its meshnode version, as api.NodeMember's
 }
 
 // Module is a registered module and its derived authority.

@@ -35,6 +35,9 @@ type Meta struct {
 	MeshID string `json:"m"`
 	Route  string `json:"r,omitempty"` // nats-route://host:port
 	Client string `json:"c,omitempty"` // nats://host:port
+	// Version is the node's meshnode version, so every member shows the others' during a
+	// rolling upgrade; "" from a meshnode older than this field (an older node ignores it).
+	Version string `json:"v,omitempty"`
 	// Formed lists the servers the mesh formed with, once it has (empty before): a node not
 	// among them that never formed came with the founding token after it was spent (DESIGN
 	// §9), and is refused; later nodes join with a vault-minted token.

@@ -29,7 +29,7 @@ func key(t *testing.T) []byte {
 func open(t *testing.T, name, mesh string, k []byte) *membership.Membership {
 	t.Helper()
 	m, err := membership.Open(membership.Config{
-		Meta:      membership.Meta{Name: name, MeshID: mesh, Client: "nats://127.0.0.1:4222"},
+		Meta:      membership.Meta{Name: name, MeshID: mesh, Client: "nats://127.0.0.1:4222", Version: "v-" + name},
 		BindAddr:  "127.0.0.1:0",
 		GossipKey: k,
 	})
@@ -58,7 +58,8 @@ func TestMembership_Form(t *testing.T) {
 				return fmt.Errorf("%d members", len(ms))
 			}
 			for _, x := range ms {
-				if x.MeshID != "mesh1" || x.State != "alive" || x.Client == "" {
+				// Each member's version travels in its meta: status shows a mixed mesh.
+				if x.MeshID != "mesh1" || x.State != "alive" || x.Client == "" || x.Version != "v-"+x.Name {
 					return fmt.Errorf("member %+v", x)
 				}
 				if x.Name == "a" && x.Addr != a.Addr() {

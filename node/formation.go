@@ -39,7 +39,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	}
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
-			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Formed: f.Members},
+			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: Version(), Formed: f.Members},
 		BindAddr:      n.cfg.GossipAddr,
 		AdvertiseAddr: adv.gossip,
 		GossipKey:     f.GossipKey,

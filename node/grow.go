@@ -197,7 +197,7 @@ func (n *Node) gossipToGrow() error {
 			adv.gossip = ""
 		}
 		m, err := membership.Open(membership.Config{
-			Meta:          membership.Meta{Name: n.id.Name, MeshID: n.id.MeshID, Route: "nats-route://" + adv.route, Client: "nats://" + adv.client},
+			Meta:          membership.Meta{Name: n.id.Name, MeshID: n.id.MeshID, Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: Version()},
 			BindAddr:      n.cfg.GossipAddr,
 			AdvertiseAddr: adv.gossip,
 			GossipKey:     n.found.GossipKey,

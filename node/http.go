@@ -199,12 +199,27 @@ func (n *Node) Status(ctx context.Context) api.NodeStatus {
 		s.Ready = true
 	}
 	s.Audit = n.auditStatus(ctx)
+	s.Members = n.memberVersions()
 	if n.reg != nil {
 		rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 		s.Replication = replication.Status(rctx, n.bus.JetStream(), n.servers())
 		cancel()
 	}
 	return s
+}
+
+// memberVersions are the mesh's servers' meshnode versions as the gossip tells them, by
+// name; nil on a single node.
+func (n *Node) memberVersions() []api.MemberVersion {
+	if n.mesh.members == nil {
+		return nil
+	}
+	var out []api.MemberVersion
+	for _, m := range n.mesh.members.Members() {
+		out = append(out, api.MemberVersion{Name: m.Name, State: m.State, Version: m.Version})
+	}
+	slices.SortFunc(out, func(a, b api.MemberVersion) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // auditStatus reads the audit log's counters and its lag behind EVENTS.
@@ -266,12 +281,12 @@ func (n *Node) Members() []api.NodeMember {
 		return "follower"
 	}
 	if n.mesh.members == nil {
-		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name])}}
+		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Version: Version()}}
 	}
 	// Address is the client URL on a single node and in a mesh alike: what an operator
 	// passes to --server; the gossip address is the mesh's own business, shown apart.
 	for _, m := range n.mesh.members.Members() {
-		out = append(out, api.NodeMember{Name: m.Name, Address: m.Client, GossipAddr: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name])})
+		out = append(out, api.NodeMember{Name: m.Name, Address: m.Client, GossipAddr: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Version: m.Version})
 	}
 	slices.SortFunc(out, func(a, b api.NodeMember) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,10 +20,12 @@ func newMembersCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "members [--json]",
-		Short: "List the mesh's servers: name, client URL, state, JetStream role, seats held",
+		Short: "List the mesh's servers: name, client URL, state, JetStream role, meshnode version, seats held",
 		Long: `List the mesh's servers as the node asked sees them. CLIENT URL (JSON: address) is where
 a module or ` + "`meshnode --server`" + ` connects to the server, on a single node and in a mesh
 alike; GOSSIP (JSON: gossip_addr) is its membership gossip's host:port, "-" on a single node.
+VERSION is the server's meshnode version, as its gossip tells it: "?" for a meshnode older
+than version reporting. During a rolling upgrade the mesh shows two.
 
 The node asked is the one running on --data-dir, or the one whose client port --server,
 MESHNODE_SERVER or a context names (asked over its bus as the operator: --creds).`,
@@ -42,7 +45,7 @@ MESHNODE_SERVER or a context names (asked over its bus as the operator: --creds)
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member (address is its client URL): name, address, gossip_addr?, state, jetstream, seats")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per member (address is its client URL; version is absent for a meshnode older than version reporting): name, address, gossip_addr?, state, jetstream, seats, version?")
 	return cmd
 }
 
@@ -82,9 +85,9 @@ func askMembers(cmd *cobra.Command) ([]api.NodeMember, error) {
 
 func printMembers(w io.Writer, ms []api.NodeMember) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCLIENT URL\tGOSSIP\tSTATE\tJETSTREAM\tSEATS")
+	fmt.Fprintln(tw, "NAME\tCLIENT URL\tGOSSIP\tSTATE\tJETSTREAM\tVERSION\tSEATS")
 	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, orDash(m.Address), orDash(m.GossipAddr), m.State, m.JetStream, orDash(strings.Join(m.Seats, ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, orDash(m.Address), orDash(m.GossipAddr), m.State, m.JetStream, cmp.Or(m.Version, "?"), orDash(strings.Join(m.Seats, ",")))
 	}
 	return tw.Flush()
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshnode/meshnode/formats"
 )
 
 // loopback are the flags that put a node on free loopback ports.
@@ -90,5 +93,10 @@ func TestBinary_Version(t *testing.T) {
 	r := meshnode(t, nil, "version")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "meshnode ") {
 		t.Fatalf("version: exit %d %q", r.code, r.stdout)
+	}
+	for name, f := range formats.All() {
+		if line := fmt.Sprintf("format %s: writes %d, reads %d to %d\n", name, f.Writes, f.ReadsFrom, f.Writes); !strings.Contains(r.stdout, line) {
+			t.Errorf("version: no line %q in %q", line, r.stdout)
+		}
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -27,7 +29,11 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show the running node's state",
 		Long: `Show the state of a node: the one running on --data-dir (asked over its HTTP API), or the
 one whose client port --server, MESHNODE_SERVER or a context names (asked over its bus, as
-the operator: --creds; no data dir needed on this machine).`,
+the operator: --creds; no data dir needed on this machine).
+
+In a mesh, the versions row (JSON: members, each server's name, state and version) shows the
+meshnode version each server runs as the gossip tells it: a mesh in a rolling upgrade shows
+two, and a server older than version reporting shows none.`,
 		Example: `  meshnode status
   meshnode status --json --data-dir /var/lib/meshnode
   meshnode status --server tls://10.0.0.2:4222 --creds operator.nk --ca ca.pem`,
@@ -50,7 +56,7 @@ the operator: --creds; no data dir needed on this machine).`,
 		},
 	}
 	addClientFlags(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?, applied_revision?, replication?")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, mesh_id, version, client_url, http_url, cluster_addr, gossip_addr, ready, started, uptime_seconds, connections, jetstream, audit, reason?, growing?, applied_revision?, replication?, members?")
 	return cmd
 }
 
@@ -179,6 +185,9 @@ func printStatus(w io.Writer, st api.NodeStatus) {
 	if r := st.Replication; r != nil {
 		rows = append(rows, [2]string{"replication", replicationLine(r)})
 	}
+	if len(st.Members) > 0 {
+		rows = append(rows, [2]string{"versions", versionsLine(st.Members)})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}
@@ -186,6 +195,33 @@ func printStatus(w io.Writer, st api.NodeStatus) {
 	if r := st.Replication; r != nil && len(r.Streams) > 0 {
 		printStreams(w, r)
 	}
+}
+
+// unknownVersion stands for the version of a member that does not tell it.
+const unknownVersion = "unknown (a meshnode older than version reporting)"
+
+// versionsLine is the status's versions row: the one version every server runs, or each
+// version with the servers on it, so a mesh in a rolling upgrade shows which are done.
+func versionsLine(ms []api.MemberVersion) string {
+	on := map[string][]string{}
+	for _, m := range ms {
+		name := m.Name
+		if m.State != "alive" {
+			name += " (" + m.State + ")"
+		}
+		v := cmp.Or(m.Version, unknownVersion)
+		on[v] = append(on[v], name)
+	}
+	if len(on) == 1 {
+		for v := range on {
+			return fmt.Sprintf("every server (%d) runs %s", len(ms), v)
+		}
+	}
+	var parts []string
+	for _, v := range slices.Sorted(maps.Keys(on)) {
+		parts = append(parts, v+" on "+strings.Join(on[v], ", "))
+	}
+	return "mixed (finish the upgrade one server at a time): " + strings.Join(parts, "; ")
 }
 
 // replicationLine is the status's replication row: the servers, the copies kept, and how

@@ -42,3 +42,46 @@ func TestPrintStatus_Replication(t *testing.T) {
 		t.Errorf("a mesh of 32 streams, one without quorum:\n%s", s)
 	}
 }
+
+// TestPrintStatus_Versions: a mesh whose servers all run one meshnode says so; a mesh in a
+// rolling upgrade lists each version with its servers, a member that does not tell its
+// version (older than version reporting) and one that is down among them.
+func TestPrintStatus_Versions(t *testing.T) {
+	var out strings.Builder
+	printStatus(&out, api.NodeStatus{Name: "a", Members: []api.MemberVersion{
+		{Name: "a", State: "alive", Version: "v1.4.0"}, {Name: "b", State: "alive", Version: "v1.4.0"},
+	}})
+	if want := "versions     every server (2) runs v1.4.0\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, out.String())
+	}
+
+	out.Reset()
+	printStatus(&out, api.NodeStatus{Name: "a", Members: []api.MemberVersion{
+		{Name: "a", State: "alive", Version: "v1.5.0"}, {Name: "b", State: "stopped", Version: "v1.4.0"},
+		{Name: "c", State: "alive", Version: "v1.4.0"}, {Name: "d", State: "alive"},
+	}})
+	if want := "versions     mixed (finish the upgrade one server at a time): unknown (a meshnode older than version reporting) on d; v1.4.0 on b (stopped), c; v1.5.0 on a\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, out.String())
+	}
+
+	out.Reset()
+	printStatus(&out, api.NodeStatus{Name: "a"})
+	if strings.Contains(out.String(), "versions") {
+		t.Errorf("a single node's status shows versions:\n%s", out.String())
+	}
+}
+
+// TestPrintMembers_Version: members shows each server's version, "?" for one that does not
+// tell it.
+func TestPrintMembers_Version(t *testing.T) {
+	var out strings.Builder
+	printMembers(&out, []api.NodeMember{
+		{Name: "a", Address: "nats://h:4222", State: "alive", JetStream: "leader", Version: "v1.5.0"},
+		{Name: "b", Address: "nats://h:4223", State: "alive", JetStream: "follower"},
+	})
+	for _, want := range []string{"VERSION", "leader     v1.5.0", "follower   ?"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("members lacks %q:\n%s", want, out.String())
+		}
+	}
+}

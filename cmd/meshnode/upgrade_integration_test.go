@@ -20,32 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// upgradeFrom is the meshnode the upgrade bed starts from: the last commit before streams
-// were replicated by the number of servers (R3 on any mesh of three or more) and seats'
-// queues were sized from their declarations (a fixed share each).
-const upgradeFrom = "c13f8d1678ca995bdbc4d165977d0c6931ba24d7"
-
-// buildAt builds cmd/meshnode as it was at commit rev, from this checkout's history.
-func buildAt(t *testing.T, rev string) string {
-	t.Helper()
-	root, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
-	if err != nil {
-		testbed.Skip(t, "the upgrade bed builds meshnode at %s from the checkout's git history, and this is no git checkout: %v", rev[:7], err)
-	}
-	src := t.TempDir()
-	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", strings.TrimSpace(string(root)), rev, src)
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("unpack %s (a shallow clone lacks it: fetch the history): %v\n%s", rev[:7], err, out)
-	}
-	bin := filepath.Join(t.TempDir(), "meshnode-"+rev[:7])
-	build := exec.Command("go", "build", "-o", bin, "./cmd/meshnode")
-	build.Dir, build.Env = src, cleanEnv()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build meshnode at %s: %v\n%s", rev[:7], err, out)
-	}
-	return bin
-}
-
 // TestIntegration_UpgradeInPlace: a mesh of five made by the meshnode before this change —
 // every stream at three copies, the seat's queue with its fixed reservation, 100 jobs queued
 // under no holder, 10,000 events — is upgraded one server at a time (each stopped and
@@ -54,7 +28,7 @@ func buildAt(t *testing.T, rev string) string {
 // what its declaration asks, every job is still queued and is handled once a holder comes,
 // and every event is in EVENTS and in each node's audit log.
 func TestIntegration_UpgradeInPlace(t *testing.T) {
-	old := buildAt(t, upgradeFrom)
+	old := testbed.BuildAt(t, testbed.UpgradeFrom(t), cleanEnv())
 	nodes := make([]*meshNode, 5)
 	for i := range nodes {
 		nodes[i] = newMeshNode(t, string(rune('a'+i)))
@@ -142,6 +116,15 @@ func TestIntegration_UpgradeInPlace(t *testing.T) {
 		for _, s := range st.Replication.Streams {
 			if s.Replicas != 5 || s.Current != 5 || !s.Quorum {
 				return fmt.Errorf("%s after the upgrade: %+v", s.Name, s)
+			}
+		}
+		// Every server tells its version in its gossip, so status shows the upgrade done.
+		if len(st.Members) != 5 {
+			return fmt.Errorf("status lists the versions of %d servers, want 5: %+v", len(st.Members), st.Members)
+		}
+		for _, m := range st.Members {
+			if m.Version != st.Version {
+				return fmt.Errorf("status: server %s runs %q after the upgrade, want %s", m.Name, m.Version, st.Version)
 			}
 		}
 		return nil

@@ -2,11 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/meshnode/meshnode/formats"
 	"github.com/spf13/cobra"
 )
 
@@ -79,12 +81,12 @@ func TestBinary_EveryVerb(t *testing.T) {
 	}
 
 	r := meshnode(t, nil, "version", "--json")
-	var v struct{ Version, GoVersion string }
-	if err := json.Unmarshal([]byte(r.stdout), &struct {
-		Version   *string `json:"version"`
-		GoVersion *string `json:"go_version"`
-	}{&v.Version, &v.GoVersion}); err != nil || r.code != 0 || v.Version == "" || !strings.HasPrefix(v.GoVersion, "go") {
+	var v versionReport
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || r.code != 0 || v.Version == "" || !strings.HasPrefix(v.GoVersion, "go") {
 		t.Fatalf("version --json: exit %d %q %v", r.code, r.stdout, err)
+	}
+	if got, want := v.Formats, formats.All(); !maps.Equal(got, want) {
+		t.Fatalf("version --json: formats %v, want %v", got, want)
 	}
 	good, bad := filepath.Join(t.TempDir(), "good.yaml"), filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(good, []byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\n"), 0o600)

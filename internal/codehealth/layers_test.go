@@ -27,7 +27,7 @@ var layers = []struct {
 	}},
 	{"stores and services", []string{
 		"config", "embedbus", "membership", "genesis", "datadir", "sandbox",
-		"seats", "audit", "artifact", "vault", "metrics", "deploy", "registry", "provision", "build", "deadletter", "streammove", "snapshot", "replication", "admit",
+		"seats", "audit", "artifact", "vault", "metrics", "deploy", "registry", "provision", "build", "deadletter", "streammove", "snapshot", "formats", "replication", "admit",
 	}},
 	{"parts that compose services, and the clients of the bus", []string{
 		"admin", "sdk", "sdk/dedupbolt", "host", "controller", "dashboard", "provenance",
