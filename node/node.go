@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
+	"github.com/meshnode/meshnode/alarm"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
@@ -114,7 +115,7 @@ type Node struct {
 
 	bus     *embedbus.Bus
 	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
-	alarms  alarms            // standing reasons not to be ready (drift.go)
+	alarms  alarm.Set         // standing reasons not to be ready (drift.go, snapshots)
 	resp    responder         // answers every request (responder.go)
 	reg     *registry.Registry
 	count   *replication.Count // the mesh's servers (servers)
