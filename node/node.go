@@ -790,6 +790,12 @@ func (n *Node) Run(ctx context.Context) error {
 	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: n.replicationServers, Holds: n.holdsController,
 		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
 	add("replication", keeper.Run)
+	sched := &snapshot.Schedule{Interval: time.Duration(n.cfg.SnapshotInterval), Dir: n.cfg.ScheduledSnapshotDir(), Keep: n.cfg.SnapshotKeep,
+		Conn: n.bus.Conn(), MeshID: n.id.MeshID, Operator: n.id.OperatorKey, Version: Version(), Node: n.id.Name,
+		Seal: func() (*api.SealedFoundation, error) { return n.dir.vault.Load().SealedFoundation() }, AuditQuery: n.audit.Query,
+		Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
+		Log: n.log.With("component", "snapshot")}
+	add("scheduled snapshots", sched.Run)
 	add("admitter", n.runAdmitter)
 	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)
