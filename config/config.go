@@ -182,13 +182,16 @@ type Config struct {
 	// against what they should be, and repairs what it may (a deletion's advisory starts a
 	// check at once); bad records in the registry and the vault are reported by it too.
 	DriftInterval Duration `yaml:"drift-interval"`
-	// SnapshotInterval is how often the holder of the mesh-controller seat writes a snapshot
-	// of the mesh (as `meshnode snapshot save` does) into SnapshotDir; zero: never.
+	// SnapshotInterval is how often the server holding the mesh-controller seat writes a
+	// snapshot of the mesh (what `meshnode snapshot save` writes) into snapshot-dir, as
+	// snapshot-<UTC time>.tar; zero: never. At least 1m.
 	SnapshotInterval Duration `yaml:"snapshot-interval"`
-	// SnapshotDir is where scheduled snapshots are written; "": <data-dir>/snapshots.
+	// SnapshotDir is where scheduled snapshots are written, an absolute path; "":
+	// <data-dir>/snapshots. Put it on another disk than the data dir, and copy its files off
+	// the machine: a snapshot beside the data it backs up is lost with it.
 	SnapshotDir string `yaml:"snapshot-dir"`
-	// SnapshotKeep is how many scheduled snapshots SnapshotDir keeps: the oldest beyond it
-	// are deleted after each new one.
+	// SnapshotKeep is how many scheduled snapshots snapshot-dir keeps: the oldest beyond it
+	// are deleted after each new one (only files named snapshot-<UTC time>.tar).
 	SnapshotKeep int `yaml:"snapshot-keep"`
 	// Isolation is how isolated modules and builds must run (DESIGN §13): "full" refuses
 	// to start one without Landlock's scoping and a cgroup v2 to contain its processes;
