@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,9 @@ func TestIntegration_ScheduledSnapshot_FollowsController(t *testing.T) {
 		entries, _ := os.ReadDir(c.cfgs[i].ScheduledSnapshotDir())
 		var out []string
 		for _, e := range entries {
-			out = append(out, e.Name())
+			if strings.HasPrefix(e.Name(), "snapshot-") && strings.HasSuffix(e.Name(), ".tar") {
+				out = append(out, e.Name()) // not a save's FILE.tmp or spool under way
+			}
 		}
 		return out
 	}
