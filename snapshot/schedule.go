@@ -67,7 +67,7 @@ type Schedule struct {
 
 	holding bool               // held mesh-controller at the last check
 	since   time.Time          // when this node began holding it
-	last    time.Time          // the last success: a file's time, this node's or a former holder's
+	last    time.Time          // the last success: this run's, or the newest file's in Dir
 	tried   time.Time          // the last attempt's start
 	failure error              // the last attempt's, nil once one succeeds
 	running context.CancelFunc // stops the save under way; nil when none is
@@ -93,7 +93,7 @@ func (s *Schedule) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(min(s.Interval/4, time.Minute))
+	t := time.NewTicker(max(min(s.Interval/4, time.Minute), time.Millisecond))
 	defer t.Stop()
 	defer s.stop()
 	for {
