@@ -65,13 +65,14 @@ type Schedule struct {
 	now  func() time.Time                                         // time.Now; tests turn it
 	save func(ctx context.Context, path string) (Manifest, error) // s.saveMesh; tests replace it
 
-	holding bool               // held mesh-controller at the last check
-	since   time.Time          // when this node began holding it
-	last    time.Time          // the last success: this run's, or the newest file's in Dir
-	tried   time.Time          // the last attempt's start
-	failure error              // the last attempt's, nil once one succeeds
-	running context.CancelFunc // stops the save under way; nil when none is
-	done    chan saved         // the save under way's outcome
+	holding  bool               // held mesh-controller at the last check
+	since    time.Time          // when this node began holding it
+	last     time.Time          // the last success: this run's, or the newest file's in Dir
+	tried    time.Time          // the last attempt's start
+	failure  error              // the last attempt's, nil once one succeeds
+	failures int                // attempts failed in a row: the retry backs off with them
+	running  context.CancelFunc // stops the save under way; nil when none is
+	done     chan saved         // the save under way's outcome
 }
 
 // saved is a save's outcome.
@@ -129,10 +130,23 @@ func (s *Schedule) check(ctx context.Context) {
 	if !s.holding {
 		s.take(now)
 	}
-	if s.running == nil && (s.tried.IsZero() || now.Sub(s.tried) >= s.Interval) {
+	if s.running == nil && (s.tried.IsZero() || now.Sub(s.tried) >= s.wait()) {
 		s.start(ctx, now)
 	}
 	s.alarm(now)
+}
+
+// firstRetry is how long after a failed snapshot the next is tried, doubling with each
+// failure in a row up to the interval: a server that took mesh-controller moments before it
+// had the vault's credentials (a founding server) retries within seconds, not an interval.
+const firstRetry = 15 * time.Second
+
+// wait is how long after the last attempt the next is due.
+func (s *Schedule) wait() time.Duration {
+	if s.failures == 0 {
+		return s.Interval
+	}
+	return min(firstRetry<<min(s.failures-1, 16), s.Interval)
 }
 
 // stop stops the save under way, if any, and waits for it.
@@ -146,7 +160,7 @@ func (s *Schedule) stop() {
 // take begins this node's turn: the series goes on from the newest file in Dir, and what a
 // save killed midway left there is removed.
 func (s *Schedule) take(now time.Time) {
-	s.holding, s.since, s.failure = true, now, nil
+	s.holding, s.since, s.failure, s.failures = true, now, nil, 0
 	files, err := s.scheduled()
 	if err != nil {
 		s.Log.Warn("scheduled snapshots: cannot read their directory; the next snapshot tries to make it", "dir", s.Dir, "err", err)
@@ -188,11 +202,12 @@ func (s *Schedule) finish(r saved) {
 		s.Log.Info("scheduled snapshot stopped: the node stops, or no longer holds mesh-controller", "path", r.path)
 	case r.err != nil:
 		s.failure = r.err
+		s.failures++
 		s.Failures.Inc()
 		s.Log.Warn("scheduled snapshot failed; /readyz reports it until one succeeds: read the error, check snapshot-dir's free space and permissions, or take one by hand with `meshnode snapshot save`",
-			"path", r.path, "err", r.err, "next_in", s.Interval)
+			"path", r.path, "err", r.err, "next_in", s.wait())
 	default:
-		s.last, s.failure = r.at, nil
+		s.last, s.failure, s.failures = r.at, nil, 0
 		s.LastSuccess.Set(float64(r.at.Unix()))
 		var size int64
 		if fi, err := os.Stat(r.path); err == nil {

@@ -166,9 +166,16 @@ func TestSchedule_Alarm(t *testing.T) {
 	if got := testutil.ToFloat64(f.LastSuccess); got != 0 {
 		t.Fatalf("last success metric %v after a failure only, want 0", got)
 	}
+	// Retries come sooner than the interval, backing off: 15s, then 30s.
+	if f.step(t, 14*time.Second) || !f.step(t, time.Second) {
+		t.Fatal("no retry 15s after the first failure")
+	}
+	if f.step(t, 29*time.Second) || !f.step(t, time.Second) {
+		t.Fatal("no retry 30s after the second failure")
+	}
 	f.fail = nil
-	if !f.step(t, time.Hour) {
-		t.Fatal("no retry an interval after the failure")
+	if !f.step(t, time.Minute) {
+		t.Fatal("no retry a minute after the third failure")
 	}
 	if err := f.Alarms.Err(); err != nil {
 		t.Fatalf("alarm after a successful snapshot: %v, want none", err)
