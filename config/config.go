@@ -48,6 +48,11 @@ const (
 	DefaultFloodBar     = 10 * time.Second
 	DefaultFloodBarMax  = 10 * time.Minute
 	DefaultEventsMaxAge = 7 * 24 * time.Hour
+	// DefaultSnapshotKeep is SnapshotKeep's default: a week of daily snapshots.
+	DefaultSnapshotKeep = 7
+	// MinSnapshotInterval is the shortest SnapshotInterval: a snapshot reads every stream
+	// of the mesh, so one more often than this would keep the disk busy with copies.
+	MinSnapshotInterval = time.Minute
 
 	// FileName is the configuration file looked for in the data dir when --config is not given.
 	FileName = "meshnode.yaml"
@@ -177,6 +182,17 @@ type Config struct {
 	// against what they should be, and repairs what it may (a deletion's advisory starts a
 	// check at once); bad records in the registry and the vault are reported by it too.
 	DriftInterval Duration `yaml:"drift-interval"`
+	// SnapshotInterval is how often the server holding the mesh-controller seat writes a
+	// snapshot of the mesh (what `meshnode snapshot save` writes) into snapshot-dir, as
+	// snapshot-<UTC time>.tar; zero: never. At least 1m.
+	SnapshotInterval Duration `yaml:"snapshot-interval"`
+	// SnapshotDir is where scheduled snapshots are written, an absolute path; "":
+	// <data-dir>/snapshots. Put it on another disk than the data dir, and copy its files off
+	// the machine: a snapshot beside the data it backs up is lost with it.
+	SnapshotDir string `yaml:"snapshot-dir"`
+	// SnapshotKeep is how many scheduled snapshots snapshot-dir keeps: the oldest beyond it
+	// are deleted after each new one (only files named snapshot-<UTC time>.tar).
+	SnapshotKeep int `yaml:"snapshot-keep"`
 	// Isolation is how isolated modules and builds must run (DESIGN §13): "full" refuses
 	// to start one without Landlock's scoping and a cgroup v2 to contain its processes;
 	// "reduced" starts it with what the machine gives, and says what is missing.
@@ -261,6 +277,7 @@ func Up() Config {
 		ProvisionInterval: Duration(DefaultProvisionInterval),
 		DriftInterval:     Duration(DefaultDriftInterval),
 		EventsMaxAge:      Duration(DefaultEventsMaxAge),
+		SnapshotKeep:      DefaultSnapshotKeep,
 		RateLimit:         DefaultRateLimit,
 		EmitRate:          DefaultEmitRate,
 		AuditMaxLag:       DefaultAuditMaxLag,
@@ -437,6 +454,9 @@ func (c *Config) keys() map[string]any {
 		"builder":                 &c.Builder,
 		"provision-interval":      &c.ProvisionInterval,
 		"drift-interval":          &c.DriftInterval,
+		"snapshot-interval":       &c.SnapshotInterval,
+		"snapshot-dir":            &c.SnapshotDir,
+		"snapshot-keep":           &c.SnapshotKeep,
 		"isolation":               &c.Isolation,
 		"cgroup":                  &c.Cgroup,
 		"module-uids":             &c.ModuleUIDs,
@@ -447,6 +467,15 @@ func (c *Config) keys() map[string]any {
 
 		"dead-max-bytes-per-consumer": &c.DeadMaxBytesPerConsumer,
 	}
+}
+
+// ScheduledSnapshotDir is where scheduled snapshots go: SnapshotDir, or
+// <data-dir>/snapshots when it is "".
+func (c Config) ScheduledSnapshotDir() string {
+	if c.SnapshotDir != "" {
+		return c.SnapshotDir
+	}
+	return filepath.Join(c.DataDir, "snapshots")
 }
 
 // Keys lists every configuration key.
@@ -646,6 +675,15 @@ func (c Config) Validate() error {
 	}
 	if c.DriftInterval < Duration(100*time.Millisecond) {
 		return fmt.Errorf("%w: drift-interval %s: at least 100ms, e.g. 10s", ErrInvalid, c.DriftInterval)
+	}
+	if c.SnapshotInterval != 0 && c.SnapshotInterval < Duration(MinSnapshotInterval) {
+		return fmt.Errorf("%w: snapshot-interval %s: at least %s, e.g. 24h (0: no scheduled snapshots)", ErrInvalid, c.SnapshotInterval, Duration(MinSnapshotInterval))
+	}
+	if c.SnapshotKeep < 1 {
+		return fmt.Errorf("%w: snapshot-keep %d: how many scheduled snapshots to keep, at least 1, e.g. 7", ErrInvalid, c.SnapshotKeep)
+	}
+	if c.SnapshotDir != "" && !filepath.IsAbs(c.SnapshotDir) {
+		return fmt.Errorf("%w: snapshot-dir %q: write an absolute path, e.g. /var/backups/meshnode (\"\": <data-dir>/snapshots)", ErrInvalid, c.SnapshotDir)
 	}
 	if c.ProvisionInterval < Duration(time.Second) {
 		return fmt.Errorf("%w: provision-interval %s: at least 1s, e.g. 1m", ErrInvalid, c.ProvisionInterval)

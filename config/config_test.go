@@ -129,6 +129,15 @@ func TestConfig_Validate(t *testing.T) {
 	if err := config.Run().Validate(); err != nil {
 		t.Fatalf("Run defaults: %v", err)
 	}
+	for _, interval := range []string{"0s", "1m", "24h"} {
+		c := config.Up()
+		if err := c.Set("snapshot-interval", interval); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("snapshot-interval %s: %v", interval, err)
+		}
+	}
 	for _, sync := range []string{"always", "1s", "30s", "1h"} {
 		c := config.Up()
 		c.Sync = sync
@@ -154,6 +163,9 @@ func TestConfig_Validate(t *testing.T) {
 		{"sync", "10ms"},
 		{"sync", "2h"},
 		{"data-dir", ""},
+		{"snapshot-interval", "30s"},
+		{"snapshot-keep", "0"},
+		{"snapshot-dir", "backups"},
 	} {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
 			c := config.Up()

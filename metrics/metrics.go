@@ -142,6 +142,9 @@ type Meter struct {
 	Apply         prometheus.Histogram     // a host's applying of a declaration
 	StartSeconds  prometheus.Gauge
 	FormSeconds   prometheus.Gauge
+	// SnapshotLast and SnapshotFailures are the scheduled snapshots' (snapshot.Schedule).
+	SnapshotLast     prometheus.Gauge
+	SnapshotFailures prometheus.Counter
 
 	mu     sync.Mutex
 	vacant map[string]time.Time // by lease key: since when the seat has had no holder
@@ -181,13 +184,17 @@ func NewMeter() *Meter {
 			Help: "How long this node took to open, from its start until it was ready."}),
 		FormSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_formation_duration_seconds",
 			Help: "How long this node waited for its mesh's servers before it started its bus (0: a single node)."}),
+		SnapshotLast: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshnode_snapshot_last_success_timestamp_seconds",
+			Help: "When this node last wrote a scheduled snapshot whole (Unix time; 0: none since it started holding mesh-controller, and none in snapshot-dir)."}),
+		SnapshotFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshnode_snapshot_failures_total",
+			Help: "Scheduled snapshots this node tried to write and did not (the log says why at warn)."}),
 		vacant: map[string]time.Time{},
 		holder: map[string]string{},
 	}
 }
 
 func (m *Meter) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.events, m.eventBytes, m.DeadLetters, m.DeadEvicted, m.DeadLost, m.holderChanges, m.vacancy, m.vault, m.tools, m.Apply, m.StartSeconds, m.FormSeconds}
+	return []prometheus.Collector{m.events, m.eventBytes, m.DeadLetters, m.DeadEvicted, m.DeadLost, m.holderChanges, m.vacancy, m.vault, m.tools, m.Apply, m.StartSeconds, m.FormSeconds, m.SnapshotLast, m.SnapshotFailures}
 }
 
 // ingested counts the audit log's new events. A replay (owner replay.<consumer>) is an event

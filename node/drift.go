@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/api"
@@ -43,52 +42,6 @@ const (
 	driftSettle        = 500 * time.Millisecond
 )
 
-// alarms are the node's standing reasons not to be ready, by subject of the alarm.
-type alarms struct {
-	mu sync.Mutex
-	by map[string]string
-}
-
-// set raises (or restates) an alarm; it reports whether the reason is new.
-func (a *alarms) set(key, reason string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.by == nil {
-		a.by = map[string]string{}
-	}
-	changed := a.by[key] != reason
-	a.by[key] = reason
-	return changed
-}
-
-// clear drops an alarm; it reports whether there was one.
-func (a *alarms) clear(key string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	_, had := a.by[key]
-	delete(a.by, key)
-	return had
-}
-
-// err is every standing alarm as one error, nil when there is none.
-func (a *alarms) err() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.by) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(a.by))
-	for k := range a.by {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	reasons := make([]string, len(keys))
-	for i, k := range keys {
-		reasons[i] = a.by[k]
-	}
-	return errors.New(strings.Join(reasons, "; "))
-}
-
 // keptBuckets are the buckets whose loss only an operator can repair.
 var keptBuckets = []string{registry.Bucket, vault.Bucket}
 
@@ -117,7 +70,7 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 		kv, err := js.KeyValue(ctx, bucket)
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			if known && (bucket != vault.Bucket || n.HasVault()) {
-				n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "the bucket is gone"))
+				n.alarms.Set("bucket."+bucket, lostBucketReason(bucket, "the bucket is gone"))
 				n.log.Error("a mesh bucket is missing", "bucket", bucket)
 			}
 			continue
@@ -131,7 +84,7 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 		}
 		switch {
 		case err == nil:
-			n.alarms.clear("bucket." + bucket)
+			n.alarms.Clear("bucket." + bucket)
 			if err := markerSeen(n.db, bucket); err != nil {
 				return err
 			}
@@ -140,7 +93,7 @@ func (n *Node) checkKept(ctx context.Context, known bool, mayMark func(bucket st
 		case known && sawMarker(n.db, bucket):
 			// Gone only if this node saw it: a node that joined a forming mesh knows the
 			// bucket before the genesis node has marked it.
-			n.alarms.set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
+			n.alarms.Set("bucket."+bucket, lostBucketReason(bucket, "its mesh marker is gone: it was deleted and made again empty"))
 			n.log.Error("a mesh bucket lost its records", "bucket", bucket)
 		case mayMark != nil && mayMark(bucket):
 			w, err := n.markerWriter(ctx, bucket)
@@ -329,7 +282,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 		}
 	}
 	if len(missing) == 0 {
-		n.alarms.clear("drift") // whoever repaired it, nothing is missing now
+		n.alarms.Clear("drift") // whoever repaired it, nothing is missing now
 		return
 	}
 	leasesLost := slices.Contains(missing, "bucket "+seats.Bucket)
@@ -363,7 +316,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(missing, ", "), err))
+		n.alarms.Set("drift", fmt.Sprintf("the mesh's %s went missing and could not be recreated: %v", strings.Join(missing, ", "), err))
 		n.log.Error("drift: repair failed", "missing", missing, "err", err)
 		return
 	}
@@ -371,10 +324,10 @@ func (n *Node) checkDrift(ctx context.Context) {
 	if !controller && slices.ContainsFunc(missing, notOwn) {
 		// What is the controller's to remake stands as an alarm until the next check finds
 		// it remade.
-		n.alarms.set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), manifest.ControllerSeat))
+		n.alarms.Set("drift", fmt.Sprintf("the mesh's %s went missing; the holder of %s remakes it", strings.Join(missing, ", "), manifest.ControllerSeat))
 		return
 	}
-	n.alarms.clear("drift")
+	n.alarms.Clear("drift")
 	n.log.Warn("drift: recreated what was missing", "recreated", missing)
 	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "drift", map[string]any{"recreated": missing}, n.log)
@@ -386,7 +339,7 @@ func (n *Node) checkDrift(ctx context.Context) {
 func (n *Node) checkBadRecords() {
 	report := func(key, what string, bad []string, fix string) {
 		if len(bad) == 0 {
-			if n.alarms.clear(key) {
+			if n.alarms.Clear(key) {
 				n.log.Info("no more refused records", "in", what)
 			}
 			return
@@ -396,7 +349,7 @@ func (n *Node) checkBadRecords() {
 			shown = append(slices.Clone(shown[:5]), fmt.Sprintf("and %d more", len(bad)-5))
 		}
 		reason := fmt.Sprintf("%s holds %d record(s) it refused and skips (%s): %s", what, len(bad), strings.Join(shown, ", "), fix)
-		if n.alarms.set(key, reason) {
+		if n.alarms.Set(key, reason) {
 			n.log.Error("refused records", "in", what, "keys", bad)
 			if nc := n.mesh.eventConn.Load(); nc != nil {
 				publishNodeEvent(nc, n.key, n.id.Name, "bad-records", map[string]any{"bucket": what, "keys": bad}, n.log)
@@ -449,7 +402,7 @@ func (n *Node) acceptLoss(ctx context.Context, data []byte) error {
 	if _, err := kv.Put(ctx, MarkerKey, []byte(n.id.MeshID)); err != nil {
 		return fmt.Errorf("mark %s: %w", req.Bucket, err)
 	}
-	n.alarms.clear("bucket." + req.Bucket)
+	n.alarms.Clear("bucket." + req.Bucket)
 	if nc := n.mesh.eventConn.Load(); nc != nil {
 		publishNodeEvent(nc, n.key, n.id.Name, "loss-accepted", map[string]any{"bucket": req.Bucket}, n.log)
 	}

@@ -155,7 +155,7 @@ func (n *Node) UIWatchers() int { return n.web.dash.Watchers() }
 
 // ready reports whether the bus accepts connections and JetStream answers.
 func (n *Node) ready(ctx context.Context) error {
-	if err := n.alarms.err(); err != nil {
+	if err := n.alarms.Err(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)

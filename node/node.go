@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
+	"github.com/meshnode/meshnode/alarm"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/build"
@@ -114,7 +115,7 @@ type Node struct {
 
 	bus     *embedbus.Bus
 	budget  controller.Budget // the byte limits of the mesh's streams and buckets on this node
-	alarms  alarms            // standing reasons not to be ready (drift.go)
+	alarms  alarm.Set         // standing reasons not to be ready (drift.go, snapshots)
 	resp    responder         // answers every request (responder.go)
 	reg     *registry.Registry
 	count   *replication.Count // the mesh's servers (servers)
@@ -789,6 +790,12 @@ func (n *Node) Run(ctx context.Context) error {
 	keeper := replication.Keeper{JS: n.bus.JetStream(), Servers: n.replicationServers, Holds: n.holdsController,
 		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
 	add("replication", keeper.Run)
+	sched := &snapshot.Schedule{Interval: time.Duration(n.cfg.SnapshotInterval), Dir: n.cfg.ScheduledSnapshotDir(), Keep: n.cfg.SnapshotKeep,
+		Conn: n.bus.Conn(), MeshID: n.id.MeshID, Operator: n.id.OperatorKey, Version: Version(), Node: n.id.Name,
+		Seal: func() (*api.SealedFoundation, error) { return n.dir.vault.Load().SealedFoundation() }, AuditQuery: n.audit.Query,
+		Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
+		Log: n.log.With("component", "snapshot")}
+	add("scheduled snapshots", sched.Run)
 	add("admitter", n.runAdmitter)
 	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)

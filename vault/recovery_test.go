@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/recovery"
+	"github.com/meshnode/meshnode/vault"
 )
 
 // The operator, and only the operator, receives the recovery key and the foundation sealed
@@ -33,5 +34,14 @@ func TestVault_RecoveryKeyAndFoundation(t *testing.T) {
 		refused(t, verb+" as a node", err, "only the operator")
 		_, err = call(t, b.module(t, "shop"), verb, api.VaultModuleCaller("shop"), api.VaultRequest{}, &api.RecoveryKey{})
 		refused(t, verb+" as a module", err)
+	}
+}
+
+// TestVault_SealedFoundation_NotEnrolled: a server without the vault (nil) says it cannot
+// seal the foundation yet, instead of panicking: a scheduled snapshot reports that.
+func TestVault_SealedFoundation_NotEnrolled(t *testing.T) {
+	var v *vault.Vault
+	if sealed, err := v.SealedFoundation(); err == nil || sealed != nil {
+		t.Fatalf("SealedFoundation() on no vault = %v, %v; want an error", sealed, err)
 	}
 }

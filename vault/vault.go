@@ -513,7 +513,7 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req api.VaultRe
 		out = &api.RecoveryKey{MeshID: v.cfg.MeshID, Key: recovery.EncodeKey(v.cfg.BarrierKey)}
 		v.event(ctx, "recovery-key-read", map[string]any{})
 	case verb == api.VaultVerbFoundation:
-		out, err = v.sealedFoundation()
+		out, err = v.SealedFoundation()
 	default:
 		err = fmt.Errorf("unknown vault verb %q", verb)
 	}
@@ -541,10 +541,15 @@ func (v *Vault) handle(ctx context.Context, verb, caller string, req api.VaultRe
 	return reply, events
 }
 
-// sealedFoundation is the mesh's foundation — the route secret and gossip key (the
+// SealedFoundation is the mesh's foundation — the route secret and gossip key (the
 // enrolment's) and the vault's seed — sealed under the barrier key, for a snapshot: the
-// file carries it, and only the recovery key opens it.
-func (v *Vault) sealedFoundation() (*api.SealedFoundation, error) {
+// file carries it, and only the recovery key opens it. The node's scheduled snapshots take
+// it here, in process, as the operator's save takes it over the bus. On a nil Vault (a
+// server not yet enrolled with the vault's credentials) it says so.
+func (v *Vault) SealedFoundation() (*api.SealedFoundation, error) {
+	if v == nil {
+		return nil, errors.New("this server does not hold the vault's credentials yet (it asks the vault for them at start), so it cannot seal the mesh's foundation: wait for it to enrol, or have a server that serves the vault hold mesh-controller")
+	}
 	if v.cfg.Enrolment == nil {
 		return nil, errors.New("this vault serves no enrolment, so it does not know the mesh's route secret and gossip key")
 	}

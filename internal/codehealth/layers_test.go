@@ -23,7 +23,7 @@ var layers = []struct {
 	{"bottom: the declaration model, the wire, the envelope and small helpers", []string{
 		"internal/suggest", "internal/boundedmap", "internal/backoff",
 		"manifest", "api", "envelope",
-		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "floodwatch", "toolstats", "meshca", "recovery",
+		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "floodwatch", "toolstats", "meshca", "recovery", "alarm",
 	}},
 	{"stores and services", []string{
 		"config", "embedbus", "membership", "genesis", "datadir", "sandbox",
