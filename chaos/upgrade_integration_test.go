@@ -58,8 +58,9 @@ func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 	var v struct {
 		Version string `json:"version"`
 	}
-	if r := c.Meshnode(t, "version", "--json"); r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &v) != nil || v.Version == "" {
-		t.Fatalf("version --json: exit %d %s %s", r.Code, r.Stdout, r.Stderr)
+	// The binary's own version (no node asked: Meshnode would add a data dir).
+	if r, err := c.command("version", "--json"); err != nil || r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &v) != nil || v.Version == "" {
+		t.Fatalf("version --json: %v, exit %d %s %s", err, r.Code, r.Stdout, r.Stderr)
 	}
 	testbed.RetryUntil(t, time.Minute, func() error {
 		r := c.Meshnode(t, "members", "--json")
