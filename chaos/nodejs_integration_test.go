@@ -129,22 +129,8 @@ func registerJSBed(t *testing.T, ctx context.Context, url, operatorSeed, ca, dir
 // consumer deleted under it (drift repair makes it again), which ends its consumption. An
 // event emitted after each is handled.
 func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
-	dir := t.TempDir()
-	node := startJSBedNode(t, dir)
-	ca := filepath.Join(dir, meshca.CAFile)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	seeds := registerJSBed(t, ctx, node.url, filepath.Join(dir, datadir.OperatorSeedFile), ca, dir)
-	h := NewHistory()
-	js, err := StartJSModule(t, node.url, seeds["notes"], ca, "notes", h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shop, err := sdk.Connect(ctx, node.url, seeds["shop"], sdk.RootCA(ca))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shop.Close()
+	b := newOneNodeJSBed(t)
+	node, ctx, h, js, shop := b.node, b.ctx, b.h, b.js, b.shop
 	handled := func(after string) { t.Helper(); handledAfter(t, ctx, h, js, shop, after) }
 	handled("it started")
 
@@ -152,16 +138,7 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 	node.start(t)
 	handled("its node was killed and restarted")
 
-	op, err := nats.Connect(node.url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
-		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	ops, err := jetstream.New(op)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ops := b.operator(t)
 	if err := ops.DeleteConsumer(ctx, manifest.EventsStreamName, "notes"); err != nil {
 		t.Fatal(err)
 	}
@@ -176,33 +153,10 @@ func TestIntegration_JSModule_SurvivesRestartAndDrift(t *testing.T) {
 // then an event emitted after is handled. It passes: on one node, without the run's other
 // faults, the stall does not come back (docs/chaos.md).
 func TestIntegration_JSModule_SurvivesRepeatedDrift(t *testing.T) {
-	dir := t.TempDir()
-	node := startJSBedNode(t, dir)
-	ca := filepath.Join(dir, meshca.CAFile)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	seeds := registerJSBed(t, ctx, node.url, filepath.Join(dir, datadir.OperatorSeedFile), ca, dir)
-	h := NewHistory()
-	js, err := StartJSModule(t, node.url, seeds["notes"], ca, "notes", h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shop, err := sdk.Connect(ctx, node.url, seeds["shop"], sdk.RootCA(ca))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shop.Close()
+	b := newOneNodeJSBed(t)
+	ctx, h, js, shop := b.ctx, b.h, b.js, b.shop
 	handledAfter(t, ctx, h, js, shop, "it started")
-	op, err := nats.Connect(node.url, nkeyFrom(t, filepath.Join(dir, datadir.OperatorSeedFile)),
-		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(ca))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	ops, err := jetstream.New(op)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ops := b.operator(t)
 	// The chaos run's pace: a tick every 75 ms, through the deletions.
 	emitting, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -301,6 +255,52 @@ func TestIntegration_JSModule_InACluster(t *testing.T) {
 	t.Logf("the mesh settled %s after the heal", time.Since(healed).Round(time.Millisecond))
 	waitHandled(t, h, js, id, "its node was cut off, then healed")
 	handled("its node was healed")
+}
+
+// oneNodeJSBed is one meshnode process with the Node.js module "notes" on it and the sdk
+// module "shop" connected, for the beds that emit through shop and wait for notes.
+type oneNodeJSBed struct {
+	node    *jsBedNode
+	dir, ca string
+	ctx     context.Context // ends with the test, 4 minutes at most
+	h       *History
+	js      *JSModule
+	shop    *sdk.Client
+}
+
+func newOneNodeJSBed(t *testing.T) *oneNodeJSBed {
+	t.Helper()
+	dir := t.TempDir()
+	b := &oneNodeJSBed{node: startJSBedNode(t, dir), dir: dir, ca: filepath.Join(dir, meshca.CAFile), h: NewHistory()}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	b.ctx = ctx
+	seeds := registerJSBed(t, ctx, b.node.url, filepath.Join(dir, datadir.OperatorSeedFile), b.ca, dir)
+	var err error
+	if b.js, err = StartJSModule(t, b.node.url, seeds["notes"], b.ca, "notes", b.h); err != nil {
+		t.Fatal(err)
+	}
+	if b.shop, err = sdk.Connect(ctx, b.node.url, seeds["shop"], sdk.RootCA(b.ca)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.shop.Close() })
+	return b
+}
+
+// operator is the operator's JetStream on the bed's node, closed when the test ends.
+func (b *oneNodeJSBed) operator(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	op, err := nats.Connect(b.node.url, nkeyFrom(t, filepath.Join(b.dir, datadir.OperatorSeedFile)),
+		nats.CustomInboxPrefix(manifest.OperatorInbox), sdk.TrustCA(b.ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(op.Close)
+	ops, err := jetstream.New(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ops
 }
 
 // restart starts a killed node again and waits until it is ready.
