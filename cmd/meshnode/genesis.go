@@ -65,23 +65,11 @@ the other founding nodes join with the founding token and wait for it.`,
 				return err
 			}
 			out["mesh_id"] = r.MeshID
-			kept, err := keepAddresses(cmd, cfg)
+			// A single node is raised once, for the vault to mint the operator's credential:
+			// the hand-off.
+			kept, err := firstServer(cmd, cfg, f, expect, out, "was created", "raising the node for the hand-off failed", "completes the hand-off")
 			if err != nil {
-				return fmt.Errorf("mesh %s was created, but %w; write them to %s yourself", r.MeshID, err, filepath.Join(cfg.DataDir, config.FileName))
-			}
-			if kept != "" {
-				out["config"] = kept
-			}
-			if expect >= 3 {
-				out["founding_token"] = f.FoundingToken(expect, []string{cfg.GossipAddr})
-			} else {
-				// Raise store, bus and vault once, for the vault to mint the operator's
-				// credential: the hand-off.
-				n := node.New(cfg, newLogger(cfg, os.Stderr))
-				if err := n.Open(); err != nil {
-					return fmt.Errorf("mesh %s was created, but raising the node for the hand-off failed: %w; fix that, then `meshnode run --data-dir %s --name %s` completes the hand-off", r.MeshID, err, cfg.DataDir, cfg.Name)
-				}
-				n.Close()
+				return err
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
@@ -107,4 +95,30 @@ the other founding nodes join with the founding token and wait for it.`,
 	cmd.Flags().StringVar(&fromSnapshot, "from-snapshot", "", "restore the mesh the snapshot `FILE` holds (meshnode snapshot save), into this fresh data dir")
 	cmd.Flags().StringVar(&keyFile, "recovery-key-file", "", "with --from-snapshot: the `FILE` holding the mesh's recovery key (meshnode vault recovery-key)")
 	return cmd
+}
+
+// firstServer does what founding a mesh (genesis, or genesis --from-snapshot) ends with on
+// its first server: keeps the addresses given on the command line in the data dir's config,
+// then either mints the founding token the other founders join with (expect ≥ 3, into
+// out["founding_token"]) or raises the single node once and stops it (its first start:
+// the hand-off, or the restore). It returns where the addresses were kept ("" if nowhere).
+// did, failed and then word the errors: "mesh M <did>, but <failed>: …; … <then>".
+func firstServer(cmd *cobra.Command, cfg config.Config, f *genesis.Foundation, expect int, out map[string]any, did, failed, then string) (string, error) {
+	kept, err := keepAddresses(cmd, cfg)
+	if err != nil {
+		return "", fmt.Errorf("mesh %s %s, but %w; write them to %s yourself", f.MeshID, did, err, filepath.Join(cfg.DataDir, config.FileName))
+	}
+	if kept != "" {
+		out["config"] = kept
+	}
+	if expect >= 3 {
+		out["founding_token"] = f.FoundingToken(expect, []string{cfg.GossipAddr})
+		return kept, nil
+	}
+	n := node.New(cfg, newLogger(cfg, os.Stderr))
+	if err := n.Open(); err != nil {
+		return "", fmt.Errorf("mesh %s %s, but %s: %w; fix that, then `meshnode run --data-dir %s --name %s` %s", f.MeshID, did, failed, err, cfg.DataDir, cfg.Name, then)
+	}
+	n.Close()
+	return kept, nil
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
-	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/recovery"
 	"github.com/meshnode/meshnode/snapshot"
 	"github.com/spf13/cobra"
@@ -45,22 +44,10 @@ func genesisFromSnapshot(cmd *cobra.Command, expect int, file, keyFile string, a
 	if operator != "" {
 		out["operator_key"] = operator
 	}
-	kept, err := keepAddresses(cmd, cfg)
+	// A single node restores at once: its first start is here.
+	kept, err := firstServer(cmd, cfg, f, expect, out, "is being restored", "its first start failed", "goes on with the restore")
 	if err != nil {
-		return fmt.Errorf("mesh %s is being restored, but %w; write them to %s yourself", f.MeshID, err, filepath.Join(cfg.DataDir, config.FileName))
-	}
-	if kept != "" {
-		out["config"] = kept
-	}
-	if expect >= 3 {
-		out["founding_token"] = f.FoundingToken(expect, []string{cfg.GossipAddr})
-	} else {
-		// A single node restores at once: its first start is here.
-		n := node.New(cfg, newLogger(cfg, os.Stderr))
-		if err := n.Open(); err != nil {
-			return fmt.Errorf("mesh %s is being restored, but its first start failed: %w; fix that, then `meshnode run --data-dir %s --name %s` goes on with the restore", f.MeshID, err, cfg.DataDir, cfg.Name)
-		}
-		n.Close()
+		return err
 	}
 	if asJSON {
 		return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
