@@ -1,7 +1,6 @@
 package snapshot_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/aes"
@@ -9,7 +8,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/s2"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/snapshot"
 	"github.com/meshnode/meshnode/streammove"
@@ -289,44 +286,13 @@ func dirNames(t *testing.T, dir string) []string {
 // seedPattern is an nkey seed of any kind: S, the key's type, then base32.
 var seedPattern = regexp.MustCompile(`S[OAUNCPX][A-Z2-7]{56}`)
 
-// plaintext returns every byte of the snapshot at path as it would read once unpacked: the
-// manifest and SHA256SUMS as they are, each stream's snapshot decompressed (s2).
-func plaintext(t *testing.T, path string) []byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var all bytes.Buffer
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return all.Bytes()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasSuffix(hdr.Name, ".snap") {
-			io.Copy(&all, tr)
-			continue
-		}
-		// nats-server's archive of the stream (its state, then each message's subject,
-		// headers and body as they are), compressed.
-		if _, err := io.Copy(&all, s2.NewReader(tr)); err != nil {
-			t.Fatalf("%s: %v", hdr.Name, err)
-		}
-	}
-}
-
 // TestSave_NoSecrets: the file holds the vault's records sealed — neither the secret's
 // plaintext nor the module's seed is in it, read as a restore would — while a seed put in
 // a bucket in plaintext is found by the same scan, so the scan can fail.
 func TestSave_NoSecrets(t *testing.T) {
 	m := mustMesh(t)
 	path, _ := mustSave(t, m)
-	text := plaintext(t, path)
+	text := testbed.SnapshotBytes(t, path)
 	if !bytes.Contains(text, []byte("modules.shop")) {
 		t.Fatal("the scan does not see the registry's keys: it reads the file wrongly")
 	}
@@ -345,7 +311,7 @@ func TestSave_NoSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaky, _ := mustSave(t, m)
-	if found := seedPattern.FindAll(plaintext(t, leaky), -1); len(found) != 1 || !bytes.Equal(found[0], m.seed) {
+	if found := seedPattern.FindAll(testbed.SnapshotBytes(t, leaky), -1); len(found) != 1 || !bytes.Equal(found[0], m.seed) {
 		t.Fatalf("the scan found %q in a file with a planted seed, want the seed", found)
 	}
 }

@@ -3,17 +3,14 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/s2"
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // TestIntegration_SnapshotSaveInspect: `snapshot save` of a running node (its binary, a
@@ -44,7 +41,7 @@ func TestIntegration_SnapshotSaveInspect(t *testing.T) {
 		t.Fatalf("snapshot inspect: exit %d\n%s%s", inspected.code, inspected.stdout, inspected.stderr)
 	}
 
-	text := unpackedBytes(t, file)
+	text := testbed.SnapshotBytes(t, file)
 	if !bytes.Contains(text, []byte("shop")) {
 		t.Fatal("the unpacked file does not name the registered module: the scan reads it wrongly")
 	}
@@ -62,35 +59,6 @@ func TestIntegration_SnapshotSaveInspect(t *testing.T) {
 		}
 		if bytes.Contains(text, bytes.TrimSpace(seed)) {
 			t.Errorf("the snapshot holds the seed of %s", f)
-		}
-	}
-}
-
-// unpackedBytes is every byte of the snapshot at path as a restore reads it: each stream's
-// snapshot decompressed (s2), the rest as it is.
-func unpackedBytes(t *testing.T, path string) []byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var all bytes.Buffer
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return all.Bytes()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r io.Reader = tr
-		if strings.HasSuffix(hdr.Name, ".snap") {
-			r = s2.NewReader(tr)
-		}
-		if _, err := io.Copy(&all, r); err != nil {
-			t.Fatalf("%s: %v", hdr.Name, err)
 		}
 	}
 }
