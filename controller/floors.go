@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,7 +80,13 @@ func (t *Topology) ensureEventsConsumer(ctx context.Context, c manifest.Consumer
 		// One made again after its floor keeps where it started: JetStream cannot change a
 		// consumer's deliver policy, and where it starts matters only when it is made.
 		old, oerr := t.js.Consumer(ctx, c.Stream, c.Name)
-		if oerr != nil || old.CachedInfo().Config.DeliverPolicy == cfg.DeliverPolicy {
+		if oerr != nil {
+			// The lookup's own error decides whether the whole step is tried again: a node
+			// restarted after a full disk timed out here on its first attempt, and exited
+			// on the refusal it could not explain.
+			return fmt.Errorf("look up consumer %s to keep where it starts (its update was refused: %v): %w", c.Name, err, oerr)
+		}
+		if old.CachedInfo().Config.DeliverPolicy == cfg.DeliverPolicy {
 			return err
 		}
 		was := old.CachedInfo().Config

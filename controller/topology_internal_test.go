@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -90,4 +92,72 @@ func TestTopology_SeatQueueShrinksInPlace(t *testing.T) {
 		_, err := js.Publish(ctx, seat.Accepts[0].Subject, []byte("after the backlog"))
 		return err
 	})
+}
+
+// lookupTimesOutOnce is a JetStream whose first consumer lookup times out, as a node's first
+// attempts did while its streams caught up after a restart.
+type lookupTimesOutOnce struct {
+	jetstream.JetStream
+	timedOut bool
+}
+
+func (j *lookupTimesOutOnce) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	if !j.timedOut {
+		j.timedOut = true
+		return nil, context.DeadlineExceeded
+	}
+	return j.JetStream.Consumer(ctx, stream, name)
+}
+
+// TestTopology_RemadeConsumerSurvivesARestartsSlowLookup: a module's EVENTS consumer made
+// again after its ack floor (drift) starts by sequence; the next start's reconcile asks for
+// DeliverNew, is refused ("deliver policy can not be updated"), and looks the consumer up to
+// keep its start. In the fault harness that lookup timed out on a node restarted after a full
+// disk, the refusal was returned as final, and the node exited. The lookup's timeout must
+// make the step be tried again, and the consumer keep where it starts.
+func TestTopology_RemadeConsumerSurvivesARestartsSlowLookup(t *testing.T) {
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+	_, js := testbed.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := manifest.Parse([]byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := &Topology{js: js, node: "alpha", replicas: func() int { return 1 }}
+	if err := before.EnsureMesh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := before.EnsureModule(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.EventsConsumers(ctx); err != nil { // the drift check notes its floor
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, manifest.EventsStreamName, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if err := before.RepairModule(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+
+	slow := &lookupTimesOutOnce{JetStream: js}
+	restarted := &Topology{js: slow, node: "alpha", replicas: func() int { return 1 }}
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return restarted.EnsureModule(ctx, d) }); err != nil {
+		t.Fatalf("the restarted node's reconcile, its first lookup timing out: %v", err)
+	}
+	if !slow.timedOut {
+		t.Fatal("the reconcile never looked the consumer up: the refusal this test is about did not happen")
+	}
+	cons, err := js.Consumer(ctx, manifest.EventsStreamName, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cons.CachedInfo().Config.DeliverPolicy; got != jetstream.DeliverByStartSequencePolicy {
+		t.Errorf("the remade consumer's deliver policy after the restart = %v, want by start sequence", got)
+	}
 }
