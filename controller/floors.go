@@ -22,7 +22,12 @@ type floors struct {
 	at map[string]uint64 // consumer name → stream sequence acked up to
 }
 
-// note records what info says of its consumer.
+// note records what info says of its consumer. A clustered consumer reports an ack floor of
+// 0 until it writes its first state (nats-server takes the floor from its store): one just
+// made again after its floor would have noted 0, and been made again from the stream's first
+// event the next time — the Node.js module in the 30-minute fault run then handled its whole
+// history a second time. So a floor of 0 is read as "nothing acked since it was made": the
+// floor is where it was made to start, or what was noted before, whichever is further.
 func (f *floors) note(info *jetstream.ConsumerInfo) {
 	if info == nil {
 		return
@@ -32,7 +37,20 @@ func (f *floors) note(info *jetstream.ConsumerInfo) {
 	if f.at == nil {
 		f.at = map[string]uint64{}
 	}
-	f.at[info.Name] = info.AckFloor.Stream
+	floor := info.AckFloor.Stream
+	if floor == 0 {
+		if info.NumAckPending == 0 {
+			floor = info.Delivered.Stream // its leader's start, before it has state
+		}
+		if c := info.Config; c.DeliverPolicy == jetstream.DeliverByStartSequencePolicy && c.OptStartSeq > 0 {
+			floor = max(floor, c.OptStartSeq-1)
+		}
+		floor = max(floor, f.at[info.Name])
+		if floor == 0 {
+			return // nothing known: made again, it starts as a new one does
+		}
+	}
+	f.at[info.Name] = floor
 }
 
 func (f *floors) get(name string) (uint64, bool) {

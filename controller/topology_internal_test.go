@@ -132,6 +132,9 @@ func TestTopology_RemadeConsumerSurvivesARestartsSlowLookup(t *testing.T) {
 	if err := before.EnsureMesh(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := js.Publish(ctx, d.Emits[0].Subject, []byte("before it consumes")); err != nil {
+		t.Fatal(err)
+	}
 	if err := before.EnsureModule(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +162,89 @@ func TestTopology_RemadeConsumerSurvivesARestartsSlowLookup(t *testing.T) {
 	}
 	if got := cons.CachedInfo().Config.DeliverPolicy; got != jetstream.DeliverByStartSequencePolicy {
 		t.Errorf("the remade consumer's deliver policy after the restart = %v, want by start sequence", got)
+	}
+}
+
+// TestTopology_RemadeTwiceKeepsItsFloor is the Node.js module's stall in the 30-minute fault
+// run: its consumer deleted three times in 15 s. Made again after its ack floor, a clustered
+// consumer reports an ack floor of 0 until it writes its first state, so the floor noted from
+// it was 0; deleted again, it was made from the stream's first event, and the module spent the
+// rest of the run handling everything it had handled before. Made again twice, it must still
+// start after what the module had acked.
+func TestTopology_RemadeTwiceKeepsItsFloor(t *testing.T) {
+	servers := testbed.JetStreamCluster(t, 3)
+	_, js := testbed.Connect(t, servers[0])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := manifest.Parse([]byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo := &Topology{js: js, node: "alpha", replicas: func() int { return 3 }}
+	if err := jsretry.Request(ctx, topo.EnsureMesh); err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.EnsureModule(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for n := range 5 {
+		ack, err := js.Publish(ctx, d.Emits[0].Subject, []byte(fmt.Sprint(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	cons, err := js.Consumer(ctx, manifest.EventsStreamName, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked uint64
+	for msg := range batch.Messages() {
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+		meta, _ := msg.Metadata()
+		acked = meta.Sequence.Stream
+	}
+	if acked != last-2 {
+		t.Fatalf("acked up to %d, want %d (3 of 5 events ending at %d)", acked, last-2, last)
+	}
+	testbed.RetryUntil(t, 10*time.Second, func() error {
+		if _, err := topo.EventsConsumers(ctx); err != nil {
+			return err
+		}
+		if at, _ := topo.floors.get("shop"); at != acked {
+			return fmt.Errorf("the drift check noted a floor of %d, want %d", at, acked)
+		}
+		return nil
+	})
+	for round := 1; round <= 2; round++ {
+		if err := js.DeleteConsumer(ctx, manifest.EventsStreamName, "shop"); err != nil {
+			t.Fatal(err)
+		}
+		if err := topo.RepairModule(ctx, d); err != nil {
+			t.Fatalf("made again, round %d: %v", round, err)
+		}
+		cons, err := js.Consumer(ctx, manifest.EventsStreamName, "shop")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := topo.EventsConsumers(ctx); err != nil { // the drift check lists it, unacked
+			t.Fatal(err)
+		}
+		cfg := cons.CachedInfo().Config
+		if cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || cfg.OptStartSeq != acked+1 {
+			t.Fatalf("made again, round %d: starts %v at %d, want by start sequence at %d (after the module's ack floor)",
+				round, cfg.DeliverPolicy, cfg.OptStartSeq, acked+1)
+		}
 	}
 }
