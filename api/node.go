@@ -95,6 +95,11 @@ type NodeStatus struct {
 	// Members are the mesh's servers' meshnode versions, by name, as this node's gossip
 	// knows them: a mesh in a rolling upgrade shows two. Nil on a single node.
 	Members []MemberVersion `json:"members,omitempty"`
+	// Formats are the versions of the formats servers write and read of one another that the
+	// mesh's servers agree on (package formats, Agree); FormatsError why they do not. Nil on
+	// a single node.
+	Formats      map[string]int `json:"formats,omitempty"`
+	FormatsError string         `json:"formats_error,omitempty"`
 }
 
 // MemberVersion is one server's meshnode version in NodeStatus.

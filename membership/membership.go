@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/meshnode/meshnode/api"
 )
 
 // Errors of refused nodes.
@@ -38,6 +40,10 @@ type Meta struct {
 	// Version is the node's meshnode version, so every member shows the others' during a
 	// rolling upgrade; "" from a meshnode older than this field (an older node ignores it).
 	Version string `json:"v,omitempty"`
+	// Formats is, for each format servers write and read of one another, the oldest version
+	// the node reads and the version it writes (package formats, Advertise); absent from a
+	// meshnode older than this field, which reads and writes version 1 of each.
+	Formats map[string][2]int `json:"f,omitempty"`
 	// Formed lists the servers the mesh formed with, once it has (empty before): a node not
 	// among them that never formed came with the founding token after it was spent (DESIGN
 	// §9), and is refused; later nodes join with a vault-minted token.
@@ -198,6 +204,17 @@ func (m *Membership) Members() []Member {
 			out = append(out, g)
 		}
 	}
+	return out
+}
+
+// Versions are the members' meshnode versions, by name: what a node's status shows of a
+// rolling upgrade.
+func (m *Membership) Versions() []api.MemberVersion {
+	var out []api.MemberVersion
+	for _, mb := range m.Members() {
+		out = append(out, api.MemberVersion{Name: mb.Name, State: mb.State, Version: mb.Version})
+	}
+	slices.SortFunc(out, func(a, b api.MemberVersion) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

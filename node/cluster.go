@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
@@ -25,6 +26,7 @@ import (
 // clusterPart is this server's place in its mesh.
 type clusterPart struct {
 	members   *membership.Membership
+	formats   *formats.Watcher          // the shared formats' versions the servers agree on
 	routeOf   map[string]string         // member → host:port of the route this node was started with (form)
 	work      *lifecycle.Group          // a leave or removal in progress: Close ends and waits for it
 	eventConn atomic.Pointer[nats.Conn] // set while open: gossip changes become node events on it
@@ -79,6 +81,7 @@ func (n *Node) clusterTool(tool string, m *nats.Msg) {
 const (
 	eventMemberUnreachable = "member-unreachable" // gossip holds it dead (the controller's holder reports it)
 	eventMemberRemoved     = "member-removed"     // `meshnode node remove` removed it
+	eventFormatSwitched    = "format-switched"    // every server reads a shared format's newer version (formatSwitched)
 )
 
 // dropRoutesOfGone drops this node's configured route to a server that left the mesh or was
@@ -239,4 +242,24 @@ func checkNotLeft(db *bolt.DB, name string) error {
 		return fmt.Errorf("%w at %s: node %s is no longer a server of it; to join again, use a fresh --data-dir and a new token (`meshnode token create`)", ErrLeft, when, name)
 	}
 	return nil
+}
+
+// formatsRecheck is how often a server agrees again on the shared formats' versions.
+const formatsRecheck = 5 * time.Second
+
+// formats is this node's formats: the binary's, or the test's stand-in.
+func (n *Node) formats() map[string]formats.Version {
+	if n.Formats != nil {
+		return n.Formats
+	}
+	return formats.All()
+}
+
+// formatSwitched records a shared format's agreed version changing: every server logs it, and
+// the holder of mesh-controller alone publishes the node event format-switched, so the audit
+// log has it once.
+func (n *Node) formatSwitched(s formats.Switch) {
+	if nc := n.mesh.eventConn.Load(); nc != nil && n.holdsController() {
+		publishNodeEvent(nc, n.key, n.id.Name, eventFormatSwitched, map[string]any{"format": s.Format, "from": s.From, "to": s.To}, n.log)
+	}
 }

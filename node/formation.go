@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/meshca"
@@ -39,7 +40,8 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	}
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
-			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: Version(), Formed: f.Members},
+			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: Version(), Formed: f.Members,
+			Formats: formats.Advertise(n.formats())},
 		BindAddr:      n.cfg.GossipAddr,
 		AdvertiseAddr: adv.gossip,
 		GossipKey:     f.GossipKey,
@@ -50,6 +52,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 		return nil, fmt.Errorf("gossip: %w; set --gossip-addr", err)
 	}
 	n.mesh.members = m
+	n.mesh.formats = &formats.Watcher{Members: m.Members, OnSwitch: n.formatSwitched, Log: n.log.With("component", "formats")}
 	n.closers.Push("membership", func() error { return m.Stop(time.Second) })
 	seeds := slices.DeleteFunc(slices.Clone(f.Seeds), func(s string) bool { return s == m.Addr() || s == n.cfg.GossipAddr })
 	// The first formation waits for every founding server; a restart of a formed mesh only for

@@ -199,27 +199,18 @@ func (n *Node) Status(ctx context.Context) api.NodeStatus {
 		s.Ready = true
 	}
 	s.Audit = n.auditStatus(ctx)
-	s.Members = n.memberVersions()
+	if n.mesh.members != nil {
+		s.Members = n.mesh.members.Versions()
+	}
+	if w := n.mesh.formats; w != nil {
+		s.Formats, s.FormatsError = w.Status()
+	}
 	if n.reg != nil {
 		rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 		s.Replication = replication.Status(rctx, n.bus.JetStream(), n.servers())
 		cancel()
 	}
 	return s
-}
-
-// memberVersions are the mesh's servers' meshnode versions as the gossip tells them, by
-// name; nil on a single node.
-func (n *Node) memberVersions() []api.MemberVersion {
-	if n.mesh.members == nil {
-		return nil
-	}
-	var out []api.MemberVersion
-	for _, m := range n.mesh.members.Members() {
-		out = append(out, api.MemberVersion{Name: m.Name, State: m.State, Version: m.Version})
-	}
-	slices.SortFunc(out, func(a, b api.MemberVersion) int { return strings.Compare(a.Name, b.Name) })
-	return out
 }
 
 // auditStatus reads the audit log's counters and its lag behind EVENTS.

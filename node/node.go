@@ -25,6 +25,7 @@ import (
 	"github.com/meshnode/meshnode/deadletter"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/internal/backoff"
@@ -90,6 +91,9 @@ type Options struct {
 	// OnPhase is told each phase of the start as it begins ("" once open): what systemd's
 	// STATUS says.
 	OnPhase func(phase string)
+	// Formats stands in for this binary's formats (formats.All) in what the node tells the
+	// others: a test's newer or older meshnode. Nil: the binary's own.
+	Formats map[string]formats.Version
 }
 
 // Node is one meshnode: the composition root. It opens its parts in order — store and
@@ -796,6 +800,9 @@ func (n *Node) Run(ctx context.Context) error {
 		Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
 		Log: n.log.With("component", "snapshot")}
 	add("scheduled snapshots", sched.Run)
+	if w := n.mesh.formats; w != nil {
+		add("formats", func(ctx context.Context) error { w.Run(ctx, formatsRecheck); return nil })
+	}
 	add("admitter", n.runAdmitter)
 	add("flood watch", n.watchFloods)
 	add("certificate renewal", n.renewCerts)

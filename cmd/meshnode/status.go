@@ -33,7 +33,9 @@ the operator: --creds; no data dir needed on this machine).
 
 In a mesh, the versions row (JSON: members, each server's name, state and version) shows the
 meshnode version each server runs as the gossip tells it: a mesh in a rolling upgrade shows
-two, and a server older than version reporting shows none.`,
+two, and a server older than version reporting shows none. The formats row (JSON: formats,
+formats_error) is the version of each format the servers write and read of one another
+that they agree on: the older one until every server runs the newer binary.`,
 		Example: `  meshnode status
   meshnode status --json --data-dir /var/lib/meshnode
   meshnode status --server tls://10.0.0.2:4222 --creds operator.nk --ca ca.pem`,
@@ -188,6 +190,9 @@ func printStatus(w io.Writer, st api.NodeStatus) {
 	if len(st.Members) > 0 {
 		rows = append(rows, [2]string{"versions", versionsLine(st.Members)})
 	}
+	if len(st.Formats) > 0 || st.FormatsError != "" {
+		rows = append(rows, [2]string{"formats", formatsLine(st.Formats, st.FormatsError)})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}
@@ -222,6 +227,20 @@ func versionsLine(ms []api.MemberVersion) string {
 		parts = append(parts, v+" on "+strings.Join(on[v], ", "))
 	}
 	return "mixed (finish the upgrade one server at a time): " + strings.Join(parts, "; ")
+}
+
+// formatsLine is the status's formats row: the version of each format the servers write and
+// read of one another that they agree on — during an upgrade the older one, until every
+// server runs the newer binary — or why they cannot agree.
+func formatsLine(agreed map[string]int, failed string) string {
+	if failed != "" {
+		return failed
+	}
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(agreed)) {
+		parts = append(parts, fmt.Sprintf("%s %d", name, agreed[name]))
+	}
+	return strings.Join(parts, ", ") + " (written by every server, read by every one)"
 }
 
 // replicationLine is the status's replication row: the servers, the copies kept, and how

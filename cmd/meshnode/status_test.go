@@ -71,6 +71,26 @@ func TestPrintStatus_Versions(t *testing.T) {
 	}
 }
 
+// TestPrintStatus_Formats: a mesh's status shows the versions of the shared formats its
+// servers agree on, or why they cannot; a single node's shows none.
+func TestPrintStatus_Formats(t *testing.T) {
+	var out strings.Builder
+	printStatus(&out, api.NodeStatus{Name: "a", Formats: map[string]int{"wire": 1, "declaration": 2}})
+	if want := "formats      declaration 2, wire 1 (written by every server, read by every one)\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, out.String())
+	}
+	out.Reset()
+	printStatus(&out, api.NodeStatus{Name: "a", Formats: map[string]int{"wire": 1}, FormatsError: "no version in common of declaration"})
+	if want := "formats      no version in common of declaration\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, out.String())
+	}
+	out.Reset()
+	printStatus(&out, api.NodeStatus{Name: "a"})
+	if strings.Contains(out.String(), "formats") {
+		t.Errorf("a single node's status shows formats:\n%s", out.String())
+	}
+}
+
 // TestPrintMembers_Version: members shows each server's version, "?" for one that does not
 // tell it.
 func TestPrintMembers_Version(t *testing.T) {

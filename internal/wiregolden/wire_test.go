@@ -24,6 +24,7 @@ import (
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/membership"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 )
@@ -58,6 +59,7 @@ var wire = map[string]any{
 	"api.NodeStatus":             api.NodeStatus{},
 	"api.NodeMember":             api.NodeMember{},
 	"api.NodeMembersReply":       api.NodeMembersReply{},
+	"membership.Meta":            membership.Meta{}, // the gossip's node meta
 	"api.UIChallenge":            api.UIChallenge{},
 	"datadir.Info":               datadir.Info{},
 	"dashboard.State":            dashboard.State{},
