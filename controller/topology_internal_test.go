@@ -120,14 +120,7 @@ func TestTopology_RemadeConsumerSurvivesARestartsSlowLookup(t *testing.T) {
 	_, js := testbed.Connect(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	m, err := manifest.Parse([]byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := m.Derive()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := shopConsumesItself(t)
 	before := &Topology{js: js, node: "alpha", replicas: func() int { return 1 }}
 	if err := before.EnsureMesh(ctx); err != nil {
 		t.Fatal(err)
@@ -176,14 +169,7 @@ func TestTopology_RemadeTwiceKeepsItsFloor(t *testing.T) {
 	_, js := testbed.Connect(t, servers[0])
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	m, err := manifest.Parse([]byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := m.Derive()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := shopConsumesItself(t)
 	topo := &Topology{js: js, node: "alpha", replicas: func() int { return 3 }}
 	if err := jsretry.Request(ctx, topo.EnsureMesh); err != nil {
 		t.Fatal(err)
@@ -247,4 +233,18 @@ func TestTopology_RemadeTwiceKeepsItsFloor(t *testing.T) {
 				round, cfg.DeliverPolicy, cfg.OptStartSeq, acked+1)
 		}
 	}
+}
+
+// shopConsumesItself is module shop, which emits sold and consumes it.
+func shopConsumesItself(t testing.TB) *manifest.Derivation {
+	t.Helper()
+	m, err := manifest.Parse([]byte("module: shop\nrequires: [mesh-bus]\nemits: [sold]\nconsumes: [shop.sold]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
