@@ -543,5 +543,15 @@ func hostLog(log string, n int) string {
 			lines = append(lines, strings.TrimRight(line, "\n"))
 		}
 	}
+	if len(lines) == 0 {
+		// None at this log level (a round in which the node's host said nothing): the end of
+		// the node's own log instead, nats-server's lines left out.
+		for line := range strings.Lines(log) {
+			if !strings.Contains(line, "component=nats") {
+				lines = append(lines, strings.TrimRight(line, "\n"))
+			}
+		}
+		return "(no host or declaration lines; the end of its log)\n" + strings.Join(lines[max(0, len(lines)-n):], "\n")
+	}
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
