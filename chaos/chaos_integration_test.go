@@ -87,6 +87,7 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read the mesh after healing: %v", err)
 	}
+	t.Logf("catch-up: the wait for the consumers and the seat's holder ended %s after the loads stopped", final.CatchUp.Round(time.Second))
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, readyAt, readyBound
 	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
 	for _, s := range c.SlowStarts() {

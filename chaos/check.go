@@ -45,6 +45,9 @@ type Final struct {
 	// again (zero: never), and ReadyBound how long after HealedAt that may take.
 	HealedAt, ReadyAt time.Time
 	ReadyBound        time.Duration
+	// CatchUp is how long the consumers and the seat's holder took, once the loads stopped,
+	// to have every acked event and job (Workload.Final); a run reports it.
+	CatchUp time.Duration
 }
 
 // Bounds are what the checks allow; the zero value is the strictest.

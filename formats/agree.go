@@ -1,6 +1,7 @@
 package formats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,21 +105,26 @@ type Watcher struct {
 	OnError func(error)
 	// Log, if set, is where switches and failures are logged.
 	Log *slog.Logger
+	// Every is how often Run agrees again; zero: Recheck.
+	Every time.Duration
 
 	mu     sync.Mutex
 	agreed map[string]int
 	err    error
 }
 
-// Run agrees again every interval until ctx ends.
-func (w *Watcher) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
+// Recheck is how often Run agrees again.
+const Recheck = 5 * time.Second
+
+// Run agrees again every Recheck (Every, when set) until ctx ends; it returns nil then.
+func (w *Watcher) Run(ctx context.Context) error {
+	t := time.NewTicker(cmp.Or(w.Every, Recheck))
 	defer t.Stop()
 	for {
 		w.Update()
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}

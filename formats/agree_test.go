@@ -124,7 +124,7 @@ func TestWatcher_ReportsNoCommonVersion(t *testing.T) {
 		{Meta: membership.Meta{Name: "a", Formats: formats.Advertised{formats.Declaration: {1, 1}}}, State: "alive"},
 	}
 	var errs []error
-	w := &formats.Watcher{Members: func() []membership.Member { return members }, OnError: func(err error) { errs = append(errs, err) }}
+	w := &formats.Watcher{Every: time.Millisecond, Members: func() []membership.Member { return members }, OnError: func(err error) { errs = append(errs, err) }}
 	w.Update()
 	members = append(members, membership.Member{Meta: membership.Meta{Name: "z", Formats: formats.Advertised{formats.Declaration: {3, 3}}}, State: "alive"})
 	w.Update()
@@ -141,7 +141,7 @@ func TestWatcher_ReportsNoCommonVersion(t *testing.T) {
 // TestWatcher_Run agrees at once and then every interval until its context ends.
 func TestWatcher_Run(t *testing.T) {
 	calls := make(chan struct{}, 10)
-	w := &formats.Watcher{Members: func() []membership.Member {
+	w := &formats.Watcher{Every: time.Millisecond, Members: func() []membership.Member {
 		select {
 		case calls <- struct{}{}:
 		default:
@@ -150,7 +150,7 @@ func TestWatcher_Run(t *testing.T) {
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx, time.Millisecond); close(done) }()
+	go func() { w.Run(ctx); close(done) }()
 	<-calls
 	<-calls
 	cancel()

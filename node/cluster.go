@@ -244,9 +244,6 @@ func checkNotLeft(db *bolt.DB, name string) error {
 	return nil
 }
 
-// formatsRecheck is how often a server agrees again on the shared formats' versions.
-const formatsRecheck = 5 * time.Second
-
 // formats is this node's formats: the binary's, or the test's stand-in.
 func (n *Node) formats() map[string]formats.Version {
 	if n.Formats != nil {

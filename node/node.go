@@ -801,7 +801,7 @@ func (n *Node) Run(ctx context.Context) error {
 		Log: n.log.With("component", "snapshot")}
 	add("scheduled snapshots", sched.Run)
 	if w := n.mesh.formats; w != nil {
-		add("formats", func(ctx context.Context) error { w.Run(ctx, formatsRecheck); return nil })
+		add("formats", w.Run)
 	}
 	add("admitter", n.runAdmitter)
 	add("flood watch", n.watchFloods)

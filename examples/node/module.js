@@ -42,8 +42,10 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // times is dead-lettered, so a handler that gave up at the first timeout of a node's restart
 // would lose the events of the whole outage.
 const EMIT_PATIENCE_MS = 20000;
-// How many events are handled at once (the consumer pulls 32 at a time).
-const HANDLERS = 16;
+// How many events are handled at once: as many as the consumer lets wait for their acks
+// (its MaxAckPending, 32), since each handler waits on its answer's ack. At 16 the module
+// could not work off what a 30-minute fault run left it behind.
+const HANDLERS = 32;
 // The nats.js error codes of a publish that found no stream to ack it yet: a timeout, no
 // responders (the stream or the admitter not up yet), the connection dropped.
 const TRANSIENT = new Set(["TIMEOUT", "503", "DISCONNECT", "CONNECTION_REFUSED"]);
