@@ -207,21 +207,6 @@ func (m *Membership) Members() []Member {
 	return out
 }
 
-// Names names every member that has not left the mesh for good, this node included; none on
-// a nil Membership (a single node).
-func (m *Membership) Names() []string {
-	if m == nil {
-		return nil
-	}
-	var out []string
-	for _, mb := range m.Members() {
-		if mb.State != "left" {
-			out = append(out, mb.Name)
-		}
-	}
-	return out
-}
-
 // Versions are the members' meshnode versions, by name: what a node's status shows of a
 // rolling upgrade.
 func (m *Membership) Versions() []api.MemberVersion {

@@ -797,7 +797,7 @@ func (n *Node) Run(ctx context.Context) error {
 	sched := &snapshot.Schedule{Interval: time.Duration(n.cfg.SnapshotInterval), Dir: n.cfg.ScheduledSnapshotDir(), Keep: n.cfg.SnapshotKeep,
 		Conn: n.bus.Conn(), MeshID: n.id.MeshID, Operator: n.id.OperatorKey, Version: Version(), Node: n.id.Name,
 		Seal: func() (*api.SealedFoundation, error) { return n.dir.vault.Load().SealedFoundation() }, AuditQuery: n.audit.Query,
-		Servers: n.mesh.members.Names, Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
+		Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
 		Log: n.log.With("component", "snapshot")}
 	add("scheduled snapshots", sched.Run)
 	if w := n.mesh.formats; w != nil {

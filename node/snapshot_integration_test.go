@@ -18,8 +18,7 @@ import (
 // TestIntegration_ScheduledSnapshot_FollowsController: in a mesh of three with
 // snapshot-interval set, only the holder of mesh-controller writes snapshots; stopped, the
 // server that takes the seat writes the next into its own snapshot-dir, a whole file with
-// the foundation sealed by its own vault. Each file holds the audit head of every server
-// that answers.
+// the foundation sealed by its own vault.
 func TestIntegration_ScheduledSnapshot_FollowsController(t *testing.T) {
 	c := newClusterWith(t, func(_ int, cfg *config.Config) { cfg.SnapshotInterval = config.Duration(time.Minute) })
 	// written lists the scheduled snapshots in node i's snapshot-dir.
@@ -49,18 +48,6 @@ func TestIntegration_ScheduledSnapshot_FollowsController(t *testing.T) {
 		}
 		return nil
 	})
-	// Every server answered: the file holds each one's audit head, as `snapshot save` does.
-	first, err := snapshot.Open(filepath.Join(c.cfgs[holder].ScheduledSnapshotDir(), written(holder)[0]))
-	if err != nil {
-		t.Fatalf("Open refuses %s's scheduled snapshot: %v", c.cfgs[holder].Name, err)
-	}
-	heads := first.Manifest().AuditHeads
-	first.Close()
-	for _, cfg := range c.cfgs {
-		if h, ok := heads[cfg.Name]; !ok || h.N == 0 || h.Hash == "" {
-			t.Errorf("the scheduled snapshot's audit heads %v: none, or an empty one, for %s", heads, cfg.Name)
-		}
-	}
 	c.stop(holder)
 	next := -1
 	retryUntil(t, 90*time.Second, func() error {

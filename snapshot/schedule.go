@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/meshnode/meshnode/alarm"
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/audit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -56,11 +54,8 @@ type Schedule struct {
 	Seal func() (*api.SealedFoundation, error)
 	// AuditQuery reads this node's audit log (audit.Logger.Query); nil leaves its head out.
 	AuditQuery func(api.AuditFilter) ([]api.AuditRecord, error)
-	// Servers names the mesh's servers (nil on a single node): the head of each one's audit
-	// log that answers over Conn goes into the file too, as `snapshot save` puts them.
-	Servers func() []string
-	Holds   func() bool // whether this node holds mesh-controller now
-	Alarms  *alarm.Set  // the node's, under AlarmKey
+	Holds      func() bool // whether this node holds mesh-controller now
+	Alarms     *alarm.Set  // the node's, under AlarmKey
 	// LastSuccess is set to the Unix time of the last snapshot written whole; Failures
 	// counts the attempts that failed.
 	LastSuccess prometheus.Gauge
@@ -255,35 +250,8 @@ func (s *Schedule) saveMesh(ctx context.Context, path string) (Manifest, error) 
 			head = api.AuditHead{N: recs[0].N, Hash: recs[0].Hash}
 		}
 		opts.AuditHeads = map[string]api.AuditHead{s.Node: head}
-		s.othersHeads(ctx, opts.AuditHeads)
 	}
 	return Save(ctx, s.Conn, path, opts)
-}
-
-// othersHeads adds to heads the audit head of every other server that answers within
-// a few seconds; one that does not (stopped, cut off) is left out of the file, as `snapshot
-// save` leaves it out.
-func (s *Schedule) othersHeads(ctx context.Context, heads map[string]api.AuditHead) {
-	if s.Servers == nil {
-		return
-	}
-	for _, name := range s.Servers() {
-		if name == s.Node {
-			continue
-		}
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		reply, err := audit.Call(qctx, s.Conn, name, api.AuditRequest{Op: "query", Filter: api.AuditFilter{Last: 1}})
-		cancel()
-		if err != nil || reply.Error != "" {
-			s.Log.Warn("a server's audit head is left out of the scheduled snapshot", "server", name, "err", cmp.Or(reply.Error, fmt.Sprint(err)))
-			continue
-		}
-		head := api.AuditHead{}
-		if len(reply.Records) > 0 {
-			head = api.AuditHead{N: reply.Records[0].N, Hash: reply.Records[0].Hash}
-		}
-		heads[name] = head
-	}
 }
 
 // alarm raises the alarm while the last attempt failed or the last success is older than
