@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/seats"
 )
 
@@ -65,8 +66,11 @@ func TestChaos(t *testing.T) {
 		t.Logf("the nemesis stopped early: %v", runErr) // said now: a failed read after healing ends the test
 	}
 	for _, f := range nm.Faults() {
-		if f.Kind == KindDriftStream {
+		switch f.Kind {
+		case KindDriftStream:
 			h.Span("nemesis", "wipe", strings.TrimPrefix(f.Target, "SEAT_"), "", f.Start, f.End)
+		case KindDriftConsumer:
+			h.Span("nemesis", "remake", strings.TrimPrefix(f.Target, manifest.EventsStreamName+"/"), "", f.Start, f.End)
 		}
 	}
 	var readyAt time.Time

@@ -58,7 +58,8 @@ type Bounds struct {
 	MaxDeliveries int
 	// Deliveries overrides MaxDeliveries for the modules it names: a module that does not
 	// dedup (the plain-NATS example) may be delivered an event as often as its consumer
-	// redelivers one whose ack was lost, up to the consumer's MaxDeliver.
+	// redelivers one whose ack was lost, up to the consumer's MaxDeliver — per consumer: one
+	// deleted and made again (a "remake") between two deliveries counts from zero again.
 	Deliveries map[string]int
 	// MaxHandles is how many times one seat job may be handled (by any holder). Zero means 1.
 	MaxHandles int
@@ -227,11 +228,12 @@ func duplicates(ops []Op, f Final, b Bounds) []Anomaly {
 	sort.Slice(keys, func(i, j int) bool {
 		return keys[i].module < keys[j].module || keys[i].module == keys[j].module && keys[i].id < keys[j].id
 	})
+	remakes := byKey(ops, "remake")
 	var out []Anomaly
 	for _, k := range keys {
 		allowed := maxDeliveries
 		if d, ok := b.Deliveries[k.module]; ok {
-			allowed = max(d, 1)
+			allowed = max(d, 1) * (1 + remadeBetween(remakes[k.module], seen[k]))
 		}
 		if n := max(len(seen[k]), final[k]); n > allowed {
 			out = append(out, Anomaly{Check: checkDuplicates, Kind: "delivered-twice", Keys: []string{k.id}, Ops: seen[k],
@@ -246,6 +248,25 @@ func duplicates(ops []Op, f Final, b Bounds) []Anomaly {
 		}
 	}
 	return out
+}
+
+// remadeBetween counts the remakes that completed after the first of deliveries and before
+// the last: each began a consumer that delivered the event again, its count from zero.
+func remadeBetween(remakes, deliveries []Op) int {
+	if len(deliveries) < 2 {
+		return 0
+	}
+	first, last := deliveries[0].InvokeMono, deliveries[0].InvokeMono
+	for _, d := range deliveries {
+		first, last = min(first, d.InvokeMono), max(last, d.InvokeMono)
+	}
+	n := 0
+	for _, r := range remakes {
+		if r.CompleteMono > first && r.CompleteMono < last {
+			n++
+		}
+	}
+	return n
 }
 
 // fencing checks each fence's accepted effects in the order it accepted them: their epochs

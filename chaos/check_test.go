@@ -224,6 +224,21 @@ func TestCheck_Duplicates(t *testing.T) {
 		c.final.Delivered["nodejs"] = append(c.final.Delivered["nodejs"], "e2")
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{Deliveries: map[string]int{"consumer": 3}}), "duplicates", "delivered-twice")
 	})
+	t.Run("PerConsumerAfterARemake", func(t *testing.T) {
+		// Three deliveries against a MaxDeliver of 2: one too many for one consumer, within
+		// what two allow when drift made it again between them; a remake before the first
+		// delivery or after the last began no consumer that delivered it again.
+		c := cleanRun()
+		c.ok("consumer", "deliver", "e1", "", 0, 900, 901)
+		c.ok("consumer", "deliver", "e1", "", 0, 910, 911)
+		bounds := chaos.Bounds{Deliveries: map[string]int{"consumer": 2}}
+		c.ok("nemesis", "remake", "consumer", "", 0, 5, 6)
+		c.ok("nemesis", "remake", "consumer", "", 0, 950, 960)
+		c.ok("nemesis", "remake", "nodejs", "", 0, 903, 904)
+		wantOnly(t, chaos.Check(c.ops, c.final, bounds), "duplicates", "delivered-twice")
+		c.ok("nemesis", "remake", "consumer", "", 0, 903, 904)
+		wantOnly(t, chaos.Check(c.ops, c.final, bounds), "duplicates")
+	})
 	t.Run("HistoryAndFinalAreOneView", func(t *testing.T) {
 		c := cleanRun() // nodejs's two deliveries are in both the history and Final: not four
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates")

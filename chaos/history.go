@@ -20,6 +20,8 @@ import (
 //   - "register", "deploy": Key = module, Value = what was declared.
 //   - "wipe": a seat's queue deleted under it (the nemesis's drift-stream), Key = the seat:
 //     jobs submitted before it completed may be lost with the stream.
+//   - "remake": a module's EVENTS consumer deleted under it (the nemesis's drift-consumer),
+//     Key = the module: the consumer made again counts its deliveries from zero.
 //   - "applied": a node's applied declaration revision as read from it (before a kill and
 //     after the restart, say); Process = Key = node, Value = the revision in decimal.
 type Op struct {
