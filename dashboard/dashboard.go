@@ -62,7 +62,34 @@ type Config struct {
 	// Quotas is each registered module's use of EVENTS against its quota, as the node's
 	// admitter sees it; nil: not shown.
 	Quotas func() []api.QuotaUse
+	// Sessions keeps the console's session key and logouts (BoltSessions, in the node's
+	// store): sessions survive the node's restart. Nil keeps them in memory.
+	Sessions SessionStore
+	// Record, if set, records an action an operator took in the console (the node audits it
+	// as its node event console-action): what, on what, the operator's key and the outcome.
+	Record func(action ConsoleAction)
 	Log    *slog.Logger
+}
+
+// ConsoleAction is an action an operator took in the console, as it is audited.
+type ConsoleAction struct {
+	Operator string `json:"operator"` // the operator's public key the session was logged in with
+	Action   string `json:"action"`   // deploy, undeploy, dead-replay, dead-drop
+	Target   string `json:"target"`   // the module, or the dead letter's sequence
+	Detail   string `json:"detail,omitempty"`
+	Error    string `json:"error,omitempty"` // why it failed; empty when it was done
+}
+
+// Meta is the action as its node event's body.
+func (a ConsoleAction) Meta() map[string]any {
+	m := map[string]any{"operator": a.Operator, "action": a.Action, "target": a.Target}
+	if a.Detail != "" {
+		m["detail"] = a.Detail
+	}
+	if a.Error != "" {
+		m["error"] = a.Error
+	}
+	return m
 }
 
 // Dashboard serves the operator's console: its pages, the snapshot, the snapshot's stream
@@ -75,8 +102,8 @@ type Dashboard struct {
 
 	mu         sync.Mutex
 	challenges map[string]time.Time // nonce → expiry
-	sessions   map[string]*session
-	mods       encodedModules // the modules and edges of registry revision modsRev
+	memory     memorySessions       // the sessions' store when the config names none
+	mods       encodedModules       // the modules and edges of registry revision modsRev
 	modsRev    uint64
 	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
 	// read again only when the log changed.
@@ -105,7 +132,7 @@ type Dashboard struct {
 // Open returns the dashboard of cfg.Node. Its handlers, event streams and snapshot loop
 // end when ctx ends or Close is called; Close waits for them.
 func Open(ctx context.Context, cfg Config) *Dashboard {
-	d := &Dashboard{cfg: cfg, challenges: map[string]time.Time{}, sessions: map[string]*session{}, watchers: map[chan []byte]struct{}{}}
+	d := &Dashboard{cfg: cfg, challenges: map[string]time.Time{}, watchers: map[chan []byte]struct{}{}}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	return d
 }

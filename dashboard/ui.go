@@ -64,8 +64,9 @@ const (
 	stateTimeout   = 5 * time.Second  // one snapshot
 )
 
-// session is one logged-in browser.
+// session is one logged-in browser, as its signed cookie says (session.go).
 type session struct {
+	id       string
 	mode     string
 	csrf     string
 	expires  time.Time
@@ -148,11 +149,10 @@ func (d *Dashboard) routes(mux *http.ServeMux) {
 	mux.Handle("GET /ui/", http.StripPrefix("/ui/", securityHeaders(files)))
 	mux.HandleFunc("GET /ui/challenge", d.challenge)
 	mux.HandleFunc("GET /ui/login", d.login)
-	mux.HandleFunc("POST /ui/logout", d.sessionOnly(false, func(w http.ResponseWriter, r *http.Request, _ *session) {
-		if c, err := r.Cookie(cookiePrefix + d.cfg.Node); err == nil {
-			d.mu.Lock()
-			delete(d.sessions, c.Value)
-			d.mu.Unlock()
+	mux.HandleFunc("POST /ui/logout", d.sessionOnly(false, func(w http.ResponseWriter, r *http.Request, s *session) {
+		if err := d.sessions().Revoke(s.id, s.expires); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "log out: " + err.Error()})
+			return
 		}
 		http.SetCookie(w, &http.Cookie{Name: cookiePrefix + d.cfg.Node, Path: "/ui", MaxAge: -1})
 		w.WriteHeader(http.StatusNoContent)
@@ -180,7 +180,7 @@ type DeployRequest struct {
 
 // deployModule deploys a module's artifact version, as `meshnode deploy` does: the controller
 // checks it and answers.
-func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *session) {
+func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, s *session) {
 	var req DeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" || req.Version == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/deploy {"module", "version", "nodes"?: [...], "instances"?: n}: module and version are required`})
@@ -194,6 +194,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	reply, err := admin.Deploy(ctx, d.cfg.Conn, api.DeployRequest{Module: req.Module, Deployment: dep})
+	d.record(s, "deploy", req.Module, fmt.Sprintf("version %s, nodes %v, instances %d", req.Version, req.Nodes, dep.Instances), err)
 	if err != nil {
 		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
@@ -204,7 +205,7 @@ func (d *Dashboard) deployModule(w http.ResponseWriter, r *http.Request, _ *sess
 }
 
 // undeploy stops a module everywhere, as `meshnode undeploy` does.
-func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session) {
+func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, s *session) {
 	var req api.UndeployRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Module == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /ui/api/undeploy {"module", "nodes"?: [...]}: module is required`})
@@ -213,6 +214,7 @@ func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session)
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	reply, err := admin.Undeploy(ctx, d.cfg.Conn, req)
+	d.record(s, "undeploy", req.Module, fmt.Sprintf("nodes %v", req.Nodes), err)
 	if err != nil {
 		writeJSON(w, actionStatus(err), map[string]string{"error": err.Error()})
 		return
@@ -220,6 +222,18 @@ func (d *Dashboard) undeploy(w http.ResponseWriter, r *http.Request, _ *session)
 	d.cfg.Log.Info("undeployed from the dashboard", "module", req.Module, "nodes", req.Nodes)
 	d.forgetProcesses()
 	writeJSON(w, http.StatusOK, reply)
+}
+
+// record hands an action the operator took to the node's audit (Config.Record).
+func (d *Dashboard) record(s *session, action, target, detail string, err error) {
+	if d.cfg.Record == nil {
+		return
+	}
+	a := ConsoleAction{Operator: s.operator, Action: action, Target: target, Detail: detail}
+	if err != nil {
+		a.Error = err.Error()
+	}
+	d.cfg.Record(a)
 }
 
 // actionStatus is the HTTP status of a controller's answer to an action: its refusal is
@@ -308,34 +322,43 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 		fail("the link is not signed by the mesh's operator")
 		return
 	}
-	id, s := randomToken(), &session{mode: mode, csrf: randomToken(), expires: time.Now().Add(sessionTTL), operator: op}
-	d.mu.Lock()
-	for k, old := range d.sessions {
-		if time.Now().After(old.expires) {
-			delete(d.sessions, k)
-		}
+	key, err := d.sessions().SessionKey()
+	if err != nil {
+		http.Error(w, "login failed: "+err.Error()+"; see the node's log", http.StatusServiceUnavailable)
+		return
 	}
-	d.sessions[id] = s
-	d.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: cookiePrefix + d.cfg.Node, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: r.TLS != nil, Expires: s.expires})
+	// Whole seconds: the cookie says its expiry in seconds, and checks it to the second.
+	expires := time.Now().Add(sessionTTL).Truncate(time.Second)
+	value := signSession(key, d.cfg.Node, sessionClaims{ID: randomToken(), Mode: mode, Expires: expires.Unix(), Operator: op})
+	http.SetCookie(w, &http.Cookie{Name: cookiePrefix + d.cfg.Node, Value: value, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil, Expires: expires})
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
-// sessionOf returns the request's session while it holds: known, not expired, and signed by
-// the operator's key of now.
+// sessionOf returns the request's session while it holds: signed by this node, not expired,
+// not logged out, and logged in with the operator's key of now.
 func (d *Dashboard) sessionOf(r *http.Request) *session {
-	c, err := r.Cookie(cookiePrefix + d.cfg.Node)
+	cookie, err := r.Cookie(cookiePrefix + d.cfg.Node)
 	if err != nil {
 		return nil
 	}
-	d.mu.Lock()
-	s := d.sessions[c.Value]
-	d.mu.Unlock()
-	if s == nil || time.Now().After(s.expires) || s.operator != d.cfg.Registry.Operator() {
+	key, err := d.sessions().SessionKey()
+	if err != nil {
 		return nil
 	}
-	return s
+	c, err := openSession(key, d.cfg.Node, cookie.Value, time.Now())
+	if err != nil || c.Operator != d.cfg.Registry.Operator() || d.sessions().Revoked(c.ID) {
+		return nil
+	}
+	return &session{id: c.ID, mode: c.Mode, csrf: csrfOf(key, c.ID), expires: time.Unix(c.Expires, 0), operator: c.Operator}
+}
+
+// sessions is where sessions are kept: the configured store, or one in memory.
+func (d *Dashboard) sessions() SessionStore {
+	if d.cfg.Sessions != nil {
+		return d.cfg.Sessions
+	}
+	return &d.memory
 }
 
 // sessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
@@ -834,7 +857,7 @@ func withoutTime(b []byte) []byte {
 }
 
 // deadAction replays or drops a dead letter, as `meshnode dead replay|drop` does.
-func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request, _ *session) {
+func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request, s *session) {
 	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	action := r.PathValue("action")
 	if err != nil || (action != "replay" && action != "drop") {
@@ -864,6 +887,11 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request, _ *sessio
 			}
 		}
 	}
+	detail := ""
+	if m != nil {
+		detail = m.Subject // the letter's: which consumer's, and what event
+	}
+	d.record(s, "dead-"+action, strconv.FormatUint(id, 10), detail, err)
 	if errors.Is(err, deadletter.ErrNotReplayable) {
 		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 		return
