@@ -165,7 +165,9 @@ func (d *Dashboard) routes(mux *http.ServeMux) {
 		w.Write(d.snapshot(r.Context()))
 	}))
 	mux.HandleFunc("GET /ui/api/events", d.sessionOnly(false, d.events))
+	mux.HandleFunc("GET /ui/api/dead/{id}", d.sessionOnly(false, d.deadLetter))
 	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", d.sessionOnly(true, d.deadAction))
+	mux.HandleFunc("POST /ui/api/dead-replay-all", d.sessionOnly(true, d.deadReplayAll))
 	mux.HandleFunc("POST /ui/api/deploy", d.sessionOnly(true, d.deployModule))
 	mux.HandleFunc("POST /ui/api/undeploy", d.sessionOnly(true, d.undeploy))
 }
@@ -854,6 +856,90 @@ func withoutTime(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// deadLetter answers one dead letter whole: its headers and body (api.DeadLetter), what
+// `meshnode dead show` prints.
+func (d *Dashboard) deadLetter(w http.ResponseWriter, r *http.Request, _ *session) {
+	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "GET /ui/api/dead/<id>: the id is the letter's number in DEAD"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), stateTimeout)
+	defer cancel()
+	dead, err := d.cfg.JetStream.Stream(ctx, manifest.DeadStreamName)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	m, err := dead.GetMsg(ctx, id)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no dead letter %d (replayed or dropped?)", id)})
+	case err != nil:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+	default:
+		writeJSON(w, http.StatusOK, deadletter.FromMsg(m))
+	}
+}
+
+// ReplayAllReply answers POST /ui/api/dead-replay-all: the letters replayed, and each one
+// refused with why (a letter its source could not have published is never replayed).
+type ReplayAllReply struct {
+	Replayed int               `json:"replayed"`
+	Refused  map[uint64]string `json:"refused,omitempty"`
+}
+
+// deadReplayAll replays every dead letter (of one consumer, with ?consumer=), as `meshnode
+// dead replay --all` does, each with the same checks as one.
+func (d *Dashboard) deadReplayAll(w http.ResponseWriter, r *http.Request, s *session) {
+	consumer := r.URL.Query().Get("consumer")
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	defer cancel()
+	js := d.cfg.JetStream
+	reply := ReplayAllReply{Refused: map[uint64]string{}}
+	err := func() error {
+		dead, err := js.Stream(ctx, manifest.DeadStreamName)
+		if err != nil {
+			return err
+		}
+		letters, err := deadletter.List(ctx, dead)
+		if err != nil {
+			return err
+		}
+		auth, err := deadletter.LoadAuthority(ctx, js, admin.List)
+		if err != nil {
+			return err
+		}
+		for _, l := range letters {
+			if consumer != "" && l.Consumer != consumer {
+				continue
+			}
+			m, err := dead.GetMsg(ctx, l.ID)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // replayed or dropped meanwhile
+			}
+			if err == nil {
+				err = deadletter.Replay(ctx, js, dead, m, auth)
+			}
+			switch {
+			case errors.Is(err, deadletter.ErrNotReplayable):
+				reply.Refused[l.ID] = err.Error()
+			case err != nil:
+				return err
+			default:
+				reply.Replayed++
+			}
+		}
+		return nil
+	}()
+	d.record(s, "dead-replay-all", cmp.Or(consumer, "every consumer"), fmt.Sprintf("%d replayed, %d refused", reply.Replayed, len(reply.Refused)), err)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("replayed %d, then: %v", reply.Replayed, err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, reply)
 }
 
 // deadAction replays or drops a dead letter, as `meshnode dead replay|drop` does.

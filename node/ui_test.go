@@ -21,6 +21,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
@@ -333,6 +334,73 @@ func TestUI_ReplayJob(t *testing.T) {
 	retryUntil(t, 10*time.Second, func() error {
 		if !handled.Load() {
 			return errors.New("the replayed job has not been handled")
+		}
+		return nil
+	})
+}
+
+// TestUI_DeadLettersReadAndReplayedAll: the console reads a dead letter whole (its headers
+// and body), replays every letter of a consumer at once, and each action lands in the
+// audit log as the node event console-action with the operator's key.
+func TestUI_DeadLettersReadAndReplayedAll(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seedW, _ := b.register("module: worker\nrequires: [mesh-bus]\nseats:\n  jobs: {scope: mesh, retain: 1h, accepts: [run]}\n")
+	seedS, _ := b.register("module: shop\nrequires: [mesh-bus]\nuses: [jobs]\n")
+	var fixed atomic.Bool
+	var handled atomic.Int32
+	w := b.client(seedW, sdk.WithRetryBackoff(10*time.Millisecond))
+	if err := w.Accept("run", func(context.Context, sdk.Job) error {
+		if !fixed.Load() {
+			return errors.New("printer on fire")
+		}
+		handled.Add(1)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "jobs", w)
+	submit(t, b.client(seedS), "jobs", "run", 2)
+	consumer := manifest.SeatConsumerName("jobs", manifest.ScopeMesh, "")
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.SeatStreamName("jobs"), consumer), 2, nil)
+	fixed.Store(true)
+
+	op, csrf := uiLogin(t, b, false)
+	u, _ := url.Parse(b.n.HTTPURL())
+	code, body := do(t, op, "GET", fmt.Sprintf("%s/ui/api/dead/%d", b.n.HTTPURL(), letters[0].Sequence), nil)
+	var letter api.DeadLetter
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &letter) != nil {
+		t.Fatalf("GET a dead letter: %d %s", code, body)
+	}
+	if letter.Consumer != consumer || !strings.Contains(string(letter.Body), `"job"`) || len(letter.Headers[envelope.EventID]) != 1 {
+		t.Errorf("the dead letter as the console reads it: consumer %q, body %q, headers %v; want the job whole", letter.Consumer, letter.Body, letter.Headers)
+	}
+	if code, _ := do(t, op, "GET", b.n.HTTPURL()+"/ui/api/dead/999999", nil); code != http.StatusNotFound {
+		t.Errorf("GET a dead letter that is not there: %d, want 404", code)
+	}
+
+	code, body = do(t, op, "POST", b.n.HTTPURL()+"/ui/api/dead-replay-all?consumer="+url.QueryEscape(consumer),
+		http.Header{"X-Csrf-Token": {csrf}, "Origin": {"http://" + u.Host}})
+	var reply dashboard.ReplayAllReply
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &reply) != nil || reply.Replayed != 2 || len(reply.Refused) != 0 {
+		t.Fatalf("replay every letter of %s: %d %s, want 2 replayed", consumer, code, body)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if n := handled.Load(); n != 2 {
+			return fmt.Errorf("%d of the 2 replayed jobs handled", n)
+		}
+		return nil
+	})
+	opKey, _ := operatorKey(t, b.dir).PublicKey()
+	retryUntil(t, 10*time.Second, func() error {
+		recs := b.audit(api.AuditRequest{Op: "query", Filter: api.AuditFilter{Event: "node.*.console-action"}}).Records
+		if len(recs) != 1 || recs[0].NotGenuine != "" {
+			return fmt.Errorf("the audit log's console actions: %+v, want the replay, genuine", recs)
+		}
+		var a dashboard.ConsoleAction
+		json.Unmarshal(recs[0].Body, &a)
+		if a.Operator != opKey || a.Action != "dead-replay-all" || a.Target != consumer || a.Detail != "2 replayed, 0 refused" {
+			return fmt.Errorf("the audited action %+v, want the operator %s replaying all of %s", a, opKey, consumer)
 		}
 		return nil
 	})
