@@ -120,7 +120,9 @@ func (n *Node) openDashboard() *dashboard.Dashboard {
 	return dashboard.Open(context.Background(), dashboard.Config{Node: n.id.Name, MeshID: n.id.MeshID, Mesh: dashboardMesh{n},
 		Registry: n.reg, Audit: n.audit, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Log: n.log, Sessions: dashboard.BoltSessions(n.db),
 		Quotas: func() []api.QuotaUse { return n.quotaUse(n.reg.Names()) },
-		Record: func(a dashboard.ConsoleAction) { publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "console-action", a.Meta(), n.log) }})
+		Record: func(a dashboard.ConsoleAction) {
+			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "console-action", a.Meta(), n.log)
+		}})
 }
 
 // dashboardMesh is what the dashboard reads of the node.
