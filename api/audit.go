@@ -40,6 +40,7 @@ type AuditFilter struct {
 	Since  time.Time `json:"since,omitzero"`   // received at or after
 	Until  time.Time `json:"until,omitzero"`   // received before
 	After  uint64    `json:"after,omitempty"`  // records after this N (paging, tail -f)
+	Before uint64    `json:"before,omitempty"` // records before this N (paging back, with Last)
 	Last   int       `json:"last,omitempty"`   // only the last N matching records
 	Limit  int       `json:"limit,omitempty"`  // at most this many; 0 = AuditDefaultLimit
 }

@@ -46,7 +46,7 @@ func (l *Logger) query(f api.AuditFilter) ([]api.AuditRecord, error) {
 		return (f.ID == "" || r.EventID == f.ID) && (f.Source == "" || r.Source == f.Source) &&
 			(pattern == "" || manifest.Matches(pattern, envelope.Unversioned(r.Subject))) &&
 			(f.Since.IsZero() || !r.Received.Before(f.Since)) && (f.Until.IsZero() || r.Received.Before(f.Until)) &&
-			r.N > f.After
+			r.N > f.After && (f.Before == 0 || r.N < f.Before)
 	}
 	err := l.db.View(func(tx *bolt.Tx) error {
 		recs := tx.Bucket(bucketRecords)
@@ -67,13 +67,13 @@ func (l *Logger) query(f api.AuditFilter) ([]api.AuditRecord, error) {
 				visit(n)
 			}
 		case f.Source != "":
-			scanPrefix(tx.Bucket(bucketBySource), sourcePrefix(f.Source), f.After, f.Last > 0, visit)
+			scanPrefix(tx.Bucket(bucketBySource), sourcePrefix(f.Source), f.After, f.Before, f.Last > 0, visit)
 		case pattern != "":
 			// The index orders by subject, then number: gather the numbers, then visit in
 			// log order, so paging and "last" mean the same as elsewhere.
 			var ns [][]byte
-			scanPrefix(tx.Bucket(bucketBySubject), literalPrefix(pattern), 0, false, func(n []byte) bool {
-				if binary.BigEndian.Uint64(n) > f.After {
+			scanPrefix(tx.Bucket(bucketBySubject), literalPrefix(pattern), 0, 0, false, func(n []byte) bool {
+				if at := binary.BigEndian.Uint64(n); at > f.After && (f.Before == 0 || at < f.Before) {
 					ns = append(ns, n)
 				}
 				return true
@@ -90,7 +90,15 @@ func (l *Logger) query(f api.AuditFilter) ([]api.AuditRecord, error) {
 		default:
 			c := recs.Cursor()
 			if f.Last > 0 {
-				for k, _ := c.Last(); k != nil && visit(k); k, _ = c.Prev() {
+				k, _ := c.Last()
+				if f.Before > 0 {
+					if k, _ = c.Seek(u64(f.Before)); k == nil {
+						k, _ = c.Last()
+					} else {
+						k, _ = c.Prev()
+					}
+				}
+				for ; k != nil && visit(k); k, _ = c.Prev() {
 				}
 			} else {
 				for k, _ := c.Seek(u64(f.After + 1)); k != nil && visit(k); k, _ = c.Next() {
@@ -107,12 +115,17 @@ func (l *Logger) query(f api.AuditFilter) ([]api.AuditRecord, error) {
 }
 
 // scanPrefix visits, in key order (or reverse), the record numbers of index keys that start
-// with prefix — the last 8 bytes of each key — beginning after record number after, until
-// visit returns false.
-func scanPrefix(b *bolt.Bucket, prefix []byte, after uint64, reverse bool, visit func(n []byte) bool) {
+// with prefix — the last 8 bytes of each key — beginning after record number after (or, in
+// reverse, before record number before, when the prefix is an exact key), until visit
+// returns false.
+func scanPrefix(b *bolt.Bucket, prefix []byte, after, before uint64, reverse bool, visit func(n []byte) bool) {
 	c := b.Cursor()
+	exact := bytes.IndexByte(prefix, 0) == len(prefix)-1 // source or subject, then \x00: the numbers that follow are in order
 	if reverse {
 		end := append(append([]byte(nil), prefix...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		if before > 0 && exact {
+			end = append(append([]byte(nil), prefix...), u64(before)...) // from it on, match leaves them out
+		}
 		k, _ := c.Seek(end)
 		if k == nil {
 			k, _ = c.Last()
@@ -131,8 +144,7 @@ func scanPrefix(b *bolt.Bucket, prefix []byte, after uint64, reverse bool, visit
 		return
 	}
 	start := prefix
-	if after > 0 && bytes.IndexByte(prefix, 0) == len(prefix)-1 {
-		// An exact key (source or subject, then \x00): the numbers that follow are in order.
+	if after > 0 && exact {
 		start = append(append([]byte(nil), prefix...), u64(after+1)...)
 	}
 	for k, _ := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {

@@ -66,6 +66,12 @@ func TestQuery_Indexes(t *testing.T) {
 		{"pattern one name", api.AuditFilter{Event: "*.y", After: 20}, []uint64{23, 26, 29}},
 		{"time", api.AuditFilter{Since: base.Add(25 * time.Minute), Until: base.Add(28 * time.Minute)}, []uint64{26, 27, 28}},
 		{"last", api.AuditFilter{Last: 2}, []uint64{29, 30}},
+		{"last before", api.AuditFilter{Last: 3, Before: 12}, []uint64{9, 10, 11}},
+		{"last before past the end", api.AuditFilter{Last: 2, Before: 99}, []uint64{29, 30}},
+		{"source last before", api.AuditFilter{Source: "b", Last: 2, Before: 20}, []uint64{16, 18}},
+		{"source last before one of another source", api.AuditFilter{Source: "a", Last: 2, Before: 20}, []uint64{17, 19}},
+		{"pattern last before", api.AuditFilter{Event: "*.y", Last: 2, Before: 20}, []uint64{14, 17}},
+		{"before, forwards", api.AuditFilter{After: 3, Before: 6}, []uint64{4, 5}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			recs, err := l.Query(tc.f)

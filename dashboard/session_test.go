@@ -198,3 +198,26 @@ func TestConsole_ActionsAreRecorded(t *testing.T) {
 		t.Fatalf("recorded %+v, want %+v", c.acts, want)
 	}
 }
+
+// TestConsole_AuditSearchRefusesBadInput: a search's bad parameter is refused naming it and
+// what it takes; a good one answers a page.
+func TestConsole_AuditSearchRefusesBadInput(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "meshnode.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	op, _ := nkeys.CreateOperator()
+	pub, _ := op.PublicKey()
+	c := &consoleNode{t: t, db: db, op: &reg{pub}}
+	c.open()
+	browser := c.login(op)
+	for query, want := range map[string]int{
+		"since=yesterday": http.StatusBadRequest, "before=-1": http.StatusBadRequest, "limit=0": http.StatusBadRequest,
+		"since=2026-12-06T10:00:00Z&source=shop&not_genuine=1&limit=20": http.StatusOK,
+	} {
+		if got := c.get(browser, "/ui/api/audit?"+query); got != want {
+			t.Errorf("GET /ui/api/audit?%s: %d, want %d", query, got, want)
+		}
+	}
+}

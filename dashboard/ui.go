@@ -165,6 +165,7 @@ func (d *Dashboard) routes(mux *http.ServeMux) {
 		w.Write(d.snapshot(r.Context()))
 	}))
 	mux.HandleFunc("GET /ui/api/events", d.sessionOnly(false, d.events))
+	mux.HandleFunc("GET /ui/api/audit", d.sessionOnly(false, d.auditSearch))
 	mux.HandleFunc("GET /ui/api/dead/{id}", d.sessionOnly(false, d.deadLetter))
 	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", d.sessionOnly(true, d.deadAction))
 	mux.HandleFunc("POST /ui/api/dead-replay-all", d.sessionOnly(true, d.deadReplayAll))
