@@ -192,11 +192,18 @@ func StartWorkload(t testing.TB, ctx context.Context, c *Cluster, h *History, di
 	if ledger2 == at(1) {
 		ledger2 = at(2)
 	}
+	// The seat's user on a server with no ledger instance: a bed that kills the holder's
+	// server must not kill the jobs' submitter with it (TestIntegration_ChaosCheckersCatch
+	// waited in vain for a new holder's effects, the user gone with the old holder's node).
+	user := at(2)
+	if user == ledger2 {
+		user = at(0)
+	}
 	place := []struct {
 		module string
 		node   int
 	}{{pubModule, at(0)}, {pubModule, at(2)}, {subModule, at(1)}, {subModule, at(3)},
-		{ledgerModule, at(1)}, {ledgerModule, ledger2}, {userModule, at(2)}}
+		{ledgerModule, at(1)}, {ledgerModule, ledger2}, {userModule, user}}
 	for k, p := range place {
 		var opts []sdk.Option
 		if k == 1 {
