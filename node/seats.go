@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -167,7 +168,7 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 		stop()
 		return
 	}
-	if err := start(); err != nil {
+	if err := start(); err != nil && !errors.Is(err, vault.ErrClosed) { // won while the node closes
 		s.log.Error("serve seat", "seat", l.Seat, "err", err)
 	}
 }

@@ -114,6 +114,7 @@ type Vault struct {
 	tokens  map[string]tokenRecord // by public key: who may enrol
 	records map[string]recordEntry // by key: the secrets, still encrypted
 	sub     *nats.Subscription
+	shut    bool // Close has begun: Start serves no more
 
 	// gate bounds each module's and join token's requests, and turns refusals into one
 	// "refused" event per caller and verb per interval, with a count.
@@ -212,8 +213,16 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 // Watch follows the vault's records until ctx ends.
 func (v *Vault) Watch(ctx context.Context) error { return v.watch.Run(ctx) }
 
-// Close stops serving and the watch, and records the events still queued.
+// Close stops serving and the watch, and records the events still queued; called again, it
+// does nothing.
 func (v *Vault) Close() error {
+	v.mu.Lock()
+	again := v.shut
+	v.shut = true // a seat won while closing must not start a sweeper Close would not wait for
+	v.mu.Unlock()
+	if again {
+		return nil
+	}
 	v.Stop()
 	v.sweepers.Wait()
 	v.gateStop() // its last report is queued before the queue closes
@@ -320,6 +329,9 @@ func recordEvents(events <-chan event, every time.Duration, publish func(event),
 func (v *Vault) Start() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.shut {
+		return ErrClosed
+	}
 	if v.sub != nil {
 		return nil
 	}
@@ -337,6 +349,9 @@ func (v *Vault) Start() error {
 	}()
 	return v.cfg.Responder.Flush()
 }
+
+// ErrClosed is Start's refusal once Close has begun.
+var ErrClosed = errors.New("vault: closed")
 
 // Stop stops serving the tools: this node no longer holds the seat.
 func (v *Vault) Stop() {

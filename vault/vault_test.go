@@ -648,3 +648,16 @@ func TestVault_StopClose(t *testing.T) {
 		return nil
 	})
 }
+
+// TestVault_StartAfterCloseIsRefused: a node's seat runner can win mesh-vault while the node
+// closes, after the vault's Close; Start then refuses, and starts no outbox sweeper that
+// nothing would stop (the integration tier's goleak found one).
+func TestVault_StartAfterCloseIsRefused(t *testing.T) {
+	b := newBed(t, nil, 0)
+	if err := b.vault.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.vault.Start(); !errors.Is(err, vault.ErrClosed) {
+		t.Fatalf("Start after Close: %v, want vault.ErrClosed", err)
+	}
+}
