@@ -86,6 +86,10 @@ func TestIntegration_Binary_JSON(t *testing.T) {
 	run("provisions")
 	run("undeploy", "shop")
 	run("context ls")
+	run("vault recovery-key")
+	snap := filepath.Join(work, "mesh.snap")
+	run("snapshot save", snap)
+	run("snapshot inspect", snap)
 	deadLetter(t, p.clientURL, dir, shopSeed)
 	run("dead ls")
 	retryUntil(t, 10*time.Second, func() error {
