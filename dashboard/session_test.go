@@ -33,6 +33,21 @@ type consoleNode struct {
 	acts []dashboard.ConsoleAction
 }
 
+// newConsoleNode opens a console on a fresh store, with a new operator key and its public key.
+func newConsoleNode(t *testing.T) (*consoleNode, nkeys.KeyPair, string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "meshnode.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	op, _ := nkeys.CreateOperator()
+	pub, _ := op.PublicKey()
+	c := &consoleNode{t: t, db: db, op: &reg{pub}}
+	c.open()
+	return c, op, pub
+}
+
 func (c *consoleNode) open() {
 	c.t.Helper()
 	if c.srv != nil {
@@ -84,15 +99,7 @@ func (c *consoleNode) login(key nkeys.KeyPair) *http.Client {
 // the cookie is refused, by this node and after a restart; a session of an operator key that
 // was replaced is refused; and a forged or altered cookie is refused.
 func TestConsole_SessionsSurviveARestart(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "meshnode.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	op, _ := nkeys.CreateOperator()
-	pub, _ := op.PublicKey()
-	c := &consoleNode{t: t, db: db, op: &reg{pub}}
-	c.open()
+	c, op, _ := newConsoleNode(t)
 	browser := c.login(op)
 	if got := c.get(browser, "/ui/api/session"); got != http.StatusOK {
 		t.Fatalf("logged in: GET /ui/api/session %d, want 200", got)
@@ -158,15 +165,7 @@ func withCookies(u *url.URL, cookies ...*http.Cookie) *http.Client {
 // TestConsole_ActionsAreRecorded: an action taken in the console — here dropping a dead
 // letter — is handed to the node's audit with the operator's key, what and on what.
 func TestConsole_ActionsAreRecorded(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "meshnode.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	op, _ := nkeys.CreateOperator()
-	pub, _ := op.PublicKey()
-	c := &consoleNode{t: t, db: db, op: &reg{pub}}
-	c.open()
+	c, op, pub := newConsoleNode(t)
 	ctx := context.Background()
 	if _, err := c.js.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.DeadStreamName, Subjects: []string{"test.dead.shop"}}); err != nil {
 		t.Fatal(err)
@@ -202,15 +201,7 @@ func TestConsole_ActionsAreRecorded(t *testing.T) {
 // TestConsole_AuditSearchRefusesBadInput: a search's bad parameter is refused naming it and
 // what it takes; a good one answers a page.
 func TestConsole_AuditSearchRefusesBadInput(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "meshnode.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	op, _ := nkeys.CreateOperator()
-	pub, _ := op.PublicKey()
-	c := &consoleNode{t: t, db: db, op: &reg{pub}}
-	c.open()
+	c, op, _ := newConsoleNode(t)
 	browser := c.login(op)
 	for query, want := range map[string]int{
 		"since=yesterday": http.StatusBadRequest, "before=-1": http.StatusBadRequest, "limit=0": http.StatusBadRequest,
