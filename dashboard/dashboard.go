@@ -102,7 +102,6 @@ type Dashboard struct {
 
 	mu         sync.Mutex
 	challenges map[string]time.Time // nonce → expiry
-	memory     memorySessions       // the sessions' store when the config names none
 	mods       encodedModules       // the modules and edges of registry revision modsRev
 	modsRev    uint64
 	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
@@ -132,6 +131,9 @@ type Dashboard struct {
 // Open returns the dashboard of cfg.Node. Its handlers, event streams and snapshot loop
 // end when ctx ends or Close is called; Close waits for them.
 func Open(ctx context.Context, cfg Config) *Dashboard {
+	if cfg.Sessions == nil {
+		cfg.Sessions = &memorySessions{}
+	}
 	d := &Dashboard{cfg: cfg, challenges: map[string]time.Time{}, watchers: map[chan []byte]struct{}{}}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	return d

@@ -98,11 +98,21 @@ func csrfOf(key []byte, id string) string {
 var sessionsBucket = []byte("dashboard-sessions")
 
 // BoltSessions keeps the sessions' key and revocations in the node's store, db.
-func BoltSessions(db *bolt.DB) SessionStore { return boltSessions{db} }
+func BoltSessions(db *bolt.DB) SessionStore { return &boltSessions{db: db} }
 
-type boltSessions struct{ db *bolt.DB }
+type boltSessions struct {
+	db *bolt.DB
 
-func (s boltSessions) SessionKey() ([]byte, error) {
+	mu  sync.Mutex
+	key []byte // read or made once: every request checks its cookie against it
+}
+
+func (s *boltSessions) SessionKey() ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.key != nil {
+		return s.key, nil
+	}
 	var key []byte
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(sessionsBucket)
@@ -120,10 +130,11 @@ func (s boltSessions) SessionKey() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the console's session key in the node's store: %w", err)
 	}
+	s.key = key
 	return key, nil
 }
 
-func (s boltSessions) Revoke(id string, until time.Time) error {
+func (s *boltSessions) Revoke(id string, until time.Time) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(sessionsBucket)
 		if err != nil {
@@ -146,7 +157,7 @@ func (s boltSessions) Revoke(id string, until time.Time) error {
 	})
 }
 
-func (s boltSessions) Revoked(id string) bool {
+func (s *boltSessions) Revoked(id string) bool {
 	revoked := false
 	s.db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(sessionsBucket); b != nil {

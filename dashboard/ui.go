@@ -150,7 +150,7 @@ func (d *Dashboard) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ui/challenge", d.challenge)
 	mux.HandleFunc("GET /ui/login", d.login)
 	mux.HandleFunc("POST /ui/logout", d.sessionOnly(false, func(w http.ResponseWriter, r *http.Request, s *session) {
-		if err := d.sessions().Revoke(s.id, s.expires); err != nil {
+		if err := d.cfg.Sessions.Revoke(s.id, s.expires); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "log out: " + err.Error()})
 			return
 		}
@@ -325,7 +325,7 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 		fail("the link is not signed by the mesh's operator")
 		return
 	}
-	key, err := d.sessions().SessionKey()
+	key, err := d.cfg.Sessions.SessionKey()
 	if err != nil {
 		http.Error(w, "login failed: "+err.Error()+"; see the node's log", http.StatusServiceUnavailable)
 		return
@@ -345,23 +345,15 @@ func (d *Dashboard) sessionOf(r *http.Request) *session {
 	if err != nil {
 		return nil
 	}
-	key, err := d.sessions().SessionKey()
+	key, err := d.cfg.Sessions.SessionKey()
 	if err != nil {
 		return nil
 	}
 	c, err := openSession(key, d.cfg.Node, cookie.Value, time.Now())
-	if err != nil || c.Operator != d.cfg.Registry.Operator() || d.sessions().Revoked(c.ID) {
+	if err != nil || c.Operator != d.cfg.Registry.Operator() || d.cfg.Sessions.Revoked(c.ID) {
 		return nil
 	}
 	return &session{id: c.ID, mode: c.Mode, csrf: csrfOf(key, c.ID), expires: time.Unix(c.Expires, 0), operator: c.Operator}
-}
-
-// sessions is where sessions are kept: the configured store, or one in memory.
-func (d *Dashboard) sessions() SessionStore {
-	if d.cfg.Sessions != nil {
-		return d.cfg.Sessions
-	}
-	return &d.memory
 }
 
 // sessionOnly serves h to a logged-in browser; act requires an operator session, its CSRF
