@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/envelope"
 )
 
 // Bounds of an audit search.
@@ -101,8 +100,7 @@ func (d *Dashboard) searchAudit(f api.AuditFilter, limit int, notGenuine bool) (
 					continue
 				}
 			}
-			page.Records = append(page.Records, AuditRecord{N: r.N, Received: r.Received, Event: envelope.Key(r.Subject),
-				Source: r.Source, Signed: r.Signed, Check: cmp.Or(r.NotGenuine, "ok"), Body: clipBody(r.Body)})
+			page.Records = append(page.Records, auditRecordOf(r))
 		}
 		if len(recs) < f.Last || !notGenuine {
 			return page, nil // the log's start

@@ -669,13 +669,18 @@ func (d *Dashboard) auditTail() ([]AuditRecord, error) {
 	}
 	tail := []AuditRecord{}
 	for _, r := range slices.Backward(recs) {
-		tail = append(tail, AuditRecord{N: r.N, Received: r.Received, Event: envelope.Key(r.Subject),
-			Source: r.Source, Signed: r.Signed, Check: cmp.Or(r.NotGenuine, "ok"), Body: clipBody(r.Body)})
+		tail = append(tail, auditRecordOf(r))
 	}
 	d.mu.Lock()
 	d.audit, d.auditAt = tail, at
 	d.mu.Unlock()
 	return tail, nil
+}
+
+// auditRecordOf is a record of the audit log as the console shows it.
+func auditRecordOf(r api.AuditRecord) AuditRecord {
+	return AuditRecord{N: r.N, Received: r.Received, Event: envelope.Key(r.Subject),
+		Source: r.Source, Signed: r.Signed, Check: cmp.Or(r.NotGenuine, "ok"), Body: clipBody(r.Body)}
 }
 
 func clipBody(b []byte) string {
