@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"net/http/cookiejar"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -60,23 +59,8 @@ func TestDashboard_Close(t *testing.T) {
 	srv := httptest.NewServer(d.Handler())
 	t.Cleanup(srv.Close)
 
-	ctx := context.Background()
-	link, err := dashboard.LoginLink(ctx, srv.URL, op, true, dashboard.Challenge{Node: "alpha", MeshID: "mesh-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := browser.Get(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("login: %s, want a redirect to the pages", resp.Status)
-	}
-
-	resp, err = browser.Get(srv.URL + "/ui/api/events")
+	browser := logIn(t, srv.URL, op, true)
+	resp, err := browser.Get(srv.URL + "/ui/api/events")
 	if err != nil {
 		t.Fatal(err)
 	}

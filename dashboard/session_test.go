@@ -77,19 +77,25 @@ func (c *consoleNode) get(browser *http.Client, path string) int {
 // login logs a new browser in with key, as the operator's `meshnode ui` link does.
 func (c *consoleNode) login(key nkeys.KeyPair) *http.Client {
 	c.t.Helper()
-	link, err := dashboard.LoginLink(context.Background(), c.srv.URL, key, false, dashboard.Challenge{Node: "alpha", MeshID: "mesh-1"})
+	return logIn(c.t, c.srv.URL, key, false)
+}
+
+// logIn logs a new browser into the dashboard at base with key, read-only or not, through the
+// signed one-time link `meshnode ui` prints.
+func logIn(t *testing.T, base string, key nkeys.KeyPair, readOnly bool) *http.Client {
+	t.Helper()
+	link, err := dashboard.LoginLink(context.Background(), base, key, readOnly, dashboard.Challenge{Node: "alpha", MeshID: "mesh-1"})
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	browser := withCookies(nil)
 	resp, err := browser.Get(link)
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther {
-		c.t.Fatalf("login: %s, want a redirect to the pages", resp.Status)
+		t.Fatalf("login: %s, want a redirect to the pages", resp.Status)
 	}
 	return browser
 }
@@ -155,10 +161,12 @@ func TestConsole_SessionsSurviveARestart(t *testing.T) {
 	}
 }
 
-// withCookies is a browser holding cookies for u.
+// withCookies is a browser that follows no redirect, holding cookies for u (none for nil).
 func withCookies(u *url.URL, cookies ...*http.Cookie) *http.Client {
 	jar, _ := cookiejar.New(nil)
-	jar.SetCookies(u, cookies)
+	if u != nil {
+		jar.SetCookies(u, cookies)
+	}
 	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
