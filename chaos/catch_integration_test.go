@@ -15,7 +15,6 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 )
 
 // TestIntegration_ChaosCheckersCatch: the checkers fail on a live mesh when what they guard
@@ -79,7 +78,7 @@ func TestIntegration_ChaosCheckersCatch(t *testing.T) {
 		t.Fatalf("read the mesh: %v", err)
 	}
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, ready, 2*time.Minute
-	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
+	rep := Check(h.Ops(), final, WorkloadBounds())
 	t.Log(rep.String())
 	found := func(check, kind, key string) bool {
 		return slices.ContainsFunc(rep.Anomalies(), func(a Anomaly) bool {

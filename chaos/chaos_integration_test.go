@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/meshnode/meshnode/seats"
 )
 
 var (
@@ -93,7 +92,7 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("catch-up: the wait for the consumers and the seat's holder ended %s after the loads stopped", final.CatchUp.Round(time.Second))
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, readyAt, readyBound
-	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
+	rep := Check(h.Ops(), final, WorkloadBounds())
 	for _, s := range c.SlowStarts() {
 		t.Logf("slow start: %s", s)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/internal/testbed"
-	"github.com/meshnode/meshnode/seats"
 )
 
 // TestIntegration_UpgradeUnderLoad: three servers built at the commit UPGRADE_FROM names
@@ -87,7 +86,7 @@ func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 		t.Fatalf("read the mesh after the upgrade: %v", err)
 	}
 	final.HealedAt, final.ReadyAt, final.ReadyBound = healed, readyAt, readyBound
-	rep := Check(h.Ops(), final, Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles})
+	rep := Check(h.Ops(), final, WorkloadBounds())
 	for _, e := range c.Exits() {
 		t.Errorf("exit: %s", e)
 	}

@@ -62,6 +62,12 @@ var Deliveries = map[string]int{jsModule: manifest.MaxDeliver}
 // handles it again under a greater epoch — at least once, in fenced order.
 const MaxHandles = 2
 
+// WorkloadBounds are what the checks allow a history of this workload: the bounds above, and
+// the seats' lease TTL.
+func WorkloadBounds() Bounds {
+	return Bounds{LeaseTTL: seats.DefaultTTL, MaxDeliveries: MaxDeliveries, Deliveries: Deliveries, MaxHandles: MaxHandles}
+}
+
 // Manifests are the workload's modules' manifests, by module.
 var Manifests = map[string]string{
 	pubModule: "module: " + pubModule + "\nrequires: [mesh-bus]\nemits: [" + tickEvent + "]\n",
