@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/deploy"
@@ -54,10 +55,16 @@ type Config struct {
 	Holder func() (node string, epoch uint64, since time.Time, ok bool)
 }
 
-// remadeCheckEvery is how often a follower asks whether STATE was made again (lost, and
-// recreated by a drift repair on any node): its ordered consumer would go on from the old
-// stream's sequence, past everything the new one holds.
-const remadeCheckEvery = 5 * time.Second
+// Why a follow starts over (watchStuck).
+var (
+	errRemade = errors.New(manifest.StateStreamName + " was made again")
+	errStuck  = errors.New("the follow has not delivered the newest declaration")
+)
+
+// checkEvery is how often a follower asks whether STATE was made again (lost, and recreated
+// by a drift repair on any node: its ordered consumer would go on from the old stream's
+// sequence, past everything the new one holds), and whether its follow is stuck (watchStuck).
+const checkEvery = 5 * time.Second
 
 // followHeartbeat is the heartbeat of the ordered consumer a follower reads its declaration
 // with.
@@ -73,7 +80,8 @@ const holderWait = 30 * time.Second
 
 // Follower follows one node's declaration.
 type Follower struct {
-	cfg Config
+	cfg   Config
+	check time.Duration // checkEvery, or a test's
 
 	mu      sync.Mutex
 	applied deploy.Declaration
@@ -100,7 +108,7 @@ func Open(cfg Config) (*Follower, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	f := &Follower{cfg: cfg}
+	f := &Follower{cfg: cfg, check: checkEvery}
 	err := cfg.DB.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
@@ -164,12 +172,13 @@ func (f *Follower) follow(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, msgs.Stop)
 	defer stop()
-	remade := make(chan struct{})
+	var handled atomic.Uint64 // the stream sequence of the last declaration read
+	stuck := make(chan error, 1)
 	watchCtx, endWatch := context.WithCancel(ctx)
 	defer endWatch()
 	go func() {
-		if f.watchRemade(watchCtx, st, st.CachedInfo().Created) {
-			close(remade)
+		if err := f.watchStuck(watchCtx, st, st.CachedInfo().Created, &handled); err != nil {
+			stuck <- err
 			msgs.Stop()
 		}
 	}()
@@ -177,8 +186,8 @@ func (f *Follower) follow(ctx context.Context) error {
 		m, err := msgs.Next()
 		if err != nil {
 			select {
-			case <-remade:
-				return fmt.Errorf("%s was made again: following it from its last declaration", manifest.StateStreamName)
+			case err := <-stuck:
+				return err
 			default:
 			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
@@ -186,25 +195,44 @@ func (f *Follower) follow(ctx context.Context) error {
 			}
 			return err
 		}
+		if meta, err := m.Metadata(); err == nil {
+			handled.Store(meta.Sequence.Stream)
+		}
 		f.handle(ctx, m)
 	}
 }
 
-// watchRemade reports, once it sees it, that STATE is not the stream created at created (it
-// was deleted, or deleted and made again); false when ctx ends first.
-func (f *Follower) watchRemade(ctx context.Context, st jetstream.Stream, created time.Time) bool {
-	tick := time.NewTicker(remadeCheckEvery)
+// watchStuck checks every checkEvery that the follow can still get the node's next
+// declaration, and says why not once it cannot (nil when ctx ends first): STATE is not the
+// stream created at created (deleted, or deleted and made again); or the stream has held a
+// newer declaration than the last one read (handled) for a whole interval. The second is an
+// ordered consumer lost with its server and not made again yet: nats.go notices by missed
+// heartbeats, then retries its create with waits growing to 10 s, each try bounded by 10 s
+// more, while the stream elects its leader — a survivor of two servers killed sat behind
+// its declaration for over 25 s (the seven-server fault bed).
+func (f *Follower) watchStuck(ctx context.Context, st jetstream.Stream, created time.Time, handled *atomic.Uint64) error {
+	tick := time.NewTicker(f.check)
 	defer tick.Stop()
+	var behind uint64 // the newest stored sequence, when the last check found the follow behind it
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return nil
 		case <-tick.C:
 		}
 		info, err := st.Info(ctx)
 		if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !info.Created.Equal(created)) {
-			return true
+			return fmt.Errorf("%w: following it from its last declaration", errRemade)
 		}
+		last, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject(f.cfg.Node))
+		if err != nil || last.Sequence <= handled.Load() {
+			behind = 0
+			continue
+		}
+		if behind != 0 && handled.Load() < behind {
+			return fmt.Errorf("%w: declaration %d was stored %s ago; following again", errStuck, behind, f.check)
+		}
+		behind = last.Sequence
 	}
 }
 

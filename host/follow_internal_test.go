@@ -2,10 +2,16 @@ package host
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestFollower_HoldsNow: a declaration at an older epoch than the applied one is taken only
@@ -29,5 +35,54 @@ func TestFollower_HoldsNow(t *testing.T) {
 			t.Errorf("holdsNow(%+v)=%v, want %v", tc.d, got, tc.want)
 		}
 		cancel()
+	}
+}
+
+// TestFollower_WatchStuck: a follow that has not read the newest declaration stored for its
+// node within a whole interval is said to be stuck (its ordered consumer was lost and not
+// made again yet), one that has read it never is, and a STATE deleted under it is said to
+// be gone.
+func TestFollower_WatchStuck(t *testing.T) {
+	nc, err := nats.Connect(testbed.JetStream(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.StateStreamName, Subjects: []string{manifest.StateSubject("*")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for range 2 {
+		ack, err := js.Publish(ctx, manifest.StateSubject("alpha"), []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	f := &Follower{cfg: Config{Node: "alpha"}, check: 20 * time.Millisecond}
+	created := st.CachedInfo().Created
+
+	var handled atomic.Uint64
+	handled.Store(last - 1)
+	if err := f.watchStuck(ctx, st, created, &handled); !errors.Is(err, errStuck) {
+		t.Fatalf("a follow behind the stored declaration: %v, want it stuck", err)
+	}
+
+	handled.Store(last)
+	quiet, stop := context.WithTimeout(ctx, 200*time.Millisecond) // ten intervals
+	defer stop()
+	if err := f.watchStuck(quiet, st, created, &handled); err != nil {
+		t.Fatalf("a follow that read the newest declaration: %v, want it left alone", err)
+	}
+
+	if err := js.DeleteStream(ctx, manifest.StateStreamName); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.watchStuck(ctx, st, created, &handled); !errors.Is(err, errRemade) {
+		t.Fatalf("a follow of a deleted STATE: %v, want it told", err)
 	}
 }

@@ -90,7 +90,13 @@ type faultBed struct {
 // reconnects to it when it restarts), registers the bed's modules and connects them.
 func openFaultBed(t *testing.T, n int) *faultBed {
 	t.Helper()
-	nodes, _, _ := formMesh(t, n, func(int) []string { return []string{"--client-addr", testbed.FreeAddr(t)} })
+	// At info, a node's host says what it did with each declaration: what a slow or failed
+	// deploy's report quotes (with MESHNODE_TEST_LOG, everything at debug).
+	level := "info"
+	if os.Getenv("MESHNODE_TEST_LOG") != "" {
+		level = "debug"
+	}
+	nodes, _, _ := formMesh(t, n, func(int) []string { return []string{"--client-addr", testbed.FreeAddr(t), "--log-level", level} })
 	b := &faultBed{nodes: nodes, op: filepath.Join(nodes[0].dir, "operator.nk"), handled: map[string]bool{}}
 	a := nodes[0].dir
 	worker := registerModule(t, a, "module: worker\nrequires: [mesh-bus]\nseats:\n  "+faultSeat+": {scope: mesh, retain: 1h, accepts: [run]}\n", "--creds", b.op)
@@ -386,6 +392,10 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s\n%s's log ends:\n%s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr,
 			through.name, hostLog(through.p.stderr.String(), 40))
 	}
+	if took := time.Since(mark); took > 5*time.Second {
+		t.Logf("round %d: the deploy onto %s, asked at %s, took %s; its host said:\n%s", b.round, through.name, mark.UTC().Format(time.RFC3339Nano),
+			took.Round(time.Millisecond), hostLog(through.p.stderr.String(), 15))
+	}
 	step("deploy")
 }
 
@@ -534,8 +544,8 @@ func (b *faultBed) clientsBack() error {
 	return errors.Join(errs...)
 }
 
-// hostLog is the last n lines of a node's log about its declaration (its host's, at the
-// level the bed's nodes log at: MESHNODE_TEST_LOG=1 for all of them).
+// hostLog is the last n lines of a node's log about its declaration (its host's, at info, the
+// level the bed's nodes log at).
 func hostLog(log string, n int) string {
 	var lines []string
 	for line := range strings.Lines(log) {

@@ -40,11 +40,17 @@ func Skip(t testing.TB, format string, args ...any) {
 // test starts later (a port fixed across restarts). The port is drawn from below Linux's
 // ephemeral range (32768–60999 by default): a port the kernel handed out as free for a
 // listener is the next one it hands to some outgoing connection, and beds that open
-// thousands of connections at once took it between the check and the node's bind.
+// thousands of connections at once took it between the check and the node's bind. No port
+// is handed out twice in one test process: two draws of the same port, both free until the
+// first node binds it, gave a mesh of seven one client port and another's gossip port.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	for range 200 {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLow+rand.IntN(freeHigh-freeLow)))
+		port := freeLow + rand.IntN(freeHigh-freeLow)
+		if !handOut(port) {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
 			return addr
@@ -56,6 +62,23 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// handedOut are the ports FreeAddr has returned in this process.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// handOut marks port as handed out; false if it was already.
+func handOut(port int) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports[port] {
+		return false
+	}
+	handedOut.ports[port] = true
+	return true
 }
 
 // The ports FreeAddr draws from.
