@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
@@ -68,7 +69,15 @@ type Config struct {
 	// Record, if set, records an action an operator took in the console (the node audits it
 	// as its node event console-action): what, on what, the operator's key and the outcome.
 	Record func(action ConsoleAction)
-	Log    *slog.Logger
+	// Logs reads a module's output on this node, as the node's logs tool does; nil: a
+	// module's page shows none.
+	Logs func(api.LogsRequest) (api.LogsReply, error)
+	// Counters reads the node's running totals of events and of errors, which the console
+	// charts over the last hour (rates.go: what each counts); nil: no charts.
+	Counters func() (events, errors uint64)
+	// RateEvery is how often the counters are read (default 10 s; a test's is shorter).
+	RateEvery time.Duration
+	Log       *slog.Logger
 }
 
 // ConsoleAction is an action an operator took in the console, as it is audited.
@@ -98,12 +107,12 @@ type Dashboard struct {
 	cfg    Config
 	ctx    context.Context // ends at Close: the handlers and streams end
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the handlers and the snapshot loop
+	wg     sync.WaitGroup // the handlers, the snapshot loop and the counters' reader
+	rates  *rater         // the charts' counts; nil without Config.Counters
 
 	mu         sync.Mutex
 	challenges map[string]time.Time // nonce → expiry
-	mods       encodedModules       // the modules and edges of registry revision modsRev
-	modsRev    uint64
+	mods       *moduleGraphAt       // the modules and edges of the registry as last read (graph)
 	// audit is the audit tail of the log as it stood at auditAt changes (audit.Changes),
 	// read again only when the log changed.
 	audit   []AuditRecord
@@ -136,6 +145,11 @@ func Open(ctx context.Context, cfg Config) *Dashboard {
 	}
 	d := &Dashboard{cfg: cfg, challenges: map[string]time.Time{}, watchers: map[chan []byte]struct{}{}}
 	d.ctx, d.cancel = context.WithCancel(ctx)
+	if cfg.Counters != nil {
+		d.rates = &rater{read: cfg.Counters, every: cmp.Or(cfg.RateEvery, defaultRateEvery)}
+		d.wg.Add(1)
+		go d.rates.run(d)
+	}
 	return d
 }
 

@@ -13,8 +13,8 @@ import (
 )
 
 // TestDashboard_StateJSON pins the JSON the dashboard's page reads (a snapshot with every
-// part set, the modules and edges spliced in), its login challenge, its deploy form and the
-// message an operator signs to log in: testdata/dashboard.golden, one per line.
+// part set, the modules and edges spliced in), its login challenge, its deploy form, a
+// module's page and the message an operator signs to log in: testdata/dashboard.golden, one per line.
 func TestDashboard_StateJSON(t *testing.T) {
 	at := time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC)
 	entries := []*registry.Entry{
@@ -43,12 +43,20 @@ func TestDashboard_StateJSON(t *testing.T) {
 		DeadTotal:  1, Errors: []string{"processes: timeout"},
 		Quotas: map[string]api.QuotaUse{"shop": {Module: "shop", Held: 1 << 20, Pending: 2048, Limit: 32 << 20,
 			Refused: map[string]uint64{"quota": 0, "audit-behind": 3, "rate": 0, "not-admitted": 0}}},
+		Rates: &Rates{EveryMS: 10_000, End: at, Events: []uint64{40, 52}, Errors: []uint64{0, 1}},
 	}
 	var got bytes.Buffer
-	got.Write(st.encode(encodeModules(entries)))
+	got.Write(st.encode(newModuleGraph(0, entries).encoded))
 	got.WriteByte('\n')
+	page := ModulePage{Module: "shop", PublicKey: "UABC", Registered: at, Updated: at, Manifest: "module: shop\n",
+		Permissions: manifest.Permissions{Publish: []string{"mesh.admit.shop.mesh.mod.shop.event.order"}, Subscribe: []manifest.Subscription{{Subject: "_INBOX.shop.>"}}},
+		Seats:       []api.SeatStatus{}, Talks: []Edge{{From: "shop", To: "billing", Kind: "events", What: "order"}},
+		Consumers: []StreamConsumer{{Stream: "EVENTS", Consumer: Consumer{Name: "shop", Pending: 1}}}, Processes: st.Processes, Events: st.Audit,
+		Logs: ModuleLogs{Node: "alpha", Text: "hello\n"}, Provisions: []api.Provision{}, Quota: &api.QuotaUse{Module: "shop", Held: 10, Limit: 100},
+		Builds: []api.Build{{Module: "shop", Status: "built", Version: "2", Commit: "abc", Started: at, Finished: at, Trigger: "pushed shop main"}},
+		Errors: []string{"provisions: timeout"}}
 	for _, v := range []any{Challenge{Node: "alpha", MeshID: "mesh-1", Nonce: "n0nce"},
-		DeployRequest{Module: "shop", Version: "2", Nodes: []string{"alpha"}, Instances: 2}} {
+		DeployRequest{Module: "shop", Version: "2", Nodes: []string{"alpha"}, Instances: 2}, page} {
 		b, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/meshnode/meshnode/admin"
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/deadletter"
+	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go/jetstream"
@@ -166,6 +167,7 @@ func (d *Dashboard) routes(mux *http.ServeMux) {
 	}))
 	mux.HandleFunc("GET /ui/api/events", d.sessionOnly(false, d.events))
 	mux.HandleFunc("GET /ui/api/audit", d.sessionOnly(false, d.auditSearch))
+	mux.HandleFunc("GET /ui/api/modules/{name}", d.sessionOnly(false, d.modulePage))
 	mux.HandleFunc("GET /ui/api/dead/{id}", d.sessionOnly(false, d.deadLetter))
 	mux.HandleFunc("POST /ui/api/dead/{id}/{action}", d.sessionOnly(true, d.deadAction))
 	mux.HandleFunc("POST /ui/api/dead-replay-all", d.sessionOnly(true, d.deadReplayAll))
@@ -419,7 +421,9 @@ type State struct {
 	NotGenuine map[string]uint64 `json:"not_genuine,omitempty"`
 	Dead       []DeadLetter      `json:"dead"`
 	DeadTotal  int               `json:"dead_total"`
-	Errors     []string          `json:"errors,omitempty"` // parts that could not be read now
+	Rates      *Rates            `json:"rates,omitempty"` // events and errors over the last hour
+
+	Errors []string `json:"errors,omitempty"` // parts that could not be read now
 }
 
 // Member is one server of the mesh, as the node's /v1/members shows it.
@@ -498,6 +502,11 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
 	st := State{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: d.cfg.Mesh.Members()}
+	for i, m := range st.Members {
+		if m.State == "dead" || m.State == "left" {
+			st.Members[i].JetStream = "offline" // its last role is no role now
+		}
+	}
 	if d.cfg.Quotas != nil {
 		st.Quotas = map[string]api.QuotaUse{}
 		for _, u := range d.cfg.Quotas() {
@@ -520,11 +529,7 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 		}
 		us := Stream{Name: s.Name, Messages: s.Messages, Bytes: s.Bytes, Replicas: s.Replicas}
 		if consumers {
-			us.Consumers = []Consumer{}
-			for _, c := range s.Consumers {
-				us.Consumers = append(us.Consumers, Consumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
-			}
-			slices.SortFunc(us.Consumers, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+			us.Consumers = consumersOf(s.Consumers)
 			byStream[s.Name] = us.Consumers
 		}
 		st.Streams = append(st.Streams, us)
@@ -538,18 +543,18 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 	st.Seats = d.cfg.Mesh.Seats(func(stream string) (uint64, bool) { v, ok := backlog[stream]; return v, ok })
 	mods := d.modules()
 	js := d.cfg.JetStream
-	if ps, ok := d.cachedProcesses(); ok {
-		st.Processes = ps
-	} else if ps, err := admin.Ps(ctx, d.cfg.Conn); err != nil {
+	if ps, err := d.currentProcesses(ctx); err != nil {
 		failed("processes", err)
 	} else {
 		st.Processes = ps
-		d.keepProcesses(ps)
 	}
 	if tail, err := d.auditTail(); err != nil {
 		failed("audit", err)
 	} else {
 		st.Audit = tail
+	}
+	if d.rates != nil {
+		st.Rates = d.rates.rates()
 	}
 	for kind, n := range d.cfg.Audit.NotGenuine() {
 		if n > 0 {
@@ -653,6 +658,19 @@ func (d *Dashboard) fillConsumers(streams []Stream) {
 	}
 }
 
+// consumersOf lists a stream's durable consumers (a watch's or a fetch's ephemeral ones,
+// named at random, are counted in nothing the console shows), sorted by name.
+func consumersOf(cs []embedbus.ConsumerState) []Consumer {
+	out := []Consumer{}
+	for _, c := range cs {
+		if c.Durable {
+			out = append(out, Consumer{Name: c.Name, Pending: c.Pending, AckPending: c.AckPending, Redelivered: c.Redelivered})
+		}
+	}
+	slices.SortFunc(out, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
 // auditTail returns the newest auditShown records of the audit log, newest first, read
 // again only when the log changed since the last time.
 func (d *Dashboard) auditTail() ([]AuditRecord, error) {
@@ -694,29 +712,39 @@ func clipBody(b []byte) string {
 // encodedModules are a snapshot's modules and edges, JSON-encoded.
 type encodedModules struct{ modules, edges json.RawMessage }
 
-// modules returns moduleGraph of the registry, encoded, made again only when the registry
-// changed.
-func (d *Dashboard) modules() encodedModules {
+// moduleGraphAt is moduleGraph of the registry at revision rev, and its encoding.
+type moduleGraphAt struct {
+	rev     uint64
+	mods    []Module
+	edges   []Edge
+	encoded encodedModules
+}
+
+// graph returns moduleGraph of the registry, made again only when the registry changed.
+func (d *Dashboard) graph() *moduleGraphAt {
 	rev := d.cfg.Registry.Revision()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.modsRev != rev || d.mods.modules == nil {
-		d.mods, d.modsRev = encodeModules(d.cfg.Registry.List()), rev
+	if d.mods == nil || d.mods.rev != rev {
+		d.mods = newModuleGraph(rev, d.cfg.Registry.List())
 	}
 	return d.mods
 }
 
-// encodeModules is moduleGraph of entries, encoded.
-func encodeModules(entries []*registry.Entry) encodedModules {
-	mods, edges := moduleGraph(entries)
-	if edges == nil {
-		edges = []Edge{}
+// newModuleGraph is moduleGraph of entries, the registry's at revision rev, and its encoding.
+func newModuleGraph(rev uint64, entries []*registry.Entry) *moduleGraphAt {
+	g := &moduleGraphAt{rev: rev}
+	g.mods, g.edges = moduleGraph(entries)
+	if g.edges == nil {
+		g.edges = []Edge{}
 	}
-	var enc encodedModules
-	enc.modules, _ = json.Marshal(mods)
-	enc.edges, _ = json.Marshal(edges)
-	return enc
+	g.encoded.modules, _ = json.Marshal(g.mods)
+	g.encoded.edges, _ = json.Marshal(g.edges)
+	return g
 }
+
+// modules returns the graph's modules and edges, encoded.
+func (d *Dashboard) modules() encodedModules { return d.graph().encoded }
 
 // moduleGraph lists the modules' authority and who talks to whom: an emitter's events reach
 // each module whose consumes match them, a seat's users send it work. A pattern without a

@@ -15,6 +15,7 @@ import (
 	"github.com/meshnode/meshnode/seats"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Config is what the node's registry reads at each scrape.
@@ -351,4 +352,35 @@ func (c *Admission) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descAdmitRefused, prometheus.CounterValue, float64(n), u.Module, reason)
 		}
 	}
+}
+
+// Sum is the total of every counter c collects, whatever their labels: what the console's
+// charts read of the node's own counters, without a whole registry's Gather.
+func Sum(c prometheus.Collector) uint64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }()
+	var total float64
+	for m := range ch {
+		var pb dto.Metric
+		if m.Write(&pb) == nil && pb.Counter != nil {
+			total += pb.Counter.GetValue()
+		}
+	}
+	return uint64(total)
+}
+
+// Counts are the node's events and errors so far, as the console charts them: the events its
+// audit log took in; the dead letters it wrote or lost, the emits its admitter refused (use)
+// and the audit records that are not genuine events (notGenuine).
+func (m *Meter) Counts(use []api.QuotaUse, notGenuine map[string]uint64) (events, errors uint64) {
+	events, errors = Sum(m.events), Sum(m.DeadLetters)+Sum(m.DeadLost)
+	for _, u := range use {
+		for _, n := range u.Refused {
+			errors += n
+		}
+	}
+	for _, n := range notGenuine {
+		errors += n
+	}
+	return events, errors
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/replication"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -68,12 +69,15 @@ func (n *Node) setPhase(phase string) {
 	}
 }
 
+// alive answers /healthz: the process serves.
+func alive(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+}
+
 // startHandler answers while the node opens.
 func (n *Node) startHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
-	})
+	mux.HandleFunc("GET /healthz", alive)
 	notReady := func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": *n.web.phase.Load()})
 	}
@@ -88,9 +92,7 @@ func (n *Node) startHandler() http.Handler {
 
 func (n *Node) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
-	})
+	mux.HandleFunc("GET /healthz", alive)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := n.ready(r.Context()); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
@@ -122,6 +124,10 @@ func (n *Node) openDashboard() *dashboard.Dashboard {
 		Quotas: func() []api.QuotaUse { return n.quotaUse(n.reg.Names()) },
 		Record: func(a dashboard.ConsoleAction) {
 			publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "console-action", a.Meta(), n.log)
+		},
+		Logs: func(r api.LogsRequest) (api.LogsReply, error) { return host.ReadLog(n.mods.supervisor.Dir, r) },
+		Counters: func() (uint64, uint64) {
+			return n.metrics.meter.Counts(n.quotaUse(n.reg.Names()), n.audit.NotGenuine())
 		}})
 }
 
@@ -131,13 +137,9 @@ type dashboardMesh struct{ n *Node }
 var _ dashboard.Mesh = dashboardMesh{}
 
 func (m dashboardMesh) Members() []dashboard.Member {
-	members := m.n.Members()
-	if members == nil {
-		return nil // "members": null, as the node's own list encodes
-	}
-	out := make([]dashboard.Member, len(members))
-	for i, mem := range members {
-		out[i] = dashboard.Member(mem)
+	var out []dashboard.Member // none: "members": null, as the node's own list encodes
+	for _, mem := range m.n.Members() {
+		out = append(out, dashboard.Member(mem))
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -404,4 +405,72 @@ func TestUI_DeadLettersReadAndReplayedAll(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestUI_ModulePage: a module's page in the console holds what an operator looks for: its
+// manifest as registered, the permissions derived from it, who it talks to (both ways),
+// its durable consumer and lag, the events it emitted, its use of EVENTS; a module not
+// registered is a 404 that says where to look.
+func TestUI_ModulePage(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	shopSeed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order]\n")
+	sinkSeed, _ := b.register("module: sink\nrequires: [mesh-bus]\nconsumes: [shop.order]\n")
+	sink := b.client(sinkSeed)
+	if err := sink.On("shop.order", func(context.Context, sdk.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := b.client(shopSeed).Emit(ctx, "order", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, _ := uiLogin(t, b, true)
+	page := func(name string) (dashboard.ModulePage, int) {
+		code, body := do(t, op, "GET", b.n.HTTPURL()+"/ui/api/modules/"+name, nil)
+		var p dashboard.ModulePage
+		if code == http.StatusOK {
+			if err := json.Unmarshal([]byte(body), &p); err != nil {
+				t.Fatalf("GET the page of %s: %v %s", name, err, body)
+			}
+		}
+		return p, code
+	}
+	retryUntil(t, 20*time.Second, func() error {
+		p, code := page("shop")
+		if code != http.StatusOK {
+			return fmt.Errorf("GET shop's page: %d", code)
+		}
+		emits := slices.ContainsFunc(p.Permissions.Publish, func(s string) bool { return strings.HasSuffix(s, manifest.EventSubject("shop", "order")) })
+		if !strings.Contains(p.Manifest, "emits: [order]") || !emits {
+			return fmt.Errorf("shop's manifest %q and permissions %v: want its YAML, and its event's subject (through admission) to publish", p.Manifest, p.Permissions.Publish)
+		}
+		if len(p.Talks) != 1 || p.Talks[0] != (dashboard.Edge{From: "shop", To: "sink", Kind: "events", What: "order"}) {
+			return fmt.Errorf("who shop talks to: %+v, want its events to sink", p.Talks)
+		}
+		if len(p.Events) != 1 || p.Events[0].Event != "shop.order" || p.Events[0].Check != "ok" {
+			return fmt.Errorf("shop's events: %+v, want %s, genuine", p.Events, id)
+		}
+		if p.Quota == nil || p.Quota.Held == 0 {
+			return fmt.Errorf("shop's quota use %+v, want its event's bytes held", p.Quota)
+		}
+		if p.Logs.Hint == "" || len(p.Errors) != 0 {
+			return fmt.Errorf("shop's page: logs %+v (want why none: deployed nowhere), errors %v", p.Logs, p.Errors)
+		}
+		return nil
+	})
+	retryUntil(t, 20*time.Second, func() error {
+		p, _ := page("sink")
+		if len(p.Consumers) != 1 || p.Consumers[0].Stream != manifest.EventsStreamName || p.Consumers[0].Name != "sink" || p.Consumers[0].Pending != 0 {
+			return fmt.Errorf("sink's consumers: %+v, want its EVENTS consumer with nothing pending", p.Consumers)
+		}
+		if len(p.Talks) != 1 || p.Talks[0].From != "shop" {
+			return fmt.Errorf("who talks to sink: %+v, want shop", p.Talks)
+		}
+		return nil
+	})
+	if _, code := page("nobody"); code != http.StatusNotFound {
+		t.Errorf("the page of a module not registered: %d, want 404", code)
+	}
 }
