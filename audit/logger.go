@@ -710,6 +710,22 @@ func (g *gapLog) due(n uint64) (uint64, bool) {
 // gap in the record.
 func (l *Logger) Missed() uint64 { return l.missed.Load() }
 
+// Status reads the log's counters and its lag behind EVENTS (`meshnode status`'s audit row).
+func (l *Logger) Status(ctx context.Context, js jetstream.JetStream) api.NodeAuditStatus {
+	st := api.NodeAuditStatus{Records: l.Records(), Missed: l.Missed()}
+	// The ack floor, not the last sequence written: after a crash the batch that was in
+	// flight is redelivered while later events are already written.
+	if c, err := js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName()); err == nil {
+		st.Audited = c.CachedInfo().AckFloor.Stream
+	}
+	if s, err := js.Stream(ctx, manifest.EventsStreamName); err == nil {
+		if last := s.CachedInfo().State.LastSeq; last > st.Audited {
+			st.Lag = last - st.Audited
+		}
+	}
+	return st
+}
+
 // NotGenuine counts, by kind (api.AuditFlag…), the records this log wrote since it opened
 // that are not genuine events: what verify would flag, as it stood at ingest.
 func (l *Logger) NotGenuine() map[string]uint64 { return l.notGenuine.snapshot() }

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -493,11 +494,25 @@ func (c *Cluster) Settled() error {
 	return errors.Join(errs...)
 }
 
+// HTTPClient is a client of the nodes' HTTP addresses, which are beyond loopback and so
+// HTTPS with the mesh's CA (every data dir's ca.pem); each request bounded by timeout.
+func (c *Cluster) HTTPClient(timeout time.Duration) *http.Client {
+	var pool *x509.CertPool
+	for _, n := range c.Nodes {
+		if p, err := meshca.RootCAs(filepath.Join(n.dir, meshca.CAFile)); err == nil {
+			pool = p
+			break
+		}
+	}
+	client := *meshca.HTTPClient(pool)
+	client.Timeout = timeout
+	return &client
+}
+
 // Ready returns nil when node i's /readyz answers 200, else what it said.
 func (c *Cluster) Ready(i int) error {
 	n := c.Nodes[i]
-	client := http.Client{Timeout: 2 * time.Second}
-	resp, err := client.Get(n.HTTPURL() + "/readyz")
+	resp, err := c.HTTPClient(2 * time.Second).Get(n.HTTPURL() + "/readyz")
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.name, err)
 	}
@@ -610,7 +625,7 @@ func (n *Node) HTTPURL() string {
 	if n.httpURL != "" {
 		return n.httpURL
 	}
-	return fmt.Sprintf("http://%s:%d", n.addr, httpPort)
+	return fmt.Sprintf("https://%s:%d", n.addr, httpPort) // beyond loopback: HTTPS (HTTPClient)
 }
 
 // Start starts the node's process in its namespace — a restart is `run` on the same data

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,6 +41,7 @@ func TestIntegration_ChaosCluster(t *testing.T) {
 	if r := c.Meshnode(t, "members", "--json"); r.Code != 0 || strings.Count(r.Stdout, `"state":"alive"`) != 5 {
 		t.Fatalf("members: exit %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
+	httpsBeyondLoopback(t, c)
 	registered := 0
 	// register registers a fresh module through node i: the controller (a seat) and the
 	// registry's quorum answered.
@@ -282,4 +284,40 @@ func replication(t *testing.T, c *Cluster, i int) string {
 		}
 	}
 	return fmt.Sprintf("node %s (meta leader %q) sees:\n%s", c.Nodes[i].Name(), st.JetStream.MetaLeader, strings.Join(out, "\n"))
+}
+
+// httpsBeyondLoopback: a node whose HTTP address is beyond loopback serves it over TLS with
+// its certificate from the mesh's CA: a client trusting the CA is answered (the CLI's
+// status, members and ui included, which trust the data dir's ca.pem), one that does not is
+// refused, and nothing answers in plain HTTP.
+func httpsBeyondLoopback(t *testing.T, c *Cluster) {
+	t.Helper()
+	n := c.Nodes[0]
+	base := n.HTTPURL()
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("node %s's HTTP address %s: want https beyond loopback", n.Name(), base)
+	}
+	resp, err := c.HTTPClient(5 * time.Second).Get(base + "/v1/status")
+	if err != nil {
+		t.Fatalf("GET /v1/status trusting the mesh's CA: %v", err)
+	}
+	resp.Body.Close()
+	untrusting := &http.Client{Timeout: 5 * time.Second}
+	if _, err := untrusting.Get(base + "/v1/status"); err == nil {
+		t.Errorf("GET /v1/status without the mesh's CA was answered, want the certificate refused")
+	}
+	plain := "http://" + strings.TrimPrefix(base, "https://")
+	if resp, err := untrusting.Get(plain + "/v1/status"); err == nil {
+		code := resp.StatusCode
+		resp.Body.Close()
+		if code == http.StatusOK {
+			t.Errorf("GET %s/v1/status in plain HTTP: %d, want no answer in the clear", plain, code)
+		}
+	}
+	if r := n.Meshnode(t, "status", "--json"); r.Code != 0 || !strings.Contains(r.Stdout, `"http_url": "https://`) {
+		t.Errorf("status over HTTPS: exit %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := n.Meshnode(t, "ui"); r.Code != 0 || !strings.HasPrefix(r.Stdout, base+"/ui/login?") {
+		t.Errorf("ui over HTTPS: exit %d %q %s, want a link to %s", r.Code, r.Stdout, r.Stderr, base)
+	}
 }

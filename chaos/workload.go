@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -429,7 +428,7 @@ func (w *Workload) deploy(i int) {
 // readApplied records each running node's applied declaration revision, as the node itself
 // says (GET /v1/status): what it applied, kept across its restarts.
 func (w *Workload) readApplied() {
-	client := http.Client{Timeout: 2 * time.Second}
+	client := w.c.HTTPClient(2 * time.Second)
 	for _, i := range w.c.Members() {
 		n := w.c.Nodes[i]
 		invoked := time.Now()

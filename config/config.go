@@ -87,8 +87,9 @@ type Config struct {
 	// at, when its addresses bind every interface: its routes, client and gossip addresses
 	// are advertised with it. Empty: the bound addresses' hosts.
 	Advertise string `yaml:"advertise"`
-	// HTTPAddr is host:port for /healthz, /readyz, /metrics and the status API. Port 0 picks
-	// a free port.
+	// HTTPAddr is host:port for /healthz, /readyz, /metrics, the status API and the console.
+	// Port 0 picks a free port. Beyond loopback it is HTTPS, with the node's certificate
+	// from the mesh's CA.
 	HTTPAddr string `yaml:"http-addr"`
 	// LogLevel is one of debug, info, warn, error.
 	LogLevel string `yaml:"log-level"`

@@ -84,7 +84,7 @@ func (c *consoleNode) login(key nkeys.KeyPair) *http.Client {
 // signed one-time link `meshnode ui` prints.
 func logIn(t *testing.T, base string, key nkeys.KeyPair, readOnly bool) *http.Client {
 	t.Helper()
-	link, err := dashboard.LoginLink(context.Background(), base, key, readOnly, dashboard.Challenge{Node: "alpha", MeshID: "mesh-1"})
+	link, err := dashboard.LoginLink(context.Background(), nil, base, key, readOnly, dashboard.Challenge{Node: "alpha", MeshID: "mesh-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

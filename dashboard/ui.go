@@ -96,13 +96,17 @@ type Challenge struct {
 // LoginLink asks the node at httpURL for a challenge, signs it with key (the operator's) and
 // returns the one-time link that logs a browser in; readOnly makes a session that only sees.
 // want, when set, is the node the caller means: a challenge from any other (something else
-// listening on the address) is refused unsigned.
-func LoginLink(ctx context.Context, httpURL string, key nkeys.KeyPair, readOnly bool, want Challenge) (string, error) {
+// listening on the address) is refused unsigned. client asks (one that trusts the mesh's CA
+// for a node serving HTTPS beyond loopback); nil: http.DefaultClient.
+func LoginLink(ctx context.Context, client *http.Client, httpURL string, key nkeys.KeyPair, readOnly bool, want Challenge) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(httpURL, "/")+"/ui/challenge", nil)
 	if err != nil {
 		return "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("ask %s for a login challenge: %w; is the node running (`meshnode status`)?", httpURL, err)
 	}

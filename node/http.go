@@ -14,7 +14,7 @@ import (
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/host"
-	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/replication"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -29,6 +29,7 @@ type front struct {
 	handler atomic.Pointer[http.Handler] // what it answers with: startHandler, then the API
 	phase   atomic.Pointer[string]       // why the node is not ready yet while it opens
 	dash    *dashboard.Dashboard         // the operator's console, opened with the API
+	certs   meshca.Later                 // the node's certificate, for HTTPS beyond loopback
 }
 
 // readyTimeout bounds the JetStream round trip behind /readyz.
@@ -223,21 +224,9 @@ func (n *Node) auditStatus(ctx context.Context) api.NodeAuditStatus {
 	if n.audit == nil {
 		return api.NodeAuditStatus{}
 	}
-	st := api.NodeAuditStatus{Records: n.audit.Records(), Missed: n.audit.Missed()}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	// The ack floor, not the last sequence written: after a crash the batch that was in
-	// flight is redelivered while later events are already written.
-	js := n.bus.JetStream()
-	if c, err := js.Consumer(ctx, manifest.EventsStreamName, n.audit.ConsumerName()); err == nil {
-		st.Audited = c.CachedInfo().AckFloor.Stream
-	}
-	if s, err := js.Stream(ctx, manifest.EventsStreamName); err == nil {
-		if last := s.CachedInfo().State.LastSeq; last > st.Audited {
-			st.Lag = last - st.Audited
-		}
-	}
-	return st
+	return n.audit.Status(ctx, n.bus.JetStream())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -32,6 +32,7 @@ import (
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/provenance"
 	"github.com/meshnode/meshnode/registry"
@@ -349,6 +350,9 @@ func (n *Node) listenHTTP() (err error) {
 			return fmt.Errorf("listen on %s: %w; another process has it: stop it or set --http-addr", n.cfg.HTTPAddr, ErrHTTPAddrInUse)
 		}
 		return fmt.Errorf("listen on %s: %w; set --http-addr to an address this machine has", n.cfg.HTTPAddr, err)
+	}
+	if meshca.HTTPS(n.cfg.HTTPAddr) { // beyond loopback: HTTPS, once the node has its certificate
+		n.web.ln = tls.NewListener(n.web.ln, n.web.certs.ServerTLS())
 	}
 	return nil
 }
@@ -1069,7 +1073,7 @@ func (n *Node) HTTPURL() string {
 	if n.web.ln == nil {
 		return ""
 	}
-	return "http://" + n.web.ln.Addr().String()
+	return meshca.HTTPURL(n.web.ln.Addr(), meshca.HTTPS(n.cfg.HTTPAddr))
 }
 
 // HasVault reports whether this node holds the vault's credentials (and can serve it).

@@ -45,7 +45,7 @@ func (n *Node) clientCAFile() string {
 
 // certHosts are what the node's certificate covers.
 func (n *Node) certHosts() []string {
-	return meshca.Hosts(n.cfg.ClusterAddr, n.cfg.ClientAddr, n.cfg.Advertise)
+	return meshca.Hosts(n.cfg.ClusterAddr, n.cfg.ClientAddr, n.cfg.Advertise, n.cfg.HTTPAddr)
 }
 
 // openCerts loads the node's certificate from its data dir, issuing a new one when there
@@ -72,6 +72,7 @@ func (n *Node) openCerts() error {
 	}
 	n.tls.keeper = meshca.NewKeeper(ca, *cert)
 	n.tls.ca = ca
+	n.web.certs.Set(n.tls.keeper)
 	return nil
 }
 

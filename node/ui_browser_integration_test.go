@@ -59,7 +59,8 @@ func chromium(t testing.TB) string {
 // action; a module deployed with the Modules page's form shows running on every node and on
 // its own page; a forged event raises the banner on every page and the Audit page's filter
 // finds it; a bookmarked address opens its page in a new tab, and Back returns to the page
-// before. A screenshot of every page is written (screenshots, below) and its path logged.
+// before; the Overview charts the node's event rate. A screenshot of every page is written
+// (screenshots, below) and its path logged.
 func TestIntegration_Dashboard(t *testing.T) {
 	browserPath := chromium(t)
 	cfgs, nodes := openThree(t)
@@ -159,7 +160,7 @@ func TestIntegration_Dashboard(t *testing.T) {
 	}
 	shots := screenshots(t, "mesh")
 
-	link, err := dashboard.LoginLink(sctx, nodes[0].HTTPURL(), operatorKey(t, cfgs[0].DataDir), false, dashboard.Challenge{Node: "a"})
+	link, err := dashboard.LoginLink(sctx, nil, nodes[0].HTTPURL(), operatorKey(t, cfgs[0].DataDir), false, dashboard.Challenge{Node: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,6 @@ func TestIntegration_Dashboard(t *testing.T) {
 		}
 		return nil
 	})
-	shots.take(bctx, "overview")
 
 	// Nodes: three members, all alive.
 	goTo("nodes")
@@ -407,6 +407,19 @@ func TestIntegration_Dashboard(t *testing.T) {
 	if hash, _ := evalIn[string](bctx, `location.hash`); hash != "#/modules/ticker" {
 		t.Errorf("back from the audit page: %q, want #/modules/ticker", hash)
 	}
+
+	// The Overview's charts: the node's counters read every 10 s since it started, the
+	// events of this bed among them.
+	goTo("overview")
+	retryUntil(t, 30*time.Second, func() error {
+		bars, err := evalIn[int](bctx, `document.querySelectorAll('#chart-events rect').length`)
+		caption, _ := evalIn[string](bctx, `document.querySelector('#events-now').textContent`)
+		if err != nil || bars == 0 || !strings.HasPrefix(caption, "now ") {
+			return fmt.Errorf("the events chart: %d bars, caption %q (%v), want the rates of the first 10 s", bars, caption, err)
+		}
+		return nil
+	})
+	shots.take(bctx, "overview")
 }
 
 // newBrowser starts a headless Chromium with a 1400×1000 window, ended with the test; it
@@ -474,7 +487,7 @@ func TestIntegration_ConsoleThousandModules(t *testing.T) {
 	bctx := newBrowser(t, browserPath)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	link, err := dashboard.LoginLink(ctx, bd.n.HTTPURL(), operatorKey(t, bd.dir), true, dashboard.Challenge{})
+	link, err := dashboard.LoginLink(ctx, nil, bd.n.HTTPURL(), operatorKey(t, bd.dir), true, dashboard.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,7 +586,7 @@ func BenchmarkDashboard(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bctx := newBrowser(b, browserPath)
-	link, err := dashboard.LoginLink(ctx, bd.n.HTTPURL(), operatorKey(b, bd.dir), true, dashboard.Challenge{})
+	link, err := dashboard.LoginLink(ctx, nil, bd.n.HTTPURL(), operatorKey(b, bd.dir), true, dashboard.Challenge{})
 	if err != nil {
 		b.Fatal(err)
 	}

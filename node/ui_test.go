@@ -70,7 +70,7 @@ func do(t *testing.T, c *http.Client, method, url string, header http.Header) (i
 func uiLogin(t *testing.T, b *bed, readOnly bool) (*http.Client, string) {
 	t.Helper()
 	base := b.n.HTTPURL()
-	link, err := dashboard.LoginLink(context.Background(), base, operatorKey(t, b.dir), readOnly, dashboard.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
+	link, err := dashboard.LoginLink(context.Background(), nil, base, operatorKey(t, b.dir), readOnly, dashboard.Challenge{Node: "alpha", MeshID: b.n.Identity().MeshID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,19 +188,19 @@ func TestUI_Access(t *testing.T) {
 	}
 
 	// A challenge from another node than the one meant is not signed.
-	if _, err := dashboard.LoginLink(ctx, base, key, false, dashboard.Challenge{Node: "beta"}); err == nil || !strings.Contains(err.Error(), "nothing signed") {
+	if _, err := dashboard.LoginLink(ctx, nil, base, key, false, dashboard.Challenge{Node: "beta"}); err == nil || !strings.Contains(err.Error(), "nothing signed") {
 		t.Fatalf("a challenge of node alpha signed for beta: %v", err)
 	}
 	// Links that must not log in: another key's signature, a changed mode, a spent nonce.
 	module, _ := nkeys.CreateUser()
-	forged, err := dashboard.LoginLink(ctx, base, module, false, dashboard.Challenge{})
+	forged, err := dashboard.LoginLink(ctx, nil, base, module, false, dashboard.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code, body := do(t, anon, "GET", forged, nil); code != http.StatusForbidden || !strings.Contains(body, "not signed by the mesh's operator") {
 		t.Fatalf("a link signed by another key: %d %s", code, body)
 	}
-	readOnly, err := dashboard.LoginLink(ctx, base, key, true, dashboard.Challenge{})
+	readOnly, err := dashboard.LoginLink(ctx, nil, base, key, true, dashboard.Challenge{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,7 +173,7 @@ func nodesByHTTP(ctx context.Context, cmd *cobra.Command) []string {
 		return nil
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/members", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := nodeHTTP(dir).Do(req)
 	if err != nil {
 		return nil
 	}

@@ -71,7 +71,7 @@ func askMembers(cmd *cobra.Command) ([]api.NodeMember, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/members", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := nodeHTTP(dataDir).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("node %s does not answer on %s: %v; is it running (`meshnode status`)?", info.Name, info.HTTPURL, err)
 	}

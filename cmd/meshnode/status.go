@@ -19,6 +19,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/spf13/cobra"
 )
 
@@ -114,6 +115,16 @@ func explicitDataDir(cmd *cobra.Command) bool {
 		os.Getenv(config.EnvName("data-dir")) != "" || os.Getenv(config.EnvPrefix+"CONFIG") != ""
 }
 
+// nodeHTTP is the HTTP client of the node running on dataDir: it trusts the mesh's CA as the
+// data dir keeps it, which a node serving HTTP beyond loopback serves HTTPS with.
+func nodeHTTP(dataDir string) *http.Client {
+	pool, err := meshca.RootCAs(filepath.Join(dataDir, meshca.CAFile))
+	if err != nil {
+		return meshca.HTTPClient(nil) // no CA yet: a node on loopback, or one still starting
+	}
+	return meshca.HTTPClient(pool)
+}
+
 // fetchStatus asks the node running on dataDir for its status over its HTTP API.
 func fetchStatus(ctx context.Context, dataDir string) (api.NodeStatus, error) {
 	info, err := datadir.ReadInfo(dataDir)
@@ -135,7 +146,7 @@ func fetchStatus(ctx context.Context, dataDir string) (api.NodeStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, info.HTTPURL+"/v1/status", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := nodeHTTP(dataDir).Do(req)
 	if err != nil {
 		if !processAlive(info.PID) {
 			return api.NodeStatus{}, fmt.Errorf("%w with data dir %s: its %s names process %d, which has exited; start it with `meshnode up --data-dir %s` (or `meshnode run`)",

@@ -12,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
 )
@@ -32,8 +33,10 @@ session lasts 12 hours. An operator session may also replay and drop dead letter
 --read-only makes one that only sees.
 
 The dashboard is served on the node's HTTP address (http-addr, loopback by default): reach
-a remote node's through an SSH tunnel rather than binding http-addr to other interfaces,
-and pass the tunnel's end as --http.`,
+a remote node's through an SSH tunnel and pass the tunnel's end as --http. A node whose
+http-addr is beyond loopback serves HTTPS with its certificate from the mesh's CA: the
+browser must trust the CA (ca.pem in every data dir), and this trusts it with --ca or the
+data dir's.`,
 		Example: `  meshnode ui --data-dir /var/lib/meshnode
   meshnode ui --read-only --data-dir /var/lib/meshnode
   # a remote node: ssh -L 8222:127.0.0.1:8222 host, then
@@ -74,7 +77,17 @@ and pass the tunnel's end as --http.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			link, err := dashboard.LoginLink(ctx, httpURL, key, readOnly, want)
+			// A node serving HTTP beyond loopback serves HTTPS with the mesh's CA (--ca, or
+			// the data dir's).
+			client := meshca.HTTPClient(nil)
+			if ca := clientCA(cmd); ca != "" {
+				pool, err := meshca.RootCAs(ca)
+				if err != nil {
+					return err
+				}
+				client = meshca.HTTPClient(pool)
+			}
+			link, err := dashboard.LoginLink(ctx, client, httpURL, key, readOnly, want)
 			if err != nil {
 				return err
 			}

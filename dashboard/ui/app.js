@@ -229,6 +229,12 @@ function chart(svgSel, nowSel, rates, what) {
     r.appendChild(t);
     svg.appendChild(r);
   });
+  for (const [x, anchor, text] of [[4, "start", "1 h ago"], [w - 4, "end", "now"]]) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", x); t.setAttribute("y", 12); t.setAttribute("text-anchor", anchor);
+    t.textContent = text;
+    svg.appendChild(t);
+  }
 }
 
 function nodes(st) {
