@@ -65,6 +65,7 @@ var wire = map[string]any{
 	"dashboard.State":            dashboard.State{},
 	"dashboard.DeployRequest":    dashboard.DeployRequest{},
 	"dashboard.Challenge":        dashboard.Challenge{},
+	"dashboard.ModulePage":       dashboard.ModulePage{},
 	"outbox.Event":               outbox.Event{},
 	"api.ProvisionCreateRequest": api.ProvisionCreateRequest{},
 	"api.ProvisionCreateReply":   api.ProvisionCreateReply{},
