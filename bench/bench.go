@@ -36,6 +36,11 @@ const (
 	// ≥ 0.65 × bare raw JetStream.
 	TargetPipelinedAuditedRatio = 0.8
 	TargetPipelinedRatio        = 0.65
+	// Issue 41: against the floor the seed's cryptography sets (EmitOnResult.RawSigned), the
+	// mesh one at a time ≥ 0.85 × the signed floor, and pipelined ≥ 1.0 × (batch verification
+	// paying for everything else the mesh does).
+	TargetSignedFloorRatio          = 0.85
+	TargetPipelinedSignedFloorRatio = 1.0
 )
 
 // stall is how long a measurement waits without any event arriving before it calls the rest

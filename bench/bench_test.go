@@ -233,6 +233,42 @@ func BenchmarkEmitOnPipelined(b *testing.B) {
 	b.ReportMetric(mesh.PerSecond/bare.PerSecond, "mesh/raw")
 }
 
+// BenchmarkEmitOnSignedFloor times b.N events through raw JetStream doing the seed's
+// cryptography by hand (EmitOnResult.RawSigned: signed, verified by the consumer and by a
+// drained second consumer), one at a time and pipelined, with the mesh's sides untimed for
+// the ratios against the floor (issue 41).
+func BenchmarkEmitOnSignedFloor(b *testing.B) {
+	t := nodes.target(b)
+	ctx := context.Background()
+	s, err := bench.OpenEmitOn(ctx, t)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	b.ResetTimer()
+	floor, err := s.RawSigned(ctx, b.N)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	asyncFloor, err := s.RawAsyncSigned(ctx, b.N)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mesh, err := s.Mesh(ctx, b.N)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pipelined, err := s.Pipelined(ctx, b.N)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reportSeries(b, "", floor, "events/s")
+	b.ReportMetric(asyncFloor.PerSecond, "async-events/s")
+	b.ReportMetric(mesh.PerSecond/floor.PerSecond, "mesh/floor")
+	b.ReportMetric(pipelined.PerSecond/asyncFloor.PerSecond, "pipelined/async-floor")
+}
+
 // BenchmarkEmitOnRaw times b.N events through raw JetStream: publish, durable pull consumer.
 func BenchmarkEmitOnRaw(b *testing.B) {
 	t := nodes.target(b)
@@ -331,7 +367,7 @@ func TestBench_Smoke(t *testing.T) {
 		if e == nil {
 			t.Fatal("no emit→on result")
 		}
-		for name, s := range map[string]bench.Series{"mesh": e.Mesh, "raw": e.Raw} {
+		for name, s := range map[string]bench.Series{"mesh": e.Mesh, "raw": e.Raw, "raw signed": e.RawSigned, "raw async signed": e.RawAsyncSigned} {
 			if got, want := s.Count, 200; got != want {
 				t.Errorf("%s: %d events arrived, want %d", name, got, want)
 			}
@@ -340,8 +376,8 @@ func TestBench_Smoke(t *testing.T) {
 		if got, want := e.PayloadBytes, 256; got != want {
 			t.Errorf("payload %d bytes, want %d", got, want)
 		}
-		if !(e.Ratio > 0) {
-			t.Errorf("ratio %v, want > 0", e.Ratio)
+		if !(e.Ratio > 0) || !(e.SignedFloorRatio > 0) || !(e.PipelinedSignedFloorRatio > 0) {
+			t.Errorf("ratio %v, against the signed floor %v, pipelined %v: want all > 0", e.Ratio, e.SignedFloorRatio, e.PipelinedSignedFloorRatio)
 		}
 	})
 	t.Run("ToolCall", func(t *testing.T) {
@@ -388,7 +424,7 @@ func TestBench_Smoke(t *testing.T) {
 	})
 	t.Run("Table", func(t *testing.T) {
 		table := res.String()
-		for _, want := range []string{"emit→on", "throughput", "tool call", "connect, 12 modules", "registration", "mesh/raw"} {
+		for _, want := range []string{"emit→on", "throughput", "signed floor", "tool call", "connect, 12 modules", "registration", "mesh/raw"} {
 			if !strings.Contains(table, want) {
 				t.Errorf("table lacks %q:\n%s", want, table)
 			}

@@ -7,10 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // benchEvent is the event the producer module emits.
@@ -38,6 +40,17 @@ type EmitOnResult struct {
 	// Pipelined / RawAsyncAudited (target ≥ 0.8).
 	PipelinedRatio        float64 `json:"pipelined_ratio"`
 	PipelinedAuditedRatio float64 `json:"pipelined_audited_ratio"`
+	// RawSigned and RawAsyncSigned are the floor the seed's cryptography sets (three Ed25519
+	// operations an event): raw JetStream doing it by hand with envelope's own Stamp and
+	// Verify, one signature at a time — the publisher signs each event, the consumer verifies
+	// each before acking, and a second durable consumer drained alongside verifies each too,
+	// as the audit log must — one at a time (Raw's way) and pipelined (RawAsync's).
+	RawSigned      Series `json:"raw_signed"`
+	RawAsyncSigned Series `json:"raw_async_signed"`
+	// SignedFloorRatio is Mesh / RawSigned (issue 41's target ≥ 0.85);
+	// PipelinedSignedFloorRatio is Pipelined / RawAsyncSigned (target ≥ 1.0).
+	SignedFloorRatio          float64 `json:"signed_floor_ratio"`
+	PipelinedSignedFloorRatio float64 `json:"pipelined_signed_floor_ratio"`
 }
 
 // EmitOn measures n events on each side: raw JetStream first, then the mesh.
@@ -67,6 +80,14 @@ func EmitOn(ctx context.Context, t Target, n int) (EmitOnResult, error) {
 	}
 	res.PipelinedRatio = ratio(res.Pipelined.PerSecond, res.RawAsync.PerSecond)
 	res.PipelinedAuditedRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncAudited.PerSecond)
+	if res.RawSigned, err = s.RawSigned(ctx, n); err != nil {
+		return res, fmt.Errorf("raw JetStream signed: %w", err)
+	}
+	if res.RawAsyncSigned, err = s.RawAsyncSigned(ctx, n); err != nil {
+		return res, fmt.Errorf("raw JetStream pipelined and signed: %w", err)
+	}
+	res.SignedFloorRatio = ratio(res.Mesh.PerSecond, res.RawSigned.PerSecond)
+	res.PipelinedSignedFloorRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncSigned.PerSecond)
 	return res, nil
 }
 
@@ -105,6 +126,12 @@ type EmitOnSession struct {
 	rawConsume jetstream.ConsumeContext
 	rawRec     atomic.Pointer[recorder]
 	runs       int
+
+	// The signed floor's: the publisher's key, and whether the raw consumer verifies.
+	signer    *envelope.SigningKey
+	signerPub string
+	rawVerify atomic.Bool
+	rawBad    atomic.Int64 // events a verifying raw consumer refused (none, or the floor is wrong)
 }
 
 // OpenEmitOn registers the two modules, connects them, and creates the raw stream and
@@ -186,6 +213,11 @@ func OpenEmitOn(ctx context.Context, t Target) (s *EmitOnSession, err error) {
 		return nil, fmt.Errorf("create raw consumer: %w", err)
 	}
 	s.rawConsume, err = cons.Consume(func(m jetstream.Msg) {
+		if s.rawVerify.Load() && envelope.Verify(m.Headers(), m.Subject(), m.Data(), s.signerPub) != nil {
+			s.rawBad.Add(1)
+			m.Term()
+			return
+		}
 		if r := s.rawRec.Load(); r != nil {
 			r.record(m.Data())
 		}
@@ -194,6 +226,14 @@ func OpenEmitOn(ctx context.Context, t Target) (s *EmitOnSession, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("consume raw: %w", err)
 	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	if s.signer, err = envelope.NewSigningKey(kp); err != nil {
+		return nil, err
+	}
+	s.signerPub, _ = s.signer.PublicKey()
 	return s, nil
 }
 
@@ -227,43 +267,116 @@ func (s *EmitOnSession) Pipelined(ctx context.Context, n int) (Series, error) {
 // EVENTS: acking all, with an ack every rawAuditAckEvery events and at the stream's end.
 func (s *EmitOnSession) RawAsync(ctx context.Context, n int, audited bool) (Series, error) {
 	if audited {
-		cctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		cons, err := s.subJS.CreateOrUpdateConsumer(cctx, s.rawStream, jetstream.ConsumerConfig{
-			Durable: "bench-raw-audit", AckPolicy: jetstream.AckAllPolicy, MaxAckPending: manifest.AuditMaxAckPending,
-			AckWait: 30 * time.Second, DeliverPolicy: jetstream.DeliverNewPolicy,
-		})
+		stop, err := s.drainAudit(ctx, false)
 		if err != nil {
-			return Series{}, fmt.Errorf("create the raw audit consumer: %w", err)
+			return Series{}, err
 		}
-		var drained int // Consume calls its handler on one goroutine
-		drain, err := cons.Consume(func(m jetstream.Msg) {
-			drained++
-			if md, err := m.Metadata(); err != nil || md.NumPending == 0 || drained%rawAuditAckEvery == 0 {
-				m.Ack()
-			}
-		}, jetstream.PullMaxMessages(rawAuditAckEvery))
-		if err != nil {
-			return Series{}, fmt.Errorf("consume raw audit: %w", err)
-		}
-		defer func() {
-			drain.Stop()
-			dctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			s.subJS.DeleteConsumer(dctx, s.rawStream, "bench-raw-audit")
-			cancel()
-		}()
+		defer stop()
 	}
 	return s.runFlushed(ctx, n, &s.rawRec, func(ctx context.Context, data []byte) error {
 		_, err := s.rawAsyncJS.PublishAsync(s.rawSubject, data, jetstream.WithStallWait(requestTimeout))
 		return err
-	}, func(ctx context.Context) error {
-		select {
-		case <-s.rawAsyncJS.PublishAsyncComplete():
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	}, s.asyncComplete)
+}
+
+// asyncComplete waits for the answers to every async publish.
+func (s *EmitOnSession) asyncComplete(ctx context.Context) error {
+	select {
+	case <-s.rawAsyncJS.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drainAudit has a second durable consumer drain the raw stream alongside, as the audit log
+// drains EVENTS: acking all, with an ack every rawAuditAckEvery events and at the stream's
+// end; with verify, checking each event's signature first, as the audit log must. stop ends
+// it and deletes the consumer.
+func (s *EmitOnSession) drainAudit(ctx context.Context, verify bool) (stop func(), err error) {
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	cons, err := s.subJS.CreateOrUpdateConsumer(cctx, s.rawStream, jetstream.ConsumerConfig{
+		Durable: "bench-raw-audit", AckPolicy: jetstream.AckAllPolicy, MaxAckPending: manifest.AuditMaxAckPending,
+		AckWait: 30 * time.Second, DeliverPolicy: jetstream.DeliverNewPolicy,
 	})
+	if err != nil {
+		return nil, fmt.Errorf("create the raw audit consumer: %w", err)
+	}
+	var drained int // Consume calls its handler on one goroutine
+	drain, err := cons.Consume(func(m jetstream.Msg) {
+		drained++
+		if verify && envelope.Verify(m.Headers(), m.Subject(), m.Data(), s.signerPub) != nil {
+			s.rawBad.Add(1)
+		}
+		if md, err := m.Metadata(); err != nil || md.NumPending == 0 || drained%rawAuditAckEvery == 0 {
+			m.Ack()
+		}
+	}, jetstream.PullMaxMessages(rawAuditAckEvery))
+	if err != nil {
+		return nil, fmt.Errorf("consume raw audit: %w", err)
+	}
+	return func() {
+		drain.Stop()
+		dctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		s.subJS.DeleteConsumer(dctx, s.rawStream, "bench-raw-audit")
+		cancel()
+	}, nil
+}
+
+// RawSigned is Raw doing the seed's cryptography by hand (the floor, EmitOnResult): each
+// event stamped and signed with envelope.Stamp and published with its headers, the raw
+// consumer verifying each before its ack, a second consumer drained alongside verifying each.
+func (s *EmitOnSession) RawSigned(ctx context.Context, n int) (Series, error) {
+	return s.signed(ctx, func() (Series, error) {
+		return s.run(ctx, n, &s.rawRec, func(ctx context.Context, data []byte) error {
+			msg, err := s.stamped(data)
+			if err == nil {
+				_, err = s.rawJS.PublishMsg(ctx, msg)
+			}
+			return err
+		})
+	})
+}
+
+// RawAsyncSigned is RawSigned pipelined, as RawAsync.
+func (s *EmitOnSession) RawAsyncSigned(ctx context.Context, n int) (Series, error) {
+	return s.signed(ctx, func() (Series, error) {
+		return s.runFlushed(ctx, n, &s.rawRec, func(ctx context.Context, data []byte) error {
+			msg, err := s.stamped(data)
+			if err == nil {
+				_, err = s.rawAsyncJS.PublishMsgAsync(msg, jetstream.WithStallWait(requestTimeout))
+			}
+			return err
+		}, s.asyncComplete)
+	})
+}
+
+// signed runs a signed side: the raw consumer verifying, the audit's consumer drained and
+// verifying alongside; an event either refused fails it (the floor would be wrong).
+func (s *EmitOnSession) signed(ctx context.Context, run func() (Series, error)) (Series, error) {
+	stop, err := s.drainAudit(ctx, true)
+	if err != nil {
+		return Series{}, err
+	}
+	defer stop()
+	s.rawVerify.Store(true)
+	defer s.rawVerify.Store(false)
+	bad := s.rawBad.Load()
+	series, err := run()
+	if err == nil && s.rawBad.Load() != bad {
+		err = fmt.Errorf("%d signed events failed their verification", s.rawBad.Load()-bad)
+	}
+	return series, err
+}
+
+// stamped is data as a signed event on the raw subject: envelope's headers and signature.
+func (s *EmitOnSession) stamped(data []byte) (*nats.Msg, error) {
+	h, err := envelope.Stamp(s.signer, "bench-raw", "bench", s.rawSubject, data, envelope.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: s.rawSubject, Header: h, Data: data}, nil
 }
 
 // rawAuditAckEvery is how many events the raw baseline's drained consumer acks at once: the

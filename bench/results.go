@@ -39,6 +39,14 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 				e.PipelinedRatio, verdict(e.PipelinedRatio >= TargetPipelinedRatio, fmt.Sprintf("≥ %.2f×", TargetPipelinedRatio)))
 			fmt.Fprintf(tw, "  latency p50\t%s\t%s\t%.2f×\t\t\n", dur(e.Pipelined.P50), dur(e.RawAsync.P50), ratio(float64(e.Pipelined.P50), float64(e.RawAsync.P50)))
 		}
+		if e.RawSigned.Count > 0 {
+			fmt.Fprintf(tw, "emit→on against the signed floor (raw signing and verifying twice, by hand)\t\t\t\t\t\n")
+			fmt.Fprintf(tw, "  one at a time\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Mesh.PerSecond, "ev/s"), perSecond(e.RawSigned.PerSecond, "ev/s"),
+				e.SignedFloorRatio, verdict(e.SignedFloorRatio >= TargetSignedFloorRatio, fmt.Sprintf("≥ %.2f×", TargetSignedFloorRatio)))
+			fmt.Fprintf(tw, "  one at a time, latency p99\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P99), dur(e.RawSigned.P99), ratio(float64(e.Mesh.P99), float64(e.RawSigned.P99)))
+			fmt.Fprintf(tw, "  pipelined\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Pipelined.PerSecond, "ev/s"), perSecond(e.RawAsyncSigned.PerSecond, "ev/s"),
+				e.PipelinedSignedFloorRatio, verdict(e.PipelinedSignedFloorRatio >= TargetPipelinedSignedFloorRatio, fmt.Sprintf("≥ %.2f×", TargetPipelinedSignedFloorRatio)))
+		}
 	}
 	if c := r.ToolCall; c != nil {
 		fmt.Fprintf(tw, "tool call round trip, %d × %d B\t\t\t\t\t\n", c.Calls, c.PayloadBytes)

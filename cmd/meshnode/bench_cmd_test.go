@@ -35,6 +35,10 @@ func TestBenchCmd(t *testing.T) {
 		if res.EmitOn.Mesh.Count != 50 || res.EmitOn.Raw.Count != 50 || !(res.EmitOn.Ratio > 0) {
 			t.Errorf("emit→on: %+v", *res.EmitOn)
 		}
+		if e := res.EmitOn; e.RawSigned.Count != 50 || e.RawAsyncSigned.Count != 50 || !(e.SignedFloorRatio > 0) || !(e.PipelinedSignedFloorRatio > 0) {
+			t.Errorf("emit→on against the signed floor: raw_signed %d, raw_async_signed %d, ratios %v %v; want 50 each and ratios",
+				e.RawSigned.Count, e.RawAsyncSigned.Count, e.SignedFloorRatio, e.PipelinedSignedFloorRatio)
+		}
 		if res.ToolCall.Mesh.Count != 20 || res.ToolCall.Raw.Count != 20 || !(res.ToolCall.Ratio > 0) {
 			t.Errorf("tool call: %+v", *res.ToolCall)
 		}
