@@ -41,7 +41,11 @@ remove the node and its data. A running node is not touched.
              Then pipelined: sdk EmitAsync + Flush against raw async publishes (up to
              1,024 unanswered on both sides), bare and with one more durable consumer
              drained alongside (what an audit log costs the broker): targets ≥ 0.65× and
-             ≥ 0.8×.
+             ≥ 0.8×. Last, against the signed floor: raw JetStream doing the seed's
+             cryptography by hand with the mesh's own Sign and Verify (the publisher
+             signs each event, the consumer verifies each before its ack, a second
+             durable consumer drained alongside verifies each too), one at a time and
+             pipelined: targets ≥ 0.85× and ≥ 1.0× (issue 41).
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
              subscriber on a plain subject: p50/p99; target mesh ≤ 1.1× raw.
   connect    register --modules generated modules (one in ten declaring a seat), 8 at a
