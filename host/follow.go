@@ -138,9 +138,13 @@ func (f *Follower) Applied() deploy.Declaration {
 func (f *Follower) Run(ctx context.Context) error {
 	wait := backoff.Backoff{First: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
+		began := time.Now()
 		err := f.follow(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if time.Since(began) > f.check {
+			wait.Reset() // a follow that ran a while: its end is news, not the last retry's
 		}
 		f.cfg.Log.Warn("follow the node's declaration; trying again", "err", err)
 		if wait.Wait(ctx) != nil {

@@ -22,19 +22,27 @@ func HTTPS(addr string) bool {
 	return err == nil && !Loopback(host)
 }
 
-// HTTPURL is the URL a node's HTTP listener at addr answers at, https when secure. An
-// unspecified host (0.0.0.0, ::) is given as 127.0.0.1: this machine reaches it there, and
-// the node's certificate covers it.
-func HTTPURL(addr net.Addr, secure bool) string {
+// HTTPURL is the URL a node's HTTP listener, configured as configured and bound at addr,
+// answers at, https when secure. A configured name (node1.example) stays the URL's host: the
+// node's certificate covers it as a name, not the address it resolved to. An unspecified
+// host (0.0.0.0, ::) is given as 127.0.0.1: this machine reaches it there, and the
+// certificate covers it.
+func HTTPURL(configured string, addr net.Addr, secure bool) string {
 	scheme := "http://"
 	if secure {
 		scheme = "https://"
 	}
 	ta, ok := addr.(*net.TCPAddr)
-	if !ok || !ta.IP.IsUnspecified() {
+	if !ok {
 		return scheme + addr.String()
 	}
-	return scheme + net.JoinHostPort("127.0.0.1", strconv.Itoa(ta.Port))
+	host := ta.IP.String()
+	if h, _, err := net.SplitHostPort(configured); err == nil && h != "" && net.ParseIP(h) == nil {
+		host = h
+	} else if ta.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return scheme + net.JoinHostPort(host, strconv.Itoa(ta.Port))
 }
 
 // ErrNoCertificate refuses a TLS handshake before the node has its certificate: it is still

@@ -22,17 +22,20 @@ func TestHTTPS(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		addr   *net.TCPAddr
-		secure bool
-		want   string
+		configured string
+		addr       *net.TCPAddr
+		secure     bool
+		want       string
 	}{
-		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8422}, false, "http://127.0.0.1:8422"},
-		{&net.TCPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 8422}, true, "https://10.0.0.2:8422"},
-		{&net.TCPAddr{IP: net.IPv4zero, Port: 8422}, true, "https://127.0.0.1:8422"},
-		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 8422}, true, "https://127.0.0.1:8422"},
+		{"127.0.0.1:0", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8422}, false, "http://127.0.0.1:8422"},
+		{"10.0.0.2:8422", &net.TCPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 8422}, true, "https://10.0.0.2:8422"},
+		{"0.0.0.0:8422", &net.TCPAddr{IP: net.IPv4zero, Port: 8422}, true, "https://127.0.0.1:8422"},
+		{":8422", &net.TCPAddr{IP: net.IPv6unspecified, Port: 8422}, true, "https://127.0.0.1:8422"},
+		{"node1.example:8422", &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 8422}, true, "https://node1.example:8422"}, // the name the certificate covers
+		{"[::1]:0", &net.TCPAddr{IP: net.IPv6loopback, Port: 8422}, false, "http://[::1]:8422"},
 	} {
-		if got := meshca.HTTPURL(tc.addr, tc.secure); got != tc.want {
-			t.Errorf("HTTPURL(%s, %v)=%s, want %s", tc.addr, tc.secure, got, tc.want)
+		if got := meshca.HTTPURL(tc.configured, tc.addr, tc.secure); got != tc.want {
+			t.Errorf("HTTPURL(%s, %s, %v)=%s, want %s", tc.configured, tc.addr, tc.secure, got, tc.want)
 		}
 	}
 }
@@ -54,7 +57,7 @@ func TestLater_ServesHTTPS(t *testing.T) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}
 	go srv.Serve(tls.NewListener(ln, later.ServerTLS()))
 	defer srv.Close()
-	url := meshca.HTTPURL(ln.Addr(), true)
+	url := meshca.HTTPURL("127.0.0.1:0", ln.Addr(), true)
 	client := meshca.HTTPClient(ca.Pool())
 	client.Timeout = 5 * time.Second
 

@@ -1073,7 +1073,7 @@ func (n *Node) HTTPURL() string {
 	if n.web.ln == nil {
 		return ""
 	}
-	return meshca.HTTPURL(n.web.ln.Addr(), meshca.HTTPS(n.cfg.HTTPAddr))
+	return meshca.HTTPURL(n.cfg.HTTPAddr, n.web.ln.Addr(), meshca.HTTPS(n.cfg.HTTPAddr))
 }
 
 // HasVault reports whether this node holds the vault's credentials (and can serve it).

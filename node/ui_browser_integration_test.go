@@ -423,7 +423,8 @@ func TestIntegration_Dashboard(t *testing.T) {
 }
 
 // newBrowser starts a headless Chromium with a 1400×1000 window, ended with the test; it
-// lives as long as the returned context, not a step's timeout.
+// lives as long as the returned context, not a step's timeout. When the test fails, the
+// page as it stands is kept whole (screenshotDir) and its path logged.
 func newBrowser(t testing.TB, path string) context.Context {
 	t.Helper()
 	alloc, acancel := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
@@ -433,7 +434,33 @@ func newBrowser(t testing.TB, path string) context.Context {
 	if err := chromedp.Do(bctx); err != nil {
 		t.Fatalf("start %s: %v", path, err)
 	}
+	t.Cleanup(func() { // before the browser ends (cleanups run last first)
+		if !t.Failed() {
+			return
+		}
+		c, cancel := context.WithTimeout(bctx, 10*time.Second)
+		defer cancel()
+		if shot, err := chromedp.Run(c, chromedp.FullScreenshot(100)); err == nil {
+			path := filepath.Join(screenshotDir(t), "failed-"+strings.ReplaceAll(t.Name(), "/", "-")+".png")
+			if os.WriteFile(path, shot, 0o644) == nil {
+				t.Logf("the page when the test failed: %s", path)
+			}
+		}
+	})
 	return bctx
+}
+
+// screenshotDir is where the beds' screenshots go: MESHNODE_TEST_ARTIFACTS/screenshots (.ci/run
+// sets it, and keeps the folder), or the temp dir's meshnode-screenshots.
+func screenshotDir(t testing.TB) string {
+	dir := filepath.Join(os.TempDir(), "meshnode-screenshots")
+	if a := os.Getenv("MESHNODE_TEST_ARTIFACTS"); a != "" {
+		dir = filepath.Join(a, "screenshots")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // shooter writes screenshots of the console's pages.
@@ -443,18 +470,10 @@ type shooter struct {
 	prefix string
 }
 
-// screenshots returns a shooter writing into MESHNODE_TEST_ARTIFACTS/screenshots (.ci/run
-// sets it, and keeps the folder), or the temp dir's meshnode-screenshots; each file is
-// prefix-page.png, its path logged. On failure the browser's page as it stands is kept too.
+// screenshots returns a shooter writing into screenshotDir, each file prefix-page.png, its
+// path logged.
 func screenshots(t testing.TB, prefix string) *shooter {
-	dir := filepath.Join(cmp.Or(os.Getenv("MESHNODE_TEST_ARTIFACTS"), os.TempDir()), "screenshots")
-	if os.Getenv("MESHNODE_TEST_ARTIFACTS") == "" {
-		dir = filepath.Join(os.TempDir(), "meshnode-screenshots")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return &shooter{t: t, dir: dir, prefix: prefix}
+	return &shooter{t: t, dir: screenshotDir(t), prefix: prefix}
 }
 
 // take writes the page as the browser of ctx shows it, 1400×1000, and logs where.
@@ -462,8 +481,7 @@ func (s *shooter) take(ctx context.Context, page string) {
 	s.t.Helper()
 	c, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// The page's layout settles (a chart's bars, a graph) before it is taken.
-	png, err := chromedp.Run(c, chromedp.CaptureScreenshot())
+	png, err := chromedp.Run(c, chromedp.CaptureScreenshot()) // the viewport: 1400×1000
 	if err != nil {
 		s.t.Errorf("screenshot of %s: %v", page, err)
 		return
@@ -504,6 +522,10 @@ func TestIntegration_ConsoleThousandModules(t *testing.T) {
 			}
 			return nil
 		})
+		// No fault of the page's own, and nothing the node could not read.
+		if problems, err := chromedp.Run(tab, chromedp.Evaluate[string](`document.querySelector('#problems').hidden ? '' : document.querySelector('#problems').textContent`)); err != nil || problems != "" {
+			t.Errorf("page %s says: %q (%v)", p.hash, problems, err)
+		}
 		t.Logf("page %s: first data at %.0f ms", p.hash, ms)
 		shots.take(tab, p.name)
 		done()
@@ -548,7 +570,8 @@ func openPage(tb testing.TB, bctx context.Context, base, hash string) (float64, 
 		}
 		if time.Since(start) > 30*time.Second {
 			page, _ := chromedp.Run(tab, chromedp.Evaluate[string](`document.body.innerText.slice(0, 600)`))
-			tb.Fatalf("the console's %s showed no data in 30 s; the page says: %s", hash, page)
+			loads, _ := chromedp.Run(tab, chromedp.Evaluate[[]string](`performance.getEntriesByType('resource').map(r => r.name + ' ' + Math.round(r.responseEnd))`))
+			tb.Fatalf("the console's %s showed no data in 30 s; the page says: %s\nwhat it loaded (ms from its start): %q", hash, page, loads)
 		}
 	}
 }

@@ -110,8 +110,12 @@ const builtinByDesign = (s) => !s.module && s.seat !== "mesh-controller" && s.se
 
 // parseRoute reads the address: #/page/arg?query.
 function parseRoute() {
-  const h = decodeURIComponent(location.hash.replace(/^#\/?/, ""));
-  const [path, q] = h.split("?");
+  const h = location.hash.replace(/^#\/?/, "");
+  const at = h.indexOf("?");
+  // The path is decoded here, the query by URLSearchParams (once: a + or %25 in a value stays).
+  let path = at < 0 ? h : h.slice(0, at);
+  try { path = decodeURIComponent(path); } catch { path = ""; }
+  const q = at < 0 ? "" : h.slice(at + 1);
   const [page, ...rest] = path.split("/");
   const pages = ["overview", "nodes", "modules", "seats", "streams", "dead", "audit"];
   let p = page || "overview";
@@ -307,13 +311,21 @@ function streams(st) {
   fill("#streams", rows);
 }
 
+// shownDead are the dead letters the page's filter lets through (by consumer or event, in
+// any case).
+function shownDead(st) {
+  const q = $("#dead-filter").value.trim().toLowerCase();
+  return (st.dead || []).filter((d) => !q || d.consumer.toLowerCase().includes(q) || d.event.toLowerCase().includes(q));
+}
+
 function dead(st) {
   const operator = session && session.mode === "operator";
-  const q = $("#dead-filter").value.trim().toLowerCase();
-  let ds = (st.dead || []).filter((d) => !q || d.consumer.toLowerCase().includes(q) || d.event.toLowerCase().includes(q));
+  const q = $("#dead-filter").value.trim();
+  let ds = shownDead(st);
   ds = sorted("#dead", ds, (d, c) => [d.id, d.time, d.event, d.consumer, d.deliveries, d.reason][c]);
   $("#dead-count").textContent = q ? `${ds.length} shown of ${st.dead_total}` : `${st.dead_total}`;
   $("#dead-replay-all").hidden = !operator || ds.length === 0;
+  $("#dead-replay-all").textContent = q ? `Replay the ${ds.length} shown` : "Replay all";
   fill("#dead", ds.map((d) => {
     const actions = document.createElement("span");
     if (operator) {
@@ -342,6 +354,8 @@ async function loadModule(name) {
   const resp = await api(`/ui/api/modules/${encodeURIComponent(name)}`);
   if (route.page !== "module" || route.arg !== name) return; // left meanwhile
   const err = $("#module-error");
+  // Asked again in 5 s while shown, after a failure too (a node restarting answers again).
+  moduleTimer = setTimeout(() => { if (route.page === "module" && route.arg === name) loadModule(name); }, 5000);
   if (!resp.ok) {
     err.textContent = resp.error;
     err.hidden = false;
@@ -352,7 +366,6 @@ async function loadModule(name) {
   modulePage(resp.body);
   $("#module-body").hidden = false;
   rendered();
-  moduleTimer = setTimeout(() => { if (route.page === "module" && route.arg === name) loadModule(name); }, 5000);
 }
 
 function modulePage(m) {
@@ -549,14 +562,26 @@ async function act(id, action) {
   if (route.arg === String(id)) location.hash = "#/dead";
 }
 
+// Replay all: with no filter, every dead letter of every consumer (the node's replay-all,
+// beyond the newest 100 listed); with one, exactly the letters shown, one at a time.
 $("#dead-replay-all").addEventListener("click", async () => {
-  const q = $("#dead-filter").value.trim();
-  const consumers = [...new Set((last.dead || []).filter((d) => !q || d.consumer.includes(q) || d.event.includes(q)).map((d) => d.consumer))];
-  if (!confirm(`Replay every dead letter of ${consumers.length === 1 ? consumers[0] : "every consumer"}?`)) return;
   const err = $("#dead-error");
-  const resp = await act_("/ui/api/dead-replay-all" + (consumers.length === 1 ? "?consumer=" + encodeURIComponent(consumers[0]) : ""));
-  err.hidden = resp.ok && !Object.keys(resp.body.refused || {}).length;
-  err.textContent = resp.ok ? `replayed ${resp.body.replayed}; refused: ` + Object.entries(resp.body.refused || {}).map(([k, v]) => `${k} (${v})`).join(", ") : resp.error;
+  if (!$("#dead-filter").value.trim()) {
+    if (!confirm(`Replay every dead letter (${last.dead_total}) of every consumer?`)) return;
+    const resp = await act_("/ui/api/dead-replay-all");
+    err.hidden = resp.ok && !Object.keys(resp.body.refused || {}).length;
+    err.textContent = resp.ok ? `replayed ${resp.body.replayed}; refused: ` + Object.entries(resp.body.refused || {}).map(([k, v]) => `${k} (${v})`).join(", ") : resp.error;
+    return;
+  }
+  const ds = shownDead(last);
+  if (!ds.length || !confirm(`Replay the ${ds.length} dead letters shown?`)) return;
+  const failed = [];
+  for (const d of ds) {
+    const resp = await act_(`/ui/api/dead/${d.id}/replay`);
+    if (!resp.ok) failed.push(`${d.id}: ${resp.error}`);
+  }
+  err.hidden = failed.length === 0;
+  err.textContent = `replayed ${ds.length - failed.length} of ${ds.length}` + (failed.length ? "; not: " + failed.join("; ") : "");
 });
 
 for (const [sel, ev] of [["#modules-filter", "input"], ["#streams-filter", "input"], ["#dead-filter", "input"]]) {
@@ -652,12 +677,14 @@ async function start() {
   live();
 }
 
-// A fault of this page shows where the node's own problems do.
-window.addEventListener("error", (e) => {
+// A fault of this page shows where the node's own problems do (an async step's too).
+function failed(message) {
   const p = $("#problems");
   p.hidden = false;
-  p.textContent = "This page failed: " + e.message;
-});
+  p.textContent = "This page failed: " + message;
+}
+window.addEventListener("error", (e) => failed(e.message));
+window.addEventListener("unhandledrejection", (e) => failed(e.reason && e.reason.message ? e.reason.message : String(e.reason)));
 
 start();
 
