@@ -55,19 +55,27 @@ func churn(url, seedFile, module string, n, workers int) error {
 	return first
 }
 
-// heapAfterGC is the live heap of this process, the node's included, after collecting.
+// heapAfterGC is the live heap of this process, the node's included, after collecting: the
+// least of three readings, so that what a periodic task of the node holds for a moment (a
+// snapshot, a batch) is not taken for what it keeps.
 func heapAfterGC() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
+	least := uint64(0)
+	for range 3 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		if least == 0 || m.HeapAlloc < least {
+			least = m.HeapAlloc
+		}
+	}
+	return least
 }
 
 // TestIntegration_ConnectionsLeaveNothing: opening and closing 10,000 connections leaves
 // nothing of them in the node. The first round fills what the server keeps by design
-// (its ring of closed connections, MaxClosedClients, 10,000 by default); after the second
-// round of 10,000 the heap is back where the first left it, so nothing grows with the
+// (its ring of closed connections, MaxClosedClients, 10,000 by default); after two more
+// rounds of 10,000 the heap is back where the first left it, so nothing grows with the
 // connections a node has ever had.
 func TestIntegration_ConnectionsLeaveNothing(t *testing.T) {
 	const connections, workers = 10_000, 32
@@ -90,13 +98,15 @@ func TestIntegration_ConnectionsLeaveNothing(t *testing.T) {
 		return heap
 	}
 	baseline := round()
+	round()
 	after := round()
-	// A leak of even 30 bytes a connection is 300 KB over a round; the heap of a node that
-	// keeps nothing moves by less than 50 KB between rounds.
-	const slack = 256 << 10
-	t.Logf("heap after the second round minus after the first: %+d KiB", (int64(after)-int64(baseline))/1024)
+	// A leak of even 30 bytes a connection is 600 KB over two rounds. The heap of a node that
+	// keeps nothing moves between rounds by what its periodic work holds at the time:
+	// -325 to +79 KiB in three runs on an idle machine, +348 KiB once in CI.
+	const slack = 512 << 10
+	t.Logf("heap after the third round minus after the first: %+d KiB", (int64(after)-int64(baseline))/1024)
 	if after > baseline+slack {
-		t.Fatalf("the heap grew by %.2f MiB over 10,000 connections that are all closed (%.0f bytes each): something keeps per-connection state",
-			float64(after-baseline)/(1<<20), float64(after-baseline)/connections)
+		t.Fatalf("the heap grew by %.2f MiB over 20,000 connections that are all closed (%.0f bytes each): something keeps per-connection state",
+			float64(after-baseline)/(1<<20), float64(after-baseline)/(2*connections))
 	}
 }

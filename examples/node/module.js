@@ -223,8 +223,11 @@ async function main() {
       let messages;
       try {
         const consumer = await js.consumers.get("EVENTS", module);
-        // expires 10 s: a lost pull is noticed after two missed heartbeats (5 s each).
-        messages = await consumer.consume({ max_messages: 32, expires: 10000 });
+        // A lost pull is noticed after two missed heartbeats. nats.js's default heartbeat is
+        // half of expires (5 s), and a pull that expires sends the next one, which starts the
+        // count again: a consumer whose leader was killed was noticed only 20 s later. At
+        // 2 s, it is within 4–14 s.
+        messages = await consumer.consume({ max_messages: 32, expires: 10000, idle_heartbeat: 2000 });
       } catch (err) {
         if (stopping) return;
         log(`consumer EVENTS/${module} does not answer yet:`, err.message);
