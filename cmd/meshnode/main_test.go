@@ -219,7 +219,9 @@ func meshnode(t *testing.T, env []string, args ...string) result {
 // meshnodeIn is meshnode run in the working directory dir ("": the test's).
 func meshnodeIn(t *testing.T, dir string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Past the CLI's own 30 s bound on a request (requestTimeout), so that a verb that waits
+	// that long says why, rather than being killed with nothing said.
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout+15*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Dir, cmd.Env = dir, append(cleanEnv(), env...)
