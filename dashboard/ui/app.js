@@ -271,6 +271,7 @@ function modules(st) {
 
   const q = $("#modules-filter").value.trim().toLowerCase();
   const quotas = st.quotas || {};
+  const idle = { held: 0, pending: 0, limit: st.quota_limit || 0 }; // a module left out: nothing held
   let mods = st.modules;
   if (q) {
     mods = mods.filter((m) => [m.module, ...(m.emits || []), ...(m.consumes || []), ...(m.tools || []), ...(m.uses || []), ...(m.seats || []), ...(m.secrets || [])]
@@ -280,7 +281,7 @@ function modules(st) {
     [m.module, list(m.emits), list(m.consumes), list(m.tools), list(m.uses), list(m.seats), list(m.secrets)][c]);
   $("#modules-count").textContent = q ? `${mods.length} of ${st.modules.length}` : `${st.modules.length}`;
   fill("#modules", mods.slice(0, shown.modules).map((m) => row([moduleLink(m.module), list(m.emits), list(m.consumes), list(m.tools), list(m.uses),
-    list(m.seats), list(m.secrets), quota(quotas[m.module])])));
+    list(m.seats), list(m.secrets), quota(quotas[m.module] || idle)])));
   const more = $("#modules-more");
   more.hidden = mods.length <= shown.modules;
   more.textContent = `Show all ${mods.length} modules`;
