@@ -177,16 +177,21 @@ func reportSeries(b *testing.B, prefix string, s bench.Series, rate string) {
 	b.ReportMetric(float64(s.P99)/float64(time.Microsecond), prefix+"p99-µs")
 }
 
-// BenchmarkEmitOn times b.N events through the mesh (sdk Emit → sdk On), then sends b.N
-// through raw JetStream on the same node, untimed, for the ratio.
-func BenchmarkEmitOn(b *testing.B) {
-	t := nodes.target(b)
-	ctx := context.Background()
-	s, err := bench.OpenEmitOn(ctx, t)
+// emitOnSession opens the emit→on measurement on the shared node, closed when b ends.
+func emitOnSession(b *testing.B) *bench.EmitOnSession {
+	s, err := bench.OpenEmitOn(context.Background(), nodes.target(b))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// BenchmarkEmitOn times b.N events through the mesh (sdk Emit → sdk On), then sends b.N
+// through raw JetStream on the same node, untimed, for the ratio.
+func BenchmarkEmitOn(b *testing.B) {
+	ctx := context.Background()
+	s := emitOnSession(b)
 	b.ResetTimer()
 	mesh, err := s.Mesh(ctx, b.N)
 	b.StopTimer()
@@ -206,13 +211,8 @@ func BenchmarkEmitOn(b *testing.B) {
 // then b.N raw async publishes with one more drained consumer, and b.N bare, untimed, for
 // the ratios.
 func BenchmarkEmitOnPipelined(b *testing.B) {
-	t := nodes.target(b)
 	ctx := context.Background()
-	s, err := bench.OpenEmitOn(ctx, t)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := emitOnSession(b)
 	b.ResetTimer()
 	mesh, err := s.Pipelined(ctx, b.N)
 	b.StopTimer()
@@ -239,13 +239,8 @@ func BenchmarkEmitOnPipelined(b *testing.B) {
 // drained second consumer), one at a time and pipelined, with the mesh's sides untimed for
 // the ratios against the floor (issue 41).
 func BenchmarkEmitOnSignedFloor(b *testing.B) {
-	t := nodes.target(b)
 	ctx := context.Background()
-	s, err := bench.OpenEmitOn(ctx, t)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := emitOnSession(b)
 	b.ResetTimer()
 	floor, err := s.RawSigned(ctx, b.N)
 	b.StopTimer()
@@ -272,13 +267,8 @@ func BenchmarkEmitOnSignedFloor(b *testing.B) {
 
 // BenchmarkEmitOnRaw times b.N events through raw JetStream: publish, durable pull consumer.
 func BenchmarkEmitOnRaw(b *testing.B) {
-	t := nodes.target(b)
 	ctx := context.Background()
-	s, err := bench.OpenEmitOn(ctx, t)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := emitOnSession(b)
 	b.ResetTimer()
 	raw, err := s.Raw(ctx, b.N)
 	b.StopTimer()
