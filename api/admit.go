@@ -58,3 +58,16 @@ type QuotaUse struct {
 	// reason of package admit's, zero until refused).
 	Refused map[string]uint64 `json:"refused,omitempty"`
 }
+
+// Refusals is how many times the node refused the module since it started, every reason.
+func (u QuotaUse) Refusals() uint64 {
+	var n uint64
+	for _, c := range u.Refused {
+		n += c
+	}
+	return n
+}
+
+// Idle reports whether the module holds nothing in EVENTS and was never refused: the metrics
+// and the console leave such a module out (at 10,000 modules, most of them).
+func (u QuotaUse) Idle() bool { return u.Held+u.Pending == 0 && u.Refusals() == 0 }

@@ -518,11 +518,7 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 		st.Quotas = map[string]api.QuotaUse{}
 		for _, u := range d.cfg.Quotas() {
 			st.QuotaLimit = u.Limit
-			refused := uint64(0)
-			for _, n := range u.Refused {
-				refused += n
-			}
-			if u.Held+u.Pending > 0 || refused > 0 {
+			if !u.Idle() {
 				st.Quotas[u.Module] = u
 			}
 		}

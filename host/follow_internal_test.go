@@ -10,7 +10,7 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
-	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,12 +43,7 @@ func TestFollower_HoldsNow(t *testing.T) {
 // made again yet), one that has read it never is, and a STATE deleted under it is said to
 // be gone.
 func TestFollower_WatchStuck(t *testing.T) {
-	nc, err := nats.Connect(testbed.JetStream(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testbed.Connect(t, testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.StateStreamName, Subjects: []string{manifest.StateSubject("*")}})

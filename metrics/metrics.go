@@ -340,11 +340,7 @@ func (c *Admission) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descModuleEventsQuota, prometheus.GaugeValue, float64(c.Limit))
 	ch <- prometheus.MustNewConstMetric(descAdmitLag, prometheus.GaugeValue, float64(c.Lag()))
 	for _, u := range c.Use() {
-		var refused uint64
-		for _, n := range u.Refused {
-			refused += n
-		}
-		if u.Held+u.Pending == 0 && refused == 0 {
+		if u.Idle() {
 			continue // a module that has sent nothing through the admitter: no series, at 10,000 modules
 		}
 		ch <- prometheus.MustNewConstMetric(descModuleEventsBytes, prometheus.GaugeValue, float64(u.Held+u.Pending), u.Module)
@@ -375,9 +371,7 @@ func Sum(c prometheus.Collector) uint64 {
 func (m *Meter) Counts(use []api.QuotaUse, notGenuine map[string]uint64) (events, errors uint64) {
 	events, errors = Sum(m.events), Sum(m.DeadLetters)+Sum(m.DeadLost)
 	for _, u := range use {
-		for _, n := range u.Refused {
-			errors += n
-		}
+		errors += u.Refusals()
 	}
 	for _, n := range notGenuine {
 		errors += n

@@ -215,11 +215,7 @@ func quotaCell(q *api.QuotaUse) string {
 	if q.Limit > 0 {
 		cell += "/" + config.Bytes(q.Limit).String() + fmt.Sprintf(" (%d%%)", used*100/q.Limit)
 	}
-	var refused uint64
-	for _, n := range q.Refused {
-		refused += n
-	}
-	if refused > 0 {
+	if refused := q.Refusals(); refused > 0 {
 		cell += fmt.Sprintf(", %d refused", refused)
 	}
 	return cell
