@@ -509,11 +509,6 @@ func (d *Dashboard) snapshot(ctx context.Context) []byte {
 	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
 	st := State{Node: d.cfg.Node, MeshID: d.cfg.MeshID, Time: time.Now().UTC().Truncate(time.Second), Members: d.cfg.Mesh.Members()}
-	for i, m := range st.Members {
-		if m.State == "dead" || m.State == "left" {
-			st.Members[i].JetStream = "offline" // its last role is no role now
-		}
-	}
 	if d.cfg.Quotas != nil {
 		st.Quotas = map[string]api.QuotaUse{}
 		for _, u := range d.cfg.Quotas() {

@@ -4,6 +4,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -146,6 +147,18 @@ func TestIntegration_Cluster_FoundingThree(t *testing.T) {
 		defer cancel()
 		_, err := admin.Register(ctx, opB, []byte("module: m2\nrequires: [mesh-bus]\n"))
 		return err
+	})
+	// The survivors show the first node gone, its JetStream role with it (a member gone is
+	// no follower: `members`, /v1/members and the console all read this).
+	retryUntil(t, 30*time.Second, func() error {
+		for _, m := range nodes[0].Members() {
+			if m.Name == "a" && (m.State == "alive" || m.JetStream != "offline") {
+				return fmt.Errorf("b lists a as %s, JetStream %s; want it gone and offline", m.State, m.JetStream)
+			} else if m.Name == "a" {
+				return nil
+			}
+		}
+		return errors.New("b does not list a")
 	})
 
 	// A node-scoped seat has one holder per node, each taking only its own node's work.

@@ -251,30 +251,33 @@ func (n *Node) Members() []api.NodeMember {
 	if n.mesh.members != nil {
 		peers = n.bus.Peers()
 	}
-	role := func(name string) string {
-		current, peer := peers[name]
-		switch {
-		case n.mesh.members == nil:
-			return "standalone"
-		case name == leader:
-			return "leader"
-		case !peer:
-			return "none" // not (or no longer) a JetStream peer: it left, or was removed
-		case !current:
-			return "offline"
-		}
-		return "follower"
-	}
 	if n.mesh.members == nil {
-		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: role(n.id.Name), Seats: sorted(held[n.id.Name]), Version: Version()}}
+		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: "standalone", Seats: sorted(held[n.id.Name]), Version: Version()}}
 	}
 	// Address is the client URL on a single node and in a mesh alike: what an operator
 	// passes to --server; the gossip address is the mesh's own business, shown apart.
 	for _, m := range n.mesh.members.Members() {
-		out = append(out, api.NodeMember{Name: m.Name, Address: m.Client, GossipAddr: m.Addr, State: m.State, JetStream: role(m.Name), Seats: sorted(held[m.Name]), Version: m.Version})
+		out = append(out, api.NodeMember{Name: m.Name, Address: m.Client, GossipAddr: m.Addr, State: m.State, JetStream: jetStreamRole(leader, peers, m.Name, m.State), Seats: sorted(held[m.Name]), Version: m.Version})
 	}
 	slices.SortFunc(out, func(a, b api.NodeMember) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// jetStreamRole is a mesh member's JetStream role as Members shows it, from the meta leader's
+// name and its peers (each current or not), and the member's gossip state.
+func jetStreamRole(leader string, peers map[string]bool, name, state string) string {
+	current, peer := peers[name]
+	switch {
+	case state != "alive" && state != "suspect":
+		return "offline" // dead, stopped or left: what JetStream last said of it went with it
+	case name == leader:
+		return "leader"
+	case !peer:
+		return "none" // not (or no longer) a JetStream peer: it left, or was removed
+	case !current:
+		return "offline"
+	}
+	return "follower"
 }
 
 func sorted(xs []string) []string {
