@@ -58,6 +58,10 @@ func TestChaos(t *testing.T) {
 	// schedule waits for it rather than stop there; the last fault's recovery is still held
 	// to the ready check's 2 minutes.
 	nm.Recover = 5 * time.Minute
+	// A fault the mesh is slow to recover from (a replica whose catch-up nats-server retries
+	// for a minute and more after a partition) must not leave a kind out of the schedule:
+	// the first round is finished past the duration.
+	nm.Cover = true
 	t.Logf("seed %d, faults for %s", *chaosSeed, *chaosDuration)
 	runErr := nm.Run(ctx, *chaosDuration)
 	healed := time.Now()
@@ -113,7 +117,7 @@ func TestChaos(t *testing.T) {
 	}
 	sort.Strings(none)
 	if len(none) > 0 {
-		t.Errorf("the schedule injected no %s: run longer (-chaos.duration) or another seed", strings.Join(none, ", "))
+		t.Errorf("the schedule injected no %s: the first round was not finished", strings.Join(none, ", "))
 	}
 	if a := rep.Anomalies(); len(a) > 0 {
 		all := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-anomalies-%d.txt", *chaosSeed))

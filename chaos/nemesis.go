@@ -83,6 +83,10 @@ type Nemesis struct {
 	Gap time.Duration
 	// Recover bounds the wait for every member's /readyz after a fault; 0 means 2 minutes.
 	Recover time.Duration
+	// Cover, when set, makes Run go on past its duration until every kind has been
+	// injected once (the first round), so a slow recovery cannot leave a kind out of a
+	// short run; ctx still bounds it.
+	Cover bool
 	// Logf, when set, is told each fault as it starts and ends.
 	Logf func(format string, args ...any)
 
@@ -139,14 +143,15 @@ func (nm *Nemesis) Counts() map[string]int {
 // until ctx ends, then heals everything: resumes what is paused, starts what is killed,
 // heals the network and frees the disks, and waits until the mesh is Settled. The first
 // faults are every kind once, in an order the seed draws (kinds a mesh of fewer than five
-// cannot survive are left out for it); the rest are drawn from every kind. The error is
-// the first fault that could not be injected or healed, or a mesh not ready again.
+// cannot survive are left out for it); the rest are drawn from every kind. With Cover, the
+// first round is finished even when d has passed. The error is the first fault that could
+// not be injected or healed, or a mesh not ready again.
 func (nm *Nemesis) Run(ctx context.Context, d time.Duration) error {
 	nm.defaults()
 	deadline := time.Now().Add(d)
 	owed := nm.firstRound()
 	var err error
-	for err == nil && ctx.Err() == nil && time.Now().Before(deadline) {
+	for err == nil && ctx.Err() == nil && (time.Now().Before(deadline) || nm.Cover && nm.owes(owed)) {
 		kind := nm.next(&owed)
 		if kind == "" {
 			break
@@ -186,6 +191,11 @@ func (nm *Nemesis) firstRound() []string {
 	owed := slices.Clone(Kinds)
 	nm.rng.Shuffle(len(owed), func(i, j int) { owed[i], owed[j] = owed[j], owed[i] })
 	return owed
+}
+
+// owes reports whether a kind of the first round is still owed that the mesh can take now.
+func (nm *Nemesis) owes(owed []string) bool {
+	return slices.ContainsFunc(owed, nm.possible)
 }
 
 // next takes the next kind owed (one the mesh can take now), or draws one.

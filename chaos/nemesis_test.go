@@ -58,7 +58,14 @@ func TestNemesis_DoubleFaultsNeedFive(t *testing.T) {
 	if !slices.Contains(owed, KindKillTwo) || !slices.Contains(owed, KindKillDuringPartition) {
 		t.Fatalf("the double faults are no longer owed: %v", owed)
 	}
+	// Cover waits only for kinds the mesh can take: a mesh of three does not run forever.
+	if nm.owes(owed) {
+		t.Fatalf("a mesh of three is said to owe %v", owed)
+	}
 	c.grown = 2
+	if !nm.owes(owed) {
+		t.Fatalf("a mesh of five is said to owe nothing of %v", owed)
+	}
 	var next []string
 	for range 2 {
 		next = append(next, nm.next(&owed))
