@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -28,13 +31,29 @@ func pythonExample(t *testing.T) (python, dir string) {
 }
 
 // TestPythonExample_Vectors: the Python envelope and nkey code agrees with the Go code's
-// test vectors (signing input, public key from the seed, signature, verification).
+// test vectors (signing input, public key from the seed, signature, verification) and
+// gives each of the signature rule's edge cases the Go code's verdict.
 func TestPythonExample_Vectors(t *testing.T) {
 	python, dir := pythonExample(t)
 	cmd := exec.Command(python, "vectors.py", "../../envelope/testdata/vectors.json")
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "4 of 4 vectors ok") {
+	if err != nil || !strings.Contains(string(out), "4 of 4 vectors ok") || !strings.Contains(string(out), edgeAgree(t)) {
 		t.Fatalf("python3 vectors.py: %v\n%s", err, out)
 	}
+}
+
+// edgeAgree is what the examples' vectors print when every one of the signature rule's edge
+// cases (envelope/testdata/ed25519-edge.json) got the Go code's verdict.
+func edgeAgree(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../envelope/testdata/ed25519-edge.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vs []json.RawMessage
+	if err := json.Unmarshal(b, &vs); err != nil || len(vs) == 0 {
+		t.Fatalf("the edge cases: %v (%d)", err, len(vs))
+	}
+	return fmt.Sprintf("%d of %d edge cases agree with the rule", len(vs), len(vs))
 }

@@ -4,6 +4,8 @@
 
 const crypto = require("node:crypto");
 const nkeys = require("nkeys.js");
+const { Codec } = require("nkeys.js/lib/codec");
+const { ed25519 } = require("@noble/curves/ed25519");
 
 const H = {
   id: "x-event-id",
@@ -65,8 +67,24 @@ function stamp(h, kp, { source, node, subject, body, causation, traceparent }) {
 // verify reports whether the signature sig (base64url) over the fields was made by the nkey
 // public key pub.
 function verify(pub, sig, id, time, subject, source, body) {
+  let raw;
   try {
-    return nkeys.fromPublic(pub).verify(signingInput(id, time, subject, source, body), Buffer.from(sig, "base64url"));
+    nkeys.fromPublic(pub); // a public key's prefix, and its checksum
+    raw = Codec._decode(new TextEncoder().encode(pub)).slice(1); // the key's 32 bytes
+  } catch {
+    return false;
+  }
+  return verifyRaw(raw, signingInput(id, time, subject, source, body), Buffer.from(sig, "base64url"));
+}
+
+// verifyRaw reports whether sig is key's signature over message under the mesh's rule
+// (docs/envelope.md, "The signature rule"): RFC 8032's cofactored equation with canonical
+// encodings and S below the group order, and no key of small order — FIPS 186-5's, what
+// noble-curves checks with zip215 off. tweetnacl (nkeys.js) checks the cofactorless equation
+// and not S's range, and would part from the mesh on crafted signatures.
+function verifyRaw(key, message, sig) {
+  try {
+    return sig.length === 64 && ed25519.verify(sig, message, key, { zip215: false });
   } catch {
     return false;
   }
@@ -108,4 +126,4 @@ function check(subject, h, body, signers, stored, windowMs, replay) {
   return "";
 }
 
-module.exports = { H, uuidv7, idTime, signingInput, b64url, stamp, verify, originalSubject, check };
+module.exports = { H, uuidv7, idTime, signingInput, b64url, stamp, verify, verifyRaw, originalSubject, check };

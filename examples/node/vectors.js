@@ -1,9 +1,10 @@
-// Checks this implementation against meshnode's signing test vectors: node vectors.js FILE
+// Checks this implementation against meshnode's signing test vectors and the signature
+// rule's edge cases: node vectors.js [VECTORS [EDGE]]
 "use strict";
 
 const fs = require("node:fs");
 const nkeys = require("nkeys.js");
-const { signingInput, b64url, verify } = require("./envelope");
+const { signingInput, b64url, verify, verifyRaw } = require("./envelope");
 
 const vectors = JSON.parse(fs.readFileSync(process.argv[2] || "../../envelope/testdata/vectors.json", "utf8"));
 let failed = 0;
@@ -20,4 +21,16 @@ for (const v of vectors) {
   failed += problems.length ? 1 : 0;
 }
 console.log(`${vectors.length - failed} of ${vectors.length} vectors ok`);
-process.exit(failed ? 1 : 0);
+
+// The signature rule's edge cases: each verdict must be the Go code's (docs/envelope.md).
+const edge = JSON.parse(fs.readFileSync(process.argv[3] || "../../envelope/testdata/ed25519-edge.json", "utf8"));
+let edgeFailed = 0;
+for (const v of edge) {
+  const got = verifyRaw(Buffer.from(v.public_key, "hex"), Buffer.from(v.message, "hex"), Buffer.from(v.signature, "hex"));
+  if (got !== v.valid) {
+    console.log(`FAIL edge: ${v.name}: ${got ? "accepted" : "refused"}, the rule says ${v.valid ? "valid" : "invalid"}`);
+    edgeFailed++;
+  }
+}
+console.log(`${edge.length - edgeFailed} of ${edge.length} edge cases agree with the rule`);
+process.exit(failed || edgeFailed ? 1 : 0);

@@ -7,8 +7,10 @@ user key (20 << 3), the 32-byte public key and the CRC of those 33 bytes.
 """
 
 import base64
+import hashlib
 import re
 
+import nacl.bindings
 import nacl.signing
 
 PREFIX_SEED = 18 << 3  # "S"
@@ -88,7 +90,69 @@ class KeyPair:
 def verify(public: str, signature: bytes, data: bytes) -> bool:
     """Reports whether signature over data was made by the nkey public key public."""
     try:
-        nacl.signing.VerifyKey(decode_public(public)).verify(data, signature)
-        return True
-    except Exception:  # a bad key or a bad signature: not this key's
+        key = decode_public(public)
+    except Exception:  # not a public key
         return False
+    return verify_raw(key, signature, data)
+
+
+# The group's order and the field's prime.
+L = 2**252 + 27742317777372353535851937790883648493
+P = 2**255 - 19
+IDENTITY = bytes([1]) + bytes(31)
+
+
+def verify_raw(key: bytes, signature: bytes, data: bytes) -> bool:
+    """Reports whether signature is key's over data under the mesh's rule (docs/envelope.md,
+    "The signature rule"): S below the group order, the key and R canonically encoded, the key
+    not of small order, and [8][S]B = [8]R + [8][k]A (RFC 8032's cofactored equation, FIPS
+    186-5's rule).
+
+    libsodium's verification (PyNaCl's) accepts a subset of it: it also refuses R of small
+    order and checks the cofactorless equation. What it accepts is accepted; what it refuses
+    is checked again with the cofactored equation, from libsodium's point operations."""
+    if len(key) != 32 or len(signature) != 64:
+        return False
+    try:
+        nacl.signing.VerifyKey(key).verify(data, signature)
+        return True
+    except Exception:  # refused by libsodium: the rule may still accept it
+        pass
+    r, s = signature[:32], int.from_bytes(signature[32:], "little")
+    if s >= L or not _canonical(key) or not _canonical(r):
+        return False
+    try:
+        a8, r8 = _times8(key), _times8(r)  # fails for a point not on the curve
+        if a8 == IDENTITY:
+            return False  # a key of small order
+        k = int.from_bytes(hashlib.sha512(r + key + data).digest(), "little") % L
+        left = _base_times((8 * s) % L)  # [8][S]B, B of prime order
+        right = nacl.bindings.crypto_core_ed25519_add(r8, _times(k, a8))
+    except Exception:
+        return False
+    return left == right
+
+
+def _canonical(point: bytes) -> bool:
+    """y below the prime, and no sign bit where x is 0 (y = 1 or y = P - 1)."""
+    y = int.from_bytes(point, "little") & ((1 << 255) - 1)
+    return y < P and not (point[31] & 0x80 and y in (1, P - 1))
+
+
+def _times8(point: bytes) -> bytes:
+    for _ in range(3):
+        point = nacl.bindings.crypto_core_ed25519_add(point, point)
+    return point
+
+
+def _base_times(n: int) -> bytes:
+    if n == 0:
+        return IDENTITY  # libsodium refuses to return the identity
+    return nacl.bindings.crypto_scalarmult_ed25519_base_noclamp(n.to_bytes(32, "little"))
+
+
+def _times(n: int, point: bytes) -> bytes:
+    """[n]point, for a point of prime order other than the identity."""
+    if n == 0:
+        return IDENTITY
+    return nacl.bindings.crypto_scalarmult_ed25519_noclamp(n.to_bytes(32, "little"), point)

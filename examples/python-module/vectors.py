@@ -1,5 +1,5 @@
-"""Checks this implementation against meshnode's signing test vectors:
-python3 vectors.py ../../envelope/testdata/vectors.json"""
+"""Checks this implementation against meshnode's signing test vectors and the signature
+rule's edge cases: python3 vectors.py [VECTORS [EDGE]]"""
 
 import json
 import sys
@@ -8,7 +8,7 @@ import envelope
 import nkey
 
 
-def main(path: str) -> int:
+def main(path: str, edge_path: str) -> int:
     with open(path, encoding="utf-8") as f:
         vectors = json.load(f)
     failed = 0
@@ -30,8 +30,20 @@ def main(path: str) -> int:
         print(("FAIL " if problems else "ok   ") + v["name"] + (": " + ", ".join(problems) if problems else ""))
         failed += bool(problems)
     print(f"{len(vectors) - failed} of {len(vectors)} vectors ok")
-    return 1 if failed else 0
+
+    # The signature rule's edge cases: each verdict must be the Go code's (docs/envelope.md).
+    with open(edge_path, encoding="utf-8") as f:
+        edge = json.load(f)
+    edge_failed = 0
+    for v in edge:
+        got = nkey.verify_raw(bytes.fromhex(v["public_key"]), bytes.fromhex(v["signature"]), bytes.fromhex(v["message"]))
+        if got != v["valid"]:
+            print(f"FAIL edge: {v['name']}: {'accepted' if got else 'refused'}, the rule says {'valid' if v['valid'] else 'invalid'}")
+            edge_failed += 1
+    print(f"{len(edge) - edge_failed} of {len(edge)} edge cases agree with the rule")
+    return 1 if failed or edge_failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "../../envelope/testdata/vectors.json"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "../../envelope/testdata/vectors.json",
+                  sys.argv[2] if len(sys.argv) > 2 else "../../envelope/testdata/ed25519-edge.json"))
