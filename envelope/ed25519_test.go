@@ -13,9 +13,10 @@ import (
 )
 
 // TestEd25519_AsTheStandardLibrary: the signing key signs exactly as crypto/ed25519 (and
-// nkeys) does, and Verify accepts exactly what crypto/ed25519 accepts: over valid
-// signatures, signatures with a flipped bit anywhere, altered inputs, another key, and keys
-// of every nkey type the mesh verifies with (user, server, operator).
+// nkeys) does, and Verify accepts what crypto/ed25519 accepts over valid signatures,
+// signatures with a flipped bit anywhere, altered inputs, another key, and keys of every nkey
+// type the mesh verifies with (user, server, operator). The two rules part only on crafted
+// signatures (TestEd25519_EdgeVectors).
 func TestEd25519_AsTheStandardLibrary(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, create := range []func() (nkeys.KeyPair, error){nkeys.CreateUser, nkeys.CreateServer, nkeys.CreateOperator} {
