@@ -106,10 +106,13 @@ func TestAdmit_Quota(t *testing.T) {
 		return errors.New("module ls does not list noisy")
 	})
 
-	// Restarted with the same quota: still at it (the use is on disk, not in memory).
+	// Restarted with the same quota: still at it (the use is on disk, not in memory). Each
+	// emit gets its own time: the one above may be spent by the restarts (CI, a busy machine).
 	b.close()
 	b = newBedAt(t, cfg)
 	noisy = b.client(noisySeed)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if _, err := noisy.Emit(ctx, "noise", payload); !errors.Is(err, sdk.ErrOverQuota) {
 		t.Fatalf("emit after a restart: %v, want the quota's refusal", err)
 	}
@@ -118,6 +121,8 @@ func TestAdmit_Quota(t *testing.T) {
 	cfg.ModuleEventsMaxBytes = config.Bytes(4 * quota)
 	b = newBedAt(t, cfg)
 	noisy = b.client(noisySeed)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if _, err := noisy.Emit(ctx, "noise", payload); err != nil {
 		t.Fatalf("emit under a raised quota: %v", err)
 	}
