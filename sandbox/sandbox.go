@@ -327,6 +327,11 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 	}
 	defer rd.Close()
 	cmd.ExtraFiles = []*os.File{wr}
+	// What the leaf counted before (a leaf an earlier run could not remove) is not this
+	// process's doing. Read before it starts: a fork bomb reaches pids.max within
+	// milliseconds of its exec, and on a busy machine a count read after the launcher's word
+	// held the bomb's refusals already, so none was ever new (TestSupervisor_LimitsEndAndReport).
+	forks0, ooms0 := leaf.events(s.cg, p.Limits)
 	if s.reaper != nil {
 		s.reaper.mu.Lock() // the pid is known before the reaper could see it as an orphan
 	}
@@ -364,10 +369,7 @@ func (s *Sandbox) Start(p Proc) (*Process, error) {
 		return nil, fmt.Errorf("sandbox: %s", detail)
 	}
 	proc := &Process{Pid: cmd.Process.Pid, Landlock: detail, cmd: cmd, s: s, leaf: leaf, lim: p.Limits, diskDir: p.DiskDir,
-		done: make(chan struct{}), watched: make(chan struct{})}
-	// What the leaf counted before (a leaf an earlier run could not remove) is not this
-	// process's doing.
-	proc.forks0, proc.ooms0 = leaf.events(s.cg, p.Limits)
+		done: make(chan struct{}), watched: make(chan struct{}), forks0: forks0, ooms0: ooms0}
 	go proc.watch()
 	return proc, nil
 }
