@@ -1,7 +1,9 @@
 package audit
 
 import (
+	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -283,5 +285,43 @@ func TestLogger_RemembersDepartedKeys(t *testing.T) {
 	}
 	if recs, _ := l.Query(api.AuditFilter{Source: "x"}); len(recs) != 1 || recs[0].NotGenuine != api.AuditFlagUnknownSource {
 		t.Fatalf("an unknown source's event: %+v", recs)
+	}
+}
+
+// TestLogger_OneBadOfABatch: the signatures of a batch are verified together; one event of
+// 32 whose body was changed after it was signed is recorded as a bad signature and the other
+// 31 as genuine — on one core and split between three.
+func TestLogger_OneBadOfABatch(t *testing.T) {
+	for _, procs := range []int{2, 4} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+			var msgs []jetstream.Msg
+			for i := range 32 {
+				subject := fmt.Sprintf("mesh.mod.m.event.e%d", i)
+				body := fmt.Appendf(nil, `{"n":%d}`, i)
+				h, err := envelope.Stamp(kp, "m", "n", subject, body, envelope.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i == 13 {
+					body = []byte(`{"n":"forged"}`)
+				}
+				msgs = append(msgs, delivered{subject: subject, header: h, data: body, seq: uint64(i + 1)})
+			}
+			if _, err := l.write(msgs); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := l.Query(api.AuditFilter{Limit: 100})
+			if err != nil || len(recs) != 32 {
+				t.Fatalf("query: %d records, %v", len(recs), err)
+			}
+			for _, r := range recs {
+				forged := r.Subject == "mesh.mod.m.event.e13"
+				if r.Signed == forged || (r.NotGenuine == api.AuditFlagBadSignature) != forged {
+					t.Errorf("%s: signed %v, %q; forged %v", r.Subject, r.Signed, r.NotGenuine, forged)
+				}
+			}
+		})
 	}
 }

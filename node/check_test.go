@@ -150,6 +150,63 @@ func TestCheck_ForgedEventsNeverReachHandlers(t *testing.T) {
 	}
 }
 
+// TestCheck_OneForgedOfABatch: 31 genuine events and one whose body was changed after it
+// was signed, all stored before their consumer starts, reach the sdk together (the
+// signatures of what arrives at once are verified together): the 31 are handled, the forged
+// one never is and is in DEAD for its signature.
+func TestCheck_OneForgedOfABatch(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
+	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca := b.client(seedA)
+	subject := manifest.EventSubject("a", "x")
+	js, _ := jetstream.New(b.raw(seedA, "a"))
+	for i := range 32 {
+		if i != 13 {
+			if _, err := ca.Emit(ctx, "x", map[string]int{"genuine": i}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		h, err := envelope.Stamp(mustKey(t, seedA), "a", "alpha", subject, []byte(`{"n":13}`), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(`{"n":13,"forged":true}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var handled atomic.Int32
+	var forged atomic.Bool
+	cb := b.client(seedB)
+	if err := cb.On("a.x", func(_ context.Context, e sdk.Event) error {
+		if strings.Contains(string(e.Data), "forged") {
+			forged.Store(true)
+		}
+		handled.Add(1)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	letters := awaitDead(t, b, manifest.DeadSubject(manifest.EventsStreamName, "b"), 1, nil)
+	if r := letters[0].Header.Get(envelope.DeadReason); string(letters[0].Data) != `{"n":13,"forged":true}` || !strings.Contains(r, "signature") {
+		t.Fatalf("dead letter %s: %q, want the forged event for its signature", letters[0].Data, r)
+	}
+	retryUntil(t, 10*time.Second, func() error {
+		if n := handled.Load(); n != 31 {
+			return fmt.Errorf("handled %d events, want the 31 genuine", n)
+		}
+		return nil
+	})
+	consumerIdle(t, b, manifest.EventsStreamName, "b")
+	if forged.Load() || handled.Load() != 31 {
+		t.Fatalf("handled %d, the forged one among them: %v", handled.Load(), forged.Load())
+	}
+}
+
 // TestCheck_ForgedJobNeverReachesHolder: a job in a seat's queue whose signature is not its
 // x-source's (written there by a connection that may, as the operator's) is never handed to
 // the holder's handler and ends in DEAD; a job the user submitted is handled.

@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // What the sdk checks before a handler sees an event (issue 12): the bus lets only a module
@@ -52,8 +53,8 @@ const clockSlack = 2 * time.Second
 var errTryLater = errors.New("cannot check the event now")
 
 // check returns nil when e, delivered on subject (its original subject) and stored at
-// stored, may be handed to a handler.
-func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, replay bool) error {
+// stored, may be handed to a handler; pre is its signature's verdict from its batch, if any.
+func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, replay bool, pre verdict) error {
 	for _, name := range []string{envelope.Node, envelope.ContentType, envelope.Signature} {
 		if e.Header.Get(name) == "" {
 			return fmt.Errorf("%w: %w %s", ErrRejected, envelope.ErrMissingHeader, name)
@@ -66,37 +67,14 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 	if !ok {
 		return fmt.Errorf("%w: %s is not an event's subject", ErrRejected, e.Subject)
 	}
-	ss, _ := manifest.ParseSeatSubject(e.Subject) // of any version of the seat's protocol
-	job := kind == api.SignerSeat && ss.Kind != "event"
+	job := isJob(e.Subject, kind)
 	verify := func(signers api.Signers) (retry bool, err error) {
-		var key string
-		switch kind {
-		case api.SignerModule:
-			if e.Source != owner {
-				return false, fmt.Errorf("x-source %q does not own %s: it is module %s's event", e.Source, e.Subject, owner)
-			}
-			key = signers[api.SignerKey(api.SignerModule, owner)]
-		case api.SignerNode:
-			key = signers[api.SignerKey(api.SignerNode, e.Source)] // a server speaks for any node
-			if key == "" {
-				return true, fmt.Errorf("x-source %q is not a server of the mesh, which alone speaks on %s", e.Source, e.Subject)
-			}
-		case api.SignerSeat:
-			if job {
-				// A job: the bus lets only the seat's users (and its module) submit it; the
-				// signature says which.
-				key = signers[api.SignerKey(api.SignerJob, e.Source)]
-				break
-			}
-			key = signers[api.SignerKey(api.SignerSeat, owner)]
-			if e.Source != owner && (key == "" || signers[api.SignerKey(api.SignerModule, e.Source)] != key) {
-				return key == "", fmt.Errorf("x-source %q does not own %s: it is neither seat %s nor the module that declares it", e.Source, e.Subject, owner)
-			}
-		default:
-			return false, fmt.Errorf("%s is not an event's subject", e.Subject)
+		key, retry, err := signerOf(e, kind, owner, job, signers)
+		if err != nil {
+			return retry, err
 		}
-		if key == "" {
-			return true, fmt.Errorf("no registered key for x-source %q", e.Source)
+		if pre.key == key && pre.ok {
+			return false, nil // verified with this key in its batch
 		}
 		if err := c.verifyWith(e, key); err != nil {
 			return true, fmt.Errorf("x-signature is not %s's: %w", e.Source, err)
@@ -124,6 +102,90 @@ func (c *Client) check(ctx context.Context, e envelope.Event, stored time.Time, 
 		}
 	}
 	return nil
+}
+
+// isJob reports whether subject, of kind, is a seat's job (any version of its protocol).
+func isJob(subject string, kind string) bool {
+	ss, _ := manifest.ParseSeatSubject(subject)
+	return kind == api.SignerSeat && ss.Kind != "event"
+}
+
+// signerOf returns the key e's signature must verify with, of signers: e's subject is of
+// kind and owner, and job says whether it is a seat's job. retry says whether keys learnt
+// since may change the answer.
+func signerOf(e envelope.Event, kind string, owner string, job bool, signers api.Signers) (key string, retry bool, err error) {
+	switch kind {
+	case api.SignerModule:
+		if e.Source != owner {
+			return "", false, fmt.Errorf("x-source %q does not own %s: it is module %s's event", e.Source, e.Subject, owner)
+		}
+		key = signers[api.SignerKey(api.SignerModule, owner)]
+	case api.SignerNode:
+		key = signers[api.SignerKey(api.SignerNode, e.Source)] // a server speaks for any node
+		if key == "" {
+			return "", true, fmt.Errorf("x-source %q is not a server of the mesh, which alone speaks on %s", e.Source, e.Subject)
+		}
+	case api.SignerSeat:
+		if job {
+			// A job: the bus lets only the seat's users (and its module) submit it; the
+			// signature says which.
+			key = signers[api.SignerKey(api.SignerJob, e.Source)]
+			break
+		}
+		key = signers[api.SignerKey(api.SignerSeat, owner)]
+		if e.Source != owner && (key == "" || signers[api.SignerKey(api.SignerModule, e.Source)] != key) {
+			return "", key == "", fmt.Errorf("x-source %q does not own %s: it is neither seat %s nor the module that declares it", e.Source, e.Subject, owner)
+		}
+	default:
+		return "", false, fmt.Errorf("%s is not an event's subject", e.Subject)
+	}
+	if key == "" {
+		return "", true, fmt.Errorf("no registered key for x-source %q", e.Source)
+	}
+	return key, false, nil
+}
+
+// verdict is a signature verified ahead of its check, in a batch with the events delivered
+// with it: the key it was verified with, and whether it verified.
+type verdict struct {
+	key string
+	ok  bool
+}
+
+// verifyAhead verifies the signatures of a run of deliveries together (envelope.VerifyBatch:
+// per signature, about two thirds of the cost of one alone at 8, half at 32), with the keys
+// whoami last gave. An event whose key is not known yet, or whose envelope is malformed, gets
+// no verdict: its check finds out why, one at a time.
+func (c *Client) verifyAhead(msgs []jetstream.Msg) []verdict {
+	out := make([]verdict, len(msgs))
+	if len(msgs) < 2 {
+		return out // one alone is verified by its check
+	}
+	signers := c.signers()
+	var (
+		signed []envelope.Signed
+		at     []int // signed's deliveries
+	)
+	for i, m := range msgs {
+		e, err := envelope.Read(manifest.Original(m.Subject()), m.Headers(), m.Data())
+		if err != nil || e.Header.Get(envelope.Signature) == "" {
+			continue
+		}
+		kind, owner, _, ok := manifest.SplitSubject(e.Subject)
+		if !ok {
+			continue
+		}
+		key, _, err := signerOf(e, kind, owner, isJob(e.Subject, kind), signers)
+		if err != nil {
+			continue
+		}
+		signed = append(signed, envelope.Signed{Header: e.Header, Subject: e.Subject, Body: e.Data, PublicKey: key})
+		at = append(at, i)
+	}
+	for j, err := range envelope.VerifyBatch(signed) {
+		out[at[j]] = verdict{key: signed[j].PublicKey, ok: err == nil}
+	}
+	return out
 }
 
 // signers returns the keys whoami last gave.

@@ -98,7 +98,8 @@ type dispatcher struct {
 	route      func(subject string) Handler
 }
 
-func (d *dispatcher) handle(msg jetstream.Msg) {
+// handle checks and handles one delivery; pre is its signature's verdict from its batch.
+func (d *dispatcher) handle(msg jetstream.Msg, pre verdict) {
 	if !d.c.track() {
 		return
 	}
@@ -117,7 +118,7 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 		d.giveUp(msg, md, fmt.Errorf("malformed envelope: %w", err))
 		return
 	}
-	err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
+	err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject(), pre)
 	for _, wait := range checkRetry {
 		if !errors.Is(err, errTryLater) {
 			break
@@ -129,7 +130,7 @@ func (d *dispatcher) handle(msg jetstream.Msg) {
 			return // unacked: redelivered to whoever consumes next
 		case <-time.After(wait):
 		}
-		err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject())
+		err = d.c.check(d.c.ctx, e, md.Timestamp, subject != msg.Subject(), verdict{})
 	}
 	switch {
 	case errors.Is(err, errTryLater):
