@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/meshnode/meshnode/admin"
@@ -144,6 +145,11 @@ type Config struct {
 
 // Results are the figures of Run; a nil member was skipped.
 type Results struct {
+	// CPUs are the CPUs the run had (the process's, which `meshnode bench --cpus` sets), and
+	// GOMAXPROCS its Go processors.
+	CPUs       int `json:"cpus"`
+	GOMAXPROCS int `json:"gomaxprocs"`
+
 	EmitOn   *EmitOnResult   `json:"emit_on,omitempty"`
 	ToolCall *ToolCallResult `json:"tool_call,omitempty"`
 	Connect  *ConnectResult  `json:"connect,omitempty"`
@@ -152,7 +158,7 @@ type Results struct {
 // Run runs every measurement cfg asks for against t, in the order emit→on, tool call,
 // connect (the last registers cfg.Modules modules, which would weigh on the others).
 func Run(ctx context.Context, t Target, cfg Config) (Results, error) {
-	var res Results
+	res := Results{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 	if cfg.Events > 0 {
 		t.log().Info("emit→on", "events", cfg.Events)
 		r, err := EmitOn(ctx, t, cfg.Events)

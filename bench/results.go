@@ -21,7 +21,7 @@ func (r Results) String() string {
 func (r Results) WriteTo(w io.Writer) (int64, error) {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "measurement\tmesh\traw NATS\tmesh/raw\ttarget\t")
+	fmt.Fprintf(tw, "measurement (%d CPUs, GOMAXPROCS %d)\tmesh\traw NATS\tmesh/raw\ttarget\t\n", r.CPUs, r.GOMAXPROCS)
 	if e := r.EmitOn; e != nil {
 		fmt.Fprintf(tw, "emit→on, %d × %d B persistent\t\t\t\t\t\n", e.Events, e.PayloadBytes)
 		fmt.Fprintf(tw, "  throughput\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Mesh.PerSecond, "ev/s"), perSecond(e.Raw.PerSecond, "ev/s"),

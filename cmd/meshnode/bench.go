@@ -24,6 +24,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	var cfg bench.Config
 	var asJSON, nodeProcess bool
+	var cpus int
 	var prof profiles
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -57,6 +58,11 @@ remove the node and its data. A running node is not touched.
              restarted (SIGTERM) to time the registry mirror's catch-up and the
              controller's reconcile of every module. One node, not a mesh.
 
+--cpus N runs the whole bench — the node (its process too, with --node-process), the modules
+and the raw clients — on the first N CPUs it may run on: it executes itself again there, and
+Go's GOMAXPROCS follows. The figures say how many CPUs the run had; comparing runs at 1 and 2
+CPUs shows what the mesh gains from a core (docs/performance.md, "Cores").
+
 --cpuprofile and --memprofile write Go profiles of the whole run: the node, the modules and
 the raw clients share the process (pprof's -focus tells their code apart; a count of 0 leaves
 a measurement out of it), except with --node-process, where the node is not profiled. docs/performance.md reads them.
@@ -77,6 +83,13 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 				return usagef("--modules 1: the connect measurement needs at least 2 modules (or 0 to skip it)")
 			case cfg.Events == 0 && cfg.Calls == 0 && cfg.Modules == 0:
 				return usagef("nothing to measure: --events, --calls and --modules are all 0")
+			case cpus < 0:
+				return usagef("--cpus %d: a number of CPUs, or 0 for all this process may run on", cpus)
+			}
+			if cpus > 0 {
+				if err := pinCPUs(cpus); err != nil {
+					return err
+				}
 			}
 			stopProfiles, err := prof.start()
 			if err != nil {
@@ -92,6 +105,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
 	f.StringVar(&prof.cpu, "cpuprofile", "", "write a CPU profile of the run to this file")
 	f.StringVar(&prof.mem, "memprofile", "", "write an allocation profile of the run to this file")
+	f.IntVar(&cpus, "cpus", 0, "run the whole bench (node, modules, raw clients) on this many CPUs: the first it may run on (0: all)")
 	f.BoolVar(&nodeProcess, "node-process", false, "run the node as a process of its own (meshnode up): the connect measurement then reads its RSS and restarts it")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: emit_on?, tool_call?, connect?")
 	return cmd

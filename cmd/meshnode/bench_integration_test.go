@@ -5,8 +5,11 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/meshnode/meshnode/bench"
@@ -49,5 +52,33 @@ func TestIntegration_BenchNodeProcess(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(tmp); err != nil || len(entries) != 0 {
 		t.Errorf("bench left %d entries in the temporary directory (%v)", len(entries), err)
+	}
+}
+
+// TestIntegration_BenchCPUs: `meshnode bench --cpus 1` runs the whole bench on one CPU (it
+// executes itself again there) and says so; more CPUs than the process may run on is a usage
+// error.
+func TestIntegration_BenchCPUs(t *testing.T) {
+	cmd := exec.Command(binary, "bench", "--cpus", "1", "--events", "50", "--calls", "0", "--modules", "0", "--json")
+	cmd.Env = append(cleanEnv(), "TMPDIR="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		t.Fatalf("bench --cpus 1: %v\n%s", err, stderr)
+	}
+	var res bench.Results
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("output is not the results as JSON: %v\n%s", err, out)
+	}
+	if res.CPUs != 1 || res.GOMAXPROCS != 1 || res.EmitOn == nil || res.EmitOn.Mesh.Count != 50 {
+		t.Fatalf("bench --cpus 1: cpus %d, gomaxprocs %d, emit→on %v; want 1, 1 and 50 events", res.CPUs, res.GOMAXPROCS, res.EmitOn)
+	}
+	r := meshnode(t, nil, "bench", "--cpus", fmt.Sprint(runtime.NumCPU()+1), "--events", "10", "--calls", "0", "--modules", "0")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "may run on") {
+		t.Fatalf("bench --cpus past the machine's: exit %d %s, want a usage error saying how many", r.code, r.stderr)
 	}
 }
