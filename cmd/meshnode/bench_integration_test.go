@@ -21,21 +21,7 @@ import (
 // nothing behind.
 func TestIntegration_BenchNodeProcess(t *testing.T) {
 	tmp := t.TempDir()
-	cmd := exec.Command(binary, "bench", "--events", "0", "--calls", "0", "--modules", "24", "--node-process", "--json")
-	cmd.Env = append(cleanEnv(), "TMPDIR="+tmp) // where the throwaway node's data dir goes
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			stderr = exit.Stderr
-		}
-		t.Fatalf("bench --node-process: %v\n%s", err, stderr)
-	}
-	var res bench.Results
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("output is not the results as JSON: %v\n%s", err, out)
-	}
+	res, out := benchJSON(t, tmp, "--events", "0", "--calls", "0", "--modules", "24", "--node-process")
 	c := res.Connect
 	if c == nil || !c.Node || c.Connected != 23 {
 		t.Fatalf("connect: %s", out)
@@ -59,21 +45,7 @@ func TestIntegration_BenchNodeProcess(t *testing.T) {
 // executes itself again there) and says so; more CPUs than the process may run on is a usage
 // error.
 func TestIntegration_BenchCPUs(t *testing.T) {
-	cmd := exec.Command(binary, "bench", "--cpus", "1", "--events", "50", "--calls", "0", "--modules", "0", "--json")
-	cmd.Env = append(cleanEnv(), "TMPDIR="+t.TempDir())
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			stderr = exit.Stderr
-		}
-		t.Fatalf("bench --cpus 1: %v\n%s", err, stderr)
-	}
-	var res bench.Results
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("output is not the results as JSON: %v\n%s", err, out)
-	}
+	res, _ := benchJSON(t, t.TempDir(), "--cpus", "1", "--events", "50", "--calls", "0", "--modules", "0")
 	if res.CPUs != 1 || res.GOMAXPROCS != 1 || res.EmitOn == nil || res.EmitOn.Mesh.Count != 50 {
 		t.Fatalf("bench --cpus 1: cpus %d, gomaxprocs %d, emit→on %v; want 1, 1 and 50 events", res.CPUs, res.GOMAXPROCS, res.EmitOn)
 	}
@@ -81,4 +53,26 @@ func TestIntegration_BenchCPUs(t *testing.T) {
 	if r.code != exitUsage || !strings.Contains(r.stderr, "may run on") {
 		t.Fatalf("bench --cpus past the machine's: exit %d %s, want a usage error saying how many", r.code, r.stderr)
 	}
+}
+
+// benchJSON runs `meshnode bench --json` with args, its throwaway node's data dir in tmp, and
+// returns the results and the output they were read from.
+func benchJSON(t *testing.T, tmp string, args ...string) (bench.Results, []byte) {
+	t.Helper()
+	cmd := exec.Command(binary, append(append([]string{"bench"}, args...), "--json")...)
+	cmd.Env = append(cleanEnv(), "TMPDIR="+tmp)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		t.Fatalf("bench %v: %v\n%s", args, err, stderr)
+	}
+	var res bench.Results
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("output is not the results as JSON: %v\n%s", err, out)
+	}
+	return res, out
 }
