@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshnode/meshnode/bench"
+	"github.com/meshnode/meshnode/internal/testbed"
 )
 
 // BenchmarkEmitOnRabbitMQ times b.N events through RabbitMQ as ADR 42's contract used it
@@ -22,7 +23,7 @@ import (
 func BenchmarkEmitOnRabbitMQ(b *testing.B) {
 	url := os.Getenv("MESHNODE_BENCH_RABBITMQ_URL")
 	if url == "" {
-		b.Skip("no broker: set MESHNODE_BENCH_RABBITMQ_URL (Debian's rabbitmq-server listens on amqp://guest:guest@127.0.0.1:5672/)")
+		testbed.Skip(b, "no broker: set MESHNODE_BENCH_RABBITMQ_URL (Debian's rabbitmq-server listens on amqp://guest:guest@127.0.0.1:5672/)")
 	}
 	ctx := context.Background()
 	b.ResetTimer()
