@@ -268,12 +268,12 @@ func (n *Node) Members() []api.NodeMember {
 func jetStreamRole(leader string, peers map[string]bool, name, state string) string {
 	current, peer := peers[name]
 	switch {
-	case state != "alive" && state != "suspect":
-		return "offline" // dead, stopped or left: what JetStream last said of it went with it
-	case name == leader:
-		return "leader"
 	case !peer:
 		return "none" // not (or no longer) a JetStream peer: it left, or was removed
+	case state != "alive" && state != "suspect":
+		return "offline" // dead, stopped, or left with its removal not done: what JetStream last said of it went with it
+	case name == leader:
+		return "leader"
 	case !current:
 		return "offline"
 	}

@@ -18,6 +18,8 @@ func TestJetStreamRole(t *testing.T) {
 		{"a", "dead", "offline"},
 		{"c", "alive", "offline"},
 		{"d", "alive", "none"},
+		{"d", "left", "none"}, // left, and no longer a peer: gone from JetStream, not offline
+		{"d", "dead", "none"},
 	} {
 		if got := jetStreamRole("a", peers, tc.name, tc.state); got != tc.want {
 			t.Errorf("jetStreamRole(%s %s)=%s, want %s", tc.name, tc.state, got, tc.want)

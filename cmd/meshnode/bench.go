@@ -107,7 +107,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	f.StringVar(&prof.mem, "memprofile", "", "write an allocation profile of the run to this file")
 	f.IntVar(&cpus, "cpus", 0, "run the whole bench (node, modules, raw clients) on this many CPUs: the first it may run on (0: all)")
 	f.BoolVar(&nodeProcess, "node-process", false, "run the node as a process of its own (meshnode up): the connect measurement then reads its RSS and restarts it")
-	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: emit_on?, tool_call?, connect?")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object, durations in nanoseconds, a skipped measurement left out: cpus, gomaxprocs, emit_on?, tool_call?, connect?")
 	return cmd
 }
 
