@@ -325,3 +325,38 @@ func TestLogger_OneBadOfABatch(t *testing.T) {
 		})
 	}
 }
+
+// TestLogger_KeyLearntLater: an event recorded while its source's key was unknown is judged
+// again with the key known later: genuine if that key signed it, a bad signature if not —
+// never "unknown source" once the key is known.
+func TestLogger_KeyLearntLater(t *testing.T) {
+	_, db, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	pub, _ := kp.PublicKey()
+	other, _ := nkeys.CreateUser()
+	known := false
+	l, err := New(db, nil, "n", func(_, source string) (string, bool) { return pub, known && source == "m" },
+		func(subject, source string) bool { return true }, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for i, signer := range []nkeys.KeyPair{kp, other} {
+		subject := fmt.Sprintf("mesh.mod.m.event.e%d", i)
+		h, err := envelope.Stamp(signer, "m", "n", subject, []byte("{}"), envelope.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: uint64(i + 1)})
+	}
+	if _, err := l.write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := l.Verify(); err != nil || v.FlaggedTotal != 2 || v.Flagged[0].Kind != api.AuditFlagUnknownSource {
+		t.Fatalf("before the key is known: %+v %v, want both unknown-source", v, err)
+	}
+	known = true
+	v, err := l.Verify()
+	if err != nil || v.FlaggedTotal != 1 || v.Flagged[0].Subject != "mesh.mod.m.event.e1" || v.Flagged[0].Kind != api.AuditFlagBadSignature {
+		t.Fatalf("once the key is known: %+v %v, want e1 alone, a bad signature", v, err)
+	}
+}

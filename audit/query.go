@@ -271,11 +271,15 @@ func (l *Logger) VerifyProgress(progress func(api.AuditProgress)) (api.AuditVeri
 // genuine says why a record is not a genuine event (kind "" when it is): its signature, its
 // source, its id. A signature whose key was unknown at ingest (a node or the vault recorded
 // after its first event) is checked again with the keys known now, the remembered ones
-// included.
+// included: genuine if it verifies, a bad signature if a key is known now and it does not.
 func (l *Logger) genuine(r api.AuditRecord) (kind, reason string) {
 	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil {
-		if pub, ok := l.key(r.Subject, r.Source); ok && envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub) == nil {
-			r.Signed = true
+		if pub, ok := l.key(r.Subject, r.Source); ok {
+			if err := envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub); err != nil {
+				r.SignatureError = err.Error()
+			} else {
+				r.Signed = true
+			}
 		}
 	}
 	switch {
