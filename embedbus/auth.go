@@ -25,6 +25,13 @@ type Identity struct {
 	// SystemConnection: the operator's, so NATS's own tools (`nats server report jetstream`)
 	// work with it.
 	System bool
+	// Leaf admits the key only as a site's leafnode connection, never as a client. Its
+	// Permissions are the link's, from the site's side: Publish is what the site may send
+	// into this server, Subscribe what it may receive from it.
+	Leaf bool
+	// SubscribeDeny are subjects the connection may never receive, whatever Permissions
+	// allow.
+	SubscribeDeny []string
 }
 
 // SystemConnection is the connection name under which a key the Directory marks System
@@ -71,7 +78,8 @@ func newAuthenticator(dir Directory) *authenticator {
 
 // Check is called by nats-server for each new client connection.
 func (a *authenticator) Check(c server.ClientAuthentication) bool {
-	if c.Kind() != server.CLIENT {
+	kind := c.Kind()
+	if kind != server.CLIENT && kind != server.LEAF {
 		return false
 	}
 	opts := c.GetOpts()
@@ -103,14 +111,18 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 	if !ok && a.wait() {
 		id, ok = a.dir.Identity(opts.Nkey, opts.Name)
 	}
-	if !ok {
+	if !ok || id.Leaf != (kind == server.LEAF) {
 		return false
 	}
 	if id.System && opts.Name == SystemConnection {
 		c.RegisterUser(&server.User{Username: id.Name + "-system", Account: a.sysAccount()})
 		return true
 	}
-	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id.Permissions, id.PublishDeny)})
+	perms := serverPermissions(id.Permissions, id.PublishDeny)
+	if perms != nil && len(id.SubscribeDeny) > 0 && len(perms.Subscribe.Allow) > 0 {
+		perms.Subscribe.Deny = append([]string{}, id.SubscribeDeny...)
+	}
+	c.RegisterUser(&server.User{Username: id.Name, Permissions: perms})
 	return true
 }
 

@@ -94,6 +94,15 @@ type Config struct {
 	// permissions denied more than DeniedFlood times in the window; cid is its connection
 	// id (KeyOf names its key). nil: not told.
 	OnDenied func(cid uint64, denied int)
+	// Domain is the server's JetStream domain ("": none). A site has its own, and the hub
+	// names its own once it serves sites: each side reaches the other's JetStream as
+	// $JS.<domain>.API, while nats-server keeps the two APIs from merging over the link.
+	Domain string
+	// Leaf makes the server accept sites' leafnode connections; nil: it accepts none.
+	Leaf *LeafListen
+	// Hub makes the server a site of a mesh: it opens a leafnode connection to the hub (out
+	// of the site, so it works from behind NAT) and keeps opening it while it is down.
+	Hub *Hub
 	// ModuleOf names the module a client key is, for the line that logs its permission
 	// violation (with the key): nats-server's line names neither. nil, or a key it does not
 	// know: the line names the key only.
@@ -120,6 +129,31 @@ type Cluster struct {
 	NoAdvertise bool
 	// TLS is the routes' TLS configuration (both ends verify each other); nil: plain.
 	TLS *tls.Config
+}
+
+// LeafListen is where a hub server accepts sites. A site authenticates with its node's nkey,
+// which the Directory must name Leaf; the Identity's permissions are the link's.
+type LeafListen struct {
+	// Addr is host:port the server listens on for leafnode connections.
+	Addr string
+	// Advertise is host:port sites reach this server's leafnode port at (empty: Addr).
+	Advertise string
+	// TLS is the leafnode port's TLS configuration; nil: plain.
+	TLS *tls.Config
+}
+
+// Hub is how a site reaches its mesh.
+type Hub struct {
+	// URLs are the hub servers' leafnode URLs (nats-leaf://host:port, or tls://host:port);
+	// the site connects to one of them and moves to another when it drops.
+	URLs []string
+	// Seed is the site node's nkey seed: the link authenticates with it.
+	Seed []byte
+	// TLS is the link's TLS configuration; nil: plain.
+	TLS *tls.Config
+	// Deny are subjects that never cross the link from either side, whatever the hub's
+	// permissions for it say (a second wall: the hub's are the first).
+	Deny []string
 }
 
 // Bus is a running embedded nats-server with JetStream and the node's in-process connection.
@@ -266,6 +300,10 @@ func Open(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	if cfg.ClientTLS != nil {
 		opts.TLS, opts.TLSConfig, opts.TLSTimeout = true, cfg.ClientTLS, tlsTimeout.Seconds()
+	}
+	opts.JetStreamDomain = cfg.Domain
+	if err := leafOptions(opts, cfg.Leaf, cfg.Hub); err != nil {
+		return nil, err
 	}
 	srv, err := server.NewServer(opts.Clone())
 	if err != nil {
