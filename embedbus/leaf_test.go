@@ -46,11 +46,14 @@ func (d *idents) set(kp nkeys.KeyPair, id Identity) {
 const testEvents = "mesh.*.*.event.>"
 
 // linkPerms are a site link's permissions as a hub grants them (from the site's side): the
-// site answers the hub's sourcing of its events, and no event subject crosses as such.
+// site answers the hub's sourcing of its events ($JS.<site>.API in, the replies and
+// deliveries out), mirrors the hub's bucket reg (its consumer's create out, the replies and
+// deliveries in), and no event subject crosses as such. Flow control ($JS.FC) goes both
+// ways: sources and mirrors are flow-controlled, which these short runs never reach.
 func linkPerms(site string) (*manifest.Permissions, []string) {
 	return &manifest.Permissions{
-		Publish:   []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>"},
-		Subscribe: []manifest.Subscription{{Subject: "$JS." + site + ".API.>"}, {Subject: "$JS.FC.>"}},
+		Publish:   []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", "$JS.hub.API.CONSUMER.CREATE.KV_reg"},
+		Subscribe: []manifest.Subscription{{Subject: "$JS." + site + ".API.>"}, {Subject: "$JS.FC.>"}, {Subject: "$JS.M.>"}, {Subject: "$JSC.R.>"}},
 	}, []string{testEvents}
 }
 
@@ -240,4 +243,52 @@ func TestLeaf_KeysKeepTheirKind(t *testing.T) {
 func mustPub(kp nkeys.KeyPair) string {
 	pub, _ := kp.PublicKey()
 	return pub
+}
+
+// TestLeaf_RegistryMirrored: a site keeps a mirror of a hub's bucket in its own domain; it
+// reads it while the link is cut, and catches up with what the hub wrote meanwhile.
+func TestLeaf_RegistryMirrored(t *testing.T) {
+	s := newSiteBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hubKV, err := s.hubJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "reg", History: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hubKV.Put(ctx, "billing", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	siteKV, err := s.siteJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "reg", Mirror: &jetstream.StreamSource{Name: "reg", Domain: "hub"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(key, want string) {
+		t.Helper()
+		retryUntil(t, 30*time.Second, func() error {
+			e, err := siteKV.Get(ctx, key)
+			if err != nil {
+				return fmt.Errorf("the site's mirror: %s: %w", key, err)
+			}
+			if string(e.Value()) != want {
+				return fmt.Errorf("the site's mirror: %s is %q, want %q", key, e.Value(), want)
+			}
+			return nil
+		})
+	}
+	read("billing", "v1")
+	s.hub.BarSite(mustPub(s.siteKey), "site1", time.Now().Add(time.Hour))
+	retryUntil(t, 10*time.Second, func() error {
+		if s.site.Linked() {
+			return fmt.Errorf("the site is still linked")
+		}
+		return nil
+	})
+	if _, err := hubKV.Put(ctx, "billing", []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	read("billing", "v1") // cut off, the site still answers from its mirror
+	s.hub.BarSite(mustPub(s.siteKey), "site1", time.Now())
+	t0 := time.Now()
+	read("billing", "v2")
+	t.Logf("the site's mirror caught up %v after the bar lifted", time.Since(t0))
 }
