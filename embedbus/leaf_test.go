@@ -43,18 +43,13 @@ func (d *idents) set(kp nkeys.KeyPair, id Identity) {
 	d.ids[pub] = id
 }
 
-const testEvents = "mesh.*.*.event.>"
+const testEvents = manifest.AllEvents
 
-// linkPerms are a site link's permissions as a hub grants them (from the site's side): the
-// site answers the hub's sourcing of its events ($JS.<site>.API in, the replies and
-// deliveries out), mirrors the hub's bucket reg (its consumer's create out, the replies and
-// deliveries in), and no event subject crosses as such. Flow control ($JS.FC) goes both
-// ways: sources and mirrors are flow-controlled, which these short runs never reach.
+// linkPerms are a site link's permissions as a hub grants them: manifest.SiteLink, for a
+// site that mirrors the hub's bucket reg.
 func linkPerms(site string) (*manifest.Permissions, []string) {
-	return &manifest.Permissions{
-		Publish:   []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", "$JS.hub.API.CONSUMER.CREATE.KV_reg"},
-		Subscribe: []manifest.Subscription{{Subject: "$JS." + site + ".API.>"}, {Subject: "$JS.FC.>"}, {Subject: "$JS.M.>"}, {Subject: "$JSC.R.>"}},
-	}, []string{testEvents}
+	p := manifest.SiteLink(site, "KV_reg")
+	return &p, manifest.SiteDenied()
 }
 
 type siteBed struct {
@@ -80,7 +75,7 @@ func newSiteBed(t *testing.T) *siteBed {
 	s.siteDir.set(s.siteKey, Identity{Name: "node:site1"})
 	s.siteDir.set(s.moduleKey, Identity{Name: "module:m", Permissions: &manifest.Permissions{Publish: []string{"mesh.mod.m.event.>"}, Subscribe: []manifest.Subscription{{Subject: "_INBOX.>"}}}})
 	hub, err := Open(context.Background(), Config{Name: "hub", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Directory: s.hubDir, Key: s.hubKey,
-		Domain: "hub", Leaf: &LeafListen{Addr: s.leaf}})
+		Domain: manifest.HubDomain, Leaf: &LeafListen{Addr: s.leaf}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +83,7 @@ func newSiteBed(t *testing.T) *siteBed {
 	s.hub, s.hubJS = hub, hub.JetStream()
 	seed, _ := s.siteKey.Seed()
 	site, err := Open(context.Background(), Config{Name: "site1", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Directory: s.siteDir, Key: s.siteKey,
-		Domain: "site1", Hub: &Hub{URLs: []string{"nats-leaf://" + s.leaf}, Seed: seed, Deny: []string{testEvents}}})
+		Domain: manifest.SiteDomain("site1"), Hub: &Hub{URLs: []string{"nats-leaf://" + s.leaf}, Seed: seed, Deny: manifest.SiteDenied()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,10 +148,10 @@ func TestLeaf_EventsSourcedOnceAcrossACut(t *testing.T) {
 	s := newSiteBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := s.siteJS.CreateStream(ctx, jetstream.StreamConfig{Name: "SITE_EVENTS", Subjects: []string{testEvents}}); err != nil {
+	if _, err := s.siteJS.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.SiteEventsStreamName, Subjects: []string{testEvents}}); err != nil {
 		t.Fatal(err)
 	}
-	sources := []*jetstream.StreamSource{{Name: "SITE_EVENTS", Domain: "site1"}}
+	sources := []*jetstream.StreamSource{{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain("site1")}}
 	if _, err := s.hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{testEvents}, Sources: sources}); err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +181,7 @@ func TestLeaf_EventsSourcedOnceAcrossACut(t *testing.T) {
 		})
 	}
 	want(s.hubJS, "EVENTS", 60)
-	want(s.siteJS, "SITE_EVENTS", 50)
+	want(s.siteJS, manifest.SiteEventsStreamName, 50)
 
 	// The cut: the hub refuses the site's link; the site goes on storing its module's emits.
 	if n := s.hub.BarSite(mustPub(s.siteKey), "site1", time.Now().Add(time.Hour)); n != 1 {
@@ -208,7 +203,7 @@ func TestLeaf_EventsSourcedOnceAcrossACut(t *testing.T) {
 			t.Fatalf("the hub holds %q %d times", body, n)
 		}
 	}
-	if got := streamMsgs(t, s.siteJS, "SITE_EVENTS"); got != 80 {
+	if got := streamMsgs(t, s.siteJS, manifest.SiteEventsStreamName); got != 80 {
 		t.Fatalf("the site holds %d events, want its own 80", got)
 	}
 }
@@ -258,7 +253,7 @@ func TestLeaf_RegistryMirrored(t *testing.T) {
 	if _, err := hubKV.Put(ctx, "billing", []byte("v1")); err != nil {
 		t.Fatal(err)
 	}
-	siteKV, err := s.siteJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "reg", Mirror: &jetstream.StreamSource{Name: "reg", Domain: "hub"}})
+	siteKV, err := s.siteJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "reg", Mirror: &jetstream.StreamSource{Name: "reg", Domain: manifest.HubDomain}})
 	if err != nil {
 		t.Fatal(err)
 	}
