@@ -269,17 +269,19 @@ func TestIntegration_StoppedNodeGetsOnlyTheNewest(t *testing.T) {
 		c.deploy("sleeper", v, "c")
 	}
 	c.start(2)
+	var out []byte
 	retryUntil(t, 30*time.Second, func() error {
 		ps := c.ps("sleeper")
 		if len(ps) != 1 || ps[0].Version != "3" || ps[0].State != host.StateRunning || ps[0].Revision != ps[0].Declared {
 			return fmt.Errorf("ps %+v", ps)
 		}
+		// Running is the process started: what it prints reaches the log a moment after.
+		var err error
+		if out, err = os.ReadFile(filepath.Join(c.cfgs[2].DataDir, "modules", "sleeper", "output.log")); err != nil || !strings.Contains(string(out), "v=3") {
+			return fmt.Errorf("node c's output %q (%v)", out, err)
+		}
 		return nil
 	})
-	out, err := os.ReadFile(filepath.Join(c.cfgs[2].DataDir, "modules", "sleeper", "output.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if strings.Contains(string(out), "v=1") || strings.Contains(string(out), "v=2") || !strings.Contains(string(out), "v=3") {
 		t.Fatalf("node c's output %q: it ran an intermediate version", out)
 	}
