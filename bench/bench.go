@@ -42,6 +42,8 @@ const (
 	// paying for everything else the mesh does).
 	TargetSignedFloorRatio          = 0.85
 	TargetPipelinedSignedFloorRatio = 1.0
+	// Issue 41: the mesh's one-at-a-time p99 at most 1.5 × bare raw's.
+	TargetP99Ratio = 1.5
 )
 
 // stall is how long a measurement waits without any event arriving before it calls the rest

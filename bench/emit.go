@@ -50,6 +50,8 @@ type EmitOnResult struct {
 	// SignedFloorRatio is Mesh / RawSigned (issue 41's target ≥ 0.85);
 	// PipelinedSignedFloorRatio is Pipelined / RawAsyncSigned (target ≥ 1.0).
 	SignedFloorRatio          float64 `json:"signed_floor_ratio"`
+	// P99Ratio is Mesh's p99 / Raw's, one at a time (issue 41's target ≤ 1.5).
+	P99Ratio float64 `json:"p99_ratio"`
 	PipelinedSignedFloorRatio float64 `json:"pipelined_signed_floor_ratio"`
 }
 
@@ -87,6 +89,7 @@ func EmitOn(ctx context.Context, t Target, n int) (EmitOnResult, error) {
 		return res, fmt.Errorf("raw JetStream pipelined and signed: %w", err)
 	}
 	res.SignedFloorRatio = ratio(res.Mesh.PerSecond, res.RawSigned.PerSecond)
+	res.P99Ratio = ratio(float64(res.Mesh.P99), float64(res.Raw.P99))
 	res.PipelinedSignedFloorRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncSigned.PerSecond)
 	return res, nil
 }

@@ -27,7 +27,8 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(tw, "  throughput\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Mesh.PerSecond, "ev/s"), perSecond(e.Raw.PerSecond, "ev/s"),
 			e.Ratio, verdict(e.Ratio >= TargetEmitOnRatio, fmt.Sprintf("≥ %.2f×", TargetEmitOnRatio)))
 		fmt.Fprintf(tw, "  latency p50\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P50), dur(e.Raw.P50), ratio(float64(e.Mesh.P50), float64(e.Raw.P50)))
-		fmt.Fprintf(tw, "  latency p99\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P99), dur(e.Raw.P99), ratio(float64(e.Mesh.P99), float64(e.Raw.P99)))
+		fmt.Fprintf(tw, "  latency p99\t%s\t%s\t%.2f×\t%s\t\n", dur(e.Mesh.P99), dur(e.Raw.P99), e.P99Ratio,
+			verdict(e.P99Ratio <= TargetP99Ratio, fmt.Sprintf("≤ %.1f×", TargetP99Ratio)))
 		if e.Mesh.Duplicates+e.Raw.Duplicates > 0 {
 			fmt.Fprintf(tw, "  redelivered\t%d\t%d\t\t\t\n", e.Mesh.Duplicates, e.Raw.Duplicates)
 		}
