@@ -49,10 +49,10 @@ type EmitOnResult struct {
 	RawAsyncSigned Series `json:"raw_async_signed"`
 	// SignedFloorRatio is Mesh / RawSigned (issue 41's target ≥ 0.85);
 	// PipelinedSignedFloorRatio is Pipelined / RawAsyncSigned (target ≥ 1.0).
-	SignedFloorRatio float64 `json:"signed_floor_ratio"`
-	// P99Ratio is Mesh's p99 / Raw's, one at a time (issue 41's target ≤ 1.5).
-	P99Ratio                  float64 `json:"p99_ratio"`
+	SignedFloorRatio          float64 `json:"signed_floor_ratio"`
 	PipelinedSignedFloorRatio float64 `json:"pipelined_signed_floor_ratio"`
+	// P99Ratio is Mesh's p99 / Raw's, one at a time (issue 41's target ≤ 1.5).
+	P99Ratio float64 `json:"p99_ratio"`
 }
 
 // EmitOn measures n events on each side: raw JetStream first, then the mesh.
