@@ -288,23 +288,26 @@ func TestLogger_RemembersDepartedKeys(t *testing.T) {
 	}
 }
 
-// TestLogger_OneBadOfABatch: the signatures of a batch are verified together; one event of
-// 32 whose body was changed after it was signed is recorded as a bad signature and the other
-// 31 as genuine — on one core and split between three.
+// TestLogger_OneBadOfABatch: the signatures of a batch are verified together; two events of
+// 200 whose bodies were changed after they were signed are recorded as bad signatures and the
+// other 198 as genuine — on one core and split between three.
 func TestLogger_OneBadOfABatch(t *testing.T) {
 	for _, procs := range []int{2, 4} {
 		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 			l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
 			var msgs []jetstream.Msg
-			for i := range 32 {
+			// One forged in the first chunk the log verifies together (yieldEvery), one in
+			// a later chunk: each chunk's verdicts land on its own events.
+			forged := map[int]bool{13: true, 150: true}
+			for i := range 200 {
 				subject := fmt.Sprintf("mesh.mod.m.event.e%d", i)
 				body := fmt.Appendf(nil, `{"n":%d}`, i)
 				h, err := envelope.Stamp(kp, "m", "n", subject, body, envelope.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if i == 13 {
+				if forged[i] {
 					body = []byte(`{"n":"forged"}`)
 				}
 				msgs = append(msgs, delivered{subject: subject, header: h, data: body, seq: uint64(i + 1)})
@@ -312,14 +315,14 @@ func TestLogger_OneBadOfABatch(t *testing.T) {
 			if _, err := l.write(msgs); err != nil {
 				t.Fatal(err)
 			}
-			recs, err := l.Query(api.AuditFilter{Limit: 100})
-			if err != nil || len(recs) != 32 {
+			recs, err := l.Query(api.AuditFilter{Limit: 300})
+			if err != nil || len(recs) != 200 {
 				t.Fatalf("query: %d records, %v", len(recs), err)
 			}
 			for _, r := range recs {
-				forged := r.Subject == "mesh.mod.m.event.e13"
-				if r.Signed == forged || (r.NotGenuine == api.AuditFlagBadSignature) != forged {
-					t.Errorf("%s: signed %v, %q; forged %v", r.Subject, r.Signed, r.NotGenuine, forged)
+				bad := r.Subject == "mesh.mod.m.event.e13" || r.Subject == "mesh.mod.m.event.e150"
+				if r.Signed == bad || (r.NotGenuine == api.AuditFlagBadSignature) != bad {
+					t.Errorf("%s: signed %v, %q; forged %v", r.Subject, r.Signed, r.NotGenuine, bad)
 				}
 			}
 		})
