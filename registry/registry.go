@@ -159,6 +159,30 @@ func (r *Registry) Open(ctx context.Context, js jetstream.JetStream, replicas in
 	if err != nil {
 		return fmt.Errorf("open %s: %w", Bucket, err)
 	}
+	return r.load(ctx, kv)
+}
+
+// OpenMirror opens a site's registry (issue 42): a mirror of the hub's bucket in the site's
+// own JetStream domain, which JetStream keeps current while the site's link is up and which
+// the site reads while it is down. The site writes nothing through it; a write goes to the
+// hub, over the link. It returns once this Registry holds what the mirror held.
+func (r *Registry) OpenMirror(ctx context.Context, js jetstream.JetStream, maxBytes int64) error {
+	kv, err := ensure.KeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      Bucket,
+		Description: "meshnode: this site's mirror of the mesh's registry",
+		History:     historyDepth,
+		Storage:     jetstream.FileStorage,
+		MaxBytes:    maxBytes,
+		Mirror:      &jetstream.StreamSource{Name: Bucket, Domain: manifest.HubDomain},
+	})
+	if err != nil {
+		return fmt.Errorf("open the mirror of %s: %w", Bucket, err)
+	}
+	return r.load(ctx, kv)
+}
+
+// load starts watching kv and returns once this Registry holds every record it had.
+func (r *Registry) load(ctx context.Context, kv jetstream.KeyValue) (err error) {
 	// The watch outlives ctx, which only bounds the start: Close stops it.
 	r.kv = jsretry.Wrap(kv)
 	if r.watch, err = mirror.Open(ctx, kv, r.apply); err != nil {

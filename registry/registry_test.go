@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -667,5 +671,80 @@ func TestRegistry_SignersFollowTheRegistry(t *testing.T) {
 	}
 	if got := r.Signers(anyone.Manifest); len(got) != 2 || got[api.SignerKey(api.SignerModule, "late")] != late.PublicKey {
 		t.Fatalf("anyone's signers once late is registered = %v, want early's and late's keys", got)
+	}
+}
+
+// TestRegistry_SiteMirror (issue 42): a site's registry is a mirror of the hub's bucket in the
+// site's JetStream domain: it holds what the hub registered, follows what the hub registers
+// next, and keeps its records while the site's link is down.
+func TestRegistry_SiteMirror(t *testing.T) {
+	leafPort := testbed.FreeAddr(t)
+	_, port, _ := strings.Cut(leafPort, ":")
+	lp, _ := strconv.Atoi(port)
+	hub := testbed.NATSServer(t, &server.Options{ServerName: "hub", JetStream: true, StoreDir: t.TempDir(), JetStreamDomain: manifest.HubDomain,
+		LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: lp}})
+	u, _ := url.Parse("nats-leaf://" + leafPort)
+	site := testbed.NATSServer(t, &server.Options{ServerName: "oslo", JetStream: true, StoreDir: t.TempDir(), JetStreamDomain: manifest.SiteDomain("oslo"),
+		LeafNode: server.LeafNodeOpts{Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}}}}})
+	testbed.RetryUntil(t, wait, func() error {
+		if hub.NumLeafNodes() != 1 || site.NumLeafNodes() != 1 {
+			return errors.New("the site is not linked yet")
+		}
+		return nil
+	})
+	// The hub's registry, whose watch the cut below ends (its Run's error is the cut's).
+	_, hubJS := testbed.Connect(t, hub, nats.MaxReconnects(0))
+	writer := registry.New(nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := writer.Open(ctx, hubJS, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	wrun, wstop := context.WithCancel(context.Background())
+	defer wstop()
+	go writer.Run(wrun)
+	defer writer.Close()
+	put(t, writer, record(t, shopYAML), 0)
+
+	_, js := testbed.Connect(t, site)
+	reader := registry.New(nil, nil)
+	if err := reader.OpenMirror(ctx, js, 0); err != nil {
+		t.Fatal(err)
+	}
+	run, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reader.Run(run) }()
+	defer func() {
+		stop()
+		<-done
+		reader.Close()
+	}()
+	holds := func(want ...string) {
+		t.Helper()
+		testbed.RetryUntil(t, wait, func() error {
+			if got := names(reader.List()); !slices.Equal(got, want) {
+				return fmt.Errorf("the site's registry holds %v, want %v", got, want)
+			}
+			return nil
+		})
+	}
+	holds("shop")
+	billing := put(t, writer, record(t, billingYAML), 0)
+	holds("billing", "shop")
+	if got, _ := reader.Get("billing"); got.Revision != billing.Revision {
+		t.Fatalf("the site holds billing at revision %d, the hub at %d", got.Revision, billing.Revision)
+	}
+	// Cut off (the hub stops), the site still has every module the hub had registered.
+	hub.Shutdown()
+	hub.WaitForShutdown()
+	testbed.RetryUntil(t, wait, func() error {
+		if site.NumLeafNodes() != 0 {
+			return errors.New("the site is still linked")
+		}
+		return nil
+	})
+	holds("billing", "shop")
+	if _, ok := reader.Get("shop"); !ok {
+		t.Fatal("the site lost shop when its link went down")
 	}
 }
