@@ -30,7 +30,7 @@ var layers = []struct {
 		"seats", "audit", "artifact", "vault", "metrics", "deploy", "registry", "provision", "build", "deadletter", "streammove", "snapshot", "formats", "replication", "admit",
 	}},
 	{"parts that compose services, and the clients of the bus", []string{
-		"admin", "sdk", "sdk/dedupbolt", "host", "controller", "dashboard", "provenance",
+		"admin", "sdk", "sdk/dedupbolt", "host", "controller", "dashboard", "provenance", "site",
 	}},
 	{"top: the composition root, the commands, examples and test support", []string{
 		"bench", "node", "cmd/...", "examples/...",

@@ -1,0 +1,231 @@
+// Package site runs what a site of a mesh needs of its own (issue 42, in progress): a node
+// that links to the hub over a leafnode connection it opens itself and runs its own
+// JetStream in a domain of its own, so its modules go on emitting while the link is down.
+//
+// A Site is its bus (embedbus, with Config.Hub), a mirror of the hub's registry in its domain
+// (registry.OpenMirror), which decides who connects and with what permissions — the same
+// derived ones the hub grants — while the link is down as while it is up, SITE_EVENTS, where
+// its modules' events are stored before the hub's EVENTS sources them, and an admitter that
+// passes each module's emits to it.
+//
+// Not built yet (docs/scale.md): `meshnode join --leaf`, which would enrol a site and start
+// this; a site's audit log and its admitter's quotas and back-pressure; seats, tools and a
+// module's consumers across the link. A Site is used by its tests only.
+package site
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/meshnode/meshnode/admit"
+	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/internal/ensure"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// Config is what a Site needs.
+type Config struct {
+	// Name is the site's node name: its server's name, and its domain's (SiteDomain).
+	Name string
+	// StoreDir is its JetStream's store.
+	StoreDir string
+	// ClientAddr is host:port for its modules.
+	ClientAddr string
+	// Key is the site node's nkey: its own connections and its link to the hub.
+	Key nkeys.KeyPair
+	// HubURLs are the hub servers' leafnode URLs; HubTLS the link's TLS (nil: plain).
+	HubURLs []string
+	HubTLS  *tls.Config
+	// EventsMaxBytes bounds SITE_EVENTS (zero: no bound but the store's): what the site
+	// keeps while its link is down.
+	EventsMaxBytes int64
+	// MirrorWait bounds how long Open waits for the registry's mirror to catch up with the
+	// hub before the site admits modules by what it holds; zero means DefaultMirrorWait. A
+	// site that starts cut off waits this long, then goes on with its last copy.
+	MirrorWait time.Duration
+	Log        *slog.Logger
+}
+
+// DefaultMirrorWait is Config.MirrorWait's default.
+const DefaultMirrorWait = 10 * time.Second
+
+// Site is a running site.
+type Site struct {
+	bus    *embedbus.Bus
+	reg    *registry.Registry
+	admit  *admit.Admitter
+	cancel context.CancelFunc
+	done   chan error // the registry mirror's Run
+}
+
+// Open starts the site's bus linked to its hub, its registry mirror, SITE_EVENTS and its
+// admitter. Connects of keys the site does not know yet wait until the mirror is read.
+func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	seed, err := cfg.Key.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("site key: %w", err)
+	}
+	admitKey, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	s := &Site{}
+	// A module whose registration changed connects again, under its new authority.
+	reg := registry.New(cfg.Log.With("component", "registry"), func(old, _ *registry.Entry) {
+		if b := s.bus; b != nil && old != nil {
+			b.Kick(old.PublicKey)
+		}
+	})
+	dir := &directory{reg: reg, static: map[string]embedbus.Identity{}}
+	dir.add(cfg.Key, embedbus.Identity{Name: "node:" + cfg.Name}) // the site's own work: everything
+	ap := admit.Permissions()
+	dir.add(admitKey, embedbus.Identity{Name: "admit", Permissions: &ap})
+	complete := make(chan struct{})
+	bus, err := embedbus.Open(ctx, embedbus.Config{
+		Name: cfg.Name, StoreDir: cfg.StoreDir, ClientAddr: cfg.ClientAddr, Logger: cfg.Log.With("component", "nats"),
+		Directory: dir, Key: cfg.Key, InboxPrefix: "_INBOX.site-" + cfg.Name, Complete: complete,
+		Domain: manifest.SiteDomain(cfg.Name),
+		Hub:    &embedbus.Hub{URLs: cfg.HubURLs, Seed: seed, TLS: cfg.HubTLS, Deny: manifest.SiteDenied()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open the site's bus: %w", err)
+	}
+	s.bus, s.reg = bus, reg
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	js := bus.JetStream()
+	if err := reg.OpenMirror(ctx, js, 0); err != nil {
+		return nil, err
+	}
+	run, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan error, 1)
+	go func() { s.done <- reg.Run(run) }()
+	if err := s.catchUp(ctx, cfg.MirrorWait, cfg.Log); err != nil {
+		return nil, err
+	}
+	close(complete)
+	if _, err := ensure.Stream(ctx, js, EventsStream(cfg.EventsMaxBytes)); err != nil {
+		return nil, fmt.Errorf("open %s: %w", manifest.SiteEventsStreamName, err)
+	}
+	if s.admit, err = admit.New(admit.Config{Dial: bus.Dial, Key: admitKey, Log: cfg.Log.With("component", "admit")}); err != nil {
+		return nil, fmt.Errorf("start the site's admitter: %w", err)
+	}
+	return s, nil
+}
+
+// catchUp waits, up to bound, until the registry's mirror has caught up with the hub's bucket
+// and this Registry holds all of it; past bound it logs and returns: the site goes on with
+// the copy it has. Only ctx ending is an error.
+func (s *Site) catchUp(ctx context.Context, bound time.Duration, log *slog.Logger) error {
+	if bound <= 0 {
+		bound = DefaultMirrorWait
+	}
+	deadline := time.Now().Add(bound)
+	stream, err := s.bus.JetStream().Stream(ctx, "KV_"+registry.Bucket)
+	if err != nil {
+		return fmt.Errorf("the registry's mirror: %w", err)
+	}
+	for {
+		info, err := stream.Info(ctx)
+		if err == nil && info.Mirror != nil && info.Mirror.Active >= 0 && info.Mirror.Lag == 0 &&
+			s.reg.Revision() >= info.State.LastSeq {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log.Warn("the registry's mirror has not caught up with the hub; admitting modules by the copy the site has", "waited", bound)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// EventsStream is SITE_EVENTS' configuration: every event the site's modules emit, kept as
+// long as the hub's EVENTS keeps one, deduplicated like it, and refusing new events when full
+// rather than evicting what the hub may not have sourced yet.
+func EventsStream(maxBytes int64) jetstream.StreamConfig {
+	if maxBytes <= 0 {
+		maxBytes = -1 // JetStream's "no bound"
+	}
+	return jetstream.StreamConfig{
+		Name:        manifest.SiteEventsStreamName,
+		Description: "meshnode: this site's events, sourced by the hub's EVENTS",
+		Subjects:    manifest.EventPatterns(),
+		Storage:     jetstream.FileStorage,
+		MaxAge:      manifest.DefaultEventsMaxAge,
+		Duplicates:  manifest.DefaultDuplicateWindow,
+		MaxBytes:    maxBytes,
+		Discard:     jetstream.DiscardNew,
+	}
+}
+
+// HubSource is how the hub's EVENTS names a site's SITE_EVENTS among its sources.
+func HubSource(site string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site)}
+}
+
+// Bus is the site's bus.
+func (s *Site) Bus() *embedbus.Bus { return s.bus }
+
+// Close stops the admitter, the registry's mirror and the bus.
+func (s *Site) Close() error {
+	var errs []error
+	if s.admit != nil {
+		errs = append(errs, s.admit.Close())
+	}
+	if s.cancel != nil {
+		s.cancel()
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			errs = append(errs, errors.New("the registry's mirror did not stop"))
+		}
+		errs = append(errs, s.reg.Close())
+	}
+	errs = append(errs, s.bus.Close())
+	return errors.Join(errs...)
+}
+
+// directory is the site's: its own keys, the operator, and each registered module with the
+// permissions its manifest derives — read from the site's mirror of the registry, so the
+// site decides while its link is down as the hub would.
+type directory struct {
+	static map[string]embedbus.Identity
+	reg    *registry.Registry
+}
+
+func (d *directory) add(kp nkeys.KeyPair, id embedbus.Identity) {
+	pub, _ := kp.PublicKey()
+	d.static[pub] = id
+}
+
+func (d *directory) Identity(publicKey, _ string) (embedbus.Identity, bool) {
+	if id, ok := d.static[publicKey]; ok {
+		return id, true
+	}
+	if op := d.reg.Operator(); op != "" && op == publicKey {
+		return embedbus.Identity{Name: "operator", System: true}, true
+	}
+	e, ok := d.reg.ByKey(publicKey)
+	if !ok || !e.Derivation.Bus {
+		return embedbus.Identity{}, false
+	}
+	p := e.Derivation.Grant(publicKey)
+	return embedbus.Identity{Name: "module:" + e.Module, Permissions: &p}, true
+}
