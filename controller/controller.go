@@ -29,8 +29,6 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// maxWhoamiRequest bounds a whoami request's body: it names one key.
-const maxWhoamiRequest = 1 << 10
 
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
@@ -853,10 +851,8 @@ func (c *Controller) handleList(_ context.Context, data []byte) any {
 	return reply
 }
 
-// handleWhoami tells a connection which module its key is. It answers only on the inbox of
-// the key asked about (_INBOX.<key>.…) or of its module (_INBOX.<module>.…), which only that
-// key's connections may subscribe to: a connection learns about its own key, never another
-// module's declarations or secrets.
+// handleWhoami tells a connection which module its key is (registry.Whoami), within the
+// node's rate limit per key.
 func (c *Controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] // the asker: only it may publish here
 	// The gate first: the key is proven by the subject, so a flood costs a map lookup, not
@@ -865,32 +861,16 @@ func (c *Controller) handleWhoami(_ context.Context, m *nats.Msg) any {
 	if !allowed && !tell {
 		return nil // told within the last second: a flood costs no replies
 	}
-	var req api.WhoamiRequest
-	if len(m.Data) > maxWhoamiRequest || json.Unmarshal(m.Data, &req) != nil || req.PublicKey != key {
-		return nil // not a question about the asker's own key: nothing is answered
-	}
-	e, ok := c.reg.ByKey(req.PublicKey)
-	if !manifest.InInbox(m.Reply, api.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(m.Reply, manifest.InboxPrefix(e.Module))) {
-		c.log.Debug("whoami: not answered outside the asking key's inbox", "key", req.PublicKey, "reply", m.Reply)
-		c.gate.Refused(key, "whoami", "reply subject outside the key's inbox")
+	reply, answer, why := c.reg.Whoami(key, m.Reply, m.Data, c.node)
+	if !answer {
+		if why != "" {
+			c.log.Debug("whoami: not answered", "key", key, "reply", m.Reply, "why", why)
+			c.gate.Refused(key, "whoami", why)
+		}
 		return nil
 	}
 	if !allowed {
 		return api.WhoamiReply{Error: fmt.Sprintf("too many whoami requests from key %s (more than %.0f a second, the node's rate-limit); slow down and retry", key, c.gate.PerSecond())}
-	}
-	if !ok {
-		return api.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}
-	}
-	reply := api.WhoamiReply{
-		Module: e.Module, Node: c.node,
-		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
-		Requires: e.Manifest.Requires, Signers: c.reg.Signers(e.Manifest),
-	}
-	for _, s := range e.Manifest.Uses {
-		reply.Uses = append(reply.Uses, c.reg.SeatAt(e, s)) // the version it is pinned to
-	}
-	for _, s := range e.Manifest.Seats {
-		reply.Seats = append(reply.Seats, c.reg.Seat(s.Name))
 	}
 	return reply
 }

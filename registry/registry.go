@@ -934,3 +934,39 @@ func (r *Registry) Bad() []string {
 	defer r.mu.RUnlock()
 	return slices.Sorted(maps.Keys(r.bad))
 }
+
+// maxWhoamiRequest bounds a whoami request's body: it names one key.
+const maxWhoamiRequest = 1 << 10
+
+// Whoami answers a connection that asks which module its key is (manifest.WhoamiSubject),
+// as node: key is the asker's (the last token of the subject, which only that key may publish
+// on), replyTo where the answer goes, data the request. answer is false when nothing is to be
+// answered: a request that is not about the asker's own key, or (why says so) a reply subject
+// outside the inbox of the key asked about (_INBOX.<key>.…) or of its module
+// (_INBOX.<module>.…), which only that key's connections may subscribe to — a connection
+// learns about its own key, never another module's declarations or secrets.
+func (r *Registry) Whoami(key, replyTo string, data []byte, node string) (reply api.WhoamiReply, answer bool, why string) {
+	var req api.WhoamiRequest
+	if len(data) > maxWhoamiRequest || json.Unmarshal(data, &req) != nil || req.PublicKey != key {
+		return reply, false, ""
+	}
+	e, ok := r.ByKey(req.PublicKey)
+	if !manifest.InInbox(replyTo, api.BootstrapInbox(req.PublicKey)) && !(ok && manifest.InInbox(replyTo, manifest.InboxPrefix(e.Module))) {
+		return reply, false, "reply subject outside the key's inbox"
+	}
+	if !ok {
+		return api.WhoamiReply{Error: "no module is registered with key " + req.PublicKey}, true, ""
+	}
+	reply = api.WhoamiReply{
+		Module: e.Module, Node: node,
+		Emits: e.Manifest.Emits, Consumes: e.Manifest.Consumes, Tools: e.Manifest.Tools, Secrets: e.Manifest.Secrets,
+		Requires: e.Manifest.Requires, Signers: r.Signers(e.Manifest),
+	}
+	for _, s := range e.Manifest.Uses {
+		reply.Uses = append(reply.Uses, r.SeatAt(e, s)) // the version it is pinned to
+	}
+	for _, s := range e.Manifest.Seats {
+		reply.Seats = append(reply.Seats, r.Seat(s.Name))
+	}
+	return reply, true, ""
+}

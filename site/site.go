@@ -4,21 +4,25 @@
 //
 // A Site is its bus (embedbus, with Config.Hub), a mirror of the hub's registry in its domain
 // (registry.OpenMirror), which decides who connects and with what permissions — the same
-// derived ones the hub grants — while the link is down as while it is up, SITE_EVENTS, where
-// its modules' events are stored before the hub's EVENTS sources them, and an admitter that
+// derived ones the hub grants — while the link is down as while it is up, and answers a
+// module's whoami (so the Go sdk connects to a site as to a node), SITE_EVENTS, where its
+// modules' events are stored before the hub's EVENTS sources them, and an admitter that
 // passes each module's emits to it.
 //
 // Not built yet (docs/scale.md): `meshnode join --leaf`, which would enrol a site and start
-// this; a site's audit log and its admitter's quotas and back-pressure; seats, tools and a
-// module's consumers across the link. A Site is used by its tests only.
+// this; a site's audit log, its admitter's quotas and back-pressure, and its rate limit on
+// whoami; seats, tools and a module's consumers across the link. A Site is used by its tests
+// only.
 package site
 
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
@@ -26,6 +30,7 @@ import (
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -61,6 +66,7 @@ type Site struct {
 	bus    *embedbus.Bus
 	reg    *registry.Registry
 	admit  *admit.Admitter
+	whoami *nats.Subscription
 	cancel context.CancelFunc
 	done   chan error // the registry mirror's Run
 }
@@ -119,6 +125,22 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 	close(complete)
 	if _, err := ensure.Stream(ctx, js, EventsStream(cfg.EventsMaxBytes)); err != nil {
 		return nil, fmt.Errorf("open %s: %w", manifest.SiteEventsStreamName, err)
+	}
+	// A module asks the site which module it is, as it would ask the hub's controller: its
+	// connection learns its declarations from the site's copy of the registry.
+	if s.whoami, err = bus.Conn().Subscribe(manifest.WhoamiSubjects, func(m *nats.Msg) {
+		key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		reply, answer, why := reg.Whoami(key, m.Reply, m.Data, cfg.Name)
+		if !answer {
+			if why != "" {
+				cfg.Log.Debug("whoami: not answered", "key", key, "reply", m.Reply, "why", why)
+			}
+			return
+		}
+		b, _ := json.Marshal(reply)
+		m.Respond(b)
+	}); err != nil {
+		return nil, fmt.Errorf("answer whoami: %w", err)
 	}
 	if s.admit, err = admit.New(admit.Config{Dial: bus.Dial, Key: admitKey, Log: cfg.Log.With("component", "admit")}); err != nil {
 		return nil, fmt.Errorf("start the site's admitter: %w", err)
@@ -186,6 +208,9 @@ func (s *Site) Bus() *embedbus.Bus { return s.bus }
 // Close stops the admitter, the registry's mirror and the bus.
 func (s *Site) Close() error {
 	var errs []error
+	if s.whoami != nil {
+		errs = append(errs, s.whoami.Unsubscribe())
+	}
 	if s.admit != nil {
 		errs = append(errs, s.admit.Close())
 	}

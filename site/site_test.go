@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/sdk"
 	"github.com/meshnode/meshnode/site"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,16 +72,23 @@ func (v *violations) of(subject string) int {
 	return v.n[subject]
 }
 
-// TestSite_EmitsWhileCutOff (issue 42): a module registered on the hub connects to a site with
-// its own key, and the site authorises it from its mirror of the hub's registry; its emits
-// are stored on the site and sourced into the hub's EVENTS, each once, while the link is up
-// and after a cut; an emit it did not declare is refused by the site both while linked and
-// while cut off.
-func TestSite_EmitsWhileCutOff(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
-	defer cancel()
+// bed is a hub (an embedded bus serving sites, with the mesh's registry and module shop
+// registered in it, and EVENTS sourcing the site) and the site oslo linked to it.
+type bed struct {
+	hub     *embedbus.Bus
+	hubJS   jetstream.JetStream
+	site    *site.Site
+	sitePub string
+	shopKey nkeys.KeyPair
+	shopPub string
+}
+
+func newBed(t *testing.T, ctx context.Context) *bed {
+	t.Helper()
+	b := &bed{}
 	hubKey, hubPub := newKey(t)
 	siteKey, sitePub := newKey(t)
+	b.sitePub = sitePub
 	link := manifest.SiteLink("oslo", "KV_"+registry.Bucket)
 	leafAddr := testbed.FreeAddr(t)
 	hub, err := embedbus.Open(ctx, embedbus.Config{Name: "hub", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Key: hubKey,
@@ -90,30 +100,29 @@ func TestSite_EmitsWhileCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer hub.Close()
-	hubJS := hub.JetStream()
+	t.Cleanup(func() { hub.Close() })
+	b.hub, b.hubJS = hub, hub.JetStream()
 	reg := registry.New(nil, nil)
-	if err := reg.Open(ctx, hubJS, 1, 0); err != nil {
+	if err := reg.Open(ctx, b.hubJS, 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Close()
 	rctx, rstop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- reg.Run(rctx) }()
-	defer func() { rstop(); <-ran }()
-	shopKey, shopPub := newKey(t)
+	t.Cleanup(func() { rstop(); <-ran; reg.Close() })
+	b.shopKey, b.shopPub = newKey(t)
 	now := time.Now().UTC()
 	if _, err := reg.Put(ctx, registry.Record{Module: "shop", Manifest: "module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n",
-		PublicKey: shopPub, Registered: now, Updated: now}, 0); err != nil {
+		PublicKey: b.shopPub, Registered: now, Updated: now}, 0); err != nil {
 		t.Fatal(err)
 	}
-
 	s, err := site.Open(ctx, site.Config{Name: "oslo", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Key: siteKey,
 		HubURLs: []string{"nats-leaf://" + leafAddr}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	b.site = s
 	testbed.RetryUntil(t, wait, func() error {
 		if !s.Bus().Linked() {
 			return errors.New("the site is not linked")
@@ -122,11 +131,42 @@ func TestSite_EmitsWhileCutOff(t *testing.T) {
 	})
 	// The hub's EVENTS sources the site once it is linked: a source made before has its
 	// first consumer create unanswered, and nats-server retries it only 10–40 s later.
-	if _, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.EventsStreamName, Subjects: manifest.EventPatterns(),
+	if _, err := b.hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.EventsStreamName, Subjects: manifest.EventPatterns(),
 		Sources: []*jetstream.StreamSource{site.HubSource("oslo")}}); err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
 
+// hubHolds waits until the hub's EVENTS holds n events.
+func (b *bed) hubHolds(t *testing.T, ctx context.Context, n uint64) {
+	t.Helper()
+	testbed.RetryUntil(t, wait, func() error {
+		st, err := b.hubJS.Stream(ctx, manifest.EventsStreamName)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != n {
+			return fmt.Errorf("the hub's EVENTS holds %d events, want %d", info.State.Msgs, n)
+		}
+		return nil
+	})
+}
+
+// TestSite_EmitsWhileCutOff (issue 42): a module registered on the hub connects to a site with
+// its own key, and the site authorises it from its mirror of the hub's registry; its emits
+// are stored on the site and sourced into the hub's EVENTS, each once, while the link is up
+// and after a cut; an emit it did not declare is refused by the site both while linked and
+// while cut off.
+func TestSite_EmitsWhileCutOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	defer cancel()
+	b := newBed(t, ctx)
+	s, hub, shopKey, shopPub, sitePub := b.site, b.hub, b.shopKey, b.shopPub, b.sitePub
 	denied := &violations{n: map[string]int{}}
 	nc, err := nats.Connect(s.Bus().ClientURL(), nats.Nkey(shopPub, shopKey.Sign), nats.CustomInboxPrefix(manifest.InboxPrefix("shop")),
 		nats.ErrorHandler(denied.handler))
@@ -163,26 +203,9 @@ func TestSite_EmitsWhileCutOff(t *testing.T) {
 			return nil
 		})
 	}
-	hubHolds := func(n uint64) {
-		t.Helper()
-		testbed.RetryUntil(t, wait, func() error {
-			st, err := hubJS.Stream(ctx, manifest.EventsStreamName)
-			if err != nil {
-				return err
-			}
-			info, err := st.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if info.State.Msgs != n {
-				return fmt.Errorf("the hub's EVENTS holds %d events, want %d", info.State.Msgs, n)
-			}
-			return nil
-		})
-	}
 	emit(0, 20)
 	undeclared()
-	hubHolds(20)
+	b.hubHolds(t, ctx, 20)
 
 	if n := hub.BarSite(sitePub, "oslo", time.Now().Add(time.Hour)); n != 1 {
 		t.Fatalf("cut %d links, want 1", n)
@@ -196,5 +219,32 @@ func TestSite_EmitsWhileCutOff(t *testing.T) {
 	emit(20, 50)
 	undeclared()
 	hub.BarSite(sitePub, "oslo", time.Now())
-	hubHolds(50)
+	b.hubHolds(t, ctx, 50)
+}
+
+// TestSite_SDKModule: the Go sdk connects to a site as to a node — the site answers its
+// whoami from its copy of the registry — and what it emits reaches the hub's EVENTS.
+func TestSite_SDKModule(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	defer cancel()
+	b := newBed(t, ctx)
+	seed, _ := b.shopKey.Seed()
+	seedFile := filepath.Join(t.TempDir(), "shop.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, b.site.Bus().ClientURL(), seedFile)
+	if err != nil {
+		t.Fatalf("the sdk connects to the site: %v", err)
+	}
+	defer c.Close()
+	for i := range 5 {
+		if _, err := c.Emit(ctx, "order.placed", map[string]int{"order": i}); err != nil {
+			t.Fatalf("emit %d: %v", i, err)
+		}
+	}
+	if _, err := c.Emit(ctx, "refund", map[string]int{"order": 1}); !errors.Is(err, sdk.ErrNotDeclared) {
+		t.Fatalf("an undeclared emit: %v, want ErrNotDeclared", err)
+	}
+	b.hubHolds(t, ctx, 5)
 }
