@@ -29,7 +29,6 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
 
