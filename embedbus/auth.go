@@ -118,11 +118,7 @@ func (a *authenticator) Check(c server.ClientAuthentication) bool {
 		c.RegisterUser(&server.User{Username: id.Name + "-system", Account: a.sysAccount()})
 		return true
 	}
-	perms := serverPermissions(id.Permissions, id.PublishDeny)
-	if perms != nil && len(id.SubscribeDeny) > 0 && len(perms.Subscribe.Allow) > 0 {
-		perms.Subscribe.Deny = append([]string{}, id.SubscribeDeny...)
-	}
-	c.RegisterUser(&server.User{Username: id.Name, Permissions: perms})
+	c.RegisterUser(&server.User{Username: id.Name, Permissions: serverPermissions(id)})
 	return true
 }
 
@@ -151,10 +147,11 @@ func (a *authenticator) wait() bool {
 	return false
 }
 
-// serverPermissions turns derived permissions into nats-server's. Allow lists only: anything
+// serverPermissions turns an identity's derived permissions into nats-server's. Allow lists only: anything
 // not listed is denied, the JetStream API included.
-// deny is added to the publish deny list.
-func serverPermissions(p *manifest.Permissions, deny []string) *server.Permissions {
+// The identity's PublishDeny and SubscribeDeny are added to the deny lists.
+func serverPermissions(id Identity) *server.Permissions {
+	p := id.Permissions
 	if p == nil {
 		return nil
 	}
@@ -175,11 +172,13 @@ func serverPermissions(p *manifest.Permissions, deny []string) *server.Permissio
 	if len(sp.Publish.Allow) == 0 {
 		// An empty allow list means "no restriction" to nats-server; deny everything instead.
 		sp.Publish = &server.SubjectPermission{Deny: []string{">"}}
-	} else if len(deny) > 0 {
-		sp.Publish.Deny = append([]string{}, deny...)
+	} else if len(id.PublishDeny) > 0 {
+		sp.Publish.Deny = append([]string{}, id.PublishDeny...)
 	}
 	if len(sp.Subscribe.Allow) == 0 {
 		sp.Subscribe = &server.SubjectPermission{Deny: []string{">"}}
+	} else if len(id.SubscribeDeny) > 0 {
+		sp.Subscribe.Deny = append([]string{}, id.SubscribeDeny...)
 	}
 	return sp
 }

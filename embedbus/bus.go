@@ -486,7 +486,7 @@ func (b *Bus) Grant(publicKey, name string) (p *server.Permissions, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	return serverPermissions(id.Permissions, id.PublishDeny), true
+	return serverPermissions(id), true
 }
 
 // Kick disconnects every connection of a key, so it reconnects and is checked again against
