@@ -1,4 +1,4 @@
-// Package formats lists the persistent formats and the wire protocol this meshnode binary
+// Package formats is meshnode's version (MeshnodeVersion), and lists the persistent formats and the wire protocol this meshnode binary
 // writes, and the oldest version of each it still reads: what `meshnode version` reports and
 // what an operator compares before mixing versions in one mesh (docs/operations.md,
 // Upgrades). A format that had a version marker before this list (the snapshot's

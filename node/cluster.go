@@ -252,11 +252,13 @@ func (n *Node) formats() map[string]formats.Version {
 	return formats.All()
 }
 
-// formatSwitched records a shared format's agreed version changing: every server logs it, and
-// the holder of mesh-controller alone publishes the node event format-switched, so the audit
-// log has it once.
+// formatSwitched records a shared format's agreed version changing. Every server that saw the
+// older agreement publishes the node event format-switched under one Nats-Msg-Id, so the audit
+// log has it once: the holder of mesh-controller alone would miss it when it is the server just
+// upgraded (its first agreement is already the newer one) or its lease is still moving.
 func (n *Node) formatSwitched(s formats.Switch) {
-	if nc := n.mesh.eventConn.Load(); nc != nil && n.holdsController() {
-		publishNodeEvent(nc, n.key, n.id.Name, eventFormatSwitched, map[string]any{"format": s.Format, "from": s.From, "to": s.To}, n.log)
+	if nc := n.mesh.eventConn.Load(); nc != nil {
+		publishNodeEvent(nc, n.key, n.id.Name, eventFormatSwitched, map[string]any{"format": s.Format, "from": s.From, "to": s.To}, n.log,
+			fmt.Sprintf("format-switched.%s.%d.%d", s.Format, s.From, s.To))
 	}
 }

@@ -18,8 +18,8 @@ import (
 // upgrade, with a stand-in newer meshnode that writes version 2 of the declaration: while any
 // server runs the older binary the mesh's servers agree on version 1, so no one is sent what
 // it cannot read; once the last server is upgraded they switch to 2, and the audit log of
-// every server records the switch once (the node event format-switched, published by the
-// controller's holder). Servers without a version in common: TestWatcher_ReportsNoCommonVersion.
+// every server records the switch once (the node event format-switched, which each server that
+// saw the older agreement publishes under one Nats-Msg-Id). Servers without a version in common: TestWatcher_ReportsNoCommonVersion.
 func TestIntegration_FormatsSwitchOnceEveryServerIsUpgraded(t *testing.T) {
 	c := newCluster(t)
 	newer := maps.Clone(formats.All())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/genesis"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
@@ -197,7 +198,7 @@ func (n *Node) gossipToGrow() error {
 			adv.gossip = ""
 		}
 		m, err := membership.Open(membership.Config{
-			Meta:          membership.Meta{Name: n.id.Name, MeshID: n.id.MeshID, Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: Version()},
+			Meta:          membership.Meta{Name: n.id.Name, MeshID: n.id.MeshID, Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: formats.MeshnodeVersion()},
 			BindAddr:      n.cfg.GossipAddr,
 			AdvertiseAddr: adv.gossip,
 			GossipKey:     n.found.GossipKey,

@@ -13,6 +13,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/dashboard"
 	"github.com/meshnode/meshnode/embedbus"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/host"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/replication"
@@ -84,7 +85,7 @@ func (n *Node) startHandler() http.Handler {
 	}
 	mux.HandleFunc("GET /readyz", notReady)
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, api.NodeStatus{Name: n.id.Name, MeshID: n.id.MeshID, Version: Version(), HTTPURL: n.HTTPURL(),
+		writeJSON(w, http.StatusOK, api.NodeStatus{Name: n.id.Name, MeshID: n.id.MeshID, Version: formats.MeshnodeVersion(), HTTPURL: n.HTTPURL(),
 			ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started,
 			UptimeSeconds: time.Since(n.started).Seconds(), Reason: *n.web.phase.Load()})
 	})
@@ -175,7 +176,7 @@ func (n *Node) Status(ctx context.Context) api.NodeStatus {
 	s := api.NodeStatus{
 		Name:          n.id.Name,
 		MeshID:        n.id.MeshID,
-		Version:       Version(),
+		Version:       formats.MeshnodeVersion(),
 		ClientURL:     n.bus.ClientURL(),
 		HTTPURL:       n.HTTPURL(),
 		ClusterAddr:   n.cfg.ClusterAddr,
@@ -252,7 +253,7 @@ func (n *Node) Members() []api.NodeMember {
 		peers = n.bus.Peers()
 	}
 	if n.mesh.members == nil {
-		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: "standalone", Seats: sorted(held[n.id.Name]), Version: Version()}}
+		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: "standalone", Seats: sorted(held[n.id.Name]), Version: formats.MeshnodeVersion()}}
 	}
 	// Address is the client URL on a single node and in a mesh alike: what an operator
 	// passes to --server; the gossip address is the mesh's own business, shown apart.

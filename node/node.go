@@ -653,7 +653,7 @@ func (n *Node) subscribe(name string, serve func() (*nats.Subscription, error)) 
 func (n *Node) newHTTPServer() error {
 	n.metrics.reg = metrics.NewRegistry(metrics.Config{
 		Started: n.started,
-		Version: Version(),
+		Version: formats.MeshnodeVersion(),
 		Bus:     func() *embedbus.Bus { return n.bus },
 		Audit: func() (records, lag uint64) {
 			st := n.auditStatus(context.Background())
@@ -799,7 +799,7 @@ func (n *Node) Run(ctx context.Context) error {
 		Recheck: time.Duration(n.cfg.DriftInterval), Log: n.log.With("component", "replication")}
 	add("replication", keeper.Run)
 	sched := &snapshot.Schedule{Interval: time.Duration(n.cfg.SnapshotInterval), Dir: n.cfg.ScheduledSnapshotDir(), Keep: n.cfg.SnapshotKeep,
-		Conn: n.bus.Conn(), MeshID: n.id.MeshID, Operator: n.id.OperatorKey, Version: Version(), Node: n.id.Name,
+		Conn: n.bus.Conn(), MeshID: n.id.MeshID, Operator: n.id.OperatorKey, Version: formats.MeshnodeVersion(), Node: n.id.Name,
 		Seal: func() (*api.SealedFoundation, error) { return n.dir.vault.Load().SealedFoundation() }, AuditQuery: n.audit.Query,
 		Holds: n.holdsController, Alarms: &n.alarms, LastSuccess: n.metrics.meter.SnapshotLast, Failures: n.metrics.meter.SnapshotFailures,
 		Log: n.log.With("component", "snapshot")}
@@ -1087,6 +1087,6 @@ func (n *Node) Bus() *embedbus.Bus { return n.bus }
 
 // info is this node's node.json without the addresses its bus and HTTP API bind.
 func (n *Node) info() datadir.Info {
-	return datadir.Info{Name: n.id.Name, MeshID: n.id.MeshID, PID: os.Getpid(), Version: Version(),
+	return datadir.Info{Name: n.id.Name, MeshID: n.id.MeshID, PID: os.Getpid(), Version: formats.MeshnodeVersion(),
 		ClusterAddr: n.cfg.ClusterAddr, GossipAddr: n.cfg.GossipAddr, Started: n.started.UTC()}
 }

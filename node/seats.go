@@ -284,13 +284,17 @@ func (s *seatService) event(name string, l seats.Lease, reason string) {
 
 // publishNodeEvent publishes mesh.node.<node>.event.<name>, signed by the node: node is the
 // publisher itself, whatever the event is about (an event is genuine only from its
-// subject's owner). Fire and forget: a node event must not hold up what it reports on.
-func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger) {
+// subject's owner). Fire and forget: a node event must not hold up what it reports on. A
+// msgID, if given, replaces the Nats-Msg-Id, so EVENTS keeps one of the servers' copies.
+func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger, msgID ...string) {
 	body, _ := json.Marshal(meta)
 	subject := manifest.NodeEventSubject(node, name)
 	h, err := envelope.Stamp(key, node, node, subject, body, envelope.Options{})
 	if err != nil {
 		return
+	}
+	for _, id := range msgID {
+		h.Set(nats.MsgIdHdr, id)
 	}
 	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
 		log.Warn("publish node event", "event", name, "err", err)

@@ -31,7 +31,7 @@ dropin="$root/etc/systemd/system/meshnode.service.d/user.conf"
 echo "building meshnode $version"
 mkdir -p "$(dirname "$bin")" "$(dirname "$unit")"
 (cd "$src" && CGO_ENABLED=0 go build -trimpath \
-  -ldflags "-s -w -X github.com/meshnode/meshnode/node.version=$version" \
+  -ldflags "-s -w -X github.com/meshnode/meshnode/formats.version=$version" \
   -o "$bin.new" ./cmd/meshnode)
 mv "$bin.new" "$bin"
 install -m 0644 "$src/scripts/meshnode.service" "$unit"

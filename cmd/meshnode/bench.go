@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/bench"
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
@@ -185,7 +186,7 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 	target.Log = slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelInfo})).With("bench", "meshnode")
 
 	fmt.Fprintf(progress, "meshnode bench: a throwaway node at %s (%s/%s, %d CPUs, %s)\n",
-		target.URL, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), node.Version())
+		target.URL, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), formats.MeshnodeVersion())
 	res, err := bench.Run(ctx, target, cfg)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

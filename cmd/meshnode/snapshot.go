@@ -18,7 +18,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/audit"
-	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/snapshot"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -73,7 +73,7 @@ func saveSnapshot(cmd *cobra.Command, path string, force, asJSON bool) error {
 		return err
 	}
 	stderr := cmd.ErrOrStderr()
-	opts := snapshot.Options{MeshID: status.MeshID, Operator: publicKeyOf(creds), Version: node.Version()}
+	opts := snapshot.Options{MeshID: status.MeshID, Operator: publicKeyOf(creds), Version: formats.MeshnodeVersion()}
 	// The vault seals the mesh's foundation under the barrier key: the file carries it, and
 	// only the operator's recovery key opens it (genesis --from-snapshot).
 	var sealed api.SealedFoundation

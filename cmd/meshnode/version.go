@@ -8,7 +8,6 @@ import (
 	"slices"
 
 	"github.com/meshnode/meshnode/formats"
-	"github.com/meshnode/meshnode/node"
 
 	"github.com/spf13/cobra"
 )
@@ -34,7 +33,7 @@ writes and reads_from.`,
   meshnode version --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r := versionReport{Version: node.Version(), GoVersion: runtime.Version(), Formats: formats.All()}
+			r := versionReport{Version: formats.MeshnodeVersion(), GoVersion: runtime.Version(), Formats: formats.All()}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(r)
 			}

@@ -1,15 +1,15 @@
-package node
+package formats
 
 import (
 	"runtime/debug"
 )
 
-// version is set at link time by the install script (-ldflags "-X .../node.version=v1.2.3").
+// version is set at link time by the install script (-ldflags "-X .../formats.version=v1.2.3").
 var version = ""
 
-// Version is meshnode's version: the link-time version, else the module version recorded by
+// MeshnodeVersion is meshnode's version: the link-time version, else the module version recorded by
 // `go install`, else "dev" with the VCS revision when the build has one.
-func Version() string {
+func MeshnodeVersion() string {
 	if version != "" {
 		return version
 	}
