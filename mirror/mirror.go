@@ -56,11 +56,12 @@ func Open(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyVa
 
 // start starts a new watcher and applies the bucket's current values from it.
 func (m *Watch) start(ctx context.Context) (jetstream.KeyWatcher, error) {
+	until := m.lastSeq(ctx)
 	w, err := m.watch()
 	if err != nil {
 		return nil, err
 	}
-	if err := load(ctx, w, m.applyLoaded); err != nil {
+	if err := load(ctx, w, m.applyLoaded, until); err != nil {
 		w.Stop()
 		return nil, err
 	}
@@ -163,6 +164,7 @@ func (m *Watch) rewatch(ctx context.Context, reset func()) error {
 	if closed {
 		return ErrClosed
 	}
+	until := m.lastSeq(ctx)
 	w, err := m.watch()
 	if err != nil {
 		return err
@@ -173,7 +175,7 @@ func (m *Watch) rewatch(ctx context.Context, reset func()) error {
 	m.mu.Unlock()
 	stop(old) // its follow ends; Run takes the new watch up once it is loaded
 	reset()
-	if err := load(ctx, w, m.applyLoaded); err != nil {
+	if err := load(ctx, w, m.applyLoaded, until); err != nil {
 		w.Stop() // Run ends with ErrClosed on it: the owner retakes
 		return err
 	}
@@ -252,9 +254,34 @@ func (m *Watch) Close() error {
 	return err
 }
 
+// lastSeq is the bucket's last sequence as the stream's leader tells it, for a watch of the
+// whole bucket whose last message stays (no TTL, not empty); 0 otherwise, or if the leader
+// does not answer. The watch's ordered consumer is one replica, placed on any server of the
+// stream, caught up or not: on a server still catching up (just joined, or restarted) its
+// "current values are all in" comes early, and a load that took it for the end would leave
+// the mirror without the newest records (a grown server refused a registered module's key).
+// Every message at or below it is a current value or was replaced by a later one, so the
+// load goes on until it has applied a revision at least this high.
+func (m *Watch) lastSeq(ctx context.Context) uint64 {
+	if len(m.subjects) > 0 {
+		return 0
+	}
+	st, err := m.kv.Status(ctx)
+	if err != nil || st.TTL() > 0 || st.Values() == 0 {
+		return 0
+	}
+	if info, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo }); ok && info.StreamInfo() != nil {
+		return info.StreamInfo().State.LastSeq
+	}
+	return 0
+}
+
 // load applies every entry w delivers until the bucket's current values are all in (the
-// watch's nil marker). If ctx ends first it stops w and returns ctx's error.
-func load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
+// watch's nil marker) and it has applied a revision at least until. If ctx ends first it
+// stops w and returns ctx's error.
+func load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry), until uint64) error {
+	var last uint64
+	marked := false
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -262,9 +289,14 @@ func load(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyV
 				return ErrClosed
 			}
 			if e == nil {
+				marked = true
+			} else {
+				apply(e)
+				last = max(last, e.Revision())
+			}
+			if marked && last >= until {
 				return nil
 			}
-			apply(e)
 		case <-ctx.Done():
 			w.Stop()
 			return ctx.Err()
