@@ -77,6 +77,9 @@ type VaultRequest struct {
 	Uses    int    `json:"uses,omitempty"`    // token: how many joins
 	Node    string `json:"node,omitempty"`    // enrol: the joining node's name
 	MeshID  string `json:"mesh_id,omitempty"` // enrol: the mesh the token names
+	// SiteKey, in an enrol, makes the joining node a site of the mesh (issue 42), whose link
+	// authenticates with this nkey user public key: it receives no secret of the mesh's.
+	SiteKey string `json:"site_key,omitempty"`
 	// provision, mint, rotate: a credential or value sealed to the vault's intake xkey, and
 	// who sealed it.
 	Sealed []byte `json:"sealed,omitempty"`
@@ -141,6 +144,9 @@ type Enrolment struct {
 	Growing bool `json:"growing,omitempty"`
 	// CA is the mesh's CA certificate (DER), which join tokens carry.
 	CA []byte `json:"ca,omitempty"`
+	// Leaf are the hub servers' leafnode URLs, in a site's enrolment (which carries nothing
+	// else but MeshID and CA).
+	Leaf []string `json:"leaf,omitempty"`
 }
 
 // ModuleCredentials is what a sealed module reply opens to: what a host gives the module's

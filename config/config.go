@@ -87,6 +87,10 @@ type Config struct {
 	// at, when its addresses bind every interface: its routes, client and gossip addresses
 	// are advertised with it. Empty: the bound addresses' hosts.
 	Advertise string `yaml:"advertise"`
+	// LeafAddr is host:port where this server accepts sites' leafnode links (issue 42;
+	// `meshnode join --leaf`); empty: it accepts none. Beyond loopback it is TLS, with the
+	// node's certificate from the mesh's CA.
+	LeafAddr string `yaml:"leaf-addr"`
 	// HTTPAddr is host:port for /healthz, /readyz, /metrics, the status API and the console.
 	// Port 0 picks a free port. Beyond loopback it is HTTPS, with the node's certificate
 	// from the mesh's CA.
@@ -430,6 +434,7 @@ func (c *Config) keys() map[string]any {
 		"cluster-addr":            &c.ClusterAddr,
 		"gossip-addr":             &c.GossipAddr,
 		"advertise":               &c.Advertise,
+		"leaf-addr":               &c.LeafAddr,
 		"http-addr":               &c.HTTPAddr,
 		"log-level":               &c.LogLevel,
 		"log-format":              &c.LogFormat,
@@ -641,6 +646,9 @@ func (c Config) Validate() error {
 		if err := validAddr(a.value); err != nil {
 			return fmt.Errorf("%w: %s %q: %v; write host:port, e.g. 127.0.0.1:4222", ErrInvalid, a.key, a.value, err)
 		}
+	}
+	if err := validAddr(c.LeafAddr); c.LeafAddr != "" && err != nil {
+		return fmt.Errorf("%w: leaf-addr %q: %v; write host:port, e.g. 0.0.0.0:7422 (empty: the node accepts no sites)", ErrInvalid, c.LeafAddr, err)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

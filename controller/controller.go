@@ -169,6 +169,7 @@ func New(cfg Config) *Controller {
 			replicas:     cfg.Replicas,
 			eventsMaxAge: cfg.EventsMaxAge,
 			budget:       cfg.Budget,
+			sites:        cfg.Registry.Sites,
 		},
 		sweepNow: make(chan struct{}, 1),
 		answered: cfg.Answered, publish: cfg.Publish,

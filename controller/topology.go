@@ -83,6 +83,8 @@ type Topology struct {
 	auditFloor uint64
 	auditMu    sync.Mutex // one EnsureAudit at a time (start-up, the controller, drift repair)
 	floors     floors     // how far each module's EVENTS consumer had acked (floors.go)
+	// sites are the mesh's sites (issue 42), whose SITE_EVENTS EVENTS sources; nil: none.
+	sites func() []string
 }
 
 // streamConfig is the JetStream configuration of a derived stream on this mesh, within the
@@ -90,6 +92,12 @@ type Topology struct {
 func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 	cfg := streamConfig(s, t.replicas())
 	t.budget.apply(&cfg, s)
+	if s.Name == manifest.EventsStreamName && t.sites != nil {
+		// A site's events reach EVENTS only this way: their subjects never cross its link.
+		for _, site := range t.sites() {
+			cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site)})
+		}
+	}
 	return cfg
 }
 

@@ -37,6 +37,7 @@ type Meta struct {
 	MeshID string `json:"m"`
 	Route  string `json:"r,omitempty"` // nats-route://host:port
 	Client string `json:"c,omitempty"` // nats://host:port
+	Leaf   string `json:"l,omitempty"` // where sites link to it (nats-leaf:// or tls://); "": it takes none
 	// Version is the node's meshnode version, so every member shows the others' during a
 	// rolling upgrade; "" from a meshnode older than this field (an older node ignores it).
 	Version string `json:"v,omitempty"`
@@ -191,6 +192,9 @@ func unreachable(err error) bool {
 // Members returns every node known, this one included: the live ones, and those that left
 // or failed since this node started (until Forget).
 func (m *Membership) Members() []Member {
+	if m == nil {
+		return nil // a single node: no gossip
+	}
 	var out []Member
 	live := map[string]bool{}
 	for _, n := range m.ml.Members() {

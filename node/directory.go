@@ -9,6 +9,7 @@ import (
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/site"
 	"github.com/meshnode/meshnode/vault"
 )
 
@@ -49,6 +50,9 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 			p := tokenPermissions(id, publicKey)
 			return embedbus.Identity{Name: "token:" + id, Permissions: &p}, true
 		}
+	}
+	if s, ok := d.reg.SiteByKey(publicKey); ok {
+		return site.LinkIdentity(s), true // a site's link, admitted as a leafnode only
 	}
 	e, ok := d.reg.ByKey(publicKey)
 	if !ok || !e.Derivation.Bus {

@@ -40,7 +40,7 @@ func (n *Node) form(ctx context.Context) (*embedbus.Cluster, error) {
 	}
 	m, err := membership.Open(membership.Config{
 		Meta: membership.Meta{Name: n.id.Name, MeshID: f.MeshID,
-			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Version: formats.MeshnodeVersion(), Formed: f.Members,
+			Route: "nats-route://" + adv.route, Client: "nats://" + adv.client, Leaf: n.hub().URL(), Version: formats.MeshnodeVersion(), Formed: f.Members,
 			Formats: formats.Advertise(n.formats())},
 		BindAddr:      n.cfg.GossipAddr,
 		AdvertiseAddr: adv.gossip,

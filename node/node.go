@@ -483,6 +483,8 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 		ClientTLS:    clientTLS,
 		ReadyTimeout: readyTimeout,
 		Complete:     n.dir.complete,
+		Domain:       manifest.HubDomain, // every server's: sites reach the mesh's JetStream by it
+		Leaf:         n.hub().Listen(clientAddr),
 		MaxStore:     int64(n.cfg.StoreMaxBytes),
 		SyncAlways:   syncAlways,
 		SyncInterval: syncEvery,
@@ -957,7 +959,7 @@ func (n *Node) openVault(ctx context.Context, key nkeys.KeyPair) (err error) {
 				}
 				return e.Manifest.Secrets, true
 			},
-			Enrolment: n.enrolment,
+			Enrolment: n.enrolment, EnrolSite: n.hub().Enrol,
 			Admit: func(name string) error {
 				if _, taken := n.reg.Node(name); taken {
 					return fmt.Errorf("mesh %s has a server named %s already: join with another --name (a name is a server's raft identity)", n.id.MeshID, name)

@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
+	"github.com/meshnode/meshnode/site"
 	"github.com/nats-io/nats.go"
 )
 
@@ -45,7 +46,7 @@ func (n *Node) clientCAFile() string {
 
 // certHosts are what the node's certificate covers.
 func (n *Node) certHosts() []string {
-	return meshca.Hosts(n.cfg.ClusterAddr, n.cfg.ClientAddr, n.cfg.Advertise, n.cfg.HTTPAddr)
+	return meshca.Hosts(n.cfg.ClusterAddr, n.cfg.ClientAddr, n.cfg.Advertise, n.cfg.HTTPAddr, n.cfg.LeafAddr)
 }
 
 // openCerts loads the node's certificate from its data dir, issuing a new one when there
@@ -118,4 +119,15 @@ func (n *Node) serveCertRotate() (*nats.Subscription, error) {
 	return n.resp.nc.Subscribe(manifest.NodeToolSubject(n.id.Name, api.NodeToolCertRotate), func(m *nats.Msg) {
 		respondCluster(m, n.rotateCert())
 	})
+}
+
+// hub is the node's side of sites (package site): where it takes their links, and their
+// enrolment.
+func (n *Node) hub() site.Hub {
+	h := site.Hub{Config: n.cfg, MeshID: n.id.MeshID, Registry: n.reg, Members: n.mesh.members.Members,
+		Enrolled: func(ctx context.Context) error { return n.ctrl.Topology().EnsureMesh(ctx) }}
+	if n.tls.ca != nil {
+		h.CA, h.TLS = n.tls.ca.Cert.Raw, n.tls.keeper.ClientTLS
+	}
+	return h
 }

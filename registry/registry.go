@@ -122,6 +122,7 @@ type Registry struct {
 	operator string            // the operator's public key: every node admits it
 	vault    string            // the vault's public key
 	nodes    map[string]NodeIdentity
+	sites    map[string]SiteIdentity // the mesh's sites (issue 42), by name
 	// nodesChanged receives (without blocking: one pending is enough) when a server's
 	// identity comes or goes: the controller declares a node that joins.
 	nodesChanged chan struct{}
@@ -301,6 +302,8 @@ func (r *Registry) applyIdentity(kve jetstream.KeyValueEntry) {
 		check = checkUserKey
 	case strings.HasPrefix(key, nodeKeyPrefix):
 		check = checkNodeIdentity
+	case strings.HasPrefix(key, siteKeyPrefix):
+		check = checkSiteIdentity
 	default:
 		return
 	}
@@ -335,6 +338,8 @@ func (r *Registry) applyIdentity(kve jetstream.KeyValueEntry) {
 		if put {
 			r.vault = string(value)
 		}
+	case strings.HasPrefix(key, siteKeyPrefix):
+		r.applySite(strings.TrimPrefix(key, siteKeyPrefix), value, put)
 	default:
 		name := strings.TrimPrefix(key, nodeKeyPrefix)
 		var id NodeIdentity

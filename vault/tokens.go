@@ -226,16 +226,26 @@ func (v *Vault) enrol(ctx context.Context, id string, req api.VaultRequest) (*ap
 	if _, err := nkeys.FromPublicKey(req.XKey); err != nil || !nkeys.IsValidPublicCurveKey(req.XKey) {
 		return nil, errors.New("enrol carries no xkey to seal the enrolment to")
 	}
-	if v.cfg.Admit != nil {
-		if err := v.cfg.Admit(req.Node); err != nil {
-			return nil, err
-		}
-	}
-	if other, ok := v.enrolledAs(req.Node); ok {
+	if other, ok := v.enrolledAs(req.Node); ok && req.SiteKey == "" {
 		return nil, fmt.Errorf("a node named %s enrolled with join token %s and may still be starting: join with another --name (a name is a server's raft identity), or wait until that token expires at %s",
 			req.Node, other.ID, other.Expires.Format(time.RFC3339))
 	}
-	out := v.cfg.Enrolment()
+	var out api.Enrolment
+	switch {
+	case req.SiteKey != "" && v.cfg.EnrolSite == nil:
+		return nil, fmt.Errorf("mesh %s takes no sites: this server does not serve enrolments of sites", v.cfg.MeshID)
+	case req.SiteKey != "":
+		if out, err = v.cfg.EnrolSite(ctx, req.Node, req.SiteKey); err != nil {
+			return nil, err
+		}
+	default:
+		if v.cfg.Admit != nil {
+			if err := v.cfg.Admit(req.Node); err != nil {
+				return nil, err
+			}
+		}
+		out = v.cfg.Enrolment()
+	}
 	r.Used++
 	r.Enrolled = append(r.Enrolled, req.Node)
 	b, _ := json.Marshal(r)
@@ -246,7 +256,11 @@ func (v *Vault) enrol(ctx context.Context, id string, req api.VaultRequest) (*ap
 	v.mu.Lock()
 	v.tokens[r.PublicKey] = r
 	v.mu.Unlock()
-	v.event(ctx, "enrolled", map[string]any{"token": id, "node": req.Node})
+	if req.SiteKey != "" {
+		v.event(ctx, "enrolled", map[string]any{"token": id, "node": req.Node, "site": true})
+	} else {
+		v.event(ctx, "enrolled", map[string]any{"token": id, "node": req.Node})
+	}
 	return &out, nil
 }
 
@@ -255,6 +269,19 @@ func (v *Vault) enrol(ctx context.Context, id string, req api.VaultRequest) (*ap
 // the reply with xkp (the joining node's xkey). Each refusal says which: a foreign or
 // unknown token is refused at connect, an expired or used-up one by the vault.
 func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*api.Enrolment, error) {
+	return enrolWith(ctx, token, xkp, api.VaultRequest{Node: node})
+}
+
+// EnrolSite is Enrol for a site named site (issue 42) whose link authenticates with key (an
+// nkey user public key): its enrolment carries the mesh's id, CA and the hub servers' leafnode
+// URLs, and no secret of the mesh's.
+func EnrolSite(ctx context.Context, token, site, key string, xkp nkeys.KeyPair) (*api.Enrolment, error) {
+	return enrolWith(ctx, token, xkp, api.VaultRequest{Node: site, SiteKey: key})
+}
+
+// enrolWith is Enrol's and EnrolSite's: req names the node, and the site's key if it is one.
+func enrolWith(ctx context.Context, token string, xkp nkeys.KeyPair, req api.VaultRequest) (*api.Enrolment, error) {
+	node := req.Node
 	b, err := ParseToken(token)
 	if err != nil {
 		return nil, err
@@ -278,7 +305,8 @@ func Enrol(ctx context.Context, token, node string, xkp nkeys.KeyPair) (*api.Enr
 			continue
 		}
 		var out api.Enrolment
-		_, err = CallWith(ctx, nc, xkp, api.VaultVerbEnrol, b.ID, api.VaultRequest{XKey: xpub, Node: node, MeshID: b.MeshID}, &out)
+		req.XKey, req.MeshID = xpub, b.MeshID
+		_, err = CallWith(ctx, nc, xkp, api.VaultVerbEnrol, b.ID, req, &out)
 		nc.Close()
 		if err != nil {
 			return nil, err

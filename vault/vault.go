@@ -75,6 +75,9 @@ type Config struct {
 	// Admit refuses a joining node the mesh cannot take (its name is a server's already);
 	// nil admits every node.
 	Admit func(node string) error
+	// EnrolSite records a site joining with a token (named site, its link authenticating
+	// with key) and returns its enrolment, or refuses it; nil: the mesh takes no sites.
+	EnrolSite func(ctx context.Context, site, key string) (api.Enrolment, error)
 	// Addrs are the client URLs a join token tells the joining node to contact.
 	Addrs func() []string
 	// ServerXKey returns a server's recorded xkey: the vault's own credentials are sealed

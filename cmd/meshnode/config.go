@@ -35,6 +35,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("cluster-addr", defaults.ClusterAddr, "host:port for routes between nodes")
 	f.String("gossip-addr", defaults.GossipAddr, "host:port for membership gossip")
 	f.String("advertise", defaults.Advertise, "the address (IP or DNS name) the other servers reach this node at, when its addresses bind every interface")
+	f.String("leaf-addr", defaults.LeafAddr, "host:port where this server accepts sites' leafnode links (`meshnode join --leaf`; empty: none; TLS beyond loopback)")
 	f.String("http-addr", defaults.HTTPAddr, "host:port for /healthz, /readyz, /metrics, the status API and the console (port 0: any free port; HTTPS beyond loopback)")
 	f.String("log-level", defaults.LogLevel, "debug, info, warn or error")
 	f.String("log-format", defaults.LogFormat, "text or json")
@@ -147,7 +148,7 @@ func newLogger(cfg config.Config, w *os.File) *slog.Logger {
 // addressKeys are the configuration keys that say where a node listens and how the others
 // reach it: what a later `meshnode run --data-dir DIR` (the systemd unit's command) needs
 // to start the same server.
-var addressKeys = []string{"client-addr", "cluster-addr", "gossip-addr", "http-addr", "advertise", "client-tls"}
+var addressKeys = []string{"client-addr", "cluster-addr", "gossip-addr", "http-addr", "advertise", "client-tls", "leaf-addr"}
 
 // keepAddresses writes the addresses given to genesis or join (by flag or environment) to
 // meshnode.yaml in the data dir, so that the node's later starts — `meshnode run --data-dir`,

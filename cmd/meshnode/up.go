@@ -12,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/site"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/spf13/cobra"
 )
@@ -52,14 +53,15 @@ func newRunCmd() *cobra.Command {
 
 func newJoinCmd() *cobra.Command {
 	var token, tokenFile string
-	var noRun bool
+	var noRun, leaf bool
 	cmd := &cobra.Command{
-		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME [--no-run]",
+		Use:   "join (--token-file FILE | MESHNODE_TOKEN=…) --data-dir DIR --name NAME [--leaf] [--no-run]",
 		Short: "Join a mesh with a token, then run this node (or exit, with --no-run)",
 		Example: `  meshnode join --token-file /root/token --data-dir /var/lib/meshnode --name b --cluster-addr 10.0.0.3:6222 --gossip-addr 10.0.0.3:7946
   MESHNODE_TOKEN=MNJ1.… meshnode join --data-dir /var/lib/meshnode --name c
   sudo -u meshnode meshnode join --no-run --token-file /dev/stdin --data-dir /var/lib/meshnode --name d < /root/token
-  sudo systemctl enable --now meshnode   # after --no-run: the service runs the node`,
+  sudo systemctl enable --now meshnode   # after --no-run: the service runs the node
+  meshnode join --leaf --token-file token --data-dir ./oslo --name oslo --client-addr 127.0.0.1:4222   # a site`,
 		Long: `Join this node to a mesh and run it. Two kinds of token:
 
   MNF1. (founding token, printed by meshnode genesis --expect N): this node is one of the
@@ -68,6 +70,12 @@ func newJoinCmd() *cobra.Command {
   MNJ1. (join token, made by meshnode token create): the mesh has formed; this node enrols
         through the mesh's vault, which hands it the mesh's credentials sealed to this
         node's own key, then starts its bus with routes to the current members.
+
+With --leaf (and a join token) the node is a site of the mesh, not a server: it links to the
+mesh's servers over a leafnode connection it opens itself (so it works from behind NAT), runs
+its own JetStream, stores its modules' events while its link is down, and admits the mesh's
+registered modules from its copy of the registry. The mesh's servers need leaf-addr set;
+the site's modules connect on loopback (docs/scale.md, Sites).
 
 Later restarts are meshnode run. With --no-run, join writes the data dir (the node's keys,
 the mesh's foundation or enrolment, and meshnode.yaml with the addresses given) and exits 0
@@ -88,6 +96,9 @@ without starting the node: the service (meshnode run, the systemd unit) starts i
 					fmt.Fprintf(cmd.OutOrStdout(), "its addresses are kept in %s: `meshnode run --data-dir %s` and the service start it with them\n", kept, cfg.DataDir)
 				}
 				return err
+			}
+			if leaf {
+				return joinSite(cmd, cfg, token, noRun)
 			}
 			if strings.HasPrefix(strings.TrimSpace(token), vault.TokenPrefix) {
 				ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
@@ -128,6 +139,7 @@ without starting the node: the service (meshnode run, the systemd unit) starts i
 	addNodeFlags(cmd, config.Run())
 	cmd.Flags().StringVar(&token, "token", "", "a join token (MNJ1.) or the founding token (MNF1.) genesis printed (visible in ps: prefer --token-file or "+config.TokenEnv+")")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "a file holding the token (the file is read, not kept)")
+	cmd.Flags().BoolVar(&leaf, "leaf", false, "join as a site of the mesh, linked to its servers as a leafnode (a join token; the servers need leaf-addr)")
 	cmd.Flags().BoolVar(&noRun, "no-run", false, "write the data dir and its config, then exit instead of running the node (for systemd to start meshnode run)")
 	return cmd
 }
@@ -194,6 +206,11 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 	// SIGINT and SIGTERM end ctx, caught since the command started (commandContext).
 	ctx := cmd.Context()
 	log := newLogger(cfg, os.Stderr)
+	if held, err := site.Load(cfg.DataDir); err == nil {
+		return runSite(cmd, cfg, held, log)
+	} else if !errors.Is(err, site.ErrNotSite) {
+		return err
+	}
 	// A requested stop ends within shutdown-timeout whatever the node is doing (opening, a
 	// release nobody answers once the peers are gone): what is left is cut short, which the
 	// store survives (it survives kill -9).

@@ -1,0 +1,113 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/sdk"
+	"github.com/meshnode/meshnode/site"
+	"github.com/meshnode/meshnode/vault"
+	"github.com/nats-io/nats.go"
+)
+
+// TestSite_JoinsWithATokenAndEmitsIntoTheHub is issue 42 through a real node: a server with
+// leaf-addr set is the hub; a join token enrols a site (site.Join, what `meshnode join --leaf`
+// runs), which records it in the mesh's registry and tells it the hub's leafnode URL and
+// nothing secret; the site opened from its data dir admits the hub's registered module by its
+// own key, and the hub's EVENTS sources its events, each once, which the hub's audit log
+// records as genuine. An emit the module did not declare is refused by the site.
+func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hubCfg := testConfig(t.TempDir(), "alpha")
+	hubCfg.LeafAddr = testbed.FreeAddr(t)
+	b := newBedAt(t, hubCfg)
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+
+	var tok api.Token
+	if _, err := vault.Call(ctx, b.op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "1h", Uses: 2}, &tok); err != nil {
+		t.Fatal(err)
+	}
+	siteCfg := testConfig(t.TempDir(), "oslo")
+	j, err := site.Join(ctx, siteCfg, tok.Token)
+	if err != nil {
+		t.Fatalf("join as a site: %v", err)
+	}
+	if j.MeshID != b.n.Identity().MeshID || len(j.Hub) != 1 || j.Hub[0] != "nats-leaf://"+hubCfg.LeafAddr {
+		t.Fatalf("the site's enrolment: %+v, want mesh %s and hub nats-leaf://%s", j, b.n.Identity().MeshID, hubCfg.LeafAddr)
+	}
+	if _, err := site.Join(ctx, siteCfg, tok.Token); err == nil || !strings.Contains(err.Error(), "is site oslo") {
+		t.Fatalf("a second join on the site's data dir: %v, want it refused", err)
+	}
+	other := testConfig(t.TempDir(), "alpha")
+	if _, err := site.Join(ctx, other, tok.Token); err == nil || !strings.Contains(err.Error(), "has a server named alpha") {
+		t.Fatalf("a site named as a server: %v, want it refused", err)
+	}
+
+	held, err := site.Load(siteCfg.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	hubTLS, err := held.TLS()
+	if err != nil || hubTLS != nil {
+		t.Fatalf("a loopback hub's link: TLS %v, %v; want plain", hubTLS, err)
+	}
+	s, err := site.Open(ctx, site.Config{Name: held.Name, StoreDir: filepath.Join(siteCfg.DataDir, datadir.JetStreamDir),
+		ClientAddr: testbed.FreeAddr(t), Key: held.Key, HubURLs: held.Hub, HubTLS: hubTLS})
+	if err != nil {
+		t.Fatalf("open the site: %v", err)
+	}
+	defer s.Close()
+
+	shop, err := sdk.Connect(ctx, s.Bus().ClientURL(), seed)
+	if err != nil {
+		t.Fatalf("the hub's module connects to the site: %v", err)
+	}
+	defer shop.Close()
+	const n = 5
+	ids := map[string]bool{}
+	for i := range n {
+		id, err := shop.Emit(ctx, "order.placed", map[string]int{"n": i})
+		if err != nil {
+			t.Fatalf("emit on the site: %v", err)
+		}
+		ids[id] = true
+	}
+	subject := manifest.EventSubject("shop", "order.placed")
+	start := time.Now()
+	retryUntil(t, 90*time.Second, func() error {
+		if got := eventsOn(t, b, subject); got != n {
+			return fmt.Errorf("the hub's EVENTS holds %d of the site's %d events", got, n)
+		}
+		return nil
+	})
+	t.Logf("the hub's EVENTS sourced the site's %d events %s after they were acked", n, time.Since(start).Round(time.Millisecond))
+	retryUntil(t, 30*time.Second, func() error {
+		recs := b.auditAll("shop")
+		genuine := 0
+		for _, r := range recs {
+			if ids[r.EventID] && r.Signed {
+				genuine++
+			}
+		}
+		if genuine != n || len(recs) != n {
+			return fmt.Errorf("the hub's audit log has %d records of shop, %d of them the site's events and genuine; want %d", len(recs), genuine, n)
+		}
+		return nil
+	})
+
+	nc := connect(t, s.Bus().ClientURL(), seed, nats.CustomInboxPrefix(manifest.InboxPrefix("shop")))
+	defer nc.Close()
+	if !refusedPub(t, nc, manifest.EventSubject("shop", "order.refunded")) {
+		t.Error("the site let the module emit an event it did not declare")
+	}
+}
