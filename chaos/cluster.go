@@ -50,6 +50,8 @@ type Options struct {
 	Flags []string
 	// ReadyTimeout bounds the wait for a node's ready line; 0 means 90 s.
 	ReadyTimeout time.Duration
+	// Leaf makes every server take sites' leafnode links, on its address's port leafPort.
+	Leaf bool
 	// Binary is the meshnode the nodes found the mesh with and start with until Upgrade
 	// moves them to this checkout's (an upgrade bed's older build); "" is this checkout's.
 	// The CLI verbs (Meshnode, Settled) always run this checkout's.
@@ -62,6 +64,7 @@ const (
 	httpPort    = 8222
 	clusterPort = 6222
 	gossipPort  = 7946
+	leafPort    = 7422
 )
 
 // fillFile is the file FillDisk writes into a node's data dir.
@@ -242,6 +245,9 @@ func (c *Cluster) prepare(t testing.TB, k int) *Node {
 		// Every node sizes its streams from the same figure, whatever its tmpfs holds at a
 		// start; a full tmpfs is then a disk that refuses writes, not a smaller store.
 		"--store-max-bytes", strconv.FormatInt(c.o.DiskBytes*3/4, 10)}
+	if c.o.Leaf {
+		flags = append(flags, "--leaf-addr", addr+":"+strconv.Itoa(leafPort))
+	}
 	return &Node{c: c, index: k, name: name, dir: dir, addr: addr, flags: append(flags, c.o.Flags...), log: &testbed.SyncBuffer{},
 		bin: cmp.Or(c.o.Binary, c.bin)}
 }

@@ -35,7 +35,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("cluster-addr", defaults.ClusterAddr, "host:port for routes between nodes")
 	f.String("gossip-addr", defaults.GossipAddr, "host:port for membership gossip")
 	f.String("advertise", defaults.Advertise, "the address (IP or DNS name) the other servers reach this node at, when its addresses bind every interface")
-	f.String("leaf-addr", defaults.LeafAddr, "host:port where this server accepts sites' leafnode links (`meshnode join --leaf`; empty: none; TLS beyond loopback)")
+	f.String("leaf-addr", defaults.LeafAddr, "host:port where this server accepts sites' leafnode links, for meshnode join --leaf (empty: none; TLS beyond loopback)")
 	f.String("http-addr", defaults.HTTPAddr, "host:port for /healthz, /readyz, /metrics, the status API and the console (port 0: any free port; HTTPS beyond loopback)")
 	f.String("log-level", defaults.LogLevel, "debug, info, warn or error")
 	f.String("log-format", defaults.LogFormat, "text or json")
