@@ -95,7 +95,8 @@ func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 	if s.Name == manifest.EventsStreamName && t.sites != nil {
 		// A site's events reach EVENTS only this way: their subjects never cross its link.
 		for _, site := range t.sites() {
-			cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site)})
+			cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site),
+				Consumer: &jetstream.StreamConsumerSource{Name: manifest.SiteSourceConsumer, DeliverSubject: manifest.SiteDeliverSubject(site)}})
 		}
 	}
 	return cfg

@@ -9,8 +9,21 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
+// A link's pings: nats-server pings a leafnode connection at the server's PingInterval (2 min
+// by default, two unanswered allowed), so a link cut without a close (a cable, a NAT that
+// forgot it) would stay up in both servers' view for up to 6 minutes; a site would not look
+// for another hub server meanwhile. A server with a leafnode port or link pings every
+// connection as routes are pinged: a cut link is dropped, and the site moves, within 15–20 s.
+const (
+	linkPingInterval = routePingInterval
+	linkMaxPingsOut  = routeMaxPingsOut
+)
+
 // leafOptions sets a hub's leafnode port and a site's link to its hub on opts.
 func leafOptions(opts *server.Options, listen *LeafListen, hub *Hub) error {
+	if listen != nil || hub != nil {
+		opts.PingInterval, opts.MaxPingsOut = linkPingInterval, linkMaxPingsOut
+	}
 	if l := listen; l != nil {
 		host, port, err := splitAddr(l.Addr)
 		if err != nil {

@@ -126,6 +126,9 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 	if _, err := ensure.Stream(ctx, js, EventsStream(cfg.EventsMaxBytes)); err != nil {
 		return nil, fmt.Errorf("open %s: %w", manifest.SiteEventsStreamName, err)
 	}
+	if _, err := js.CreateOrUpdatePushConsumer(ctx, manifest.SiteEventsStreamName, SourceConsumer(cfg.Name)); err != nil {
+		return nil, fmt.Errorf("open %s's consumer for the hub: %w", manifest.SiteEventsStreamName, err)
+	}
 	// A module asks the site which module it is, as it would ask the hub's controller: its
 	// connection learns its declarations from the site's copy of the registry.
 	if s.whoami, err = bus.Conn().Subscribe(manifest.WhoamiSubjects, func(m *nats.Msg) {
@@ -197,9 +200,30 @@ func EventsStream(maxBytes int64) jetstream.StreamConfig {
 	}
 }
 
-// HubSource is how the hub's EVENTS names a site's SITE_EVENTS among its sources.
+// SourceConsumer is the durable consumer on SITE_EVENTS the hub's EVENTS sources through:
+// pushed to the hub across the link, flow-controlled, acknowledged by the flow control's
+// answers (JetStream's durable sourcing).
+func SourceConsumer(site string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        manifest.SiteSourceConsumer,
+		Description:    "meshnode: the hub's EVENTS sources this site's events through it",
+		DeliverSubject: manifest.SiteDeliverSubject(site),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckFlowControlPolicy,
+		FlowControl:    true,
+		IdleHeartbeat:  time.Second, // what JetStream requires of it
+		MaxAckPending:  sourceMaxAckPending,
+	}
+}
+
+// sourceMaxAckPending bounds the events in flight to the hub, unacknowledged.
+const sourceMaxAckPending = 10_000
+
+// HubSource is how the hub's EVENTS names a site's SITE_EVENTS among its sources: through
+// the site's durable SourceConsumer.
 func HubSource(site string) *jetstream.StreamSource {
-	return &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site)}
+	return &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site),
+		Consumer: &jetstream.StreamConsumerSource{Name: manifest.SiteSourceConsumer, DeliverSubject: manifest.SiteDeliverSubject(site)}}
 }
 
 // Bus is the site's bus.
