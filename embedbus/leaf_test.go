@@ -48,7 +48,7 @@ const testEvents = manifest.AllEvents
 // linkPerms are a site link's permissions as a hub grants them: manifest.SiteLink, for a
 // site that mirrors the hub's bucket reg.
 func linkPerms(site string) (*manifest.Permissions, []string) {
-	p := manifest.SiteLink(site, "KV_reg")
+	p := manifest.SiteLink(site, nil, "KV_reg")
 	return &p, manifest.SiteDenied()
 }
 

@@ -34,16 +34,19 @@ func SiteDenied() []string { return append(EventPatterns(), ReplayEvents) }
 
 // SiteLink is what a site's link may carry, as the hub grants it (from the site's side:
 // Publish is what the site may send into the hub, Subscribe what it may receive), for a site
-// that mirrors the hub's streams named in mirrors. Each entry is needed (a leaf test drops
-// each in turn and fails):
+// whose modules may be those named in modules, and that mirrors the hub's streams named in
+// mirrors. Each entry is needed (a leaf test drops each in turn and fails):
 //   - the hub's sourcing of SITE_EVENTS: its requests come in on the site's API, the
 //     replies ($JSC.R) and the deliveries ($JS.S) go out;
 //   - each mirror: its consumer's create goes out on the hub's API, the replies and the
 //     deliveries ($JS.M) come in;
-//   - flow control ($JS.FC) both ways: sources and mirrors are flow-controlled.
-func SiteLink(site string, mirrors ...string) Permissions {
+//   - flow control ($JS.FC) both ways: sources and mirrors are flow-controlled;
+//   - a site's module calling a seat's tool: the call goes out (mesh.seat.<seat>.tool.>,
+//     and a later version's), the answer comes in to the module's inbox — only modules'
+//     inboxes, never the operator's or a server's.
+func SiteLink(site string, modules []string, mirrors ...string) Permissions {
 	p := Permissions{
-		Publish: []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>"},
+		Publish: []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", seatToolAll("*", V1), "mesh.seat.*.*.tool.>"},
 		Subscribe: []Subscription{
 			{Subject: "$JS." + SiteDomain(site) + ".API.>"}, {Subject: "$JS.FC.>"},
 			{Subject: "$JS.M.>"}, {Subject: "$JSC.R.>"},
@@ -51,6 +54,9 @@ func SiteLink(site string, mirrors ...string) Permissions {
 	}
 	for _, m := range mirrors {
 		p.Publish = append(p.Publish, "$JS."+HubDomain+".API.CONSUMER.CREATE."+m)
+	}
+	for _, m := range modules {
+		p.Subscribe = append(p.Subscribe, Subscription{Subject: InboxPrefix(m) + ".>"})
 	}
 	return p
 }

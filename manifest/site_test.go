@@ -37,7 +37,7 @@ func TestSiteDenied_EveryEventAndNothingElse(t *testing.T) {
 // TestSiteLink_MirrorsAndDomains: the link lets a site create consumers only on the hub
 // streams it mirrors, and lets the hub in only on the site's own domain.
 func TestSiteLink_MirrorsAndDomains(t *testing.T) {
-	p := SiteLink("oslo", "KV_mesh-registry")
+	p := SiteLink("oslo", nil, "KV_mesh-registry")
 	var creates []string
 	for _, s := range p.Publish {
 		if strings.Contains(s, ".API.") {
@@ -55,5 +55,26 @@ func TestSiteLink_MirrorsAndDomains(t *testing.T) {
 	}
 	if want := []string{"$JS.site-oslo.API.>"}; !slices.Equal(in, want) {
 		t.Errorf("the hub may call the site's API on %v, want %v", in, want)
+	}
+}
+
+// TestSiteLink_InboxesAreModulesOnly: the answers that come in over a link are those to the
+// inboxes of the modules named, and no other: never the operator's, a server's part's, or
+// every inbox at once.
+func TestSiteLink_InboxesAreModulesOnly(t *testing.T) {
+	p := SiteLink("oslo", []string{"shop", "ledger"})
+	var inboxes []string
+	for _, s := range p.Subscribe {
+		if strings.HasPrefix(s.Subject, "_INBOX") {
+			inboxes = append(inboxes, s.Subject)
+		}
+	}
+	if want := []string{"_INBOX.shop.>", "_INBOX.ledger.>"}; !slices.Equal(inboxes, want) {
+		t.Errorf("the link lets answers in to %v, want %v", inboxes, want)
+	}
+	for _, s := range []string{SeatToolSubject("desk", "status"), SeatToolSubjectAt("desk", "v2", "status")} {
+		if !slices.ContainsFunc(p.Publish, func(pattern string) bool { return Matches(pattern, s) }) {
+			t.Errorf("a site's module may not call %s over the link", s)
+		}
 	}
 }

@@ -52,7 +52,7 @@ func (d *directory) Identity(publicKey, name string) (embedbus.Identity, bool) {
 		}
 	}
 	if s, ok := d.reg.SiteByKey(publicKey); ok {
-		return site.LinkIdentity(s), true // a site's link, admitted as a leafnode only
+		return site.LinkIdentity(s, d.reg), true // a site's link, admitted as a leafnode only
 	}
 	e, ok := d.reg.ByKey(publicKey)
 	if !ok || !e.Derivation.Bus {

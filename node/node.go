@@ -38,6 +38,7 @@ import (
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/replication"
 	"github.com/meshnode/meshnode/seats"
+	"github.com/meshnode/meshnode/site"
 	"github.com/meshnode/meshnode/snapshot"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nats.go"
@@ -395,6 +396,9 @@ func (n *Node) authorityChanged(old, new *registry.Entry) {
 	if authorityChanged(old, new) {
 		kicked := n.bus.Kick(old.PublicKey)
 		n.log.Info("module authority changed; its connections reconnect", "module", old.Module, "kicked", kicked)
+	}
+	if cut := site.Relink(n.bus, n.reg, old, new); cut > 0 {
+		n.log.Info("the mesh's modules changed; the sites' links reconnect for their inboxes", "cut", cut)
 	}
 	// The holding instance on this node reconnects under the new grant, and holds on: its
 	// lease stays.

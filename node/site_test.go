@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -30,7 +31,15 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 	hubCfg := testConfig(t.TempDir(), "alpha")
 	hubCfg.LeafAddr = testbed.FreeAddr(t)
 	b := newBedAt(t, hubCfg)
-	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\n")
+	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\nuses: [desk]\n")
+	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, serves: [status]}\n")
+	server := b.client(serverSeed)
+	if err := server.HoldSeat("desk", sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{
+		"status": func(_ context.Context, r sdk.Request) ([]byte, error) { return []byte(`{"ok":true}`), nil },
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	holder(t, "desk", server)
 
 	var tok api.Token
 	if _, err := vault.Call(ctx, b.op, api.VaultVerbToken, api.VaultCallerOperator, api.VaultRequest{TTL: "1h", Uses: 2}, &tok); err != nil {
@@ -105,9 +114,69 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 		return nil
 	})
 
+	// A seat's tool, held on the hub, answers the site's module across the link.
+	retryUntil(t, 30*time.Second, func() error {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		reply, err := shop.Call(cctx, "desk", "status", map[string]any{})
+		if err == nil && string(reply) != `{"ok":true}` {
+			return fmt.Errorf("desk answered %q", reply)
+		}
+		return err
+	})
+
+	// A module registered after the site linked is answered there too: the link reconnects
+	// with the new module's inbox.
+	lateSeed, _ := b.register("module: late\nrequires: [mesh-bus]\nuses: [desk]\n")
+	retryUntil(t, 30*time.Second, func() error {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		late, err := sdk.Connect(cctx, s.Bus().ClientURL(), lateSeed)
+		if err != nil {
+			return err
+		}
+		defer late.Close()
+		_, err = late.Call(cctx, "desk", "status", map[string]any{})
+		return err
+	})
+
 	nc := connect(t, s.Bus().ClientURL(), seed, nats.CustomInboxPrefix(manifest.InboxPrefix("shop")))
 	defer nc.Close()
 	if !refusedPub(t, nc, manifest.EventSubject("shop", "order.refunded")) {
 		t.Error("the site let the module emit an event it did not declare")
 	}
+
+	// Cut off, the site refuses the undeclared emit still, acks its module's emits, and a tool
+	// call fails at once with the reason instead of waiting out its timeout.
+	sitePub, _ := held.Key.PublicKey()
+	if cut := b.n.Bus().BarSite(sitePub, "oslo", time.Now().Add(time.Hour)); cut != 1 {
+		t.Fatalf("cut %d links, want 1", cut)
+	}
+	retryUntil(t, 30*time.Second, func() error {
+		if s.Bus().Linked() {
+			return errors.New("the site is still linked")
+		}
+		return nil
+	})
+	if !refusedPub(t, nc, manifest.EventSubject("shop", "order.refunded")) {
+		t.Error("the site let the module emit an event it did not declare, cut off")
+	}
+	if _, err := shop.Emit(ctx, "order.placed", map[string]int{"n": n}); err != nil {
+		t.Fatalf("emit on the site, cut off: %v", err)
+	}
+	called := time.Now()
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	_, err = shop.Call(cctx, "desk", "status", map[string]any{})
+	if err == nil || time.Since(called) > 5*time.Second {
+		t.Fatalf("a tool call across a cut link: %v after %s, want a prompt error", err, time.Since(called).Round(time.Millisecond))
+	}
+	t.Logf("a tool call across the cut link failed after %s: %v", time.Since(called).Round(time.Millisecond), err)
+	b.n.Bus().BarSite(sitePub, "oslo", time.Now())
+	retryUntil(t, 60*time.Second, func() error {
+		if got := eventsOn(t, b, subject); got != n+1 {
+			return fmt.Errorf("the hub's EVENTS holds %d of the site's %d events", got, n+1)
+		}
+		return nil
+	})
 }

@@ -93,11 +93,35 @@ func (h Hub) Enrol(ctx context.Context, name, key string) (api.Enrolment, error)
 
 // LinkIdentity is how a hub server admits the link of site: as a leafnode connection only,
 // never as a client, with the permissions manifest.SiteLink derives (the site's mirror of the
-// registry, the hub's sourcing of its events), and never an event's subject.
-func LinkIdentity(site string) embedbus.Identity {
-	p := manifest.SiteLink(site, "KV_"+registry.Bucket)
+// registry, the hub's sourcing of its events, its modules' calls of seats' tools and the
+// answers to their inboxes — those of the modules reg holds now: Relink makes the link
+// authenticate again when they change), and never an event's subject.
+func LinkIdentity(site string, reg *registry.Registry) embedbus.Identity {
+	var modules []string
+	for _, e := range reg.List() {
+		if e.Derivation.Bus {
+			modules = append(modules, e.Module)
+		}
+	}
+	p := manifest.SiteLink(site, modules, "KV_"+registry.Bucket)
 	return embedbus.Identity{Name: "site:" + site, Leaf: true, Permissions: &p,
 		PublishDeny: manifest.SiteDenied(), SubscribeDeny: manifest.SiteDenied()}
+}
+
+// Relink cuts every site's link to bus, when a module was registered or removed (old or new
+// is nil): each site links again at once, and is granted the inboxes of the modules
+// registered now.
+func Relink(bus *embedbus.Bus, reg *registry.Registry, old, new *registry.Entry) int {
+	if (old == nil) == (new == nil) || bus == nil {
+		return 0
+	}
+	n := 0
+	for _, name := range reg.Sites() {
+		if id, ok := reg.Site(name); ok {
+			n += bus.BarSite(id.PublicKey, name, time.Time{})
+		}
+	}
+	return n
 }
 
 // Enrol records site, whose link authenticates with key, in the mesh's registry. A name that

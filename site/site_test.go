@@ -89,7 +89,7 @@ func newBed(t *testing.T, ctx context.Context) *bed {
 	hubKey, hubPub := newKey(t)
 	siteKey, sitePub := newKey(t)
 	b.sitePub = sitePub
-	link := manifest.SiteLink("oslo", "KV_"+registry.Bucket)
+	link := manifest.SiteLink("oslo", []string{"shop"}, "KV_"+registry.Bucket)
 	leafAddr := testbed.FreeAddr(t)
 	hub, err := embedbus.Open(ctx, embedbus.Config{Name: "hub", StoreDir: t.TempDir(), ClientAddr: testbed.FreeAddr(t), Key: hubKey,
 		Directory: hubDirectory{
