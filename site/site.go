@@ -1,18 +1,20 @@
-// Package site runs what a site of a mesh needs of its own (issue 42, in progress): a node
-// that links to the hub over a leafnode connection it opens itself and runs its own
-// JetStream in a domain of its own, so its modules go on emitting while the link is down.
+// Package site runs what a site of a mesh needs of its own (issue 42): a node that links to
+// the hub over a leafnode connection it opens itself and runs its own JetStream in a domain
+// of its own, so its modules go on emitting while the link is down.
 //
 // A Site is its bus (embedbus, with Config.Hub), a mirror of the hub's registry in its domain
 // (registry.OpenMirror), which decides who connects and with what permissions — the same
 // derived ones the hub grants — while the link is down as while it is up, and answers a
 // module's whoami (so the Go sdk connects to a site as to a node), SITE_EVENTS, where its
-// modules' events are stored before the hub's EVENTS sources them, and an admitter that
-// passes each module's emits to it.
+// modules' events are stored before the hub's EVENTS sources them (through a durable
+// consumer, SourceConsumer), and an admitter that passes each module's emits to it. Join
+// enrols a data dir as a site with a join token and Load opens it: what `meshnode join
+// --leaf` and `meshnode run` do. Hub is a mesh server's side: where it takes links, how it
+// records a site, and what it grants a link (LinkIdentity).
 //
-// Not built yet (docs/scale.md): `meshnode join --leaf`, which would enrol a site and start
-// this; a site's audit log, its admitter's quotas and back-pressure, and its rate limit on
-// whoami; seats, tools and a module's consumers across the link. A Site is used by its tests
-// only.
+// Not built yet (docs/scale.md): a site's audit log, its admitter's quotas and
+// back-pressure, its rate limit on whoami; seat jobs and a module's consumers across the
+// link; TLS on a site's client port.
 package site
 
 import (
