@@ -54,6 +54,10 @@ type Config struct {
 	// Flooding, if set, is told of a module that keeps sending far past its pace: the node
 	// bars it for a while (its flood watch).
 	Flooding func(module string, refused uint64)
+	// JobsRefused, if set, is asked before a seat's job is passed on: a reason it returns
+	// refuses the job at once with AdmitCutOff (a site whose link is down, where the job would
+	// otherwise wait out the module's timeout for a queue it cannot reach).
+	JobsRefused func() string
 }
 
 // Admitter takes what modules publish under manifest.AdmitPrefix and passes it on to its
@@ -207,6 +211,12 @@ func (a *Admitter) admit(w *wire, m msg) {
 	}
 	if !event {
 		a.mu.Unlock()
+		if a.cfg.JobsRefused != nil {
+			if why := a.cfg.JobsRefused(); why != "" {
+				a.refuse(w, m, module, "", api.AdmitCutOff, why)
+				return
+			}
+		}
 		a.pass(w, m, target)
 		return
 	}

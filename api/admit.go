@@ -17,6 +17,10 @@ const (
 	// AdmitNotAdmitted is final: the subject is not one the admitter passes on (not an event
 	// or a seat's job of the module under whose prefix it came).
 	AdmitNotAdmitted = 19004
+	// AdmitCutOff is final for this attempt: the module is on a site whose link to the mesh is
+	// down, and a seat's job is queued on the mesh's servers. The description says so; the
+	// module may submit it again once the link is back.
+	AdmitCutOff = 19005
 )
 
 // AdmitRetryable reports whether a refusal with err_code code may succeed if sent again later.

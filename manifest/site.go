@@ -43,10 +43,14 @@ func SiteDenied() []string { return append(EventPatterns(), ReplayEvents) }
 //   - flow control ($JS.FC) both ways: sources and mirrors are flow-controlled;
 //   - a site's module calling a seat's tool: the call goes out (mesh.seat.<seat>.tool.>,
 //     and a later version's), the answer comes in to the module's inbox — only modules'
-//     inboxes, never the operator's or a server's.
+//     inboxes, never the operator's or a server's;
+//   - a site's module submitting a seat's job: the site's admitter passes it out to the
+//     seat's queue on the hub (mesh.seat.<seat>.accept.>, a node-scoped seat's, and a later
+//     version's), the queue's ack comes in to the module's inbox.
 func SiteLink(site string, modules []string, mirrors ...string) Permissions {
 	p := Permissions{
-		Publish: []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", seatToolAll("*", V1), "mesh.seat.*.*.tool.>"},
+		Publish: []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", seatToolAll("*", V1), "mesh.seat.*.*.tool.>",
+			"mesh.seat.*.accept.>", "mesh.seat.*.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.*.node.*.accept.>"},
 		Subscribe: []Subscription{
 			{Subject: "$JS." + SiteDomain(site) + ".API.>"}, {Subject: "$JS.FC.>"},
 			{Subject: "$JS.M.>"}, {Subject: "$JSC.R.>"},

@@ -72,9 +72,10 @@ func TestSiteLink_InboxesAreModulesOnly(t *testing.T) {
 	if want := []string{"_INBOX.shop.>", "_INBOX.ledger.>"}; !slices.Equal(inboxes, want) {
 		t.Errorf("the link lets answers in to %v, want %v", inboxes, want)
 	}
-	for _, s := range []string{SeatToolSubject("desk", "status"), SeatToolSubjectAt("desk", "v2", "status")} {
+	for _, s := range []string{SeatToolSubject("desk", "status"), SeatToolSubjectAt("desk", "v2", "status"),
+		SeatAcceptSubject("desk", "work"), SeatAcceptSubjectAt("desk", "v2", "work"), SeatNodeAcceptSubject("desk", "a", "work")} {
 		if !slices.ContainsFunc(p.Publish, func(pattern string) bool { return Matches(pattern, s) }) {
-			t.Errorf("a site's module may not call %s over the link", s)
+			t.Errorf("a site's module may not call or submit to %s over the link", s)
 		}
 	}
 }

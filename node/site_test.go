@@ -32,11 +32,15 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 	hubCfg.LeafAddr = testbed.FreeAddr(t)
 	b := newBedAt(t, hubCfg)
 	seed, _ := b.register("module: shop\nrequires: [mesh-bus]\nemits: [order.placed]\nuses: [desk]\n")
-	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, serves: [status]}\n")
+	serverSeed, _ := b.register("module: server\nrequires: [mesh-bus]\nseats:\n  desk: {scope: mesh, retain: 1h, accepts: [work], serves: [status]}\n")
 	server := b.client(serverSeed)
-	if err := server.HoldSeat("desk", sdk.SeatHandlers{Serves: map[string]sdk.ToolHandler{
-		"status": func(_ context.Context, r sdk.Request) ([]byte, error) { return []byte(`{"ok":true}`), nil },
-	}}); err != nil {
+	jobs := make(chan string, 16)
+	if err := server.HoldSeat("desk", sdk.SeatHandlers{
+		Serves: map[string]sdk.ToolHandler{
+			"status": func(_ context.Context, r sdk.Request) ([]byte, error) { return []byte(`{"ok":true}`), nil },
+		},
+		Accepts: map[string]sdk.JobHandler{"work": func(_ context.Context, j sdk.Job) error { jobs <- j.ID; return nil }},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	holder(t, "desk", server)
@@ -125,6 +129,23 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 		return err
 	})
 
+	// A seat's job submitted on the site is queued on the hub and handled by its holder.
+	var jobID string
+	retryUntil(t, 30*time.Second, func() error {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		jobID, err = shop.Submit(cctx, "desk", "work", map[string]int{"n": 1})
+		return err
+	})
+	select {
+	case got := <-jobs:
+		if got != jobID {
+			t.Fatalf("the holder handled job %s, want the site's %s", got, jobID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder on the hub never handled the job submitted on the site")
+	}
+
 	// A module registered after the site linked is answered there too: the link reconnects
 	// with the new module's inbox.
 	lateSeed, _ := b.register("module: late\nrequires: [mesh-bus]\nuses: [desk]\n")
@@ -172,6 +193,12 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 		t.Fatalf("a tool call across a cut link: %v after %s, want a prompt error", err, time.Since(called).Round(time.Millisecond))
 	}
 	t.Logf("a tool call across the cut link failed after %s: %v", time.Since(called).Round(time.Millisecond), err)
+	submitted := time.Now()
+	if _, err := shop.Submit(cctx, "desk", "work", map[string]int{"n": 2}); err == nil || time.Since(submitted) > 5*time.Second {
+		t.Fatalf("a seat's job across a cut link: %v after %s, want a prompt error", err, time.Since(submitted).Round(time.Millisecond))
+	} else {
+		t.Logf("a seat's job across the cut link failed after %s: %v", time.Since(submitted).Round(time.Millisecond), err)
+	}
 	b.n.Bus().BarSite(sitePub, "oslo", time.Now())
 	retryUntil(t, 60*time.Second, func() error {
 		if got := eventsOn(t, b, subject); got != n+1 {

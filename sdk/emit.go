@@ -282,7 +282,7 @@ func admitRefusal(err error) (admission, bool) {
 		return admission{}, false
 	}
 	code := int(apiErr.ErrorCode)
-	if code < api.AdmitOverQuota || code > api.AdmitNotAdmitted {
+	if code < api.AdmitOverQuota || code > api.AdmitCutOff {
 		return admission{}, false
 	}
 	return admission{code: code, description: apiErr.Description}, true

@@ -13,8 +13,8 @@
 // records a site, and what it grants a link (LinkIdentity).
 //
 // Not built yet (docs/scale.md): a site's audit log, its admitter's quotas and
-// back-pressure, its rate limit on whoami; seat jobs and a module's consumers across the
-// link; TLS on a site's client port.
+// back-pressure, its rate limit on whoami; a module's consumers across the link; TLS on a
+// site's client port.
 package site
 
 import (
@@ -147,7 +147,13 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 	}); err != nil {
 		return nil, fmt.Errorf("answer whoami: %w", err)
 	}
-	if s.admit, err = admit.New(admit.Config{Dial: bus.Dial, Key: admitKey, Log: cfg.Log.With("component", "admit")}); err != nil {
+	cutOff := func() string {
+		if bus.Linked() {
+			return ""
+		}
+		return fmt.Sprintf("site %s is cut off from the mesh, whose servers queue a seat's jobs: submit it again once the site's link is back", cfg.Name)
+	}
+	if s.admit, err = admit.New(admit.Config{Dial: bus.Dial, Key: admitKey, Log: cfg.Log.With("component", "admit"), JobsRefused: cutOff}); err != nil {
 		return nil, fmt.Errorf("start the site's admitter: %w", err)
 	}
 	return s, nil
