@@ -127,6 +127,9 @@ func TestIntegrationTierIsNamed(t *testing.T) {
 	for rel, src := range sources(t, func(path string) bool { return strings.HasSuffix(path, "_test.go") }) {
 		integration := strings.HasPrefix(src, "//go:build integration\n")
 		for _, m := range testFunc.FindAllStringSubmatch(src, -1) {
+			if m[1] == "TestMain" {
+				continue // the package's set-up, not a test
+			}
 			named := strings.HasPrefix(m[1], "TestIntegration_") || (rel == "chaos/chaos_integration_test.go" && m[1] == "TestChaos")
 			switch {
 			case integration && !named:
