@@ -63,6 +63,7 @@ type Owners func(subject, source string) bool
 type Logger struct {
 	db     *bolt.DB
 	js     jetstream.JetStream
+	stream string // EVENTS, or a site's SITE_EVENTS (SetStream)
 	node   string
 	keys   Keys
 	owners Owners
@@ -105,7 +106,8 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second, clock: time.Now}
+	l := &Logger{db: db, js: js, node: node, keys: keys, owners: owners, log: log, retention: retention, progressEvery: time.Second, clock: time.Now,
+		stream: manifest.EventsStreamName}
 	err := db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketIDs, bucketBySource, bucketBySubject, bucketByTime, bucketMeta, bucketUsage, bucketKeys} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -123,6 +125,10 @@ func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Own
 	}
 	return l, nil
 }
+
+// SetStream makes the logger read stream instead of EVENTS (a site's SITE_EVENTS), through
+// its consumer of the same name. Call it before Run.
+func (l *Logger) SetStream(stream string) { l.stream = stream }
 
 // SetEventsMaxAge tells the logger how long EVENTS keeps an event, so that usage older
 // than that is dropped (see Usage). Call it before Run.
@@ -237,7 +243,7 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, r *runs) {
 	l.startCounting(ctx) // before the first event: gaps count from here
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for ctx.Err() == nil {
-		cons, err := l.js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName())
+		cons, err := l.js.Consumer(ctx, l.stream, l.ConsumerName())
 		if err != nil {
 			if ctx.Err() == nil {
 				l.log.Warn("audit consumer not ready; retrying", "err", err)
@@ -253,7 +259,7 @@ func (l *Logger) pull(ctx context.Context, in chan<- delivery, r *runs) {
 			continue
 		}
 		run, err := r.start(ctx, func(ctx context.Context) error {
-			_, err := l.js.ResetConsumer(ctx, manifest.EventsStreamName, l.ConsumerName())
+			_, err := l.js.ResetConsumer(ctx, l.stream, l.ConsumerName())
 			return err
 		})
 		if err != nil {
@@ -760,10 +766,10 @@ func (l *Logger) Status(ctx context.Context, js jetstream.JetStream) api.NodeAud
 	st := api.NodeAuditStatus{Records: l.Records(), Missed: l.Missed()}
 	// The ack floor, not the last sequence written: after a crash the batch that was in
 	// flight is redelivered while later events are already written.
-	if c, err := js.Consumer(ctx, manifest.EventsStreamName, l.ConsumerName()); err == nil {
+	if c, err := js.Consumer(ctx, l.stream, l.ConsumerName()); err == nil {
 		st.Audited = c.CachedInfo().AckFloor.Stream
 	}
-	if s, err := js.Stream(ctx, manifest.EventsStreamName); err == nil {
+	if s, err := js.Stream(ctx, l.stream); err == nil {
 		if last := s.CachedInfo().State.LastSeq; last > st.Audited {
 			st.Lag = last - st.Audited
 		}
@@ -841,7 +847,7 @@ func (l *Logger) startCounting(ctx context.Context) {
 	}
 	wait := backoff.Backoff{First: 500 * time.Millisecond, Max: 10 * time.Second}
 	for ctx.Err() == nil {
-		s, err := l.js.Stream(ctx, manifest.EventsStreamName)
+		s, err := l.js.Stream(ctx, l.stream)
 		if err == nil {
 			l.since.Store(max(s.CachedInfo().State.LastSeq, 1))
 			return

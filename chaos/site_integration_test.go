@@ -98,8 +98,28 @@ func siteHelper(what string) error {
 		err = nc.LastError()
 		refused := err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject)
 		return out.Encode(helperLine{Refused: &refused})
+	case "audit":
+		opt, err := nats.NkeyOptionFromSeed(seed)
+		if err != nil {
+			return err
+		}
+		nc, err := nats.Connect(url, opt, nats.CustomInboxPrefix(manifest.OperatorInbox))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		reply, err := audit.Call(ctx, nc, "oslo", api.AuditRequest{Op: "query", Filter: api.AuditFilter{Source: "shop", Limit: 1000}})
+		if err != nil {
+			return err
+		}
+		for _, r := range reply.Records {
+			if r.Signed {
+				out.Encode(helperLine{ID: r.EventID})
+			}
+		}
+		return nil
 	}
-	return fmt.Errorf("%s=%q: want emit or probe", siteHelperEnv, what)
+	return fmt.Errorf("%s=%q: want emit, probe or audit", siteHelperEnv, what)
 }
 
 // TestIntegration_SiteCutAndHealed is issue 42's bed: a hub of three meshnode processes and a
@@ -178,16 +198,19 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 	}
 
 	h := NewHistory()
-	helper := func(what string, count int) []helperLine {
+	helperAs := func(seed, what string, count int) []helperLine {
 		t.Helper()
 		cmd := c.lan.command(siteIdx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), siteHelperEnv+"="+what, "SITE_URL="+siteURL, "SITE_SEED="+seeds["shop"], "SITE_COUNT="+strconv.Itoa(count))
+		cmd.Env = append(os.Environ(), siteHelperEnv+"="+what, "SITE_URL="+siteURL, "SITE_SEED="+seed, "SITE_COUNT="+strconv.Itoa(count))
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("the site's module process (%s): %v %s", what, err, stderrOf(err))
 		}
 		var lines []helperLine
 		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if l == "" {
+				continue
+			}
 			var hl helperLine
 			if err := json.Unmarshal([]byte(l), &hl); err != nil {
 				t.Fatalf("the site's module process printed %q: %v", l, err)
@@ -196,6 +219,7 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 		}
 		return lines
 	}
+	helper := func(what string, count int) []helperLine { return helperAs(seeds["shop"], what, count) }
 	emitOnSite := func(count int) []string {
 		t.Helper()
 		var ids []string
@@ -349,11 +373,28 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 		f.ReadyAt = time.Now()
 		return nil
 	})
+	// The site's own audit log holds what its module emitted, linked and cut off, each once
+	// and genuine (read by the operator on the site, in its namespace).
+	testbed.RetryUntil(t, time.Minute, func() error {
+		got := map[string]int{}
+		for _, l := range helperAs(c.OperatorSeed(), "audit", 0) {
+			got[l.ID]++
+		}
+		for _, id := range all {
+			if got[id] != 1 {
+				return fmt.Errorf("the site's audit log holds event %s %d times (%d records)", id, got[id], len(got))
+			}
+		}
+		if len(got) != len(all) {
+			return fmt.Errorf("the site's audit log holds %d events of shop, want the site's %d", len(got), len(all))
+		}
+		return nil
+	})
 	report := Check(h.Ops(), f, Bounds{})
 	if a := report.Anomalies(); len(a) > 0 {
 		t.Fatalf("the checker found %d anomalies:\n%s", len(a), report)
 	}
-	t.Logf("checked: %d acked events (%d from the site, %d of them while cut off), each in EVENTS once, delivered to ledger once, audited on %d servers",
+	t.Logf("checked: %d acked events (%d from the site, %d of them while cut off), each in EVENTS once, delivered to ledger once, audited on %d servers; the site's in its own audit log once",
 		acked, len(all), len(cut), len(f.Nodes))
 }
 

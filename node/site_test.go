@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
@@ -75,7 +76,7 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 		t.Fatalf("a loopback hub's link: TLS %v, %v; want plain", hubTLS, err)
 	}
 	s, err := site.Open(ctx, site.Config{Name: held.Name, StoreDir: filepath.Join(siteCfg.DataDir, datadir.JetStreamDir),
-		ClientAddr: testbed.FreeAddr(t), Key: held.Key, HubURLs: held.Hub, HubTLS: hubTLS})
+		ClientAddr: testbed.FreeAddr(t), Key: held.Key, HubURLs: held.Hub, HubTLS: hubTLS, DB: held.Store()})
 	if err != nil {
 		t.Fatalf("open the site: %v", err)
 	}
@@ -203,6 +204,27 @@ func TestSite_JoinsWithATokenAndEmitsIntoTheHub(t *testing.T) {
 	retryUntil(t, 60*time.Second, func() error {
 		if got := eventsOn(t, b, subject); got != n+1 {
 			return fmt.Errorf("the hub's EVENTS holds %d of the site's %d events", got, n+1)
+		}
+		return nil
+	})
+
+	// The site's own audit log holds every event its module emitted, linked and cut off, each
+	// once and genuine; the operator reads it on the site.
+	op := connect(t, s.Bus().ClientURL(), filepath.Join(b.dir, datadir.OperatorSeedFile), nats.CustomInboxPrefix(manifest.OperatorInbox))
+	defer op.Close()
+	retryUntil(t, 30*time.Second, func() error {
+		reply, err := audit.Call(ctx, op, "oslo", api.AuditRequest{Op: "query", Filter: api.AuditFilter{Source: "shop", Limit: 100}})
+		if err != nil {
+			return err
+		}
+		genuine := 0
+		for _, r := range reply.Records {
+			if r.Signed {
+				genuine++
+			}
+		}
+		if len(reply.Records) != n+1 || genuine != n+1 {
+			return fmt.Errorf("the site's audit log holds %d records of shop, %d genuine; want %d", len(reply.Records), genuine, n+1)
 		}
 		return nil
 	})

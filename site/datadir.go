@@ -135,6 +135,9 @@ func Load(dataDir string) (*Held, error) {
 	return &Held{Joined: *j, Key: kp, db: db}, nil
 }
 
+// Store is the data dir's store, which holds the site's audit log (Config.DB).
+func (h *Held) Store() *bolt.DB { return h.db }
+
 // Close releases the data dir.
 func (h *Held) Close() error { return h.db.Close() }
 

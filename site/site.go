@@ -7,14 +7,14 @@
 // derived ones the hub grants — while the link is down as while it is up, and answers a
 // module's whoami (so the Go sdk connects to a site as to a node), SITE_EVENTS, where its
 // modules' events are stored before the hub's EVENTS sources them (through a durable
-// consumer, SourceConsumer), and an admitter that passes each module's emits to it. Join
+// consumer, SourceConsumer), an admitter that passes each module's emits to it, and, with
+// Config.DB, an audit log of SITE_EVENTS of its own. Join
 // enrols a data dir as a site with a join token and Load opens it: what `meshnode join
 // --leaf` and `meshnode run` do. Hub is a mesh server's side: where it takes links, how it
 // records a site, and what it grants a link (LinkIdentity).
 //
-// Not built yet (docs/scale.md): a site's audit log, its admitter's quotas and
-// back-pressure, its rate limit on whoami; a module's consumers across the link; TLS on a
-// site's client port.
+// Not built yet (docs/scale.md): its admitter's quotas and back-pressure, its rate limit on
+// whoami; a module's consumers across the link; TLS on a site's client port.
 package site
 
 import (
@@ -28,13 +28,17 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/admit"
+	"github.com/meshnode/meshnode/audit"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/provenance"
 	"github.com/meshnode/meshnode/registry"
+	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Config is what a Site needs.
@@ -57,7 +61,11 @@ type Config struct {
 	// hub before the site admits modules by what it holds; zero means DefaultMirrorWait. A
 	// site that starts cut off waits this long, then goes on with its last copy.
 	MirrorWait time.Duration
-	Log        *slog.Logger
+	// DB, if set, holds the site's audit log (its data dir's store): every event its modules
+	// emit, checked and recorded as the servers' audit logs record EVENTS, and answered on
+	// the audit tool (api.AuditToolSubject of Name). Nil: the site keeps no audit log.
+	DB  *bolt.DB
+	Log *slog.Logger
 }
 
 // DefaultMirrorWait is Config.MirrorWait's default.
@@ -71,6 +79,9 @@ type Site struct {
 	whoami *nats.Subscription
 	cancel context.CancelFunc
 	done   chan error // the registry mirror's Run
+	audit  *audit.Logger
+	tool   *nats.Subscription // the audit tool
+	logged chan error         // the audit log's Run
 }
 
 // Open starts the site's bus linked to its hub, its registry mirror, SITE_EVENTS and its
@@ -131,6 +142,11 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 	if _, err := js.CreateOrUpdatePushConsumer(ctx, manifest.SiteEventsStreamName, SourceConsumer(cfg.Name)); err != nil {
 		return nil, fmt.Errorf("open %s's consumer for the hub: %w", manifest.SiteEventsStreamName, err)
 	}
+	if cfg.DB != nil {
+		if err := s.openAudit(ctx, cfg, run); err != nil {
+			return nil, err
+		}
+	}
 	// A module asks the site which module it is, as it would ask the hub's controller: its
 	// connection learns its declarations from the site's copy of the registry.
 	if s.whoami, err = bus.Conn().Subscribe(manifest.WhoamiSubjects, func(m *nats.Msg) {
@@ -158,6 +174,36 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 	}
 	return s, nil
 }
+
+// openAudit opens the site's audit log on SITE_EVENTS, through its own consumer there, and
+// answers its audit tool.
+func (s *Site) openAudit(ctx context.Context, cfg Config, run context.Context) error {
+	c := manifest.AuditConsumer(cfg.Name)
+	if _, err := s.bus.JetStream().CreateOrUpdateConsumer(ctx, manifest.SiteEventsStreamName, jetstream.ConsumerConfig{
+		Durable: c.Name, AckPolicy: jetstream.AckAllPolicy, AckWait: manifest.AuditAckWait,
+		MaxAckPending: c.MaxAckPending, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
+	}); err != nil {
+		return fmt.Errorf("open the audit log's consumer on %s: %w", manifest.SiteEventsStreamName, err)
+	}
+	pub, _ := cfg.Key.PublicKey()
+	src := provenance.Sources{Node: cfg.Name, NodeKey: pub, Registry: s.reg,
+		Lease: func(string) (seats.Lease, bool) { return seats.Lease{}, false }} // a site holds no seat
+	l, err := audit.New(cfg.DB, s.bus.JetStream(), cfg.Name, src.Key, src.Owns, 0, cfg.Log.With("component", "audit"))
+	if err != nil {
+		return err
+	}
+	l.SetStream(manifest.SiteEventsStreamName)
+	l.SetEventsMaxAge(manifest.DefaultEventsMaxAge)
+	s.audit, s.logged = l, make(chan error, 1)
+	go func() { s.logged <- l.Run(run) }()
+	if s.tool, err = audit.Serve(s.bus.Conn(), cfg.Name, l); err != nil {
+		return fmt.Errorf("answer the audit tool: %w", err)
+	}
+	return nil
+}
+
+// Audit is the site's audit log; nil when Config.DB was not set.
+func (s *Site) Audit() *audit.Logger { return s.audit }
 
 // catchUp waits, up to bound, until the registry's mirror has caught up with the hub's bucket
 // and this Registry holds all of it; past bound it logs and returns: the site goes on with
@@ -246,12 +292,22 @@ func (s *Site) Close() error {
 	if s.admit != nil {
 		errs = append(errs, s.admit.Close())
 	}
+	if s.tool != nil {
+		errs = append(errs, s.tool.Unsubscribe())
+	}
 	if s.cancel != nil {
 		s.cancel()
 		select {
 		case <-s.done:
 		case <-time.After(5 * time.Second):
 			errs = append(errs, errors.New("the registry's mirror did not stop"))
+		}
+		if s.logged != nil {
+			select {
+			case <-s.logged:
+			case <-time.After(5 * time.Second):
+				errs = append(errs, errors.New("the audit log did not stop"))
+			}
 		}
 		errs = append(errs, s.reg.Close())
 	}

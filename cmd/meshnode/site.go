@@ -59,7 +59,7 @@ func runSite(cmd *cobra.Command, cfg config.Config, held *site.Held, log *slog.L
 	ctx := cmd.Context()
 	s, err := site.Open(ctx, site.Config{Name: held.Name, StoreDir: filepath.Join(cfg.DataDir, datadir.JetStreamDir),
 		ClientAddr: cfg.ClientAddr, Key: held.Key, HubURLs: held.Hub, HubTLS: hubTLS,
-		EventsMaxBytes: int64(cfg.EventsMaxBytes), Log: log})
+		EventsMaxBytes: int64(cfg.EventsMaxBytes), DB: held.Store(), Log: log})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // a requested stop
