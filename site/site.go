@@ -78,8 +78,7 @@ type Site struct {
 	admit  *admit.Admitter
 	whoami *nats.Subscription
 	cancel context.CancelFunc
-	done   chan error // the registry mirror's Run
-	audit  *audit.Logger
+	done   chan error         // the registry mirror's Run
 	tool   *nats.Subscription // the audit tool
 	logged chan error         // the audit log's Run
 }
@@ -194,16 +193,13 @@ func (s *Site) openAudit(ctx context.Context, cfg Config, run context.Context) e
 	}
 	l.SetStream(manifest.SiteEventsStreamName)
 	l.SetEventsMaxAge(manifest.DefaultEventsMaxAge)
-	s.audit, s.logged = l, make(chan error, 1)
+	s.logged = make(chan error, 1)
 	go func() { s.logged <- l.Run(run) }()
 	if s.tool, err = audit.Serve(s.bus.Conn(), cfg.Name, l); err != nil {
 		return fmt.Errorf("answer the audit tool: %w", err)
 	}
 	return nil
 }
-
-// Audit is the site's audit log; nil when Config.DB was not set.
-func (s *Site) Audit() *audit.Logger { return s.audit }
 
 // catchUp waits, up to bound, until the registry's mirror has caught up with the hub's bucket
 // and this Registry holds all of it; past bound it logs and returns: the site goes on with
