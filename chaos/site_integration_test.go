@@ -98,28 +98,8 @@ func siteHelper(what string) error {
 		err = nc.LastError()
 		refused := err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject)
 		return out.Encode(helperLine{Refused: &refused})
-	case "audit":
-		opt, err := nats.NkeyOptionFromSeed(seed)
-		if err != nil {
-			return err
-		}
-		nc, err := nats.Connect(url, opt, nats.CustomInboxPrefix(manifest.OperatorInbox))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		reply, err := audit.Call(ctx, nc, "oslo", api.AuditRequest{Op: "query", Filter: api.AuditFilter{Source: "shop", Limit: 1000}})
-		if err != nil {
-			return err
-		}
-		for _, r := range reply.Records {
-			if r.Signed {
-				out.Encode(helperLine{ID: r.EventID})
-			}
-		}
-		return nil
 	}
-	return fmt.Errorf("%s=%q: want emit, probe or audit", siteHelperEnv, what)
+	return fmt.Errorf("%s=%q: want emit or probe", siteHelperEnv, what)
 }
 
 // TestIntegration_SiteCutAndHealed is issue 42's bed: a hub of three meshnode processes and a
@@ -198,10 +178,10 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 	}
 
 	h := NewHistory()
-	helperAs := func(seed, what string, count int) []helperLine {
+	helper := func(what string, count int) []helperLine {
 		t.Helper()
 		cmd := c.lan.command(siteIdx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), siteHelperEnv+"="+what, "SITE_URL="+siteURL, "SITE_SEED="+seed, "SITE_COUNT="+strconv.Itoa(count))
+		cmd.Env = append(os.Environ(), siteHelperEnv+"="+what, "SITE_URL="+siteURL, "SITE_SEED="+seeds["shop"], "SITE_COUNT="+strconv.Itoa(count))
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("the site's module process (%s): %v %s", what, err, stderrOf(err))
@@ -219,7 +199,6 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 		}
 		return lines
 	}
-	helper := func(what string, count int) []helperLine { return helperAs(seeds["shop"], what, count) }
 	emitOnSite := func(count int) []string {
 		t.Helper()
 		var ids []string
@@ -374,11 +353,28 @@ func TestIntegration_SiteCutAndHealed(t *testing.T) {
 		return nil
 	})
 	// The site's own audit log holds what its module emitted, linked and cut off, each once
-	// and genuine (read by the operator on the site, in its namespace).
+	// and genuine: read by the operator with `meshnode audit query` on the site's machine
+	// (its namespace), finding the site by its data dir's node.json.
 	testbed.RetryUntil(t, time.Minute, func() error {
+		cmd := c.lan.command(siteIdx, c.bin, "audit", "query", "--data-dir", c.Nodes[siteIdx].dir, "--creds", c.OperatorSeed(),
+			"--source", "shop", "--json")
+		cmd.Env = c.env
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("meshnode audit query on the site: %v %s", err, stderrOf(err))
+		}
 		got := map[string]int{}
-		for _, l := range helperAs(c.OperatorSeed(), "audit", 0) {
-			got[l.ID]++
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			var r struct {
+				EventID string `json:"event_id"`
+				Signed  bool   `json:"signed"`
+			}
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				return fmt.Errorf("meshnode audit query printed %q: %w", line, err)
+			}
+			if r.Signed {
+				got[r.EventID]++
+			}
 		}
 		for _, id := range all {
 			if got[id] != 1 {

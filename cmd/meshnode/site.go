@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/formats"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/site"
 	"github.com/spf13/cobra"
@@ -67,6 +69,14 @@ func runSite(cmd *cobra.Command, cfg config.Config, held *site.Held, log *slog.L
 		return err
 	}
 	defer s.Close()
+	// node.json, as a node writes it: the CLI on this machine finds the site's client port
+	// with --data-dir (meshnode audit query --data-dir DIR --creds operator.nk).
+	info := datadir.Info{Name: held.Name, MeshID: held.MeshID, PID: os.Getpid(), Version: formats.MeshnodeVersion(),
+		ClientURL: s.Bus().ClientURL(), Started: time.Now().UTC()}
+	if err := datadir.WriteInfo(cfg.DataDir, info); err != nil {
+		return fmt.Errorf("write %s: %w", datadir.InfoFile, err)
+	}
+	defer datadir.RemoveInfo(cfg.DataDir)
 	fmt.Fprintf(cmd.OutOrStdout(), "meshnode ready: site %s of mesh %s, client %s, hub %v (linked: %v)\n",
 		held.Name, held.MeshID, s.Bus().ClientURL(), held.Hub, s.Bus().Linked())
 	sdNotify("READY=1\nSTATUS=ready: site " + held.Name + ", mesh " + held.MeshID)
