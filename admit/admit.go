@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -431,11 +432,8 @@ func (a *Admitter) Use(modules []string) []api.QuotaUse {
 // Nothing else: not the node's other subjects, not the JetStream API.
 func Permissions() manifest.Permissions {
 	return manifest.Permissions{
-		Publish: []string{
-			"mesh.mod.*.event.>", "mesh.seat.*.event.>", "mesh.seat.*.*.event.>",
-			"mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
-			"_INBOX.>",
-		},
+		Publish: slices.Concat([]string{"mesh.mod.*.event.>", "mesh.seat.*.event.>", "mesh.seat.*.*.event.>"},
+			manifest.SeatJobPatterns(), []string{"_INBOX.>"}),
 		Subscribe: []manifest.Subscription{{Subject: manifest.AdmitAll, Queue: QueueGroup}},
 	}
 }

@@ -49,8 +49,8 @@ func SiteDenied() []string { return append(EventPatterns(), ReplayEvents) }
 //     version's), the queue's ack comes in to the module's inbox.
 func SiteLink(site string, modules []string, mirrors ...string) Permissions {
 	p := Permissions{
-		Publish: []string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", seatToolAll("*", V1), "mesh.seat.*.*.tool.>",
-			"mesh.seat.*.accept.>", "mesh.seat.*.*.accept.>", "mesh.seat.*.node.*.accept.>", "mesh.seat.*.*.node.*.accept.>"},
+		Publish: append([]string{"$JS.S.>", "$JSC.R.>", "$JS.FC.>", seatToolAll("*", V1), seatToolAll("*", "*")},
+			SeatJobPatterns()...),
 		Subscribe: []Subscription{
 			{Subject: "$JS." + SiteDomain(site) + ".API.>"}, {Subject: "$JS.FC.>"},
 			{Subject: "$JS.M.>"}, {Subject: "$JSC.R.>"},

@@ -266,6 +266,12 @@ func seatNodeAccept(seat, version, node string) string {
 }
 func seatToolAll(seat, version string) string { return seatBase(seat, version) + ".tool.>" }
 
+// SeatJobPatterns are every seat's work queues, mesh- and node-scoped, of v1 and of a later
+// version: what passes a seat's job on (the admitter, a node, a site's link).
+func SeatJobPatterns() []string {
+	return []string{seatAcceptAll("*", V1), seatNodeAcceptAll("*", V1), seatAcceptAll("*", "*"), seatNodeAcceptAll("*", "*")}
+}
+
 // The JetStream API subjects a client needs to pull and ack one consumer (DESIGN §5,
 // checked on nats-server 2.15.2): nats.go's js.Consumer() asks for INFO.
 func consumerInfoSubject(stream, consumer string) string {

@@ -177,10 +177,9 @@ func nodePermissions(node string) manifest.Permissions {
 		manifest.SeatEventSubject(manifest.ControllerSeat, ">"),
 		manifest.SeatEventSubject(build.GitSeat, "pushed"),
 		manifest.SeatEventSubject(build.BuilderSeat, "built"), manifest.SeatEventSubject(build.BuilderSeat, "failed"),
-		"mesh.seat.*.accept.>", "mesh.seat.*.node.*.accept.>", // work, and versions' work:
-		"mesh.seat.*.*.accept.>", "mesh.seat.*.*.node.*.accept.>",
 		manifest.ReplayEvents, // the dashboard's replay, of what the letter's source could publish
 	}
+	pub = append(pub, manifest.SeatJobPatterns()...) // work, and versions' work
 	for _, tool := range []string{api.ProvisionToolCreate, api.ProvisionToolRemove, api.ProvisionToolHolds} {
 		pub = append(pub, manifest.SeatToolSubject("*", tool))
 	}
