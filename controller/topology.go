@@ -95,11 +95,17 @@ func (t *Topology) streamConfig(s manifest.Stream) jetstream.StreamConfig {
 	if s.Name == manifest.EventsStreamName && t.sites != nil {
 		// A site's events reach EVENTS only this way: their subjects never cross its link.
 		for _, site := range t.sites() {
-			cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site),
-				Consumer: &jetstream.StreamConsumerSource{Name: manifest.SiteSourceConsumer, DeliverSubject: manifest.SiteDeliverSubject(site)}})
+			cfg.Sources = append(cfg.Sources, SiteSource(site))
 		}
 	}
 	return cfg
+}
+
+// SiteSource is how EVENTS names a site's SITE_EVENTS among its sources: in the site's
+// domain, through its durable consumer for the hub (site.SourceConsumer).
+func SiteSource(site string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site),
+		Consumer: &jetstream.StreamConsumerSource{Name: manifest.SiteSourceConsumer, DeliverSubject: manifest.SiteDeliverSubject(site)}}
 }
 
 // EnsureMesh creates or updates the streams every mesh has: EVENTS, STATE, DEAD (at once:

@@ -252,7 +252,7 @@ func EventsStream(maxBytes int64) jetstream.StreamConfig {
 
 // SourceConsumer is the durable consumer on SITE_EVENTS the hub's EVENTS sources through:
 // pushed to the hub across the link, flow-controlled, acknowledged by the flow control's
-// answers (JetStream's durable sourcing).
+// answers (JetStream's durable sourcing); controller.SiteSource names it on the hub.
 func SourceConsumer(site string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        manifest.SiteSourceConsumer,
@@ -268,13 +268,6 @@ func SourceConsumer(site string) jetstream.ConsumerConfig {
 
 // sourceMaxAckPending bounds the events in flight to the hub, unacknowledged.
 const sourceMaxAckPending = 10_000
-
-// HubSource is how the hub's EVENTS names a site's SITE_EVENTS among its sources: through
-// the site's durable SourceConsumer.
-func HubSource(site string) *jetstream.StreamSource {
-	return &jetstream.StreamSource{Name: manifest.SiteEventsStreamName, Domain: manifest.SiteDomain(site),
-		Consumer: &jetstream.StreamConsumerSource{Name: manifest.SiteSourceConsumer, DeliverSubject: manifest.SiteDeliverSubject(site)}}
-}
 
 // Bus is the site's bus.
 func (s *Site) Bus() *embedbus.Bus { return s.bus }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
@@ -132,7 +133,7 @@ func newBed(t *testing.T, ctx context.Context) *bed {
 	// The hub's EVENTS sources the site once it is linked: a source made before has its
 	// first consumer create unanswered, and nats-server retries it only 10–40 s later.
 	if _, err := b.hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.EventsStreamName, Subjects: manifest.EventPatterns(),
-		Sources: []*jetstream.StreamSource{site.HubSource("oslo")}}); err != nil {
+		Sources: []*jetstream.StreamSource{controller.SiteSource("oslo")}}); err != nil {
 		t.Fatal(err)
 	}
 	return b
