@@ -131,12 +131,18 @@ func (t *Topology) EnsureMesh(ctx context.Context) error {
 	return t.EnsureAudit(ctx)
 }
 
+// AuditConsumerConfig is JetStream's configuration of node's audit consumer
+// (manifest.AuditConsumer): on EVENTS for a server, on SITE_EVENTS for a site.
+func AuditConsumerConfig(node string) jetstream.ConsumerConfig {
+	return consumerConfig(manifest.AuditConsumer(node))
+}
+
 // EnsureAudit creates or updates this node's audit consumer on EVENTS.
 func (t *Topology) EnsureAudit(ctx context.Context) error {
 	t.auditMu.Lock()
 	defer t.auditMu.Unlock()
 	audit := manifest.AuditConsumer(t.node)
-	cfg := consumerConfig(audit)
+	cfg := AuditConsumerConfig(t.node)
 	_, err := t.js.CreateOrUpdateConsumer(ctx, audit.Stream, cfg)
 	if err != nil {
 		// A node of an earlier version acked each event on its own, and JetStream cannot

@@ -29,6 +29,7 @@ import (
 
 	"github.com/meshnode/meshnode/admit"
 	"github.com/meshnode/meshnode/audit"
+	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
 	"github.com/meshnode/meshnode/internal/ensure"
 	"github.com/meshnode/meshnode/manifest"
@@ -177,11 +178,7 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 // openAudit opens the site's audit log on SITE_EVENTS, through its own consumer there, and
 // answers its audit tool.
 func (s *Site) openAudit(ctx context.Context, cfg Config, run context.Context) error {
-	c := manifest.AuditConsumer(cfg.Name)
-	if _, err := s.bus.JetStream().CreateOrUpdateConsumer(ctx, manifest.SiteEventsStreamName, jetstream.ConsumerConfig{
-		Durable: c.Name, AckPolicy: jetstream.AckAllPolicy, AckWait: manifest.AuditAckWait,
-		MaxAckPending: c.MaxAckPending, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
-	}); err != nil {
+	if _, err := s.bus.JetStream().CreateOrUpdateConsumer(ctx, manifest.SiteEventsStreamName, controller.AuditConsumerConfig(cfg.Name)); err != nil {
 		return fmt.Errorf("open the audit log's consumer on %s: %w", manifest.SiteEventsStreamName, err)
 	}
 	pub, _ := cfg.Key.PublicKey()
