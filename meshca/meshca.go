@@ -263,6 +263,17 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
+// PoolOf is a pool holding the CA certificate der (a join token's, a site's record's).
+func PoolOf(der []byte) (*x509.CertPool, error) {
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	p := x509.NewCertPool()
+	p.AddCert(cert)
+	return p, nil
+}
+
 // RootCAs reads a CA certificate file (a data dir's ca.pem, or --ca) into a pool.
 func RootCAs(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)

@@ -3,7 +3,6 @@ package site
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/genesis"
+	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/vault"
 	"github.com/nats-io/nkeys"
 	bolt "go.etcd.io/bbolt"
@@ -146,11 +146,9 @@ func (j *Joined) TLS() (*tls.Config, error) {
 	if len(j.CA) == 0 || !slices.ContainsFunc(j.Hub, func(u string) bool { return strings.HasPrefix(u, "tls://") }) {
 		return nil, nil
 	}
-	cert, err := x509.ParseCertificate(j.CA)
+	pool, err := meshca.PoolOf(j.CA)
 	if err != nil {
 		return nil, fmt.Errorf("the mesh's CA certificate in the site's record: %w", err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }

@@ -2,7 +2,6 @@ package vault
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -329,12 +328,10 @@ func trustCA(der []byte) nats.Option {
 		if len(der) == 0 {
 			return nil
 		}
-		cert, err := x509.ParseCertificate(der)
+		pool, err := meshca.PoolOf(der)
 		if err != nil {
 			return fmt.Errorf("join token is damaged: its CA certificate: %w", err)
 		}
-		pool := x509.NewCertPool()
-		pool.AddCert(cert)
 		meshca.ClientOptions(o, pool)
 		return nil
 	}
