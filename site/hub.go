@@ -70,9 +70,12 @@ func (h Hub) URL() string {
 // Enrol records a site enrolling with a join token (vault.Config.EnrolSite) and returns what
 // it needs: the mesh's id and CA, and every live server's leafnode URL, this one's first.
 func (h Hub) Enrol(ctx context.Context, name, key string) (api.Enrolment, error) {
-	own := h.URL()
-	if own == "" {
-		return api.Enrolment{}, fmt.Errorf("this server takes no sites: set leaf-addr on the mesh's servers (e.g. --leaf-addr 0.0.0.0:7422 --advertise 10.0.0.2), then join the site again with a new token")
+	if h.Config.LeafAddr == "" {
+		return api.Enrolment{}, fmt.Errorf("this server takes no sites: set leaf-addr on the mesh's servers (e.g. --leaf-addr 0.0.0.0:7422 --advertise 10.0.0.2), then join the site again")
+	}
+	own, err := LeafURL(h.Config.LeafAddr, h.Config.Advertise, h.tlsOn())
+	if err != nil {
+		return api.Enrolment{}, fmt.Errorf("this server cannot tell a site where to link: %w; then join the site again", err)
 	}
 	if err := Enrol(ctx, h.Registry, name, key); err != nil {
 		return api.Enrolment{}, err
