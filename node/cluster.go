@@ -18,7 +18,6 @@ import (
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/membership"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	bolt "go.etcd.io/bbolt"
 )
@@ -143,7 +142,15 @@ func (n *Node) leave(ctx context.Context) error {
 			len(others), strings.Join(others, ", "))
 	}
 	n.log.Info("leaving the mesh", "mesh_id", n.id.MeshID)
-	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"}, n.log)
+	// Stored (acked, asked again while EVENTS elects a leader) before anything changes: a
+	// leave never announced is a gap in every audit log. One that fails can be run again.
+	left, err := nodeEvent(n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"})
+	if err == nil {
+		err = jsretry.Request(ctx, func(ctx context.Context) error { _, err := n.bus.JetStream().PublishMsg(ctx, left); return err })
+	}
+	if err != nil {
+		return fmt.Errorf("leave: announce it in EVENTS: %w", err)
+	}
 	n.seats.run.Retire(ctx)
 	if err := n.mesh.members.Leave(5 * time.Second); err != nil {
 		n.log.Warn("leave gossip", "err", err)
@@ -214,11 +221,7 @@ func (n *Node) memberChanged(m membership.Member) {
 	if m.State != "dead" || nc == nil || m.Name == n.id.Name {
 		return
 	}
-	s := n.dir.seats.Load()
-	if s == nil {
-		return
-	}
-	if _, ok := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: n.id.Name}); !ok {
+	if s := n.dir.seats.Load(); s == nil || s.controllerEpoch() == 0 {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)

@@ -287,18 +287,27 @@ func (s *seatService) event(name string, l seats.Lease, reason string) {
 // subject's owner). Fire and forget: a node event must not hold up what it reports on. A
 // msgID, if given, replaces the Nats-Msg-Id, so EVENTS keeps one of the servers' copies.
 func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger, msgID ...string) {
+	m, err := nodeEvent(key, node, name, meta, msgID...)
+	if err == nil {
+		err = nc.PublishMsg(m)
+	}
+	if err != nil {
+		log.Warn("publish node event", "event", name, "err", err)
+	}
+}
+
+// nodeEvent is mesh.node.<node>.event.<name>, stamped and signed by the node.
+func nodeEvent(key nkeys.KeyPair, node, name string, meta map[string]any, msgID ...string) (*nats.Msg, error) {
 	body, _ := json.Marshal(meta)
 	subject := manifest.NodeEventSubject(node, name)
 	h, err := envelope.Stamp(key, node, node, subject, body, envelope.Options{})
 	if err != nil {
-		return
+		return nil, err
 	}
 	for _, id := range msgID {
 		h.Set(nats.MsgIdHdr, id)
 	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: body}); err != nil {
-		log.Warn("publish node event", "event", name, "err", err)
-	}
+	return &nats.Msg{Subject: subject, Header: h, Data: body}, nil
 }
 
 // start subscribes to this node's seat tool.
