@@ -954,6 +954,20 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		return nil
 	})
 
+	// A deploy on the grown mesh, and the kv it provisions: the controller's events.
+	registerModule(t, a.dir, "module: runner\nrequires: [mesh-bus, kv]\n")
+	script := filepath.Join(t.TempDir(), "runner.sh")
+	os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755)
+	if r := meshnode(t, nil, "artifact", "put", "runner", script, "--version", "1", "--data-dir", a.dir, "--creds", op); r.code != 0 {
+		t.Fatalf("artifact put: exit %d %s", r.code, r.stderr)
+	}
+	if r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", "a", "--wait", "60s", "--data-dir", a.dir, "--creds", op); r.code != 0 {
+		t.Fatalf("deploy on the grown mesh: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := meshnode(t, nil, "provisions", "--json", "--data-dir", a.dir, "--creds", op); r.code != 0 || !strings.Contains(r.stdout, `"state":"ready"`) {
+		t.Fatalf("runner's kv: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+
 	// kill -9 one of the three: the other two read everything and take new events.
 	b.p.cmd.Process.Kill()
 	<-b.p.done
@@ -981,8 +995,23 @@ func TestIntegration_GrowOneToThree(t *testing.T) {
 		}
 		return nil
 	})
-	if r := meshnode(t, nil, "audit", "verify", "--data-dir", a.dir, "--creds", op); r.code != 0 {
-		t.Fatalf("audit verify on the grown node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	// Killed, grown, deployed and provisioned, the mesh's own events are all genuine on every
+	// live node: b's end is reported under its reporter's name, the kv's provision under the
+	// controller's.
+	for _, n := range []*meshNode{a, c} {
+		retryUntil(t, time.Minute, func() error {
+			for _, want := range []string{"node.*.member-unreachable", "seat.mesh-controller.provisioned"} {
+				if r := meshnode(t, nil, "audit", "query", "--event", want, "--json", "--data-dir", n.dir, "--creds", op); r.code != 0 || r.stdout == "" {
+					return fmt.Errorf("%s's audit log has no %s yet: exit %d %s", n.name, want, r.code, r.stderr)
+				}
+			}
+			return nil
+		})
+		v := meshnode(t, nil, "audit", "verify", "--json", "--data-dir", n.dir, "--creds", op)
+		var got api.AuditVerification
+		if err := json.Unmarshal([]byte(v.stdout), &got); err != nil || v.code != 0 || got.FlaggedTotal != 0 {
+			t.Fatalf("audit verify on %s: exit %d (%v) %d flagged: %+v %s", n.name, v.code, err, got.FlaggedTotal, got.Flagged, v.stderr)
+		}
 	}
 	// The gate opens: the holder, which held the seat through the growth, handles every job
 	// queued before it, each with the body it was submitted with.
