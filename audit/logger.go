@@ -12,6 +12,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,8 +52,10 @@ const batchWait = 100 * time.Millisecond
 
 // Keys tells the logger the public key of an event's source, to verify x-signature: a
 // module's registered key, a node's, the vault's; for a seat's event (source the seat) the key
-// of its holder, the declaring module's. ok is false for an unknown source.
-type Keys func(subject, source string) (publicKey string, ok bool)
+// of its holder, the declaring module's — or, for a seat a node holds, of the node that held
+// it at epoch (the event's x-seat-epoch; 0 when it names none). ok is false for an unknown
+// source.
+type Keys func(subject, source string, epoch uint64) (publicKey string, ok bool)
 
 // Owners tells whether source may speak for the namespace owner of a subject: a module for
 // its own, the declaring module (or the mesh, for its own seats) for a seat, a node for its
@@ -593,7 +596,7 @@ func (l *Logger) record(m jetstream.Msg, seq uint64, now time.Time) (r api.Audit
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
 	r.SourceMatches = l.owners(r.Subject, r.Source)
-	key, ok := l.key(r.Subject, r.Source)
+	key, ok := l.key(r.Subject, r.Source, seatEpoch(h))
 	switch {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
@@ -619,14 +622,20 @@ func (c *checkedMsg) verified(err error) {
 // source's last recorded event verified with. A server that left the mesh, or a module
 // removed, is forgotten by the registry, yet its last events (`left`, its seat released)
 // may reach the log after that, and verify reads them long after: they stay genuine.
-func (l *Logger) key(subject, source string) (string, bool) {
-	if pub, ok := l.keys(subject, source); ok {
+func (l *Logger) key(subject, source string, epoch uint64) (string, bool) {
+	if pub, ok := l.keys(subject, source, epoch); ok {
 		return pub, true
 	}
 	l.knownMu.RLock()
 	defer l.knownMu.RUnlock()
 	pub, ok := l.known[source]
 	return pub, ok
+}
+
+// seatEpoch is h's x-seat-epoch, 0 when it has none (or not a number).
+func seatEpoch(h nats.Header) uint64 {
+	e, _ := strconv.ParseUint(h.Get(envelope.SeatEpoch), 10, 64)
+	return e
 }
 
 // remember keeps the keys the batch's new records verified with, in tx; learnt returns

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +27,10 @@ const (
 	Schema      = "x-schema"       // optional: the payload's schema
 	Signature   = "x-signature"    // base64url Ed25519 over SigningInput
 	Traceparent = "traceparent"    // optional: W3C trace context, when the emitter has one
+	// SeatEpoch is on the events of a seat a node holds (mesh-controller, the cascade's):
+	// the epoch of the lease the signing node held. The audit log judges the signature
+	// against that lease's holder, so a holder's late event stays genuine after a failover.
+	SeatEpoch = "x-seat-epoch"
 	ContentType = "content-type"
 	JSON        = "application/json"
 
@@ -99,6 +104,7 @@ type Options struct {
 	Causation   string // x-causation-id
 	Schema      string // x-schema
 	Traceparent string // traceparent; one that is not valid W3C trace context is left out
+	SeatEpoch   uint64 // x-seat-epoch, on a node-held seat's event; 0: none
 }
 
 // MaxResendAge is how old an event's id may be when the event is published again under it:
@@ -147,6 +153,9 @@ func Stamp(key Signer, source, node, subject string, body []byte, opts Options) 
 	}
 	if ValidTraceparent(opts.Traceparent) {
 		h.Set(Traceparent, opts.Traceparent)
+	}
+	if opts.SeatEpoch != 0 {
+		h.Set(SeatEpoch, strconv.FormatUint(opts.SeatEpoch, 10))
 	}
 	return h, nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/build"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 )
 
@@ -14,7 +15,7 @@ func (n *Node) openBuildSeats(s *seatService) (err error) {
 	cfg := build.Config{
 		Node: n.id.Name, Responder: n.resp.nc, Conn: n.bus.Conn(), JetStream: n.bus.JetStream(), Replicas: n.replicas,
 		Publish: func(ctx context.Context, seat, subject string, body []byte, causation string) error {
-			return publishSigned(ctx, n.bus.JetStream(), n.sign, seat, n.id.Name, subject, body, causation)
+			return publishSigned(ctx, n.bus.JetStream(), n.sign, seat, n.id.Name, subject, body, envelope.Options{Causation: causation, SeatEpoch: s.heldEpoch(seat)})
 		},
 		Logger:   n.log,
 		GitRepos: n.cfg.GitRepos, DB: n.db,

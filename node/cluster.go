@@ -221,7 +221,7 @@ func (n *Node) memberChanged(m membership.Member) {
 	if m.State != "dead" || nc == nil || m.Name == n.id.Name {
 		return
 	}
-	if s := n.dir.seats.Load(); s == nil || s.controllerEpoch() == 0 {
+	if s := n.dir.seats.Load(); s == nil || s.heldEpoch(manifest.ControllerSeat) == 0 {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/controller"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/manifest"
 )
 
@@ -30,14 +31,14 @@ func (n *Node) newController() *controller.Controller {
 		ProvisionInterval: time.Duration(n.cfg.ProvisionInterval),
 		Answered:          n.metrics.meter.Answered,
 		Publish: func(ctx context.Context, subject string, body []byte, causation string) error {
-			source := n.id.Name
+			source, opts := n.id.Name, envelope.Options{Causation: causation}
 			if ns, owner, rest, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == manifest.ControllerSeat && strings.HasPrefix(rest, "event.") {
-				// The controller's events carry the controller's identity, signed by the node
-				// holding it, as the cascade's seats' do: the audit log checks the signature
-				// against the seat's holder.
-				source = manifest.ControllerSeat
+				// The controller's events carry the controller's identity and the lease's epoch,
+				// signed by the node holding it, as the cascade's seats' do: the audit log checks
+				// the signature against the holder of that lease.
+				source, opts.SeatEpoch = manifest.ControllerSeat, n.seats.heldEpoch(manifest.ControllerSeat)
 			}
-			return publishSigned(ctx, js, n.sign, source, n.id.Name, subject, body, causation)
+			return publishSigned(ctx, js, n.sign, source, n.id.Name, subject, body, opts)
 		},
 	})
 }

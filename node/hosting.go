@@ -270,14 +270,14 @@ func (n *Node) runReports(ctx context.Context) error {
 
 // sendReport publishes one report job, signed by this node.
 func (n *Node) sendReport(ctx context.Context, subject string, body []byte) error {
-	return publishSigned(ctx, n.bus.JetStream(), n.sign, n.id.Name, n.id.Name, subject, body, "")
+	return publishSigned(ctx, n.bus.JetStream(), n.sign, n.id.Name, n.id.Name, subject, body, envelope.Options{})
 }
 
 // publishSigned stamps body for subject — x-source source, x-node node, signed by key,
 // caused by causation ("": none) — and publishes it to JetStream, waiting for the stream's
 // ack at most 5 s: the node's own events, jobs and reports.
-func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Signer, source, node, subject string, body []byte, causation string) error {
-	h, err := envelope.Stamp(key, source, node, subject, body, envelope.Options{Causation: causation})
+func publishSigned(ctx context.Context, js jetstream.JetStream, key envelope.Signer, source, node, subject string, body []byte, opts envelope.Options) error {
+	h, err := envelope.Stamp(key, source, node, subject, body, opts)
 	if err != nil {
 		return err
 	}

@@ -1014,11 +1014,11 @@ func (n *Node) openHost() (err error) {
 // openAudit opens the audit logger on the node's store and serves its tool.
 func (n *Node) openAudit() (err error) {
 	src := provenance.Sources{Node: n.id.Name, NodeKey: n.id.PublicKey, Registry: n.reg,
-		Lease: func(seat string) (seats.Lease, bool) {
-			if n.seats == nil {
-				return seats.Lease{}, false
+		Leases: func() provenance.Leases {
+			if s := n.dir.seats.Load(); s != nil {
+				return s.store
 			}
-			return n.seats.store.LastHeld(seats.Key(seat, manifest.ScopeMesh, ""))
+			return nil
 		}}
 	n.audit, err = audit.New(n.db, n.bus.JetStream(), n.id.Name, src.Key, src.Owns, time.Duration(n.cfg.AuditRetention), n.log.With("component", "audit"))
 	if err != nil {

@@ -146,7 +146,7 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	switch l.Seat {
 	case manifest.ControllerSeat:
 		start = func() error {
-			return s.ctrl.Start(controller.Seat{List: s.status, Epoch: s.controllerEpoch})
+			return s.ctrl.Start(controller.Seat{List: s.status, Epoch: func() uint64 { return s.heldEpoch(manifest.ControllerSeat) }})
 		}
 		stop = s.ctrl.Stop
 		if held && s.onControl != nil {
@@ -253,10 +253,10 @@ func (s *seatService) holders(seat string) []seats.Lease {
 	return out
 }
 
-// controllerEpoch is the epoch of this node's lease of mesh-controller, 0 when it holds none:
+// heldEpoch is the epoch of this node's lease of a mesh-scoped seat, 0 when it holds none:
 // the runner's own record of the lease it holds, since the lease bucket's mirror can lag.
-func (s *seatService) controllerEpoch() uint64 {
-	l, _ := s.run.Holds(seats.Candidate{Seat: manifest.ControllerSeat, Scope: manifest.ScopeMesh, Instance: s.node})
+func (s *seatService) heldEpoch(seat string) uint64 {
+	l, _ := s.run.Holds(seats.Candidate{Seat: seat, Scope: manifest.ScopeMesh, Instance: s.node})
 	return l.Epoch
 }
 

@@ -15,19 +15,35 @@ type Sources struct {
 	// Node and NodeKey are this node's name and public key.
 	Node, NodeKey string
 	Registry      *registry.Registry
-	// Lease is the lease of a mesh-scoped seat now, or the last a node held of it (a
-	// holder's late events stay its while the next one takes the seat), if the node reads
-	// the leases yet.
-	Lease func(seat string) (seats.Lease, bool)
+	// Leases is the seats' leases, once the node reads them (nil before, or on a site,
+	// which holds no seat).
+	Leases func() Leases
 }
 
-// Key is the public key source signs subject's events with.
-func (s Sources) Key(subject, source string) (string, bool) {
+// Leases is what a node knows of the seats' leases (a seats.Store): a seat's lease now or
+// the last a node held of it (a holder's late events stay its while the next one takes
+// the seat), and the node-held lease of an epoch this node saw.
+type Leases interface {
+	LastHeld(key string) (seats.Lease, bool)
+	HeldAt(key string, epoch uint64) (seats.Lease, bool)
+}
+
+// Key is the public key source signs subject's events with; epoch is the event's
+// x-seat-epoch (0: none).
+func (s Sources) Key(subject, source string, epoch uint64) (string, bool) {
 	if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
-		// The controller's and the cascade's seats, held by a node, sign with the holding
-		// node's key.
+		// The controller's and the cascade's seats, held by a node, sign with the key of the
+		// node that held the lease the event names — or, for an epoch this node never saw
+		// (it started after that lease) or none, with the holder's now or last.
 		if source == manifest.ControllerSeat || source == build.GitSeat || source == build.BuilderSeat {
-			if l, ok := s.Lease(source); ok && l.Module == "" {
+			l, ok := seats.Lease{}, false
+			if book := s.leases(); book != nil {
+				key := seats.Key(source, manifest.ScopeMesh, "")
+				if l, ok = book.HeldAt(key, epoch); !ok || epoch == 0 {
+					l, ok = book.LastHeld(key)
+				}
+			}
+			if ok && l.Module == "" {
 				if id, ok := s.Registry.Node(l.Node); ok {
 					return id.PublicKey, true
 				}
@@ -53,6 +69,14 @@ func (s Sources) Key(subject, source string) (string, bool) {
 		return id.PublicKey, true // another server of the mesh
 	}
 	return "", false
+}
+
+// leases is the node's leases, nil when it reads none.
+func (s Sources) leases() Leases {
+	if s.Leases == nil {
+		return nil
+	}
+	return s.Leases()
 }
 
 // Owns reports whether source may speak for the owner of subject's namespace: a module for

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -82,6 +83,9 @@ type Store struct {
 	// lastHeld is the last lease seen of each seat a node holds itself (no module): kept
 	// after it is released or expires, and across a rewatch, for LastHeld.
 	lastHeld map[string]Lease
+	// heldAt is the node-held leases the mirror saw of each key, by epoch: the last
+	// heldHistory of them, for HeldAt.
+	heldAt map[string][]Lease
 
 	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
 	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
@@ -117,7 +121,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}, lastHeld: map[string]Lease{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}, lastHeld: map[string]Lease{}, heldAt: map[string][]Lease{}}
 	if s.watch, err = mirror.Open(ctx, kv, s.apply); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
@@ -240,6 +244,7 @@ func (s *Store) apply(e jetstream.KeyValueEntry) {
 		after = &l
 		if l.Module == "" {
 			s.lastHeld[e.Key()] = l
+			s.rememberHeld(e.Key(), l)
 		}
 	} else {
 		delete(s.leases, e.Key())
@@ -312,6 +317,37 @@ func (s *Store) LastHeld(key string) (Lease, bool) {
 	}
 	l, ok := s.lastHeld[key]
 	return l, ok
+}
+
+// heldHistory is how many node-held leases of a key HeldAt remembers: far more holders than
+// a seat sees between an event and the audit log reading it.
+const heldHistory = 64
+
+// rememberHeld keeps l among key's node-held leases by epoch (a renewal is the same lease).
+// Under mu.
+func (s *Store) rememberHeld(key string, l Lease) {
+	h := s.heldAt[key]
+	if n := len(h); n > 0 && h[n-1].Epoch == l.Epoch {
+		h[n-1] = l
+		return
+	}
+	if len(h) == heldHistory {
+		h = slices.Delete(h, 0, 1)
+	}
+	s.heldAt[key] = append(h, l)
+}
+
+// HeldAt returns the node-held lease of key at epoch, if the mirror saw it since this node
+// started: which node held the seat when it signed an event naming that epoch.
+func (s *Store) HeldAt(key string, epoch uint64) (Lease, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, l := range s.heldAt[key] {
+		if l.Epoch == epoch {
+			return l, true
+		}
+	}
+	return Lease{}, false
 }
 
 // Stale reports whether the mirror's lease of key has gone unrenewed for longer than the TTL:

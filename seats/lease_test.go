@@ -355,4 +355,38 @@ func TestStore_LastHeld(t *testing.T) {
 		}
 		return nil
 	})
+	// Each epoch's holder stays known by its epoch, across the watch taken up again: n1's late
+	// event, read once n2 holds the seat, is judged by n1's lease.
+	n2, _ := other.LastHeld("mesh-controller")
+	for epoch, want := range map[uint64]string{rev: "n1", n2.Epoch: "n2"} {
+		if l, ok := other.HeldAt("mesh-controller", epoch); !ok || l.Node != want {
+			t.Errorf("HeldAt(%d) = %+v %v, want %s's lease", epoch, l, ok, want)
+		}
+	}
+	if l, ok := other.HeldAt("mesh-controller", n2.Epoch+1000); ok {
+		t.Errorf("HeldAt an epoch nobody held: %+v", l)
+	}
+	if l, ok := other.HeldAt("jobs", modRev); ok {
+		t.Errorf("HeldAt keeps a module's lease: %+v", l)
+	}
+}
+
+// TestStore_HeldAtIsBounded: renewals are one lease; of many holders the newest heldHistory
+// are kept.
+func TestStore_HeldAtIsBounded(t *testing.T) {
+	s := &Store{heldAt: map[string][]Lease{}}
+	for epoch := uint64(1); epoch <= heldHistory+6; epoch++ {
+		for range 3 { // a lease and its renewals
+			s.rememberHeld("k", Lease{Node: fmt.Sprint("n", epoch), Epoch: epoch})
+		}
+	}
+	if n := len(s.heldAt["k"]); n != heldHistory {
+		t.Fatalf("%d leases kept, want %d", n, heldHistory)
+	}
+	if _, ok := s.HeldAt("k", 6); ok {
+		t.Error("the oldest leases are kept past the bound")
+	}
+	if l, ok := s.HeldAt("k", 7); !ok || l.Node != "n7" {
+		t.Errorf("HeldAt(7) = %+v %v", l, ok)
+	}
 }

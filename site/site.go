@@ -35,7 +35,6 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/provenance"
 	"github.com/meshnode/meshnode/registry"
-	"github.com/meshnode/meshnode/seats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -182,8 +181,7 @@ func (s *Site) openAudit(ctx context.Context, cfg Config, run context.Context) e
 		return fmt.Errorf("open the audit log's consumer on %s: %w", manifest.SiteEventsStreamName, err)
 	}
 	pub, _ := cfg.Key.PublicKey()
-	src := provenance.Sources{Node: cfg.Name, NodeKey: pub, Registry: s.reg,
-		Lease: func(string) (seats.Lease, bool) { return seats.Lease{}, false }} // a site holds no seat
+	src := provenance.Sources{Node: cfg.Name, NodeKey: pub, Registry: s.reg} // a site holds no seat
 	l, err := audit.New(cfg.DB, s.bus.JetStream(), cfg.Name, src.Key, src.Owns, 0, cfg.Log.With("component", "audit"))
 	if err != nil {
 		return err
