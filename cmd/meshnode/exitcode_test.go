@@ -70,6 +70,8 @@ func TestExitCodes(t *testing.T) {
 			exitFailed, "is the node running"},
 		{"a seed file that is endless", []string{"module", "ls", "--server", "nats://127.0.0.1:1", "--creds", "/dev/zero"}, nil,
 			exitUsage, "pass the seed file"},
+		{"a recovery key that is endless", []string{"genesis", "--data-dir", filepath.Join(dir, "g5"), "--name", "a", "--from-snapshot", artifact, "--recovery-key-file", "/dev/zero"}, nil,
+			exitFailed, "too large for a recovery key"},
 		{"module check of an endless file", []string{"module", "check", "/dev/zero"}, nil,
 			exitFailed, "larger than the limit of 65536 bytes"},
 		{"module check of a retain JetStream refuses", []string{"module", "check", tiny}, nil,

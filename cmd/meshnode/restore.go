@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/meshnode/meshnode/config"
@@ -72,9 +71,9 @@ func genesisFromSnapshot(cmd *cobra.Command, expect int, file, keyFile string, a
 // openSnapshot checks the snapshot at path whole and opens its sealed foundation with the
 // recovery key in keyFile: what genesis takes from them, and the operator's public key.
 func openSnapshot(path, keyFile string) (genesis.Restored, string, error) {
-	b, err := os.ReadFile(keyFile)
+	b, err := readBounded(keyFile, "recovery key", maxSeedBytes)
 	if err != nil {
-		return genesis.Restored{}, "", fmt.Errorf("read the recovery key: %w", err)
+		return genesis.Restored{}, "", fmt.Errorf("read the recovery key: %w; pass the file `meshnode vault recovery-key` wrote", err)
 	}
 	barrier, err := recovery.ParseKey(string(b))
 	if err != nil {

@@ -155,8 +155,9 @@ func fetchStatus(ctx context.Context, dataDir string) (api.NodeStatus, error) {
 		return api.NodeStatus{}, fmt.Errorf("node %s (pid %d) does not answer on %s: %v", info.Name, info.PID, info.HTTPURL, err)
 	}
 	defer resp.Body.Close()
+	const maxStatusBytes = 16 << 20 // a status is kilobytes; a node's of 10,000 modules, a few MiB
 	var st api.NodeStatus
-	body, _ := io.ReadAll(resp.Body)
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
 	if err := json.Unmarshal(body, &st); err != nil {
 		return api.NodeStatus{}, fmt.Errorf("node %s answered %s with %q, not a status", info.Name, resp.Status, body)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -136,7 +135,7 @@ func uiByBus(cmd *cobra.Command, httpURL string, readOnly bool) error {
 
 // operatorKey reads the operator's seed in creds.
 func operatorKey(creds string) (nkeys.KeyPair, error) {
-	raw, err := os.ReadFile(creds)
+	raw, err := readBounded(creds, "seed file", maxSeedBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read the operator's seed: %w; pass --creds FILE", err)
 	}
