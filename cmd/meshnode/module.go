@@ -61,7 +61,11 @@ and value and what to write instead. Exit 0 when every manifest passes, 1 otherw
 The FILEs are also checked against each other, as if registered together. With --catalogue,
 every *.yaml and *.yml in DIR is the registered catalogue: seats another module declares,
 consumed events a present emitter does not emit, and, where DIR holds an earlier version of
-a checked module, seat protocol changes that break the modules using the seat.`,
+a checked module, seat protocol changes that break the modules using the seat.
+
+What only the mesh knows is checked by register, not here: the registered catalogue when
+--catalogue is not given, and the room the mesh's store has for the seats' queues and for
+its consumers' dead letters.`,
 		Example: `  meshnode module check telegram.yaml
   meshnode module check manifests/*.yaml --catalogue /srv/mesh/catalogue`,
 		Args: func(_ *cobra.Command, args []string) error {
