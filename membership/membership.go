@@ -85,7 +85,7 @@ type Membership struct {
 	addr string
 
 	log     *slog.Logger
-	marking sync.WaitGroup // MarkFormed's broadcast, which Stop and Leave wait for
+	marking sync.WaitGroup // update's broadcasts, which Stop and Leave wait for
 
 	stop    sync.Once
 	stopErr error
@@ -140,15 +140,43 @@ func Open(cfg Config) (*Membership, error) {
 // (memberlist takes a few gossip rounds, 400 ms on loopback, which formation need not
 // spend): the others also learn it in every state exchange.
 func (m *Membership) MarkFormed(members []string) {
+	m.update("tell the mesh it has formed", func(self *Meta) bool { self.Formed = slices.Clone(members); return true })
+}
+
+// BoundClient completes the client URL this node advertises once its bus has bound the port
+// the configuration left to the system (":0"), from url, the bus's: the others list this
+// node at the port its modules and CLI can reach.
+func (m *Membership) BoundClient(url string) {
+	_, bound, err := net.SplitHostPort(strings.TrimPrefix(url, "nats://"))
+	if err != nil {
+		return
+	}
+	m.update("advertise the client URL", func(self *Meta) bool {
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(self.Client, "nats://"))
+		if err != nil || port != "0" {
+			return false
+		}
+		self.Client = "nats://" + net.JoinHostPort(host, bound)
+		return true
+	})
+}
+
+// update changes this node's meta with change, if it says it changed it, and tells the
+// others without waiting for the news to spread (Stop and Leave wait for it); what is
+// logged if that fails.
+func (m *Membership) update(what string, change func(self *Meta) bool) {
 	m.d.mu.Lock()
-	m.d.self.Formed = slices.Clone(members)
+	if !change(&m.d.self) {
+		m.d.mu.Unlock()
+		return
+	}
 	m.d.meta, _ = json.Marshal(m.d.self)
 	m.d.mu.Unlock()
 	m.marking.Add(1)
 	go func() {
 		defer m.marking.Done()
 		if err := m.ml.UpdateNode(2 * time.Second); err != nil {
-			m.log.Warn("tell the mesh it has formed", "err", err)
+			m.log.Warn(what, "err", err)
 		}
 	}()
 }

@@ -172,3 +172,34 @@ func TestMembership_FoundingTokenSpent(t *testing.T) {
 		}
 	}
 }
+
+// TestMembership_BoundClient: a node whose client port was left to the system advertises the
+// port its bus bound, and the others see it; a fixed port is not replaced.
+func TestMembership_BoundClient(t *testing.T) {
+	k := key(t)
+	a, err := membership.Open(membership.Config{
+		Meta:     membership.Meta{Name: "a", MeshID: "mesh1", Client: "nats://127.0.0.1:0"},
+		BindAddr: "127.0.0.1:0", GossipKey: k,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b := open(t, "b", "mesh1", k)
+	if err := b.Join([]string{a.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	a.BoundClient("nats://127.0.0.1:4567")
+	b.BoundClient("nats://127.0.0.1:9999")
+	want := map[string]string{"a": "nats://127.0.0.1:4567", "b": "nats://127.0.0.1:4222"}
+	for _, m := range []*membership.Membership{a, b} {
+		retryUntil(t, 10*time.Second, func() error {
+			for _, x := range m.Members() {
+				if x.Client != want[x.Name] {
+					return fmt.Errorf("member %s's client is %q, want %q", x.Name, x.Client, want[x.Name])
+				}
+			}
+			return nil
+		})
+	}
+}

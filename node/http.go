@@ -248,13 +248,10 @@ func (n *Node) Members() []api.NodeMember {
 			held[l.Node] = append(held[l.Node], l.Seat)
 		}
 	}
-	var peers map[string]bool
-	if n.mesh.members != nil {
-		peers = n.bus.Peers()
-	}
 	if n.mesh.members == nil {
 		return []api.NodeMember{{Name: n.id.Name, Address: n.bus.ClientURL(), State: "alive", JetStream: "standalone", Seats: sorted(held[n.id.Name]), Version: formats.MeshnodeVersion()}}
 	}
+	peers := n.bus.Peers()
 	// Address is the client URL on a single node and in a mesh alike: what an operator
 	// passes to --server; the gossip address is the mesh's own business, shown apart.
 	for _, m := range n.mesh.members.Members() {

@@ -64,6 +64,20 @@ func TestIntegration_FoundThree(t *testing.T) {
 	if r.code != 0 || strings.Count(r.stdout, `"state":"alive"`) != 3 || strings.Count(r.stdout, `"jetstream":"leader"`) != 1 {
 		t.Fatalf("members: exit %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// In a mesh as on one node, a member's address is where its modules and CLI connect (its
+	// client URL); gossip's address is gossip_addr.
+	for line := range strings.Lines(r.stdout) {
+		var m struct {
+			Name, Address string
+			Gossip        string `json:"gossip_addr"`
+		}
+		json.Unmarshal([]byte(line), &m)
+		for _, n := range nodes {
+			if n.name == m.Name && (m.Address != n.p.clientURL || m.Gossip != flagValue(n.flags, "--gossip-addr")) {
+				t.Errorf("members lists %s at %q, gossip %q: want its client URL %s and gossip address %s", m.Name, m.Address, m.Gossip, n.p.clientURL, flagValue(n.flags, "--gossip-addr"))
+			}
+		}
+	}
 	// join kept c's addresses beside its data dir: restarted as the unit starts it (the data
 	// dir alone), it comes back into the mesh.
 	c := nodes[2]
