@@ -125,4 +125,3 @@ func nodeKey(t *testing.T, dir string) nkeys.KeyPair {
 	}
 	return k
 }
-
