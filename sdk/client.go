@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/meshca"
 	"github.com/meshnode/meshnode/toolstats"
@@ -342,7 +343,13 @@ func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (api.WhoamiReply,
 	req, _ := json.Marshal(api.WhoamiRequest{PublicKey: pub})
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	// Nobody answers while the controller's seat moves (its holder died, or was starved past
+	// its lease): asked again until the next holder answers or ctx ends.
+	wait := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
 	msg, err := nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
+	for errors.Is(err, nats.ErrNoResponders) && wait.Wait(ctx) == nil {
+		msg, err = nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
+	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, api.WhoamiSubject(pub))
 	}
