@@ -146,7 +146,7 @@ func (n *Node) leave(ctx context.Context) error {
 	// leave never announced is a gap in every audit log. One that fails can be run again.
 	left, err := nodeEvent(n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"})
 	if err == nil {
-		err = jsretry.Request(ctx, func(ctx context.Context) error { _, err := n.bus.JetStream().PublishMsg(ctx, left); return err })
+		err = jsretry.Request(ctx, func(ctx context.Context) error { return jsretry.Stored(n.bus.JetStream().PublishMsg(ctx, left)) })
 	}
 	if err != nil {
 		return fmt.Errorf("leave: announce it in EVENTS: %w", err)

@@ -3,6 +3,7 @@ package jsretry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,6 +44,16 @@ func Settling(err error) bool {
 		}
 	}
 	return false
+}
+
+// Stored is a publish's outcome for Request: an error that means the message found no stream
+// to store it (Leaderless: EVENTS electing a leader) is Settling. Only for a message whose
+// Nats-Msg-Id makes a second copy a duplicate the stream drops.
+func Stored(_ *jetstream.PubAck, err error) error {
+	if Leaderless(err) {
+		return fmt.Errorf("%w: %w", ErrSettling, err)
+	}
+	return err
 }
 
 // Request runs the idempotent request f with a fresh context until it succeeds, fails

@@ -75,3 +75,23 @@ func TestRequest_AsksAgainOnlyWhileSettling(t *testing.T) {
 		t.Fatalf("settling past the caller's deadline: %v, want the last error", err)
 	}
 }
+
+// TestStored_LeaderlessIsSettling: a publish that found no stream to store it is asked again;
+// one the stream refused is not.
+func TestStored_LeaderlessIsSettling(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{jetstream.ErrNoStreamResponse, true},
+		{nats.ErrNoResponders, true},
+		{&jetstream.APIError{ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
+	} {
+		if got := jsretry.Settling(jsretry.Stored(nil, tc.err)); got != tc.want {
+			t.Errorf("Settling(Stored(%v)) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	if err := jsretry.Stored(&jetstream.PubAck{}, nil); err != nil {
+		t.Errorf("Stored of a stored message: %v", err)
+	}
+}
