@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,11 +147,12 @@ func (m *Membership) MarkFormed(members []string) {
 // BoundClient completes the client URL this node advertises once its bus has bound the port
 // the configuration left to the system (":0"), from url, the bus's: the others list this
 // node at the port its modules and CLI can reach.
-func (m *Membership) BoundClient(url string) {
-	_, bound, err := net.SplitHostPort(strings.TrimPrefix(url, "nats://"))
-	if err != nil {
+func (m *Membership) BoundClient(busURL string) {
+	u, err := url.Parse(busURL) // nats://, or tls:// with TLS on the client port
+	if err != nil || u.Port() == "" {
 		return
 	}
+	bound := u.Port()
 	m.update("advertise the client URL", func(self *Meta) bool {
 		host, port, err := net.SplitHostPort(strings.TrimPrefix(self.Client, "nats://"))
 		if err != nil || port != "0" {

@@ -189,7 +189,7 @@ func TestMembership_BoundClient(t *testing.T) {
 	if err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatal(err)
 	}
-	a.BoundClient("nats://127.0.0.1:4567")
+	a.BoundClient("tls://127.0.0.1:4567") // with TLS on the client port
 	b.BoundClient("nats://127.0.0.1:9999")
 	want := map[string]string{"a": "nats://127.0.0.1:4567", "b": "nats://127.0.0.1:4222"}
 	for _, m := range []*membership.Membership{a, b} {

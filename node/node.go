@@ -504,7 +504,7 @@ func (n *Node) startBus(octx context.Context, cluster *embedbus.Cluster, clientA
 	if err != nil {
 		return fmt.Errorf("open bus: %w", err)
 	}
-	if n.mesh.members != nil && clientAddr == n.cfg.ClientAddr { // a port left to the system, now bound
+	if cluster != nil && !cluster.NoAdvertise && n.mesh.members != nil { // its clients' bus: a port left to the system is bound
 		n.mesh.members.BoundClient(n.bus.ClientURL())
 	}
 	// Pushed at each start (growing into a mesh starts the bus more than once); closeBus
