@@ -53,9 +53,9 @@ const batchWait = 100 * time.Millisecond
 // Keys tells the logger the public key of an event's source, to verify x-signature: a
 // module's registered key, a node's, the vault's; for a seat's event (source the seat) the key
 // of its holder, the declaring module's — or, for a seat a node holds, of the node that held
-// it at epoch (the event's x-seat-epoch; 0 when it names none). ok is false for an unknown
-// source.
-type Keys func(subject, source string, epoch uint64) (publicKey string, ok bool)
+// it at epoch (the event's x-seat-epoch; 0 when it names none) if the event was stored at
+// (the stream's time) while that lease could still speak. ok is false for an unknown source.
+type Keys func(subject, source string, epoch uint64, at time.Time) (publicKey string, ok bool)
 
 // Owners tells whether source may speak for the namespace owner of a subject: a module for
 // its own, the declaring module (or the mesh, for its own seats) for a seat, a node for its
@@ -530,7 +530,7 @@ func (l *Logger) checkAll(msgs []jetstream.Msg, now time.Time) ([]checkedMsg, er
 				errs[i] = err
 				continue
 			}
-			rec, pub := l.record(msgs[i], md.Sequence.Stream, now)
+			rec, pub := l.record(msgs[i], md.Sequence.Stream, md.Timestamp, now)
 			out[i] = checkedMsg{rec: rec, md: md, pub: pub}
 			if pub != "" {
 				signed = append(signed, envelope.Signed{Header: msgs[i].Headers(), Subject: rec.Subject, Body: rec.Body, PublicKey: pub})
@@ -576,7 +576,7 @@ const minPerWorker = 16
 // check builds the record of one event: its envelope, its signature, its source; verified
 // is the key its signature verified with ("" for none).
 func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) (api.AuditRecord, string) {
-	r, pub := l.record(m, seq, now)
+	r, pub := l.record(m, seq, now, now)
 	if pub == "" {
 		return r, ""
 	}
@@ -587,7 +587,7 @@ func (l *Logger) check(m jetstream.Msg, seq uint64, now time.Time) (api.AuditRec
 
 // record builds the record of one event but for its signature's verdict: pub is the key to
 // verify it with, "" when it cannot be (unsigned, or no key known: the record says which).
-func (l *Logger) record(m jetstream.Msg, seq uint64, now time.Time) (r api.AuditRecord, pub string) {
+func (l *Logger) record(m jetstream.Msg, seq uint64, stored, now time.Time) (r api.AuditRecord, pub string) {
 	h := m.Headers()
 	// A replay is the event first published on the original subject, recorded once.
 	r = api.AuditRecord{Seq: seq, Subject: validUTF8(manifest.Original(m.Subject())), Headers: validHeaders(h), Body: m.Data(), Received: now,
@@ -596,7 +596,7 @@ func (l *Logger) record(m jetstream.Msg, seq uint64, now time.Time) (r api.Audit
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
 	r.SourceMatches = l.owners(r.Subject, r.Source)
-	key, ok := l.key(r.Subject, r.Source, seatEpoch(h))
+	key, ok := l.key(r.Subject, r.Source, seatEpoch(h), stored)
 	switch {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
@@ -622,8 +622,8 @@ func (c *checkedMsg) verified(err error) {
 // source's last recorded event verified with. A server that left the mesh, or a module
 // removed, is forgotten by the registry, yet its last events (`left`, its seat released)
 // may reach the log after that, and verify reads them long after: they stay genuine.
-func (l *Logger) key(subject, source string, epoch uint64) (string, bool) {
-	if pub, ok := l.keys(subject, source, epoch); ok {
+func (l *Logger) key(subject, source string, epoch uint64, at time.Time) (string, bool) {
+	if pub, ok := l.keys(subject, source, epoch, at); ok {
 		return pub, true
 	}
 	l.knownMu.RLock()

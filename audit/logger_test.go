@@ -88,7 +88,7 @@ func testLogger(tb testing.TB, path string, kp nkeys.KeyPair) (*Logger, *bolt.DB
 		kp, _ = nkeys.CreateUser()
 	}
 	pub, _ := kp.PublicKey()
-	keys := func(_, source string, _ uint64) (string, bool) { return pub, source == "m" }
+	keys := func(_, source string, _ uint64, _ time.Time) (string, bool) { return pub, source == "m" }
 	owners := func(subject, source string) bool { return source == "m" }
 	l, err := New(db, nil, "n", keys, owners, 0, nil)
 	if err != nil {
@@ -175,7 +175,7 @@ func TestLogger_OneVerdict(t *testing.T) {
 	_, db, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
 	pub, _ := kp.PublicKey()
 	// m owns its own events only.
-	l, err := New(db, nil, "n", func(_, source string, _ uint64) (string, bool) { return pub, source == "m" },
+	l, err := New(db, nil, "n", func(_, source string, _ uint64, _ time.Time) (string, bool) { return pub, source == "m" },
 		func(subject, source string) bool { return strings.HasPrefix(subject, "mesh.mod."+source+".") }, 0, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +248,7 @@ func TestLogger_RemembersDepartedKeys(t *testing.T) {
 	_, db, kp := testLogger(t, path, nil)
 	pub, _ := kp.PublicKey()
 	registered := true
-	keys := func(_, source string, _ uint64) (string, bool) { return pub, source == "c" && registered }
+	keys := func(_, source string, _ uint64, _ time.Time) (string, bool) { return pub, source == "c" && registered }
 	owns := func(subject, source string) bool { return strings.HasPrefix(subject, "mesh.node."+source+".") }
 	l, err := New(db, nil, "n", keys, owns, 0, nil)
 	if err != nil {
@@ -337,7 +337,7 @@ func TestLogger_KeyLearntLater(t *testing.T) {
 	pub, _ := kp.PublicKey()
 	other, _ := nkeys.CreateUser()
 	known := false
-	l, err := New(db, nil, "n", func(_, source string, _ uint64) (string, bool) { return pub, known && source == "m" },
+	l, err := New(db, nil, "n", func(_, source string, _ uint64, _ time.Time) (string, bool) { return pub, known && source == "m" },
 		func(subject, source string) bool { return true }, 0, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func TestBeginRestored(t *testing.T) {
 	modKey, _ := nkeys.CreateUser()
 	modPub, _ := modKey.PublicKey()
 	nodePub, _ := nodeKey.PublicKey()
-	keys := func(_, source string, _ uint64) (string, bool) {
+	keys := func(_, source string, _ uint64, _ time.Time) (string, bool) {
 		switch source {
 		case "m":
 			return modPub, true

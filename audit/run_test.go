@@ -83,7 +83,7 @@ func newBed(t *testing.T, losing bool) *runBed {
 	kp, _ := nkeys.CreateUser()
 	pub, _ := kp.PublicKey()
 	logs := &testbed.SyncBuffer{}
-	l, err := New(db, logJS, "n", func(_, source string, _ uint64) (string, bool) { return pub, source == "m" },
+	l, err := New(db, logJS, "n", func(_, source string, _ uint64, _ time.Time) (string, bool) { return pub, source == "m" },
 		func(_, source string) bool { return source == "m" }, 0, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)

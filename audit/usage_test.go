@@ -12,7 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func noKeys(string, string, uint64) (string, bool) { return "", false }
+func noKeys(string, string, uint64, time.Time) (string, bool) { return "", false }
 func noOwners(string, string) bool         { return false }
 
 // TestLogger_Usage: the bytes each namespace owner holds in EVENTS, counted once per stream

@@ -4,6 +4,8 @@
 package provenance
 
 import (
+	"time"
+
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/registry"
@@ -25,12 +27,19 @@ type Sources struct {
 // the seat), and the node-held lease of an epoch this node saw.
 type Leases interface {
 	LastHeld(key string) (seats.Lease, bool)
-	HeldAt(key string, epoch uint64) (seats.Lease, bool)
+	HeldAt(key string, epoch uint64) (l seats.Lease, ended time.Time, ok bool)
 }
 
+// LateGrace is how long after the next lease of a node-held seat its previous holder's events
+// may still be stored and judged by the lease they name: a holder learns it lost the seat
+// only when a renewal fails (the lease's TTL), and what it published before is in flight.
+// Later, an event naming an old lease is judged by the holder now — so a server that held
+// the seat once cannot speak for it for ever by naming its old epoch.
+const LateGrace = 10 * seats.DefaultTTL
+
 // Key is the public key source signs subject's events with; epoch is the event's
-// x-seat-epoch (0: none).
-func (s Sources) Key(subject, source string, epoch uint64) (string, bool) {
+// x-seat-epoch (0: none), at when the stream stored it.
+func (s Sources) Key(subject, source string, epoch uint64, at time.Time) (string, bool) {
 	if ns, owner, _, ok := manifest.SplitSubject(subject); ok && ns == "seat" && owner == source && source != manifest.VaultSeat {
 		// The controller's and the cascade's seats, held by a node, sign with the key of the
 		// node that held the lease the event names — or, for an epoch this node never saw
@@ -39,7 +48,8 @@ func (s Sources) Key(subject, source string, epoch uint64) (string, bool) {
 			l, ok := seats.Lease{}, false
 			if book := s.leases(); book != nil {
 				key := seats.Key(source, manifest.ScopeMesh, "")
-				if l, ok = book.HeldAt(key, epoch); !ok || epoch == 0 {
+				var ended time.Time
+				if l, ended, ok = book.HeldAt(key, epoch); !ok || !ended.IsZero() && at.After(ended.Add(LateGrace)) {
 					l, ok = book.LastHeld(key)
 				}
 			}

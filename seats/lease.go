@@ -85,7 +85,7 @@ type Store struct {
 	lastHeld map[string]Lease
 	// heldAt is the node-held leases the mirror saw of each key, by epoch: the last
 	// heldHistory of them, for HeldAt.
-	heldAt map[string][]Lease
+	heldAt map[string][]heldLease
 
 	log     atomic.Pointer[slog.Logger] // nil: slog.Default()
 	repairs sync.WaitGroup              // deletes of refused records, waited for by Close
@@ -121,7 +121,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}, lastHeld: map[string]Lease{}, heldAt: map[string][]Lease{}}
+	s := &Store{kv: kv, js: js, ttl: ttl, leases: map[string]mirrored{}, lastHeld: map[string]Lease{}, heldAt: map[string][]heldLease{}}
 	if s.watch, err = mirror.Open(ctx, kv, s.apply); err != nil {
 		return nil, fmt.Errorf("load %s: %w", Bucket, err)
 	}
@@ -323,31 +323,41 @@ func (s *Store) LastHeld(key string) (Lease, bool) {
 // a seat sees between an event and the audit log reading it.
 const heldHistory = 64
 
+// heldLease is a node-held lease HeldAt remembers, and when the mirror saw the next one
+// (zero while it is the newest).
+type heldLease struct {
+	Lease
+	ended time.Time
+}
+
 // rememberHeld keeps l among key's node-held leases by epoch (a renewal is the same lease).
 // Under mu.
 func (s *Store) rememberHeld(key string, l Lease) {
 	h := s.heldAt[key]
 	if n := len(h); n > 0 && h[n-1].Epoch == l.Epoch {
-		h[n-1] = l
+		h[n-1].Lease = l
 		return
+	} else if n > 0 {
+		h[n-1].ended = time.Now()
 	}
 	if len(h) == heldHistory {
 		h = slices.Delete(h, 0, 1)
 	}
-	s.heldAt[key] = append(h, l)
+	s.heldAt[key] = append(h, heldLease{Lease: l})
 }
 
 // HeldAt returns the node-held lease of key at epoch, if the mirror saw it since this node
-// started: which node held the seat when it signed an event naming that epoch.
-func (s *Store) HeldAt(key string, epoch uint64) (Lease, bool) {
+// started: which node held the seat when it signed an event naming that epoch. ended is when
+// the mirror saw the next lease of key (zero: none yet).
+func (s *Store) HeldAt(key string, epoch uint64) (l Lease, ended time.Time, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	for _, l := range s.heldAt[key] {
-		if l.Epoch == epoch {
-			return l, true
+	for _, h := range s.heldAt[key] {
+		if h.Epoch == epoch {
+			return h.Lease, h.ended, true
 		}
 	}
-	return Lease{}, false
+	return Lease{}, time.Time{}, false
 }
 
 // Stale reports whether the mirror's lease of key has gone unrenewed for longer than the TTL:

@@ -359,14 +359,18 @@ func TestStore_LastHeld(t *testing.T) {
 	// event, read once n2 holds the seat, is judged by n1's lease.
 	n2, _ := other.LastHeld("mesh-controller")
 	for epoch, want := range map[uint64]string{rev: "n1", n2.Epoch: "n2"} {
-		if l, ok := other.HeldAt("mesh-controller", epoch); !ok || l.Node != want {
+		l, ended, ok := other.HeldAt("mesh-controller", epoch)
+		if !ok || l.Node != want {
 			t.Errorf("HeldAt(%d) = %+v %v, want %s's lease", epoch, l, ok, want)
 		}
+		if ended.IsZero() != (want == "n2") { // n1's ended when the mirror saw n2's
+			t.Errorf("HeldAt(%d): %s's lease ended %v", epoch, want, ended)
+		}
 	}
-	if l, ok := other.HeldAt("mesh-controller", n2.Epoch+1000); ok {
+	if l, _, ok := other.HeldAt("mesh-controller", n2.Epoch+1000); ok {
 		t.Errorf("HeldAt an epoch nobody held: %+v", l)
 	}
-	if l, ok := other.HeldAt("jobs", modRev); ok {
+	if l, _, ok := other.HeldAt("jobs", modRev); ok {
 		t.Errorf("HeldAt keeps a module's lease: %+v", l)
 	}
 }
@@ -374,7 +378,7 @@ func TestStore_LastHeld(t *testing.T) {
 // TestStore_HeldAtIsBounded: renewals are one lease; of many holders the newest heldHistory
 // are kept.
 func TestStore_HeldAtIsBounded(t *testing.T) {
-	s := &Store{heldAt: map[string][]Lease{}}
+	s := &Store{heldAt: map[string][]heldLease{}}
 	for epoch := uint64(1); epoch <= heldHistory+6; epoch++ {
 		for range 3 { // a lease and its renewals
 			s.rememberHeld("k", Lease{Node: fmt.Sprint("n", epoch), Epoch: epoch})
@@ -383,10 +387,10 @@ func TestStore_HeldAtIsBounded(t *testing.T) {
 	if n := len(s.heldAt["k"]); n != heldHistory {
 		t.Fatalf("%d leases kept, want %d", n, heldHistory)
 	}
-	if _, ok := s.HeldAt("k", 6); ok {
+	if _, _, ok := s.HeldAt("k", 6); ok {
 		t.Error("the oldest leases are kept past the bound")
 	}
-	if l, ok := s.HeldAt("k", 7); !ok || l.Node != "n7" {
+	if l, _, ok := s.HeldAt("k", 7); !ok || l.Node != "n7" {
 		t.Errorf("HeldAt(7) = %+v %v", l, ok)
 	}
 }
