@@ -13,7 +13,7 @@ import (
 )
 
 func noKeys(string, string, uint64, time.Time) (string, bool) { return "", false }
-func noOwners(string, string) bool         { return false }
+func noOwners(string, string) bool                            { return false }
 
 // TestLogger_Usage: the bytes each namespace owner holds in EVENTS, counted once per stream
 // message (a redelivery adds nothing), kept across a reopen, and aged out with the stream.
