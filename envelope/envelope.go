@@ -30,7 +30,7 @@ const (
 	// SeatEpoch is on the events of a seat a node holds (mesh-controller, the cascade's):
 	// the epoch of the lease the signing node held. The audit log judges the signature
 	// against that lease's holder, so a holder's late event stays genuine after a failover.
-	SeatEpoch = "x-seat-epoch"
+	SeatEpoch   = "x-seat-epoch"
 	ContentType = "content-type"
 	JSON        = "application/json"
 
