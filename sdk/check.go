@@ -221,7 +221,7 @@ func (c *Client) refreshSigners(ctx context.Context, stored time.Time) (api.Sign
 	c.mu.Lock()
 	c.signersTried = asked
 	c.mu.Unlock()
-	self, err := askWhoami(ctx, c.nc, c.pub)
+	self, err := askWhoami(ctx, c.nc, c.pub, false)
 	if err != nil {
 		return nil, err
 	}

@@ -304,7 +304,7 @@ func dialModule(ctx context.Context, url, pub string, key *envelope.SigningKey, 
 func askWhoamiWatched(ctx context.Context, c *Client, pub string) (api.WhoamiReply, error) {
 	ctx, stop := c.watch(ctx, "")
 	defer stop()
-	return askWhoami(ctx, c.nc, pub)
+	return askWhoami(ctx, c.nc, pub, true)
 }
 
 // close ends a client Connect made and will not return.
@@ -335,20 +335,24 @@ func whoami(ctx context.Context, url string, key *envelope.SigningKey, pub strin
 		return api.WhoamiReply{}, connectError(url, pub, err)
 	}
 	defer nc.Close()
-	return askWhoami(ctx, nc, pub)
+	return askWhoami(ctx, nc, pub, true)
 }
 
-func askWhoami(ctx context.Context, nc *nats.Conn, pub string) (api.WhoamiReply, error) {
+// askWhoami asks the controller which module pub is. patient: a connect's, which waits out a
+// moment with no controller; a refresh (after a reconnect, before a seat job) asks once.
+func askWhoami(ctx context.Context, nc *nats.Conn, pub string, patient bool) (api.WhoamiReply, error) {
 	var self api.WhoamiReply
 	req, _ := json.Marshal(api.WhoamiRequest{PublicKey: pub})
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	// Nobody answers while the controller's seat moves (its holder died, or was starved past
-	// its lease): asked again until the next holder answers or ctx ends.
-	wait := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
 	msg, err := nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
-	for errors.Is(err, nats.ErrNoResponders) && wait.Wait(ctx) == nil {
-		msg, err = nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
+	// Nobody answers while the controller's seat moves (its holder died, or was starved past
+	// its lease): a connect asks again until the next holder answers or ctx ends.
+	wait := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
+	for patient && errors.Is(err, nats.ErrNoResponders) && wait.Wait(ctx) == nil {
+		if msg, err = nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req); err != nil && ctx.Err() != nil {
+			err = nats.ErrNoResponders // ctx ended as it asked again: nobody had answered
+		}
 	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return self, fmt.Errorf("%w: no controller answers %s; is the node ready (`meshnode status`)?", ErrNoResponders, api.WhoamiSubject(pub))
@@ -467,7 +471,7 @@ func (c *Client) reconnected(nc *nats.Conn) {
 	c.connMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	self, err := askWhoami(ctx, nc, c.pub)
+	self, err := askWhoami(ctx, nc, c.pub, false)
 	if err != nil {
 		c.log.Warn("refresh declarations after reconnect; keeping the last ones", "err", err)
 	} else {

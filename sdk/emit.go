@@ -133,7 +133,7 @@ func (c *Client) usedSeat(ctx context.Context, seat string) (api.SeatInfo, error
 	if self.Uses[i].Scope != "" {
 		return self.Uses[i], nil
 	}
-	fresh, err := askWhoami(ctx, c.nc, c.pub)
+	fresh, err := askWhoami(ctx, c.nc, c.pub, false)
 	if err != nil {
 		return self.Uses[i], nil // keep what we knew; the publish will say what is wrong
 	}

@@ -22,7 +22,7 @@ func TestAskWhoami_WaitsOutAMovingController(t *testing.T) {
 	const pub = "UMODULE"
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := askWhoami(ctx, nc, pub); !errors.Is(err, ErrNoResponders) {
+	if _, err := askWhoami(ctx, nc, pub, true); !errors.Is(err, ErrNoResponders) {
 		t.Fatalf("no controller for the whole wait: %v, want ErrNoResponders", err)
 	}
 
@@ -30,7 +30,7 @@ func TestAskWhoami_WaitsOutAMovingController(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		self, err := askWhoami(ctx, nc, pub)
+		self, err := askWhoami(ctx, nc, pub, true)
 		if err == nil && self.Module != "m" {
 			err = errors.New("answered " + self.Module)
 		}
