@@ -511,7 +511,7 @@ func TestIntegration_LeaveAndRemove(t *testing.T) {
 		}
 	}
 	for name, n := range printed {
-		if got := byName("--event", name); got[name] != n {
+		if got := byName("--event", name); got[name] < n { // more may have come since
 			t.Errorf("audit query --event %s finds %d of its %d records (%v)", name, got[name], n, got)
 		}
 	}

@@ -157,7 +157,10 @@ func fetchStatus(ctx context.Context, dataDir string) (api.NodeStatus, error) {
 	defer resp.Body.Close()
 	const maxStatusBytes = 16 << 20 // a status is kilobytes; a node's of 10,000 modules, a few MiB
 	var st api.NodeStatus
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes+1))
+	if len(body) > maxStatusBytes {
+		return api.NodeStatus{}, fmt.Errorf("node %s answered %s with more than %d bytes, not a status: is %s the node's HTTP address?", info.Name, resp.Status, maxStatusBytes, info.HTTPURL)
+	}
 	if err := json.Unmarshal(body, &st); err != nil {
 		return api.NodeStatus{}, fmt.Errorf("node %s answered %s with %q, not a status", info.Name, resp.Status, body)
 	}
