@@ -144,11 +144,7 @@ func (n *Node) leave(ctx context.Context) error {
 	n.log.Info("leaving the mesh", "mesh_id", n.id.MeshID)
 	// Stored (acked, asked again while EVENTS elects a leader) before anything changes: a
 	// leave never announced is a gap in every audit log. One that fails can be run again.
-	left, err := nodeEvent(n.key, n.id.Name, "left", map[string]any{"node": n.id.Name, "reason": "leave"})
-	if err == nil {
-		err = jsretry.Request(ctx, func(ctx context.Context) error { return jsretry.Stored(n.bus.JetStream().PublishMsg(ctx, left)) })
-	}
-	if err != nil {
+	if err := n.storeNodeEvent(ctx, "left", map[string]any{"node": n.id.Name, "reason": "leave"}); err != nil {
 		return fmt.Errorf("leave: announce it in EVENTS: %w", err)
 	}
 	n.seats.run.Retire(ctx)
@@ -210,22 +206,25 @@ func (n *Node) removeServer(ctx context.Context, name string) error {
 	}
 	n.mesh.members.Forget(name)
 	n.log.Info("server removed from the mesh", "server", name)
-	publishNodeEvent(n.bus.Conn(), n.key, n.id.Name, eventMemberRemoved, map[string]any{"node": name, "by": n.id.Name}, n.log)
+	n.storeNodeEvent(ctx, eventMemberRemoved, map[string]any{"node": name, "by": n.id.Name})
 	return nil
 }
 
 // memberChanged turns gossip into node events: the holder of mesh-controller reports a
 // server that stopped answering, so the mesh reports it once.
 func (n *Node) memberChanged(m membership.Member) {
-	nc := n.mesh.eventConn.Load()
-	if m.State != "dead" || nc == nil || m.Name == n.id.Name {
+	if m.State != "dead" || n.mesh.eventConn.Load() == nil || m.Name == n.id.Name {
 		return
 	}
 	if s := n.dir.seats.Load(); s == nil || s.heldEpoch(manifest.ControllerSeat) == 0 {
 		return
 	}
 	n.log.Warn("a server stopped answering", "server", m.Name, "addr", m.Addr)
-	publishNodeEvent(nc, n.key, n.id.Name, eventMemberUnreachable, map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name}, n.log)
+	// Stored off memberlist's goroutine (this runs under its locks), through an election of
+	// EVENTS' leader: the server gone may have been it.
+	n.mesh.work.Go(func(ctx context.Context) {
+		n.storeNodeEvent(ctx, eventMemberUnreachable, map[string]any{"node": m.Name, "addr": m.Addr, "by": n.id.Name})
+	})
 }
 
 // reportUnreachable reports every server gossip holds dead: this node has just become the

@@ -14,10 +14,10 @@ import (
 	"github.com/meshnode/meshnode/build"
 	"github.com/meshnode/meshnode/controller"
 	"github.com/meshnode/meshnode/embedbus"
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/internal/lifecycle"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/meshnode/meshnode/seats"
 	"github.com/meshnode/meshnode/throttle"
@@ -282,12 +282,10 @@ func (s *seatService) event(name string, l seats.Lease, reason string) {
 	}, s.log)
 }
 
-// publishNodeEvent publishes mesh.node.<node>.event.<name>, signed by the node: node is the
-// publisher itself, whatever the event is about (an event is genuine only from its
-// subject's owner). Fire and forget: a node event must not hold up what it reports on. A
-// msgID, if given, replaces the Nats-Msg-Id, so EVENTS keeps one of the servers' copies.
+// publishNodeEvent publishes one of the node's own events (outbox.NodeEvent). Fire and
+// forget: a node event must not hold up what it reports on.
 func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta map[string]any, log *slog.Logger, msgID ...string) {
-	m, err := nodeEvent(key, node, name, meta, msgID...)
+	m, err := outbox.NodeEvent(key, node, name, meta, msgID...)
 	if err == nil {
 		err = nc.PublishMsg(m)
 	}
@@ -296,18 +294,18 @@ func publishNodeEvent(nc *nats.Conn, key nkeys.KeyPair, node, name string, meta 
 	}
 }
 
-// nodeEvent is mesh.node.<node>.event.<name>, stamped and signed by the node.
-func nodeEvent(key nkeys.KeyPair, node, name string, meta map[string]any, msgID ...string) (*nats.Msg, error) {
-	body, _ := json.Marshal(meta)
-	subject := manifest.NodeEventSubject(node, name)
-	h, err := envelope.Stamp(key, node, node, subject, body, envelope.Options{})
+// storeNodeEvent stores one of the node's own events in EVENTS, acked and asked again while
+// EVENTS elects a leader (its id keeps one copy): a server's end is not lost with the
+// leader of the stream that records it.
+func (n *Node) storeNodeEvent(ctx context.Context, name string, meta map[string]any) error {
+	m, err := outbox.NodeEvent(n.key, n.id.Name, name, meta)
+	if err == nil {
+		err = jsretry.Publish(ctx, n.bus.JetStream(), m)
+	}
 	if err != nil {
-		return nil, err
+		n.log.Warn("store node event", "event", name, "err", err)
 	}
-	for _, id := range msgID {
-		h.Set(nats.MsgIdHdr, id)
-	}
-	return &nats.Msg{Subject: subject, Header: h, Data: body}, nil
+	return err
 }
 
 // start subscribes to this node's seat tool.

@@ -190,6 +190,23 @@ func Wake(wake chan<- struct{}) {
 	}
 }
 
+// NodeEvent is mesh.node.<node>.event.<name> with meta as its body, stamped and signed by the
+// node: node is the publisher itself, whatever the event is about (an event is genuine only
+// from its subject's owner). A msgID, if given, replaces the Nats-Msg-Id, so EVENTS keeps one
+// of the servers' copies.
+func NodeEvent(key envelope.Signer, node, name string, meta map[string]any, msgID ...string) (*nats.Msg, error) {
+	body, _ := json.Marshal(meta)
+	subject := manifest.NodeEventSubject(node, name)
+	h, err := envelope.Stamp(key, node, node, subject, body, envelope.Options{})
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range msgID {
+		h.Set(nats.MsgIdHdr, id)
+	}
+	return &nats.Msg{Subject: subject, Header: h, Data: body}, nil
+}
+
 // publishTimeout bounds one event's publish, EVENTS' acknowledgement included.
 const publishTimeout = 5 * time.Second
 

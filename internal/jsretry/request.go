@@ -56,6 +56,18 @@ func Stored(_ *jetstream.PubAck, err error) error {
 	return err
 }
 
+// Publish stores m, acked, asked again while its stream has no leader (for Patience when ctx
+// has no deadline). Only for a message whose Nats-Msg-Id makes a second copy a duplicate the
+// stream drops.
+func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, Patience)
+		defer cancel()
+	}
+	return Request(ctx, func(ctx context.Context) error { return Stored(js.PublishMsg(ctx, m)) })
+}
+
 // Request runs the idempotent request f with a fresh context until it succeeds, fails
 // otherwise than Settling, or ctx ends. The first attempts are short (an answered request
 // takes milliseconds; a dropped one would cost the whole attempt), later ones longer (a
