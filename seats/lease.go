@@ -334,10 +334,11 @@ type heldLease struct {
 // Under mu.
 func (s *Store) rememberHeld(key string, l Lease) {
 	h := s.heldAt[key]
-	if n := len(h); n > 0 && h[n-1].Epoch == l.Epoch {
-		h[n-1].Lease = l
-		return
-	} else if n > 0 {
+	if n := len(h); n > 0 {
+		if h[n-1].Epoch == l.Epoch {
+			h[n-1].Lease = l
+			return
+		}
 		h[n-1].ended = time.Now()
 	}
 	if len(h) == heldHistory {

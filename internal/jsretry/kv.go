@@ -32,14 +32,19 @@ func Leaderless(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
+// patient is ctx, bounded by Patience when it has no deadline of its own.
+func patient(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, Patience)
+}
+
 // try runs write until it succeeds, fails otherwise than Leaderless, or time runs out; the
 // last error is returned, wrapped with how long it was tried.
 func try[T any](ctx context.Context, write func(context.Context) (T, error)) (T, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, Patience)
-		defer cancel()
-	}
+	ctx, cancel := patient(ctx)
+	defer cancel()
 	start := time.Now()
 	b := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
 	leaderless := false // an attempt found no leader

@@ -60,11 +60,8 @@ func Stored(_ *jetstream.PubAck, err error) error {
 // has no deadline). Only for a message whose Nats-Msg-Id makes a second copy a duplicate the
 // stream drops.
 func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, Patience)
-		defer cancel()
-	}
+	ctx, cancel := patient(ctx)
+	defer cancel()
 	return Request(ctx, func(ctx context.Context) error { return Stored(js.PublishMsg(ctx, m)) })
 }
 
