@@ -33,8 +33,16 @@ type wire struct {
 	w     *bufio.Writer
 	onErr func(string)
 	buf   []byte // the last message's header block and body, reused
+	reply []byte // the last message's reply subject, reused
 	num   []byte // a number being written, reused
+	// subjects are the subjects read lately, each allocated once: a module emits a handful
+	// of subjects many times. Emptied when it holds subjectsKept, so that a sender of ever
+	// new subjects costs an allocation each, as without it, and no more memory.
+	subjects map[string]string
 }
+
+// subjectsKept is how many subjects the wire keeps allocated.
+const subjectsKept = 4096
 
 // msg is one message the server delivered. Its slices are the wire's: valid until its next
 // call to next.
@@ -128,7 +136,7 @@ func (c *wire) next() (msg, error) {
 }
 
 // read reads a message whose control line's arguments are args: "subject sid [reply] [hdr]
-// total". It allocates the subject and the reply and nothing else: it runs for every event.
+// total". It allocates nothing but a subject it has not kept: it runs for every event.
 func (c *wire) read(args []byte, headers bool) (msg, error) {
 	var f [5][]byte
 	n := 0
@@ -150,9 +158,10 @@ func (c *wire) read(args []byte, headers bool) (msg, error) {
 	if n != want && n != want+1 {
 		return msg{}, fmt.Errorf("%w: %q", errProtocol, args)
 	}
-	m := msg{subject: string(f[0])}
+	m := msg{subject: c.subject(f[0])}
 	if n == want+1 {
-		m.reply = append(m.reply, f[2]...) // the line is the reader's, overwritten by the next read
+		c.reply = append(c.reply[:0], f[2]...) // the line is the reader's, overwritten by the next read
+		m.reply = c.reply
 	}
 	total, ok := size(f[n-1])
 	if !ok {
@@ -176,6 +185,19 @@ func (c *wire) read(args []byte, headers bool) (msg, error) {
 	}
 	m.data = c.buf[hdr:total]
 	return m, nil
+}
+
+// subject is b as a string, allocated once while it is kept.
+func (c *wire) subject(b []byte) string {
+	if s, ok := c.subjects[string(b)]; ok { // a lookup by a converted slice allocates nothing
+		return s
+	}
+	if len(c.subjects) >= subjectsKept || c.subjects == nil {
+		c.subjects = make(map[string]string, 64)
+	}
+	s := string(b)
+	c.subjects[s] = s
+	return s
 }
 
 // size reads a byte count of the protocol: decimal digits, at most a gigabyte.
