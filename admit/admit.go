@@ -93,6 +93,9 @@ type moduleState struct {
 	owners   []string
 	ownersAt time.Time
 	pace     *rate.Limiter
+	// overRate is the refusal for its pace, encoded once: a flood is refused tens of
+	// thousands of times a second before the node bars it, all alike.
+	overRate []byte
 	refused  map[string]uint64 // by reason, since the node started
 	flood    throttle.Window   // refusals for pace, a second at a time, to tell Flooding
 }
@@ -217,8 +220,14 @@ func (a *Admitter) admit(w *wire, m msg) {
 	st := a.module(module)
 	if st.pace != nil && !st.pace.AllowN(now, 1) {
 		a.refusedLocked(module, st, ReasonRate, now)
+		if st.overRate == nil {
+			st.overRate, _ = json.Marshal(api.NewAdmitRefusal(api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (emit-rate); retry later", module, a.cfg.Rate)))
+		}
+		body := st.overRate
 		a.mu.Unlock()
-		a.refuse(w, m, module, "", api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (emit-rate); retry later", module, a.cfg.Rate))
+		if m.reply != nil {
+			w.publish(string(m.reply), nil, nil, body)
+		}
 		return
 	}
 	if !event {

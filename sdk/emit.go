@@ -64,7 +64,10 @@ func Retry(id string) EmitOption { return func(o *envelope.Options) { o.ID = id 
 // x-event-id once JetStream has stored it. payload is JSON-encoded unless it is []byte,
 // json.RawMessage or a string. The id is fixed before the first attempt and returned with
 // any error after it: an Emit that timed out may still have been stored, and passing the id
-// back with Retry(id) makes trying again safe.
+// back with Retry(id) makes trying again safe. Within the call, a send whose ack does not come
+// in 5 s (a stream electing its leader, a lost ack) is sent again, the same event, waiting
+// twice as long each time up to 20 s, for a minute after the first send: the stream's
+// duplicate window stores it once.
 func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...EmitOption) (string, error) {
 	subject, err := c.emitSubject(event)
 	if err != nil {
@@ -227,25 +230,38 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		return "", err
 	}
 	id := h.Get(envelope.EventID)
-	ctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
 	// The wait for the ack ends when the connection drops: the bus drops a module's
 	// connections when its authority changes, and what it may publish is asked again on the
 	// retry, not carried over in nats.go's reconnect buffer.
-	ctx, dropped, end := c.onConnection(ctx)
-	defer end()
 	admit := manifest.AdmitSubject(c.Module(), subject)
-	ctx, stop := c.watch(ctx, admit)
-	defer stop()
+	ctx, deadline, dropped, end := c.waitContext(ctx, admit)
+	defer end()
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
-	for attempt := 0; ; attempt++ {
-		_, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: admit, Header: h, Data: body})
+	first, wait := time.Now(), c.ackWait()
+	for attempt := 0; ; {
+		// An ack lost on the way (a stream leader's change, a connection the server dropped
+		// while the module's stayed up) never comes: each send waits at most wait, and the
+		// same event goes again while the stream's duplicate window surely spans both.
+		sendBy := deadline
+		if now := time.Now(); now.Sub(first) < resendWithin && now.Add(wait).Before(deadline) {
+			sendBy = now.Add(wait)
+		}
+		actx, acancel := context.WithDeadline(ctx, sendBy)
+		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body})
+		lost := err != nil && actx.Err() != nil && ctx.Err() == nil && sendBy.Before(deadline)
+		acancel()
 		if err == nil {
 			return id, nil
 		}
+		if lost {
+			c.log.Debug("no ack in time; sending the event again", "subject", subject, "id", id, "waited", wait)
+			wait = min(2*wait, ackWaitMost)
+			continue
+		}
 		if refusal, ok := admitRefusal(err); ok {
 			if api.AdmitRetryable(refusal.code) {
-				if werr := backOff(ctx, attempt); werr == nil {
+				if werr := backOffUntil(ctx, deadline, attempt); werr == nil {
+					attempt++
 					continue
 				}
 				return id, fmt.Errorf("publish %s (event %s): %w: %s; retry with sdk.Retry(id)", subject, id, ErrBackPressure, refusal.description)
@@ -266,6 +282,25 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
+}
+
+// How long one send of an event waits for the stream's ack before the event is sent again
+// (Emit, Submit): ackWaitFirst, doubling to ackWaitMost. A send is repeated only within
+// resendWithin of the first, well inside the streams' duplicate window (2 minutes, EVENTS'
+// shorter only if events-max-age is), so the stream stores the event once; after that the
+// last send waits for the caller's context.
+const (
+	ackWaitFirst = 5 * time.Second
+	ackWaitMost  = 20 * time.Second
+	resendWithin = time.Minute
+)
+
+// ackWait is the first send's wait for its ack (ackWaitFirst; tests shorten it).
+func (c *Client) ackWait() time.Duration {
+	if c.firstAckWait > 0 {
+		return c.firstAckWait
+	}
+	return ackWaitFirst
 }
 
 // admission is an admitter's refusal, as nats.go returns it.
@@ -304,6 +339,16 @@ func backOffDelay(attempt int) time.Duration {
 
 // backOff waits before attempt's retry, or returns ctx's error.
 func backOff(ctx context.Context, attempt int) error { return sleep(ctx, backOffDelay(attempt)) }
+
+// backOffUntil is backOff for a wait that ends at deadline: a retry that could not be sent
+// before it is not waited for.
+func backOffUntil(ctx context.Context, deadline time.Time, attempt int) error {
+	d := backOffDelay(attempt)
+	if time.Until(deadline) < d {
+		return context.DeadlineExceeded
+	}
+	return sleep(ctx, d)
+}
 
 // sleep waits d, or returns ctx's error if it ends first.
 func sleep(ctx context.Context, d time.Duration) error {

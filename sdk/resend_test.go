@@ -1,0 +1,106 @@
+package sdk
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/api"
+	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/testbed"
+	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// TestEmit_SendsAgainWhenNoAckComes: against a real JetStream stream with its duplicate window,
+// an admitter that loses the first send (the event never stored) or the first ack (the event
+// stored, its ack gone) costs Emit one short wait: it sends the same event again, returns its
+// id without error, and the stream holds the event once.
+func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
+	for _, lose := range []string{"send", "ack"} {
+		t.Run(lose, func(t *testing.T) {
+			srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+			nc, err := nats.Connect(srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"mesh.mod.a.event.>"},
+				Duplicates: manifest.DefaultDuplicateWindow})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The admitter: passes on each send with its reply, but the first it drops (lose
+			// "send") or passes on with its ack sent nowhere the module listens (lose "ack").
+			admitter, err := nats.Connect(srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer admitter.Close()
+			var sends atomic.Int64
+			prefix := manifest.AdmitSubject("a", "")
+			if _, err := admitter.Subscribe(prefix+">", func(m *nats.Msg) {
+				reply := m.Reply
+				if sends.Add(1) == 1 {
+					if lose == "send" {
+						return
+					}
+					reply = "lost.ack"
+				}
+				admitter.PublishMsg(&nats.Msg{Subject: strings.TrimPrefix(m.Subject, prefix), Reply: reply, Header: m.Header, Data: m.Data})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			admitter.Flush()
+
+			kp, _ := nkeys.CreateUser()
+			key, err := envelope.NewSigningKey(kp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &Client{nc: nc, js: js, key: key, log: slog.New(slog.DiscardHandler), firstAckWait: 300 * time.Millisecond, refusals: NewRefusals("_INBOX"),
+				self: api.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
+			c.ctx, c.cancel = context.WithCancel(context.Background())
+			defer c.cancel()
+			c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+
+			began := time.Now()
+			id, err := c.Emit(ctx, "x", map[string]int{"n": 1})
+			if err != nil {
+				t.Fatalf("Emit with its first %s lost: %v", lose, err)
+			}
+			if took := time.Since(began); took > 10*time.Second {
+				t.Errorf("Emit took %v: it waited for more than one lost ack", took)
+			}
+			if n := sends.Load(); n != 2 {
+				t.Errorf("the admitter heard %d sends, want 2 (the lost one and one more)", n)
+			}
+			info, err := stream.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs != 1 {
+				t.Fatalf("the stream holds %d events, want the event once", info.State.Msgs)
+			}
+			stored, err := stream.GetMsg(ctx, info.State.LastSeq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := stored.Header.Get(envelope.EventID); got != id {
+				t.Errorf("the stream holds event %q, Emit returned %q", got, id)
+			}
+		})
+	}
+}
