@@ -102,7 +102,23 @@ type Logger struct {
 	// new events (a redelivery is not told again) and the newest stream time among them: the
 	// admitter's pending bytes become held ones (package admit).
 	Recorded func(ids []string, newest time.Time)
+	// Unsettled, when set before Run, says whether an event of source on subject naming seat
+	// epoch epoch (x-seat-epoch) names a lease this node has not seen yet: a seat's new holder
+	// speaks as soon as it holds, and this node's copy of the leases may hear of it after the
+	// log reads the event. Such an event is recorded without a verdict on its signature (no
+	// key known), judged again whenever it is read, and counted as not genuine only if it is
+	// still unsettled deferFor after it was recorded (deferred).
+	Unsettled func(subject, source string, epoch uint64) bool
+	deferred  []api.AuditRecord // recorded while unsettled, not yet counted; Run's alone
 }
+
+// deferFor is how long an unsettled event waits to be counted: far longer than a lease takes
+// to reach every node's copy.
+const deferFor = 30 * time.Second
+
+// deferredMost bounds what waits to be counted: past it, an unsettled event is counted at
+// once (a node forging epochs by the thousand is counted, not remembered).
+const deferredMost = 1024
 
 // New returns the audit logger of node, writing to db.
 func New(db *bolt.DB, js jetstream.JetStream, node string, keys Keys, owners Owners, retention time.Duration, log *slog.Logger) (*Logger, error) {
@@ -178,6 +194,7 @@ func (l *Logger) Run(ctx context.Context) error {
 			return nil
 		case <-prune.C:
 			l.settleGaps()
+			l.settleDeferred(l.clock())
 			l.prune()
 			continue
 		case <-pruneUse.C:
@@ -355,6 +372,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	}
 	var added, missed uint64
 	flagged := map[string]uint64{}
+	var deferred []api.AuditRecord // not counted yet: unsettled
 	var learnt map[string]string // keys the batch verified first
 	var open gaps
 	var lastSeq uint64
@@ -430,7 +448,11 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 				runtime.Gosched()
 			}
 			if kind, _ := l.genuine(r); kind != "" {
-				flagged[kind]++
+				if l.unsettled(r) && len(l.deferred)+len(deferred) < deferredMost {
+					deferred = append(deferred, r)
+				} else {
+					flagged[kind]++
+				}
 			}
 		}
 		if lastSeq > h.Seq {
@@ -461,6 +483,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	for kind, n := range flagged {
 		l.notGenuine.add(kind, n)
 	}
+	l.deferred = append(l.deferred, deferred...)
+	l.settleDeferred(now)
 	l.open = open
 	l.noteMissed(missed)
 	l.changes.Add(1)
@@ -596,10 +620,13 @@ func (l *Logger) record(m jetstream.Msg, seq uint64, stored, now time.Time) (r a
 		r.EventID = fmt.Sprintf("seq-%d", seq)
 	}
 	r.SourceMatches = l.owners(r.Subject, r.Source)
-	key, ok := l.key(r.Subject, r.Source, seatEpoch(h), stored)
+	epoch := seatEpoch(h)
+	key, ok := l.key(r.Subject, r.Source, epoch, stored)
 	switch {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
+	case l.Unsettled != nil && l.Unsettled(r.Subject, r.Source, epoch):
+		r.SignatureError = fmt.Sprintf("%s %q at seat epoch %d: a lease this node had not seen when it recorded the event", noKeyPrefix, r.Source, epoch)
 	case !ok:
 		r.SignatureError = fmt.Sprintf("%s %q", noKeyPrefix, r.Source)
 	default:
@@ -630,6 +657,30 @@ func (l *Logger) key(subject, source string, epoch uint64, at time.Time) (string
 	defer l.knownMu.RUnlock()
 	pub, ok := l.known[source]
 	return pub, ok
+}
+
+// unsettled says whether r was recorded without a verdict because it named a seat's lease this
+// node had not seen (Unsettled), and still does.
+func (l *Logger) unsettled(r api.AuditRecord) bool {
+	return l.Unsettled != nil && !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) &&
+		l.Unsettled(r.Subject, r.Source, seatEpoch(nats.Header(r.Headers)))
+}
+
+// settleDeferred counts the deferred records that are settled now, or waited deferFor:
+// genuine ones not at all, the rest by the kind they are judged now.
+func (l *Logger) settleDeferred(now time.Time) {
+	keep := l.deferred[:0]
+	for _, r := range l.deferred {
+		if now.Sub(r.Received) < deferFor && l.unsettled(r) {
+			keep = append(keep, r)
+			continue
+		}
+		if kind, _ := l.genuine(r); kind != "" {
+			l.notGenuine.add(kind, 1)
+		}
+	}
+	clear(l.deferred[len(keep):])
+	l.deferred = keep
 }
 
 // seatEpoch is h's x-seat-epoch, 0 when it has none (or not a number).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -361,5 +362,67 @@ func TestLogger_KeyLearntLater(t *testing.T) {
 	v, err := l.Verify()
 	if err != nil || v.FlaggedTotal != 1 || v.Flagged[0].Subject != "mesh.mod.m.event.e1" || v.Flagged[0].Kind != api.AuditFlagBadSignature {
 		t.Fatalf("once the key is known: %+v %v, want e1 alone, a bad signature", v, err)
+	}
+}
+
+// TestLogger_NewHolderWhileItsLeaseIsOnItsWay: a node-held seat's new holder signs its first
+// event before this node's copy of the leases has its lease. Judged by the holder the node
+// knows, it would be counted a bad signature, for ever; it is recorded unsettled, not counted,
+// and genuine once the lease is seen. A forger naming an epoch that never comes is counted
+// after deferFor, as an unknown source.
+func TestLogger_NewHolderWhileItsLeaseIsOnItsWay(t *testing.T) {
+	_, db, _ := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	holders := map[uint64]nkeys.KeyPair{}
+	for epoch := range uint64(2) {
+		holders[epoch+1], _ = nkeys.CreateUser()
+	}
+	forger, _ := nkeys.CreateUser()
+	seen := uint64(1) // the newest lease this node's copy has: epoch 1's
+	keys := func(_, _ string, epoch uint64, _ time.Time) (string, bool) {
+		kp := holders[seen] // a lease not seen: its holder now
+		if epoch <= seen && holders[epoch] != nil {
+			kp = holders[epoch]
+		}
+		pub, _ := kp.PublicKey()
+		return pub, true
+	}
+	l, err := New(db, nil, "n", keys, func(string, string) bool { return true }, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Unsettled = func(_, _ string, epoch uint64) bool { return epoch > seen && epoch != 0 }
+	subject := manifest.SeatEventSubject(manifest.ControllerSeat, "provisioned")
+	var msgs []jetstream.Msg
+	for i, signer := range []struct {
+		kp    nkeys.KeyPair
+		epoch uint64
+	}{{holders[2], 2}, {forger, 3}} {
+		h, err := envelope.Stamp(signer.kp, manifest.ControllerSeat, "n2", subject, []byte("{}"), envelope.Options{SeatEpoch: signer.epoch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: uint64(i + 1)})
+	}
+	if _, err := l.write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.NotGenuine(); len(n) != 0 {
+		t.Fatalf("counted %v while both leases were unseen, want nothing yet", n)
+	}
+	seen = 2 // the new holder's lease reaches this node
+	l.settleDeferred(time.Now())
+	if n := l.NotGenuine(); len(n) != 0 {
+		t.Fatalf("counted %v once the holder's lease was seen, want nothing (the forger's waits)", n)
+	}
+	v, err := l.Verify()
+	if err != nil || v.FlaggedTotal != 1 || v.Flagged[0].Kind != api.AuditFlagUnknownSource || !strings.Contains(v.Flagged[0].Reason, "epoch 3") {
+		t.Fatalf("verify: %+v %v, want the forger's event alone, unknown-source at epoch 3", v, err)
+	}
+	l.settleDeferred(time.Now().Add(deferFor + time.Second))
+	if n := l.NotGenuine(); n[api.AuditFlagUnknownSource] != 1 || len(n) != 1 {
+		t.Fatalf("counted %v after deferFor, want the forger's event as unknown-source", n)
+	}
+	if len(l.deferred) != 0 {
+		t.Errorf("%d records still wait to be counted", len(l.deferred))
 	}
 }

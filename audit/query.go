@@ -273,7 +273,7 @@ func (l *Logger) VerifyProgress(progress func(api.AuditProgress)) (api.AuditVeri
 // after its first event) is checked again with the keys known now, the remembered ones
 // included: genuine if it verifies, a bad signature if a key is known now and it does not.
 func (l *Logger) genuine(r api.AuditRecord) (kind, reason string) {
-	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil {
+	if !r.Signed && strings.HasPrefix(r.SignatureError, noKeyPrefix) && l.keys != nil && !l.unsettled(r) {
 		if pub, ok := l.key(r.Subject, r.Source, seatEpoch(nats.Header(r.Headers)), r.Received); ok {
 			if err := envelope.Verify(nats.Header(r.Headers), r.Subject, r.Body, pub); err != nil {
 				r.SignatureError = err.Error()

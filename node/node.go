@@ -1028,7 +1028,7 @@ func (n *Node) openAudit() (err error) {
 		return err
 	}
 	n.audit.SetEventsMaxAge(time.Duration(n.cfg.EventsMaxAge))
-	n.audit.Ingested = n.metrics.meter.Ingested
+	n.audit.Ingested, n.audit.Unsettled = n.metrics.meter.Ingested, src.Unsettled
 	return n.subscribe("audit tool", func() (*nats.Subscription, error) { return audit.Serve(n.resp.nc, n.id.Name, n.audit) })
 }
 

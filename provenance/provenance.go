@@ -44,7 +44,7 @@ func (s Sources) Key(subject, source string, epoch uint64, at time.Time) (string
 		// The controller's and the cascade's seats, held by a node, sign with the key of the
 		// node that held the lease the event names — or, for an epoch this node never saw
 		// (it started after that lease) or none, with the holder's now or last.
-		if source == manifest.ControllerSeat || source == build.GitSeat || source == build.BuilderSeat {
+		if nodeHeld(source) {
 			l, ok := seats.Lease{}, false
 			if book := s.leases(); book != nil {
 				key := seats.Key(source, manifest.ScopeMesh, "")
@@ -79,6 +79,33 @@ func (s Sources) Key(subject, source string, epoch uint64, at time.Time) (string
 		return id.PublicKey, true // another server of the mesh
 	}
 	return "", false
+}
+
+// nodeHeld says whether seat is one a node holds: the controller's and the cascade's.
+func nodeHeld(seat string) bool {
+	return seat == manifest.ControllerSeat || seat == build.GitSeat || seat == build.BuilderSeat
+}
+
+// Unsettled says whether an event of a node-held seat (source) names a lease newer than any
+// this node has seen (epoch, its x-seat-epoch): the new holder speaks as soon as it holds,
+// and this node's copy of the leases may hear of it after the audit log reads the event. Its
+// signer is not known yet (audit.Logger.Unsettled). An epoch the node will never see — a
+// forger's — stays unsettled.
+func (s Sources) Unsettled(subject, source string, epoch uint64) bool {
+	ns, owner, _, ok := manifest.SplitSubject(subject)
+	if !ok || ns != "seat" || owner != source || !nodeHeld(source) || epoch == 0 {
+		return false
+	}
+	book := s.leases()
+	if book == nil {
+		return false
+	}
+	key := seats.Key(source, manifest.ScopeMesh, "")
+	if _, _, seen := book.HeldAt(key, epoch); seen {
+		return false
+	}
+	last, ok := book.LastHeld(key)
+	return !ok || last.Epoch < epoch
 }
 
 // leases is the node's leases, nil when it reads none.

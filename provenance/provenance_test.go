@@ -66,3 +66,31 @@ func TestKey_ByTheLeaseTheEventNames(t *testing.T) {
 		}
 	}
 }
+
+// TestUnsettled: an event of a node-held seat naming an epoch newer than any lease the node
+// saw is unsettled (its signer not known yet); one naming a lease seen, an older epoch never
+// seen, none, or a seat a module holds is not.
+func TestUnsettled(t *testing.T) {
+	src := provenance.Sources{Node: "n3", Leases: func() provenance.Leases { return book{time.Now()} }}
+	controller := manifest.SeatEventSubject(manifest.ControllerSeat, "provisioned")
+	for _, tc := range []struct {
+		name            string
+		subject, source string
+		epoch           uint64
+		want            bool
+	}{
+		{"the next holder's first event", controller, manifest.ControllerSeat, 10, true},
+		{"the holder now", controller, manifest.ControllerSeat, 9, false},
+		{"an older lease never seen", controller, manifest.ControllerSeat, 7, false},
+		{"no epoch", controller, manifest.ControllerSeat, 0, false},
+		{"a module's seat", manifest.SeatEventSubject("printer", "done"), "printer", 10, false},
+		{"a source that does not own the subject", controller, "printer", 10, false},
+	} {
+		if got := src.Unsettled(tc.subject, tc.source, tc.epoch); got != tc.want {
+			t.Errorf("%s: unsettled %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if (provenance.Sources{}).Unsettled(controller, manifest.ControllerSeat, 10) {
+		t.Error("a node that reads no leases (a site) called an event unsettled")
+	}
+}
