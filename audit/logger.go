@@ -373,7 +373,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	var added, missed uint64
 	flagged := map[string]uint64{}
 	var deferred []api.AuditRecord // not counted yet: unsettled
-	var learnt map[string]string // keys the batch verified first
+	var learnt map[string]string   // keys the batch verified first
 	var open gaps
 	var lastSeq uint64
 	var used map[string]map[uint64]slice // the batch's new bytes in EVENTS

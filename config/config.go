@@ -146,7 +146,8 @@ type Config struct {
 	// are refused and counted in one event per interval. Zero: no limit.
 	RateLimit int `yaml:"rate-limit"`
 	// EmitRate is how many events and seat jobs a second one module may send on this node,
-	// with as many at once; past it the node's admitter refuses them, retryably (DESIGN §14).
+	// with a quarter as many at once; past it the node's admitter refuses them, retryably
+	// (DESIGN §14).
 	// Zero: no pace.
 	EmitRate int `yaml:"emit-rate"`
 	// AuditMaxLag is how many events a live member's audit log may be behind EVENTS before

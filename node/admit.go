@@ -26,7 +26,7 @@ func (n *Node) openAdmitter(key nkeys.KeyPair) error {
 		Limit:        n.budget.Module,
 		EventsMaxAge: time.Duration(n.cfg.EventsMaxAge),
 		Rate:         float64(n.cfg.EmitRate),
-		Burst:        n.cfg.EmitRate,
+		Burst:        max(n.cfg.EmitRate/4, 1), // a second's burst held other modules' emits behind it in EVENTS
 		MaxLag:       uint64(n.cfg.AuditMaxLag),
 		Held:         n.audit.Held,
 		Owners:       n.usageOwners,

@@ -31,7 +31,7 @@ type Pending struct {
 	done chan struct{}
 	err  error
 	// Retries after the admitter's retryable refusals (pipeline.retry), within
-	// asyncAckTimeout of sent.
+	// resendWithin of sent.
 	sent     time.Time
 	attempts int
 }
@@ -192,8 +192,11 @@ func (c *Client) pipelined() *pipeline {
 }
 
 // retryAsync sends m again after a back-off if err is the admitter's retryable refusal and
-// m's event has waited less than asyncAckTimeout; it reports whether it will. The event keeps
-// its slot meanwhile, so a refused pipeline slows down instead of piling up.
+// m's event was first sent less than resendWithin ago; it reports whether it will. The event
+// keeps its slot meanwhile, so a refused pipeline slows down instead of piling up. A refusal is
+// an answer — the node is there, and stored nothing — so the bound is not asyncAckTimeout's:
+// 2,000 events pushed at once into a pace of 300 a second keep their last ones waiting for
+// seconds, longer than 10 on a loaded machine.
 func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	refusal, ok := admitRefusal(err)
 	if !ok || !api.AdmitRetryable(refusal.code) {
@@ -202,7 +205,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	pl := &c.pipeline
 	pl.mu.Lock()
 	p := pl.inflight[m]
-	if p == nil || time.Since(p.sent) > asyncAckTimeout {
+	if p == nil || time.Since(p.sent) > resendWithin {
 		pl.mu.Unlock()
 		return false
 	}
@@ -237,10 +240,10 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	return true
 }
 
-// slowTo sets the pipeline's pace to the events stored in the last second (at least one a
-// second), unless it is slower already. pl.mu is held.
+// slowTo sets the pipeline's pace to the rate its events were stored at over the last second
+// (at least one a second), unless it is slower already. pl.mu is held.
 func (pl *pipeline) slowTo(now time.Time) {
-	stored := rate.Limit(max(float64(pl.stored.lastSecond(now)), 1))
+	stored := rate.Limit(max(pl.stored.perSecond(now), 1))
 	if pl.pace == nil || stored < pl.pace.Limit() {
 		pl.pace, pl.paceAt = rate.NewLimiter(stored, max(int(stored)/10, 1)), now
 	}
@@ -250,6 +253,17 @@ func (pl *pipeline) slowTo(now time.Time) {
 type ackRate struct {
 	n  [10]int
 	at int64 // the current tenth, in tenths since the epoch
+	// since is when the events began to be stored without a second's gap: a pipeline refused
+	// in its first second has stored only a node's burst (a tenth of its pace or so), which is
+	// no rate a second.
+	since, last time.Time
+}
+
+// perSecond is the events stored over the last second, or over the time since they began
+// if that is shorter (a tenth of a second at least).
+func (r *ackRate) perSecond(now time.Time) float64 {
+	over := min(max(now.Sub(r.since), 100*time.Millisecond), time.Second)
+	return float64(r.lastSecond(now)) / over.Seconds()
 }
 
 func (r *ackRate) advance(now time.Time) {
@@ -265,6 +279,10 @@ func (r *ackRate) advance(now time.Time) {
 }
 
 func (r *ackRate) add(now time.Time) {
+	if now.Sub(r.last) > time.Second {
+		r.since = now
+	}
+	r.last = now
 	r.advance(now)
 	r.n[r.at%int64(len(r.n))]++
 }
