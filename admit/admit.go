@@ -221,7 +221,7 @@ func (a *Admitter) admit(w *wire, m msg) {
 	if st.pace != nil && !st.pace.AllowN(now, 1) {
 		a.refusedLocked(module, st, ReasonRate, now)
 		if st.overRate == nil {
-			st.overRate, _ = json.Marshal(api.NewAdmitRefusal(api.AdmitOverRate, fmt.Sprintf("module %s sends faster than its pace of %g a second on this node (emit-rate); retry later", module, a.cfg.Rate)))
+			st.overRate, _ = json.Marshal(api.NewAdmitRefusal(api.AdmitOverRate, api.OverRateDescription(module, a.cfg.Rate)))
 		}
 		body := st.overRate
 		a.mu.Unlock()

@@ -1,5 +1,11 @@
 package api
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // What the node's admitter (DESIGN §14) answers a publish it does not pass on to a stream.
 // The answer has JetStream's own error shape, {"error":{"code":…,"err_code":…,"description":…}},
 // so a client of any language that publishes with a JetStream library sees a refusal where it
@@ -11,8 +17,8 @@ const (
 	// AdmitAuditBehind is retryable: the audit log of a live member is too far behind to take
 	// more (back-pressure, never loss). The sdk retries with back-off.
 	AdmitAuditBehind = 19002
-	// AdmitOverRate is retryable: the module sends faster than its pace on this node. The sdk
-	// retries with back-off.
+	// AdmitOverRate is retryable: the module sends faster than its pace on this node. Its
+	// description names the pace (OverRateDescription), and the sdk sends at it.
 	AdmitOverRate = 19003
 	// AdmitNotAdmitted is final: the subject is not one the admitter passes on (not an event
 	// or a seat's job of the module under whose prefix it came).
@@ -22,6 +28,27 @@ const (
 	// module may submit it again once the link is back.
 	AdmitCutOff = 19005
 )
+
+// OverRateDescription is an AdmitOverRate refusal's description: it names the module's pace,
+// perSecond events and jobs a second, in words a client can read back (OverRatePace).
+func OverRateDescription(module string, perSecond float64) string {
+	return fmt.Sprintf("module %s sends faster than %s%g a second on this node (emit-rate); retry later", module, pacePhrase, perSecond)
+}
+
+// pacePhrase precedes the pace in OverRateDescription.
+const pacePhrase = "its pace of "
+
+// OverRatePace reads the pace out of an AdmitOverRate refusal's description; ok is false if
+// it names none (an admitter older than the rule, or another refusal).
+func OverRatePace(description string) (perSecond float64, ok bool) {
+	_, rest, found := strings.Cut(description, pacePhrase)
+	if !found {
+		return 0, false
+	}
+	number, _, _ := strings.Cut(rest, " ")
+	v, err := strconv.ParseFloat(number, 64)
+	return v, err == nil && v > 0
+}
 
 // AdmitRetryable reports whether a refusal with err_code code may succeed if sent again later.
 func AdmitRetryable(code int) bool { return code == AdmitAuditBehind || code == AdmitOverRate }

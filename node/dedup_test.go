@@ -23,7 +23,9 @@ import (
 // handled once; the in-memory one would handle the second copies again.
 func TestDedup_SurvivesRestart(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	cfg := testConfig(t.TempDir(), "alpha")
+	cfg.EmitRate = 0 // 1,000 at once from a raw client, which does not retry a refusal for its pace
+	b := newBedAt(t, cfg)
 	seedA, _ := b.register("module: a\nrequires: [mesh-bus]\nemits: [x]\n")
 	seedB, _ := b.register("module: b\nrequires: [mesh-bus]\nconsumes: [a.x]\n")
 	const n = 1000
@@ -39,17 +41,27 @@ func TestDedup_SurvivesRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	publish := func(copy string) {
+		acks := make([]jetstream.PubAckFuture, 0, n)
 		for i, h := range envs {
 			h = maps.Clone(h)
 			h.Set(nats.MsgIdHdr, copy+"."+h.Get(envelope.EventID))
-			if _, err := js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: manifest.AdmitSubject("a", subject), Header: h, Data: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+			if err != nil {
 				t.Fatal(err)
 			}
+			acks = append(acks, f)
 		}
 		select {
 		case <-js.PublishAsyncComplete():
 		case <-ctx.Done():
 			t.Fatal("publishing did not complete")
+		}
+		for i, f := range acks {
+			select {
+			case err := <-f.Err():
+				t.Fatalf("%s copy, event %d: %v", copy, i, err)
+			default:
+			}
 		}
 	}
 	path := filepath.Join(t.TempDir(), "dedup.db")

@@ -337,11 +337,8 @@ func backOffDelay(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// backOff waits before attempt's retry, or returns ctx's error.
-func backOff(ctx context.Context, attempt int) error { return sleep(ctx, backOffDelay(attempt)) }
-
-// backOffUntil is backOff for a wait that ends at deadline: a retry that could not be sent
-// before it is not waited for.
+// backOffUntil waits before attempt's retry (backOffDelay), or returns ctx's error; a retry
+// that could not be sent before deadline is not waited for.
 func backOffUntil(ctx context.Context, deadline time.Time, attempt int) error {
 	d := backOffDelay(attempt)
 	if time.Until(deadline) < d {

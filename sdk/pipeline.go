@@ -82,13 +82,16 @@ type pipeline struct {
 	resume  time.Time
 	refused int       // pauses in a row: each doubles the last
 	refusal time.Time // the last refusal: a second without one starts the pauses over
-	// Past its pace (a refusal 19003) the pipeline sends at the rate the node stores its
-	// events, as counted since the last refusal, instead of sending its whole window again
-	// after each pause: a paced module is refused a few times, not thousands of times a
-	// second, and the node can tell it from a flooder. It doubles every second without a
-	// refusal, and is gone once past any node's pace.
+	// Past its pace (a refusal 19003) the pipeline sends at the pace the refusal names
+	// (keepTo), or, from an admitter that names none, at the rate the node stored its events
+	// over the last second (slowTo), instead of sending its whole window again after each
+	// pause: a paced module is refused about once for each event of its first window, not
+	// thousands of times a second, and the node can tell it from a flooder. A named pace is
+	// kept until toldFor passes without a refusal; a measured one doubles every second
+	// without a refusal, and is gone once past any node's pace.
 	pace    *rate.Limiter
 	paceAt  time.Time     // when pace last changed
+	told    bool          // pace is the node's, as its refusal named it (keepTo)
 	stored  ackRate       // the events stored in the last second
 	drained chan struct{} // closed when inflight empties; nil while nobody waits
 	failed  []error       // since the last Flush
@@ -218,16 +221,23 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		pl.refused = 0
 	}
 	pl.refusal = now
+	told := false // the refusal named the pace: no pause, the pace is what to keep to
 	if refusal.code == api.AdmitOverRate {
-		pl.slowTo(now)
+		if perSecond, ok := api.OverRatePace(refusal.description); ok {
+			pl.keepTo(now, perSecond)
+			told = true
+		} else {
+			pl.slowTo(now)
+		}
 	}
-	if now.After(pl.resume) { // the first refusal of this pause: it doubles the last
+	if !told && now.After(pl.resume) { // the first refusal of this pause: it doubles the last
 		pl.refused++
 		pl.resume = now.Add(backOffDelay(pl.refused))
 	}
 	// Sent again in the order refused, spread over a tenth of the pause: not all at once; and
 	// at the pace, once there is one.
-	delay := pl.resume.Sub(now) + time.Duration(rand.Int64N(int64(pl.resume.Sub(now)/10)+1))
+	pause := max(pl.resume.Sub(now), 0) // none after a refusal that named the pace
+	delay := pause + time.Duration(rand.Int64N(int64(pause/10)+1))
 	if pl.pace != nil {
 		delay = max(delay, pl.pace.ReserveN(now, 1).DelayFrom(now))
 	}
@@ -240,12 +250,22 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	return true
 }
 
+// keepTo sets the pipeline's pace to a little under the node's, perSecond, as its refusal
+// named it: sent at the node's own rate, timing alone would refuse some. pl.mu is held.
+func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
+	l := rate.Limit(max(perSecond*0.95, 1))
+	if pl.pace != nil && pl.told && pl.pace.Limit() == l {
+		return // kept already: a new limiter would hand out its burst again, to every refused event
+	}
+	pl.pace, pl.paceAt, pl.told = rate.NewLimiter(l, max(int(l)/10, 1)), now, true
+}
+
 // slowTo sets the pipeline's pace to the rate its events were stored at over the last second
 // (at least one a second), unless it is slower already. pl.mu is held.
 func (pl *pipeline) slowTo(now time.Time) {
 	stored := rate.Limit(max(pl.stored.perSecond(now), 1))
 	if pl.pace == nil || stored < pl.pace.Limit() {
-		pl.pace, pl.paceAt = rate.NewLimiter(stored, max(int(stored)/10, 1)), now
+		pl.pace, pl.paceAt, pl.told = rate.NewLimiter(stored, max(int(stored)/10, 1)), now, false
 	}
 }
 
@@ -260,9 +280,11 @@ type ackRate struct {
 }
 
 // perSecond is the events stored over the last second, or over the time since they began
-// if that is shorter (a tenth of a second at least).
+// if that is shorter — half a second at least: a node's burst, stored at once, taken for a
+// tenth of a second's worth set a pace far past the node's, and its refusals barred the
+// module for flooding.
 func (r *ackRate) perSecond(now time.Time) float64 {
-	over := min(max(now.Sub(r.since), 100*time.Millisecond), time.Second)
+	over := min(max(now.Sub(r.since), 500*time.Millisecond), time.Second)
 	return float64(r.lastSecond(now)) / over.Seconds()
 }
 
@@ -296,6 +318,9 @@ func (r *ackRate) lastSecond(now time.Time) int {
 	return sum
 }
 
+// toldFor is how long a pace a node named is kept without a refusal before it is dropped.
+const toldFor = 10 * time.Second
+
 // paceMost is past any node's pace: a limit grown beyond it is dropped.
 const paceMost = 1_000_000
 
@@ -305,7 +330,12 @@ func (pl *pipeline) paused(ctx context.Context) error {
 	pl.mu.Lock()
 	now := time.Now()
 	wait := pl.resume.Sub(now)
-	if pl.pace != nil && now.Sub(pl.refusal) > time.Second && now.Sub(pl.paceAt) > time.Second {
+	if pl.pace != nil && pl.told && now.Sub(pl.refusal) > toldFor {
+		// The pace a node named, kept for a while without a refusal: the module may be
+		// allowed more now (another node, a setting changed). Dropped, a refusal names it again.
+		pl.pace = nil
+	}
+	if pl.pace != nil && !pl.told && now.Sub(pl.refusal) > time.Second && now.Sub(pl.paceAt) > time.Second {
 		// A second without a refusal: try twice the pace.
 		if l := pl.pace.Limit() * 2; l > paceMost {
 			pl.pace = nil
