@@ -355,9 +355,10 @@ func (a *Admitter) refusedLocked(module string, st *moduleState, reason string, 
 }
 
 // floodRefusals is how many refusals for its pace within a second make a module a flooder:
-// its pace, and never fewer than 2,500. An sdk pipeline past its pace slows to the rate its
-// events are stored at after the first refusals (793 in all for 8,000 events at 2,000 a
-// second; 530 for 2,000 at 300: TestAdmit_PacedNotBarred), so it is not taken for one.
+// its pace, and never fewer than 2,500. An sdk pipeline past its pace keeps to the pace its
+// first refusals name (api.OverRatePace), or, shared with another sender, to the rate its own
+// events are stored at, so it is not taken for one: refused about once for each event of its
+// first window (TestAdmit_PacedNotBarred).
 func floodRefusals(perSecond float64) uint64 { return uint64(max(2_500, perSecond)) }
 
 // refuse answers m with a refusal, if it asked for an answer. reason, when not "", is counted

@@ -39,7 +39,7 @@ func OverRateDescription(module string, perSecond float64) string {
 const pacePhrase = "its pace of "
 
 // OverRatePace reads the pace out of an AdmitOverRate refusal's description; ok is false if
-// it names none (an admitter older than the rule, or another refusal).
+// it names none (another refusal, or an admitter that words it otherwise).
 func OverRatePace(description string) (perSecond float64, ok bool) {
 	_, rest, found := strings.Cut(description, pacePhrase)
 	if !found {

@@ -447,12 +447,11 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 			if added%yieldEvery == 0 {
 				runtime.Gosched()
 			}
-			if kind, _ := l.genuine(r); kind != "" {
-				if l.unsettled(r) && len(l.deferred)+len(deferred) < deferredMost {
-					deferred = append(deferred, r)
-				} else {
-					flagged[kind]++
-				}
+			// Unsettled first: a lease seen between the two would count a genuine event.
+			if l.unsettled(r) && len(l.deferred)+len(deferred) < deferredMost {
+				deferred = append(deferred, r)
+			} else if kind, _ := l.genuine(r); kind != "" {
+				flagged[kind]++
 			}
 		}
 		if lastSeq > h.Seq {

@@ -101,7 +101,9 @@ type Config struct {
 	LogFormat string `yaml:"log-format"`
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout Duration `yaml:"shutdown-timeout"`
-	// EventsMaxAge is how long the EVENTS stream keeps an event.
+	// EventsMaxAge is how long the EVENTS stream keeps an event. Under 2 minutes it is also
+	// EVENTS' duplicate window, shorter than the minute the sdk sends an unacknowledged event
+	// again in: a resend may then be stored twice (the audit log records it once).
 	EventsMaxAge Duration `yaml:"events-max-age"`
 	// AuditRetention is how long the node's audit log keeps a record; zero keeps everything.
 	AuditRetention Duration `yaml:"audit-retention"`

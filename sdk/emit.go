@@ -66,8 +66,9 @@ func Retry(id string) EmitOption { return func(o *envelope.Options) { o.ID = id 
 // any error after it: an Emit that timed out may still have been stored, and passing the id
 // back with Retry(id) makes trying again safe. Within the call, a send whose ack does not come
 // in 5 s (a stream electing its leader, a lost ack) is sent again, the same event, waiting
-// twice as long each time up to 20 s, for a minute after the first send: the stream's
-// duplicate window stores it once.
+// twice as long each time up to 20 s, within ctx (10 s if it has no deadline) and for at most
+// a minute after the first send: the stream's duplicate window (2 minutes, or EVENTS'
+// events-max-age if shorter) stores it once.
 func (c *Client) Emit(ctx context.Context, event string, payload any, opts ...EmitOption) (string, error) {
 	subject, err := c.emitSubject(event)
 	if err != nil {
@@ -248,7 +249,8 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		actx, acancel := context.WithDeadline(ctx, sendBy)
 		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body})
-		lost := err != nil && actx.Err() != nil && ctx.Err() == nil && sendBy.Before(deadline)
+		lost := (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) &&
+			actx.Err() != nil && ctx.Err() == nil && sendBy.Before(deadline)
 		acancel()
 		if err == nil {
 			return id, nil

@@ -34,6 +34,7 @@ type Pending struct {
 	// resendWithin of sent.
 	sent     time.Time
 	attempts int
+	last     time.Time // when its last attempt was sent (or is to be)
 }
 
 // ID is the event's x-event-id.
@@ -121,7 +122,8 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 		return nil, fmt.Errorf("EmitAsync %s: %d events unanswered, waiting for a slot: %w", event, MaxInFlight, ctx.Err())
 	}
 	msg := &nats.Msg{Subject: manifest.AdmitSubject(c.Module(), subject), Header: h, Data: body}
-	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: time.Now()}
+	now := time.Now()
+	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: now, last: now}
 	pl.mu.Lock()
 	pl.inflight[msg] = p
 	pl.mu.Unlock()
@@ -223,7 +225,13 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	pl.refusal = now
 	told := false // the refusal named the pace: no pause, the pace is what to keep to
 	if refusal.code == api.AdmitOverRate {
-		if perSecond, ok := api.OverRatePace(refusal.description); ok {
+		// An attempt sent at the pace the node named and refused all the same: another
+		// sender of the module shares the node's pace (a second instance, a second client),
+		// and the rate the node stored this pipeline's events at is its share (slowTo, as with
+		// an admitter that names no pace). Each keeping to the whole would be refused without
+		// end, and barred for flooding.
+		shared := pl.pace != nil && (!pl.told || p.last.After(pl.paceAt))
+		if perSecond, ok := api.OverRatePace(refusal.description); ok && !shared {
 			pl.keepTo(now, perSecond)
 			told = true
 		} else {
@@ -241,6 +249,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	if pl.pace != nil {
 		delay = max(delay, pl.pace.ReserveN(now, 1).DelayFrom(now))
 	}
+	p.last = now.Add(delay)
 	pl.mu.Unlock()
 	time.AfterFunc(delay, func() {
 		if _, err := pl.js.PublishMsgAsync(m); err != nil {
@@ -253,11 +262,13 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 // keepTo sets the pipeline's pace to a little under the node's, perSecond, as its refusal
 // named it: sent at the node's own rate, timing alone would refuse some. pl.mu is held.
 func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
-	l := rate.Limit(max(perSecond*0.95, 1))
+	l := rate.Limit(perSecond * 0.95)
 	if pl.pace != nil && pl.told && pl.pace.Limit() == l {
 		return // kept already: a new limiter would hand out its burst again, to every refused event
 	}
-	pl.pace, pl.paceAt, pl.told = rate.NewLimiter(l, max(int(l)/10, 1)), now, true
+	burst := max(int(l)/10, 1)
+	pl.pace, pl.paceAt, pl.told = rate.NewLimiter(l, burst), now, true
+	pl.pace.AllowN(now, burst) // empty: the node's own burst was just spent, on this window
 }
 
 // slowTo sets the pipeline's pace to the rate its events were stored at over the last second
@@ -274,7 +285,7 @@ type ackRate struct {
 	n  [10]int
 	at int64 // the current tenth, in tenths since the epoch
 	// since is when the events began to be stored without a second's gap: a pipeline refused
-	// in its first second has stored only a node's burst (a tenth of its pace or so), which is
+	// in its first second has stored only a node's burst (a quarter of its pace), which is
 	// no rate a second.
 	since, last time.Time
 }
