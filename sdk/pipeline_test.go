@@ -7,12 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/api"
-	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 )
 
 // TestEmitAsync_Bounded: against a real nats-server where the event's subject is heard and
@@ -35,14 +32,7 @@ func TestEmitAsync_Bounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	sink.Flush()
-	kp, _ := nkeys.CreateUser()
-	key, err := envelope.NewSigningKey(kp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &Client{nc: nc, key: key, self: api.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+	c := bareClient(t, nc, "a", "x")
 
 	ctx := context.Background()
 	var sent []*Pending

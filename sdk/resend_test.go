@@ -65,16 +65,8 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 			}
 			admitter.Flush()
 
-			kp, _ := nkeys.CreateUser()
-			key, err := envelope.NewSigningKey(kp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &Client{nc: nc, js: js, key: key, log: slog.New(slog.DiscardHandler), firstAckWait: 300 * time.Millisecond, refusals: NewRefusals("_INBOX"),
-				self: api.WhoamiReply{Module: "a", Node: "n", Emits: []string{"x"}}}
-			c.ctx, c.cancel = context.WithCancel(context.Background())
-			defer c.cancel()
-			c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+			c := bareClient(t, nc, "a", "x")
+			c.firstAckWait = 300 * time.Millisecond
 
 			began := time.Now()
 			id, err := c.Emit(ctx, "x", map[string]int{"n": 1})
@@ -103,4 +95,25 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bareClient is a Client of module on nc, declaring the events emits, as Connect makes one but
+// without a node to ask: a key of its own, its connection's context live until the test ends.
+func bareClient(t *testing.T, nc *nats.Conn, module string, emits ...string) *Client {
+	t.Helper()
+	kp, _ := nkeys.CreateUser()
+	key, err := envelope.NewSigningKey(kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{nc: nc, js: js, key: key, log: slog.New(slog.DiscardHandler), refusals: NewRefusals("_INBOX"),
+		self: api.WhoamiReply{Module: module, Node: "n", Emits: emits}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	t.Cleanup(c.cancel)
+	c.connCtx, c.connEnd = context.WithCancel(c.ctx)
+	return c
 }
