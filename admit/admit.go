@@ -225,9 +225,7 @@ func (a *Admitter) admit(w *wire, m msg) {
 		}
 		body := st.overRate
 		a.mu.Unlock()
-		if m.reply != nil {
-			w.publish(string(m.reply), nil, nil, body)
-		}
+		answer(w, m, body)
 		return
 	}
 	if !event {
@@ -370,10 +368,17 @@ func (a *Admitter) refuse(w *wire, m msg, module, reason string, code int, descr
 		a.mu.Unlock()
 	}
 	if m.reply == nil {
-		return
+		return // nothing to encode for
 	}
 	b, _ := json.Marshal(api.NewAdmitRefusal(code, description))
-	w.publish(string(m.reply), nil, nil, b)
+	answer(w, m, b)
+}
+
+// answer sends refusal, encoded, to m's reply subject, if it asked for an answer.
+func answer(w *wire, m msg, refusal []byte) {
+	if m.reply != nil {
+		w.publish(string(m.reply), nil, nil, refusal)
+	}
 }
 
 // Recorded tells the admitter that the audit log recorded the events ids, the newest stored

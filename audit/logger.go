@@ -624,7 +624,7 @@ func (l *Logger) record(m jetstream.Msg, seq uint64, stored, now time.Time) (r a
 	switch {
 	case h.Get(envelope.Signature) == "":
 		r.SignatureError = unsignedPrefix + ": no x-signature"
-	case l.Unsettled != nil && l.Unsettled(r.Subject, r.Source, epoch):
+	case epoch != 0 && l.Unsettled != nil && l.Unsettled(r.Subject, r.Source, epoch): // only a node-held seat's event names one
 		r.SignatureError = fmt.Sprintf("%s %q at seat epoch %d: a lease this node had not seen when it recorded the event", noKeyPrefix, r.Source, epoch)
 	case !ok:
 		r.SignatureError = fmt.Sprintf("%s %q", noKeyPrefix, r.Source)

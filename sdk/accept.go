@@ -464,10 +464,8 @@ func (c *Client) seatRequest(ctx context.Context, action, seat string) (api.Seat
 	var reply api.SeatReply
 	req, _ := json.Marshal(api.SeatRequest{Action: action, Seat: seat, Instance: c.instance})
 	subject := manifest.NodeSeatToolSubject(c.node(), c.Module())
-	ctx, dropped, end := c.onConnection(ctx)
+	ctx, _, dropped, end := c.waitContext(ctx, subject)
 	defer end()
-	ctx, stop := c.watch(ctx, subject)
-	defer stop()
 	msg, err := c.nc.RequestWithContext(ctx, subject, req)
 	if r := Refused(ctx); err != nil && r != nil {
 		err = r

@@ -266,7 +266,7 @@ func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
 	if pl.pace != nil && pl.told && pl.pace.Limit() == l {
 		return // kept already: a new limiter would hand out its burst again, to every refused event
 	}
-	burst := max(int(l)/10, 1)
+	burst := paceBurst(l)
 	pl.pace, pl.paceAt, pl.told = rate.NewLimiter(l, burst), now, true
 	pl.pace.AllowN(now, burst) // empty: the node's own burst was just spent, on this window
 }
@@ -276,7 +276,7 @@ func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
 func (pl *pipeline) slowTo(now time.Time) {
 	stored := rate.Limit(max(pl.stored.perSecond(now), 1))
 	if pl.pace == nil || stored < pl.pace.Limit() {
-		pl.pace, pl.paceAt, pl.told = rate.NewLimiter(stored, max(int(stored)/10, 1)), now, false
+		pl.pace, pl.paceAt, pl.told = rate.NewLimiter(stored, paceBurst(stored)), now, false
 	}
 }
 
@@ -329,6 +329,9 @@ func (r *ackRate) lastSecond(now time.Time) int {
 	return sum
 }
 
+// paceBurst is what a pipeline at pace l sends at once: a tenth of a second's worth.
+func paceBurst(l rate.Limit) int { return max(int(l)/10, 1) }
+
 // toldFor is how long a pace a node named is kept without a refusal before it is dropped.
 const toldFor = 10 * time.Second
 
@@ -352,7 +355,7 @@ func (pl *pipeline) paused(ctx context.Context) error {
 			pl.pace = nil
 		} else {
 			pl.pace.SetLimitAt(now, l)
-			pl.pace.SetBurstAt(now, max(int(l)/10, 1))
+			pl.pace.SetBurstAt(now, paceBurst(l))
 			pl.paceAt = now
 		}
 	}
