@@ -157,7 +157,7 @@ type Config struct {
 	// Zero: no back-pressure.
 	AuditMaxLag int `yaml:"audit-max-lag"`
 	// FloodRate is how many messages a second one module connection may send, with bursts
-	// of a second's worth, before the node ends the flood: it disconnects every connection of the
+	// of a quarter second's worth, before the node ends the flood: it disconnects every connection of the
 	// module's key and refuses its connects for flood-bar. A module refused by the rate
 	// limits more than ten times its rate-limit in two seconds is barred the same way. Zero:
 	// connections' rates are not watched (the rate limits' refusals still bar).

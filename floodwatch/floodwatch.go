@@ -1,5 +1,5 @@
 // Package floodwatch finds the client connection that floods: one whose inbound messages
-// exceed a rate a second with bursts of a second's worth (Rates, a token bucket per
+// exceed a rate a second with bursts of a quarter second's worth (Rates, a token bucket per
 // connection), read from the server's connection list every Sample and sooner when the
 // modules' total count says one of them may be over (Schedule). The node bars what it finds
 // (node/pacing.go); nothing here is read per message.
@@ -13,6 +13,16 @@ const Sample = 250 * time.Millisecond
 // Peek is how often the watch reads the modules' total inbound count (one counter): a flood
 // far over the rate is found within a peek or two.
 const Peek = 25 * time.Millisecond
+
+// Burst is how long a connection's bucket holds of its rate: it may send this long's worth
+// at once. A quarter of a second, as the admitter's pace (node/admit.go): an unpaced flood —
+// hundreds of thousands of messages a second from one client — empties it within the first
+// peek that sees it (a second's worth took two or three, waiting twice as long after each
+// early list that found nobody), while what a module does in earnest — the sdk's pipeline,
+// at most 1,024 messages ahead of its acks; a consumer's acks, 32 at a time — is far within
+// it. The flood benchmark's attacker saw itself cut off 83–147 ms into its flood with a
+// second's worth, 66–86 ms with a quarter's (its own notice of the close included).
+const Burst = 250 * time.Millisecond
 
 // ConnStat is one client connection's counts, as the server's connection list gives them.
 type ConnStat struct {
@@ -52,12 +62,12 @@ func (w *Schedule) Due(total int64, now time.Time, perSecond float64) bool {
 	return w.early
 }
 
-// Walked records a list made at now; found says whether it found a connection over the
-// rate.
-func (w *Schedule) Walked(now time.Time, found bool) {
+// Walked records a list made at now; suspect says whether it found a connection over the
+// rate or on its way there (Rates.Sample's draining), which the next peek lists again.
+func (w *Schedule) Walked(now time.Time, suspect bool) {
 	w.at, w.total = now, w.next
 	switch {
-	case found || w.quiet:
+	case suspect || w.quiet:
 		w.every = Peek
 	case w.early:
 		w.every = min(2*w.every, Sample)
@@ -65,10 +75,10 @@ func (w *Schedule) Walked(now time.Time, found bool) {
 }
 
 // Rates follows each connection's inbound message count from sample to sample, as a
-// token bucket per connection: perSecond tokens a second, at most a second's worth, one
-// spent per message. A connection that empties its bucket has kept up more than perSecond
-// for long enough to have sent a second's worth beyond it — at twice the rate in a second,
-// at thirty times in the first sample.
+// token bucket per connection: perSecond tokens a second, at most Burst's worth, one spent
+// per message. A connection that empties its bucket has kept up more than perSecond for
+// long enough to have sent Burst's worth beyond it — at twice the rate in a quarter of a
+// second, at eleven times in the first peek.
 type Rates struct {
 	last map[uint64]connSample // by connection id; nil until the first Sample
 	// graced are the keys forgiven until a time: those sending over the rate when another
@@ -104,26 +114,33 @@ type Over struct {
 }
 
 // Sample takes the counts read at now and returns the module connection that emptied its
-// bucket and sent the most since it was full; connections gone are forgotten. A connection
+// bucket and sent the most since it was full, and whether a module connection sent faster
+// than perSecond since the sample before (draining: the schedule lists a peek apart while
+// one does); connections gone are forgotten. A connection
 // that has been sent at least as many messages as it sent is answering, not flooding, and
 // never returned (a module whose every request is answered at once is bounded by its
 // answerer's pace). One at a time, and every other connection over the rate then is graced
 // (Grace): what a flood made others send stops with it.
-func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isModule func(key string) bool) (top Over, found bool) {
+func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isModule func(key string) bool) (top Over, found, draining bool) {
+	full := perSecond * Burst.Seconds()
 	seen := make(map[uint64]connSample, len(stats))
 	for _, st := range stats {
-		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: perSecond, from: st.InMsgs, out: st.OutMsgs}
+		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: full, from: st.InMsgs, out: st.OutMsgs}
 		prev, ok := r.last[st.ID]
 		if ok {
 			s.sentTo = float64(st.OutMsgs-prev.out) > perSecond*now.Sub(prev.at).Seconds()
 		}
 		if ok && !now.Before(r.graced[st.Key]) {
-			s.tokens = min(perSecond, prev.tokens+perSecond*now.Sub(prev.at).Seconds()) - float64(st.InMsgs-prev.msgs)
-			if s.tokens < perSecond {
+			refill, spent := perSecond*now.Sub(prev.at).Seconds(), float64(st.InMsgs-prev.msgs)
+			s.tokens = min(full, prev.tokens+refill) - spent
+			if s.tokens < full {
 				s.from = prev.from
 			}
-			if sent := st.InMsgs - s.from; s.tokens < 0 && sent > top.Msgs && st.InMsgs > st.OutMsgs && isModule(st.Key) {
-				top, found = Over{Key: st.Key, Msgs: sent}, true
+			if st.InMsgs > st.OutMsgs && isModule(st.Key) {
+				if sent := st.InMsgs - s.from; s.tokens < 0 && sent > top.Msgs {
+					top, found = Over{Key: st.Key, Msgs: sent}, true
+				}
+				draining = draining || spent > refill
 			}
 		}
 		seen[st.ID] = s
@@ -138,14 +155,14 @@ func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isMod
 			r.graced = map[string]time.Time{}
 		}
 		for id, s := range seen {
-			if s.tokens < perSecond || s.sentTo {
+			if s.tokens < full || s.sentTo {
 				r.graced[s.key] = now.Add(Grace)
 			}
-			s.tokens, s.from = perSecond, s.msgs
+			s.tokens, s.from = full, s.msgs
 			seen[id] = s
 		}
 		delete(r.graced, top.Key)
 	}
 	r.last = seen
-	return top, found
+	return top, found, draining
 }

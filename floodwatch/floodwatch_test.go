@@ -5,10 +5,11 @@ import (
 	"time"
 )
 
-// TestRates_Sample: a connection over the rate is found once it has sent a second's worth
-// beyond it — in the first sample at forty times the rate, after a second at twice; one that
-// answers as much as it is sent never is, nor the operator; and the answerer of a barred
-// flood, still answering its backlog on a new connection, is forgiven for Grace.
+// TestRates_Sample: a connection over the rate is found once it has sent Burst's worth
+// beyond it — in the first sample at forty times the rate, after a quarter of a second at
+// twice, draining meanwhile; one that answers as much as it is sent never is, nor the
+// operator; and the answerer of a barred flood, still answering its backlog on a new
+// connection, is forgiven for Grace.
 func TestRates_Sample(t *testing.T) {
 	const rate = 1000
 	module := func(key string) bool { return key != "operator" }
@@ -16,7 +17,8 @@ func TestRates_Sample(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * Sample) }
 	sample := func(i int, stats ...ConnStat) (Over, bool) {
-		return r.Sample(stats, at(i), rate, module)
+		over, found, _ := r.Sample(stats, at(i), rate, module)
+		return over, found
 	}
 
 	// Connected: the first sample is where counting starts.
@@ -40,16 +42,30 @@ func TestRates_Sample(t *testing.T) {
 			t.Fatalf("sample %d found %+v: the holder answering its backlog, or steady", i, over)
 		}
 	}
-	// A flood at twice the rate is found once it has sent a second's worth beyond it.
+	// A flood at twice the rate, read a peek apart, is found once it has sent Burst's worth
+	// beyond it (250 at 25 a peek over the rate), and is draining until then; a connection
+	// under the rate never drains.
 	r = Rates{}
 	found := -1
-	for i := range 12 {
-		if _, ok := sample(i, ConnStat{ID: 6, Key: "flooder", InMsgs: int64(i) * 2 * rate / 4}); ok && found < 0 {
+	for i := range 16 {
+		stats := []ConnStat{{ID: 6, Key: "flooder", InMsgs: int64(i) * 2 * rate * int64(Peek) / int64(time.Second)},
+			{ID: 7, Key: "steady", InMsgs: int64(i) * rate / 2 * int64(Peek) / int64(time.Second)}}
+		_, ok, draining := r.Sample(stats, t0.Add(time.Duration(i)*Peek), rate, module)
+		if ok && found < 0 {
 			found = i
 		}
+		if i > 0 && found < 0 && !draining {
+			t.Fatalf("peek %d: the flooder at twice the rate is not draining", i)
+		}
 	}
-	if found < 4 || found > 5 {
-		t.Fatalf("a flood at twice the rate found at sample %d, want after a second of it (sample 4 or 5)", found)
+	if found < 10 || found > 11 { // 10: the bucket at zero, give or take a float's rounding
+		t.Fatalf("a flood at twice the rate found at peek %d, want after a quarter of a second of it (peek 10 or 11)", found)
+	}
+	r = Rates{}
+	for i := range 16 {
+		if _, _, draining := r.Sample([]ConnStat{{ID: 7, Key: "steady", InMsgs: int64(i) * 20}}, t0.Add(time.Duration(i)*Peek), rate, module); draining {
+			t.Fatalf("peek %d: a connection at 0.8 of the rate is draining", i)
+		}
 	}
 }
 
@@ -121,13 +137,13 @@ func TestRates_AnswererFoundBeforeItAnswers(t *testing.T) {
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * Peek) }
 	r.Sample([]ConnStat{{ID: 1, Key: "flooder"}, {ID: 2, Key: "holder"}}, at(0), rate, module)
 	// A peek later: 5,000 requests sent, 4,000 delivered to the holder, 10 answered.
-	over, ok := r.Sample([]ConnStat{{ID: 1, Key: "flooder", InMsgs: 5000, OutMsgs: 10},
+	over, ok, _ := r.Sample([]ConnStat{{ID: 1, Key: "flooder", InMsgs: 5000, OutMsgs: 10},
 		{ID: 2, Key: "holder", InMsgs: 10, OutMsgs: 4000}}, at(1), rate, module)
 	if !ok || over.Key != "flooder" {
 		t.Fatalf("found %+v (%v), want the flooder", over, ok)
 	}
 	// The holder answers its backlog, 4,000 in the next peek: forgiven.
-	if over, ok := r.Sample([]ConnStat{{ID: 2, Key: "holder", InMsgs: 4010, OutMsgs: 4000}}, at(2), rate, module); ok {
+	if over, ok, _ := r.Sample([]ConnStat{{ID: 2, Key: "holder", InMsgs: 4010, OutMsgs: 4000}}, at(2), rate, module); ok {
 		t.Fatalf("found %+v: the holder answering what it was sent", over)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // refuses its connects for flood-bar, doubling while it comes back flooding
 // (throttle.Bans). Two things tell that it keeps on: a gate that refused it more than ten
 // times its rate within two seconds (throttle.Gate.OnFlood), and a connection whose
-// inbound messages exceed flood-rate a second with bursts of a second's worth (package
+// inbound messages exceed flood-rate a second with bursts of a quarter second's worth (package
 // floodwatch: read from the server's connection list four times a second, nothing per
 // message, and sooner when the modules' total inbound count says one may be over); and a
 // connection whose publishes the permissions keep denying (embedbus.Config.OnDenied).
@@ -55,7 +55,7 @@ func (n *Node) newPacing() {
 		strikes: make(chan strike, 64),
 		bars: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshnode_flood_bars_total",
-			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate a second, bursts of a second's worth), refused (refused by the rate limits more than ten times its rate-limit within 2 s) or denied (a connection's publishes denied by its permissions more than 1,000 times within 2 s).",
+			Help: "Modules this node disconnected and barred for flooding, by reason: rate (a connection's inbound messages over flood-rate a second, bursts of a quarter second's worth), refused (refused by the rate limits more than ten times its rate-limit within 2 s) or denied (a connection's publishes denied by its permissions more than 1,000 times within 2 s).",
 		}, []string{"reason"}),
 	}
 	for _, reason := range []string{barRate, barRefused, barDenied} {
@@ -120,8 +120,8 @@ func (n *Node) watchFloods(ctx context.Context) error {
 			if !walks.Due(n.bus.ClientInMsgs(), now, float64(n.cfg.FloodRate)) {
 				continue
 			}
-			over, ok := rates.Sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule)
-			walks.Walked(now, ok)
+			over, ok, draining := rates.Sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule)
+			walks.Walked(now, ok || draining)
 			if ok {
 				if e, ok := n.reg.ByKey(over.Key); ok {
 					n.bar(over.Key, e.Module, barRate, over.Msgs)

@@ -54,7 +54,7 @@ func addNodeFlags(cmd *cobra.Command, defaults config.Config) {
 	f.String("rate-limit", strconv.Itoa(defaults.RateLimit), "requests a second one module may make of whoami, the seat tool and the vault (0: no limit)")
 	f.String("emit-rate", strconv.Itoa(defaults.EmitRate), "events and seat jobs a second one module may send on this node; past it they are refused, retryably (0: no pace)")
 	f.String("audit-max-lag", strconv.Itoa(defaults.AuditMaxLag), "events a live member's audit log may be behind before emits are refused, retryably (0: no back-pressure)")
-	f.String("flood-rate", strconv.Itoa(defaults.FloodRate), "messages a second one module connection may send (bursts of a second's worth) before the node disconnects and bars the module (0: not watched)")
+	f.String("flood-rate", strconv.Itoa(defaults.FloodRate), "messages a second one module connection may send (bursts of a quarter second's worth) before the node disconnects and bars the module (0: not watched)")
 	f.String("flood-bar", defaults.FloodBar.String(), "how long a module barred for flooding is refused first (doubling while it comes back flooding)")
 	f.String("flood-bar-max", defaults.FloodBarMax.String(), "the longest bar of a module that keeps on flooding")
 	f.String("mesh-seats", strings.Join(defaults.MeshSeats, ","), "the mesh's own seats this node is a candidate for, comma-separated (\"\": none)")
