@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/heapfloor"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/meshnode/meshnode/sdk"
 	"github.com/nats-io/nats.go"
@@ -467,6 +468,7 @@ const (
 // Run: go test ./node -run '^$' -bench VictimUnderFlood -benchtime 1x -count 5
 func BenchmarkVictimUnderFlood(b *testing.B) {
 	defer pinNode(b)()
+	defer heapfloor.Keep(context.Background())() // as the node's process keeps it (cmd/meshnode)
 	b.Log(pinning())
 	f := newFloodBed(b)
 	defer f.b.close()

@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
 	"github.com/meshnode/meshnode/formats"
+	"github.com/meshnode/meshnode/internal/heapfloor"
 	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/cobra"
 )
@@ -152,6 +153,9 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg.Connects = bench.DefaultConnects
+	// The collector's floor of a node's process (up), for the node run here and for the raw
+	// side alike: both are measured in a process that keeps it.
+	defer heapfloor.Keep(ctx)()
 
 	dir, err := os.MkdirTemp("", "meshnode-bench-")
 	if err != nil {

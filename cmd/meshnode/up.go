@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnode/meshnode/config"
 	"github.com/meshnode/meshnode/datadir"
+	"github.com/meshnode/meshnode/internal/heapfloor"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/site"
 	"github.com/meshnode/meshnode/vault"
@@ -229,7 +230,8 @@ func runNode(cmd *cobra.Command, defaults config.Config, create bool) error {
 			os.Exit(exitOK)
 		}
 	}()
-	defer startTrimming(ctx)() // an idle node hands back the memory it freed
+	defer startTrimming(ctx)()  // an idle node hands back the memory it freed
+	defer heapfloor.Keep(ctx)() // and a busy one with a small heap collects less often
 	for {
 		err := runOnce(ctx, cmd, cfg, log, create)
 		if errors.Is(err, node.ErrRestart) {

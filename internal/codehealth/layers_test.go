@@ -21,7 +21,7 @@ var layers = []struct {
 	pkgs []string
 }{
 	{"bottom: the declaration model, the wire, the envelope and small helpers", []string{
-		"internal/suggest", "internal/boundedmap", "internal/backoff",
+		"internal/suggest", "internal/boundedmap", "internal/backoff", "internal/heapfloor",
 		"manifest", "api", "envelope",
 		"internal/jsretry", "internal/jsconsume", "internal/lifecycle", "internal/ensure", "mirror", "outbox", "throttle", "floodwatch", "toolstats", "meshca", "recovery", "alarm",
 	}},
