@@ -139,7 +139,9 @@ func testGrow(t *testing.T, interrupt string) {
 	// Every client port TLS, as off loopback: the new nodes enrol through it with the CA
 	// their token carries.
 	cfgA := clusterConfig(t, "a")
-	cfgA.EmitRate = 0 // 10,000 events as fast as a raw client sends them, none refused for its pace
+	// 10,000 events as fast as a raw client sends them: none refused for its pace, nor the
+	// client barred for its rate (flood-rate's bursts are a quarter second's worth).
+	cfgA.EmitRate, cfgA.FloodRate = 0, 0
 	cfgA.ClientTLS = "always"
 	if _, _, err := datadir.Prepare(cfgA, 1); err != nil {
 		t.Fatal(err)

@@ -60,8 +60,9 @@ func nodeStatus(t *testing.T, dir string) (records, lag uint64, err error) {
 func TestIntegration_Binary_AuditSurvivesKill9(t *testing.T) {
 	dir := t.TempDir()
 	// The publisher below goes as fast as a raw client goes and does not retry a refusal:
-	// with a pace, its refusals would bar it for flooding. The pace is not what this tests.
-	p := startNode(t, "up", append(upArgs(dir, "alpha"), "--emit-rate", "0")...)
+	// with a pace, its refusals would bar it for flooding, and past flood-rate its rate
+	// would. Neither is what this tests.
+	p := startNode(t, "up", append(upArgs(dir, "alpha"), "--emit-rate", "0", "--flood-rate", "0")...)
 	seed := registerModule(t, dir, "module: m\nrequires: [mesh-bus]\nemits: [tick]\n")
 
 	raw, _ := os.ReadFile(seed)
