@@ -150,7 +150,8 @@ type Config struct {
 	// EmitRate is how many events and seat jobs a second one module may send on this node,
 	// with a quarter as many at once; past it the node's admitter refuses them, retryably
 	// (DESIGN §14).
-	// Zero: no pace.
+	// Zero: no pace (flood-rate still bars a connection past its own rate: raise it, or set
+	// it to zero too, for a module that pipelines faster).
 	EmitRate int `yaml:"emit-rate"`
 	// AuditMaxLag is how many events a live member's audit log may be behind EVENTS before
 	// emits are refused, retryably, until it catches up: back-pressure instead of loss.

@@ -21,7 +21,8 @@ const Peek = 25 * time.Millisecond
 // early list that found nobody), while what a module does in earnest — the sdk's pipeline,
 // at most 1,024 messages ahead of its acks; a consumer's acks, 32 at a time — is far within
 // it. The flood benchmark's attacker saw itself cut off 83–147 ms into its flood with a
-// second's worth, 66–86 ms with a quarter's (its own notice of the close included).
+// second's worth (three runs), 30–98 ms with a quarter's (fourteen; its own notice of the
+// close included).
 const Burst = 250 * time.Millisecond
 
 // ConnStat is one client connection's counts, as the server's connection list gives them.
@@ -115,14 +116,15 @@ type Over struct {
 
 // Sample takes the counts read at now and returns the module connection that emptied its
 // bucket and sent the most since it was full, and whether a module connection sent faster
-// than perSecond since the sample before (draining: the schedule lists a peek apart while
-// one does); connections gone are forgotten. A connection
+// than perSecond since the sample before and has less than half its bucket left (draining:
+// the schedule lists a peek apart while one does, and a busy mesh whose modules only brush
+// the rate keeps its doubling waits); connections gone are forgotten. A connection
 // that has been sent at least as many messages as it sent is answering, not flooding, and
 // never returned (a module whose every request is answered at once is bounded by its
 // answerer's pace). One at a time, and every other connection over the rate then is graced
 // (Grace): what a flood made others send stops with it.
 func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isModule func(key string) bool) (top Over, found, draining bool) {
-	full := perSecond * Burst.Seconds()
+	full := max(perSecond*Burst.Seconds(), 1)
 	seen := make(map[uint64]connSample, len(stats))
 	for _, st := range stats {
 		s := connSample{key: st.Key, at: now, msgs: st.InMsgs, tokens: full, from: st.InMsgs, out: st.OutMsgs}
@@ -131,8 +133,11 @@ func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isMod
 			s.sentTo = float64(st.OutMsgs-prev.out) > perSecond*now.Sub(prev.at).Seconds()
 		}
 		if ok && !now.Before(r.graced[st.Key]) {
+			// The refill is counted before the cap: what it sent between two lists may have
+			// been sent after the bucket refilled, and a list a quarter second apart would
+			// otherwise take a whole interval's refill from the burst.
 			refill, spent := perSecond*now.Sub(prev.at).Seconds(), float64(st.InMsgs-prev.msgs)
-			s.tokens = min(full, prev.tokens+refill) - spent
+			s.tokens = min(full, prev.tokens+refill-spent)
 			if s.tokens < full {
 				s.from = prev.from
 			}
@@ -140,7 +145,7 @@ func (r *Rates) Sample(stats []ConnStat, now time.Time, perSecond float64, isMod
 				if sent := st.InMsgs - s.from; s.tokens < 0 && sent > top.Msgs {
 					top, found = Over{Key: st.Key, Msgs: sent}, true
 				}
-				draining = draining || spent > refill
+				draining = draining || (spent > refill && s.tokens < full/2)
 			}
 		}
 		seen[st.ID] = s

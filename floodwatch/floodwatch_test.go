@@ -43,8 +43,8 @@ func TestRates_Sample(t *testing.T) {
 		}
 	}
 	// A flood at twice the rate, read a peek apart, is found once it has sent Burst's worth
-	// beyond it (250 at 25 a peek over the rate), and is draining until then; a connection
-	// under the rate never drains.
+	// beyond it (250 at 25 a peek over the rate), and is draining once it has spent half of
+	// it; a connection under the rate never drains.
 	r = Rates{}
 	found := -1
 	for i := range 16 {
@@ -54,12 +54,25 @@ func TestRates_Sample(t *testing.T) {
 		if ok && found < 0 {
 			found = i
 		}
-		if i > 0 && found < 0 && !draining {
-			t.Fatalf("peek %d: the flooder at twice the rate is not draining", i)
+		if half := i > 5; found < 0 && draining != half { // 250 - 25i < 125 from peek 6
+			t.Fatalf("peek %d: the flooder at twice the rate draining %v, want %v", i, draining, half)
 		}
 	}
 	if found < 10 || found > 11 { // 10: the bucket at zero, give or take a float's rounding
 		t.Fatalf("a flood at twice the rate found at peek %d, want after a quarter of a second of it (peek 10 or 11)", found)
+	}
+	// A module steady at half the rate, listed every Sample, may burst three fifths of its
+	// bucket on top: the refill of the quarter second it sent in is counted before the cap.
+	r = Rates{}
+	var sent int64
+	for i := range 8 {
+		sent += rate / 2 * int64(Sample) / int64(time.Second)
+		if i == 4 {
+			sent += 150
+		}
+		if over, ok := sample(i, ConnStat{ID: 8, Key: "bursty", InMsgs: sent}); ok {
+			t.Fatalf("sample %d found %+v: a burst within the bucket on top of half the rate", i, over)
+		}
 	}
 	r = Rates{}
 	for i := range 16 {

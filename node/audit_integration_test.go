@@ -13,9 +13,10 @@ import (
 // log has exactly the distinct events, each once, in stream order, and the chain verifies.
 func TestIntegration_Audit_Completeness(t *testing.T) {
 	cfg := testConfig(t.TempDir(), "alpha")
-	// Raw clients as fast as they send, which do not retry a refusal: neither the pace nor the
-	// back-pressure is what this bed counts (BenchmarkAuditSustained is the back-pressure's).
-	cfg.EmitRate, cfg.AuditMaxLag = 0, 0
+	// Raw clients as fast as they send, which do not retry a refusal: neither the pace, nor the
+	// back-pressure (BenchmarkAuditSustained is the back-pressure's), nor the flood watch,
+	// which bars a connection past flood-rate, is what this bed counts.
+	cfg.EmitRate, cfg.AuditMaxLag, cfg.FloodRate = 0, 0, 0
 	b := newBedAt(t, cfg)
 	const perModule = 100_000 / 4
 	modules := []string{"m1", "m2", "m3", "m4"}

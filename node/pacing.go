@@ -120,8 +120,11 @@ func (n *Node) watchFloods(ctx context.Context) error {
 			if !walks.Due(n.bus.ClientInMsgs(), now, float64(n.cfg.FloodRate)) {
 				continue
 			}
-			over, ok, draining := rates.Sample(n.bus.ClientStats(), now, float64(n.cfg.FloodRate), n.isModule)
-			walks.Walked(now, ok || draining)
+			// The counts' time is when they were read: a long list takes a while.
+			stats := n.bus.ClientStats()
+			read := time.Now()
+			over, ok, draining := rates.Sample(stats, read, float64(n.cfg.FloodRate), n.isModule)
+			walks.Walked(read, ok || draining)
 			if ok {
 				if e, ok := n.reg.ByKey(over.Key); ok {
 					n.bar(over.Key, e.Module, barRate, over.Msgs)

@@ -30,12 +30,14 @@ func startTrimming(ctx context.Context) (stop func()) {
 
 // trimIdleMemory ends a trimmer's period at each tick, until ctx ends.
 //
-// The runtime keeps the pages it has freed up to its heap goal, about twice the live heap.
-// An idle node allocates tens of KB a second (lease renewals, reports, nats-server's block
-// buffers), too little for the collector to run more than every minute or two, so without
-// a trim its resident memory climbs by that headroom and stays there (docs/performance.md,
-// "Start-up and idle", has the figures). Under load the collector runs many times a period
-// and nothing is forced; idle, a trim costs one collection of the live heap.
+// The runtime keeps the pages it has freed up to its heap goal: about twice the live heap,
+// and at least 64 MiB while the heap is small (internal/heapfloor). An idle node allocates
+// tens of KB a second (lease renewals, reports, nats-server's block buffers), too little for
+// the collector to run more than every minute or two, so without a trim its resident memory
+// climbs by that headroom and stays there (docs/performance.md, "Start-up and idle", has the
+// figures). A small node allocating under about 2 MB a second collects at most once a period
+// too, and is trimmed; under more load the collector runs many times a period and nothing
+// is forced. A trim costs one collection of the live heap.
 func trimIdleMemory(ctx context.Context, ticks <-chan time.Time, t *trimmer) {
 	t.last = t.collections()
 	for {

@@ -11,24 +11,25 @@ import (
 	"github.com/meshnode/meshnode/internal/testbed"
 )
 
-// TestPercent: the goal is at least the floor while the live heap is under half of it, and
-// the default above.
+// TestPercent: the goal (live + (live + roots) × GOGC/100) is at least the floor while the
+// default's is under it, and the default stands above.
 func TestPercent(t *testing.T) {
+	const roots = 1 << 20 // a node's stacks and globals: about 1 MB
 	for _, c := range []struct {
 		live uint64
 		want int
 	}{
-		{0, 100},              // not measured yet
-		{Floor / 8, 700},      // goal 8 × live = Floor
-		{Floor / 4, 300},      // goal 4 × live = Floor
-		{Floor / 2, 100},      // the default's goal is the floor
-		{10 * Floor, 100},     // a big node keeps the default
-		{Floor / 1000, 99902}, // a tiny heap: a high GOGC, rounded up to reach the floor
+		{0, 100},                   // not measured yet
+		{(Floor - roots) / 2, 100}, // the default's goal is the floor
+		{10 * Floor, 100},          // a big node keeps the default
+		{Floor / 8, 623},           // 8 MiB live: 8 + 9 × 6.23 ≥ 64
+		{Floor / 1000, 6010},       // a tiny heap: a high GOGC, rounded up to reach the floor
 	} {
-		if got := Percent(c.live, Floor); got != c.want {
-			t.Errorf("Percent(%d, Floor) = %d, want %d", c.live, got, c.want)
+		p := Percent(c.live, roots, Floor)
+		if p != c.want {
+			t.Errorf("Percent(%d, %d, Floor) = %d, want %d", c.live, roots, p, c.want)
 		}
-		if goal := c.live * uint64(100+Percent(c.live, Floor)) / 100; c.live != 0 && goal < Floor {
+		if goal := c.live + (c.live+roots)*uint64(p)/100; c.live != 0 && goal < Floor {
 			t.Errorf("live %d: goal %d under the floor", c.live, goal)
 		}
 	}
@@ -53,9 +54,14 @@ func TestKeep(t *testing.T) {
 		}
 		return nil
 	})
+	again := Keep(context.Background()) // a second node in the process shares the keeper
 	stop()
+	if p := gogc(); p <= 100 {
+		t.Fatalf("GOGC %d after the first of two Keeps stopped, want the floor's still", p)
+	}
+	again()
 	if p := gogc(); p != 100 {
-		t.Fatalf("GOGC %d after Keep stopped, want 100", p)
+		t.Fatalf("GOGC %d after both Keeps stopped, want the 100 it found", p)
 	}
 	if !operatorless() {
 		t.Fatal("GOGC empty is not left to the node")
