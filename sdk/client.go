@@ -340,19 +340,52 @@ func whoami(ctx context.Context, url string, key *envelope.SigningKey, pub strin
 	return askWhoami(ctx, nc, pub, true)
 }
 
+// How long a connect's whoami waits for its answer before it asks again: whoamiWaitFirst,
+// doubling to whoamiWaitMost. The controller answers in a millisecond or two.
+const (
+	whoamiWaitFirst = 2 * time.Second
+	whoamiWaitMost  = 10 * time.Second
+)
+
 // askWhoami asks the controller which module pub is. patient: a connect's, which waits out a
-// moment with no controller; a refresh (after a reconnect, before a seat job) asks once.
+// moment with no controller and asks again when an answer does not come; a refresh (after a
+// reconnect, before a seat job) asks once.
 func askWhoami(ctx context.Context, nc *nats.Conn, pub string, patient bool) (api.WhoamiReply, error) {
+	return askWhoamiWaiting(ctx, nc, pub, patient, whoamiWaitFirst)
+}
+
+// askWhoamiWaiting is askWhoami with the first wait before a connect asks again.
+func askWhoamiWaiting(ctx context.Context, nc *nats.Conn, pub string, patient bool, try time.Duration) (api.WhoamiReply, error) {
 	var self api.WhoamiReply
 	req, _ := json.Marshal(api.WhoamiRequest{PublicKey: pub})
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req)
+	subject := api.WhoamiSubject(pub)
+	ask := func() (*nats.Msg, error) {
+		if !patient {
+			return nc.RequestWithContext(ctx, subject, req)
+		}
+		// A request can be lost on its way, with nobody to say so: a site's request crossing
+		// its leafnode link while the link's interest is still being exchanged (seen once, in
+		// a loaded CI run: a connect through a site waited its whole 2 minutes). whoami is
+		// only a question, so a connect asks again after whoamiWaitFirst, doubling.
+		for {
+			actx, acancel := context.WithTimeout(ctx, try)
+			msg, err := nc.RequestWithContext(actx, subject, req)
+			lost := (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && actx.Err() != nil && ctx.Err() == nil
+			acancel()
+			if !lost {
+				return msg, err
+			}
+			try = min(2*try, whoamiWaitMost)
+		}
+	}
+	msg, err := ask()
 	// Nobody answers while the controller's seat moves (its holder died, or was starved past
 	// its lease): a connect asks again until the next holder answers or ctx ends.
 	wait := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}
 	for patient && errors.Is(err, nats.ErrNoResponders) && wait.Wait(ctx) == nil {
-		if msg, err = nc.RequestWithContext(ctx, api.WhoamiSubject(pub), req); err != nil && ctx.Err() != nil {
+		if msg, err = ask(); err != nil && ctx.Err() != nil {
 			err = nats.ErrNoResponders // ctx ended as it asked again: nobody had answered
 		}
 	}
