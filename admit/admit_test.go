@@ -116,7 +116,7 @@ func TestAdmit_QuotaCountsPendingAndHeld(t *testing.T) {
 	b.mu.Lock()
 	b.heldBy["mod.a"] = size
 	b.mu.Unlock()
-	b.a.Recorded([]string{first.Header.Get(envelope.EventID)}, time.Now())
+	b.a.Recorded([]string{first.Header.Get(envelope.EventID)}, time.Now(), func() {})
 	if u := b.use("a"); u.Held != size || u.Pending != 2*size || u.Refused[ReasonQuota] != 1 {
 		t.Fatalf("after the audit log recorded one: %+v", u)
 	}
@@ -143,7 +143,7 @@ func TestAdmit_SweepForgetsWhatIsNeverRecorded(t *testing.T) {
 	if u := b.use("a"); u.Pending == 0 {
 		t.Fatal("nothing pending after two admitted ids")
 	}
-	b.a.Recorded([]string{m.Header.Get(envelope.EventID)}, time.Now())
+	b.a.Recorded([]string{m.Header.Get(envelope.EventID)}, time.Now(), func() {})
 	b.a.Sweep(false)
 	if u := b.use("a"); u.Pending != 0 {
 		t.Fatalf("the duplicate is still pending after the audit log recorded a later event: %+v", u)

@@ -68,7 +68,7 @@ func BenchmarkAdmitHop(b *testing.B) {
 			}
 			if i%4096 == 4095 { // keep memory flat: the admitter's pending map is swept here
 				<-pub.PublishAsyncComplete()
-				a.Recorded(nil, time.Now().Add(time.Hour))
+				a.Recorded(nil, time.Now().Add(time.Hour), func() {})
 				a.Sweep(false)
 			}
 		}

@@ -100,8 +100,11 @@ type Logger struct {
 	Ingested func(owner string, events int, bytes int64)
 	// Recorded, when set before Run, is told after each write the x-event-ids of the batch's
 	// new events (a redelivery is not told again) and the newest stream time among them: the
-	// admitter's pending bytes become held ones (package admit).
-	Recorded func(ids []string, newest time.Time)
+	// admitter's pending bytes become held ones (package admit). It calls count, which makes
+	// the batch's bytes count in Held, under the lock its admissions read Held under, so that
+	// none sees the bytes twice (held and pending: a refusal of an event within its quota)
+	// or not at all.
+	Recorded func(ids []string, newest time.Time, count func())
 	// Unsettled, when set before Run, says whether an event of source on subject naming seat
 	// epoch epoch (x-seat-epoch) names a lease this node has not seen yet: a seat's new holder
 	// speaks as soon as it holds, and this node's copy of the leases may hear of it after the
@@ -469,9 +472,10 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.usage.merge(used)
-	if l.Recorded != nil && len(newIDs) > 0 {
-		l.Recorded(newIDs, newest)
+	if count := func() { l.usage.merge(used) }; l.Recorded != nil && len(newIDs) > 0 {
+		l.Recorded(newIDs, newest, count)
+	} else {
+		count()
 	}
 	l.records.Add(added)
 	if len(learnt) > 0 {

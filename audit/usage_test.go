@@ -158,3 +158,41 @@ func TestLogger_UsageReadsTheHoursOfBefore(t *testing.T) {
 		t.Fatalf("Held=%d after a prune: the hour's newest may be this very hour's end", got)
 	}
 }
+
+// TestLogger_RecordedCountsTheBatch: the admitter's hook is told a batch's new ids before
+// Held counts their bytes, and Held counts them once the hook's count has run — the
+// admitter runs count under its own lock, so no admission reads the bytes as held and
+// pending at once; without the hook, a write counts them itself.
+func TestLogger_RecordedCountsTheBatch(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := delivered{subject: "mesh.mod.a.event.tick", header: nats.Header{"x-event-id": {"e1"}}, data: []byte("0123456789"), seq: 1, at: time.Now()}
+	var before, after int64
+	var ids []string
+	l.Recorded = func(recorded []string, _ time.Time, count func()) {
+		ids, before = recorded, l.Held("mod.a")
+		count()
+		after = l.Held("mod.a")
+	}
+	if _, err := l.write([]jetstream.Msg{m}); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != "e1" || before != 0 || after != size(m) {
+		t.Fatalf("told %v with Held %d before its count and %d after, want [e1], 0 and %d", ids, before, after, size(m))
+	}
+	l.Recorded = nil
+	m2 := delivered{subject: "mesh.mod.a.event.tick", header: nats.Header{"x-event-id": {"e2"}}, data: []byte("01"), seq: 2, at: time.Now()}
+	if _, err := l.write([]jetstream.Msg{m2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Held("mod.a"); got != size(m)+size(m2) {
+		t.Fatalf("Held %d with no hook, want %d", got, size(m)+size(m2))
+	}
+}
