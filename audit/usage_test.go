@@ -87,15 +87,7 @@ func TestLogger_Usage(t *testing.T) {
 // ages out within a few slices of the stream (of 156 ms), not with the hour: a module
 // emitting at a steady rate is counted at what the stream holds, not an hour's worth.
 func TestLogger_UsageFollowsAShortMaxAge(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newBareLogger(t)
 	l.SetEventsMaxAge(10 * time.Second)
 	now := time.Now()
 	var batch []jetstream.Msg
@@ -164,15 +156,7 @@ func TestLogger_UsageReadsTheHoursOfBefore(t *testing.T) {
 // admitter runs count under its own lock, so no admission reads the bytes as held and
 // pending at once; without the hook, a write counts them itself.
 func TestLogger_RecordedCountsTheBatch(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newBareLogger(t)
 	m := delivered{subject: "mesh.mod.a.event.tick", header: nats.Header{"x-event-id": {"e1"}}, data: []byte("0123456789"), seq: 1, at: time.Now()}
 	var before, after int64
 	var ids []string
@@ -195,4 +179,20 @@ func TestLogger_RecordedCountsTheBatch(t *testing.T) {
 	if got := l.Held("mod.a"); got != size(m)+size(m2) {
 		t.Fatalf("Held %d with no hook, want %d", got, size(m)+size(m2))
 	}
+}
+
+// newBareLogger is a logger on a bbolt file of its own, with no keys and no owners: what its
+// usage counting needs.
+func newBareLogger(t *testing.T) *Logger {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "a.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	l, err := New(db, nil, "n", noKeys, noOwners, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
