@@ -223,7 +223,12 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		pl.refused = 0
 	}
 	pl.refusal = now
-	told := false // the refusal named the pace: no pause, the pace is what to keep to
+	// A refusal that names the pace: no pause, the pace (the node's, or this pipeline's
+	// share of it) is what to keep to. Pauses doubling while another sender of the module
+	// kept being refused, and the share measured over a paused second (nothing stored: one
+	// a second), left two instances crawling: 114–160 of their 2,000 events unanswered
+	// after a minute (TestAdmit_PacedNotBarred, 2 runs of 3 here, before this change too).
+	told := false
 	if refusal.code == api.AdmitOverRate {
 		// An attempt sent at the pace the node named and refused all the same: another
 		// sender of the module shares the node's pace (a second instance, a second client),
@@ -231,12 +236,13 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		// an admitter that names no pace). Each keeping to the whole would be refused without
 		// end, and barred for flooding.
 		shared := pl.pace != nil && (!pl.told || p.last.After(pl.paceAt))
-		if perSecond, ok := api.OverRatePace(refusal.description); ok && !shared {
+		perSecond, named := api.OverRatePace(refusal.description)
+		if named && !shared {
 			pl.keepTo(now, perSecond)
-			told = true
 		} else {
-			pl.slowTo(now)
+			pl.slowTo(now, perSecond*0.95/shareFloor) // perSecond 0 when none is named
 		}
+		told = named
 	}
 	if !told && now.After(pl.resume) { // the first refusal of this pause: it doubles the last
 		pl.refused++
@@ -271,10 +277,15 @@ func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
 	pl.pace.AllowN(now, burst) // empty: the node's own burst was just spent, on this window
 }
 
+// shareFloor bounds how far a pipeline sharing a named pace slows: to a tenth of the pace at
+// least, so that ten senders of one module together keep under it, and a share measured over
+// a second of refusals (little stored) does not ratchet the pace down to a crawl.
+const shareFloor = 10
+
 // slowTo sets the pipeline's pace to the rate its events were stored at over the last second
-// (at least one a second), unless it is slower already. pl.mu is held.
-func (pl *pipeline) slowTo(now time.Time) {
-	stored := rate.Limit(max(pl.stored.perSecond(now), 1))
+// (at least floor, and one a second), unless it is slower already. pl.mu is held.
+func (pl *pipeline) slowTo(now time.Time, floor float64) {
+	stored := rate.Limit(max(pl.stored.perSecond(now), floor, 1))
 	if pl.pace == nil || stored < pl.pace.Limit() {
 		pl.pace, pl.paceAt, pl.told = rate.NewLimiter(stored, paceBurst(stored)), now, false
 	}
