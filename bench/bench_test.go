@@ -47,9 +47,9 @@ func openNode(dir string) (t bench.Target, stop func() error, err error) {
 	cfg := config.Up()
 	cfg.DataDir = dir
 	cfg.Name = "bench"
-	cfg.RateLimit = 0         // the bench measures the mesh's paths, not its rate limits
-	cfg.EmitRate = 0          // nor the admitter's pace (2,000 events a second a module by default)
-	cfg.FloodRate = 1_000_000 // and the flood watch runs at a rate no bench connection reaches
+	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
+	cfg.EmitRate = 0  // nor the admitter's pace (2,000 events a second a module by default)
+	cfg.FloodRate = bench.NodeFloodRate
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	n := node.New(cfg, nil)

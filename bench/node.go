@@ -5,6 +5,12 @@ import (
 	"time"
 )
 
+// NodeFloodRate is the flood-rate of the node the bench measures: its flood watch runs,
+// listing the connections as every node's does, at a rate no bench connection reaches (the
+// default, 20,000 messages a second in bursts of a quarter second's worth, would bar its
+// pipelined emitter, which the node's pace, off in the bench, no longer holds back).
+const NodeFloodRate = 1_000_000
+
 // Node is the node process of a Target, when the node runs in a process of its own: its
 // memory is then the node's alone, and it can be restarted.
 type Node interface {

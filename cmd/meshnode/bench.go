@@ -204,12 +204,6 @@ func runBench(ctx context.Context, cfg bench.Config, nodeProcess, asJSON bool, s
 	return err
 }
 
-// benchFloodRate is the bench node's flood-rate: its flood watch runs, listing the
-// connections as every node's does, at a rate no bench connection reaches (the default,
-// 20,000 messages a second in bursts of a quarter second's worth, would bar its pipelined
-// emitter, which the pace no longer holds back).
-const benchFloodRate = 1_000_000
-
 // openBenchNode opens and runs a node in dir on free loopback ports; closeNode stops it.
 func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func(), err error) {
 	cfg := config.Up()
@@ -217,7 +211,7 @@ func openBenchNode(dir string, stderr io.Writer) (t bench.Target, closeNode func
 	cfg.Name = "bench"
 	cfg.RateLimit = 0 // the bench measures the mesh's paths, not its rate limits
 	cfg.EmitRate = 0  // nor the admitter's pace (2,000 events a second a module by default)
-	cfg.FloodRate = benchFloodRate
+	cfg.FloodRate = bench.NodeFloodRate
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -86,7 +86,7 @@ func (p *benchProcess) start(ctx context.Context) (time.Duration, error) {
 	defer log.Close()
 	// Debug: the node logs its start steps, which Restart reads.
 	p.cmd = exec.Command(p.exe, "up", "--data-dir", p.dir, "--name", "bench",
-		"--client-addr", p.clientAddr, "--http-addr", p.httpAddr, "--rate-limit", "0", "--emit-rate", "0", "--flood-rate", strconv.Itoa(benchFloodRate),
+		"--client-addr", p.clientAddr, "--http-addr", p.httpAddr, "--rate-limit", "0", "--emit-rate", "0", "--flood-rate", strconv.Itoa(bench.NodeFloodRate),
 		"--log-level", "debug", "--log-format", "text")
 	var env []string // the node's settings are the flags', not the caller's MESHNODE_ variables
 	for _, kv := range os.Environ() {
