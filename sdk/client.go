@@ -372,7 +372,7 @@ func askWhoamiWaiting(ctx context.Context, nc *nats.Conn, pub string, patient bo
 		for {
 			actx, acancel := context.WithTimeout(ctx, try)
 			msg, err := nc.RequestWithContext(actx, subject, req)
-			lost := (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && actx.Err() != nil && ctx.Err() == nil
+			lost := unanswered(err, actx, ctx)
 			acancel()
 			if !lost {
 				return msg, err

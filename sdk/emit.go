@@ -249,8 +249,7 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		actx, acancel := context.WithDeadline(ctx, sendBy)
 		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body})
-		lost := (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) &&
-			actx.Err() != nil && ctx.Err() == nil && sendBy.Before(deadline)
+		lost := unanswered(err, actx, ctx) && sendBy.Before(deadline)
 		acancel()
 		if err == nil {
 			return id, nil
@@ -284,6 +283,14 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
+}
+
+// unanswered reports whether a request sent under attempt, a context of caller's with a
+// shorter deadline, failed only because attempt's deadline passed with no answer: the
+// request or its answer may have been lost, and the caller still waits.
+func unanswered(err error, attempt, caller context.Context) bool {
+	return (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) &&
+		attempt.Err() != nil && caller.Err() == nil
 }
 
 // How long one send of an event waits for the stream's ack before the event is sent again
