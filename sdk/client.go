@@ -38,7 +38,9 @@ var (
 	// ErrNoResponders means nobody answers a tool call.
 	ErrNoResponders = errors.New("no responders")
 	// ErrNoQueue means a seat declared by a registered module has no work queue (it went
-	// missing: the node remakes it).
+	// missing: the node remakes it), or no stream captures an event: nothing answered the
+	// job or event for 5 s, the node's admitter included (it is away for a moment when the
+	// server cut it off for falling behind; the sdk waits that out).
 	ErrNoQueue = errors.New("seat has no work queue")
 	// ErrUndeclaredSeat means no registered module declares the seat yet, so it has no work
 	// queue to take a job.

@@ -248,7 +248,7 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 			sendBy = now.Add(wait)
 		}
 		actx, acancel := context.WithDeadline(ctx, sendBy)
-		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body})
+		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body}, admitterAway...)
 		lost := unanswered(err, actx, ctx) && sendBy.Before(deadline)
 		acancel()
 		if err == nil {
@@ -279,7 +279,7 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 			return id, fmt.Errorf("publish %s (event %s): the connection dropped before the ack, so it may have been stored; retry with sdk.Retry(id): %w", subject, id, errDropped)
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-			return id, fmt.Errorf("%w: no stream captures %s", ErrNoQueue, subject)
+			return id, fmt.Errorf("%w: no stream captures %s, nor did its node's admitter answer for %s; is the node up (`meshnode status`)?", ErrNoQueue, subject, admitterAwayFor)
 		}
 		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
@@ -303,6 +303,23 @@ const (
 	ackWaitMost  = 20 * time.Second
 	resendWithin = time.Minute
 )
+
+// An event or job sent while its node's admitter is away has no responder: the server cut the
+// admitter off for falling behind a burst (it holds 64 MiB for a connection at most), and it
+// is connecting again, which takes from 10 ms to a second or so on a loaded machine. nats.go
+// sends the event again every admitterAwayWait for admitterAwayFor before it reports no
+// responders (its own default, 2 tries 250 ms apart, let an emit fail in a local CI run
+// while the admitter took 1.5 s to come back).
+const (
+	admitterAwayWait = 100 * time.Millisecond
+	admitterAwayFor  = 5 * time.Second
+)
+
+// admitterAway are the publish options that wait out an admitter's absence.
+var admitterAway = []jetstream.PublishOpt{
+	jetstream.WithRetryWait(admitterAwayWait),
+	jetstream.WithRetryAttempts(int(admitterAwayFor / admitterAwayWait)),
+}
 
 // ackWait is the first send's wait for its ack (ackWaitFirst; tests shorten it).
 func (c *Client) ackWait() time.Duration {

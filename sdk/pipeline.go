@@ -14,12 +14,21 @@ import (
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 )
 
 // MaxInFlight bounds the events EmitAsync has sent and JetStream has not answered yet: past
 // it, EmitAsync waits for an answer (or its context) before it sends the next.
 const MaxInFlight = 1024
+
+// MaxInFlightBytes bounds the bytes of the events EmitAsync has sent and JetStream has not
+// answered yet, as MaxInFlight bounds their number. What a module pipelines passes through its
+// node's admitter, which the server cuts off (every module's emits meanwhile go unanswered
+// until it is back) once 64 MiB wait for it: 1,024 events of 1 MB in flight were 1 GB, and a
+// module pipelining them cut the admitter in a local CI run. At 8 MiB a pipeline of 1 MB
+// events still has eight in flight, and one of small events is bounded by their number.
+const MaxInFlightBytes = 8 << 20
 
 // asyncAckTimeout is how long an event EmitAsync sent waits for JetStream's answer before it
 // is reported as failed (it may still have been stored: Retry(id) makes trying again safe).
@@ -33,6 +42,7 @@ type Pending struct {
 	// Retries after the admitter's retryable refusals (pipeline.retry), within
 	// resendWithin of sent.
 	sent     time.Time
+	size     int64 // what it holds of the pipeline's MaxInFlightBytes
 	attempts int
 	last     time.Time // when its last attempt was sent (or is to be)
 }
@@ -71,7 +81,8 @@ type pipeline struct {
 	once  sync.Once
 	used  atomic.Bool // once EmitAsync was called
 	js    jetstream.JetStream
-	slots chan struct{} // one per event in flight
+	slots chan struct{}       // one per event in flight
+	bytes *semaphore.Weighted // the bytes in flight, MaxInFlightBytes at most
 
 	mu       sync.Mutex
 	inflight map[*nats.Msg]*Pending
@@ -122,12 +133,17 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 		return nil, fmt.Errorf("EmitAsync %s: %d events unanswered, waiting for a slot: %w", event, MaxInFlight, ctx.Err())
 	}
 	msg := &nats.Msg{Subject: manifest.AdmitSubject(c.Module(), subject), Header: h, Data: body}
+	size := min(int64(msgSize(msg)), MaxInFlightBytes)
+	if err := pl.bytes.Acquire(ctx, size); err != nil {
+		<-pl.slots
+		return nil, fmt.Errorf("EmitAsync %s: %d bytes of events unanswered, waiting for room: %w", event, MaxInFlightBytes, err)
+	}
 	now := time.Now()
-	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: now, last: now}
+	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: now, size: size, last: now}
 	pl.mu.Lock()
 	pl.inflight[msg] = p
 	pl.mu.Unlock()
-	if _, err := pl.js.PublishMsgAsync(msg); err != nil {
+	if _, err := pl.js.PublishMsgAsync(msg, admitterAway...); err != nil {
 		err = fmt.Errorf("publish %s (event %s): %w", subject, p.id, err)
 		c.answered(msg, err)
 		return nil, err
@@ -175,6 +191,7 @@ func (c *Client) pipelined() *pipeline {
 	pl := &c.pipeline
 	pl.once.Do(func() {
 		pl.slots = make(chan struct{}, MaxInFlight)
+		pl.bytes = semaphore.NewWeighted(MaxInFlightBytes)
 		pl.mu.Lock()
 		pl.inflight = map[*nats.Msg]*Pending{}
 		pl.mu.Unlock()
@@ -258,7 +275,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	p.last = now.Add(delay)
 	pl.mu.Unlock()
 	time.AfterFunc(delay, func() {
-		if _, err := pl.js.PublishMsgAsync(m); err != nil {
+		if _, err := pl.js.PublishMsgAsync(m, admitterAway...); err != nil {
 			c.answered(m, fmt.Errorf("publish %s (event %s): %w", m.Subject, p.id, err))
 		}
 	})
@@ -402,7 +419,19 @@ func (c *Client) answered(m *nats.Msg, err error) {
 	pl.mu.Unlock()
 	p.err = err
 	close(p.done)
+	pl.bytes.Release(p.size)
 	<-pl.slots
+}
+
+// msgSize is what m puts on the wire, near enough: its subject, header and body.
+func msgSize(m *nats.Msg) int {
+	n := len(m.Subject) + len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // "k: v\r\n"
+		}
+	}
+	return n
 }
 
 // abandonInflight settles every event still in flight as not known to be stored: the

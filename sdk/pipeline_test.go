@@ -85,3 +85,49 @@ func TestEmitAsync_Bounded(t *testing.T) {
 	}
 	c.cancel()
 }
+
+// TestEmitAsync_BoundedInBytes: against a subject heard and never answered, EmitAsync sends
+// events of 500 KB until MaxInFlightBytes of them are unanswered, then waits for room and gives
+// up with its context — well before MaxInFlight events: a pipeline of big events is what cut a
+// node's admitter off (the server holds 64 MiB for a connection at most).
+func TestEmitAsync_BoundedInBytes(t *testing.T) {
+	srv := testbed.NATSServer(t, nil)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sink, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if _, err := sink.Subscribe(manifest.AdmitSubject("a", "mesh.mod.a.event.x"), func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	sink.Flush()
+	c := bareClient(t, nc, "a", "x")
+	big := strings.Repeat("b", 500_000)
+	sent := 0
+	for ; sent < MaxInFlight; sent++ {
+		short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		_, err := c.EmitAsync(short, "x", big)
+		cancel()
+		if err != nil {
+			if !strings.Contains(err.Error(), "bytes of events unanswered") {
+				t.Fatalf("EmitAsync %d: %v, want it to wait for room and give up", sent, err)
+			}
+			break
+		}
+	}
+	if most := MaxInFlightBytes / 500_000; sent != most {
+		t.Fatalf("%d events of 500 KB went unanswered before EmitAsync waited, want %d (MaxInFlightBytes)", sent, most)
+	}
+	// The room is freed as events are answered: here, abandoned.
+	c.nc.Close()
+	c.abandonInflight()
+	if n := c.pipeline.bytes.TryAcquire(MaxInFlightBytes); !n {
+		t.Fatal("the pipeline's bytes were not freed as its events were settled")
+	}
+	c.cancel()
+}

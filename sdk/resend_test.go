@@ -97,6 +97,65 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 	}
 }
 
+// TestEmit_WaitsOutAnAdmitterAway: an event sent while no admitter hears the module's prefix
+// (the server cut it off for falling behind a burst, and it is connecting again) is sent again
+// until one is back, by Emit and by EmitAsync alike, and stored.
+func TestEmit_WaitsOutAnAdmitterAway(t *testing.T) {
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"mesh.mod.a.event.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := bareClient(t, nc, "a", "x")
+	emitted := make(chan error, 1)
+	go func() {
+		_, err := c.Emit(ctx, "x", map[string]int{"n": 1})
+		emitted <- err
+	}()
+	pending, err := c.EmitAsync(ctx, "x", map[string]int{"n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Away for a second: longer than nats.go's own retries of a no-responders (two, 250 ms
+	// apart) wait.
+	time.Sleep(time.Second)
+	admitter, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admitter.Close()
+	prefix := manifest.AdmitSubject("a", "")
+	if _, err := admitter.Subscribe(prefix+">", func(m *nats.Msg) {
+		admitter.PublishMsg(&nats.Msg{Subject: strings.TrimPrefix(m.Subject, prefix), Reply: m.Reply, Header: m.Header, Data: m.Data})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-emitted; err != nil {
+		t.Errorf("Emit while the admitter was away: %v", err)
+	}
+	if err := pending.Wait(ctx); err != nil {
+		t.Errorf("EmitAsync while the admitter was away: %v", err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("the stream holds %d events, want both", info.State.Msgs)
+	}
+}
+
 // bareClient is a Client of module on nc, declaring the events emits, as Connect makes one but
 // without a node to ask: a key of its own, its connection's context live until the test ends.
 func bareClient(t *testing.T, nc *nats.Conn, module string, emits ...string) *Client {
