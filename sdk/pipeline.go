@@ -245,7 +245,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	// kept being refused, and the share measured over a paused second (nothing stored: one
 	// a second), left two instances crawling: 114–160 of their 2,000 events unanswered
 	// after a minute (TestAdmit_PacedNotBarred, 2 runs of 3 here, before this change too).
-	told := false
+	named := false
 	if refusal.code == api.AdmitOverRate {
 		// An attempt sent at the pace the node named and refused all the same: another
 		// sender of the module shares the node's pace (a second instance, a second client),
@@ -253,15 +253,15 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 		// an admitter that names no pace). Each keeping to the whole would be refused without
 		// end, and barred for flooding.
 		shared := pl.pace != nil && (!pl.told || p.last.After(pl.paceAt))
-		perSecond, named := api.OverRatePace(refusal.description)
+		var perSecond float64
+		perSecond, named = api.OverRatePace(refusal.description)
 		if named && !shared {
 			pl.keepTo(now, perSecond)
 		} else {
-			pl.slowTo(now, perSecond*0.95/shareFloor) // perSecond 0 when none is named
+			pl.slowTo(now, perSecond*paceMargin/shareFloor) // perSecond 0 when none is named
 		}
-		told = named
 	}
-	if !told && now.After(pl.resume) { // the first refusal of this pause: it doubles the last
+	if !named && now.After(pl.resume) { // the first refusal of this pause: it doubles the last
 		pl.refused++
 		pl.resume = now.Add(backOffDelay(pl.refused))
 	}
@@ -282,10 +282,10 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	return true
 }
 
-// keepTo sets the pipeline's pace to a little under the node's, perSecond, as its refusal
-// named it: sent at the node's own rate, timing alone would refuse some. pl.mu is held.
+// keepTo sets the pipeline's pace to a little under the node's (paceMargin), perSecond, as
+// its refusal named it. pl.mu is held.
 func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
-	l := rate.Limit(perSecond * 0.95)
+	l := rate.Limit(perSecond * paceMargin)
 	if pl.pace != nil && pl.told && pl.pace.Limit() == l {
 		return // kept already: a new limiter would hand out its burst again, to every refused event
 	}
@@ -293,6 +293,10 @@ func (pl *pipeline) keepTo(now time.Time, perSecond float64) {
 	pl.pace, pl.paceAt, pl.told = rate.NewLimiter(l, burst), now, true
 	pl.pace.AllowN(now, burst) // empty: the node's own burst was just spent, on this window
 }
+
+// paceMargin is how far under a pace the node named a pipeline keeps: sent at the node's own
+// rate, timing alone would refuse some.
+const paceMargin = 0.95
 
 // shareFloor bounds how far a pipeline sharing a named pace slows: to a tenth of the pace at
 // least, so that ten senders of one module together keep under it, and a share measured over
