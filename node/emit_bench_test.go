@@ -14,12 +14,11 @@ import (
 
 // BenchmarkEmitPath splits the emitter's side of an event sent one at a time — what bounds
 // the mesh's one-at-a-time rate against the signed floor (issue 41) — into its steps, on one
-// node, nothing consuming but the audit log:
-//   - signed-direct: the floor's publish, an event stamped and signed with envelope.Stamp
-//     and published on its stream's subject by a connection that may (the operator's);
-//   - signed-via-admitter: the same, published under the module's admit prefix by the
-//     module's own plain NATS connection: what the admitter's hop adds;
-//   - sdk-emit: sdk Emit, the same event: what the sdk adds on top.
+// node, nothing consuming but the audit log. signed-direct is the floor's publish: an event
+// stamped and signed with envelope.Stamp, published on its stream's subject by a connection
+// that may (the operator's). signed-via-admitter is the same event under the module's admit
+// prefix, from the module's own plain NATS connection: what the admitter's hop adds.
+// sdk-emit is sdk Emit of the same event: what the sdk adds on top. Run:
 //
 //	go test -run '^$' -bench EmitPath -benchtime 20000x -count 3 ./node/
 func BenchmarkEmitPath(b *testing.B) {
