@@ -25,23 +25,9 @@ import (
 func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 	for _, lose := range []string{"send", "ack"} {
 		t.Run(lose, func(t *testing.T) {
-			srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
-			nc, err := nats.Connect(srv.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv, nc, stream := eventsServer(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"mesh.mod.a.event.>"},
-				Duplicates: manifest.DefaultDuplicateWindow})
-			if err != nil {
-				t.Fatal(err)
-			}
 			// The admitter: passes on each send with its reply, but the first it drops (lose
 			// "send") or passes on with its ack sent nowhere the module listens (lose "ack").
 			admitter, err := nats.Connect(srv.ClientURL())
@@ -101,22 +87,9 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 // (the server cut it off for falling behind a burst, and it is connecting again) is sent again
 // until one is back, by Emit and by EmitAsync alike, and stored.
 func TestEmit_WaitsOutAnAdmitterAway(t *testing.T) {
-	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, nc, stream := eventsServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"mesh.mod.a.event.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := bareClient(t, nc, "a", "x")
 	emitted := make(chan error, 1)
 	go func() {
@@ -154,6 +127,30 @@ func TestEmit_WaitsOutAnAdmitterAway(t *testing.T) {
 	if info.State.Msgs != 2 {
 		t.Fatalf("the stream holds %d events, want both", info.State.Msgs)
 	}
+}
+
+// eventsServer is a real nats-server with JetStream, a connection to it, and a stream EVENTS
+// of module a's events with the mesh's duplicate window.
+func eventsServer(t *testing.T) (*server.Server, *nats.Conn, jetstream.Stream) {
+	t.Helper()
+	srv := testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()})
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"mesh.mod.a.event.>"},
+		Duplicates: manifest.DefaultDuplicateWindow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, nc, stream
 }
 
 // bareClient is a Client of module on nc, declaring the events emits, as Connect makes one but
