@@ -182,7 +182,7 @@ func (a *Admitter) run() {
 		if a.closing.Load() {
 			return
 		}
-		a.cfg.Log.Warn("admitter: connection lost; connecting again (meanwhile this node's modules' emits have no responder: the sdk sends each again for 5 s)", "err", err)
+		a.cfg.Log.Warn("admitter: connection lost; connecting again (meanwhile this node's modules' emits have no responder: the sdk sends each again, with a back-off, for 5 s)", "err", err)
 		for {
 			retry = min(max(2*retry, 10*time.Millisecond), time.Second)
 			time.Sleep(retry)

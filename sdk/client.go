@@ -39,8 +39,9 @@ var (
 	ErrNoResponders = errors.New("no responders")
 	// ErrNoQueue means a seat declared by a registered module has no work queue (it went
 	// missing: the node remakes it), or no stream captures an event: nothing answered the
-	// job or event for 5 s, the node's admitter included (it is away for a moment when the
-	// server cut it off for falling behind; the sdk waits that out).
+	// job or event, sent again with a back-off for 5 s (or until its context ended), the
+	// node's admitter included (it is away for a moment when the server cut it off for
+	// falling behind; the sdk waits that out).
 	ErrNoQueue = errors.New("seat has no work queue")
 	// ErrUndeclaredSeat means no registered module declares the seat yet, so it has no work
 	// queue to take a job.

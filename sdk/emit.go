@@ -239,7 +239,8 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	defer end()
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
 	first, wait := time.Now(), c.ackWait()
-	for attempt := 0; ; {
+	var away time.Time // when a send first met no responder (admitterAwayFor)
+	for attempt, absent := 0, 0; ; {
 		// An ack lost on the way (a stream leader's change, a connection the server dropped
 		// while the module's stayed up) never comes: each send waits at most wait, and the
 		// same event goes again while the stream's duplicate window surely spans both.
@@ -248,11 +249,23 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 			sendBy = now.Add(wait)
 		}
 		actx, acancel := context.WithDeadline(ctx, sendBy)
-		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body}, admitterAway...)
+		_, err := c.js.PublishMsg(actx, &nats.Msg{Subject: admit, Header: h, Data: body}, noRetry)
 		lost := unanswered(err, actx, ctx) && sendBy.Before(deadline)
 		acancel()
 		if err == nil {
 			return id, nil
+		}
+		if noResponder(err) {
+			if away.IsZero() {
+				away = time.Now()
+			}
+			if time.Since(away) < admitterAwayFor {
+				if werr := backOffUntil(ctx, deadline, absent); werr == nil {
+					absent++
+					continue
+				}
+			}
+			return id, fmt.Errorf("%w: nothing answered %s for %s, neither the node's admitter nor a stream; is the node up (`meshnode status`)?", ErrNoQueue, subject, time.Since(away).Round(time.Millisecond))
 		}
 		if lost {
 			c.log.Debug("no ack in time; sending the event again", "subject", subject, "id", id, "waited", wait)
@@ -277,9 +290,6 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		}
 		if dropped() {
 			return id, fmt.Errorf("publish %s (event %s): the connection dropped before the ack, so it may have been stored; retry with sdk.Retry(id): %w", subject, id, errDropped)
-		}
-		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-			return id, fmt.Errorf("%w: no stream captures %s, nor did its node's admitter answer for %s; is the node up (`meshnode status`)?", ErrNoQueue, subject, admitterAwayFor)
 		}
 		return id, fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", subject, id, err)
 	}
@@ -306,19 +316,20 @@ const (
 
 // An event or job sent while its node's admitter is away has no responder: the server cut the
 // admitter off for falling behind a burst (it holds 64 MiB for a connection at most), and it
-// is connecting again, which takes from 10 ms to a second or so on a loaded machine. nats.go
-// sends the event again every admitterAwayWait for admitterAwayFor before it reports no
-// responders (its own default, 2 tries 250 ms apart, let an emit fail in a local CI run
-// while the admitter took 1.5 s to come back).
-const (
-	admitterAwayWait = 100 * time.Millisecond
-	admitterAwayFor  = 5 * time.Second
-)
+// is connecting again, 10 ms after, then longer, up to a second or so on a loaded machine. The
+// sdk sends it again after a back-off (backOffDelay, from 2 ms to 250 ms: a module's thousand
+// unanswered events are not sent again ten times a second each, which its node would take for
+// a flood) for admitterAwayFor from the first no responder, then reports ErrNoQueue. nats.go's
+// own retry (2 tries 250 ms apart, the next send at once) let an emit fail in a local CI run
+// while the admitter took 1.5 s to come back, and cannot back off: it is turned off (noRetry).
+const admitterAwayFor = 5 * time.Second
 
-// admitterAway are the publish options that wait out an admitter's absence.
-var admitterAway = []jetstream.PublishOpt{
-	jetstream.WithRetryWait(admitterAwayWait),
-	jetstream.WithRetryAttempts(int(admitterAwayFor / admitterAwayWait)),
+// noRetry turns off nats.go's own retry of a publish that meets no responder (admitterAwayFor).
+var noRetry = jetstream.WithRetryAttempts(0)
+
+// noResponder reports whether a publish met no responder: nothing heard its subject.
+func noResponder(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // ackWait is the first send's wait for its ack (ackWaitFirst; tests shorten it).

@@ -42,7 +42,8 @@ type Pending struct {
 	// Retries after the admitter's retryable refusals (pipeline.retry), within
 	// resendWithin of sent.
 	sent     time.Time
-	size     int64 // what it holds of the pipeline's MaxInFlightBytes
+	size     int64     // what it holds of the pipeline's MaxInFlightBytes
+	away     time.Time // when a send first met no responder (admitterAwayFor)
 	attempts int
 	last     time.Time // when its last attempt was sent (or is to be)
 }
@@ -111,8 +112,8 @@ type pipeline struct {
 
 // EmitAsync publishes one of the module's declared events as Emit does, without waiting for
 // JetStream's answer: it returns once the event is sent, with its x-event-id and a Pending
-// that reports the answer. At most MaxInFlight events are unanswered at once; past that
-// EmitAsync waits, within ctx, for a slot. Flush waits for every answer and reports the
+// that reports the answer. At most MaxInFlight events, and MaxInFlightBytes of them, are
+// unanswered at once; past that EmitAsync waits, within ctx, for room. Flush waits for every answer and reports the
 // events that were not stored. The event is signed before EmitAsync returns.
 func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts ...EmitOption) (*Pending, error) {
 	subject, err := c.emitSubject(event)
@@ -136,14 +137,14 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 	size := min(int64(msgSize(msg)), MaxInFlightBytes)
 	if err := pl.bytes.Acquire(ctx, size); err != nil {
 		<-pl.slots
-		return nil, fmt.Errorf("EmitAsync %s: %d bytes of events unanswered, waiting for room: %w", event, MaxInFlightBytes, err)
+		return nil, fmt.Errorf("EmitAsync %s: up to %d bytes of events unanswered, waiting for room: %w", event, MaxInFlightBytes, err)
 	}
 	now := time.Now()
 	p := &Pending{id: h.Get(envelope.EventID), done: make(chan struct{}), sent: now, size: size, last: now}
 	pl.mu.Lock()
 	pl.inflight[msg] = p
 	pl.mu.Unlock()
-	if _, err := pl.js.PublishMsgAsync(msg, admitterAway...); err != nil {
+	if _, err := pl.js.PublishMsgAsync(msg, noRetry); err != nil {
 		err = fmt.Errorf("publish %s (event %s): %w", subject, p.id, err)
 		c.answered(msg, err)
 		return nil, err
@@ -213,15 +214,17 @@ func (c *Client) pipelined() *pipeline {
 	return pl
 }
 
-// retryAsync sends m again after a back-off if err is the admitter's retryable refusal and
-// m's event was first sent less than resendWithin ago; it reports whether it will. The event
+// retryAsync sends m again after a back-off if err is the admitter's retryable refusal, or no
+// responder (the admitter away, within admitterAwayFor of the first), and m's event was first
+// sent less than resendWithin ago; it reports whether it will. The event
 // keeps its slot meanwhile, so a refused pipeline slows down instead of piling up. A refusal is
 // an answer — the node is there, and stored nothing — so the bound is not asyncAckTimeout's:
 // 2,000 events pushed at once into a pace of 300 a second keep their last ones waiting for
 // seconds, longer than 10 on a loaded machine.
 func (c *Client) retryAsync(m *nats.Msg, err error) bool {
-	refusal, ok := admitRefusal(err)
-	if !ok || !api.AdmitRetryable(refusal.code) {
+	refusal, refused := admitRefusal(err)
+	absent := !refused && noResponder(err) // the node's admitter away (admitterAwayFor)
+	if !absent && (!refused || !api.AdmitRetryable(refusal.code)) {
 		return false
 	}
 	pl := &c.pipeline
@@ -230,6 +233,15 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	if p == nil || time.Since(p.sent) > resendWithin {
 		pl.mu.Unlock()
 		return false
+	}
+	if absent {
+		if p.away.IsZero() {
+			p.away = time.Now()
+		}
+		if time.Since(p.away) > admitterAwayFor {
+			pl.mu.Unlock()
+			return false
+		}
 	}
 	p.attempts++
 	// Not undone by the events stored meanwhile: past its pace a module has some stored in
@@ -246,7 +258,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	// a second), left two instances crawling: 114–160 of their 2,000 events unanswered
 	// after a minute (TestAdmit_PacedNotBarred, 2 runs of 3 here, before this change too).
 	named := false
-	if refusal.code == api.AdmitOverRate {
+	if refused && refusal.code == api.AdmitOverRate {
 		// An attempt sent at the pace the node named and refused all the same: another
 		// sender of the module shares the node's pace (a second instance, a second client),
 		// and the rate the node stored this pipeline's events at is its share (slowTo, as with
@@ -275,7 +287,7 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	p.last = now.Add(delay)
 	pl.mu.Unlock()
 	time.AfterFunc(delay, func() {
-		if _, err := pl.js.PublishMsgAsync(m, admitterAway...); err != nil {
+		if _, err := pl.js.PublishMsgAsync(m, noRetry); err != nil {
 			c.answered(m, fmt.Errorf("publish %s (event %s): %w", m.Subject, p.id, err))
 		}
 	})
@@ -483,8 +495,8 @@ func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
 	if r := c.refusal(m.Subject); r != nil {
 		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it, and within its EVENTS quota (a synchronous Emit says)?", m.Subject, id, r)
 	}
-	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("publish %s (event %s): %w: no stream captures it", m.Subject, id, err)
+	if noResponder(err) {
+		return fmt.Errorf("publish %s (event %s): %w: nothing answered it for %s, neither the node's admitter nor a stream; is the node up (`meshnode status`)?", m.Subject, id, ErrNoQueue, admitterAwayFor)
 	}
 	return fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", m.Subject, id, err)
 }

@@ -110,7 +110,7 @@ func TestEmitAsync_BoundedInBytes(t *testing.T) {
 	big := strings.Repeat("b", 500_000)
 	sent := 0
 	for ; sent < MaxInFlight; sent++ {
-		short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		short, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := c.EmitAsync(short, "x", big)
 		cancel()
 		if err != nil {

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -151,6 +152,52 @@ func eventsServer(t *testing.T) (*server.Server, *nats.Conn, jetstream.Stream) {
 		t.Fatal(err)
 	}
 	return srv, nc, stream
+}
+
+// TestEmit_AdmitterNeverBack: an event nothing ever answers (no admitter, no stream: a node
+// that is down) is sent again with a back-off for admitterAwayFor — fewer than one send each
+// 100 ms, not a module's flood — and then Emit and EmitAsync both report ErrNoQueue: not a lost
+// ack that "may have been stored", and not only when the caller's context ends.
+func TestEmit_AdmitterNeverBack(t *testing.T) {
+	srv := testbed.NATSServer(t, nil)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := bareClient(t, nc, "a", "x")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sent := func() int64 { // what the server took from clients: the sends, nothing else runs
+		v, err := srv.Varz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.InMsgs
+	}
+	for _, how := range []string{"Emit", "EmitAsync"} {
+		before, began := sent(), time.Now()
+		if how == "Emit" {
+			_, err = c.Emit(ctx, "x", map[string]int{"n": 1})
+		} else {
+			var p *Pending
+			if p, err = c.EmitAsync(ctx, "x", map[string]int{"n": 2}); err == nil {
+				err = p.Wait(ctx)
+			}
+		}
+		took := time.Since(began)
+		if !errors.Is(err, ErrNoQueue) {
+			t.Fatalf("%s with nothing answering: %v, want ErrNoQueue", how, err)
+		}
+		if took < admitterAwayFor || took > admitterAwayFor+3*time.Second {
+			t.Errorf("%s gave up after %v, want about %v", how, took, admitterAwayFor)
+		}
+		if n := sent() - before; n < 5 || n >= int64(admitterAwayFor/(100*time.Millisecond)) {
+			t.Errorf("%s sent the event %d times in %v, want it sent again with a back-off", how, n, took)
+		} else {
+			t.Logf("%s: sent %d times, ErrNoQueue after %v", how, n, took.Round(time.Millisecond))
+		}
+	}
 }
 
 // bareClient is a Client of module on nc, declaring the events emits, as Connect makes one but
