@@ -239,7 +239,10 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 	defer end()
 	// A duplicate ack is success: an earlier attempt of this very event was stored.
 	first, wait := time.Now(), c.ackWait()
-	var away time.Time // when a send first met no responder (admitterAwayFor)
+	// away is when a send first met no responder since the last answer or lost ack
+	// (admitterAwayFor); lostOnce, that a send went unanswered, so it may have been stored.
+	var away time.Time
+	lostOnce := false
 	for attempt, absent := 0, 0; ; {
 		// An ack lost on the way (a stream leader's change, a connection the server dropped
 		// while the module's stayed up) never comes: each send waits at most wait, and the
@@ -259,17 +262,31 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 			if away.IsZero() {
 				away = time.Now()
 			}
+			var werr error
 			if time.Since(away) < admitterAwayFor {
-				if werr := backOffUntil(ctx, deadline, absent); werr == nil {
+				if werr = backOffUntil(ctx, deadline, absent); werr == nil {
 					absent++
 					continue
 				}
 			}
-			return id, fmt.Errorf("%w: nothing answered %s for %s, neither the node's admitter nor a stream; is the node up (`meshnode status`)?", ErrNoQueue, subject, time.Since(away).Round(time.Millisecond))
+			if r := Refused(ctx); r != nil {
+				return id, fmt.Errorf("publish %s: %w; is the module registered with the manifest that declares it?", subject, r)
+			}
+			maybe := ""
+			if lostOnce {
+				maybe = " (an earlier send went unanswered and may have been stored: retry with sdk.Retry(id))"
+			}
+			err = fmt.Errorf("%w: nothing answered %s for %s, neither the node's admitter nor a stream%s; is the node up (`meshnode status`)?", ErrNoQueue, subject, time.Since(away).Round(time.Millisecond), maybe)
+			if werr != nil && ctx.Err() != nil {
+				err = fmt.Errorf("%w: %w", err, werr) // the caller's context ended, or the connection dropped
+			}
+			return id, err
 		}
+		away, absent = time.Time{}, 0 // an answer, or a lost ack: the admitter was there
 		if lost {
 			c.log.Debug("no ack in time; sending the event again", "subject", subject, "id", id, "waited", wait)
 			wait = min(2*wait, ackWaitMost)
+			lostOnce = true
 			continue
 		}
 		if refusal, ok := admitRefusal(err); ok {
@@ -317,11 +334,11 @@ const (
 // An event or job sent while its node's admitter is away has no responder: the server cut the
 // admitter off for falling behind a burst (it holds 64 MiB for a connection at most), and it
 // is connecting again, 10 ms after, then longer, up to a second or so on a loaded machine. The
-// sdk sends it again after a back-off (backOffDelay, from 2 ms to 250 ms: a module's thousand
-// unanswered events are not sent again ten times a second each, which its node would take for
-// a flood) for admitterAwayFor from the first no responder, then reports ErrNoQueue. nats.go's
-// own retry (2 tries 250 ms apart, the next send at once) let an emit fail in a local CI run
-// while the admitter took 1.5 s to come back, and cannot back off: it is turned off (noRetry).
+// sdk sends it again after a back-off (backOffDelay, from 2 ms to 250 ms: 4–8 times a second
+// once long, about 30 times in all) for admitterAwayFor from the first no responder, then
+// reports ErrNoQueue. nats.go's own retry (2 tries 250 ms apart) let an emit fail in a local CI
+// run while the admitter took 1.5 s to come back, and cannot back off: it is turned off
+// (noRetry).
 const admitterAwayFor = 5 * time.Second
 
 // noRetry turns off nats.go's own retry of a publish that meets no responder (admitterAwayFor).

@@ -197,8 +197,8 @@ func (c *Client) pipelined() *pipeline {
 		pl.inflight = map[*nats.Msg]*Pending{}
 		pl.mu.Unlock()
 		pl.js, _ = jetstream.New(c.nc,
-			// The slots bound what is in flight; nats.go's own bound is wider (it may keep an
-			// answered no-responders retry a moment), so it never stalls a slot's holder.
+			// The slots bound what is in flight; nats.go's own bound is wider, so it never
+			// stalls a slot's holder.
 			jetstream.WithPublishAsyncMaxPending(2*MaxInFlight),
 			jetstream.WithPublishAsyncTimeout(asyncAckTimeout),
 			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
@@ -230,18 +230,21 @@ func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	pl := &c.pipeline
 	pl.mu.Lock()
 	p := pl.inflight[m]
-	if p == nil || time.Since(p.sent) > resendWithin {
+	// An event away from its admitter is sent again for admitterAwayFor whenever it was
+	// first sent: every send before was answered (a timeout is final here), so none was
+	// stored.
+	if p == nil || (!absent && time.Since(p.sent) > resendWithin) {
 		pl.mu.Unlock()
 		return false
 	}
-	if absent {
-		if p.away.IsZero() {
-			p.away = time.Now()
-		}
-		if time.Since(p.away) > admitterAwayFor {
-			pl.mu.Unlock()
-			return false
-		}
+	switch {
+	case !absent:
+		p.away = time.Time{} // an answer: the admitter was there
+	case p.away.IsZero():
+		p.away = time.Now()
+	case time.Since(p.away) > admitterAwayFor:
+		pl.mu.Unlock()
+		return false
 	}
 	p.attempts++
 	// Not undone by the events stored meanwhile: past its pace a module has some stored in
@@ -480,7 +483,8 @@ func (c *Client) failures() error {
 }
 
 // asyncEmitError says why an event EmitAsync sent was not stored, as publishAs does for
-// Emit, but without asking the bus anything: nats.go calls it holding its publisher's lock.
+// Emit, but without asking the bus anything: nats.go calls it holding its publisher's lock
+// when the answer timed out.
 func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
 	id := m.Header.Get(envelope.EventID)
 	if refusal, ok := admitRefusal(err); ok {

@@ -198,6 +198,12 @@ func TestEmit_AdmitterNeverBack(t *testing.T) {
 			t.Logf("%s: sent %d times, ErrNoQueue after %v", how, n, took.Round(time.Millisecond))
 		}
 	}
+	// A caller that gives up meanwhile is told so: its context's error is in the error.
+	short, stop := context.WithCancel(ctx)
+	time.AfterFunc(300*time.Millisecond, stop)
+	if _, err := c.Emit(short, "x", map[string]int{"n": 3}); !errors.Is(err, ErrNoQueue) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Emit cancelled while nothing answered: %v, want ErrNoQueue and context.Canceled", err)
+	}
 }
 
 // bareClient is a Client of module on nc, declaring the events emits, as Connect makes one but
