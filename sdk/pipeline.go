@@ -113,8 +113,9 @@ type pipeline struct {
 // EmitAsync publishes one of the module's declared events as Emit does, without waiting for
 // JetStream's answer: it returns once the event is sent, with its x-event-id and a Pending
 // that reports the answer. At most MaxInFlight events, and MaxInFlightBytes of them, are
-// unanswered at once; past that EmitAsync waits, within ctx, for room. Flush waits for every answer and reports the
-// events that were not stored. The event is signed before EmitAsync returns.
+// unanswered at once; past that EmitAsync waits, within ctx, for room. Flush waits for every
+// answer and reports the events that were not stored. The event is signed before EmitAsync
+// returns.
 func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts ...EmitOption) (*Pending, error) {
 	subject, err := c.emitSubject(event)
 	if err != nil {
@@ -134,7 +135,7 @@ func (c *Client) EmitAsync(ctx context.Context, event string, payload any, opts 
 		return nil, fmt.Errorf("EmitAsync %s: %d events unanswered, waiting for a slot: %w", event, MaxInFlight, ctx.Err())
 	}
 	msg := &nats.Msg{Subject: manifest.AdmitSubject(c.Module(), subject), Header: h, Data: body}
-	size := min(int64(msgSize(msg)), MaxInFlightBytes)
+	size := min(envelope.StoredSize(msg.Subject, msg.Header, msg.Data), MaxInFlightBytes)
 	if err := pl.bytes.Acquire(ctx, size); err != nil {
 		<-pl.slots
 		return nil, fmt.Errorf("EmitAsync %s: up to %d bytes of events unanswered, waiting for room: %w", event, MaxInFlightBytes, err)
@@ -214,11 +215,11 @@ func (c *Client) pipelined() *pipeline {
 	return pl
 }
 
-// retryAsync sends m again after a back-off if err is the admitter's retryable refusal, or no
-// responder (the admitter away, within admitterAwayFor of the first), and m's event was first
-// sent less than resendWithin ago; it reports whether it will. The event
-// keeps its slot meanwhile, so a refused pipeline slows down instead of piling up. A refusal is
-// an answer — the node is there, and stored nothing — so the bound is not asyncAckTimeout's:
+// retryAsync sends m again after a back-off, and reports whether it will: after the admitter's
+// retryable refusal, if m's event was first sent less than resendWithin ago; after no
+// responder (the admitter away), within admitterAwayFor of the first. The event keeps its
+// slot meanwhile, so a refused pipeline slows down instead of piling up. A refusal is an
+// answer — the node is there, and stored nothing — so the bound is not asyncAckTimeout's:
 // 2,000 events pushed at once into a pace of 300 a second keep their last ones waiting for
 // seconds, longer than 10 on a loaded machine.
 func (c *Client) retryAsync(m *nats.Msg, err error) bool {
@@ -440,17 +441,6 @@ func (c *Client) answered(m *nats.Msg, err error) {
 	close(p.done)
 	pl.bytes.Release(p.size)
 	<-pl.slots
-}
-
-// msgSize is what m puts on the wire, near enough: its subject, header and body.
-func msgSize(m *nats.Msg) int {
-	n := len(m.Subject) + len(m.Data)
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			n += len(k) + len(v) + 4 // "k: v\r\n"
-		}
-	}
-	return n
 }
 
 // abandonInflight settles every event still in flight as not known to be stored: the
