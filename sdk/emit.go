@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -258,7 +259,7 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 		if err == nil {
 			return id, nil
 		}
-		if noResponder(err) {
+		if jsretry.Leaderless(err) { // no responder: stored nowhere
 			if away.IsZero() {
 				away = time.Now()
 			}
@@ -343,11 +344,6 @@ const admitterAwayFor = 5 * time.Second
 
 // noRetry turns off nats.go's own retry of a publish that meets no responder (admitterAwayFor).
 var noRetry = jetstream.WithRetryAttempts(0)
-
-// noResponder reports whether a publish met no responder: nothing heard its subject.
-func noResponder(err error) bool {
-	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
-}
 
 // ackWait is the first send's wait for its ack (ackWaitFirst; tests shorten it).
 func (c *Client) ackWait() time.Duration {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnode/meshnode/api"
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -224,7 +225,7 @@ func (c *Client) pipelined() *pipeline {
 // seconds, longer than 10 on a loaded machine.
 func (c *Client) retryAsync(m *nats.Msg, err error) bool {
 	refusal, refused := admitRefusal(err)
-	absent := !refused && noResponder(err) // the node's admitter away (admitterAwayFor)
+	absent := !refused && jsretry.Leaderless(err) // the node's admitter away (admitterAwayFor)
 	if !absent && (!refused || !api.AdmitRetryable(refusal.code)) {
 		return false
 	}
@@ -489,7 +490,7 @@ func (c *Client) asyncEmitError(m *nats.Msg, err error) error {
 	if r := c.refusal(m.Subject); r != nil {
 		return fmt.Errorf("publish %s (event %s): %w; is the module registered with the manifest that declares it, and within its EVENTS quota (a synchronous Emit says)?", m.Subject, id, r)
 	}
-	if noResponder(err) {
+	if jsretry.Leaderless(err) {
 		return fmt.Errorf("publish %s (event %s): %w: nothing answered it for %s, neither the node's admitter nor a stream; is the node up (`meshnode status`)?", m.Subject, id, ErrNoQueue, admitterAwayFor)
 	}
 	return fmt.Errorf("publish %s (event %s; it may have been stored: retry with sdk.Retry(id)): %w", m.Subject, id, err)
