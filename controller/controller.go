@@ -542,8 +542,10 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	rec.Outbox = append(rec.Outbox, ev)
 
 	// Topology first: once the record is stored the module may connect, and its consumers
-	// must then exist.
-	if err := c.topo.EnsureModule(ctx, d); err != nil {
+	// must then exist. Through jsretry, as every other reconcile: a mesh that has just formed
+	// may not have placed its peers yet (a chaos run's first register was refused "no
+	// suitable peers for placement" 1.4 s after formation).
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, d) }); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
@@ -739,7 +741,7 @@ func (c *Controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply,
 	rec.Updated = time.Now().UTC()
 	// The consumer first (it follows the pinned version's events), then the record, whose
 	// grant change kicks the module's connections.
-	if err := c.topo.EnsureModule(ctx, d); err != nil {
+	if err := jsretry.Request(ctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, d) }); err != nil {
 		return api.PinReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
