@@ -120,23 +120,30 @@ func TestChaos(t *testing.T) {
 		t.Errorf("the schedule injected no %s: the first round was not finished", strings.Join(none, ", "))
 	}
 	if a := rep.Anomalies(); len(a) > 0 {
-		all := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-anomalies-%d.txt", *chaosSeed))
-		var b strings.Builder
-		for _, x := range a {
-			fmt.Fprintf(&b, "%s/%s: %s\n", x.Check, x.Kind, x.Msg)
-			for _, op := range x.Ops {
-				fmt.Fprintf(&b, "    %s\n", op)
-			}
-		}
-		if os.WriteFile(all, []byte(b.String()), 0o644) == nil {
-			t.Logf("every anomaly: %s", all)
-		}
+		keepAnomalies(t, rep, fmt.Sprint(*chaosSeed))
 		t.Logf("the Node.js module's last lines:\n%s", w.JSLog())
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-leases-%d.html", *chaosSeed))
-		if ok, err := rep.VisualizeLeases(path); ok && err == nil {
-			t.Logf("the lease histories that failed: %s", path)
-		}
 		t.Errorf("%d anomalies (above)", len(a))
+	}
+}
+
+// keepAnomalies writes, for a run that found anomalies, every anomaly with all of its
+// operations (the report shows a slice of each) and porcupine's rendering of the lease
+// histories that failed, to files named after tag in the temporary directory.
+func keepAnomalies(t *testing.T, rep *Report, tag string) {
+	all := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-anomalies-%s.txt", tag))
+	var b strings.Builder
+	for _, x := range rep.Anomalies() {
+		fmt.Fprintf(&b, "%s/%s: %s\n", x.Check, x.Kind, x.Msg)
+		for _, op := range x.Ops {
+			fmt.Fprintf(&b, "    %s\n", op)
+		}
+	}
+	if os.WriteFile(all, []byte(b.String()), 0o644) == nil {
+		t.Logf("every anomaly: %s", all)
+	}
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-leases-%s.html", tag))
+	if ok, err := rep.VisualizeLeases(path); ok && err == nil {
+		t.Logf("the lease histories that failed: %s", path)
 	}
 }
 

@@ -241,10 +241,48 @@ func duplicates(ops []Op, f Final, b Bounds) []Anomaly {
 		}
 	}
 	handled := byKey(ops, "handle")
+	stale := staleHandles(ops)
 	for _, id := range sortedKeys(handled) {
-		if n := len(handled[id]); n > maxHandles {
+		hs := slices.DeleteFunc(slices.Clone(handled[id]), func(op Op) bool { return stale[op.Seq] })
+		if n := len(hs); n > maxHandles {
 			out = append(out, Anomaly{Check: checkDuplicates, Kind: "handled-twice", Keys: []string{id}, Ops: handled[id],
 				Msg: fmt.Sprintf("seat job %s handled %d times (allowed %d)", id, n, maxHandles)})
+		}
+	}
+	return out
+}
+
+// staleHandles are the handles a known defect of older meshnodes explains: a server that
+// stopped gracefully freed its leases before it took its holders' authority away (every
+// meshnode before the fix; an "unrevoked-stop" spans such a stop), so a holder connected to it
+// went on being handed jobs until the server closed. A handle inside such a span, by an
+// instance whose lease was on that server, under an epoch older than one acquired before the
+// handle, is stale: it does not count toward MaxHandles, and the fencing check judges its
+// effect like any other.
+func staleHandles(ops []Op) map[int]bool {
+	stops := byKey(ops, "unrevoked-stop")
+	if len(stops) == 0 {
+		return nil
+	}
+	nodeOf := map[string]string{} // instance → the server its lease was on
+	var acquired []Op
+	for _, op := range ops {
+		if op.Kind == "acquire" && op.OK {
+			nodeOf[op.Process] = op.Value
+			acquired = append(acquired, op)
+		}
+	}
+	out := map[int]bool{}
+	for _, op := range ops {
+		if op.Kind != "handle" || !op.OK {
+			continue
+		}
+		during := slices.ContainsFunc(stops[nodeOf[op.Process]], func(s Op) bool {
+			return op.InvokeMono >= s.InvokeMono && op.InvokeMono <= s.CompleteMono
+		})
+		superseded := slices.ContainsFunc(acquired, func(a Op) bool { return a.Epoch > op.Epoch && a.InvokeMono <= op.InvokeMono })
+		if during && superseded {
+			out[op.Seq] = true
 		}
 	}
 	return out

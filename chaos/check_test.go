@@ -248,6 +248,39 @@ func TestCheck_Duplicates(t *testing.T) {
 		c.ok("b", "handle", "j1", "", 2, 5100, 5110)
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates", "handled-twice")
 	})
+	t.Run("StaleHolderOfAnUnrevokedStop", func(t *testing.T) {
+		// a's server n1 stops without taking a's authority away first (an older meshnode):
+		// b holds epoch 2 and handles j2; a, still handed jobs, handles j2 twice at epoch 1.
+		staleRun := func() *run {
+			c := cleanRun()
+			for i, op := range c.ops {
+				if op.Process == "a" && op.Kind == "acquire" {
+					c.ops[i].Value = "n1"
+				}
+			}
+			c.ok("a", "handle", "j2", "", 1, 5100, 5110)
+			c.ok("a", "handle", "j2", "", 1, 5200, 5210)
+			return c
+		}
+		c := staleRun()
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates", "handled-twice")
+		c.ok("operator", "unrevoked-stop", "n1", "", 0, 5050, 5300)
+		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates")
+		// Stale only inside the stop, on the stopping server, and under a superseded epoch:
+		// each of these handles counts, one too many beside b's.
+		for name, o := range map[string]struct {
+			server string
+			epoch  uint64
+			at     int
+		}{"AfterTheStop": {"n1", 1, 5400}, "AnotherServer": {"n2", 1, 5100}, "CurrentEpoch": {"n1", 2, 5100}} {
+			t.Run(name, func(t *testing.T) {
+				c := staleRun()
+				c.ok("operator", "unrevoked-stop", o.server, "", 0, 5050, 5300)
+				c.ok("a", "handle", "j2", "", o.epoch, o.at, o.at+10)
+				wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates", "handled-twice")
+			})
+		}
+	})
 }
 
 func TestCheck_Fencing(t *testing.T) {
@@ -350,6 +383,20 @@ func TestCheck_Leases(t *testing.T) {
 			r.ok("a", "acquire", "seat", "", 1, 0, 10)
 			r.failed("a", "release", "seat", "", 1, 100, 5000, "nats: timeout")
 			r.ok("b", "acquire", "seat", "", 2, 200, 210)
+		})
+		if got := check(ops, 3*time.Second); len(got) != 0 {
+			t.Errorf("anomalies = %v, want none", got)
+		}
+	})
+	t.Run("UnseenRevisions", func(t *testing.T) {
+		// The watch skipped revisions after a's renewal: a deletion of a's lease may be among
+		// them, so b's acquisition within a's TTL is legal; a's renewal before it still holds.
+		ops := leases(func(r *run) {
+			r.ok("a", "acquire", "seat", "", 1, 0, 10)
+			r.ok("a", "renew", "seat", "", 1, 1000, 1010)
+			r.ops = append(r.ops, chaos.Op{Seq: len(r.ops), Process: "a", Kind: "lose", Key: "seat", Epoch: 1, InvokeMono: ms(1010)})
+			r.ok("a", "renew", "seat", "", 1, 1200, 1210)
+			r.ok("b", "acquire", "seat", "", 2, 1500, 1510)
 		})
 		if got := check(ops, 3*time.Second); len(got) != 0 {
 			t.Errorf("anomalies = %v, want none", got)

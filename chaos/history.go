@@ -22,6 +22,9 @@ import (
 //     jobs submitted before it completed may be lost with the stream.
 //   - "remake": a module's EVENTS consumer deleted under it (the nemesis's drift-consumer),
 //     Key = the module: the consumer made again counts its deliveries from zero.
+//   - "unrevoked-stop": a graceful stop of a server whose meshnode frees its leases before
+//     it takes its holders' authority away (older meshnodes: see staleHandles), from SIGTERM
+//     to its exit; Key = the server.
 //   - "applied": a node's applied declaration revision as read from it (before a kill and
 //     after the restart, say); Process = Key = node, Value = the revision in decimal.
 type Op struct {
@@ -84,6 +87,16 @@ func (h *History) Span(process, kind, key, value string, invoke, complete time.T
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	op.Complete, op.CompleteMono, op.OK = complete, complete.Round(0).Sub(h.start.Round(0)), true
+}
+
+// Maybe records an operation that may have taken effect at any time after t, or never: all
+// the history knows is that it could have (a lease watch that skipped revisions). It stays
+// pending.
+func (h *History) Maybe(process, kind, key, value string, epoch uint64, t time.Time) {
+	op := h.At(process, kind, key, value, t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.Epoch = epoch
 }
 
 // Done completes the operation: OK when err is nil. Only the first completion counts, so a

@@ -30,8 +30,9 @@ import (
 // invoked at t surely lives until t+LeaseTTL, and an acquisition that completed before then
 // by anyone else is illegal: this catches a store that lets two acquire at once even when the
 // first holder never renews again. A node restarted faster than the TTL deletes the leases it
-// left behind (seats' takeOver), so the workload records a lose for the holders on a node when
-// it kills the node: their leases may end from then on.
+// left behind (seats' takeOver): the watch sees that deletion as a release. A deletion the
+// watch cannot have seen (it skipped revisions while its consumer was made again) is a lose
+// of the holder of the moment that may take effect any time after the last revision seen.
 //
 // Failed and pending acquisitions and renewals are left out: a failed acquire that took
 // effect silently only consumed an epoch and a holding nobody acts on, which the model's

@@ -628,6 +628,14 @@ func (w *Workload) readSecrets(ctx context.Context, i int) (map[string]string, e
 // so a renewal proves possession), a deletion a release. Each is invoked when the bucket
 // stored it (the stream leader's clock: every node of the cluster shares this machine's) and
 // completes when the watch saw it.
+//
+// The bucket keeps one revision a key, and the watch's consumer is made again from the
+// revision after its last when the server that ran it stops: a revision written meanwhile
+// and already replaced (a release, then the next holder's acquire) is never seen. The watch
+// follows every key so that it knows: a revision it skipped, once it is live, may have freed
+// the ledger's lease, so the holder then is recorded as losing it some time after the last
+// revision seen — unknown when, which is all the history can say (a lose that never
+// completes; see lease.go).
 func (w *Workload) watchLeases(ctx context.Context) error {
 	nc, err := w.operator()
 	if err != nil {
@@ -645,9 +653,9 @@ func (w *Workload) watchLeases(ctx context.Context) error {
 		return fmt.Errorf("open the leases' bucket: %w", err)
 	}
 	key := seats.Key(ledgerSeat, manifest.ScopeMesh, "")
-	watch, err := kv.Watch(w.ctx, key, jetstream.IncludeHistory())
+	watch, err := kv.WatchAll(w.ctx, jetstream.IncludeHistory())
 	if err != nil {
-		return fmt.Errorf("watch the ledger's lease: %w", err)
+		return fmt.Errorf("watch the leases' bucket: %w", err)
 	}
 	w.wg.Add(1)
 	go func() {
@@ -655,6 +663,9 @@ func (w *Workload) watchLeases(ctx context.Context) error {
 		defer watch.Stop()
 		var holder string
 		var epoch uint64
+		var live bool        // the history so far was delivered: from now on no revision is skipped unless missed
+		var last uint64      // the last revision seen, of any key
+		var lastAt time.Time // when it was stored
 		for {
 			var e jetstream.KeyValueEntry
 			select {
@@ -663,7 +674,15 @@ func (w *Workload) watchLeases(ctx context.Context) error {
 			case e = <-watch.Updates():
 			}
 			if e == nil {
-				continue // the history so far was delivered
+				live = true
+				continue
+			}
+			if live && holder != "" && e.Revision() > last+1 {
+				w.h.Maybe(holder, "lose", ledgerSeat, fmt.Sprintf("revisions %d–%d not seen", last+1, e.Revision()-1), epoch, lastAt)
+			}
+			last, lastAt = e.Revision(), e.Created()
+			if e.Key() != key {
+				continue
 			}
 			if e.Operation() != jetstream.KeyValuePut {
 				if holder != "" {

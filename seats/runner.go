@@ -455,11 +455,18 @@ func (r *Runner) takeAll(retire bool) []held {
 }
 
 // releaseAll releases every lease held here, so other nodes' candidates take over at once:
-// the node is stopping. The hooks are not run: the bus they act on is closing.
+// the node is stopping. Each holder's authority is taken away first (Released), as for any
+// release: the node's bus stays open for a while after its leases are freed, and a holder
+// left consuming there would be a second holder beside the next one.
 func (r *Runner) releaseAll() {
+	hs := r.takeAll(false)
+	if r.hooks.Released != nil {
+		for _, h := range hs {
+			r.hooks.Released(h.lease)
+		}
+	}
 	// At once, not one after another: without a quorum each waits out its bound (the TTL),
 	// and a stopping node must not wait that many times over (its leases expire anyway).
-	hs := r.takeAll(false)
 	var wg sync.WaitGroup
 	for i := range hs {
 		wg.Add(1)

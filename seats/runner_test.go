@@ -183,3 +183,28 @@ func TestRunner_RetireRevokesBeforeFreeing(t *testing.T) {
 		t.Fatalf("the retired runner took the seat again: %+v", rec.events)
 	}
 }
+
+// TestRunner_StopRevokesBeforeFreeing: a stopping node (its runner's context ends) takes
+// each holder's authority away (the Released hook) while the lease is still in the bucket,
+// then frees it: its bus stays open a while longer, and a holder left consuming there would
+// be a second holder beside the next one. An upgrade bed's old holder handled jobs for 1.3 s
+// after its node had freed the lease without the hook.
+func TestRunner_StopRevokesBeforeFreeing(t *testing.T) {
+	url := startServer(t)
+	rec := &record{}
+	a, b := openNode(t, url, "a", rec), openNode(t, url, "b", rec)
+	a.runner.Add(candidate("ia"))
+	waitFor(t, rec, "a", "gained", 5*time.Second)
+	b.runner.Add(candidate("ib"))
+
+	a.stop()
+	a.done.Wait()
+	released := waitFor(t, rec, "a", "released", time.Second)
+	if !released.inBucket {
+		t.Fatal("the stopping node freed the lease before it took the holder's authority away")
+	}
+	gainedB := waitFor(t, rec, "b", "gained", 5*time.Second)
+	if !released.at.Before(gainedB.at) {
+		t.Fatalf("released at %s, b took it at %s", released.at.Format(time.StampMicro), gainedB.at.Format(time.StampMicro))
+	}
+}
