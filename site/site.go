@@ -125,6 +125,14 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 		}
 	}()
 	js := bus.JetStream()
+	// The hub's EVENTS asks for the consumer as soon as the link is up: it exists by then on
+	// every open but the first, and on the first it is made before anything waits on the hub.
+	if _, err := ensure.Stream(ctx, js, EventsStream(cfg.EventsMaxBytes)); err != nil {
+		return nil, fmt.Errorf("open %s: %w", manifest.SiteEventsStreamName, err)
+	}
+	if _, err := js.CreateOrUpdatePushConsumer(ctx, manifest.SiteEventsStreamName, SourceConsumer(cfg.Name)); err != nil {
+		return nil, fmt.Errorf("open %s's consumer for the hub: %w", manifest.SiteEventsStreamName, err)
+	}
 	if err := reg.OpenMirror(ctx, js, 0); err != nil {
 		return nil, err
 	}
@@ -135,12 +143,6 @@ func Open(ctx context.Context, cfg Config) (_ *Site, err error) {
 		return nil, err
 	}
 	close(complete)
-	if _, err := ensure.Stream(ctx, js, EventsStream(cfg.EventsMaxBytes)); err != nil {
-		return nil, fmt.Errorf("open %s: %w", manifest.SiteEventsStreamName, err)
-	}
-	if _, err := js.CreateOrUpdatePushConsumer(ctx, manifest.SiteEventsStreamName, SourceConsumer(cfg.Name)); err != nil {
-		return nil, fmt.Errorf("open %s's consumer for the hub: %w", manifest.SiteEventsStreamName, err)
-	}
 	if cfg.DB != nil {
 		if err := s.openAudit(ctx, cfg, run); err != nil {
 			return nil, err
