@@ -145,16 +145,22 @@ func TestRunner_CutOffHolderLetsGoFirst(t *testing.T) {
 	t.Logf("a let go %s before b took the seat", gainedB.at.Sub(lostA.at))
 }
 
+// holderAndCandidate opens two nodes of one server: a's instance holds the seat, b's waits.
+func holderAndCandidate(t *testing.T) (a, b *node, rec *record) {
+	url := startServer(t)
+	rec = &record{}
+	a, b = openNode(t, url, "a", rec), openNode(t, url, "b", rec)
+	a.runner.Add(candidate("ia"))
+	waitFor(t, rec, "a", "gained", 5*time.Second)
+	b.runner.Add(candidate("ib"))
+	return a, b, rec
+}
+
 // TestRunner_RetireRevokesBeforeFreeing: a leaving node's holder loses its authority (the
 // Released hook) while the lease is still in the bucket, so nobody else can hold the seat
 // yet; the other node takes it after, and a retired runner takes nothing again.
 func TestRunner_RetireRevokesBeforeFreeing(t *testing.T) {
-	url := startServer(t)
-	rec := &record{}
-	a, b := openNode(t, url, "a", rec), openNode(t, url, "b", rec)
-	a.runner.Add(candidate("ia"))
-	waitFor(t, rec, "a", "gained", 5*time.Second)
-	b.runner.Add(candidate("ib"))
+	a, b, rec := holderAndCandidate(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -190,12 +196,7 @@ func TestRunner_RetireRevokesBeforeFreeing(t *testing.T) {
 // be a second holder beside the next one. An upgrade bed's old holder handled jobs for 1.3 s
 // after its node had freed the lease without the hook.
 func TestRunner_StopRevokesBeforeFreeing(t *testing.T) {
-	url := startServer(t)
-	rec := &record{}
-	a, b := openNode(t, url, "a", rec), openNode(t, url, "b", rec)
-	a.runner.Add(candidate("ia"))
-	waitFor(t, rec, "a", "gained", 5*time.Second)
-	b.runner.Add(candidate("ib"))
+	a, _, rec := holderAndCandidate(t)
 
 	a.stop()
 	a.done.Wait()
