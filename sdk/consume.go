@@ -96,6 +96,47 @@ type dispatcher struct {
 	consumer   string
 	maxDeliver int
 	route      func(subject string) Handler
+	finished   finished // used by run's goroutine alone
+}
+
+// finished remembers the stored messages whose handlers a dispatcher completed last. JetStream
+// delivers a message again once its ack wait passes, and a copy can arrive while the first is
+// handled, or with it after a pause: the copy is acked, not handled again. A message is known
+// by its stream sequence and the time the stream stored it (a stream made again numbers its
+// messages from 1 again). A NAKed delivery is not finished: its redelivery is the retry. The
+// memory is the dispatcher's: a seat held again, or a client started again, begins with none.
+type finished struct {
+	ring [2 * manifest.MaxAckPending]stored
+	next int
+	seen map[stored]struct{}
+}
+
+// stored names one message of a stream.
+type stored struct {
+	seq uint64
+	at  int64 // Unix nanoseconds
+}
+
+func storedOf(md *jetstream.MsgMetadata) stored {
+	return stored{seq: md.Sequence.Stream, at: md.Timestamp.UnixNano()}
+}
+
+func (f *finished) has(m stored) bool {
+	_, ok := f.seen[m]
+	return ok
+}
+
+func (f *finished) add(m stored) {
+	if f.seen == nil {
+		f.seen = make(map[stored]struct{}, len(f.ring))
+	}
+	if f.has(m) {
+		return
+	}
+	delete(f.seen, f.ring[f.next])
+	f.ring[f.next] = m
+	f.next = (f.next + 1) % len(f.ring)
+	f.seen[m] = struct{}{}
 }
 
 // handle checks and handles one delivery; pre is its signature's verdict from its batch.
@@ -107,6 +148,13 @@ func (d *dispatcher) handle(msg jetstream.Msg, pre verdict) {
 	md, err := msg.Metadata()
 	if err != nil {
 		d.c.log.Error("delivery without metadata", "subject", msg.Subject(), "err", err)
+		return
+	}
+	copyOf := storedOf(md)
+	if d.finished.has(copyOf) {
+		if err := msg.Ack(); err != nil {
+			d.c.log.Debug("ack a copy of a delivery already handled", "seq", copyOf.seq, "err", err)
+		}
 		return
 	}
 	// A replay (`meshnode dead replay`) arrives on a subject for this consumer alone; the
@@ -148,6 +196,7 @@ func (d *dispatcher) handle(msg jetstream.Msg, pre verdict) {
 		err = call(d.c.ctx, h, e)
 	}
 	if err == nil {
+		d.finished.add(copyOf)
 		if aerr := msg.Ack(); aerr != nil {
 			d.c.log.Warn("ack failed; the event will be redelivered", "event", e.ID, "err", aerr)
 		}
