@@ -257,8 +257,9 @@ func duplicates(ops []Op, f Final, b Bounds) []Anomaly {
 // meshnode before the fix; an "unrevoked-stop" spans such a stop), so a holder connected to it
 // went on being handed jobs until the server closed. A handle inside such a span, by an
 // instance whose lease was on that server, under an epoch older than one acquired before the
-// handle, is stale: it does not count toward MaxHandles, and the fencing check judges its
-// effect like any other.
+// handle, whose effect the fence refused, is stale: it does not count toward MaxHandles. One
+// whose effect was accepted (the next holder had not acted yet) counts like any other: the
+// job took effect twice.
 func staleHandles(ops []Op) map[int]bool {
 	stops := byKey(ops, "unrevoked-stop")
 	if len(stops) == 0 {
@@ -272,9 +273,28 @@ func staleHandles(ops []Op) map[int]bool {
 			acquired = append(acquired, op)
 		}
 	}
+	// Each handle's effect is the next one its instance offered for its job at its epoch.
+	type effect struct {
+		instance, job string
+		epoch         uint64
+	}
+	waiting := map[effect][]int{} // handles not yet paired, by their effect's key
+	refused := map[int]bool{}     // handles whose effect the fence refused
+	for _, op := range ops {
+		switch k := (effect{op.Process, op.Key, op.Epoch}); {
+		case op.Kind == "handle" && op.OK:
+			waiting[k] = append(waiting[k], op.Seq)
+		case op.Kind == "effect":
+			k.job = op.Value
+			if hs := waiting[k]; len(hs) > 0 {
+				refused[hs[0]] = !op.OK && op.Err != ""
+				waiting[k] = hs[1:]
+			}
+		}
+	}
 	out := map[int]bool{}
 	for _, op := range ops {
-		if op.Kind != "handle" || !op.OK {
+		if op.Kind != "handle" || !op.OK || !refused[op.Seq] {
 			continue
 		}
 		during := slices.ContainsFunc(stops[nodeOf[op.Process]], func(s Op) bool {

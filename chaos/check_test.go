@@ -258,14 +258,26 @@ func TestCheck_Duplicates(t *testing.T) {
 					c.ops[i].Value = "n1"
 				}
 			}
-			c.ok("a", "handle", "j2", "", 1, 5100, 5110)
-			c.ok("a", "handle", "j2", "", 1, 5200, 5210)
+			for _, at := range []int{5100, 5200} {
+				c.ok("a", "handle", "j2", "", 1, at, at+10)
+				c.failed("a", "effect", "seat", "j2", 1, at+5, at+5, "fenced: epoch 1 below 2")
+			}
 			return c
 		}
 		c := staleRun()
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates", "handled-twice")
 		c.ok("operator", "unrevoked-stop", "n1", "", 0, 5050, 5300)
 		wantOnly(t, chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates")
+		// A stale handle whose effect the fence accepted took effect: it counts (whatever the
+		// fencing check makes of the order).
+		for i, op := range c.ops {
+			if op.Kind == "effect" && op.Value == "j2" && op.Process == "a" && op.InvokeMono == ms(5105) {
+				c.ops[i].OK, c.ops[i].Err = true, ""
+			}
+		}
+		if got := kinds(chaos.Check(c.ops, c.final, chaos.Bounds{}), "duplicates"); !slices.Equal(got, []string{"handled-twice"}) {
+			t.Errorf("duplicates = %v with a stale handle's effect accepted, want handled-twice", got)
+		}
 		// Stale only inside the stop, on the stopping server, and under a superseded epoch:
 		// each of these handles counts, one too many beside b's.
 		for name, o := range map[string]struct {

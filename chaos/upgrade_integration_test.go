@@ -21,8 +21,8 @@ import (
 // upgraded to this checkout's meshnode in turn — stopped with SIGTERM, started on its data
 // dir, ready, and the mesh settled (every stream's copies current) before the next — while
 // the workload goes on. After it every member reports this checkout's version, and the
-// checker finds nothing acked lost, nothing handled twice, no lease overlap and no secret
-// misread.
+// checker finds nothing acked lost, nothing handled twice (but for UPGRADE_FROM's stale
+// holders, refused by the fence), no lease overlap and no secret misread.
 func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 	old := testbed.BuildAt(t, testbed.UpgradeFrom(t), cleanEnv())
 	// A restart has twice taken about 2 minutes to start its bus (docs/chaos.md): an upgrade waits for it.
@@ -43,7 +43,7 @@ func TestIntegration_UpgradeUnderLoad(t *testing.T) {
 		// UPGRADE_FROM's meshnode frees its leases on a graceful stop before it takes its
 		// holders' authority away, and serves its modules for seconds after: a holder there
 		// is handed jobs another holds. The history marks the stop, so that the checker tells
-		// those stale handles from duplicates (staleHandles); their effects stay fenced.
+		// those stale handles whose effects the fence refused from duplicates (staleHandles).
 		if err := n.Stop(); err != nil {
 			t.Fatal(err)
 		}

@@ -181,6 +181,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// A renewal answered as the node stops updates its lease's revision first: freed
+			// at the one before, the lease would stay for its TTL, or be freed at the new one
+			// by the renewal itself before its holder's authority was taken away.
+			r.renewals.Wait()
 			r.releaseAll()
 			return nil
 		case <-renew.C:
