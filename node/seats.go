@@ -260,8 +260,15 @@ func (s *seatService) heldEpoch(seat string) uint64 {
 	return l.Epoch
 }
 
-// lostAuthority takes a released or lost seat's authority from its holder at once.
+// lostAuthority takes a released or lost seat's authority from its holder at once — unless
+// the same holder already holds the seat again at another epoch: the end of its older lease
+// is reported on the renewal's goroutine, and can come after the new lease's gain was served
+// (a controller started, a grant given), which it must not undo.
 func (s *seatService) lostAuthority(l seats.Lease) {
+	if h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance}); ok && h.Epoch != l.Epoch {
+		s.log.Info("an older lease's end is left alone: the seat is held again", "seat", l.Seat, "instance", l.Instance, "ended", l.Epoch, "held", h.Epoch)
+		return
+	}
 	if l.Module == "" {
 		s.nodeSeat(l, false)
 		return
