@@ -131,15 +131,14 @@ func (s *seatService) hooks() seats.Hooks {
 
 // nodeSeat starts or stops what the node does as holder of one of the mesh's own seats.
 func (s *seatService) nodeSeat(l seats.Lease, held bool) {
-	// Starting and stopping are serialised, and a start happens only while the runner still
-	// holds the lease: a loss reported between the runner's gain and this hook must win.
+	// Serialised, and agreeing with the runner's record: a start only while it holds this lease
+	// (a loss reported after its gain wins), a stop not while it holds the seat again at another
+	// epoch (an older lease's end, reported by its renewal after the new lease's start).
 	s.nodeMu.Lock()
 	defer s.nodeMu.Unlock()
-	if held {
-		h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance})
-		if !ok || h.Epoch != l.Epoch {
-			return
-		}
+	h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance})
+	if held && (!ok || h.Epoch != l.Epoch) || !held && ok && h.Epoch != l.Epoch {
+		return
 	}
 	var start func() error
 	var stop func()
@@ -215,7 +214,7 @@ func (s *seatService) setGrant(l seats.Lease, on bool) {
 	switch {
 	case on:
 		s.granted[key] = l
-	case s.granted[key].Instance == l.Instance:
+	case s.granted[key].Instance == l.Instance && s.granted[key].Epoch == l.Epoch: // not a newer lease's
 		delete(s.granted, key)
 	}
 }
@@ -260,15 +259,8 @@ func (s *seatService) heldEpoch(seat string) uint64 {
 	return l.Epoch
 }
 
-// lostAuthority takes a released or lost seat's authority from its holder at once — unless
-// the same holder already holds the seat again at another epoch: the end of its older lease
-// is reported on the renewal's goroutine, and can come after the new lease's gain was served
-// (a controller started, a grant given), which it must not undo.
+// lostAuthority takes a released or lost seat's authority from its holder at once.
 func (s *seatService) lostAuthority(l seats.Lease) {
-	if h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance}); ok && h.Epoch != l.Epoch {
-		s.log.Info("an older lease's end is left alone: the seat is held again", "seat", l.Seat, "instance", l.Instance, "ended", l.Epoch, "held", h.Epoch)
-		return
-	}
 	if l.Module == "" {
 		s.nodeSeat(l, false)
 		return
