@@ -382,7 +382,7 @@ func (c *Controller) ReconcileAll(ctx context.Context) error {
 	g.SetLimit(reconcileWorkers)
 	for _, e := range c.reg.List() {
 		g.Go(func() error {
-			err := jsretry.Request(gctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, e.Derivation) })
+			err := c.ensureModule(gctx, e.Derivation)
 			if err != nil {
 				return fmt.Errorf("module %s: %w", e.Module, err)
 			}
@@ -411,6 +411,12 @@ func (c *Controller) reconcileMesh(ctx context.Context) error {
 	}
 	_, err := c.provisionStore(ctx)
 	return err
+}
+
+// ensureModule makes or updates d's topology, asked again while JetStream settles (a mesh
+// just formed may not have placed its peers yet): every reconcile of a module goes through it.
+func (c *Controller) ensureModule(ctx context.Context, d *manifest.Derivation) error {
+	return jsretry.Request(ctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, d) })
 }
 
 // reconcileWorkers is how many modules' topologies ReconcileAll reconciles at once.
@@ -545,7 +551,7 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 	// must then exist. Through jsretry, as every other reconcile: a mesh that has just formed
 	// may not have placed its peers yet (a chaos run's first register was refused "no
 	// suitable peers for placement" 1.4 s after formation).
-	if err := jsretry.Request(ctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, d) }); err != nil {
+	if err := c.ensureModule(ctx, d); err != nil {
 		return api.RegisterReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, revision); err != nil {
@@ -741,7 +747,7 @@ func (c *Controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply,
 	rec.Updated = time.Now().UTC()
 	// The consumer first (it follows the pinned version's events), then the record, whose
 	// grant change kicks the module's connections.
-	if err := jsretry.Request(ctx, func(ctx context.Context) error { return c.topo.EnsureModule(ctx, d) }); err != nil {
+	if err := c.ensureModule(ctx, d); err != nil {
 		return api.PinReply{}, err
 	}
 	if _, err := c.reg.Put(ctx, rec, e.Revision); err != nil {
