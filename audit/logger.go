@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -34,7 +35,7 @@ var (
 	bucketIDs       = []byte("audit-ids")        // event id → N
 	bucketBySource  = []byte("audit-by-source")  // source \x00 N → nil
 	bucketBySubject = []byte("audit-by-subject") // subject \x00 N → nil
-	bucketByTime    = []byte("audit-by-time")    // received (unix ns) N → nil
+	bucketByTime    = []byte("audit-by-time")    // received (unix ns) first N → last N (nil: first N alone)
 	bucketMeta      = []byte("audit-meta")       // head: last N, its hash, last stream seq
 	bucketKeys      = []byte("audit-keys")       // source → the public key its last recorded event verified with
 )
@@ -399,6 +400,8 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		newIDs, newest = nil, time.Time{}
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
+		fill(tx)
+		first := h.N + 1 // the batch's first new record, if it has one
 		for i, m := range msgs {
 			md := checked[i].md
 			if md.Sequence.Stream > lastSeq {
@@ -460,6 +463,12 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		if lastSeq > h.Seq {
 			h.Seq = lastSeq
 		}
+		// One entry for the batch: its records were all received at now.
+		if added > 0 {
+			if err := tx.Bucket(bucketByTime).Put(append(u64(uint64(now.UnixNano())), u64(first)...), u64(h.N)); err != nil {
+				return err
+			}
+		}
 		if err := l.usage.store(tx, used); err != nil {
 			return err
 		}
@@ -518,15 +527,27 @@ func sameEvent(a, b api.AuditRecord) bool {
 	return a.Subject == b.Subject && string(a.Body) == string(b.Body) && sig(a) == sig(b)
 }
 
+// index puts r in the indexes by source and by subject. The index by time takes a batch in
+// one entry (write).
 func index(tx *bolt.Tx, r api.AuditRecord) error {
 	key := u64(r.N)
 	if err := tx.Bucket(bucketBySource).Put(append(sourcePrefix(r.Source), key...), nil); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil); err != nil {
-		return err
-	}
-	return tx.Bucket(bucketByTime).Put(append(u64(uint64(r.Received.UnixNano())), key...), nil)
+	return tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil)
+}
+
+// fill sets how full bbolt packs the pages of the buckets a batch writes. Records, and the
+// index by time, only ever grow at their end, and ids nearly so (UUIDv7 begin with their
+// time): packed full, not at bbolt's half for inserts anywhere, they take half the pages,
+// and a transaction writes half as many. The indexes by source and by subject grow at the
+// end of each source's and subject's range: a page split there keeps room for the range.
+func fill(tx *bolt.Tx) {
+	tx.Bucket(bucketRecords).FillPercent = 1
+	tx.Bucket(bucketByTime).FillPercent = 1
+	tx.Bucket(bucketIDs).FillPercent = 0.9
+	tx.Bucket(bucketBySource).FillPercent = 0.9
+	tx.Bucket(bucketBySubject).FillPercent = 0.9
 }
 
 // checkedMsg is an event's record before it joins the chain, and its stream metadata.
@@ -750,32 +771,32 @@ func (l *Logger) prune() {
 	var dropped uint64
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		// Collect first: deleting under a bbolt cursor can skip the next key.
-		var old [][]byte
+		var old, last [][]byte
 		c := tx.Bucket(bucketByTime).Cursor()
-		for k, _ := c.First(); len(k) == 16; k, _ = c.Next() {
+		for k, v := c.First(); len(k) == 16; k, v = c.Next() {
 			if int64(binary.BigEndian.Uint64(k[:8])) >= cutoff.UnixNano() {
 				break
 			}
-			old = append(old, k)
+			old, last = append(old, k), append(last, v)
 		}
-		for _, k := range old {
-			n := k[8:]
-			if r, _, err := decodeRecord(tx.Bucket(bucketRecords).Get(n)); err == nil {
-				// The chain now starts after this record: verify checks the first kept
-				// record against it.
-				b, _ := json.Marshal(head{N: r.N, Hash: r.Hash})
-				if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
+		fill(tx)
+		for i, k := range old {
+			from, to := binary.BigEndian.Uint64(k[8:]), binary.BigEndian.Uint64(k[8:])
+			if len(last[i]) == 8 { // a batch's entry; an older log's has a record alone
+				to = binary.BigEndian.Uint64(last[i])
+			}
+			for n := from; n <= to && n >= from; n++ {
+				had, err := dropRecord(tx, u64(n))
+				if err != nil {
 					return err
 				}
-				tx.Bucket(bucketIDs).Delete(keyPart(r.EventID))
-				tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
-				tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+				if had {
+					dropped++
+				}
 			}
-			tx.Bucket(bucketRecords).Delete(n)
 			if err := tx.Bucket(bucketByTime).Delete(k); err != nil {
 				return err
 			}
-			dropped++
 		}
 		return nil
 	})
@@ -788,6 +809,30 @@ func (l *Logger) prune() {
 		l.changes.Add(1)
 		l.log.Info("audit log pruned", "records", dropped, "older_than", cutoff)
 	}
+}
+
+// dropRecord deletes record n and its index entries but the one by time, and reports
+// whether there was one.
+func dropRecord(tx *bolt.Tx, n []byte) (bool, error) {
+	recs := tx.Bucket(bucketRecords)
+	v := recs.Get(n)
+	if v == nil {
+		return false, nil
+	}
+	if r, _, err := decodeRecord(v); err == nil {
+		// The chain now starts after this record: verify checks the first kept record
+		// against it.
+		b, _ := json.Marshal(head{N: r.N, Hash: r.Hash})
+		if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
+			return false, err
+		}
+		if ids := tx.Bucket(bucketIDs); bytes.Equal(ids.Get(keyPart(r.EventID)), n) {
+			ids.Delete(keyPart(r.EventID)) // not a later event's that reused the id
+		}
+		tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
+		tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+	}
+	return true, recs.Delete(n)
 }
 
 func u64(n uint64) []byte {

@@ -1,9 +1,11 @@
 package audit
 
 import (
+	"encoding/binary"
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,7 +130,8 @@ func TestLogger_HugeHeaders(t *testing.T) {
 }
 
 // TestLogger_Prune: records past the retention go with their index entries, and the chain
-// verifies from the first kept record, against the anchor the prune left.
+// verifies from the first kept record, against the anchor the prune left; the index by time
+// holds one entry a batch, and an older log's entries (one a record) are pruned alike.
 func TestLogger_Prune(t *testing.T) {
 	l, _, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
 	l.retention = time.Hour
@@ -149,8 +152,35 @@ func TestLogger_Prune(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	batch(time.Now().Add(-2*time.Hour), 1, 2)
-	batch(time.Now(), 3)
+	// An older log's index by time held an entry a record: records 1 and 2 are indexed so.
+	batch(time.Now().Add(-3*time.Hour), 1, 2)
+	db := l.db
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketByTime)
+		k, v := b.Cursor().First()
+		if len(k) != 16 || binary.BigEndian.Uint64(k[8:]) != 1 || binary.BigEndian.Uint64(v) != 2 {
+			return fmt.Errorf("the batch's entry by time: %x → %x, want its first record, 1, → its last, 2", k, v)
+		}
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+		for n := uint64(1); n <= 2; n++ {
+			if err := b.Put(append(slices.Clone(k[:8]), u64(n)...), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	batch(time.Now().Add(-2*time.Hour), 3, 4)
+	batch(time.Now(), 5)
+	db.View(func(tx *bolt.Tx) error {
+		if n := tx.Bucket(bucketByTime).Stats().KeyN; n != 4 {
+			t.Errorf("%d entries by time, want 4: the older log's 2, and one a batch", n)
+		}
+		return nil
+	})
 	l.prune()
 	if l.Records() != 1 {
 		t.Fatalf("%d records after the prune, want 1", l.Records())
@@ -158,12 +188,20 @@ func TestLogger_Prune(t *testing.T) {
 	if v, err := l.Verify(); err != nil || !v.OK() || v.Records != 1 {
 		t.Fatalf("verify after the prune: %+v, %v", v, err)
 	}
-	for i, want := range []int{0, 0, 1} {
+	db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketIDs, bucketBySource, bucketBySubject, bucketByTime} {
+			if n := tx.Bucket(b).Stats().KeyN; n != 1 {
+				t.Errorf("%d entries in %s after the prune, want the kept record's 1", n, b)
+			}
+		}
+		return nil
+	})
+	for i, want := range []int{0, 0, 0, 0, 1} {
 		if recs, err := l.Query(api.AuditFilter{ID: ids[i]}); err != nil || len(recs) != want {
 			t.Fatalf("event %d by id: %d records, %v; want %d", i+1, len(recs), err, want)
 		}
 	}
-	if recs, err := l.Query(api.AuditFilter{Source: "m"}); err != nil || len(recs) != 1 || recs[0].EventID != ids[2] {
+	if recs, err := l.Query(api.AuditFilter{Source: "m"}); err != nil || len(recs) != 1 || recs[0].EventID != ids[4] {
 		t.Fatalf("by source after the prune: %+v, %v", recs, err)
 	}
 }
