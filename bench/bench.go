@@ -24,6 +24,7 @@ const (
 	DefaultCalls    = 5000
 	DefaultModules  = 1000
 	DefaultConnects = 200
+	DefaultRounds   = 3
 )
 
 // The targets of issue 4, printed beside the measured ratios; nothing enforces them.
@@ -137,6 +138,9 @@ func runID() string {
 type Config struct {
 	// Events is the number of events of the emit→on measurement, on each side.
 	Events int
+	// Rounds is how many times emit→on compares the mesh with the signed floor, one at a
+	// time and pipelined (EmitOn); zero means 1.
+	Rounds int
 	// Calls is the number of tool calls, on each side.
 	Calls int
 	// Modules is the number of modules registered before the connect measurement (≥ 2).
@@ -163,7 +167,7 @@ func Run(ctx context.Context, t Target, cfg Config) (Results, error) {
 	res := Results{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 	if cfg.Events > 0 {
 		t.log().Info("emit→on", "events", cfg.Events)
-		r, err := EmitOn(ctx, t, cfg.Events)
+		r, err := EmitOn(ctx, t, cfg.Events, cfg.Rounds)
 		if err != nil {
 			return res, fmt.Errorf("emit→on: %w", err)
 		}

@@ -347,7 +347,7 @@ func TestBench_Smoke(t *testing.T) {
 	target := MustOpenNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := bench.Run(ctx, target, bench.Config{Events: 200, Calls: 100, Modules: 12, Connects: 5})
+	res, err := bench.Run(ctx, target, bench.Config{Events: 200, Rounds: 2, Calls: 100, Modules: 12, Connects: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,6 +370,12 @@ func TestBench_Smoke(t *testing.T) {
 		}
 		if !(e.Ratio > 0) || !(e.SignedFloorRatio > 0) || !(e.PipelinedSignedFloorRatio > 0) {
 			t.Errorf("ratio %v, against the signed floor %v, pipelined %v: want all > 0", e.Ratio, e.SignedFloorRatio, e.PipelinedSignedFloorRatio)
+		}
+		if e.Rounds != 2 || len(e.SignedFloorRatios) != 2 || len(e.PipelinedSignedFloorRatios) != 2 {
+			t.Errorf("%d rounds, ratios %v and pipelined %v: want 2 of each", e.Rounds, e.SignedFloorRatios, e.PipelinedSignedFloorRatios)
+		}
+		if e.SignedFloorRatio != min(e.SignedFloorRatios[0], e.SignedFloorRatios[1]) {
+			t.Errorf("against the signed floor %v: want the lower middle of the rounds' %v", e.SignedFloorRatio, e.SignedFloorRatios)
 		}
 	})
 	t.Run("ToolCall", func(t *testing.T) {

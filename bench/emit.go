@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -52,47 +54,101 @@ type EmitOnResult struct {
 	// PipelinedSignedFloorRatio is Pipelined / RawAsyncSigned (target ≥ 1.0).
 	SignedFloorRatio          float64 `json:"signed_floor_ratio"`
 	PipelinedSignedFloorRatio float64 `json:"pipelined_signed_floor_ratio"`
+	// Rounds is how many times each comparison with the floor ran, the mesh's side and the
+	// floor's one after the other, in turn first; SignedFloorRatios and
+	// PipelinedSignedFloorRatios are every round's ratio, in the order run. Mesh and RawSigned
+	// (Pipelined and RawAsyncSigned) are the two sides of the round of the median ratio, and
+	// the ratios above are its.
+	Rounds                     int       `json:"rounds"`
+	SignedFloorRatios          []float64 `json:"signed_floor_ratios"`
+	PipelinedSignedFloorRatios []float64 `json:"pipelined_signed_floor_ratios"`
 	// P99Ratio is Mesh's p99 / Raw's, one at a time (issue 41's target ≤ 1.5).
 	P99Ratio float64 `json:"p99_ratio"`
 }
 
-// EmitOn measures n events on each side: raw JetStream first, then the mesh.
-func EmitOn(ctx context.Context, t Target, n int) (EmitOnResult, error) {
+// EmitOn measures n events on each side: bare raw JetStream one at a time first, then the
+// mesh against the signed floor one at a time, rounds times (pairs), then bare raw pipelined,
+// with and without a drained consumer, and last the mesh pipelined against the pipelined
+// floor, rounds times. The bare ratios are taken against the median rounds' mesh.
+func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) {
 	s, err := OpenEmitOn(ctx, t)
 	if err != nil {
 		return EmitOnResult{}, err
 	}
 	defer s.Close()
+	rounds = max(rounds, 1)
 	raw, err := s.Raw(ctx, n)
 	if err != nil {
 		return EmitOnResult{}, fmt.Errorf("raw JetStream: %w", err)
 	}
-	mesh, err := s.Mesh(ctx, n)
+	res := EmitOnResult{Events: n, PayloadBytes: PayloadSize, Raw: raw, Rounds: rounds}
+	one, err := pairs(ctx, rounds, "mesh", s.Mesh, "raw JetStream signed", s.RawSigned, n)
 	if err != nil {
-		return EmitOnResult{}, fmt.Errorf("mesh: %w", err)
+		return res, err
 	}
-	res := EmitOnResult{Events: n, PayloadBytes: PayloadSize, Mesh: mesh, Raw: raw, Ratio: ratio(mesh.PerSecond, raw.PerSecond)}
+	res.Mesh, res.RawSigned, res.SignedFloorRatio, res.SignedFloorRatios = one.median()
+	res.Ratio = ratio(res.Mesh.PerSecond, res.Raw.PerSecond)
+	res.P99Ratio = ratio(float64(res.Mesh.P99), float64(res.Raw.P99))
 	if res.RawAsync, err = s.RawAsync(ctx, n, false); err != nil {
 		return res, fmt.Errorf("raw JetStream pipelined: %w", err)
 	}
 	if res.RawAsyncAudited, err = s.RawAsync(ctx, n, true); err != nil {
 		return res, fmt.Errorf("raw JetStream pipelined and drained: %w", err)
 	}
-	if res.Pipelined, err = s.Pipelined(ctx, n); err != nil {
-		return res, fmt.Errorf("mesh pipelined: %w", err)
+	piped, err := pairs(ctx, rounds, "mesh pipelined", s.Pipelined, "raw JetStream pipelined and signed", s.RawAsyncSigned, n)
+	if err != nil {
+		return res, err
 	}
+	res.Pipelined, res.RawAsyncSigned, res.PipelinedSignedFloorRatio, res.PipelinedSignedFloorRatios = piped.median()
 	res.PipelinedRatio = ratio(res.Pipelined.PerSecond, res.RawAsync.PerSecond)
 	res.PipelinedAuditedRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncAudited.PerSecond)
-	if res.RawSigned, err = s.RawSigned(ctx, n); err != nil {
-		return res, fmt.Errorf("raw JetStream signed: %w", err)
-	}
-	if res.RawAsyncSigned, err = s.RawAsyncSigned(ctx, n); err != nil {
-		return res, fmt.Errorf("raw JetStream pipelined and signed: %w", err)
-	}
-	res.SignedFloorRatio = ratio(res.Mesh.PerSecond, res.RawSigned.PerSecond)
-	res.P99Ratio = ratio(float64(res.Mesh.P99), float64(res.Raw.P99))
-	res.PipelinedSignedFloorRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncSigned.PerSecond)
 	return res, nil
+}
+
+// round is one round of a comparison: the mesh's side and the floor's.
+type round struct{ mesh, floor Series }
+
+type rounds []round
+
+// pairs runs the mesh's side and the floor's n events each, rounds times, the first of the
+// two alternating: what one run leaves behind (the audit log's last batch, a collection)
+// falls on each side alike, and the first round, on a node that has stored no event yet,
+// is one of several.
+func pairs(ctx context.Context, n int, meshName string, mesh func(context.Context, int) (Series, error), floorName string, floor func(context.Context, int) (Series, error), events int) (rounds, error) {
+	out := make(rounds, n)
+	for i := range out {
+		measure := func(name string, side func(context.Context, int) (Series, error), into *Series) error {
+			var err error
+			if *into, err = side(ctx, events); err != nil {
+				return fmt.Errorf("%s, round %d of %d: %w", name, i+1, n, err)
+			}
+			return nil
+		}
+		first, second := func() error { return measure(meshName, mesh, &out[i].mesh) }, func() error { return measure(floorName, floor, &out[i].floor) }
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		if err := first(); err != nil {
+			return nil, err
+		}
+		if err := second(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// median returns the round of the median ratio (the lower of the two middle ones, for an
+// even count): its two sides and its ratio, and every round's ratio in the order run.
+func (rs rounds) median() (mesh, floor Series, r float64, all []float64) {
+	order := make([]int, len(rs))
+	for i, x := range rs {
+		order[i] = i
+		all = append(all, ratio(x.mesh.PerSecond, x.floor.PerSecond))
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(all[a], all[b]) })
+	m := order[(len(order)-1)/2]
+	return rs[m].mesh, rs[m].floor, all[m], all
 }
 
 // EmitOnSession holds both sides of the emit→on measurement ready, so that runs of it

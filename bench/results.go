@@ -47,6 +47,10 @@ func (r Results) WriteTo(w io.Writer) (int64, error) {
 			fmt.Fprintf(tw, "  one at a time, latency p99\t%s\t%s\t%.2f×\t\t\n", dur(e.Mesh.P99), dur(e.RawSigned.P99), ratio(float64(e.Mesh.P99), float64(e.RawSigned.P99)))
 			fmt.Fprintf(tw, "  pipelined\t%s\t%s\t%.2f×\t%s\t\n", perSecond(e.Pipelined.PerSecond, "ev/s"), perSecond(e.RawAsyncSigned.PerSecond, "ev/s"),
 				e.PipelinedSignedFloorRatio, verdict(e.PipelinedSignedFloorRatio >= TargetPipelinedSignedFloorRatio, fmt.Sprintf("≥ %.2f×", TargetPipelinedSignedFloorRatio)))
+			if e.Rounds > 1 {
+				fmt.Fprintf(tw, "  %d rounds, one at a time (the median's above)\t\t\t%s\t\t\n", e.Rounds, ratios(e.SignedFloorRatios))
+				fmt.Fprintf(tw, "  %d rounds, pipelined (the median's above)\t\t\t%s\t\t\n", e.Rounds, ratios(e.PipelinedSignedFloorRatios))
+			}
 		}
 	}
 	if c := r.ToolCall; c != nil {
@@ -133,4 +137,13 @@ func perSecond(v float64, unit string) string {
 		b.WriteRune(c)
 	}
 	return b.String() + " " + unit
+}
+
+// ratios prints each round's ratio, in the order run.
+func ratios(rs []float64) string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(out, " ")
 }

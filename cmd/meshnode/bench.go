@@ -48,7 +48,10 @@ remove the node and its data. A running node is not touched.
              cryptography by hand with the mesh's own Sign and Verify (the publisher
              signs each event, the consumer verifies each before its ack, a second
              durable consumer drained alongside verifies each too), one at a time and
-             pipelined: targets ≥ 0.85× and ≥ 1.0× (issue 41).
+             pipelined: targets ≥ 0.85× and ≥ 1.0× (issue 41). Each comparison with the
+             floor runs --rounds times, mesh and floor in turn first (the first round is
+             the node's first events); the round of the median ratio is printed, and
+             every round's ratio.
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
              subscriber on a plain subject: p50/p99; target mesh ≤ 1.1× raw.
   connect    register --modules generated modules (one in ten declaring a seat), 8 at a
@@ -81,6 +84,8 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 			switch {
 			case cfg.Events < 0 || cfg.Calls < 0 || cfg.Modules < 0:
 				return usagef("--events, --calls and --modules count things: 0 or more")
+			case cfg.Rounds < 1:
+				return usagef("--rounds %d: emit→on's comparison with the signed floor runs at least once", cfg.Rounds)
 			case cfg.Modules == 1:
 				return usagef("--modules 1: the connect measurement needs at least 2 modules (or 0 to skip it)")
 			case cfg.Events == 0 && cfg.Calls == 0 && cfg.Modules == 0:
@@ -103,6 +108,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Events, "events", bench.DefaultEvents, "events sent on each side of emit→on (0: skip)")
+	f.IntVar(&cfg.Rounds, "rounds", bench.DefaultRounds, "times emit→on compares the mesh with the signed floor, one at a time and pipelined; the median round's figures are printed")
 	f.IntVar(&cfg.Calls, "calls", bench.DefaultCalls, "tool calls made on each side (0: skip)")
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
 	f.StringVar(&prof.cpu, "cpuprofile", "", "write a CPU profile of the run to this file")

@@ -76,6 +76,7 @@ func TestBenchCmd_UsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--events", "-1"},
 		{"--cpus", "-1"},
+		{"--rounds", "0"},
 		{"--modules", "1"},
 		{"--events", "0", "--calls", "0", "--modules", "0"},
 		{"extra"},
