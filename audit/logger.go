@@ -401,7 +401,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		counting := map[uint64]bool{}
 		recs, ids := tx.Bucket(bucketRecords), tx.Bucket(bucketIDs)
 		fill(tx)
-		first := h.N + 1 // the batch's first new record, if it has one
+		firstN := h.N + 1 // the batch's first new record, if it has one
 		for i, m := range msgs {
 			md := checked[i].md
 			if md.Sequence.Stream > lastSeq {
@@ -465,7 +465,7 @@ func (l *Logger) write(msgs []jetstream.Msg) ([]*jetstream.MsgMetadata, error) {
 		}
 		// One entry for the batch: its records were all received at now.
 		if added > 0 {
-			if err := tx.Bucket(bucketByTime).Put(append(u64(uint64(now.UnixNano())), u64(first)...), u64(h.N)); err != nil {
+			if err := indexByTime(tx, now, firstN, h.N); err != nil {
 				return err
 			}
 		}
@@ -527,8 +527,14 @@ func sameEvent(a, b api.AuditRecord) bool {
 	return a.Subject == b.Subject && string(a.Body) == string(b.Body) && sig(a) == sig(b)
 }
 
+// indexByTime puts the records first to last, received at the same time, in the index by
+// time: one entry.
+func indexByTime(tx *bolt.Tx, received time.Time, first, last uint64) error {
+	return tx.Bucket(bucketByTime).Put(append(u64(uint64(received.UnixNano())), u64(first)...), u64(last))
+}
+
 // index puts r in the indexes by source and by subject. The index by time takes a batch in
-// one entry (write).
+// one entry (indexByTime).
 func index(tx *bolt.Tx, r api.AuditRecord) error {
 	key := u64(r.N)
 	if err := tx.Bucket(bucketBySource).Put(append(sourcePrefix(r.Source), key...), nil); err != nil {
@@ -769,31 +775,60 @@ func (l *Logger) prune() {
 	}
 	cutoff := time.Now().Add(-l.retention)
 	var dropped uint64
+	var odd [][]byte
 	err := l.db.Update(func(tx *bolt.Tx) error {
-		// Collect first: deleting under a bbolt cursor can skip the next key.
-		var old, last [][]byte
+		fill(tx)
+		// The entries by time received before the cutoff say the newest record to drop
+		// (upTo), and every record up to it goes: the chain stays whole from the first one
+		// kept, even where one received earlier has a later time (the clock stepped back) or
+		// has no entry.
+		headN := readHead(tx).N
+		var old [][]byte
+		var upTo uint64
 		c := tx.Bucket(bucketByTime).Cursor()
-		for k, v := c.First(); len(k) == 16; k, v = c.Next() {
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 16 {
+				continue
+			}
 			if int64(binary.BigEndian.Uint64(k[:8])) >= cutoff.UnixNano() {
 				break
 			}
-			old, last = append(old, k), append(last, v)
+			first, last := binary.BigEndian.Uint64(k[8:]), binary.BigEndian.Uint64(k[8:])
+			switch {
+			case len(v) == 8 && binary.BigEndian.Uint64(v) >= first && binary.BigEndian.Uint64(v) <= headN:
+				last = binary.BigEndian.Uint64(v) // a batch's
+			case len(v) != 0: // not one this log writes: its first record alone
+				odd = append(odd, slices.Clone(k))
+			} // empty: an older log's entry, a record's alone
+			upTo = max(upTo, min(last, headN))
+			old = append(old, k)
 		}
-		fill(tx)
-		for i, k := range old {
-			from, to := binary.BigEndian.Uint64(k[8:]), binary.BigEndian.Uint64(k[8:])
-			if len(last[i]) == 8 { // a batch's entry; an older log's has a record alone
-				to = binary.BigEndian.Uint64(last[i])
+		// Collect first: deleting under a bbolt cursor can skip the next key.
+		var ns [][]byte
+		rc := tx.Bucket(bucketRecords).Cursor()
+		for k, _ := rc.First(); len(k) == 8 && binary.BigEndian.Uint64(k) <= upTo; k, _ = rc.Next() {
+			ns = append(ns, k)
+		}
+		var anchor *api.AuditRecord
+		for _, n := range ns {
+			r, err := dropRecord(tx, n)
+			if err != nil {
+				return err
 			}
-			for n := from; n <= to && n >= from; n++ {
-				had, err := dropRecord(tx, u64(n))
-				if err != nil {
-					return err
-				}
-				if had {
-					dropped++
-				}
+			if r != nil {
+				anchor = r
 			}
+			dropped++
+		}
+		if anchor != nil {
+			// The chain now starts after this record: verify checks the first kept record
+			// against it.
+			b, _ := json.Marshal(head{N: anchor.N, Hash: anchor.Hash})
+			if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
+				return err
+			}
+		}
+		for _, k := range old {
 			if err := tx.Bucket(bucketByTime).Delete(k); err != nil {
 				return err
 			}
@@ -804,6 +839,9 @@ func (l *Logger) prune() {
 		l.log.Error("prune audit log", "err", err)
 		return
 	}
+	for _, k := range odd {
+		l.log.Warn("audit log: an entry of its index by time that it does not write; its first record was pruned, the rest left", "key", fmt.Sprintf("%x", k))
+	}
 	if dropped > 0 {
 		l.records.Add(^(dropped - 1))
 		l.changes.Add(1)
@@ -811,28 +849,20 @@ func (l *Logger) prune() {
 	}
 }
 
-// dropRecord deletes record n and its index entries but the one by time, and reports
-// whether there was one.
-func dropRecord(tx *bolt.Tx, n []byte) (bool, error) {
+// dropRecord deletes record n and its index entries but the one by time, and returns it
+// (nil when it cannot be read).
+func dropRecord(tx *bolt.Tx, n []byte) (*api.AuditRecord, error) {
 	recs := tx.Bucket(bucketRecords)
-	v := recs.Get(n)
-	if v == nil {
-		return false, nil
+	r, _, err := decodeRecord(recs.Get(n))
+	if err != nil {
+		return nil, recs.Delete(n)
 	}
-	if r, _, err := decodeRecord(v); err == nil {
-		// The chain now starts after this record: verify checks the first kept record
-		// against it.
-		b, _ := json.Marshal(head{N: r.N, Hash: r.Hash})
-		if err := tx.Bucket(bucketMeta).Put([]byte("anchor"), b); err != nil {
-			return false, err
-		}
-		if ids := tx.Bucket(bucketIDs); bytes.Equal(ids.Get(keyPart(r.EventID)), n) {
-			ids.Delete(keyPart(r.EventID)) // not a later event's that reused the id
-		}
-		tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
-		tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+	if ids := tx.Bucket(bucketIDs); bytes.Equal(ids.Get(keyPart(r.EventID)), n) {
+		ids.Delete(keyPart(r.EventID)) // not a later event's that reused the id
 	}
-	return true, recs.Delete(n)
+	tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
+	tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+	return &r, recs.Delete(n)
 }
 
 func u64(n uint64) []byte {

@@ -206,6 +206,54 @@ func TestLogger_Prune(t *testing.T) {
 	}
 }
 
+// TestLogger_PruneKeepsTheChainWhole: the newest record an entry by time older than the
+// retention names takes every record before it, one received under a clock that stepped back
+// too, so the chain verifies from the first kept; an entry this log does not write (its last
+// record past the head) prunes its first record alone, never the records after it.
+func TestLogger_PruneKeepsTheChainWhole(t *testing.T) {
+	l, db, kp := testLogger(t, filepath.Join(t.TempDir(), "a.db"), nil)
+	l.retention = time.Hour
+	subject := "mesh.mod.m.event.tick"
+	seq := uint64(0)
+	batch := func(at time.Time, n int) {
+		l.clock = func() time.Time { return at }
+		var msgs []jetstream.Msg
+		for range n {
+			seq++
+			h, err := envelope.Stamp(kp, "m", "n", subject, []byte("{}"), envelope.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, delivered{subject: subject, header: h, data: []byte("{}"), seq: seq})
+		}
+		if _, err := l.write(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	batch(now.Add(-30*time.Minute), 1) // 1: within the retention, but received before 2
+	batch(now.Add(-2*time.Hour), 2)    // 2, 3: the clock stepped back
+	batch(now.Add(-3*time.Hour), 1)    // 4
+	batch(now.Add(-90*time.Minute), 2) // 5, 6
+	batch(now, 1)                      // 7
+	l.prune()
+	if v, err := l.Verify(); err != nil || !v.OK() || v.Records != 1 || l.Records() != 1 {
+		t.Fatalf("after the prune: verify %+v, %v, %d records; want record 7 alone, intact", v, err, l.Records())
+	}
+
+	// An entry naming records past the head: its first goes, not the rest.
+	batch(now, 3) // 8, 9, 10
+	if err := db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketByTime).Put(append(u64(uint64(now.Add(-2*time.Hour).UnixNano())), u64(8)...), u64(1<<40))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l.prune()
+	if v, err := l.Verify(); err != nil || !v.OK() || v.Records != 2 || l.Records() != 2 {
+		t.Fatalf("after an odd entry's prune: verify %+v, %v, %d records; want records 9 and 10, intact", v, err, l.Records())
+	}
+}
+
 // TestLogger_OneVerdict: a genuine event, an unsigned one, one signed by another key and one
 // whose source does not own its subject are judged alike by verify, by query's answer
 // (NotGenuine, what `audit query`'s CHECK column and the dashboard print) and by the

@@ -52,6 +52,9 @@ func BeginRestored(db *bolt.DB, key envelope.Signer, r api.AuditRestored) error 
 		if err := index(tx, rec); err != nil {
 			return err
 		}
+		if err := indexByTime(tx, rec.Received, 1, 1); err != nil {
+			return err
+		}
 		head, _ := json.Marshal(head{N: 1, Hash: rec.Hash})
 		return tx.Bucket(bucketMeta).Put([]byte("head"), head)
 	})
