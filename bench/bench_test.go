@@ -374,8 +374,8 @@ func TestBench_Smoke(t *testing.T) {
 		if e.Rounds != 2 || len(e.SignedFloorRatios) != 2 || len(e.PipelinedSignedFloorRatios) != 2 {
 			t.Errorf("%d rounds, ratios %v and pipelined %v: want 2 of each", e.Rounds, e.SignedFloorRatios, e.PipelinedSignedFloorRatios)
 		}
-		if e.SignedFloorRatio != min(e.SignedFloorRatios[0], e.SignedFloorRatios[1]) {
-			t.Errorf("against the signed floor %v: want the lower middle of the rounds' %v", e.SignedFloorRatio, e.SignedFloorRatios)
+		if e.SignedFloorRatio != min(e.SignedFloorRatios[0], e.SignedFloorRatios[1]) || len(e.P99Ratios) != 2 || e.P99Ratio != min(e.P99Ratios[0], e.P99Ratios[1]) {
+			t.Errorf("against the signed floor %v, p99 against raw's %v: want the lower middles of the rounds' %v, %v", e.SignedFloorRatio, e.P99Ratio, e.SignedFloorRatios, e.P99Ratios)
 		}
 	})
 	t.Run("ToolCall", func(t *testing.T) {

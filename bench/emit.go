@@ -55,13 +55,15 @@ type EmitOnResult struct {
 	SignedFloorRatio          float64 `json:"signed_floor_ratio"`
 	PipelinedSignedFloorRatio float64 `json:"pipelined_signed_floor_ratio"`
 	// Rounds is how many times each comparison with the floor ran, the mesh's side and the
-	// floor's one after the other, in turn first; SignedFloorRatios and
-	// PipelinedSignedFloorRatios are every round's ratio, in the order run. Mesh and RawSigned
-	// (Pipelined and RawAsyncSigned) are the two sides of the round of the median ratio, and
-	// the ratios above are its.
+	// floor's one after the other, in turn first (EmitOn). Mesh, RawSigned, Pipelined and
+	// RawAsyncSigned are each the medians of their rounds' figures; SignedFloorRatio and
+	// PipelinedSignedFloorRatio the medians of SignedFloorRatios and
+	// PipelinedSignedFloorRatios, every round's ratio in the order run; P99Ratios every
+	// round's one-at-a-time p99 against Raw's (P99Ratio is their median).
 	Rounds                     int       `json:"rounds"`
 	SignedFloorRatios          []float64 `json:"signed_floor_ratios"`
 	PipelinedSignedFloorRatios []float64 `json:"pipelined_signed_floor_ratios"`
+	P99Ratios                  []float64 `json:"p99_ratios"`
 	// P99Ratio is Mesh's p99 / Raw's, one at a time (issue 41's target ≤ 1.5).
 	P99Ratio float64 `json:"p99_ratio"`
 }
@@ -69,7 +71,9 @@ type EmitOnResult struct {
 // EmitOn measures n events on each side: bare raw JetStream one at a time first, then the
 // mesh against the signed floor one at a time, rounds times (pairs), then bare raw pipelined,
 // with and without a drained consumer, and last the mesh pipelined against the pipelined
-// floor, rounds times. The bare ratios are taken against the median rounds' mesh.
+// floor, rounds times. A side's figures are the medians of its rounds' (medianSeries); a
+// ratio with the floor is the median of the rounds' ratios, each round's two sides run back
+// to back; a ratio with bare raw, run once, is the mesh's median against it.
 func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) {
 	s, err := OpenEmitOn(ctx, t)
 	if err != nil {
@@ -86,9 +90,14 @@ func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) 
 	if err != nil {
 		return res, err
 	}
-	res.Mesh, res.RawSigned, res.SignedFloorRatio, res.SignedFloorRatios = one.median()
+	res.Mesh, res.RawSigned = medianSeries(one.meshes()), medianSeries(one.floors())
+	res.SignedFloorRatios = one.ratios()
+	res.SignedFloorRatio = median(res.SignedFloorRatios)
 	res.Ratio = ratio(res.Mesh.PerSecond, res.Raw.PerSecond)
 	res.P99Ratio = ratio(float64(res.Mesh.P99), float64(res.Raw.P99))
+	for _, m := range one.meshes() {
+		res.P99Ratios = append(res.P99Ratios, ratio(float64(m.P99), float64(res.Raw.P99)))
+	}
 	if res.RawAsync, err = s.RawAsync(ctx, n, false); err != nil {
 		return res, fmt.Errorf("raw JetStream pipelined: %w", err)
 	}
@@ -99,7 +108,9 @@ func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) 
 	if err != nil {
 		return res, err
 	}
-	res.Pipelined, res.RawAsyncSigned, res.PipelinedSignedFloorRatio, res.PipelinedSignedFloorRatios = piped.median()
+	res.Pipelined, res.RawAsyncSigned = medianSeries(piped.meshes()), medianSeries(piped.floors())
+	res.PipelinedSignedFloorRatios = piped.ratios()
+	res.PipelinedSignedFloorRatio = median(res.PipelinedSignedFloorRatios)
 	res.PipelinedRatio = ratio(res.Pipelined.PerSecond, res.RawAsync.PerSecond)
 	res.PipelinedAuditedRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncAudited.PerSecond)
 	return res, nil
@@ -110,10 +121,10 @@ type round struct{ mesh, floor Series }
 
 type rounds []round
 
-// pairs runs the mesh's side and the floor's n events each, rounds times, the first of the
-// two alternating: what one run leaves behind (the audit log's last batch, a collection)
-// falls on each side alike, and the first round, on a node that has stored no event yet,
-// is one of several.
+// pairs runs the mesh's side and the floor's events events each, n rounds, the first of
+// the two alternating: what one run leaves behind (the audit log's last batch, a collection)
+// falls on each side alike, and the first round, on a node that has stored no event yet, is
+// one of several.
 func pairs(ctx context.Context, n int, meshName string, mesh func(context.Context, int) (Series, error), floorName string, floor func(context.Context, int) (Series, error), events int) (rounds, error) {
 	out := make(rounds, n)
 	for i := range out {
@@ -138,17 +149,62 @@ func pairs(ctx context.Context, n int, meshName string, mesh func(context.Contex
 	return out, nil
 }
 
-// median returns the round of the median ratio (the lower of the two middle ones, for an
-// even count): its two sides and its ratio, and every round's ratio in the order run.
-func (rs rounds) median() (mesh, floor Series, r float64, all []float64) {
-	order := make([]int, len(rs))
-	for i, x := range rs {
-		order[i] = i
-		all = append(all, ratio(x.mesh.PerSecond, x.floor.PerSecond))
+func (rs rounds) meshes() []Series {
+	out := make([]Series, len(rs))
+	for i, r := range rs {
+		out[i] = r.mesh
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(all[a], all[b]) })
-	m := order[(len(order)-1)/2]
-	return rs[m].mesh, rs[m].floor, all[m], all
+	return out
+}
+
+func (rs rounds) floors() []Series {
+	out := make([]Series, len(rs))
+	for i, r := range rs {
+		out[i] = r.floor
+	}
+	return out
+}
+
+// ratios are each round's mesh/floor throughput, in the order run.
+func (rs rounds) ratios() []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = ratio(r.mesh.PerSecond, r.floor.PerSecond)
+	}
+	return out
+}
+
+// median is the middle of xs (the lower of the two middle ones for an even count).
+func median[T cmp.Ordered](xs []T) T {
+	sorted := slices.Clone(xs)
+	slices.Sort(sorted)
+	return sorted[(len(sorted)-1)/2]
+}
+
+// medianSeries is one side's rounds as one series: each figure the median of the rounds'
+// (so not one round's: its rate and its p99 may come from different rounds), Count one
+// round's, Duplicates all of theirs.
+func medianSeries(ss []Series) Series {
+	pick := func(f func(Series) time.Duration) time.Duration {
+		xs := make([]time.Duration, len(ss))
+		for i, s := range ss {
+			xs[i] = f(s)
+		}
+		return median(xs)
+	}
+	rates := make([]float64, len(ss))
+	out := Series{Count: ss[0].Count}
+	for i, s := range ss {
+		rates[i] = s.PerSecond
+		out.Duplicates += s.Duplicates
+	}
+	out.PerSecond = median(rates)
+	out.Elapsed = pick(func(s Series) time.Duration { return s.Elapsed })
+	out.P50 = pick(func(s Series) time.Duration { return s.P50 })
+	out.P99 = pick(func(s Series) time.Duration { return s.P99 })
+	out.Mean = pick(func(s Series) time.Duration { return s.Mean })
+	out.Max = pick(func(s Series) time.Duration { return s.Max })
+	return out
 }
 
 // EmitOnSession holds both sides of the emit→on measurement ready, so that runs of it

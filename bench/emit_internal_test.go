@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// TestPairs: the mesh's side and the floor's take turns going first, round after round, and
-// the figures are the round of the median ratio (the lower middle for an even count), with
-// every round's ratio kept in the order run; a side's failure names it and its round.
+// TestPairs: the mesh's side and the floor's take turns going first, round after round; the
+// ratio is the median of the rounds' (the lower middle for an even count), every round's kept
+// in the order run; a side's failure names it and its round.
 func TestPairs(t *testing.T) {
 	for _, tc := range []struct {
 		mesh, floor []float64 // events/s, a round each
@@ -44,10 +44,7 @@ func TestPairs(t *testing.T) {
 		if got := strings.Join(order, " "); got != tc.wantOrder {
 			t.Errorf("%v: ran %q, want %q", tc.mesh, got, tc.wantOrder)
 		}
-		mesh, floor, r, all := rs.median()
-		if mesh.PerSecond != tc.mesh[tc.wantRound] || floor.PerSecond != tc.floor[tc.wantRound] || r != tc.mesh[tc.wantRound]/tc.floor[tc.wantRound] {
-			t.Errorf("%v: median round %v against %v (%v), want round %d", tc.mesh, mesh.PerSecond, floor.PerSecond, r, tc.wantRound)
-		}
+		all := rs.ratios()
 		want := make([]float64, len(tc.mesh))
 		for i := range want {
 			want[i] = tc.mesh[i] / tc.floor[i]
@@ -55,11 +52,27 @@ func TestPairs(t *testing.T) {
 		if !slices.Equal(all, want) {
 			t.Errorf("rounds' ratios %v, want %v", all, want)
 		}
+		if r := median(all); r != want[tc.wantRound] {
+			t.Errorf("%v: median ratio %v, want round %d's, %v", tc.mesh, r, tc.wantRound, want[tc.wantRound])
+		}
 	}
 
 	failing := func(context.Context, int) (Series, error) { return Series{}, errors.New("stalled") }
 	ok := func(_ context.Context, n int) (Series, error) { return Series{Count: n, PerSecond: 1}, nil }
 	if _, err := pairs(context.Background(), 3, "mesh", ok, "floor", failing, 1); err == nil || !strings.Contains(err.Error(), "floor, round 1 of 3: stalled") {
 		t.Errorf("a failing floor: %v, want it named with its round", err)
+	}
+}
+
+// TestMedianSeries: each figure of a side's rounds is its own median, wherever the others
+// come from; duplicates add up.
+func TestMedianSeries(t *testing.T) {
+	got := medianSeries([]Series{
+		{Count: 5, PerSecond: 300, P50: 1, P99: 90, Duplicates: 1},
+		{Count: 5, PerSecond: 100, P50: 3, P99: 10},
+		{Count: 5, PerSecond: 200, P50: 2, P99: 50, Duplicates: 2},
+	})
+	if want := (Series{Count: 5, PerSecond: 200, P50: 2, P99: 50, Duplicates: 3}); got != want {
+		t.Errorf("got %+v, want %+v", got, want)
 	}
 }

@@ -23,6 +23,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// maxRounds bounds --rounds: a session's runs are told apart by a count modulo 256 (bench's
+// run ids), and 20 rounds of 20,000 events each way are minutes already.
+const maxRounds = 20
+
 func newBenchCmd() *cobra.Command {
 	var cfg bench.Config
 	var asJSON, nodeProcess bool
@@ -44,14 +48,15 @@ remove the node and its data. A running node is not touched.
              Then pipelined: sdk EmitAsync + Flush against raw async publishes (up to
              1,024 unanswered on both sides), bare and with one more durable consumer
              drained alongside (what an audit log costs the broker): targets ≥ 0.65× and
-             ≥ 0.8×. Last, against the signed floor: raw JetStream doing the seed's
+             ≥ 0.8×. And against the signed floor: raw JetStream doing the seed's
              cryptography by hand with the mesh's own Sign and Verify (the publisher
              signs each event, the consumer verifies each before its ack, a second
              durable consumer drained alongside verifies each too), one at a time and
-             pipelined: targets ≥ 0.85× and ≥ 1.0× (issue 41). Each comparison with the
-             floor runs --rounds times, mesh and floor in turn first (the first round is
-             the node's first events); the round of the median ratio is printed, and
-             every round's ratio.
+             pipelined: targets ≥ 0.85× and ≥ 1.0× (issue 41). The mesh runs --rounds
+             times each way, each round back to back with the floor, the two in turn
+             first (the first round is the node's first events): every figure printed is
+             the median of the rounds', a ratio with the floor the median of the rounds'
+             ratios, and each round's ratios are printed too.
   tool call  --calls round trips to a module's tool (sdk Serve), against a plain
              subscriber on a plain subject: p50/p99; target mesh ≤ 1.1× raw.
   connect    register --modules generated modules (one in ten declaring a seat), 8 at a
@@ -84,8 +89,8 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 			switch {
 			case cfg.Events < 0 || cfg.Calls < 0 || cfg.Modules < 0:
 				return usagef("--events, --calls and --modules count things: 0 or more")
-			case cfg.Rounds < 1:
-				return usagef("--rounds %d: emit→on's comparison with the signed floor runs at least once", cfg.Rounds)
+			case cfg.Rounds < 1 || cfg.Rounds > maxRounds:
+				return usagef("--rounds %d: emit→on's comparisons with the signed floor run 1 to %d times", cfg.Rounds, maxRounds)
 			case cfg.Modules == 1:
 				return usagef("--modules 1: the connect measurement needs at least 2 modules (or 0 to skip it)")
 			case cfg.Events == 0 && cfg.Calls == 0 && cfg.Modules == 0:
@@ -108,7 +113,7 @@ a terminal (piped or redirected, stderr keeps only warnings and errors).`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Events, "events", bench.DefaultEvents, "events sent on each side of emit→on (0: skip)")
-	f.IntVar(&cfg.Rounds, "rounds", bench.DefaultRounds, "times emit→on compares the mesh with the signed floor, one at a time and pipelined; the median round's figures are printed")
+	f.IntVar(&cfg.Rounds, "rounds", bench.DefaultRounds, "rounds of emit→on's mesh and signed floor, one at a time and pipelined, 1 to 20: the medians are printed")
 	f.IntVar(&cfg.Calls, "calls", bench.DefaultCalls, "tool calls made on each side (0: skip)")
 	f.IntVar(&cfg.Modules, "modules", bench.DefaultModules, "modules registered before timing connects (0: skip)")
 	f.StringVar(&prof.cpu, "cpuprofile", "", "write a CPU profile of the run to this file")

@@ -77,6 +77,7 @@ func TestBenchCmd_UsageErrors(t *testing.T) {
 		{"--events", "-1"},
 		{"--cpus", "-1"},
 		{"--rounds", "0"},
+		{"--rounds", "21"},
 		{"--modules", "1"},
 		{"--events", "0", "--calls", "0", "--modules", "0"},
 		{"extra"},
