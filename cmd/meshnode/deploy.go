@@ -186,7 +186,8 @@ declares from the vault, and supervises the processes (MESH_URL, MESH_CREDS, MES
 MESH_SECRETS in their environment). ` + "`meshnode ps`" + ` shows what runs where.
 
 With --wait, deploy stays until every instance it declared runs (progress on a terminal), and
-fails at once if one cannot be prepared or crash-loops, with its reason.`,
+fails with its reason if one crash-loops, or cannot be prepared for 15 s (its node tries again
+meanwhile: a stream electing a new leader is no failure).`,
 		Example: `  meshnode deploy shop --version 1.4.0 --all
   meshnode deploy worker --version 2 --nodes alpha,beta --instances 2 --env LOG_LEVEL=debug -- --queue jobs
   meshnode deploy shop --version 1.4.1 --all --wait 2m`,
@@ -246,10 +247,36 @@ fails at once if one cannot be prepared or crash-loops, with its reason.`,
 // counts: longer than a crashing process runs before its first restart's back-off (1 s).
 const waitSteady = 1500 * time.Millisecond
 
+// failGrace is how long deploy --wait lets an instance stay failed (not prepared: its node
+// tries again after a back-off of 1, 2, 4 s…) before it gives up on it. An artifact fetched
+// while the mesh's streams elect new leaders (two servers just lost) fails once or twice
+// and then succeeds: CI's fault beds gave up at the first failure, within 10 s of the loss.
+const failGrace = 15 * time.Second
+
+// failedSince is when each node/instance was first seen failed, since it was last seen
+// otherwise.
+type failedSince map[string]time.Time
+
+// over records whether key is failed at now, and reports whether it has stayed so for
+// failGrace.
+func (f failedSince) over(key string, failed bool, now time.Time) bool {
+	if !failed {
+		delete(f, key)
+		return false
+	}
+	since, ok := f[key]
+	if !ok {
+		f[key] = now
+		return false
+	}
+	return now.Sub(since) >= failGrace
+}
+
 // awaitRunning asks ps until every instance reply declared runs at the declared revision,
 // at most within: done with a line per node (with --json nothing more: exit 0 says it);
-// an error at once, with its reason, for an instance that failed to be prepared or
-// crash-loops. Progress goes to a terminal only.
+// an error, with its reason, at once for an instance that crash-loops, and for one that
+// could not be prepared once it has stayed so for failGrace (its node tries again).
+// Progress goes to a terminal only.
 func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duration, asJSON bool) error {
 	want := map[string]uint64{} // node → the declaration's revision
 	for _, d := range reply.Declared {
@@ -288,6 +315,7 @@ func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duratio
 		since         time.Time
 	}
 	steady := map[string]seen{} // node/instance → the process first seen running
+	failing := failedSince{}
 	return withBusFor(cmd, 0, func(ctx context.Context, nc *nats.Conn) error {
 		var last error
 		for {
@@ -319,8 +347,11 @@ func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duratio
 					} else {
 						state = fmt.Sprintf("running for under %s (restarts %d)", waitSteady, p.Restarts)
 					}
-				case host.StateFailed, host.StateCrashLooping:
+				case host.StateCrashLooping:
 					return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
+				}
+				if key := fmt.Sprintf("%s/%d", p.Node, p.Instance); failing.over(key, p.State == host.StateFailed, time.Now()) {
+					return fmt.Errorf("%s on %s (instance %d) has been %s for %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, failGrace, p.Reason, p.Module)
 				}
 				states[p.Node] = append(states[p.Node], fmt.Sprintf("instance %d: %s", p.Instance, state))
 			}
