@@ -389,8 +389,14 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 	r := meshnode(t, nil, "deploy", "runner", "--version", "1", "--nodes", through.name, "--wait", "25s", "--data-dir", through.dir, "--creds", b.op)
 	if r.code != 0 || !strings.Contains(r.stdout, through.name+": running (1 of 1)") {
 		ps := meshnode(t, nil, "ps", "--json", "--data-dir", through.dir, "--creds", b.op)
-		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s\n%s's log ends:\n%s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr,
-			through.name, hostLog(through.p.stderr.String(), 40))
+		// Where the controller's answer went (run 32: none within 30 s, from a controller
+		// that had answered a registration seconds before), on whichever survivor holds it.
+		var controller []string
+		for _, n := range survivors {
+			controller = append(controller, fmt.Sprintf("%s's controller and seats say:\n%s", n.name, componentLog(n.p.stderr.String(), 25, "component=controller", "component=seats")))
+		}
+		t.Fatalf("round %d: deploy runner onto %s: exit %d %s %s\nps then: %s %s\n%s's log ends:\n%s\n%s", b.round, through.name, r.code, r.stdout, r.stderr, ps.stdout, ps.stderr,
+			through.name, hostLog(through.p.stderr.String(), 40), strings.Join(controller, "\n"))
 	}
 	if took := time.Since(mark); took > 5*time.Second {
 		t.Logf("round %d: the deploy onto %s, asked at %s, took %s; its host said:\n%s", b.round, through.name, mark.UTC().Format(time.RFC3339Nano),
@@ -546,6 +552,17 @@ func (b *faultBed) clientsBack() error {
 
 // hostLog is the last n lines of a node's log about its declaration (its host's, at info, the
 // level the bed's nodes log at).
+// componentLog is the last n lines of a node's log from any of components.
+func componentLog(log string, n int, components ...string) string {
+	var lines []string
+	for line := range strings.Lines(log) {
+		if slices.ContainsFunc(components, func(c string) bool { return strings.Contains(line, c) }) {
+			lines = append(lines, strings.TrimRight(line, "\n"))
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
 func hostLog(log string, n int) string {
 	var lines []string
 	for line := range strings.Lines(log) {
