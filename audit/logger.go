@@ -536,11 +536,16 @@ func indexByTime(tx *bolt.Tx, received time.Time, first, last uint64) error {
 // index puts r in the indexes by source and by subject. The index by time takes a batch in
 // one entry (indexByTime).
 func index(tx *bolt.Tx, r api.AuditRecord) error {
-	key := u64(r.N)
-	if err := tx.Bucket(bucketBySource).Put(append(sourcePrefix(r.Source), key...), nil); err != nil {
+	bySource, bySubject := indexKeys(r, u64(r.N))
+	if err := tx.Bucket(bucketBySource).Put(bySource, nil); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketBySubject).Put(append([]byte(r.Subject+"\x00"), key...), nil)
+	return tx.Bucket(bucketBySubject).Put(bySubject, nil)
+}
+
+// indexKeys are r's keys, record n, in the indexes by source and by subject.
+func indexKeys(r api.AuditRecord, n []byte) (bySource, bySubject []byte) {
+	return append(sourcePrefix(r.Source), n...), append([]byte(r.Subject+"\x00"), n...)
 }
 
 // fill sets how full bbolt packs the pages of the buckets a batch writes. Records, and the
@@ -860,8 +865,9 @@ func dropRecord(tx *bolt.Tx, n []byte) (*api.AuditRecord, error) {
 	if ids := tx.Bucket(bucketIDs); bytes.Equal(ids.Get(keyPart(r.EventID)), n) {
 		ids.Delete(keyPart(r.EventID)) // not a later event's that reused the id
 	}
-	tx.Bucket(bucketBySource).Delete(append(sourcePrefix(r.Source), n...))
-	tx.Bucket(bucketBySubject).Delete(append([]byte(r.Subject+"\x00"), n...))
+	bySource, bySubject := indexKeys(r, n)
+	tx.Bucket(bucketBySource).Delete(bySource)
+	tx.Bucket(bucketBySubject).Delete(bySubject)
 	return &r, recs.Delete(n)
 }
 
