@@ -90,13 +90,11 @@ func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) 
 	if err != nil {
 		return res, err
 	}
-	res.Mesh, res.RawSigned = medianSeries(one.meshes()), medianSeries(one.floors())
-	res.SignedFloorRatios = one.ratios()
-	res.SignedFloorRatio = median(res.SignedFloorRatios)
+	res.Mesh, res.RawSigned, res.SignedFloorRatio, res.SignedFloorRatios = one.summary()
 	res.Ratio = ratio(res.Mesh.PerSecond, res.Raw.PerSecond)
 	res.P99Ratio = ratio(float64(res.Mesh.P99), float64(res.Raw.P99))
-	for _, m := range one.meshes() {
-		res.P99Ratios = append(res.P99Ratios, ratio(float64(m.P99), float64(res.Raw.P99)))
+	for _, r := range one {
+		res.P99Ratios = append(res.P99Ratios, ratio(float64(r.mesh.P99), float64(res.Raw.P99)))
 	}
 	if res.RawAsync, err = s.RawAsync(ctx, n, false); err != nil {
 		return res, fmt.Errorf("raw JetStream pipelined: %w", err)
@@ -108,9 +106,7 @@ func EmitOn(ctx context.Context, t Target, n, rounds int) (EmitOnResult, error) 
 	if err != nil {
 		return res, err
 	}
-	res.Pipelined, res.RawAsyncSigned = medianSeries(piped.meshes()), medianSeries(piped.floors())
-	res.PipelinedSignedFloorRatios = piped.ratios()
-	res.PipelinedSignedFloorRatio = median(res.PipelinedSignedFloorRatios)
+	res.Pipelined, res.RawAsyncSigned, res.PipelinedSignedFloorRatio, res.PipelinedSignedFloorRatios = piped.summary()
 	res.PipelinedRatio = ratio(res.Pipelined.PerSecond, res.RawAsync.PerSecond)
 	res.PipelinedAuditedRatio = ratio(res.Pipelined.PerSecond, res.RawAsyncAudited.PerSecond)
 	return res, nil
@@ -149,29 +145,16 @@ func pairs(ctx context.Context, n int, meshName string, mesh func(context.Contex
 	return out, nil
 }
 
-func (rs rounds) meshes() []Series {
-	out := make([]Series, len(rs))
-	for i, r := range rs {
-		out[i] = r.mesh
+// summary is the rounds' medians: each side's (medianSeries), and the ratio of mesh to
+// floor, with every round's ratio in the order run.
+func (rs rounds) summary() (mesh, floor Series, r float64, ratios []float64) {
+	meshes, floors := make([]Series, len(rs)), make([]Series, len(rs))
+	ratios = make([]float64, len(rs))
+	for i, x := range rs {
+		meshes[i], floors[i] = x.mesh, x.floor
+		ratios[i] = ratio(x.mesh.PerSecond, x.floor.PerSecond)
 	}
-	return out
-}
-
-func (rs rounds) floors() []Series {
-	out := make([]Series, len(rs))
-	for i, r := range rs {
-		out[i] = r.floor
-	}
-	return out
-}
-
-// ratios are each round's mesh/floor throughput, in the order run.
-func (rs rounds) ratios() []float64 {
-	out := make([]float64, len(rs))
-	for i, r := range rs {
-		out[i] = ratio(r.mesh.PerSecond, r.floor.PerSecond)
-	}
-	return out
+	return medianSeries(meshes), medianSeries(floors), median(ratios), ratios
 }
 
 // median is the middle of xs (the lower of the two middle ones for an even count).
