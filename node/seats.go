@@ -137,7 +137,7 @@ func (s *seatService) nodeSeat(l seats.Lease, held bool) {
 	s.nodeMu.Lock()
 	defer s.nodeMu.Unlock()
 	h, ok := s.run.Holds(seats.Candidate{Seat: l.Seat, Scope: l.Scope, Module: l.Module, Instance: l.Instance})
-	if held && (!ok || h.Epoch != l.Epoch) || !held && ok && h.Epoch != l.Epoch {
+	if ok && h.Epoch != l.Epoch || held && !ok {
 		return
 	}
 	var start func() error

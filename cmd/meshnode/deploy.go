@@ -336,9 +336,9 @@ func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duratio
 				if p.Reason != "" {
 					state += " (" + p.Reason + ")"
 				}
+				key := fmt.Sprintf("%s/%d", p.Node, p.Instance)
 				switch p.State {
 				case host.StateRunning:
-					key := fmt.Sprintf("%s/%d", p.Node, p.Instance)
 					if was, ok := steady[key]; !ok || was.pid != p.PID || was.restarts != p.Restarts {
 						steady[key] = seen{p.PID, p.Restarts, time.Now()}
 					}
@@ -350,7 +350,7 @@ func awaitRunning(cmd *cobra.Command, reply api.DeployReply, within time.Duratio
 				case host.StateCrashLooping:
 					return fmt.Errorf("%s on %s (instance %d) is %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, p.Reason, p.Module)
 				}
-				if key := fmt.Sprintf("%s/%d", p.Node, p.Instance); failing.over(key, p.State == host.StateFailed, time.Now()) {
+				if failing.over(key, p.State == host.StateFailed, time.Now()) {
 					return fmt.Errorf("%s on %s (instance %d) has been %s for %s: %s; meshnode logs %s shows its output", p.Module, p.Node, p.Instance, p.State, failGrace, p.Reason, p.Module)
 				}
 				states[p.Node] = append(states[p.Node], fmt.Sprintf("instance %d: %s", p.Instance, state))
