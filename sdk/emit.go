@@ -290,6 +290,12 @@ func (c *Client) publishAs(ctx context.Context, source, subject string, payload 
 			lostOnce = true
 			continue
 		}
+		if jsretry.InProcess(err) { // an earlier send is still being stored: the next is its duplicate
+			if werr := backOffUntil(ctx, deadline, attempt); werr == nil {
+				attempt++
+				continue
+			}
+		}
 		if refusal, ok := admitRefusal(err); ok {
 			if api.AdmitRetryable(refusal.code) {
 				if werr := backOffUntil(ctx, deadline, attempt); werr == nil {

@@ -22,9 +22,10 @@ import (
 // TestEmit_SendsAgainWhenNoAckComes: against a real JetStream stream with its duplicate window,
 // an admitter that loses the first send (the event never stored) or the first ack (the event
 // stored, its ack gone) costs Emit one short wait: it sends the same event again, returns its
-// id without error, and the stream holds the event once.
+// id without error, and the stream holds the event once. A send answered "duplicate message
+// id is in process" (a clustered stream still storing the lost ack's copy) is sent again.
 func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
-	for _, lose := range []string{"send", "ack"} {
+	for _, lose := range []string{"send", "ack", "ack, then in process"} {
 		t.Run(lose, func(t *testing.T) {
 			srv, nc, stream := eventsServer(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -40,11 +41,14 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 			prefix := manifest.AdmitSubject("a", "")
 			if _, err := admitter.Subscribe(prefix+">", func(m *nats.Msg) {
 				reply := m.Reply
-				if sends.Add(1) == 1 {
-					if lose == "send" {
-						return
-					}
+				switch n := sends.Add(1); {
+				case n == 1 && lose == "send":
+					return
+				case n == 1:
 					reply = "lost.ack"
+				case n == 2 && lose == "ack, then in process":
+					m.Respond([]byte(`{"error":{"code":409,"err_code":10158,"description":"duplicate message id is in process"}}`))
+					return
 				}
 				admitter.PublishMsg(&nats.Msg{Subject: strings.TrimPrefix(m.Subject, prefix), Reply: reply, Header: m.Header, Data: m.Data})
 			}); err != nil {
@@ -63,8 +67,12 @@ func TestEmit_SendsAgainWhenNoAckComes(t *testing.T) {
 			if took := time.Since(began); took > 10*time.Second {
 				t.Errorf("Emit took %v: it waited for more than one lost ack", took)
 			}
-			if n := sends.Load(); n != 2 {
-				t.Errorf("the admitter heard %d sends, want 2 (the lost one and one more)", n)
+			want := int64(2) // the lost one and one more
+			if lose == "ack, then in process" {
+				want = 3
+			}
+			if n := sends.Load(); n != want {
+				t.Errorf("the admitter heard %d sends, want %d", n, want)
 			}
 			info, err := stream.Info(ctx)
 			if err != nil {

@@ -19,6 +19,7 @@ const (
 	codeClusterNotAvail  jetstream.ErrorCode = 10008 // JSClusterNotAvailErr: no meta leader yet
 	codeClusterNotLeader jetstream.ErrorCode = 10009 // JSClusterNotLeaderErr: a leader change in flight
 	codeStreamNameExist  jetstream.ErrorCode = 10058 // JSStreamNameExistErr: created at once with another configuration
+	codeMsgIDInProcess   jetstream.ErrorCode = 10158 // JSStreamDuplicateMessageConflict: the same Nats-Msg-Id still being stored
 )
 
 // ErrSettling marks an error of the mesh's own making that a settling cluster gives (a peer
@@ -46,11 +47,23 @@ func Settling(err error) bool {
 	return false
 }
 
+// InProcess reports whether err is a clustered stream's answer to a message whose
+// Nats-Msg-Id an earlier send of it is still being stored under (proposed to the stream's
+// peers, not yet applied): neither stored nor refused. Sent again a little later, it is
+// acked as a duplicate once the first is stored, or stored if the first was lost with a
+// leader.
+func InProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == codeMsgIDInProcess
+}
+
 // Stored is a publish's outcome for Request: an error that means the message found no stream
-// to store it (Leaderless: EVENTS electing a leader) is Settling. Only for a message whose
-// Nats-Msg-Id makes a second copy a duplicate the stream drops.
+// to store it (Leaderless: EVENTS electing a leader), or that an earlier attempt's copy is
+// still being stored (InProcess: the earlier attempt's answer came too late for its
+// deadline), is Settling. Only for a message whose Nats-Msg-Id makes a second copy a
+// duplicate the stream drops.
 func Stored(_ *jetstream.PubAck, err error) error {
-	if Leaderless(err) {
+	if Leaderless(err) || InProcess(err) {
 		return fmt.Errorf("%w: %w", ErrSettling, err)
 	}
 	return err
