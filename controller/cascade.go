@@ -91,7 +91,7 @@ func (c *Controller) onCascadeEvent(ctx context.Context, m jetstream.Msg) error 
 		m.TermWithReason("not signed by a server of the mesh")
 		return nil
 	}
-	c.mu.Lock() // registrations and deployments do not change under a cascade's step
+	c.lock("cascade") // registrations and deployments do not change under a cascade's step
 	defer c.mu.Unlock()
 	switch m.Subject() {
 	case manifest.SeatEventSubject(build.GitSeat, "pushed"):

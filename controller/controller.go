@@ -32,6 +32,28 @@ import (
 // controllerTimeout bounds one controller request's work.
 const controllerTimeout = 30 * time.Second
 
+// slowLock and slowRequest are how long a wait for the controller's lock, and a request's
+// answer, take before they are logged. A request that waits behind a loop riding out a
+// stream's election (a sweep of every node's declaration asks STATE once a node), or that
+// waits out one itself, says so and names what it waited behind: a local CI run's deploy got
+// no answer within the CLI's 30 s after two of five servers were killed, and nothing in the
+// controller's log said where it waited.
+var (
+	slowLock    = 5 * time.Second
+	slowRequest = 10 * time.Second
+)
+
+// lock takes c.mu for what (a request's verb, a loop's name). A wait longer than slowLock is
+// logged with what held the lock last.
+func (c *Controller) lock(what string) {
+	start := time.Now()
+	c.mu.Lock()
+	if waited := time.Since(start); waited > slowLock {
+		c.log.Warn("waited for the controller's lock", "for", what, "waited", waited.Round(time.Millisecond), "held_by", c.holder)
+	}
+	c.holder = what
+}
+
 // ErrClosed is Start's error once the controller is closed: its node is stopping.
 var ErrClosed = errors.New("the controller is closed: its node is stopping")
 
@@ -124,7 +146,9 @@ type Controller struct {
 	// prov is the provisioning of the deployed modules' requirements (provisions.go).
 	prov provisions
 
-	mu sync.Mutex // serialises registrations
+	mu sync.Mutex // serialises registrations; taken with lock
+	// holder is what took mu last (lock): a long wait for it names what it waited behind.
+	holder string
 	// dead counts the consumers DEAD keeps a share for (checkDead), and catalogue indexes the
 	// registered manifests (the catalogue check), both under mu.
 	dead      deadTally
@@ -245,8 +269,12 @@ func (c *Controller) Start(seat Seat) error {
 			if err := m.Respond(b); err != nil {
 				c.log.Warn("controller reply failed", "subject", m.Subject, "err", err)
 			}
+			took := time.Since(arrived)
+			if took > slowRequest {
+				c.log.Warn("slow controller request", "subject", m.Subject, "took", took.Round(time.Millisecond))
+			}
 			if c.answered != nil {
-				c.answered(m.Subject, time.Since(arrived))
+				c.answered(m.Subject, took)
 			}
 		})
 		if err != nil {
@@ -469,7 +497,7 @@ func (c *Controller) register(ctx context.Context, req api.RegisterRequest) (api
 		return api.RegisterReply{}, err
 	}
 
-	c.mu.Lock()
+	c.lock("register")
 	defer c.mu.Unlock()
 	prev, exists := c.reg.Get(m.Module)
 	var prevManifest *manifest.Manifest
@@ -677,7 +705,7 @@ func (c *Controller) bind(m *manifest.Manifest, pins map[string]string) map[stri
 // binding; its consumer and grant follow (the grant's change kicks its connections, which
 // come back speaking the new version).
 func (c *Controller) pin(ctx context.Context, req api.PinRequest) (api.PinReply, error) {
-	c.mu.Lock()
+	c.lock("pin")
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
@@ -764,7 +792,7 @@ func (c *Controller) handleRemove(ctx context.Context, data []byte) any {
 	if err := json.Unmarshal(data, &req); err != nil {
 		return api.RemoveReply{Error: "remove: the request is not JSON: " + err.Error()}
 	}
-	c.mu.Lock()
+	c.lock("remove")
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {

@@ -50,7 +50,7 @@ func (c *Controller) artifacts(ctx context.Context) (jetstream.ObjectStore, erro
 // digest is taken from the store), every named node a server of the mesh. The nodes it ran
 // on and runs on now get new declarations.
 func (c *Controller) deploy(ctx context.Context, req api.DeployRequest) (api.DeployReply, error) {
-	c.mu.Lock()
+	c.lock("deploy")
 	defer c.mu.Unlock()
 	return c.deployLocked(ctx, req)
 }
@@ -101,7 +101,7 @@ func (c *Controller) deployLocked(ctx context.Context, req api.DeployRequest) (a
 
 // undeploy stops a module on req.Nodes, or everywhere.
 func (c *Controller) undeploy(ctx context.Context, req api.UndeployRequest) (api.DeployReply, error) {
-	c.mu.Lock()
+	c.lock("undeploy")
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
@@ -260,7 +260,7 @@ func (c *Controller) keepDeclared(ctx context.Context) {
 			known[n] = true
 		}
 		if len(nodes) > 0 {
-			c.mu.Lock()
+			c.lock("declare every node")
 			c.declare(ctx, nodes)
 			c.mu.Unlock()
 		}

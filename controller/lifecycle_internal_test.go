@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,4 +145,54 @@ func TestController_CloseWaitsForLoops(t *testing.T) {
 	if err := c.Start(holdingSeat); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Start after Close = %v, want %v", err, ErrClosed)
 	}
+}
+
+// TestLock_LogsALongWait: a wait for the controller's lock longer than slowLock is logged with
+// what waited and what held the lock last; a wait within it is not.
+func TestLock_LogsALongWait(t *testing.T) {
+	var buf syncBuffer
+	c := &Controller{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	defer func(was time.Duration) { slowLock = was }(slowLock)
+
+	slowLock = time.Hour
+	c.lock("register")
+	c.mu.Unlock()
+	if got := buf.String(); got != "" {
+		t.Fatalf("a wait within slowLock was logged: %s", got)
+	}
+
+	slowLock = -1 // every wait is long
+	c.lock("declare every node")
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		c.lock("deploy")
+		c.mu.Unlock()
+	}()
+	c.mu.Unlock()
+	<-waited
+	got := buf.String()
+	for _, want := range []string{"waited for the controller's lock", "for=deploy", `held_by="declare every node"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the log lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

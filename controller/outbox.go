@@ -31,7 +31,7 @@ func (c *Controller) flushOutbox(ctx context.Context, module string) error {
 // it, and deletes a removed module's record whose outbox is empty, under c.mu; it returns the
 // outbox the record then holds.
 func (c *Controller) editOutbox(ctx context.Context, module string, edit func([]outbox.Event) ([]outbox.Event, bool, error)) ([]outbox.Event, error) {
-	c.mu.Lock()
+	c.lock("outbox")
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(module)
 	if !ok {

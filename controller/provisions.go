@@ -188,7 +188,7 @@ func (c *Controller) provisionPass(ctx context.Context, holds bool) (bool, error
 		}
 	}
 	if len(moved) > 0 {
-		c.mu.Lock()
+		c.lock("declare after provisioning")
 		var nodes []string
 		servers := c.reg.Nodes()
 		for _, consumer := range moved {
@@ -311,7 +311,7 @@ func (c *Controller) handleProvisions(ctx context.Context, _ []byte) any {
 // seats provide it, and the way to move a consumer to another provider (the old one removes
 // its resource, the new one creates it, and the module restarts with the new credential).
 func (c *Controller) provide(ctx context.Context, req api.ProvideRequest) (api.ProvideReply, error) {
-	c.mu.Lock()
+	c.lock("provisions pin")
 	defer c.mu.Unlock()
 	e, ok := c.reg.Get(req.Module)
 	if !ok {
