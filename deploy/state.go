@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,18 +17,28 @@ import (
 // Last returns the declaration last published for node on STATE and its stream sequence;
 // ok is false when there is none. A last message that is not a declaration signed by a
 // server of the mesh (a forgery, or garbage) comes back as a zero declaration, with its
-// sequence: whoever writes next replaces it.
+// sequence: whoever writes next replaces it. Its requests are asked again while STATE settles
+// (jsretry.Request), within ctx, or jsretry.Patience when ctx has no deadline.
 func Last(ctx context.Context, js jetstream.JetStream, node string, servers ServerKey) (d Declaration, seq uint64, ok bool, err error) {
-	st, err := js.Stream(ctx, manifest.StateStreamName)
-	if err != nil {
-		return d, 0, false, fmt.Errorf("look up %s: %w", manifest.StateStreamName, err)
-	}
-	m, err := st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return d, 0, false, nil
-	}
-	if err != nil {
-		return d, 0, false, fmt.Errorf("read node %s's declaration: %w", node, err)
+	ctx, cancel := jsretry.Patient(ctx)
+	defer cancel()
+	var m *jetstream.RawStreamMsg
+	err = jsretry.Request(ctx, func(ctx context.Context) error {
+		st, err := js.Stream(ctx, manifest.StateStreamName)
+		if err != nil {
+			return fmt.Errorf("look up %s: %w", manifest.StateStreamName, err)
+		}
+		m, err = st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			m, err = nil, nil
+		}
+		if err != nil {
+			return fmt.Errorf("read node %s's declaration: %w", node, err)
+		}
+		return nil
+	})
+	if err != nil || m == nil {
+		return d, 0, false, err
 	}
 	if d, err = Check(node, m.Subject, m.Header, m.Data, servers, Declaration{}); err != nil {
 		d = Declaration{}
@@ -73,7 +84,16 @@ func (a Applied) behind(last Declaration) bool {
 // the node reports applied: a replayed old declaration (which takes a new sequence but keeps
 // its revision), or a STATE made again after it was lost (whose sequences begin again),
 // never makes the next revision one a node has applied already.
+//
+// Every request is asked again while STATE settles (jsretry.Request), within ctx, or
+// jsretry.Patience when ctx has no deadline: a clustered stream drops a request sent while it
+// elects a leader, and one request lost so waited out the whole of its caller's time — a
+// `deploy` has 30 s, and in a local CI run one got no answer in them after two of five
+// servers were killed. A publish asked again after its first was stored meets the expected
+// sequence moved on, and the next turn finds the declaration it stored.
 func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modules []Module, applied Applied) (Declaration, bool, error) {
+	ctx, cancel := jsretry.Patient(ctx)
+	defer cancel()
 	for range maxConflicts {
 		last, seq, ok, err := Last(ctx, p.JS, node, p.Servers)
 		if err != nil {
@@ -82,12 +102,18 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 		if ok && last.Revision > 0 && SameModules(last.Modules, modules) && !applied.behind(last) {
 			return last, false, nil
 		}
-		st, err := p.JS.Stream(ctx, manifest.StateStreamName)
-		if err != nil {
+		var lastSeq uint64
+		if err := jsretry.Request(ctx, func(ctx context.Context) error {
+			st, err := p.JS.Stream(ctx, manifest.StateStreamName)
+			if err == nil {
+				lastSeq = st.CachedInfo().State.LastSeq
+			}
+			return err
+		}); err != nil {
 			return Declaration{}, false, err
 		}
 		// The stream's last sequence is past every revision ever written, forged ones too.
-		d := Declaration{Node: node, Revision: max(last.Revision, st.CachedInfo().State.LastSeq, applied.Revision) + 1, Epoch: epoch,
+		d := Declaration{Node: node, Revision: max(last.Revision, lastSeq, applied.Revision) + 1, Epoch: epoch,
 			Controller: p.Controller, Composed: time.Now().UTC(), Modules: modules}
 		body, err := json.Marshal(d)
 		if err != nil {
@@ -97,8 +123,11 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 		if err != nil {
 			return Declaration{}, false, err
 		}
-		_, err = p.JS.PublishMsg(ctx, &nats.Msg{Subject: manifest.StateSubject(node), Header: h, Data: body},
-			jetstream.WithExpectLastSequencePerSubject(seq))
+		msg := &nats.Msg{Subject: manifest.StateSubject(node), Header: h, Data: body}
+		err = jsretry.Request(ctx, func(ctx context.Context) error {
+			_, err := p.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(seq))
+			return err
+		})
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			continue // another writer got in first: compose on top of what it wrote

@@ -32,8 +32,8 @@ func Leaderless(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
-// patient is ctx, bounded by Patience when it has no deadline of its own.
-func patient(ctx context.Context) (context.Context, context.CancelFunc) {
+// Patient is ctx, bounded by Patience when it has no deadline of its own.
+func Patient(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
 	}
@@ -43,7 +43,7 @@ func patient(ctx context.Context) (context.Context, context.CancelFunc) {
 // try runs write until it succeeds, fails otherwise than Leaderless, or time runs out; the
 // last error is returned, wrapped with how long it was tried.
 func try[T any](ctx context.Context, write func(context.Context) (T, error)) (T, error) {
-	ctx, cancel := patient(ctx)
+	ctx, cancel := Patient(ctx)
 	defer cancel()
 	start := time.Now()
 	b := backoff.Backoff{First: 50 * time.Millisecond, Max: time.Second}

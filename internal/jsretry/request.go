@@ -73,7 +73,7 @@ func Stored(_ *jetstream.PubAck, err error) error {
 // has no deadline). Only for a message whose Nats-Msg-Id makes a second copy a duplicate the
 // stream drops.
 func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) error {
-	ctx, cancel := patient(ctx)
+	ctx, cancel := Patient(ctx)
 	defer cancel()
 	return Request(ctx, func(ctx context.Context) error { return Stored(js.PublishMsg(ctx, m)) })
 }
