@@ -125,8 +125,7 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 		}
 		msg := &nats.Msg{Subject: manifest.StateSubject(node), Header: h, Data: body}
 		err = jsretry.Request(ctx, func(ctx context.Context) error {
-			_, err := p.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(seq))
-			return err
+			return jsretry.Stored(p.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(seq)))
 		})
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {

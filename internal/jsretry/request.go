@@ -60,8 +60,8 @@ func InProcess(err error) bool {
 // Stored is a publish's outcome for Request: an error that means the message found no stream
 // to store it (Leaderless: EVENTS electing a leader), or that an earlier attempt's copy is
 // still being stored (InProcess: the earlier attempt's answer came too late for its
-// deadline), is Settling. Only for a message whose Nats-Msg-Id makes a second copy a
-// duplicate the stream drops.
+// deadline), is Settling. Only for a message a second copy of which the stream drops or
+// refuses: its Nats-Msg-Id makes it a duplicate, or its expected last sequence has moved on.
 func Stored(_ *jetstream.PubAck, err error) error {
 	if Leaderless(err) || InProcess(err) {
 		return fmt.Errorf("%w: %w", ErrSettling, err)
