@@ -290,8 +290,11 @@ func joined(now []string, known map[string]bool) ([]string, map[string]bool) {
 }
 
 // collectArtifacts deletes the artifacts no deployment names that are not among their
-// module's newest (DESIGN §3). Best effort: a failure waits for the next change.
+// module's newest (DESIGN §3). Best effort, within collectFor: a failure waits for the next
+// change.
 func (c *Controller) collectArtifacts(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, collectFor)
+	defer cancel()
 	obs, err := c.artifacts(ctx)
 	if err != nil {
 		return
@@ -310,6 +313,12 @@ func (c *Controller) collectArtifacts(ctx context.Context) {
 		c.log.Info("artifact collected", "module", a.Module, "version", a.Version, "digest", a.Digest)
 	}
 }
+
+// collectFor bounds a collection of artifacts. It runs in a deploy's request, after the
+// deployment is stored and declared: listing the store makes a consumer on its stream, and
+// one asked for while the stream elects a leader is never answered — without a bound it would
+// have taken the rest of the request's 30 s, and its answer with it.
+const collectFor = 5 * time.Second
 
 // handlePs answers what runs where: for each node's published declaration, each module's
 // instances as the node last reported them ("unreported" until it has; "behind" while its
