@@ -18,7 +18,9 @@ import (
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/backoff"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	bolt "go.etcd.io/bbolt"
 )
@@ -63,8 +65,11 @@ var (
 
 // checkEvery is how often a follower asks whether STATE was made again (lost, and recreated
 // by a drift repair on any node: its ordered consumer would go on from the old stream's
-// sequence, past everything the new one holds), and whether its follow is stuck (watchStuck).
-const checkEvery = 5 * time.Second
+// sequence, past everything the new one holds), and whether its follow is stuck (watchStuck):
+// two requests to STATE a node every 2 s. At 5 s, and a whole interval more before a follow
+// behind was called stuck, a deploy after two of five servers were killed waited 7–10 s for
+// its host (the five-server fault bed).
+const checkEvery = 2 * time.Second
 
 // followHeartbeat is the heartbeat of the ordered consumer a follower reads its declaration
 // with.
@@ -191,6 +196,9 @@ func (f *Follower) follow(ctx context.Context) error {
 		if err != nil {
 			select {
 			case err := <-stuck:
+				if errors.Is(err, errStuck) {
+					f.catchUp(ctx, st, handled.Load())
+				}
 				return err
 			default:
 			}
@@ -199,31 +207,66 @@ func (f *Follower) follow(ctx context.Context) error {
 			}
 			return err
 		}
+		d := stored{subject: m.Subject(), header: m.Headers(), data: m.Data()}
 		if meta, err := m.Metadata(); err == nil {
-			handled.Store(meta.Sequence.Stream)
+			d.seq = meta.Sequence.Stream
+			handled.Store(d.seq)
 		}
-		f.handle(ctx, m)
+		f.handle(ctx, d)
 	}
+}
+
+// stored is a declaration as STATE holds it: delivered by the follow, or read directly.
+type stored struct {
+	subject string
+	header  nats.Header
+	data    []byte
+	seq     uint64 // its stream sequence; 0 if unknown
+	newest  bool   // read as the newest STATE holds for the node: none newer to wait for
+}
+
+// catchUp handles the node's newest declaration, read from any replica of STATE (st's direct
+// get), when it is newer than handled: a follow found stuck starts over with an ordered
+// consumer, whose every create nats.go waits 10 s for, and one sent while the stream elects
+// its leader is never answered — a deploy waited 5–6 s more for its host that way after the
+// stuck follow was found (the five-server fault bed). Within a check interval; the follow
+// made again delivers the same declaration, which is then left alone.
+func (f *Follower) catchUp(ctx context.Context, st jetstream.Stream, handled uint64) {
+	gctx, cancel := context.WithTimeout(ctx, f.check)
+	defer cancel()
+	var last *jetstream.RawStreamMsg
+	if err := jsretry.Request(gctx, func(ctx context.Context) error {
+		var err error
+		last, err = st.GetLastMsgForSubject(ctx, manifest.StateSubject(f.cfg.Node))
+		return err
+	}); err != nil || last.Sequence <= handled {
+		return
+	}
+	f.handle(ctx, stored{subject: last.Subject, header: last.Header, data: last.Data, seq: last.Sequence, newest: true})
 }
 
 // watchStuck checks every checkEvery that the follow can still get the node's next
 // declaration, and says why not once it cannot (nil when ctx ends first): STATE is not the
 // stream created at created (deleted, or deleted and made again); or the stream has held a
-// newer declaration than the last one read (handled) for a whole interval. The second is an
-// ordered consumer lost with its server and not made again yet: nats.go notices by missed
-// heartbeats, then retries its create with waits growing to 10 s, each try bounded by 10 s
-// more, while the stream elects its leader — a survivor of two servers killed sat behind
-// its declaration for over 25 s (the seven-server fault bed).
+// newer declaration than the last one read (handled) from one check to the next, half an
+// interval after the first found it. The second is an ordered consumer lost with its server
+// and not made again yet: nats.go notices by missed heartbeats, then retries its create with
+// waits growing to 10 s, each try bounded by 10 s more, while the stream elects its leader —
+// a survivor of two servers killed sat behind its declaration for over 25 s (the
+// seven-server fault bed). A follow said stuck that was only slow starts over from the
+// node's last declaration, which it has applied already.
 func (f *Follower) watchStuck(ctx context.Context, st jetstream.Stream, created time.Time, handled *atomic.Uint64) error {
-	tick := time.NewTicker(f.check)
-	defer tick.Stop()
+	next := time.NewTimer(f.check)
+	defer next.Stop()
 	var behind uint64 // the newest stored sequence, when the last check found the follow behind it
+	var since time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-next.C:
 		}
+		next.Reset(f.check)
 		info, err := st.Info(ctx)
 		if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !info.Created.Equal(created)) {
 			return fmt.Errorf("%w: following it from its last declaration", errRemade)
@@ -234,22 +277,23 @@ func (f *Follower) watchStuck(ctx context.Context, st jetstream.Stream, created 
 			continue
 		}
 		if behind != 0 && handled.Load() < behind {
-			return fmt.Errorf("%w: declaration %d was stored %s ago; following again", errStuck, behind, f.check)
+			return fmt.Errorf("%w: declaration %d was seen stored %s ago; following again", errStuck, behind, time.Since(since).Round(time.Millisecond))
 		}
-		behind = last.Sequence
+		behind, since = last.Sequence, time.Now()
+		next.Reset(f.check / 2) // asked again sooner: a follow behind is read again, or started over
 	}
 }
 
 // handle checks one declaration and applies it, or refuses it with an audited event. The
 // declaration applied last, delivered again (at every start), is neither.
-func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
+func (f *Follower) handle(ctx context.Context, m stored) {
 	f.mu.Lock()
 	applied, body := f.applied, f.body
 	f.mu.Unlock()
-	if bytes.Equal(m.Data(), body) {
+	if bytes.Equal(m.data, body) {
 		return
 	}
-	d, err := deploy.Check(f.cfg.Node, m.Subject(), m.Headers(), m.Data(), f.cfg.Servers, applied)
+	d, err := deploy.Check(f.cfg.Node, m.subject, m.header, m.data, f.cfg.Servers, applied)
 	if errors.Is(err, deploy.ErrOlderEpoch) && f.holdsNow(ctx, d) {
 		// Its signer holds the controller seat now, at d's epoch: the leases' bucket was
 		// made again, and its epochs began again.
@@ -259,23 +303,23 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 	if err != nil {
 		f.cfg.Log.Warn("declaration refused", "revision", d.Revision, "applied", applied.Revision, "err", err)
 		f.cfg.Event(EventRefused, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "applied": applied.Revision,
-			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
+			"signer": m.header.Get(envelope.Source), "reason": err.Error()})
 		return
 	}
 	if err := f.heldBy(ctx, d); err != nil {
 		f.cfg.Log.Warn("declaration refused", "revision", d.Revision, "applied", applied.Revision, "err", err)
 		f.cfg.Event(EventRefused, map[string]any{"node": f.cfg.Node, "revision": d.Revision, "applied": applied.Revision,
-			"signer": m.Headers().Get(envelope.Source), "reason": err.Error()})
+			"signer": m.header.Get(envelope.Source), "reason": err.Error()})
 		return
 	}
-	if f.superseded(ctx, m) {
+	if !m.newest && f.superseded(ctx, m) {
 		return // a newer one is on its way: this node never runs what is already replaced
 	}
-	if err := f.cfg.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put(appliedKey, m.Data()) }); err != nil {
+	if err := f.cfg.DB.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put(appliedKey, m.data) }); err != nil {
 		f.cfg.Log.Error("record the applied declaration; it is applied again at the next start", "revision", d.Revision, "err", err)
 	}
 	f.mu.Lock()
-	f.applied, f.body = d, bytes.Clone(m.Data())
+	f.applied, f.body = d, bytes.Clone(m.data)
 	f.mu.Unlock()
 	modules := make([]string, len(d.Modules))
 	for i, mod := range d.Modules {
@@ -290,21 +334,20 @@ func (f *Follower) handle(ctx context.Context, m jetstream.Msg) {
 // superseded reports whether the stream (its leader, which has every write) holds a newer
 // message on the node's subject than m: a consumer placed on a replica still catching up
 // delivers what was replaced while the node was away, before the newest.
-func (f *Follower) superseded(ctx context.Context, m jetstream.Msg) bool {
-	meta, err := m.Metadata()
-	if err != nil {
+func (f *Follower) superseded(ctx context.Context, m stored) bool {
+	if m.seq == 0 {
 		return false
 	}
 	st, err := f.cfg.JS.Stream(ctx, manifest.StateStreamName)
 	if err != nil {
 		return false
 	}
-	last, err := st.GetLastMsgForSubject(ctx, m.Subject())
+	last, err := st.GetLastMsgForSubject(ctx, m.subject)
 	if err != nil {
 		return false
 	}
-	if last.Sequence > meta.Sequence.Stream {
-		f.cfg.Log.Info("declaration skipped: a newer one is stored", "sequence", meta.Sequence.Stream, "newest", last.Sequence)
+	if last.Sequence > m.seq {
+		f.cfg.Log.Info("declaration skipped: a newer one is stored", "sequence", m.seq, "newest", last.Sequence)
 		return true
 	}
 	return false

@@ -3,15 +3,19 @@ package host
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/deploy"
+	"github.com/meshnode/meshnode/envelope"
 	"github.com/meshnode/meshnode/internal/testbed"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestFollower_HoldsNow: a declaration at an older epoch than the applied one is taken only
@@ -79,5 +83,55 @@ func TestFollower_WatchStuck(t *testing.T) {
 	}
 	if err := f.watchStuck(ctx, st, created, &handled); !errors.Is(err, errRemade) {
 		t.Fatalf("a follow of a deleted STATE: %v, want it told", err)
+	}
+}
+
+// TestFollower_CatchUp: a follow found stuck applies the node's newest declaration read
+// straight from STATE (any replica's direct get), without waiting for its ordered consumer
+// to be made again; one it has handled already is left alone.
+func TestFollower_CatchUp(t *testing.T) {
+	_, js := testbed.Connect(t, testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.StateStreamName, Subjects: []string{manifest.StateSubject("*")},
+		MaxMsgsPerSubject: 1, AllowDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, _ := nkeys.CreateUser()
+	key, err := envelope.NewSigningKey(kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	servers := func(name string) (string, bool) { return pub, name == "ctl" }
+	p := &deploy.Publisher{JS: js, Key: key, Controller: "ctl", Servers: servers}
+	d, _, err := p.Publish(ctx, "alpha", 1, nil, deploy.Applied{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, seq, _, err := deploy.Last(ctx, js, "alpha", servers)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "node.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var applied []uint64
+	f, err := Open(Config{Node: "alpha", DB: db, JS: js, Servers: servers, Event: func(string, map[string]any) {},
+		Apply: func(_ context.Context, d deploy.Declaration) { applied = append(applied, d.Revision) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.catchUp(ctx, st, seq-1)
+	if len(applied) != 1 || applied[0] != d.Revision || f.Applied().Revision != d.Revision {
+		t.Fatalf("caught up: applied %v, the follower's %d; want revision %d once", applied, f.Applied().Revision, d.Revision)
+	}
+	f.catchUp(ctx, st, seq)
+	if len(applied) != 1 {
+		t.Errorf("a declaration the follow handled was applied again: %v", applied)
 	}
 }

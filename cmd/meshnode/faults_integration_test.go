@@ -399,8 +399,22 @@ func (b *faultBed) survivorsWork(t *testing.T, through *meshNode, survivors []*m
 			through.name, hostLog(through.p.stderr.String(), 40), strings.Join(controller, "\n"))
 	}
 	if took := time.Since(mark); took > 5*time.Second {
-		t.Logf("round %d: the deploy onto %s, asked at %s, took %s; its host said:\n%s", b.round, through.name, mark.UTC().Format(time.RFC3339Nano),
-			took.Round(time.Millisecond), hostLog(through.p.stderr.String(), 15))
+		// And where the controller waited, if it did: its warnings (a wait for its lock, a
+		// slow request, a declaration that failed), on whichever survivor holds it.
+		var controller []string
+		for _, n := range survivors {
+			var warned []string
+			for line := range strings.Lines(componentLog(n.p.stderr.String(), 200, "component=controller")) {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+					warned = append(warned, strings.TrimRight(line, "\n"))
+				}
+			}
+			if len(warned) > 0 {
+				controller = append(controller, fmt.Sprintf("%s's controller warned:\n%s", n.name, strings.Join(warned[max(0, len(warned)-10):], "\n")))
+			}
+		}
+		t.Logf("round %d: the deploy onto %s, asked at %s, took %s; its host said:\n%s\n%s", b.round, through.name, mark.UTC().Format(time.RFC3339Nano),
+			took.Round(time.Millisecond), hostLog(through.p.stderr.String(), 15), strings.Join(controller, "\n"))
 	}
 	step("deploy")
 }
