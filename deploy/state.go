@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/envelope"
+	"github.com/meshnode/meshnode/internal/backoff"
 	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/manifest"
 	"github.com/nats-io/nats.go"
@@ -94,10 +96,18 @@ func (a Applied) behind(last Declaration) bool {
 func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modules []Module, applied Applied) (Declaration, bool, error) {
 	ctx, cancel := jsretry.Patient(ctx)
 	defer cancel()
-	for range maxConflicts {
+	var (
+		mine     []Declaration // those this call composed: an attempt whose answer was lost may have stored one
+		refused  = ^uint64(0)  // the sequence the last refused publish expected (none yet)
+		inFlight = backoff.Backoff{First: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+	)
+	for conflicts := 0; conflicts < maxConflicts; {
 		last, seq, ok, err := Last(ctx, p.JS, node, p.Servers)
 		if err != nil {
 			return Declaration{}, false, err
+		}
+		if ok && slices.ContainsFunc(mine, func(d Declaration) bool { return d.Revision == last.Revision && d.Composed.Equal(last.Composed) }) {
+			return last, true, nil // stored by an attempt whose ack was lost
 		}
 		if ok && last.Revision > 0 && SameModules(last.Modules, modules) && !applied.behind(last) {
 			return last, false, nil
@@ -124,12 +134,25 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 			return Declaration{}, false, err
 		}
 		msg := &nats.Msg{Subject: manifest.StateSubject(node), Header: h, Data: body}
+		mine = append(mine, d)
 		err = jsretry.Request(ctx, func(ctx context.Context) error {
 			return jsretry.Stored(p.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(seq)))
 		})
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-			continue // another writer got in first: compose on top of what it wrote
+			// Another writer got in first, or a write to the subject is still in flight: a
+			// replicated stream refuses a conditional publish while one is (10164), this
+			// call's own earlier attempt among them. Compose on top of what was written; while
+			// nothing was, wait for the write in flight without counting it as a conflict.
+			if seq == refused {
+				if inFlight.Wait(ctx) != nil {
+					return Declaration{}, false, fmt.Errorf("publish node %s's declaration: a write to it stayed in flight: %w", node, err)
+				}
+				continue
+			}
+			refused = seq
+			conflicts++
+			continue
 		}
 		if err != nil {
 			return Declaration{}, false, fmt.Errorf("publish node %s's declaration: %w", node, err)
