@@ -262,16 +262,16 @@ func (c *Controller) Start(seat Seat) error {
 			ctx, cancel := context.WithTimeout(c.ctx, controllerTimeout)
 			defer cancel()
 			reply := h(ctx, m)
+			took := time.Since(arrived)
+			if took > slowRequest {
+				c.log.Warn("slow controller request", "subject", m.Subject, "took", took.Round(time.Millisecond), "answered", reply != nil)
+			}
 			if reply == nil {
 				return // not answered: see the handler
 			}
 			b, _ := json.Marshal(reply)
 			if err := m.Respond(b); err != nil {
 				c.log.Warn("controller reply failed", "subject", m.Subject, "err", err)
-			}
-			took := time.Since(arrived)
-			if took > slowRequest {
-				c.log.Warn("slow controller request", "subject", m.Subject, "took", took.Round(time.Millisecond))
 			}
 			if c.answered != nil {
 				c.answered(m.Subject, took)

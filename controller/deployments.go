@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/artifact"
 	"github.com/meshnode/meshnode/deploy"
 	"github.com/meshnode/meshnode/host"
+	"github.com/meshnode/meshnode/internal/jsretry"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/registry"
 	"github.com/nats-io/nats.go/jetstream"
@@ -194,6 +195,11 @@ func (c *Controller) declare(ctx context.Context, nodes []string) []api.Declared
 	if c.publisher == nil {
 		return nil
 	}
+	// One bound for them all: the nodes share STATE, and each declaration's requests ride
+	// through its elections for jsretry.Patience (deploy.Publisher) — a sweep of every node
+	// under c.mu, with STATE leaderless, would otherwise hold it that long a node.
+	ctx, cancel := context.WithTimeout(ctx, jsretry.Patience)
+	defer cancel()
 	if err := c.loadProvisions(ctx); err != nil {
 		// Composed without them, every module that requires anything would be declared
 		// waiting, and stopped: nothing is declared until they are read.
