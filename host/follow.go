@@ -225,12 +225,14 @@ type stored struct {
 	newest  bool   // read as the newest STATE holds for the node: none newer to wait for
 }
 
-// catchUp handles the node's newest declaration, read from any replica of STATE (st's direct
-// get), when it is newer than handled: a follow found stuck starts over with an ordered
-// consumer, whose every create nats.go waits 10 s for, and one sent while the stream elects
-// its leader is never answered — a deploy waited 5–6 s more for its host that way after the
-// stuck follow was found (the five-server fault bed). Within a check interval; the follow
-// made again delivers the same declaration, which is then left alone.
+// catchUp handles the node's newest declaration, read with one get from STATE, when it is
+// newer than handled: a follow found stuck starts over with an ordered consumer, whose every
+// create nats.go waits 10 s for, and one sent while the stream elects its leader is never
+// answered — a deploy waited 5–6 s more for its host that way after the stuck follow was
+// found (the five-server fault bed). The get is asked again in short attempts
+// (jsretry.Request) for up to a check interval: STATE serves no direct gets, so its leader
+// answers, once elected. The follow made again delivers the same declaration, which is then
+// left alone.
 func (f *Follower) catchUp(ctx context.Context, st jetstream.Stream, handled uint64) {
 	gctx, cancel := context.WithTimeout(ctx, f.check)
 	defer cancel()

@@ -87,14 +87,14 @@ func TestFollower_WatchStuck(t *testing.T) {
 }
 
 // TestFollower_CatchUp: a follow found stuck applies the node's newest declaration read
-// straight from STATE (any replica's direct get), without waiting for its ordered consumer
-// to be made again; one it has handled already is left alone.
+// straight from STATE, without waiting for its ordered consumer to be made again; one it has
+// handled already is left alone.
 func TestFollower_CatchUp(t *testing.T) {
 	_, js := testbed.Connect(t, testbed.NATSServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir()}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: manifest.StateStreamName, Subjects: []string{manifest.StateSubject("*")},
-		MaxMsgsPerSubject: 1, AllowDirect: true})
+		MaxMsgsPerSubject: 1}) // as the mesh makes it: no direct gets
 	if err != nil {
 		t.Fatal(err)
 	}
