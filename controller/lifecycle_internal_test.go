@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -150,7 +149,7 @@ func TestController_CloseWaitsForLoops(t *testing.T) {
 // TestLock_LogsALongWait: a wait for the controller's lock longer than slowLock is logged with
 // what waited and what held the lock last; a wait within it is not.
 func TestLock_LogsALongWait(t *testing.T) {
-	var buf syncBuffer
+	var buf testbed.SyncBuffer
 	c := &Controller{log: slog.New(slog.NewTextHandler(&buf, nil))}
 	defer func(was time.Duration) { slowLock = was }(slowLock)
 
@@ -177,22 +176,4 @@ func TestLock_LogsALongWait(t *testing.T) {
 			t.Errorf("the log lacks %q:\n%s", want, got)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
