@@ -286,6 +286,23 @@ func (m *Membership) goodbye(why string, timeout time.Duration) error {
 	return m.stopErr
 }
 
+// Left records that the member name announced it leaves the mesh, by other means than
+// gossip (its stored `left` event): its goodbye over gossip, a UDP broadcast just before it
+// ends, can come after its end or not at all, and it would show as failed. A loaded CI run
+// listed a server that had left as dead.
+func (m *Membership) Left(name string) {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	if m.d.left == nil {
+		m.d.left = map[string]bool{}
+	}
+	m.d.left[name] = true
+	if g, ok := m.d.gone[name]; ok && g.State == "dead" {
+		g.State = "left"
+		m.d.gone[name] = g
+	}
+}
+
 // Close stops gossiping without a goodbye (the others see this node fail).
 func (m *Membership) Close() error {
 	m.stop.Do(func() { m.stopErr = m.ml.Shutdown() })
@@ -304,6 +321,7 @@ type delegate struct {
 	mu         sync.Mutex
 	lastRefuse error
 	gone       map[string]Member // members that left or failed, as last seen: memberlist lists only live ones
+	left       map[string]bool   // members that announced they leave the mesh (Left)
 }
 
 var (
@@ -331,17 +349,19 @@ func (d *delegate) NotifyAlive(n *memberlist.Node) error { return d.check(n) }
 // (NotifyLeave); the Bye the node announced first tells them apart.
 func (d *delegate) changed(n *memberlist.Node, gone bool) {
 	m := member(n)
+	d.mu.Lock()
 	if gone {
-		switch m.Bye {
-		case "leave":
+		switch {
+		case m.Bye == "leave" || d.left[n.Name]:
 			m.State = "left"
-		case "stop":
+		case m.Bye == "stop":
 			m.State = "stopped"
 		default:
 			m.State = "dead"
 		}
+	} else {
+		delete(d.left, n.Name) // a server of that name joined again (a new machine, a new data dir)
 	}
-	d.mu.Lock()
 	if gone {
 		if d.gone == nil {
 			d.gone = map[string]Member{}

@@ -203,3 +203,43 @@ func TestMembership_BoundClient(t *testing.T) {
 		})
 	}
 }
+
+// TestMembership_LeftWithoutItsGoodbye: a member that announced it leaves (its stored `left`
+// event: Left) and then ends without its goodbye reaching the others shows as left, not dead,
+// whether the announcement comes before its end is seen or after.
+func TestMembership_LeftWithoutItsGoodbye(t *testing.T) {
+	k := key(t)
+	a, b, c := open(t, "a", "mesh1", k), open(t, "b", "mesh1", k), open(t, "c", "mesh1", k)
+	for _, n := range []*membership.Membership{b, c} {
+		if err := n.Join([]string{a.Addr()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(name string) string {
+		for _, x := range a.Members() {
+			if x.Name == name {
+				return x.State
+			}
+		}
+		return ""
+	}
+	a.Left("b") // announced first
+	b.Close()   // then gone without a goodbye
+	retryUntil(t, 30*time.Second, func() error {
+		if s := state("b"); s != "left" {
+			return fmt.Errorf("a sees b %q, want left", s)
+		}
+		return nil
+	})
+	c.Close() // gone first, without a goodbye
+	retryUntil(t, 30*time.Second, func() error {
+		if s := state("c"); s != "dead" {
+			return fmt.Errorf("a sees c %q, want dead before its announcement", s)
+		}
+		return nil
+	})
+	a.Left("c")
+	if s := state("c"); s != "left" {
+		t.Errorf("a sees c %q after its announcement, want left", s)
+	}
+}

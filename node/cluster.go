@@ -91,11 +91,12 @@ func (n *Node) dropRoutesOfGone() (*nats.Subscription, error) {
 		if event != "left" && event != eventMemberRemoved {
 			return
 		}
-		var body struct {
-			Node string `json:"node"`
-		}
+		var body struct{ Node string } // "node": encoding/json matches names regardless of case
 		if json.Unmarshal(m.Data, &body) != nil || body.Node == "" || body.Node == n.id.Name {
 			return
+		}
+		if event == "left" {
+			n.mesh.members.Left(body.Node) // its goodbye over gossip may come after its end, or not at all
 		}
 		addr := n.mesh.routeOf[body.Node]
 		if addr == "" {
