@@ -336,11 +336,16 @@ func (d *delegate) NodeMeta(int) []byte {
 	defer d.mu.Unlock()
 	return d.meta
 }
-func (d *delegate) NotifyMsg([]byte)                     {}
-func (d *delegate) GetBroadcasts(int, int) [][]byte      { return nil }
-func (d *delegate) LocalState(bool) []byte               { return nil }
-func (d *delegate) MergeRemoteState([]byte, bool)        {}
-func (d *delegate) NotifyJoin(n *memberlist.Node)        { d.changed(n, false) }
+func (d *delegate) NotifyMsg([]byte)                {}
+func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (d *delegate) LocalState(bool) []byte          { return nil }
+func (d *delegate) MergeRemoteState([]byte, bool)   {}
+func (d *delegate) NotifyJoin(n *memberlist.Node) {
+	d.mu.Lock()
+	delete(d.left, n.Name) // a server of that name joined again (a new machine, a new data dir)
+	d.mu.Unlock()
+	d.changed(n, false)
+}
 func (d *delegate) NotifyLeave(n *memberlist.Node)       { d.changed(n, true) }
 func (d *delegate) NotifyUpdate(n *memberlist.Node)      { d.changed(n, false) }
 func (d *delegate) NotifyAlive(n *memberlist.Node) error { return d.check(n) }
@@ -359,8 +364,6 @@ func (d *delegate) changed(n *memberlist.Node, gone bool) {
 		default:
 			m.State = "dead"
 		}
-	} else {
-		delete(d.left, n.Name) // a server of that name joined again (a new machine, a new data dir)
 	}
 	if gone {
 		if d.gone == nil {
