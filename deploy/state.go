@@ -22,6 +22,13 @@ import (
 // sequence: whoever writes next replaces it. Its requests are asked again while STATE settles
 // (jsretry.Request), within ctx, or jsretry.Patience when ctx has no deadline.
 func Last(ctx context.Context, js jetstream.JetStream, node string, servers ServerKey) (d Declaration, seq uint64, ok bool, err error) {
+	d, seq, ok, _, err = lastOf(ctx, js, node, servers)
+	return d, seq, ok, err
+}
+
+// lastOf is Last, with STATE's last sequence as the lookup of the stream found it: Publish
+// composes from both, with one lookup.
+func lastOf(ctx context.Context, js jetstream.JetStream, node string, servers ServerKey) (d Declaration, seq uint64, ok bool, streamSeq uint64, err error) {
 	ctx, cancel := jsretry.Patient(ctx)
 	defer cancel()
 	var m *jetstream.RawStreamMsg
@@ -30,6 +37,7 @@ func Last(ctx context.Context, js jetstream.JetStream, node string, servers Serv
 		if err != nil {
 			return fmt.Errorf("look up %s: %w", manifest.StateStreamName, err)
 		}
+		streamSeq = st.CachedInfo().State.LastSeq
 		m, err = st.GetLastMsgForSubject(ctx, manifest.StateSubject(node))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			m, err = nil, nil
@@ -40,12 +48,12 @@ func Last(ctx context.Context, js jetstream.JetStream, node string, servers Serv
 		return nil
 	})
 	if err != nil || m == nil {
-		return d, 0, false, err
+		return d, 0, false, streamSeq, err
 	}
 	if d, err = Check(node, m.Subject, m.Header, m.Data, servers, Declaration{}); err != nil {
 		d = Declaration{}
 	}
-	return d, m.Sequence, true, nil
+	return d, m.Sequence, true, streamSeq, nil
 }
 
 // Publisher writes nodes' declarations on STATE for the controller's holder: signed by its
@@ -102,7 +110,7 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 		inFlight = backoff.Backoff{First: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	)
 	for conflicts := 0; conflicts < maxConflicts; {
-		last, seq, ok, err := Last(ctx, p.JS, node, p.Servers)
+		last, seq, ok, lastSeq, err := lastOf(ctx, p.JS, node, p.Servers)
 		if err != nil {
 			return Declaration{}, false, err
 		}
@@ -111,16 +119,6 @@ func (p *Publisher) Publish(ctx context.Context, node string, epoch uint64, modu
 		}
 		if ok && last.Revision > 0 && SameModules(last.Modules, modules) && !applied.behind(last) {
 			return last, false, nil
-		}
-		var lastSeq uint64
-		if err := jsretry.Request(ctx, func(ctx context.Context) error {
-			st, err := p.JS.Stream(ctx, manifest.StateStreamName)
-			if err == nil {
-				lastSeq = st.CachedInfo().State.LastSeq
-			}
-			return err
-		}); err != nil {
-			return Declaration{}, false, err
 		}
 		// The stream's last sequence is past every revision ever written, forged ones too.
 		d := Declaration{Node: node, Revision: max(last.Revision, lastSeq, applied.Revision) + 1, Epoch: epoch,
